@@ -1,0 +1,1 @@
+"""Plumbing shared by the public modules; not part of the API."""

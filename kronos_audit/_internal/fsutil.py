@@ -1,0 +1,56 @@
+"""Durable, atomic file writes: a reader sees the old file or the new one, never a part."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+TEMP_PREFIX = ".kaudit-tmp-"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink inside ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path, mode: int = 0o644, *, overwrite: bool = True) -> Iterator[IO[bytes]]:
+    """Yield a binary file that replaces ``path`` only if the block finishes.
+
+    The data goes to a temporary file in the same directory, is fsynced, renamed over
+    ``path`` and the directory is fsynced; on any exception the temporary is removed and
+    ``path`` is untouched. With ``overwrite=False`` an existing ``path`` is never
+    replaced (the rename is a hard link, which fails if the name exists).
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            tmp.unlink()
+        fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, overwrite: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically and durably."""
+    with atomic_output(path, mode, overwrite=overwrite) as f:
+        f.write(data)

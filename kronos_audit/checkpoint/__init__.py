@@ -1,0 +1,1 @@
+"""Checkpoint files: HDF5 format, content hashing, atomic and asynchronous writing."""

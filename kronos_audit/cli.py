@@ -1,0 +1,289 @@
+"""The `kaudit` command: parse, call the library, render with rich, map errors to 0/1/2.
+
+Every :class:`kronos_audit.errors.Error` becomes one line on stderr, ``kaudit: error: ...``,
+and its exit code (2 for bad input, 1 for a failed check), in :class:`KauditGroup` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kronos_audit import signing
+from kronos_audit.errors import Error, UsageError
+from kronos_audit.manifest import read_manifest
+from kronos_audit.project import find_project, init_project
+from kronos_audit.snapshot import snapshot as do_snapshot
+from kronos_audit.verify import VerifyResult, verify_each
+
+out = Console(highlight=False, soft_wrap=True)
+
+
+def fail_line(message: str) -> None:
+    click.echo(f"kaudit: error: {message}", err=True)
+
+
+class KauditGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Error as e:
+            fail_line(str(e))
+            ctx.exit(e.exit_code)
+
+
+@click.group(cls=KauditGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kronos-audit", prog_name="kaudit")
+def cli() -> None:
+    """Signed, verifiable, replayable checkpoints for long runs."""
+
+
+@cli.command()
+def init() -> None:
+    """Set up .kaudit/ (config, trust store) and DVC in this git repository."""
+    project, dvc_created = init_project(Path.cwd())
+    out.print(f"kaudit repository at {project.root}")
+    out.print(f"  config        {project.config_path.relative_to(project.root)}")
+    out.print(f"  trusted keys  {project.trust_dir.relative_to(project.root)}/")
+    out.print("  dvc           " + ("initialised (.dvc/)" if dvc_created else "already set up"))
+    if not signing.held_keys():
+        out.print("next: `kaudit keys generate` to make your signing key")
+
+
+@cli.group()
+def keys() -> None:
+    """Signing keys you hold, and the keys this repository trusts."""
+
+
+def _current_project_trust() -> signing.TrustStore | None:
+    try:
+        project = find_project(Path.cwd())
+    except Error:
+        return None
+    return project.trust_store() if project.initialized else None
+
+
+@keys.command("generate")
+@click.option("--name", default="default", show_default=True, help="Name of the key pair.")
+def keys_generate(name: str) -> None:
+    """Make an Ed25519 key pair; trust its public key in this repository."""
+    key = signing.generate_key(name)
+    out.print(f"key {key.name}: {key.key_id}")
+    out.print(f"  private key  {signing.key_dir() / (name + '.key')} (mode 0600)")
+    trust = _current_project_trust()
+    if trust is None:
+        out.print("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
+    else:
+        entry = trust.add(key.private_key.public_key(), name)
+        out.print(f"  trusted in   {entry.path}")
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """Show the keys you hold and the keys this repository trusts."""
+    held = Table(title="keys you hold", title_justify="left")
+    for col in ("name", "key id", "private key"):
+        held.add_column(col)
+    for k in signing.held_keys():
+        held.add_row(k.name, k.key_id, str(k.path))
+    out.print(held)
+    trust = _current_project_trust()
+    if trust is None:
+        out.print("not in a kaudit repository: no trust store here")
+        return
+    trusted = Table(title="keys this repository trusts", title_justify="left")
+    for col in ("name", "key id", "file"):
+        trusted.add_column(col)
+    for t in trust.entries().values():
+        trusted.add_row(t.name, t.key_id, str(t.path))
+    out.print(trusted)
+
+
+@keys.command("trust")
+@click.argument("pubfile", type=click.Path(path_type=Path))
+@click.option("--name", help="Name in the trust store (default: the file's stem).")
+def keys_trust(pubfile: Path, name: str | None) -> None:
+    """Trust a colleague's public key (PEM) in this repository."""
+    public_key = signing.load_public_key(pubfile)
+    project = find_project(Path.cwd()).require_initialized()
+    entry = project.trust_store().add(public_key, name or pubfile.stem.removesuffix(".pub"))
+    out.print(f"trusted {entry.name}: {entry.key_id}")
+    out.print(f"  in {entry.path}")
+
+
+def _parse_attr(values: tuple[str, ...]) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--attr {item!r}: expected KEY=VALUE")
+        try:
+            attrs[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            attrs[key] = raw
+    return attrs
+
+
+@cli.command()
+@click.argument("checkpoints", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--run", "run_id", required=True, help="Run id.")
+@click.option(
+    "--step", required=True, type=click.IntRange(min=0), help="Step the checkpoint holds."
+)
+@click.option("--seed", "seeds", multiple=True, type=int, help="A seed the run used (repeatable).")
+@click.option(
+    "--parent", type=click.Path(path_type=Path), help="The previous checkpoint's manifest."
+)
+@click.option("--command", "command", help="Command line that re-runs this segment.")
+@click.option("--attr", "attrs", multiple=True, help="User attribute KEY=VALUE (JSON or text).")
+@click.option("--key", help="Signing key name (default: $KAUDIT_KEY, else the only key held).")
+def snapshot(
+    checkpoints: tuple[Path, ...],
+    run_id: str,
+    step: int,
+    seeds: tuple[int, ...],
+    parent: Path | None,
+    command: str | None,
+    attrs: tuple[str, ...],
+    key: str | None,
+) -> None:
+    """Write a signed manifest beside each checkpoint (CKPT.kaudit.json)."""
+    try:
+        argv = None if command is None else shlex.split(command)
+    except ValueError as e:
+        raise UsageError(f"--command: {e}") from None
+    manifests = do_snapshot(
+        list(checkpoints),
+        run=run_id,
+        step=step,
+        seeds=seeds,
+        parent=parent,
+        command=argv,
+        key=key,
+        attributes=_parse_attr(attrs),
+    )
+    for m in manifests:
+        click.echo(str(m.path))
+
+
+def _print_result(r: VerifyResult) -> None:
+    mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
+    out.print(f"{mark} {r.manifest}  [dim](run {r.run}, step {r.step})[/]")
+    for c in r.failures:
+        out.print(f"      [red]{c.name}[/]: {c.detail}")
+
+
+@cli.command()
+@click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.pass_context
+def verify(ctx: click.Context, manifests: tuple[Path, ...], as_json: bool) -> None:
+    """Check signature, file digest, dataset hashes and parent chain of each manifest.
+
+    Exit 0 when every check holds, 1 when any fails, 2 for bad input.
+    """
+    results: list[VerifyResult] = []
+    errors: list[Error] = []
+    for outcome in verify_each(list(manifests)):
+        if isinstance(outcome, Error):
+            errors.append(outcome)
+            if not as_json:
+                fail_line(str(outcome))
+        else:
+            results.append(outcome)
+            if not as_json:
+                _print_result(outcome)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": not errors and all(r.ok for r in results),
+                    "results": [r.to_json_obj() for r in results],
+                    "errors": [
+                        {"path": str(e.path) if e.path else None, "error": e.message}
+                        for e in errors
+                    ],
+                },
+                indent=2,
+            )
+        )
+    ctx.exit(2 if errors else (0 if all(r.ok for r in results) else 1))
+
+
+@cli.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the decoded statement as JSON.")
+def show(manifest: Path, as_json: bool) -> None:
+    """Summarise a manifest (without verifying it: see `kaudit verify`)."""
+    m = read_manifest(manifest)
+    if as_json:
+        click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True))
+        return
+    p = m.predicate
+    g, env = p["git"], p["environment"]
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("manifest", str(m.path))
+    t.add_row("checkpoint", f"{m.subject_name}  ({p['size']} bytes)")
+    t.add_row("sha256", m.subject_sha256)
+    t.add_row("run / step", f"{m.run} / {m.step}")
+    t.add_row("created", p["created"])
+    t.add_row("parent", f"{p['parent_manifest']} ({p['parent']})" if p["parent"] else "none")
+    t.add_row(
+        "git",
+        f"{g['commit']} on {g['branch'] or '(detached)'}"
+        + ("  [yellow]dirty[/], patch " + str(g["patch_sha256"]) if g["dirty"] else ""),
+    )
+    t.add_row("remote", str(g["remote"]))
+    t.add_row(
+        "python",
+        f"{env['python']['implementation']} {env['python']['version']}, "
+        f"{len(env['packages'])} packages",
+    )
+    t.add_row(
+        "platform",
+        f"{env['platform']['system']} {env['platform']['machine']}, {env['cpu']['model']}",
+    )
+    t.add_row("blas", f"{env['blas']['name']} {env['blas']['version']}")
+    t.add_row("numeric env", " ".join(f"{k}={v}" for k, v in env["variables"].items()) or "none")
+    t.add_row("env lock", env["digest"])
+    t.add_row("seeds", ", ".join(str(s) for s in p["seeds"]) or "none")
+    t.add_row("command", shlex.join(p["command"]) if p["command"] else "not recorded")
+    t.add_row("cwd", p["cwd"])
+    if p["attributes"]:
+        t.add_row("attributes", json.dumps(_thaw(p["attributes"]), sort_keys=True))
+    t.add_row("signed by", ", ".join(s.keyid or "(no keyid)" for s in m.envelope.signatures))
+    out.print(t)
+    if m.datasets is not None:
+        d = Table(title=f"{len(m.datasets)} datasets", title_justify="left")
+        for col in ("path", "dtype", "shape", "sha256"):
+            d.add_column(col)
+        for ds in m.datasets:
+            d.add_row(
+                ds.path,
+                ds.dtype,
+                "null" if ds.shape is None else str(list(ds.shape)),
+                ds.sha256[:16] + "...",
+            )
+        out.print(d)
+    else:
+        out.print("not HDF5: covered by the file digest only")
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_thaw(v) for v in value]
+    if hasattr(value, "items"):
+        return {k: _thaw(v) for k, v in value.items()}
+    return value
+
+
+def main() -> None:
+    cli(prog_name="kaudit")

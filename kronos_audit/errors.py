@@ -1,0 +1,62 @@
+"""The one error hierarchy of kronos-audit.
+
+The library only raises; the CLI catches :class:`Error` in one place and turns it into
+one line and an exit code. Each error keeps its context (path, dataset, step) as
+attributes so callers can act on it without parsing the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class Error(Exception):
+    """Base of every error kronos-audit raises on purpose.
+
+    ``exit_code`` is what the CLI exits with: 2 for bad input or usage (the default),
+    1 for a check that ran and failed.
+    """
+
+    exit_code: int = 2
+
+    def __init__(self, message: str, *, path: Path | str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = Path(path) if path is not None else None
+
+    def __str__(self) -> str:
+        if self.path is None:
+            return self.message
+        return f"{self.path}: {self.message}"
+
+
+class UsageError(Error):
+    """The command was asked for something that cannot be done as asked."""
+
+
+class ProjectError(Error):
+    """The repository is not set up for kronos-audit (not git, no `.kaudit/`)."""
+
+
+class SigningKeyError(Error):
+    """A signing key is missing, ambiguous or unreadable."""
+
+
+class ManifestError(Error):
+    """A manifest is not JSON, not a DSSE envelope, or violates the schema."""
+
+
+class CheckpointError(Error):
+    """A checkpoint file is missing, unreadable, or not the HDF5 it claims to be."""
+
+    def __init__(
+        self, message: str, *, path: Path | str | None = None, dataset: str | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.dataset = dataset
+
+
+class SignatureError(Error):
+    """A signature did not verify, or was made by a key the repository does not trust."""
+
+    exit_code = 1

@@ -1,0 +1,202 @@
+"""Manifests: signed in-toto Statements about one checkpoint, in DSSE envelopes.
+
+A manifest lives beside its checkpoint as ``CKPT.kaudit.json``. Its payload is an in-toto
+Statement v1 whose single subject is the checkpoint file (sha256) and whose predicate
+(``schemas/manifest-v1.schema.json``) records the run, step, parent link, environment
+lock, git state, seeds, per-dataset canonical hashes and the command to re-run. Every
+manifest read or written is validated against the schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NewType
+
+import jsonschema
+
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.errors import ManifestError
+from kronos_audit.signing import PAYLOAD_TYPE, Envelope, parse_envelope
+
+Sha256 = NewType("Sha256", str)
+"""Lower-case hex sha256."""
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
+MANIFEST_SUFFIX = ".kaudit.json"
+SCHEMA_NAME = "manifest-v1.schema.json"
+
+
+def manifest_path_for(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + MANIFEST_SUFFIX)
+
+
+def checkpoint_path_for(manifest: Path) -> Path:
+    if not manifest.name.endswith(MANIFEST_SUFFIX) or manifest.name == MANIFEST_SUFFIX:
+        raise ManifestError(f"a manifest's name ends in {MANIFEST_SUFFIX}", path=manifest)
+    return manifest.with_name(manifest.name[: -len(MANIFEST_SUFFIX)])
+
+
+@functools.cache
+def schema(name: str = SCHEMA_NAME) -> dict[str, Any]:
+    text = resources.files("kronos_audit").joinpath("schemas", name).read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+@functools.cache
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    s = schema(name)
+    cls = jsonschema.validators.validator_for(s)
+    cls.check_schema(s)
+    validator: jsonschema.protocols.Validator = cls(s, format_checker=cls.FORMAT_CHECKER)
+    return validator
+
+
+def validate(document: Any, path: Path | None = None, schema_name: str = SCHEMA_NAME) -> None:
+    """Raise ManifestError naming the first schema violation (deepest first) and where."""
+    errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
+        raise ManifestError(f"schema violation at {where}: {best.message}", path=path)
+
+
+def build_statement(
+    *,
+    subject_name: str,
+    sha256: str,
+    predicate: Mapping[str, Any],
+) -> dict[str, Any]:
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": subject_name, "digest": {"sha256": sha256}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": dict(predicate),
+    }
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    return (json.dumps(envelope.to_json_obj(), indent=2, sort_keys=True) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A manifest read from disk, its envelope parsed and its statement schema-valid.
+
+    Reading does not check the signature or the data: that is :func:`kronos_audit.verify`.
+    """
+
+    path: Path
+    """Where it was read from."""
+    digest: Sha256
+    """sha256 of the manifest file's bytes: what a child's ``parent`` names."""
+    envelope: Envelope
+    """The DSSE envelope."""
+    statement: Mapping[str, Any]
+    """The decoded in-toto Statement (read-only)."""
+
+    @property
+    def predicate(self) -> Mapping[str, Any]:
+        p: Mapping[str, Any] = self.statement["predicate"]
+        return p
+
+    @property
+    def run(self) -> str:
+        return str(self.predicate["run"])
+
+    @property
+    def step(self) -> int:
+        return int(self.predicate["step"])
+
+    @property
+    def parent(self) -> Sha256 | None:
+        p = self.predicate["parent"]
+        return None if p is None else Sha256(p)
+
+    @property
+    def subject_name(self) -> str:
+        return str(self.statement["subject"][0]["name"])
+
+    @property
+    def subject_sha256(self) -> Sha256:
+        return Sha256(self.statement["subject"][0]["digest"]["sha256"])
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return checkpoint_path_for(self.path)
+
+    @property
+    def datasets(self) -> tuple[DatasetDigest, ...] | None:
+        raw = self.predicate["datasets"]
+        if raw is None:
+            return None
+        return tuple(
+            DatasetDigest(
+                d["path"],
+                d["dtype"],
+                None if d["shape"] is None else tuple(d["shape"]),
+                d["sha256"],
+            )
+            for d in raw
+        )
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def parse_manifest(data: bytes, path: Path) -> Manifest:
+    """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
+    try:
+        obj = json.loads(data)
+    except UnicodeDecodeError:
+        raise ManifestError("not a manifest: not UTF-8 text", path=path) from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(
+            f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", path=path
+        ) from None
+    envelope = parse_envelope(obj, path)
+    if envelope.payload_type != PAYLOAD_TYPE:
+        raise ManifestError(
+            f"payloadType is {envelope.payload_type!r}, expected {PAYLOAD_TYPE!r}", path=path
+        )
+    try:
+        statement = json.loads(envelope.payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ManifestError("payload is not JSON", path=path) from None
+    validate(statement, path)
+    return Manifest(path, Sha256(hashlib.sha256(data).hexdigest()), envelope, _freeze(statement))
+
+
+def read_manifest(path: Path | str) -> Manifest:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError("manifest not found", path=path) from None
+    except IsADirectoryError:
+        raise ManifestError("is a directory, not a manifest", path=path) from None
+    except OSError as e:
+        raise ManifestError(f"cannot read manifest: {e.strerror}", path=path) from None
+    return parse_manifest(data, path)
+
+
+def write_manifest(path: Path, envelope: Envelope) -> Manifest:
+    """Validate and write atomically; return the manifest as a reader will see it."""
+    data = encode_envelope(envelope)
+    manifest = parse_manifest(data, path)  # the same checks every reader makes
+    write_atomic(path, data)
+    return manifest

@@ -1,0 +1,218 @@
+"""What produced a checkpoint: the environment lock and the git state.
+
+The environment cannot change under a running process in any way that matters here, so it
+is captured once per process (:func:`environment`). The git state is read at each
+snapshot, since a long run may outlive a commit in its checkout.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import platform
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import git
+
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit.errors import ProjectError
+
+# Variables that change what numerical code computes (thread counts change reduction
+# orders; hash seeds change iteration orders; TF32/cuBLAS settings change rounding).
+NUMERIC_ENV_PREFIXES = (
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "BLIS_",
+    "GOTO_",
+    "VECLIB_",
+    "KMP_",
+    "NUMEXPR_",
+    "CUBLAS_",
+    "CUDNN_",
+)
+NUMERIC_ENV_NAMES = frozenset(
+    {
+        "PYTHONHASHSEED",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_LAUNCH_BLOCKING",
+        "NVIDIA_TF32_OVERRIDE",
+        "TF_DETERMINISTIC_OPS",
+        "TF_CUDNN_DETERMINISTIC",
+        "XLA_FLAGS",
+        "JAX_ENABLE_X64",
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+        "MKL_CBWR",
+        "NPY_DISABLE_CPU_FEATURES",
+    }
+)
+
+# Paths whose changes are kaudit's own records, not the code being run.
+RECORD_PATHSPECS = (":(exclude).kaudit", ":(exclude)*.kaudit.json", ":(exclude)*.dvc")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _numpy_blas() -> dict[str, Any]:
+    try:
+        import numpy as np
+
+        config = np.show_config(mode="dicts")
+    except Exception:
+        return {"name": "unknown", "version": "unknown"}
+    blas = (config or {}).get("Build Dependencies", {}).get("blas", {})
+    return {
+        "name": str(blas.get("name", "unknown")),
+        "version": str(blas.get("version", "unknown")),
+    }
+
+
+def _distributions() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found[name.lower().replace("_", "-")] = dist.version
+    return dict(sorted(found.items()))
+
+
+def numeric_environment_variables() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k in NUMERIC_ENV_NAMES or k.startswith(NUMERIC_ENV_PREFIXES)
+    }
+
+
+@functools.cache
+def environment() -> dict[str, Any]:
+    """The environment lock of this process, with ``digest`` over all the rest."""
+    env: dict[str, Any] = {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "platform": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+            "libc": "-".join(platform.libc_ver()),
+        },
+        "cpu": {"model": _cpu_model(), "count": os.cpu_count() or 0},
+        "blas": _numpy_blas(),
+        "variables": numeric_environment_variables(),
+        "packages": _distributions(),
+    }
+    env["digest"] = hashlib.sha256(canonical_json(env)).hexdigest()
+    return env
+
+
+@dataclass(frozen=True)
+class GitState:
+    """Where the code that ran came from."""
+
+    commit: str
+    """HEAD commit hash."""
+    branch: str | None
+    """Checked-out branch, or None when detached."""
+    dirty: bool
+    """Tracked files differ from HEAD (kaudit's own records aside)."""
+    patch_sha256: str | None
+    """sha256 of ``git diff HEAD --binary`` when dirty; the patch is kept under .kaudit/patches."""
+    remote: str | None
+    """URL of the ``origin`` remote (or the first one), credentials stripped."""
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit,
+            "branch": self.branch,
+            "dirty": self.dirty,
+            "patch_sha256": self.patch_sha256,
+            "remote": self.remote,
+        }
+
+
+def strip_credentials(url: str) -> str:
+    """Drop a password (and, for http(s), any user: it is usually a token) from a URL."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.scheme or "@" not in parts.netloc:
+        return url  # a path or scp-like `git@host:repo`, which carries no secret
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    if parts.scheme in ("http", "https") or ":" in userinfo:
+        user = userinfo.split(":", 1)[0]
+        keep_user = parts.scheme not in ("http", "https")
+        netloc = f"{user}@{host}" if keep_user and user else host
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def patch_path(repo_root: Path, digest: str) -> Path:
+    return repo_root / ".kaudit" / "patches" / f"{digest}.patch"
+
+
+def git_state(repo_root: Path) -> GitState:
+    """Read HEAD, branch, remote and the uncommitted diff; store the diff content-addressed."""
+    try:
+        repo = git.Repo(repo_root)
+        status = repo.git.status(
+            "--porcelain=v2", "--branch", "--untracked-files=no", "--", ".", *RECORD_PATHSPECS
+        )
+    except (git.GitError, OSError) as e:
+        raise ProjectError(f"cannot read git state: {e}", path=repo_root) from None
+    commit: str | None = None
+    branch: str | None = None
+    dirty = False
+    for line in status.splitlines():
+        if line.startswith("# branch.oid "):
+            commit = line.split()[2]
+        elif line.startswith("# branch.head "):
+            head = line.split(maxsplit=2)[2]
+            branch = None if head == "(detached)" else head
+        elif line and not line.startswith("#"):
+            dirty = True
+    if commit is None or commit == "(initial)":
+        raise ProjectError(
+            "the repository has no commit yet: commit the code first so manifests can name it",
+            path=repo_root,
+        )
+    patch_sha256 = None
+    if dirty:
+        # Keep the bytes exactly: a replay must re-apply this patch as it was.
+        patch = repo.git.diff(
+            "HEAD",
+            "--binary",
+            "--",
+            ".",
+            *RECORD_PATHSPECS,
+            stdout_as_string=False,
+            strip_newline_in_stdout=False,
+        )
+        patch_sha256 = hashlib.sha256(patch).hexdigest()
+        target = patch_path(repo_root, patch_sha256)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(target, patch)
+    remote = None
+    if repo.remotes:
+        names = [r.name for r in repo.remotes]
+        chosen = repo.remote("origin" if "origin" in names else names[0])
+        urls = list(chosen.urls)
+        remote = strip_credentials(urls[0]) if urls else None
+    return GitState(commit, branch, dirty, patch_sha256, remote)

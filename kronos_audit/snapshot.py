@@ -1,0 +1,145 @@
+"""Snapshot: hash a checkpoint, record its provenance, sign, and write its manifest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit.checkpoint.hashing import FileDigests, digest_file
+from kronos_audit.errors import UsageError
+from kronos_audit.manifest import (
+    Manifest,
+    build_statement,
+    manifest_path_for,
+    read_manifest,
+    write_manifest,
+)
+from kronos_audit.project import Project, find_project
+from kronos_audit.provenance import environment, git_state
+from kronos_audit.signing import SigningKey, select_key, sign_envelope
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC timestamp with microseconds, e.g. ``2026-11-29T08:00:00.123456Z``."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parent_link(
+    parent: Path | Manifest | None,
+    run: str,
+    step: int,
+    project: Project,
+) -> tuple[str | None, str | None]:
+    if parent is None:
+        return None, None
+    manifest = parent if isinstance(parent, Manifest) else read_manifest(parent)
+    if manifest.run != run:
+        raise UsageError(f"parent belongs to run {manifest.run!r}, not {run!r}", path=manifest.path)
+    if manifest.step >= step:
+        raise UsageError(
+            f"parent is at step {manifest.step}, not before step {step}", path=manifest.path
+        )
+    return manifest.digest, project.relative(manifest.path)
+
+
+def sign_checkpoint(
+    checkpoint: Path,
+    digests: FileDigests,
+    *,
+    project: Project,
+    key: SigningKey,
+    run: str,
+    step: int,
+    seeds: Sequence[int] = (),
+    parent: Path | Manifest | None = None,
+    command: Sequence[str] | None = None,
+    cwd: Path | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write the signed manifest of a checkpoint whose digests are already known.
+
+    This is the step the runtime uses after hashing the state in memory; ``extra`` adds
+    predicate fields (RNG states, restart count) that the schema defines.
+    """
+    parent_digest, parent_name = _parent_link(parent, run, step, project)
+    predicate: dict[str, Any] = {
+        "run": run,
+        "step": step,
+        "parent": parent_digest,
+        "parent_manifest": parent_name,
+        "created": utc_now(),
+        "size": digests.size,
+        "git": git_state(project.root).to_json_obj(),
+        "environment": environment(),
+        "seeds": [int(s) for s in seeds],
+        "datasets": None
+        if digests.datasets is None
+        else [d.to_json_obj() for d in digests.datasets],
+        "attributes": dict(attributes or {}),
+        "command": None if command is None else [str(a) for a in command],
+        "cwd": project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
+        **(extra or {}),
+    }
+    statement = build_statement(
+        subject_name=project.relative(checkpoint), sha256=digests.sha256, predicate=predicate
+    )
+    envelope = sign_envelope(canonical_json(statement), key)
+    return write_manifest(manifest_path_for(checkpoint), envelope)
+
+
+def snapshot(
+    checkpoints: Path | str | Sequence[Path | str],
+    *,
+    run: str,
+    step: int,
+    seeds: Sequence[int] = (),
+    parent: Path | str | None = None,
+    command: Sequence[str] | None = None,
+    key: str | SigningKey | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    cwd: Path | None = None,
+) -> tuple[Manifest, ...]:
+    """Write a signed manifest beside each checkpoint (``CKPT.kaudit.json``).
+
+    All checkpoints are read and hashed before any manifest is written, so bad input
+    leaves nothing behind. Raises :class:`kronos_audit.errors.Error` subclasses.
+    """
+    paths = (
+        [Path(checkpoints)]
+        if isinstance(checkpoints, str | Path)
+        else [Path(p) for p in checkpoints]
+    )
+    if not paths:
+        raise UsageError("no checkpoint given")
+    if not run:
+        raise UsageError("the run id must not be empty")
+    if step < 0:
+        raise UsageError(f"step must be >= 0, got {step}")
+    signing_key = key if isinstance(key, SigningKey) else select_key(key)
+    project = find_project(paths[0]).require_initialized()
+    for p in paths[1:]:
+        if find_project(p).root != project.root:
+            raise UsageError(f"not in the same repository as {paths[0]}", path=p)
+    parent_manifest = read_manifest(parent) if parent is not None else None
+    hashed = [(p, digest_file(p)) for p in paths]
+    return tuple(
+        sign_checkpoint(
+            p,
+            d,
+            project=project,
+            key=signing_key,
+            run=run,
+            step=step,
+            seeds=seeds,
+            parent=parent_manifest,
+            command=command,
+            cwd=cwd,
+            attributes=attributes,
+        )
+        for p, d in hashed
+    )

@@ -1,8 +1,4 @@
-"""The `kaudit` command: parse, call the library, render with rich, map errors to 0/1/2.
-
-Every :class:`kronos_audit.errors.Error` becomes one line on stderr, ``kaudit: error: ...``,
-and its exit code (2 for bad input, 1 for a failed check), in :class:`KauditGroup` alone.
-"""
+"""`kaudit init`, `keys`, `snapshot`, `verify`, `show`: the manifest commands."""
 
 from __future__ import annotations
 
@@ -12,36 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from kronos_audit import signing
+from kronos_audit.cli._app import cli, fail_line, out
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import read_manifest
 from kronos_audit.project import find_project, init_project
 from kronos_audit.snapshot import snapshot as do_snapshot
 from kronos_audit.verify import VerifyResult, verify_each
-
-out = Console(highlight=False, soft_wrap=True)
-
-
-def fail_line(message: str) -> None:
-    click.echo(f"kaudit: error: {message}", err=True)
-
-
-class KauditGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except Error as e:
-            fail_line(str(e))
-            ctx.exit(e.exit_code)
-
-
-@click.group(cls=KauditGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="kronos-audit", prog_name="kaudit")
-def cli() -> None:
-    """Signed, verifiable, replayable checkpoints for long runs."""
 
 
 @cli.command()
@@ -283,7 +258,3 @@ def _thaw(value: Any) -> Any:
     if hasattr(value, "items"):
         return {k: _thaw(v) for k, v in value.items()}
     return value
-
-
-def main() -> None:
-    cli(prog_name="kaudit")

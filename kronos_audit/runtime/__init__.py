@@ -1,0 +1,1 @@
+"""The run loop: periodic, atomic, asynchronous checkpoints; restore; preemption; supervision."""

@@ -1,0 +1,88 @@
+"""What a supervised program and its supervisor (or a replay) tell each other.
+
+Environment variables set for the program:
+
+- ``KAUDIT_RESTART_COUNT``: how many times the supervisor restarted it (Slurm's
+  ``SLURM_RESTART_COUNT`` takes precedence when present); recorded in manifests.
+- ``KAUDIT_PROGRESS``: path of a 16-byte progress file the program keeps current (see
+  :class:`Progress`), so the supervisor can count the steps a fault made it redo.
+- ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT``: a replay's instruction
+  "resume from this checkpoint, stop at step N, write to this directory".
+
+Exit status :data:`PREEMPTED_EXIT` (75, BSD's EX_TEMPFAIL) means "checkpointed on a
+preemption signal; start me again".
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+PREEMPTED_EXIT = 75
+RESTART_COUNT_ENV = "KAUDIT_RESTART_COUNT"
+PROGRESS_ENV = "KAUDIT_PROGRESS"
+RESUME_FROM_ENV = "KAUDIT_RESUME_FROM"
+STOP_AT_ENV = "KAUDIT_STOP_AT"
+OUT_ENV = "KAUDIT_OUT"
+
+_LAYOUT = struct.Struct("<qq")  # last step reached, step resumed from (-1: fresh start)
+NOTHING = -1
+
+
+def restart_count() -> int:
+    """``SLURM_RESTART_COUNT`` when Slurm requeued the job, else the supervisor's count."""
+    for var in ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class Progress:
+    """A shared 16-byte file: the program writes, the supervisor reads.
+
+    Writing is a store into a memory map (nanoseconds), so the program can afford it on
+    every step. The values are advisory (statistics), never used for correctness.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < _LAYOUT.size:
+                os.ftruncate(fd, _LAYOUT.size)
+                os.pwrite(fd, _LAYOUT.pack(NOTHING, NOTHING), 0)
+            self._map = mmap.mmap(fd, _LAYOUT.size)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def from_env(cls) -> Progress | None:
+        path = os.environ.get(PROGRESS_ENV)
+        if not path:
+            return None
+        try:
+            return cls(path)
+        except OSError:
+            return None  # statistics only: never fail a run over them
+
+    def started(self, resumed_from: int | None) -> None:
+        _LAYOUT.pack_into(
+            self._map,
+            0,
+            NOTHING if resumed_from is None else resumed_from,
+            NOTHING if resumed_from is None else resumed_from,
+        )
+
+    def reached(self, step: int) -> None:
+        struct.pack_into("<q", self._map, 0, step)
+
+    def read(self) -> tuple[int, int]:
+        """(last step reached, step resumed from); -1 for none."""
+        last, resumed = _LAYOUT.unpack_from(self._map, 0)
+        return int(last), int(resumed)
+
+    def close(self) -> None:
+        self._map.close()

@@ -7,6 +7,7 @@ manifests name. All three are meant to be committed.
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,11 +114,16 @@ def init_project(start: Path | str = ".") -> tuple[Project, bool]:
         write_atomic(project.config_path, DEFAULT_CONFIG.encode())
     dvc_created = False
     if not (project.root / ".dvc").is_dir():
-        from dvc.repo import Repo as DvcRepo  # slow to import; only init needs it here
+        from dvc.repo.init import init as dvc_init  # slow to import; only init needs it
 
+        # DVC logs a greeting at INFO and re-configures its loggers as it goes; our caller
+        # reports what was done, once.
+        logging.disable(logging.INFO)
         try:
-            DvcRepo.init(root_dir=str(project.root))
-        except Exception as e:
+            dvc_init(root_dir=str(project.root))
+        except Exception as e:  # DVC raises many types: say which, and stop
             raise ProjectError(f"dvc init failed: {e}", path=project.root) from None
+        finally:
+            logging.disable(logging.NOTSET)
         dvc_created = True
     return project, dvc_created

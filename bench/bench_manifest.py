@@ -1,0 +1,106 @@
+"""Manifest benchmarks (issue: signed checkpoint manifests).
+
+1. `kaudit verify` of a 1 GiB checkpoint (one float64 dataset) against `sha256sum` of
+   the same file, warm page cache for both. Target: at most 1.3x. Printed twice: the
+   verification itself (in-process library call) and the whole CLI including Python
+   start-up and imports.
+2. Fixed cost of a snapshot of a tiny checkpoint inside a running process, environment
+   already captured. Target: under 50 ms.
+
+Run: .venv/bin/python bench/bench_manifest.py [--gib 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import best_of, median_of, scratch_repo  # noqa: E402
+
+import kronos_audit as ka  # noqa: E402
+from kronos_audit.provenance import environment  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="checkpoint size in GiB")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    repo = scratch_repo()
+
+    # --- 1. verify vs sha256sum -----------------------------------------------------
+    n = int(args.gib * 2**30) // 8
+    big = repo / "big.h5"
+    with h5py.File(big, "w") as f:
+        f.create_dataset("state", data=np.random.default_rng(0).standard_normal(n))
+    (manifest,) = ka.snapshot(big, run="bench", step=1)
+    size = big.stat().st_size
+
+    def sha256sum() -> None:
+        subprocess.run(["sha256sum", str(big)], check=True, capture_output=True)
+
+    def verify_lib() -> None:
+        (r,) = ka.verify(manifest.path)
+        assert r.ok, r.failures
+
+    cli = [
+        sys.executable,
+        "-c",
+        "from kronos_audit.cli import main; main()",
+        "verify",
+        str(manifest.path),
+    ]
+
+    def verify_cli() -> None:
+        subprocess.run(cli, check=True, capture_output=True, cwd=repo)
+
+    def sha256_one_pass() -> None:
+        with open(big, "rb") as f:
+            hashlib.file_digest(f, "sha256")
+
+    sha256sum()  # warm the page cache for everyone
+    t_sum = best_of(args.repeat, sha256sum)
+    t_one = best_of(args.repeat, sha256_one_pass)
+    t_lib = best_of(args.repeat, verify_lib)
+    t_cli = best_of(args.repeat, verify_cli)
+    gb = size / 1e9
+    print(f"checkpoint: {size / 2**30:.2f} GiB, one float64 dataset")
+    print(f"  sha256sum                  {t_sum:6.3f} s  ({gb / t_sum:.2f} GB/s)  baseline")
+    print(
+        f"  sha256, one pass (OpenSSL) {t_one:6.3f} s  ({gb / t_one:.2f} GB/s)  "
+        "a harder baseline: verify hashes every byte twice (file and dataset)"
+    )
+    print(
+        f"  verify (library)           {t_lib:6.3f} s  ({gb / t_lib:.2f} GB/s)  "
+        f"ratio {t_lib / t_sum:.2f}x  (target <= 1.3x); {t_lib / t_one:.2f}x one sha256 pass"
+    )
+    print(
+        f"  kaudit verify (whole CLI)  {t_cli:6.3f} s  ({gb / t_cli:.2f} GB/s)  "
+        f"ratio {t_cli / t_sum:.2f}x  (includes interpreter start-up and imports)"
+    )
+    os.unlink(big)
+
+    # --- 2. fixed cost of a snapshot ------------------------------------------------
+    tiny = repo / "tiny.h5"
+    with h5py.File(tiny, "w") as f:
+        f["x"] = np.arange(16.0)
+        f["step"] = np.int64(1)
+    environment()  # captured once per process, as inside a running program
+    ka.snapshot(tiny, run="tiny", step=0)  # warm imports and caches
+    t_snap = median_of(20, lambda: ka.snapshot(tiny, run="tiny", step=1))
+    print(
+        f"snapshot of a tiny checkpoint, environment cached: {t_snap * 1e3:.1f} ms median "
+        f"of 20 (target < 50 ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()

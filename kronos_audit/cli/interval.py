@@ -1,0 +1,293 @@
+"""`kaudit interval`: how often to checkpoint, by Young's and Daly's rules, and a check."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import numpy as np
+from rich.table import Table
+
+from kronos_audit.cli._app import cli, out
+from kronos_audit.errors import UsageError
+from kronos_audit.runtime.interval import (
+    Estimate,
+    Plan,
+    Simulation,
+    expected_waste,
+    parse_duration,
+    plan,
+    simulate,
+)
+
+# Intervals simulated: Daly's tau times 2^(k/2), k = -4..4, i.e. 0.25x to 4x.
+FACTORS = tuple(2.0 ** (k / 2) for k in range(-4, 5))
+# Without --job, each trial is this many MTBFs of work: about 50 failures per trial,
+# whatever the MTBF, which keeps the noise low and the run short.
+JOB_MTBFS = 50
+
+
+_UNITS = (("s", 1.0), ("min", 60.0), ("h", 3600.0), ("d", 86400.0))
+
+
+def _unit(seconds: float) -> tuple[str, float]:
+    if seconds < 120.0:
+        return _UNITS[0]
+    if seconds < 120.0 * 60.0:
+        return _UNITS[1]
+    if seconds < 1000.0 * 3600.0:
+        return _UNITS[2]
+    return _UNITS[3]
+
+
+def human(seconds: float, like: float | None = None) -> str:
+    """Seconds in the unit a person reads best, to 3 significant figures: "117 min".
+
+    With ``like``, in the unit that suits ``like`` instead, so a column reads in one unit.
+    """
+    if math.isinf(seconds):
+        return "never"
+    name, size = _unit(seconds if like is None else like)
+    return f"{_sig3(seconds / size)} {name}"
+
+
+def _sig3(value: float) -> str:
+    if value == 0:
+        return "0"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def percent(fraction: float) -> str:
+    return f"{fraction:.2%}"
+
+
+def _duration(option: str, text: str, *, allow_zero: bool = False) -> float:
+    try:
+        seconds = parse_duration(text)
+    except UsageError as e:
+        raise UsageError(f"{option}: {e}") from None
+    if seconds == 0 and not allow_zero:
+        raise UsageError(f"{option}: must be more than zero, got {text!r}")
+    return seconds
+
+
+def _factor(f: float) -> str:
+    return f"{f:.3g}x"
+
+
+def _estimate_json(e: Estimate, job: float | None) -> dict[str, Any]:
+    wall = None if job is None else e.wall_time(job)
+    return {
+        "tau": e.tau,
+        "expected_waste": e.waste,
+        "expected_wall": None if wall is None or math.isinf(wall) else wall,
+    }
+
+
+def _print_plan(p: Plan, job: float | None) -> None:
+    out.print(f"checkpoint cost {human(p.delta)}, MTBF {human(p.mtbf)}, restart {human(p.restart)}")
+    t = Table(title_justify="left")
+    t.add_column("rule")
+    t.add_column("interval τ", justify="right")
+    t.add_column("expected waste", justify="right")
+    if job is not None:
+        t.add_column(f"wall time for {human(job)} of work", justify="right")
+    for label, e in (("Young (1974)", p.young), ("Daly (2006)", p.daly)):
+        row = [label, human(e.tau, like=p.daly.tau), percent(e.waste)]
+        if job is not None:
+            row.append(human(e.wall_time(job), like=job))
+        t.add_row(*row)
+    out.print(t)
+    out.print("checkpoint every [bold]" + human(p.daly.tau) + "[/] of work (Daly's optimum)")
+
+
+@dataclass(frozen=True)
+class _Row:
+    factor: float
+    """Interval as a multiple of Daly's."""
+    tau: float
+    """Interval, seconds of work."""
+    model: float
+    """Expected waste by Daly's model."""
+    sim: Simulation | None
+    """What the Monte Carlo measured; None if too costly to simulate."""
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    rows: tuple[_Row, ...]
+    """One row per factor in FACTORS."""
+    least_model: int | None
+    """Index of the row with the least expected waste."""
+    least_measured: int | None
+    """Index of the row with the least measured waste (None if nothing was simulated)."""
+
+
+def _sweep(p: Plan, job: float, trials: int, seed: int) -> _Sweep:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for f in FACTORS:
+        tau = f * p.daly.tau
+        try:
+            sim: Simulation | None = simulate(tau, p.delta, p.mtbf, p.restart, job, trials, rng)
+        except UsageError:
+            sim = None  # too many failures to simulate: the model says ~all time is lost
+        rows.append(_Row(f, tau, expected_waste(tau, p.delta, p.mtbf, p.restart), sim))
+    return _Sweep(
+        rows=tuple(rows),
+        least_model=_least([r.model for r in rows]),
+        least_measured=_least([None if r.sim is None else r.sim.waste for r in rows]),
+    )
+
+
+def _least(values: list[float | None]) -> int | None:
+    known = [(v, i) for i, v in enumerate(values) if v is not None]
+    return min(known)[1] if known else None
+
+
+def _verdict(p: Plan, sweep: _Sweep) -> str:
+    if sweep.least_measured is None:
+        return "nothing could be simulated: the model expects nearly all time to be lost"
+    best = sweep.rows[sweep.least_measured]
+    at = f"least measured waste at τ = {human(best.tau)} ({_factor(best.factor)} Daly's τ)"
+    if math.isclose(best.factor, 1.0):
+        return f"{at}: where the model puts the optimum"
+    at_daly = sweep.rows[FACTORS.index(1.0)].sim
+    if at_daly is None or best.sim is None:
+        return f"{at}; Daly's τ = {human(p.daly.tau)} could not be simulated"
+    gap = at_daly.waste - best.sim.waste
+    noise = 2 * math.hypot(at_daly.stderr, best.sim.stderr)
+    return (
+        f"{at}; at Daly's τ = {human(p.daly.tau)} it is {100 * gap:.2f} percentage points "
+        f"higher, {'within' if gap <= noise else 'beyond'} the simulation's noise "
+        f"(±{100 * noise:.2f})"
+    )
+
+
+def _print_sweep(p: Plan, sweep: _Sweep, title: str) -> None:
+    t = Table(
+        title=title,
+        title_justify="left",
+        caption="◀ marks the least waste: by the model, by the simulation, or both",
+        caption_justify="left",
+    )
+    for header in ("τ/Daly", "τ", "model", "measured", "failures", "least"):
+        t.add_column(header, justify="left" if header == "least" else "right", no_wrap=True)
+    for i, r in enumerate(sweep.rows):
+        marks = [
+            name
+            for name, j in (("model", sweep.least_model), ("measured", sweep.least_measured))
+            if j == i
+        ]
+        t.add_row(
+            _factor(r.factor),
+            human(r.tau, like=p.daly.tau),
+            percent(r.model),
+            "not simulated"
+            if r.sim is None
+            else f"{percent(r.sim.waste)} ± {percent(r.sim.stderr)}",
+            "" if r.sim is None else f"{r.sim.mean_failures:.1f}",
+            "" if not marks else "◀ both" if len(marks) == 2 else "◀ " + marks[0],
+            style="bold" if marks else None,
+        )
+    out.print(t)
+    out.print(_verdict(p, sweep))
+
+
+def _sweep_json(sweep: _Sweep, job: float, trials: int, seed: int) -> dict[str, Any]:
+    def factor(index: int | None) -> float | None:
+        return None if index is None else FACTORS[index]
+
+    return {
+        "job": job,
+        "trials": trials,
+        "seed": seed,
+        "least_model_factor": factor(sweep.least_model),
+        "least_measured_factor": factor(sweep.least_measured),
+        "rows": [
+            {
+                "factor": r.factor,
+                "tau": r.tau,
+                "model_waste": r.model,
+                "measured_waste": None if r.sim is None else r.sim.waste,
+                "stderr": None if r.sim is None else r.sim.stderr,
+                "mean_failures": None if r.sim is None else r.sim.mean_failures,
+            }
+            for r in sweep.rows
+        ],
+    }
+
+
+@cli.command()
+@click.option(
+    "--mtbf",
+    required=True,
+    metavar="DURATION",
+    help="Mean time between failures, e.g. 24h, 90m, 2d.",
+)
+@click.option(
+    "--cost",
+    required=True,
+    metavar="DURATION",
+    help="Time one checkpoint costs the run, e.g. 5m, 40s.",
+)
+@click.option("--restart", default="0", show_default=True, help="Time to restart after a failure.")
+@click.option("--job", help="Work the job needs (e.g. 500h): adds its expected wall time.")
+@click.option("--simulate", "do_simulate", is_flag=True, help="Check the model by Monte Carlo.")
+@click.option("--trials", default=1000, show_default=True, type=int, help="Simulated runs.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulation.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (seconds).")
+def interval(
+    mtbf: str,
+    cost: str,
+    restart: str,
+    job: str | None,
+    do_simulate: bool,
+    trials: int,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """How often to checkpoint: Young's and Daly's intervals and the time each wastes.
+
+    Durations are a number with an optional unit s, m, h or d (a bare number is
+    seconds). With --simulate, a Monte Carlo runs the job at intervals from 0.25x to 4x
+    Daly's and shows the waste it measured beside the model's (by default each trial is
+    50 MTBFs of work).
+    """
+    mtbf_s = _duration("--mtbf", mtbf)
+    cost_s = _duration("--cost", cost)
+    restart_s = _duration("--restart", restart, allow_zero=True)
+    job_s = None if job is None else _duration("--job", job)
+    if trials < 1:
+        raise UsageError(f"--trials: must be at least 1, got {trials}")
+    if seed < 0:
+        raise UsageError(f"--seed: must not be negative, got {seed}")
+    p = plan(cost_s, mtbf_s, restart_s)
+
+    sim_job = JOB_MTBFS * mtbf_s if job_s is None else job_s
+    sweep = _sweep(p, sim_job, trials, seed) if do_simulate else None
+
+    if as_json:
+        doc = {
+            "mtbf": mtbf_s,
+            "cost": cost_s,
+            "restart": restart_s,
+            "job": job_s,
+            "young": _estimate_json(p.young, job_s),
+            "daly": _estimate_json(p.daly, job_s),
+            "simulation": None if sweep is None else _sweep_json(sweep, sim_job, trials, seed),
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+
+    _print_plan(p, job_s)
+    if sweep is not None:
+        note = "" if job_s is not None else f" ({JOB_MTBFS} x MTBF)"
+        out.print()
+        _print_sweep(
+            p, sweep, f"Monte Carlo: {trials} trials of {human(sim_job)} of work{note}, seed {seed}"
+        )

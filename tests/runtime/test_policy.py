@@ -1,0 +1,193 @@
+"""Checkpoint policies: fixed steps and seconds, Auto (Daly from the measured cost), `|`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from kronos_audit.errors import UsageError
+from kronos_audit.runtime.interval import daly
+from kronos_audit.runtime.policy import (
+    AnyOf,
+    Auto,
+    EverySeconds,
+    EverySteps,
+    Never,
+    OnPreemption,
+    SaveContext,
+    SavePolicy,
+)
+
+START = 1000.0  # monotonic clock at the run's start
+
+
+def ctx(**changes: object) -> SaveContext:
+    base = SaveContext(
+        step=1,
+        now=START,
+        last_step=None,
+        last_time=START,
+        stall=None,
+        write_time=None,
+        preempted=False,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def saves_at(policy: SavePolicy, steps: range, **changes: object) -> list[int]:
+    return [s for s in steps if policy.should_save(ctx(step=s, **changes))]
+
+
+def test_every_steps_from_a_fresh_start_saves_at_multiples_of_n() -> None:
+    p = EverySteps(5)
+    assert saves_at(p, range(1, 5)) == []
+    assert p.should_save(ctx(step=5))
+    # After the checkpoint at 5 the count starts again there.
+    assert saves_at(p, range(6, 11), last_step=5) == [10]
+
+
+def test_every_steps_after_a_restore_counts_from_the_restored_step() -> None:
+    p = EverySteps(5)
+    assert saves_at(p, range(8, 13), last_step=7) == [12]  # not 10
+
+
+def test_every_step() -> None:
+    assert saves_at(EverySteps(1), range(1, 4), last_step=0) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, True, "5"])
+def test_every_steps_needs_a_positive_integer(n: object) -> None:
+    with pytest.raises(UsageError, match="EverySteps"):
+        EverySteps(n)  # type: ignore[arg-type]
+
+
+def test_every_seconds_boundaries() -> None:
+    p = EverySeconds(60.0)
+    assert not p.should_save(ctx(now=START + 59.999))
+    assert p.should_save(ctx(now=START + 60.0))
+    assert not p.should_save(ctx(now=START + 100.0, last_time=START + 50.0))
+    assert p.should_save(ctx(now=START + 110.0, last_time=START + 50.0))
+
+
+@pytest.mark.parametrize("t", [0.0, -5.0, math.inf, math.nan, True])
+def test_every_seconds_needs_a_positive_time(t: float) -> None:
+    with pytest.raises(UsageError, match="EverySeconds"):
+        EverySeconds(t)
+
+
+def test_on_preemption_and_never() -> None:
+    assert OnPreemption().should_save(ctx(preempted=True))
+    assert not OnPreemption().should_save(ctx(now=START + 1e9, step=10**9))
+    assert not Never().should_save(ctx(preempted=True, now=START + 1e9, step=10**9))
+
+
+def test_or_saves_when_any_policy_does() -> None:
+    p = EverySteps(100) | OnPreemption()
+    assert isinstance(p, AnyOf)
+    assert not p.should_save(ctx(step=50))
+    assert p.should_save(ctx(step=50, preempted=True))
+    assert p.should_save(ctx(step=100))
+    assert not (Never() | Never()).should_save(ctx(preempted=True))
+
+
+def test_or_flattens() -> None:
+    a, b, c, d = EverySteps(10), EverySeconds(60.0), OnPreemption(), Never()
+    assert (a | b | c).policies == (a, b, c)
+    assert (a | (b | c)).policies == (a, b, c)
+    assert ((a | b) | (c | d)).policies == (a, b, c, d)
+    assert AnyOf.of(a, b | c) == a | b | c
+    assert AnyOf((a | b, c)).policies == (a, b, c)
+
+
+def test_or_accepts_any_object_with_should_save() -> None:
+    class OddSteps:
+        def should_save(self, ctx: SaveContext) -> bool:
+            return ctx.step % 2 == 1
+
+    mine = OddSteps()
+    p = mine | OnPreemption()  # only OnPreemption defines |: this is its __ror__
+    assert p.policies == (mine, OnPreemption())
+    assert p.should_save(ctx(step=3))
+    assert not p.should_save(ctx(step=4))
+
+
+def test_or_refuses_what_is_not_a_policy() -> None:
+    with pytest.raises(UsageError, match="not a save policy"):
+        EverySteps(5) | 5  # type: ignore[operator]
+
+
+def test_policies_are_frozen_values() -> None:
+    assert EverySteps(5) == EverySteps(5)
+    assert hash(Auto("24h")) == hash(Auto(86400.0))
+    with pytest.raises(AttributeError):
+        EverySteps(5).n = 6  # type: ignore[misc]
+
+
+def test_auto_accepts_seconds_or_a_duration() -> None:
+    assert Auto("24h") == Auto(86400.0)
+    assert Auto("1.5h").mtbf_seconds == 5400.0
+    assert Auto(3600).initial == 600.0
+
+
+@pytest.mark.parametrize(
+    ("mtbf", "initial"), [(0.0, 600.0), (-1.0, 600.0), ("0s", 600.0), ("24h", 0.0), ("24h", -1.0)]
+)
+def test_auto_needs_positive_times(mtbf: float | str, initial: float) -> None:
+    with pytest.raises(UsageError, match="Auto"):
+        Auto(mtbf, initial=initial)
+
+
+def test_auto_names_a_bad_duration() -> None:
+    with pytest.raises(UsageError, match="'banana'"):
+        Auto("banana")
+
+
+def test_auto_saves_after_initial_before_any_measurement() -> None:
+    p = Auto("24h", initial=120.0)
+    assert p.interval(ctx()) == 120.0
+    assert not p.should_save(ctx(now=START + 119.9))
+    assert p.should_save(ctx(now=START + 120.0))
+    # The default waits ten minutes.
+    assert not Auto("24h").should_save(ctx(now=START + 599.0))
+    assert Auto("24h").should_save(ctx(now=START + 600.0))
+
+
+def test_auto_uses_dalys_interval_for_the_measured_stall() -> None:
+    p = Auto("24h")
+    measured = {"last_step": 10, "last_time": START, "write_time": 20.0}
+    want = daly(300.0, 86400.0)  # about 117 minutes
+    assert p.interval(ctx(stall=300.0, **measured)) == pytest.approx(want)
+    assert not p.should_save(ctx(stall=300.0, now=START + want - 1.0, **measured))
+    assert p.should_save(ctx(stall=300.0, now=START + want + 1.0, **measured))
+    # A cheaper checkpoint (less stall) means checkpointing more often.
+    cheaper = p.interval(ctx(stall=30.0, **measured))
+    assert cheaper == pytest.approx(daly(30.0, 86400.0))
+    assert cheaper < want
+    assert p.should_save(ctx(stall=30.0, now=START + cheaper + 1.0, **measured))
+
+
+def test_auto_never_saves_more_often_than_a_write_takes() -> None:
+    p = Auto("24h")
+    # A 1 s stall alone would ask for a checkpoint every ~7 minutes.
+    assert daly(1.0, 86400.0) < 900.0
+    measured = {"last_step": 10, "last_time": START, "stall": 1.0}
+    assert p.interval(ctx(write_time=900.0, **measured)) == 900.0
+    assert not p.should_save(ctx(write_time=900.0, now=START + 899.0, **measured))
+    assert p.should_save(ctx(write_time=900.0, now=START + 900.0, **measured))
+    # Once a write has finished, short writes do not hold it back.
+    assert p.interval(ctx(write_time=5.0, **measured)) == pytest.approx(daly(1.0, 86400.0))
+
+
+def test_auto_waits_at_least_initial_while_the_first_write_is_in_flight() -> None:
+    p = Auto("24h", initial=1200.0)
+    in_flight = ctx(last_step=10, stall=1.0, write_time=None, now=START + 1199.0)
+    assert not p.should_save(in_flight)
+    assert p.should_save(replace(in_flight, now=START + 1200.0))
+
+
+def test_auto_composes_with_preemption() -> None:
+    p = Auto("6h") | OnPreemption()
+    assert not p.should_save(ctx(now=START + 1.0))
+    assert p.should_save(ctx(now=START + 1.0, preempted=True))

@@ -23,10 +23,10 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import best_of, median_of, scratch_repo  # noqa: E402
+from _common import best_of, median_of, scratch_repo
 
-import kronos_audit as ka  # noqa: E402
-from kronos_audit.provenance import environment  # noqa: E402
+import kronos_audit as ka
+from kronos_audit.provenance import environment
 
 
 def main() -> None:

@@ -20,6 +20,18 @@ from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
 from kronos_audit.project import Project, find_project
 from kronos_audit.signing import TrustStore, verify_envelope
 
+PRUNED_LIST = ".kaudit-pruned"
+"""In a run directory: the checkpoint files retention deleted, one name a line. Their
+manifests stay, so the chain stays verifiable."""
+
+
+def was_pruned(checkpoint: Path) -> bool:
+    try:
+        lines = (checkpoint.parent / PRUNED_LIST).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return False
+    return checkpoint.name in lines
+
 
 @dataclass(frozen=True)
 class Check:
@@ -31,9 +43,11 @@ class Check:
     """Whether it held."""
     detail: str
     """What was found."""
+    skipped: bool = False
+    """Not made, for a reason the detail gives (e.g. data pruned by retention)."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+        return {"check": self.name, "ok": self.ok, "skipped": self.skipped, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -119,6 +133,8 @@ class Verifier:
     project: Project
     trust: TrustStore = field(init=False)
     _chain: dict[str, Check] = field(default_factory=dict, init=False)
+    # For a manifest whose chain verified: (manifests in its chain, step of the first).
+    _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.trust = self.project.trust_store()
@@ -126,17 +142,25 @@ class Verifier:
     def verify(self, manifest_path: Path | str) -> VerifyResult:
         manifest = read_manifest(manifest_path)
         checkpoint = manifest.checkpoint_path
+        pruned = False
         try:
             with open(checkpoint, "rb"):
                 pass
         except FileNotFoundError:
-            raise CheckpointError("checkpoint file not found", path=checkpoint) from None
+            pruned = was_pruned(checkpoint)
+            if not pruned:
+                raise CheckpointError("checkpoint file not found", path=checkpoint) from None
         except OSError as e:
             raise CheckpointError(
                 f"cannot read checkpoint: {e.strerror}", path=checkpoint
             ) from None
         checks = [self._signature(manifest)]
-        checks += self._content(manifest)
+        if pruned:
+            checks.append(
+                Check("file digest", True, "data pruned by retention: not checked", skipped=True)
+            )
+        else:
+            checks += self._content(manifest)
         checks.append(self._parent(manifest))
         return VerifyResult(manifest.path, checkpoint, manifest.run, manifest.step, tuple(checks))
 
@@ -177,7 +201,12 @@ class Verifier:
         recorded: str | None = manifest.predicate["parent_manifest"]
         if recorded is not None:
             candidate = self.project.root / recorded
-            if candidate.is_file():
+            # The digest is the link: a file at the recorded place that does not match it
+            # is an altered parent, never the parent.
+            if (
+                candidate.is_file()
+                and hashlib.sha256(candidate.read_bytes()).hexdigest() == manifest.parent
+            ):
                 return candidate
         # The run directory may have moved as a whole: look beside the child.
         for sibling in sorted(manifest.path.parent.glob("*" + MANIFEST_SUFFIX)):
@@ -210,11 +239,17 @@ class Verifier:
                 break
             current = parent
         if verdict.ok:
-            verdict = Check(
-                "parent link",
-                True,
-                f"chain of {len(links) + 1} manifests back to step {current.step} verifies",
-            )
+            # Each link gets its own length: the walk may have stopped at a cached link.
+            below, first_step = self._extent.get(current.digest, (1, current.step))
+            for i, m in enumerate(links):
+                n = len(links) - i + below
+                self._extent[m.digest] = (n, first_step)
+                self._chain[m.digest] = Check(
+                    "parent link",
+                    True,
+                    f"chain of {n} manifests back to step {first_step} verifies",
+                )
+            return self._chain[manifest.digest]
         for m in links:
             self._chain[m.digest] = verdict
         return verdict

@@ -74,8 +74,9 @@ def write_checkpoint(path: Path, seed: int = 0, *, n: int = 64) -> Path:
     with h5py.File(path, "w") as f:
         f["fields/u"] = rng.standard_normal((n, n))
         f["fields/v"] = rng.standard_normal((n, n)).astype(np.float32)
-        f.create_dataset("weights", data=rng.integers(0, 1000, (n, 8)), chunks=(8, 8),
-                         compression="gzip")
+        f.create_dataset(
+            "weights", data=rng.integers(0, 1000, (n, 8)), chunks=(8, 8), compression="gzip"
+        )
         f["step"] = np.int64(seed)
         f["labels"] = np.array(["alpha", "beta"], dtype=h5py.string_dtype())
         f.attrs["note"] = "test checkpoint"

@@ -1,6 +1,6 @@
 """Write a small HDF5 checkpoint of a 1-D diffusion problem, deterministically from a seed.
 
-    python examples/quickstart/make_checkpoint.py OUT.h5 --steps 100 --seed 42
+python examples/quickstart/make_checkpoint.py OUT.h5 --steps 100 --seed 42
 """
 
 from __future__ import annotations

@@ -70,12 +70,27 @@ class FileDigests:
 
 
 def canonical_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+    # A structured dtype's own byteorder is "|" whatever its fields' are: always make
+    # its fields little-endian, or big-endian compound data would hash differently.
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" or dtype.fields else dtype
+
+
+def _plain_descr(descr: list[Any]) -> list[Any]:
+    # h5py tags string fields read from a file with metadata ({'h5py_encoding': 'ascii'})
+    # that descr includes: drop it, or stored data would not match the same array in memory.
+    out = []
+    for name, t, *shape in descr:
+        if isinstance(t, list):
+            t = _plain_descr(t)
+        elif isinstance(t, tuple):
+            t = t[0]
+        out.append((name, t, *shape))
+    return out
 
 
 def dtype_name(dtype: np.dtype[Any]) -> str:
     canon = canonical_dtype(dtype)
-    return str(canon.descr) if canon.fields else canon.str
+    return str(_plain_descr(canon.descr)) if canon.fields else canon.str
 
 
 def canonical_bytes(array: np.ndarray[Any, Any], canon: np.dtype[Any]) -> memoryview:

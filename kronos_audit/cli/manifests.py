@@ -152,6 +152,9 @@ def _print_result(r: VerifyResult) -> None:
     out.print(f"{mark} {r.manifest}  [dim](run {r.run}, step {r.step})[/]")
     for c in r.failures:
         out.print(f"      [red]{c.name}[/]: {c.detail}")
+    for c in r.checks:
+        if c.skipped:
+            out.print(f"      [yellow]{c.name} skipped[/]: {c.detail}")
 
 
 @cli.command()

@@ -1,0 +1,231 @@
+"""Snapshot: hash, record provenance, sign, write the manifest (kronos_audit.snapshot)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from conftest import git, write_checkpoint
+
+from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
+from kronos_audit.manifest import manifest_path_for, read_manifest
+from kronos_audit.project import Project
+from kronos_audit.provenance import environment
+from kronos_audit.signing import SigningKey, generate_key
+from kronos_audit.snapshot import snapshot, utc_now
+from kronos_audit.verify import verify
+
+
+def leftovers(root: Path) -> list[Path]:
+    """Manifests and temporary files anywhere under ``root`` (git's own files aside)."""
+    return sorted(
+        p
+        for pattern in ("*.kaudit.json", ".kaudit-tmp-*")
+        for p in root.rglob(pattern)
+        if ".git" not in p.parts
+    )
+
+
+def test_snapshot_writes_a_signed_manifest_beside_the_checkpoint(
+    project: Project, key: SigningKey, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(project.root / "checkpoints")
+    before = dt.datetime.now(dt.UTC)
+    (m,) = snapshot(
+        checkpoint,
+        run="heat-2d",
+        step=1,
+        seeds=[1234, 5],
+        command=["python", "solver.py"],
+        attributes={"dt": 0.01},
+    )
+    assert m.path == manifest_path_for(checkpoint)
+    assert m.path.is_file()
+    assert read_manifest(m.path) == m
+    p = m.predicate
+    assert (p["run"], p["step"], p["parent"], p["parent_manifest"]) == ("heat-2d", 1, None, None)
+    assert p["seeds"] == (1234, 5)
+    assert p["command"] == ("python", "solver.py")
+    assert p["cwd"] == "checkpoints"
+    assert dict(p["attributes"]) == {"dt": 0.01}
+    assert p["size"] == checkpoint.stat().st_size
+    assert p["git"]["commit"] == git(project.root, "rev-parse", "HEAD").strip()
+    assert p["git"]["dirty"] is False
+    assert p["environment"]["digest"] == environment()["digest"]
+    created = dt.datetime.strptime(p["created"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+    assert before - dt.timedelta(seconds=1) <= created <= dt.datetime.now(dt.UTC)
+    assert m.subject_name == "checkpoints/run1/step-00000001.h5"
+    assert m.subject_sha256 == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    assert [s.keyid for s in m.envelope.signatures] == [key.key_id]
+    assert verify(m.path)[0].ok
+
+
+def test_utc_now_is_rfc3339_utc() -> None:
+    stamp = utc_now()
+    assert stamp.endswith("Z")
+    parsed = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+    assert abs(dt.datetime.now(dt.UTC) - parsed) < dt.timedelta(minutes=5)
+
+
+def test_several_checkpoints_get_one_manifest_each(project: Project, key: SigningKey) -> None:
+    shards = [write_checkpoint(project.root / "ck" / f"rank{i}.h5", seed=i) for i in range(3)]
+    manifests = snapshot(shards, run="mpi", step=0)
+    assert [m.path for m in manifests] == [manifest_path_for(s) for s in shards]
+    assert len({m.subject_sha256 for m in manifests}) == 3
+    assert all(r.ok for r in verify([m.path for m in manifests]))
+
+
+def test_a_dirty_tree_is_recorded_with_its_patch(project: Project, key: SigningKey) -> None:
+    (project.root / "solver.py").write_text("print('experimental')\n")
+    ckpt = write_checkpoint(project.root / "ck" / "s.h5")
+    (m,) = snapshot(ckpt, run="r", step=0)
+    g = m.predicate["git"]
+    assert g["dirty"] is True
+    patch = project.root / ".kaudit" / "patches" / f"{g['patch_sha256']}.patch"
+    assert hashlib.sha256(patch.read_bytes()).hexdigest() == g["patch_sha256"]
+    assert b"experimental" in patch.read_bytes()
+
+
+def test_a_non_hdf5_checkpoint_is_covered_by_its_file_digest(
+    project: Project, key: SigningKey
+) -> None:
+    blob = project.root / "ck" / "model.pt"
+    blob.parent.mkdir()
+    blob.write_bytes(b"weights" * 1000)
+    (m,) = snapshot(blob, run="r", step=0)
+    assert m.datasets is None
+    (result,) = verify(m.path)
+    assert result.ok
+    assert [c.name for c in result.checks] == [
+        "signature",
+        "file digest",
+        "datasets",
+        "parent link",
+    ]
+
+
+def test_parent_link_is_recorded(project: Project, key: SigningKey) -> None:
+    a = write_checkpoint(project.root / "ck" / "a.h5", seed=1)
+    b = write_checkpoint(project.root / "ck" / "b.h5", seed=2)
+    (ma,) = snapshot(a, run="r", step=10)
+    (mb,) = snapshot(b, run="r", step=20, parent=ma.path)
+    assert mb.parent == hashlib.sha256(ma.path.read_bytes()).hexdigest()
+    assert mb.predicate["parent_manifest"] == "ck/a.h5.kaudit.json"
+
+
+@pytest.mark.parametrize(
+    ("run", "step", "message"),
+    [
+        ("other-run", 20, "parent belongs to run 'r'"),
+        ("r", 5, "parent is at step 10, not before step 5"),
+        ("r", 10, "parent is at step 10, not before step 10"),
+    ],
+)
+def test_a_parent_that_cannot_precede_is_refused(
+    project: Project, key: SigningKey, run: str, step: int, message: str
+) -> None:
+    a = write_checkpoint(project.root / "ck" / "a.h5", seed=1)
+    b = write_checkpoint(project.root / "ck" / "b.h5", seed=2)
+    (ma,) = snapshot(a, run="r", step=10)
+    with pytest.raises(UsageError, match=message) as info:
+        snapshot(b, run=run, step=step, parent=ma.path)
+    assert info.value.exit_code == 2
+    assert info.value.path == ma.path
+    assert leftovers(project.root) == [ma.path]
+
+
+def test_a_missing_checkpoint_leaves_nothing_behind(project: Project, key: SigningKey) -> None:
+    present = write_checkpoint(project.root / "ck" / "rank0.h5")
+    missing = project.root / "ck" / "rank1.h5"
+    with pytest.raises(CheckpointError, match="checkpoint file not found") as info:
+        snapshot([present, missing], run="r", step=0)
+    assert info.value.path == missing
+    assert leftovers(project.root) == []
+
+
+def test_an_unreadable_hdf5_checkpoint_leaves_nothing_behind(
+    project: Project, key: SigningKey
+) -> None:
+    good = write_checkpoint(project.root / "ck" / "good.h5")
+    bad = project.root / "ck" / "bad.h5"
+    bad.write_bytes(good.read_bytes()[:8] + os.urandom(4096))
+    with pytest.raises(CheckpointError, match="not a readable HDF5 file") as info:
+        snapshot([good, bad], run="r", step=0)
+    assert info.value.path == bad
+    assert leftovers(project.root) == []
+
+
+def test_no_key_held(project: Project, checkpoint: Path) -> None:
+    with pytest.raises(SigningKeyError, match="no signing key"):
+        snapshot(checkpoint, run="r", step=0)
+    assert leftovers(project.root) == []
+
+
+def test_an_unknown_key_name(project: Project, key: SigningKey, checkpoint: Path) -> None:
+    with pytest.raises(SigningKeyError, match="no signing key named 'nobody'"):
+        snapshot(checkpoint, run="r", step=0, key="nobody")
+    assert leftovers(project.root) == []
+
+
+def test_a_key_can_be_passed_directly(project: Project, checkpoint: Path) -> None:
+    signer = generate_key("direct")
+    project.trust_store().add(signer.private_key.public_key(), "direct")
+    generate_key("another")  # two held: only an explicit key avoids the ambiguity
+    (m,) = snapshot(checkpoint, run="r", step=0, key=signer)
+    assert m.envelope.signatures[0].keyid == signer.key_id
+
+
+def test_outside_a_git_repository(tmp_path: Path, key: SigningKey) -> None:
+    ckpt = write_checkpoint(tmp_path / "loose" / "s.h5")
+    with pytest.raises(ProjectError, match="not inside a git repository"):
+        snapshot(ckpt, run="r", step=0)
+    assert leftovers(tmp_path / "loose") == []
+
+
+def test_a_repository_without_kaudit_init(git_repo: Path) -> None:
+    generate_key("k")
+    ckpt = write_checkpoint(git_repo / "s.h5")
+    with pytest.raises(ProjectError, match="kaudit init"):
+        snapshot(ckpt, run="r", step=0)
+    assert leftovers(git_repo) == []
+
+
+def test_checkpoints_in_two_repositories_are_refused(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    a = write_checkpoint(project.root / "a.h5")
+    b = write_checkpoint(other / "b.h5")
+    with pytest.raises(UsageError, match="not in the same repository"):
+        snapshot([a, b], run="r", step=0)
+    assert leftovers(project.root) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"run": "", "step": 0}, "run id must not be empty"),
+        ({"run": "r", "step": -1}, "step must be >= 0"),
+    ],
+)
+def test_bad_run_or_step(
+    project: Project, key: SigningKey, checkpoint: Path, kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(UsageError, match=message):
+        snapshot(checkpoint, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="no checkpoint given"):
+        snapshot([], run="r", step=0)
+    assert leftovers(project.root) == []
+
+
+def test_errors_render_as_one_line_naming_the_file(project: Project, key: SigningKey) -> None:
+    missing = project.root / "ck" / "gone.h5"
+    with pytest.raises(Error) as info:
+        snapshot(missing, run="r", step=0)
+    assert str(info.value) == f"{missing}: checkpoint file not found"
+    assert "\n" not in str(info.value)

@@ -1,0 +1,356 @@
+"""Verification: signature, file digest, dataset hashes, parent chain (kronos_audit.verify).
+
+Tampering is checked through `kaudit verify` as well as the library: each must exit 1 and
+name exactly the checks that failed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+from conftest import run_cli, write_checkpoint
+
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.errors import CheckpointError, ManifestError
+from kronos_audit.manifest import Manifest, encode_envelope
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey, generate_key, sign_envelope
+from kronos_audit.snapshot import snapshot
+from kronos_audit.verify import Check, compare_datasets, verify
+
+
+def failed_checks(manifest: Path) -> set[str]:
+    """Run `kaudit verify` on ``manifest``; require exit 1 and return the failed checks."""
+    human = run_cli("verify", str(manifest))
+    assert human.exit_code == 1, human.output
+    assert f"FAIL {manifest}" in human.stdout
+    as_json = run_cli("verify", "--json", str(manifest))
+    assert as_json.exit_code == 1
+    report = json.loads(as_json.stdout)
+    assert report["ok"] is False
+    assert report["errors"] == []
+    (result,) = report["results"]
+    failed = {c["check"] for c in result["checks"] if not c["ok"]}
+    for name in failed:
+        assert f"{name}: " in human.stdout  # the human output names each failed check
+    (library,) = verify(manifest)
+    assert {c.name for c in library.failures} == failed
+    return failed
+
+
+def detail(manifest: Path, check: str) -> str:
+    (result,) = verify(manifest)
+    (found,) = [c for c in result.checks if c.name == check]
+    return found.detail
+
+
+def chain(project: Project, n: int, run: str = "run1") -> list[Manifest]:
+    manifests: list[Manifest] = []
+    for step in range(1, n + 1):
+        ckpt = write_checkpoint(project.root / "checkpoints" / run / f"step-{step}.h5", seed=step)
+        parent = manifests[-1].path if manifests else None
+        manifests += snapshot(ckpt, run=run, step=step, parent=parent)
+    return manifests
+
+
+def rewrite_payload(manifest: Path, change: Any) -> None:
+    """Decode the payload, change the statement, re-encode it; keep the old signature."""
+    envelope = json.loads(manifest.read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    change(statement["predicate"])
+    envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    manifest.write_text(json.dumps(envelope, indent=2))
+
+
+def test_an_untouched_manifest_verifies(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    (result,) = verify(m.path)
+    assert result.ok
+    assert (result.manifest, result.checkpoint, result.run, result.step) == (
+        m.path,
+        checkpoint,
+        "r",
+        1,
+    )
+    assert [c.name for c in result.checks] == [
+        "signature",
+        "file digest",
+        "datasets",
+        "parent link",
+    ]
+    assert result.failures == ()
+    ok = run_cli("verify", str(m.path))
+    assert ok.exit_code == 0
+    assert f"ok   {m.path}" in ok.stdout
+    assert ok.stderr == ""
+
+
+def test_a_flipped_byte_in_a_dataset_fails_file_digest_and_that_dataset(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    with h5py.File(checkpoint) as f:
+        dset = f["fields/u"]
+        assert dset.chunks is None  # contiguous: its bytes sit at one offset in the file
+        offset = dset.id.get_offset() + 8 * 100 + 3
+    data = bytearray(checkpoint.read_bytes())
+    data[offset] ^= 0x01
+    checkpoint.write_bytes(bytes(data))
+    assert failed_checks(m.path) == {"file digest", "dataset /fields/u"}
+    assert "differs from the recorded" in detail(m.path, "dataset /fields/u")
+
+
+def test_a_rewritten_dataset_fails_only_that_dataset_hash(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    with h5py.File(checkpoint, "r+") as f:
+        f["weights"][0, 0] += 1  # chunked and compressed
+    assert failed_checks(m.path) == {"file digest", "dataset /weights"}
+
+
+def test_a_changed_predicate_with_the_old_signature_fails_the_signature(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1, seeds=[1])
+    rewrite_payload(m.path, lambda p: p.update(step=2))
+    assert failed_checks(m.path) == {"signature"}
+    assert "does not match the payload" in detail(m.path, "signature")
+    rewrite_payload(m.path, lambda p: p.update(step=1, seeds=[666]))
+    assert failed_checks(m.path) == {"signature"}
+
+
+def test_a_manifest_signed_by_an_untrusted_key_fails_the_signature(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    stranger = generate_key("stranger")  # held, but not in the trust store
+    (m,) = snapshot(checkpoint, run="r", step=1, key="stranger")
+    assert failed_checks(m.path) == {"signature"}
+    assert f"does not trust: {stranger.key_id[:16]}" in detail(m.path, "signature")
+
+
+def test_a_swapped_signature_fails_the_signature(project: Project, key: SigningKey) -> None:
+    a, b = chain(project, 2)
+    donor = json.loads(b.path.read_text())
+    victim = json.loads(a.path.read_text())
+    assert victim["signatures"][0]["sig"] != donor["signatures"][0]["sig"]
+    victim["signatures"][0]["sig"] = donor["signatures"][0]["sig"]
+    a.path.write_text(json.dumps(victim))
+    assert failed_checks(a.path) == {"signature"}
+
+
+def test_a_deleted_parent_manifest_fails_the_childs_parent_link(
+    project: Project, key: SigningKey
+) -> None:
+    first, second = chain(project, 2)
+    first.path.unlink()
+    assert failed_checks(second.path) == {"parent link"}
+    assert "is missing" in detail(second.path, "parent link")
+
+
+def test_an_altered_parent_manifest_fails_the_childs_parent_link(
+    project: Project, key: SigningKey
+) -> None:
+    first, second = chain(project, 2)
+    rewrite_payload(first.path, lambda p: p.update(seeds=[7]))
+    assert failed_checks(second.path) == {"parent link"}
+    assert "was altered" in detail(second.path, "parent link")
+
+
+def test_a_validly_signed_replacement_parent_is_still_not_the_parent(
+    project: Project, key: SigningKey
+) -> None:
+    """The digest is the link: a parent re-signed by a trusted key, or merely re-indented,
+    is a different file from the one the child names."""
+    first, second = chain(project, 2)
+    original = first.path.read_bytes()
+    first.path.write_text(json.dumps(json.loads(original)))  # same envelope, other bytes
+    (parent_alone,) = verify(first.path)
+    assert parent_alone.ok  # it is still a valid manifest in its own right
+    assert failed_checks(second.path) == {"parent link"}
+    assert "was altered" in detail(second.path, "parent link")
+
+    statement = json.loads(first.envelope.payload)
+    statement["predicate"]["attributes"] = {"rewritten": True}
+    first.path.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), key)))
+    assert verify(first.path)[0].ok
+    assert failed_checks(second.path) == {"parent link"}
+
+    first.path.write_bytes(original)
+    assert verify(second.path)[0].ok
+
+
+def test_a_chain_of_three_verifies(project: Project, key: SigningKey) -> None:
+    manifests = chain(project, 3)
+    assert manifests[1].parent == manifests[0].digest
+    assert manifests[2].parent == manifests[1].digest
+    results = verify([m.path for m in manifests])
+    assert all(r.ok for r in results)
+    links = [next(c for c in r.checks if c.name == "parent link").detail for r in results]
+    assert links == [
+        "first checkpoint of its chain",
+        "chain of 2 manifests back to step 1 verifies",
+        "chain of 3 manifests back to step 1 verifies",
+    ]
+    # The verifier remembers links already walked; what it says must not depend on order.
+    backwards = verify([m.path for m in reversed(manifests)])
+    assert [next(c for c in r.checks if c.name == "parent link").detail for r in backwards] == (
+        links[::-1]
+    )
+
+
+def test_a_broken_link_deep_in_the_chain_fails_the_last_manifest(
+    project: Project, key: SigningKey
+) -> None:
+    first, _, third = chain(project, 3)
+    first.path.unlink()
+    assert failed_checks(third.path) == {"parent link"}
+
+
+def test_an_untrusted_parent_fails_the_childs_parent_link(
+    project: Project, key: SigningKey
+) -> None:
+    generate_key("stranger")
+    a = write_checkpoint(project.root / "ck" / "a.h5", seed=1)
+    b = write_checkpoint(project.root / "ck" / "b.h5", seed=2)
+    (ma,) = snapshot(a, run="r", step=1, key="stranger")
+    (mb,) = snapshot(b, run="r", step=2, parent=ma.path, key="tester")
+    assert failed_checks(mb.path) == {"parent link"}
+    assert "does not trust" in detail(mb.path, "parent link")
+
+
+def test_verifying_a_directory_verifies_every_manifest_in_it(
+    project: Project, key: SigningKey
+) -> None:
+    manifests = chain(project, 3)
+    results = verify(project.root / "checkpoints")
+    assert sorted(r.manifest for r in results) == sorted(m.path for m in manifests)
+    assert all(r.ok for r in results)
+    cli = run_cli("verify", "--json", str(project.root / "checkpoints"))
+    assert cli.exit_code == 0
+    assert len(json.loads(cli.stdout)["results"]) == 3
+
+
+def test_an_empty_directory_is_bad_input(project: Project, tmp_path: Path) -> None:
+    (project.root / "empty").mkdir()
+    with pytest.raises(ManifestError, match="no manifest"):
+        verify(project.root / "empty")
+
+
+def test_a_run_directory_moved_as_a_whole_still_verifies(project: Project, key: SigningKey) -> None:
+    manifests = chain(project, 3)
+    old = project.root / "checkpoints" / "run1"
+    new = project.root / "archive" / "2026" / "run1"
+    new.parent.mkdir(parents=True)
+    shutil.move(old, new)
+    results = verify(new)
+    assert len(results) == 3
+    assert all(r.ok for r in results), [r.failures for r in results]
+    # Moving only the child loses its parent: there is nothing beside it.
+    lone = project.root / "lone"
+    lone.mkdir()
+    shutil.move(new / "step-3.h5", lone / "step-3.h5")
+    shutil.move(new / "step-3.h5.kaudit.json", lone / "step-3.h5.kaudit.json")
+    assert manifests[2].path.name == "step-3.h5.kaudit.json"
+    assert failed_checks(lone / "step-3.h5.kaudit.json") == {"parent link"}
+
+
+def test_a_missing_checkpoint_is_bad_input(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    checkpoint.unlink()
+    with pytest.raises(CheckpointError, match="checkpoint file not found") as info:
+        verify(m.path)
+    assert info.value.exit_code == 2
+    assert info.value.path == checkpoint
+
+
+def test_a_checkpoint_that_no_longer_parses_fails_checks(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    checkpoint.write_bytes(checkpoint.read_bytes()[:2000])
+    assert failed_checks(m.path) == {"file digest", "datasets"}
+    assert "not a readable HDF5 file" in detail(m.path, "datasets")
+
+
+def test_a_checkpoint_replaced_by_another_kind_of_file_fails(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    checkpoint.write_bytes(b"plain bytes")
+    assert failed_checks(m.path) == {"file digest", "datasets"}
+    assert "not an HDF5 file" in detail(m.path, "datasets")
+
+
+def test_a_schema_violation_signed_by_a_trusted_key_is_bad_input(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    for change in (lambda p: p.update(step=-1), lambda p: p.pop("git")):
+        statement = json.loads(m.envelope.payload)
+        change(statement["predicate"])
+        m.path.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), key)))
+        with pytest.raises(ManifestError, match="schema violation"):
+            verify(m.path)
+        result = run_cli("verify", str(m.path))
+        assert result.exit_code == 2
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"kaudit: error: {m.path}: schema violation")
+
+
+def digest(path: str, dtype: str = "<f8", shape: tuple[int, ...] = (2,), h: str = "a") -> Any:
+    return DatasetDigest(path, dtype, shape, h * 64)
+
+
+def test_compare_datasets_names_every_difference() -> None:
+    recorded = (digest("/a"), digest("/b"), digest("/c"), digest("/d"))
+    actual = (digest("/a"), digest("/b", h="b"), digest("/c", dtype="<f4"), digest("/e"))
+    checks = compare_datasets(recorded, actual)
+    assert [(c.name, c.ok) for c in checks] == [
+        ("dataset /b", False),
+        ("dataset /c", False),
+        ("dataset /d", False),
+        ("dataset /e", False),
+    ]
+    assert "recorded <f8[2]" in checks[1].detail
+    assert "missing" in checks[2].detail
+    assert "not in the manifest" in checks[3].detail
+    assert compare_datasets(recorded, recorded) == [
+        Check("datasets", True, "all 4 dataset hashes match")
+    ]
+    assert compare_datasets(None, None)[0].ok
+    assert not compare_datasets(None, recorded)[0].ok
+    assert not compare_datasets(recorded, None)[0].ok
+
+
+def test_an_added_dataset_fails(project: Project, key: SigningKey, checkpoint: Path) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    with h5py.File(checkpoint, "r+") as f:
+        f["smuggled"] = np.zeros(3)
+    assert failed_checks(m.path) == {"file digest", "dataset /smuggled"}
+
+
+def test_result_json_shape(project: Project, key: SigningKey, checkpoint: Path) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    obj = verify(m.path)[0].to_json_obj()
+    assert obj["ok"] is True
+    assert obj["manifest"] == str(m.path)
+    assert obj["checkpoint"] == str(checkpoint)
+    assert {c["check"] for c in obj["checks"]} == {
+        "signature",
+        "file digest",
+        "datasets",
+        "parent link",
+    }

@@ -9,10 +9,44 @@ The public API::
         assert result.ok, result.failures
 """
 
+from kronos_audit.checkpoint.state import state_digest
 from kronos_audit.errors import Error
 from kronos_audit.manifest import Manifest, read_manifest
+from kronos_audit.runtime import (
+    AnyOf,
+    Auto,
+    CheckpointSkipped,
+    EverySeconds,
+    EverySteps,
+    Ledger,
+    Never,
+    OnPreemption,
+    Run,
+    SaveContext,
+    SavePolicy,
+)
 from kronos_audit.snapshot import snapshot
 from kronos_audit.verify import Check, VerifyResult, verify
 
-__all__ = ["Check", "Error", "Manifest", "VerifyResult", "read_manifest", "snapshot", "verify"]
+__all__ = [
+    "AnyOf",
+    "Auto",
+    "Check",
+    "CheckpointSkipped",
+    "Error",
+    "EverySeconds",
+    "EverySteps",
+    "Ledger",
+    "Manifest",
+    "Never",
+    "OnPreemption",
+    "Run",
+    "SaveContext",
+    "SavePolicy",
+    "VerifyResult",
+    "read_manifest",
+    "snapshot",
+    "state_digest",
+    "verify",
+]
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ from kronos_audit.manifest import (
     write_manifest,
 )
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import environment, git_state
+from kronos_audit.provenance import GitState, environment, git_state
 from kronos_audit.signing import SigningKey, select_key, sign_envelope
 
 
@@ -60,6 +60,7 @@ def sign_checkpoint(
     cwd: Path | None = None,
     attributes: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    git: GitState | None = None,
 ) -> Manifest:
     """Write the signed manifest of a checkpoint whose digests are already known.
 
@@ -74,7 +75,7 @@ def sign_checkpoint(
         "parent_manifest": parent_name,
         "created": utc_now(),
         "size": digests.size,
-        "git": git_state(project.root).to_json_obj(),
+        "git": (git if git is not None else git_state(project.root)).to_json_obj(),
         "environment": environment(),
         "seeds": [int(s) for s in seeds],
         "datasets": None

@@ -1,0 +1,91 @@
+"""A program's state as HDF5: nested dicts of arrays and scalars <-> groups and datasets.
+
+``{"fields": {"u": array}, "t": 0.5}`` is stored as datasets ``/fields/u`` and ``/t``.
+Python and numpy scalars become 0-d datasets and come back as numpy scalars; strings
+become variable-length UTF-8 strings and come back as ``str``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from kronos_audit.checkpoint.hashing import array_digest
+from kronos_audit.errors import CheckpointError, UsageError
+
+State = dict[str, Any]
+
+
+def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[Any, Any]]:
+    """``/path -> array`` for every leaf; raise UsageError for what HDF5 cannot hold."""
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    for key, value in state.items():
+        if not isinstance(key, str) or not key or "/" in key or key in (".", ".."):
+            raise UsageError(f"state key {prefix}/{key!r}: keys are non-empty strings without '/'")
+        path = f"{prefix}/{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, path))
+        elif isinstance(value, str):
+            out[path] = np.array(value, dtype=h5py.string_dtype())
+        elif isinstance(value, np.ndarray | np.generic | int | float | bool | complex):
+            array = np.asarray(value)
+            if array.dtype.hasobject or array.dtype.kind in "UMm":
+                raise UsageError(
+                    f"state {path}: dtype {array.dtype} cannot be stored; use numbers or bytes"
+                )
+            out[path] = array
+        else:
+            raise UsageError(
+                f"state {path}: a {type(value).__name__} cannot be stored; "
+                "use numpy arrays, numbers, strings or nested dicts of them"
+            )
+    return out
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over every leaf's path and canonical digest: equal exactly when the states
+    are bitwise equal (the same digests a checkpoint's manifest records)."""
+    h = hashlib.sha256()
+    for path, array in sorted(flatten(state).items()):
+        d = array_digest(path, array)
+        h.update(f"{d.path}\0{d.dtype}\0{d.shape}\0{d.sha256}\n".encode())
+    return h.hexdigest()
+
+
+def unflatten(flat: Mapping[str, Any]) -> State:
+    root: State = {}
+    for path, value in flat.items():
+        parts = path.strip("/").split("/")
+        node = root
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return root
+
+
+def _value(dset: h5py.Dataset) -> Any:
+    if h5py.check_string_dtype(dset.dtype) is not None and dset.shape == ():
+        return dset.asstr()[()]
+    return dset[()]  # an array, or a numpy scalar for a 0-d dataset
+
+
+def read_group(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) -> State:
+    """The datasets under ``group`` as a nested dict (names in ``exclude`` skipped at top)."""
+    flat: dict[str, Any] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            base = f[group]
+
+            def visit(name: str, obj: object) -> None:
+                if isinstance(obj, h5py.Dataset) and name.split("/")[0] not in exclude:
+                    flat["/" + name] = _value(obj)
+
+            base.visititems(visit)
+    except (OSError, KeyError) as e:
+        raise CheckpointError(f"cannot read state: {e}", path=path) from None
+    return unflatten(flat)

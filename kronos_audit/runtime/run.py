@@ -1,0 +1,388 @@
+"""The run loop: restore, step, checkpoint; survive faults and preemption.
+
+::
+
+    with ka.Run("heat-2d", root="checkpoints", seed=1234, every=ka.EverySteps(50)) as run:
+        state = run.restore()                 # newest valid checkpoint's state, or None
+        if state is None:
+            state = init(run.rng)
+        for step in run.steps(10_000):
+            state = advance(state, run.rng)
+            run.checkpoint(step, state)       # writes only when the policy says so
+
+Checkpoints go to ``<root>/<run>/step-<N:08d>.h5``, each with a signed manifest chained to
+the previous one. The checkpoint holds the state, the RNG states (``/rng/numpy`` for
+``run.rng``, ``/rng/python`` for Python's ``random``, which the run seeds) and the Monte
+Carlo ledger (``/ledger``); these names are reserved at the top of the state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.checkpoint.state import State, flatten, read_group
+from kronos_audit.checkpoint.writer import BackgroundWriter, Job, write_hdf5
+from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
+from kronos_audit.project import Project, find_project
+from kronos_audit.provenance import GitState, git_state
+from kronos_audit.runtime.batches import LEDGER_GROUP, Ledger, batch_rng
+from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
+from kronos_audit.runtime.preemption import PreemptionGuard
+from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, restart_count
+from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.snapshot import sign_checkpoint
+from kronos_audit.verify import PRUNED_LIST, Verifier
+
+RNG_GROUP = "rng"
+RESERVED = (RNG_GROUP, LEDGER_GROUP)
+
+
+class CheckpointSkipped(UserWarning):
+    """restore() passed over a checkpoint that is not valid (and says why)."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}.h5"
+
+
+def _step_of(path: Path) -> int | None:
+    stem = path.name.removesuffix(".h5")
+    if path.suffix != ".h5" or not stem.startswith("step-") or not stem[5:].isdigit():
+        return None
+    return int(stem[5:])
+
+
+class Run:
+    """One logical job: a chain of checkpoints in ``<root>/<run_id>/``.
+
+    Use as a context manager: leaving the block waits for pending writes and raises any
+    background failure.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        root: str | Path = "checkpoints",
+        *,
+        seed: int | None = None,
+        every: SavePolicy | None = None,
+        keep: int | None = None,
+        keep_every: int | None = None,
+        asynchronous: bool = True,
+        key: str | SigningKey | None = None,
+        preempt_exit: int = PREEMPTED_EXIT,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not run_id or "/" in run_id or run_id in (".", ".."):
+            raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
+        if keep is not None and keep < 1:
+            raise UsageError(f"keep={keep}: keep at least the newest checkpoint")
+        if keep_every is not None and keep_every < 1:
+            raise UsageError(f"keep_every={keep_every}: must be a positive number of steps")
+        self.run_id = run_id
+        self.directory = Path(root) / run_id
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+        self.policy: SavePolicy = every if every is not None else EverySeconds(600)
+        self.keep = keep
+        self.keep_every = keep_every
+        self.asynchronous = asynchronous
+        self.preempt_exit = preempt_exit
+        self.attributes = dict(attributes or {})
+        self._key_arg = key
+        self.rng = np.random.default_rng(self.seed)
+        self.ledger = Ledger()
+        self.step: int | None = None
+        """The step of the state in hand: the restored one, then the last checkpointed."""
+        self._project: Project | None = None
+        self._key: SigningKey | None = None
+        self._git: GitState | None = None
+        self._writer: BackgroundWriter | None = None
+        self._guard = PreemptionGuard()
+        self._progress: Progress | None = None
+        self._restored = False
+        self._restored_state: State | None = None
+        self._parent: Manifest | None = None
+        self._last_saved_step: int | None = None
+        self._last_time = time.monotonic()
+        self._final: int | None = None
+        self._batches_total: int | None = None
+        self._prepared = False
+        self.restored_from: Path | None = None
+        """The checkpoint restore() took, if any."""
+
+    # -- context -------------------------------------------------------------------------
+
+    def __enter__(self) -> Run:
+        self._project = find_project(self.directory).require_initialized()
+        self._key = (
+            self._key_arg if isinstance(self._key_arg, SigningKey) else select_key(self._key_arg)
+        )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(TEMP_PREFIX + "*"):
+            leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
+        random.seed(self.seed)
+        # The code this process runs is what it loaded now, whatever the checkout becomes.
+        self._git = git_state(self._project.root)
+        self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
+        self._guard.install()
+        self._progress = Progress.from_env()
+        self._last_time = time.monotonic()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._guard.uninstall()
+        if self._progress is not None:
+            self._progress.close()
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            if exc is None:
+                writer.close()  # raises a background failure
+            else:
+                try:
+                    writer.close()  # finish what was handed over; the body's error wins
+                except Exception as background:
+                    exc.add_note(f"kaudit: a background checkpoint write also failed: {background}")
+
+    def _require_open(self) -> BackgroundWriter:
+        if self._writer is None:
+            raise UsageError("use the Run inside a `with` block")
+        return self._writer
+
+    # -- restore -------------------------------------------------------------------------
+
+    def restore(self) -> State | None:
+        """The newest valid checkpoint's state (RNG states and ledger restored), or None.
+
+        Checkpoints whose manifest is missing, unsigned, or does not match the data are
+        skipped with a :class:`CheckpointSkipped` warning.
+        """
+        self._require_open()
+        if self._restored:
+            return self._restored_state
+        self._restored = True
+        assert self._project is not None
+        verifier = Verifier(self._project)
+        candidates = sorted(
+            (s, p) for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None
+        )
+        for step, path in reversed(candidates):
+            reason = self._invalid(verifier, path)
+            if reason is not None:
+                warnings.warn(f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=2)
+                continue
+            self._load(path, step)
+            break
+        if self._progress is not None:
+            self._progress.started(self.step)
+        return self._restored_state
+
+    def _invalid(self, verifier: Verifier, path: Path) -> str | None:
+        manifest_path = manifest_path_for(path)
+        if not manifest_path.exists():
+            return "no manifest (unsigned, or the write was interrupted)"
+        try:
+            result = verifier.verify(manifest_path)
+        except Error as e:
+            return str(e)
+        if not result.ok:
+            return "; ".join(f"{c.name}: {c.detail}" for c in result.failures)
+        if result.run != self.run_id:
+            return f"belongs to run {result.run!r}"
+        return None
+
+    def _load(self, path: Path, step: int) -> None:
+        try:
+            state = read_group(path)
+        except CheckpointError as e:
+            raise CheckpointError(f"verified but unreadable: {e.message}", path=path) from None
+        rng = state.pop(RNG_GROUP, {})
+        if "numpy" in rng:
+            self.rng.bit_generator.state = json.loads(rng["numpy"])
+        if "python" in rng:
+            version, internal, gauss = json.loads(rng["python"])
+            random.setstate((version, tuple(internal), gauss))
+        self.ledger = Ledger.from_state(state.pop(LEDGER_GROUP, {}))
+        self.step = step
+        self._last_saved_step = step
+        self._parent = read_manifest(manifest_path_for(path))
+        self._restored_state = state
+        self.restored_from = path
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def steps(self, n: int) -> Iterator[int]:
+        """The steps after the restored one, up to and including ``n``."""
+        self.restore()
+        self._final = n
+        start = 1 if self.step is None else self.step + 1
+        yield from range(start, n + 1)
+
+    def batches(self, n: int) -> Iterator[tuple[int, np.random.Generator]]:
+        """``(i, rng_i)`` for the batches in ``range(n)`` not yet in the ledger."""
+        self.restore()
+        self._batches_total = n
+        for i in range(n):
+            if i not in self.ledger:
+                yield i, batch_rng(self.seed, i)
+
+    def record(self, index: int, result: Any) -> None:
+        """Put batch ``index``'s result into the ledger carried by every checkpoint."""
+        self.ledger.record(index, result)
+
+    def checkpoint(self, step: int, state: Mapping[str, Any]) -> bool:
+        """Offer the state after ``step``; write it if the policy (or a preemption, or the
+        last step) says so. Returns whether a checkpoint was taken. On a preemption signal
+        it waits until the checkpoint is durable and exits with ``preempt_exit``.
+        """
+        writer = self._require_open()
+        writer.raise_pending()
+        if self._batches_total is not None:
+            step = len(self.ledger)  # batches finish in any order; their count only grows
+            final = step >= self._batches_total
+        else:
+            final = self._final is not None and step >= self._final
+        if self._progress is not None:
+            self._progress.reached(step)
+        preempted = self._guard.requested
+        if not self._prepared:
+            self._prepared = True
+            writer.prepare(self._flatten(state))
+        now = time.monotonic()
+        ctx = SaveContext(
+            step=step,
+            now=now,
+            last_step=self._last_saved_step,
+            last_time=self._last_time,
+            stall=writer.stats.mean_stall,
+            write_time=writer.stats.mean_write,
+            preempted=preempted,
+        )
+        save = (
+            final or preempted or self.policy.should_save(ctx)
+        ) and step != self._last_saved_step
+        if save:
+            self._save(writer, step, state)
+        if preempted:
+            writer.flush()
+            raise SystemExit(self.preempt_exit)
+        return save
+
+    def _flatten(self, state: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+        clash = [k for k in RESERVED if k in state]
+        if clash:
+            raise UsageError(f"state key {clash[0]!r} is reserved for kaudit's own records")
+        return flatten(state)
+
+    def _save(self, writer: BackgroundWriter, step: int, state: Mapping[str, Any]) -> None:
+        py_version, py_internal, py_gauss = random.getstate()
+        extra = {
+            f"/{RNG_GROUP}/numpy": np.array(json.dumps(self.rng.bit_generator.state), dtype=object),
+            f"/{RNG_GROUP}/python": np.array(
+                json.dumps([py_version, list(py_internal), py_gauss]), dtype=object
+            ),
+            **self.ledger.to_flat(),
+        }
+        meta: dict[str, Any] = {
+            "rng": {
+                "numpy": {
+                    "dataset": f"/{RNG_GROUP}/numpy",
+                    "bit_generator": self.rng.bit_generator.state["bit_generator"],
+                },
+                "python": {"dataset": f"/{RNG_GROUP}/python"},
+            },
+        }
+        if self._batches_total is not None:
+            meta["batches"] = {"total": self._batches_total, "done": len(self.ledger)}
+        writer.submit(step, self._flatten(state), extra, meta)
+        self._last_saved_step = step
+        self._last_time = time.monotonic()
+        self.step = step
+
+    def wait(self) -> None:
+        """Block until every checkpoint handed over is durable; raise a background failure."""
+        self._require_open().flush()
+
+    @property
+    def stats(self) -> Any:
+        """Stall and write-time statistics of this process's checkpoints."""
+        return self._require_open().stats
+
+    # -- background ----------------------------------------------------------------------
+
+    def _commit(self, job: Job) -> None:
+        """Write, hash, publish and sign one checkpoint (on the background thread)."""
+        final = self.directory / checkpoint_name(job.step)
+        tmp = self.directory / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            self._publish(job, tmp, final)
+        except OSError as e:
+            raise CheckpointError(
+                f"writing the checkpoint of step {job.step} failed: {e.strerror or e}", path=final
+            ) from e
+        finally:
+            tmp.unlink(missing_ok=True)  # gone already when published
+
+    def _publish(self, job: Job, tmp: Path, final: Path) -> None:
+        assert self._project is not None
+        assert self._key is not None
+        write_hdf5(tmp, {**job.staged, **job.extra})
+        digests = digest_file(tmp)
+        os.replace(tmp, final)
+        fsync_dir(self.directory)
+        extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
+        self._parent = sign_checkpoint(
+            final,
+            digests,
+            project=self._project,
+            key=self._key,
+            run=self.run_id,
+            step=job.step,
+            seeds=[self.seed],
+            parent=self._parent,
+            command=["python", *sys.argv],
+            cwd=Path.cwd(),
+            attributes=self.attributes,
+            extra=extra,
+            git=self._git,
+        )
+        self._prune(job.step)
+
+    def _prune(self, newest: int) -> None:
+        if self.keep is None:
+            return
+        steps = sorted(
+            s for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None
+        )
+        keep = set(steps[-self.keep :]) | {newest}
+        if self.keep_every:
+            keep |= {s for s in steps if s % self.keep_every == 0}
+        doomed = [s for s in steps if s not in keep]
+        if not doomed:
+            return
+        with open(self.directory / PRUNED_LIST, "a", encoding="utf-8") as f:
+            for s in doomed:
+                f.write(checkpoint_name(s) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for s in doomed:
+            (self.directory / checkpoint_name(s)).unlink(missing_ok=True)

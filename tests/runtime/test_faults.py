@@ -1,0 +1,306 @@
+"""Real processes, killed for real: the runtime survives faults and preemption.
+
+These run the examples under `kaudit run` and kill them with SIGKILL at random instants
+(some while a checkpoint is being written), corrupt the newest checkpoint once, send
+SIGTERM, and exhaust the disk quota of a writer; the final results must be bitwise those
+of uninterrupted runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.project import Project
+from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
+from kronos_audit.signing import SigningKey
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
+HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
+
+pytestmark = pytest.mark.slow
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def newest_step(directory: Path) -> int:
+    steps = [int(p.name[5:13]) for p in directory.glob("step-*.h5.kaudit.json")]
+    return max(steps, default=-1)
+
+
+def writing(run_dir: Path) -> bool:
+    with os.scandir(run_dir) as entries:
+        return any(e.name.startswith(".kaudit-tmp-") for e in entries)
+
+
+def wait_for(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + HANG_GUARD
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.002)
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def run_plain(project: Project, script: str, *args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return last_json(out.stdout)
+
+
+def kill_repeatedly(
+    project: Project,
+    supervisor: subprocess.Popen[str],
+    run_dir: Path,
+    kills: int,
+    corrupt_at: int | None = None,
+) -> int:
+    """SIGKILL the supervised child ``kills`` times; return how many hit a checkpoint write."""
+    rnd = random.Random(20261129)
+    during_write = 0
+    killed: set[int] = set()
+
+    def fresh_child() -> list[int]:
+        # A killed child lingers as a zombie until reaped; and the supervisor itself may run
+        # short-lived helpers (git): only a live run of the example counts.
+        found = []
+        for c in children(supervisor.pid):
+            try:
+                cmdline = Path(f"/proc/{c}/cmdline").read_bytes()
+            except OSError:
+                continue
+            argv = cmdline.split(b"\0")
+            # The supervisor's own argv names run.py too: a fork of it (before an exec of
+            # git, say) must not pass for the example.
+            if c not in killed and len(argv) > 1 and argv[1].endswith(b"run.py"):
+                found.append(c)
+        return found
+
+    for k in range(kills):
+        wait_for(lambda: fresh_child() or supervisor.poll() is not None, "a child")
+        if supervisor.poll() is not None:
+            raise AssertionError(f"the run ended after only {k} kills; make it longer")
+        (child,) = fresh_child()
+        killed.add(child)
+        before = newest_step(run_dir)
+        # Progress since this child started: at least one new checkpoint, so the run advances.
+        wait_for(
+            lambda before=before: newest_step(run_dir) > before or supervisor.poll() is not None,
+            "a new checkpoint",
+        )
+        if k % 2 == 0:  # strike while a checkpoint is being written
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and not writing(run_dir):
+                pass
+            during_write += writing(run_dir)
+        else:  # or at a random instant
+            time.sleep(rnd.uniform(0.0, 0.05))
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            supervisor.kill()
+            raise AssertionError(
+                f"the run ended after only {k} kills: {supervisor.communicate()[1][-2000:]}"
+            ) from None
+        if k == corrupt_at:
+            wait_for(lambda c=child: not Path(f"/proc/{c}/exe").exists(), "the child to die")
+            newest = run_dir / f"step-{newest_step(run_dir):08d}.h5"
+            newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
+    return during_write
+
+
+def test_heat_survives_twenty_sigkills_and_a_corrupt_checkpoint(
+    project: Project, key: SigningKey
+) -> None:
+    args = ["--steps", "600", "--n", "320", "--every", "3"]
+    reference = run_plain(project, "heat/run.py", *args, "--run-id", "reference")
+    supervisor = subprocess.Popen(
+        [
+            *KAUDIT,
+            "run",
+            "--retries",
+            "40",
+            "--backoff",
+            "0",
+            "--",
+            sys.executable,
+            str(EXAMPLES / "heat/run.py"),
+            *args,
+            "--run-id",
+            "faulty",
+        ],
+        cwd=project.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run_dir = project.root / "checkpoints" / "faulty"
+    try:
+        during_write = kill_repeatedly(project, supervisor, run_dir, kills=20, corrupt_at=9)
+        stdout, stderr = supervisor.communicate(timeout=HANG_GUARD)
+    finally:
+        supervisor.kill()
+    assert supervisor.returncode == 0, stderr
+    assert during_write >= 3, "too few kills landed during a checkpoint write"
+    assert "skipped" in stderr  # the corrupt checkpoint was passed over, with a warning
+    assert last_json(stdout) == reference  # bitwise: same final step and state digest
+    results = ka.verify(run_dir)
+    assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
+    final = ka.read_manifest(run_dir / "step-00000600.h5.kaudit.json")
+    assert final.predicate["restart_count"] >= 20
+
+
+def test_sigterm_checkpoints_at_that_step_and_exits_75(project: Project, key: SigningKey) -> None:
+    program = project.root / "slow.py"
+    program.write_text(
+        textwrap.dedent("""
+        import sys, time
+        import numpy as np
+        import kronos_audit as ka
+        with ka.Run("slow", seed=3, every=ka.EverySteps(10**6)) as run:
+            state = run.restore()
+            print("restored", run.step, flush=True)
+            if state is None:
+                state = {"x": np.zeros(1000)}
+            for step in run.steps(int(sys.argv[1])):
+                state = {"x": state["x"] + run.rng.random(1000)}
+                time.sleep(0.02)
+                run.checkpoint(step, state)
+    """)
+    )
+    progress_file = project.root / "progress.bin"
+    progress = Progress(progress_file)
+    env = {**os.environ, PROGRESS_ENV: str(progress_file)}
+    proc = subprocess.Popen(
+        [sys.executable, str(program), "100000"],
+        cwd=project.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: progress.read()[0] >= 5, "five steps")
+        reached = progress.read()[0]
+        proc.send_signal(signal.SIGTERM)
+        _stdout, stderr = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        proc.kill()
+    assert proc.returncode == PREEMPTED_EXIT, stderr
+    saved = newest_step(project.root / "checkpoints" / "slow")
+    assert reached <= saved <= reached + 1  # at the step the signal arrived, or the next
+    (result,) = ka.verify(
+        project.root / "checkpoints" / "slow" / f"step-{saved:08d}.h5.kaudit.json"
+    )
+    assert result.ok, result.failures
+    again = subprocess.run(
+        [sys.executable, str(program), str(saved + 2)],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"restored {saved}" in again.stdout
+
+
+def test_montecarlo_interrupted_and_shuffled_give_the_same_tally(
+    project: Project, key: SigningKey
+) -> None:
+    args = ["--batches", "150", "--samples", "20000"]
+    plain = run_plain(project, "montecarlo/run.py", *args, "--run-id", "plain")
+    shuffled = run_plain(
+        project, "montecarlo/run.py", *args, "--run-id", "shuffled", "--shuffle", "5"
+    )
+    supervisor = subprocess.Popen(
+        [
+            *KAUDIT,
+            "run",
+            "--retries",
+            "20",
+            "--backoff",
+            "0",
+            "--",
+            sys.executable,
+            str(EXAMPLES / "montecarlo/run.py"),
+            *args,
+            "--run-id",
+            "killed",
+            "--shuffle",
+            "9",
+        ],
+        cwd=project.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        kill_repeatedly(project, supervisor, project.root / "checkpoints" / "killed", kills=5)
+        stdout, stderr = supervisor.communicate(timeout=HANG_GUARD)
+    finally:
+        supervisor.kill()
+    assert supervisor.returncode == 0, stderr
+    assert shuffled["digest"] == plain["digest"]
+    assert last_json(stdout)["digest"] == plain["digest"]
+    assert last_json(stdout)["pi"] == plain["pi"]
+
+
+def test_failing_background_write_surfaces_and_keeps_the_last_checkpoint(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "grow.py"
+    program.write_text(
+        textwrap.dedent("""
+        import resource, signal
+        import numpy as np
+        import kronos_audit as ka
+        # A file-size quota: the first checkpoint fits, the second (16 MB) cannot.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 * 2**20, 4 * 2**20))
+        with ka.Run("grow", seed=1, every=ka.EverySteps(1)) as run:
+            run.checkpoint(1, {"x": np.zeros(10)})
+            run.wait()
+            print("first checkpoint durable", flush=True)
+            run.checkpoint(2, {"x": np.zeros(2_000_000)})  # handed over: returns at once
+            print("handed over", flush=True)
+            run.wait()  # the background failure is raised here
+            print("not reached", flush=True)
+    """)
+    )
+    out = subprocess.run(
+        [sys.executable, str(program)], cwd=project.root, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert "first checkpoint durable" in out.stdout
+    assert "handed over" in out.stdout
+    assert "not reached" not in out.stdout
+    assert "CheckpointError" in out.stderr
+    assert "step 2 failed" in out.stderr
+    run_dir = project.root / "checkpoints" / "grow"
+    assert not list(run_dir.glob(".kaudit-tmp-*"))
+    assert newest_step(run_dir) == 1
+    (result,) = ka.verify(run_dir)
+    assert result.ok, result.failures

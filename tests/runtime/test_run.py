@@ -1,0 +1,198 @@
+"""The Run API in-process: checkpoints, chain, restore, retention, batches, errors."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.errors import UsageError
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey
+
+
+def simulate(root: Path, n: int, *, every: int = 10, run_id: str = "sim", **kw: Any) -> dict:
+    """A small stochastic loop; returns its final state (resuming whatever is on disk)."""
+    with ka.Run(run_id, root=root, seed=42, every=ka.EverySteps(every), **kw) as run:
+        state = run.restore()
+        if state is None:
+            state = {
+                "fields": {"u": run.rng.random((32, 32))},
+                "t": 0.0,
+                "n": np.int64(0),
+                "label": "heat",
+            }
+        for step in run.steps(n):
+            noise = run.rng.standard_normal((32, 32)) + random.random()
+            state = {
+                "fields": {"u": 0.9 * state["fields"]["u"] + 0.01 * noise},
+                "t": state["t"] + 0.1,
+                "n": state["n"] + 1,
+                "label": state["label"],
+            }
+            run.checkpoint(step, state)
+    return state
+
+
+def steps_on_disk(directory: Path) -> list[int]:
+    return sorted(int(p.name[5:13]) for p in directory.glob("step-*.h5"))
+
+
+def test_checkpoints_are_written_chained_and_verify(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    simulate(root, 35)
+    assert steps_on_disk(root / "sim") == [10, 20, 30, 35]  # policy steps, then the last one
+    results = ka.verify(root / "sim")
+    assert [r.step for r in results] == [10, 20, 30, 35]
+    assert all(r.ok for r in results), [r.failures for r in results]
+    m = ka.read_manifest(root / "sim" / "step-00000035.h5.kaudit.json")
+    assert m.parent == ka.read_manifest(root / "sim" / "step-00000030.h5.kaudit.json").digest
+    assert list(m.predicate["seeds"]) == [42]
+    assert m.predicate["rng"]["numpy"]["bit_generator"] == "PCG64"
+    assert m.predicate["restart_count"] == 0
+    assert m.predicate["command"][0] == "python"
+    paths = {d.path for d in m.datasets or ()}
+    assert {"/fields/u", "/t", "/n", "/label", "/rng/numpy", "/rng/python"} <= paths
+
+
+def test_resumed_run_is_bitwise_identical(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    whole = simulate(root, 57, run_id="whole")
+    simulate(root, 23, run_id="split")  # stops at 23: checkpoints 10, 20, 23
+    resumed = simulate(root, 57, run_id="split")
+    assert ka.state_digest(resumed) == ka.state_digest(whole)
+    assert isinstance(resumed["label"], str)
+
+
+def test_restore_returns_state_rng_and_step(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    simulate(root, 20)
+    with ka.Run("sim", root=root, seed=42, every=ka.EverySteps(10)) as run:
+        state = run.restore()
+        assert state is not None
+        assert run.step == 20
+        assert run.restored_from == root / "sim" / "step-00000020.h5"
+        assert list(run.steps(22)) == [21, 22]
+        with h5py.File(root / "sim" / "step-00000020.h5") as f:
+            np.testing.assert_array_equal(state["fields"]["u"], f["fields/u"][()])
+
+
+def test_corrupt_newest_checkpoint_is_skipped(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    simulate(root, 30)
+    newest = root / "sim" / "step-00000030.h5"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    with ka.Run("sim", root=root, seed=42) as run:
+        with pytest.warns(ka.CheckpointSkipped, match="step-00000030"):
+            state = run.restore()
+        assert run.step == 20
+        assert state is not None
+
+
+def test_unsigned_and_half_written_checkpoints_are_skipped(
+    project: Project, key: SigningKey
+) -> None:
+    root = project.root / "checkpoints"
+    simulate(root, 30)
+    (root / "sim" / "step-00000030.h5.kaudit.json").unlink()  # crashed before signing
+    leftover = root / "sim" / ".kaudit-tmp-step-00000040.h5-deadbeef"
+    leftover.write_bytes(b"\x89HDF\r\n\x1a\n half")  # crashed mid-write
+    with ka.Run("sim", root=root, seed=42) as run:
+        with pytest.warns(ka.CheckpointSkipped, match="no manifest"):
+            state = run.restore()
+        assert run.step == 20
+        assert state is not None
+    assert not leftover.exists()
+
+
+def test_a_tampered_checkpoint_is_not_restored(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    simulate(root, 30)
+    with h5py.File(root / "sim" / "step-00000030.h5", "r+") as f:
+        f["fields/u"][0, 0] += 1.0
+    with ka.Run("sim", root=root, seed=42) as run:
+        with pytest.warns(ka.CheckpointSkipped, match="dataset /fields/u"):
+            run.restore()
+        assert run.step == 20
+
+
+def test_retention_keeps_newest_and_every_kth(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    simulate(root, 75, every=5, keep=2, keep_every=20)
+    assert steps_on_disk(root / "sim") == [20, 40, 60, 70, 75]
+    results = ka.verify(root / "sim")  # pruned data: signatures and chain still verify
+    assert all(r.ok for r in results)
+    skipped = [r.step for r in results if any(c.skipped for c in r.checks)]
+    assert skipped == [5, 10, 15, 25, 30, 35, 45, 50, 55, 65]
+
+
+def test_synchronous_mode_writes_before_returning(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("sync", root=root, seed=1, every=ka.EverySteps(1), asynchronous=False) as run:
+        for step in run.steps(3):
+            run.checkpoint(step, {"x": np.full(10, step)})
+            assert (root / "sync" / f"step-{step:08d}.h5.kaudit.json").exists()
+
+
+def test_reserved_and_unstorable_state_is_refused(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("bad", root=root, seed=1, every=ka.EverySteps(1)) as run:
+        with pytest.raises(UsageError, match="reserved"):
+            run.checkpoint(1, {"rng": np.zeros(1)})
+        with pytest.raises(UsageError, match="object"):
+            run.checkpoint(1, {"x": object()})
+
+
+def test_run_outside_with_and_bad_arguments(project: Project, key: SigningKey) -> None:
+    run = ka.Run("x", root=project.root / "checkpoints")
+    with pytest.raises(UsageError, match="with"):
+        run.checkpoint(1, {})
+    with pytest.raises(UsageError, match="keep"):
+        ka.Run("x", keep=0)
+    with pytest.raises(UsageError, match="run id"):
+        ka.Run("a/b")
+
+
+def test_batches_skip_recorded_and_tally_is_order_independent(
+    project: Project, key: SigningKey
+) -> None:
+    root = project.root / "checkpoints"
+
+    def tally(run_id: str, order_seed: int | None, stop_after: int | None = None) -> Any:
+        with ka.Run(run_id, root=root, seed=9, every=ka.EverySteps(1)) as run:
+            run.restore()
+            todo = list(run.batches(12))
+            if order_seed is not None:
+                random.Random(order_seed).shuffle(todo)
+            for n, (i, rng) in enumerate(todo):
+                if stop_after is not None and n == stop_after:
+                    return None
+                run.record(i, {"sum": rng.standard_normal(1000).sum(), "hist": np.arange(3) * i})
+                run.checkpoint(i, {})
+            return run.ledger.reduce(lambda a, b: {k: a[k] + b[k] for k in a})
+
+    plain = tally("plain", None)
+    shuffled = tally("shuffled", 3)
+    assert tally("interrupted", 5, stop_after=7) is None
+    with ka.Run("interrupted", root=root, seed=9, every=ka.EverySteps(1)) as run:
+        run.restore()
+        assert len(run.ledger) == 7
+        assert len(list(run.batches(12))) == 5  # only the missing ones
+    resumed = tally("interrupted", 11)
+    assert ka.state_digest(shuffled) == ka.state_digest(plain)
+    assert ka.state_digest(resumed) == ka.state_digest(plain)
+    m = ka.read_manifest(root / "plain" / "step-00000012.h5.kaudit.json")
+    assert m.predicate["batches"] == {"total": 12, "done": 12}
+
+
+def test_batch_rng_depends_only_on_seed_and_index() -> None:
+    a = ka.runtime.batch_rng(5, 3).random(4)
+    assert np.array_equal(
+        a, np.random.default_rng(np.random.SeedSequence(5, spawn_key=(3,))).random(4)
+    )
+    assert not np.array_equal(a, ka.runtime.batch_rng(5, 4).random(4))

@@ -198,5 +198,8 @@ def write_manifest(path: Path, envelope: Envelope) -> Manifest:
     """Validate and write atomically; return the manifest as a reader will see it."""
     data = encode_envelope(envelope)
     manifest = parse_manifest(data, path)  # the same checks every reader makes
-    write_atomic(path, data)
+    try:
+        write_atomic(path, data)
+    except OSError as e:
+        raise ManifestError(f"cannot write manifest: {e.strerror or e}", path=path) from None
     return manifest

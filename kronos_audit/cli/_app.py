@@ -28,6 +28,10 @@ class KauditGroup(click.Group):
         except Error as e:
             fail_line(str(e))
             ctx.exit(e.exit_code)
+        except OSError as e:  # the environment failed us (disk full, I/O error): say where
+            where = f"{e.filename}: " if e.filename else ""
+            fail_line(f"{where}{e.strerror or e}")
+            ctx.exit(2)
 
 
 @click.group(cls=KauditGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -48,10 +48,20 @@ def _current_project_trust() -> signing.TrustStore | None:
 @click.option("--name", default="default", show_default=True, help="Name of the key pair.")
 def keys_generate(name: str) -> None:
     """Make an Ed25519 key pair; trust its public key in this repository."""
+    trust = _current_project_trust()
+    if (
+        trust is not None
+        and (trust.directory / f"{name}.pub").exists()
+        and not (signing.key_dir() / f"{name}.key").exists()
+    ):
+        # Checked first, so a refusal leaves no key pair behind.
+        raise UsageError(
+            f"the repository already trusts another key named {name!r}; pick another --name",
+            path=trust.directory / f"{name}.pub",
+        )
     key = signing.generate_key(name)
     out.print(f"key {key.name}: {key.key_id}")
     out.print(f"  private key  {signing.key_dir() / (name + '.key')} (mode 0600)")
-    trust = _current_project_trust()
     if trust is None:
         out.print("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
     else:
@@ -63,8 +73,9 @@ def keys_generate(name: str) -> None:
 def keys_list() -> None:
     """Show the keys you hold and the keys this repository trusts."""
     held = Table(title="keys you hold", title_justify="left")
-    for col in ("name", "key id", "private key"):
-        held.add_column(col)
+    held.add_column("name")
+    held.add_column("key id", overflow="fold")
+    held.add_column("private key", overflow="fold")
     for k in signing.held_keys():
         held.add_row(k.name, k.key_id, str(k.path))
     out.print(held)
@@ -73,8 +84,9 @@ def keys_list() -> None:
         out.print("not in a kaudit repository: no trust store here")
         return
     trusted = Table(title="keys this repository trusts", title_justify="left")
-    for col in ("name", "key id", "file"):
-        trusted.add_column(col)
+    trusted.add_column("name")
+    trusted.add_column("key id", overflow="fold")
+    trusted.add_column("file", overflow="fold")
     for t in trust.entries().values():
         trusted.add_row(t.name, t.key_id, str(t.path))
     out.print(trusted)

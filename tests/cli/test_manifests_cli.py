@@ -510,3 +510,23 @@ def test_bad_input_through_the_console_script(project: Project, key: SigningKey)
     gone = kaudit("verify", "missing.h5.kaudit.json", cwd=project.root)
     assert gone.returncode == 2
     assert gone.stderr.splitlines() == ["kaudit: error: missing.h5.kaudit.json: manifest not found"]
+
+
+def test_keys_generate_refused_by_a_trust_store_name_clash_leaves_no_key(
+    project: Project, kaudit_home: Path
+) -> None:
+    other = generate_key("colleague")
+    project.trust_store().add(other.private_key.public_key(), "mine")
+    (kaudit_home / "keys" / "colleague.key").unlink()
+    result = run_cli("keys", "generate", "--name", "mine", cwd=project.root)
+    assert_bad_input(result, "mine")
+    assert not (kaudit_home / "keys" / "mine.key").exists()
+
+
+def test_a_manifest_that_cannot_be_written_is_one_line(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    manifest_path_for(checkpoint).mkdir()  # something in the way of the manifest
+    result = snapshot_cli(checkpoint)
+    assert_bad_input(result, "cannot write manifest")
+    assert [p for p in leftovers(project.root) if p.is_file()] == []

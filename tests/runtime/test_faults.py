@@ -174,7 +174,10 @@ def test_heat_survives_twenty_sigkills_and_a_corrupt_checkpoint(
     assert final.predicate["restart_count"] >= 20
 
 
-def test_sigterm_checkpoints_at_that_step_and_exits_75(project: Project, key: SigningKey) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_preemption_signal_checkpoints_at_that_step_and_exits_75(
+    project: Project, key: SigningKey, sig: signal.Signals
+) -> None:
     program = project.root / "slow.py"
     program.write_text(
         textwrap.dedent("""
@@ -206,7 +209,7 @@ def test_sigterm_checkpoints_at_that_step_and_exits_75(project: Project, key: Si
     try:
         wait_for(lambda: progress.read()[0] >= 5, "five steps")
         reached = progress.read()[0]
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _stdout, stderr = proc.communicate(timeout=HANG_GUARD)
     finally:
         proc.kill()

@@ -262,7 +262,7 @@ def test_a_failed_write_leaves_the_old_manifest_and_no_temporary(
     with monkeypatch.context() as patch:
         patch.setattr(os, "fsync", disk_error)
         for target in (m.path, fresh):
-            with pytest.raises(OSError, match="Input/output error"):
+            with pytest.raises(ManifestError, match="cannot write manifest: Input/output error"):
                 write_manifest(target, envelope)
     assert m.path.read_bytes() == before
     assert not fresh.exists()

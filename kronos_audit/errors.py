@@ -60,3 +60,13 @@ class SignatureError(Error):
     """A signature did not verify, or was made by a key the repository does not trust."""
 
     exit_code = 1
+
+
+class StorageError(Error):
+    """DVC, its cache or a remote could not do what was asked."""
+
+
+class TamperedData(Error):
+    """Data fetched from a remote does not match its signed manifest."""
+
+    exit_code = 1

@@ -75,10 +75,14 @@ def build_statement(
     subject_name: str,
     sha256: str,
     predicate: Mapping[str, Any],
+    md5: str | None = None,
 ) -> dict[str, Any]:
+    """An in-toto Statement about one checkpoint file. sha256 is the security anchor; md5,
+    when given, is DVC's storage address for the same bytes."""
+    digest = {"sha256": sha256} if md5 is None else {"sha256": sha256, "md5": md5}
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": subject_name, "digest": {"sha256": sha256}}],
+        "subject": [{"name": subject_name, "digest": digest}],
         "predicateType": PREDICATE_TYPE,
         "predicate": dict(predicate),
     }
@@ -129,6 +133,12 @@ class Manifest:
     @property
     def subject_sha256(self) -> Sha256:
         return Sha256(self.statement["subject"][0]["digest"]["sha256"])
+
+    @property
+    def subject_md5(self) -> str | None:
+        """DVC's address for the checkpoint's bytes, when it is tracked by DVC."""
+        md5 = self.statement["subject"][0]["digest"].get("md5")
+        return None if md5 is None else str(md5)
 
     @property
     def checkpoint_path(self) -> Path:

@@ -104,6 +104,9 @@ def find_project(start: Path | str = ".") -> Project:
 def init_project(start: Path | str = ".") -> tuple[Project, bool]:
     """Set up ``.kaudit/`` and DVC in the enclosing git repository.
 
+    DVC's ``cache.type`` is set to link before copying, unless the repository chose one,
+    so that checkpoints enter DVC's cache without a second copy.
+
     Returns the project and whether DVC was initialised now. Safe to run twice: existing
     configuration and trusted keys are kept.
     """
@@ -126,4 +129,7 @@ def init_project(start: Path | str = ".") -> tuple[Project, bool]:
         finally:
             logging.disable(logging.NOTSET)
         dvc_created = True
+    from kronos_audit.storage import configure_cache_links  # storage builds on this module
+
+    configure_cache_links(project)
     return project, dvc_created

@@ -21,6 +21,7 @@ from kronos_audit.manifest import (
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import GitState, environment, git_state
 from kronos_audit.signing import SigningKey, select_key, sign_envelope
+from kronos_audit.storage import track
 
 
 def utc_now() -> str:
@@ -87,7 +88,10 @@ def sign_checkpoint(
         **(extra or {}),
     }
     statement = build_statement(
-        subject_name=project.relative(checkpoint), sha256=digests.sha256, predicate=predicate
+        subject_name=project.relative(checkpoint),
+        sha256=digests.sha256,
+        md5=digests.md5,
+        predicate=predicate,
     )
     envelope = sign_envelope(canonical_json(statement), key)
     return write_manifest(manifest_path_for(checkpoint), envelope)
@@ -107,8 +111,10 @@ def snapshot(
 ) -> tuple[Manifest, ...]:
     """Write a signed manifest beside each checkpoint (``CKPT.kaudit.json``).
 
-    All checkpoints are read and hashed before any manifest is written, so bad input
-    leaves nothing behind. Raises :class:`kronos_audit.errors.Error` subclasses.
+    Each checkpoint is also tracked by DVC (a ``.dvc`` file beside it, its bytes linked
+    into DVC's cache, a git-ignore entry). All checkpoints are read and hashed before
+    anything is written, so bad input leaves nothing behind. Raises
+    :class:`kronos_audit.errors.Error` subclasses.
     """
     paths = (
         [Path(checkpoints)]
@@ -127,20 +133,24 @@ def snapshot(
         if find_project(p).root != project.root:
             raise UsageError(f"not in the same repository as {paths[0]}", path=p)
     parent_manifest = read_manifest(parent) if parent is not None else None
-    hashed = [(p, digest_file(p)) for p in paths]
-    return tuple(
-        sign_checkpoint(
-            p,
-            d,
-            project=project,
-            key=signing_key,
-            run=run,
-            step=step,
-            seeds=seeds,
-            parent=parent_manifest,
-            command=command,
-            cwd=cwd,
-            attributes=attributes,
+    hashed = [(p, digest_file(p, md5=True)) for p in paths]
+    manifests = []
+    for p, d in hashed:
+        assert d.md5 is not None
+        track(project, p, d.md5, d.size)
+        manifests.append(
+            sign_checkpoint(
+                p,
+                d,
+                project=project,
+                key=signing_key,
+                run=run,
+                step=step,
+                seeds=seeds,
+                parent=parent_manifest,
+                command=command,
+                cwd=cwd,
+                attributes=attributes,
+            )
         )
-        for p, d in hashed
-    )
+    return tuple(manifests)

@@ -15,10 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
-from kronos_audit.errors import CheckpointError, Error, ManifestError
-from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
+from kronos_audit.errors import (
+    CheckpointError,
+    Error,
+    ManifestError,
+    StorageError,
+    TamperedData,
+)
+from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, checkpoint_path_for, read_manifest
 from kronos_audit.project import Project, find_project
 from kronos_audit.signing import TrustStore, verify_envelope
+from kronos_audit.storage import Storage, dvc_file_for
 
 PRUNED_LIST = ".kaudit-pruned"
 """In a run directory: the checkpoint files retention deleted, one name a line. Their
@@ -298,13 +305,63 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
     return out
 
 
-def verify_each(manifests: list[Path]) -> Iterator[VerifyResult | Error]:
-    """Verify each manifest (directories expanded); yield its result, or the bad-input error."""
+def fetch_missing(manifests: list[Path]) -> dict[Path, Error]:
+    """Pull from the DVC remote the checkpoints these manifests name that are not here
+    (retention's pruned ones aside); return the error for each that could not be fetched."""
+    wanted: dict[Path, list[Path]] = {}
+    for m in manifests:
+        try:
+            checkpoint = checkpoint_path_for(m)
+        except ManifestError:
+            continue  # verify reports it
+        if (
+            not checkpoint.exists()
+            and not was_pruned(checkpoint)
+            and m.exists()
+            and dvc_file_for(checkpoint).exists()
+        ):
+            wanted.setdefault(find_project(m).root, []).append(checkpoint)
+    failed: dict[Path, Error] = {}
+    for root, checkpoints in wanted.items():
+        try:
+            Storage(Project(root)).pull(checkpoints)
+        except Error as e:
+            for c in checkpoints:
+                if not c.exists():
+                    named = isinstance(e, TamperedData) and e.path == c
+                    failed[c] = (
+                        e
+                        if named or not isinstance(e, TamperedData)
+                        else StorageError(f"not fetched: the pull stopped at {e}", path=c)
+                    )
+    return failed
+
+
+def verify_each(manifests: list[Path], *, fetch: bool = True) -> Iterator[VerifyResult | Error]:
+    """Verify each manifest (directories expanded); yield its result, or the bad-input error.
+
+    With ``fetch``, checkpoints that are not here are first pulled from the DVC remote
+    (data pulled that then fails its file digest is removed again).
+    """
+    paths = expand_manifest_args(manifests)
+    failed = fetch_missing(paths) if fetch else {}
     verifiers: dict[Path, Verifier] = {}
-    for p in expand_manifest_args(manifests):
+    for p in paths:
         try:
             project = find_project(p)
-            yield verifiers.setdefault(project.root, Verifier(project)).verify(p)
+            checkpoint = checkpoint_path_for(p)
+            if checkpoint in failed:
+                error = failed[checkpoint]
+                if isinstance(error, TamperedData):
+                    raise error
+                raise StorageError(
+                    f"not here, and fetching it failed: {error.message}", path=checkpoint
+                )
+            fetched = not checkpoint.exists()
+            result = verifiers.setdefault(project.root, Verifier(project)).verify(p)
+            if fetched and any(c.name == "file digest" and not c.ok for c in result.checks):
+                Storage(project).discard(checkpoint)
+            yield result
         except Error as e:
             yield e
 

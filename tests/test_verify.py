@@ -19,7 +19,7 @@ from conftest import run_cli, write_checkpoint
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import DatasetDigest
-from kronos_audit.errors import CheckpointError, ManifestError
+from kronos_audit.errors import CheckpointError, ManifestError, StorageError
 from kronos_audit.manifest import Manifest, encode_envelope
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, generate_key, sign_envelope
@@ -270,6 +270,12 @@ def test_a_missing_checkpoint_is_bad_input(
 ) -> None:
     (m,) = snapshot(checkpoint, run="r", step=1)
     checkpoint.unlink()
+    # Tracked by DVC: verify tries to fetch it, and there is no remote to fetch from.
+    with pytest.raises(StorageError, match="no DVC remote") as fetching:
+        verify(m.path)
+    assert fetching.value.exit_code == 2
+    assert fetching.value.path == checkpoint
+    checkpoint.with_name(checkpoint.name + ".dvc").unlink()  # not tracked: nothing to fetch
     with pytest.raises(CheckpointError, match="checkpoint file not found") as info:
         verify(m.path)
     assert info.value.exit_code == 2

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +67,8 @@ class FileDigests:
     """Bytes."""
     datasets: tuple[DatasetDigest, ...] | None
     """Per-dataset digests, sorted by path; None when the file is not HDF5."""
+    md5: str | None = None
+    """md5 of the whole file (DVC's storage address), when asked for."""
 
 
 def canonical_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -200,12 +202,12 @@ def is_hdf5(path: Path) -> bool:
     return False
 
 
-def digest_file(path: Path, *, extra: Callable[[memoryview], None] | None = None) -> FileDigests:
-    """Hash ``path``: its sha256 and, for HDF5, every dataset's canonical sha256.
+def digest_file(path: Path, *, md5: bool = False) -> FileDigests:
+    """Hash ``path``: its sha256, its md5 if asked (DVC's address for it) and, for HDF5,
+    every dataset's canonical sha256, reading the file once.
 
     Raises CheckpointError for a missing or unreadable file, or for a file with an HDF5
-    signature that h5py cannot open (truncated or corrupt). ``extra``, when given, is fed
-    the file's bytes in order on the same pass (for another digest of the whole file).
+    signature that h5py cannot open (truncated or corrupt).
     """
     path = Path(path)
     try:
@@ -224,58 +226,69 @@ def digest_file(path: Path, *, extra: Callable[[memoryview], None] | None = None
         os.close(fd)
     view = memoryview(mapped) if mapped is not None else memoryview(b"")
     try:
-        return _digest_mapped(path, size, hdf5, view, extra)
+        return _digest_mapped(path, size, hdf5, view, md5)
     finally:
         view.release()
         if mapped is not None:
             mapped.close()
 
 
-def _digest_mapped(
-    path: Path,
-    size: int,
-    hdf5: bool,
-    view: memoryview,
-    extra: Callable[[memoryview], None] | None,
-) -> FileDigests:
-    def whole_file() -> str:
-        h = hashlib.sha256()
-        for start in range(0, size, BLOCK):
-            block = view[start : start + BLOCK]
-            h.update(block)
-            if extra is not None:
-                extra(block)
-        return h.hexdigest()
+def _whole(view: memoryview, algorithm: str) -> str:
+    h = hashlib.new(algorithm)
+    for start in range(0, len(view), BLOCK):
+        h.update(view[start : start + BLOCK])
+    return h.hexdigest()
 
-    if not hdf5:
-        return FileDigests(whole_file(), size, None)
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise CheckpointError(f"not a readable HDF5 file ({_h5_reason(e)})", path=path) from None
-    with f:
+
+def _digest_mapped(path: Path, size: int, hdf5: bool, view: memoryview, md5: bool) -> FileDigests:
+    datasets: list[h5py.Dataset] = []
+    f: h5py.File | None = None
+    if hdf5:
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:
+            raise CheckpointError(
+                f"not a readable HDF5 file ({_h5_reason(e)})", path=path
+            ) from None
         try:
             datasets = _list_datasets(f)
         except (OSError, RuntimeError, KeyError) as e:
+            f.close()
             raise CheckpointError(f"corrupt HDF5 structure ({_h5_reason(e)})", path=path) from None
 
-        def all_datasets() -> tuple[DatasetDigest, ...]:
-            out = []
-            for d in datasets:
-                try:
-                    out.append(_dataset_digest(d, view))
-                except (OSError, RuntimeError, ValueError, TypeError) as e:
-                    raise CheckpointError(
-                        f"cannot read dataset {d.name} ({_h5_reason(e)})", path=path, dataset=d.name
-                    ) from None
-            return tuple(out)
+    def all_datasets() -> tuple[DatasetDigest, ...] | None:
+        if f is None:
+            return None
+        out = []
+        for d in datasets:
+            try:
+                out.append(_dataset_digest(d, view))
+            except (OSError, RuntimeError, ValueError, TypeError) as e:
+                raise CheckpointError(
+                    f"cannot read dataset {d.name} ({_h5_reason(e)})", path=path, dataset=d.name
+                ) from None
+        return tuple(out)
 
+    try:
         if size < SMALL_FILE:
-            return FileDigests(whole_file(), size, all_datasets())
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kaudit-hash") as pool:
-            pending = pool.submit(all_datasets)
-            file_sha = whole_file()
-            return FileDigests(file_sha, size, pending.result())
+            return FileDigests(
+                _whole(view, "sha256"), size, all_datasets(), _whole(view, "md5") if md5 else None
+            )
+        # Each stream on its own thread over the same mapped bytes: hashlib releases the
+        # GIL, so they run on as many cores as there are.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
+            pending_datasets = pool.submit(all_datasets)
+            pending_md5 = pool.submit(_whole, view, "md5") if md5 else None
+            file_sha = _whole(view, "sha256")
+            return FileDigests(
+                file_sha,
+                size,
+                pending_datasets.result(),
+                pending_md5.result() if pending_md5 else None,
+            )
+    finally:
+        if f is not None:
+            f.close()
 
 
 def _h5_reason(e: BaseException) -> str:

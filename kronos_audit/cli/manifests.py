@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from kronos_audit import signing
+from kronos_audit import signing, storage
 from kronos_audit.cli._app import cli, fail_line, out
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import read_manifest
@@ -20,13 +20,26 @@ from kronos_audit.verify import VerifyResult, verify_each
 
 
 @cli.command()
-def init() -> None:
+@click.option(
+    "--remote",
+    "remote_url",
+    metavar="URL",
+    help="Default DVC remote: a directory, ssh://host/path, s3://bucket/path ...",
+)
+@click.option("--remote-name", default="storage", show_default=True, help="Its name.")
+def init(remote_url: str | None, remote_name: str) -> None:
     """Set up .kaudit/ (config, trust store) and DVC in this git repository."""
     project, dvc_created = init_project(Path.cwd())
+    if remote_url is not None:
+        storage.configure_remote(project, remote_url, remote_name)
     out.print(f"kaudit repository at {project.root}")
     out.print(f"  config        {project.config_path.relative_to(project.root)}")
     out.print(f"  trusted keys  {project.trust_dir.relative_to(project.root)}/")
     out.print("  dvc           " + ("initialised (.dvc/)" if dvc_created else "already set up"))
+    _, link_types = storage.cache_settings(project)
+    out.print(f"  dvc cache     cache.type = {','.join(link_types)}")
+    if remote_url is not None:
+        out.print(f"  dvc remote    {remote_name} = {remote_url} (default)")
     if not signing.held_keys():
         out.print("next: `kaudit keys generate` to make your signing key")
 

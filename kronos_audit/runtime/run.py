@@ -19,6 +19,7 @@ Carlo ledger (``/ledger``); these names are reserved at the top of the state.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sys
@@ -46,7 +47,17 @@ from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, restart_count
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.snapshot import sign_checkpoint
+from kronos_audit.storage import (
+    Storage,
+    cache_object_path,
+    cache_settings,
+    dvc_file_for,
+    read_dvc_file,
+    track,
+)
 from kronos_audit.verify import PRUNED_LIST, Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
 
 RNG_GROUP = "rng"
 RESERVED = (RNG_GROUP, LEDGER_GROUP)
@@ -87,6 +98,7 @@ class Run:
         key: str | SigningKey | None = None,
         preempt_exit: int = PREEMPTED_EXIT,
         attributes: Mapping[str, Any] | None = None,
+        push: bool = False,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -103,6 +115,10 @@ class Run:
         self.asynchronous = asynchronous
         self.preempt_exit = preempt_exit
         self.attributes = dict(attributes or {})
+        self.push = push
+        self.push_failures: list[str] = []
+        """Background pushes that failed (the checkpoints stay safe locally)."""
+        self._storage: Storage | None = None
         self._key_arg = key
         self.rng = np.random.default_rng(self.seed)
         self.ledger = Ledger()
@@ -346,9 +362,11 @@ class Run:
         assert self._project is not None
         assert self._key is not None
         write_hdf5(tmp, {**job.staged, **job.extra})
-        digests = digest_file(tmp)
+        digests = digest_file(tmp, md5=True)
+        assert digests.md5 is not None
         os.replace(tmp, final)
         fsync_dir(self.directory)
+        track(self._project, final, digests.md5, digests.size, ignore_pattern="/step-*.h5")
         extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
         self._parent = sign_checkpoint(
             final,
@@ -366,6 +384,24 @@ class Run:
             git=self._git,
         )
         self._prune(job.step)
+        if self.push:
+            self._push(final)
+
+    def _push(self, checkpoint: Path) -> None:
+        """Push on the background thread. A failure does not stop the run: the checkpoint
+        is safe locally, `kaudit status` shows it as not pushed, `kaudit push` completes it."""
+        assert self._project is not None
+        if self._storage is None:
+            self._storage = Storage(self._project)
+        try:
+            self._storage.push([checkpoint])
+        except Error as e:
+            self.push_failures.append(str(e))
+            log.warning(
+                "push of %s failed (kept locally; `kaudit push` completes it): %s",
+                checkpoint.name,
+                e,
+            )
 
     def _prune(self, newest: int) -> None:
         if self.keep is None:
@@ -384,5 +420,11 @@ class Run:
                 f.write(checkpoint_name(s) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        assert self._project is not None
+        cache_dir, _ = cache_settings(self._project)
         for s in doomed:
-            (self.directory / checkpoint_name(s)).unlink(missing_ok=True)
+            path = self.directory / checkpoint_name(s)
+            entry = read_dvc_file(dvc_file_for(path))
+            path.unlink(missing_ok=True)
+            if entry is not None:  # free the space for real: the cache holds the same bytes
+                cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)

@@ -1,0 +1,251 @@
+"""Checkpoints tracked by real DVC, pushed to a local-directory remote, verified in fresh
+clones; faults: unreachable remote, partial and tampered remote objects."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import git, run_cli, write_checkpoint
+
+import kronos_audit as ka
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey
+from kronos_audit.storage import (
+    Location,
+    Storage,
+    cache_object_path,
+    cache_settings,
+    configure_remote,
+    dvc_file_for,
+    status,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+    )
+
+
+def heat_run(project: Project, steps: int = 30, **kw: object) -> Path:
+    """A small real run; returns its directory."""
+    with ka.Run(
+        "heat", root=project.root / "checkpoints", seed=5, every=ka.EverySteps(10), **kw
+    ) as run:  # type: ignore[arg-type]
+        state = run.restore() or {"u": run.rng.random((64, 64))}
+        for step in run.steps(steps):
+            state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((64, 64))}
+            run.checkpoint(step, state)
+    return project.root / "checkpoints" / "heat"
+
+
+@pytest.fixture
+def remote(project: Project, tmp_path: Path) -> Path:
+    path = tmp_path / "remote"
+    configure_remote(project, str(path))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    return path
+
+
+def remote_object(remote: Path, md5: str) -> Path:
+    return remote / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def test_checkpoints_are_tracked_by_dvc_and_linked_into_its_cache(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = heat_run(project)
+    cache_dir, types = cache_settings(project)
+    assert "hardlink" in types  # kaudit init chose link-before-copy
+    for step in (10, 20, 30):
+        ckpt = run_dir / f"step-{step:08d}.h5"
+        manifest = ka.read_manifest(ckpt.with_name(ckpt.name + ".kaudit.json"))
+        md5 = hashlib.md5(ckpt.read_bytes()).hexdigest()
+        assert manifest.subject_md5 == md5
+        assert f"md5: {md5}" in dvc_file_for(ckpt).read_text()
+        obj = cache_object_path(cache_dir, md5)
+        assert os.path.samefile(obj, ckpt)  # the cache holds the same inode: no second copy
+    assert "/step-*.h5" in (run_dir / ".gitignore").read_text().splitlines()
+    assert git(project.root, "check-ignore", str(run_dir / "step-00000010.h5")).strip()
+    # DVC itself agrees that the work tree matches what the .dvc files describe.
+    out = dvc(project.root, "status")
+    assert out.returncode == 0, out.stderr
+    assert "up to date" in out.stdout
+
+
+def test_snapshot_tracks_with_dvc(project: Project, key: SigningKey, checkpoint: Path) -> None:
+    result = run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1")
+    assert result.exit_code == 0, result.output
+    md5 = hashlib.md5(checkpoint.read_bytes()).hexdigest()
+    assert f"md5: {md5}" in dvc_file_for(checkpoint).read_text()
+    out = dvc(project.root, "status")
+    assert out.returncode == 0, out.stderr
+    assert "up to date" in out.stdout
+
+
+def test_fresh_clone_dvc_pull_and_kaudit_verify_fetch_by_itself(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    run_dir = heat_run(project)
+    assert run_cli("push", str(run_dir)).exit_code == 0
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "run")
+
+    plain = tmp_path / "clone-dvc"
+    git(tmp_path, "clone", "-q", str(project.root), str(plain))
+    assert not (plain / "checkpoints/heat/step-00000030.h5").exists()
+    out = dvc(plain, "pull")
+    assert out.returncode == 0, out.stderr
+    for step in (10, 20, 30):
+        name = f"checkpoints/heat/step-{step:08d}.h5"
+        assert (plain / name).read_bytes() == (project.root / name).read_bytes()
+    verified = run_cli("verify", str(plain / "checkpoints/heat"))
+    assert verified.exit_code == 0, verified.output
+
+    lazy = tmp_path / "clone-kaudit"
+    git(tmp_path, "clone", "-q", str(project.root), str(lazy))
+    verified = run_cli("verify", str(lazy / "checkpoints/heat/step-00000020.h5.kaudit.json"))
+    assert verified.exit_code == 0, verified.output
+    assert (lazy / "checkpoints/heat/step-00000020.h5").exists()  # fetched on its own
+    assert not (lazy / "checkpoints/heat/step-00000030.h5").exists()  # only what it needed
+
+
+def test_status_walks_through_every_location(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    run_dir = heat_run(project, steps=20)
+    manifests = sorted(run_dir.glob("*.kaudit.json"))
+
+    def where() -> list[Location]:
+        return [e.location for e in status(project, manifests)]
+
+    assert where() == [Location.LOCAL, Location.LOCAL]
+    Storage(project).push([run_dir / "step-00000010.h5"])
+    assert where() == [Location.PUSHED, Location.LOCAL]
+    Storage(project).discard(run_dir / "step-00000010.h5")
+    assert where() == [Location.REMOTE_ONLY, Location.LOCAL]
+    md5 = ka.read_manifest(manifests[0]).subject_md5
+    assert md5 is not None
+    remote_object(remote, md5).unlink()
+    assert where() == [Location.MISSING, Location.LOCAL]
+    ckpt = run_dir / "step-00000020.h5"
+    os.chmod(ckpt, 0o644)
+    with open(ckpt, "r+b") as f:
+        f.seek(-10, os.SEEK_END)
+        f.write(b"0123456789")
+    assert where() == [Location.MISSING, Location.CORRUPT]
+    shown = run_cli("status", str(run_dir))
+    assert shown.exit_code == 0
+    assert "missing" in shown.stdout
+    assert "corrupt" in shown.stdout
+
+
+def test_unreachable_remote_keeps_checkpoint_local_and_a_later_push_completes(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the remote's parent should be")
+    configure_remote(project, str(blocker / "remote"))
+    run_dir = heat_run(project, steps=10, push=True)  # the background push fails; run goes on
+    ckpt = run_dir / "step-00000010.h5"
+    (result,) = ka.verify(run_dir)
+    assert result.ok
+    failed = run_cli("push", str(run_dir))
+    assert failed.exit_code == 2
+    assert failed.stderr.startswith("kaudit: error: ")
+    assert len(failed.stderr.splitlines()) == 1
+    assert "Traceback" not in failed.output
+    configure_remote(project, str(tmp_path / "remote"))  # the remote is back
+    assert [e.location for e in status(project, [ckpt.with_name(ckpt.name + ".kaudit.json")])] == [
+        Location.LOCAL
+    ]
+    assert run_cli("push", str(run_dir)).exit_code == 0
+    assert [e.location for e in status(project, list(run_dir.glob("*.kaudit.json")))] == [
+        Location.PUSHED
+    ]
+
+
+def test_run_with_push_pushes_in_the_background(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    run_dir = heat_run(project, steps=20, push=True)
+    entries = status(project, sorted(run_dir.glob("*.kaudit.json")))
+    assert [e.location for e in entries] == [Location.PUSHED, Location.PUSHED]
+
+
+def test_a_partial_remote_object_is_not_taken_as_pushed_and_is_uploaded_again(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    run_dir = heat_run(project, steps=10)
+    ckpt = run_dir / "step-00000010.h5"
+    md5 = hashlib.md5(ckpt.read_bytes()).hexdigest()
+    obj = remote_object(remote, md5)
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(ckpt.read_bytes()[:1000])  # what an upload killed midway leaves
+    manifest = ckpt.with_name(ckpt.name + ".kaudit.json")
+    assert [e.location for e in status(project, [manifest])] == [Location.LOCAL]
+    assert run_cli("push", str(run_dir)).exit_code == 0
+    assert obj.read_bytes() == ckpt.read_bytes()
+    assert [e.location for e in status(project, [manifest])] == [Location.PUSHED]
+
+
+def test_a_tampered_remote_object_is_caught_at_pull(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    run_dir = heat_run(project, steps=10)
+    ckpt = run_dir / "step-00000010.h5"
+    Storage(project).push([ckpt])
+    md5 = hashlib.md5(ckpt.read_bytes()).hexdigest()
+    obj = remote_object(remote, md5)
+    os.chmod(obj, 0o644)
+    data = bytearray(obj.read_bytes())
+    data[-100] ^= 0xFF
+    obj.write_bytes(bytes(data))
+    Storage(project).discard(ckpt)
+    result = run_cli("pull", str(run_dir))
+    assert result.exit_code == 1, result.output
+    assert "step-00000010.h5" in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "does not match its recorded md5" in line
+    assert "tampered" in line
+    assert not ckpt.exists()  # the bad bytes are not left where a restore would find them
+    cache_dir, _ = cache_settings(project)
+    assert not cache_object_path(cache_dir, md5).exists()
+
+
+def test_pull_restores_and_verifies(project: Project, key: SigningKey, remote: Path) -> None:
+    path = write_checkpoint(project.root / "data" / "x.h5", seed=3)
+    assert run_cli("snapshot", str(path), "--run", "x", "--step", "1").exit_code == 0
+    pushed = run_cli("push", cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    before = path.read_bytes()
+    Storage(project).discard(path)
+    result = run_cli("pull", str(path) + ".kaudit.json")
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes() == before
+    assert np.isfinite(before[0])
+
+
+def test_verify_reports_what_cannot_be_fetched(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    run_dir = heat_run(project, steps=10)
+    Storage(project).discard(run_dir / "step-00000010.h5")  # never pushed, now gone
+    result = run_cli("verify", str(run_dir))
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert "step-00000010.h5" in line
+    assert "fetching it failed" in line

@@ -15,11 +15,13 @@ raised in the loop at the next ``submit`` or at ``flush``/``close``: never swall
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from kronos_audit.checkpoint.hashing import BLOCK as HASH_BLOCK
+from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest
 from kronos_audit.errors import CheckpointError
 
 RAW_MIN_BYTES = 64 * 1024
@@ -62,8 +66,9 @@ def _create_allocated(f: h5py.File, path: str, array: np.ndarray[Any, Any]) -> i
     return int(offset)
 
 
-def write_hdf5(path: Path, flat: Flat, attrs: Mapping[str, Any] | None = None) -> None:
-    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself)."""
+def _lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
+    """Create the file with h5py: metadata and small datasets written, space for the large
+    ones allocated; return (offset, array) for each large one, by offset."""
     raw: list[tuple[int, np.ndarray[Any, Any]]] = []
     with h5py.File(path, "w") as f:
         for name, array in flat.items():
@@ -71,8 +76,10 @@ def write_hdf5(path: Path, flat: Flat, attrs: Mapping[str, Any] | None = None) -
                 raw.append((_create_allocated(f, name, array), array))
             else:
                 f.create_dataset(name, data=array)
-        for k, v in (attrs or {}).items():
-            f.attrs[k] = v
+    return sorted(raw, key=lambda r: r[0])
+
+
+def _pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         for offset, array in raw:
@@ -85,6 +92,70 @@ def write_hdf5(path: Path, flat: Flat, attrs: Mapping[str, Any] | None = None) -
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_hdf5(path: Path, flat: Flat) -> None:
+    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself)."""
+    _pwrite_all(path, _lay_out(path, flat))
+
+
+def _segments(
+    path: Path, size: int, raw: list[tuple[int, np.ndarray[Any, Any]]]
+) -> Iterator[bytes | memoryview]:
+    """The file's bytes in order: what h5py wrote, read back; the large arrays, from memory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = 0
+        for offset, array in [*raw, (size, None)]:
+            while pos < offset:  # metadata and small datasets, already on disk
+                chunk = os.pread(fd, min(HASH_BLOCK, offset - pos), pos)
+                if not chunk:
+                    raise CheckpointError("the file is shorter than HDF5 laid it out", path=path)
+                yield chunk
+                pos += len(chunk)
+            if array is not None:
+                data = array.reshape(-1).view(np.uint8).data
+                for start in range(0, len(data), HASH_BLOCK):
+                    yield data[start : start + HASH_BLOCK]
+                pos = offset + array.nbytes
+    finally:
+        os.close(fd)
+
+
+def _stream_digest(
+    path: Path, size: int, raw: list[tuple[int, np.ndarray[Any, Any]]], algorithm: str
+) -> str:
+    h = hashlib.new(algorithm)
+    for segment in _segments(path, size, raw):
+        h.update(segment)
+    return h.hexdigest()
+
+
+def write_and_digest(path: Path, flat: Flat, *, md5: bool = False) -> FileDigests:
+    """Write like :func:`write_hdf5` and hash the file while it is being written.
+
+    The digests are the ones :func:`~kronos_audit.checkpoint.hashing.digest_file` would
+    compute from the finished file, but the large arrays are hashed from memory on other
+    threads while this one writes and fsyncs them: each byte is hashed once per digest,
+    and hashing overlaps the write instead of following it.
+    """
+    raw = _lay_out(path, flat)
+    size = path.stat().st_size
+
+    def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...]]:
+        sha = _stream_digest(path, size, raw, "sha256")
+        datasets = sorted((array_digest(n, a) for n, a in flat.items()), key=lambda d: d.path)
+        return sha, tuple(datasets)
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
+        pending = pool.submit(sha_and_datasets)
+        pending_md5 = pool.submit(_stream_digest, path, size, raw, "md5") if md5 else None
+        _pwrite_all(path, raw)
+        sha, datasets = pending.result()
+        md5_hex = pending_md5.result() if pending_md5 is not None else None
+    if path.stat().st_size != size:
+        raise CheckpointError("the file changed size while being written", path=path)
+    return FileDigests(sha, size, datasets, md5_hex)
 
 
 class StagingSlot:

@@ -31,12 +31,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.checkpoint.state import State, flatten, read_group
-from kronos_audit.checkpoint.writer import BackgroundWriter, Job, write_hdf5
+from kronos_audit.checkpoint.writer import BackgroundWriter, Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.project import Project, find_project
@@ -312,9 +312,11 @@ class Run:
     def _save(self, writer: BackgroundWriter, step: int, state: Mapping[str, Any]) -> None:
         py_version, py_internal, py_gauss = random.getstate()
         extra = {
-            f"/{RNG_GROUP}/numpy": np.array(json.dumps(self.rng.bit_generator.state), dtype=object),
+            f"/{RNG_GROUP}/numpy": np.array(
+                json.dumps(self.rng.bit_generator.state), dtype=h5py.string_dtype()
+            ),
             f"/{RNG_GROUP}/python": np.array(
-                json.dumps([py_version, list(py_internal), py_gauss]), dtype=object
+                json.dumps([py_version, list(py_internal), py_gauss]), dtype=h5py.string_dtype()
             ),
             **self.ledger.to_flat(),
         }
@@ -361,8 +363,7 @@ class Run:
     def _publish(self, job: Job, tmp: Path, final: Path) -> None:
         assert self._project is not None
         assert self._key is not None
-        write_hdf5(tmp, {**job.staged, **job.extra})
-        digests = digest_file(tmp, md5=True)
+        digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
         assert digests.md5 is not None
         os.replace(tmp, final)
         fsync_dir(self.directory)

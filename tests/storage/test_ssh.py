@@ -1,0 +1,112 @@
+"""kaudit against a real OpenSSH server on 127.0.0.1 (tests/sshd.py) as its DVC remote:
+fresh-clone verification, and a push killed midway."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import git, run_cli
+from sshd import SSHRemote, unused_port
+
+import kronos_audit as ka
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey
+from kronos_audit.storage import Location, configure_remote, status
+
+pytestmark = pytest.mark.slow
+KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
+
+
+def run_with_state(project: Project, n: int, steps: int = 2) -> Path:
+    with ka.Run("big", root=project.root / "checkpoints", seed=1, every=ka.EverySteps(1)) as run:
+        state = run.restore() or {"x": run.rng.random(n)}
+        for step in run.steps(steps):
+            state = {"x": state["x"] * 0.5}
+            run.checkpoint(step, state)
+    return project.root / "checkpoints" / "big"
+
+
+def test_fresh_clone_verifies_from_the_ssh_remote(
+    project: Project,
+    key: SigningKey,
+    ssh_remote: SSHRemote,
+    ssh_remote_dir: str,
+    tmp_path: Path,
+) -> None:
+    ssh_remote.configure_dvc(project.root, "storage", ssh_remote_dir)
+    run_dir = run_with_state(project, 10_000)
+    assert run_cli("push", str(run_dir)).exit_code == 0
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "run")
+    entries = status(project, sorted(run_dir.glob("*.kaudit.json")))
+    assert [e.location for e in entries] == [Location.PUSHED, Location.PUSHED]
+
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    ssh_remote.configure_dvc(clone, "storage", ssh_remote_dir)  # the key is local config
+    result = run_cli("verify", str(clone / "checkpoints" / "big"))
+    assert result.exit_code == 0, result.output
+    for step in (1, 2):
+        name = f"checkpoints/big/step-{step:08d}.h5"
+        assert (clone / name).read_bytes() == (project.root / name).read_bytes()
+
+
+def test_a_push_killed_midway_is_completed_by_the_next(
+    project: Project, key: SigningKey, ssh_remote: SSHRemote, ssh_remote_dir: str
+) -> None:
+    ssh_remote.configure_dvc(project.root, "storage", ssh_remote_dir)
+    run_dir = run_with_state(project, 40_000_000, steps=1)  # a 320 MB checkpoint
+    ckpt = run_dir / "step-00000001.h5"
+    manifest = ka.read_manifest(ckpt.with_name(ckpt.name + ".kaudit.json"))
+    assert manifest.subject_md5 is not None
+    remote_root = ssh_remote.local_path(ssh_remote_dir)
+    push = subprocess.Popen(
+        [*KAUDIT, "push", str(run_dir)],
+        cwd=project.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ},
+    )
+
+    def uploaded() -> int:
+        return sum(p.stat().st_size for p in remote_root.rglob("*") if p.is_file())
+
+    deadline = time.monotonic() + 120
+    while uploaded() == 0 and push.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    push.send_signal(signal.SIGKILL)
+    push.communicate()
+    size = ckpt.stat().st_size
+    assert 0 < uploaded() < size, "the push was not caught midway; make the checkpoint bigger"
+    (entry,) = status(project, [manifest.path])
+    assert entry.location is Location.LOCAL  # a partial upload is not taken as pushed
+
+    result = run_cli("push", str(run_dir))
+    assert result.exit_code == 0, result.output
+    (entry,) = status(project, [manifest.path])
+    assert entry.location is Location.PUSHED
+    obj = remote_root / "files" / "md5" / manifest.subject_md5[:2] / manifest.subject_md5[2:]
+    assert obj.read_bytes() == ckpt.read_bytes()
+
+
+def test_unreachable_ssh_remote_then_recovered(
+    project: Project, key: SigningKey, ssh_remote: SSHRemote, ssh_remote_dir: str
+) -> None:
+    run_dir = run_with_state(project, 1000, steps=1)
+    configure_remote(project, f"ssh://127.0.0.1:{unused_port()}/nowhere")  # nothing listens
+    failed = run_cli("push", str(run_dir))
+    assert failed.exit_code == 2
+    (line,) = failed.stderr.splitlines()
+    assert line.startswith("kaudit: error: ")
+    assert "Traceback" not in failed.output
+    manifests = sorted(run_dir.glob("*.kaudit.json"))
+    assert [e.location for e in status(project, manifests, check_remote=False)] == [Location.LOCAL]
+    ssh_remote.configure_dvc(project.root, "storage", ssh_remote_dir)  # the server is back
+    assert run_cli("push", str(run_dir)).exit_code == 0
+    assert [e.location for e in status(project, manifests)] == [Location.PUSHED]

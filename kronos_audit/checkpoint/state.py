@@ -2,7 +2,7 @@
 
 ``{"fields": {"u": array}, "t": 0.5}`` is stored as datasets ``/fields/u`` and ``/t``.
 Python and numpy scalars become 0-d datasets and come back as numpy scalars; strings
-become variable-length UTF-8 strings and come back as ``str``.
+become fixed-length UTF-8 strings and come back as ``str``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ from kronos_audit.errors import CheckpointError, UsageError
 State = dict[str, Any]
 
 
+def text_array(text: str) -> np.ndarray[Any, Any]:
+    """A 0-d fixed-length UTF-8 string array: what a ``str`` in the state is stored as.
+
+    Fixed, not variable, length: h5py crashes the process when closing a file whose final
+    write fails (disk full, quota) while it holds variable-length strings.
+    """
+    data = text.encode()
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
+
+
 def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[Any, Any]]:
     """``/path -> array`` for every leaf; raise UsageError for what HDF5 cannot hold."""
     out: dict[str, np.ndarray[Any, Any]] = {}
@@ -31,7 +41,7 @@ def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[
         if isinstance(value, Mapping):
             out.update(flatten(value, path))
         elif isinstance(value, str):
-            out[path] = np.array(value, dtype=h5py.string_dtype())
+            out[path] = text_array(value)
         elif isinstance(value, np.ndarray | np.generic | int | float | bool | complex):
             array = np.asarray(value)
             if array.dtype.hasobject or array.dtype.kind in "UMm":

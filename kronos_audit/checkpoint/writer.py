@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -60,15 +61,46 @@ def _create_allocated(f: h5py.File, path: str, array: np.ndarray[Any, Any]) -> i
     tid = h5py.h5t.py_create(array.dtype, logical=True)
     sid = h5py.h5s.create_simple(array.shape)
     dsid = h5py.h5d.create(group.id, name.encode(), tid, sid, dcpl=dcpl)
-    offset = dsid.get_offset()
-    if offset is None or dsid.get_storage_size() != array.nbytes:
-        raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
+    try:
+        offset = dsid.get_offset()
+        if offset is None or dsid.get_storage_size() != array.nbytes:
+            raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
+    finally:
+        # Closed now, not by the garbage collector: a file close that fails (disk full)
+        # with low-level ids still open crashes h5py.
+        dsid.close()
     return int(offset)
+
+
+METADATA_MARGIN = 1024 * 1024
+"""Room assumed for HDF5's own structures when checking space before a write."""
+
+
+def check_room(path: Path, flat: Flat) -> None:
+    """Refuse a write that cannot fit: free space on the file system, and the process's
+    file-size limit. HDF5 writes its last metadata when the file closes, and a write that
+    fails there can crash h5py, so the common causes are caught before HDF5 starts."""
+    needed = sum(a.nbytes for a in flat.values()) + METADATA_MARGIN
+    st = os.statvfs(path.parent)
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if needed > free:
+        raise CheckpointError(
+            f"not enough space: the checkpoint needs about {needed:,} bytes, {free:,} are free",
+            path=path,
+        )
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and needed > limit:
+        raise CheckpointError(
+            f"File too large: the checkpoint needs about {needed:,} bytes, the process may "
+            f"write files of at most {limit:,} (ulimit -f)",
+            path=path,
+        )
 
 
 def _lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
     """Create the file with h5py: metadata and small datasets written, space for the large
     ones allocated; return (offset, array) for each large one, by offset."""
+    check_room(path, flat)
     raw: list[tuple[int, np.ndarray[Any, Any]]] = []
     with h5py.File(path, "w") as f:
         for name, array in flat.items():

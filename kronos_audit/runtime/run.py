@@ -31,11 +31,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.checkpoint.state import State, flatten, read_group
+from kronos_audit.checkpoint.state import State, flatten, read_group, text_array
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
@@ -312,11 +311,9 @@ class Run:
     def _save(self, writer: BackgroundWriter, step: int, state: Mapping[str, Any]) -> None:
         py_version, py_internal, py_gauss = random.getstate()
         extra = {
-            f"/{RNG_GROUP}/numpy": np.array(
-                json.dumps(self.rng.bit_generator.state), dtype=h5py.string_dtype()
-            ),
-            f"/{RNG_GROUP}/python": np.array(
-                json.dumps([py_version, list(py_internal), py_gauss]), dtype=h5py.string_dtype()
+            f"/{RNG_GROUP}/numpy": text_array(json.dumps(self.rng.bit_generator.state)),
+            f"/{RNG_GROUP}/python": text_array(
+                json.dumps([py_version, list(py_internal), py_gauss])
             ),
             **self.ledger.to_flat(),
         }
@@ -353,9 +350,15 @@ class Run:
         tmp = self.directory / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         try:
             self._publish(job, tmp, final)
-        except OSError as e:
+        except (OSError, RuntimeError, CheckpointError) as e:  # h5py: some as RuntimeError
+            if isinstance(e, CheckpointError):
+                reason = e.message
+            elif isinstance(e, OSError) and e.strerror:
+                reason = e.strerror
+            else:
+                reason = str(e).splitlines()[0]
             raise CheckpointError(
-                f"writing the checkpoint of step {job.step} failed: {e.strerror or e}", path=final
+                f"writing the checkpoint of step {job.step} failed: {reason}", path=final
             ) from e
         finally:
             tmp.unlink(missing_ok=True)  # gone already when published

@@ -1,0 +1,126 @@
+"""Compare every dataset of two HDF5 checkpoint files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import h5py
+
+from kronos_audit.checkpoint.hashing import is_hdf5
+from kronos_audit.compare.engine import (
+    BLOCK_BYTES,
+    compare_datasets,
+    data_kind,
+    describe_dtype,
+)
+from kronos_audit.compare.interface import Comparison, DatasetComparison, Verdict
+from kronos_audit.compare.policy import TolerancePolicy
+from kronos_audit.errors import CheckpointError
+
+
+def compare_files(
+    a: Path | str,
+    b: Path | str,
+    policy: TolerancePolicy | None = None,
+    *,
+    block_bytes: int = BLOCK_BYTES,
+) -> Comparison:
+    """Compare every dataset of checkpoint ``a`` (the reference) with ``b``.
+
+    Datasets are matched by path; each gets a :class:`DatasetComparison`. Data is read
+    in blocks of ``block_bytes`` per side, so files of any size compare in bounded memory.
+    Attributes and the group layout are not compared, only datasets.
+    Raises CheckpointError for a missing, unreadable or non-HDF5 file, or a dataset that
+    cannot be read (naming the file and the dataset).
+    """
+    a, b = Path(a), Path(b)
+    policy = policy or TolerancePolicy()
+    results: list[DatasetComparison] = []
+    with _open(a) as fa, _open(b) as fb:
+        in_a, in_b = _datasets(fa, a), _datasets(fb, b)
+        for name in sorted(set(in_a) | set(in_b)):
+            if name not in in_b:
+                results.append(_only(name, in_a[name], Verdict.ONLY_IN_A, policy))
+            elif name not in in_a:
+                results.append(_only(name, in_b[name], Verdict.ONLY_IN_B, policy))
+            else:
+                results.append(_compare_one(in_a[name], in_b[name], a, b, policy, block_bytes))
+    return Comparison(a, b, policy, tuple(results))
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[h5py.File]:
+    try:
+        if path.is_dir():
+            raise CheckpointError("is a directory, not a checkpoint file", path=path)
+        hdf5 = is_hdf5(path)
+    except FileNotFoundError:
+        raise CheckpointError("checkpoint file not found", path=path) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=path) from None
+    if not hdf5:
+        raise CheckpointError("not an HDF5 file", path=path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise CheckpointError(f"not a readable HDF5 file ({_reason(e)})", path=path) from None
+    with f:
+        yield f
+
+
+def _datasets(f: h5py.File, path: Path) -> dict[str, h5py.Dataset]:
+    found: dict[str, h5py.Dataset] = {}
+
+    def visit(_: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset):
+            found[obj.name] = obj
+
+    try:
+        f.visititems(visit)
+    except (OSError, RuntimeError, KeyError) as e:
+        raise CheckpointError(f"corrupt HDF5 structure ({_reason(e)})", path=path) from None
+    return found
+
+
+def _only(
+    name: str, dset: h5py.Dataset, verdict: Verdict, policy: TolerancePolicy
+) -> DatasetComparison:
+    shape = None if dset.shape is None else tuple(int(x) for x in dset.shape)
+    dtype = describe_dtype(dset.dtype)
+    _, rule = policy.resolve(name, data_kind(dset.dtype))
+    in_a = verdict is Verdict.ONLY_IN_A
+    return DatasetComparison(
+        path=name,
+        verdict=verdict,
+        dtype_a=dtype if in_a else None,
+        dtype_b=None if in_a else dtype,
+        shape_a=shape if in_a else None,
+        shape_b=None if in_a else shape,
+        tolerance=None,
+        rule=rule,
+        reason="missing from B" if in_a else "missing from A",
+    )
+
+
+def _compare_one(
+    da: h5py.Dataset,
+    db: h5py.Dataset,
+    a: Path,
+    b: Path,
+    policy: TolerancePolicy,
+    block_bytes: int,
+) -> DatasetComparison:
+    try:
+        return compare_datasets(da, db, policy, block_bytes=block_bytes)
+    except (OSError, RuntimeError, ValueError, TypeError) as e:  # not a read: metadata
+        raise CheckpointError(
+            f"cannot compare dataset {da.name} ({_reason(e)})", path=a, dataset=da.name
+        ) from None
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first.split("(", 1)[0].strip() or first

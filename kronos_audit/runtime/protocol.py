@@ -6,8 +6,9 @@ Environment variables set for the program:
   ``SLURM_RESTART_COUNT`` takes precedence when present); recorded in manifests.
 - ``KAUDIT_PROGRESS``: path of a 16-byte progress file the program keeps current (see
   :class:`Progress`), so the supervisor can count the steps a fault made it redo.
-- ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT``: a replay's instruction
-  "resume from this checkpoint, stop at step N, write to this directory".
+- ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT`` (and ``KAUDIT_SEED``): a
+  replay's instruction "resume from this checkpoint (none: from the start), stop at step
+  N, write to this directory" (:class:`ReplayInstruction`).
 
 Exit status :data:`PREEMPTED_EXIT` (75, BSD's EX_TEMPFAIL) means "checkpointed on a
 preemption signal; start me again".
@@ -18,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 PREEMPTED_EXIT = 75
@@ -86,3 +88,42 @@ class Progress:
 
     def close(self) -> None:
         self._map.close()
+
+
+SEED_ENV = "KAUDIT_SEED"
+
+
+@dataclass(frozen=True)
+class ReplayInstruction:
+    """A replay's request to a program: "resume from this checkpoint, stop at step N, write
+    the checkpoint of step N into this directory, then exit"."""
+
+    resume_from: Path | None
+    """Checkpoint to start from; None: from the start, with the recorded seed."""
+    stop_at: int
+    """The step whose checkpoint the replay compares."""
+    out: Path
+    """Directory for the produced checkpoint (``step-<N:08d>.h5``)."""
+    seed: int | None
+    """The recorded seed, for programs that did not fix one in their code."""
+
+    @classmethod
+    def from_env(cls) -> ReplayInstruction | None:
+        """The instruction in the environment, or None when this is not a replay."""
+        stop = os.environ.get(STOP_AT_ENV, "")
+        out = os.environ.get(OUT_ENV, "")
+        if not stop and not out:
+            return None
+        if not stop.isdigit() or not out:
+            raise ValueError(
+                f"a replay needs both {STOP_AT_ENV} (a step number) and {OUT_ENV} "
+                f"(a directory); got {STOP_AT_ENV}={stop!r}, {OUT_ENV}={out!r}"
+            )
+        resume = os.environ.get(RESUME_FROM_ENV, "")
+        seed = os.environ.get(SEED_ENV, "")
+        return cls(
+            resume_from=Path(resume) if resume else None,
+            stop_at=int(stop),
+            out=Path(out),
+            seed=int(seed) if seed.lstrip("-").isdigit() else None,
+        )

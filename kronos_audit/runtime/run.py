@@ -35,15 +35,20 @@ import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit.checkpoint.state import State, flatten, read_group, text_array
-from kronos_audit.checkpoint.writer import BackgroundWriter, Job, write_and_digest
+from kronos_audit.checkpoint.writer import BackgroundWriter, Job, write_and_digest, write_hdf5
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import GitState, git_state
 from kronos_audit.runtime.batches import LEDGER_GROUP, Ledger, batch_rng
-from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
+from kronos_audit.runtime.policy import EverySeconds, Never, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, restart_count
+from kronos_audit.runtime.protocol import (
+    PREEMPTED_EXIT,
+    Progress,
+    ReplayInstruction,
+    restart_count,
+)
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.snapshot import sign_checkpoint
 from kronos_audit.storage import (
@@ -105,8 +110,17 @@ class Run:
             raise UsageError(f"keep={keep}: keep at least the newest checkpoint")
         if keep_every is not None and keep_every < 1:
             raise UsageError(f"keep_every={keep_every}: must be a positive number of steps")
+        try:
+            self.replay = ReplayInstruction.from_env()
+            """Set when a replay runs this program (``kaudit replay``): see docs/replay.md."""
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if self.replay is not None:
+            every = Never()  # only the step the replay compares is written
+            if seed is None:
+                seed = self.replay.seed
         self.run_id = run_id
-        self.directory = Path(root) / run_id
+        self.directory = self.replay.out if self.replay is not None else Path(root) / run_id
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         self.policy: SavePolicy = every if every is not None else EverySeconds(600)
         self.keep = keep
@@ -143,16 +157,20 @@ class Run:
     # -- context -------------------------------------------------------------------------
 
     def __enter__(self) -> Run:
-        self._project = find_project(self.directory).require_initialized()
-        self._key = (
-            self._key_arg if isinstance(self._key_arg, SigningKey) else select_key(self._key_arg)
-        )
+        if self.replay is None:  # a replay writes one unsigned checkpoint, for comparison
+            self._project = find_project(self.directory).require_initialized()
+            self._key = (
+                self._key_arg
+                if isinstance(self._key_arg, SigningKey)
+                else select_key(self._key_arg)
+            )
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):
             leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
         random.seed(self.seed)
-        # The code this process runs is what it loaded now, whatever the checkout becomes.
-        self._git = git_state(self._project.root)
+        if self._project is not None:
+            # The code this process runs is what it loaded now, whatever the checkout becomes.
+            self._git = git_state(self._project.root)
         self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
         self._guard.install()
         self._progress = Progress.from_env()
@@ -195,6 +213,12 @@ class Run:
         if self._restored:
             return self._restored_state
         self._restored = True
+        if self.replay is not None:
+            if self.replay.resume_from is not None:
+                self._load(self.replay.resume_from, self._resume_step(self.replay.resume_from))
+            if self._progress is not None:
+                self._progress.started(self.step)
+            return self._restored_state
         assert self._project is not None
         verifier = Verifier(self._project)
         candidates = sorted(
@@ -210,6 +234,21 @@ class Run:
         if self._progress is not None:
             self._progress.started(self.step)
         return self._restored_state
+
+    @staticmethod
+    def _resume_step(path: Path) -> int:
+        """The step of the checkpoint a replay resumes from."""
+        manifest = manifest_path_for(path)
+        if manifest.exists():
+            return read_manifest(manifest).step
+        step = _step_of(path)
+        if step is None:
+            raise UsageError(
+                "the checkpoint to resume from has neither a manifest beside it nor a "
+                "step-<N>.h5 name",
+                path=path,
+            )
+        return step
 
     def _invalid(self, verifier: Verifier, path: Path) -> str | None:
         manifest_path = manifest_path_for(path)
@@ -239,7 +278,8 @@ class Run:
         self.ledger = Ledger.from_state(state.pop(LEDGER_GROUP, {}))
         self.step = step
         self._last_saved_step = step
-        self._parent = read_manifest(manifest_path_for(path))
+        if self.replay is None:
+            self._parent = read_manifest(manifest_path_for(path))
         self._restored_state = state
         self.restored_from = path
 
@@ -248,6 +288,8 @@ class Run:
     def steps(self, n: int) -> Iterator[int]:
         """The steps after the restored one, up to and including ``n``."""
         self.restore()
+        if self.replay is not None:
+            n = min(n, self.replay.stop_at)
         self._final = n
         start = 1 if self.step is None else self.step + 1
         yield from range(start, n + 1)
@@ -256,7 +298,14 @@ class Run:
         """``(i, rng_i)`` for the batches in ``range(n)`` not yet in the ledger."""
         self.restore()
         self._batches_total = n
+        if self.replay is not None:
+            # A replay redoes the batches after its parent's, in index order, up to the count
+            # it stops at; a run that finished batches out of order replays only if that
+            # order was the index order.
+            self._batches_total = min(n, self.replay.stop_at)
         for i in range(n):
+            if len(self.ledger) >= self._batches_total:
+                return
             if i not in self.ledger:
                 yield i, batch_rng(self.seed, i)
 
@@ -297,6 +346,9 @@ class Run:
         ) and step != self._last_saved_step
         if save:
             self._save(writer, step, state)
+        if self.replay is not None and final:
+            writer.flush()
+            raise SystemExit(0)  # the replay's instruction: write step N there, then exit
         if preempted:
             writer.flush()
             raise SystemExit(self.preempt_exit)
@@ -364,6 +416,11 @@ class Run:
             tmp.unlink(missing_ok=True)  # gone already when published
 
     def _publish(self, job: Job, tmp: Path, final: Path) -> None:
+        if self.replay is not None:  # for comparison only: not signed, not tracked
+            write_hdf5(tmp, {**job.staged, **job.extra})
+            os.replace(tmp, final)
+            fsync_dir(self.directory)
+            return
         assert self._project is not None
         assert self._key is not None
         digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)

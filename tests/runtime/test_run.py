@@ -196,3 +196,39 @@ def test_batch_rng_depends_only_on_seed_and_index() -> None:
         a, np.random.default_rng(np.random.SeedSequence(5, spawn_key=(3,))).random(4)
     )
     assert not np.array_equal(a, ka.runtime.batch_rng(5, 4).random(4))
+
+
+def test_replay_instruction_resumes_stops_and_writes_there(
+    project: Project, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kronos_audit.checkpoint.hashing import digest_file
+
+    root = project.root / "checkpoints"
+    simulate(root, 30)
+    recorded = ka.read_manifest(root / "sim" / "step-00000020.h5.kaudit.json")
+    for resume, out in (
+        (root / "sim" / "step-00000010.h5", tmp_path / "from10"),
+        (None, tmp_path / "from-start"),
+    ):
+        monkeypatch.setenv("KAUDIT_STOP_AT", "20")
+        monkeypatch.setenv("KAUDIT_OUT", str(out))
+        if resume is None:
+            monkeypatch.delenv("KAUDIT_RESUME_FROM", raising=False)
+        else:
+            monkeypatch.setenv("KAUDIT_RESUME_FROM", str(resume))
+        with pytest.raises(SystemExit) as stopped:
+            simulate(root, 30)  # asks for 30 steps; the replay stops it at 20
+        assert stopped.value.code == 0
+        assert [p.name for p in out.iterdir()] == ["step-00000020.h5"]  # one file, unsigned
+        produced = digest_file(out / "step-00000020.h5")
+        assert produced.datasets == recorded.datasets  # bitwise the recorded step 20
+    assert steps_on_disk(root / "sim") == [10, 20, 30]  # the run's own directory untouched
+
+
+def test_a_half_given_replay_instruction_is_refused(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAUDIT_STOP_AT", "20")
+    monkeypatch.delenv("KAUDIT_OUT", raising=False)
+    with pytest.raises(UsageError, match="KAUDIT_OUT"):
+        ka.Run("x", root=project.root / "checkpoints")

@@ -8,6 +8,7 @@ check named, so one call reports every problem at once.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ class VerifyResult:
     """Step."""
     checks: tuple[Check, ...]
     """In the order made."""
+    fetched: bool = False
+    """The checkpoint was pulled from the DVC remote for this verification."""
 
     @property
     def ok(self) -> bool:
@@ -88,6 +91,7 @@ class VerifyResult:
             "step": self.step,
             "ok": self.ok,
             "checks": [c.to_json_obj() for c in self.checks],
+            "fetched": self.fetched,
         }
 
 
@@ -337,6 +341,13 @@ def fetch_missing(manifests: list[Path]) -> dict[Path, Error]:
     return failed
 
 
+def _checkpoint_of(manifest: Path) -> Path | None:
+    try:
+        return checkpoint_path_for(manifest)
+    except ManifestError:
+        return None
+
+
 def verify_each(manifests: list[Path], *, fetch: bool = True) -> Iterator[VerifyResult | Error]:
     """Verify each manifest (directories expanded); yield its result, or the bad-input error.
 
@@ -344,7 +355,9 @@ def verify_each(manifests: list[Path], *, fetch: bool = True) -> Iterator[Verify
     (data pulled that then fails its file digest is removed again).
     """
     paths = expand_manifest_args(manifests)
+    absent = {c for c in map(_checkpoint_of, paths) if c is not None and not c.exists()}
     failed = fetch_missing(paths) if fetch else {}
+    fetched = {c for c in absent if c.exists()}
     verifiers: dict[Path, Verifier] = {}
     for p in paths:
         try:
@@ -357,10 +370,11 @@ def verify_each(manifests: list[Path], *, fetch: bool = True) -> Iterator[Verify
                 raise StorageError(
                     f"not here, and fetching it failed: {error.message}", path=checkpoint
                 )
-            fetched = not checkpoint.exists()
             result = verifiers.setdefault(project.root, Verifier(project)).verify(p)
-            if fetched and any(c.name == "file digest" and not c.ok for c in result.checks):
-                Storage(project).discard(checkpoint)
+            if checkpoint in fetched:
+                result = dataclasses.replace(result, fetched=True)
+                if any(c.name == "file digest" and not c.ok for c in result.checks):
+                    Storage(project).discard(checkpoint)  # bad bytes from the remote: gone
             yield result
         except Error as e:
             yield e

@@ -72,4 +72,16 @@ echo "never interrupted:  $(tail -n 1 reference.out)"
     || { echo "demo: the resumed run differs from the uninterrupted one" >&2; exit 1; }
 echo "bitwise identical"
 
+say "checkpoints live in a DVC remote; manifests and .dvc files in git"
+run kaudit init --remote "$WORK/dvc-remote"
+run kaudit push checkpoints/heat
+run kaudit status checkpoints/heat
+git add -A && git commit -q -m "heat run: manifests and .dvc files"
+
+say "a colleague's fresh clone has no data: kaudit verify fetches what it needs, then checks it"
+git clone -q "$WORK/project" "$WORK/clone"
+cd "$WORK/clone"
+run kaudit verify checkpoints/heat/step-00003000.h5.kaudit.json
+cd "$WORK/project"
+
 printf '\nDemo finished; its project is in %s\n' "$WORK/project"

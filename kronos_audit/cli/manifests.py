@@ -174,7 +174,8 @@ def snapshot(
 
 def _print_result(r: VerifyResult) -> None:
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
-    out.print(f"{mark} {r.manifest}  [dim](run {r.run}, step {r.step})[/]")
+    fetched = ", fetched from the DVC remote" if r.fetched else ""
+    out.print(f"{mark} {r.manifest}  [dim](run {r.run}, step {r.step}{fetched})[/]")
     for c in r.failures:
         out.print(f"      [red]{c.name}[/]: {c.detail}")
     for c in r.checks:
@@ -216,7 +217,9 @@ def verify(ctx: click.Context, manifests: tuple[Path, ...], as_json: bool) -> No
                 indent=2,
             )
         )
-    ctx.exit(2 if errors else (0 if all(r.ok for r in results) else 1))
+    # Bad input (2) outranks a failed check (1); tampered data fetched is a failed check.
+    codes = [e.exit_code for e in errors] + [0 if r.ok else 1 for r in results]
+    ctx.exit(max(codes, default=0))
 
 
 @cli.command()

@@ -249,3 +249,42 @@ def test_verify_reports_what_cannot_be_fetched(
     (line,) = result.stderr.splitlines()
     assert "step-00000010.h5" in line
     assert "fetching it failed" in line
+
+
+def test_a_fresh_clone_catches_a_tampered_object_and_keeps_the_good_ones(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    run_dir = heat_run(project, steps=20)
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "run")
+    ckpt = run_dir / "step-00000020.h5"
+
+    def push_and_tamper() -> None:
+        Storage(project).push(sorted(run_dir.glob("*.h5")))
+        obj = remote_object(remote, hashlib.md5(ckpt.read_bytes()).hexdigest())
+        os.chmod(obj, 0o644)
+        data = bytearray(obj.read_bytes())
+        data[-100] ^= 0xFF
+        obj.write_bytes(bytes(data))
+
+    push_and_tamper()
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    result = run_cli("verify", str(clone / "checkpoints" / "heat"))
+    assert result.exit_code == 1, result.output  # a failed check, not bad input
+    assert "step-00000010.h5.kaudit.json  (run heat, step 10, fetched from the DVC remote)" in (
+        result.stdout
+    )
+    (line,) = result.stderr.splitlines()
+    assert "step-00000020.h5" in line
+    assert "tampered" in line
+    assert not (clone / "checkpoints/heat/step-00000020.h5").exists()
+    assert (clone / "checkpoints/heat/step-00000010.h5").exists()  # the good one stays
+
+    push_and_tamper()  # DVC dropped the bad object when it refused it: plant another
+    second = tmp_path / "second"
+    git(tmp_path, "clone", "-q", str(project.root), str(second))
+    pulled = run_cli("pull", str(second / "checkpoints" / "heat"))
+    assert pulled.exit_code == 1, pulled.output
+    assert "tampered" in pulled.stderr
+    assert not (second / "checkpoints/heat/step-00000020.h5").exists()

@@ -42,20 +42,21 @@ def scratch_repo() -> Path:
     return repo
 
 
-def best_of(n: int, fn: Callable[[], object]) -> float:
-    """Best wall time of n runs: the least disturbed by a noisy neighbour."""
+def wall_times(n: int, fn: Callable[[], object]) -> list[float]:
+    """Wall time of each of n runs of ``fn``."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+def best_of(n: int, fn: Callable[[], object]) -> float:
+    """Best wall time of n runs: the least disturbed by a noisy neighbour."""
+    return min(wall_times(n, fn))
 
 
 def median_of(n: int, fn: Callable[[], object]) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median wall time of n runs: a typical cost, for fixed costs that vary little."""
+    return statistics.median(wall_times(n, fn))

@@ -18,22 +18,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import scratch_repo
+from _common import scratch_repo, wall_times
 
 import kronos_audit as ka
-
-
-def timed(fn) -> float:  # type: ignore[no-untyped-def]
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -82,12 +75,12 @@ def main() -> None:
     for i in range(args.repeat):
         state["a0"][0] = i  # new bytes each round: nothing is found in a cache already
         clean()
-        results["raw"].append(timed(raw))
+        results["raw"].append(wall_times(1, raw)[0])
         clean()
         # Run.steps would restore first; checkpoint the last step of a fresh run directly.
-        results["kaudit"].append(timed(lambda i=i: kaudit_once(run_root, state, i + 1)))
+        results["kaudit"].append(wall_times(1, lambda i=i: kaudit_once(run_root, state, i + 1))[0])
         clean()
-        results["naive"].append(timed(lambda i=i: naive(i)))
+        results["naive"].append(wall_times(1, lambda i=i: naive(i))[0])
     clean()
     t_raw, t_ka, t_naive = (min(results[k]) for k in ("raw", "kaudit", "naive"))
     gb = size / 1e9

@@ -70,3 +70,23 @@ class TamperedData(Error):
     """Data fetched from a remote does not match its signed manifest."""
 
     exit_code = 1
+
+
+class BisectError(Error):
+    """Bisect cannot work on this input: a chain that does not verify, runs with no common
+    step, checkpoint data that cannot be had or does not match its manifest. Bad input
+    (exit 2), whatever went wrong underneath."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        run: str | None = None,
+        step: int | None = None,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.run = run
+        """The run concerned, when one is."""
+        self.step = step
+        """The step concerned, when one is."""

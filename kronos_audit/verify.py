@@ -245,7 +245,7 @@ class Verifier:
                 break
             seen.add(current.digest)
             links.append(current)
-            verdict, parent = self._link(current)
+            verdict, parent = self.link(current)
             if parent is None:
                 break
             current = parent
@@ -265,7 +265,7 @@ class Verifier:
             self._chain[m.digest] = verdict
         return verdict
 
-    def _link(self, child: Manifest) -> tuple[Check, Manifest | None]:
+    def link(self, child: Manifest) -> tuple[Check, Manifest | None]:
         """Check one link; return the parent only when the link holds."""
         name = child.predicate["parent_manifest"] or "(not recorded)"
         path = self._locate_parent(child)

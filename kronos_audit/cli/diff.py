@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from rich import box
@@ -67,22 +69,57 @@ def config_project(*paths: Path) -> Project | None:
     return None
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TOLERANCE_OPTIONS = (
+    click.option("--rtol", metavar="R", help="Relative tolerance, against |A|, for float data."),
+    click.option("--atol", metavar="A", help="Absolute tolerance for float data."),
+    click.option(
+        "--ulp", metavar="N", help="Also accept values at most N units in the last place apart."
+    ),
+    click.option(
+        "--tol",
+        "tol",
+        multiple=True,
+        metavar="PATTERN:SPEC",
+        help="Tolerance for datasets matching PATTERN (fnmatch, no leading slash): SPEC is "
+        "'exact' or rtol=..,atol=..,ulp=.. (repeatable; the first match wins).",
+    ),
+)
+
+
+def tolerance_options(f: F) -> F:
+    """Add `kaudit diff`'s tolerance options to a command: ``rtol``, ``atol``, ``ulp``
+    (text or None) and ``tol`` (a tuple). Turn them into a policy with :func:`tolerance_policy`."""
+    for option in reversed(_TOLERANCE_OPTIONS):
+        f = option(f)
+    return f
+
+
+def tolerance_policy(
+    rtol: str | None,
+    atol: str | None,
+    ulp: str | None,
+    tol: tuple[str, ...],
+    *paths: Path,
+) -> tuple[TolerancePolicy, Project | None]:
+    """The policy the tolerance options ask for, layered over the [compare] config of the
+    kaudit repository holding the first of ``paths`` that is in one; and that repository."""
+    r = _number("--rtol", rtol)
+    t = _number("--atol", atol)
+    u = _number("--ulp", ulp, whole=True)
+    project = config_project(*paths)
+    base = TolerancePolicy.from_config(project) if project is not None else None
+    policy = TolerancePolicy.from_options(
+        rtol=r, atol=t, ulp=None if u is None else int(u), tol=tol, base=base
+    )
+    return policy, project
+
+
 @cli.command()
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
-@click.option("--rtol", metavar="R", help="Relative tolerance, against |A|, for float data.")
-@click.option("--atol", metavar="A", help="Absolute tolerance for float data.")
-@click.option(
-    "--ulp", metavar="N", help="Also accept values at most N units in the last place apart."
-)
-@click.option(
-    "--tol",
-    "tol",
-    multiple=True,
-    metavar="PATTERN:SPEC",
-    help="Tolerance for datasets matching PATTERN (fnmatch, no leading slash): SPEC is "
-    "'exact' or rtol=..,atol=..,ulp=.. (repeatable; the first match wins).",
-)
+@tolerance_options
 @click.option("--json", "as_json", is_flag=True, help="Print every result as JSON.")
 @click.pass_context
 def diff(
@@ -106,21 +143,14 @@ def diff(
 
     Exit 0 when every dataset is IDENTICAL or WITHIN_TOLERANCE, 1 otherwise, 2 for bad input.
     """
-    r = _number("--rtol", rtol)
-    t = _number("--atol", atol)
-    u = _number("--ulp", ulp, whole=True)
-    project = config_project(a, b)
-    base = TolerancePolicy.from_config(project) if project is not None else None
-    policy = TolerancePolicy.from_options(
-        rtol=r, atol=t, ulp=None if u is None else int(u), tol=tol, base=base
-    )
+    policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
     result = compare_files(a, b, policy)
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else str(project.config_path)
         click.echo(json.dumps(doc, indent=2))
     else:
-        _render(result, project)
+        render_comparison(result, project)
     ctx.exit(0 if result.ok else 1)
 
 
@@ -156,7 +186,8 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
 
 
-def _details(d: DatasetComparison) -> list[str]:
+def dataset_details(d: DatasetComparison) -> list[str]:
+    """Rich markup lines about one dataset: verdict, counts, rule, first and worst mismatch."""
     head = f"[bold]{escape(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
     facts = [] if d.reason is None else [escape(d.reason)]
     if d.verdict in (Verdict.DIFFERENT, Verdict.WITHIN_TOLERANCE):
@@ -177,7 +208,8 @@ def _details(d: DatasetComparison) -> list[str]:
     return lines
 
 
-def _render(result: Comparison, project: Project | None) -> None:
+def render_comparison(result: Comparison, project: Project | None) -> None:
+    """The table of non-identical datasets, their details, and the summary line."""
     shown = [d for d in result.datasets if d.verdict is not Verdict.IDENTICAL]
     if shown:
         table = Table(
@@ -203,7 +235,7 @@ def _render(result: Comparison, project: Project | None) -> None:
             )
         out.print(table)
         for d in shown:
-            for line in _details(d):
+            for line in dataset_details(d):
                 out.print(line)
         out.print()
     counts = result.counts()

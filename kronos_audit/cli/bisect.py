@@ -1,0 +1,121 @@
+"""`kaudit bisect A B`: the first checkpointed step at which two runs diverge."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from kronos_audit.bisect import BisectResult, Chain, Decision, StepComparison, bisect
+from kronos_audit.cli._app import cli, out
+from kronos_audit.cli.diff import render_comparison, tolerance_options, tolerance_policy
+from kronos_audit.compare import TolerancePolicy
+from kronos_audit.project import Project
+
+
+@cli.command("bisect")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@tolerance_options
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@click.pass_context
+def bisect_command(
+    ctx: click.Context,
+    a: Path,
+    b: Path,
+    rtol: str | None,
+    atol: str | None,
+    ulp: str | None,
+    tol: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Find the first step at which run B's checkpoints diverge from run A's.
+
+    A and B are each a run's directory or the manifest of its last checkpoint. Both chains
+    are verified (signatures and parent links), then the steps both runs checkpointed are
+    bisected, comparing checkpoints as `kaudit diff` does, with the same tolerance options
+    and [compare] defaults. Assumes that runs which have diverged stay diverged. Recorded
+    hashes decide a step when they can; data not here is fetched from the DVC remote.
+
+    Exit 0 when the runs never diverge, 1 when they do, 2 for bad input.
+    """
+    policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
+    result = bisect(a, b, policy)
+    if as_json:
+        doc = result.to_json_obj()
+        doc["config"] = None if project is None else str(project.config_path)
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        _render(result, project)
+    ctx.exit(1 if result.diverged else 0)
+
+
+def _chain_line(label: str, chain: Chain) -> str:
+    steps = chain.steps
+    return (
+        f"{label}: {escape(str(chain.head))}  [dim](run {escape(chain.run)}, "
+        f"{len(steps)} checkpoints, steps {steps[0]}..{steps[-1]}, chain verified)[/]"
+    )
+
+
+def _policy_text(policy: TolerancePolicy) -> str:
+    parts = [f"--tol {r}" if r.origin == "--tol" else f"config {r}" for r in policy.rules]
+    rest = "exact (bitwise)" if policy.default is None else f"float data {policy.default.spec}"
+    parts.append(f"otherwise {rest}" if parts else rest)
+    return "; ".join(parts)
+
+
+def _probe_text(p: StepComparison) -> str:
+    mark = "[green]agrees[/]" if p.agrees else "[red]differs[/]"
+    how = "hashes" if p.decided_by is Decision.HASHES else "data"
+    return f"{p.step} {mark} [dim]({how})[/]"
+
+
+def _render(result: BisectResult, project: Project | None) -> None:
+    out.print(_chain_line("A", result.a))
+    out.print(_chain_line("B", result.b))
+    common = result.common_steps
+    out.print(
+        f"{len(common)} common steps ({common[0]}..{common[-1]}); "
+        f"tolerance: {escape(_policy_text(result.policy))}"
+    )
+    out.print("compared: " + ", ".join(_probe_text(p) for p in result.probes))
+    out.print()
+    first = result.first_divergence
+    counted = (
+        f"{result.comparisons} of {len(common)} common steps compared, "
+        f"{result.data_comparisons} reading data"
+    )
+    if first is None:
+        out.print(
+            f"[green]ok[/]: the runs never diverge: the last common step {common[-1]} agrees "
+            f"({counted})"
+        )
+        return
+    out.print(
+        f"[bold]step {first.step}[/]: the checkpoints diverge first; "
+        + (
+            f"step {result.last_agreeing_step} agrees"
+            if result.last_agreeing_step is not None
+            else "it is the first common step"
+        )
+    )
+    if first.comparison is not None:
+        render_comparison(first.comparison, project)
+    else:
+        out.print(
+            "its data was pruned by retention: the recorded hashes differ for "
+            + escape(", ".join(first.hash_differences))
+        )
+    out.print()
+    names = ", ".join(first.failures)
+    after = (
+        f"after step {result.last_agreeing_step}"
+        if result.last_agreeing_step is not None
+        else "at the first common step"
+    )
+    out.print(
+        f"[red]DIVERGED[/] at step {first.step} ({after}): {escape(names)} ({escape(counted)})"
+    )

@@ -98,3 +98,19 @@ def run_cli(*args: str, cwd: Path | None = None) -> Result:
         return runner.invoke(cli, list(args), catch_exceptions=False)
     finally:
         os.chdir(old)
+
+
+def assert_bad_input(result: Result, *mentions: str, no_stdout: bool = False) -> str:
+    """Exit 2 with exactly one `kaudit: error:` line on stderr mentioning each of
+    ``mentions``, and no traceback; returns the line."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    (line,) = lines
+    assert line.startswith("kaudit: error: ")
+    for m in mentions:
+        assert m in line, line
+    assert "Traceback" not in result.output
+    if no_stdout:
+        assert result.stdout == ""
+    return line

@@ -11,25 +11,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from click.testing import Result
-from conftest import run_cli, write_checkpoint
+from conftest import assert_bad_input, run_cli, write_checkpoint
 
 from kronos_audit.manifest import validate
 from kronos_audit.project import Project
-
-
-def assert_bad_input(result: Result, *mentions: str) -> str:
-    """Exit 2 with exactly one `kaudit: error:` line on stderr mentioning each of ``mentions``."""
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    (line,) = lines
-    assert line.startswith("kaudit: error: ")
-    for m in mentions:
-        assert m in line, line
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    return line
 
 
 def perturbed(src: Path, dst: Path, *, rel: float = 1e-13, counts_delta: int = 0) -> Path:

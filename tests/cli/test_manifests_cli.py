@@ -16,26 +16,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import git, run_cli, write_checkpoint
+from conftest import assert_bad_input, git, run_cli, write_checkpoint
 from cryptography.hazmat.primitives import serialization
 
 from kronos_audit.manifest import manifest_path_for, read_manifest
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, generate_key, key_id, load_public_key, public_pem
 from kronos_audit.snapshot import snapshot
-
-
-def assert_bad_input(result: Result, *mentions: str) -> str:
-    """Exit 2 with exactly one `kaudit: error:` line on stderr mentioning each of ``mentions``."""
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    (line,) = lines
-    assert line.startswith("kaudit: error: ")
-    for m in mentions:
-        assert m in line
-    assert "Traceback" not in result.output
-    return line
 
 
 def leftovers(root: Path) -> list[Path]:

@@ -483,9 +483,17 @@ class Run:
             os.fsync(f.fileno())
         assert self._project is not None
         cache_dir, _ = cache_settings(self._project)
+        # Two steps can hold identical bytes (one md5, one cache object): keep an object
+        # that a checkpoint still here points at.
+        kept_md5s = {
+            e[0]
+            for s in keep
+            if (e := read_dvc_file(dvc_file_for(self.directory / checkpoint_name(s))))
+        }
         for s in doomed:
             path = self.directory / checkpoint_name(s)
             entry = read_dvc_file(dvc_file_for(path))
             path.unlink(missing_ok=True)
-            if entry is not None:  # free the space for real: the cache holds the same bytes
+            if entry is not None and entry[0] not in kept_md5s:
+                # Free the space for real: the cache holds the same bytes.
                 cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)

@@ -288,3 +288,21 @@ def test_a_fresh_clone_catches_a_tampered_object_and_keeps_the_good_ones(
     assert pulled.exit_code == 1, pulled.output
     assert "tampered" in pulled.stderr
     assert not (second / "checkpoints/heat/step-00000020.h5").exists()
+
+
+def test_retention_keeps_a_cache_object_that_a_kept_checkpoint_shares(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    # A state that does not change gives byte-identical checkpoints: one md5, one object.
+    with ka.Run(
+        "still", root=project.root / "checkpoints", seed=1, every=ka.EverySteps(1), keep=1
+    ) as run:
+        for step in run.steps(3):
+            run.checkpoint(step, {"x": np.zeros(100)})
+    run_dir = project.root / "checkpoints" / "still"
+    assert sorted(p.name for p in run_dir.glob("*.h5")) == ["step-00000003.h5"]
+    md5 = ka.read_manifest(run_dir / "step-00000003.h5.kaudit.json").subject_md5
+    assert md5 == ka.read_manifest(run_dir / "step-00000001.h5.kaudit.json").subject_md5
+    cache_dir, _ = cache_settings(project)
+    assert cache_object_path(cache_dir, md5).exists()
+    assert run_cli("push", str(run_dir)).exit_code == 0

@@ -90,3 +90,16 @@ class BisectError(Error):
         """The run concerned, when one is."""
         self.step = step
         """The step concerned, when one is."""
+
+
+class ReplayError(Error):
+    """The segment could not be replayed (exit 2): the history does not verify, the code or
+    the data cannot be had, the environment was refused, or the command failed or produced
+    nothing. A replay that ran and disagrees is not an error: it is a :class:`ReplayResult`
+    whose verdict is NOT_REPRODUCED."""
+
+    def __init__(self, message: str, *, path: Path | str | None = None, stage: str) -> None:
+        super().__init__(message, path=path)
+        self.stage = stage
+        """Where it stopped: ``verify``, ``environment``, ``code``, ``data``, ``run``,
+        ``output`` or ``compare``."""

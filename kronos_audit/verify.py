@@ -150,9 +150,26 @@ class Verifier:
     def __post_init__(self) -> None:
         self.trust = self.project.trust_store()
 
-    def verify(self, manifest_path: Path | str) -> VerifyResult:
+    def verify(self, manifest_path: Path | str, *, data: bool = True) -> VerifyResult:
+        """Every check of one manifest. With ``data=False`` the checkpoint's bytes are
+        neither needed nor checked (signature and chain only; the recorded hashes stand,
+        as a bitwise replay uses them): the file-digest check is reported as skipped."""
         manifest = read_manifest(manifest_path)
         checkpoint = manifest.checkpoint_path
+        if not data:
+            recorded_only = (
+                self._signature(manifest),
+                Check(
+                    "file digest",
+                    True,
+                    "data not checked: the recorded hashes are used",
+                    skipped=True,
+                ),
+                self._parent(manifest),
+            )
+            return VerifyResult(
+                manifest.path, checkpoint, manifest.run, manifest.step, recorded_only
+            )
         pruned = False
         try:
             with open(checkpoint, "rb"):
@@ -208,7 +225,7 @@ class Verifier:
             checks += compare_datasets(manifest.datasets, digests.datasets)
         return checks
 
-    def _locate_parent(self, manifest: Manifest) -> Path | None:
+    def locate_parent(self, manifest: Manifest) -> Path | None:
         recorded: str | None = manifest.predicate["parent_manifest"]
         if recorded is not None:
             candidate = self.project.root / recorded
@@ -268,7 +285,7 @@ class Verifier:
     def link(self, child: Manifest) -> tuple[Check, Manifest | None]:
         """Check one link; return the parent only when the link holds."""
         name = child.predicate["parent_manifest"] or "(not recorded)"
-        path = self._locate_parent(child)
+        path = self.locate_parent(child)
         if path is None:
             if (self.project.root / str(name)).is_file():
                 return Check(

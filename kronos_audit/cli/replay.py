@@ -1,0 +1,189 @@
+"""`kaudit replay MANIFEST`: re-run the segment that produced a checkpoint and compare."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from kronos_audit.cli._app import cli, out
+from kronos_audit.cli.diff import (
+    STYLE,
+    SUMMARY_WORDS,
+    dataset_details,
+    tolerance_options,
+    tolerance_policy,
+)
+from kronos_audit.compare import Verdict
+from kronos_audit.errors import UsageError
+from kronos_audit.replay import (
+    Attestation,
+    EnvMode,
+    Outcome,
+    ReplayResult,
+    attestation_path_for,
+    write_attestation,
+)
+from kronos_audit.replay import replay as run_replay
+from kronos_audit.signing import select_key
+
+OUTCOME_STYLE = {
+    Outcome.REPRODUCED: "[green]REPRODUCED[/]",
+    Outcome.REPRODUCED_WITHIN_TOLERANCE: "[cyan]REPRODUCED WITHIN TOLERANCE[/]",
+    Outcome.NOT_REPRODUCED: "[red]NOT REPRODUCED[/]",
+}
+
+
+@cli.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@tolerance_options
+@click.option(
+    "--env",
+    "env_mode",
+    type=click.Choice([m.value for m in EnvMode]),
+    default=EnvMode.WARN.value,
+    show_default=True,
+    help="On environment drift from the recorded lock: strict refuses to run (exit 2), "
+    "warn reports it and runs, ignore runs without showing it (the result records it).",
+)
+@click.option(
+    "--keep-workdir",
+    is_flag=True,
+    help="Keep the worktree, the output and the command's logs, and say where.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option(
+    "--attest",
+    is_flag=True,
+    help="Also write a signed attestation of the result, CKPT.replay.json beside the manifest.",
+)
+@click.option("--key", help="Signing key for --attest (default: $KAUDIT_KEY, else the only one).")
+@click.pass_context
+def replay(
+    ctx: click.Context,
+    manifest: Path,
+    rtol: str | None,
+    atol: str | None,
+    ulp: str | None,
+    tol: tuple[str, ...],
+    env_mode: str,
+    keep_workdir: bool,
+    as_json: bool,
+    attest: bool,
+    key: str | None,
+) -> None:
+    """Replay the segment that produced MANIFEST's checkpoint and compare.
+
+    The manifest, its parent and their chain are verified; the code is checked out at the
+    recorded commit (in a temporary git worktree, with the recorded patch); the recorded
+    command runs there, resuming from the parent checkpoint (fetched from the DVC remote
+    if missing) and stopping at the manifest's step; its checkpoint is compared with the
+    recorded one. Bitwise by default, against the recorded dataset hashes; with a
+    tolerance (options as for `kaudit diff`, defaults from [compare] in
+    .kaudit/config.toml), against the recorded data.
+
+    Exit 0 when reproduced (bitwise, or within tolerance), 1 when not, naming the
+    datasets; 2 when the segment could not be replayed, saying why.
+    """
+    if key is not None and not attest:
+        raise UsageError("--key names the key that signs the attestation: add --attest")
+    policy, _ = tolerance_policy(rtol, atol, ulp, tol, manifest)
+    signing_key = select_key(key) if attest else None  # a missing key stops us before the run
+    result = run_replay(manifest, policy=policy, env=EnvMode(env_mode), keep_workdir=keep_workdir)
+    attestation = (
+        write_attestation(result, signing_key, attestation_path_for(manifest))
+        if signing_key is not None
+        else None
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_json_obj(), indent=2))
+    else:
+        render(result, attestation)
+    ctx.exit(0 if result.ok else 1)
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.2f} s"
+
+
+def _row(label: str, value: str) -> None:
+    out.print(f"  [bold]{label:<12}[/] {value}")
+
+
+def _header(r: ReplayResult) -> None:
+    m = r.manifest
+    if r.parent is not None:
+        start = f"resumed from step {r.parent.step}"
+        if r.parent_fetched:
+            start += " (its checkpoint fetched from the DVC remote)"
+    else:
+        start = "from the start" + (f", seed {r.seed}" if r.seed is not None else "")
+    out.print(
+        f"replay of [bold]{escape(m.checkpoint)}[/] (run {escape(m.run)}, step {m.step}), {start}"
+    )
+    patch = f" + recorded patch {r.patch_sha256[:12]}" if r.patch_sha256 else ""
+    _row("code", f"commit {r.commit[:12]}{patch}")
+    _row("command", f"{escape(shlex.join(r.command))}  [dim](in {escape(r.cwd)})[/]")
+    env = r.environment
+    if env.mode is not EnvMode.IGNORE:
+        if env.drift:
+            n = len(env.drift)
+            _row(
+                "environment",
+                f"[yellow]drift from the recorded lock, {n} difference{'s' if n != 1 else ''}:[/]",
+            )
+            for d in env.drift:
+                _row("", f"[yellow]{escape(str(d))}[/]")
+        else:
+            _row("environment", "[green]no drift[/] from the recorded lock")
+        if env.notes:
+            _row("", "[dim]not drift: " + escape("; ".join(str(d) for d in env.notes)) + "[/]")
+    t = r.timings
+    _row(
+        "time",
+        f"command {_seconds(t.command)}, total {_seconds(t.total)} "
+        f"(verify {_seconds(t.verify)}, code {_seconds(t.code)}, compare {_seconds(t.compare)})",
+    )
+
+
+def render(r: ReplayResult, attestation: Attestation | None) -> None:
+    """The replay's header (code, command, drift, time), the datasets that are not
+    identical, and the verdict."""
+    _header(r)
+    shown = [d for d in r.datasets if d.verdict is not Verdict.IDENTICAL]
+    if shown:
+        out.print()
+    for d in shown:
+        if d.comparison is not None:  # where, and by how much, as `kaudit diff` says it
+            for line in dataset_details(d.comparison):
+                out.print(line)
+        else:
+            head = f"[bold]{escape(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
+            out.print(head + (f": {escape(d.detail)}" if d.detail else ""))
+    out.print()
+    basis = (
+        "bitwise, against the recorded hashes"
+        if r.basis == "hashes"
+        else "against the recorded data"
+    )
+    if not r.datasets:
+        what = "file digest " + ("matches" if r.file_identical else "differs") + " (not HDF5)"
+    else:
+        counts = r.counts()
+        what = f"{len(r.datasets)} datasets: " + ", ".join(
+            f"{n} {SUMMARY_WORDS[v]}" for v, n in counts.items() if n
+        )
+        failing = [d.path for d in r.failures]
+        if failing:
+            what += " (" + ", ".join(failing) + ")"
+    out.print(f"{OUTCOME_STYLE[r.outcome]}: {escape(what)}  [dim]({basis})[/]")
+    if r.workdir is not None:
+        out.print(
+            f"work directory kept: {escape(str(r.workdir))} (src/ is a git worktree: "
+            "remove it with `git worktree remove --force`)"
+        )
+    if attestation is not None:
+        out.print(f"attestation: {escape(str(attestation.path))}")

@@ -1,0 +1,62 @@
+"""Replay a segment of a run and check that it reproduces its recorded checkpoint.
+
+::
+
+    from kronos_audit.replay import EnvMode, replay
+
+    result = replay("checkpoints/heat/step-00000200.h5.kaudit.json", env=EnvMode.WARN)
+    print(result.outcome)                  # REPRODUCED / ..._WITHIN_TOLERANCE / NOT_REPRODUCED
+    for d in result.failures:
+        print(d.path, d.verdict, d.detail)
+
+See docs/replay.md for what a replay proves, its steps, and the contract a program that
+does not use ``kronos_audit.Run`` follows.
+"""
+
+from kronos_audit.errors import ReplayError
+from kronos_audit.replay.attest import (
+    ATTESTATION_SUFFIX,
+    PREDICATE_TYPE,
+    Attestation,
+    attestation_path_for,
+    read_attestation,
+    write_attestation,
+)
+from kronos_audit.replay.engine import checkpoint_name, replay
+from kronos_audit.replay.environment import NOTED_ONLY, environment_report
+from kronos_audit.replay.interface import (
+    FORMAT,
+    SCHEMA_NAME,
+    DatasetReplay,
+    Difference,
+    EnvironmentReport,
+    EnvMode,
+    ManifestRef,
+    Outcome,
+    ReplayResult,
+    Timings,
+)
+
+__all__ = [
+    "ATTESTATION_SUFFIX",
+    "FORMAT",
+    "NOTED_ONLY",
+    "PREDICATE_TYPE",
+    "SCHEMA_NAME",
+    "Attestation",
+    "DatasetReplay",
+    "Difference",
+    "EnvMode",
+    "EnvironmentReport",
+    "ManifestRef",
+    "Outcome",
+    "ReplayError",
+    "ReplayResult",
+    "Timings",
+    "attestation_path_for",
+    "checkpoint_name",
+    "environment_report",
+    "read_attestation",
+    "replay",
+    "write_attestation",
+]

@@ -1,0 +1,335 @@
+"""What a replay yields: frozen values, each with the JSON form that
+``schemas/replay-v1.schema.json`` defines.
+
+The reference is always the recorded run: a replayed dataset passes when it is IDENTICAL
+to the recorded one (bitwise: same dtype, shape and canonical sha256) or, when a tolerance
+applies, WITHIN_TOLERANCE of the recorded data.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict
+from kronos_audit.manifest import Sha256
+
+FORMAT = "kronos-audit/replay/v1"
+SCHEMA_NAME = "replay-v1.schema.json"
+"""The JSON Schema, in ``schemas/``, that :meth:`ReplayResult.to_json_obj` satisfies."""
+
+
+class EnvMode(enum.StrEnum):
+    """What a replay does when this machine's environment differs from the recorded lock."""
+
+    STRICT = "strict"
+    """Refuse to run on any drift (exit 2, listing it)."""
+    WARN = "warn"
+    """Report the drift and run."""
+    IGNORE = "ignore"
+    """Run without showing it; the result still records it."""
+
+
+class Outcome(enum.StrEnum):
+    """The replay's verdict over all datasets."""
+
+    REPRODUCED = "REPRODUCED"
+    """Every dataset IDENTICAL: bitwise the recorded checkpoint."""
+    REPRODUCED_WITHIN_TOLERANCE = "REPRODUCED_WITHIN_TOLERANCE"
+    """Every dataset IDENTICAL or WITHIN_TOLERANCE, at least one only within tolerance."""
+    NOT_REPRODUCED = "NOT_REPRODUCED"
+    """At least one dataset DIFFERENT, NOT_COMPARABLE, or present on one side only."""
+
+    @property
+    def ok(self) -> bool:
+        return self is not Outcome.NOT_REPRODUCED
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way this machine's environment differs from the recorded lock."""
+
+    section: str
+    """``python``, ``platform``, ``cpu``, ``blas``, ``variables`` or ``packages``."""
+    name: str
+    """The field, variable or package, e.g. ``version``, ``OMP_NUM_THREADS``, ``numpy``."""
+    recorded: str | None
+    """Its recorded value; None when it was absent at record time (added since)."""
+    current: str | None
+    """Its value here; None when it is absent now (removed since)."""
+    drift: bool
+    """Counts as drift: it can change what the code computes. False for differences
+    that are only noted (see :mod:`kronos_audit.replay.environment`)."""
+
+    @property
+    def change(self) -> str:
+        """``added``, ``removed`` or ``changed``."""
+        if self.recorded is None:
+            return "added"
+        if self.current is None:
+            return "removed"
+        return "changed"
+
+    def __str__(self) -> str:
+        what = (
+            self.name
+            if self.section in ("packages", "variables")
+            else f"{self.section} {self.name}"
+        )
+        if self.recorded is None:
+            return f"{what} {self.current} added"
+        if self.current is None:
+            return f"{what} {self.recorded} removed"
+        return f"{what} {self.recorded} -> {self.current}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "section": self.section,
+            "name": self.name,
+            "change": self.change,
+            "recorded": self.recorded,
+            "current": self.current,
+            "drift": self.drift,
+        }
+
+
+@dataclass(frozen=True)
+class EnvironmentReport:
+    """This machine's environment against the recorded lock."""
+
+    mode: EnvMode
+    """What the replay was told to do about drift."""
+    recorded_digest: Sha256
+    """The recorded lock's digest."""
+    current_digest: Sha256
+    """The digest of this machine's lock (same fields, same canonical JSON)."""
+    differences: tuple[Difference, ...]
+    """Every difference, drift or note, by section then name."""
+
+    @property
+    def drift(self) -> tuple[Difference, ...]:
+        """The differences that can change what the code computes."""
+        return tuple(d for d in self.differences if d.drift)
+
+    @property
+    def notes(self) -> tuple[Difference, ...]:
+        """The differences recorded but not counted as drift (e.g. the interpreter's path)."""
+        return tuple(d for d in self.differences if not d.drift)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "recorded_digest": self.recorded_digest,
+            "current_digest": self.current_digest,
+            "drift": [d.to_json_obj() for d in self.drift],
+            "notes": [d.to_json_obj() for d in self.notes],
+        }
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """A manifest the replay used, and the checkpoint it signs."""
+
+    path: str
+    """Relative to the repository root (POSIX)."""
+    sha256: Sha256
+    """sha256 of the manifest file: what a child's ``parent`` names."""
+    run: str
+    """Run id."""
+    step: int
+    """Step the checkpoint holds."""
+    checkpoint: str
+    """The checkpoint's name in the manifest's subject."""
+    checkpoint_sha256: Sha256
+    """The checkpoint file's signed sha256."""
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "run": self.run,
+            "step": self.step,
+            "checkpoint": {"name": self.checkpoint, "sha256": self.checkpoint_sha256},
+        }
+
+
+@dataclass(frozen=True)
+class DatasetReplay:
+    """One dataset of the replayed checkpoint against the recorded one."""
+
+    path: str
+    """Absolute HDF5 path, e.g. ``/fields/u``."""
+    verdict: Verdict
+    """IDENTICAL, WITHIN_TOLERANCE, DIFFERENT, NOT_COMPARABLE, ONLY_IN_A (missing from
+    the replay) or ONLY_IN_B (only in the replay)."""
+    recorded: DatasetDigest | None
+    """Its recorded identity (dtype, shape, canonical sha256); None when only in the replay."""
+    replayed: DatasetDigest | None
+    """The replay's; None when the replay did not produce it."""
+    detail: str | None = None
+    """Why it failed, in words."""
+    comparison: DatasetComparison | None = None
+    """The element-by-element comparison against the recorded data, when it was made: with
+    a tolerance always; bitwise only to explain a difference, when the recorded data is here."""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "verdict": self.verdict.value,
+            "ok": self.ok,
+            "recorded": None if self.recorded is None else self.recorded.to_json_obj(),
+            "replayed": None if self.replayed is None else self.replayed.to_json_obj(),
+            "detail": self.detail,
+            "comparison": None if self.comparison is None else self.comparison.to_json_obj(),
+        }
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Wall time of each phase, in seconds."""
+
+    verify: float
+    """Fetching missing data and verifying the manifest, its parent and the chain."""
+    environment: float
+    """Reading this machine's environment and comparing it with the lock."""
+    code: float
+    """Materialising the code: worktree at the commit, patch applied."""
+    command: float
+    """Running the recorded command, interpreter start included."""
+    compare: float
+    """Hashing or comparing the produced checkpoint."""
+    total: float
+    """Everything, cleanup included."""
+
+    def to_json_obj(self) -> dict[str, float]:
+        return {
+            "verify": self.verify,
+            "environment": self.environment,
+            "code": self.code,
+            "command": self.command,
+            "compare": self.compare,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """A segment replayed and compared with its recorded checkpoint."""
+
+    manifest: ManifestRef
+    """The manifest of the checkpoint replayed."""
+    parent: ManifestRef | None
+    """The manifest of the checkpoint the replay resumed from; None: from the start."""
+    parent_fetched: bool
+    """The parent checkpoint was not here and was pulled from the DVC remote."""
+    commit: str
+    """The git commit the code was taken from."""
+    patch_sha256: Sha256 | None
+    """The uncommitted patch re-applied on top of it, if the recorded tree was dirty."""
+    command: tuple[str, ...]
+    """The recorded argv."""
+    executed: tuple[str, ...]
+    """The argv run: interpreter resolved, placeholders substituted."""
+    cwd: str
+    """Where it ran, relative to the repository root."""
+    seed: int | None
+    """``KAUDIT_SEED``: the first recorded seed, if any."""
+    environment: EnvironmentReport
+    """This machine against the recorded environment lock."""
+    policy: TolerancePolicy
+    """The tolerances asked for; the empty policy is bitwise."""
+    basis: str
+    """``hashes`` (bitwise against the recorded dataset hashes, no recorded data needed) or
+    ``data`` (dataset by dataset against the recorded checkpoint's data)."""
+    produced: str
+    """Name of the checkpoint file the command produced."""
+    produced_sha256: Sha256
+    """Its sha256 (an unsigned file: its bytes may differ where its data does not)."""
+    produced_size: int
+    """Its size in bytes."""
+    datasets: tuple[DatasetReplay, ...]
+    """One per dataset path in either checkpoint, sorted by path. Empty when the
+    checkpoint is not HDF5: then the file digest decides."""
+    file_identical: bool
+    """The produced file's sha256 equals the recorded one."""
+    timings: Timings
+    """Wall time of each phase."""
+    replayed_at: str
+    """RFC 3339 UTC time the replay finished."""
+    tool: str
+    """``kronos-audit X.Y.Z``: what replayed it."""
+    workdir: Path | None = None
+    """The work directory (worktree ``src/``, output ``out/``, command logs), when kept."""
+
+    @property
+    def outcome(self) -> Outcome:
+        if not self.datasets:
+            return Outcome.REPRODUCED if self.file_identical else Outcome.NOT_REPRODUCED
+        if not all(d.ok for d in self.datasets):
+            return Outcome.NOT_REPRODUCED
+        if all(d.verdict is Verdict.IDENTICAL for d in self.datasets):
+            return Outcome.REPRODUCED
+        return Outcome.REPRODUCED_WITHIN_TOLERANCE
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome.ok
+
+    @property
+    def failures(self) -> tuple[DatasetReplay, ...]:
+        return tuple(d for d in self.datasets if not d.ok)
+
+    def counts(self) -> dict[Verdict, int]:
+        """How many datasets got each verdict (every verdict present, zeros included)."""
+        out = dict.fromkeys(Verdict, 0)
+        for d in self.datasets:
+            out[d.verdict] += 1
+        return out
+
+    def get(self, path: str) -> DatasetReplay:
+        """The result for dataset ``path`` (leading slash optional); KeyError if none."""
+        want = "/" + path.lstrip("/")
+        for d in self.datasets:
+            if d.path == want:
+                return d
+        raise KeyError(path)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "outcome": self.outcome.value,
+            "ok": self.ok,
+            "manifest": self.manifest.to_json_obj(),
+            "parent": None
+            if self.parent is None
+            else {**self.parent.to_json_obj(), "fetched": self.parent_fetched},
+            "code": {"commit": self.commit, "patch_sha256": self.patch_sha256},
+            "command": {
+                "recorded": list(self.command),
+                "executed": list(self.executed),
+                "cwd": self.cwd,
+                "seed": self.seed,
+            },
+            "environment": self.environment.to_json_obj(),
+            "policy": self.policy.to_json_obj(),
+            "basis": self.basis,
+            "produced": {
+                "name": self.produced,
+                "sha256": self.produced_sha256,
+                "size": self.produced_size,
+                "file_identical": self.file_identical,
+            },
+            "counts": {v.value: n for v, n in self.counts().items()},
+            "datasets": [d.to_json_obj() for d in self.datasets],
+            "timings": self.timings.to_json_obj(),
+            "replayed_at": self.replayed_at,
+            "tool": self.tool,
+            "workdir": None if self.workdir is None else str(self.workdir),
+        }

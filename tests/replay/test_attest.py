@@ -1,0 +1,134 @@
+"""`kaudit replay --attest`: a signed in-toto attestation of the result that verifies with
+the repository's trust store, by kaudit and by securesystemslib's own DSSE code."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from securesystemslib import dsse
+from securesystemslib.exceptions import VerificationError
+from securesystemslib.signer import SSlibKey
+
+from kronos_audit.project import Project
+from kronos_audit.replay import PREDICATE_TYPE, SCHEMA_NAME, read_attestation
+from kronos_audit.replay.attest import SCHEMA_NAME as ATTESTATION_SCHEMA
+from kronos_audit.replay.schema import validate
+from kronos_audit.signing import (
+    SigningKey,
+    TrustStore,
+    generate_key,
+    parse_envelope,
+    verify_envelope,
+)
+
+from .conftest import bad_input, manifest, record
+
+pytestmark = pytest.mark.slow
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_attest_writes_an_attestation_that_verifies(
+    heat: Path, repo: Path, key: SigningKey
+) -> None:
+    target = manifest(heat, 20)
+    result = run_cli("replay", str(target), "--attest")
+    assert result.exit_code == 0, result.output
+    path = heat / "step-00000020.h5.replay.json"
+    assert f"attestation: {path}" in result.stdout
+
+    attestation = read_attestation(path)
+    statement = attestation.statement
+    validate(dict(statement), ATTESTATION_SCHEMA, what="attestation")
+    validate(dict(statement["predicate"]), SCHEMA_NAME, what="predicate")
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == PREDICATE_TYPE
+    assert statement["subject"] == [
+        {
+            "name": "heat/checkpoints/heat/step-00000020.h5.kaudit.json",
+            "digest": {"sha256": sha256(target)},
+        },
+        {
+            "name": "heat/checkpoints/heat/step-00000020.h5",
+            "digest": {"sha256": sha256(heat / "step-00000020.h5")},
+        },
+    ]
+    predicate = attestation.predicate
+    assert attestation.outcome == "REPRODUCED"
+    assert predicate["manifest"]["sha256"] == sha256(target)
+    assert predicate["parent"]["sha256"] == sha256(manifest(heat, 10))
+    assert predicate["environment"]["mode"] == "warn"
+    assert predicate["policy"] == {"default": None, "rules": []}
+    assert {d["verdict"] for d in predicate["datasets"]} == {"IDENTICAL"}
+    assert predicate["timings"]["command"] > 0
+
+    # kaudit's verifier, with the repository's trust store
+    trust = Project(repo).trust_store()
+    check = attestation.verify(trust)
+    assert check.ok, check.detail
+    assert check.signers == (key.key_id,)
+    obj = json.loads(path.read_text())
+    assert verify_envelope(parse_envelope(obj), trust).ok
+
+    # securesystemslib's independent DSSE implementation, given only the public key
+    public = SSlibKey.from_crypto(key.private_key.public_key(), keyid=key.key_id)
+    # (from_dict rewrites the signatures of the dict it is given: hand it copies)
+    assert set(dsse.Envelope.from_dict(copy.deepcopy(obj)).verify([public], 1)) == {key.key_id}
+    forged = copy.deepcopy(obj)
+    payload = json.loads(base64.b64decode(obj["payload"]))
+    payload["predicate"]["outcome"] = "NOT_REPRODUCED"
+    forged["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
+    with pytest.raises(VerificationError):
+        dsse.Envelope.from_dict(copy.deepcopy(forged)).verify([public], 1)
+    assert not verify_envelope(parse_envelope(forged), trust).ok
+
+
+def test_a_replay_that_fails_is_attested_too(repo: Path) -> None:
+    record(repo, "programs", "noisy.py", "5")
+    target = manifest(repo / "programs" / "checkpoints" / "noisy", 5)
+    result = run_cli("replay", str(target), "--attest", "--json")
+    assert result.exit_code == 1, result.output
+    json.loads(result.stdout)  # stdout stays pure JSON
+    attestation = read_attestation(target.parent / "step-00000005.h5.replay.json")
+    assert attestation.outcome == "NOT_REPRODUCED"
+    noise = next(d for d in attestation.predicate["datasets"] if d["path"] == "/noise")
+    assert noise["verdict"] == "DIFFERENT"
+
+
+def test_attest_signs_with_the_key_named(heat: Path, repo: Path, key: SigningKey) -> None:
+    auditor = generate_key("auditor")  # held, but not trusted by the repository
+    bad_input(run_cli("replay", str(manifest(heat, 10)), "--attest"), "several signing keys")
+    result = run_cli("replay", str(manifest(heat, 10)), "--attest", "--key", "auditor")
+    assert result.exit_code == 0, result.output
+    attestation = read_attestation(heat / "step-00000010.h5.replay.json")
+    assert not attestation.verify(Project(repo).trust_store()).ok  # the repo does not trust it
+    mine = TrustStore(repo.parent / "auditor-trust")
+    mine.add(auditor.private_key.public_key(), "auditor")
+    assert attestation.verify(mine).signers == (auditor.key_id,)
+
+
+def test_a_missing_key_stops_before_the_replay(heat: Path, repo: Path) -> None:
+    bad_input(
+        run_cli("replay", str(manifest(heat, 10)), "--attest", "--key", "nobody"),
+        "no signing key named 'nobody'",
+    )
+    assert not (heat / "step-00000010.h5.replay.json").exists()
+
+
+def test_reading_something_that_is_not_an_attestation(tmp_path: Path) -> None:
+    from kronos_audit.errors import ManifestError
+
+    path = tmp_path / "x.replay.json"
+    path.write_text("[]")
+    with pytest.raises(ManifestError, match="not a DSSE envelope"):
+        read_attestation(path)
+    with pytest.raises(ManifestError, match="not found"):
+        read_attestation(tmp_path / "absent.replay.json")

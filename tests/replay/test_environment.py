@@ -1,0 +1,103 @@
+"""Environment drift: which differences from the recorded lock count, and which are noted."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kronos_audit.replay import EnvMode, environment_report
+from kronos_audit.replay.environment import current_environment, differences
+
+LOCK: dict[str, Any] = {
+    "python": {"version": "3.11.7", "implementation": "CPython", "executable": "/venv/bin/python"},
+    "platform": {"system": "Linux", "release": "6.1.0", "machine": "x86_64", "libc": "glibc-2.36"},
+    "cpu": {"model": "AMD EPYC 7B13", "count": 2},
+    "blas": {"name": "scipy-openblas", "version": "0.3.27"},
+    "variables": {"OMP_NUM_THREADS": "1"},
+    "packages": {"h5py": "3.11.0", "kronos-audit": "0.1.0", "numpy": "2.0.1"},
+    "digest": "a" * 64,
+}
+
+
+def changed(**edits: Any) -> dict[str, Any]:
+    lock = copy.deepcopy(LOCK)
+    for dotted, value in edits.items():
+        section, _, name = dotted.partition("__")
+        if value is None:
+            del lock[section][name]
+        else:
+            lock[section][name] = value
+    lock["digest"] = "b" * 64
+    return lock
+
+
+def test_the_same_lock_has_no_difference() -> None:
+    report = environment_report(LOCK, current=copy.deepcopy(LOCK))
+    assert report.differences == ()
+    assert report.mode is EnvMode.WARN
+
+
+@pytest.mark.parametrize(
+    ("edit", "section", "name"),
+    [
+        ({"python__executable": "/usr/bin/python3"}, "python", "executable"),
+        ({"platform__release": "6.5.0"}, "platform", "release"),
+        ({"packages__kronos-audit": "0.2.0"}, "packages", "kronos-audit"),
+    ],
+)
+def test_noted_but_not_drift(edit: dict[str, Any], section: str, name: str) -> None:
+    report = environment_report(LOCK, current=changed(**edit))
+    assert report.drift == ()
+    ((note),) = report.notes
+    assert (note.section, note.name, note.change) == (section, name, "changed")
+    assert report.to_json_obj()["notes"][0]["drift"] is False
+
+
+@pytest.mark.parametrize(
+    ("edit", "text"),
+    [
+        ({"python__version": "3.12.1"}, "python version 3.11.7 -> 3.12.1"),
+        ({"python__implementation": "PyPy"}, "python implementation CPython -> PyPy"),
+        ({"platform__machine": "aarch64"}, "platform machine x86_64 -> aarch64"),
+        ({"platform__libc": "glibc-2.39"}, "platform libc glibc-2.36 -> glibc-2.39"),
+        ({"cpu__model": "Intel Xeon"}, "cpu model AMD EPYC 7B13 -> Intel Xeon"),
+        ({"cpu__count": 8}, "cpu count 2 -> 8"),
+        ({"blas__name": "mkl"}, "blas name scipy-openblas -> mkl"),
+        ({"variables__OMP_NUM_THREADS": "4"}, "OMP_NUM_THREADS 1 -> 4"),
+        ({"variables__OMP_NUM_THREADS": None}, "OMP_NUM_THREADS 1 removed"),
+        ({"variables__MKL_CBWR": "AVX2"}, "MKL_CBWR AVX2 added"),
+        ({"packages__numpy": "1.26.4"}, "numpy 2.0.1 -> 1.26.4"),
+        ({"packages__h5py": None}, "h5py 3.11.0 removed"),
+        ({"packages__scipy": "1.14.0"}, "scipy 1.14.0 added"),
+    ],
+)
+def test_drift(edit: dict[str, Any], text: str) -> None:
+    report = environment_report(LOCK, EnvMode.STRICT, current=changed(**edit))
+    (d,) = report.drift
+    assert str(d) == text
+    assert report.notes == ()
+    assert report.to_json_obj()["drift"][0]["drift"] is True
+
+
+def test_differences_are_sorted_and_each_is_reported_once() -> None:
+    current = changed(packages__numpy="1.26.4", variables__OMP_NUM_THREADS="2")
+    current["python"]["executable"] = "/elsewhere/python"
+    found = differences(LOCK, current)
+    assert [(d.section, d.name) for d in found] == [
+        ("python", "executable"),
+        ("variables", "OMP_NUM_THREADS"),
+        ("packages", "numpy"),
+    ]
+
+
+def test_this_process_matches_its_own_lock_and_reads_variables_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    lock = current_environment()
+    assert environment_report(lock).differences == ()
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    (d,) = environment_report(lock).drift
+    assert (d.name, d.change, d.current) == ("OMP_NUM_THREADS", "added", "7")

@@ -11,7 +11,7 @@ import enum
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from kronos_audit.compare.policy import Tolerance, TolerancePolicy
@@ -164,8 +164,49 @@ class DatasetComparison:
         }
 
 
+class DatasetVerdict(Protocol):
+    """What a per-dataset result has, whether from a comparison or a replay."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def verdict(self) -> Verdict: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+
+D = TypeVar("D", bound=DatasetVerdict)
+
+
+class PerDataset(Generic[D]):
+    """Queries over a result's ``datasets``, shared by comparisons and replays."""
+
+    datasets: tuple[D, ...]
+
+    @property
+    def failures(self) -> tuple[D, ...]:
+        return tuple(d for d in self.datasets if not d.ok)
+
+    def counts(self) -> dict[Verdict, int]:
+        """How many datasets got each verdict (every verdict present, zeros included)."""
+        out = dict.fromkeys(Verdict, 0)
+        for d in self.datasets:
+            out[d.verdict] += 1
+        return out
+
+    def get(self, path: str) -> D:
+        """The result for ``path`` (with or without the leading slash); KeyError if none."""
+        want = "/" + path.lstrip("/")
+        for d in self.datasets:
+            if d.path == want:
+                return d
+        raise KeyError(path)
+
+
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(PerDataset[DatasetComparison]):
     """Every dataset of two checkpoint files compared, sorted by path."""
 
     a: Path
@@ -181,25 +222,6 @@ class Comparison:
     def ok(self) -> bool:
         """True when every dataset is IDENTICAL or WITHIN_TOLERANCE."""
         return all(d.ok for d in self.datasets)
-
-    @property
-    def failures(self) -> tuple[DatasetComparison, ...]:
-        return tuple(d for d in self.datasets if not d.ok)
-
-    def counts(self) -> dict[Verdict, int]:
-        """How many datasets got each verdict (every verdict present, zeros included)."""
-        out = dict.fromkeys(Verdict, 0)
-        for d in self.datasets:
-            out[d.verdict] += 1
-        return out
-
-    def get(self, path: str) -> DatasetComparison:
-        """The result for ``path`` (with or without the leading slash); KeyError if none."""
-        want = "/" + path.lstrip("/")
-        for d in self.datasets:
-            if d.path == want:
-                return d
-        raise KeyError(path)
 
     def to_json_obj(self) -> dict[str, Any]:
         return {

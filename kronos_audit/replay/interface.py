@@ -15,6 +15,7 @@ from typing import Any
 
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict
+from kronos_audit.compare.interface import PerDataset
 from kronos_audit.manifest import Sha256
 
 FORMAT = "kronos-audit/replay/v1"
@@ -220,7 +221,7 @@ class Timings:
 
 
 @dataclass(frozen=True)
-class ReplayResult:
+class ReplayResult(PerDataset[DatasetReplay]):
     """A segment replayed and compared with its recorded checkpoint."""
 
     manifest: ManifestRef
@@ -281,25 +282,6 @@ class ReplayResult:
     @property
     def ok(self) -> bool:
         return self.outcome.ok
-
-    @property
-    def failures(self) -> tuple[DatasetReplay, ...]:
-        return tuple(d for d in self.datasets if not d.ok)
-
-    def counts(self) -> dict[Verdict, int]:
-        """How many datasets got each verdict (every verdict present, zeros included)."""
-        out = dict.fromkeys(Verdict, 0)
-        for d in self.datasets:
-            out[d.verdict] += 1
-        return out
-
-    def get(self, path: str) -> DatasetReplay:
-        """The result for dataset ``path`` (leading slash optional); KeyError if none."""
-        want = "/" + path.lstrip("/")
-        for d in self.datasets:
-            if d.path == want:
-                return d
-        raise KeyError(path)
 
     def to_json_obj(self) -> dict[str, Any]:
         return {

@@ -93,16 +93,11 @@ def encode_envelope(envelope: Envelope) -> bytes:
 
 
 @dataclass(frozen=True)
-class Manifest:
-    """A manifest read from disk, its envelope parsed and its statement schema-valid.
-
-    Reading does not check the signature or the data: that is :func:`kronos_audit.verify`.
-    """
+class SignedStatement:
+    """A DSSE envelope read from disk, with its decoded in-toto Statement."""
 
     path: Path
     """Where it was read from."""
-    digest: Sha256
-    """sha256 of the manifest file's bytes: what a child's ``parent`` names."""
     envelope: Envelope
     """The DSSE envelope."""
     statement: Mapping[str, Any]
@@ -112,6 +107,17 @@ class Manifest:
     def predicate(self) -> Mapping[str, Any]:
         p: Mapping[str, Any] = self.statement["predicate"]
         return p
+
+
+@dataclass(frozen=True)
+class Manifest(SignedStatement):
+    """A manifest read from disk, its envelope parsed and its statement schema-valid.
+
+    Reading does not check the signature or the data: that is :func:`kronos_audit.verify`.
+    """
+
+    digest: Sha256
+    """sha256 of the manifest file's bytes: what a child's ``parent`` names."""
 
     @property
     def run(self) -> str:
@@ -168,12 +174,13 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def parse_manifest(data: bytes, path: Path) -> Manifest:
-    """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
+def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[Envelope, Any]:
+    """The DSSE envelope and its decoded in-toto Statement (not yet schema-checked) from
+    a file's bytes; ManifestError naming ``what`` for anything else."""
     try:
         obj = json.loads(data)
     except UnicodeDecodeError:
-        raise ManifestError("not a manifest: not UTF-8 text", path=path) from None
+        raise ManifestError(f"not a {what}: not UTF-8 text", path=path) from None
     except json.JSONDecodeError as e:
         raise ManifestError(
             f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", path=path
@@ -187,21 +194,36 @@ def parse_manifest(data: bytes, path: Path) -> Manifest:
         statement = json.loads(envelope.payload)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ManifestError("payload is not JSON", path=path) from None
+    return envelope, statement
+
+
+def read_signed_file(path: Path | str, what: str = "manifest") -> bytes:
+    """The bytes of a manifest or attestation file; ManifestError naming ``what`` if none."""
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{what} not found", path=path) from None
+    except IsADirectoryError:
+        raise ManifestError(f"is a directory, not a {what}", path=path) from None
+    except OSError as e:
+        raise ManifestError(f"cannot read {what}: {e.strerror}", path=path) from None
+
+
+def parse_manifest(data: bytes, path: Path) -> Manifest:
+    """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
+    envelope, statement = parse_statement(data, path)
     validate(statement, path)
-    return Manifest(path, Sha256(hashlib.sha256(data).hexdigest()), envelope, _freeze(statement))
+    return Manifest(
+        path=path,
+        envelope=envelope,
+        statement=_freeze(statement),
+        digest=Sha256(hashlib.sha256(data).hexdigest()),
+    )
 
 
 def read_manifest(path: Path | str) -> Manifest:
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError("manifest not found", path=path) from None
-    except IsADirectoryError:
-        raise ManifestError("is a directory, not a manifest", path=path) from None
-    except OSError as e:
-        raise ManifestError(f"cannot read manifest: {e.strerror}", path=path) from None
-    return parse_manifest(data, path)
+    return parse_manifest(read_signed_file(path), Path(path))
 
 
 def write_manifest(path: Path, envelope: Envelope) -> Manifest:

@@ -16,8 +16,6 @@ and verifies with the repository's trust store like any manifest.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,16 +23,20 @@ from typing import Any
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ManifestError
-from kronos_audit.manifest import STATEMENT_TYPE, checkpoint_path_for, encode_envelope
+from kronos_audit.manifest import (
+    STATEMENT_TYPE,
+    SignedStatement,
+    checkpoint_path_for,
+    encode_envelope,
+    parse_statement,
+    read_signed_file,
+)
 from kronos_audit.replay.interface import ReplayResult
 from kronos_audit.replay.schema import validate
 from kronos_audit.signing import (
-    PAYLOAD_TYPE,
-    Envelope,
     SignatureCheck,
     SigningKey,
     TrustStore,
-    parse_envelope,
     sign_envelope,
     verify_envelope,
 )
@@ -67,20 +69,8 @@ def build_statement(result: ReplayResult) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Attestation:
+class Attestation(SignedStatement):
     """An attestation read from or written to disk, its statement schema-valid."""
-
-    path: Path
-    """Where it is."""
-    envelope: Envelope
-    """The DSSE envelope."""
-    statement: Mapping[str, Any]
-    """The decoded in-toto Statement."""
-
-    @property
-    def predicate(self) -> Mapping[str, Any]:
-        p: Mapping[str, Any] = self.statement["predicate"]
-        return p
 
     @property
     def outcome(self) -> str:
@@ -106,21 +96,9 @@ def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Atte
 def read_attestation(path: Path | str) -> Attestation:
     """Read and schema-check an attestation (its signature is :meth:`Attestation.verify`)."""
     path = Path(path)
-    try:
-        obj = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ManifestError("attestation not found", path=path) from None
-    except OSError as e:
-        raise ManifestError(f"cannot read attestation: {e.strerror}", path=path) from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ManifestError("not an attestation: not JSON", path=path) from None
-    envelope = parse_envelope(obj, path)
-    if envelope.payload_type != PAYLOAD_TYPE:
-        raise ManifestError(f"payloadType is {envelope.payload_type!r}", path=path)
-    try:
-        statement = json.loads(envelope.payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ManifestError("payload is not JSON", path=path) from None
+    envelope, statement = parse_statement(
+        read_signed_file(path, "attestation"), path, "attestation"
+    )
     try:
         validate(statement, SCHEMA_NAME, what="attestation")
     except ManifestError as e:

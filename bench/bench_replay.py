@@ -149,6 +149,12 @@ def main() -> None:
         + f" (the command includes its own interpreter start and one {per_step * 1e3:.0f} ms "
         "step)"
     )
+    # The model: replay time = compute x (1 + overhead) + a fixed setup cost.
+    proportional = (t_replay - t_fixed - t_compute) / t_compute
+    print(
+        f"model: replay = compute x (1 {proportional:+.1%}) + fixed {t_fixed:.2f} s "
+        f"(targets: overhead < 10%, fixed < 2 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -82,6 +82,12 @@ say "a colleague's fresh clone has no data: kaudit verify fetches what it needs,
 git clone -q "$WORK/project" "$WORK/clone"
 cd "$WORK/clone"
 run kaudit verify checkpoints/heat/step-00003000.h5.kaudit.json
+
+say "an auditor replays the last segment from its parent checkpoint (fetched from the remote)"
+run kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest
 cd "$WORK/project"
+
+say "the killed-and-resumed run against the uninterrupted one, dataset by dataset"
+run kaudit diff checkpoints/heat/step-00003000.h5 checkpoints/heat-uninterrupted/step-00003000.h5
 
 printf '\nDemo finished; its project is in %s\n' "$WORK/project"

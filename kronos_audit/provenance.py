@@ -216,3 +216,13 @@ def git_state(repo_root: Path) -> GitState:
         urls = list(chosen.urls)
         remote = strip_credentials(urls[0]) if urls else None
     return GitState(commit, branch, dirty, patch_sha256, remote)
+
+
+def git_tracked(repo_root: Path, paths: list[Path]) -> list[Path]:
+    """Those of ``paths`` that git tracks (a checkpoint must not be: DVC tracks it)."""
+    try:
+        listed = git.Repo(repo_root).git.ls_files("-z", "--", *[str(p) for p in paths])
+    except (git.GitError, OSError) as e:
+        raise ProjectError(f"cannot ask git what it tracks: {e}", path=repo_root) from None
+    tracked = {Path(repo_root, name).resolve() for name in listed.split("\0") if name}
+    return [p for p in paths if Path(p).resolve() in tracked]

@@ -19,7 +19,7 @@ from kronos_audit.manifest import (
     write_manifest,
 )
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import GitState, environment, git_state
+from kronos_audit.provenance import GitState, environment, git_state, git_tracked
 from kronos_audit.signing import SigningKey, select_key, sign_envelope
 from kronos_audit.storage import track
 
@@ -133,6 +133,13 @@ def snapshot(
         if find_project(p).root != project.root:
             raise UsageError(f"not in the same repository as {paths[0]}", path=p)
     parent_manifest = read_manifest(parent) if parent is not None else None
+    in_git = git_tracked(project.root, paths)
+    if in_git:
+        raise UsageError(
+            "is tracked by git, and kaudit tracks checkpoints with DVC: "
+            f"`git rm --cached {in_git[0]}` first",
+            path=in_git[0],
+        )
     hashed = [(p, digest_file(p, md5=True)) for p in paths]
     manifests = []
     for p, d in hashed:

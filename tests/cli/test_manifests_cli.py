@@ -518,3 +518,13 @@ def test_a_manifest_that_cannot_be_written_is_one_line(
     result = snapshot_cli(checkpoint)
     assert_bad_input(result, "cannot write manifest")
     assert [p for p in leftovers(project.root) if p.is_file()] == []
+
+
+def test_snapshot_of_a_checkpoint_git_tracks_is_refused(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    git(project.root, "add", "-f", str(checkpoint))
+    result = run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1", cwd=project.root)
+    assert_bad_input(result, "tracked by git", "git rm --cached")
+    assert leftovers(project.root) == []
+    assert not checkpoint.with_name(checkpoint.name + ".dvc").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -14,6 +15,9 @@ from click.testing import CliRunner, Result
 from kronos_audit.cli import cli
 from kronos_audit.project import Project, init_project
 from kronos_audit.signing import SigningKey, generate_key
+
+KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
+"""The installed `kaudit`, as a subprocess of this interpreter."""
 
 
 def git(repo: Path, *args: str) -> str:

@@ -11,12 +11,11 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import assert_bad_input, git, run_cli, write_checkpoint
+from conftest import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 from cryptography.hazmat.primitives import serialization
 
 from kronos_audit.manifest import manifest_path_for, read_manifest
@@ -434,8 +433,6 @@ def test_show_bad_input(tmp_path: Path) -> None:
 
 
 # -- the installed entry point, as a subprocess -----------------------------------------
-
-KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 
 
 def kaudit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

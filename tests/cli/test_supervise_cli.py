@@ -10,35 +10,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import KAUDIT, run_cli
+from supervised import logged, program
 
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT
 
-KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 HANG_GUARD = 60  # seconds; only stops a broken test from hanging, never a time limit
 
-PRELUDE = """\
-import os, signal, sys, time
-from pathlib import Path
-
-HERE = Path(sys.argv[1])
-N = int(os.environ["KAUDIT_RESTART_COUNT"])
-
-
-def log(name, value):
-    with open(HERE / name, "a") as f:
-        f.write(f"{value}\\n")
-
-
-log("attempts", N)
-"""
 
 # Records every forwarded signal; on a stopping one, checkpoints (pretend) and exits 75.
 # It lingers a moment first, so that a duplicate delivery would be recorded too.
@@ -59,18 +42,6 @@ while not {{signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}} & set(got):
 time.sleep(0.3)
 sys.exit({PREEMPTED_EXIT})
 """
-
-
-def program(tmp_path: Path, body: str) -> list[str]:
-    """A command running ``body`` after PRELUDE (N = restart count, log(name, value))."""
-    path = tmp_path / "child.py"
-    path.write_text(PRELUDE + textwrap.dedent(body))
-    return [sys.executable, str(path), str(tmp_path)]
-
-
-def logged(tmp_path: Path, name: str) -> list[str]:
-    path = tmp_path / name
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def start_kaudit(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import KAUDIT
 
 import kronos_audit as ka
 from kronos_audit.project import Project
@@ -26,7 +27,6 @@ from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.signing import SigningKey
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
 
 pytestmark = pytest.mark.slow

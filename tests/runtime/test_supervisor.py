@@ -11,13 +11,12 @@ import dataclasses
 import os
 import signal
 import stat
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from supervised import logged, program
 
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT
@@ -32,34 +31,6 @@ from kronos_audit.runtime.supervisor import (
     SupervisorEvent,
     supervise,
 )
-
-PRELUDE = """\
-import os, signal, sys, time
-from pathlib import Path
-
-HERE = Path(sys.argv[1])
-N = int(os.environ["KAUDIT_RESTART_COUNT"])
-
-
-def log(name, value):
-    with open(HERE / name, "a") as f:
-        f.write(f"{value}\\n")
-
-
-log("attempts", N)
-"""
-
-
-def program(tmp_path: Path, body: str) -> list[str]:
-    """A command running ``body`` after PRELUDE (N = restart count, log(name, value))."""
-    path = tmp_path / "child.py"
-    path.write_text(PRELUDE + textwrap.dedent(body))
-    return [sys.executable, str(path), str(tmp_path)]
-
-
-def logged(tmp_path: Path, name: str) -> list[str]:
-    path = tmp_path / name
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def test_success_on_first_attempt(tmp_path: Path) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import git, run_cli
+from conftest import KAUDIT, git, run_cli
 from sshd import SSHRemote, unused_port
 
 import kronos_audit as ka
@@ -20,7 +19,6 @@ from kronos_audit.signing import SigningKey
 from kronos_audit.storage import Location, configure_remote, status
 
 pytestmark = pytest.mark.slow
-KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 
 
 def run_with_state(project: Project, n: int, steps: int = 2) -> Path:

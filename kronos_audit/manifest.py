@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, NewType
 
 import jsonschema
+from referencing import Registry, Resource
 
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.checkpoint.hashing import DatasetDigest
@@ -53,21 +54,43 @@ def schema(name: str = SCHEMA_NAME) -> dict[str, Any]:
 
 
 @functools.cache
+def _registry() -> Registry[Any]:
+    """Every schema the project ships, by its $id: references between them (a replay result
+    refers to the comparison schema) resolve locally, and nothing is ever fetched."""
+    registry: Registry[Any] = Registry()
+    for entry in resources.files("kronos_audit").joinpath("schemas").iterdir():
+        if entry.name.endswith(".schema.json"):
+            contents = schema(entry.name)
+            registry = registry.with_resource(contents["$id"], Resource.from_contents(contents))
+    return registry
+
+
+@functools.cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
     s = schema(name)
     cls = jsonschema.validators.validator_for(s)
     cls.check_schema(s)
-    validator: jsonschema.protocols.Validator = cls(s, format_checker=cls.FORMAT_CHECKER)
+    validator: jsonschema.protocols.Validator = cls(
+        s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
+    )
     return validator
 
 
-def validate(document: Any, path: Path | None = None, schema_name: str = SCHEMA_NAME) -> None:
-    """Raise ManifestError naming the first schema violation (deepest first) and where."""
+def validate(
+    document: Any,
+    path: Path | None = None,
+    schema_name: str = SCHEMA_NAME,
+    *,
+    what: str | None = None,
+) -> None:
+    """Raise ManifestError naming the first schema violation (deepest first) and where;
+    ``what`` names the document in the message when there is no path to name."""
     errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
     if errors:
         best = jsonschema.exceptions.best_match(errors)
         where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
-        raise ManifestError(f"schema violation at {where}: {best.message}", path=path)
+        prefix = f"{what}: " if what else ""
+        raise ManifestError(f"{prefix}schema violation at {where}: {best.message}", path=path)
 
 
 def build_statement(

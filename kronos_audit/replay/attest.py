@@ -30,9 +30,9 @@ from kronos_audit.manifest import (
     encode_envelope,
     parse_statement,
     read_signed_file,
+    validate,
 )
 from kronos_audit.replay.interface import ReplayResult
-from kronos_audit.replay.schema import validate
 from kronos_audit.signing import (
     SignatureCheck,
     SigningKey,
@@ -84,7 +84,7 @@ class Attestation(SignedStatement):
 def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Attestation:
     """Sign ``result`` with ``key`` and write the attestation atomically to ``path``."""
     statement = build_statement(result)
-    validate(statement, SCHEMA_NAME, what="attestation")
+    validate(statement, schema_name=SCHEMA_NAME, what="attestation")
     envelope = sign_envelope(canonical_json(statement), key)
     try:
         write_atomic(path, encode_envelope(envelope))
@@ -99,8 +99,5 @@ def read_attestation(path: Path | str) -> Attestation:
     envelope, statement = parse_statement(
         read_signed_file(path, "attestation"), path, "attestation"
     )
-    try:
-        validate(statement, SCHEMA_NAME, what="attestation")
-    except ManifestError as e:
-        raise ManifestError(e.message, path=path) from None
+    validate(statement, path, schema_name=SCHEMA_NAME, what="attestation")
     return Attestation(path, envelope, statement)

@@ -15,10 +15,10 @@ from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
+from kronos_audit.manifest import validate
 from kronos_audit.project import Project
 from kronos_audit.replay import PREDICATE_TYPE, SCHEMA_NAME, read_attestation
 from kronos_audit.replay.attest import SCHEMA_NAME as ATTESTATION_SCHEMA
-from kronos_audit.replay.schema import validate
 from kronos_audit.signing import (
     SigningKey,
     TrustStore,
@@ -47,8 +47,8 @@ def test_attest_writes_an_attestation_that_verifies(
 
     attestation = read_attestation(path)
     statement = attestation.statement
-    validate(dict(statement), ATTESTATION_SCHEMA, what="attestation")
-    validate(dict(statement["predicate"]), SCHEMA_NAME, what="predicate")
+    validate(dict(statement), schema_name=ATTESTATION_SCHEMA, what="attestation")
+    validate(dict(statement["predicate"]), schema_name=SCHEMA_NAME, what="predicate")
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     assert statement["predicateType"] == PREDICATE_TYPE
     assert statement["subject"] == [

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import git, run_cli
 
+from kronos_audit.manifest import validate
 from kronos_audit.project import Project
 from kronos_audit.replay import SCHEMA_NAME
-from kronos_audit.replay.schema import validate
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import Storage, configure_remote
 
@@ -31,7 +31,7 @@ def replay_json(*args: str, exit_code: int = 0, cwd: Path | None = None) -> dict
     result = run_cli("replay", *args, "--json", cwd=cwd)
     assert result.exit_code == exit_code, result.output
     doc: dict[str, Any] = json.loads(result.stdout)
-    validate(doc, SCHEMA_NAME, what="kaudit replay --json")
+    validate(doc, schema_name=SCHEMA_NAME, what="kaudit replay --json")
     return doc
 
 

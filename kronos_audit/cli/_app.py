@@ -7,18 +7,36 @@ Commands live in sibling modules, each registering on :data:`cli`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from kronos_audit.errors import Error
 
 out = Console(highlight=False, soft_wrap=True)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: object) -> str:
+    """``value`` as inert text: terminal control characters (ANSI escapes, carriage
+    returns, bidi overrides) shown as ``\\xNN`` escapes. For names read from files, which
+    anyone may have written, before they reach a terminal."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
+
+
+def safe(value: object) -> str:
+    """``value`` as text to put inside rich markup: :func:`plain`, with ``[`` escaped so a
+    name such as ``[/]`` or ``[link=...]`` is printed, never interpreted."""
+    return escape(plain(value))
+
+
 def fail_line(message: str) -> None:
-    click.echo(f"kaudit: error: {message}", err=True)
+    click.echo(f"kaudit: error: {plain(message)}", err=True)
 
 
 class KauditGroup(click.Group):

@@ -1,0 +1,103 @@
+"""Reading files that nobody vouches for yet: regular files only, bounded, never a hang.
+
+Everything kaudit reads before a signature over it holds (a manifest, an attestation, a
+trust store entry, a sibling searched for a parent) may have been put there by someone
+hostile: a FIFO that blocks ``open()`` forever, ``/dev/zero`` that never ends, a symlink
+to somewhere else, a sparse file of 20 GB. :func:`read_regular` opens without blocking,
+checks what it opened (not what the name pointed at a moment earlier) and reads at most
+``limit`` bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+MANIFEST_LIMIT = 64 * 1024 * 1024
+"""Largest manifest or attestation read (about 200,000 datasets' hashes)."""
+KEY_LIMIT = 64 * 1024
+"""Largest public key, revocation or trust store entry read."""
+
+
+class UnsafeFile(Exception):
+    """Not a regular file of at most the allowed size; ``reason`` says which, in words."""
+
+    def __init__(self, path: Path, reason: str, *, missing: bool = False) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.missing = missing
+        """The name does not exist (as opposed to existing and being refused)."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes.
+
+    Raises :class:`UnsafeFile` otherwise (missing, a directory, FIFO, device, socket, a
+    symbolic link when ``follow_symlinks`` is False, larger than ``limit``, unreadable).
+    The file is opened with ``O_NONBLOCK`` so that a FIFO cannot block, and checked with
+    ``fstat`` on the open descriptor so that a name swapped in between changes nothing.
+    """
+    path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise UnsafeFile(path, "not found", missing=True) from None
+    except IsADirectoryError:
+        raise UnsafeFile(path, "is a directory") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow_symlinks:
+            raise UnsafeFile(path, "is a symbolic link") from None
+        if e.errno == errno.ENXIO:  # a FIFO with no writer, opened for reading elsewhere
+            raise UnsafeFile(path, "is a FIFO") from None
+        raise UnsafeFile(path, f"cannot read it: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(path, f"is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise UnsafeFile(path, f"is {st.st_size:,} bytes, more than the {limit:,} allowed")
+        chunks = []
+        remaining = limit + 1  # one more than allowed tells a file that grew
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise UnsafeFile(path, f"is more than the {limit:,} bytes allowed")
+        return data
+    except OSError as e:
+        raise UnsafeFile(path, f"cannot read it: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def is_regular(path: Path, *, follow_symlinks: bool = True) -> bool:
+    """Whether ``path`` names a regular file (without opening it)."""
+    try:
+        st = path.stat() if follow_symlinks else path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode)

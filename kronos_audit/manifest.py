@@ -23,6 +23,7 @@ import jsonschema
 from referencing import Registry, Resource
 
 from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import ManifestError
 from kronos_audit.signing import PAYLOAD_TYPE, Envelope, parse_envelope
@@ -34,6 +35,11 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
 MANIFEST_SUFFIX = ".kaudit.json"
 SCHEMA_NAME = "manifest-v1.schema.json"
+MAX_DEPTH = 32
+"""Deepest nesting of arrays and objects read from a manifest, an attestation or their
+payload (kaudit writes under 10; user attributes must fit in the rest)."""
+MAX_INT_DIGITS = 4300
+"""Longest integer read, in digits (Python's default limit, whatever the environment says)."""
 
 
 def manifest_path_for(checkpoint: Path) -> Path:
@@ -85,12 +91,22 @@ def validate(
 ) -> None:
     """Raise ManifestError naming the first schema violation (deepest first) and where;
     ``what`` names the document in the message when there is no path to name."""
-    errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
+    prefix = f"{what}: " if what else ""
+    try:
+        errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
+    except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
+        raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
     if errors:
         best = jsonschema.exceptions.best_match(errors)
         where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
-        prefix = f"{what}: " if what else ""
-        raise ManifestError(f"{prefix}schema violation at {where}: {best.message}", path=path)
+        # jsonschema quotes the offending value whole, which may be megabytes: one line.
+        raise ManifestError(
+            f"{prefix}schema violation at {_clip(where)}: {_clip(best.message)}", path=path
+        )
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_statement(
@@ -197,40 +213,123 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+class _Refused(Exception):
+    """JSON that parses, but that kaudit does not read; the message says why."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Two readers may disagree about which of two equal keys holds (Python's json keeps
+    # the last, others the first): a signed statement must mean one thing to everyone.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Refused(f"duplicate key {_clip(repr(k), 60)} in an object")
+            seen.add(k)
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not a JSON number")
+
+
+def _bounded_int(text: str) -> int:
+    # Converting digits to an int takes time quadratic in their number; Python's own
+    # guard can be switched off in the environment, this one cannot.
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _Refused(f"an integer of {digits:,} digits (at most {MAX_INT_DIGITS:,} allowed)")
+    return int(text)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects in ``value`` nest more than ``limit`` levels (iterative:
+    the point is not to recurse)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def load_json(data: bytes, path: Path, where: str = "") -> Any:
+    """JSON from bytes nobody has vouched for yet, or ManifestError saying why not.
+
+    Stricter than :func:`json.loads`, so that what is read cannot hang, exhaust the stack
+    or mean two things: duplicate keys, NaN and Infinity, integers of more than
+    :data:`MAX_INT_DIGITS` digits and nesting deeper than :data:`MAX_DEPTH` are refused.
+    ``where`` (such as ``"payload"``) prefixes the message.
+    """
+    at = f"{where}: " if where else ""
+    try:
+        # UTF-8 only (RFC 8259, DSSE): json.loads would guess UTF-16 or UTF-32 from bytes.
+        value = json.loads(
+            data.decode("utf-8"),
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+        )
+    except _Refused as e:
+        raise ManifestError(f"{at}not valid JSON: {e}", path=path) from None
+    except RecursionError:
+        raise ManifestError(
+            f"{at}JSON nested more than {MAX_DEPTH} levels deep", path=path
+        ) from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{at}not UTF-8 text", path=path) from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(
+            f"{at}not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", path=path
+        ) from None
+    except ValueError as e:  # an integer past this interpreter's own digit limit
+        raise ManifestError(f"{at}not valid JSON: {str(e)[:120]}", path=path) from None
+    if isinstance(value, dict | list) and _deeper_than(value, MAX_DEPTH):
+        raise ManifestError(f"{at}JSON nested more than {MAX_DEPTH} levels deep", path=path)
+    return value
+
+
 def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[Envelope, Any]:
     """The DSSE envelope and its decoded in-toto Statement (not yet schema-checked) from
     a file's bytes; ManifestError naming ``what`` for anything else."""
-    try:
-        obj = json.loads(data)
-    except UnicodeDecodeError:
-        raise ManifestError(f"not a {what}: not UTF-8 text", path=path) from None
-    except json.JSONDecodeError as e:
-        raise ManifestError(
-            f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", path=path
-        ) from None
-    envelope = parse_envelope(obj, path)
+    envelope = parse_envelope(load_json(data, path), path)
     if envelope.payload_type != PAYLOAD_TYPE:
         raise ManifestError(
-            f"payloadType is {envelope.payload_type!r}, expected {PAYLOAD_TYPE!r}", path=path
+            f"not a {what}: payloadType is {_clip(repr(envelope.payload_type))}, "
+            f"expected {PAYLOAD_TYPE!r}",
+            path=path,
         )
-    try:
-        statement = json.loads(envelope.payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ManifestError("payload is not JSON", path=path) from None
+    statement = load_json(envelope.payload, path, "payload")
     return envelope, statement
 
 
 def read_signed_file(path: Path | str, what: str = "manifest") -> bytes:
-    """The bytes of a manifest or attestation file; ManifestError naming ``what`` if none."""
+    """The bytes of a manifest or attestation file; ManifestError naming ``what`` if none.
+
+    Only a regular file of at most :data:`MANIFEST_LIMIT` bytes is read, and never through
+    a symbolic link: a manifest speaks for the checkpoint beside it, so it must be a file
+    where it is found, not a pointer to one elsewhere. A FIFO, a device, a directory or a
+    socket is refused at once, without blocking.
+    """
     path = Path(path)
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"{what} not found", path=path) from None
-    except IsADirectoryError:
-        raise ManifestError(f"is a directory, not a {what}", path=path) from None
-    except OSError as e:
-        raise ManifestError(f"cannot read {what}: {e.strerror}", path=path) from None
+        return read_regular(path, MANIFEST_LIMIT, follow_symlinks=False)
+    except UnsafeFile as e:
+        if e.missing:
+            raise ManifestError(f"{what} not found", path=path) from None
+        if e.reason.startswith("cannot read it"):
+            raise ManifestError(
+                f"cannot read {what}{e.reason.removeprefix('cannot read it')}", path=path
+            ) from None
+        if e.reason == "is a symbolic link":
+            raise ManifestError(
+                f"{what} is a symbolic link: refused, it must be a file where it is found",
+                path=path,
+            ) from None
+        raise ManifestError(f"{what} {e.reason}", path=path) from None
 
 
 def parse_manifest(data: bytes, path: Path) -> Manifest:

@@ -187,7 +187,7 @@ def test_parse_manifest_checks_payload_type_and_payload(key: SigningKey) -> None
     with pytest.raises(ManifestError, match="payloadType is 'text/plain'"):
         parse_manifest(encode_envelope(other_type), Path("m.kaudit.json"))
     not_json = sign_envelope(b"\x00not json", key)
-    with pytest.raises(ManifestError, match="payload is not JSON"):
+    with pytest.raises(ManifestError, match="payload: not valid JSON"):
         parse_manifest(encode_envelope(not_json), Path("m.kaudit.json"))
 
 

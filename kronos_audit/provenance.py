@@ -13,7 +13,6 @@ import importlib.metadata
 import os
 import platform
 import sys
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,35 +21,62 @@ import git
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
-from kronos_audit.errors import ProjectError
+from kronos_audit._internal.secrets import secret_file_reason
+from kronos_audit._internal.secrets import strip_credentials as strip_credentials
+from kronos_audit.errors import ProjectError, UsageError
 
 # Variables that change what numerical code computes (thread counts change reduction
 # orders; hash seeds change iteration orders; TF32/cuBLAS settings change rounding).
-NUMERIC_ENV_PREFIXES = (
-    "OMP_",
-    "MKL_",
-    "OPENBLAS_",
-    "BLIS_",
-    "GOTO_",
-    "VECLIB_",
-    "KMP_",
-    "NUMEXPR_",
-    "CUBLAS_",
-    "CUDNN_",
-)
+# An allow-list of names, not prefixes: the environment is recorded in a signed manifest
+# that is kept and published for ever, and `MKL_LICENSE_TOKEN` or `OMP_SECRET` would match
+# a prefix as well as `OMP_NUM_THREADS` does. A variable missing here goes unrecorded,
+# which costs a replay its drift report for it; a secret recorded cannot be taken back.
 NUMERIC_ENV_NAMES = frozenset(
     {
-        "PYTHONHASHSEED",
+        # OpenMP
+        "OMP_NUM_THREADS",
+        "OMP_DYNAMIC",
+        "OMP_SCHEDULE",
+        "OMP_PROC_BIND",
+        "OMP_PLACES",
+        "OMP_WAIT_POLICY",
+        "OMP_MAX_ACTIVE_LEVELS",
+        "OMP_NESTED",
+        "OMP_THREAD_LIMIT",
+        # Intel MKL and its OpenMP runtime
+        "MKL_NUM_THREADS",
+        "MKL_DYNAMIC",
+        "MKL_CBWR",
+        "MKL_ENABLE_INSTRUCTIONS",
+        "MKL_THREADING_LAYER",
+        "MKL_INTERFACE_LAYER",
+        "KMP_AFFINITY",
+        "KMP_BLOCKTIME",
+        "KMP_DETERMINISTIC_REDUCTION",
+        # OpenBLAS, BLIS, GotoBLAS, Accelerate
+        "OPENBLAS_NUM_THREADS",
+        "OPENBLAS_CORETYPE",
+        "OPENBLAS_L2_SIZE",
+        "BLIS_NUM_THREADS",
+        "GOTO_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        # numexpr
+        "NUMEXPR_NUM_THREADS",
+        "NUMEXPR_MAX_THREADS",
+        # CUDA, cuBLAS, cuDNN
         "CUDA_VISIBLE_DEVICES",
         "CUDA_LAUNCH_BLOCKING",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "CUDNN_DETERMINISTIC",
         "NVIDIA_TF32_OVERRIDE",
+        # Python, numpy and the frameworks
+        "PYTHONHASHSEED",
+        "NPY_DISABLE_CPU_FEATURES",
         "TF_DETERMINISTIC_OPS",
         "TF_CUDNN_DETERMINISTIC",
         "XLA_FLAGS",
         "JAX_ENABLE_X64",
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-        "MKL_CBWR",
-        "NPY_DISABLE_CPU_FEATURES",
     }
 )
 
@@ -93,11 +119,8 @@ def _distributions() -> dict[str, str]:
 
 
 def numeric_environment_variables() -> dict[str, str]:
-    return {
-        k: v
-        for k, v in sorted(os.environ.items())
-        if k in NUMERIC_ENV_NAMES or k.startswith(NUMERIC_ENV_PREFIXES)
-    }
+    """The variables of :data:`NUMERIC_ENV_NAMES` that are set, and nothing else."""
+    return {k: v for k, v in sorted(os.environ.items()) if k in NUMERIC_ENV_NAMES}
 
 
 @functools.cache
@@ -149,26 +172,69 @@ class GitState:
         }
 
 
-def strip_credentials(url: str) -> str:
-    """Drop a password (and, for http(s), any user: it is usually a token) from a URL."""
-    parts = urllib.parse.urlsplit(url)
-    if not parts.scheme or "@" not in parts.netloc:
-        return url  # a path or scp-like `git@host:repo`, which carries no secret
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    if parts.scheme in ("http", "https") or ":" in userinfo:
-        user = userinfo.split(":", 1)[0]
-        keep_user = parts.scheme not in ("http", "https")
-        netloc = f"{user}@{host}" if keep_user and user else host
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
 def patch_path(repo_root: Path, digest: str) -> Path:
     return repo_root / ".kaudit" / "patches" / f"{digest}.patch"
 
 
-def git_state(repo_root: Path) -> GitState:
-    """Read HEAD, branch, remote and the uncommitted diff; store the diff content-addressed."""
+# A PEM private key (RSA, EC, OpenSSH, PKCS#8, encrypted or not) in a changed text file,
+# whatever the file is called. A basic regular expression, as git's -G takes it.
+PRIVATE_KEY_PATTERN = "-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"
+
+
+def _refuse_secret_files(repo: git.Repo, repo_root: Path) -> None:
+    """Raise UsageError for the first file the recorded patch would carry that looks like
+    a secret: by its name (see :func:`kronos_audit._internal.secrets.secret_file_reason`)
+    or by holding a PEM private key.
+
+    A file new to the repository (staged, or added with intent) would be published by the
+    patch for the first time. A committed one that is modified is refused too: its change
+    may be a new secret (a rotated password), and the old one being in the history is no
+    reason to record the new one. Deleting such a file publishes nothing and is allowed.
+    """
+    try:
+        listed = repo.git.diff(
+            "HEAD", "--name-status", "--no-renames", "-z", "--", ".", *RECORD_PATHSPECS
+        ).split("\0")
+        keyed = repo.git.diff(
+            "HEAD",
+            "--name-only",
+            "--no-renames",
+            "--diff-filter=d",
+            "-z",
+            f"-G{PRIVATE_KEY_PATTERN}",
+            "--",
+            ".",
+            *RECORD_PATHSPECS,
+        ).split("\0")
+    except (git.GitError, OSError) as e:
+        raise ProjectError(f"cannot read git state: {e}", path=repo_root) from None
+    changes = dict(zip(listed[1::2], listed[0::2], strict=False))
+    found = [
+        (name, reason)
+        for name, status in changes.items()
+        if not status.startswith("D") and (reason := secret_file_reason(name))
+    ] + [(name, "holds a PEM private key") for name in keyed if name]
+    if not found:
+        return
+    name, reason = found[0]
+    if changes.get(name, "A").startswith("A"):
+        how = f"unstage it (`git rm --cached -- {name}`)"
+    else:
+        how = "commit or revert its change first"
+    raise UsageError(
+        f"looks like a secret ({reason}) and a snapshot would copy it into a patch recorded "
+        f"under .kaudit/patches: {how}, or, if it holds no secret, pass --allow-secret-files "
+        "(allow_secret_files=True in the Python API)",
+        path=repo_root / name,
+    )
+
+
+def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitState:
+    """Read HEAD, branch, remote and the uncommitted diff; store the diff content-addressed.
+
+    Raises UsageError, before anything is written, when the diff would carry a file that
+    looks like a secret, unless ``allow_secret_files``.
+    """
     try:
         repo = git.Repo(repo_root)
         status = repo.git.status(
@@ -193,6 +259,8 @@ def git_state(repo_root: Path) -> GitState:
             path=repo_root,
         )
     patch_sha256 = None
+    if dirty and not allow_secret_files:
+        _refuse_secret_files(repo, repo_root)
     if dirty:
         # Keep the bytes exactly: a replay must re-apply this patch as it was.
         patch = repo.git.diff(

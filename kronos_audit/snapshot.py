@@ -62,11 +62,14 @@ def sign_checkpoint(
     attributes: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
     git: GitState | None = None,
+    allow_secret_files: bool = False,
 ) -> Manifest:
     """Write the signed manifest of a checkpoint whose digests are already known.
 
     This is the step the runtime uses after hashing the state in memory; ``extra`` adds
-    predicate fields (RNG states, restart count) that the schema defines.
+    predicate fields (RNG states, restart count) that the schema defines. Without ``git``
+    the git state is read now, refusing a diff that carries a secret-looking file unless
+    ``allow_secret_files``.
     """
     parent_digest, parent_name = _parent_link(parent, run, step, project)
     predicate: dict[str, Any] = {
@@ -76,7 +79,11 @@ def sign_checkpoint(
         "parent_manifest": parent_name,
         "created": utc_now(),
         "size": digests.size,
-        "git": (git if git is not None else git_state(project.root)).to_json_obj(),
+        "git": (
+            git
+            if git is not None
+            else git_state(project.root, allow_secret_files=allow_secret_files)
+        ).to_json_obj(),
         "environment": environment(),
         "seeds": [int(s) for s in seeds],
         "datasets": None
@@ -108,6 +115,7 @@ def snapshot(
     key: str | SigningKey | None = None,
     attributes: Mapping[str, Any] | None = None,
     cwd: Path | None = None,
+    allow_secret_files: bool = False,
 ) -> tuple[Manifest, ...]:
     """Write a signed manifest beside each checkpoint (``CKPT.kaudit.json``).
 
@@ -141,6 +149,9 @@ def snapshot(
             path=in_git[0],
         )
     hashed = [(p, digest_file(p, md5=True)) for p in paths]
+    # Read once, before anything is written: a refused diff (a secret-looking file) must
+    # leave no .dvc file, ignore entry or manifest behind.
+    git_info = git_state(project.root, allow_secret_files=allow_secret_files)
     manifests = []
     for p, d in hashed:
         assert d.md5 is not None
@@ -158,6 +169,7 @@ def snapshot(
                 command=command,
                 cwd=cwd,
                 attributes=attributes,
+                git=git_info,
             )
         )
     return tuple(manifests)

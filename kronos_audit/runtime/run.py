@@ -103,6 +103,7 @@ class Run:
         preempt_exit: int = PREEMPTED_EXIT,
         attributes: Mapping[str, Any] | None = None,
         push: bool = False,
+        allow_secret_files: bool = False,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -129,6 +130,9 @@ class Run:
         self.preempt_exit = preempt_exit
         self.attributes = dict(attributes or {})
         self.push = push
+        self.allow_secret_files = allow_secret_files
+        """Record an uncommitted diff even when it carries a file that looks like a secret
+        (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused."""
         self.push_failures: list[str] = []
         """Background pushes that failed (the checkpoints stay safe locally)."""
         self._storage: Storage | None = None
@@ -164,13 +168,15 @@ class Run:
                 if isinstance(self._key_arg, SigningKey)
                 else select_key(self._key_arg)
             )
+            # The code this process runs is what it loaded now, whatever the checkout
+            # becomes. Read before anything is written: a refused diff leaves nothing.
+            self._git = git_state(
+                self._project.root, allow_secret_files=self.allow_secret_files
+            )
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):
             leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
         random.seed(self.seed)
-        if self._project is not None:
-            # The code this process runs is what it loaded now, whatever the checkout becomes.
-            self._git = git_state(self._project.root)
         self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
         self._guard.install()
         self._progress = Progress.from_env()

@@ -1,0 +1,238 @@
+"""Secrets kaudit must never print, commit or sign: credentials in URLs, secret files.
+
+A manifest is signed and kept for ever, ``.kaudit/patches/`` and ``.dvc/config`` are
+committed with it, and terminal output ends up in CI logs. So a password or token in a
+remote URL is split off before the URL goes anywhere public (:func:`split_credentials`),
+and a file that looks like a secret is named before its content goes into a recorded
+patch (:func:`secret_file_reason`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import urllib.parse
+from dataclasses import dataclass
+
+REDACTED = "***"
+
+# Schemes whose user name is usually a token (GitHub, GitLab, Bitbucket and most HTTP
+# services take `https://TOKEN@host/` or `https://oauth2:TOKEN@host/`): the whole
+# userinfo is a credential there, not only the password.
+_HTTP_LIKE = frozenset({"http", "https", "webdav", "webdavs", "ftp", "ftps"})
+
+# Well-known token formats, so a token is recognised wherever it sits in a URL.
+_TOKEN_PREFIX = re.compile(
+    r"^(gh[pousr]_|github_pat_|glpat-|glptt-|gldt-|xox[abprs]-|AKIA|ASIA|sk-|hf_|npm_|pypi-)"
+)
+# What a login name looks like (POSIX portable user names, at most 32 characters).
+# Tokens are longer or carry characters that names do not.
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
+
+# Query-string (or fragment) parameter names that carry a credential: `token`,
+# `access_token`, `private_token`, `X-Amz-Signature`, `X-Amz-Credential`,
+# `X-Amz-Security-Token`, Azure SAS `sig`, `key`, `api_key`, `secret`, `password` ...
+_SECRET_PARAM_WORDS = ("token", "secret", "passw", "signature", "credential", "apikey")
+_SECRET_PARAM_NAMES = frozenset({"key", "sig", "pass", "pwd", "pw", "auth", "code", "session"})
+
+
+def is_secret_param(name: str) -> bool:
+    """Whether a URL parameter named ``name`` (case and ``-``/``_`` ignored) holds a
+    credential. Errs on the side of yes: a parameter wrongly taken for one only moves to
+    the local, uncommitted configuration."""
+    n = name.lower().replace("-", "_")
+    return (
+        n in _SECRET_PARAM_NAMES
+        or any(w in n for w in _SECRET_PARAM_WORDS)
+        or n.endswith(("key", "_sig", "_auth"))
+        or bool(_TOKEN_PREFIX.match(name))
+    )
+
+
+def _is_token_user(user: str) -> bool:
+    return bool(_TOKEN_PREFIX.match(user)) or not _USER_NAME.fullmatch(user)
+
+
+@dataclass(frozen=True)
+class SplitURL:
+    """A URL taken apart into what may be published and what must stay private."""
+
+    url: str
+    """The URL as given, credentials included: only for the uncommitted local config."""
+    public: str
+    """The URL without any credential: for ``.dvc/config``, manifests and logs."""
+    shown: str
+    """The URL with each credential replaced by ``***``: what is printed."""
+    scheme: str
+    """Lower-case scheme, ``""`` for a path or scp-like ``host:path``."""
+    user: str | None
+    """A user name removed from the URL (decoded), or None when none was removed."""
+    password: str | None
+    """The password removed from the URL (decoded), or None when there was none."""
+    secret_params: bool
+    """The query string or fragment carried a credential (removed from ``public``)."""
+    secrets: tuple[str, ...]
+    """Every secret string removed, as written and decoded: to scrub from messages."""
+
+    @property
+    def has_secret(self) -> bool:
+        """Something had to be removed to make the URL public."""
+        return self.public != self.url
+
+    def scrub(self, text: str) -> str:
+        """``text`` (an error message from a library given the URL) with every secret of
+        this URL replaced by ``***``."""
+        if self.has_secret:
+            text = text.replace(self.url, self.shown)
+        for s in sorted(self.secrets, key=len, reverse=True):
+            text = text.replace(s, REDACTED)
+        return text
+
+
+def _filter_params(text: str, sep: str) -> tuple[str, str, list[str]]:
+    """``text`` (a query or fragment) without, and with masked, its secret parameters."""
+    kept: list[str] = []
+    shown: list[str] = []
+    secrets: list[str] = []
+    for piece in text.split(sep):
+        name, eq, value = piece.partition("=")
+        decoded = urllib.parse.unquote_plus(name)
+        if eq and is_secret_param(decoded):
+            shown.append(f"{name}={REDACTED}")
+            if value:
+                secrets.extend({value, urllib.parse.unquote_plus(value)})
+        elif not eq and _TOKEN_PREFIX.match(decoded):  # `?ghp_...`: the token itself
+            shown.append(REDACTED)
+            secrets.extend({name, decoded})
+        else:
+            kept.append(piece)
+            shown.append(piece)
+    return sep.join(kept), sep.join(shown), secrets
+
+
+def _split_scp_like(url: str) -> SplitURL:
+    # `[user@]host:path` (git's scp-like syntax) or a plain path: only a `user:password@`
+    # or a token in place of the user before the first `/` is a credential.
+    userinfo, at, rest = url.partition("@")
+    if not at or "/" in userinfo or not userinfo:
+        return SplitURL(url, url, url, "", None, None, False, ())
+    user, colon, password = userinfo.partition(":")
+    if colon:
+        return SplitURL(
+            url, f"{user}@{rest}", f"{user}:{REDACTED}@{rest}", "", None, password, False,
+            (password,) if password else (),
+        )  # fmt: skip
+    if _is_token_user(user):
+        return SplitURL(url, rest, f"{REDACTED}@{rest}", "", user, None, False, (user,))
+    return SplitURL(url, url, url, "", None, None, False, ())
+
+
+def split_credentials(url: str) -> SplitURL:
+    """Take the credentials out of ``url``: a password in the userinfo (any scheme), the
+    whole userinfo for http-like schemes or when the user name is a token, and query or
+    fragment parameters named like credentials. Everything else is kept byte for byte."""
+    if "://" not in url:
+        return _split_scp_like(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        # Unparseable (say, a broken IPv6 host): nothing of it can be shown safely.
+        head = url.split("://", 1)[0]
+        public = f"{head}://{REDACTED}"
+        return SplitURL(url, public, public, head.lower(), None, None, False, (url,))
+    scheme = parts.scheme.lower()
+    base_scheme = scheme.rsplit("+", 1)[-1]  # git+https, svn+ssh ...
+    secrets: list[str] = []
+    user: str | None = None
+    password: str | None = None
+    netloc = shown_netloc = parts.netloc
+    if "@" in parts.netloc:
+        userinfo, host = parts.netloc.rsplit("@", 1)
+        raw_user, colon, raw_password = userinfo.partition(":")
+        decoded_user = urllib.parse.unquote(raw_user)
+        drop_user = base_scheme in _HTTP_LIKE or _is_token_user(decoded_user)
+        if colon:
+            password = urllib.parse.unquote(raw_password)
+            if raw_password:
+                secrets.extend({raw_password, password})
+        if drop_user and raw_user:
+            user = decoded_user
+            secrets.extend({raw_user, decoded_user})
+        kept_user = "" if drop_user else raw_user
+        netloc = f"{kept_user}@{host}" if kept_user else host
+        shown_userinfo = REDACTED if drop_user and raw_user else raw_user
+        if colon:
+            shown_userinfo += f":{REDACTED}"
+        shown_netloc = f"{shown_userinfo}@{host}" if shown_userinfo else host
+    query, shown_query, query_secrets = _filter_params(parts.query, "&")
+    fragment, shown_fragment = parts.fragment, parts.fragment
+    fragment_secrets: list[str] = []
+    if "=" in parts.fragment or _TOKEN_PREFIX.match(parts.fragment):
+        fragment, shown_fragment, fragment_secrets = _filter_params(parts.fragment, "&")
+    secrets += query_secrets + fragment_secrets
+    if netloc == parts.netloc and not secrets:
+        return SplitURL(url, url, url, scheme, None, None, False, ())
+    public = urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query, fragment=fragment))
+    shown = urllib.parse.urlunsplit(
+        parts._replace(netloc=shown_netloc, query=shown_query, fragment=shown_fragment)
+    )
+    return SplitURL(
+        url,
+        public,
+        shown,
+        scheme,
+        user,
+        password,
+        bool(query != parts.query or fragment != parts.fragment),
+        tuple(dict.fromkeys(s for s in secrets if s)),
+    )
+
+
+def strip_credentials(url: str) -> str:
+    """``url`` without any credential (see :func:`split_credentials`)."""
+    return split_credentials(url).public
+
+
+def redact(url: str) -> str:
+    """``url`` with each credential replaced by ``***``, for printing."""
+    return split_credentials(url).shown
+
+
+# File names that hold secrets by convention. Matched against the base name, ignoring
+# case (the same file on a case-insensitive file system).
+SECRET_FILE_PATTERNS = (
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.ppk",
+    "*.jks",
+    "*.keystore",
+    "credentials*.json",
+    ".netrc",
+    "_netrc",
+    ".pgpass",
+    ".git-credentials",
+)
+# Templates meant to be committed: they document the variables, not their values.
+_SECRET_FILE_TEMPLATES = (".env.example", ".env.sample", ".env.template", ".env.dist")
+# ssh-keygen's default names (id_rsa, id_ed25519_sk, id_ecdsa-work ...) and any other
+# `id_NAME` without an extension; `.pub` is the public half.
+_SSH_PRIVATE_KEY = re.compile(
+    r"id_(rsa|dsa|ecdsa|ed25519|xmss)(_sk)?([._-].*)?|id_[^.]+", re.IGNORECASE
+)
+
+
+def secret_file_reason(path: str) -> str | None:
+    """Why a file at ``path`` (a repository-relative name) looks like a secret, or None."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    if name in _SECRET_FILE_TEMPLATES:
+        return None
+    if _SSH_PRIVATE_KEY.fullmatch(name) and not name.endswith(".pub"):
+        return "an ssh private key name"
+    for pattern in SECRET_FILE_PATTERNS:
+        if fnmatch.fnmatchcase(name, pattern):
+            return f"named like {pattern}"
+    return None

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
 from kronos_audit.bisect import BisectResult, Chain, Decision, StepComparison, bisect
-from kronos_audit.cli._app import cli, out
+from kronos_audit.cli._app import cli, out, safe
 from kronos_audit.cli.diff import render_comparison, tolerance_options, tolerance_policy
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.project import Project
@@ -55,7 +54,7 @@ def bisect_command(
 def _chain_line(label: str, chain: Chain) -> str:
     steps = chain.steps
     return (
-        f"{label}: {escape(str(chain.head))}  [dim](run {escape(chain.run)}, "
+        f"{label}: {safe(str(chain.head))}  [dim](run {safe(chain.run)}, "
         f"{len(steps)} checkpoints, steps {steps[0]}..{steps[-1]}, chain verified)[/]"
     )
 
@@ -79,7 +78,7 @@ def _render(result: BisectResult, project: Project | None) -> None:
     common = result.common_steps
     out.print(
         f"{len(common)} common steps ({common[0]}..{common[-1]}); "
-        f"tolerance: {escape(_policy_text(result.policy))}"
+        f"tolerance: {safe(_policy_text(result.policy))}"
     )
     out.print("compared: " + ", ".join(_probe_text(p) for p in result.probes))
     out.print()
@@ -107,7 +106,7 @@ def _render(result: BisectResult, project: Project | None) -> None:
     else:
         out.print(
             "its data was pruned by retention: the recorded hashes differ for "
-            + escape(", ".join(first.hash_differences))
+            + safe(", ".join(first.hash_differences))
         )
     out.print()
     names = ", ".join(first.failures)
@@ -116,6 +115,4 @@ def _render(result: BisectResult, project: Project | None) -> None:
         if result.last_agreeing_step is not None
         else "at the first common step"
     )
-    out.print(
-        f"[red]DIVERGED[/] at step {first.step} ({after}): {escape(names)} ({escape(counted)})"
-    )
+    out.print(f"[red]DIVERGED[/] at step {first.step} ({after}): {safe(names)} ({safe(counted)})")

@@ -10,10 +10,9 @@ from typing import Any, TypeVar
 
 import click
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 
-from kronos_audit.cli._app import cli, out
+from kronos_audit.cli._app import cli, out, safe
 from kronos_audit.compare import (
     Comparison,
     DatasetComparison,
@@ -173,7 +172,7 @@ def _where(m: Mismatch) -> str:
         text += "  (NaN placement)"
     elif m.abs_error is not None:
         text += f"  (abs {_g(m.abs_error)}, rel {_g(m.rel_error)}, ULP {_ulps(m.ulp_error)})"
-    return escape(text)
+    return safe(text)
 
 
 def _mismatches(d: DatasetComparison) -> str:
@@ -188,8 +187,8 @@ def _plural(n: int, noun: str) -> str:
 
 def dataset_details(d: DatasetComparison) -> list[str]:
     """Rich markup lines about one dataset: verdict, counts, rule, first and worst mismatch."""
-    head = f"[bold]{escape(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
-    facts = [] if d.reason is None else [escape(d.reason)]
+    head = f"[bold]{safe(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
+    facts = [] if d.reason is None else [safe(d.reason)]
     if d.verdict in (Verdict.DIFFERENT, Verdict.WITHIN_TOLERANCE):
         facts.append(
             f"{d.mismatches} of {_plural(d.size, 'element')} fail, {d.differing} differ bitwise"
@@ -198,7 +197,7 @@ def dataset_details(d: DatasetComparison) -> list[str]:
             facts.append(_plural(d.nan_mismatches, "NaN placement mismatch"))
         if d.inf_mismatches:
             facts.append(_plural(d.inf_mismatches, "inf placement mismatch"))
-        facts.append(f"rule: {escape(d.rule)}")
+        facts.append(f"rule: {safe(d.rule)}")
     lines = [f"{head}: " + "; ".join(facts)]
     first, worst = d.first_mismatch, d.worst_mismatch
     if first is not None:
@@ -213,7 +212,7 @@ def render_comparison(result: Comparison, project: Project | None) -> None:
     shown = [d for d in result.datasets if d.verdict is not Verdict.IDENTICAL]
     if shown:
         table = Table(
-            title=escape(f"A: {result.a} (reference)   B: {result.b}"),
+            title=safe(f"A: {result.a} (reference)   B: {result.b}"),
             title_justify="left",
             box=box.SIMPLE_HEAD,
             show_edge=False,
@@ -226,7 +225,7 @@ def render_comparison(result: Comparison, project: Project | None) -> None:
             table.add_column(col, justify="right", no_wrap=True)
         for d in shown:
             table.add_row(
-                escape(d.path),
+                safe(d.path),
                 f"[{STYLE[d.verdict]}]{d.verdict.value}[/]",
                 _mismatches(d),
                 _g(d.max_abs_error),
@@ -242,7 +241,5 @@ def render_comparison(result: Comparison, project: Project | None) -> None:
     parts = [f"{n} {SUMMARY_WORDS[v]}" for v, n in counts.items() if n]
     total = len(result.datasets)
     status = "[green]ok[/]" if result.ok else "[red]FAIL[/]"
-    where = (
-        "" if project is None else f"  [dim](defaults from {escape(str(project.config_path))})[/]"
-    )
+    where = "" if project is None else f"  [dim](defaults from {safe(str(project.config_path))})[/]"
     out.print(f"{status}: {total} datasets: {', '.join(parts) or 'none'}{where}")

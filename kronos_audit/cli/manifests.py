@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from kronos_audit import signing, storage
-from kronos_audit.cli._app import cli, fail_line, out
+from kronos_audit.cli._app import cli, fail_line, out, safe
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import read_manifest
 from kronos_audit.project import find_project, init_project
@@ -229,58 +229,71 @@ def show(manifest: Path, as_json: bool) -> None:
     """Summarise a manifest (without verifying it: see `kaudit verify`)."""
     m = read_manifest(manifest)
     if as_json:
-        click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True))
+        # ensure_ascii: control characters in names come out as \u escapes, never raw.
+        click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
         return
+    # Nothing here is verified, and anyone may have written it: every value goes through
+    # _text, which shows it as inert text (no rich markup, no terminal control) and shows
+    # a missing value as "none", never as Python's None.
     p = m.predicate
     g, env = p["git"], p["environment"]
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("manifest", str(m.path))
-    t.add_row("checkpoint", f"{m.subject_name}  ({p['size']} bytes)")
-    t.add_row("sha256", m.subject_sha256)
-    t.add_row("run / step", f"{m.run} / {m.step}")
-    t.add_row("created", p["created"])
-    t.add_row("parent", f"{p['parent_manifest']} ({p['parent']})" if p["parent"] else "none")
-    t.add_row(
-        "git",
-        f"{g['commit']} on {g['branch'] or '(detached)'}"
-        + ("  [yellow]dirty[/], patch " + str(g["patch_sha256"]) if g["dirty"] else ""),
+    t.add_row("manifest", _text(m.path))
+    t.add_row("checkpoint", f"{_text(m.subject_name)}  ({_text(p['size'])} bytes)")
+    t.add_row("sha256", _text(m.subject_sha256))
+    t.add_row("run / step", f"{_text(m.run)} / {_text(m.step)}")
+    t.add_row("created", _text(p["created"]))
+    parent = (
+        f"{_text(p['parent_manifest'], 'location not recorded')} ({_text(p['parent'])})"
+        if p["parent"] is not None
+        else "none"
     )
-    t.add_row("remote", str(g["remote"]))
+    t.add_row("parent", parent)
+    dirty = f"  [yellow]dirty[/], patch {_text(g['patch_sha256'])}" if g["dirty"] else ""
+    t.add_row("git", f"{_text(g['commit'])} on {_text(g['branch'], '(detached)')}{dirty}")
+    t.add_row("remote", _text(g["remote"]))
+    python, platform, cpu, blas = env["python"], env["platform"], env["cpu"], env["blas"]
     t.add_row(
         "python",
-        f"{env['python']['implementation']} {env['python']['version']}, "
+        f"{_text(python['implementation'])} {_text(python['version'])}, "
         f"{len(env['packages'])} packages",
     )
     t.add_row(
         "platform",
-        f"{env['platform']['system']} {env['platform']['machine']}, {env['cpu']['model']}",
+        f"{_text(platform['system'])} {_text(platform['machine'])}, {_text(cpu['model'])}",
     )
-    t.add_row("blas", f"{env['blas']['name']} {env['blas']['version']}")
-    t.add_row("numeric env", " ".join(f"{k}={v}" for k, v in env["variables"].items()) or "none")
-    t.add_row("env lock", env["digest"])
-    t.add_row("seeds", ", ".join(str(s) for s in p["seeds"]) or "none")
-    t.add_row("command", shlex.join(p["command"]) if p["command"] else "not recorded")
-    t.add_row("cwd", p["cwd"])
+    t.add_row("blas", f"{_text(blas['name'])} {_text(blas['version'])}")
+    variables = " ".join(f"{k}={v}" for k, v in env["variables"].items())
+    t.add_row("numeric env", _text(variables or None))
+    t.add_row("env lock", _text(env["digest"]))
+    t.add_row("seeds", _text(", ".join(str(s) for s in p["seeds"]) or None))
+    t.add_row("command", _text(shlex.join(p["command"]) if p["command"] else "not recorded"))
+    t.add_row("cwd", _text(p["cwd"]))
     if p["attributes"]:
-        t.add_row("attributes", json.dumps(_thaw(p["attributes"]), sort_keys=True))
-    t.add_row("signed by", ", ".join(s.keyid or "(no keyid)" for s in m.envelope.signatures))
+        t.add_row("attributes", _text(json.dumps(_thaw(p["attributes"]), sort_keys=True)))
+    t.add_row("signed by", ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures))
     out.print(t)
     if m.datasets is not None:
         d = Table(title=f"{len(m.datasets)} datasets", title_justify="left")
         for col in ("path", "dtype", "shape", "sha256"):
-            d.add_column(col)
+            d.add_column(col, overflow="fold")
         for ds in m.datasets:
             d.add_row(
-                ds.path,
-                ds.dtype,
-                "null" if ds.shape is None else str(list(ds.shape)),
-                ds.sha256[:16] + "...",
+                _text(ds.path),
+                _text(ds.dtype),
+                "null" if ds.shape is None else _text(list(ds.shape)),
+                _text(ds.sha256[:16] + "..."),
             )
         out.print(d)
     else:
         out.print("not HDF5: covered by the file digest only")
+
+
+def _text(value: object, missing: str = "none") -> str:
+    """A value read from a manifest, as rich markup that prints it as inert text."""
+    return missing if value is None else safe(value)
 
 
 def _thaw(value: Any) -> Any:

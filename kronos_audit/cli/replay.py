@@ -7,9 +7,8 @@ import shlex
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
-from kronos_audit.cli._app import cli, out
+from kronos_audit.cli._app import cli, out, safe
 from kronos_audit.cli.diff import (
     STYLE,
     SUMMARY_WORDS,
@@ -122,11 +121,11 @@ def _header(r: ReplayResult) -> None:
     else:
         start = "from the start" + (f", seed {r.seed}" if r.seed is not None else "")
     out.print(
-        f"replay of [bold]{escape(m.checkpoint)}[/] (run {escape(m.run)}, step {m.step}), {start}"
+        f"replay of [bold]{safe(m.checkpoint)}[/] (run {safe(m.run)}, step {m.step}), {start}"
     )
-    patch = f" + recorded patch {r.patch_sha256[:12]}" if r.patch_sha256 else ""
-    _row("code", f"commit {r.commit[:12]}{patch}")
-    _row("command", f"{escape(shlex.join(r.command))}  [dim](in {escape(r.cwd)})[/]")
+    patch = f" + recorded patch {safe(r.patch_sha256[:12])}" if r.patch_sha256 else ""
+    _row("code", f"commit {safe(r.commit[:12])}{patch}")
+    _row("command", f"{safe(shlex.join(r.command))}  [dim](in {safe(r.cwd)})[/]")
     env = r.environment
     if env.mode is not EnvMode.IGNORE:
         if env.drift:
@@ -136,11 +135,11 @@ def _header(r: ReplayResult) -> None:
                 f"[yellow]drift from the recorded lock, {n} difference{'s' if n != 1 else ''}:[/]",
             )
             for d in env.drift:
-                _row("", f"[yellow]{escape(str(d))}[/]")
+                _row("", f"[yellow]{safe(str(d))}[/]")
         else:
             _row("environment", "[green]no drift[/] from the recorded lock")
         if env.notes:
-            _row("", "[dim]not drift: " + escape("; ".join(str(d) for d in env.notes)) + "[/]")
+            _row("", "[dim]not drift: " + safe("; ".join(str(d) for d in env.notes)) + "[/]")
     t = r.timings
     _row(
         "time",
@@ -161,8 +160,8 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
             for line in dataset_details(d.comparison):
                 out.print(line)
         else:
-            head = f"[bold]{escape(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
-            out.print(head + (f": {escape(d.detail)}" if d.detail else ""))
+            head = f"[bold]{safe(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
+            out.print(head + (f": {safe(d.detail)}" if d.detail else ""))
     out.print()
     basis = (
         "bitwise, against the recorded hashes"
@@ -179,11 +178,11 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
         failing = [d.path for d in r.failures]
         if failing:
             what += " (" + ", ".join(failing) + ")"
-    out.print(f"{OUTCOME_STYLE[r.outcome]}: {escape(what)}  [dim]({basis})[/]")
+    out.print(f"{OUTCOME_STYLE[r.outcome]}: {safe(what)}  [dim]({basis})[/]")
     if r.workdir is not None:
         out.print(
-            f"work directory kept: {escape(str(r.workdir))} (src/ is a git worktree: "
+            f"work directory kept: {safe(str(r.workdir))} (src/ is a git worktree: "
             "remove it with `git worktree remove --force`)"
         )
     if attestation is not None:
-        out.print(f"attestation: {escape(str(attestation.path))}")
+        out.print(f"attestation: {safe(str(attestation.path))}")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from kronos_audit.cli._app import cli, fail_line, out
+from kronos_audit.cli._app import cli, fail_line, out, safe
 from kronos_audit.errors import Error, TamperedData, UsageError
 from kronos_audit.manifest import MANIFEST_SUFFIX, checkpoint_path_for
 from kronos_audit.project import Project, find_project
@@ -104,7 +104,7 @@ def status_command(targets: tuple[Path, ...], remote: str | None, local_only: bo
         table.add_column(col, overflow="fold")
     for e in entries:
         table.add_row(
-            project.relative(e.checkpoint),
+            safe(project.relative(e.checkpoint)),  # a file's name: text, never markup
             str(e.step),
             f"{e.size:,}",
             f"[{colours[e.location]}]{e.location.value}[/]",

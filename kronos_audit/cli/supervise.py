@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kronos_audit.cli._app import cli
+from kronos_audit.cli._app import cli, plain
 from kronos_audit.runtime.supervisor import (
     AttemptEnded,
     AttemptStarted,
@@ -23,7 +23,9 @@ from kronos_audit.runtime.supervisor import (
     supervise,
 )
 
-# markup off: commands and paths may contain [brackets]
+# markup off: commands and paths may contain [brackets]; the command goes through plain()
+# too, as it may come from a script or a recorded manifest, so no control sequence it holds
+# reaches the terminal
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
@@ -79,7 +81,7 @@ def run_command(
 
 def _render_event(event: SupervisorEvent) -> None:
     if isinstance(event, AttemptStarted):
-        what = f": {shlex.join(event.command)}" if event.restart_count == 0 else ""
+        what = f": {plain(shlex.join(event.command))}" if event.restart_count == 0 else ""
         err.print(f"kaudit: attempt {event.restart_count + 1}{what} (pid {event.pid})")
     elif isinstance(event, AttemptEnded):
         a = event.attempt

@@ -67,8 +67,12 @@ def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) 
     except OSError as e:
         if e.errno == errno.ELOOP and not follow_symlinks:
             raise UnsafeFile(path, "is a symbolic link") from None
-        if e.errno == errno.ENXIO:  # a FIFO with no writer, opened for reading elsewhere
-            raise UnsafeFile(path, "is a FIFO") from None
+        if e.errno == errno.ENXIO:  # open() of a socket (or a device with nothing behind it)
+            try:
+                kind = _kind(os.stat(path).st_mode)
+            except OSError:
+                kind = "something other than a file"
+            raise UnsafeFile(path, f"is {kind}, not a regular file") from None
         raise UnsafeFile(path, f"cannot read it: {e.strerror or e}") from None
     try:
         st = os.fstat(fd)

@@ -12,9 +12,13 @@ The steps (docs/replay.md tells them to an auditor):
 4. run the recorded command there with the instruction "resume from this checkpoint, stop
    at step N, write into this directory", as environment variables (``KAUDIT_RESUME_FROM``,
    ``KAUDIT_STOP_AT``, ``KAUDIT_OUT``, ``KAUDIT_SEED``) and as placeholders in its argv
-   (``{resume_from}``, ``{stop_at}``, ``{out}``, ``{seed}``);
+   (``{resume_from}``, ``{stop_at}``, ``{out}``, ``{seed}``), each a whole argument or an
+   option's value, never spliced into a string. The checkpoint it resumes from is a copy
+   of the verified parent in a fresh directory: the command sees neither the run directory
+   nor the recorded data it will be compared with;
 5. compare the checkpoint it wrote with the recorded one: bitwise against the recorded
-   dataset hashes, or, with tolerances, against the recorded data.
+   dataset hashes, or, with tolerances, against the recorded data, fetched (and verified)
+   only now that the command has finished.
 
 Anything that stops a replay raises :class:`ReplayError` (or another
 :class:`kronos_audit.errors.Error`); a replay that ran returns a :class:`ReplayResult`,
@@ -24,12 +28,14 @@ reproduced or not. The worktree and the temporary output are removed afterwards 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -39,10 +45,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
 from kronos_audit.compare import Comparison, TolerancePolicy, Verdict, compare_files
 from kronos_audit.errors import CheckpointError, Error, ReplayError
-from kronos_audit.manifest import Manifest, Sha256, read_manifest
+from kronos_audit.manifest import Manifest, Sha256, manifest_path_for, read_manifest
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import patch_path
 from kronos_audit.replay.environment import environment_report
@@ -69,6 +76,10 @@ from kronos_audit.verify import Verifier, VerifyResult, was_pruned
 PYTHON_NAMES = frozenset({"python", "python3"})
 """A recorded argv starting with one of these runs with this interpreter (sys.executable)."""
 PLACEHOLDERS = ("{resume_from}", "{stop_at}", "{out}", "{seed}")
+_OPTION_VALUE = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_.-]*)=(\{[a-z_]+\})")
+"""``--name={placeholder}``: an option, ``=``, a placeholder at the end, nothing else."""
+SHOWN_CONTEXT = 40
+"""Characters of a refused argument shown on each side of its placeholder."""
 STDERR_TAIL_LINES = 3
 _STEP_FILE = re.compile(r"^step-(\d+)\.h5$")
 
@@ -214,6 +225,95 @@ def apply_patch(project: Project, digest: str, tree: Path) -> None:
 # -- 4. the command ------------------------------------------------------------------------
 
 
+PARENT_DIR = "parent"
+"""The directory in the work directory that holds the copy of the parent handed over."""
+_COPY_CHUNK = 1 << 30
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
+
+
+def hand_over(parent: Manifest, dest: Path) -> Path:
+    """Copy the verified parent checkpoint and its manifest (``Run`` reads the step there)
+    into ``dest``, a new directory, keeping their names; return the checkpoint's copy.
+
+    The command resumes from this copy, never from the repository: beside the parent in the
+    run directory lies the recorded checkpoint the replay compares with, and a command that
+    wrote to its input would alter verified history. The copy is a new file (the kernel may
+    share blocks, a reflink, but never a hard or symbolic link), and the sha256 of what is
+    handed over must be the signed one, so a file swapped during the copy is caught.
+    """
+    checkpoint = dest / parent.checkpoint_path.name
+    try:
+        dest.mkdir(mode=0o700)
+        _copy(parent.checkpoint_path, checkpoint)
+        with open(checkpoint, "rb") as f:
+            copied = hashlib.file_digest(f, "sha256").hexdigest()
+        data = read_regular(parent.path, MANIFEST_LIMIT)
+        _write_new(manifest_path_for(checkpoint), data)
+    except UnsafeFile as e:
+        raise ReplayError(
+            f"cannot copy the parent manifest for the command: {e.reason}",
+            path=parent.path,
+            stage="data",
+        ) from None
+    except OSError as e:
+        raise ReplayError(
+            f"cannot copy the parent checkpoint for the command: {e.strerror or e}",
+            path=parent.checkpoint_path,
+            stage="data",
+        ) from None
+    if copied != parent.subject_sha256:
+        raise ReplayError(
+            f"the parent checkpoint changed after it was verified: its copy's sha256 "
+            f"{copied[:16]}... is not the signed {parent.subject_sha256[:16]}...",
+            path=parent.checkpoint_path,
+            stage="data",
+        )
+    if hashlib.sha256(data).hexdigest() != parent.digest:
+        raise ReplayError(
+            "the parent manifest changed after it was verified",
+            path=parent.path,
+            stage="data",
+        )
+    return checkpoint
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """A new read-only file ``dst`` holding the bytes of the regular file ``src``."""
+    fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO cannot block
+    try:
+        if not stat.S_ISREG(os.fstat(fin).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            _copy_bytes(fin, fout)
+            os.fchmod(fout, 0o400)  # an input, not a scratch file
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def _copy_bytes(fin: int, fout: int) -> None:
+    try:  # in the kernel: no round trip through user memory, and a reflink where it can
+        while os.copy_file_range(fin, fout, _COPY_CHUNK) > 0:
+            pass
+        return
+    except OSError as e:
+        if e.errno not in _NO_KERNEL_COPY:
+            raise
+    os.lseek(fin, 0, os.SEEK_SET)
+    os.lseek(fout, 0, os.SEEK_SET)
+    os.ftruncate(fout, 0)
+    with open(fin, "rb", closefd=False) as r, open(fout, "wb", closefd=False) as w:
+        shutil.copyfileobj(r, w, 8 * 1024 * 1024)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+    with open(fd, "wb") as f:
+        f.write(data)
+
+
 @dataclass(frozen=True)
 class Instruction:
     """What the replayed command is told, as environment variables and placeholders."""
@@ -248,18 +348,72 @@ class Instruction:
         return env
 
 
+def _shown(arg: str, at: int) -> str:
+    """An argument quoted on one line (a script given to ``sh -c`` may span many lines),
+    cut to the text around position ``at`` when long."""
+    start, end = max(0, at - SHOWN_CONTEXT), min(len(arg), at + SHOWN_CONTEXT)
+    return ("..." if start else "") + repr(arg[start:end]) + ("..." if end < len(arg) else "")
+
+
+def check_placeholders(recorded: Sequence[str], *, path: Path | None = None) -> None:
+    """Refuse a recorded argv with a placeholder inside a larger argument.
+
+    A placeholder is substituted only as a whole argument (``{out}``) or as the value of an
+    option (``--out={out}``): a value spliced into a string that a shell parses (``sh -c
+    "... {resume_from} ..."``) would be parsed as shell code, and a parent checkpoint in a
+    directory named ``x;rm -rf ~;`` would run it. The argv is signed, so it cannot be
+    repaired here; it is refused before anything runs (``ReplayError``, stage ``run``).
+    """
+    for i, arg in enumerate(recorded):
+        if arg in PLACEHOLDERS or _option_placeholder(arg) is not None:
+            continue
+        inside = sorted((arg.find(name), name) for name in PLACEHOLDERS if name in arg)
+        if inside:
+            at, name = inside[0]
+            raise ReplayError(
+                f"argument {i} of the recorded command, {_shown(arg, at)}, has {name} inside "
+                "it: placeholders must be whole arguments ({out}) or an option's value "
+                "(--out={out}), never spliced into a string; a shell command reads the "
+                'environment variables instead, quoted ("$KAUDIT_RESUME_FROM"), which the '
+                "shell does not parse again",
+                path=path,
+                stage="run",
+            )
+
+
+def _option_placeholder(arg: str) -> tuple[str, str] | None:
+    """``("--name", "{placeholder}")`` for an argument ``--name={placeholder}``, else None."""
+    match = _OPTION_VALUE.fullmatch(arg)
+    if match is None or match.group(2) not in PLACEHOLDERS:
+        return None
+    return match.group(1), match.group(2)
+
+
 def command_line(
-    recorded: Sequence[str], instruction: Instruction, *, repo_root: Path, tree: Path
+    recorded: Sequence[str],
+    instruction: Instruction,
+    *,
+    repo_root: Path,
+    tree: Path,
+    manifest: Path | None = None,
 ) -> list[str]:
     """The argv to run: ``python`` resolved to this interpreter, absolute paths into the
-    recorded repository moved into the worktree, then the placeholders substituted."""
+    recorded repository moved into the worktree, then the placeholders substituted, each
+    as a whole argument or an option's value (see :func:`check_placeholders`, which
+    refuses any other use; ``manifest`` is named in that error)."""
+    check_placeholders(recorded, path=manifest)
+    values = instruction.placeholders()
     argv = []
     for arg in recorded:
-        p = Path(arg)
-        if p.is_absolute() and p.is_relative_to(repo_root):
-            arg = str(tree / p.relative_to(repo_root))
-        for name, value in instruction.placeholders().items():
-            arg = arg.replace(name, value)
+        option = _option_placeholder(arg)
+        if arg in values:
+            arg = values[arg]
+        elif option is not None:
+            arg = f"{option[0]}={values[option[1]]}"
+        else:
+            p = Path(arg)
+            if p.is_absolute() and p.is_relative_to(repo_root):
+                arg = str(tree / p.relative_to(repo_root))
         argv.append(arg)
     if argv and argv[0] in PYTHON_NAMES:
         argv[0] = sys.executable
@@ -449,16 +603,23 @@ def _verify(project: Project, m: Manifest, basis: str) -> _Verified:
         checked = verifier.verify(parent.path)
         _discard_if_fetched(project, parent_fetched, checked)
         _require(checked, "the parent manifest")
-    fetched = basis == "data" and _fetch(
-        project, m, "recorded checkpoint (a tolerance compares data)"
-    )
-    if m.checkpoint_path.exists() or was_pruned(m.checkpoint_path):
+    # A tolerance's recorded data is fetched and read only after the command has run
+    # (_recorded_data): the command must not find the answer it is compared with.
+    if basis == "hashes" and (m.checkpoint_path.exists() or was_pruned(m.checkpoint_path)):
         checked = verifier.verify(m.path)
-        _discard_if_fetched(project, fetched, checked)
     else:
         checked = verifier.verify(m.path, data=False)
     _require(checked, "the manifest")
     return _Verified(m, project, parent, parent_fetched)
+
+
+def _recorded_data(project: Project, m: Manifest) -> None:
+    """For a tolerance, once the command has finished: the recorded checkpoint, fetched
+    from the DVC remote when it is not here, and verified before it is compared with."""
+    fetched = _fetch(project, m, "recorded checkpoint (a tolerance compares data)")
+    checked = Verifier(project).verify(m.path)
+    _discard_if_fetched(project, fetched, checked)
+    _require(checked, "the manifest")
 
 
 def _environment(m: Manifest, env: EnvMode) -> EnvironmentReport:
@@ -504,6 +665,7 @@ def replay(
         policy = TolerancePolicy.from_config(project)
     basis = "hashes" if policy == TolerancePolicy() else "data"
     verified = _verify(project, m, basis)
+    check_placeholders(m.predicate["command"], path=m.path)  # before anything runs
     clock.lap("verify")
     report = _environment(m, env)
     clock.lap("environment")
@@ -541,7 +703,7 @@ def _run_and_compare(
         )
     seeds = m.predicate["seeds"]
     instruction = Instruction(
-        resume_from=None if parent is None else parent.checkpoint_path.absolute(),
+        resume_from=None if parent is None else hand_over(parent, workdir / PARENT_DIR),
         stop_at=m.step,
         out=workdir / "out",
         seed=int(seeds[0]) if seeds else None,
@@ -550,18 +712,18 @@ def _run_and_compare(
         if patch is not None:
             apply_patch(project, str(patch), tree)
         clock.lap("code")
-        run_dir = tree / cwd
-        if not run_dir.is_dir():
-            raise ReplayError(
-                f"the recorded working directory {cwd} is not in commit {commit[:12]}",
-                path=m.path,
-                stage="code",
-            )
+        run_dir = _working_directory(tree, cwd, commit, m)
         argv = command_line(
-            list(m.predicate["command"]), instruction, repo_root=project.root, tree=tree
+            list(m.predicate["command"]),
+            instruction,
+            repo_root=project.root,
+            tree=tree,
+            manifest=m.path,
         )
         _run(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
+        if basis == "data":
+            _recorded_data(project, m)
         produced = find_output(instruction.out, m.step)
         try:
             digests = digest_file(produced)
@@ -596,6 +758,27 @@ def _run_and_compare(
         tool=_tool(),
         workdir=workdir if keep else None,
     )
+
+
+def _working_directory(tree: Path, cwd: str, commit: str, m: Manifest) -> Path:
+    """The recorded working directory in the worktree, resolved: a symbolic link in the
+    recorded tree that leads out of it is refused, since the command would run (and write)
+    wherever the link points."""
+    run_dir = (tree / cwd).resolve()
+    if not run_dir.is_relative_to(tree.resolve()):
+        raise ReplayError(
+            f"the recorded working directory {cwd} leads outside the worktree of commit "
+            f"{commit[:12]} (through a symbolic link)",
+            path=m.path,
+            stage="code",
+        )
+    if not run_dir.is_dir():
+        raise ReplayError(
+            f"the recorded working directory {cwd} is not in commit {commit[:12]}",
+            path=m.path,
+            stage="code",
+        )
+    return run_dir
 
 
 def _run(

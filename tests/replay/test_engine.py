@@ -13,7 +13,12 @@ from conftest import git
 
 from kronos_audit.compare import Verdict
 from kronos_audit.replay import Outcome, ReplayError, replay
-from kronos_audit.replay.engine import Instruction, command_line, find_output
+from kronos_audit.replay.engine import (
+    Instruction,
+    check_placeholders,
+    command_line,
+    find_output,
+)
 from kronos_audit.signing import SigningKey
 
 from .conftest import manifest, resign, worktrees
@@ -28,10 +33,10 @@ def instruction(tmp_path: Path, resume: bool = True, seed: int | None = 7) -> In
     )
 
 
-def test_placeholders_are_substituted_inside_arguments(tmp_path: Path) -> None:
+def test_placeholders_are_whole_arguments_or_an_options_value(tmp_path: Path) -> None:
     i = instruction(tmp_path)
     argv = command_line(
-        ["./solver", "--from={resume_from}", "--to", "{stop_at}", "-o", "{out}/x", "{seed}"],
+        ["./solver", "--from={resume_from}", "--to", "{stop_at}", "-o={out}", "{seed}"],
         i,
         repo_root=tmp_path / "repo",
         tree=tmp_path / "tree",
@@ -41,13 +46,55 @@ def test_placeholders_are_substituted_inside_arguments(tmp_path: Path) -> None:
         f"--from={tmp_path}/run/step-00000010.h5",
         "--to",
         "20",
-        "-o",
-        f"{tmp_path}/out/x",
+        f"-o={tmp_path}/out",
         "7",
     ]
-    none = command_line(["s", "{resume_from}", "{seed}"], instruction(tmp_path, False, None),
+    none = command_line(["s", "{resume_from}", "--seed={seed}"], instruction(tmp_path, False, None),
                         repo_root=tmp_path, tree=tmp_path)  # fmt: skip
-    assert none == ["s", "", ""]
+    assert none == ["s", "", "--seed="]
+    # Braces that are no placeholder of ours are the program's business.
+    assert command_line(["s", "{x}", "--y={z}"], i, repo_root=tmp_path, tree=tmp_path) == [
+        "s",
+        "{x}",
+        "--y={z}",
+    ]
+
+
+@pytest.mark.parametrize(
+    "spliced",
+    [
+        "python solve.py --resume {resume_from}",  # what sh -c would parse
+        "{out}/x",
+        "--out={out}/x",
+        "x{stop_at}",
+        "--from={resume_from}{seed}",
+        "--{out}={out}",
+        "={out}",
+        "--a b={out}",
+    ],
+)
+def test_a_placeholder_inside_an_argument_is_refused(tmp_path: Path, spliced: str) -> None:
+    with pytest.raises(ReplayError, match="placeholders must be whole arguments") as info:
+        command_line(
+            ["sh", "-c", spliced],
+            instruction(tmp_path),
+            repo_root=tmp_path,
+            tree=tmp_path,
+            manifest=tmp_path / "m.kaudit.json",
+        )
+    assert info.value.stage == "run"
+    assert info.value.exit_code == 2
+    assert "argument 2 of the recorded command" in info.value.message
+    assert "$KAUDIT_" in info.value.message
+    assert info.value.path == tmp_path / "m.kaudit.json"
+
+
+def test_the_refusal_shows_a_long_or_multi_line_argument_on_one_line(tmp_path: Path) -> None:
+    script = "set -e\n" + "echo padding\n" * 40 + "python solve.py {resume_from}\n"
+    with pytest.raises(ReplayError) as info:
+        check_placeholders(["sh", "-c", script])
+    assert "\n" not in info.value.message
+    assert len(info.value.message) < 500
 
 
 def test_python_is_this_interpreter_and_repository_paths_move_into_the_worktree(

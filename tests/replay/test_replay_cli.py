@@ -169,7 +169,10 @@ def test_a_shell_script_replays_through_the_placeholders(repo: Path) -> None:
     assert from_start["command"]["executed"][:3] == ["bash", "solver.sh", ""]
     assert from_start["outcome"] == "REPRODUCED"
     resumed = replay_json(str(manifest(run_dir, 10)))
-    assert resumed["command"]["executed"][2] == str(run_dir / "step-00000005.h5")
+    handed = Path(resumed["command"]["executed"][2])  # a copy of the parent, not the run's
+    assert handed.name == "step-00000005.h5"
+    assert handed.parent.name == "parent"
+    assert not handed.is_relative_to(repo)
     assert resumed["command"]["executed"][3] == "10"
     assert resumed["outcome"] == "REPRODUCED"
     assert verdicts(resumed) == {"/step": "IDENTICAL", "/u": "IDENTICAL"}
@@ -192,7 +195,7 @@ def test_a_checkpoint_that_is_not_hdf5_is_judged_by_its_file_digest(repo: Path) 
     cwd = repo / "programs"
     (cwd / "rec").mkdir()
     (cwd / "rec" / "count.txt").write_text("7\n")
-    command = "sh -c 'echo {stop_at} > {out}/count.txt'"
+    command = """sh -c 'echo "$KAUDIT_STOP_AT" > "$KAUDIT_OUT/count.txt"'"""
     made = run_cli(
         "snapshot", "rec/count.txt", "--run", "c", "--step", "7", "--command", command, cwd=cwd
     )

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import FileDigests, digest_file
-from kronos_audit.errors import UsageError
+from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.manifest import (
     Manifest,
     build_statement,
@@ -104,6 +106,54 @@ def sign_checkpoint(
     return write_manifest(manifest_path_for(checkpoint), envelope)
 
 
+STEP_NAME = re.compile(r"step-([0-9]+)\.h5")
+"""How the runtime names a checkpoint (``step-00000100.h5``): such a name states a step."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _check_checkpoint_file(path: Path) -> None:
+    """Refuse what snapshot must not sign in place, before anything opens it.
+
+    A symbolic link (what is signed would be whatever it points at, and tracking it
+    would act on another file) and anything but a regular file (a FIFO would block the
+    read).
+    """
+    try:
+        mode = path.lstat().st_mode  # lstat: the name itself, never what it points at
+    except FileNotFoundError:
+        raise CheckpointError("checkpoint file not found", path=path) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=path) from None
+    if stat.S_ISLNK(mode):
+        raise CheckpointError(
+            "is a symbolic link: snapshot signs a regular file, not what a link points at",
+            path=path,
+        )
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"is {_kind(mode)}, not a regular file", path=path)
+
+
+def _check_step_name(path: Path, step: int) -> None:
+    named = STEP_NAME.fullmatch(path.name)
+    if named is not None and int(named.group(1)) != step:
+        raise UsageError(
+            f"the name says step {int(named.group(1))}, but the step to sign is {step}: a "
+            "checkpoint's name and its signed step must agree",
+            path=path,
+        )
+
+
 def snapshot(
     checkpoints: Path | str | Sequence[Path | str],
     *,
@@ -135,6 +185,8 @@ def snapshot(
         raise UsageError("the run id must not be empty")
     if step < 0:
         raise UsageError(f"step must be >= 0, got {step}")
+    for p in paths:
+        _check_checkpoint_file(p)
     signing_key = key if isinstance(key, SigningKey) else select_key(key)
     project = find_project(paths[0]).require_initialized()
     for p in paths[1:]:
@@ -148,14 +200,18 @@ def snapshot(
             f"`git rm --cached {in_git[0]}` first",
             path=in_git[0],
         )
-    hashed = [(p, digest_file(p, md5=True)) for p in paths]
+    for p in paths:
+        # Restore and verify go by the name: a step-N.h5 signed as another step would let
+        # one checkpoint pass for another.
+        _check_step_name(p, step)
+    hashed = [(p, digest_file(p, md5=True, follow_symlinks=False)) for p in paths]
     # Read once, before anything is written: a refused diff (a secret-looking file) must
     # leave no .dvc file, ignore entry or manifest behind.
     git_info = git_state(project.root, allow_secret_files=allow_secret_files)
     manifests = []
     for p, d in hashed:
         assert d.md5 is not None
-        track(project, p, d.md5, d.size)
+        track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
         manifests.append(
             sign_checkpoint(
                 p,

@@ -145,11 +145,11 @@ def test_schema_violations_are_refused_on_write_and_on_read(
 def test_read_manifest_exposes_the_statement_read_only(
     project: Project, key: SigningKey, checkpoint: Path
 ) -> None:
-    (written,) = snapshot(checkpoint, run="heat", step=7, seeds=[42])
+    (written,) = snapshot(checkpoint, run="heat", step=1, seeds=[42])
     m = read_manifest(written.path)
     assert m == written
     assert m.digest == hashlib.sha256(written.path.read_bytes()).hexdigest()
-    assert (m.run, m.step, m.parent) == ("heat", 7, None)
+    assert (m.run, m.step, m.parent) == ("heat", 1, None)
     assert m.subject_name == "checkpoints/run1/step-00000001.h5"
     assert m.subject_sha256 == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     assert m.checkpoint_path == checkpoint

@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import git, write_checkpoint
+from conftest import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
 from kronos_audit.manifest import manifest_path_for, read_manifest
@@ -16,6 +18,7 @@ from kronos_audit.project import Project
 from kronos_audit.provenance import environment
 from kronos_audit.signing import SigningKey, generate_key
 from kronos_audit.snapshot import snapshot, utc_now
+from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
 from kronos_audit.verify import verify
 
 
@@ -174,7 +177,7 @@ def test_a_key_can_be_passed_directly(project: Project, checkpoint: Path) -> Non
     signer = generate_key("direct")
     project.trust_store().add(signer.private_key.public_key(), "direct")
     generate_key("another")  # two held: only an explicit key avoids the ambiguity
-    (m,) = snapshot(checkpoint, run="r", step=0, key=signer)
+    (m,) = snapshot(checkpoint, run="r", step=1, key=signer)
     assert m.envelope.signatures[0].keyid == signer.key_id
 
 
@@ -229,3 +232,153 @@ def test_errors_render_as_one_line_naming_the_file(project: Project, key: Signin
         snapshot(missing, run="r", step=0)
     assert str(info.value) == f"{missing}: checkpoint file not found"
     assert "\n" not in str(info.value)
+
+
+# -- the file snapshot signs: a regular file, left as it is, named for its step ----------------
+
+
+def nothing_written(ckpt: Path) -> None:
+    assert not manifest_path_for(ckpt).exists()
+    assert not dvc_file_for(ckpt).exists()
+    assert not (ckpt.parent / ".gitignore").exists()
+
+
+def snapshot_cli(ckpt: Path, step: int = 1) -> list[str]:
+    return ["snapshot", str(ckpt), "--run", "r", "--step", str(step)]
+
+
+def test_a_symlinked_checkpoint_is_refused(project: Project, key: SigningKey) -> None:
+    real = write_checkpoint(project.root / "elsewhere" / "real.h5")
+    mode = real.stat().st_mode
+    link = project.root / "ck" / "s.h5"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert_bad_input(run_cli(*snapshot_cli(link)), str(link), "is a symbolic link")
+    nothing_written(link)
+    nothing_written(real)
+    assert link.is_symlink()
+    assert real.stat().st_mode == mode
+
+
+def test_a_directory_is_refused(project: Project, key: SigningKey) -> None:
+    folder = project.root / "ck" / "s.h5"
+    folder.mkdir(parents=True)
+    assert_bad_input(run_cli(*snapshot_cli(folder)), str(folder), "is a directory")
+    nothing_written(folder)
+
+
+def test_a_fifo_is_refused_and_never_waited_on(project: Project, key: SigningKey) -> None:
+    fifo = project.root / "ck" / "s.h5"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    # A subprocess first: if the FIFO made kaudit wait, this times out instead of hanging.
+    done = subprocess.run(
+        [*KAUDIT, *snapshot_cli(fifo)],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"kaudit: error: {fifo}: is a FIFO, not a regular file\n"
+    assert_bad_input(run_cli(*snapshot_cli(fifo)), str(fifo), "is a FIFO, not a regular file")
+    nothing_written(fifo)
+
+
+def test_a_device_is_refused(project: Project, key: SigningKey) -> None:
+    device = project.root / "ck" / "s.h5"
+    device.parent.mkdir()
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # what /dev/zero is
+    except PermissionError:
+        pytest.skip("making a device node needs privileges this test does not have")
+    assert_bad_input(run_cli(*snapshot_cli(device)), str(device), "is a device")
+    nothing_written(device)
+
+
+def test_one_bad_checkpoint_among_several_leaves_nothing(project: Project, key: SigningKey) -> None:
+    good = write_checkpoint(project.root / "ck" / "a.h5")
+    fifo = project.root / "ck" / "b.h5"
+    os.mkfifo(fifo)
+    assert_bad_input(
+        run_cli("snapshot", str(good), str(fifo), "--run", "r", "--step", "1"), str(fifo)
+    )
+    nothing_written(good)
+
+
+@pytest.mark.parametrize("cache_type", [None, "reflink,copy", "hardlink", "symlink,hardlink"])
+def test_snapshot_never_changes_the_mode_of_the_users_file(
+    project: Project, key: SigningKey, cache_type: str | None
+) -> None:
+    # None: what `kaudit init` set (reflink,hardlink,symlink,copy); reflink,copy: DVC's own.
+    if cache_type is not None:
+        git(project.root, "config", "-f", ".dvc/config", "cache.type", cache_type)
+    ckpt = write_checkpoint(project.root / "ck" / "s.h5")
+    ckpt.chmod(0o640)
+    inode = ckpt.stat().st_ino
+    data = ckpt.read_bytes()
+    assert run_cli(*snapshot_cli(ckpt)).exit_code == 0
+    assert not ckpt.is_symlink()  # never moved into the cache
+    assert ckpt.stat().st_ino == inode
+    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o640
+    assert ckpt.read_bytes() == data
+    md5 = read_manifest(manifest_path_for(ckpt)).subject_md5
+    assert md5 == hashlib.md5(data).hexdigest()
+    cache_dir, _ = cache_settings(project)
+    obj = cache_object_path(cache_dir, md5)
+    assert obj.read_bytes() == data
+    if cache_type == "hardlink":
+        assert obj.stat().st_ino == inode  # linked, not copied: and still the user's mode
+
+
+def test_a_symlink_only_cache_is_refused_for_the_users_file(
+    project: Project, key: SigningKey
+) -> None:
+    git(project.root, "config", "-f", ".dvc/config", "cache.type", "symlink")
+    ckpt = write_checkpoint(project.root / "ck" / "s.h5")
+    data = ckpt.read_bytes()
+    assert_bad_input(run_cli(*snapshot_cli(ckpt)), str(ckpt), "symlink would move this file")
+    nothing_written(ckpt)
+    assert not ckpt.is_symlink()
+    assert ckpt.read_bytes() == data
+
+
+def test_the_runtime_still_makes_its_own_files_read_only(project: Project, key: SigningKey) -> None:
+    # The runtime created its checkpoints: they may be made read-only and linked (owned).
+    git(project.root, "config", "-f", ".dvc/config", "cache.type", "hardlink")
+    ckpt = write_checkpoint(project.root / "ck" / "mine.h5")
+    ckpt.chmod(0o640)
+    cache_dir, types = cache_settings(project)
+    md5 = hashlib.md5(ckpt.read_bytes()).hexdigest()
+    assert link_into_cache(ckpt, cache_object_path(cache_dir, md5), types, owned=True) == (
+        "hardlink"
+    )
+    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o444
+
+
+@pytest.mark.parametrize(
+    ("name", "step", "ok"),
+    [
+        ("step-00000005.h5", 5, True),
+        ("step-5.h5", 5, True),
+        ("step-00000005.h5", 6, False),
+        ("step-5.h5", 50, False),
+        ("step-0000000000000000000000000000000000000000000000000000000000000007.h5", 8, False),
+        ("step-5.h5.bak", 6, True),  # not a step name
+        ("model-step-5.h5", 6, True),
+    ],
+)
+def test_a_step_name_must_agree_with_the_step(
+    project: Project, key: SigningKey, name: str, step: int, ok: bool
+) -> None:
+    ckpt = write_checkpoint(project.root / "ck" / name)
+    result = run_cli(*snapshot_cli(ckpt, step))
+    if ok:
+        assert result.exit_code == 0, result.output
+        assert read_manifest(manifest_path_for(ckpt)).step == step
+        return
+    said = int(name.removeprefix("step-").removesuffix(".h5"))
+    assert_bad_input(
+        result, str(ckpt), f"the name says step {said}, but the step to sign is {step}"
+    )
+    nothing_written(ckpt)

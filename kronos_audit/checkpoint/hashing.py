@@ -23,6 +23,7 @@ references, dangling soft links, and groups that contain themselves (endless nam
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import mmap
 import os
@@ -379,7 +380,7 @@ def is_hdf5(path: Path) -> bool:
     return False
 
 
-def digest_file(path: Path, *, md5: bool = False) -> FileDigests:
+def digest_file(path: Path, *, md5: bool = False, follow_symlinks: bool = True) -> FileDigests:
     """Hash ``path``: its sha256, its md5 if asked (DVC's address for it) and, for HDF5,
     every dataset's canonical sha256 under every name a reader can use, reading the file
     once.
@@ -387,17 +388,21 @@ def digest_file(path: Path, *, md5: bool = False) -> FileDigests:
     Raises CheckpointError for a missing, unreadable or non-regular file (a FIFO is
     refused, never waited on), for a file with an HDF5 signature that h5py cannot open
     (truncated or corrupt), and for HDF5 content the digests cannot cover (see the module
-    docstring), naming the HDF5 path.
+    docstring), naming the HDF5 path. With ``follow_symlinks`` False, a symbolic link is
+    refused too.
     """
     path = Path(path)
+    # O_NONBLOCK: a FIFO put where a checkpoint should be must not block the open.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        # O_NONBLOCK: a FIFO put where a checkpoint should be must not block the open.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags if follow_symlinks else flags | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise CheckpointError("checkpoint file not found", path=path) from None
     except IsADirectoryError:
         raise CheckpointError("is a directory, not a checkpoint file", path=path) from None
     except OSError as e:
+        if e.errno == errno.ELOOP and not follow_symlinks:
+            raise CheckpointError("is a symbolic link, not a checkpoint file", path=path) from None
         raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=path) from None
     try:
         st = os.fstat(fd)

@@ -433,7 +433,9 @@ class Run:
         assert digests.md5 is not None
         os.replace(tmp, final)
         fsync_dir(self.directory)
-        track(self._project, final, digests.md5, digests.size, ignore_pattern="/step-*.h5")
+        track(
+            self._project, final, digests.md5, digests.size, owned=True, ignore_pattern="/step-*.h5"
+        )
         extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
         self._parent = sign_checkpoint(
             final,

@@ -25,6 +25,7 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.secrets import SplitURL, split_credentials
 from kronos_audit.errors import StorageError, TamperedData
 from kronos_audit.project import Project
 
@@ -78,14 +80,11 @@ def _reflink(src: Path, dst: Path) -> None:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
 
 
-def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
+def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str]) -> str:
     """Make ``obj`` (a cache object) hold the checkpoint's bytes; return how.
 
     Tries ``types`` in order; only ``copy`` copies the data. The object ends read-only, as
-    DVC keeps its cache (with a hard link the checkpoint shares that mode) when kaudit
-    created the checkpoint (``owned``). A file kaudit did not create (``kaudit snapshot``)
-    is never changed: a hard link to it keeps its mode, and ``symlink``, which would move
-    it into the cache, is skipped.
+    DVC keeps its cache (with a hard link the checkpoint shares that mode).
     """
     if obj.exists():
         return "present"  # same md5: the cache has these bytes already
@@ -96,14 +95,8 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
             if kind == "reflink":
                 _reflink(checkpoint, tmp)
             elif kind == "hardlink":
-                os.link(checkpoint, tmp, follow_symlinks=False)
-                if not owned:
-                    # The link shares the user's inode: a chmod would change their file.
-                    os.replace(tmp, obj)
-                    return kind
+                os.link(checkpoint, tmp)
             elif kind == "symlink":
-                if not owned:
-                    continue  # it would move the user's file into the cache
                 # The data moves into the cache; the checkpoint's name points at it.
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
@@ -122,9 +115,8 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         os.chmod(tmp, 0o444)
         os.replace(tmp, obj)
         return kind
-    why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     raise StorageError(
-        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}",
+        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}",
         path=checkpoint,
     )
 
@@ -176,21 +168,11 @@ def read_dvc_file(path: Path) -> tuple[str, int] | None:
 
 
 def track(
-    project: Project,
-    checkpoint: Path,
-    md5: str,
-    size: int,
-    *,
-    owned: bool,
-    ignore_pattern: str | None = None,
+    project: Project, checkpoint: Path, md5: str, size: int, *, ignore_pattern: str | None = None
 ) -> Path:
-    """Track a checkpoint with DVC: cache object, ``.dvc`` file, git-ignore entry.
-
-    ``owned``: kaudit created the checkpoint, so it may make it read-only or move it into
-    the cache (see :func:`link_into_cache`); otherwise the user's file is left as it is.
-    """
+    """Track a checkpoint with DVC: cache object, ``.dvc`` file, git-ignore entry."""
     cache_dir, types = cache_settings(project)
-    how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types, owned=owned)
+    how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types)
     if how == "copy":
         log.info("%s: copied into DVC's cache (cache.type allows no link here)", checkpoint)
     ensure_ignored(checkpoint.parent, ignore_pattern or f"/{checkpoint.name}")
@@ -361,18 +343,136 @@ class Storage:
             cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
 
 
+# Remote types whose credentials DVC takes as options of their own (`dvc remote modify
+# --local NAME user|password`): the URL keeps its shape and only the secret moves.
+_CREDENTIAL_OPTIONS = frozenset({"ssh", "http", "https", "webdav", "webdavs"})
+# What configure_remote puts in the local config, and so replaces there.
+_CREDENTIAL_KEYS = frozenset({"url", "user", "password", "auth"})
+
+
+def _local_credentials(split: SplitURL) -> dict[str, str]:
+    """What goes to DVC's local config (``.dvc/config.local``) for ``split``'s remote."""
+    if not split.has_secret:
+        return {}
+    if split.secret_params or split.scheme not in _CREDENTIAL_OPTIONS:
+        # A token in the query string (a presigned or SAS URL) or in the userinfo of a
+        # remote type without a user/password option: DVC has no option to hold it, so the
+        # whole URL stays in the local config, overriding the public one.
+        return {"url": split.url}
+    options: dict[str, str] = {}
+    if split.user is not None:
+        options["user"] = split.user
+    if split.password is not None or (split.user is not None and split.scheme != "ssh"):
+        # HTTP basic auth needs both; `https://TOKEN@host` is user TOKEN, empty password.
+        options["password"] = split.password or ""
+    if split.scheme in ("http", "https"):
+        options["auth"] = "basic"  # without it DVC's HTTP remote sends no credentials
+    return options
+
+
+def _check_git_ignores(project: Project, path: Path) -> None:
+    """Refuse to put credentials in ``path`` (DVC's local config) unless git ignores it."""
+    import subprocess
+
+    import git
+
+    relative = str(path.relative_to(project.root))
+    try:
+        repo = git.Repo(project.root)
+        tracked = repo.git.ls_files("--", relative)
+        # check-ignore exits 0 for a name git ignores, 1 for one it does not.
+        ignored = (
+            subprocess.run(
+                ["git", "check-ignore", "-q", "--", relative], cwd=project.root, check=False
+            ).returncode
+            == 0
+        )
+    except (git.GitError, OSError) as e:
+        raise StorageError(f"cannot ask git about {relative}: {e}", path=project.root) from None
+    if tracked or not ignored:
+        raise StorageError(
+            "the remote URL holds credentials, and DVC's local config, where they belong, "
+            "is not git-ignored here: add `/config.local` to .dvc/.gitignore "
+            "(and `git rm --cached .dvc/config.local` if it is tracked)",
+            path=path,
+        )
+
+
+def _make_private(path: Path) -> None:
+    """Create ``path`` readable by its owner only, or make it so, before it holds a
+    password; refuse a symbolic link or anything but a regular file there."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        raise StorageError(
+            f"cannot write DVC's local config: {e.strerror or e} (a symbolic link or not a "
+            "regular file?)",
+            path=path,
+        ) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StorageError("DVC's local config is not a regular file", path=path)
+        if mode & 0o077:
+            os.fchmod(fd, stat.S_IMODE(mode) & ~0o077)  # it is about to hold a password
+    finally:
+        os.close(fd)
+
+
 def configure_remote(project: Project, url: str, name: str = "storage") -> None:
-    """Make ``url`` the repository's default DVC remote (``dvc remote add -d -f``)."""
+    """Make ``url`` the repository's default DVC remote (``dvc remote add -d -f``).
+
+    Credentials never reach ``.dvc/config``, which git tracks: a password or token in the
+    URL goes to DVC's local config (``.dvc/config.local``, git-ignored, mode 0600) as the
+    remote's ``user``/``password`` options (ssh, http(s), webdav), or, for a token DVC
+    has no option for (a query-string token), as the whole URL overriding the public one
+    there. DVC merges the two when it connects. Error messages never show the secret.
+    """
     from dvc.repo import Repo
 
+    split = split_credentials(url)
+    local = _local_credentials(split)
+    local_path = project.root / ".dvc" / "config.local"
+    if local:
+        _check_git_ignores(project, local_path)
     try:
         repo = Repo(str(project.root))
+        before = repo.config.read("repo")
+        previous = before["remote"].get(name), before["core"].get("remote")
         with repo.config.edit() as conf:
-            conf["remote"][name] = {"url": url}
+            conf["remote"][name] = {"url": split.public}
             conf["core"]["remote"] = name
+        try:
+            # The remote's credentials and URL in the local config are always replaced: an
+            # earlier remote's URL there would override this one, and its password would
+            # be sent to this one's host. Options such as `keyfile` stay.
+            if local or name in repo.config.read("local")["remote"]:
+                if local:
+                    _make_private(local_path)
+                with repo.config.edit("local") as conf:
+                    kept = {
+                        k: v
+                        for k, v in conf["remote"].pop(name, {}).items()
+                        if k not in _CREDENTIAL_KEYS
+                    }
+                    if kept or local:
+                        conf["remote"][name] = kept | local
+        except Exception:
+            with repo.config.edit(validate=False) as conf:  # leave no remote half-added
+                for section, key, value in (
+                    ("remote", name, previous[0]),
+                    ("core", "remote", previous[1]),
+                ):
+                    if value is None:
+                        conf[section].pop(key, None)
+                    else:
+                        conf[section][key] = value
+            raise
+    except StorageError:
+        raise
     except Exception as e:
         raise StorageError(
-            f"cannot add the DVC remote: {_dvc_error(e)}", path=project.root
+            f"cannot add the DVC remote: {split.scrub(_dvc_error(e))}", path=project.root
         ) from None
 
 

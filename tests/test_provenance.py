@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import git, write_checkpoint
 
-from kronos_audit.errors import ProjectError
+from kronos_audit.errors import ProjectError, UsageError
 from kronos_audit.provenance import (
+    NUMERIC_ENV_NAMES,
     environment,
     git_state,
     numeric_environment_variables,
@@ -46,12 +47,36 @@ def fresh_environment() -> Iterator[None]:
         ("../sibling-repo", "../sibling-repo"),
         ("file:///srv/git/repo.git", "file:///srv/git/repo.git"),
         ("https://github.com/org/repo.git", "https://github.com/org/repo.git"),
+        # Tokens in the userinfo of any scheme, and in query strings and fragments.
+        ("https://oauth2:glpat-s3cr3t@gitlab.com/g/r.git", "https://gitlab.com/g/r.git"),
+        ("git+https://ghp_s3cr3t@github.com/o/r.git", "git+https://github.com/o/r.git"),
+        ("ssh://ghp_s3cr3t@host.example/r.git", "ssh://host.example/r.git"),
+        ("ssh://x-token:hunter2@host.example/r.git", "ssh://x-token@host.example/r.git"),
+        ("alice:hunter2@host.example:srv/repo.git", "alice@host.example:srv/repo.git"),
+        ("https://h.example/r.git?private_token=s3cr3t", "https://h.example/r.git"),
+        (
+            "https://h.example/r.git?ref=main&access_token=s3cr3t&depth=1",
+            "https://h.example/r.git?ref=main&depth=1",
+        ),
+        (
+            "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAX&X-Amz-Signature=s3cr3t",
+            "https://b.s3.amazonaws.com/k",
+        ),
+        (
+            "https://acct.blob.core.windows.net/c?sv=2022&sig=s3cr3t",
+            "https://acct.blob.core.windows.net/c?sv=2022",
+        ),
+        ("https://h.example/r#access_token=s3cr3t&state=x", "https://h.example/r#state=x"),
+        ("https://h.example/r?key=s3cr3t&secret=hunter2&password=pw", "https://h.example/r"),
+        ("https://h.example/r?ghp_s3cr3t", "https://h.example/r"),
+        ("https://h.example/r.git#main", "https://h.example/r.git#main"),
+        ("s3://bucket/path?versionId=3", "s3://bucket/path?versionId=3"),
     ],
 )
 def test_strip_credentials(url: str, expected: str) -> None:
     stripped = strip_credentials(url)
     assert stripped == expected
-    for secret in ("ghp_s3cr3t", "hunter2", ":pw@"):
+    for secret in ("ghp_s3cr3t", "s3cr3t", "hunter2", ":pw@", "=pw", "AKIAX"):
         assert secret not in stripped
 
 
@@ -130,6 +155,10 @@ def test_remote_is_recorded_without_credentials(git_repo: Path) -> None:
     assert git_state(git_repo).remote == "https://example.com/b.git"  # the only remote
     git(git_repo, "remote", "add", "origin", "https://alice:tok@example.com/o.git")
     assert git_state(git_repo).remote == "https://example.com/o.git"  # origin wins
+    git(git_repo, "remote", "set-url", "origin", "https://example.com/o.git?private_token=tok")
+    assert git_state(git_repo).remote == "https://example.com/o.git"
+    git(git_repo, "remote", "set-url", "origin", "https://ghp_tok@github.com/o.git")
+    assert git_state(git_repo).remote == "https://github.com/o.git"
 
 
 def test_a_repository_without_commits_is_refused(tmp_path: Path) -> None:
@@ -176,3 +205,114 @@ def test_environment_records_numeric_variables_and_a_digest_of_the_rest(
     changed = environment()
     assert changed["variables"]["OMP_NUM_THREADS"] == "5"
     assert changed["digest"] != env["digest"]
+
+
+def test_environment_variables_are_recorded_by_name_not_by_prefix(
+    monkeypatch: pytest.MonkeyPatch, fresh_environment: None
+) -> None:
+    # Prefixes of numeric libraries, but no numeric meaning: a licence key, a token.
+    for name in (
+        "OMP_SECRET_TOKEN",
+        "MKL_LICENSE",
+        "MKL_LICENSE_TOKEN",
+        "CUBLAS_API_KEY",
+        "OPENBLAS_VERBOSE",
+        "KMP_SETTINGS_PASSWORD",
+        "CUDNN_LOGDEST_DBG",
+    ):
+        monkeypatch.setenv(name, "s3cr3t")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    variables = environment()["variables"]
+    assert variables["OMP_NUM_THREADS"] == "2"
+    assert variables["MKL_CBWR"] == "COMPATIBLE"
+    assert variables["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "s3cr3t" not in json.dumps(environment())
+    assert set(variables) <= NUMERIC_ENV_NAMES
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        ".env",
+        ".env.production",
+        "config/server.pem",
+        "tls.key",
+        "id_ed25519",
+        "id_rsa_work",
+        "deploy/id_ecdsa",
+        "keystore.p12",
+        "cert.pfx",
+        "credentials.json",
+        "gcp/credentials-prod.json",
+        ".netrc",
+        ".pgpass",
+        ".git-credentials",
+    ],
+)
+def test_a_new_secret_looking_file_is_not_put_into_a_patch(git_repo: Path, name: str) -> None:
+    secret = git_repo / name
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_text("API_TOKEN=s3cr3t\n")
+    git(git_repo, "add", name)
+    (git_repo / "solver.py").write_text("print('solve faster')\n")
+    with pytest.raises(UsageError, match="allow-secret-files") as info:
+        git_state(git_repo)
+    assert info.value.path == git_repo / name
+    assert f"git rm --cached -- {name}" in info.value.message
+    assert not (git_repo / ".kaudit" / "patches").exists()
+
+    state = git_state(git_repo, allow_secret_files=True)  # the user says it is no secret
+    assert state.patch_sha256 is not None
+    assert b"s3cr3t" in patch_path(git_repo, state.patch_sha256).read_bytes()
+
+
+def test_a_file_added_with_intent_to_add_counts_too(git_repo: Path) -> None:
+    (git_repo / ".env").write_text("TOKEN=s3cr3t\n")
+    git(git_repo, "add", "--intent-to-add", ".env")  # in `git diff HEAD`, not staged
+    with pytest.raises(UsageError, match=r"named like \.env"):
+        git_state(git_repo)
+    assert not (git_repo / ".kaudit" / "patches").exists()
+
+
+def test_a_private_key_under_any_name_is_not_put_into_a_patch(git_repo: Path) -> None:
+    (git_repo / "notes.txt").write_text(
+        "deploy with:\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n"
+        "-----END OPENSSH PRIVATE KEY-----\n"
+    )
+    git(git_repo, "add", "notes.txt")
+    with pytest.raises(UsageError, match="PEM private key") as info:
+        git_state(git_repo)
+    assert info.value.path == git_repo / "notes.txt"
+    assert not (git_repo / ".kaudit" / "patches").exists()
+
+
+def test_a_committed_secret_file_that_changes_is_refused_and_one_deleted_is_not(
+    git_repo: Path,
+) -> None:
+    (git_repo / ".env").write_text("TOKEN=old\n")
+    git(git_repo, "add", ".env")
+    git(git_repo, "commit", "-q", "-m", "an .env committed long ago")
+    # Its change may be a new secret (a rotated token): the old one being in the history
+    # is no reason to record the new one.
+    (git_repo / ".env").write_text("TOKEN=rotated-s3cr3t\n")
+    with pytest.raises(UsageError, match="commit or revert its change") as info:
+        git_state(git_repo)
+    assert info.value.path == git_repo / ".env"
+    assert not (git_repo / ".kaudit" / "patches").exists()
+    # Deleting it publishes nothing new.
+    git(git_repo, "rm", "-q", "-f", ".env")
+    assert git_state(git_repo).dirty is True
+
+
+@pytest.mark.parametrize(
+    "name", [".env.example", "id_ed25519.pub", "keys.py", "id_utils.py", "docs/pem.md"]
+)
+def test_files_that_only_resemble_secrets_are_recorded(git_repo: Path, name: str) -> None:
+    path = git_repo / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("TOKEN=\n")
+    git(git_repo, "add", name)
+    state = git_state(git_repo)
+    assert state.patch_sha256 is not None

@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from kronos_audit import signing, storage
+from kronos_audit._internal.secrets import redact
 from kronos_audit.cli._app import cli, fail_line, out, safe
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import read_manifest
@@ -24,7 +25,8 @@ from kronos_audit.verify import VerifyResult, verify_each
     "--remote",
     "remote_url",
     metavar="URL",
-    help="Default DVC remote: a directory, ssh://host/path, s3://bucket/path ...",
+    help="Default DVC remote: a directory, ssh://host/path, s3://bucket/path ... A password "
+    "or token in it goes to .dvc/config.local (git-ignored), never to .dvc/config.",
 )
 @click.option("--remote-name", default="storage", show_default=True, help="Its name.")
 def init(remote_url: str | None, remote_name: str) -> None:
@@ -39,7 +41,10 @@ def init(remote_url: str | None, remote_name: str) -> None:
     _, link_types = storage.cache_settings(project)
     out.print(f"  dvc cache     cache.type = {','.join(link_types)}")
     if remote_url is not None:
-        out.print(f"  dvc remote    {remote_name} = {remote_url} (default)")
+        # Shown with its credentials masked: they went to .dvc/config.local, not to a log.
+        shown = redact(remote_url)
+        where = " (credentials in .dvc/config.local)" if shown != remote_url else ""
+        out.print(f"  dvc remote    {safe(remote_name)} = {safe(shown)} (default){where}")
     if not signing.held_keys():
         out.print("next: `kaudit keys generate` to make your signing key")
 
@@ -143,6 +148,12 @@ def _parse_attr(values: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--command", "command", help="Command line that re-runs this segment.")
 @click.option("--attr", "attrs", multiple=True, help="User attribute KEY=VALUE (JSON or text).")
 @click.option("--key", help="Signing key name (default: $KAUDIT_KEY, else the only key held).")
+@click.option(
+    "--allow-secret-files",
+    is_flag=True,
+    help="Record the uncommitted diff even if it carries a file that looks like a secret "
+    "(.env, *.pem, *.key, id_* ...); without it such a diff is refused.",
+)
 def snapshot(
     checkpoints: tuple[Path, ...],
     run_id: str,
@@ -152,6 +163,7 @@ def snapshot(
     command: str | None,
     attrs: tuple[str, ...],
     key: str | None,
+    allow_secret_files: bool,
 ) -> None:
     """Write a signed manifest beside each checkpoint (CKPT.kaudit.json)."""
     try:
@@ -167,6 +179,7 @@ def snapshot(
         command=argv,
         key=key,
         attributes=_parse_attr(attrs),
+        allow_secret_files=allow_secret_files,
     )
     for m in manifests:
         click.echo(str(m.path))
@@ -239,7 +252,7 @@ def show(manifest: Path, as_json: bool) -> None:
     g, env = p["git"], p["environment"]
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
-    t.add_column(overflow="fold")  # a long path shown whole, not cut short
+    t.add_column()
     t.add_row("manifest", _text(m.path))
     t.add_row("checkpoint", f"{_text(m.subject_name)}  ({_text(p['size'])} bytes)")
     t.add_row("sha256", _text(m.subject_sha256))

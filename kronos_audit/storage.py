@@ -80,11 +80,14 @@ def _reflink(src: Path, dst: Path) -> None:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
 
 
-def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str]) -> str:
+def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
     """Make ``obj`` (a cache object) hold the checkpoint's bytes; return how.
 
     Tries ``types`` in order; only ``copy`` copies the data. The object ends read-only, as
-    DVC keeps its cache (with a hard link the checkpoint shares that mode).
+    DVC keeps its cache (with a hard link the checkpoint shares that mode) when kaudit
+    created the checkpoint (``owned``). A file kaudit did not create (``kaudit snapshot``)
+    is never changed: a hard link to it keeps its mode, and ``symlink``, which would move
+    it into the cache, is skipped.
     """
     if obj.exists():
         return "present"  # same md5: the cache has these bytes already
@@ -95,8 +98,14 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str]) -> str:
             if kind == "reflink":
                 _reflink(checkpoint, tmp)
             elif kind == "hardlink":
-                os.link(checkpoint, tmp)
+                os.link(checkpoint, tmp, follow_symlinks=False)
+                if not owned:
+                    # The link shares the user's inode: a chmod would change their file.
+                    os.replace(tmp, obj)
+                    return kind
             elif kind == "symlink":
+                if not owned:
+                    continue  # it would move the user's file into the cache
                 # The data moves into the cache; the checkpoint's name points at it.
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
@@ -115,8 +124,9 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str]) -> str:
         os.chmod(tmp, 0o444)
         os.replace(tmp, obj)
         return kind
+    why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     raise StorageError(
-        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}",
+        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}",
         path=checkpoint,
     )
 
@@ -168,11 +178,21 @@ def read_dvc_file(path: Path) -> tuple[str, int] | None:
 
 
 def track(
-    project: Project, checkpoint: Path, md5: str, size: int, *, ignore_pattern: str | None = None
+    project: Project,
+    checkpoint: Path,
+    md5: str,
+    size: int,
+    *,
+    owned: bool,
+    ignore_pattern: str | None = None,
 ) -> Path:
-    """Track a checkpoint with DVC: cache object, ``.dvc`` file, git-ignore entry."""
+    """Track a checkpoint with DVC: cache object, ``.dvc`` file, git-ignore entry.
+
+    ``owned``: kaudit created the checkpoint, so it may make it read-only or move it into
+    the cache (see :func:`link_into_cache`); otherwise the user's file is left as it is.
+    """
     cache_dir, types = cache_settings(project)
-    how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types)
+    how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types, owned=owned)
     if how == "copy":
         log.info("%s: copied into DVC's cache (cache.type allows no link here)", checkpoint)
     ensure_ignored(checkpoint.parent, ignore_pattern or f"/{checkpoint.name}")

@@ -252,7 +252,7 @@ def show(manifest: Path, as_json: bool) -> None:
     g, env = p["git"], p["environment"]
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # a long path shown whole, not cut short
     t.add_row("manifest", _text(m.path))
     t.add_row("checkpoint", f"{_text(m.subject_name)}  ({_text(p['size'])} bytes)")
     t.add_row("sha256", _text(m.subject_sha256))

@@ -45,6 +45,9 @@ EVIL_NAMES = {
 }
 """Dataset names a hostile checkpoint may hold -> how kaudit must print them."""
 
+ENVELOPE_START = '{"payloadType": "application/vnd.in-toto+json", "signatures": [], '
+"""The start of a DSSE envelope, to end with something pathological."""
+
 
 def write_evil_checkpoint(path: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
@@ -204,10 +207,22 @@ def test_an_attestation_is_read_the_same_way(project: Project) -> None:
         read_attestation(deep)
 
 
+def test_kaudit_verify_refuses_an_attestation_that_is_not_a_file(project: Project) -> None:
+    fifo = project.root / "step-00000001.h5.replay.json"
+    os.mkfifo(fifo)
+    code, out, err = run_kaudit("verify", str(fifo), cwd=project.root, timeout=30)
+    one_line(code, out, err, str(fifo), "attestation is a FIFO")
+    fifo.unlink()
+    huge = project.root / "step-00000001.h5.replay.json"
+    with huge.open("wb") as f:
+        f.truncate(20 * 2**30)
+    assert_bad_input(run_cli("verify", str(huge)), str(huge), "more than the")
+    huge.unlink()
+    huge.write_text(ENVELOPE_START + '"payload": "", "payload": "e30="}')
+    assert_bad_input(run_cli("verify", str(huge)), str(huge), "duplicate key 'payload'")
+
+
 # -- JSON that is not what it seems ---------------------------------------------------
-
-
-ENVELOPE_START = '{"payloadType": "application/vnd.in-toto+json", "signatures": [], '
 
 
 @pytest.mark.parametrize(

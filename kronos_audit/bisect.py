@@ -31,12 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, compare_files
-from kronos_audit.errors import BisectError
+from kronos_audit.errors import BisectError, Error
 from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
 from kronos_audit.project import find_project
-from kronos_audit.signing import verify_envelope
-from kronos_audit.storage import Storage
-from kronos_audit.verify import Verifier, fetch_missing, was_pruned
+from kronos_audit.verify import Verifier
 
 FORMAT = "kronos-audit/bisect/v1"
 """The ``format`` of :meth:`BisectResult.to_json_obj`."""
@@ -241,7 +239,7 @@ def read_chain(path: Path | str, verifier: Verifier | None = None, *, label: str
 
 def _walk(head: Manifest, verifier: Verifier, label: str) -> Chain:
     who = f"{label}: " if label else ""
-    signature = verify_envelope(head.envelope, verifier.trust)
+    signature = verifier.signature(head)
     if not signature.ok:
         raise BisectError(
             f"{who}the manifest does not verify: {signature.detail}",
@@ -330,7 +328,8 @@ class _Search:
         done = self.done[step]
         ma, mb = self.a.at(step), self.b.at(step)
         if done.comparison is not None or any(
-            not m.checkpoint_path.exists() and was_pruned(m.checkpoint_path) for m in (ma, mb)
+            not m.checkpoint_path.exists() and self.verifiers.get(m.path).pruned_by(m) is not None
+            for m in (ma, mb)
         ):
             return
         self.done[step] = replace(done, comparison=self.read(ma, mb))
@@ -343,9 +342,9 @@ class _Search:
     def _have_verified_data(self, m: Manifest, label: str) -> None:
         """Fetch the checkpoint if it is not here, then verify it against its manifest."""
         checkpoint = m.checkpoint_path
-        fetched = False
+        verifier = self.verifiers.get(m.path)
         if not checkpoint.exists():
-            if was_pruned(checkpoint):
+            if verifier.pruned_by(m) is not None:
                 raise BisectError(
                     f"{label}: the data of step {m.step} was pruned by retention, and "
                     "comparing it under a tolerance needs the data (bitwise needs only the "
@@ -354,21 +353,27 @@ class _Search:
                     run=m.run,
                     step=m.step,
                 )
-            failed = fetch_missing([m.path]) if self.fetch else {}
-            if checkpoint in failed:
+            if not self.fetch:
                 raise BisectError(
-                    f"{label}: the data of step {m.step} is not here, and fetching it "
-                    f"failed: {failed[checkpoint].message}",
+                    f"{label}: the data of step {m.step} is not here",
                     path=checkpoint,
                     run=m.run,
                     step=m.step,
                 )
-            fetched = checkpoint.exists()
-        verifier = self.verifiers.get(m.path)
+            try:
+                # Signature and place first, then only the signed md5, checked before it
+                # becomes visible.
+                verifier.fetch_data(m)
+            except Error as e:
+                raise BisectError(
+                    f"{label}: the data of step {m.step} is not here, and fetching it "
+                    f"failed: {e.message}",
+                    path=checkpoint,
+                    run=m.run,
+                    step=m.step,
+                ) from None
         result = verifier.verify(m.path)
         if not result.ok:
-            if fetched and any(c.name == "file digest" and not c.ok for c in result.checks):
-                Storage(verifier.project).discard(checkpoint)  # never leave it for valid
             problems = "; ".join(f"{c.name}: {c.detail}" for c in result.failures)
             raise BisectError(
                 f"{label}: the checkpoint of step {m.step} does not match its signed "

@@ -4,8 +4,9 @@ A manifest is a DSSE envelope (https://github.com/secure-systems-lab/dsse): the 
 is over the pre-authentication encoding PAE(payloadType, payload), so it covers the
 payload type too. A key is named by its key id, the hex sha256 of the raw 32-byte public
 key. Private keys live in the user's key directory (``$KAUDIT_HOME/keys``, default
-``~/.config/kaudit/keys``), never in a repository; the public keys a repository accepts
-live in its ``.kaudit/trusted-keys/``.
+``~/.config/kaudit/keys``), never in a repository, readable by their owner only and
+optionally encrypted (``KAUDIT_KEY_PASSPHRASE``). Which public keys a verifier accepts,
+and on whose word, is :mod:`kronos_audit.trust`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import binascii
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NewType
@@ -25,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
 from kronos_audit.errors import ManifestError, SigningKeyError
 
 KeyId = NewType("KeyId", str)
@@ -32,6 +35,10 @@ KeyId = NewType("KeyId", str)
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PASSPHRASE_ENV = "KAUDIT_KEY_PASSPHRASE"
+
+Passphrase = Callable[[str], str]
+"""Asked for the passphrase of an encrypted private key, given the key's name."""
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -52,17 +59,26 @@ def public_pem(public_key: Ed25519PublicKey) -> bytes:
     )
 
 
-def load_public_key(path: Path) -> Ed25519PublicKey:
-    """Read a PEM (SubjectPublicKeyInfo) Ed25519 public key."""
+def parse_public_key(data: bytes, path: Path | str) -> Ed25519PublicKey:
+    """A PEM (SubjectPublicKeyInfo) Ed25519 public key from ``data`` read at ``path``."""
     try:
-        key = serialization.load_pem_public_key(Path(path).read_bytes())
-    except OSError as e:
-        raise SigningKeyError(f"cannot read public key: {e.strerror}", path=path) from None
-    except ValueError:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError):
+        raise SigningKeyError("not a PEM public key", path=path) from None
+    except Exception:  # cryptography's parsers raise a few kinds for hostile DER
         raise SigningKeyError("not a PEM public key", path=path) from None
     if not isinstance(key, Ed25519PublicKey):
         raise SigningKeyError("not an Ed25519 public key", path=path)
     return key
+
+
+def load_public_key(path: Path, *, follow_symlinks: bool = True) -> Ed25519PublicKey:
+    """Read a PEM (SubjectPublicKeyInfo) Ed25519 public key from a regular file."""
+    try:
+        data = read_regular(path, KEY_LIMIT, follow_symlinks=follow_symlinks)
+    except UnsafeFile as e:
+        raise SigningKeyError(f"cannot read public key: {e.reason}", path=path) from None
+    return parse_public_key(data, path)
 
 
 @dataclass(frozen=True)
@@ -94,14 +110,43 @@ class PublicKeyEntry:
     """The key itself."""
 
 
+def enclosing_repository(path: Path) -> Path | None:
+    """The git work tree (or git directory) that contains ``path``, if any."""
+    probe = Path(os.path.abspath(path))
+    for candidate in (probe, *probe.parents):
+        if (candidate / ".git").exists() or (
+            candidate.name.endswith(".git") and (candidate / "HEAD").is_file()
+        ):
+            return candidate
+    return None
+
+
 def kaudit_home() -> Path:
-    """``$KAUDIT_HOME``, else ``~/.config/kaudit``."""
+    """``$KAUDIT_HOME``, else ``~/.config/kaudit``: the user's keys and trust anchors.
+
+    Refused inside a git repository: what lies there is content that others can change
+    through the repository, so it can anchor nothing (and a private key there would be one
+    ``git add`` away from being published).
+    """
     env = os.environ.get("KAUDIT_HOME")
-    return Path(env) if env else Path.home() / ".config" / "kaudit"
+    home = Path(env) if env else Path.home() / ".config" / "kaudit"
+    repo = enclosing_repository(home)
+    if repo is not None:
+        raise SigningKeyError(
+            f"KAUDIT_HOME is inside the git repository {repo}: keys and trust anchors "
+            "must live outside any repository (set KAUDIT_HOME to another directory)",
+            path=home,
+        )
+    return home
 
 
 def key_dir() -> Path:
     return kaudit_home() / "keys"
+
+
+def user_trust_dir() -> Path:
+    """The user's own trust store, an anchor: ``$KAUDIT_HOME/trusted-keys``."""
+    return kaudit_home() / "trusted-keys"
 
 
 def _check_name(name: str) -> None:
@@ -111,8 +156,10 @@ def _check_name(name: str) -> None:
         )
 
 
-def generate_key(name: str = "default") -> SigningKey:
-    """Make an Ed25519 key pair in the user's key directory (private key mode 0600)."""
+def generate_key(name: str = "default", *, passphrase: str | None = None) -> SigningKey:
+    """Make an Ed25519 key pair in the user's key directory (private key mode 0600,
+    encrypted when ``passphrase`` is given) and trust its public half in the user's own
+    trust store, so that what this user signs verifies anchored on their machine."""
     _check_name(name)
     directory = key_dir()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -121,20 +168,27 @@ def generate_key(name: str = "default") -> SigningKey:
         raise SigningKeyError(
             "a key with this name exists already; pick another with --name", path=private_path
         )
+    if passphrase is not None and not passphrase:
+        raise SigningKeyError("an empty passphrase encrypts nothing", path=private_path)
     private_key = Ed25519PrivateKey.generate()
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.NoEncryption()
+        if passphrase is None
+        else serialization.BestAvailableEncryption(passphrase.encode())
+    )
     pem = private_key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption
     )
     # The public half first: a crash in between leaves no private key without its public one.
     write_atomic(directory / f"{name}.pub", public_pem(private_key.public_key()))
     write_atomic(private_path, pem, mode=0o600, overwrite=False)
+    TrustStore(user_trust_dir()).add(private_key.public_key(), name)
     return SigningKey(name, key_id(private_key.public_key()), private_key)
 
 
 def held_keys() -> list[PublicKeyEntry]:
-    """The key pairs in the user's key directory, by name."""
+    """The key pairs in the user's key directory, by name (read from their public halves,
+    so that an encrypted key needs no passphrase to be listed)."""
     directory = key_dir()
     if not directory.is_dir():
         return []
@@ -150,20 +204,66 @@ def held_keys() -> list[PublicKeyEntry]:
     return entries
 
 
-def _load_private(path: Path) -> Ed25519PrivateKey:
+def _read_private(path: Path) -> bytes:
+    """The private key file's bytes, refused (as ssh refuses it) when group or others may
+    read or write it: such a key may already be someone else's."""
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise SigningKeyError("private key not found", path=path) from None
     except OSError as e:
         raise SigningKeyError(f"cannot read private key: {e.strerror}", path=path) from None
-    except (ValueError, TypeError):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SigningKeyError("a private key must be a regular file", path=path)
+        if st.st_mode & 0o077:
+            mode = stat.S_IMODE(st.st_mode)
+            raise SigningKeyError(
+                f"permissions {mode:04o} are too open: a private key must be accessible by "
+                f"its owner only (chmod 600 {path})",
+                path=path,
+            )
+        if st.st_size > KEY_LIMIT:
+            raise SigningKeyError("too large to be a private key", path=path)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(KEY_LIMIT + 1)
+    finally:
+        os.close(fd)
+
+
+def _load_private(path: Path, passphrase: Passphrase | None = None) -> Ed25519PrivateKey:
+    data = _read_private(path)
+    secret: bytes | None = None
+    if b"ENCRYPTED" in data.split(b"\n", 1)[0]:
+        text = os.environ.get(PASSPHRASE_ENV)
+        if text is None and passphrase is not None:
+            text = passphrase(path.stem)
+        if not text:
+            raise SigningKeyError(
+                f"the private key is encrypted: give its passphrase in {PASSPHRASE_ENV} "
+                "(or run kaudit on a terminal to be asked)",
+                path=path,
+            )
+        secret = text.encode()
+    try:
+        key = serialization.load_pem_private_key(data, password=secret)
+    except TypeError:
         raise SigningKeyError("not an unencrypted PEM private key", path=path) from None
+    except ValueError:
+        what = "wrong passphrase, or " if secret is not None else ""
+        raise SigningKeyError(f"{what}not a PEM private key", path=path) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SigningKeyError("not an Ed25519 private key", path=path)
     return key
 
 
-def select_key(name: str | None = None) -> SigningKey:
-    """The signing key: ``name``, else ``$KAUDIT_KEY``, else the only key held."""
+def select_key(name: str | None = None, *, passphrase: Passphrase | None = None) -> SigningKey:
+    """The signing key: ``name``, else ``$KAUDIT_KEY``, else the only key held.
+
+    An encrypted key's passphrase comes from ``$KAUDIT_KEY_PASSPHRASE``, else from
+    ``passphrase`` (the CLI asks on a terminal), else it is an error.
+    """
     name = name or os.environ.get("KAUDIT_KEY") or None
     held = held_keys()
     if name is None:
@@ -185,25 +285,55 @@ def select_key(name: str | None = None) -> SigningKey:
             f"no signing key named {name!r} in {key_dir()} (held: {names}); "
             "make one with `kaudit keys generate --name NAME`"
         )
-    private_key = _load_private(path)
+    private_key = _load_private(path, passphrase)
     return SigningKey(name, key_id(private_key.public_key()), private_key)
 
 
+@dataclass(frozen=True)
+class StoreProblem:
+    """A trust store entry that was skipped, and why."""
+
+    path: Path
+    """The entry."""
+    reason: str
+    """Why it was not taken (a symlink, a FIFO, not an Ed25519 public key, ...)."""
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}: skipped"
+
+
 class TrustStore:
-    """The public keys a repository accepts signatures from: ``.kaudit/trusted-keys/*.pub``."""
+    """A directory of trusted public keys, ``*.pub`` (PEM): the user's own
+    (``$KAUDIT_HOME/trusted-keys``) or a repository's (``.kaudit/trusted-keys``).
+
+    Anyone may have written a repository's store, so an entry is taken only if it is a
+    regular file (not a symlink, which could name a key elsewhere; not a FIFO, which would
+    block) holding an Ed25519 public key. Every other entry is reported in
+    :attr:`problems` and skipped: one bad file never stops a verification.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self._entries: dict[KeyId, PublicKeyEntry] | None = None
+        self.problems: list[StoreProblem] = []
+        """Entries skipped on reading, one by one."""
 
     def entries(self) -> dict[KeyId, PublicKeyEntry]:
         if self._entries is None:
             found: dict[KeyId, PublicKeyEntry] = {}
-            if self.directory.is_dir():
+            if self.directory.is_symlink():
+                self.problems.append(
+                    StoreProblem(self.directory, "the trust store is a symbolic link")
+                )
+            elif self.directory.is_dir():
                 for path in sorted(self.directory.glob("*.pub")):
-                    public_key = load_public_key(path)
+                    try:
+                        public_key = load_public_key(path, follow_symlinks=False)
+                    except SigningKeyError as e:
+                        self.problems.append(StoreProblem(path, e.message))
+                        continue
                     kid = key_id(public_key)
-                    found[kid] = PublicKeyEntry(path.stem, kid, path, public_key)
+                    found.setdefault(kid, PublicKeyEntry(path.stem, kid, path, public_key))
             self._entries = found
         return self._entries
 
@@ -215,7 +345,7 @@ class TrustStore:
         if existing is not None:
             return existing
         path = self.directory / f"{name}.pub"
-        if path.exists():
+        if path.exists() or path.is_symlink():
             raise SigningKeyError(
                 "another key is trusted under this name; pick another with --name", path=path
             )
@@ -299,6 +429,32 @@ def parse_envelope(obj: object, path: Path | None = None) -> Envelope:
     return Envelope(payload_type, _b64decode(obj["payload"], "payload", path), tuple(sigs))
 
 
+def valid_signers(
+    envelope: Envelope, candidates: Mapping[KeyId, Ed25519PublicKey]
+) -> tuple[list[KeyId], list[str], list[str]]:
+    """Which of ``candidates`` signed the envelope: (signers, key ids whose signature did
+    not match, key ids not among the candidates). The keyid is only a hint (DSSE): an empty
+    or unknown one is tried against every candidate."""
+    message = pae(envelope.payload_type, envelope.payload)
+    signers: list[KeyId] = []
+    bad: list[str] = []
+    unknown: list[str] = []
+    for s in envelope.signatures:
+        keyid = KeyId(s.keyid)
+        tried = [keyid] if keyid in candidates else list(candidates)
+        for kid in tried:
+            try:
+                candidates[kid].verify(s.sig, message)
+            except InvalidSignature:
+                continue
+            if kid not in signers:
+                signers.append(kid)
+            break
+        else:
+            (bad if keyid in candidates else unknown).append(s.keyid or "(no keyid)")
+    return signers, bad, unknown
+
+
 @dataclass(frozen=True)
 class SignatureCheck:
     """Outcome of checking an envelope's signatures against a trust store."""
@@ -312,26 +468,12 @@ class SignatureCheck:
 
 
 def verify_envelope(envelope: Envelope, trust: TrustStore) -> SignatureCheck:
-    """Accept the envelope when any signature verifies under a trusted key."""
+    """Accept the envelope when any signature verifies under a key of one directory store
+    (the anchors and their rules are :class:`kronos_audit.trust.Keyring`)."""
     if not envelope.signatures:
         return SignatureCheck(False, (), "the envelope has no signature")
-    message = pae(envelope.payload_type, envelope.payload)
-    trusted = trust.entries()
-    signers: list[KeyId] = []
-    untrusted: list[str] = []
-    bad: list[str] = []
-    for s in envelope.signatures:
-        # The keyid is only a hint (DSSE): an empty or unknown one is tried against every key.
-        candidates = [trusted[KeyId(s.keyid)]] if s.keyid in trusted else list(trusted.values())
-        for entry in candidates:
-            try:
-                entry.public_key.verify(s.sig, message)
-            except InvalidSignature:
-                continue
-            signers.append(entry.key_id)
-            break
-        else:
-            (bad if s.keyid in trusted else untrusted).append(s.keyid or "(no keyid)")
+    keys = {kid: e.public_key for kid, e in trust.entries().items()}
+    signers, bad, untrusted = valid_signers(envelope, keys)
     if signers:
         return SignatureCheck(
             True, tuple(signers), "signed by " + ", ".join(k[:16] for k in signers)

@@ -1,4 +1,11 @@
-"""Verify a manifest: schema, signature, file digest, every dataset hash, the parent chain.
+"""Verify a manifest: signature, place, file digest, every dataset hash, the parent chain.
+
+The order is the trust model's (docs/security.md): the signature over the manifest, by a
+key the verifier's anchors accept, and the manifest's place (its checkpoint's name and
+run directory are the ones it signs) are checked before anything the manifest names is
+fetched or read; a checkpoint's data is then fetched, if it is not here, by the md5 the
+signed manifest records, to the checkpoint's own path, and checked before it becomes
+visible.
 
 Bad input (a manifest that is not one, a checkpoint that is not there) raises
 :class:`kronos_audit.errors.Error` with exit code 2. Checks that run and fail are not
@@ -8,13 +15,16 @@ check named, so one call reports every problem at once.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import os
+import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
 from kronos_audit.errors import (
     CheckpointError,
@@ -23,22 +33,21 @@ from kronos_audit.errors import (
     StorageError,
     TamperedData,
 )
-from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, checkpoint_path_for, read_manifest
+from kronos_audit.manifest import (
+    MANIFEST_SUFFIX,
+    Manifest,
+    checkpoint_path_for,
+    parse_manifest,
+    read_manifest,
+)
 from kronos_audit.project import Project, find_project
-from kronos_audit.signing import TrustStore, verify_envelope
-from kronos_audit.storage import Storage, dvc_file_for
+from kronos_audit.storage import Storage
+from kronos_audit.trust import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
 
-PRUNED_LIST = ".kaudit-pruned"
-"""In a run directory: the checkpoint files retention deleted, one name a line. Their
-manifests stay, so the chain stays verifiable."""
-
-
-def was_pruned(checkpoint: Path) -> bool:
-    try:
-        lines = (checkpoint.parent / PRUNED_LIST).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return False
-    return checkpoint.name in lines
+ATTESTATION_SUFFIX = ".replay.json"
+SIZE_SLACK = 64 * 1024 * 1024
+"""A checkpoint larger than twice its signed size plus this fails without being read."""
+_STEP_NAME = re.compile(r"^step-0*(\d+)(\.|$)")
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,8 @@ class Check:
     """One check of a manifest."""
 
     name: str
-    """``signature``, ``file digest``, ``dataset /path``, ``datasets`` or ``parent link``."""
+    """``signature``, ``place``, ``file digest``, ``dataset /path``, ``datasets``,
+    ``parent link``; for an attestation also ``manifest`` and ``outcome``."""
     ok: bool
     """Whether it held."""
     detail: str
@@ -60,10 +70,10 @@ class Check:
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Every check made of one manifest."""
+    """Every check made of one manifest (or replay attestation)."""
 
     manifest: Path
-    """The manifest verified."""
+    """The manifest (or attestation) verified."""
     checkpoint: Path
     """The checkpoint file it describes."""
     run: str
@@ -73,7 +83,11 @@ class VerifyResult:
     checks: tuple[Check, ...]
     """In the order made."""
     fetched: bool = False
-    """The checkpoint was pulled from the DVC remote for this verification."""
+    """The checkpoint was fetched from the DVC remote for this verification."""
+    signer: TrustedKey | None = None
+    """The key whose signature was accepted (or refused as unanchored or revoked)."""
+    kind: str = "manifest"
+    """``manifest`` or ``attestation``."""
 
     @property
     def ok(self) -> bool:
@@ -83,13 +97,26 @@ class VerifyResult:
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.ok)
 
+    @property
+    def data_checked(self) -> bool:
+        """The checkpoint's bytes were hashed and compared with the signed digests."""
+        return any(c.name == "file digest" and not c.skipped for c in self.checks)
+
+    @property
+    def data_corrupt(self) -> bool:
+        """The bytes here are not the ones the manifest signs."""
+        return any(c.name == "file digest" and not c.ok and not c.skipped for c in self.checks)
+
     def to_json_obj(self) -> dict[str, Any]:
         return {
+            "kind": self.kind,
             "manifest": str(self.manifest),
             "checkpoint": str(self.checkpoint),
             "run": self.run,
             "step": self.step,
             "ok": self.ok,
+            "signer": None if self.signer is None else self.signer.to_json_obj(),
+            "data_checked": self.data_checked,
             "checks": [c.to_json_obj() for c in self.checks],
             "fetched": self.fetched,
         }
@@ -137,67 +164,212 @@ def compare_datasets(
     return checks or [Check("datasets", True, f"all {len(recorded)} dataset hashes match")]
 
 
+def place_check(project: Project, manifest: Manifest) -> Check:
+    """The checkpoint is where its signed subject says: the same file name and the same
+    run directory name (the directory may have moved as a whole, or the repository been
+    cloned elsewhere), and a ``step-N`` name says the signed step. A signed step-100
+    checkpoint copied with its manifest to ``step-00000900.h5`` fails here."""
+    checkpoint = manifest.checkpoint_path
+    signed = PurePosixPath(manifest.subject_name)
+    actual = PurePosixPath(project.relative(checkpoint))
+    what = f"run {manifest.run!r} step {manifest.step}"
+    named = _STEP_NAME.match(checkpoint.name)
+    if named and int(named.group(1)) != manifest.step:
+        return Check(
+            "place",
+            False,
+            f"the file is named for step {int(named.group(1))}, but its manifest signs {what}",
+        )
+    if actual == signed:
+        return Check("place", True, f"{what} at the place it was signed")
+    if actual.name != signed.name:
+        return Check(
+            "place",
+            False,
+            f"the file is named {actual.name}, but {what} was signed as {signed.name}: "
+            "a checkpoint is bound to its name",
+        )
+    signed_dir = signed.parent.name if len(signed.parts) > 1 else ""
+    actual_dir = actual.parent.name if len(actual.parts) > 1 else ""
+    if signed_dir != actual_dir:
+        return Check(
+            "place",
+            False,
+            f"the file is in directory {actual_dir or '(repository root)'}, but {what} was "
+            f"signed in {signed_dir or '(repository root)'}: a checkpoint is bound to its "
+            "run directory",
+        )
+    return Check("place", True, f"{what}; its run directory moved (signed as {signed})")
+
+
+@dataclass
+class _Directory:
+    """The manifests in one directory, read once: by digest, and what their signed
+    retention records prune."""
+
+    by_digest: dict[str, Path]
+    pruned: dict[str, list[Path]] | None = None
+
+
 @dataclass
 class Verifier:
-    """Verifies manifests of one project, remembering chain links already checked."""
+    """Verifies manifests of one project, remembering chain links already checked.
+
+    ``keyring`` is whose signatures count (default: the anchors of
+    :func:`kronos_audit.trust.load_keyring`); with ``fetch``, a checkpoint that is not here
+    is fetched from the DVC remote once its manifest's signature and place hold.
+    """
 
     project: Project
-    trust: TrustStore = field(init=False)
+    keyring: Keyring | None = None
+    fetch: bool = False
+    remote: str | None = None
     _chain: dict[str, Check] = field(default_factory=dict, init=False)
     # For a manifest whose chain verified: (manifests in its chain, step of the first).
     _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
+    _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
+    _storage: Storage | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.trust = self.project.trust_store()
+        if self.keyring is None:
+            self.keyring = load_keyring(self.project.root)
 
-    def verify(self, manifest_path: Path | str, *, data: bool = True) -> VerifyResult:
+    @property
+    def keys(self) -> Keyring:
+        assert self.keyring is not None
+        return self.keyring
+
+    def signature(self, manifest: Manifest) -> SignerCheck:
+        """Whether a key the keyring accepts signed ``manifest`` (at its ``created`` time)."""
+        return self.keys.check(manifest.envelope, str(manifest.predicate["created"]))
+
+    def verify(
+        self, manifest_path: Path | str, *, data: bool = True, newest: bool = False
+    ) -> VerifyResult:
         """Every check of one manifest. With ``data=False`` the checkpoint's bytes are
-        neither needed nor checked (signature and chain only; the recorded hashes stand,
-        as a bitwise replay uses them): the file-digest check is reported as skipped."""
+        neither needed nor checked (signature, place and chain only; the recorded hashes
+        stand, as a bitwise replay uses them): the file-digest check is reported as
+        skipped. ``newest`` says this is the newest checkpoint of its run being verified:
+        its data must be checked, pruned or not."""
         manifest = read_manifest(manifest_path)
         checkpoint = manifest.checkpoint_path
+        signed = self.signature(manifest)
+        checks = [Check("signature", signed.ok, signed.detail), place_check(self.project, manifest)]
+        fetched = False
         if not data:
-            recorded_only = (
-                self._signature(manifest),
+            checks.append(
                 Check(
                     "file digest",
                     True,
                     "data not checked: the recorded hashes are used",
                     skipped=True,
-                ),
-                self._parent(manifest),
+                )
             )
-            return VerifyResult(
-                manifest.path, checkpoint, manifest.run, manifest.step, recorded_only
+        elif os.path.exists(checkpoint):
+            checks += self._content(manifest)
+        else:
+            pruner = self.pruned_by(manifest)
+            if pruner is not None:
+                checks.append(self._pruned_check(pruner, manifest, newest))
+            elif not (signed.ok and checks[1].ok):
+                # Nothing a manifest names is fetched before its signature and place hold.
+                checks.append(
+                    Check(
+                        "file digest",
+                        False,
+                        "checkpoint not here, and not fetched: its manifest does not verify",
+                    )
+                )
+            elif self.fetch and manifest.subject_md5 is not None:
+                checks += self._fetch_and_check(manifest)
+                fetched = True
+            else:
+                raise CheckpointError(
+                    "checkpoint file not found (no signed retention record prunes it)",
+                    path=checkpoint,
+                )
+        checks.append(self._parent(manifest))
+        return VerifyResult(
+            manifest.path,
+            checkpoint,
+            manifest.run,
+            manifest.step,
+            tuple(checks),
+            fetched=fetched,
+            signer=signed.signer,
+        )
+
+    def _pruned_check(self, pruner: Path, manifest: Manifest, newest: bool) -> Check:
+        if newest:
+            return Check(
+                "file digest",
+                False,
+                f"data pruned (signed record in {pruner.name}), and this is the newest "
+                f"checkpoint of run {manifest.run!r} verified here: its data was never checked",
             )
-        pruned = False
+        return Check(
+            "file digest",
+            True,
+            f"data pruned by retention (signed record in {pruner.name}): not checked",
+            skipped=True,
+        )
+
+    def fetch_data(self, manifest: Manifest) -> None:
+        """Fetch ``manifest``'s checkpoint from the DVC remote: only once its signature and
+        place hold, only the object whose md5 it signs, only to its own path, checked
+        against the signed sha256 before it becomes visible. Raises TamperedData (exit 1)
+        or StorageError (exit 2)."""
+        signed = self.signature(manifest)
+        place = place_check(self.project, manifest)
+        if not signed.ok or not place.ok:
+            reason = signed.detail if not signed.ok else place.detail
+            raise TamperedData(
+                f"not fetched: the manifest does not verify ({reason})", path=manifest.path
+            )
+        if manifest.subject_md5 is None:
+            raise StorageError(
+                "not here, and its manifest records no DVC md5 to fetch it by",
+                path=manifest.checkpoint_path,
+            )
+        if self._storage is None:
+            self._storage = Storage(self.project)
+        self._storage.fetch(
+            manifest.checkpoint_path,
+            md5=manifest.subject_md5,
+            sha256=manifest.subject_sha256,
+            size=int(manifest.predicate["size"]),
+            remote=self.remote,
+        )
+
+    def _fetch_and_check(self, manifest: Manifest) -> list[Check]:
         try:
-            with open(checkpoint, "rb"):
-                pass
-        except FileNotFoundError:
-            pruned = was_pruned(checkpoint)
-            if not pruned:
-                raise CheckpointError("checkpoint file not found", path=checkpoint) from None
+            self.fetch_data(manifest)
+        except TamperedData as e:
+            return [Check("file digest", False, f"fetched data refused: {e.message}")]
+        return self._content(manifest)
+
+    def _content(self, manifest: Manifest) -> list[Check]:
+        checkpoint = manifest.checkpoint_path
+        recorded_size = int(manifest.predicate["size"])
+        try:
+            st = os.stat(checkpoint)
         except OSError as e:
             raise CheckpointError(
                 f"cannot read checkpoint: {e.strerror}", path=checkpoint
             ) from None
-        checks = [self._signature(manifest)]
-        if pruned:
-            checks.append(
-                Check("file digest", True, "data pruned by retention: not checked", skipped=True)
-            )
-        else:
-            checks += self._content(manifest)
-        checks.append(self._parent(manifest))
-        return VerifyResult(manifest.path, checkpoint, manifest.run, manifest.step, tuple(checks))
-
-    def _signature(self, manifest: Manifest) -> Check:
-        result = verify_envelope(manifest.envelope, self.trust)
-        return Check("signature", result.ok, result.detail)
-
-    def _content(self, manifest: Manifest) -> list[Check]:
-        checkpoint = manifest.checkpoint_path
+        if not stat.S_ISREG(st.st_mode):
+            return [Check("file digest", False, "the checkpoint is not a regular file")]
+        if st.st_size > 2 * recorded_size + SIZE_SLACK:
+            # Decided without reading: a huge (or sparse) file is never hashed for nothing.
+            # One of about the signed size is hashed (it costs about what the signed one
+            # would) so that the report can say which datasets changed.
+            return [
+                Check(
+                    "file digest",
+                    False,
+                    f"the file is {st.st_size:,} bytes, the manifest signs {recorded_size:,}",
+                )
+            ]
         try:
             digests: FileDigests | None = digest_file(checkpoint)
             problem = ""
@@ -225,22 +397,61 @@ class Verifier:
             checks += compare_datasets(manifest.datasets, digests.datasets)
         return checks
 
-    def locate_parent(self, manifest: Manifest) -> Path | None:
-        recorded: str | None = manifest.predicate["parent_manifest"]
-        if recorded is not None:
-            candidate = self.project.root / recorded
-            # The digest is the link: a file at the recorded place that does not match it
-            # is an altered parent, never the parent.
+    # -- the directory of a run: siblings by digest, signed retention records ------------
+
+    def _directory(self, directory: Path) -> _Directory:
+        found = self._dirs.get(directory)
+        if found is None:
+            by_digest: dict[str, Path] = {}
+            for sibling in sorted(directory.glob("*" + MANIFEST_SUFFIX)):
+                try:
+                    data = read_regular(sibling, MANIFEST_LIMIT, follow_symlinks=False)
+                except UnsafeFile:
+                    continue  # reported when it is verified itself
+                by_digest.setdefault(hashlib.sha256(data).hexdigest(), sibling)
+            found = self._dirs[directory] = _Directory(by_digest)
+        return found
+
+    def pruned_by(self, manifest: Manifest) -> Path | None:
+        """A later manifest of the same run, beside this one and signed by a key the
+        keyring accepts, whose retention record prunes this checkpoint; else None."""
+        directory = self._directory(manifest.path.parent)
+        if directory.pruned is None:
+            directory.pruned = {}
+            for path in directory.by_digest.values():
+                try:
+                    other = read_manifest(path)
+                except Error:
+                    continue
+                for entry in other.predicate.get("pruned") or ():
+                    directory.pruned.setdefault(str(entry["manifest"]), []).append(path)
+        for path in directory.pruned.get(manifest.digest, []):
+            other = read_manifest(path)
             if (
-                candidate.is_file()
-                and hashlib.sha256(candidate.read_bytes()).hexdigest() == manifest.parent
+                other.run == manifest.run
+                and other.step > manifest.step
+                and self.signature(other).ok
             ):
-                return candidate
-        # The run directory may have moved as a whole: look beside the child.
-        for sibling in sorted(manifest.path.parent.glob("*" + MANIFEST_SUFFIX)):
-            if hashlib.sha256(sibling.read_bytes()).hexdigest() == manifest.parent:
-                return sibling
+                return path
         return None
+
+    def locate_parent(self, manifest: Manifest) -> Path | None:
+        """The manifest whose sha256 is ``manifest``'s parent link: at its recorded place
+        (inside the repository only), else beside it (the run directory moved as a whole).
+        Siblings are indexed by digest once per directory, so a chain is linear."""
+        recorded = manifest.predicate["parent_manifest"]
+        if recorded is not None:
+            candidate = _inside(self.project.root, str(recorded))
+            if candidate is not None:
+                try:
+                    data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
+                except UnsafeFile:
+                    data = None
+                # The digest is the link: a file at the recorded place that does not match
+                # it is an altered parent, never the parent.
+                if data is not None and hashlib.sha256(data).hexdigest() == manifest.parent:
+                    return candidate
+        return self._directory(manifest.path.parent).by_digest.get(str(manifest.parent))
 
     def _parent(self, manifest: Manifest) -> Check:
         """Follow the chain to its first manifest: each link exists, matches and is signed."""
@@ -287,7 +498,8 @@ class Verifier:
         name = child.predicate["parent_manifest"] or "(not recorded)"
         path = self.locate_parent(child)
         if path is None:
-            if (self.project.root / str(name)).is_file():
+            recorded = _inside(self.project.root, str(name))
+            if recorded is not None and recorded.is_file():
                 return Check(
                     "parent link",
                     False,
@@ -299,7 +511,7 @@ class Verifier:
             parent = read_manifest(path)
         except ManifestError as e:
             return Check("parent link", False, f"parent manifest unreadable: {e}"), None
-        sig = verify_envelope(parent.envelope, self.trust)
+        sig = self.signature(parent)
         if not sig.ok:
             return Check("parent link", False, f"parent manifest {path.name}: {sig.detail}"), None
         if parent.run != child.run or parent.step >= child.step:
@@ -311,14 +523,97 @@ class Verifier:
             ), None
         return Check("parent link", True, f"parent {path.name} verifies"), parent
 
+    # -- replay attestations ---------------------------------------------------------
+
+    def verify_attestation(self, path: Path | str) -> VerifyResult:
+        """An attestation ``CKPT.replay.json`` is bound to the manifest beside it: it must
+        name that manifest's exact digest and its checkpoint's, be signed by a key the
+        keyring accepts, and record a reproduced outcome."""
+        from kronos_audit.replay.attest import read_attestation  # replay builds on verify
+
+        attestation = read_attestation(path)
+        path = attestation.path
+        predicate = attestation.predicate
+        manifest_path = path.with_name(path.name[: -len(ATTESTATION_SUFFIX)] + MANIFEST_SUFFIX)
+        signed = self.keys.check(attestation.envelope, str(predicate["replayed_at"]))
+        checks = [Check("signature", signed.ok, signed.detail)]
+        subjects = attestation.statement["subject"]
+        named_manifest = str(subjects[0]["digest"]["sha256"])
+        named_checkpoint = str(subjects[1]["digest"]["sha256"]) if len(subjects) > 1 else ""
+        run, step = str(predicate["manifest"]["run"]), int(predicate["manifest"]["step"])
+        try:
+            data = read_regular(manifest_path, MANIFEST_LIMIT, follow_symlinks=False)
+        except UnsafeFile as e:
+            checks.append(
+                Check(
+                    "manifest", False, f"the manifest beside it, {manifest_path.name}: {e.reason}"
+                )
+            )
+        else:
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != named_manifest:
+                checks.append(
+                    Check(
+                        "manifest",
+                        False,
+                        f"attests the manifest {named_manifest[:16]}..., but the one beside it "
+                        f"is {digest[:16]}...: an attestation is bound to its manifest",
+                    )
+                )
+            else:
+                manifest = parse_manifest(data, manifest_path)
+                beside = self.signature(manifest)
+                if manifest.subject_sha256 != named_checkpoint:
+                    checks.append(
+                        Check("manifest", False, "attests another checkpoint than its manifest")
+                    )
+                elif not beside.ok:
+                    checks.append(Check("manifest", False, f"its manifest: {beside.detail}"))
+                else:
+                    checks.append(
+                        Check("manifest", True, f"bound to {manifest_path.name} ({digest[:16]}...)")
+                    )
+                run, step = manifest.run, manifest.step
+        outcome = str(predicate["outcome"])
+        checks.append(
+            Check(
+                "outcome",
+                outcome != "NOT_REPRODUCED",
+                f"the replay attested: {outcome}",
+            )
+        )
+        return VerifyResult(
+            path,
+            checkpoint_path_for(manifest_path),
+            run,
+            step,
+            tuple(checks),
+            signer=signed.signer,
+            kind="attestation",
+        )
+
+
+def _inside(root: Path, relative: str) -> Path | None:
+    """``root/relative`` if it stays inside ``root`` (a recorded locator may be hostile:
+    ``../../dev/zero``, an absolute path)."""
+    if not relative or PurePosixPath(relative).is_absolute() or "\0" in relative:
+        return None
+    candidate = root / relative
+    try:
+        resolved = candidate.resolve()
+    except (OSError, RuntimeError):
+        return None
+    return candidate if resolved.is_relative_to(root.resolve()) else None
+
 
 def expand_manifest_args(paths: list[Path]) -> list[Path]:
-    """Manifests named directly, and every manifest inside a directory named, by name."""
+    """Manifests and attestations named directly, and every manifest (``*.kaudit.json``)
+    and attestation (``*.replay.json``) inside a directory named, by name."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir():
-            found = sorted(p.rglob("*" + MANIFEST_SUFFIX))
-            if not found:
+            found = sorted({*p.rglob("*" + MANIFEST_SUFFIX), *p.rglob("*" + ATTESTATION_SUFFIX)})
+            if not any(f.name.endswith(MANIFEST_SUFFIX) for f in found):
                 raise ManifestError("no manifest (*.kaudit.json) in this directory", path=p)
             out.extend(found)
         else:
@@ -326,82 +621,80 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
     return out
 
 
-def fetch_missing(manifests: list[Path]) -> dict[Path, Error]:
-    """Pull from the DVC remote the checkpoints these manifests name that are not here
-    (retention's pruned ones aside); return the error for each that could not be fetched."""
-    wanted: dict[Path, list[Path]] = {}
-    for m in manifests:
+def _newest(paths: list[Path]) -> set[Path]:
+    """The manifest of the highest step of each (directory, run) among ``paths``."""
+    best: dict[tuple[Path, str], tuple[int, Path]] = {}
+    for p in paths:
+        if not p.name.endswith(MANIFEST_SUFFIX):
+            continue
         try:
-            checkpoint = checkpoint_path_for(m)
-        except ManifestError:
-            continue  # verify reports it
-        if (
-            not checkpoint.exists()
-            and not was_pruned(checkpoint)
-            and m.exists()
-            and dvc_file_for(checkpoint).exists()
-        ):
-            wanted.setdefault(find_project(m).root, []).append(checkpoint)
-    failed: dict[Path, Error] = {}
-    for root, checkpoints in wanted.items():
-        try:
-            Storage(Project(root)).pull(checkpoints)
-        except Error as e:
-            for c in checkpoints:
-                if not c.exists():
-                    named = isinstance(e, TamperedData) and e.path == c
-                    failed[c] = (
-                        e
-                        if named or not isinstance(e, TamperedData)
-                        else StorageError(f"not fetched: the pull stopped at {e}", path=c)
-                    )
-    return failed
+            m = read_manifest(p)
+        except Error:
+            continue  # reported when it is verified
+        group = (p.parent.resolve(), m.run)
+        if group not in best or m.step > best[group][0]:
+            best[group] = (m.step, p)
+    return {p for _, p in best.values()}
 
 
-def _checkpoint_of(manifest: Path) -> Path | None:
-    try:
-        return checkpoint_path_for(manifest)
-    except ManifestError:
-        return None
+def verify_each(
+    manifests: list[Path],
+    *,
+    fetch: bool = True,
+    trust: TrustOptions | None = None,
+    remote: str | None = None,
+) -> Iterator[VerifyResult | Error]:
+    """Verify each manifest or attestation (directories expanded); yield its result, or
+    the bad-input error.
 
-
-def verify_each(manifests: list[Path], *, fetch: bool = True) -> Iterator[VerifyResult | Error]:
-    """Verify each manifest (directories expanded); yield its result, or the bad-input error.
-
-    With ``fetch``, checkpoints that are not here are first pulled from the DVC remote
-    (data pulled that then fails its file digest is removed again).
+    With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
+    manifest's signature and place hold (data that then fails is never left visible).
+    ``trust`` gives the anchors (see :mod:`kronos_audit.trust`). The newest checkpoint of
+    each run verified must have its data checked.
     """
     paths = expand_manifest_args(manifests)
-    absent = {c for c in map(_checkpoint_of, paths) if c is not None and not c.exists()}
-    failed = fetch_missing(paths) if fetch else {}
-    fetched = {c for c in absent if c.exists()}
+    newest = _newest(paths)
     verifiers: dict[Path, Verifier] = {}
     for p in paths:
         try:
             project = find_project(p)
-            checkpoint = checkpoint_path_for(p)
-            if checkpoint in failed:
-                error = failed[checkpoint]
-                if isinstance(error, TamperedData):
-                    raise error
-                raise StorageError(
-                    f"not here, and fetching it failed: {error.message}", path=checkpoint
+            verifier = verifiers.get(project.root)
+            if verifier is None:
+                verifier = verifiers[project.root] = Verifier(
+                    project, load_keyring(project.root, trust), fetch=fetch, remote=remote
                 )
-            result = verifiers.setdefault(project.root, Verifier(project)).verify(p)
-            if checkpoint in fetched:
-                result = dataclasses.replace(result, fetched=True)
-                if any(c.name == "file digest" and not c.ok for c in result.checks):
-                    Storage(project).discard(checkpoint)  # bad bytes from the remote: gone
-            yield result
+            if p.name.endswith(ATTESTATION_SUFFIX):
+                yield verifier.verify_attestation(p)
+            else:
+                yield verifier.verify(p, newest=p in newest)
         except Error as e:
             yield e
 
 
-def verify(manifests: Path | str | list[Path | str]) -> tuple[VerifyResult, ...]:
+def trust_problems(manifests: list[Path], trust: TrustOptions | None = None) -> list[str]:
+    """What was skipped reading the trust anchors of the repositories these are in."""
+    roots: dict[Path, None] = {}
+    for p in manifests:
+        try:
+            roots.setdefault(find_project(p).root, None)
+        except Error:
+            continue
+    problems: list[str] = []
+    for root in roots:
+        problems += load_keyring(root, trust).problems
+    return problems
+
+
+def verify(
+    manifests: Path | str | list[Path | str],
+    *,
+    trust: TrustOptions | None = None,
+    fetch: bool = True,
+) -> tuple[VerifyResult, ...]:
     """Verify manifests; raise on bad input, return a result (possibly failed) for each."""
     paths = [Path(manifests)] if isinstance(manifests, str | Path) else [Path(m) for m in manifests]
     results = []
-    for outcome in verify_each(paths):
+    for outcome in verify_each(paths, trust=trust, fetch=fetch):
         if isinstance(outcome, Error):
             raise outcome
         results.append(outcome)

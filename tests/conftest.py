@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from kronos_audit.cli import cli
 from kronos_audit.project import Project, init_project
-from kronos_audit.signing import SigningKey, generate_key
+from kronos_audit.signing import SigningKey, generate_key, user_trust_dir
 
 KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 """The installed `kaudit`, as a subprocess of this interpreter."""
@@ -68,6 +68,14 @@ def key(project: Project) -> SigningKey:
     """A signing key held by the user and trusted by ``project``."""
     k = generate_key("tester")
     project.trust_store().add(k.private_key.public_key(), "tester")
+    return k
+
+
+def untrusted_key(name: str) -> SigningKey:
+    """A key the user holds that no trust store holds: ``generate_key`` anchors a new key
+    in the user's own trust store, so it is taken out again."""
+    k = generate_key(name)
+    (user_trust_dir() / f"{name}.pub").unlink()
     return k
 
 

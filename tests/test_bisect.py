@@ -19,7 +19,7 @@ from kronos_audit.bisect import BisectError, Decision, bisect, first_true, read_
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import ManifestError
 from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.signing import SigningKey, user_trust_dir
 from kronos_audit.storage import Storage, configure_remote
 
 PERTURBATION = 1e-13
@@ -231,8 +231,9 @@ def test_an_unsigned_or_untrusted_head_is_bad_input(project: Project, key: Signi
         bisect(a, b)
     assert e.value.path == head
     assert "no signature" in e.value.message
-    for pub in project.trust_dir.iterdir():  # nobody's key trusted any more
-        pub.unlink()
+    for store in (project.trust_dir, user_trust_dir()):  # nobody's key trusted any more
+        for pub in store.iterdir():
+            pub.unlink()
     with pytest.raises(BisectError, match="run A: the manifest does not verify"):
         bisect(a, b)
 

@@ -126,7 +126,7 @@ def test_select_key_naming_a_key_not_held_lists_the_held_ones() -> None:
 def test_select_key_reports_a_corrupt_private_key(kaudit_home: Path) -> None:
     generate_key("alice")
     (kaudit_home / "keys" / "alice.key").write_text("not a key\n")
-    with pytest.raises(SigningKeyError, match="not an unencrypted PEM private key"):
+    with pytest.raises(SigningKeyError, match="not a PEM private key"):
         select_key("alice")
 
 

@@ -104,6 +104,7 @@ def test_a_non_hdf5_checkpoint_is_covered_by_its_file_digest(
     assert result.ok
     assert [c.name for c in result.checks] == [
         "signature",
+        "place",
         "file digest",
         "datasets",
         "parent link",

@@ -15,15 +15,16 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import run_cli, write_checkpoint
+from conftest import run_cli, untrusted_key, write_checkpoint
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import CheckpointError, ManifestError, StorageError
 from kronos_audit.manifest import Manifest, encode_envelope
 from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, generate_key, sign_envelope
+from kronos_audit.signing import SigningKey, sign_envelope
 from kronos_audit.snapshot import snapshot
+from kronos_audit.storage import cache_object_path, cache_settings
 from kronos_audit.verify import Check, compare_datasets, verify
 
 
@@ -84,6 +85,7 @@ def test_an_untouched_manifest_verifies(
     )
     assert [c.name for c in result.checks] == [
         "signature",
+        "place",
         "file digest",
         "datasets",
         "parent link",
@@ -124,7 +126,8 @@ def test_a_changed_predicate_with_the_old_signature_fails_the_signature(
 ) -> None:
     (m,) = snapshot(checkpoint, run="r", step=1, seeds=[1])
     rewrite_payload(m.path, lambda p: p.update(step=2))
-    assert failed_checks(m.path) == {"signature"}
+    # The file's name says step 1: the place contradicts the (forged) step 2 too.
+    assert failed_checks(m.path) == {"signature", "place"}
     assert "does not match the payload" in detail(m.path, "signature")
     rewrite_payload(m.path, lambda p: p.update(step=1, seeds=[666]))
     assert failed_checks(m.path) == {"signature"}
@@ -133,10 +136,10 @@ def test_a_changed_predicate_with_the_old_signature_fails_the_signature(
 def test_a_manifest_signed_by_an_untrusted_key_fails_the_signature(
     project: Project, key: SigningKey, checkpoint: Path
 ) -> None:
-    stranger = generate_key("stranger")  # held, but not in the trust store
+    stranger = untrusted_key("stranger")  # held, but not in the trust store
     (m,) = snapshot(checkpoint, run="r", step=1, key="stranger")
     assert failed_checks(m.path) == {"signature"}
-    assert f"does not trust: {stranger.key_id[:16]}" in detail(m.path, "signature")
+    assert f"no trust anchor holds: {stranger.key_id[:16]}" in detail(m.path, "signature")
 
 
 def test_a_swapped_signature_fails_the_signature(project: Project, key: SigningKey) -> None:
@@ -220,13 +223,13 @@ def test_a_broken_link_deep_in_the_chain_fails_the_last_manifest(
 def test_an_untrusted_parent_fails_the_childs_parent_link(
     project: Project, key: SigningKey
 ) -> None:
-    generate_key("stranger")
+    untrusted_key("stranger")
     a = write_checkpoint(project.root / "ck" / "a.h5", seed=1)
     b = write_checkpoint(project.root / "ck" / "b.h5", seed=2)
     (ma,) = snapshot(a, run="r", step=1, key="stranger")
     (mb,) = snapshot(b, run="r", step=2, parent=ma.path, key="tester")
     assert failed_checks(mb.path) == {"parent link"}
-    assert "does not trust" in detail(mb.path, "parent link")
+    assert "no trust anchor holds" in detail(mb.path, "parent link")
 
 
 def test_verifying_a_directory_verifies_every_manifest_in_it(
@@ -256,9 +259,10 @@ def test_a_run_directory_moved_as_a_whole_still_verifies(project: Project, key: 
     results = verify(new)
     assert len(results) == 3
     assert all(r.ok for r in results), [r.failures for r in results]
-    # Moving only the child loses its parent: there is nothing beside it.
-    lone = project.root / "lone"
-    lone.mkdir()
+    # Moving only the child (into a directory of its run's name) loses its parent: there
+    # is nothing beside it.
+    lone = project.root / "lone" / "run1"
+    lone.mkdir(parents=True)
     shutil.move(new / "step-3.h5", lone / "step-3.h5")
     shutil.move(new / "step-3.h5.kaudit.json", lone / "step-3.h5.kaudit.json")
     assert manifests[2].path.name == "step-3.h5.kaudit.json"
@@ -269,15 +273,23 @@ def test_a_missing_checkpoint_is_bad_input(
     project: Project, key: SigningKey, checkpoint: Path
 ) -> None:
     (m,) = snapshot(checkpoint, run="r", step=1)
+    original = checkpoint.read_bytes()
     checkpoint.unlink()
-    # Tracked by DVC: verify tries to fetch it, and there is no remote to fetch from.
+    # DVC's cache still holds the signed md5's object: verify takes it from there, checked.
+    (result,) = verify(m.path)
+    assert result.ok
+    assert result.fetched
+    assert checkpoint.read_bytes() == original
+    checkpoint.unlink()
+    assert m.subject_md5 is not None
+    cache_object_path(cache_settings(project)[0], m.subject_md5).unlink()
+    # Not in the cache either: the remote is asked, and there is none.
     with pytest.raises(StorageError, match="no DVC remote") as fetching:
         verify(m.path)
     assert fetching.value.exit_code == 2
     assert fetching.value.path == checkpoint
-    checkpoint.with_name(checkpoint.name + ".dvc").unlink()  # not tracked: nothing to fetch
     with pytest.raises(CheckpointError, match="checkpoint file not found") as info:
-        verify(m.path)
+        verify(m.path, fetch=False)
     assert info.value.exit_code == 2
     assert info.value.path == checkpoint
 
@@ -356,6 +368,7 @@ def test_result_json_shape(project: Project, key: SigningKey, checkpoint: Path) 
     assert obj["checkpoint"] == str(checkpoint)
     assert {c["check"] for c in obj["checks"]} == {
         "signature",
+        "place",
         "file digest",
         "datasets",
         "parent link",

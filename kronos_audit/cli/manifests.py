@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +17,14 @@ from rich.table import Table
 from kronos_audit import signing, storage
 from kronos_audit._internal.secrets import redact
 from kronos_audit.cli._app import cli, fail_line, out, safe
+from kronos_audit.cli.options import ask_passphrase, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import read_manifest
-from kronos_audit.project import find_project, init_project
+from kronos_audit.project import Project, find_project, init_project
+from kronos_audit.signing import KeyId
 from kronos_audit.snapshot import snapshot as do_snapshot
-from kronos_audit.verify import VerifyResult, verify_each
+from kronos_audit.trust import describe, load_keyring, write_revocation
+from kronos_audit.verify import VerifyResult, trust_problems, verify_each
 
 
 @cli.command()
@@ -51,22 +58,33 @@ def init(remote_url: str | None, remote_name: str) -> None:
 
 @cli.group()
 def keys() -> None:
-    """Signing keys you hold, and the keys this repository trusts."""
+    """Signing keys you hold, and the keys verification trusts (and on whose word)."""
 
 
-def _current_project_trust() -> signing.TrustStore | None:
+def _current_project() -> Project | None:
     try:
         project = find_project(Path.cwd())
     except Error:
         return None
-    return project.trust_store() if project.initialized else None
+    return project if project.initialized else None
 
 
 @keys.command("generate")
 @click.option("--name", default="default", show_default=True, help="Name of the key pair.")
-def keys_generate(name: str) -> None:
-    """Make an Ed25519 key pair; trust its public key in this repository."""
-    trust = _current_project_trust()
+@click.option(
+    "--encrypt",
+    is_flag=True,
+    help=f"Encrypt the private key with a passphrase (${signing.PASSPHRASE_ENV}, else asked).",
+)
+def keys_generate(name: str, encrypt: bool) -> None:
+    """Make an Ed25519 key pair; trust it in your user trust store and in this repository.
+
+    \b
+    Example:
+      kaudit keys generate --name alice --encrypt
+    """
+    project = _current_project()
+    trust = None if project is None else project.trust_store()
     if (
         trust is not None
         and (trust.directory / f"{name}.pub").exists()
@@ -77,49 +95,174 @@ def keys_generate(name: str) -> None:
             f"the repository already trusts another key named {name!r}; pick another --name",
             path=trust.directory / f"{name}.pub",
         )
-    key = signing.generate_key(name)
-    out.print(f"key {key.name}: {key.key_id}")
-    out.print(f"  private key  {signing.key_dir() / (name + '.key')} (mode 0600)")
+    passphrase = None
+    if encrypt:
+        passphrase = os.environ.get(signing.PASSPHRASE_ENV) or (
+            click.prompt("passphrase", hide_input=True, confirmation_prompt=True, err=True)
+            if sys.stdin.isatty()
+            else ""
+        )
+        if not passphrase:
+            raise UsageError(f"--encrypt: set {signing.PASSPHRASE_ENV} (no terminal to ask on)")
+    key = signing.generate_key(name, passphrase=passphrase)
+    out.print(f"key {safe(key.name)}: {key.key_id}")
+    encrypted = ", encrypted" if encrypt else ""
+    out.print(f"  private key  {safe(signing.key_dir() / (name + '.key'))} (mode 0600{encrypted})")
+    out.print(f"  anchored in  {safe(signing.user_trust_dir())} (your user trust store)")
     if trust is None:
         out.print("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
     else:
         entry = trust.add(key.private_key.public_key(), name)
-        out.print(f"  trusted in   {entry.path}")
+        out.print(f"  trusted in   {safe(entry.path)} (commit it; others anchor it themselves)")
 
 
 @keys.command("list")
-def keys_list() -> None:
-    """Show the keys you hold and the keys this repository trusts."""
-    held = Table(title="keys you hold", title_justify="left")
-    held.add_column("name")
-    held.add_column("key id", overflow="fold")
-    held.add_column("private key", overflow="fold")
-    for k in signing.held_keys():
-        held.add_row(k.name, k.key_id, str(k.path))
-    out.print(held)
-    trust = _current_project_trust()
-    if trust is None:
-        out.print("not in a kaudit repository: no trust store here")
+@click.option("--json", "as_json", is_flag=True, help="Print the keys as JSON.")
+@trust_options
+def keys_list(
+    as_json: bool, trusted_keys: tuple[Path, ...], trust_ref: str | None, require_anchor: bool
+) -> None:
+    """Show the keys you hold, and every key verification here trusts, with its anchor."""
+    project = _current_project()
+    ring = load_keyring(
+        None if project is None else project.root,
+        trust_from(trusted_keys, trust_ref, require_anchor),
+    )
+    held = signing.held_keys()
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "held": [
+                        {"name": k.name, "key_id": k.key_id, "path": str(k.path)} for k in held
+                    ],
+                    "trusted": [k.to_json_obj() for k in ring.keys.values()],
+                    "revoked": [
+                        {
+                            "key_id": r.key_id,
+                            "revoked_at": r.revoked_at,
+                            "reason": r.reason,
+                            "signed_by": r.signer,
+                            "source": r.source,
+                        }
+                        for r in ring.revocations.values()
+                    ],
+                    "problems": ring.problems,
+                },
+                indent=2,
+            )
+        )
         return
-    trusted = Table(title="keys this repository trusts", title_justify="left")
-    trusted.add_column("name")
-    trusted.add_column("key id", overflow="fold")
-    trusted.add_column("file", overflow="fold")
-    for t in trust.entries().values():
-        trusted.add_row(t.name, t.key_id, str(t.path))
-    out.print(trusted)
+    for problem in ring.problems:
+        warn(problem)
+    # Lines, not a table: a key id is never folded or cut, whatever the terminal's width.
+    out.print(f"keys you hold [dim]({safe(signing.key_dir())})[/]:")
+    for k in held:
+        out.print(f"  {safe(k.name)}  {k.key_id}")
+    if not held:
+        out.print("  none: make one with `kaudit keys generate`")
+    out.print("keys verification trusts" + ("" if project else " (not in a kaudit repository)") + ":")
+    for anchor, entries in describe(ring.keys.values()).items():
+        for t in entries:
+            revoked = ring.revocations.get(t.key_id)
+            note = f", [red]revoked at {safe(revoked.revoked_at)}[/]" if revoked else ""
+            out.print(f"  {safe(t.name)}  {t.key_id}  {safe(t.describe_anchor())}{note}")
+    if not ring.keys:
+        out.print("  none")
 
 
 @keys.command("trust")
 @click.argument("pubfile", type=click.Path(path_type=Path))
 @click.option("--name", help="Name in the trust store (default: the file's stem).")
-def keys_trust(pubfile: Path, name: str | None) -> None:
-    """Trust a colleague's public key (PEM) in this repository."""
+@click.option(
+    "--user",
+    "user_store",
+    is_flag=True,
+    help="Trust it in your user trust store (an anchor), not in this repository's.",
+)
+def keys_trust(pubfile: Path, name: str | None, user_store: bool) -> None:
+    """Trust a colleague's public key (PEM), obtained out of band.
+
+    \b
+    Example:
+      kaudit keys trust alice.pub --user     # anchor it for your own verifications
+      kaudit keys trust alice.pub            # propose it in the repository (commit it)
+    """
     public_key = signing.load_public_key(pubfile)
+    label = name or pubfile.name.removesuffix(".pub")
+    if user_store:
+        entry = signing.TrustStore(signing.user_trust_dir()).add(public_key, label)
+    else:
+        project = find_project(Path.cwd()).require_initialized()
+        entry = project.trust_store().add(public_key, label)
+    out.print(f"trusted {safe(entry.name)}: {entry.key_id}")
+    out.print(f"  in {safe(entry.path)}")
+
+
+@keys.command("revoke")
+@click.argument("keyid")
+@click.option("--reason", required=True, help="Why (compromised, rotated, left the team...).")
+@click.option("--key", help="The key that signs the revocation (default: the only one held).")
+def keys_revoke(keyid: str, reason: str, key: str | None) -> None:
+    """Revoke KEYID: its signatures made from now on fail everywhere the revocation is seen.
+
+    The revocation is signed (by the revoked key itself, or another trusted key) and
+    written to .kaudit/revocations/KEYID.json: commit it.
+
+    \b
+    Example:
+      kaudit keys revoke 3f2a...c9 --reason "laptop stolen" --key alice-2027
+    """
     project = find_project(Path.cwd()).require_initialized()
-    entry = project.trust_store().add(public_key, name or pubfile.stem.removesuffix(".pub"))
-    out.print(f"trusted {entry.name}: {entry.key_id}")
-    out.print(f"  in {entry.path}")
+    ring = load_keyring(project.root)
+    full = _full_key_id(keyid, ring.keys)
+    signer = signing.select_key(key, passphrase=ask_passphrase)
+    if signer.key_id not in ring.keys:
+        raise UsageError(
+            f"key {signer.name} is not trusted here, so its revocation would be ignored: "
+            "sign with a trusted key (--key)"
+        )
+    path = write_revocation(project.root, full, reason, signer)
+    out.print(f"revoked {full}")
+    out.print(f"  signed by {safe(signer.name)} ({signer.key_id[:16]}), in {safe(path)}")
+
+
+@keys.command("rotate")
+@click.argument("old")
+@click.option("--name", "new_name", required=True, help="Name of the new key pair.")
+def keys_rotate(old: str, new_name: str) -> None:
+    """Replace the key pair OLD (a name you hold) by a new one: the new key is made and
+    trusted, and OLD is revoked from now on, the revocation signed by OLD itself.
+
+    \b
+    Example:
+      kaudit keys rotate alice --name alice-2027
+    """
+    project = find_project(Path.cwd()).require_initialized()
+    old_key = signing.select_key(old, passphrase=ask_passphrase)
+    new_key = signing.generate_key(new_name)
+    project.trust_store().add(new_key.private_key.public_key(), new_name)
+    path = write_revocation(
+        project.root,
+        old_key.key_id,
+        f"rotated to {new_name} ({new_key.key_id[:16]})",
+        old_key,
+    )
+    out.print(f"key {safe(new_name)}: {new_key.key_id} (new; trusted in your user store and here)")
+    out.print(f"revoked {safe(old)}: {old_key.key_id} from now on, in {safe(path)}")
+    out.print("commit .kaudit/ and give the new public key to those who anchor the old one")
+
+
+def _full_key_id(given: str, known: Mapping[KeyId, object]) -> KeyId:
+    if re.fullmatch(r"[0-9a-f]{64}", given):
+        return KeyId(given)
+    if not re.fullmatch(r"[0-9a-f]{8,63}", given):
+        raise UsageError(f"{given!r} is not a key id (hex, at least 8 digits of it)")
+    matches = [k for k in known if k.startswith(given)]
+    if len(matches) != 1:
+        what = "no trusted key" if not matches else f"{len(matches)} trusted keys"
+        raise UsageError(f"key id {given}: {what} start with it; give the whole key id")
+    return KeyId(matches[0])
 
 
 def _parse_attr(values: tuple[str, ...]) -> dict[str, Any]:
@@ -188,26 +331,77 @@ def snapshot(
 def _print_result(r: VerifyResult) -> None:
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
     fetched = ", fetched from the DVC remote" if r.fetched else ""
-    out.print(f"{mark} {r.manifest}  [dim](run {r.run}, step {r.step}{fetched})[/]")
+    kind = "attestation, " if r.kind == "attestation" else ""
+    signer = ""
+    if r.signer is not None:
+        signer = f"; signed by {safe(r.signer.name)} {r.signer.short_id}, " + safe(
+            r.signer.describe_anchor()
+        )
+    out.print(
+        f"{mark} {safe(r.manifest)}  [dim]({kind}run {safe(r.run)}, step {r.step}{fetched}"
+        f"{signer})[/]"
+    )
     for c in r.failures:
-        out.print(f"      [red]{c.name}[/]: {c.detail}")
+        out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
     for c in r.checks:
         if c.skipped:
-            out.print(f"      [yellow]{c.name} skipped[/]: {c.detail}")
+            out.print(f"      [yellow]{safe(c.name)} skipped[/]: {safe(c.detail)}")
+
+
+def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]:
+    manifests = [r for r in results if r.kind == "manifest"]
+    return {
+        "manifests": len(manifests),
+        "attestations": len(results) - len(manifests),
+        "data_checked": sum(r.data_checked for r in manifests),
+        "data_not_checked": sum(not r.data_checked for r in manifests),
+        "unanchored": sum(
+            r.signer is not None and not r.signer.anchor.anchored and r.ok for r in results
+        ),
+        "failed": sum(not r.ok for r in results),
+        "errors": len(errors),
+    }
 
 
 @cli.command()
 @click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@trust_options
+@click.option("--remote", help="DVC remote to fetch missing data from (default: the default).")
+@click.option("--no-fetch", is_flag=True, help="Do not fetch missing data from the DVC remote.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.pass_context
-def verify(ctx: click.Context, manifests: tuple[Path, ...], as_json: bool) -> None:
-    """Check signature, file digest, dataset hashes and parent chain of each manifest.
+def verify(
+    ctx: click.Context,
+    manifests: tuple[Path, ...],
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+    remote: str | None,
+    no_fetch: bool,
+    as_json: bool,
+) -> None:
+    """Check the signature, place, file digest, dataset hashes and parent chain of each
+    manifest (and each replay attestation, CKPT.replay.json).
+
+    A signature counts when a key an anchor vouches for made it: --trusted-key FILE,
+    $KAUDIT_TRUSTED_KEYS, the repository's store at --trust-ref REF, or your user trust
+    store. A key that only the work tree's .kaudit/trusted-keys holds is "unanchored":
+    it passes unless --require-anchor (implied by --trusted-key and --trust-ref).
 
     Exit 0 when every check holds, 1 when any fails, 2 for bad input.
+
+    \b
+    Example:
+      kaudit verify checkpoints/heat --trusted-key alice.pub
     """
+    options = trust_from(trusted_keys, trust_ref, require_anchor)
+    paths = list(manifests)
     results: list[VerifyResult] = []
     errors: list[Error] = []
-    for outcome in verify_each(list(manifests)):
+    if not as_json:
+        for problem in trust_problems(paths, options):
+            warn(problem)
+    for outcome in verify_each(paths, fetch=not no_fetch, trust=options, remote=remote):
         if isinstance(outcome, Error):
             errors.append(outcome)
             if not as_json:
@@ -216,11 +410,13 @@ def verify(ctx: click.Context, manifests: tuple[Path, ...], as_json: bool) -> No
             results.append(outcome)
             if not as_json:
                 _print_result(outcome)
+    summary = _summary(results, errors)
     if as_json:
         click.echo(
             json.dumps(
                 {
                     "ok": not errors and all(r.ok for r in results),
+                    "summary": summary,
                     "results": [r.to_json_obj() for r in results],
                     "errors": [
                         {"path": str(e.path) if e.path else None, "error": e.message}
@@ -230,6 +426,20 @@ def verify(ctx: click.Context, manifests: tuple[Path, ...], as_json: bool) -> No
                 indent=2,
             )
         )
+    elif results:
+        counted = [
+            f"{summary['manifests']} manifest(s) verified",
+            f"data checked for {summary['data_checked']}",
+        ]
+        if summary["data_not_checked"]:
+            counted.append(f"not checked for {summary['data_not_checked']} (pruned)")
+        if summary["attestations"]:
+            counted.append(f"{summary['attestations']} attestation(s)")
+        if summary["unanchored"]:
+            counted.append(f"{summary['unanchored']} signed by unanchored keys")
+        if summary["failed"]:
+            counted.append(f"[red]{summary['failed']} failed[/]")
+        out.print(", ".join(counted))
     # Bad input (2) outranks a failed check (1); tampered data fetched is a failed check.
     codes = [e.exit_code for e in errors] + [0 if r.ok else 1 for r in results]
     ctx.exit(max(codes, default=0))

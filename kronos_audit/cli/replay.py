@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from kronos_audit.cli._app import cli, out, safe
+from kronos_audit.cli.options import ask_passphrase, trust_from, trust_options
 from kronos_audit.cli.diff import (
     STYLE,
     SUMMARY_WORDS,
@@ -60,6 +61,7 @@ OUTCOME_STYLE = {
     help="Also write a signed attestation of the result, CKPT.replay.json beside the manifest.",
 )
 @click.option("--key", help="Signing key for --attest (default: $KAUDIT_KEY, else the only one).")
+@trust_options
 @click.pass_context
 def replay(
     ctx: click.Context,
@@ -73,6 +75,9 @@ def replay(
     as_json: bool,
     attest: bool,
     key: str | None,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
 ) -> None:
     """Replay the segment that produced MANIFEST's checkpoint and compare.
 
@@ -84,14 +89,29 @@ def replay(
     tolerance (options as for `kaudit diff`, defaults from [compare] in
     .kaudit/config.toml), against the recorded data.
 
+    The history is verified with the same trust anchors as `kaudit verify`; --attest
+    certifies, so it requires every signer on the way to be anchored (as --require-anchor).
+
     Exit 0 when reproduced (bitwise, or within tolerance), 1 when not, naming the
     datasets; 2 when the segment could not be replayed, saying why.
+
+    \b
+    Example:
+      kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest
     """
     if key is not None and not attest:
         raise UsageError("--key names the key that signs the attestation: add --attest")
     policy, _ = tolerance_policy(rtol, atol, ulp, tol, manifest)
-    signing_key = select_key(key) if attest else None  # a missing key stops us before the run
-    result = run_replay(manifest, policy=policy, env=EnvMode(env_mode), keep_workdir=keep_workdir)
+    trust = trust_from(trusted_keys, trust_ref, require_anchor or attest)
+    # A missing or unreadable key stops us before the run.
+    signing_key = select_key(key, passphrase=ask_passphrase) if attest else None
+    result = run_replay(
+        manifest,
+        policy=policy,
+        env=EnvMode(env_mode),
+        keep_workdir=keep_workdir,
+        trust=trust,
+    )
     attestation = (
         write_attestation(result, signing_key, attestation_path_for(manifest))
         if signing_key is not None

@@ -8,11 +8,12 @@ import click
 from rich.table import Table
 
 from kronos_audit.cli._app import cli, fail_line, out, safe
-from kronos_audit.errors import Error, TamperedData, UsageError
+from kronos_audit.cli.options import trust_from, trust_options, warn
+from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import MANIFEST_SUFFIX, checkpoint_path_for
 from kronos_audit.project import Project, find_project
 from kronos_audit.storage import Location, Storage, status
-from kronos_audit.verify import expand_manifest_args, verify_each
+from kronos_audit.verify import expand_manifest_args, trust_problems, verify_each
 
 REMOTE_OPTION = click.option("--remote", help="DVC remote name (default: the default remote).")
 
@@ -53,34 +54,44 @@ def push(targets: tuple[Path, ...], remote: str | None) -> None:
 @cli.command()
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @REMOTE_OPTION
+@trust_options
 @click.pass_context
-def pull(ctx: click.Context, targets: tuple[Path, ...], remote: str | None) -> None:
-    """Fetch checkpoints (RUN_DIR or MANIFEST...) from the DVC remote and verify them.
+def pull(
+    ctx: click.Context,
+    targets: tuple[Path, ...],
+    remote: str | None,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+) -> None:
+    """Fetch checkpoints (RUN_DIR or MANIFEST...) from the DVC remote, each only once its
+    manifest's signature and place verify, and check them before they become visible.
 
-    Exit 1 if fetched data does not match its signed manifest (it is removed again).
+    Data is fetched by the md5 the signed manifest records, to the checkpoint's own path;
+    .dvc files are not consulted. Exit 1 if fetched data does not match its signed
+    manifest (it is never left in place), 2 for bad input.
+
+    \b
+    Example:
+      kaudit pull checkpoints/heat --trusted-key alice.pub
     """
-    project, manifests = _manifests(targets)
-    checkpoints = [checkpoint_path_for(m) for m in manifests]
-    Storage(project).pull(checkpoints, remote)
+    _, manifests = _manifests(targets)
+    options = trust_from(trusted_keys, trust_ref, require_anchor)
+    for problem in trust_problems(manifests, options):
+        warn(problem)
     failed = errors = 0
-    for outcome in verify_each(manifests, fetch=False):
+    for outcome in verify_each(manifests, fetch=True, trust=options, remote=remote):
         if isinstance(outcome, Error):
             errors += 1
             fail_line(str(outcome))
             continue
         if outcome.ok:
-            out.print(f"[green]ok[/]   {outcome.checkpoint}")
+            how = "fetched" if outcome.fetched else "here"
+            out.print(f"[green]ok[/]   {safe(outcome.checkpoint)} ({how})")
             continue
         failed += 1
-        if any(c.name == "file digest" and not c.ok for c in outcome.checks):
-            Storage(project).discard(outcome.checkpoint)
-            what = TamperedData(
-                "data from the remote does not match its signed manifest (removed again)",
-                path=outcome.checkpoint,
-            )
-            fail_line(str(what))
         for c in outcome.failures:
-            out.print(f"[red]FAIL[/] {outcome.checkpoint}: {c.name}: {c.detail}")
+            out.print(f"[red]FAIL[/] {safe(outcome.checkpoint)}: {safe(c.name)}: {safe(c.detail)}")
     ctx.exit(2 if errors else 1 if failed else 0)
 
 

@@ -68,10 +68,9 @@ from kronos_audit.runtime.protocol import (
     SEED_ENV,
     STOP_AT_ENV,
 )
-from kronos_audit.signing import verify_envelope
 from kronos_audit.snapshot import utc_now
-from kronos_audit.storage import Storage, dvc_file_for
-from kronos_audit.verify import Verifier, VerifyResult, was_pruned
+from kronos_audit.trust import TrustOptions, load_keyring
+from kronos_audit.verify import Verifier, VerifyResult
 
 PYTHON_NAMES = frozenset({"python", "python3"})
 """A recorded argv starting with one of these runs with this interpreter (sys.executable)."""
@@ -110,32 +109,21 @@ def _ref(project: Project, manifest: Manifest) -> ManifestRef:
 # -- 1. verification -----------------------------------------------------------------------
 
 
-def _fetch(project: Project, manifest: Manifest, what: str) -> bool:
-    """Make the checkpoint of ``manifest`` present, pulling it from the DVC remote if it is
-    not here; return whether it was pulled."""
+def _fetch(verifier: Verifier, manifest: Manifest, what: str) -> bool:
+    """Make the checkpoint of ``manifest`` present, fetching it from the DVC remote if it
+    is not here (only once the manifest's signature and place hold, only the object its
+    signed md5 names, checked before it becomes visible); return whether it was fetched."""
     checkpoint = manifest.checkpoint_path
     if checkpoint.exists():
         return False
-    if not dvc_file_for(checkpoint).exists():
-        raise ReplayError(
-            f"the {what} is not here, and not tracked by DVC (no .dvc file) to fetch it",
-            path=checkpoint,
-            stage="data",
-        )
     try:
-        Storage(project).pull([checkpoint])
+        verifier.fetch_data(manifest)
     except Error as e:
         raise ReplayError(
             f"the {what} is not here and could not be fetched: {e.message}",
             path=checkpoint,
             stage="data",
         ) from None
-    if not checkpoint.exists():
-        raise ReplayError(
-            f"the {what} is not here and the DVC remote did not provide it",
-            path=checkpoint,
-            stage="data",
-        )
     return True
 
 
@@ -148,11 +136,6 @@ def _require(result: VerifyResult, what: str) -> None:
             path=result.manifest,
             stage="verify",
         )
-
-
-def _discard_if_fetched(project: Project, fetched: bool, result: VerifyResult) -> None:
-    if fetched and any(c.name == "file digest" and not c.ok for c in result.checks):
-        Storage(project).discard(result.checkpoint)  # never leave bad bytes for a restore
 
 
 # -- 3. the code ---------------------------------------------------------------------------
@@ -572,13 +555,14 @@ class _Verified:
     project: Project
     parent: Manifest | None
     parent_fetched: bool
+    verifier: Verifier
 
 
-def _verify(project: Project, m: Manifest, basis: str) -> _Verified:
+def _verify(project: Project, m: Manifest, basis: str, trust: TrustOptions | None) -> _Verified:
     """Fetch what is missing and verify; raise ReplayError unless all holds. The parent's
     checkpoint is needed to resume from; the recorded one only to compare data."""
-    verifier = Verifier(project)
-    signature = verify_envelope(m.envelope, verifier.trust)
+    verifier = Verifier(project, load_keyring(project.root, trust))
+    signature = verifier.signature(m)
     if not signature.ok:  # before anything is fetched for it
         raise ReplayError(
             f"the manifest does not verify (signature: {signature.detail}); "
@@ -599,26 +583,24 @@ def _verify(project: Project, m: Manifest, basis: str) -> _Verified:
                 stage="verify",
             )
         parent = read_manifest(parent_path)
-        parent_fetched = _fetch(project, parent, "parent checkpoint")
+        parent_fetched = _fetch(verifier, parent, "parent checkpoint")
         checked = verifier.verify(parent.path)
-        _discard_if_fetched(project, parent_fetched, checked)
         _require(checked, "the parent manifest")
     # A tolerance's recorded data is fetched and read only after the command has run
     # (_recorded_data): the command must not find the answer it is compared with.
-    if basis == "hashes" and (m.checkpoint_path.exists() or was_pruned(m.checkpoint_path)):
+    if basis == "hashes" and (m.checkpoint_path.exists() or verifier.pruned_by(m) is not None):
         checked = verifier.verify(m.path)
     else:
         checked = verifier.verify(m.path, data=False)
     _require(checked, "the manifest")
-    return _Verified(m, project, parent, parent_fetched)
+    return _Verified(m, project, parent, parent_fetched, verifier)
 
 
-def _recorded_data(project: Project, m: Manifest) -> None:
+def _recorded_data(verifier: Verifier, m: Manifest) -> None:
     """For a tolerance, once the command has finished: the recorded checkpoint, fetched
     from the DVC remote when it is not here, and verified before it is compared with."""
-    fetched = _fetch(project, m, "recorded checkpoint (a tolerance compares data)")
-    checked = Verifier(project).verify(m.path)
-    _discard_if_fetched(project, fetched, checked)
+    _fetch(verifier, m, "recorded checkpoint (a tolerance compares data)")
+    checked = verifier.verify(m.path)
     _require(checked, "the manifest")
 
 
@@ -642,8 +624,12 @@ def replay(
     policy: TolerancePolicy | None = None,
     env: EnvMode = EnvMode.WARN,
     keep_workdir: bool = False,
+    trust: TrustOptions | None = None,
 ) -> ReplayResult:
     """Replay the segment that produced ``manifest``'s checkpoint and compare.
+
+    ``trust`` gives the anchors whose signers the history must verify under (see
+    :mod:`kronos_audit.trust`; an attestation requires an anchored history).
 
     ``policy`` None takes the tolerances from ``[compare]`` in the repository's
     ``.kaudit/config.toml`` (bitwise when there is none). The empty policy compares
@@ -664,7 +650,7 @@ def replay(
     if policy is None:
         policy = TolerancePolicy.from_config(project)
     basis = "hashes" if policy == TolerancePolicy() else "data"
-    verified = _verify(project, m, basis)
+    verified = _verify(project, m, basis, trust)
     check_placeholders(m.predicate["command"], path=m.path)  # before anything runs
     clock.lap("verify")
     report = _environment(m, env)
@@ -723,7 +709,7 @@ def _run_and_compare(
         _run(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
         if basis == "data":
-            _recorded_data(project, m)
+            _recorded_data(verified.verifier, m)
         produced = find_output(instruction.out, m.step)
         try:
             digests = digest_file(produced)

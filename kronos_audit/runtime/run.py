@@ -18,6 +18,7 @@ Carlo ledger (``/ledger``); these names are reserved at the top of the state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -59,7 +60,7 @@ from kronos_audit.storage import (
     read_dvc_file,
     track,
 )
-from kronos_audit.verify import PRUNED_LIST, Verifier
+from kronos_audit.verify import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 
@@ -268,6 +269,8 @@ class Run:
             return "; ".join(f"{c.name}: {c.detail}" for c in result.failures)
         if result.run != self.run_id:
             return f"belongs to run {result.run!r}"
+        if result.step != _step_of(path):
+            return f"its manifest signs step {result.step}, not the step its name says"
         return None
 
     def _load(self, path: Path, step: int) -> None:
@@ -437,6 +440,11 @@ class Run:
             self._project, final, digests.md5, digests.size, owned=True, ignore_pattern="/step-*.h5"
         )
         extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
+        doomed = self._doomed(job.step)
+        if doomed:
+            # Retention is signed: the manifest that prunes names what it prunes, so a
+            # verifier can tell data deleted on purpose from data deleted by anyone.
+            extra["pruned"] = [{"step": s, "manifest": digest} for s, digest in doomed]
         self._parent = sign_checkpoint(
             final,
             digests,
@@ -452,7 +460,7 @@ class Run:
             extra=extra,
             git=self._git,
         )
-        self._prune(job.step)
+        self._prune([s for s, _ in doomed])
         if self.push:
             self._push(final)
 
@@ -472,30 +480,42 @@ class Run:
                 e,
             )
 
-    def _prune(self, newest: int) -> None:
+    def _doomed(self, newest: int) -> list[tuple[int, str]]:
+        """The checkpoints retention deletes once ``newest`` is signed: (step, sha256 of
+        its manifest). A data file without a manifest (an interrupted write) is left alone."""
         if self.keep is None:
-            return
+            return []
         steps = sorted(
             s for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None
         )
         keep = set(steps[-self.keep :]) | {newest}
         if self.keep_every:
             keep |= {s for s in steps if s % self.keep_every == 0}
-        doomed = [s for s in steps if s not in keep]
+        doomed = []
+        for s in steps:
+            if s in keep:
+                continue
+            try:
+                data = manifest_path_for(self.directory / checkpoint_name(s)).read_bytes()
+            except OSError:
+                continue
+            doomed.append((s, hashlib.sha256(data).hexdigest()))
+        return doomed
+
+    def _prune(self, doomed: list[int]) -> None:
+        """Delete the data of ``doomed`` (their manifests stay, so the chain verifies)."""
         if not doomed:
             return
-        with open(self.directory / PRUNED_LIST, "a", encoding="utf-8") as f:
-            for s in doomed:
-                f.write(checkpoint_name(s) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
         assert self._project is not None
         cache_dir, _ = cache_settings(self._project)
+        present = {
+            s for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None
+        }
         # Two steps can hold identical bytes (one md5, one cache object): keep an object
         # that a checkpoint still here points at.
         kept_md5s = {
             e[0]
-            for s in keep
+            for s in present - set(doomed)
             if (e := read_dvc_file(dvc_file_for(self.directory / checkpoint_name(s))))
         }
         for s in doomed:

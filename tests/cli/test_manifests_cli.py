@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
+from conftest import KAUDIT, assert_bad_input, git, run_cli, untrusted_key, write_checkpoint
 from cryptography.hazmat.primitives import serialization
 
 from kronos_audit.manifest import manifest_path_for, read_manifest
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, generate_key, key_id, load_public_key, public_pem
 from kronos_audit.snapshot import snapshot
+from kronos_audit.storage import cache_object_path, cache_settings
 
 
 def leftovers(root: Path) -> list[Path]:
@@ -100,10 +101,10 @@ def test_keys_generate_outside_a_kaudit_repository(tmp_path: Path, kaudit_home: 
 
 
 def test_keys_list_shows_held_and_trusted_keys(project: Project, key: SigningKey) -> None:
-    colleague = generate_key("colleague")  # held here but not trusted by the repository
+    colleague = untrusted_key("colleague")  # held here but not trusted by the repository
     result = run_cli("keys", "list", cwd=project.root)
     assert result.exit_code == 0
-    held, _, trusted = result.stdout.partition("keys this repository trusts")
+    held, _, trusted = result.stdout.partition("keys verification trusts")
     assert "keys you hold" in held
     assert "tester" in held
     assert key.key_id[:16] in held
@@ -118,8 +119,10 @@ def test_keys_list_outside_a_repository_has_no_trust_store(tmp_path: Path) -> No
     generate_key("solo")
     result = run_cli("keys", "list", cwd=tmp_path)
     assert result.exit_code == 0
-    assert "solo" in result.stdout
-    assert "no trust store here" in result.stdout
+    held, _, trusted = result.stdout.partition("keys verification trusts")
+    assert "solo" in held
+    assert "solo" in trusted  # generated keys are anchored in the user's own trust store
+    assert "user trust store" in trusted
 
 
 def test_trusting_a_colleagues_key_makes_their_manifests_verify(
@@ -140,7 +143,7 @@ def test_trusting_a_colleagues_key_makes_their_manifests_verify(
 
     before = run_cli("verify", str(m.path))
     assert before.exit_code == 1
-    assert "signature: signed by a key this repository does not trust" in before.stdout
+    assert "signature: signed by a key no trust anchor holds" in before.stdout
 
     trusted = run_cli("keys", "trust", str(shared), cwd=project.root)
     assert trusted.exit_code == 0, trusted.output
@@ -176,13 +179,13 @@ def test_snapshot_prints_the_manifest_path_and_records_the_options(
         "nodes=4",
         "--attr",
         "label=plain text",
-        step=5,
+        step=1,
     )
     assert result.exit_code == 0, result.output
     path = manifest_path_for(checkpoint)
     assert result.stdout.strip() == str(path)
     m = read_manifest(path)
-    assert (m.run, m.step) == ("run1", 5)
+    assert (m.run, m.step) == ("run1", 1)
     assert m.predicate["seeds"] == (11, 12)
     assert m.predicate["command"] == ("python", "solver.py", "--out", "a dir")
     assert dict(m.predicate["attributes"]) == {"nodes": 4, "label": "plain text"}
@@ -323,7 +326,8 @@ def test_verify_json_reports_every_manifest(project: Project, key: SigningKey) -
     result = run_cli("verify", "--json", *map(str, paths))
     assert result.exit_code == 0
     report = json.loads(result.stdout)
-    assert set(report) == {"ok", "results", "errors"}
+    assert set(report) == {"ok", "summary", "results", "errors"}
+    assert report["summary"]["data_checked"] == 3
     assert report["ok"] is True
     assert report["errors"] == []
     assert [r["manifest"] for r in report["results"]] == [str(p) for p in paths]
@@ -356,8 +360,11 @@ def test_verify_a_manifest_whose_checkpoint_is_missing(
 ) -> None:
     (m,) = snapshot(checkpoint, run="r", step=1)
     checkpoint.unlink()
-    # Tracked by DVC, so verify tries the remote first; there is none.
-    assert_bad_input(run_cli("verify", str(m.path)), str(checkpoint), "not here", "no DVC remote")
+    assert m.subject_md5 is not None
+    cache_object_path(cache_settings(project)[0], m.subject_md5).unlink()
+    # Neither here nor in DVC's cache: verify asks the remote; there is none.
+    assert_bad_input(run_cli("verify", str(m.path)), str(checkpoint), "no DVC remote")
+    assert not checkpoint.exists()
 
 
 def test_verify_a_missing_manifest(project: Project) -> None:

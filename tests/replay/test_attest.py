@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, untrusted_key
 from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
@@ -22,7 +22,6 @@ from kronos_audit.replay.attest import SCHEMA_NAME as ATTESTATION_SCHEMA
 from kronos_audit.signing import (
     SigningKey,
     TrustStore,
-    generate_key,
     parse_envelope,
     verify_envelope,
 )
@@ -104,7 +103,7 @@ def test_a_replay_that_fails_is_attested_too(repo: Path) -> None:
 
 
 def test_attest_signs_with_the_key_named(heat: Path, repo: Path, key: SigningKey) -> None:
-    auditor = generate_key("auditor")  # held, but not trusted by the repository
+    auditor = untrusted_key("auditor")  # held, but not trusted by the repository
     bad_input(run_cli("replay", str(manifest(heat, 10)), "--attest"), "several signing keys")
     result = run_cli("replay", str(manifest(heat, 10)), "--attest", "--key", "auditor")
     assert result.exit_code == 0, result.output

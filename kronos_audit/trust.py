@@ -1,0 +1,487 @@
+"""Whose signatures a verifier accepts, and on whose word: trust anchors and revocations.
+
+"Verify says ok" must mean a signer the *verifier* trusts made these bytes. A repository's
+own ``.kaudit/trusted-keys/`` is content anyone with write access to a branch can change,
+so on its own it anchors nothing. Anchors come from outside the content verified, as
+git's ``gpg.ssh.allowedSignersFile``, in-toto's layout keys and TUF's pinned root do:
+
+=================  ==========================================================
+anchor             where the key comes from
+=================  ==========================================================
+``--trusted-key``  a PEM file named on the command line (repeatable)
+``$KAUDIT_TRUSTED_KEYS``  PEM files or directories of them, ``:``-separated
+``--trust-ref``    the repository's store as it is at a protected git ref
+                   (the base branch in CI), read with git, not from the work tree
+``user``           the verifier's own store, ``$KAUDIT_HOME/trusted-keys``
+=================  ==========================================================
+
+A key that only the work tree's ``.kaudit/trusted-keys`` vouches for is *unanchored*: it
+still verifies for the everyday case (your own clone), every result says so, and
+``require_anchor`` (implied by any anchor given on the command line) turns it into a
+failure.
+
+Revocations (``.kaudit/revocations/KEYID.json``, DSSE-signed statements) can only take
+trust away, so they are honoured wherever they are found, once a key of the keyring
+(an anchored one when anchors are required) has signed them: a revoked key's signatures
+made at or after the revocation time fail.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
+from kronos_audit.errors import ManifestError, SigningKeyError, UsageError
+from kronos_audit.signing import (
+    Envelope,
+    KeyId,
+    SigningKey,
+    StoreProblem,
+    TrustStore,
+    key_id,
+    load_public_key,
+    parse_envelope,
+    parse_public_key,
+    sign_envelope,
+    user_trust_dir,
+    valid_signers,
+)
+
+TRUSTED_KEYS_ENV = "KAUDIT_TRUSTED_KEYS"
+TRUST_DIR = ".kaudit/trusted-keys"
+REVOCATION_DIR = ".kaudit/revocations"
+REVOCATION_PAYLOAD_TYPE = "application/vnd.kronos-audit.revocation+json"
+REVOCATION_TYPE = "https://kronos-audit.dev/revocation/v1"
+REVOCATION_SCHEMA = "revocation-v1.schema.json"
+_KEY_ID = re.compile(r"^[0-9a-f]{64}$")
+_REF_LIMIT = 4096  # entries read from a trust ref: a store is tens of keys
+
+
+class Anchor(StrEnum):
+    """What vouches for a key, strongest first."""
+
+    COMMAND_LINE = "--trusted-key"
+    """A PEM file the verifier named on the command line."""
+    ENVIRONMENT = "KAUDIT_TRUSTED_KEYS"
+    """A PEM file (or directory) named in ``$KAUDIT_TRUSTED_KEYS``."""
+    TRUST_REF = "--trust-ref"
+    """The repository's trust store as it is at a protected git ref."""
+    USER = "user trust store"
+    """``$KAUDIT_HOME/trusted-keys``: the verifier's own store."""
+    REPOSITORY = "repository"
+    """Only the work tree's ``.kaudit/trusted-keys``: unanchored."""
+
+    @property
+    def anchored(self) -> bool:
+        return self is not Anchor.REPOSITORY
+
+
+_RANK = {a: i for i, a in enumerate(Anchor)}
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """A public key a verifier accepts, with the anchor that vouches for it."""
+
+    key_id: KeyId
+    """Hex sha256 of the raw public key."""
+    name: str
+    """Its name where it was found (a file stem)."""
+    public_key: Ed25519PublicKey
+    """The key."""
+    anchor: Anchor
+    """The strongest source that holds it."""
+    source: str
+    """Where: a file, or ``REF:path`` for a key read from a git ref."""
+
+    @property
+    def short_id(self) -> str:
+        return self.key_id[:16]
+
+    def describe_anchor(self) -> str:
+        """For an ``ok`` line: which anchor trusted the signer."""
+        if self.anchor is Anchor.REPOSITORY:
+            return f"unanchored: only the repository's {TRUST_DIR} ({self.source}) vouches for it"
+        if self.anchor is Anchor.USER:
+            return f"anchor: user trust store ({self.source})"
+        return f"anchor: {self.anchor.value} {self.source}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "key_id": self.key_id,
+            "name": self.name,
+            "anchor": self.anchor.value,
+            "anchored": self.anchor.anchored,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """A signed statement that a key is no longer to be trusted from a time on."""
+
+    key_id: KeyId
+    """The key revoked."""
+    revoked_at: str
+    """RFC 3339 UTC: signatures made at or after this time fail."""
+    reason: str
+    """Why, in the revoker's words."""
+    signer: KeyId
+    """The key that signed the revocation."""
+    source: str
+    """Where it was read."""
+
+
+@dataclass(frozen=True)
+class TrustOptions:
+    """What a verifier brings: anchors given on the command line, and its policy."""
+
+    trusted_keys: tuple[Path, ...] = ()
+    """``--trusted-key FILE``, each a PEM Ed25519 public key."""
+    trust_ref: str | None = None
+    """``--trust-ref REF``: honour the repository's store only as it is at REF."""
+    require_anchor: bool = False
+    """``--require-anchor``: a signer only the work tree's store vouches for fails."""
+
+    @property
+    def anchor_required(self) -> bool:
+        """Giving an anchor on the command line says whose word counts: it implies
+        ``require_anchor``."""
+        return self.require_anchor or bool(self.trusted_keys) or self.trust_ref is not None
+
+
+@dataclass(frozen=True)
+class SignerCheck:
+    """Whether an envelope was signed by a key a keyring accepts, and by whom."""
+
+    ok: bool
+    """A signature verifies under an accepted key (anchored if anchors are required,
+    not revoked at the time of signing)."""
+    detail: str
+    """Who signed and on whose word, or why it failed."""
+    signer: TrustedKey | None = None
+    """The accepted signer (or the unanchored/revoked one that was refused)."""
+
+
+def _utc(text: str) -> dt.datetime | None:
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+@dataclass
+class Keyring:
+    """The keys one verification accepts, each with its anchor, and the revocations."""
+
+    keys: dict[KeyId, TrustedKey] = field(default_factory=dict)
+    """The accepted keys, each under its strongest anchor."""
+    revocations: dict[KeyId, Revocation] = field(default_factory=dict)
+    """Honoured revocations, by revoked key (the earliest if several)."""
+    problems: list[str] = field(default_factory=list)
+    """Entries skipped on reading (symlinks, FIFOs, not Ed25519 keys, bad revocations)."""
+    require_anchor: bool = False
+    """Unanchored signers fail."""
+
+    def add(self, public_key: Ed25519PublicKey, name: str, anchor: Anchor, source: str) -> None:
+        kid = key_id(public_key)
+        current = self.keys.get(kid)
+        if current is None or _RANK[anchor] < _RANK[current.anchor]:
+            self.keys[kid] = TrustedKey(kid, name, public_key, anchor, source)
+
+    @property
+    def anchored(self) -> tuple[TrustedKey, ...]:
+        return tuple(k for k in self.keys.values() if k.anchor.anchored)
+
+    def check(self, envelope: Envelope, signed_at: str | None) -> SignerCheck:
+        """Accept ``envelope`` if one of its signatures verifies under a key this keyring
+        accepts at ``signed_at`` (the time the statement says it was made)."""
+        if not envelope.signatures:
+            return SignerCheck(False, "the envelope has no signature")
+        candidates = {kid: k.public_key for kid, k in self.keys.items()}
+        signers, bad, unknown = valid_signers(envelope, candidates)
+        refused: SignerCheck | None = None
+        for kid in signers:
+            key = self.keys[kid]
+            who = f"{key.name} (key {key.short_id})"
+            revoked = self.revocations.get(kid)
+            if revoked is not None:
+                when, since = _utc(signed_at or ""), _utc(revoked.revoked_at)
+                if when is None or since is None or when >= since:
+                    refused = SignerCheck(
+                        False,
+                        f"signed by {who}, which was revoked at {revoked.revoked_at} "
+                        f"({revoked.reason}); signatures from then on are refused",
+                        key,
+                    )
+                    continue
+            if self.require_anchor and not key.anchor.anchored:
+                refused = refused or SignerCheck(
+                    False,
+                    f"signed by {who}, which only the repository's own {TRUST_DIR} vouches "
+                    "for (unanchored), and an anchor is required: trust it with "
+                    "--trusted-key, --trust-ref or your user trust store",
+                    key,
+                )
+                continue
+            note = (
+                f"; key revoked at {revoked.revoked_at}, this was signed before"
+                if revoked is not None
+                else ""
+            )
+            return SignerCheck(True, f"signed by {who}, {key.describe_anchor()}{note}", key)
+        if refused is not None:
+            return refused
+        if bad:
+            return SignerCheck(
+                False,
+                "signature does not match the payload (key " + ", ".join(k[:16] for k in bad) + ")",
+            )
+        return SignerCheck(
+            False,
+            "signed by a key no trust anchor holds: " + ", ".join(k[:16] for k in unknown),
+        )
+
+
+# -- reading the anchors ---------------------------------------------------------------
+
+
+def _add_store(keyring: Keyring, directory: Path, anchor: Anchor) -> None:
+    store = TrustStore(directory)
+    for entry in store.entries().values():
+        keyring.add(entry.public_key, entry.name, anchor, str(entry.path))
+    keyring.problems.extend(str(p) for p in store.problems)
+
+
+def _add_explicit(keyring: Keyring, path: Path, anchor: Anchor) -> None:
+    """A key the verifier named: anything wrong with it is bad input, not a skip."""
+    if path.is_dir():
+        store = TrustStore(path)
+        entries = store.entries()
+        keyring.problems.extend(str(p) for p in store.problems)
+        if not entries:
+            raise SigningKeyError(f"{anchor.value}: no Ed25519 public key (*.pub) here", path=path)
+        for entry in entries.values():
+            keyring.add(entry.public_key, entry.name, anchor, str(entry.path))
+        return
+    public_key = load_public_key(path)
+    keyring.add(public_key, path.name.removesuffix(".pub"), anchor, str(path))
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["git", "-C", str(root), *args],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def resolve_ref(root: Path, ref: str) -> str:
+    """The commit ``ref`` names in the repository at ``root``; UsageError if none."""
+    if not ref or ref.startswith("-") or any(c in ref for c in "\0\n"):
+        raise UsageError(f"--trust-ref {ref!r}: not a git ref name")
+    done = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+    if done.returncode != 0:
+        raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
+    return done.stdout.decode().strip()
+
+
+def read_tree_files(
+    root: Path, commit: str, directory: str, suffix: str
+) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """The regular files ``directory/*suffix`` as they are at ``commit`` (name, bytes),
+    read from git's object store; and the entries skipped (symlinks, submodules, too big)."""
+    listing = _git(root, "ls-tree", "-z", "--long", "--end-of-options", commit, f"{directory}/")
+    if listing.returncode != 0:
+        return [], []
+    files: list[tuple[str, bytes]] = []
+    skipped: list[str] = []
+    for record in listing.stdout.split(b"\0")[:_REF_LIMIT]:
+        if not record:
+            continue
+        meta, _, raw_path = record.partition(b"\t")
+        path = raw_path.decode("utf-8", "replace")
+        mode, kind, obj, size = meta.decode().split()
+        if not path.endswith(suffix):
+            continue
+        where = f"{commit[:12]}:{path}"
+        if kind != "blob" or mode not in ("100644", "100755"):
+            skipped.append(f"{where}: not a regular file at the ref (mode {mode}): skipped")
+            continue
+        if not size.isdigit() or int(size) > KEY_LIMIT:
+            skipped.append(f"{where}: larger than {KEY_LIMIT} bytes: skipped")
+            continue
+        blob = _git(root, "cat-file", "blob", obj)
+        if blob.returncode == 0:
+            files.append((path, blob.stdout))
+    return files, skipped
+
+
+def _add_ref(keyring: Keyring, root: Path, ref: str) -> str:
+    commit = resolve_ref(root, ref)
+    files, skipped = read_tree_files(root, commit, TRUST_DIR, ".pub")
+    keyring.problems.extend(skipped)
+    for path, data in files:
+        where = f"{ref}:{path}"
+        try:
+            public_key = parse_public_key(data, where)
+        except SigningKeyError as e:
+            keyring.problems.append(f"{where}: {e.message}: skipped")
+            continue
+        keyring.add(public_key, Path(path).name.removesuffix(".pub"), Anchor.TRUST_REF, where)
+    return commit
+
+
+# -- revocations -----------------------------------------------------------------------
+
+
+def revocation_statement(key: KeyId, reason: str, revoked_at: str) -> dict[str, Any]:
+    return {"_type": REVOCATION_TYPE, "key_id": key, "revoked_at": revoked_at, "reason": reason}
+
+
+def _parse_revocation(data: bytes, where: str) -> tuple[Envelope, dict[str, Any]]:
+    from kronos_audit.manifest import validate  # the schema machinery lives there
+
+    try:
+        envelope = parse_envelope(json.loads(data))
+        if envelope.payload_type != REVOCATION_PAYLOAD_TYPE:
+            raise ManifestError(f"payloadType is not {REVOCATION_PAYLOAD_TYPE}")
+        statement = json.loads(envelope.payload)
+    except (ValueError, RecursionError, ManifestError) as e:
+        raise ManifestError(f"not a revocation: {getattr(e, 'message', e)}", path=where) from None
+    validate(statement, None, REVOCATION_SCHEMA, what=f"{where}: revocation")
+    return envelope, statement
+
+
+def _add_revocation(keyring: Keyring, data: bytes, where: str, name: str) -> None:
+    try:
+        envelope, statement = _parse_revocation(data, where)
+    except ManifestError as e:
+        keyring.problems.append(f"{e}: skipped")
+        return
+    candidates = {
+        kid: k.public_key
+        for kid, k in keyring.keys.items()
+        if k.anchor.anchored or not keyring.require_anchor
+    }
+    signers, _, _ = valid_signers(envelope, candidates)
+    if not signers:
+        keyring.problems.append(
+            f"{where}: revocation not signed by a key this verification trusts: skipped"
+        )
+        return
+    revoked = KeyId(statement["key_id"])
+    if name != f"{revoked}.json":
+        keyring.problems.append(f"{where}: a revocation's file is named KEYID.json: skipped")
+        return
+    current = keyring.revocations.get(revoked)
+    if current is None or statement["revoked_at"] < current.revoked_at:
+        keyring.revocations[revoked] = Revocation(
+            revoked, statement["revoked_at"], statement["reason"], signers[0], where
+        )
+
+
+def _add_revocations_dir(keyring: Keyring, directory: Path) -> None:
+    if not directory.is_dir() or directory.is_symlink():
+        return
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = read_regular(path, KEY_LIMIT, follow_symlinks=False)
+        except UnsafeFile as e:
+            keyring.problems.append(f"{path}: {e.reason}: skipped")
+            continue
+        _add_revocation(keyring, data, str(path), path.name)
+
+
+def write_revocation(
+    project_root: Path, revoked: KeyId, reason: str, signer: SigningKey, *, at: str | None = None
+) -> Path:
+    """Sign a revocation of ``revoked`` with ``signer`` into the repository's
+    ``.kaudit/revocations/KEYID.json`` (to be committed)."""
+    if not _KEY_ID.match(revoked):
+        raise UsageError(f"{revoked!r} is not a key id (64 hex digits)")
+    if not reason.strip():
+        raise UsageError("--reason: say why the key is revoked")
+    revoked_at = at or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    statement = revocation_statement(revoked, reason.strip(), revoked_at)
+    from kronos_audit.manifest import encode_envelope, validate
+
+    validate(statement, None, REVOCATION_SCHEMA, what="revocation")
+    envelope = sign_envelope(canonical_json(statement), signer, REVOCATION_PAYLOAD_TYPE)
+    path = project_root / REVOCATION_DIR / f"{revoked}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, encode_envelope(envelope))
+    return path
+
+
+# -- the whole -------------------------------------------------------------------------
+
+
+def _env_paths() -> list[Path]:
+    raw = os.environ.get(TRUSTED_KEYS_ENV, "")
+    return [Path(p) for p in raw.split(os.pathsep) if p.strip()]
+
+
+def load_keyring(project_root: Path | None, options: TrustOptions | None = None) -> Keyring:
+    """The keyring one verification uses: anchors first, then the work tree's store
+    (unanchored, and not at all under ``--trust-ref``), then every revocation found."""
+    options = options or TrustOptions()
+    keyring = Keyring(require_anchor=options.anchor_required)
+    for path in options.trusted_keys:
+        _add_explicit(keyring, Path(path), Anchor.COMMAND_LINE)
+    for path in _env_paths():
+        _add_explicit(keyring, path, Anchor.ENVIRONMENT)
+    _add_store(keyring, user_trust_dir(), Anchor.USER)
+    ref_commit: str | None = None
+    if options.trust_ref is not None:
+        if project_root is None:
+            raise UsageError("--trust-ref needs a git repository")
+        ref_commit = _add_ref(keyring, project_root, options.trust_ref)
+    elif project_root is not None:
+        _add_store(keyring, project_root / TRUST_DIR, Anchor.REPOSITORY)
+    # Revocations only take trust away: honour them from every place they may be.
+    _add_revocations_dir(keyring, user_trust_dir().parent / "revocations")
+    if project_root is not None:
+        _add_revocations_dir(keyring, project_root / REVOCATION_DIR)
+        if ref_commit is not None:
+            files, skipped = read_tree_files(project_root, ref_commit, REVOCATION_DIR, ".json")
+            keyring.problems.extend(skipped)
+            for name, data in files:
+                _add_revocation(keyring, data, f"{options.trust_ref}:{name}", Path(name).name)
+    return keyring
+
+
+def describe(keys: Iterable[TrustedKey]) -> Mapping[str, list[TrustedKey]]:
+    """Keys grouped by anchor, strongest first (for ``kaudit keys list``)."""
+    grouped: dict[str, list[TrustedKey]] = {}
+    for k in sorted(keys, key=lambda k: (_RANK[k.anchor], k.name)):
+        grouped.setdefault(k.anchor.value, []).append(k)
+    return grouped
+
+
+__all__ = [
+    "Anchor",
+    "Keyring",
+    "Revocation",
+    "SignerCheck",
+    "StoreProblem",
+    "TrustOptions",
+    "TrustedKey",
+    "load_keyring",
+    "write_revocation",
+]

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from kronos_audit.cli._app import cli, out, safe
-from kronos_audit.cli.options import ask_passphrase, trust_from, trust_options
 from kronos_audit.cli.diff import (
     STYLE,
     SUMMARY_WORDS,
@@ -17,6 +16,7 @@ from kronos_audit.cli.diff import (
     tolerance_options,
     tolerance_policy,
 )
+from kronos_audit.cli.options import ask_passphrase, trust_from, trust_options
 from kronos_audit.compare import Verdict
 from kronos_audit.errors import UsageError
 from kronos_audit.replay import (

@@ -516,3 +516,16 @@ def test_show_never_prints_none(signed: Path, key: SigningKey) -> None:
     assert "None" not in result.stdout
     assert "(detached)" in result.stdout
     assert "location not recorded" in result.stdout
+
+
+def test_snapshot_refuses_attributes_nested_too_deeply(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    # What a reader would refuse is never signed: one line, and no manifest.
+    deep = "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
+    result = run_cli(
+        "snapshot", str(checkpoint), "--run", "run1", "--step", "1", "--attr", f"deep={deep}",
+        cwd=project.root,
+    )  # fmt: skip
+    assert_bad_input(result, "nested more than")
+    assert not list(project.root.rglob("*.kaudit.json"))

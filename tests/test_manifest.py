@@ -20,13 +20,17 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
 from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.errors import ManifestError
 from kronos_audit.manifest import (
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
     PREDICATE_TYPE,
     STATEMENT_TYPE,
     Manifest,
     checkpoint_path_for,
     encode_envelope,
+    load_json,
     manifest_path_for,
     parse_manifest,
     read_manifest,
@@ -196,6 +200,53 @@ def test_read_manifest_of_a_missing_file_or_directory(tmp_path: Path) -> None:
         read_manifest(tmp_path / "gone.kaudit.json")
     with pytest.raises(ManifestError, match="is a directory"):
         read_manifest(tmp_path)
+
+
+def test_read_manifest_reads_only_a_regular_file_where_it_is_found(
+    project: Project, key: SigningKey, checkpoint: Path, tmp_path: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    link = tmp_path / "step-00000001.h5.kaudit.json"
+    link.symlink_to(m.path)
+    with pytest.raises(ManifestError, match="manifest is a symbolic link") as info:
+        read_manifest(link)
+    assert info.value.path == link
+    fifo = tmp_path / "fifo.kaudit.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ManifestError, match="manifest is a FIFO, not a regular file"):
+        read_manifest(fifo)  # at once: it is never opened for a blocking read
+    sparse = tmp_path / "sparse.kaudit.json"
+    with sparse.open("wb") as f:
+        f.truncate(MANIFEST_LIMIT + 1)
+    with pytest.raises(ManifestError, match=f"more than the {MANIFEST_LIMIT:,} allowed"):
+        read_manifest(sparse)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": 1, "a": 1}', "not valid JSON: duplicate key 'a' in an object"),
+        ('{"a": [NaN]}', "not valid JSON: NaN is not a JSON number"),
+        ('{"a": Infinity}', "not valid JSON: Infinity is not a JSON number"),
+        ('{"a": ' + "9" * (MAX_INT_DIGITS + 1) + "}", "an integer of 4,301 digits"),
+        ('{"a": ' * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1), "nested more than"),
+        ("[" * 50_000, "nested more than"),
+    ],
+    ids=["duplicate", "nan", "infinity", "long-integer", "deep", "very-deep"],
+)
+def test_load_json_is_strict(text: str, message: str) -> None:
+    with pytest.raises(ManifestError, match=message) as info:
+        load_json(text.encode(), Path("m.kaudit.json"), "payload")
+    assert str(info.value).startswith("m.kaudit.json: payload: ")
+    with pytest.raises(ManifestError, match=message):
+        parse_manifest(text.encode(), Path("m.kaudit.json"))  # the envelope, the same way
+
+
+def test_load_json_at_its_bounds() -> None:
+    at_depth = '{"a": ' * (MAX_DEPTH - 1) + "[1]" + "}" * (MAX_DEPTH - 1)
+    assert load_json(at_depth.encode(), Path("m")) is not None
+    assert load_json(("-" + "9" * MAX_INT_DIGITS).encode(), Path("m")) < 0
+    assert load_json(b'{"a": 1.5e300, "b": "\\u0000"}', Path("m")) == {"a": 1.5e300, "b": "\0"}
 
 
 def test_a_kaudit_manifest_verifies_with_securesystemslib(

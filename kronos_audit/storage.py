@@ -7,14 +7,18 @@ symlink, then copy as a last resort). Manifests and ``.dvc`` files are small and
 for git; so a plain ``dvc pull`` in a fresh clone restores the checkpoints.
 
 Tracking is done here, without importing DVC (which costs most of a second), so a
-running program pays nothing for it. Pushing, pulling and asking a remote what it holds
-go through DVC's own API.
+running program pays nothing for it. Pushing and asking a remote what it holds go
+through DVC's own API.
+
+Fetching does not: :meth:`Storage.fetch` takes the object whose md5 a *verified* manifest
+signs, never what a ``.dvc`` file (which anyone may have edited) says, streams at most the
+signed size into a temporary file beside the checkpoint, and renames it into place only
+once its size, sha256 and md5 are the signed ones.
 
 DVC's push over SSH writes objects in place, so a push killed midway can leave a
 truncated object under its final name, which DVC would then take as pushed. kaudit
-compares each remote object's size with the recorded one, deletes a short one before
-pushing again, and checks the sha256 of everything it pulls: a partial or tampered
-object is never taken as valid.
+compares each remote object's size with the recorded one and deletes a short one before
+pushing again: a partial or tampered object is never taken as valid.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, write_atomic
+from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
 from kronos_audit._internal.secrets import SplitURL, split_credentials
 from kronos_audit.errors import Error, StorageError, TamperedData
 from kronos_audit.project import Project
@@ -166,18 +171,19 @@ def write_dvc_file(checkpoint: Path, md5: str, size: int) -> Path:
 
 
 def read_dvc_file(path: Path) -> tuple[str, int] | None:
-    """(md5, size) from a single-output ``.dvc`` file, or None if it is not one."""
+    """(md5, size) from a single-output ``.dvc`` file, or None if it is not one (or is not
+    a small regular file: anyone may have written it, so never a FIFO or /dev/zero)."""
     md5: str | None = None
     size: int | None = None
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        lines = read_regular(path, KEY_LIMIT).decode("utf-8").splitlines()
+    except (UnsafeFile, UnicodeDecodeError):
         return None
     for line in lines:
         key, _, value = line.strip().lstrip("- ").partition(":")
-        if key == "md5":
+        if key == "md5" and _MD5.fullmatch(value.strip()):
             md5 = value.strip()
-        elif key == "size" and value.strip().isdigit():
+        elif key == "size" and value.strip().isdigit() and len(value.strip()) < 20:
             size = int(value.strip())
     return (md5, size) if md5 and size is not None else None
 
@@ -681,43 +687,6 @@ class Storage:
         except Exception as e:
             raise StorageError(f"push failed: {_dvc_error(e)}", path=self.project.root) from None
         return int(pushed or 0)
-
-    def pull(self, checkpoints: Sequence[Path], remote: str | None = None) -> None:
-        """Fetch checkpoints from the remote into the cache and the work tree (DVC shows
-        a progress bar). The caller verifies them against their manifests.
-
-        Raises TamperedData (exit 1) for an object the remote holds but whose bytes do not
-        match its recorded md5: DVC checks each object as it fetches it, refuses such an
-        object and deletes it from the remote, so what the remote held is asked first.
-        """
-        missing = [c for c in checkpoints if not dvc_file_for(c).exists()]
-        if missing:
-            raise StorageError(
-                "not present, and not tracked by DVC (no .dvc file) to fetch", path=missing[0]
-            )
-        entries = {c: read_dvc_file(dvc_file_for(c)) for c in checkpoints if not c.exists()}
-        held = self.remote_sizes([e[0] for e in entries.values() if e], remote)
-        try:
-            self.repo.pull(
-                targets=[str(dvc_file_for(c)) for c in checkpoints],
-                remote=self.remote_name(remote) if remote else None,
-            )
-            return
-        except Exception as e:
-            reason = _dvc_error(e)
-        still_missing = [c for c in entries if not c.exists()]
-        for c in still_missing:
-            entry = entries[c]
-            if entry is not None and held.get(entry[0]) is not None:
-                raise TamperedData(
-                    "the remote's object does not match its recorded md5, so DVC refused "
-                    "it: tampered or damaged in the remote",
-                    path=c,
-                )
-        raise StorageError(
-            f"fetching from the DVC remote failed: {reason}",
-            path=still_missing[0] if still_missing else checkpoints[0],
-        )
 
     def discard(self, checkpoint: Path) -> None:
         """Remove a checkpoint that failed verification from the work tree and the cache,

@@ -19,7 +19,11 @@ from kronos_audit.errors import Error
 out = Console(highlight=False, soft_wrap=True)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls (ANSI escapes start with ESC or CSI), and the invisible direction
+# marks and overrides that can make a name read as another (Trojan Source).
+_CONTROL = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def plain(value: object) -> str:

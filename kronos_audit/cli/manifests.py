@@ -161,8 +161,9 @@ def keys_list(
         out.print(f"  {safe(k.name)}  {k.key_id}")
     if not held:
         out.print("  none: make one with `kaudit keys generate`")
-    out.print("keys verification trusts" + ("" if project else " (not in a kaudit repository)") + ":")
-    for anchor, entries in describe(ring.keys.values()).items():
+    where = "" if project else " (not in a kaudit repository)"
+    out.print(f"keys verification trusts{where}:")
+    for entries in describe(ring.keys.values()).values():
         for t in entries:
             revoked = ring.revocations.get(t.key_id)
             note = f", [red]revoked at {safe(revoked.revoked_at)}[/]" if revoked else ""
@@ -332,11 +333,10 @@ def _print_result(r: VerifyResult) -> None:
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
     fetched = ", fetched from the DVC remote" if r.fetched else ""
     kind = "attestation, " if r.kind == "attestation" else ""
-    signer = ""
-    if r.signer is not None:
-        signer = f"; signed by {safe(r.signer.name)} {r.signer.short_id}, " + safe(
-            r.signer.describe_anchor()
-        )
+    # The accepted signature's own words: who signed, which anchor trusted them, and any
+    # revocation they were signed before.
+    signed = next((c for c in r.checks if c.name == "signature" and c.ok), None)
+    signer = "" if signed is None else f"; {safe(signed.detail)}"
     out.print(
         f"{mark} {safe(r.manifest)}  [dim]({kind}run {safe(r.run)}, step {r.step}{fetched}"
         f"{signer})[/]"

@@ -171,9 +171,7 @@ class Run:
             )
             # The code this process runs is what it loaded now, whatever the checkout
             # becomes. Read before anything is written: a refused diff leaves nothing.
-            self._git = git_state(
-                self._project.root, allow_secret_files=self.allow_secret_files
-            )
+            self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):
             leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
@@ -508,9 +506,7 @@ class Run:
             return
         assert self._project is not None
         cache_dir, _ = cache_settings(self._project)
-        present = {
-            s for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None
-        }
+        present = {s for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None}
         # Two steps can hold identical bytes (one md5, one cache object): keep an object
         # that a checkpoint still here points at.
         kept_md5s = {

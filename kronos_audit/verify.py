@@ -527,8 +527,9 @@ class Verifier:
 
     def verify_attestation(self, path: Path | str) -> VerifyResult:
         """An attestation ``CKPT.replay.json`` is bound to the manifest beside it: it must
-        name that manifest's exact digest and its checkpoint's, be signed by a key the
-        keyring accepts, and record a reproduced outcome."""
+        name that manifest's exact digest and its checkpoint's, that manifest must be
+        signed and in its own place, the attestation signed by a key the keyring accepts,
+        and it must record a reproduced outcome."""
         from kronos_audit.replay.attest import read_attestation  # replay builds on verify
 
         attestation = read_attestation(path)
@@ -563,12 +564,18 @@ class Verifier:
             else:
                 manifest = parse_manifest(data, manifest_path)
                 beside = self.signature(manifest)
+                # The manifest beside must be in its own place too: a checkpoint, manifest
+                # and attestation copied together under another step's name prove nothing
+                # about that step.
+                place = place_check(self.project, manifest)
                 if manifest.subject_sha256 != named_checkpoint:
                     checks.append(
                         Check("manifest", False, "attests another checkpoint than its manifest")
                     )
                 elif not beside.ok:
                     checks.append(Check("manifest", False, f"its manifest: {beside.detail}"))
+                elif not place.ok:
+                    checks.append(Check("manifest", False, f"its manifest's place: {place.detail}"))
                 else:
                     checks.append(
                         Check("manifest", True, f"bound to {manifest_path.name} ({digest[:16]}...)")

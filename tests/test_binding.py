@@ -1,0 +1,226 @@
+"""A manifest is bound to its place (issue 8, point 2): a signed checkpoint copied under
+another step's name or into another run's directory fails `kaudit verify` and is skipped
+by restore; a run directory moved as a whole still verifies; a replay attestation is bound
+to the manifest beside it. Real runs (ka.Run), real HDF5, real git and DVC, the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import git, run_cli
+
+import kronos_audit as ka
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit.manifest import encode_envelope
+from kronos_audit.project import Project
+from kronos_audit.replay import read_attestation
+from kronos_audit.signing import SigningKey, sign_envelope
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def sim(root: Path, n: int, *, run_id: str = "sim") -> Path:
+    """A small real run, a checkpoint every 100 steps up to ``n``; returns its directory."""
+    with ka.Run(run_id, root=root, seed=42, every=ka.EverySteps(100)) as run:
+        state = run.restore() or {"u": run.rng.random((16, 16))}
+        for step in run.steps(n):
+            state = {"u": 0.9 * state["u"] + 0.01 * run.rng.standard_normal((16, 16))}
+            run.checkpoint(step, state)
+    return root / run_id
+
+
+def plant(source: Path, checkpoint: Path) -> Path:
+    """Copy a checkpoint and its manifest to ``checkpoint`` (and its manifest's name), as an
+    adversary who can write the run directory would; returns the planted manifest."""
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, checkpoint)
+    manifest = checkpoint.with_name(checkpoint.name + ".kaudit.json")
+    shutil.copyfile(source.with_name(source.name + ".kaudit.json"), manifest)
+    return manifest
+
+
+def report(*args: str, exit_code: int) -> dict[str, Any]:
+    result = run_cli("verify", "--json", *args)
+    assert result.exit_code == exit_code, result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def failed(result: dict[str, Any]) -> set[str]:
+    return {c["check"] for c in result["checks"] if not c["ok"]}
+
+
+def test_a_checkpoint_copied_under_a_later_steps_name_fails_place(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = sim(project.root / "checkpoints", 200)
+    planted = plant(run_dir / "step-00000100.h5", run_dir / "step-00000900.h5")
+    human = run_cli("verify", str(planted))
+    assert human.exit_code == 1, human.output
+    assert f"FAIL {planted}" in human.stdout
+    assert "place: the file is named for step 900" in human.stdout
+    (result,) = report(str(planted), exit_code=1)["results"]
+    assert failed(result) == {"place"}  # signature and data are the signed step 100's
+    assert (result["run"], result["step"]) == ("sim", 100)
+
+    whole = report(str(run_dir), exit_code=1)
+    by_name = {Path(r["manifest"]).name: r for r in whole["results"]}
+    assert failed(by_name[planted.name]) == {"place"}
+    assert all(r["ok"] for n, r in by_name.items() if n != planted.name)
+    assert run_cli("verify", str(run_dir)).exit_code == 1
+
+
+def test_a_checkpoint_copied_into_another_runs_directory_fails_place(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = sim(project.root / "checkpoints", 200)
+    other = project.root / "checkpoints" / "other" / "step-00000100.h5"
+    planted = plant(run_dir / "step-00000100.h5", other)
+    human = run_cli("verify", str(planted))
+    assert human.exit_code == 1, human.output
+    assert "place: the file is in directory other" in human.stdout
+    (result,) = report(str(planted), exit_code=1)["results"]
+    assert failed(result) == {"place"}
+    report(str(other.parent), exit_code=1)
+    # The original, where it was signed, is untouched by the copy.
+    report(str(run_dir), exit_code=0)
+
+
+def test_a_run_directory_moved_as_a_whole_verifies(project: Project, key: SigningKey) -> None:
+    run_dir = sim(project.root / "checkpoints", 300)
+    moved = project.root / "archive" / "2026" / "sim"
+    moved.parent.mkdir(parents=True)
+    shutil.move(run_dir, moved)
+    human = run_cli("verify", str(moved))
+    assert human.exit_code == 0, human.output
+    doc = report(str(moved), exit_code=0)
+    assert doc["summary"]["manifests"] == 3
+    assert doc["summary"]["data_checked"] == 3
+    places = [next(c for c in r["checks"] if c["check"] == "place") for r in doc["results"]]
+    assert all("moved" in c["detail"] for c in places)
+
+
+def test_restore_skips_a_planted_later_step_and_signs_the_true_next_one(
+    project: Project, key: SigningKey
+) -> None:
+    root = project.root / "checkpoints"
+    run_dir = sim(root, 200)
+    planted = plant(run_dir / "step-00000100.h5", run_dir / "step-00000900.h5")
+    genuine_200 = ka.read_manifest(run_dir / "step-00000200.h5.kaudit.json")
+    with ka.Run("sim", root=root, seed=42, every=ka.EverySteps(100)) as run:
+        with pytest.warns(ka.CheckpointSkipped, match="step-00000900.h5: skipped: place") as w:
+            state = run.restore()
+        assert "named for step 900" in str(w[0].message)
+        assert state is not None
+        assert run.step == 200  # the real newest, not the planted "900"
+        assert run.restored_from == run_dir / "step-00000200.h5"
+        assert list(run.steps(300)) == list(range(201, 301))
+        run.checkpoint(300, {"u": state["u"]})
+    signed = ka.read_manifest(run_dir / "step-00000300.h5.kaudit.json")
+    assert signed.step == 300
+    assert signed.parent == genuine_200.digest  # the owner's key signed a true history
+    assert signed.predicate["parent_manifest"] == "checkpoints/sim/step-00000200.h5.kaudit.json"
+    report(str(run_dir), exit_code=1)  # the planted copy still fails
+    planted.unlink()
+    planted.with_name("step-00000900.h5").unlink()
+    doc = report(str(run_dir), exit_code=0)
+    assert [r["step"] for r in doc["results"]] == [100, 200, 300]
+
+
+# -- replay attestations ---------------------------------------------------------------
+
+
+@pytest.fixture
+def heat(project: Project, key: SigningKey) -> Path:
+    """The heat example committed and run for 30 steps (a checkpoint every 10)."""
+    root = project.root
+    (root / "heat").mkdir()
+    shutil.copy(EXAMPLES / "heat" / "run.py", root / "heat" / "run.py")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "heat")
+    done = subprocess.run(
+        [sys.executable, "run.py", "--steps", "30", "--every", "10", "--n", "32"],
+        cwd=root / "heat",
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return root / "heat" / "checkpoints" / "heat"
+
+
+def attest(run_dir: Path, step: int) -> Path:
+    manifest = run_dir / f"step-{step:08d}.h5.kaudit.json"
+    result = run_cli("replay", str(manifest), "--attest")
+    assert result.exit_code == 0, result.output
+    path = run_dir / f"step-{step:08d}.h5.replay.json"
+    assert path.exists()
+    return path
+
+
+@pytest.mark.slow
+def test_an_attestation_verifies_beside_its_manifest_and_fails_beside_another(
+    heat: Path, key: SigningKey
+) -> None:
+    attestation = attest(heat, 20)
+    human = run_cli("verify", str(attestation))
+    assert human.exit_code == 0, human.output
+    assert f"ok   {attestation}" in human.stdout
+    assert "attestation, run heat, step 20" in human.stdout
+    (result,) = report(str(attestation), exit_code=0)["results"]
+    assert result["kind"] == "attestation"
+    assert [c["check"] for c in result["checks"]] == ["signature", "manifest", "outcome"]
+
+    whole = report(str(heat), exit_code=0)
+    assert whole["summary"]["attestations"] == 1
+    assert whole["summary"]["manifests"] == 3
+
+    # Copied beside another checkpoint of the run, under that checkpoint's name.
+    copied = heat / "step-00000030.h5.replay.json"
+    shutil.copyfile(attestation, copied)
+    human = run_cli("verify", str(copied))
+    assert human.exit_code == 1, human.output
+    assert "manifest: attests the manifest" in human.stdout
+    (result,) = report(str(copied), exit_code=1)["results"]
+    assert failed(result) == {"manifest"}  # its signature is genuine: the place is not
+    whole = report(str(heat), exit_code=1)
+    assert whole["summary"]["attestations"] == 2
+    bad = [r for r in whole["results"] if not r["ok"]]
+    assert [Path(r["manifest"]).name for r in bad] == [copied.name]
+    copied.unlink()
+    report(str(heat), exit_code=0)
+
+
+@pytest.mark.slow
+def test_an_attestation_moved_with_its_manifest_to_another_step_fails(
+    heat: Path, key: SigningKey
+) -> None:
+    """The manifest beside it must itself be in its place: a checkpoint, manifest and
+    attestation copied together under a later step's name prove nothing about that step."""
+    attestation = attest(heat, 20)
+    planted = plant(heat / "step-00000020.h5", heat / "step-00000900.h5")
+    shutil.copyfile(attestation, heat / "step-00000900.h5.replay.json")
+    report(str(planted), exit_code=1)
+    (result,) = report(str(heat / "step-00000900.h5.replay.json"), exit_code=1)["results"]
+    assert failed(result) == {"manifest"}
+    assert "place" in next(c for c in result["checks"] if c["check"] == "manifest")["detail"]
+
+
+@pytest.mark.slow
+def test_a_not_reproduced_attestation_fails_its_outcome(heat: Path, key: SigningKey) -> None:
+    attestation = attest(heat, 20)
+    statement = json.loads(read_attestation(attestation).envelope.payload)
+    statement["predicate"]["outcome"] = "NOT_REPRODUCED"
+    attestation.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), key)))
+    human = run_cli("verify", str(attestation))
+    assert human.exit_code == 1, human.output
+    assert "outcome: the replay attested: NOT_REPRODUCED" in human.stdout
+    (result,) = report(str(attestation), exit_code=1)["results"]
+    assert failed(result) == {"outcome"}  # signed by a trusted key, bound to its manifest
+    report(str(heat), exit_code=1)

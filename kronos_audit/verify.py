@@ -15,6 +15,7 @@ check named, so one call reports every problem at once.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -38,7 +39,7 @@ from kronos_audit.manifest import (
     Manifest,
     checkpoint_path_for,
     parse_manifest,
-    read_manifest,
+    read_signed_file,
 )
 from kronos_audit.project import Project, find_project
 from kronos_audit.storage import Storage
@@ -202,6 +203,24 @@ def place_check(project: Project, manifest: Manifest) -> Check:
     return Check("place", True, f"{what}; its run directory moved (signed as {signed})")
 
 
+class ManifestCache:
+    """Manifests parsed once: by the sha256 of their bytes (reading a file is cheap; schema
+    validation is not, and a chain's manifests are read as children, parents and
+    siblings). The same bytes at another path are the same statement at another place."""
+
+    def __init__(self) -> None:
+        self._by_digest: dict[str, Manifest] = {}
+
+    def read(self, path: Path | str) -> Manifest:
+        path = Path(path)
+        data = read_signed_file(path)
+        digest = hashlib.sha256(data).hexdigest()
+        known = self._by_digest.get(digest)
+        if known is None:
+            known = self._by_digest[digest] = parse_manifest(data, path)
+        return known if known.path == path else dataclasses.replace(known, path=path)
+
+
 @dataclass
 class _Directory:
     """The manifests in one directory, read once: by digest, and what their signed
@@ -229,6 +248,7 @@ class Verifier:
     _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
     _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
     _storage: Storage | None = field(default=None, init=False)
+    cache: ManifestCache = field(default_factory=ManifestCache)
 
     def __post_init__(self) -> None:
         if self.keyring is None:
@@ -251,7 +271,7 @@ class Verifier:
         stand, as a bitwise replay uses them): the file-digest check is reported as
         skipped. ``newest`` says this is the newest checkpoint of its run being verified:
         its data must be checked, pruned or not."""
-        manifest = read_manifest(manifest_path)
+        manifest = self.cache.read(manifest_path)
         checkpoint = manifest.checkpoint_path
         signed = self.signature(manifest)
         checks = [Check("signature", signed.ok, signed.detail), place_check(self.project, manifest)]
@@ -420,13 +440,13 @@ class Verifier:
             directory.pruned = {}
             for path in directory.by_digest.values():
                 try:
-                    other = read_manifest(path)
+                    other = self.cache.read(path)
                 except Error:
                     continue
                 for entry in other.predicate.get("pruned") or ():
                     directory.pruned.setdefault(str(entry["manifest"]), []).append(path)
         for path in directory.pruned.get(manifest.digest, []):
-            other = read_manifest(path)
+            other = self.cache.read(path)
             if (
                 other.run == manifest.run
                 and other.step > manifest.step
@@ -508,7 +528,7 @@ class Verifier:
                 ), None
             return Check("parent link", False, f"parent manifest {name} is missing"), None
         try:
-            parent = read_manifest(path)
+            parent = self.cache.read(path)
         except ManifestError as e:
             return Check("parent link", False, f"parent manifest unreadable: {e}"), None
         sig = self.signature(parent)
@@ -628,14 +648,14 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
     return out
 
 
-def _newest(paths: list[Path]) -> set[Path]:
+def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
     """The manifest of the highest step of each (directory, run) among ``paths``."""
     best: dict[tuple[Path, str], tuple[int, Path]] = {}
     for p in paths:
         if not p.name.endswith(MANIFEST_SUFFIX):
             continue
         try:
-            m = read_manifest(p)
+            m = cache.read(p)
         except Error:
             continue  # reported when it is verified
         group = (p.parent.resolve(), m.run)
@@ -660,15 +680,23 @@ def verify_each(
     each run verified must have its data checked.
     """
     paths = expand_manifest_args(manifests)
-    newest = _newest(paths)
+    cache = ManifestCache()
+    newest = _newest(paths, cache)
     verifiers: dict[Path, Verifier] = {}
+    projects: dict[Path, Project] = {}  # by directory: finding the repository costs
     for p in paths:
         try:
-            project = find_project(p)
+            project = projects.get(p.parent)
+            if project is None:
+                project = projects[p.parent] = find_project(p)
             verifier = verifiers.get(project.root)
             if verifier is None:
                 verifier = verifiers[project.root] = Verifier(
-                    project, load_keyring(project.root, trust), fetch=fetch, remote=remote
+                    project,
+                    load_keyring(project.root, trust),
+                    fetch=fetch,
+                    remote=remote,
+                    cache=cache,
                 )
             if p.name.endswith(ATTESTATION_SUFFIX):
                 yield verifier.verify_attestation(p)

@@ -63,7 +63,8 @@ class Check:
     detail: str
     """What was found."""
     skipped: bool = False
-    """Not made, for a reason the detail gives (e.g. data pruned by retention)."""
+    """Not made, for a reason the detail gives (e.g. data pruned by retention); with
+    ``ok`` False it had to be made (the newest checkpoint's data, say) and could not be."""
 
     def to_json_obj(self) -> dict[str, Any]:
         return {"check": self.name, "ok": self.ok, "skipped": self.skipped, "detail": self.detail}
@@ -298,6 +299,7 @@ class Verifier:
                         "file digest",
                         False,
                         "checkpoint not here, and not fetched: its manifest does not verify",
+                        skipped=True,  # not made: counted as data not checked
                     )
                 )
             elif self.fetch and manifest.subject_md5 is not None:
@@ -326,6 +328,7 @@ class Verifier:
                 False,
                 f"data pruned (signed record in {pruner.name}), and this is the newest "
                 f"checkpoint of run {manifest.run!r} verified here: its data was never checked",
+                skipped=True,  # not made, and a failure: the summary must not count it
             )
         return Check(
             "file digest",

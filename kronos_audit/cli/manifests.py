@@ -344,7 +344,7 @@ def _print_result(r: VerifyResult) -> None:
     for c in r.failures:
         out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
     for c in r.checks:
-        if c.skipped:
+        if c.skipped and c.ok:  # a failed one is shown above
             out.print(f"      [yellow]{safe(c.name)} skipped[/]: {safe(c.detail)}")
 
 

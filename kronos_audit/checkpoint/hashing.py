@@ -219,8 +219,11 @@ MAX_NAMES = 1_000_000
 """Most links walked in one file. A group reachable by several names multiplies the names
 below it; a file past this many is refused rather than walked for ever (a manifest of that
 many datasets would be beyond what kaudit reads anyway)."""
-SOFT_LINK_DEPTH = 16
-"""Soft links followed to resolve one name: HDF5's own default (``H5L_NUM_LINKS``)."""
+SOFT_LINKS = 16
+"""Most soft links followed to resolve one name, as HDF5 counts them (its default
+``H5L_NUM_LINKS``): a reader's h5py gives up there too."""
+MAX_DEPTH = 200
+"""Deepest nesting of groups walked; a deeper file is refused rather than recursed into."""
 
 
 class _Refused(Exception):
@@ -241,8 +244,12 @@ class _Listing:
     """Object id -> (the dataset, every absolute name that reads it)."""
     walked: int = 0
     """Links walked so far (bounded by MAX_NAMES)."""
+    followed: int = 0
+    """Soft links followed while resolving the current name (bounded by SOFT_LINKS)."""
 
-    def walk(self, group: h5py.Group, prefix: str, ancestors: frozenset[Any]) -> None:
+    def walk(self, group: h5py.Group, prefix: str, ancestors: tuple[Any, ...]) -> None:
+        if len(ancestors) > MAX_DEPTH:
+            raise _Refused(prefix, f"groups nested more than {MAX_DEPTH} deep")
         names: list[bytes] = []
         group.id.links.iterate(names.append)
         for raw in names:
@@ -257,9 +264,10 @@ class _Listing:
                 name = prefix + "/" + raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise _Refused(prefix or "/", f"a link name that is not UTF-8: {raw!r}") from None
-            self.add(name, self.open_link(group, raw, name, 0), ancestors)
+            self.followed = 0
+            self.add(name, self.open_link(group, raw, name), ancestors)
 
-    def add(self, name: str, obj: object, ancestors: frozenset[Any]) -> None:
+    def add(self, name: str, obj: object, ancestors: tuple[Any, ...]) -> None:
         if isinstance(obj, h5py.Group):
             if obj.id in ancestors:
                 raise _Refused(
@@ -267,7 +275,7 @@ class _Listing:
                     "leads back to a group that contains it: a reader has endless names for "
                     "what is below, which the manifest cannot list",
                 )
-            self.walk(obj, name, ancestors | {obj.id})
+            self.walk(obj, name, (*ancestors, obj.id))
         elif isinstance(obj, h5py.Dataset):
             entry = self.objects.get(obj.id)
             if entry is None:
@@ -277,7 +285,7 @@ class _Listing:
                 entry[1].append(name)
         # A committed datatype holds no data for a reader to read.
 
-    def open_link(self, group: h5py.Group, raw: bytes, name: str, depth: int) -> object:
+    def open_link(self, group: h5py.Group, raw: bytes, name: str) -> object:
         """What the link ``raw`` in ``group`` leads to, resolved one link at a time so that
         an external link is refused before HDF5 could open the file it names."""
         kind = group.id.links.get_info(raw).type
@@ -297,8 +305,11 @@ class _Listing:
                 "file, which the manifest cannot cover",
             )
         target = group.id.links.get_val(raw)
-        if depth >= SOFT_LINK_DEPTH:
-            raise _Refused(name, f"more than {SOFT_LINK_DEPTH} soft links in a row (a loop?)")
+        # Counted over the whole resolution, as HDF5 does: soft links whose targets name
+        # other soft links could otherwise make the work grow exponentially.
+        self.followed += 1
+        if self.followed > SOFT_LINKS:
+            raise _Refused(name, f"more than {SOFT_LINKS} soft links to follow (a loop?)")
         node: object = self.f if target.startswith(b"/") else group
         for part in target.split(b"/"):
             if part in (b"", b"."):
@@ -309,7 +320,7 @@ class _Listing:
                     f"dangling soft link to {_text(target)}: it names nothing in this file, so "
                     "what a reader gets there cannot be covered",
                 )
-            node = self.open_link(node, part, name, depth + 1)
+            node = self.open_link(node, part, name)
         return node
 
 
@@ -360,7 +371,7 @@ def _list_datasets(f: h5py.File, path: Path) -> dict[Any, tuple[h5py.Dataset, li
     """
     listing = _Listing(f, {})
     try:
-        listing.walk(f, "", frozenset({f.id}))
+        listing.walk(f, "", (f.id,))
     except _Refused as e:
         raise CheckpointError(str(e), path=path, dataset=e.where) from None
     return listing.objects

@@ -179,7 +179,33 @@ def test_soft_links_in_a_loop_are_refused(tmp_path: Path) -> None:
     with h5py.File(path, "w") as f:
         f["a"] = h5py.SoftLink("/b")
         f["b"] = h5py.SoftLink("/a")
-    refused(path, "/a", "soft links in a row")
+    refused(path, "/a", "more than 16 soft links to follow")
+
+
+def test_soft_links_that_multiply_the_work_are_bounded(tmp_path: Path) -> None:
+    # s01 -> s02/s02/s02, s02 -> s03/s03/s03, ... (never more than 15 deep): resolving s01
+    # would take 3**14 steps. HDF5 counts every soft link followed for one name, and so
+    # does the walk, which gives up at once.
+    path = tmp_path / "fan.h5"
+    with h5py.File(path, "w") as f:
+        g = f.create_group("g")
+        g["x"] = np.arange(3)
+        for i in range(1, 16):
+            g[f"s{i:02d}"] = h5py.SoftLink("/".join([f"s{i + 1:02d}"] * 3) if i < 15 else ".")
+    refused(path, "/g/s01", "more than 16 soft links to follow")
+    with h5py.File(path, "r") as f, pytest.raises(RuntimeError, match="too many links"):
+        f["g/s01"]  # a reader cannot read it either
+
+
+def test_groups_nested_too_deep_are_refused_not_recursed_into(tmp_path: Path) -> None:
+    path = tmp_path / "deep.h5"
+    with h5py.File(path, "w") as f:
+        f["/".join(["g"] * (hashing.MAX_DEPTH + 5)) + "/x"] = np.arange(2)
+        f["shallow"] = np.arange(2)
+    refused(path, f"groups nested more than {hashing.MAX_DEPTH} deep")
+    with h5py.File(path, "w") as f:
+        f["/".join(["g"] * (hashing.MAX_DEPTH - 1)) + "/x"] = np.arange(2)
+    assert len(by_path(digest_file(path))) == 1
 
 
 @pytest.mark.parametrize("kind", ["hard", "soft", "root"])

@@ -34,6 +34,7 @@ from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy,
 from kronos_audit.errors import BisectError, Error
 from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
 from kronos_audit.project import find_project
+from kronos_audit.trust import TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
 FORMAT = "kronos-audit/bisect/v1"
@@ -388,13 +389,14 @@ class _Verifiers:
     """One Verifier per kaudit repository (the runs may live in two), so that chain links
     checked once are not checked again."""
 
-    def __init__(self) -> None:
+    def __init__(self, trust: TrustOptions | None = None) -> None:
         self._by_root: dict[Path, Verifier] = {}
+        self._trust = trust
 
     def get(self, path: Path) -> Verifier:
         project = find_project(path).require_initialized()
         if project.root not in self._by_root:
-            self._by_root[project.root] = Verifier(project)
+            self._by_root[project.root] = Verifier(project, load_keyring(project.root, self._trust))
         return self._by_root[project.root]
 
 
@@ -417,6 +419,7 @@ def bisect(
     policy: TolerancePolicy | None = None,
     *,
     fetch: bool = True,
+    trust: TrustOptions | None = None,
 ) -> BisectResult:
     """Find the first step, among those both runs checkpointed, at which run B's checkpoint
     differs from run A's beyond ``policy`` (exact when None).
@@ -430,7 +433,7 @@ def bisect(
     does not verify, runs with no common step, and data that cannot be had or read.
     """
     policy = policy or TolerancePolicy()
-    verifiers = _Verifiers()
+    verifiers = _Verifiers(trust)
     chains = []
     for given, label in ((Path(a), "run A"), (Path(b), "run B")):
         head = head_manifest(given)

@@ -78,13 +78,41 @@ run kaudit push checkpoints/heat
 run kaudit status checkpoints/heat
 git add -A && git commit -q -m "heat run: manifests and .dvc files"
 
-say "a colleague's fresh clone has no data: kaudit verify fetches what it needs, then checks it"
+say "the owner hands their public key to an auditor out of band (not through the repository)"
+cp "$KAUDIT_HOME/keys/demo.pub" "$WORK/demo.pub"
+
+say "the auditor's fresh clone has no data, and the auditor has their own keys and trust"
 git clone -q "$WORK/project" "$WORK/clone"
 cd "$WORK/clone"
-run kaudit verify checkpoints/heat/step-00003000.h5.kaudit.json
+export KAUDIT_HOME="$WORK/auditor-home"
+run kaudit verify checkpoints/heat --trusted-key "$WORK/demo.pub"
 
-say "an auditor replays the last segment from its parent checkpoint (fetched from the remote)"
-run kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest
+say "a forger adds their own key to the clone's trust store and signs a checkpoint of their own"
+export KAUDIT_HOME="$WORK/forger-home"
+kaudit keys generate --name forger > /dev/null
+python heat.py --steps 3200 --every 200 --run-id heat-forged > /dev/null
+cp checkpoints/heat-forged/step-00003200.h5 checkpoints/heat/step-00003200.h5
+kaudit snapshot checkpoints/heat/step-00003200.h5 --run heat --step 3200 --key forger \
+    --parent checkpoints/heat/step-00003000.h5.kaudit.json > /dev/null
+export KAUDIT_HOME="$WORK/auditor-home"
+say "kaudit verify checkpoints/heat/step-00003200.h5.kaudit.json --trusted-key demo.pub   # must fail"
+set +e
+kaudit verify checkpoints/heat/step-00003200.h5.kaudit.json --trusted-key "$WORK/demo.pub"
+status=$?
+set -e
+echo "exit status: $status"
+[ "$status" -eq 1 ] || { echo "demo: a forger's key was trusted" >&2; exit 1; }
+rm -rf checkpoints/heat-forged checkpoints/heat/step-00003200.h5*
+git checkout -q -- .kaudit
+
+say "the auditor replays the last segment from its parent checkpoint (fetched from the remote)"
+run kaudit keys generate --name auditor
+run kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest \
+    --trusted-key "$WORK/demo.pub"
+cp "$KAUDIT_HOME/keys/auditor.pub" "$WORK/auditor.pub"
+run kaudit verify checkpoints/heat/step-00003000.h5.replay.json \
+    --trusted-key "$WORK/demo.pub" --trusted-key "$WORK/auditor.pub"
+export KAUDIT_HOME="$WORK/home"
 cd "$WORK/project"
 
 say "the killed-and-resumed run against the uninterrupted one, dataset by dataset"

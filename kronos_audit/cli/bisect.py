@@ -10,6 +10,7 @@ import click
 from kronos_audit.bisect import BisectResult, Chain, Decision, StepComparison, bisect
 from kronos_audit.cli._app import cli, out, safe
 from kronos_audit.cli.diff import render_comparison, tolerance_options, tolerance_policy
+from kronos_audit.cli.options import trust_from, trust_options
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.project import Project
 
@@ -18,6 +19,7 @@ from kronos_audit.project import Project
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @tolerance_options
+@trust_options
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 @click.pass_context
 def bisect_command(
@@ -28,6 +30,9 @@ def bisect_command(
     atol: str | None,
     ulp: str | None,
     tol: tuple[str, ...],
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
     as_json: bool,
 ) -> None:
     """Find the first step at which run B's checkpoints diverge from run A's.
@@ -39,9 +44,13 @@ def bisect_command(
     hashes decide a step when they can; data not here is fetched from the DVC remote.
 
     Exit 0 when the runs never diverge, 1 when they do, 2 for bad input.
+
+    \b
+    Example:
+      kaudit bisect checkpoints/heat checkpoints/heat-new-compiler --rtol 1e-12
     """
     policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
-    result = bisect(a, b, policy)
+    result = bisect(a, b, policy, trust=trust_from(trusted_keys, trust_ref, require_anchor))
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else str(project.config_path)

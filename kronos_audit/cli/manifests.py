@@ -427,14 +427,16 @@ def verify(
             )
         )
     elif results:
-        counted = [
-            f"{summary['manifests']} manifest(s) verified",
-            f"data checked for {summary['data_checked']}",
-        ]
+        counted = []
+        if summary["manifests"]:
+            counted.append(
+                f"{summary['manifests']} manifest(s) verified, "
+                f"data checked for {summary['data_checked']}"
+            )
         if summary["data_not_checked"]:
             counted.append(f"not checked for {summary['data_not_checked']} (pruned)")
         if summary["attestations"]:
-            counted.append(f"{summary['attestations']} attestation(s)")
+            counted.append(f"{summary['attestations']} attestation(s) verified")
         if summary["unanchored"]:
             counted.append(f"{summary['unanchored']} signed by unanchored keys")
         if summary["failed"]:

@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.checkpoint.hashing import FileDigests, digest_file
-from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.errors import CheckpointError, ManifestError, UsageError
 from kronos_audit.manifest import (
     Manifest,
     build_statement,
+    encode_envelope,
     manifest_path_for,
+    parse_manifest,
     read_manifest,
-    write_manifest,
 )
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import GitState, environment, git_state, git_tracked
@@ -73,6 +75,45 @@ def sign_checkpoint(
     the git state is read now, refusing a diff that carries a secret-looking file unless
     ``allow_secret_files``.
     """
+    manifest, data = prepare_manifest(
+        checkpoint,
+        digests,
+        project=project,
+        key=key,
+        run=run,
+        step=step,
+        seeds=seeds,
+        parent=parent,
+        command=command,
+        cwd=cwd,
+        attributes=attributes,
+        extra=extra,
+        git=git,
+        allow_secret_files=allow_secret_files,
+    )
+    return publish_manifest(manifest, data)
+
+
+def prepare_manifest(
+    checkpoint: Path,
+    digests: FileDigests,
+    *,
+    project: Project,
+    key: SigningKey,
+    run: str,
+    step: int,
+    seeds: Sequence[int] = (),
+    parent: Path | Manifest | None = None,
+    command: Sequence[str] | None = None,
+    cwd: Path | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    git: GitState | None = None,
+    allow_secret_files: bool = False,
+) -> tuple[Manifest, bytes]:
+    """The signed manifest of a checkpoint and its file's bytes, checked as every reader
+    checks them, but not written: what a reader would refuse is refused before anything
+    is written (see :func:`sign_checkpoint` for the arguments)."""
     parent_digest, parent_name = _parent_link(parent, run, step, project)
     predicate: dict[str, Any] = {
         "run": run,
@@ -102,8 +143,25 @@ def sign_checkpoint(
         md5=digests.md5,
         predicate=predicate,
     )
-    envelope = sign_envelope(canonical_json(statement), key)
-    return write_manifest(manifest_path_for(checkpoint), envelope)
+    try:
+        payload = canonical_json(statement)
+    except (ValueError, TypeError) as e:  # NaN, infinity, a value JSON cannot hold
+        raise UsageError(f"cannot be signed: {e}", path=checkpoint) from None
+    envelope = sign_envelope(payload, key)
+    path = manifest_path_for(checkpoint)
+    data = encode_envelope(envelope)
+    return parse_manifest(data, path), data
+
+
+def publish_manifest(manifest: Manifest, data: bytes) -> Manifest:
+    """Write a prepared manifest atomically."""
+    try:
+        write_atomic(manifest.path, data)
+    except OSError as e:
+        raise ManifestError(
+            f"cannot write manifest: {e.strerror or e}", path=manifest.path
+        ) from None
+    return manifest
 
 
 STEP_NAME = re.compile(r"step-([0-9]+)\.h5")
@@ -208,12 +266,14 @@ def snapshot(
     # Read once, before anything is written: a refused diff (a secret-looking file) must
     # leave no .dvc file, ignore entry or manifest behind.
     git_info = git_state(project.root, allow_secret_files=allow_secret_files)
-    manifests = []
+    # Every manifest is made and checked as a reader would check it (schema, JSON a reader
+    # accepts) before anything is written: a refusal leaves no .dvc file, ignore entry,
+    # cache object or manifest behind.
+    prepared = []
     for p, d in hashed:
         assert d.md5 is not None
-        track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
-        manifests.append(
-            sign_checkpoint(
+        prepared.append(
+            prepare_manifest(
                 p,
                 d,
                 project=project,
@@ -228,4 +288,9 @@ def snapshot(
                 git=git_info,
             )
         )
+    manifests = []
+    for (p, d), (manifest, data) in zip(hashed, prepared, strict=True):
+        assert d.md5 is not None
+        track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
+        manifests.append(publish_manifest(manifest, data))
     return tuple(manifests)

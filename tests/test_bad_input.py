@@ -529,3 +529,18 @@ def test_snapshot_refuses_attributes_nested_too_deeply(
     )  # fmt: skip
     assert_bad_input(result, "nested more than")
     assert not list(project.root.rglob("*.kaudit.json"))
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "1e400"])
+def test_snapshot_refuses_an_attribute_json_cannot_hold_and_writes_nothing(
+    project: Project, key: SigningKey, checkpoint: Path, value: str
+) -> None:
+    before = sorted(p for p in project.root.rglob("*") if ".git" not in p.parts)
+    result = run_cli(
+        "snapshot", str(checkpoint), "--run", "run1", "--step", "1", "--attr", f"x={value}",
+        cwd=project.root,
+    )  # fmt: skip
+    assert_bad_input(result, str(checkpoint), "cannot be signed")
+    after = sorted(p for p in project.root.rglob("*") if ".git" not in p.parts)
+    # No manifest, no .dvc file, no ignore entry, no DVC cache object.
+    assert sorted(set(after) ^ set(before)) == []

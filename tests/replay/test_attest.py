@@ -23,6 +23,8 @@ from kronos_audit.signing import (
     SigningKey,
     TrustStore,
     parse_envelope,
+    public_pem,
+    user_trust_dir,
     verify_envelope,
 )
 
@@ -131,3 +133,24 @@ def test_reading_something_that_is_not_an_attestation(tmp_path: Path) -> None:
         read_attestation(path)
     with pytest.raises(ManifestError, match="not found"):
         read_attestation(tmp_path / "absent.replay.json")
+
+
+def test_an_attestation_requires_an_anchored_history(
+    heat: Path, repo: Path, key: SigningKey, tmp_path: Path
+) -> None:
+    # Only the repository's own store vouches for the run's key: verify says "unanchored",
+    # and an attestation, which certifies, refuses to be made on that word alone.
+    for p in user_trust_dir().iterdir():
+        p.unlink()
+    target = manifest(heat, 10)
+    refused = run_cli("replay", str(target), "--attest")
+    bad_input(refused, "unanchored")
+    assert not (heat / "step-00000010.h5.replay.json").exists()
+    # Handed the owner's key out of band, the auditor can attest.
+    owner = tmp_path / "owner.pub"
+    owner.write_bytes(public_pem(key.private_key.public_key()))
+    accepted = run_cli("replay", str(target), "--attest", "--trusted-key", str(owner))
+    assert accepted.exit_code == 0, accepted.output
+    assert (heat / "step-00000010.h5.replay.json").is_file()
+    # A replay without --attest still runs on the repository's word (and says nothing false).
+    assert run_cli("replay", str(target)).exit_code == 0

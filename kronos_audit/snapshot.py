@@ -12,6 +12,7 @@ from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import file_kind
 from kronos_audit.checkpoint.hashing import FileDigests, digest_file
 from kronos_audit.errors import CheckpointError, ManifestError, UsageError
 from kronos_audit.manifest import (
@@ -67,53 +68,18 @@ def sign_checkpoint(
     extra: Mapping[str, Any] | None = None,
     git: GitState | None = None,
     allow_secret_files: bool = False,
+    write: bool = True,
 ) -> Manifest:
-    """Write the signed manifest of a checkpoint whose digests are already known.
+    """The signed manifest of a checkpoint whose digests are already known, checked as
+    every reader checks it, and written beside it unless ``write`` is False (then
+    :func:`publish_manifest` writes it: what a reader would refuse is refused before
+    anything is written).
 
     This is the step the runtime uses after hashing the state in memory; ``extra`` adds
     predicate fields (RNG states, restart count) that the schema defines. Without ``git``
     the git state is read now, refusing a diff that carries a secret-looking file unless
     ``allow_secret_files``.
     """
-    manifest, data = prepare_manifest(
-        checkpoint,
-        digests,
-        project=project,
-        key=key,
-        run=run,
-        step=step,
-        seeds=seeds,
-        parent=parent,
-        command=command,
-        cwd=cwd,
-        attributes=attributes,
-        extra=extra,
-        git=git,
-        allow_secret_files=allow_secret_files,
-    )
-    return publish_manifest(manifest, data)
-
-
-def prepare_manifest(
-    checkpoint: Path,
-    digests: FileDigests,
-    *,
-    project: Project,
-    key: SigningKey,
-    run: str,
-    step: int,
-    seeds: Sequence[int] = (),
-    parent: Path | Manifest | None = None,
-    command: Sequence[str] | None = None,
-    cwd: Path | None = None,
-    attributes: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-    git: GitState | None = None,
-    allow_secret_files: bool = False,
-) -> tuple[Manifest, bytes]:
-    """The signed manifest of a checkpoint and its file's bytes, checked as every reader
-    checks them, but not written: what a reader would refuse is refused before anything
-    is written (see :func:`sign_checkpoint` for the arguments)."""
     parent_digest, parent_name = _parent_link(parent, run, step, project)
     predicate: dict[str, Any] = {
         "run": run,
@@ -148,15 +114,14 @@ def prepare_manifest(
     except (ValueError, TypeError) as e:  # NaN, infinity, a value JSON cannot hold
         raise UsageError(f"cannot be signed: {e}", path=checkpoint) from None
     envelope = sign_envelope(payload, key)
-    path = manifest_path_for(checkpoint)
-    data = encode_envelope(envelope)
-    return parse_manifest(data, path), data
+    manifest = parse_manifest(encode_envelope(envelope), manifest_path_for(checkpoint))
+    return publish_manifest(manifest) if write else manifest
 
 
-def publish_manifest(manifest: Manifest, data: bytes) -> Manifest:
-    """Write a prepared manifest atomically."""
+def publish_manifest(manifest: Manifest) -> Manifest:
+    """Write a signed manifest atomically (its bytes are the ones its digest is of)."""
     try:
-        write_atomic(manifest.path, data)
+        write_atomic(manifest.path, encode_envelope(manifest.envelope))
     except OSError as e:
         raise ManifestError(
             f"cannot write manifest: {e.strerror or e}", path=manifest.path
@@ -166,18 +131,6 @@ def publish_manifest(manifest: Manifest, data: bytes) -> Manifest:
 
 STEP_NAME = re.compile(r"step-([0-9]+)\.h5")
 """How the runtime names a checkpoint (``step-00000100.h5``): such a name states a step."""
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def _check_checkpoint_file(path: Path) -> None:
@@ -199,7 +152,7 @@ def _check_checkpoint_file(path: Path) -> None:
             path=path,
         )
     if not stat.S_ISREG(mode):
-        raise CheckpointError(f"is {_kind(mode)}, not a regular file", path=path)
+        raise CheckpointError(f"is {file_kind(mode)}, not a regular file", path=path)
 
 
 def _check_step_name(path: Path, step: int) -> None:
@@ -273,7 +226,7 @@ def snapshot(
     for p, d in hashed:
         assert d.md5 is not None
         prepared.append(
-            prepare_manifest(
+            sign_checkpoint(
                 p,
                 d,
                 project=project,
@@ -286,11 +239,12 @@ def snapshot(
                 cwd=cwd,
                 attributes=attributes,
                 git=git_info,
+                write=False,
             )
         )
     manifests = []
-    for (p, d), (manifest, data) in zip(hashed, prepared, strict=True):
+    for (p, d), manifest in zip(hashed, prepared, strict=True):
         assert d.md5 is not None
         track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
-        manifests.append(publish_manifest(manifest, data))
+        manifests.append(publish_manifest(manifest))
     return tuple(manifests)

@@ -32,7 +32,8 @@ class UnsafeFile(Exception):
         """The name does not exist (as opposed to existing and being refused)."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` is, in words: ``a FIFO``, ``a directory``, ..."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -69,7 +70,7 @@ def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) 
             raise UnsafeFile(path, "is a symbolic link") from None
         if e.errno == errno.ENXIO:  # open() of a socket (or a device with nothing behind it)
             try:
-                kind = _kind(os.stat(path).st_mode)
+                kind = file_kind(os.stat(path).st_mode)
             except OSError:
                 kind = "something other than a file"
             raise UnsafeFile(path, f"is {kind}, not a regular file") from None
@@ -77,7 +78,7 @@ def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) 
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(path, f"is {_kind(st.st_mode)}, not a regular file")
+            raise UnsafeFile(path, f"is {file_kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise UnsafeFile(path, f"is {st.st_size:,} bytes, more than the {limit:,} allowed")
         chunks = []

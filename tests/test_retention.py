@@ -58,7 +58,8 @@ def verify_json(*args: str) -> tuple[int, dict[str, Any]]:
 
 
 def file_digest(result: dict[str, Any]) -> dict[str, Any]:
-    (check,) = [c for c in result["checks"] if c["check"] == "file digest"]
+    checks: list[dict[str, Any]] = [c for c in result["checks"] if c["check"] == "file digest"]
+    (check,) = checks
     return check
 
 

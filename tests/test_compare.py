@@ -14,6 +14,7 @@ import pytest
 
 from kronos_audit.compare import (
     Comparison,
+    DataKind,
     DatasetComparison,
     Tolerance,
     ToleranceError,
@@ -22,8 +23,10 @@ from kronos_audit.compare import (
     Verdict,
     compare_arrays,
     compare_files,
+    data_kind,
 )
-from kronos_audit.compare.engine import block_layout
+from kronos_audit.compare.blocks import block_layout
+from kronos_audit.compare.plan import Plan, plan
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.manifest import validate
 from kronos_audit.project import Project
@@ -317,6 +320,34 @@ def test_big_endian_float_data_is_identical_to_little_endian(tmp_path: Path) -> 
     x = np.random.default_rng(1).standard_normal(100)
     a, b = pair(tmp_path, {"x": x}, {"x": x.astype(">f8")})
     assert compare_files(a, b).get("x").verdict is Verdict.IDENTICAL
+
+
+def test_each_dtype_has_its_kind_of_data_and_a_plan_or_a_reason() -> None:
+    assert data_kind(np.dtype(">f4")) is DataKind.FLOAT
+    assert data_kind(np.dtype("c16")) is DataKind.COMPLEX
+    assert data_kind(np.dtype("u2")) is DataKind.INTEGER
+    assert data_kind(np.dtype("?")) is DataKind.BOOLEAN
+    assert data_kind(h5py.string_dtype()) is DataKind.STRING
+    assert data_kind(h5py.string_dtype("ascii")) is DataKind.BYTES
+    assert data_kind(np.dtype("S4")) is DataKind.BYTES
+    assert data_kind(np.dtype([("s", "<i4")])) is DataKind.COMPOUND
+    assert data_kind(np.dtype("V8")) is DataKind.OPAQUE
+    assert data_kind(np.dtype(object)) is DataKind.OBJECT
+    widths = plan(np.dtype(">f4"), np.dtype("<f8"))
+    assert widths == Plan(DataKind.FLOAT, np.dtype("<f8"), same_dtype=False)
+    text = plan(h5py.string_dtype(), h5py.string_dtype())
+    assert text == Plan(DataKind.STRING, np.dtype(object), True, "vlen-str")
+    assert plan(np.dtype("<i8"), np.dtype("<f8")) == (
+        "dtype <i8 in A, <f8 in B: integer and float data cannot be compared"
+    )
+    assert plan(np.dtype("S2"), np.dtype("S3")) == (
+        "dtype |S2 in A, |S3 in B: bytes data of different types is not compared"
+    )
+    # the kind's value is what policies, rules and JSON have always said
+    policy = tol(rtol=0.5)
+    for kind in DataKind:
+        assert policy.resolve("/x", kind) == policy.resolve("/x", kind.value)
+    assert policy.resolve("/n", DataKind.INTEGER) == (None, "integer data (exact)")
 
 
 # -- what always fails -----------------------------------------------------------------

@@ -12,15 +12,18 @@ The reference is A (the recorded run), the candidate B (a replay)::
 See docs/compare.md for the rule each verdict follows.
 """
 
-from kronos_audit.compare.engine import BLOCK_BYTES, compare_arrays, compare_datasets, data_kind
+from kronos_audit.compare.blocks import BLOCK_BYTES
+from kronos_audit.compare.engine import compare_arrays, compare_datasets
 from kronos_audit.compare.files import compare_files
 from kronos_audit.compare.interface import (
     SCHEMA_NAME,
     Comparison,
+    DataKind,
     DatasetComparison,
     Mismatch,
     Verdict,
 )
+from kronos_audit.compare.plan import data_kind
 from kronos_audit.compare.policy import (
     Tolerance,
     ToleranceError,
@@ -32,6 +35,7 @@ __all__ = [
     "BLOCK_BYTES",
     "SCHEMA_NAME",
     "Comparison",
+    "DataKind",
     "DatasetComparison",
     "Mismatch",
     "Tolerance",

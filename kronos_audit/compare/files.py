@@ -9,13 +9,10 @@ from pathlib import Path
 import h5py
 
 from kronos_audit.checkpoint.hashing import is_hdf5
-from kronos_audit.compare.engine import (
-    BLOCK_BYTES,
-    compare_datasets,
-    data_kind,
-    describe_dtype,
-)
+from kronos_audit.compare.blocks import BLOCK_BYTES, dataset_shape
+from kronos_audit.compare.engine import compare_datasets
 from kronos_audit.compare.interface import Comparison, DatasetComparison, Verdict
+from kronos_audit.compare.plan import data_kind, describe_dtype
 from kronos_audit.compare.policy import TolerancePolicy
 from kronos_audit.errors import CheckpointError
 
@@ -87,7 +84,7 @@ def _datasets(f: h5py.File, path: Path) -> dict[str, h5py.Dataset]:
 def _only(
     name: str, dset: h5py.Dataset, verdict: Verdict, policy: TolerancePolicy
 ) -> DatasetComparison:
-    shape = None if dset.shape is None else tuple(int(x) for x in dset.shape)
+    shape = dataset_shape(dset)
     dtype = describe_dtype(dset.dtype)
     _, rule = policy.resolve(name, data_kind(dset.dtype))
     in_a = verdict is Verdict.ONLY_IN_A

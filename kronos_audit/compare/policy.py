@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kronos_audit.compare.interface import DataKind
 from kronos_audit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,9 +29,9 @@ CONFIG_KEYS = ("rtol", "atol", "ulp", "tol")
 SPEC_KEYS = ("rtol", "atol", "ulp")
 EXACT_SPEC = "exact"
 
-NUMERIC_KINDS = ("float", "complex")
+NUMERIC_KINDS = (DataKind.FLOAT, DataKind.COMPLEX)
 """Kinds of data the policy's default tolerance applies to."""
-COUNTED_KINDS = ("integer", "boolean")
+COUNTED_KINDS = (DataKind.INTEGER, DataKind.BOOLEAN)
 """Kinds compared exactly unless a rule names them."""
 
 
@@ -183,11 +184,12 @@ class TolerancePolicy:
     default: Tolerance | None = None
     """For float and complex datasets no rule matches; None: exact."""
 
-    def resolve(self, path: str, kind: str) -> tuple[Tolerance | None, str]:
+    def resolve(self, path: str, kind: DataKind | str) -> tuple[Tolerance | None, str]:
         """The tolerance for dataset ``path`` holding ``kind`` data, and where it came from.
 
-        ``kind`` is ``float``, ``complex``, ``integer``, ``boolean``, or anything else for
-        data that always compares exactly (``string``, ``bytes``, ``compound``, ``opaque``).
+        ``kind`` is a :class:`DataKind` (or its value): ``float``, ``complex``, ``integer``,
+        ``boolean``, or anything else for data that always compares exactly (``string``,
+        ``bytes``, ``compound``, ``opaque``).
         """
         if kind not in NUMERIC_KINDS + COUNTED_KINDS:
             return None, f"{kind} data (exact)"

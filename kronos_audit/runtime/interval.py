@@ -9,7 +9,7 @@ two, :func:`expected_waste` gives the fraction of wall time lost at any ``tau`` 
 Daly's complete model, and :func:`simulate` measures that fraction by Monte Carlo so the
 model can be checked rather than trusted.
 
-All times are in seconds; :func:`parse_duration` turns "24h", "5m", "90s" into seconds.
+All times are in seconds; :func:`parse_duration` turns "24h", "5min", "1h30m" into seconds.
 """
 
 from __future__ import annotations
@@ -22,8 +22,17 @@ import numpy as np
 
 from kronos_audit.errors import UsageError
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", re.IGNORECASE)
+# Unit names (lower case) and their seconds; a duration is a bare number of seconds, or
+# one or more number-unit parts from the largest unit down: "90s", "5min", "1h30m".
+_UNITS = {
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_BARE = re.compile(rf"\s*({_NUMBER})\s*")
+_PART = re.compile(rf"\s*({_NUMBER})\s*([a-z]+)\s*", re.IGNORECASE)
 
 # A trial costs one loop iteration per failure it suffers; past this many expected
 # failures per trial the simulation would take minutes, and the model already says
@@ -32,10 +41,13 @@ _MAX_FAILURES_PER_TRIAL = 100_000.0
 
 
 def parse_duration(text: str | float) -> float:
-    """Seconds in ``text``: a number with an optional unit ``s``, ``m``, ``h`` or ``d``.
+    """Seconds in ``text``: a number with an optional unit, or a sum of such parts from the
+    largest unit down.
 
-    "24h" -> 86400.0, "5m" -> 300.0, "90s" -> 90.0, "1.5h" -> 5400.0, "2d" -> 172800.0,
-    "300" -> 300.0. A number (not a string) is taken as seconds already. Raises
+    Units: ``s`` (``sec``, ``second``), ``m`` (``min``, ``minute``), ``h`` (``hr``,
+    ``hour``), ``d`` (``day``), plurals too, in any case. "24h" -> 86400.0, "5m" and
+    "5min" -> 300.0, "90s" -> 90.0, "1.5h" -> 5400.0, "1h30m" -> 5400.0, "2d" ->
+    172800.0, "300" -> 300.0. A number (not a string) is taken as seconds already. Raises
     :class:`~kronos_audit.errors.UsageError` naming the text when it is not a
     non-negative, finite duration.
     """
@@ -46,14 +58,24 @@ def parse_duration(text: str | float) -> float:
         if not math.isfinite(seconds) or seconds < 0:
             raise UsageError(f"{text!r} is not a duration: it must be finite and not negative")
         return seconds
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        raise UsageError(
-            f"{text!r} is not a duration: use a number with an optional unit "
-            "s, m, h or d (e.g. 90s, 5m, 1.5h, 2d; a bare number is seconds)"
-        )
-    number, unit = match.groups()
-    return float(number) * _UNITS[unit.lower()]
+    bare = _BARE.fullmatch(text)
+    if bare is not None:
+        return float(bare.group(1))
+    total, pos, last = 0.0, 0, math.inf
+    while True:
+        part = _PART.match(text, pos)
+        size = None if part is None else _UNITS.get(part.group(2).lower())
+        # each unit at most once, largest first: "30m1h" and "5m5m" are typing slips
+        if part is None or size is None or size >= last:
+            raise UsageError(
+                f"{text!r} is not a duration: use a number with an optional unit "
+                "s, m (or min), h or d, or parts such as 1h30m "
+                "(e.g. 90s, 5min, 1.5h, 2d; a bare number is seconds)"
+            )
+        total += float(part.group(1)) * size
+        pos, last = part.end(), size
+        if pos == len(text):
+            return total
 
 
 def _check(name: str, value: float, *, allow_zero: bool = False) -> float:

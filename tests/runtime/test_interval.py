@@ -126,6 +126,35 @@ def test_parse_duration_names_the_bad_text(text: str) -> None:
     assert repr(text) in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("5min", 300.0),
+        ("5 mins", 300.0),
+        ("1h30m", 5400.0),
+        ("1h 30min", 5400.0),
+        ("1H30M", 5400.0),
+        ("1d2h", 93600.0),
+        ("2 hours", 7200.0),
+        ("1h30m15s", 5415.0),
+        ("90sec", 90.0),
+        ("1.5hr", 5400.0),
+        ("1day", 86400.0),
+    ],
+)
+def test_parse_duration_takes_long_unit_names_and_parts(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["30m1h", "5m5m", "1h30", "5mm", "1h-30m", "1.2.3h", "5 minutes ago"]
+)
+def test_parse_duration_refuses_parts_out_of_order_or_without_a_unit(text: str) -> None:
+    with pytest.raises(UsageError, match="is not a duration") as e:
+        parse_duration(text)
+    assert repr(text) in str(e.value)
+
+
 @pytest.mark.parametrize("value", [-1.0, math.inf, math.nan, True])
 def test_parse_duration_rejects_bad_numbers(value: float) -> None:
     with pytest.raises(UsageError):

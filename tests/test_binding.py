@@ -13,15 +13,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import h5py
+import numpy as np
 import pytest
-from conftest import git, run_cli
+from conftest import git, run_cli, untrusted_key
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.manifest import encode_envelope
 from kronos_audit.project import Project
 from kronos_audit.replay import read_attestation
-from kronos_audit.signing import SigningKey, sign_envelope
+from kronos_audit.signing import SigningKey, generate_key, sign_envelope
+from kronos_audit.snapshot import snapshot
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -34,6 +37,10 @@ def sim(root: Path, n: int, *, run_id: str = "sim") -> Path:
             state = {"u": 0.9 * state["u"] + 0.01 * run.rng.standard_normal((16, 16))}
             run.checkpoint(step, state)
     return root / run_id
+
+
+def manifest(run_dir: Path, step: int) -> Path:
+    return run_dir / f"step-{step:08d}.h5.kaudit.json"
 
 
 def plant(source: Path, checkpoint: Path) -> Path:
@@ -132,6 +139,52 @@ def test_restore_skips_a_planted_later_step_and_signs_the_true_next_one(
     planted.with_name("step-00000900.h5").unlink()
     doc = report(str(run_dir), exit_code=0)
     assert [r["step"] for r in doc["results"]] == [100, 200, 300]
+
+
+def test_restore_does_not_resume_from_a_checkpoint_only_the_work_tree_vouches_for(
+    project: Project, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adversary adds their own key to the repository's trust store and plants a
+    correctly named, correctly placed step-900 signed by it, chained to the owner's step
+    200: resuming from it would make the owner's key sign its continuation."""
+    root = project.root / "checkpoints"
+    run_dir = sim(root, 200)
+    with monkeypatch.context() as m:
+        m.setenv("KAUDIT_HOME", str(tmp_path / "attacker-home"))
+        evil = generate_key("evil")
+        planted = run_dir / "step-00000900.h5"
+        with h5py.File(planted, "w") as f:
+            f["u"] = np.full((16, 16), 666.0)
+        snapshot(planted, run="sim", step=900, parent=manifest(run_dir, 200), key=evil)
+    project.trust_store().add(evil.private_key.public_key(), "evil")
+    assert run_cli("verify", str(manifest(run_dir, 900))).exit_code == 0  # unanchored: ok
+
+    with ka.Run("sim", root=root, seed=42, every=ka.EverySteps(100)) as run:
+        with pytest.warns(ka.CheckpointSkipped, match="step-00000900.h5: skipped: signature") as w:
+            state = run.restore()
+        assert "unanchored" in str(w[0].message)
+        assert run.step == 200
+        assert state is not None
+        assert float(state["u"][0, 0]) != 666.0
+        run.checkpoint(300, state)
+    signed = ka.read_manifest(manifest(run_dir, 300))
+    assert signed.parent == ka.read_manifest(manifest(run_dir, 200)).digest
+
+
+def test_restore_resumes_from_this_runs_own_key_without_an_anchor(
+    project: Project, tmp_path: Path
+) -> None:
+    """The run's own key needs no anchor to resume its own checkpoints (a key handed to
+    the Run that no trust store holds)."""
+    own = untrusted_key("own")
+    root = project.root / "checkpoints"
+    with ka.Run("sim", root=root, seed=42, every=ka.EverySteps(100), key=own) as run:
+        for step in run.steps(200):
+            run.checkpoint(step, {"u": np.full(4, float(step))})
+    with ka.Run("sim", root=root, seed=42, every=ka.EverySteps(100), key=own) as run:
+        state = run.restore()
+        assert run.step == 200
+        assert state is not None
 
 
 # -- replay attestations ---------------------------------------------------------------

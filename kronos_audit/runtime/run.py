@@ -48,6 +48,7 @@ from kronos_audit.runtime.protocol import (
     PREEMPTED_EXIT,
     Progress,
     ReplayInstruction,
+    checkpoint_name,
     restart_count,
 )
 from kronos_audit.signing import SigningKey, select_key
@@ -60,6 +61,7 @@ from kronos_audit.storage import (
     read_dvc_file,
     track,
 )
+from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -70,10 +72,6 @@ RESERVED = (RNG_GROUP, LEDGER_GROUP)
 
 class CheckpointSkipped(UserWarning):
     """restore() passed over a checkpoint that is not valid (and says why)."""
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}.h5"
 
 
 def _step_of(path: Path) -> int | None:
@@ -211,8 +209,9 @@ class Run:
     def restore(self) -> State | None:
         """The newest valid checkpoint's state (RNG states and ledger restored), or None.
 
-        Checkpoints whose manifest is missing, unsigned, or does not match the data are
-        skipped with a :class:`CheckpointSkipped` warning.
+        Checkpoints whose manifest is missing, unsigned (or signed by a key no anchor
+        holds: only this run's own key or an anchored one counts), out of its place, or
+        does not match the data are skipped with a :class:`CheckpointSkipped` warning.
         """
         self._require_open()
         if self._restored:
@@ -225,7 +224,18 @@ class Run:
                 self._progress.started(self.step)
             return self._restored_state
         assert self._project is not None
-        verifier = Verifier(self._project)
+        assert self._key is not None
+        # Resuming certifies: the next checkpoint is signed with this run's key as the
+        # continuation of the one restored. So only an anchored signer counts, or this
+        # run's own key; a key only the work tree's trust store vouches for does not.
+        keyring = load_keyring(self._project.root, TrustOptions(require_anchor=True))
+        keyring.add(
+            self._key.private_key.public_key(),
+            self._key.name,
+            Anchor.USER,
+            "the key this run signs with",
+        )
+        verifier = Verifier(self._project, keyring)
         candidates = sorted(
             (s, p) for p in self.directory.glob("step-*.h5") if (s := _step_of(p)) is not None
         )

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kronos_audit.project import init_project
+from kronos_audit.init import init_project
 from kronos_audit.signing import generate_key
 
 

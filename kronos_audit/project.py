@@ -2,12 +2,12 @@
 
 ``.kaudit/config.toml`` holds the settings, ``.kaudit/trusted-keys/`` the public keys whose
 signatures the repository accepts, ``.kaudit/patches/`` the uncommitted diffs that
-manifests name. All three are meant to be committed.
+manifests name. All three are meant to be committed. Setting a project up (``kaudit init``,
+which also sets up DVC) is :func:`kronos_audit.init.init_project`'s part.
 """
 
 from __future__ import annotations
 
-import logging
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,22 +15,10 @@ from typing import Any
 
 import git
 
-from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ProjectError
 from kronos_audit.signing import TrustStore
 
 KAUDIT_DIR = ".kaudit"
-
-DEFAULT_CONFIG = """\
-# kronos-audit settings for this repository: commit this file.
-[kaudit]
-config_version = 1
-
-# Default tolerances for `kaudit diff` and `kaudit replay`, e.g.
-# [compare]
-# rtol = 1e-12
-# tol = ["fields/*:rtol=1e-12", "rng/*:exact"]
-"""
 
 
 @dataclass(frozen=True)
@@ -99,37 +87,3 @@ def find_project(start: Path | str = ".") -> Project:
     if repo.working_tree_dir is None:
         raise ProjectError("a bare git repository has no work tree", path=start)
     return Project(Path(repo.working_tree_dir).resolve())
-
-
-def init_project(start: Path | str = ".") -> tuple[Project, bool]:
-    """Set up ``.kaudit/`` and DVC in the enclosing git repository.
-
-    DVC's ``cache.type`` is set to link before copying, unless the repository chose one,
-    so that checkpoints enter DVC's cache without a second copy.
-
-    Returns the project and whether DVC was initialised now. Safe to run twice: existing
-    configuration and trusted keys are kept.
-    """
-    project = find_project(start)
-    project.trust_dir.mkdir(parents=True, exist_ok=True)
-    (project.kaudit_dir / "patches").mkdir(exist_ok=True)
-    if not project.config_path.exists():
-        write_atomic(project.config_path, DEFAULT_CONFIG.encode())
-    dvc_created = False
-    if not (project.root / ".dvc").is_dir():
-        from dvc.repo.init import init as dvc_init  # slow to import; only init needs it
-
-        # DVC logs a greeting at INFO and re-configures its loggers as it goes; our caller
-        # reports what was done, once.
-        logging.disable(logging.INFO)
-        try:
-            dvc_init(root_dir=str(project.root))
-        except Exception as e:  # DVC raises many types: say which, and stop
-            raise ProjectError(f"dvc init failed: {e}", path=project.root) from None
-        finally:
-            logging.disable(logging.NOTSET)
-        dvc_created = True
-    from kronos_audit.storage import configure_cache_links  # storage builds on this module
-
-    configure_cache_links(project)
-    return project, dvc_created

@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from kronos_audit.cli import cli
-from kronos_audit.project import Project, init_project
+from kronos_audit.init import init_project
+from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, generate_key, user_trust_dir
 
 KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]

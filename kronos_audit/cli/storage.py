@@ -12,7 +12,8 @@ from kronos_audit.cli.options import trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import MANIFEST_SUFFIX, checkpoint_path_for
 from kronos_audit.project import Project, find_project
-from kronos_audit.storage import Location, Storage, status
+from kronos_audit.status import status
+from kronos_audit.storage import Location, Storage
 from kronos_audit.verify import expand_manifest_args, trust_problems, verify_each
 
 REMOTE_OPTION = click.option("--remote", help="DVC remote name (default: the default remote).")

@@ -16,6 +16,7 @@ from conftest import git, run_cli, write_checkpoint
 import kronos_audit as ka
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
+from kronos_audit.status import status
 from kronos_audit.storage import (
     Location,
     Storage,
@@ -23,7 +24,6 @@ from kronos_audit.storage import (
     cache_settings,
     configure_remote,
     dvc_file_for,
-    status,
 )
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,8 @@ from sshd import SSHRemote, unused_port
 import kronos_audit as ka
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
-from kronos_audit.storage import Location, configure_remote, status
+from kronos_audit.status import status
+from kronos_audit.storage import Location, configure_remote
 
 pytestmark = pytest.mark.slow
 

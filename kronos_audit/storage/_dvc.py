@@ -1,0 +1,98 @@
+"""DVC as kaudit drives it: its loggers kept quiet, its errors named, and the two places
+where kaudit reaches past DVC's public API.
+
+:func:`remote_odb` and :func:`object_path` use DVC internals (``repo.cloud.get_remote_odb``
+and the object database's ``oid_to_path``). DVC's public API (``dvc.api``) reads data
+through ``.dvc`` files and revisions, never by the md5 a signed manifest records, which is
+the only address kaudit trusts; so pyproject.toml bounds dvc below its next major version,
+and these two functions are all that changes if DVC moves them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+DVC_LOGGERS: tuple[str, ...] = (
+    "dvc",
+    "dvc_data",
+    "dvc_objects",
+    "dvc_ssh",
+    "scmrepo",  # DVC's git layer ...
+    "dulwich",
+    "fsspec",  # ... and the file systems it moves data with
+    "sshfs",
+    "asyncssh",
+)
+"""The loggers of DVC and of the libraries it drives for kaudit: while a DVC operation
+runs, only their warnings and errors pass. No other logger is touched."""
+
+
+class _QuietLoggers:
+    """Raise some loggers to WARNING while at least one block, on any thread, needs it.
+
+    Levels are per logger, so a user's own loggers (and a user's lines logged on another
+    thread meanwhile) are never affected, unlike ``logging.disable``, which is
+    process-wide. The levels found on entry to the first block are put back on leaving
+    the last one, so concurrent blocks (a background push during a fetch) nest.
+    """
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._saved: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                for name in self._names:
+                    logger = logging.getLogger(name)
+                    self._saved[name] = logger.level
+                    if logger.getEffectiveLevel() < logging.WARNING:
+                        logger.setLevel(logging.WARNING)
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    for name, level in self._saved.items():
+                        logging.getLogger(name).setLevel(level)
+                    self._saved.clear()
+
+
+_quiet = _QuietLoggers(DVC_LOGGERS)
+
+
+@contextlib.contextmanager
+def quiet_dvc() -> Iterator[None]:
+    """Keep DVC's INFO chatter (a greeting on ``dvc init``, connection notes) out of the
+    user's log while the block runs; DVC's errors reach kaudit as exceptions anyway."""
+    # Importing dvc sets its loggers' levels (dvc.logger.setup): done first, so that the
+    # levels saved and put back are DVC's configured ones.
+    import dvc  # noqa: F401
+
+    with _quiet():
+        yield
+
+
+def dvc_error(e: Exception) -> str:
+    """The first line of a DVC (or file system) error, for a one-line message."""
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def remote_odb(repo: Any, name: str) -> Any:
+    """The object database of the DVC remote ``name`` (DVC internal)."""
+    return repo.cloud.get_remote_odb(name, "kaudit")
+
+
+def object_path(odb: Any, md5: str) -> str:
+    """Where the object ``md5`` lives in ``odb``, in its file system's terms (DVC internal)."""
+    return str(odb.oid_to_path(md5))

@@ -1,0 +1,225 @@
+"""Tracking checkpoints with DVC: its cache, ``.dvc`` files and git-ignore entries.
+
+Each checkpoint ``CKPT`` gets a ``CKPT.dvc`` file beside it (what ``dvc add`` would write),
+is git-ignored, and enters DVC's cache without a second full copy: it is linked into
+``.dvc/cache/files/md5/..`` following the repository's ``cache.type`` (reflink, hardlink,
+symlink, then copy as a last resort). Manifests and ``.dvc`` files are small and meant
+for git; so a plain ``dvc pull`` in a fresh clone restores the checkpoints.
+
+Tracking is done here, without importing DVC (which costs most of a second), so a
+running program pays nothing for it. Only setting DVC up (:func:`init_dvc`,
+:func:`configure_cache_links`) goes through DVC's own API.
+"""
+
+from __future__ import annotations
+
+import configparser
+import fcntl
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
+from kronos_audit.errors import ProjectError, StorageError
+from kronos_audit.project import Project
+from kronos_audit.storage._dvc import quiet_dvc
+
+log = logging.getLogger("kronos_audit.storage")
+
+DVC_SUFFIX = ".dvc"
+DEFAULT_CACHE_TYPES: tuple[str, ...] = ("reflink", "copy")  # DVC's own default
+LINK_FRIENDLY_CACHE_TYPES = "reflink,hardlink,symlink,copy"
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+MD5_PATTERN = re.compile(r"[0-9a-f]{32}")
+"""An md5 as DVC writes it: 32 lower-case hex digits, safe to become a path."""
+
+
+def dvc_file_for(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + DVC_SUFFIX)
+
+
+def _dvc_config(project: Project) -> configparser.ConfigParser:
+    config = configparser.ConfigParser(interpolation=None)
+    config.read([project.root / ".dvc" / "config", project.root / ".dvc" / "config.local"])
+    return config
+
+
+def cache_settings(project: Project) -> tuple[Path, tuple[str, ...]]:
+    """DVC's cache directory and link types for this repository (repo and local config)."""
+    config = _dvc_config(project)
+    cache_dir = project.root / ".dvc" / "cache"
+    types = DEFAULT_CACHE_TYPES
+    if config.has_section("cache"):
+        if config.has_option("cache", "dir"):
+            # DVC resolves a relative cache.dir against the .dvc directory.
+            cache_dir = (project.root / ".dvc" / config.get("cache", "dir")).resolve()
+        if config.has_option("cache", "type"):
+            raw = config.get("cache", "type").strip("[]")
+            types = tuple(t.strip().strip("'\"") for t in raw.split(",") if t.strip())
+    return cache_dir, types
+
+
+def cache_object_path(cache_dir: Path, md5: str) -> Path:
+    return cache_dir / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def _reflink(src: Path, dst: Path) -> None:
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+
+
+def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
+    """Make ``obj`` (a cache object) hold the checkpoint's bytes; return how.
+
+    Tries ``types`` in order; only ``copy`` copies the data. The object ends read-only, as
+    DVC keeps its cache (with a hard link the checkpoint shares that mode) when kaudit
+    created the checkpoint (``owned``). A file kaudit did not create (``kaudit snapshot``)
+    is never changed: a hard link to it keeps its mode, and ``symlink``, which would move
+    it into the cache, is skipped.
+    """
+    if obj.exists():
+        return "present"  # same md5: the cache has these bytes already
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
+    for kind in types:
+        try:
+            if kind == "reflink":
+                _reflink(checkpoint, tmp)
+            elif kind == "hardlink":
+                os.link(checkpoint, tmp, follow_symlinks=False)
+                if not owned:
+                    # The link shares the user's inode: a chmod would change their file.
+                    os.replace(tmp, obj)
+                    return kind
+            elif kind == "symlink":
+                if not owned:
+                    continue  # it would move the user's file into the cache
+                # The data moves into the cache; the checkpoint's name points at it.
+                os.replace(checkpoint, tmp)
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, obj)
+                checkpoint.symlink_to(obj)
+                return kind
+            elif kind == "copy":
+                shutil.copyfile(checkpoint, tmp)
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            else:
+                continue
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            continue
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, obj)
+        return kind
+    why = "" if owned or "symlink" not in types else " (symlink would move this file)"
+    raise StorageError(
+        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}",
+        path=checkpoint,
+    )
+
+
+def ensure_ignored(directory: Path, pattern: str) -> None:
+    """Add ``pattern`` to ``directory/.gitignore`` unless it is there."""
+    gitignore = directory / ".gitignore"
+    try:
+        text = gitignore.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    if pattern in text.splitlines():
+        return
+    if text and not text.endswith("\n"):
+        text += "\n"
+    write_atomic(gitignore, (text + pattern + "\n").encode())
+
+
+def write_dvc_file(checkpoint: Path, md5: str, size: int) -> Path:
+    """The ``.dvc`` file ``dvc add`` would write for this checkpoint."""
+    path = dvc_file_for(checkpoint)
+    name = checkpoint.name
+    quoted = (
+        name
+        if name.replace(".", "").replace("-", "").replace("_", "").isalnum()
+        else ('"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    )
+    write_atomic(
+        path, f"outs:\n- md5: {md5}\n  size: {size}\n  hash: md5\n  path: {quoted}\n".encode()
+    )
+    return path
+
+
+def read_dvc_file(path: Path) -> tuple[str, int] | None:
+    """(md5, size) from a single-output ``.dvc`` file, or None if it is not one (or is not
+    a small regular file: anyone may have written it, so never a FIFO or /dev/zero)."""
+    md5: str | None = None
+    size: int | None = None
+    try:
+        lines = read_regular(path, KEY_LIMIT).decode("utf-8").splitlines()
+    except (UnsafeFile, UnicodeDecodeError):
+        return None
+    for line in lines:
+        key, _, value = line.strip().lstrip("- ").partition(":")
+        if key == "md5" and MD5_PATTERN.fullmatch(value.strip()):
+            md5 = value.strip()
+        elif key == "size" and value.strip().isdigit() and len(value.strip()) < 20:
+            size = int(value.strip())
+    return (md5, size) if md5 and size is not None else None
+
+
+def track(
+    project: Project,
+    checkpoint: Path,
+    md5: str,
+    size: int,
+    *,
+    owned: bool,
+    ignore_pattern: str | None = None,
+) -> Path:
+    """Track a checkpoint with DVC: cache object, ``.dvc`` file, git-ignore entry.
+
+    ``owned``: kaudit created the checkpoint, so it may make it read-only or move it into
+    the cache (see :func:`link_into_cache`); otherwise the user's file is left as it is.
+    """
+    cache_dir, types = cache_settings(project)
+    how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types, owned=owned)
+    if how == "copy":
+        log.info("%s: copied into DVC's cache (cache.type allows no link here)", checkpoint)
+    ensure_ignored(checkpoint.parent, ignore_pattern or f"/{checkpoint.name}")
+    return write_dvc_file(checkpoint, md5, size)
+
+
+def configure_cache_links(project: Project) -> bool:
+    """Set ``cache.type`` so checkpoints enter the cache by link, unless one is set."""
+    config = _dvc_config(project)
+    if config.has_option("cache", "type"):
+        return False
+    from dvc.repo import Repo
+
+    repo = Repo(str(project.root))
+    with repo.config.edit() as conf:
+        conf["cache"]["type"] = LINK_FRIENDLY_CACHE_TYPES
+    return True
+
+
+def init_dvc(project: Project) -> bool:
+    """Set DVC up in the project's repository unless it is, and let checkpoints enter its
+    cache by link (:func:`configure_cache_links`, unless the repository chose a
+    ``cache.type``). Returns whether DVC was initialised now."""
+    created = False
+    if not (project.root / ".dvc").is_dir():
+        from dvc.repo.init import init as dvc_init  # slow to import; only init needs it
+
+        # DVC logs a greeting at INFO; our caller reports what was done, once.
+        with quiet_dvc():
+            try:
+                dvc_init(root_dir=str(project.root))
+            except Exception as e:  # DVC raises many types: say which, and stop
+                raise ProjectError(f"dvc init failed: {e}", path=project.root) from None
+        created = True
+    configure_cache_links(project)
+    return created

@@ -1,0 +1,207 @@
+"""The package's layers point one way: its import graph, read from the source with ``ast``.
+
+Every import counts, at module level or inside a function (a deferred import is still a
+dependency, and a cycle hidden in a function is still a cycle), except those under
+``if TYPE_CHECKING:``, which never run. An edge goes to the module named; importing
+``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``, but those implicit edges are left
+out, or every submodule of a package would form a cycle with the package that re-exports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import kronos_audit
+
+PACKAGE = Path(kronos_audit.__file__).parent
+NAME = "kronos_audit"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES: dict[str, Path] = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``tree`` that can run (not under ``if TYPE_CHECKING``)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _imports(ast.Module(body=node.orelse, type_ignores=[]))
+        else:
+            yield from _imports(node)
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` names (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    is_package = MODULES[module].name == "__init__.py"
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imported(module: str) -> set[str]:
+    """Everything ``module`` imports: our modules by dotted name, others by top-level name."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            target = _resolve(module, node)
+            # `from pkg import sub` names the submodule when there is one, else pkg itself.
+            names = [
+                f"{target}.{alias.name}" if f"{target}.{alias.name}" in MODULES else target
+                for alias in node.names
+            ]
+        for name in names:
+            if name == NAME or name.startswith(NAME + "."):
+                while name not in MODULES:  # `import a.b.attr` cannot happen; be safe
+                    name = name.rpartition(".")[0]
+                found.add(name)
+            else:
+                found.add(name.partition(".")[0])
+    found.discard(module)
+    return found
+
+
+GRAPH: dict[str, set[str]] = {m: {i for i in imported(m) if i in MODULES} for m in MODULES}
+EXTERNAL: dict[str, set[str]] = {m: {i for i in imported(m) if i not in MODULES} for m in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected component that has one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component: set[str] = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(_a_cycle(graph, component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _a_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle inside ``component``, as a path that returns to its start."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    return [*paths[v], start]
+                if w not in paths:
+                    paths[w] = [*paths[v], w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle in {component}")
+
+
+def importers(prefix: str, targets: set[str]) -> dict[str, set[str]]:
+    """Modules under ``prefix`` that import any of ``targets`` (or a module under one)."""
+    found: dict[str, set[str]] = {}
+    for module, deps in GRAPH.items():
+        if module != prefix and not module.startswith(prefix + "."):
+            continue
+        bad = {d for d in deps if any(d == t or d.startswith(t + ".") for t in targets)}
+        if bad:
+            found[module] = bad
+    return found
+
+
+# -- the graph builder itself, on made-up packages --------------------------------------
+
+
+def test_the_builder_sees_imports_in_functions_and_skips_type_checking_blocks() -> None:
+    tree = ast.parse(
+        "import a\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import b\nelse:\n    import c\n"
+        "def f():\n    import d\n    if TYPE_CHECKING:\n        import e\n"
+    )
+    names = sorted(alias.name for node in _imports(tree) for alias in node.names)
+    assert names == ["TYPE_CHECKING", "a", "c", "d"]
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_graph_holds_the_package_and_its_known_edges() -> None:
+    assert "kronos_audit.storage.tracking" in GRAPH
+    assert "kronos_audit.project" in GRAPH["kronos_audit.storage.tracking"]
+    assert "click" in EXTERNAL["kronos_audit.cli._app"]
+
+
+# -- the rules -----------------------------------------------------------------------------
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(GRAPH)
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_only_the_cli_imports_click_and_rich() -> None:
+    offenders = {
+        m: sorted(EXTERNAL[m] & {"click", "rich"})
+        for m in MODULES
+        if EXTERNAL[m] & {"click", "rich"} and not m.startswith(f"{NAME}.cli")
+    }
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [
+        ("storage", {"manifest", "verify", "runtime", "replay", "snapshot", "bisect", "cli"}),
+        ("checkpoint", {"runtime", "manifest", "storage", "replay", "cli"}),
+        ("project", {"storage", "manifest", "runtime", "replay", "cli"}),
+    ],
+)
+def test_lower_layers_do_not_import_higher_ones(lower: str, higher: set[str]) -> None:
+    offenders = importers(f"{NAME}.{lower}", {f"{NAME}.{h}" for h in higher})
+    assert not offenders, offenders

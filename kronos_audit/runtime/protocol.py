@@ -33,6 +33,12 @@ _LAYOUT = struct.Struct("<qq")  # last step reached, step resumed from (-1: fres
 NOTHING = -1
 
 
+def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint of ``step``: ``step-<N:08d>.h5``, in a run's
+    directory and in a replay's ``{out}``."""
+    return f"step-{step:08d}.h5"
+
+
 def restart_count() -> int:
     """``SLURM_RESTART_COUNT`` when Slurm requeued the job, else the supervisor's count."""
     for var in ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV):

@@ -10,6 +10,10 @@ out, or every submodule of a package would form a cycle with the package that re
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,3 +209,22 @@ def test_only_the_cli_imports_click_and_rich() -> None:
 def test_lower_layers_do_not_import_higher_ones(lower: str, higher: set[str]) -> None:
     offenders = importers(f"{NAME}.{lower}", {f"{NAME}.{h}" for h in higher})
     assert not offenders, offenders
+
+
+def _distribution(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert name is not None, requirement
+    return re.sub(r"[-_.]+", "-", name.group()).lower()
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = {_distribution(r) for r in project["project"]["dependencies"]}
+    providers = importlib.metadata.packages_distributions()
+    undeclared = {}
+    for module, names in EXTERNAL.items():
+        for name in names - set(sys.stdlib_module_names):
+            dists = {_distribution(d) for d in providers.get(name, [name])}
+            if not dists & declared:
+                undeclared[name] = module
+    assert not undeclared, f"imported but not in [project] dependencies: {undeclared}"

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
 from kronos_audit.errors import (
     CheckpointError,
@@ -135,35 +136,25 @@ def compare_datasets(
         return [
             Check("datasets", False, f"the manifest records the other kind; the file is {what}")
         ]
-    found = {d.path: d for d in actual}
-    checks = []
-    for want in recorded:
-        got = found.pop(want.path, None)
-        if got is None:
-            checks.append(Check(f"dataset {want.path}", False, "missing from the checkpoint"))
-        elif (got.dtype, got.shape) != (want.dtype, want.shape):
-            checks.append(
-                Check(
-                    f"dataset {want.path}",
-                    False,
-                    f"is {got.dtype}{list(got.shape or [])}, recorded "
-                    f"{want.dtype}{list(want.shape or [])}",
-                )
-            )
-        elif got.sha256 != want.sha256:
-            checks.append(
-                Check(
-                    f"dataset {want.path}",
-                    False,
-                    f"content hash {got.sha256[:16]}... differs from the recorded "
-                    f"{want.sha256[:16]}...",
-                )
-            )
-    checks.extend(
-        Check(f"dataset {p}", False, "in the checkpoint but not in the manifest")
-        for p in sorted(found)
-    )
+    checks = [
+        Check(f"dataset {d.path}", False, _dataset_problem(d))
+        for d in diff_digests(recorded, actual)
+        if not d.ok
+    ]
     return checks or [Check("datasets", True, f"all {len(recorded)} dataset hashes match")]
+
+
+def _dataset_problem(d: DigestDiff) -> str:
+    want, got = d.recorded, d.actual
+    if got is None:
+        return "missing from the checkpoint"
+    if want is None:
+        return "in the checkpoint but not in the manifest"
+    if d.kind is DiffKind.SHAPE:
+        return (
+            f"is {got.dtype}{list(got.shape or [])}, recorded {want.dtype}{list(want.shape or [])}"
+        )
+    return f"content hash {got.sha256[:16]}... differs from the recorded {want.sha256[:16]}..."
 
 
 def place_check(project: Project, manifest: Manifest) -> Check:

@@ -7,6 +7,7 @@ attributes so callers can act on it without parsing the message.
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 
 
@@ -56,12 +57,6 @@ class CheckpointError(Error):
         self.dataset = dataset
 
 
-class SignatureError(Error):
-    """A signature did not verify, or was made by a key the repository does not trust."""
-
-    exit_code = 1
-
-
 class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
 
@@ -92,14 +87,34 @@ class BisectError(Error):
         """The step concerned, when one is."""
 
 
+class Stage(enum.StrEnum):
+    """Where a replay stopped, in the order of its steps (docs/replay.md)."""
+
+    VERIFY = "verify"
+    """The manifest, its parent or the chain does not verify, or records no command."""
+    ENVIRONMENT = "environment"
+    """This machine's environment drifted from the lock, refused by strict mode."""
+    CODE = "code"
+    """The recorded commit, patch or working directory cannot be had."""
+    DATA = "data"
+    """A checkpoint is not here and cannot be fetched, or cannot be handed over."""
+    RUN = "run"
+    """The recorded command is refused (a placeholder spliced into an argument), cannot
+    start, or failed."""
+    OUTPUT = "output"
+    """The command wrote no checkpoint, several, another step's, or an unreadable one."""
+    COMPARE = "compare"
+    """What was asked cannot be compared (tolerances against a checkpoint not HDF5)."""
+
+
 class ReplayError(Error):
     """The segment could not be replayed (exit 2): the history does not verify, the code or
     the data cannot be had, the environment was refused, or the command failed or produced
     nothing. A replay that ran and disagrees is not an error: it is a :class:`ReplayResult`
     whose verdict is NOT_REPRODUCED."""
 
-    def __init__(self, message: str, *, path: Path | str | None = None, stage: str) -> None:
+    def __init__(self, message: str, *, path: Path | str | None = None, stage: Stage) -> None:
         super().__init__(message, path=path)
         self.stage = stage
-        """Where it stopped: ``verify``, ``environment``, ``code``, ``data``, ``run``,
-        ``output`` or ``compare``."""
+        """Where it stopped (a :class:`Stage`, whose value is ``verify``, ``environment``,
+        ``code``, ``data``, ``run``, ``output`` or ``compare``)."""

@@ -13,7 +13,7 @@ See docs/replay.md for what a replay proves, its steps, and the contract a progr
 does not use ``kronos_audit.Run`` follows.
 """
 
-from kronos_audit.errors import ReplayError
+from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.replay.attest import (
     ATTESTATION_SUFFIX,
     PREDICATE_TYPE,
@@ -22,11 +22,12 @@ from kronos_audit.replay.attest import (
     read_attestation,
     write_attestation,
 )
-from kronos_audit.replay.engine import checkpoint_name, replay
+from kronos_audit.replay.engine import replay
 from kronos_audit.replay.environment import NOTED_ONLY, environment_report
 from kronos_audit.replay.interface import (
     FORMAT,
     SCHEMA_NAME,
+    Basis,
     DatasetReplay,
     Difference,
     EnvironmentReport,
@@ -36,6 +37,7 @@ from kronos_audit.replay.interface import (
     ReplayResult,
     Timings,
 )
+from kronos_audit.runtime.protocol import checkpoint_name
 
 __all__ = [
     "ATTESTATION_SUFFIX",
@@ -44,6 +46,7 @@ __all__ = [
     "PREDICATE_TYPE",
     "SCHEMA_NAME",
     "Attestation",
+    "Basis",
     "DatasetReplay",
     "Difference",
     "EnvMode",
@@ -52,6 +55,7 @@ __all__ = [
     "Outcome",
     "ReplayError",
     "ReplayResult",
+    "Stage",
     "Timings",
     "attestation_path_for",
     "checkpoint_name",

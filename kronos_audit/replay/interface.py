@@ -34,6 +34,21 @@ class EnvMode(enum.StrEnum):
     """Run without showing it; the result still records it."""
 
 
+class Basis(enum.StrEnum):
+    """What a replay compares the checkpoint it produced against."""
+
+    HASHES = "hashes"
+    """Bitwise, against the recorded dataset hashes: the recorded data need not be here."""
+    DATA = "data"
+    """Dataset by dataset against the recorded checkpoint's data, with the tolerances
+    asked for: the recorded data is fetched (and verified) once the command has run."""
+
+    @classmethod
+    def for_policy(cls, policy: TolerancePolicy) -> Basis:
+        """HASHES for the empty (bitwise) policy, DATA for any tolerance."""
+        return cls.HASHES if policy == TolerancePolicy() else cls.DATA
+
+
 class Outcome(enum.StrEnum):
     """The replay's verdict over all datasets."""
 
@@ -246,9 +261,9 @@ class ReplayResult(PerDataset[DatasetReplay]):
     """This machine against the recorded environment lock."""
     policy: TolerancePolicy
     """The tolerances asked for; the empty policy is bitwise."""
-    basis: str
-    """``hashes`` (bitwise against the recorded dataset hashes, no recorded data needed) or
-    ``data`` (dataset by dataset against the recorded checkpoint's data)."""
+    basis: Basis
+    """HASHES (bitwise against the recorded dataset hashes, no recorded data needed) or
+    DATA (dataset by dataset against the recorded checkpoint's data)."""
     produced: str
     """Name of the checkpoint file the command produced."""
     produced_sha256: Sha256
@@ -301,7 +316,7 @@ class ReplayResult(PerDataset[DatasetReplay]):
             },
             "environment": self.environment.to_json_obj(),
             "policy": self.policy.to_json_obj(),
-            "basis": self.basis,
+            "basis": self.basis.value,
             "produced": {
                 "name": self.produced,
                 "sha256": self.produced_sha256,

@@ -12,8 +12,9 @@ import pytest
 from conftest import git
 
 from kronos_audit.compare import Verdict
-from kronos_audit.replay import Outcome, ReplayError, replay
-from kronos_audit.replay.engine import (
+from kronos_audit.errors import Stage
+from kronos_audit.replay import Basis, Outcome, ReplayError, replay
+from kronos_audit.replay.command import (
     Instruction,
     check_placeholders,
     command_line,
@@ -157,6 +158,8 @@ def test_find_output(tmp_path: Path) -> None:
 def test_the_library_returns_a_frozen_result(heat: Path) -> None:
     result = replay(manifest(heat, 20))
     assert result.outcome is Outcome.REPRODUCED
+    assert result.basis is Basis.HASHES
+    assert result.to_json_obj()["basis"] == "hashes"
     assert result.ok
     assert result.get("fields/u").verdict is Verdict.IDENTICAL
     assert result.counts()[Verdict.IDENTICAL] == 5
@@ -179,6 +182,7 @@ def test_errors_carry_their_stage(heat: Path, key: SigningKey, repo: Path) -> No
     with pytest.raises(ReplayError) as info:
         replay(target, keep_workdir=True)
     assert info.value.stage == "run"
+    assert info.value.stage is Stage.RUN
     assert info.value.exit_code == 2
     assert "work directory kept: " in info.value.message
     kept = Path(info.value.message.rsplit("work directory kept: ", 1)[1].rstrip(")"))

@@ -22,7 +22,7 @@ from conftest import git, run_cli
 from kronos_audit.manifest import manifest_path_for, read_manifest
 from kronos_audit.project import Project
 from kronos_audit.replay import ReplayError
-from kronos_audit.replay.engine import hand_over
+from kronos_audit.replay.handover import hand_over
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import configure_remote
 

@@ -1,0 +1,106 @@
+"""The parent handed over to the command: a copy of the verified parent checkpoint and
+its manifest in a fresh directory, checked against the signed digests (:func:`hand_over`).
+The command never sees the run directory, where the recorded checkpoint it is compared
+with lies beside the parent.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.errors import ReplayError, Stage
+from kronos_audit.manifest import Manifest, manifest_path_for
+
+PARENT_DIR = "parent"
+"""The directory in the work directory that holds the copy of the parent handed over."""
+_COPY_CHUNK = 1 << 30
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
+
+
+def hand_over(parent: Manifest, dest: Path) -> Path:
+    """Copy the verified parent checkpoint and its manifest (``Run`` reads the step there)
+    into ``dest``, a new directory, keeping their names; return the checkpoint's copy.
+
+    The command resumes from this copy, never from the repository: beside the parent in the
+    run directory lies the recorded checkpoint the replay compares with, and a command that
+    wrote to its input would alter verified history. The copy is a new file (the kernel may
+    share blocks, a reflink, but never a hard or symbolic link), and the sha256 of what is
+    handed over must be the signed one, so a file swapped during the copy is caught.
+    """
+    checkpoint = dest / parent.checkpoint_path.name
+    try:
+        dest.mkdir(mode=0o700)
+        _copy(parent.checkpoint_path, checkpoint)
+        with open(checkpoint, "rb") as f:
+            copied = hashlib.file_digest(f, "sha256").hexdigest()
+        data = read_regular(parent.path, MANIFEST_LIMIT)
+        _write_new(manifest_path_for(checkpoint), data)
+    except UnsafeFile as e:
+        raise ReplayError(
+            f"cannot copy the parent manifest for the command: {e.reason}",
+            path=parent.path,
+            stage=Stage.DATA,
+        ) from None
+    except OSError as e:
+        raise ReplayError(
+            f"cannot copy the parent checkpoint for the command: {e.strerror or e}",
+            path=parent.checkpoint_path,
+            stage=Stage.DATA,
+        ) from None
+    if copied != parent.subject_sha256:
+        raise ReplayError(
+            f"the parent checkpoint changed after it was verified: its copy's sha256 "
+            f"{copied[:16]}... is not the signed {parent.subject_sha256[:16]}...",
+            path=parent.checkpoint_path,
+            stage=Stage.DATA,
+        )
+    if hashlib.sha256(data).hexdigest() != parent.digest:
+        raise ReplayError(
+            "the parent manifest changed after it was verified",
+            path=parent.path,
+            stage=Stage.DATA,
+        )
+    return checkpoint
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """A new read-only file ``dst`` holding the bytes of the regular file ``src``."""
+    fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO cannot block
+    try:
+        if not stat.S_ISREG(os.fstat(fin).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            _copy_bytes(fin, fout)
+            os.fchmod(fout, 0o400)  # an input, not a scratch file
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def _copy_bytes(fin: int, fout: int) -> None:
+    try:  # in the kernel: no round trip through user memory, and a reflink where it can
+        while os.copy_file_range(fin, fout, _COPY_CHUNK) > 0:
+            pass
+        return
+    except OSError as e:
+        if e.errno not in _NO_KERNEL_COPY:
+            raise
+    os.lseek(fin, 0, os.SEEK_SET)
+    os.lseek(fout, 0, os.SEEK_SET)
+    os.ftruncate(fout, 0)
+    with open(fin, "rb", closefd=False) as r, open(fout, "wb", closefd=False) as w:
+        shutil.copyfileobj(r, w, 8 * 1024 * 1024)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+    with open(fd, "wb") as f:
+        f.write(data)

@@ -7,42 +7,122 @@ The public API::
     (manifest,) = ka.snapshot("checkpoints/step-100.h5", run="heat-2d", step=100, seeds=[1234])
     for result in ka.verify(manifest.path):
         assert result.ok, result.failures
+
+Importing the package is cheap: each public name is imported from its module the first
+time it is used (PEP 562), so ``kaudit --help`` and a program that only needs
+``ka.EverySteps`` do not pay for HDF5, DVC or git.
 """
 
-from kronos_audit.checkpoint.state import state_digest
-from kronos_audit.errors import Error
-from kronos_audit.manifest import Manifest, read_manifest
-from kronos_audit.runtime import (
-    AnyOf,
-    Auto,
-    CheckpointSkipped,
-    EverySeconds,
-    EverySteps,
-    Ledger,
-    Never,
-    OnPreemption,
-    Run,
-    SaveContext,
-    SavePolicy,
-)
-from kronos_audit.snapshot import snapshot
-from kronos_audit.verify import Check, VerifyResult, verify
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kronos_audit.checkpoint.state import state_digest
+    from kronos_audit.compare.policy import ToleranceError
+    from kronos_audit.errors import (
+        BisectError,
+        CheckpointError,
+        Error,
+        ManifestError,
+        ProjectError,
+        ReplayError,
+        SigningKeyError,
+        StorageError,
+        TamperedData,
+        UsageError,
+    )
+    from kronos_audit.manifest import Manifest, read_manifest
+    from kronos_audit.runtime import (
+        AnyOf,
+        Auto,
+        CheckpointSkipped,
+        EverySeconds,
+        EverySteps,
+        Ledger,
+        Never,
+        OnPreemption,
+        Run,
+        SaveContext,
+        SavePolicy,
+    )
+    from kronos_audit.runtime.supervisor import CommandStartError
+    from kronos_audit.snapshot import snapshot
+    from kronos_audit.verify import Check, VerifyResult, verify
+
+# Each public name and the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "state_digest": "kronos_audit.checkpoint.state",
+    "Manifest": "kronos_audit.manifest",
+    "read_manifest": "kronos_audit.manifest",
+    "snapshot": "kronos_audit.snapshot",
+    "Check": "kronos_audit.verify",
+    "VerifyResult": "kronos_audit.verify",
+    "verify": "kronos_audit.verify",
+    **dict.fromkeys(
+        (
+            "AnyOf",
+            "Auto",
+            "CheckpointSkipped",
+            "EverySeconds",
+            "EverySteps",
+            "Ledger",
+            "Never",
+            "OnPreemption",
+            "Run",
+            "SaveContext",
+            "SavePolicy",
+        ),
+        "kronos_audit.runtime",
+    ),
+    **dict.fromkeys(
+        (
+            "BisectError",
+            "CheckpointError",
+            "Error",
+            "ManifestError",
+            "ProjectError",
+            "ReplayError",
+            "SigningKeyError",
+            "StorageError",
+            "TamperedData",
+            "UsageError",
+        ),
+        "kronos_audit.errors",
+    ),
+    "ToleranceError": "kronos_audit.compare.policy",
+    "CommandStartError": "kronos_audit.runtime.supervisor",
+}
 
 __all__ = [
     "AnyOf",
     "Auto",
+    "BisectError",
     "Check",
+    "CheckpointError",
     "CheckpointSkipped",
+    "CommandStartError",
     "Error",
     "EverySeconds",
     "EverySteps",
     "Ledger",
     "Manifest",
+    "ManifestError",
     "Never",
     "OnPreemption",
+    "ProjectError",
+    "ReplayError",
     "Run",
     "SaveContext",
     "SavePolicy",
+    "SigningKeyError",
+    "StorageError",
+    "TamperedData",
+    "ToleranceError",
+    "UsageError",
     "VerifyResult",
     "read_manifest",
     "snapshot",
@@ -50,3 +130,30 @@ __all__ = [
     "verify",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """``kronos_audit.snapshot`` and ``kronos_audit.verify`` are both a module and the
+    function it defines; the package's attribute is the function, as it always was, even
+    when the module is imported (which sets the attribute to the module) after it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.bisect import BisectResult, Chain, Decision, StepComparison, bisect
-from kronos_audit.cli._app import cli, out, safe
-from kronos_audit.cli.diff import render_comparison, tolerance_options, tolerance_policy
-from kronos_audit.cli.options import trust_from, trust_options
-from kronos_audit.compare import TolerancePolicy
-from kronos_audit.project import Project
+from kronos_audit.cli._app import out, safe
+from kronos_audit.cli.comparison import render_comparison
+from kronos_audit.cli.options import (
+    json_option,
+    tolerance_options,
+    tolerance_policy,
+    trust_from,
+    trust_options,
+)
+
+if TYPE_CHECKING:
+    from kronos_audit.bisect import BisectResult, Chain, StepComparison
+    from kronos_audit.compare import TolerancePolicy
+    from kronos_audit.project import Project
 
 
-@cli.command("bisect")
+@click.command("bisect")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @tolerance_options
 @trust_options
-@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@json_option("Print everything as JSON.")
 @click.pass_context
 def bisect_command(
     ctx: click.Context,
@@ -49,12 +57,14 @@ def bisect_command(
     Example:
       kaudit bisect checkpoints/heat checkpoints/heat-new-compiler --rtol 1e-12
     """
+    from kronos_audit.bisect import bisect
+
     policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
     result = bisect(a, b, policy, trust=trust_from(trusted_keys, trust_ref, require_anchor))
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else str(project.config_path)
-        click.echo(json.dumps(doc, indent=2))
+        out.json(doc)
     else:
         _render(result, project)
     ctx.exit(1 if result.diverged else 0)
@@ -77,7 +87,7 @@ def _policy_text(policy: TolerancePolicy) -> str:
 
 def _probe_text(p: StepComparison) -> str:
     mark = "[green]agrees[/]" if p.agrees else "[red]differs[/]"
-    how = "hashes" if p.decided_by is Decision.HASHES else "data"
+    how = "hashes" if p.decided_by == "hashes" else "data"  # a Decision
     return f"{p.step} {mark} [dim]({how})[/]"
 
 

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
-from rich.table import Table
 
-from kronos_audit.cli._app import cli, out
+from kronos_audit.cli._app import Column, out, safe
+from kronos_audit.cli.options import json_option
 from kronos_audit.errors import UsageError
-from kronos_audit.runtime.interval import (
-    Estimate,
-    Plan,
-    Simulation,
-    expected_waste,
-    parse_duration,
-    plan,
-    simulate,
-)
+
+if TYPE_CHECKING:
+    from kronos_audit.runtime.interval import Estimate, Plan, Simulation
 
 # Intervals simulated: Daly's tau times 2^(k/2), k = -4..4, i.e. 0.25x to 4x.
 FACTORS = tuple(2.0 ** (k / 2) for k in range(-4, 5))
@@ -66,6 +58,8 @@ def percent(fraction: float) -> str:
 
 
 def _duration(option: str, text: str, *, allow_zero: bool = False) -> float:
+    from kronos_audit.runtime.interval import parse_duration
+
     try:
         seconds = parse_duration(text)
     except UsageError as e:
@@ -90,18 +84,16 @@ def _estimate_json(e: Estimate, job: float | None) -> dict[str, Any]:
 
 def _print_plan(p: Plan, job: float | None) -> None:
     out.print(f"checkpoint cost {human(p.delta)}, MTBF {human(p.mtbf)}, restart {human(p.restart)}")
-    t = Table(title_justify="left")
-    t.add_column("rule")
-    t.add_column("interval τ", justify="right")
-    t.add_column("expected waste", justify="right")
+    columns = [Column("rule"), Column("interval τ", "right"), Column("expected waste", "right")]
     if job is not None:
-        t.add_column(f"wall time for {human(job)} of work", justify="right")
+        columns.append(Column(f"wall time for {human(job)} of work", "right"))
+    rows = []
     for label, e in (("Young (1974)", p.young), ("Daly (2006)", p.daly)):
         row = [label, human(e.tau, like=p.daly.tau), percent(e.waste)]
         if job is not None:
             row.append(human(e.wall_time(job), like=job))
-        t.add_row(*row)
-    out.print(t)
+        rows.append(row)
+    out.table(columns, rows)
     out.print("checkpoint every [bold]" + human(p.daly.tau) + "[/] of work (Daly's optimum)")
 
 
@@ -128,6 +120,10 @@ class _Sweep:
 
 
 def _sweep(p: Plan, job: float, trials: int, seed: int) -> _Sweep:
+    import numpy as np
+
+    from kronos_audit.runtime.interval import expected_waste, simulate
+
     rng = np.random.default_rng(seed)
     rows = []
     for f in FACTORS:
@@ -169,32 +165,36 @@ def _verdict(p: Plan, sweep: _Sweep) -> str:
 
 
 def _print_sweep(p: Plan, sweep: _Sweep, title: str) -> None:
-    t = Table(
-        title=title,
-        title_justify="left",
-        caption="◀ marks the least waste: by the model, by the simulation, or both",
-        caption_justify="left",
-    )
-    for header in ("τ/Daly", "τ", "model", "measured", "failures", "least"):
-        t.add_column(header, justify="left" if header == "least" else "right", no_wrap=True)
+    headers = ("τ/Daly", "τ", "model", "measured", "failures", "least")
+    rows = []
+    marked = set()
     for i, r in enumerate(sweep.rows):
         marks = [
             name
             for name, j in (("model", sweep.least_model), ("measured", sweep.least_measured))
             if j == i
         ]
-        t.add_row(
-            _factor(r.factor),
-            human(r.tau, like=p.daly.tau),
-            percent(r.model),
-            "not simulated"
-            if r.sim is None
-            else f"{percent(r.sim.waste)} ± {percent(r.sim.stderr)}",
-            "" if r.sim is None else f"{r.sim.mean_failures:.1f}",
-            "" if not marks else "◀ both" if len(marks) == 2 else "◀ " + marks[0],
-            style="bold" if marks else None,
+        if marks:
+            marked.add(i)
+        rows.append(
+            (
+                _factor(r.factor),
+                human(r.tau, like=p.daly.tau),
+                percent(r.model),
+                "not simulated"
+                if r.sim is None
+                else f"{percent(r.sim.waste)} ± {percent(r.sim.stderr)}",
+                "" if r.sim is None else f"{r.sim.mean_failures:.1f}",
+                "" if not marks else "◀ both" if len(marks) == 2 else "◀ " + marks[0],
+            )
         )
-    out.print(t)
+    out.table(
+        [Column(h, "left" if h == "least" else "right") for h in headers],
+        rows,
+        title=safe(title),
+        caption="◀ marks the least waste: by the model, by the simulation, or both",
+        bold_rows=frozenset(marked),
+    )
     out.print(_verdict(p, sweep))
 
 
@@ -222,25 +222,25 @@ def _sweep_json(sweep: _Sweep, job: float, trials: int, seed: int) -> dict[str, 
     }
 
 
-@cli.command()
+@click.command()
 @click.option(
     "--mtbf",
     required=True,
     metavar="DURATION",
-    help="Mean time between failures, e.g. 24h, 90m, 2d.",
+    help="Mean time between failures, e.g. 24h, 90min, 1h30m, 2d.",
 )
 @click.option(
     "--cost",
     required=True,
     metavar="DURATION",
-    help="Time one checkpoint costs the run, e.g. 5m, 40s.",
+    help="Time one checkpoint costs the run, e.g. 5min, 40s.",
 )
 @click.option("--restart", default="0", show_default=True, help="Time to restart after a failure.")
 @click.option("--job", help="Work the job needs (e.g. 500h): adds its expected wall time.")
 @click.option("--simulate", "do_simulate", is_flag=True, help="Check the model by Monte Carlo.")
 @click.option("--trials", default=1000, show_default=True, type=int, help="Simulated runs.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulation.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (seconds).")
+@json_option("Print the results as JSON (seconds).")
 def interval(
     mtbf: str,
     cost: str,
@@ -253,11 +253,17 @@ def interval(
 ) -> None:
     """How often to checkpoint: Young's and Daly's intervals and the time each wastes.
 
-    Durations are a number with an optional unit s, m, h or d (a bare number is
-    seconds). With --simulate, a Monte Carlo runs the job at intervals from 0.25x to 4x
-    Daly's and shows the waste it measured beside the model's (by default each trial is
-    50 MTBFs of work).
+    Durations are a number with an optional unit s, m (or min), h or d, or parts such as
+    1h30m (a bare number is seconds). With --simulate, a Monte Carlo runs the job at
+    intervals from 0.25x to 4x Daly's and shows the waste it measured beside the model's
+    (by default each trial is 50 MTBFs of work).
+
+    \b
+    Example:
+      kaudit interval --mtbf 24h --cost 5min --restart 10min --job 500h --simulate
     """
+    from kronos_audit.runtime.interval import plan
+
     mtbf_s = _duration("--mtbf", mtbf)
     cost_s = _duration("--cost", cost)
     restart_s = _duration("--restart", restart, allow_zero=True)
@@ -281,7 +287,7 @@ def interval(
             "daly": _estimate_json(p.daly, job_s),
             "simulation": None if sweep is None else _sweep_json(sweep, sim_job, trials, seed),
         }
-        click.echo(json.dumps(doc, indent=2))
+        out.json(doc)
         return
 
     _print_plan(p, job_s)

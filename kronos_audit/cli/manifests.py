@@ -9,26 +9,25 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
-from kronos_audit import signing, storage
-from kronos_audit._internal.secrets import redact
-from kronos_audit.cli._app import cli, fail_line, out, safe
-from kronos_audit.cli.options import ask_passphrase, trust_from, trust_options, warn
+from kronos_audit.cli._app import Column, error_json, fail_line, out, plain, safe, settings
+from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
-from kronos_audit.init import init_project
-from kronos_audit.manifest import read_manifest
-from kronos_audit.project import Project, find_project
-from kronos_audit.signing import KeyId
-from kronos_audit.snapshot import snapshot as do_snapshot
-from kronos_audit.trust import describe, load_keyring, write_revocation
-from kronos_audit.verify import VerifyResult, trust_problems, verify_each
+
+if TYPE_CHECKING:
+    from kronos_audit.project import Project
+    from kronos_audit.signing import KeyId
+    from kronos_audit.verify import VerifyResult
+
+# kronos_audit.signing.PASSPHRASE_ENV, spelled out so that `--help` need not import the
+# signing module (a test holds them equal)
+PASSPHRASE_ENV = "KAUDIT_KEY_PASSPHRASE"
 
 
-@cli.command()
+@click.command()
 @click.option(
     "--remote",
     "remote_url",
@@ -38,31 +37,48 @@ from kronos_audit.verify import VerifyResult, trust_problems, verify_each
 )
 @click.option("--remote-name", default="storage", show_default=True, help="Its name.")
 def init(remote_url: str | None, remote_name: str) -> None:
-    """Set up .kaudit/ (config, trust store) and DVC in this git repository."""
+    """Set up .kaudit/ (config, trust store) and DVC in this git repository.
+
+    \b
+    Example:
+      kaudit init --remote /shared/kaudit-remote
+    """
+    from kronos_audit import signing, storage
+    from kronos_audit._internal.secrets import redact
+    from kronos_audit.init import init_project
+
     project, dvc_created = init_project(Path.cwd())
     if remote_url is not None:
         storage.configure_remote(project, remote_url, remote_name)
-    out.print(f"kaudit repository at {project.root}")
-    out.print(f"  config        {project.config_path.relative_to(project.root)}")
-    out.print(f"  trusted keys  {project.trust_dir.relative_to(project.root)}/")
+    out.print(f"kaudit repository at {safe(project.root)}")
+    out.print(f"  config        {safe(project.config_path.relative_to(project.root))}")
+    out.print(f"  trusted keys  {safe(project.trust_dir.relative_to(project.root))}/")
     out.print("  dvc           " + ("initialised (.dvc/)" if dvc_created else "already set up"))
     _, link_types = storage.cache_settings(project)
-    out.print(f"  dvc cache     cache.type = {','.join(link_types)}")
+    out.print(f"  dvc cache     cache.type = {safe(','.join(link_types))}")
     if remote_url is not None:
         # Shown with its credentials masked: they went to .dvc/config.local, not to a log.
         shown = redact(remote_url)
         where = " (credentials in .dvc/config.local)" if shown != remote_url else ""
         out.print(f"  dvc remote    {safe(remote_name)} = {safe(shown)} (default){where}")
     if not signing.held_keys():
-        out.print("next: `kaudit keys generate` to make your signing key")
+        out.note("next: `kaudit keys generate` to make your signing key")
 
 
-@cli.group()
+@click.group()
 def keys() -> None:
-    """Signing keys you hold, and the keys verification trusts (and on whose word)."""
+    """Signing keys you hold, and the keys verification trusts (and on whose word).
+
+    \b
+    Example:
+      kaudit keys generate --name alice
+      kaudit keys list
+    """
 
 
 def _current_project() -> Project | None:
+    from kronos_audit.project import find_project
+
     try:
         project = find_project(Path.cwd())
     except Error:
@@ -75,7 +91,7 @@ def _current_project() -> Project | None:
 @click.option(
     "--encrypt",
     is_flag=True,
-    help=f"Encrypt the private key with a passphrase (${signing.PASSPHRASE_ENV}, else asked).",
+    help=f"Encrypt the private key with a passphrase (${PASSPHRASE_ENV}, else asked).",
 )
 def keys_generate(name: str, encrypt: bool) -> None:
     """Make an Ed25519 key pair; trust it in your user trust store and in this repository.
@@ -84,6 +100,8 @@ def keys_generate(name: str, encrypt: bool) -> None:
     Example:
       kaudit keys generate --name alice --encrypt
     """
+    from kronos_audit import signing
+
     project = _current_project()
     trust = None if project is None else project.trust_store()
     if (
@@ -98,32 +116,40 @@ def keys_generate(name: str, encrypt: bool) -> None:
         )
     passphrase = None
     if encrypt:
-        passphrase = os.environ.get(signing.PASSPHRASE_ENV) or (
+        passphrase = os.environ.get(PASSPHRASE_ENV) or (
             click.prompt("passphrase", hide_input=True, confirmation_prompt=True, err=True)
             if sys.stdin.isatty()
             else ""
         )
         if not passphrase:
-            raise UsageError(f"--encrypt: set {signing.PASSPHRASE_ENV} (no terminal to ask on)")
+            raise UsageError(f"--encrypt: set {PASSPHRASE_ENV} (no terminal to ask on)")
     key = signing.generate_key(name, passphrase=passphrase)
     out.print(f"key {safe(key.name)}: {key.key_id}")
     encrypted = ", encrypted" if encrypt else ""
     out.print(f"  private key  {safe(signing.key_dir() / (name + '.key'))} (mode 0600{encrypted})")
     out.print(f"  anchored in  {safe(signing.user_trust_dir())} (your user trust store)")
     if trust is None:
-        out.print("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
+        out.note("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
     else:
         entry = trust.add(key.private_key.public_key(), name)
         out.print(f"  trusted in   {safe(entry.path)} (commit it; others anchor it themselves)")
 
 
 @keys.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the keys as JSON.")
+@json_option("Print the keys as JSON.")
 @trust_options
 def keys_list(
     as_json: bool, trusted_keys: tuple[Path, ...], trust_ref: str | None, require_anchor: bool
 ) -> None:
-    """Show the keys you hold, and every key verification here trusts, with its anchor."""
+    """Show the keys you hold, and every key verification here trusts, with its anchor.
+
+    \b
+    Example:
+      kaudit keys list --trusted-key alice.pub
+    """
+    from kronos_audit import signing
+    from kronos_audit.trust import describe, load_keyring
+
     project = _current_project()
     ring = load_keyring(
         None if project is None else project.root,
@@ -131,27 +157,22 @@ def keys_list(
     )
     held = signing.held_keys()
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "held": [
-                        {"name": k.name, "key_id": k.key_id, "path": str(k.path)} for k in held
-                    ],
-                    "trusted": [k.to_json_obj() for k in ring.keys.values()],
-                    "revoked": [
-                        {
-                            "key_id": r.key_id,
-                            "revoked_at": r.revoked_at,
-                            "reason": r.reason,
-                            "signed_by": r.signer,
-                            "source": r.source,
-                        }
-                        for r in ring.revocations.values()
-                    ],
-                    "problems": ring.problems,
-                },
-                indent=2,
-            )
+        out.json(
+            {
+                "held": [{"name": k.name, "key_id": k.key_id, "path": str(k.path)} for k in held],
+                "trusted": [k.to_json_obj() for k in ring.keys.values()],
+                "revoked": [
+                    {
+                        "key_id": r.key_id,
+                        "revoked_at": r.revoked_at,
+                        "reason": r.reason,
+                        "signed_by": r.signer,
+                        "source": r.source,
+                    }
+                    for r in ring.revocations.values()
+                ],
+                "problems": ring.problems,
+            }
         )
         return
     for problem in ring.problems:
@@ -161,7 +182,7 @@ def keys_list(
     for k in held:
         out.print(f"  {safe(k.name)}  {k.key_id}")
     if not held:
-        out.print("  none: make one with `kaudit keys generate`")
+        out.print("  none" + ("" if settings().quiet else ": make one with `kaudit keys generate`"))
     where = "" if project else " (not in a kaudit repository)"
     out.print(f"keys verification trusts{where}:")
     for entries in describe(ring.keys.values()).values():
@@ -190,6 +211,9 @@ def keys_trust(pubfile: Path, name: str | None, user_store: bool) -> None:
       kaudit keys trust alice.pub --user     # anchor it for your own verifications
       kaudit keys trust alice.pub            # propose it in the repository (commit it)
     """
+    from kronos_audit import signing
+    from kronos_audit.project import find_project
+
     public_key = signing.load_public_key(pubfile)
     label = name or pubfile.name.removesuffix(".pub")
     if user_store:
@@ -215,10 +239,14 @@ def keys_revoke(keyid: str, reason: str, key: str | None) -> None:
     Example:
       kaudit keys revoke 3f2a...c9 --reason "laptop stolen" --key alice-2027
     """
+    from kronos_audit.project import find_project
+    from kronos_audit.signing import select_key
+    from kronos_audit.trust import load_keyring, write_revocation
+
     project = find_project(Path.cwd()).require_initialized()
     ring = load_keyring(project.root)
     full = _full_key_id(keyid, ring.keys)
-    signer = signing.select_key(key, passphrase=ask_passphrase)
+    signer = select_key(key, passphrase=ask_passphrase)
     if signer.key_id not in ring.keys:
         raise UsageError(
             f"key {signer.name} is not trusted here, so its revocation would be ignored: "
@@ -240,6 +268,10 @@ def keys_rotate(old: str, new_name: str) -> None:
     Example:
       kaudit keys rotate alice --name alice-2027
     """
+    from kronos_audit import signing
+    from kronos_audit.project import find_project
+    from kronos_audit.trust import write_revocation
+
     project = find_project(Path.cwd()).require_initialized()
     old_key = signing.select_key(old, passphrase=ask_passphrase)
     new_key = signing.generate_key(new_name)
@@ -252,10 +284,12 @@ def keys_rotate(old: str, new_name: str) -> None:
     )
     out.print(f"key {safe(new_name)}: {new_key.key_id} (new; trusted in your user store and here)")
     out.print(f"revoked {safe(old)}: {old_key.key_id} from now on, in {safe(path)}")
-    out.print("commit .kaudit/ and give the new public key to those who anchor the old one")
+    out.note("commit .kaudit/ and give the new public key to those who anchor the old one")
 
 
 def _full_key_id(given: str, known: Mapping[KeyId, object]) -> KeyId:
+    from kronos_audit.signing import KeyId
+
     if re.fullmatch(r"[0-9a-f]{64}", given):
         return KeyId(given)
     if not re.fullmatch(r"[0-9a-f]{8,63}", given):
@@ -280,7 +314,7 @@ def _parse_attr(values: tuple[str, ...]) -> dict[str, Any]:
     return attrs
 
 
-@cli.command()
+@click.command()
 @click.argument("checkpoints", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--run", "run_id", required=True, help="Run id.")
 @click.option(
@@ -310,7 +344,17 @@ def snapshot(
     key: str | None,
     allow_secret_files: bool,
 ) -> None:
-    """Write a signed manifest beside each checkpoint (CKPT.kaudit.json)."""
+    """Write a signed manifest beside each checkpoint (CKPT.kaudit.json).
+
+    Prints the path of each manifest written.
+
+    \b
+    Example:
+      kaudit snapshot checkpoints/heat/step-200.h5 --run heat --step 200 --seed 42 \\
+        --parent checkpoints/heat/step-100.h5.kaudit.json --command "python heat.py"
+    """
+    from kronos_audit.snapshot import snapshot as do_snapshot
+
     try:
         argv = None if command is None else shlex.split(command)
     except ValueError as e:
@@ -327,7 +371,7 @@ def snapshot(
         allow_secret_files=allow_secret_files,
     )
     for m in manifests:
-        click.echo(str(m.path))
+        click.echo(plain(m.path))
 
 
 def _print_result(r: VerifyResult) -> None:
@@ -344,9 +388,12 @@ def _print_result(r: VerifyResult) -> None:
     )
     for c in r.failures:
         out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
+    verbose = settings().verbose
     for c in r.checks:
         if c.skipped and c.ok:  # a failed one is shown above
             out.print(f"      [yellow]{safe(c.name)} skipped[/]: {safe(c.detail)}")
+        elif c.ok and verbose:
+            out.print(f"      [green]{safe(c.name)}[/]: {safe(c.detail)}")
 
 
 def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]:
@@ -364,12 +411,12 @@ def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]
     }
 
 
-@cli.command()
+@click.command()
 @click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
 @trust_options
 @click.option("--remote", help="DVC remote to fetch missing data from (default: the default).")
 @click.option("--no-fetch", is_flag=True, help="Do not fetch missing data from the DVC remote.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@json_option("Print the results as JSON.")
 @click.pass_context
 def verify(
     ctx: click.Context,
@@ -395,6 +442,8 @@ def verify(
     Example:
       kaudit verify checkpoints/heat --trusted-key alice.pub
     """
+    from kronos_audit.verify import trust_problems, verify_each
+
     options = trust_from(trusted_keys, trust_ref, require_anchor)
     paths = list(manifests)
     results: list[VerifyResult] = []
@@ -413,19 +462,13 @@ def verify(
                 _print_result(outcome)
     summary = _summary(results, errors)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "ok": not errors and all(r.ok for r in results),
-                    "summary": summary,
-                    "results": [r.to_json_obj() for r in results],
-                    "errors": [
-                        {"path": str(e.path) if e.path else None, "error": e.message}
-                        for e in errors
-                    ],
-                },
-                indent=2,
-            )
+        out.json(
+            {
+                "ok": not errors and all(r.ok for r in results),
+                "summary": summary,
+                "results": [r.to_json_obj() for r in results],
+                "errors": [error_json(e) for e in errors],
+            }
         )
     elif results:
         counted = []
@@ -448,11 +491,18 @@ def verify(
     ctx.exit(max(codes, default=0))
 
 
-@cli.command()
+@click.command()
 @click.argument("manifest", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the decoded statement as JSON.")
+@json_option("Print the decoded statement as JSON.")
 def show(manifest: Path, as_json: bool) -> None:
-    """Summarise a manifest (without verifying it: see `kaudit verify`)."""
+    """Summarise a manifest (without verifying it: see `kaudit verify`).
+
+    \b
+    Example:
+      kaudit show checkpoints/heat/step-00000200.h5.kaudit.json
+    """
+    from kronos_audit.manifest import read_manifest
+
     m = read_manifest(manifest)
     if as_json:
         # ensure_ascii: control characters in names come out as \u escapes, never raw.
@@ -463,56 +513,64 @@ def show(manifest: Path, as_json: bool) -> None:
     # a missing value as "none", never as Python's None.
     p = m.predicate
     g, env = p["git"], p["environment"]
-    t = Table.grid(padding=(0, 2))
-    t.add_column(style="bold")
-    t.add_column(overflow="fold")  # a long path shown whole, not cut short
-    t.add_row("manifest", _text(m.path))
-    t.add_row("checkpoint", f"{_text(m.subject_name)}  ({_text(p['size'])} bytes)")
-    t.add_row("sha256", _text(m.subject_sha256))
-    t.add_row("run / step", f"{_text(m.run)} / {_text(m.step)}")
-    t.add_row("created", _text(p["created"]))
+    rows: list[tuple[str, str]] = [
+        ("manifest", _text(m.path)),
+        ("checkpoint", f"{_text(m.subject_name)}  ({_text(p['size'])} bytes)"),
+        ("sha256", _text(m.subject_sha256)),
+        ("run / step", f"{_text(m.run)} / {_text(m.step)}"),
+        ("created", _text(p["created"])),
+    ]
     parent = (
         f"{_text(p['parent_manifest'], 'location not recorded')} ({_text(p['parent'])})"
         if p["parent"] is not None
         else "none"
     )
-    t.add_row("parent", parent)
+    rows.append(("parent", parent))
     dirty = f"  [yellow]dirty[/], patch {_text(g['patch_sha256'])}" if g["dirty"] else ""
-    t.add_row("git", f"{_text(g['commit'])} on {_text(g['branch'], '(detached)')}{dirty}")
-    t.add_row("remote", _text(g["remote"]))
+    rows.append(("git", f"{_text(g['commit'])} on {_text(g['branch'], '(detached)')}{dirty}"))
+    rows.append(("remote", _text(g["remote"])))
     python, platform, cpu, blas = env["python"], env["platform"], env["cpu"], env["blas"]
-    t.add_row(
-        "python",
-        f"{_text(python['implementation'])} {_text(python['version'])}, "
-        f"{len(env['packages'])} packages",
+    rows.append(
+        (
+            "python",
+            f"{_text(python['implementation'])} {_text(python['version'])}, "
+            f"{len(env['packages'])} packages",
+        )
     )
-    t.add_row(
-        "platform",
-        f"{_text(platform['system'])} {_text(platform['machine'])}, {_text(cpu['model'])}",
+    rows.append(
+        (
+            "platform",
+            f"{_text(platform['system'])} {_text(platform['machine'])}, {_text(cpu['model'])}",
+        )
     )
-    t.add_row("blas", f"{_text(blas['name'])} {_text(blas['version'])}")
+    rows.append(("blas", f"{_text(blas['name'])} {_text(blas['version'])}"))
     variables = " ".join(f"{k}={v}" for k, v in env["variables"].items())
-    t.add_row("numeric env", _text(variables or None))
-    t.add_row("env lock", _text(env["digest"]))
-    t.add_row("seeds", _text(", ".join(str(s) for s in p["seeds"]) or None))
-    t.add_row("command", _text(shlex.join(p["command"]) if p["command"] else "not recorded"))
-    t.add_row("cwd", _text(p["cwd"]))
+    rows.append(("numeric env", _text(variables or None)))
+    rows.append(("env lock", _text(env["digest"])))
+    rows.append(("seeds", _text(", ".join(str(s) for s in p["seeds"]) or None)))
+    rows.append(("command", _text(shlex.join(p["command"]) if p["command"] else "not recorded")))
+    rows.append(("cwd", _text(p["cwd"])))
     if p["attributes"]:
-        t.add_row("attributes", _text(json.dumps(_thaw(p["attributes"]), sort_keys=True)))
-    t.add_row("signed by", ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures))
-    out.print(t)
+        rows.append(("attributes", _text(json.dumps(_thaw(p["attributes"]), sort_keys=True))))
+    signers = ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures)
+    rows.append(("signed by", signers))
+    # One line per field, the value whole: a long path or digest is never folded.
+    for label, value in rows:
+        out.print(f"[bold]{label:<13}[/]{value}".rstrip())
     if m.datasets is not None:
-        d = Table(title=f"{len(m.datasets)} datasets", title_justify="left")
-        for col in ("path", "dtype", "shape", "sha256"):
-            d.add_column(col, overflow="fold")
-        for ds in m.datasets:
-            d.add_row(
-                _text(ds.path),
-                _text(ds.dtype),
-                "null" if ds.shape is None else _text(list(ds.shape)),
-                _text(ds.sha256[:16] + "..."),
-            )
-        out.print(d)
+        out.table(
+            [Column("path"), Column("dtype"), Column("shape"), Column("sha256")],
+            [
+                (
+                    _text(ds.path),
+                    _text(ds.dtype),
+                    "null" if ds.shape is None else _text(list(ds.shape)),
+                    _text(ds.sha256[:16] + "..."),
+                )
+                for ds in m.datasets
+            ],
+            title=f"{len(m.datasets)} datasets",
+        )
     else:
         out.print("not HDF5: covered by the file digest only")
 

@@ -1,18 +1,51 @@
-"""Options several commands share: whose signatures they accept (the trust anchors)."""
+"""Options several commands share: ``--json``, whose signatures they accept (the trust
+anchors), and how closely checkpoints must agree (the tolerances).
+
+Nothing here imports the library at module level: a command's ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from kronos_audit.cli._app import plain
-from kronos_audit.trust import TrustOptions
+from kronos_audit.cli._app import JSON_META, plain
+
+if TYPE_CHECKING:
+    from kronos_audit.compare import TolerancePolicy
+    from kronos_audit.project import Project
+    from kronos_audit.trust import TrustOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_option(
+    help: str = "Print the result as JSON.", *, stderr: bool = False
+) -> Callable[[F], F]:
+    """``--json`` (the parameter ``as_json``): print JSON, to stdout (or stderr), and any
+    error as one JSON object there too (``error``, ``path``, ``exit_code``, ``type``)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        if value:
+            ctx.meta[JSON_META] = "stderr" if stderr else "stdout"
+        return value
+
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        is_eager=True,  # noted before any other option can fail, so that error is JSON
+        callback=remember,
+        help=f"{help} Errors too, as one JSON object.",
+    )
+
+
+# -- trust -----------------------------------------------------------------------------
 
 
 def trust_options(f: F) -> F:
@@ -43,7 +76,91 @@ def trust_options(f: F) -> F:
 def trust_from(
     trusted_keys: tuple[Path, ...], trust_ref: str | None, require_anchor: bool
 ) -> TrustOptions:
+    from kronos_audit.trust import TrustOptions
+
     return TrustOptions(tuple(trusted_keys), trust_ref, require_anchor)
+
+
+# -- tolerances ------------------------------------------------------------------------
+
+_TOLERANCE_OPTIONS = (
+    click.option("--rtol", metavar="R", help="Relative tolerance, against |A|, for float data."),
+    click.option("--atol", metavar="A", help="Absolute tolerance for float data."),
+    click.option(
+        "--ulp", metavar="N", help="Also accept values at most N units in the last place apart."
+    ),
+    click.option(
+        "--tol",
+        "tol",
+        multiple=True,
+        metavar="PATTERN:SPEC",
+        help="Tolerance for datasets matching PATTERN (fnmatch, no leading slash): SPEC is "
+        "'exact' or rtol=..,atol=..,ulp=.. (repeatable; the first match wins).",
+    ),
+)
+
+
+def tolerance_options(f: F) -> F:
+    """Add `kaudit diff`'s tolerance options to a command: ``rtol``, ``atol``, ``ulp``
+    (text or None) and ``tol`` (a tuple). Turn them into a policy with :func:`tolerance_policy`."""
+    for option in reversed(_TOLERANCE_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _number(option: str, raw: str | None, *, whole: bool = False) -> float | int | None:
+    from kronos_audit.compare import ToleranceError
+
+    if raw is None:
+        return None
+    try:
+        value: float | int = int(raw) if whole else float(raw)
+    except ValueError:
+        kind = "a whole number" if whole else "a number"
+        raise ToleranceError(f"{option} must be {kind}, got {raw!r}", where=option) from None
+    if value < 0 or not math.isfinite(value):
+        raise ToleranceError(f"{option} must be finite and not negative, got {raw!r}")
+    return value
+
+
+def config_project(*paths: Path) -> Project | None:
+    """The kaudit repository holding the first of ``paths`` that is inside one."""
+    from kronos_audit.errors import Error
+    from kronos_audit.project import find_project
+
+    for p in paths:
+        try:
+            project = find_project(p)
+        except Error:
+            continue
+        if project.initialized:
+            return project
+    return None
+
+
+def tolerance_policy(
+    rtol: str | None,
+    atol: str | None,
+    ulp: str | None,
+    tol: tuple[str, ...],
+    *paths: Path,
+) -> tuple[TolerancePolicy, Project | None]:
+    """The policy the tolerance options ask for, layered over the [compare] config of the
+    kaudit repository holding the first of ``paths`` that is in one; and that repository."""
+    from kronos_audit.compare import TolerancePolicy
+
+    r = _number("--rtol", rtol)
+    t = _number("--atol", atol)
+    u = _number("--ulp", ulp, whole=True)
+    project = config_project(*paths)
+    base = TolerancePolicy.from_config(project) if project is not None else None
+    policy = TolerancePolicy.from_options(
+        rtol=r, atol=t, ulp=None if u is None else int(u), tol=tol, base=base
+    )
+    return policy, project
+
+
+# -- asking and warning ----------------------------------------------------------------
 
 
 def warn(message: str) -> None:

@@ -2,49 +2,46 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import cli, out, safe
-from kronos_audit.cli.diff import (
-    STYLE,
-    SUMMARY_WORDS,
-    dataset_details,
+from kronos_audit.cli._app import out, safe, settings
+from kronos_audit.cli.comparison import STYLE, SUMMARY_WORDS, dataset_details
+from kronos_audit.cli.options import (
+    ask_passphrase,
+    json_option,
     tolerance_options,
     tolerance_policy,
+    trust_from,
+    trust_options,
 )
-from kronos_audit.cli.options import ask_passphrase, trust_from, trust_options
-from kronos_audit.compare import Verdict
 from kronos_audit.errors import UsageError
-from kronos_audit.replay import (
-    Attestation,
-    EnvMode,
-    Outcome,
-    ReplayResult,
-    attestation_path_for,
-    write_attestation,
-)
-from kronos_audit.replay import replay as run_replay
-from kronos_audit.signing import select_key
 
+if TYPE_CHECKING:
+    from kronos_audit.replay import Attestation, ReplayResult
+
+# By outcome (a StrEnum, so its members look these up).
 OUTCOME_STYLE = {
-    Outcome.REPRODUCED: "[green]REPRODUCED[/]",
-    Outcome.REPRODUCED_WITHIN_TOLERANCE: "[cyan]REPRODUCED WITHIN TOLERANCE[/]",
-    Outcome.NOT_REPRODUCED: "[red]NOT REPRODUCED[/]",
+    "REPRODUCED": "[green]REPRODUCED[/]",
+    "REPRODUCED_WITHIN_TOLERANCE": "[cyan]REPRODUCED WITHIN TOLERANCE[/]",
+    "NOT_REPRODUCED": "[red]NOT REPRODUCED[/]",
 }
+# kronos_audit.replay.EnvMode's values, spelled out so that `--help` need not import the
+# replay engine (a test holds them equal)
+ENV_MODES = ("strict", "warn", "ignore")
 
 
-@cli.command()
+@click.command()
 @click.argument("manifest", type=click.Path(path_type=Path))
 @tolerance_options
 @click.option(
     "--env",
     "env_mode",
-    type=click.Choice([m.value for m in EnvMode]),
-    default=EnvMode.WARN.value,
+    type=click.Choice(ENV_MODES),
+    default="warn",
     show_default=True,
     help="On environment drift from the recorded lock: strict refuses to run (exit 2), "
     "warn reports it and runs, ignore runs without showing it (the result records it).",
@@ -54,7 +51,7 @@ OUTCOME_STYLE = {
     is_flag=True,
     help="Keep the worktree, the output and the command's logs, and say where.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("Print the result as JSON.")
 @click.option(
     "--attest",
     is_flag=True,
@@ -99,6 +96,10 @@ def replay(
     Example:
       kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest
     """
+    from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
+    from kronos_audit.replay import replay as run_replay
+    from kronos_audit.signing import select_key
+
     if key is not None and not attest:
         raise UsageError("--key names the key that signs the attestation: add --attest")
     policy, _ = tolerance_policy(rtol, atol, ulp, tol, manifest)
@@ -118,7 +119,7 @@ def replay(
         else None
     )
     if as_json:
-        click.echo(json.dumps(result.to_json_obj(), indent=2))
+        out.json(result.to_json_obj())
     else:
         render(result, attestation)
     ctx.exit(0 if result.ok else 1)
@@ -147,7 +148,7 @@ def _header(r: ReplayResult) -> None:
     _row("code", f"commit {safe(r.commit[:12])}{patch}")
     _row("command", f"{safe(shlex.join(r.command))}  [dim](in {safe(r.cwd)})[/]")
     env = r.environment
-    if env.mode is not EnvMode.IGNORE:
+    if env.mode != "ignore":  # an EnvMode
         if env.drift:
             n = len(env.drift)
             _row(
@@ -170,10 +171,12 @@ def _header(r: ReplayResult) -> None:
 
 def render(r: ReplayResult, attestation: Attestation | None) -> None:
     """The replay's header (code, command, drift, time), the datasets that are not
-    identical, and the verdict."""
-    _header(r)
-    shown = [d for d in r.datasets if d.verdict is not Verdict.IDENTICAL]
-    if shown:
+    identical, and the verdict (with --quiet: the datasets and the verdict)."""
+    quiet = settings().quiet
+    if not quiet:
+        _header(r)
+    shown = [d for d in r.datasets if d.verdict != "IDENTICAL"]
+    if shown and not quiet:
         out.print()
     for d in shown:
         if d.comparison is not None:  # where, and by how much, as `kaudit diff` says it
@@ -182,7 +185,8 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
         else:
             head = f"[bold]{safe(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
             out.print(head + (f": {safe(d.detail)}" if d.detail else ""))
-    out.print()
+    if not quiet or shown:
+        out.print()
     basis = (
         "bitwise, against the recorded hashes"
         if r.basis == "hashes"

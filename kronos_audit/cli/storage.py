@@ -3,24 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
-from kronos_audit.cli._app import cli, fail_line, out, safe
-from kronos_audit.cli.options import trust_from, trust_options, warn
+from kronos_audit.cli._app import Column, error_json, fail_line, out, safe
+from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
-from kronos_audit.manifest import MANIFEST_SUFFIX, checkpoint_path_for
-from kronos_audit.project import Project, find_project
-from kronos_audit.status import status
-from kronos_audit.storage import Location, Storage
-from kronos_audit.verify import expand_manifest_args, trust_problems, verify_each
+
+if TYPE_CHECKING:
+    from kronos_audit.project import Project
 
 REMOTE_OPTION = click.option("--remote", help="DVC remote name (default: the default remote).")
+
+# How `status` colours each location (by its value: the enum lives in the library).
+_COLOURS = {
+    "local": "yellow",
+    "pushed": "green",
+    "remote-only": "cyan",
+    "missing": "red",
+    "corrupt": "red",
+}
 
 
 def _manifests(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
     """The manifests named (directories expanded; none: every manifest in the repository)."""
+    from kronos_audit.manifest import MANIFEST_SUFFIX
+    from kronos_audit.project import find_project
+    from kronos_audit.verify import expand_manifest_args
+
     project = find_project(targets[0] if targets else Path.cwd()).require_initialized()
     if targets:
         return project, expand_manifest_args(list(targets))
@@ -34,28 +45,47 @@ def _manifests(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
     return project, found
 
 
-@cli.command()
+@click.command()
 @click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
 @REMOTE_OPTION
-def push(targets: tuple[Path, ...], remote: str | None) -> None:
-    """Push checkpoints (RUN_DIR or MANIFEST...; default: all) to the DVC remote."""
+@json_option("Print what was pushed as JSON.")
+def push(targets: tuple[Path, ...], remote: str | None, as_json: bool) -> None:
+    """Push checkpoints (RUN_DIR or MANIFEST...; default: all) to the DVC remote.
+
+    \b
+    Example:
+      kaudit push checkpoints/heat --remote storage
+    """
+    from kronos_audit.manifest import checkpoint_path_for
+    from kronos_audit.storage import Storage
+
     project, manifests = _manifests(targets)
     present = [checkpoint_path_for(m) for m in manifests if checkpoint_path_for(m).exists()]
-    absent = len(manifests) - len(present)
+    absent = [m for m in manifests if not checkpoint_path_for(m).exists()]
     if not present:
         raise UsageError("none of these checkpoints is here to push", path=manifests[0])
     uploaded = Storage(project).push(present, remote)
+    if as_json:
+        out.json(
+            {
+                "pushed": [str(c) for c in present],
+                "uploaded": uploaded,
+                "not_here": [str(checkpoint_path_for(m)) for m in absent],
+            }
+        )
+        return
     out.print(
         f"pushed {len(present)} checkpoint(s): {uploaded} object(s) uploaded, "
         f"the rest were in the remote already"
-        + (f"; {absent} not here (pruned or never pulled), left as they are" if absent else "")
+        + (f"; {len(absent)} not here (pruned or never pulled), left as they are" if absent else "")
     )
 
 
-@cli.command()
+@click.command()
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path))
 @REMOTE_OPTION
 @trust_options
+@json_option("Print each checkpoint's outcome as JSON.")
 @click.pass_context
 def pull(
     ctx: click.Context,
@@ -64,6 +94,7 @@ def pull(
     trusted_keys: tuple[Path, ...],
     trust_ref: str | None,
     require_anchor: bool,
+    as_json: bool,
 ) -> None:
     """Fetch checkpoints (RUN_DIR or MANIFEST...) from the DVC remote, each only once its
     manifest's signature and place verify, and check them before they become visible.
@@ -76,53 +107,114 @@ def pull(
     Example:
       kaudit pull checkpoints/heat --trusted-key alice.pub
     """
+    from kronos_audit.verify import VerifyResult, trust_problems, verify_each
+
     _, manifests = _manifests(targets)
     options = trust_from(trusted_keys, trust_ref, require_anchor)
-    for problem in trust_problems(manifests, options):
-        warn(problem)
-    failed = errors = 0
+    if not as_json:
+        for problem in trust_problems(manifests, options):
+            warn(problem)
+    results: list[VerifyResult] = []
+    errors: list[Error] = []
     for outcome in verify_each(manifests, fetch=True, trust=options, remote=remote):
         if isinstance(outcome, Error):
-            errors += 1
-            fail_line(str(outcome))
+            errors.append(outcome)
+            if not as_json:
+                fail_line(str(outcome))
+            continue
+        results.append(outcome)
+        if as_json:
             continue
         if outcome.ok:
             how = "fetched" if outcome.fetched else "here"
             out.print(f"[green]ok[/]   {safe(outcome.checkpoint)} ({how})")
             continue
-        failed += 1
         for c in outcome.failures:
             out.print(f"[red]FAIL[/] {safe(outcome.checkpoint)}: {safe(c.name)}: {safe(c.detail)}")
+    failed = sum(not r.ok for r in results)
+    if as_json:
+        out.json(
+            {
+                "ok": not errors and not failed,
+                "results": [
+                    {
+                        "checkpoint": str(r.checkpoint),
+                        "manifest": str(r.manifest),
+                        "ok": r.ok,
+                        "fetched": r.fetched,
+                        "failures": [{"name": c.name, "detail": c.detail} for c in r.failures],
+                    }
+                    for r in results
+                ],
+                "errors": [error_json(e) for e in errors],
+            }
+        )
     ctx.exit(2 if errors else 1 if failed else 0)
 
 
-@cli.command("status")
+@click.command("status")
 @click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
 @REMOTE_OPTION
 @click.option("--local-only", is_flag=True, help="Do not ask the remote.")
-def status_command(targets: tuple[Path, ...], remote: str | None, local_only: bool) -> None:
-    """Where each checkpoint is: local / pushed / remote-only / missing / corrupt."""
+@json_option("Print each checkpoint's place as JSON.")
+@click.pass_context
+def status_command(
+    ctx: click.Context,
+    targets: tuple[Path, ...],
+    remote: str | None,
+    local_only: bool,
+    as_json: bool,
+) -> None:
+    """Where each checkpoint is: local / pushed / remote-only / missing / corrupt.
+
+    Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
+
+    \b
+    Example:
+      kaudit status checkpoints/heat --local-only
+    """
+    from kronos_audit.status import status
+
     project, manifests = _manifests(targets)
     entries = status(project, manifests, remote, check_remote=not local_only)
-    colours = {
-        Location.LOCAL: "yellow",
-        Location.PUSHED: "green",
-        Location.REMOTE_ONLY: "cyan",
-        Location.MISSING: "red",
-        Location.CORRUPT: "red",
-    }
-    table = Table()
-    for col in ("checkpoint", "step", "size", "where"):
-        table.add_column(col, overflow="fold")
-    for e in entries:
-        table.add_row(
-            safe(project.relative(e.checkpoint)),  # a file's name: text, never markup
-            str(e.step),
-            f"{e.size:,}",
-            f"[{colours[e.location]}]{e.location.value}[/]",
-        )
-    out.print(table)
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1
-    out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    corrupt = counts.get("corrupt", 0)
+    if as_json:
+        out.json(
+            {
+                "ok": not corrupt,
+                "checkpoints": [
+                    {
+                        "checkpoint": str(e.checkpoint),
+                        "manifest": str(e.manifest),
+                        "step": e.step,
+                        "size": e.size,
+                        "location": e.location.value,
+                    }
+                    for e in entries
+                ],
+                "counts": dict(sorted(counts.items())),
+            }
+        )
+    else:
+        out.table(
+            [
+                Column("checkpoint"),
+                Column("step", "right"),
+                Column("size", "right"),
+                Column("where"),
+            ],
+            [
+                (
+                    safe(project.relative(e.checkpoint)),  # a file's name: text, never markup
+                    str(e.step),
+                    f"{e.size:,}",
+                    f"[{_COLOURS[e.location.value]}]{e.location.value}[/]",
+                )
+                for e in entries
+            ],
+        )
+        out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    ctx.exit(1 if corrupt else 0)

@@ -1,35 +1,25 @@
 """`kaudit run`: run a command under the supervisor; render its progress and summary.
 
-Everything goes to stderr, so the command's own stdout stays clean.
+Everything goes to stderr, so the command's own stdout stays clean; with ``--json`` the
+summary is one JSON line there, the last.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from kronos_audit.cli._app import cli, plain
-from kronos_audit.runtime.supervisor import (
-    AttemptEnded,
-    AttemptStarted,
-    Backoff,
-    Ending,
-    Restarting,
-    SupervisorEvent,
-    SupervisorResult,
-    supervise,
-)
+from kronos_audit.cli._app import Column, err, safe
+from kronos_audit.cli.options import json_option
 
-# markup off: commands and paths may contain [brackets]; the command goes through plain()
-# too, as it may come from a script or a recorded manifest, so no control sequence it holds
-# reaches the terminal
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+if TYPE_CHECKING:
+    from kronos_audit.runtime.supervisor import SupervisorEvent, SupervisorResult
 
 
-@cli.command("run", context_settings={"allow_interspersed_args": False})
+@click.command("run", context_settings={"allow_interspersed_args": False})
 @click.option(
     "--retries",
     type=click.IntRange(min=0),
@@ -51,6 +41,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
     show_default=True,
     help="Cap on the doubling wait, in seconds.",
 )
+@json_option("Print the summary as one JSON line on stderr, and nothing else.", stderr=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run_command(
@@ -58,6 +49,7 @@ def run_command(
     retries: int,
     backoff: float,
     max_backoff: float,
+    as_json: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND, restarting it when it dies; forward signals to it.
@@ -68,49 +60,98 @@ def run_command(
 
     Exit status: COMMAND's last status (128+S if killed by signal S); 2 if it cannot be
     started.
+
+    \b
+    Example:
+      kaudit run --retries 5 -- python heat.py --steps 3000
     """
+    from kronos_audit.runtime.supervisor import Backoff, supervise
+
     result = supervise(
         command,
         retries=retries,
         backoff=Backoff(initial=backoff, maximum=max_backoff),
-        on_event=_render_event,
+        on_event=None if as_json else _render_event,
     )
-    _render_summary(result)
+    if as_json:
+        click.echo(json.dumps(_summary_json(result)), err=True)
+    else:
+        _render_summary(result)
     ctx.exit(result.exit_status)
 
 
+def _summary_json(result: SupervisorResult) -> dict[str, Any]:
+    return {
+        "command": list(result.command),
+        "exit_status": result.exit_status,
+        "ending": result.ending.value,
+        "stop_signal": None if result.stop_signal is None else result.stop_signal.name,
+        "retries": result.retries,
+        "restarts": result.restarts,
+        "steps_redone": result.steps_redone,
+        "wall_time": result.wall_time,
+        "attempts": [
+            {
+                "attempt": a.restart_count + 1,
+                "pid": a.pid,
+                "started": a.started,
+                "duration": a.duration,
+                "delay": a.delay,
+                "status": a.status,
+                "signal": None if a.signal is None else a.signal.name,
+                "ended_by": a.cause,
+                "resumed_from": a.resumed_from,
+                "last_step": a.last_step,
+                "steps_redone": a.steps_redone,
+                "forwarded": [s.name for s in a.forwarded],
+            }
+            for a in result.attempts
+        ],
+    }
+
+
 def _render_event(event: SupervisorEvent) -> None:
+    """Progress, as it happens (not with --quiet)."""
+    from kronos_audit.runtime.supervisor import AttemptEnded, AttemptStarted, Restarting
+
+    # The command may come from a script or a recorded manifest: printed as text (safe),
+    # so no [bracket] in it is markup and no control sequence reaches the terminal.
     if isinstance(event, AttemptStarted):
-        what = f": {plain(shlex.join(event.command))}" if event.restart_count == 0 else ""
-        err.print(f"kaudit: attempt {event.restart_count + 1}{what} (pid {event.pid})")
+        what = f": {safe(shlex.join(event.command))}" if event.restart_count == 0 else ""
+        err.note(f"kaudit: attempt {event.restart_count + 1}{what} (pid {event.pid})")
     elif isinstance(event, AttemptEnded):
         a = event.attempt
         if not a.ok:
             verb = "ended" if a.preempted else "failed"
-            err.print(
+            err.note(
                 f"kaudit: attempt {a.restart_count + 1} {verb}: {a.cause} "
                 f"after {_seconds(a.duration)}"
             )
     elif isinstance(event, Restarting):
         when = "now" if event.delay == 0 else f"in {_seconds(event.delay)}"
-        err.print(f"kaudit: restarting {when} (restart {event.restart_count} of {event.retries})")
+        err.note(f"kaudit: restarting {when} (restart {event.restart_count} of {event.retries})")
 
 
 def _render_summary(result: SupervisorResult) -> None:
-    table = Table(title="kaudit run", title_justify="left", box=None, pad_edge=False)
-    for name in ("attempt", "started", "ran", "ended by", "resumed from", "reached", "redone"):
-        table.add_column(name, justify="left" if name == "ended by" else "right")
-    for a in result.attempts:
-        table.add_row(
-            str(a.restart_count + 1),
-            f"+{_seconds(a.started)}",
-            _seconds(a.duration),
-            a.cause,
-            _step(a.resumed_from),
-            _step(a.last_step),
-            _step(a.steps_redone),
-        )
-    err.print(table)
+    from kronos_audit.runtime.supervisor import Ending
+
+    names = ("attempt", "started", "ran", "ended by", "resumed from", "reached", "redone")
+    err.table(
+        [Column(name, "left" if name == "ended by" else "right") for name in names],
+        [
+            (
+                str(a.restart_count + 1),
+                f"+{_seconds(a.started)}",
+                _seconds(a.duration),
+                a.cause,
+                _step(a.resumed_from),
+                _step(a.last_step),
+                _step(a.steps_redone),
+            )
+            for a in result.attempts
+        ],
+        title="kaudit run",
+    )
     err.print(
         f"attempts {len(result.attempts)}, restarts {result.restarts}, "
         f"steps redone {result.steps_redone}, wall time {_seconds(result.wall_time)}, "

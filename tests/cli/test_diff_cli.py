@@ -208,7 +208,13 @@ def test_bad_files_exit_2_with_one_line(tmp_path: Path) -> None:
     assert_bad_input(run_cli("diff", str(tmp_path / "nope.h5"), str(a)), "nope.h5", "not found")
     assert_bad_input(run_cli("diff", str(a), str(text)), "notes.txt", "not an HDF5 file")
     assert_bad_input(run_cli("diff", str(a), str(tmp_path)), "is a directory")
-    assert_bad_input(run_cli("diff", str(a), str(text), "--json"), "not an HDF5 file")
+    # with --json, the same error as one JSON object on stdout (issue 9), nothing on stderr
+    as_json = run_cli("diff", str(a), str(text), "--json")
+    assert as_json.exit_code == 2
+    assert as_json.stderr == ""
+    error = json.loads(as_json.stdout)
+    assert "not an HDF5 file" in error["error"]
+    assert (error["path"], error["exit_code"]) == (str(text), 2)
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ how many times it was started.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +91,37 @@ def test_success_after_failures_exits_zero_with_summary(tmp_path: Path) -> None:
     assert "retries exhausted" not in result.stderr
     assert result.stdout == ""  # everything kaudit says goes to stderr
     assert logged(tmp_path, "attempts") == ["0", "1", "2"]
+
+
+def test_json_is_the_summary_as_the_last_line_on_stderr(tmp_path: Path) -> None:
+    cmd = program(tmp_path, "sys.exit(3 if N < 1 else 0)")
+    result = run_cli("run", "--json", "--backoff", "0", "--", *cmd)
+
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""  # stdout is the command's
+    (line,) = result.stderr.splitlines()  # no progress: the summary only
+    doc = json.loads(line)
+    assert doc["command"] == cmd
+    assert (doc["exit_status"], doc["ending"], doc["restarts"], doc["retries"]) == (
+        0,
+        "succeeded",
+        1,
+        3,
+    )
+    assert [a["ended_by"] for a in doc["attempts"]] == ["exit 3", "exit 0"]
+    assert [a["attempt"] for a in doc["attempts"]] == [1, 2]
+    assert doc["attempts"][0]["signal"] is None
+    assert doc["stop_signal"] is None
+
+
+def test_quiet_leaves_out_progress_not_the_summary(tmp_path: Path) -> None:
+    cmd = program(tmp_path, "sys.exit(3 if N < 1 else 0)")
+    result = run_cli("-q", "run", "--backoff", "0", "--", *cmd)
+
+    assert result.exit_code == 0
+    assert "attempt 1 failed" not in result.stderr
+    assert "restarting" not in result.stderr
+    assert "attempts 2, restarts 1" in result.stderr
 
 
 def test_retries_exhausted_exits_with_the_childs_status(tmp_path: Path) -> None:

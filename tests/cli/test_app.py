@@ -1,0 +1,361 @@
+"""The `kaudit` group (kronos_audit.cli._app): commands loaded when run, a light
+`import kronos_audit`, `python -m kronos_audit`, shell completion, -q/-v, errors as JSON
+with --json, and an example in every command's help."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from conftest import KAUDIT, run_cli, write_checkpoint
+
+import kronos_audit as ka
+from kronos_audit.cli import cli
+from kronos_audit.cli._app import COMMANDS, KauditGroup
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey
+
+HEAVY = ("h5py", "numpy", "jsonschema", "git", "dvc")
+"""What no help, completion or plain `import kronos_audit` may import."""
+
+# Runs the CLI on ARGS in this interpreter, then prints (on fd 3's stand-in: the last line
+# of stderr) the top-level packages it had imported, whatever way it exited.
+PROBE = """
+import json, sys
+from kronos_audit.cli import main
+sys.argv = ["kaudit", *sys.argv[1:]]
+try:
+    main()
+finally:
+    loaded = sorted({m.partition(".")[0] for m in sys.modules})
+    print("\\nMODULES " + json.dumps(loaded), file=sys.stderr)
+"""
+
+
+def loaded_by(*args: str, env: dict[str, str] | None = None) -> tuple[str, set[str]]:
+    """`kaudit ARGS` in a fresh interpreter: its stdout, and the packages it imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+    marker = done.stderr.rpartition("MODULES ")[2]
+    return done.stdout, set(json.loads(marker))
+
+
+def every_command(
+    group: click.Group = cli, path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
+    """The path of every command and subcommand (``("keys", "list")``...)."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        yield (*path, name)
+        if isinstance(command, click.Group):
+            yield from every_command(command, (*path, name))
+
+
+ALL_COMMANDS = list(every_command())
+
+
+# -- start-up --------------------------------------------------------------------------
+
+
+def test_help_imports_no_command_and_no_heavy_library() -> None:
+    out, modules = loaded_by("--help")
+    for name in COMMANDS:
+        assert f"  {name} " in out  # listed, with its short help
+    assert not modules & {*HEAVY, "rich", "cryptography"}, modules
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS, ids=" ".join)
+def test_a_commands_help_imports_no_heavy_library(command: tuple[str, ...]) -> None:
+    out, modules = loaded_by(*command, "--help")
+    assert "Usage: kaudit " + " ".join(command) in out
+    assert not modules & set(HEAVY), modules
+
+
+def test_import_kronos_audit_is_light_until_a_name_is_used() -> None:
+    code = (
+        "import sys, kronos_audit as ka\n"
+        "before = {m.partition('.')[0] for m in sys.modules}\n"
+        "ka.EverySteps\n"
+        "print(*sorted(before))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before = set(done.stdout.split())
+    assert "kronos_audit" in before
+    assert not before & {*HEAVY, "click", "rich", "cryptography"}, before
+
+
+def test_every_public_name_resolves() -> None:
+    for name in ka.__all__:
+        assert getattr(ka, name) is not None, name
+    assert set(ka.__all__) <= set(dir(ka))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        ka.no_such_name  # noqa: B018
+    from kronos_audit.errors import Error, UsageError
+
+    assert ka.UsageError is UsageError
+    assert ka.Error is Error
+    assert issubclass(ka.ToleranceError, ka.Error)
+    assert issubclass(ka.CommandStartError, ka.UsageError)
+
+
+def test_verify_and_snapshot_stay_functions_when_their_modules_are_imported_later() -> None:
+    # kronos_audit.verify and .snapshot are modules and the functions in them; importing
+    # the module after the package must not turn ka.verify into the module.
+    code = (
+        "import kronos_audit as ka\n"
+        "import kronos_audit.verify, kronos_audit.snapshot\n"
+        "from kronos_audit import verify\n"
+        "print(callable(ka.verify), callable(ka.snapshot), verify is ka.verify)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr
+
+
+def test_python_m_kronos_audit_is_kaudit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kronos_audit", "interval", "--mtbf", "1h30m", "--cost", "5min",
+         "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["mtbf"], doc["cost"]) == (5400.0, 300.0)
+    usage = subprocess.run(
+        [sys.executable, "-m", "kronos_audit", "bogus"], capture_output=True, text=True
+    )
+    assert usage.returncode == 2
+    assert "No such command 'bogus'" in usage.stderr
+
+
+# -- shell completion ------------------------------------------------------------------
+
+
+def complete(words: str) -> tuple[list[str], set[str]]:
+    """What bash completion offers after ``words`` (the last one being completed)."""
+    parts = words.split(" ")
+    out, modules = loaded_by(
+        env={
+            "_KAUDIT_COMPLETE": "bash_complete",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(parts) - 1),
+        }
+    )
+    # bash_complete answers "type,value" lines
+    return [line.partition(",")[2] for line in out.splitlines()], modules
+
+
+def test_completion_offers_the_commands_without_importing_them() -> None:
+    offered, modules = complete("kaudit ")
+    assert offered == sorted(COMMANDS)
+    assert not modules & {*HEAVY, "rich", "cryptography"}, modules
+    assert complete("kaudit s")[0] == ["show", "snapshot", "status"]
+
+
+def test_completion_of_subcommands_and_options() -> None:
+    offered, modules = complete("kaudit keys ")
+    assert offered == ["generate", "list", "revoke", "rotate", "trust"]
+    assert not modules & set(HEAVY), modules
+    assert sorted(complete("kaudit verify --tru")[0]) == ["--trust-ref", "--trusted-key"]
+    assert "--quiet" in complete("kaudit --")[0]
+
+
+def test_completion_script_for_bash() -> None:
+    done = subprocess.run(
+        KAUDIT, env={**os.environ, "_KAUDIT_COMPLETE": "bash_source"}, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "_KAUDIT_COMPLETE=bash_complete" in done.stdout
+    assert "complete -o nosort -F _kaudit_completion kaudit" in done.stdout
+
+
+# -- the registry and the help ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_registered_help_is_the_commands_own(name: str) -> None:
+    group = cli
+    assert isinstance(group, KauditGroup)
+    spec = COMMANDS[name]
+    fresh = KauditGroup(lazy_commands=COMMANDS)  # nothing imported through it yet
+    command = group.get_command(click.Context(group), name)
+    assert command is not None
+    assert command.name == name
+    for limit in (45, 66, 1000):
+        assert fresh._short_help(name, limit) == command.get_short_help_str(limit), spec
+
+
+@pytest.mark.parametrize("command", [(), *ALL_COMMANDS], ids=lambda c: " ".join(c) or "kaudit")
+def test_every_help_has_an_example(command: tuple[str, ...]) -> None:
+    result = run_cli(*command, "--help")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "Example:" in text
+    example = text.partition("Example:")[2].splitlines()[1]
+    assert example.strip().startswith("kaudit " + " ".join(command).strip())
+
+
+def test_values_spelled_out_for_a_fast_help_match_the_library() -> None:
+    from kronos_audit import signing
+    from kronos_audit.cli import comparison, manifests, replay, storage
+    from kronos_audit.compare import Verdict
+    from kronos_audit.replay import EnvMode, Outcome
+    from kronos_audit.storage import Location
+
+    assert manifests.PASSPHRASE_ENV == signing.PASSPHRASE_ENV
+    assert tuple(m.value for m in EnvMode) == replay.ENV_MODES
+    assert set(replay.OUTCOME_STYLE) == {o.value for o in Outcome}
+    assert set(comparison.STYLE) == set(comparison.SUMMARY_WORDS) == {v.value for v in Verdict}
+    assert set(storage._COLOURS) == {loc.value for loc in Location}
+
+
+# -- errors as JSON --------------------------------------------------------------------
+
+
+def test_with_json_an_error_is_one_json_object_on_stdout(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.h5.kaudit.json"
+    plain = run_cli("show", str(missing))
+    assert plain.exit_code == 2
+    assert plain.stderr.startswith("kaudit: error: ")
+    result = run_cli("show", "--json", str(missing))
+    assert result.exit_code == 2, result.output
+    assert result.stderr == ""
+    assert json.loads(result.stdout) == {
+        "error": "manifest not found",
+        "path": str(missing),
+        "exit_code": 2,
+        "type": "ManifestError",
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "mention"),
+    [
+        (["verify", "--json"], "Missing argument 'MANIFESTS...'"),  # a missing argument
+        (["status", "--json", "--bogus"], "No such option '--bogus'"),  # before --json is seen
+        (["interval", "--json", "--mtbf", "soon", "--cost", "5m"], "'soon' is not a duration"),
+        (["diff", "--json", "a.h5", "b.h5", "--rtol", "x"], "--rtol must be a number"),
+    ],
+)
+def test_with_json_usage_errors_are_json_too(args: list[str], mention: str) -> None:
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == ""
+    doc = json.loads(result.stdout)
+    assert mention in doc["error"]
+    assert doc["exit_code"] == 2
+
+
+def test_a_failed_check_keeps_its_exit_code_in_json(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1")
+    os.chmod(checkpoint, 0o644)
+    with open(checkpoint, "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"tampered")
+    result = run_cli("status", "--local-only", "--json", str(checkpoint.parent))
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["ok"] is False
+
+
+def test_run_json_errors_go_to_stderr_with_its_summary() -> None:
+    result = run_cli("run", "--json", "--", "kaudit-test-no-such-command")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    doc = json.loads(result.stderr)
+    assert doc["error"] == "cannot run 'kaudit-test-no-such-command': command not found"
+    assert doc["type"] == "CommandStartError"
+
+
+# -- -q and -v -------------------------------------------------------------------------
+
+
+def test_quiet_leaves_out_hints(git_repo: Path) -> None:
+    loud = run_cli("init", cwd=git_repo)
+    assert "next: `kaudit keys generate`" in loud.stdout
+    quiet = run_cli("-q", "init", cwd=git_repo)
+    assert quiet.exit_code == 0
+    assert "kaudit repository at" in quiet.stdout  # the result stays
+    assert "next:" not in quiet.stdout
+
+
+def test_verbose_shows_every_check(project: Project, key: SigningKey, checkpoint: Path) -> None:
+    run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1")
+    manifest = f"{checkpoint}.kaudit.json"
+    normal = run_cli("verify", manifest)
+    verbose = run_cli("-v", "verify", manifest)
+    assert normal.exit_code == verbose.exit_code == 0
+    assert "file digest:" not in normal.stdout
+    assert "      file digest: sha256 " in verbose.stdout
+    assert "      datasets: all 5 dataset hashes match" in verbose.stdout
+
+
+def test_quiet_and_verbose_exclude_each_other() -> None:
+    result = run_cli("-q", "-v", "interval", "--mtbf", "1h", "--cost", "1m")
+    assert result.exit_code == 2
+    assert "--quiet and --verbose exclude each other" in result.stderr
+
+
+@click.command("log-probe")
+def _log_probe() -> None:
+    """Logs as the library does (a test-only command)."""
+    logging.getLogger("kronos_audit.probe").info("copied \x1b[31m into the cache")
+    logging.getLogger("kronos_audit.probe").debug("a debug detail")
+
+
+@pytest.fixture
+def log_probe() -> Iterator[None]:
+    cli.add_command(_log_probe)
+    try:
+        yield
+    finally:
+        assert isinstance(cli, click.Group)
+        cli.commands.pop("log-probe")
+
+
+@pytest.mark.usefixtures("log_probe")
+def test_verbose_puts_kronos_audits_log_on_stderr_as_text() -> None:
+    assert "copied" not in run_cli("log-probe").stderr
+    info = run_cli("-v", "log-probe").stderr
+    assert "kaudit: INFO: kronos_audit.probe: copied \\x1b[31m into the cache" in info
+    assert "debug detail" not in info
+    assert "a debug detail" in run_cli("-vv", "log-probe").stderr
+    # the handler is gone after the command
+    logger = logging.getLogger("kronos_audit")
+    assert not [h for h in logger.handlers if isinstance(h, logging.StreamHandler)]
+
+
+def test_status_exits_1_only_for_a_corrupt_checkpoint(project: Project, key: SigningKey) -> None:
+    run_dir = project.root / "checkpoints" / "r"
+    for step in (1, 2):
+        ckpt = write_checkpoint(run_dir / f"step-{step}.h5", seed=step)
+        assert run_cli("snapshot", str(ckpt), "--run", "r", "--step", str(step)).exit_code == 0
+    assert run_cli("status", "--local-only", str(run_dir)).exit_code == 0
+    (run_dir / "step-1.h5").unlink()
+    missing = run_cli("status", "--local-only", str(run_dir))
+    assert missing.exit_code == 0  # missing is a place, not a failed check
+    assert "1 missing" in missing.stdout
+    ckpt = run_dir / "step-2.h5"
+    os.chmod(ckpt, 0o644)
+    with open(ckpt, "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"tampered")
+    corrupt = run_cli("status", "--local-only", str(run_dir))
+    assert corrupt.exit_code == 1
+    assert "1 corrupt, 1 missing" in corrupt.stdout

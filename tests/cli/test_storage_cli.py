@@ -1,0 +1,95 @@
+"""`kaudit push`, `pull`, `status` (kronos_audit.cli.storage) with --json, against a DVC
+remote in a local directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli, write_checkpoint
+
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey
+from kronos_audit.storage import Storage, configure_remote
+
+
+@pytest.fixture
+def run_dir(project: Project, key: SigningKey, tmp_path: Path) -> Path:
+    """Two snapshotted checkpoints, and a default DVC remote (empty)."""
+    directory = project.root / "checkpoints" / "r"
+    for step in (1, 2):
+        ckpt = write_checkpoint(directory / f"step-{step}.h5", seed=step)
+        assert run_cli("snapshot", str(ckpt), "--run", "r", "--step", str(step)).exit_code == 0
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    configure_remote(project, str(remote), "storage")
+    return directory
+
+
+def as_json(*args: str, code: int = 0) -> Any:
+    result = run_cli(*args, "--json")
+    assert result.exit_code == code, result.output
+    assert result.stderr == ""
+    return json.loads(result.stdout)
+
+
+def places(doc: dict[str, Any]) -> dict[str, str]:
+    return {Path(c["checkpoint"]).name: c["location"] for c in doc["checkpoints"]}
+
+
+def test_status_push_and_pull_as_json(project: Project, run_dir: Path) -> None:
+    doc = as_json("status", str(run_dir))
+    assert doc["ok"] is True
+    assert places(doc) == {"step-1.h5": "local", "step-2.h5": "local"}
+    assert doc["counts"] == {"local": 2}
+    (first, _) = doc["checkpoints"]
+    assert first["step"] == 1
+    assert first["size"] == (run_dir / "step-1.h5").stat().st_size
+    assert first["manifest"] == str(run_dir / "step-1.h5.kaudit.json")
+
+    pushed = as_json("push", str(run_dir))
+    assert pushed == {
+        "pushed": [str(run_dir / "step-1.h5"), str(run_dir / "step-2.h5")],
+        "uploaded": 2,
+        "not_here": [],
+    }
+    assert places(as_json("status", str(run_dir))) == {"step-1.h5": "pushed", "step-2.h5": "pushed"}
+
+    Storage(project).discard(run_dir / "step-2.h5")
+    assert as_json("push", str(run_dir))["not_here"] == [str(run_dir / "step-2.h5")]
+    assert places(as_json("status", str(run_dir)))["step-2.h5"] == "remote-only"
+
+    pulled = as_json("pull", str(run_dir))
+    assert pulled["ok"] is True
+    assert pulled["errors"] == []
+    assert [(Path(r["checkpoint"]).name, r["ok"], r["fetched"]) for r in pulled["results"]] == [
+        ("step-1.h5", True, False),
+        ("step-2.h5", True, True),
+    ]
+    assert (run_dir / "step-2.h5").exists()
+
+
+def test_status_json_with_a_corrupt_checkpoint_exits_1(run_dir: Path) -> None:
+    ckpt = run_dir / "step-2.h5"
+    os.chmod(ckpt, 0o644)
+    with open(ckpt, "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"tampered")
+    doc = as_json("status", "--local-only", str(run_dir), code=1)
+    assert doc["ok"] is False
+    assert places(doc) == {"step-1.h5": "local", "step-2.h5": "corrupt"}
+
+
+def test_pull_json_counts_bad_input_among_results(run_dir: Path) -> None:
+    broken = run_dir / "step-3.h5.kaudit.json"
+    broken.write_text("{")
+    doc = as_json("pull", str(run_dir), code=2)
+    assert doc["ok"] is False
+    assert [r["ok"] for r in doc["results"]] == [True, True]
+    (error,) = doc["errors"]
+    assert error["path"] == str(broken)
+    assert error["exit_code"] == 2
+    assert "not valid JSON" in error["error"]

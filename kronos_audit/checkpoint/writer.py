@@ -9,8 +9,10 @@ bytes, and the write releases the GIL, so a background write barely slows a loop
 the state into one of two staging buffers allocated once and reused (memory freed for a
 second goes back to the host, and touching fresh pages is 20x slower than copying into
 warm ones). Everything else runs on one background thread. With both buffers in flight,
-the next checkpoint waits (back-pressure). A failure in the background is stored and
-raised in the loop at the next ``submit`` or at ``flush``/``close``: never swallowed.
+the next checkpoint waits (back-pressure). A failure in the background (a write, or the
+warming of the staging buffers) is stored and raised in the loop at the next ``submit`` or
+at ``flush``/``close``: never swallowed. Every failure is kept: the first is raised, and
+each later one is named in a note on it.
 """
 
 from __future__ import annotations
@@ -270,10 +272,11 @@ class BackgroundWriter:
         for _ in range(slots if asynchronous else 0):
             self._free.put(StagingSlot())
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._error: BaseException | None = None
+        self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._prefaulted = False
+        self._prefault: threading.Thread | None = None
         if asynchronous:
             self._thread = threading.Thread(target=self._work, name="kaudit-writer", daemon=True)
             self._thread.start()
@@ -290,17 +293,30 @@ class BackgroundWriter:
             try:
                 for s in slots:
                     s.prefault(layout)
+            except BaseException as e:  # stored, and raised in the loop: never lost
+                self._store(e)
             finally:
                 for s in slots:
                     self._free.put(s)
 
-        threading.Thread(target=warm, name="kaudit-prefault", daemon=True).start()
+        self._prefault = threading.Thread(target=warm, name="kaudit-prefault", daemon=True)
+        self._prefault.start()
+
+    def _store(self, error: BaseException) -> None:
+        with self._lock:
+            self._errors.append(error)
 
     def raise_pending(self) -> None:
+        """Raise the first background failure not raised yet, with a note naming each
+        later one (and forget them all)."""
         with self._lock:
-            error, self._error = self._error, None
-        if error is not None:
-            raise error
+            errors, self._errors = self._errors, []
+        if not errors:
+            return
+        first, *later = errors
+        for e in later:
+            first.add_note(f"kaudit: a later background failure too: {type(e).__name__}: {e}")
+        raise first
 
     def submit(
         self, step: int, state: Flat, extra: dict[str, np.ndarray[Any, Any]], meta: dict[str, Any]
@@ -317,6 +333,11 @@ class BackgroundWriter:
             self.stats.stall_total += stall
             return stall
         slot = self._free.get()  # back-pressure: blocks while two checkpoints are in flight
+        try:
+            self.raise_pending()  # a failure while this waited (warming this very slot)
+        except BaseException:
+            self._free.put(slot)
+            raise
         staged = slot.fill(state)
         self._jobs.put(Job(step, staged, extra, meta, slot, t0))
         stall = time.monotonic() - t0
@@ -329,9 +350,7 @@ class BackgroundWriter:
             self.stats.written += 1
             self.stats.write_total += time.monotonic() - job.submitted
         except BaseException as e:  # stored, and raised in the loop: never lost
-            with self._lock:
-                if self._error is None:
-                    self._error = e
+            self._store(e)
         finally:
             if job.slot is not None:
                 self._free.put(job.slot)
@@ -347,7 +366,10 @@ class BackgroundWriter:
                 self._jobs.task_done()
 
     def flush(self) -> None:
-        """Wait until every submitted checkpoint is durable (or failed); raise a failure."""
+        """Wait until every submitted checkpoint is durable (or failed), and the staging
+        buffers are warm; raise a failure."""
+        if self._prefault is not None:
+            self._prefault.join()
         if self.asynchronous:
             self._jobs.join()
         self.raise_pending()

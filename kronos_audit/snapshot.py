@@ -1,132 +1,43 @@
-"""Snapshot: hash a checkpoint, record its provenance, sign, and write its manifest."""
+"""``kaudit snapshot``: hash checkpoints that exist, record their provenance, sign them
+(:mod:`kronos_audit.sign`), track them with DVC, and write their manifests."""
 
 from __future__ import annotations
 
-import datetime as dt
-import os
 import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.canonical import canonical_json
-from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.hashing import FileDigests, digest_file
-from kronos_audit.errors import CheckpointError, ManifestError, UsageError
-from kronos_audit.manifest import (
-    Manifest,
-    build_statement,
-    encode_envelope,
-    manifest_path_for,
-    parse_manifest,
-    read_manifest,
-)
-from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import GitState, environment, git_state, git_tracked
-from kronos_audit.signing import SigningKey, select_key, sign_envelope
+from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
+from kronos_audit.project import find_project
+from kronos_audit.provenance import git_state, git_tracked
+from kronos_audit.sign import publish_manifest, sign_checkpoint
+from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage import track
 
 
-def utc_now() -> str:
-    """RFC 3339 UTC timestamp with microseconds, e.g. ``2026-11-29T08:00:00.123456Z``."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+class Snapshots(tuple[Manifest, ...]):
+    """The manifests :func:`snapshot` wrote, one per checkpoint, in the order given: a
+    tuple of :class:`~kronos_audit.manifest.Manifest`, which also says what they leave
+    uncovered (:attr:`notes`)."""
 
+    __slots__ = ()
 
-def _parent_link(
-    parent: Path | Manifest | None,
-    run: str,
-    step: int,
-    project: Project,
-) -> tuple[str | None, str | None]:
-    if parent is None:
-        return None, None
-    manifest = parent if isinstance(parent, Manifest) else read_manifest(parent)
-    if manifest.run != run:
-        raise UsageError(f"parent belongs to run {manifest.run!r}, not {run!r}", path=manifest.path)
-    if manifest.step >= step:
-        raise UsageError(
-            f"parent is at step {manifest.step}, not before step {step}", path=manifest.path
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """One line per checkpoint that is not an HDF5 file: its manifest signs the file's
+        digest only, with no per-dataset hashes, so a comparison or a replay of it can
+        say only "identical" or "different", never which data differ."""
+        return tuple(
+            f"{m.checkpoint_path}: not an HDF5 file: only its file digest is covered "
+            "(no per-dataset hashes)"
+            for m in self
+            if m.datasets is None
         )
-    return manifest.digest, project.relative(manifest.path)
-
-
-def sign_checkpoint(
-    checkpoint: Path,
-    digests: FileDigests,
-    *,
-    project: Project,
-    key: SigningKey,
-    run: str,
-    step: int,
-    seeds: Sequence[int] = (),
-    parent: Path | Manifest | None = None,
-    command: Sequence[str] | None = None,
-    cwd: Path | None = None,
-    attributes: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-    git: GitState | None = None,
-    allow_secret_files: bool = False,
-    write: bool = True,
-) -> Manifest:
-    """The signed manifest of a checkpoint whose digests are already known, checked as
-    every reader checks it, and written beside it unless ``write`` is False (then
-    :func:`publish_manifest` writes it: what a reader would refuse is refused before
-    anything is written).
-
-    This is the step the runtime uses after hashing the state in memory; ``extra`` adds
-    predicate fields (RNG states, restart count) that the schema defines. Without ``git``
-    the git state is read now, refusing a diff that carries a secret-looking file unless
-    ``allow_secret_files``.
-    """
-    parent_digest, parent_name = _parent_link(parent, run, step, project)
-    predicate: dict[str, Any] = {
-        "run": run,
-        "step": step,
-        "parent": parent_digest,
-        "parent_manifest": parent_name,
-        "created": utc_now(),
-        "size": digests.size,
-        "git": (
-            git
-            if git is not None
-            else git_state(project.root, allow_secret_files=allow_secret_files)
-        ).to_json_obj(),
-        "environment": environment(),
-        "seeds": [int(s) for s in seeds],
-        "datasets": None
-        if digests.datasets is None
-        else [d.to_json_obj() for d in digests.datasets],
-        "attributes": dict(attributes or {}),
-        "command": None if command is None else [str(a) for a in command],
-        "cwd": project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
-        **(extra or {}),
-    }
-    statement = build_statement(
-        subject_name=project.relative(checkpoint),
-        sha256=digests.sha256,
-        md5=digests.md5,
-        predicate=predicate,
-    )
-    try:
-        payload = canonical_json(statement)
-    except (ValueError, TypeError) as e:  # NaN, infinity, a value JSON cannot hold
-        raise UsageError(f"cannot be signed: {e}", path=checkpoint) from None
-    envelope = sign_envelope(payload, key)
-    manifest = parse_manifest(encode_envelope(envelope), manifest_path_for(checkpoint))
-    return publish_manifest(manifest) if write else manifest
-
-
-def publish_manifest(manifest: Manifest) -> Manifest:
-    """Write a signed manifest atomically (its bytes are the ones its digest is of)."""
-    try:
-        write_atomic(manifest.path, encode_envelope(manifest.envelope))
-    except OSError as e:
-        raise ManifestError(
-            f"cannot write manifest: {e.strerror or e}", path=manifest.path
-        ) from None
-    return manifest
 
 
 STEP_NAME = re.compile(r"step-([0-9]+)\.h5")
@@ -155,6 +66,22 @@ def _check_checkpoint_file(path: Path) -> None:
         raise CheckpointError(f"is {file_kind(mode)}, not a regular file", path=path)
 
 
+def _check_unsigned(path: Path) -> None:
+    """Refuse to sign a checkpoint again: its manifest may be a link of a chain, or
+    another signer's statement, and is replaced only when asked (``force``)."""
+    existing = manifest_path_for(path)
+    try:
+        mode = existing.lstat().st_mode
+    except OSError:
+        return  # none (or none that can be seen: writing it will say why)
+    if not stat.S_ISDIR(mode):  # a directory is no manifest: writing one will fail, saying so
+        raise UsageError(
+            f"already has a manifest, {existing.name}: to sign it again and replace that "
+            "manifest, give --force (force=True from Python)",
+            path=path,
+        )
+
+
 def _check_step_name(path: Path, step: int) -> None:
     named = STEP_NAME.fullmatch(path.name)
     if named is not None and int(named.group(1)) != step:
@@ -177,13 +104,16 @@ def snapshot(
     attributes: Mapping[str, Any] | None = None,
     cwd: Path | None = None,
     allow_secret_files: bool = False,
-) -> tuple[Manifest, ...]:
+    force: bool = False,
+) -> Snapshots:
     """Write a signed manifest beside each checkpoint (``CKPT.kaudit.json``).
 
     Each checkpoint is also tracked by DVC (a ``.dvc`` file beside it, its bytes linked
     into DVC's cache, a git-ignore entry). All checkpoints are read and hashed before
-    anything is written, so bad input leaves nothing behind. Raises
-    :class:`kronos_audit.errors.Error` subclasses.
+    anything is written, so bad input leaves nothing behind. A checkpoint that already has
+    a manifest is refused unless ``force`` (then its manifest is replaced). The result's
+    :attr:`~Snapshots.notes` name the checkpoints that are not HDF5, whose manifests cover
+    only the file digest. Raises :class:`kronos_audit.errors.Error` subclasses.
     """
     paths = (
         [Path(checkpoints)]
@@ -198,6 +128,8 @@ def snapshot(
         raise UsageError(f"step must be >= 0, got {step}")
     for p in paths:
         _check_checkpoint_file(p)
+        if not force:
+            _check_unsigned(p)
     signing_key = key if isinstance(key, SigningKey) else select_key(key)
     project = find_project(paths[0]).require_initialized()
     for p in paths[1:]:
@@ -247,4 +179,4 @@ def snapshot(
         assert d.md5 is not None
         track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
         manifests.append(publish_manifest(manifest))
-    return tuple(manifests)
+    return Snapshots(manifests)

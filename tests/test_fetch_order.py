@@ -30,8 +30,9 @@ from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.manifest import Manifest, encode_envelope
 from kronos_audit.project import Project
 from kronos_audit.provenance import git_state
+from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, generate_key, public_pem, sign_envelope
-from kronos_audit.snapshot import sign_checkpoint, snapshot
+from kronos_audit.snapshot import snapshot
 from kronos_audit.storage import cache_object_path, cache_settings, configure_remote, dvc_file_for
 
 STEPS = (10, 20, 30)

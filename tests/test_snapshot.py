@@ -17,7 +17,7 @@ from kronos_audit.manifest import manifest_path_for, read_manifest
 from kronos_audit.project import Project
 from kronos_audit.provenance import environment
 from kronos_audit.signing import SigningKey, generate_key
-from kronos_audit.snapshot import snapshot, utc_now
+from kronos_audit.snapshot import snapshot
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
 from kronos_audit.verify import verify
 
@@ -64,13 +64,6 @@ def test_snapshot_writes_a_signed_manifest_beside_the_checkpoint(
     assert m.subject_sha256 == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     assert [s.keyid for s in m.envelope.signatures] == [key.key_id]
     assert verify(m.path)[0].ok
-
-
-def test_utc_now_is_rfc3339_utc() -> None:
-    stamp = utc_now()
-    assert stamp.endswith("Z")
-    parsed = dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
-    assert abs(dt.datetime.now(dt.UTC) - parsed) < dt.timedelta(minutes=5)
 
 
 def test_several_checkpoints_get_one_manifest_each(project: Project, key: SigningKey) -> None:
@@ -383,3 +376,95 @@ def test_a_step_name_must_agree_with_the_step(
         result, str(ckpt), f"the name says step {said}, but the step to sign is {step}"
     )
     nothing_written(ckpt)
+
+
+# -- a checkpoint is signed once, unless asked; what a manifest cannot cover is said ----------
+
+
+def recorded_state(ckpt: Path) -> dict[str, bytes]:
+    """The bytes of everything snapshot writes for ``ckpt``."""
+    return {
+        p.name: p.read_bytes()
+        for p in (manifest_path_for(ckpt), dvc_file_for(ckpt), ckpt.parent / ".gitignore")
+    }
+
+
+def test_a_checkpoint_with_a_manifest_is_not_signed_again_unless_forced(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (first,) = snapshot(checkpoint, run="r", step=1, seeds=[1])
+    before = recorded_state(checkpoint)
+    with pytest.raises(UsageError) as info:
+        snapshot(checkpoint, run="r", step=1, seeds=[2])
+    assert str(info.value) == (
+        f"{checkpoint}: already has a manifest, step-00000001.h5.kaudit.json: to sign it "
+        "again and replace that manifest, give --force (force=True from Python)"
+    )
+    assert info.value.exit_code == 2
+    assert recorded_state(checkpoint) == before
+    (second,) = snapshot(checkpoint, run="r", step=1, seeds=[2], force=True)
+    assert second.predicate["seeds"] == (2,)
+    assert read_manifest(manifest_path_for(checkpoint)) == second != first
+    assert verify(second.path)[0].ok
+
+
+def test_one_signed_checkpoint_among_several_leaves_the_others_unsigned(
+    project: Project, key: SigningKey
+) -> None:
+    signed = write_checkpoint(project.root / "ck" / "a.h5", seed=1)
+    fresh = write_checkpoint(project.root / "other" / "b.h5", seed=2)
+    snapshot(signed, run="r", step=0)
+    with pytest.raises(UsageError, match="already has a manifest") as info:
+        snapshot([fresh, signed], run="r", step=0)
+    assert info.value.path == signed
+    nothing_written(fresh)
+
+
+def test_the_cli_refuses_to_sign_again_in_one_line_and_forces(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    assert run_cli(*snapshot_cli(checkpoint)).exit_code == 0
+    before = recorded_state(checkpoint)
+    assert_bad_input(
+        run_cli(*snapshot_cli(checkpoint), "--seed", "9"),
+        str(checkpoint),
+        "already has a manifest",
+        "--force",
+        no_stdout=True,
+    )
+    assert recorded_state(checkpoint) == before
+    forced = run_cli(*snapshot_cli(checkpoint), "--seed", "9", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert forced.stdout == f"{manifest_path_for(checkpoint)}\n"
+    assert read_manifest(manifest_path_for(checkpoint)).predicate["seeds"] == (9,)
+
+
+def test_a_non_hdf5_checkpoint_is_said_to_be_covered_by_its_file_digest_only(
+    project: Project, key: SigningKey
+) -> None:
+    blob = project.root / "ck" / "model.pt"
+    blob.parent.mkdir()
+    blob.write_bytes(b"weights" * 1000)
+    h5 = write_checkpoint(project.root / "ck" / "state.h5")
+    done = snapshot([h5, blob], run="r", step=0)
+    assert [m.path for m in done] == [manifest_path_for(h5), manifest_path_for(blob)]
+    assert done.notes == (
+        f"{blob}: not an HDF5 file: only its file digest is covered (no per-dataset hashes)",
+    )
+    assert snapshot(write_checkpoint(project.root / "ck" / "other.h5"), run="r", step=0).notes == ()
+
+
+def test_the_cli_notes_a_non_hdf5_checkpoint_on_stderr(project: Project, key: SigningKey) -> None:
+    blob = project.root / "ck" / "model.pt"
+    blob.parent.mkdir()
+    blob.write_bytes(b"weights" * 1000)
+    result = run_cli(*snapshot_cli(blob, 0))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{manifest_path_for(blob)}\n"  # the result alone
+    assert result.stderr == (
+        f"kaudit: note: {blob}: not an HDF5 file: only its file digest is covered "
+        "(no per-dataset hashes)\n"
+    )
+    quiet = run_cli("-q", *snapshot_cli(blob, 0), "--force")
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr == ""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kronos_audit.cli._app import Column, error_json, fail_line, out, plain, safe, settings
+from kronos_audit.cli._app import Column, err, error_json, fail_line, out, plain, safe, settings
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
 
@@ -333,6 +333,7 @@ def _parse_attr(values: tuple[str, ...]) -> dict[str, Any]:
     help="Record the uncommitted diff even if it carries a file that looks like a secret "
     "(.env, *.pem, *.key, id_* ...); without it such a diff is refused.",
 )
+@click.option("--force", is_flag=True, help="Sign again a checkpoint that has a manifest.")
 def snapshot(
     checkpoints: tuple[Path, ...],
     run_id: str,
@@ -343,10 +344,12 @@ def snapshot(
     attrs: tuple[str, ...],
     key: str | None,
     allow_secret_files: bool,
+    force: bool,
 ) -> None:
     """Write a signed manifest beside each checkpoint (CKPT.kaudit.json).
 
-    Prints the path of each manifest written.
+    Prints the path of each manifest written. A checkpoint that is not HDF5 is signed by
+    its file digest only (a note on stderr says so).
 
     \b
     Example:
@@ -369,9 +372,12 @@ def snapshot(
         key=key,
         attributes=_parse_attr(attrs),
         allow_secret_files=allow_secret_files,
+        force=force,
     )
     for m in manifests:
         click.echo(plain(m.path))
+    for note in manifests.notes:
+        err.note(f"kaudit: note: {safe(note)}")  # not with --quiet
 
 
 def _print_result(r: VerifyResult) -> None:

@@ -64,7 +64,7 @@ from kronos_audit.replay.interface import (
 )
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
-from kronos_audit.snapshot import utc_now
+from kronos_audit.sign import utc_now
 from kronos_audit.trust import TrustOptions
 
 

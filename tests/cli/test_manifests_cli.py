@@ -204,7 +204,7 @@ def test_snapshot_with_two_keys_and_no_choice_names_both(
     assert read_manifest(manifest_path_for(checkpoint)).envelope.signatures[0].keyid == (
         other.key_id
     )
-    assert snapshot_cli(checkpoint, "--key", "tester").exit_code == 0  # --key wins
+    assert snapshot_cli(checkpoint, "--key", "tester", "--force").exit_code == 0  # --key wins
     assert read_manifest(manifest_path_for(checkpoint)).envelope.signatures[0].keyid == (key.key_id)
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from kronos_audit.manifest import Manifest, read_manifest
     from kronos_audit.runtime import (
         AnyOf,
+        AtFinalStep,
         Auto,
         CheckpointSkipped,
         EverySeconds,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         Ledger,
         Never,
         OnPreemption,
+        PreemptedWithoutCheckpoint,
         Run,
         SaveContext,
         SavePolicy,
@@ -65,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         (
             "AnyOf",
+            "AtFinalStep",
             "Auto",
             "CheckpointSkipped",
             "EverySeconds",
@@ -72,6 +75,7 @@ _EXPORTS: dict[str, str] = {
             "Ledger",
             "Never",
             "OnPreemption",
+            "PreemptedWithoutCheckpoint",
             "Run",
             "SaveContext",
             "SavePolicy",
@@ -99,6 +103,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AnyOf",
+    "AtFinalStep",
     "Auto",
     "BisectError",
     "Check",
@@ -113,6 +118,7 @@ __all__ = [
     "ManifestError",
     "Never",
     "OnPreemption",
+    "PreemptedWithoutCheckpoint",
     "ProjectError",
     "ReplayError",
     "Run",

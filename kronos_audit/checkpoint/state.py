@@ -31,8 +31,30 @@ def text_array(text: str) -> np.ndarray[Any, Any]:
     return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
 
 
+def type_name(value: object) -> str:
+    """How an error names the type of ``value``: ``None``, or the class's own name
+    (``ndarray``, ``list``), never ``NoneType``."""
+    return "None" if value is None else type(value).__name__
+
+
+def a_type(value: object) -> str:
+    """:func:`type_name` with its article: ``None``, ``a list``, ``an object``."""
+    if value is None:
+        return "None"
+    name = type_name(value)
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def require_mapping(state: object) -> None:
+    """Refuse a state that is not a mapping of names to values, in one line."""
+    if not isinstance(state, Mapping):
+        raise UsageError(f"state must be a mapping of names to arrays, got {type_name(state)}")
+
+
 def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[Any, Any]]:
     """``/path -> array`` for every leaf; raise UsageError for what HDF5 cannot hold."""
+    if not prefix:
+        require_mapping(state)
     out: dict[str, np.ndarray[Any, Any]] = {}
     for key, value in state.items():
         if not isinstance(key, str) or not key or "/" in key or key in (".", ".."):
@@ -51,7 +73,7 @@ def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[
             out[path] = array
         else:
             raise UsageError(
-                f"state {path}: a {type(value).__name__} cannot be stored; "
+                f"state {path}: {a_type(value)} cannot be stored; "
                 "use numpy arrays, numbers, strings or nested dicts of them"
             )
     return out

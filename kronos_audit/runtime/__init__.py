@@ -3,6 +3,7 @@
 from kronos_audit.runtime.batches import Ledger, batch_rng
 from kronos_audit.runtime.policy import (
     AnyOf,
+    AtFinalStep,
     Auto,
     EverySeconds,
     EverySteps,
@@ -11,10 +12,12 @@ from kronos_audit.runtime.policy import (
     SaveContext,
     SavePolicy,
 )
-from kronos_audit.runtime.run import CheckpointSkipped, Run
+from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.runtime.run import PreemptedWithoutCheckpoint, Run
 
 __all__ = [
     "AnyOf",
+    "AtFinalStep",
     "Auto",
     "CheckpointSkipped",
     "EverySeconds",
@@ -22,6 +25,7 @@ __all__ = [
     "Ledger",
     "Never",
     "OnPreemption",
+    "PreemptedWithoutCheckpoint",
     "Run",
     "SaveContext",
     "SavePolicy",

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kronos_audit.checkpoint.state import flatten, unflatten
+from kronos_audit.checkpoint.state import a_type, flatten, unflatten
 from kronos_audit.errors import UsageError
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ class Ledger:
         if not isinstance(result, Mapping | np.ndarray | np.generic | int | float | bool):
             raise UsageError(
                 f"batch {index}: a result is an array, a number or a dict of them, "
-                f"not a {type(result).__name__}"
+                f"not {a_type(result)}"
             )
         frozen = _frozen_copy(result)
         layout = {k: (a.shape, a.dtype) for k, a in self._fields(frozen).items()}

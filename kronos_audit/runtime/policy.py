@@ -1,12 +1,20 @@
 """When to write a checkpoint: small policies the run loop asks after every step.
 
 A policy is anything with ``should_save(ctx) -> bool`` (:class:`SavePolicy`); the run loop
-builds a :class:`SaveContext` after each step and saves when the policy says so. The
+builds a :class:`SaveContext` after each step and saves when the policy says so, and only
+then: the final step and a preemption are in the context, not added by the loop. The
 implementations are tiny frozen dataclasses, combined with ``|`` ("save when any says
 so")::
 
-    policy = Auto("24h") | OnPreemption()
-    policy = EverySteps(1000) | EverySeconds(3600) | OnPreemption()
+    policy = Auto("24h")                                   # interval, final step, preemption
+    policy = EverySteps(1000) | EverySeconds(3600)
+    policy = EverySteps(1000, final=False, on_preemption=False) | AtFinalStep()
+    policy = OnPreemption()                                # only when asked to stop
+
+The interval policies (:class:`EverySteps`, :class:`EverySeconds`, :class:`Auto`) also save
+at the final step and on preemption, unless told not to (``final=False``,
+``on_preemption=False``). :class:`OnPreemption` saves on preemption only,
+:class:`AtFinalStep` at the final step only, :class:`Never` never.
 
 Policies keep no state: everything they need (the last checkpoint's step and time, the
 measured cost of checkpoints) is in the context, so one policy serves a run across
@@ -41,7 +49,11 @@ class SaveContext:
     """Mean seconds a checkpoint took to become durable in the background (``None``
     before the first)."""
     preempted: bool
-    """A preemption signal arrived."""
+    """A preemption signal arrived: the run exits (status 75) after this step, with a
+    checkpoint of it if the policy saves."""
+    final: bool = False
+    """This is the last step the run does (the last of ``run.steps(n)``, or the batch that
+    completes ``run.batches(n)``)."""
 
 
 @runtime_checkable
@@ -62,6 +74,33 @@ class _Combinable:
 
     def __ror__(self, other: SavePolicy) -> AnyOf:
         return AnyOf((other, self))
+
+
+@dataclass(frozen=True)
+class _Interval(_Combinable):
+    """Base of the interval policies: save when the interval is :meth:`due`, and also at
+    the final step and on preemption unless those are turned off."""
+
+    final: bool = field(default=True, kw_only=True)
+    """Also save at the final step (so a finished run restarts as a no-op)."""
+    on_preemption: bool = field(default=True, kw_only=True)
+    """Also save when a preemption signal arrived (so the work since the last checkpoint
+    is not lost)."""
+
+    def __post_init__(self) -> None:
+        for name in ("final", "on_preemption"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise UsageError(
+                    f"{type(self).__name__}: {name} must be True or False, got {value!r}"
+                )
+
+    def due(self, ctx: SaveContext) -> bool:
+        """The interval has passed."""
+        raise NotImplementedError
+
+    def should_save(self, ctx: SaveContext) -> bool:
+        return self.due(ctx) or (self.final and ctx.final) or (self.on_preemption and ctx.preempted)
 
 
 def _positive_seconds(owner: str, name: str, value: float | str) -> float:
@@ -102,8 +141,9 @@ class AnyOf(_Combinable):
 
 
 @dataclass(frozen=True)
-class EverySteps(_Combinable):
-    """Saves every ``n`` steps: when ``step - last_step >= n``.
+class EverySteps(_Interval):
+    """Saves every ``n`` steps: when ``step - last_step >= n``; also at the final step and
+    on preemption (``final=False``, ``on_preemption=False`` to opt out).
 
     From a fresh start (no checkpoint yet) it counts from step 0, so it saves at steps
     n, 2n, 3n, ...; after a restore from step s it saves at s + n, s + 2n, ...
@@ -115,29 +155,34 @@ class EverySteps(_Combinable):
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n <= 0:
             raise UsageError(f"EverySteps: n must be a positive integer, got {self.n!r}")
+        super().__post_init__()
 
-    def should_save(self, ctx: SaveContext) -> bool:
+    def due(self, ctx: SaveContext) -> bool:
         since = 0 if ctx.last_step is None else ctx.last_step
         return ctx.step - since >= self.n
 
 
 @dataclass(frozen=True)
-class EverySeconds(_Combinable):
-    """Saves when ``t`` seconds have passed since the last checkpoint (or the start)."""
+class EverySeconds(_Interval):
+    """Saves when ``t`` seconds have passed since the last checkpoint (or the start); also
+    at the final step and on preemption (``final=False``, ``on_preemption=False`` to opt
+    out)."""
 
     t: float
     """Seconds between checkpoints (positive)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "t", _positive_seconds("EverySeconds", "t", self.t))
+        super().__post_init__()
 
-    def should_save(self, ctx: SaveContext) -> bool:
+    def due(self, ctx: SaveContext) -> bool:
         return ctx.now - ctx.last_time >= self.t
 
 
 @dataclass(frozen=True)
-class Auto(_Combinable):
-    """Daly's optimum interval from the checkpoint cost measured as the run goes.
+class Auto(_Interval):
+    """Daly's optimum interval from the checkpoint cost measured as the run goes; also at
+    the final step and on preemption (``final=False``, ``on_preemption=False`` to opt out).
 
     The cost that matters is the time the loop loses to a checkpoint: with background
     writing that is the stall (the copy to host memory and hand-off), not the write.
@@ -164,6 +209,7 @@ class Auto(_Combinable):
     def __post_init__(self) -> None:
         object.__setattr__(self, "mtbf", _positive_seconds("Auto", "mtbf", self.mtbf))
         object.__setattr__(self, "initial", _positive_seconds("Auto", "initial", self.initial))
+        super().__post_init__()
 
     @property
     def mtbf_seconds(self) -> float:
@@ -177,21 +223,33 @@ class Auto(_Combinable):
         floor = self.initial if ctx.write_time is None else ctx.write_time
         return max(daly(max(ctx.stall, 0.0), self.mtbf_seconds), floor)
 
-    def should_save(self, ctx: SaveContext) -> bool:
+    def due(self, ctx: SaveContext) -> bool:
         return ctx.now - ctx.last_time >= self.interval(ctx)
 
 
 @dataclass(frozen=True)
 class OnPreemption(_Combinable):
-    """Saves when a preemption signal has arrived (combine it with a periodic policy)."""
+    """Saves when a preemption signal has arrived, and at no other time (the interval
+    policies already include it; combine it with :class:`AtFinalStep` or a policy of
+    your own)."""
 
     def should_save(self, ctx: SaveContext) -> bool:
         return ctx.preempted
 
 
 @dataclass(frozen=True)
+class AtFinalStep(_Combinable):
+    """Saves at the final step only (the interval policies already include it)."""
+
+    def should_save(self, ctx: SaveContext) -> bool:
+        return ctx.final
+
+
+@dataclass(frozen=True)
 class Never(_Combinable):
-    """Never saves (e.g. a run too short to checkpoint, or only ``| OnPreemption()``)."""
+    """Never saves: not at the final step, not on preemption (a preempted run then exits
+    without a checkpoint, and warns). For a program that only restores (to evaluate the
+    newest checkpoint, say) or a run too short to be worth a checkpoint."""
 
     def should_save(self, ctx: SaveContext) -> bool:
         return False
@@ -199,6 +257,7 @@ class Never(_Combinable):
 
 __all__ = [
     "AnyOf",
+    "AtFinalStep",
     "Auto",
     "EverySeconds",
     "EverySteps",

@@ -307,3 +307,85 @@ def test_failing_background_write_surfaces_and_keeps_the_last_checkpoint(
     assert newest_step(run_dir) == 1
     (result,) = ka.verify(run_dir)
     assert result.ok, result.failures
+
+
+POLICY_PROGRAM = """
+import sys, time
+import numpy as np
+import kronos_audit as ka
+every = {"on-preemption": ka.OnPreemption(), "never": ka.Never()}[sys.argv[2]]
+with ka.Run("p", seed=3, every=every) as run:
+    state = run.restore()
+    print("restored", run.step, flush=True)
+    if state is None:
+        state = {"x": np.zeros(1000)}
+    for step in run.steps(int(sys.argv[1])):
+        state = {"x": state["x"] + run.rng.random(1000)}
+        time.sleep(0.02)
+        run.checkpoint(step, state)
+print("finished", flush=True)
+"""
+
+
+def preempt(project: Project, policy: str) -> tuple[subprocess.Popen[str], int, str, str]:
+    """Run POLICY_PROGRAM under ``policy``, SIGTERM it after five steps; return the
+    process, the step it had reached, and its output."""
+    program = project.root / "policy.py"
+    program.write_text(POLICY_PROGRAM)
+    progress_file = project.root / "progress.bin"
+    progress = Progress(progress_file)
+    proc = subprocess.Popen(
+        [sys.executable, str(program), "100000", policy],
+        cwd=project.root,
+        env={**os.environ, PROGRESS_ENV: str(progress_file)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: progress.read()[0] >= 5, "five steps")
+        reached = progress.read()[0]
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        proc.kill()
+    return proc, reached, stdout, stderr
+
+
+def test_on_preemption_saves_on_sigterm_and_at_no_other_time(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = project.root / "checkpoints" / "p"
+    program = project.root / "policy.py"
+    program.write_text(POLICY_PROGRAM)
+    done = subprocess.run(
+        [sys.executable, str(program), "8", "on-preemption"],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "finished" in done.stdout
+    assert list(run_dir.iterdir()) == []  # not even the final step
+    proc, reached, _, stderr = preempt(project, "on-preemption")
+    assert proc.returncode == PREEMPTED_EXIT, stderr
+    saved = newest_step(run_dir)
+    assert reached <= saved <= reached + 1  # at the step the signal arrived, or the next
+    assert sorted(p.name for p in run_dir.glob("*.h5")) == [f"step-{saved:08d}.h5"]  # only it
+    (result,) = ka.verify(run_dir)
+    assert result.ok, result.failures
+    assert "PreemptedWithoutCheckpoint" not in stderr
+
+
+def test_never_exits_75_on_sigterm_without_a_checkpoint_and_says_so(
+    project: Project, key: SigningKey
+) -> None:
+    proc, reached, _, stderr = preempt(project, "never")
+    assert proc.returncode == PREEMPTED_EXIT, stderr
+    assert list((project.root / "checkpoints" / "p").iterdir()) == []
+    assert "PreemptedWithoutCheckpoint: preempted at step " in stderr
+    assert "did not checkpoint: exiting with status 75, and a restart resumes from the start" in (
+        stderr
+    )
+    said = int(stderr.split("preempted at step ")[1].split(",")[0])
+    assert reached <= said <= reached + 1

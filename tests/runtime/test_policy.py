@@ -11,6 +11,7 @@ from kronos_audit.errors import UsageError
 from kronos_audit.runtime.interval import daly
 from kronos_audit.runtime.policy import (
     AnyOf,
+    AtFinalStep,
     Auto,
     EverySeconds,
     EverySteps,
@@ -191,3 +192,91 @@ def test_auto_composes_with_preemption() -> None:
     p = Auto("6h") | OnPreemption()
     assert not p.should_save(ctx(now=START + 1.0))
     assert p.should_save(ctx(now=START + 1.0, preempted=True))
+
+
+# -- the final step and preemption: policies decide, composed, never the loop ----------------
+
+INTERVALS = [EverySteps(10**6), EverySeconds(1e9), Auto("24h")]
+
+
+@pytest.mark.parametrize("policy", INTERVALS, ids=repr)
+def test_interval_policies_also_save_at_the_final_step_and_on_preemption(
+    policy: EverySteps | EverySeconds | Auto,
+) -> None:
+    assert not policy.should_save(ctx(step=3))  # the interval is far off
+    assert policy.should_save(ctx(step=3, final=True))
+    assert policy.should_save(ctx(step=3, preempted=True))
+
+
+@pytest.mark.parametrize("policy", INTERVALS, ids=repr)
+def test_interval_policies_opt_out_of_the_final_step_and_preemption(
+    policy: EverySteps | EverySeconds | Auto,
+) -> None:
+    bare = replace(policy, final=False, on_preemption=False)
+    assert not bare.should_save(ctx(step=3, final=True))
+    assert not bare.should_save(ctx(step=3, preempted=True))
+    only_final = replace(policy, on_preemption=False)
+    assert only_final.should_save(ctx(step=3, final=True))
+    assert not only_final.should_save(ctx(step=3, preempted=True))
+    only_preemption = replace(policy, final=False)
+    assert not only_preemption.should_save(ctx(step=3, final=True))
+    assert only_preemption.should_save(ctx(step=3, preempted=True))
+    # The interval itself is untouched by the opt-outs.
+    assert EverySteps(5, final=False, on_preemption=False).should_save(ctx(step=5))
+    assert EverySeconds(60.0, final=False).should_save(ctx(now=START + 60.0))
+
+
+def test_the_opt_outs_are_keywords_and_booleans() -> None:
+    assert EverySteps(5, final=False) != EverySteps(5)
+    assert Auto("24h", initial=60.0, on_preemption=False).on_preemption is False
+    with pytest.raises(TypeError):
+        EverySteps(5, False)  # type: ignore[misc]
+    with pytest.raises(UsageError, match="EverySeconds: final must be True or False, got 'no'"):
+        EverySeconds(60.0, final="no")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="Auto: on_preemption must be True or False, got 1"):
+        Auto("24h", on_preemption=1)  # type: ignore[arg-type]
+
+
+def test_at_final_step_saves_at_the_final_step_only() -> None:
+    assert AtFinalStep().should_save(ctx(final=True))
+    assert not AtFinalStep().should_save(ctx(preempted=True, now=START + 1e9, step=10**9))
+
+
+def test_on_preemption_does_not_save_at_the_final_step() -> None:
+    assert not OnPreemption().should_save(ctx(final=True))
+    assert OnPreemption().should_save(ctx(final=True, preempted=True))
+
+
+def test_never_saves_neither_at_the_final_step_nor_on_preemption() -> None:
+    assert not Never().should_save(ctx(final=True, preempted=True, now=START + 1e9))
+
+
+def test_composition_saves_exactly_when_one_part_does() -> None:
+    bare = EverySteps(10, final=False, on_preemption=False)
+    p = bare | OnPreemption() | AtFinalStep()
+    assert p.policies == (bare, OnPreemption(), AtFinalStep())
+    assert [
+        p.should_save(ctx(step=3, **c)) for c in ({}, {"final": True}, {"preempted": True})
+    ] == [
+        False,
+        True,
+        True,
+    ]
+    assert p.should_save(ctx(step=10))
+    assert not (Never() | AtFinalStep()).should_save(ctx(preempted=True))
+    assert (Never() | AtFinalStep()).should_save(ctx(final=True))
+
+
+def test_a_policy_of_ones_own_sees_the_final_step_and_preemption() -> None:
+    class LastOrStop:
+        def should_save(self, ctx: SaveContext) -> bool:
+            return ctx.final or ctx.preempted
+
+    assert isinstance(LastOrStop(), SavePolicy)
+    assert not LastOrStop().should_save(ctx(step=5))
+    assert LastOrStop().should_save(ctx(step=5, final=True))
+    assert LastOrStop().should_save(ctx(step=5, preempted=True))
+
+
+def test_the_context_is_not_final_unless_told() -> None:
+    assert ctx().final is False

@@ -232,3 +232,159 @@ def test_a_half_given_replay_instruction_is_refused(
     monkeypatch.delenv("KAUDIT_OUT", raising=False)
     with pytest.raises(UsageError, match="KAUDIT_OUT"):
         ka.Run("x", root=project.root / "checkpoints")
+
+
+# -- the policy alone decides: the final step and preemption are in its context -------------
+
+
+def loop(root: Path, n: int, policy: ka.SavePolicy | None, run_id: str = "p") -> list[bool]:
+    """A small deterministic loop under ``policy``; returns what checkpoint() returned."""
+    taken = []
+    with ka.Run(run_id, root=root, seed=42, every=policy) as run:
+        state = run.restore() or {"u": np.zeros(8)}
+        for step in run.steps(n):
+            state = {"u": state["u"] + run.rng.random(8)}
+            taken.append(run.checkpoint(step, state))
+    return taken
+
+
+def test_never_writes_nothing_in_a_real_run(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    assert loop(root, 12, ka.Never()) == [False] * 12
+    assert list((root / "p").iterdir()) == []  # not the final step either: no data, no manifest
+
+
+def test_at_final_step_writes_the_last_step_only(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    assert loop(root, 12, ka.AtFinalStep()) == [False] * 11 + [True]
+    assert steps_on_disk(root / "p") == [12]
+
+
+def test_an_interval_policy_saves_at_the_final_step_unless_told_not_to(
+    project: Project, key: SigningKey
+) -> None:
+    root = project.root / "checkpoints"
+    loop(root, 12, ka.EverySteps(5), run_id="default")
+    assert steps_on_disk(root / "default") == [5, 10, 12]
+    loop(root, 12, ka.EverySteps(5, final=False), run_id="bare")
+    assert steps_on_disk(root / "bare") == [5, 10]
+    loop(root, 12, ka.EverySteps(5, final=False) | ka.AtFinalStep(), run_id="composed")
+    assert steps_on_disk(root / "composed") == [5, 10, 12]
+    loop(root, 12, None, run_id="unset")  # EverySeconds(600): only the final step, so soon
+    assert steps_on_disk(root / "unset") == [12]
+
+
+def test_a_policy_of_ones_own_is_asked_as_it_is(project: Project, key: SigningKey) -> None:
+    seen: list[tuple[int, bool, bool]] = []
+
+    class Record:
+        def should_save(self, ctx: ka.SaveContext) -> bool:
+            seen.append((ctx.step, ctx.final, ctx.preempted))
+            return ctx.step == 2
+
+    root = project.root / "checkpoints"
+    assert loop(root, 4, Record()) == [False, True, False, False]
+    assert seen == [(1, False, False), (2, False, False), (3, False, False), (4, True, False)]
+    assert steps_on_disk(root / "p") == [2]  # nothing added at the final step
+
+
+def test_a_batched_runs_final_batch_is_in_the_context(project: Project, key: SigningKey) -> None:
+    finals: list[bool] = []
+
+    class Final:
+        def should_save(self, ctx: ka.SaveContext) -> bool:
+            finals.append(ctx.final)
+            return ctx.final
+
+    root = project.root / "checkpoints"
+    with ka.Run("mc", root=root, seed=9, every=Final()) as run:
+        run.restore()
+        for i, rng in run.batches(4):
+            run.record(i, {"sum": rng.standard_normal(10).sum()})
+            run.checkpoint(i, {})
+    assert finals == [False, False, False, True]
+    assert steps_on_disk(root / "mc") == [4]
+
+
+def test_a_replay_writes_its_step_whatever_the_programs_policy(
+    project: Project, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kronos_audit.checkpoint.hashing import digest_file
+
+    root = project.root / "checkpoints"
+    loop(root, 12, ka.EverySteps(4), run_id="rec")
+    recorded = ka.read_manifest(root / "rec" / "step-00000008.h5.kaudit.json")
+    out = tmp_path / "out"
+    monkeypatch.setenv("KAUDIT_STOP_AT", "8")
+    monkeypatch.setenv("KAUDIT_OUT", str(out))
+    monkeypatch.setenv("KAUDIT_RESUME_FROM", str(root / "rec" / "step-00000004.h5"))
+    for policy in (ka.Never(), ka.OnPreemption(), ka.EverySteps(1)):
+        for leftover in out.glob("*"):
+            leftover.unlink()
+        with pytest.raises(SystemExit) as stopped:
+            loop(root, 12, policy, run_id="rec")
+        assert stopped.value.code == 0
+        assert [p.name for p in out.iterdir()] == ["step-00000008.h5"]  # step N, and only it
+        assert digest_file(out / "step-00000008.h5").datasets == recorded.datasets
+    assert steps_on_disk(root / "rec") == [4, 8, 12]
+
+
+def test_the_state_is_flattened_once_per_checkpoint(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kronos_audit.runtime import run as run_module
+
+    calls: list[int] = []
+    real = run_module.flatten
+
+    def counting(state: Any, prefix: str = "") -> Any:
+        calls.append(1)
+        return real(state, prefix)
+
+    monkeypatch.setattr(run_module, "flatten", counting)
+    root = project.root / "checkpoints"
+    assert loop(root, 3, ka.EverySteps(1)) == [True, True, True]
+    assert len(calls) == 3  # the first checkpoint too: one flatten warms and stages it
+    calls.clear()
+    assert loop(root, 6, ka.EverySteps(2), run_id="q") == [False, True, False, True, False, True]
+    assert len(calls) == 4  # the first offer (to warm the buffers), then once per save
+
+
+# -- clear errors at the API's edge -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        (np.zeros(3), "state must be a mapping of names to arrays, got ndarray"),
+        (None, "state must be a mapping of names to arrays, got None"),
+        ([("x", 1)], "state must be a mapping of names to arrays, got list"),
+        ({"x": None}, "state /x: None cannot be stored; "),
+        ({"x": {"y": [1, 2]}}, "state /x/y: a list cannot be stored; "),
+        ({"x": object()}, "state /x: an object cannot be stored; "),
+    ],
+)
+def test_a_state_that_cannot_be_stored_is_one_clear_line(
+    project: Project, key: SigningKey, state: Any, message: str
+) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("bad", root=root, seed=1, every=ka.EverySteps(1)) as run:
+        with pytest.raises(UsageError) as info:
+            run.checkpoint(1, state)
+        run.checkpoint(2, {"x": np.zeros(3)})  # the run goes on
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+    assert "NoneType" not in str(info.value)
+    assert steps_on_disk(root / "bad") == [2]
+
+
+def test_a_batch_result_of_none_is_named_properly() -> None:
+    with pytest.raises(UsageError, match=r"a dict of them, not None$"):
+        ka.Ledger().record(0, None)
+    with pytest.raises(UsageError, match=r"a dict of them, not a list$"):
+        ka.Ledger().record(0, [1.0])
+
+
+def test_every_must_be_a_policy(project: Project, key: SigningKey) -> None:
+    with pytest.raises(UsageError, match=r"every must be a save policy .* got int$"):
+        ka.Run("x", root=project.root / "checkpoints", every=10)  # type: ignore[arg-type]

@@ -1,0 +1,315 @@
+"""Where a run's checkpoints go and what they become: the run loop's publisher.
+
+:class:`~kronos_audit.runtime.run.Run` does the same loop whoever runs it; what differs is
+asked of its :class:`Publisher`:
+
+- :class:`SignedPublisher`, a normal run: checkpoints in ``<root>/<run>/``, each tracked by
+  DVC, signed with a manifest chained to the previous one, old ones pruned by signed
+  retention, optionally pushed; restore takes the newest that verifies.
+- :class:`ReplayPublisher`, a run under ``kaudit replay`` (a :class:`~kronos_audit.runtime.
+  protocol.ReplayInstruction` in the environment): resume from the checkpoint the replay
+  names, stop at its step N whatever the program's policy, write that one checkpoint
+  unsigned into the replay's directory for comparison, and exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kronos_audit._internal.fsutil import fsync_dir
+from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
+from kronos_audit.errors import Error, UsageError
+from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
+from kronos_audit.project import Project, find_project
+from kronos_audit.provenance import GitState, git_state
+from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
+from kronos_audit.runtime.protocol import (
+    ReplayInstruction,
+    restart_count,
+    step_of,
+)
+from kronos_audit.runtime.retention import Retention, prune, pruned_record
+from kronos_audit.sign import sign_checkpoint
+from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.tracking import track
+from kronos_audit.trust import Anchor, TrustOptions, load_keyring
+from kronos_audit.verify import Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
+
+
+class CheckpointSkipped(UserWarning):
+    """restore() passed over a checkpoint that is not valid (and says why)."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run resumes from."""
+
+    path: Path
+    """Its file."""
+    step: int
+    """The step it holds."""
+
+
+class Publisher(Protocol):
+    """What the run loop asks about where its checkpoints go and what they become."""
+
+    @property
+    def directory(self) -> Path:
+        """Where the checkpoints are written (``step-<N:08d>.h5``)."""
+        ...
+
+    @property
+    def exits_after_final(self) -> bool:
+        """Once the final step's checkpoint is durable, the process exits (status 0)."""
+        ...
+
+    @property
+    def push_failures(self) -> list[str]:
+        """Background pushes that failed (the checkpoints stay safe locally)."""
+        ...
+
+    def open(self) -> None:
+        """Get ready to publish, before the run writes anything (raises what stops it)."""
+        ...
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        """The policy the loop asks, given the one the program asked for."""
+        ...
+
+    def last_step(self, asked: int) -> int:
+        """The last step (or batch count) the run does, given the one the program asked
+        for."""
+        ...
+
+    def resume_point(self) -> ResumePoint | None:
+        """The checkpoint to resume from; None: start afresh."""
+        ...
+
+    def publish(self, job: Job, tmp: Path, final: Path) -> None:
+        """Write ``job`` to ``tmp``, move it to ``final`` durably, and whatever else a
+        checkpoint becomes (on the writer's background thread)."""
+        ...
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+class SignedPublisher:
+    """A normal run: signed, DVC-tracked, chained checkpoints in ``directory``."""
+
+    exits_after_final = False
+
+    def __init__(
+        self,
+        run_id: str,
+        directory: Path,
+        *,
+        seed: int,
+        key: str | SigningKey | None,
+        attributes: Mapping[str, Any],
+        retention: Retention,
+        push: bool,
+        allow_secret_files: bool,
+    ) -> None:
+        self.run_id = run_id
+        self._directory = directory
+        self.seed = seed
+        self.attributes = dict(attributes)
+        self.retention = retention
+        self.push = push
+        self.allow_secret_files = allow_secret_files
+        self._push_failures: list[str] = []
+        self._key_arg = key
+        self._project: Project | None = None
+        self._key: SigningKey | None = None
+        self._git: GitState | None = None
+        self._storage: Storage | None = None
+        self._parent: Manifest | None = None
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def push_failures(self) -> list[str]:
+        return self._push_failures
+
+    def open(self) -> None:
+        self._project = find_project(self.directory).require_initialized()
+        self._key = (
+            self._key_arg if isinstance(self._key_arg, SigningKey) else select_key(self._key_arg)
+        )
+        # The code this process runs is what it loaded now, whatever the checkout
+        # becomes. Read before anything is written: a refused diff leaves nothing.
+        self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        return asked
+
+    def last_step(self, asked: int) -> int:
+        return asked
+
+    def _opened(self) -> tuple[Project, SigningKey]:
+        if self._project is None or self._key is None:
+            raise UsageError("use the Run inside a `with` block")
+        return self._project, self._key
+
+    def resume_point(self) -> ResumePoint | None:
+        """The newest checkpoint that verifies, signed by an anchored key or this run's
+        own; the ones passed over are named in a :class:`CheckpointSkipped` warning."""
+        project, key = self._opened()
+        # Resuming certifies: the next checkpoint is signed with this run's key as the
+        # continuation of the one restored. So only an anchored signer counts, or this
+        # run's own key; a key only the work tree's trust store vouches for does not.
+        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
+        keyring.add(
+            key.private_key.public_key(),
+            key.name,
+            Anchor.USER,
+            "the key this run signs with",
+        )
+        verifier = Verifier(project, keyring)
+        candidates = sorted(
+            (s, p) for p in self.directory.glob("step-*.h5") if (s := step_of(p)) is not None
+        )
+        for step, path in reversed(candidates):
+            reason = self._invalid(verifier, path)
+            if reason is not None:
+                # stacklevel: the program's call of restore(), through Run.restore
+                warnings.warn(f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=4)
+                continue
+            self._parent = read_manifest(manifest_path_for(path))
+            return ResumePoint(path, step)
+        return None
+
+    def _invalid(self, verifier: Verifier, path: Path) -> str | None:
+        manifest_path = manifest_path_for(path)
+        if not manifest_path.exists():
+            return "no manifest (unsigned, or the write was interrupted)"
+        try:
+            result = verifier.verify(manifest_path)
+        except Error as e:
+            return str(e)
+        if not result.ok:
+            return "; ".join(f"{c.name}: {c.detail}" for c in result.failures)
+        if result.run != self.run_id:
+            return f"belongs to run {result.run!r}"
+        if result.step != step_of(path):
+            return f"its manifest signs step {result.step}, not the step its name says"
+        return None
+
+    def publish(self, job: Job, tmp: Path, final: Path) -> None:
+        project, key = self._opened()
+        digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
+        assert digests.md5 is not None
+        _move_into_place(tmp, final)
+        track(project, final, digests.md5, digests.size, owned=True, ignore_pattern="/step-*.h5")
+        extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
+        doomed = self.retention.doomed(self.directory, job.step)
+        if doomed:
+            # Retention is signed: the manifest that prunes names what it prunes, so a
+            # verifier can tell data deleted on purpose from data deleted by anyone.
+            extra["pruned"] = pruned_record(doomed)
+        self._parent = sign_checkpoint(
+            final,
+            digests,
+            project=project,
+            key=key,
+            run=self.run_id,
+            step=job.step,
+            seeds=[self.seed],
+            parent=self._parent,
+            command=["python", *sys.argv],
+            cwd=Path.cwd(),
+            attributes=self.attributes,
+            extra=extra,
+            git=self._git,
+        )
+        prune(project, self.directory, [p.step for p in doomed])
+        if self.push:
+            self._push(project, final)
+
+    def _push(self, project: Project, checkpoint: Path) -> None:
+        """Push on the background thread. A failure does not stop the run: the checkpoint
+        is safe locally, `kaudit status` shows it as not pushed, `kaudit push` completes it."""
+        if self._storage is None:
+            self._storage = Storage(project)
+        try:
+            self._storage.push([checkpoint])
+        except Error as e:
+            self._push_failures.append(str(e))
+            log.warning(
+                "push of %s failed (kept locally; `kaudit push` completes it): %s",
+                checkpoint.name,
+                e,
+            )
+
+
+class ReplayPublisher:
+    """A run under ``kaudit replay``: one unsigned checkpoint, of the step the replay
+    compares, in the directory it gave; then the process exits."""
+
+    exits_after_final = True
+
+    def __init__(self, instruction: ReplayInstruction) -> None:
+        self.instruction = instruction
+
+    @property
+    def directory(self) -> Path:
+        return self.instruction.out
+
+    @property
+    def push_failures(self) -> list[str]:
+        return []  # a replay's checkpoint is compared, never stored
+
+    def open(self) -> None:
+        pass  # nothing is signed or tracked: no project or key is needed
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        # The replay's instruction, whatever the program asked for: write step N only.
+        return AtFinalStep()
+
+    def last_step(self, asked: int) -> int:
+        return min(asked, self.instruction.stop_at)
+
+    def resume_point(self) -> ResumePoint | None:
+        path = self.instruction.resume_from
+        if path is None:
+            return None
+        manifest = manifest_path_for(path)
+        if manifest.exists():
+            return ResumePoint(path, read_manifest(manifest).step)
+        step = step_of(path)
+        if step is None:
+            raise UsageError(
+                "the checkpoint to resume from has neither a manifest beside it nor a "
+                "step-<N>.h5 name",
+                path=path,
+            )
+        return ResumePoint(path, step)
+
+    def publish(self, job: Job, tmp: Path, final: Path) -> None:
+        # For comparison only: not signed, not tracked.
+        write_hdf5(tmp, {**job.staged, **job.extra})
+        _move_into_place(tmp, final)
+
+
+__all__ = [
+    "CheckpointSkipped",
+    "Publisher",
+    "ReplayPublisher",
+    "ResumePoint",
+    "SignedPublisher",
+]

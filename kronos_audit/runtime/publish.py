@@ -188,7 +188,7 @@ class SignedPublisher:
             reason = self._invalid(verifier, path)
             if reason is not None:
                 # stacklevel: the program's call of restore(), through Run.restore
-                warnings.warn(f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=4)
+                warnings.warn(f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=3)
                 continue
             self._parent = read_manifest(manifest_path_for(path))
             return ResumePoint(path, step)

@@ -6,11 +6,21 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/kaudit-demo-XXXXXX")"
 export KAUDIT_HOME="$WORK/home"     # the demo's own key directory
 export GIT_AUTHOR_NAME="${GIT_AUTHOR_NAME:-kaudit demo}" GIT_AUTHOR_EMAIL="${GIT_AUTHOR_EMAIL:-demo@example.com}"
 export GIT_COMMITTER_NAME="$GIT_AUTHOR_NAME" GIT_COMMITTER_EMAIL="$GIT_AUTHOR_EMAIL"
-say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
-run() {  # echo the command (quoting arguments with spaces), then run it
+# Narration is printed as "# ..."; a "$ ..." line is always exactly the command that runs.
+say() { printf '\n\033[1m# %s\033[0m\n' "$*"; }
+show() {  # print "$ COMMAND", quoting arguments with spaces
     local shown="" a
     for a in "$@"; do [[ "$a" =~ [[:space:]] ]] && shown+="'$a' " || shown+="$a "; done
-    say "$shown"; "$@"
+    printf '\033[1m$ %s\033[0m\n' "${shown% }"
+}
+run() { show "$@"; "$@"; }
+expect() {  # expect STATUS COMMAND...: show it, run it, and check its exit status
+    local want=$1 status=0
+    shift
+    show "$@"
+    "$@" || status=$?
+    echo "exit status: $status"
+    [ "$status" -eq "$want" ] || { echo "demo: expected exit $want from: $*" >&2; exit 1; }
 }
 
 mkdir "$WORK/project" && cd "$WORK/project"
@@ -44,27 +54,25 @@ with open("checkpoints/diffusion/step-200.h5", "r+b") as f:
     f.seek(offset + 8)
     f.write(bytes([b[0] ^ 0x01]))
 PY
-say "kaudit verify checkpoints/diffusion   # must fail, exit 1"
-set +e
-kaudit verify checkpoints/diffusion
-status=$?
-set -e
-echo "exit status: $status"
-[ "$status" -eq 1 ] || { echo "demo: expected exit 1 for a tampered checkpoint" >&2; exit 1; }
+say "verify must now fail, exit 1, naming what changed"
+expect 1 kaudit verify checkpoints/diffusion
 
 say "a long run that survives a fault: kill -9 the solver mid-run, kaudit run restarts it"
 cp "$ROOT/examples/heat/run.py" heat.py
 git add heat.py && git commit -q -m "heat solver"
+show kaudit run --retries 3 --backoff 0 -- python heat.py --steps 3000 --every 200
 kaudit run --retries 3 --backoff 0 -- python heat.py --steps 3000 --every 200 > heat.out &
 supervisor=$!
 until ls checkpoints/heat/step-*.h5.kaudit.json >/dev/null 2>&1; do sleep 0.05; done
 sleep 0.3
 solver=$(pgrep -P "$supervisor" -f heat.py | head -n 1)
-say "kill -9 $solver   # the solver, in the middle of its run"
-kill -9 "$solver"
+say "kill the solver (pid $solver) in the middle of its run"
+run kill -9 "$solver"
 wait "$supervisor"
+cat heat.out
 run kaudit verify checkpoints/heat
-say "python heat.py --steps 3000 --run-id heat-uninterrupted   # the same run, never killed"
+say "the same run, never killed"
+show python heat.py --steps 3000 --every 200 --run-id heat-uninterrupted
 python heat.py --steps 3000 --every 200 --run-id heat-uninterrupted > reference.out
 echo "killed and resumed: $(tail -n 1 heat.out)"
 echo "never interrupted:  $(tail -n 1 reference.out)"
@@ -79,29 +87,23 @@ run kaudit status checkpoints/heat
 git add -A && git commit -q -m "heat run: manifests and .dvc files"
 
 say "the owner hands their public key to an auditor out of band (not through the repository)"
-cp "$KAUDIT_HOME/keys/demo.pub" "$WORK/demo.pub"
+run cp "$KAUDIT_HOME/keys/demo.pub" "$WORK/demo.pub"
 
 say "the auditor's fresh clone has no data, and the auditor has their own keys and trust"
-git clone -q "$WORK/project" "$WORK/clone"
-cd "$WORK/clone"
-export KAUDIT_HOME="$WORK/auditor-home"
+run git clone -q "$WORK/project" "$WORK/clone"
+run cd "$WORK/clone"
+run export KAUDIT_HOME="$WORK/auditor-home"
 run kaudit verify checkpoints/heat --trusted-key "$WORK/demo.pub"
 
 say "a forger adds their own key to the clone's trust store and signs a checkpoint of their own"
-export KAUDIT_HOME="$WORK/forger-home"
-kaudit keys generate --name forger > /dev/null
-python heat.py --steps 3200 --every 200 --run-id heat-forged > /dev/null
-cp checkpoints/heat-forged/step-00003200.h5 checkpoints/heat/step-00003200.h5
-kaudit snapshot checkpoints/heat/step-00003200.h5 --run heat --step 3200 --key forger \
-    --parent checkpoints/heat/step-00003000.h5.kaudit.json > /dev/null
-export KAUDIT_HOME="$WORK/auditor-home"
-say "kaudit verify checkpoints/heat/step-00003200.h5.kaudit.json --trusted-key demo.pub   # must fail"
-set +e
-kaudit verify checkpoints/heat/step-00003200.h5.kaudit.json --trusted-key "$WORK/demo.pub"
-status=$?
-set -e
-echo "exit status: $status"
-[ "$status" -eq 1 ] || { echo "demo: a forger's key was trusted" >&2; exit 1; }
+run env KAUDIT_HOME="$WORK/forger-home" kaudit keys generate --name forger
+run env KAUDIT_HOME="$WORK/forger-home" python heat.py --steps 3200 --every 200 --run-id heat-forged
+run cp checkpoints/heat-forged/step-00003200.h5 checkpoints/heat/step-00003200.h5
+run env KAUDIT_HOME="$WORK/forger-home" kaudit snapshot checkpoints/heat/step-00003200.h5 \
+    --run heat --step 3200 --key forger --parent checkpoints/heat/step-00003000.h5.kaudit.json
+say "the repository's own store now vouches for the forger, but the auditor's anchor does not"
+expect 1 kaudit verify checkpoints/heat/step-00003200.h5.kaudit.json --trusted-key "$WORK/demo.pub"
+say "(the demo removes the forgery again)"
 rm -rf checkpoints/heat-forged checkpoints/heat/step-00003200.h5*
 git checkout -q -- .kaudit
 
@@ -109,11 +111,11 @@ say "the auditor replays the last segment from its parent checkpoint (fetched fr
 run kaudit keys generate --name auditor
 run kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest \
     --trusted-key "$WORK/demo.pub"
-cp "$KAUDIT_HOME/keys/auditor.pub" "$WORK/auditor.pub"
+run cp "$KAUDIT_HOME/keys/auditor.pub" "$WORK/auditor.pub"
 run kaudit verify checkpoints/heat/step-00003000.h5.replay.json \
     --trusted-key "$WORK/demo.pub" --trusted-key "$WORK/auditor.pub"
-export KAUDIT_HOME="$WORK/home"
-cd "$WORK/project"
+run export KAUDIT_HOME="$WORK/home"
+run cd "$WORK/project"
 
 say "the killed-and-resumed run against the uninterrupted one, dataset by dataset"
 run kaudit diff checkpoints/heat/step-00003000.h5 checkpoints/heat-uninterrupted/step-00003000.h5

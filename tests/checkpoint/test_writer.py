@@ -58,7 +58,7 @@ def test_the_file_holds_the_state(tmp_path: Path) -> None:
         for name, array in flat.items():
             stored = f[name]
             if h5py.check_string_dtype(stored.dtype) is not None:
-                assert stored.asstr()[()] == array[()].decode()  # UTF-8 text, back as str
+                assert stored.asstr()[()] == array.item().decode()  # UTF-8 text, back as str
             else:
                 np.testing.assert_array_equal(stored[()], array)
                 assert stored.dtype == array.dtype

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import KAUDIT
@@ -57,11 +58,14 @@ def wait_for(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.002)
 
 
-def last_json(stdout: str) -> dict:
-    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+def last_json(stdout: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(
+        [line for line in stdout.splitlines() if line.startswith("{")][-1]
+    )
+    return doc
 
 
-def run_plain(project: Project, script: str, *args: str) -> dict:
+def run_plain(project: Project, script: str, *args: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         cwd=project.root,

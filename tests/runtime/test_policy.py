@@ -230,7 +230,7 @@ def test_the_opt_outs_are_keywords_and_booleans() -> None:
     assert EverySteps(5, final=False) != EverySteps(5)
     assert Auto("24h", initial=60.0, on_preemption=False).on_preemption is False
     with pytest.raises(TypeError):
-        EverySteps(5, False)  # type: ignore[misc]
+        EverySteps(5, False)  # type: ignore[call-arg]
     with pytest.raises(UsageError, match="EverySeconds: final must be True or False, got 'no'"):
         EverySeconds(60.0, final="no")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="Auto: on_preemption must be True or False, got 1"):

@@ -16,7 +16,9 @@ from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
 
 
-def simulate(root: Path, n: int, *, every: int = 10, run_id: str = "sim", **kw: Any) -> dict:
+def simulate(
+    root: Path, n: int, *, every: int = 10, run_id: str = "sim", **kw: Any
+) -> dict[str, Any]:
     """A small stochastic loop; returns its final state (resuming whatever is on disk)."""
     with ka.Run(run_id, root=root, seed=42, every=ka.EverySteps(every), **kw) as run:
         state = run.restore()
@@ -332,16 +334,15 @@ def test_a_replay_writes_its_step_whatever_the_programs_policy(
 def test_the_state_is_flattened_once_per_checkpoint(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kronos_audit.runtime import run as run_module
+    from kronos_audit.checkpoint.state import flatten
 
     calls: list[int] = []
-    real = run_module.flatten
 
     def counting(state: Any, prefix: str = "") -> Any:
         calls.append(1)
-        return real(state, prefix)
+        return flatten(state, prefix)
 
-    monkeypatch.setattr(run_module, "flatten", counting)
+    monkeypatch.setattr("kronos_audit.runtime.run.flatten", counting)
     root = project.root / "checkpoints"
     assert loop(root, 3, ka.EverySteps(1)) == [True, True, True]
     assert len(calls) == 3  # the first checkpoint too: one flatten warms and stages it

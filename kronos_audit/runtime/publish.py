@@ -6,10 +6,10 @@ asked of its :class:`Publisher`:
 - :class:`SignedPublisher`, a normal run: checkpoints in ``<root>/<run>/``, each tracked by
   DVC, signed with a manifest chained to the previous one, old ones pruned by signed
   retention, optionally pushed; restore takes the newest that verifies.
-- :class:`ReplayPublisher`, a run under ``kaudit replay`` (a :class:`~kronos_audit.runtime.
-  protocol.ReplayInstruction` in the environment): resume from the checkpoint the replay
-  names, stop at its step N whatever the program's policy, write that one checkpoint
-  unsigned into the replay's directory for comparison, and exit.
+- :class:`ReplayPublisher`, a run under ``kaudit replay`` (its
+  :class:`~kronos_audit.runtime.protocol.ReplayInstruction` in the environment): resume
+  from the checkpoint the replay names, stop at its step N whatever the program's policy,
+  write that one checkpoint unsigned into the replay's directory for comparison, and exit.
 """
 
 from __future__ import annotations

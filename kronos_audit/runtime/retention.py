@@ -1,11 +1,11 @@
 """Retention: which checkpoints of a run keep their data, and deleting the others' data.
 
-Retention is signed. Once the checkpoint of the newest step is written, :meth:`Retention.
-doomed` names the older checkpoints whose data goes, each with the sha256 of its manifest;
-the manifest of the newest step lists them (``pruned``, :func:`pruned_record`) and is
-signed, and only then does :func:`prune` delete their data. Manifests are never deleted,
-so the chain still verifies, and a verifier can tell data deleted on purpose from data
-deleted by anyone (see docs/security.md).
+Retention is signed. Once the checkpoint of the newest step is written,
+:meth:`Retention.doomed` names the older checkpoints whose data goes, each with the sha256
+of its manifest; the manifest of the newest step lists them (``pruned``,
+:func:`pruned_record`) and is signed, and only then does :func:`prune` delete their data.
+Manifests are never deleted, so the chain still verifies, and a verifier can tell data
+deleted on purpose from data deleted by anyone (see docs/security.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A manifest lives beside its checkpoint as ``CKPT.kaudit.json``. Its payload is a
 Statement v1 whose single subject is the checkpoint file (sha256) and whose predicate
 (``schemas/manifest-v1.schema.json``) records the run, step, parent link, environment
 lock, git state, seeds, per-dataset canonical hashes and the command to re-run. Every
-manifest read or written is validated against the schema.
+manifest read or written is validated against the schema, and its predicate is then
+parsed once into a typed record (:class:`kronos_audit.predicate.Predicate`,
+``Manifest.record``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NewType
+from typing import Any
 
 import jsonschema
 from referencing import Registry, Resource
@@ -26,10 +28,9 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import ManifestError
+from kronos_audit.predicate import Predicate
+from kronos_audit.predicate import Sha256 as Sha256  # re-exported: manifests name it
 from kronos_audit.signing import PAYLOAD_TYPE, Envelope, parse_envelope
-
-Sha256 = NewType("Sha256", str)
-"""Lower-case hex sha256."""
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
@@ -144,6 +145,10 @@ class SignedStatement:
 
     @property
     def predicate(self) -> Mapping[str, Any]:
+        """The statement's predicate as signed: read-only JSON values, for whoever wants
+        the document itself (``kaudit show --json``). The package reads the typed record
+        (:attr:`Manifest.record`, :attr:`kronos_audit.replay.attest.Attestation.replay`),
+        never this by key."""
         p: Mapping[str, Any] = self.statement["predicate"]
         return p
 
@@ -157,19 +162,20 @@ class Manifest(SignedStatement):
 
     digest: Sha256
     """sha256 of the manifest file's bytes: what a child's ``parent`` names."""
+    record: Predicate
+    """The predicate, typed: parsed once, when the manifest was read."""
 
     @property
     def run(self) -> str:
-        return str(self.predicate["run"])
+        return self.record.run
 
     @property
     def step(self) -> int:
-        return int(self.predicate["step"])
+        return self.record.step
 
     @property
     def parent(self) -> Sha256 | None:
-        p = self.predicate["parent"]
-        return None if p is None else Sha256(p)
+        return self.record.parent
 
     @property
     def subject_name(self) -> str:
@@ -191,18 +197,7 @@ class Manifest(SignedStatement):
 
     @property
     def datasets(self) -> tuple[DatasetDigest, ...] | None:
-        raw = self.predicate["datasets"]
-        if raw is None:
-            return None
-        return tuple(
-            DatasetDigest(
-                d["path"],
-                d["dtype"],
-                None if d["shape"] is None else tuple(d["shape"]),
-                d["sha256"],
-            )
-            for d in raw
-        )
+        return self.record.datasets
 
 
 def _freeze(value: Any) -> Any:
@@ -336,11 +331,13 @@ def parse_manifest(data: bytes, path: Path) -> Manifest:
     """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
     envelope, statement = parse_statement(data, path)
     validate(statement, path)
+    frozen = _freeze(statement)
     return Manifest(
         path=path,
         envelope=envelope,
-        statement=_freeze(statement),
+        statement=frozen,
         digest=Sha256(hashlib.sha256(data).hexdigest()),
+        record=Predicate.from_json_obj(frozen["predicate"]),
     )
 
 

@@ -23,7 +23,7 @@ def recorded(manifest: Manifest) -> Recorded:
         step=manifest.step,
         md5=manifest.subject_md5,
         sha256=manifest.subject_sha256,
-        size=int(manifest.predicate["size"]),
+        size=manifest.record.size,
     )
 
 

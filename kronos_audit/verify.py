@@ -16,6 +16,7 @@ check named, so one call reports every problem at once.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import os
 import re
@@ -52,13 +53,43 @@ SIZE_SLACK = 64 * 1024 * 1024
 _STEP_NAME = re.compile(r"^step-0*(\d+)(\.|$)")
 
 
+class CheckName(enum.StrEnum):
+    """What a check checks. Its value is the name printed and in JSON (``check``); a
+    dataset's check is named after its dataset too: ``dataset /fields/u``."""
+
+    SIGNATURE = "signature"
+    """A key the verifier's anchors accept signed it."""
+    PLACE = "place"
+    """The checkpoint is under the name and in the run directory it was signed for."""
+    FILE_DIGEST = "file digest"
+    """The checkpoint's bytes are the ones the manifest signs (sha256)."""
+    DATASETS = "datasets"
+    """Every dataset hash matches (or, for a file that is not HDF5, there are none)."""
+    DATASET = "dataset"
+    """One dataset differs from its recorded hash (:attr:`Check.dataset` names it)."""
+    PARENT_LINK = "parent link"
+    """The chain back to its first manifest exists, matches and is signed."""
+    MANIFEST = "manifest"
+    """An attestation is bound to the signed manifest beside it."""
+    OUTCOME = "outcome"
+    """An attestation records a reproduced outcome."""
+
+
+class StatementKind(enum.StrEnum):
+    """What was verified."""
+
+    MANIFEST = "manifest"
+    """A checkpoint's manifest, ``CKPT.kaudit.json``."""
+    ATTESTATION = "attestation"
+    """A replay attestation, ``CKPT.replay.json``."""
+
+
 @dataclass(frozen=True)
 class Check:
     """One check of a manifest."""
 
-    name: str
-    """``signature``, ``place``, ``file digest``, ``dataset /path``, ``datasets``,
-    ``parent link``; for an attestation also ``manifest`` and ``outcome``."""
+    kind: CheckName
+    """What it checks."""
     ok: bool
     """Whether it held."""
     detail: str
@@ -66,6 +97,21 @@ class Check:
     skipped: bool = False
     """Not made, for a reason the detail gives (e.g. data pruned by retention); with
     ``ok`` False it had to be made (the newest checkpoint's data, say) and could not be."""
+    dataset: str | None = None
+    """For a :attr:`CheckName.DATASET` check, the dataset's path (``/fields/u``); else None."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CheckName(self.kind))
+        if (self.kind is CheckName.DATASET) != (self.dataset is not None):
+            raise ValueError("a dataset is named by a dataset check, and only by one")
+
+    @property
+    def name(self) -> str:
+        """``signature``, ``place``, ``file digest``, ``dataset /path``, ``datasets``,
+        ``parent link``; for an attestation also ``manifest`` and ``outcome``."""
+        if self.dataset is not None:
+            return f"{self.kind.value} {self.dataset}"
+        return self.kind.value
 
     def to_json_obj(self) -> dict[str, Any]:
         return {"check": self.name, "ok": self.ok, "skipped": self.skipped, "detail": self.detail}
@@ -89,8 +135,8 @@ class VerifyResult:
     """The checkpoint was fetched from the DVC remote for this verification."""
     signer: TrustedKey | None = None
     """The key whose signature was accepted (or refused as unanchored or revoked)."""
-    kind: str = "manifest"
-    """``manifest`` or ``attestation``."""
+    kind: StatementKind = StatementKind.MANIFEST
+    """A manifest or an attestation."""
 
     @property
     def ok(self) -> bool:
@@ -101,18 +147,33 @@ class VerifyResult:
         return tuple(c for c in self.checks if not c.ok)
 
     @property
+    def is_attestation(self) -> bool:
+        return self.kind is StatementKind.ATTESTATION
+
+    def check(self, kind: CheckName) -> Check | None:
+        """The first check of this kind made, if any."""
+        return next((c for c in self.checks if c.kind is kind), None)
+
+    @property
+    def signature_check(self) -> Check | None:
+        """The signature's check: its detail names who signed and which anchor trusted them."""
+        return self.check(CheckName.SIGNATURE)
+
+    @property
     def data_checked(self) -> bool:
         """The checkpoint's bytes were hashed and compared with the signed digests."""
-        return any(c.name == "file digest" and not c.skipped for c in self.checks)
+        return any(c.kind is CheckName.FILE_DIGEST and not c.skipped for c in self.checks)
 
     @property
     def data_corrupt(self) -> bool:
         """The bytes here are not the ones the manifest signs."""
-        return any(c.name == "file digest" and not c.ok and not c.skipped for c in self.checks)
+        return any(
+            c.kind is CheckName.FILE_DIGEST and not c.ok and not c.skipped for c in self.checks
+        )
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
+            "kind": self.kind.value,
             "manifest": str(self.manifest),
             "checkpoint": str(self.checkpoint),
             "run": self.run,
@@ -130,18 +191,22 @@ def compare_datasets(
 ) -> list[Check]:
     """One check per dataset that differs; one passing ``datasets`` check when none does."""
     if recorded is None and actual is None:
-        return [Check("datasets", True, "not HDF5: the file digest covers it")]
+        return [Check(CheckName.DATASETS, True, "not HDF5: the file digest covers it")]
     if recorded is None or actual is None:
         what = "an HDF5 file" if actual is not None else "not an HDF5 file"
         return [
-            Check("datasets", False, f"the manifest records the other kind; the file is {what}")
+            Check(
+                CheckName.DATASETS,
+                False,
+                f"the manifest records the other kind; the file is {what}",
+            )
         ]
     checks = [
-        Check(f"dataset {d.path}", False, _dataset_problem(d))
+        Check(CheckName.DATASET, False, _dataset_problem(d), dataset=d.path)
         for d in diff_digests(recorded, actual)
         if not d.ok
     ]
-    return checks or [Check("datasets", True, f"all {len(recorded)} dataset hashes match")]
+    return checks or [Check(CheckName.DATASETS, True, f"all {len(recorded)} dataset hashes match")]
 
 
 def _dataset_problem(d: DigestDiff) -> str:
@@ -169,15 +234,15 @@ def place_check(project: Project, manifest: Manifest) -> Check:
     named = _STEP_NAME.match(checkpoint.name)
     if named and int(named.group(1)) != manifest.step:
         return Check(
-            "place",
+            CheckName.PLACE,
             False,
             f"the file is named for step {int(named.group(1))}, but its manifest signs {what}",
         )
     if actual == signed:
-        return Check("place", True, f"{what} at the place it was signed")
+        return Check(CheckName.PLACE, True, f"{what} at the place it was signed")
     if actual.name != signed.name:
         return Check(
-            "place",
+            CheckName.PLACE,
             False,
             f"the file is named {actual.name}, but {what} was signed as {signed.name}: "
             "a checkpoint is bound to its name",
@@ -186,13 +251,13 @@ def place_check(project: Project, manifest: Manifest) -> Check:
     actual_dir = actual.parent.name if len(actual.parts) > 1 else ""
     if signed_dir != actual_dir:
         return Check(
-            "place",
+            CheckName.PLACE,
             False,
             f"the file is in directory {actual_dir or '(repository root)'}, but {what} was "
             f"signed in {signed_dir or '(repository root)'}: a checkpoint is bound to its "
             "run directory",
         )
-    return Check("place", True, f"{what}; its run directory moved (signed as {signed})")
+    return Check(CheckName.PLACE, True, f"{what}; its run directory moved (signed as {signed})")
 
 
 class ManifestCache:
@@ -253,7 +318,7 @@ class Verifier:
 
     def signature(self, manifest: Manifest) -> SignerCheck:
         """Whether a key the keyring accepts signed ``manifest`` (at its ``created`` time)."""
-        return self.keys.check(manifest.envelope, str(manifest.predicate["created"]))
+        return self.keys.check(manifest.envelope, manifest.record.created)
 
     def verify(
         self, manifest_path: Path | str, *, data: bool = True, newest: bool = False
@@ -266,12 +331,15 @@ class Verifier:
         manifest = self.cache.read(manifest_path)
         checkpoint = manifest.checkpoint_path
         signed = self.signature(manifest)
-        checks = [Check("signature", signed.ok, signed.detail), place_check(self.project, manifest)]
+        checks = [
+            Check(CheckName.SIGNATURE, signed.ok, signed.detail),
+            place_check(self.project, manifest),
+        ]
         fetched = False
         if not data:
             checks.append(
                 Check(
-                    "file digest",
+                    CheckName.FILE_DIGEST,
                     True,
                     "data not checked: the recorded hashes are used",
                     skipped=True,
@@ -287,7 +355,7 @@ class Verifier:
                 # Nothing a manifest names is fetched before its signature and place hold.
                 checks.append(
                     Check(
-                        "file digest",
+                        CheckName.FILE_DIGEST,
                         False,
                         "checkpoint not here, and not fetched: its manifest does not verify",
                         skipped=True,  # not made: counted as data not checked
@@ -315,14 +383,14 @@ class Verifier:
     def _pruned_check(self, pruner: Path, manifest: Manifest, newest: bool) -> Check:
         if newest:
             return Check(
-                "file digest",
+                CheckName.FILE_DIGEST,
                 False,
                 f"data pruned (signed record in {pruner.name}), and this is the newest "
                 f"checkpoint of run {manifest.run!r} verified here: its data was never checked",
                 skipped=True,  # not made, and a failure: the summary must not count it
             )
         return Check(
-            "file digest",
+            CheckName.FILE_DIGEST,
             True,
             f"data pruned by retention (signed record in {pruner.name}): not checked",
             skipped=True,
@@ -351,7 +419,7 @@ class Verifier:
             manifest.checkpoint_path,
             md5=manifest.subject_md5,
             sha256=manifest.subject_sha256,
-            size=int(manifest.predicate["size"]),
+            size=manifest.record.size,
             remote=self.remote,
         )
 
@@ -359,12 +427,12 @@ class Verifier:
         try:
             self.fetch_data(manifest)
         except TamperedData as e:
-            return [Check("file digest", False, f"fetched data refused: {e.message}")]
+            return [Check(CheckName.FILE_DIGEST, False, f"fetched data refused: {e.message}")]
         return self._content(manifest)
 
     def _content(self, manifest: Manifest) -> list[Check]:
         checkpoint = manifest.checkpoint_path
-        recorded_size = int(manifest.predicate["size"])
+        recorded_size = manifest.record.size
         try:
             st = os.stat(checkpoint)
         except OSError as e:
@@ -372,14 +440,14 @@ class Verifier:
                 f"cannot read checkpoint: {e.strerror}", path=checkpoint
             ) from None
         if not stat.S_ISREG(st.st_mode):
-            return [Check("file digest", False, "the checkpoint is not a regular file")]
+            return [Check(CheckName.FILE_DIGEST, False, "the checkpoint is not a regular file")]
         if st.st_size > 2 * recorded_size + SIZE_SLACK:
             # Decided without reading: a huge (or sparse) file is never hashed for nothing.
             # One of about the signed size is hashed (it costs about what the signed one
             # would) so that the report can say which datasets changed.
             return [
                 Check(
-                    "file digest",
+                    CheckName.FILE_DIGEST,
                     False,
                     f"the file is {st.st_size:,} bytes, the manifest signs {recorded_size:,}",
                 )
@@ -397,16 +465,16 @@ class Verifier:
         else:
             sha = digests.sha256
         checks = [
-            Check("file digest", True, f"sha256 {sha[:16]}... matches")
+            Check(CheckName.FILE_DIGEST, True, f"sha256 {sha[:16]}... matches")
             if sha == manifest.subject_sha256
             else Check(
-                "file digest",
+                CheckName.FILE_DIGEST,
                 False,
                 f"sha256 {sha[:16]}... differs from the recorded {manifest.subject_sha256[:16]}...",
             )
         ]
         if digests is None:
-            checks.append(Check("datasets", False, problem))
+            checks.append(Check(CheckName.DATASETS, False, problem))
         else:
             checks += compare_datasets(manifest.datasets, digests.datasets)
         return checks
@@ -437,8 +505,8 @@ class Verifier:
                     other = self.cache.read(path)
                 except Error:
                     continue
-                for entry in other.predicate.get("pruned") or ():
-                    directory.pruned.setdefault(str(entry["manifest"]), []).append(path)
+                for entry in other.record.pruned:
+                    directory.pruned.setdefault(entry.manifest, []).append(path)
         for path in directory.pruned.get(manifest.digest, []):
             other = self.cache.read(path)
             if (
@@ -453,9 +521,9 @@ class Verifier:
         """The manifest whose sha256 is ``manifest``'s parent link: at its recorded place
         (inside the repository only), else beside it (the run directory moved as a whole).
         Siblings are indexed by digest once per directory, so a chain is linear."""
-        recorded = manifest.predicate["parent_manifest"]
+        recorded = manifest.record.parent_manifest
         if recorded is not None:
-            candidate = _inside(self.project.root, str(recorded))
+            candidate = _inside(self.project.root, recorded)
             if candidate is not None:
                 try:
                     data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
@@ -470,20 +538,20 @@ class Verifier:
     def _parent(self, manifest: Manifest) -> Check:
         """Follow the chain to its first manifest: each link exists, matches and is signed."""
         if manifest.parent is None:
-            return Check("parent link", True, "first checkpoint of its chain")
+            return Check(CheckName.PARENT_LINK, True, "first checkpoint of its chain")
         cached = self._chain.get(manifest.digest)
         if cached is not None:
             return cached
         links: list[Manifest] = []
         seen: set[str] = set()
         current = manifest
-        verdict = Check("parent link", True, "")
+        verdict = Check(CheckName.PARENT_LINK, True, "")
         while current.parent is not None:
             if current.digest in self._chain:
                 verdict = self._chain[current.digest]
                 break
             if current.digest in seen:
-                verdict = Check("parent link", False, f"cycle at {current.path}")
+                verdict = Check(CheckName.PARENT_LINK, False, f"cycle at {current.path}")
                 break
             seen.add(current.digest)
             links.append(current)
@@ -498,7 +566,7 @@ class Verifier:
                 n = len(links) - i + below
                 self._extent[m.digest] = (n, first_step)
                 self._chain[m.digest] = Check(
-                    "parent link",
+                    CheckName.PARENT_LINK,
                     True,
                     f"chain of {n} manifests back to step {first_step} verifies",
                 )
@@ -509,33 +577,35 @@ class Verifier:
 
     def link(self, child: Manifest) -> tuple[Check, Manifest | None]:
         """Check one link; return the parent only when the link holds."""
-        name = child.predicate["parent_manifest"] or "(not recorded)"
+        name = child.record.parent_manifest or "(not recorded)"
         path = self.locate_parent(child)
         if path is None:
-            recorded = _inside(self.project.root, str(name))
+            recorded = _inside(self.project.root, name)
             if recorded is not None and recorded.is_file():
                 return Check(
-                    "parent link",
+                    CheckName.PARENT_LINK,
                     False,
                     f"parent manifest {name} was altered: "
                     f"its digest is not the recorded {child.parent}",
                 ), None
-            return Check("parent link", False, f"parent manifest {name} is missing"), None
+            return Check(CheckName.PARENT_LINK, False, f"parent manifest {name} is missing"), None
         try:
             parent = self.cache.read(path)
         except ManifestError as e:
-            return Check("parent link", False, f"parent manifest unreadable: {e}"), None
+            return Check(CheckName.PARENT_LINK, False, f"parent manifest unreadable: {e}"), None
         sig = self.signature(parent)
         if not sig.ok:
-            return Check("parent link", False, f"parent manifest {path.name}: {sig.detail}"), None
+            return Check(
+                CheckName.PARENT_LINK, False, f"parent manifest {path.name}: {sig.detail}"
+            ), None
         if parent.run != child.run or parent.step >= child.step:
             return Check(
-                "parent link",
+                CheckName.PARENT_LINK,
                 False,
                 f"parent {path.name} is run {parent.run!r} step {parent.step}, "
                 f"which cannot precede run {child.run!r} step {child.step}",
             ), None
-        return Check("parent link", True, f"parent {path.name} verifies"), parent
+        return Check(CheckName.PARENT_LINK, True, f"parent {path.name} verifies"), parent
 
     # -- replay attestations ---------------------------------------------------------
 
@@ -548,20 +618,21 @@ class Verifier:
 
         attestation = read_attestation(path)
         path = attestation.path
-        predicate = attestation.predicate
         manifest_path = path.with_name(path.name[: -len(ATTESTATION_SUFFIX)] + MANIFEST_SUFFIX)
-        signed = self.keys.check(attestation.envelope, str(predicate["replayed_at"]))
-        checks = [Check("signature", signed.ok, signed.detail)]
-        subjects = attestation.statement["subject"]
-        named_manifest = str(subjects[0]["digest"]["sha256"])
-        named_checkpoint = str(subjects[1]["digest"]["sha256"]) if len(subjects) > 1 else ""
-        run, step = str(predicate["manifest"]["run"]), int(predicate["manifest"]["step"])
+        replay = attestation.replay
+        signed = self.keys.check(attestation.envelope, replay.replayed_at)
+        checks = [Check(CheckName.SIGNATURE, signed.ok, signed.detail)]
+        named_manifest = attestation.manifest_sha256
+        named_checkpoint = attestation.checkpoint_sha256
+        run, step = replay.manifest.run, replay.manifest.step
         try:
             data = read_regular(manifest_path, MANIFEST_LIMIT, follow_symlinks=False)
         except UnsafeFile as e:
             checks.append(
                 Check(
-                    "manifest", False, f"the manifest beside it, {manifest_path.name}: {e.reason}"
+                    CheckName.MANIFEST,
+                    False,
+                    f"the manifest beside it, {manifest_path.name}: {e.reason}",
                 )
             )
         else:
@@ -569,7 +640,7 @@ class Verifier:
             if digest != named_manifest:
                 checks.append(
                     Check(
-                        "manifest",
+                        CheckName.MANIFEST,
                         False,
                         f"attests the manifest {named_manifest[:16]}..., but the one beside it "
                         f"is {digest[:16]}...: an attestation is bound to its manifest",
@@ -584,23 +655,34 @@ class Verifier:
                 place = place_check(self.project, manifest)
                 if manifest.subject_sha256 != named_checkpoint:
                     checks.append(
-                        Check("manifest", False, "attests another checkpoint than its manifest")
+                        Check(
+                            CheckName.MANIFEST,
+                            False,
+                            "attests another checkpoint than its manifest",
+                        )
                     )
                 elif not beside.ok:
-                    checks.append(Check("manifest", False, f"its manifest: {beside.detail}"))
+                    checks.append(
+                        Check(CheckName.MANIFEST, False, f"its manifest: {beside.detail}")
+                    )
                 elif not place.ok:
-                    checks.append(Check("manifest", False, f"its manifest's place: {place.detail}"))
+                    checks.append(
+                        Check(CheckName.MANIFEST, False, f"its manifest's place: {place.detail}")
+                    )
                 else:
                     checks.append(
-                        Check("manifest", True, f"bound to {manifest_path.name} ({digest[:16]}...)")
+                        Check(
+                            CheckName.MANIFEST,
+                            True,
+                            f"bound to {manifest_path.name} ({digest[:16]}...)",
+                        )
                     )
                 run, step = manifest.run, manifest.step
-        outcome = str(predicate["outcome"])
         checks.append(
             Check(
-                "outcome",
-                outcome != "NOT_REPRODUCED",
-                f"the replay attested: {outcome}",
+                CheckName.OUTCOME,
+                replay.outcome.ok,
+                f"the replay attested: {replay.outcome.value}",
             )
         )
         return VerifyResult(
@@ -610,7 +692,7 @@ class Verifier:
             step,
             tuple(checks),
             signer=signed.signer,
-            kind="attestation",
+            kind=StatementKind.ATTESTATION,
         )
 
 

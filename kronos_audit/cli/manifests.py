@@ -383,11 +383,11 @@ def snapshot(
 def _print_result(r: VerifyResult) -> None:
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
     fetched = ", fetched from the DVC remote" if r.fetched else ""
-    kind = "attestation, " if r.kind == "attestation" else ""
+    kind = "attestation, " if r.is_attestation else ""
     # The accepted signature's own words: who signed, which anchor trusted them, and any
     # revocation they were signed before.
-    signed = next((c for c in r.checks if c.name == "signature" and c.ok), None)
-    signer = "" if signed is None else f"; {safe(signed.detail)}"
+    signed = r.signature_check
+    signer = "" if signed is None or not signed.ok else f"; {safe(signed.detail)}"
     out.print(
         f"{mark} {safe(r.manifest)}  [dim]({kind}run {safe(r.run)}, step {r.step}{fetched}"
         f"{signer})[/]"
@@ -403,7 +403,7 @@ def _print_result(r: VerifyResult) -> None:
 
 
 def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]:
-    manifests = [r for r in results if r.kind == "manifest"]
+    manifests = [r for r in results if not r.is_attestation]
     return {
         "manifests": len(manifests),
         "attestations": len(results) - len(manifests),
@@ -517,47 +517,46 @@ def show(manifest: Path, as_json: bool) -> None:
     # Nothing here is verified, and anyone may have written it: every value goes through
     # _text, which shows it as inert text (no rich markup, no terminal control) and shows
     # a missing value as "none", never as Python's None.
-    p = m.predicate
-    g, env = p["git"], p["environment"]
+    p = m.record
+    g, env = p.git, p.environment
     rows: list[tuple[str, str]] = [
         ("manifest", _text(m.path)),
-        ("checkpoint", f"{_text(m.subject_name)}  ({_text(p['size'])} bytes)"),
+        ("checkpoint", f"{_text(m.subject_name)}  ({_text(p.size)} bytes)"),
         ("sha256", _text(m.subject_sha256)),
         ("run / step", f"{_text(m.run)} / {_text(m.step)}"),
-        ("created", _text(p["created"])),
+        ("created", _text(p.created)),
     ]
     parent = (
-        f"{_text(p['parent_manifest'], 'location not recorded')} ({_text(p['parent'])})"
-        if p["parent"] is not None
+        f"{_text(p.parent_manifest, 'location not recorded')} ({_text(p.parent)})"
+        if p.parent is not None
         else "none"
     )
     rows.append(("parent", parent))
-    dirty = f"  [yellow]dirty[/], patch {_text(g['patch_sha256'])}" if g["dirty"] else ""
-    rows.append(("git", f"{_text(g['commit'])} on {_text(g['branch'], '(detached)')}{dirty}"))
-    rows.append(("remote", _text(g["remote"])))
-    python, platform, cpu, blas = env["python"], env["platform"], env["cpu"], env["blas"]
+    dirty = f"  [yellow]dirty[/], patch {_text(g.patch_sha256)}" if g.dirty else ""
+    rows.append(("git", f"{_text(g.commit)} on {_text(g.branch, '(detached)')}{dirty}"))
+    rows.append(("remote", _text(g.remote)))
     rows.append(
         (
             "python",
-            f"{_text(python['implementation'])} {_text(python['version'])}, "
-            f"{len(env['packages'])} packages",
+            f"{_text(env.python_implementation)} {_text(env.python_version)}, "
+            f"{len(env.packages)} packages",
         )
     )
     rows.append(
         (
             "platform",
-            f"{_text(platform['system'])} {_text(platform['machine'])}, {_text(cpu['model'])}",
+            f"{_text(env.system)} {_text(env.machine)}, {_text(env.cpu_model)}",
         )
     )
-    rows.append(("blas", f"{_text(blas['name'])} {_text(blas['version'])}"))
-    variables = " ".join(f"{k}={v}" for k, v in env["variables"].items())
+    rows.append(("blas", f"{_text(env.blas_name)} {_text(env.blas_version)}"))
+    variables = " ".join(f"{k}={v}" for k, v in env.variables.items())
     rows.append(("numeric env", _text(variables or None)))
-    rows.append(("env lock", _text(env["digest"])))
-    rows.append(("seeds", _text(", ".join(str(s) for s in p["seeds"]) or None)))
-    rows.append(("command", _text(shlex.join(p["command"]) if p["command"] else "not recorded")))
-    rows.append(("cwd", _text(p["cwd"])))
-    if p["attributes"]:
-        rows.append(("attributes", _text(json.dumps(_thaw(p["attributes"]), sort_keys=True))))
+    rows.append(("env lock", _text(env.digest)))
+    rows.append(("seeds", _text(", ".join(str(s) for s in p.seeds) or None)))
+    rows.append(("command", _text(shlex.join(p.command) if p.command else "not recorded")))
+    rows.append(("cwd", _text(p.cwd)))
+    if p.attributes:
+        rows.append(("attributes", _text(json.dumps(_thaw(p.attributes), sort_keys=True))))
     signers = ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures)
     rows.append(("signed by", signers))
     # One line per field, the value whole: a long path or digest is never folded.

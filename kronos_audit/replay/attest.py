@@ -16,6 +16,7 @@ and verifies with the repository's trust store like any manifest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ManifestError
 from kronos_audit.manifest import (
     STATEMENT_TYPE,
+    Sha256,
     SignedStatement,
     checkpoint_path_for,
     encode_envelope,
@@ -32,8 +34,9 @@ from kronos_audit.manifest import (
     read_signed_file,
     validate,
 )
-from kronos_audit.replay.interface import ReplayResult
+from kronos_audit.replay.interface import ManifestRef, Outcome, ReplayResult
 from kronos_audit.signing import (
+    Envelope,
     SignatureCheck,
     SigningKey,
     TrustStore,
@@ -69,16 +72,76 @@ def build_statement(result: ReplayResult) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class AttestedReplay:
+    """What an attestation's predicate (a replay result) says, typed: the parts read back.
+    The rest (drift, policy, per-dataset verdicts, timings) stays in
+    :attr:`Attestation.predicate`, the document as signed."""
+
+    manifest: ManifestRef
+    """The manifest replayed."""
+    parent: ManifestRef | None
+    """The manifest the replay resumed from; None: replayed from the start."""
+    parent_fetched: bool
+    """The parent checkpoint was fetched from the DVC remote for the replay."""
+    outcome: Outcome
+    """The verdict over all datasets."""
+    commit: str
+    """The commit the code was materialised at."""
+    patch_sha256: Sha256 | None
+    """The recorded patch re-applied, if any."""
+    replayed_at: str
+    """RFC 3339 UTC time the replay finished: the time its signature is judged at."""
+    tool: str
+    """``kronos-audit X.Y.Z``: what replayed it."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> AttestedReplay:
+        """The record of a schema-valid replay result (``schemas/replay-v1.schema.json``)."""
+        parent = obj["parent"]
+        code = obj["code"]
+        patch = code["patch_sha256"]
+        return cls(
+            manifest=ManifestRef.from_json_obj(obj["manifest"]),
+            parent=None if parent is None else ManifestRef.from_json_obj(parent),
+            parent_fetched=parent is not None and bool(parent["fetched"]),
+            outcome=Outcome(obj["outcome"]),
+            commit=str(code["commit"]),
+            patch_sha256=None if patch is None else Sha256(str(patch)),
+            replayed_at=str(obj["replayed_at"]),
+            tool=str(obj["tool"]),
+        )
+
+
+@dataclass(frozen=True)
 class Attestation(SignedStatement):
     """An attestation read from or written to disk, its statement schema-valid."""
 
+    replay: AttestedReplay
+    """The predicate, typed (what is read back of it): parsed once, when it was read."""
+
     @property
-    def outcome(self) -> str:
-        return str(self.predicate["outcome"])
+    def outcome(self) -> Outcome:
+        return self.replay.outcome
+
+    @property
+    def manifest_sha256(self) -> Sha256:
+        """The first subject: the sha256 of the manifest it attests."""
+        return Sha256(str(self.statement["subject"][0]["digest"]["sha256"]))
+
+    @property
+    def checkpoint_sha256(self) -> Sha256:
+        """The second subject: the sha256 of the checkpoint that manifest signs."""
+        return Sha256(str(self.statement["subject"][1]["digest"]["sha256"]))
 
     def verify(self, trust: TrustStore) -> SignatureCheck:
         """Whether a key ``trust`` holds signed it."""
         return verify_envelope(self.envelope, trust)
+
+
+def _attestation(path: Path, envelope: Envelope, statement: Any) -> Attestation:
+    return Attestation(
+        path, envelope, statement, AttestedReplay.from_json_obj(statement["predicate"])
+    )
 
 
 def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Attestation:
@@ -90,7 +153,7 @@ def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Atte
         write_atomic(path, encode_envelope(envelope))
     except OSError as e:
         raise ManifestError(f"cannot write the attestation: {e.strerror or e}", path=path) from None
-    return Attestation(path, envelope, statement)
+    return _attestation(path, envelope, statement)
 
 
 def read_attestation(path: Path | str) -> Attestation:
@@ -100,4 +163,4 @@ def read_attestation(path: Path | str) -> Attestation:
         read_signed_file(path, "attestation"), path, "attestation"
     )
     validate(statement, path, schema_name=SCHEMA_NAME, what="attestation")
-    return Attestation(path, envelope, statement)
+    return _attestation(path, envelope, statement)

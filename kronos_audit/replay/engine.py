@@ -103,7 +103,7 @@ class _Clock:
 
 
 def _environment(m: Manifest, env: EnvMode) -> EnvironmentReport:
-    report = environment_report(m.predicate["environment"], env)
+    report = environment_report(m.record.environment, env)
     if env is EnvMode.STRICT and report.drift:
         n = len(report.drift)
         raise ReplayError(
@@ -139,7 +139,8 @@ def replay(
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
     project = find_project(m.path).require_initialized()
-    if not m.predicate["command"]:
+    command = m.record.command
+    if not command:
         raise ReplayError(
             "the manifest records no command to re-run (kaudit snapshot --command ...)",
             path=m.path,
@@ -149,13 +150,15 @@ def replay(
         policy = TolerancePolicy.from_config(project)
     basis = Basis.for_policy(policy)
     verified = verify_history(project, m, basis, trust)
-    check_placeholders(m.predicate["command"], path=m.path)  # before anything runs
+    check_placeholders(command, path=m.path)  # before anything runs
     clock.lap("verify")
     report = _environment(m, env)
     clock.lap("environment")
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:
-        return _run_and_compare(verified, report, policy, basis, workdir, keep_workdir, clock)
+        return _run_and_compare(
+            verified, command, report, policy, basis, workdir, keep_workdir, clock
+        )
     except ReplayError as e:
         if keep_workdir:
             e.message += f" (work directory kept: {workdir})"
@@ -167,6 +170,7 @@ def replay(
 
 def _run_and_compare(
     verified: Verified,
+    command: tuple[str, ...],
     report: EnvironmentReport,
     policy: TolerancePolicy,
     basis: Basis,
@@ -175,24 +179,22 @@ def _run_and_compare(
     clock: _Clock,
 ) -> ReplayResult:
     m, project, parent = verified.manifest, verified.project, verified.parent
-    git = m.predicate["git"]
-    commit = str(git["commit"])
-    patch = git["patch_sha256"]
+    commit, patch = m.record.git.commit, m.record.git.patch_sha256
     cwd = recorded_cwd(m)
-    seeds = m.predicate["seeds"]
+    seeds = m.record.seeds
     instruction = Instruction(
         resume_from=None if parent is None else hand_over(parent, workdir / PARENT_DIR),
         stop_at=m.step,
         out=workdir / "out",
-        seed=int(seeds[0]) if seeds else None,
+        seed=seeds[0] if seeds else None,
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:
-            apply_patch(project, str(patch), tree)
+            apply_patch(project, patch, tree)
         clock.lap("code")
         run_dir = working_directory(tree, cwd, commit, m)
         argv = command_line(
-            list(m.predicate["command"]),
+            list(command),
             instruction,
             repo_root=project.root,
             tree=tree,
@@ -218,8 +220,8 @@ def _run_and_compare(
         parent=None if parent is None else _ref(project, parent),
         parent_fetched=verified.parent_fetched,
         commit=commit,
-        patch_sha256=None if patch is None else Sha256(str(patch)),
-        command=tuple(m.predicate["command"]),
+        patch_sha256=patch,
+        command=command,
         executed=tuple(argv),
         cwd=cwd,
         seed=instruction.seed,

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kronos_audit.manifest import Sha256
+from kronos_audit.predicate import ENVIRONMENT_SECTIONS, EnvironmentLock, Sha256
 from kronos_audit.provenance import environment
 from kronos_audit.replay.interface import Difference, EnvironmentReport, EnvMode
 
-SECTIONS = ("python", "platform", "cpu", "blas", "variables", "packages")
+SECTIONS = ENVIRONMENT_SECTIONS
 NOTED_ONLY: frozenset[tuple[str, str]] = frozenset(
     {
         ("python", "executable"),
@@ -68,15 +68,22 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
 
 
 def environment_report(
-    recorded: Mapping[str, Any],
+    recorded: EnvironmentLock | Mapping[str, Any],
     mode: EnvMode = EnvMode.WARN,
-    current: Mapping[str, Any] | None = None,
+    current: EnvironmentLock | Mapping[str, Any] | None = None,
 ) -> EnvironmentReport:
-    """Compare the recorded lock with ``current`` (default: this machine's, read now)."""
-    here = current if current is not None else current_environment()
+    """Compare the recorded lock (a manifest's, or its JSON form) with ``current``
+    (default: this machine's, read now)."""
+    rec = _json(recorded)
+    here = _json(current if current is not None else current_environment())
     return EnvironmentReport(
         mode=mode,
-        recorded_digest=Sha256(str(recorded["digest"])),
+        recorded_digest=Sha256(str(rec["digest"])),
         current_digest=Sha256(str(here["digest"])),
-        differences=tuple(differences(recorded, here)),
+        differences=tuple(differences(rec, here)),
     )
+
+
+def _json(lock: EnvironmentLock | Mapping[str, Any]) -> Mapping[str, Any]:
+    # The report compares every field of every section, named or not: the JSON form.
+    return lock.to_json_obj() if isinstance(lock, EnvironmentLock) else lock

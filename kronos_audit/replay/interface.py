@@ -9,6 +9,7 @@ applies, WITHIN_TOLERANCE of the recorded data.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,19 @@ class ManifestRef:
     """The checkpoint's name in the manifest's subject."""
     checkpoint_sha256: Sha256
     """The checkpoint file's signed sha256."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> ManifestRef:
+        """The reference a schema-valid replay result holds (a parent's ``fetched`` aside)."""
+        checkpoint = obj["checkpoint"]
+        return cls(
+            path=str(obj["path"]),
+            sha256=Sha256(str(obj["sha256"])),
+            run=str(obj["run"]),
+            step=int(obj["step"]),
+            checkpoint=str(checkpoint["name"]),
+            checkpoint_sha256=Sha256(str(checkpoint["sha256"])),
+        )
 
     def to_json_obj(self) -> dict[str, Any]:
         return {

@@ -56,7 +56,7 @@ def verify_history(
     if m.parent is not None:
         parent_path = verifier.locate_parent(m)  # the file whose sha256 is the recorded link
         if parent_path is None:
-            name = m.predicate["parent_manifest"] or "(not recorded)"
+            name = m.record.parent_manifest or "(not recorded)"
             raise ReplayError(
                 f"its parent manifest {name} is missing or altered: no manifest here has "
                 f"the recorded digest {m.parent}",

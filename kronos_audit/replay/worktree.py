@@ -89,7 +89,7 @@ def apply_patch(project: Project, digest: str, tree: Path) -> None:
 def recorded_cwd(m: Manifest) -> str:
     """The recorded working directory, relative to the repository root; refused before
     anything is materialised when it is absolute or climbs out with ``..``."""
-    cwd = str(m.predicate["cwd"])
+    cwd = m.record.cwd
     if Path(cwd).is_absolute() or ".." in Path(cwd).parts:
         raise ReplayError(
             f"the recorded working directory {cwd} is outside the repository",

@@ -1,0 +1,358 @@
+"""A manifest's predicate as a typed record: what the manifest says about its checkpoint.
+
+The predicate is JSON, defined by ``schemas/manifest-v1.schema.json``. It is parsed into a
+:class:`Predicate` once, when a manifest is read and its statement has passed the schema
+(:func:`kronos_audit.manifest.parse_manifest`), so code reads ``m.record.git.commit``
+rather than reaching into a mapping by key. :meth:`Predicate.from_json_obj` trusts the
+schema: given a predicate the schema refuses, it may raise anything.
+
+Two parts stay mappings on purpose: ``attributes`` is the user's own data (JSON values,
+untyped by nature), and the sections of the environment lock are open-ended (a lock may
+carry fields this version does not know, and a replay's drift report compares them all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NewType
+
+from kronos_audit.checkpoint.hashing import DatasetDigest
+
+Sha256 = NewType("Sha256", str)
+"""Lower-case hex sha256."""
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _sha256(value: Any) -> Sha256 | None:
+    return None if value is None else Sha256(str(value))
+
+
+def _section(value: Any) -> Mapping[str, Any]:
+    """A read-only copy of one section of the environment lock."""
+    return MappingProxyType(dict(value or {}))
+
+
+def _thaw(value: Any) -> Any:
+    """JSON values as ``json`` builds them, from the read-only forms a manifest holds."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class GitRecord:
+    """Where the code that ran came from, as the manifest records it."""
+
+    commit: str
+    """The HEAD commit (40 hex digits, or 64 in a SHA-256 repository)."""
+    branch: str | None
+    """The checked-out branch; None when HEAD was detached."""
+    dirty: bool
+    """Tracked files differed from the commit."""
+    patch_sha256: Sha256 | None
+    """sha256 of the uncommitted patch (kept under ``.kaudit/patches``) when dirty."""
+    remote: str | None
+    """URL of the ``origin`` remote (or the first one), credentials stripped."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> GitRecord:
+        return cls(
+            commit=str(obj["commit"]),
+            branch=None if obj["branch"] is None else str(obj["branch"]),
+            dirty=bool(obj["dirty"]),
+            patch_sha256=_sha256(obj["patch_sha256"]),
+            remote=None if obj["remote"] is None else str(obj["remote"]),
+        )
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit,
+            "branch": self.branch,
+            "dirty": self.dirty,
+            "patch_sha256": self.patch_sha256,
+            "remote": self.remote,
+        }
+
+
+ENVIRONMENT_SECTIONS = ("python", "platform", "cpu", "blas", "variables", "packages")
+"""The sections of an environment lock, in the order a drift report takes them."""
+
+
+@dataclass(frozen=True)
+class EnvironmentLock:
+    """The environment a checkpoint was written in: what a replay compares its own with.
+
+    Each section is a read-only mapping, since the schema leaves them open: a lock may
+    hold fields this version does not name, and the drift report
+    (:mod:`kronos_audit.replay.environment`) compares every one. The fields the schema
+    requires are also typed properties.
+    """
+
+    python: Mapping[str, Any]
+    """The interpreter: ``version`` and ``implementation``; kaudit also records
+    ``executable``."""
+    platform: Mapping[str, str]
+    """``system`` and ``machine``; kaudit also records ``release`` and ``libc``."""
+    cpu: Mapping[str, Any]
+    """``model``; kaudit also records ``count`` (an integer)."""
+    blas: Mapping[str, str]
+    """The BLAS numpy uses: ``name`` and ``version``, and what else numpy reports."""
+    variables: Mapping[str, str]
+    """The numeric environment variables that were set (``OMP_NUM_THREADS``, ...)."""
+    packages: Mapping[str, str]
+    """Installed distributions and their versions."""
+    digest: Sha256
+    """sha256 over the canonical JSON of the rest of the lock: equal locks, equal digests."""
+
+    @property
+    def python_version(self) -> str:
+        return str(self.python["version"])
+
+    @property
+    def python_implementation(self) -> str:
+        return str(self.python["implementation"])
+
+    @property
+    def system(self) -> str:
+        return self.platform["system"]
+
+    @property
+    def machine(self) -> str:
+        return self.platform["machine"]
+
+    @property
+    def cpu_model(self) -> str:
+        return str(self.cpu["model"])
+
+    @property
+    def blas_name(self) -> str:
+        return self.blas["name"]
+
+    @property
+    def blas_version(self) -> str:
+        return self.blas["version"]
+
+    def sections(self) -> dict[str, Mapping[str, Any]]:
+        """Each section by name, in :data:`ENVIRONMENT_SECTIONS` order."""
+        return {
+            "python": self.python,
+            "platform": self.platform,
+            "cpu": self.cpu,
+            "blas": self.blas,
+            "variables": self.variables,
+            "packages": self.packages,
+        }
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> EnvironmentLock:
+        return cls(
+            python=_section(obj["python"]),
+            platform=_section(obj["platform"]),
+            cpu=_section(obj["cpu"]),
+            blas=_section(obj["blas"]),
+            variables=_section(obj["variables"]),
+            packages=_section(obj["packages"]),
+            digest=Sha256(str(obj["digest"])),
+        )
+
+    def to_json_obj(self) -> dict[str, Any]:
+        """The lock as :func:`kronos_audit.provenance.environment` gives one."""
+        return {
+            **{name: _thaw(section) for name, section in self.sections().items()},
+            "digest": self.digest,
+        }
+
+
+@dataclass(frozen=True)
+class RngRecord:
+    """Where the checkpoint holds the state of one random number generator."""
+
+    dataset: str
+    """The HDF5 dataset holding its state, e.g. ``/rng/numpy``."""
+    bit_generator: str | None
+    """numpy's bit generator (``PCG64``, ...), when it is one."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> RngRecord:
+        bit_generator = obj.get("bit_generator")
+        return cls(str(obj["dataset"]), None if bit_generator is None else str(bit_generator))
+
+    def to_json_obj(self) -> dict[str, Any]:
+        if self.bit_generator is None:
+            return {"dataset": self.dataset}
+        return {"dataset": self.dataset, "bit_generator": self.bit_generator}
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Monte Carlo progress when the checkpoint was written."""
+
+    total: int
+    """Batches in the job."""
+    done: int
+    """Batches recorded in this checkpoint's ledger."""
+
+    def to_json_obj(self) -> dict[str, int]:
+        return {"total": self.total, "done": self.done}
+
+
+@dataclass(frozen=True)
+class PrunedEntry:
+    """A checkpoint of the same run whose data retention deleted when this one was written
+    (signed here, so a verifier can tell data deleted on purpose from data deleted by
+    anyone)."""
+
+    step: int
+    """Its step."""
+    manifest: Sha256
+    """sha256 of its manifest's bytes (the manifest stays)."""
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"step": self.step, "manifest": self.manifest}
+
+
+def _dataset(obj: Mapping[str, Any]) -> DatasetDigest:
+    shape = obj["shape"]
+    return DatasetDigest(
+        str(obj["path"]),
+        str(obj["dtype"]),
+        None if shape is None else tuple(int(n) for n in shape),
+        str(obj["sha256"]),
+    )
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """What a manifest says about its checkpoint, typed (``schemas/manifest-v1.schema.json``).
+
+    Nothing here is verified: a manifest is read before its signature is checked, and
+    anyone may have written it (see :func:`kronos_audit.verify.verify`).
+    """
+
+    run: str
+    """Run id."""
+    step: int
+    """The step (or batch index) the checkpoint holds."""
+    parent: Sha256 | None
+    """sha256 of the parent manifest's bytes: the chain's link. None for the first
+    checkpoint of a chain."""
+    parent_manifest: str | None
+    """Where the parent manifest was, relative to the repository root: a locator only,
+    the digest is the link."""
+    created: str
+    """When it was signed: an RFC 3339 UTC time such as ``2026-11-29T08:00:00.123456Z``."""
+    size: int
+    """The checkpoint file's size in bytes."""
+    git: GitRecord
+    """The code that ran."""
+    environment: EnvironmentLock
+    """The environment it ran in."""
+    seeds: tuple[int, ...]
+    """The seeds the program was given (a replay hands the first back as ``KAUDIT_SEED``)."""
+    rng: Mapping[str, RngRecord]
+    """Where each random number generator's state is stored, by generator (written by the
+    runtime; empty for a snapshot)."""
+    datasets: tuple[DatasetDigest, ...] | None
+    """Every HDF5 dataset and the sha256 of its canonical bytes; None when the checkpoint
+    is not HDF5 (then only its file digest covers it)."""
+    attributes: Mapping[str, Any]
+    """The user's attributes: JSON values, read-only."""
+    command: tuple[str, ...] | None
+    """The argv that re-runs the segment; None when it is not known."""
+    cwd: str
+    """The working directory, relative to the repository root (POSIX)."""
+    restart_count: int | None
+    """How often the job had been restarted when it wrote this checkpoint (written by the
+    runtime; None for a snapshot)."""
+    batches: Batches | None
+    """Monte Carlo progress (written by a batch run; None otherwise)."""
+    pruned: tuple[PrunedEntry, ...]
+    """Checkpoints whose data retention deleted when this one was written (empty when it
+    deleted none)."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
+        """The record of a schema-valid predicate. Read-only values (a manifest's frozen
+        statement) are kept as they are: ``attributes`` is shared, not copied."""
+        datasets = obj["datasets"]
+        command = obj["command"]
+        batches = obj.get("batches")
+        restart_count = obj.get("restart_count")
+        attributes = obj["attributes"]
+        return cls(
+            run=str(obj["run"]),
+            step=int(obj["step"]),
+            parent=_sha256(obj["parent"]),
+            parent_manifest=(
+                None if obj["parent_manifest"] is None else str(obj["parent_manifest"])
+            ),
+            created=str(obj["created"]),
+            size=int(obj["size"]),
+            git=GitRecord.from_json_obj(obj["git"]),
+            environment=EnvironmentLock.from_json_obj(obj["environment"]),
+            seeds=tuple(int(s) for s in obj["seeds"]),
+            rng=MappingProxyType(
+                {str(k): RngRecord.from_json_obj(v) for k, v in (obj.get("rng") or {}).items()}
+            ),
+            datasets=None if datasets is None else tuple(_dataset(d) for d in datasets),
+            attributes=(
+                attributes
+                if isinstance(attributes, MappingProxyType)
+                else MappingProxyType(dict(attributes))
+            ),
+            command=None if command is None else tuple(str(a) for a in command),
+            cwd=str(obj["cwd"]),
+            restart_count=None if restart_count is None else int(restart_count),
+            batches=None
+            if batches is None
+            else Batches(int(batches["total"]), int(batches["done"])),
+            pruned=tuple(
+                PrunedEntry(int(e["step"]), Sha256(str(e["manifest"])))
+                for e in obj.get("pruned") or ()
+            ),
+        )
+
+    def to_json_obj(self) -> dict[str, Any]:
+        """The predicate as JSON values, as :meth:`from_json_obj` read it (an optional
+        field that was absent or empty is left out)."""
+        obj: dict[str, Any] = {
+            "run": self.run,
+            "step": self.step,
+            "parent": self.parent,
+            "parent_manifest": self.parent_manifest,
+            "created": self.created,
+            "size": self.size,
+            "git": self.git.to_json_obj(),
+            "environment": self.environment.to_json_obj(),
+            "seeds": list(self.seeds),
+            "datasets": None if self.datasets is None else [d.to_json_obj() for d in self.datasets],
+            "attributes": _thaw(self.attributes),
+            "command": None if self.command is None else list(self.command),
+            "cwd": self.cwd,
+        }
+        if self.rng:
+            obj["rng"] = {name: r.to_json_obj() for name, r in self.rng.items()}
+        if self.restart_count is not None:
+            obj["restart_count"] = self.restart_count
+        if self.batches is not None:
+            obj["batches"] = self.batches.to_json_obj()
+        if self.pruned:
+            obj["pruned"] = [p.to_json_obj() for p in self.pruned]
+        return obj
+
+
+__all__ = [
+    "ENVIRONMENT_SECTIONS",
+    "Batches",
+    "EnvironmentLock",
+    "GitRecord",
+    "Predicate",
+    "PrunedEntry",
+    "RngRecord",
+    "Sha256",
+]

@@ -6,6 +6,7 @@ name exactly the checks that failed.
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import shutil
@@ -25,7 +26,14 @@ from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, sign_envelope
 from kronos_audit.snapshot import snapshot
 from kronos_audit.storage import cache_object_path, cache_settings
-from kronos_audit.verify import Check, compare_datasets, verify
+from kronos_audit.verify import (
+    Check,
+    CheckName,
+    StatementKind,
+    Verifier,
+    compare_datasets,
+    verify,
+)
 
 
 def failed_checks(manifest: Path) -> set[str]:
@@ -373,3 +381,122 @@ def test_result_json_shape(project: Project, key: SigningKey, checkpoint: Path) 
         "datasets",
         "parent link",
     }
+
+
+# -- check names: an enum, and properties on the result ------------------------------------
+
+
+def test_check_names_print_and_serialise_as_before() -> None:
+    assert [c.value for c in CheckName] == [
+        "signature",
+        "place",
+        "file digest",
+        "datasets",
+        "dataset",
+        "parent link",
+        "manifest",
+        "outcome",
+    ]
+    u = Check(CheckName.DATASET, False, "content differs", dataset="/fields/u")
+    assert u.name == "dataset /fields/u"
+    assert u.to_json_obj() == {
+        "check": "dataset /fields/u",
+        "ok": False,
+        "skipped": False,
+        "detail": "content differs",
+    }
+    digest_check = Check(CheckName.FILE_DIGEST, True, "matches")
+    assert digest_check.name == "file digest"
+    assert f"{digest_check.kind}: x" == "file digest: x"
+    # A plain string naming a check is taken as its kind (and only a check's name is).
+    assert Check("parent link", True, "").kind is CheckName.PARENT_LINK  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is not a valid CheckName"):
+        Check("dataset /fields/u", True, "")  # type: ignore[arg-type]
+
+
+def test_a_dataset_check_names_its_dataset_and_only_it_does() -> None:
+    with pytest.raises(ValueError, match="dataset"):
+        Check(CheckName.DATASET, False, "differs")
+    with pytest.raises(ValueError, match="dataset"):
+        Check(CheckName.DATASETS, False, "differs", dataset="/fields/u")
+    (check,) = compare_datasets((digest("/a"),), (digest("/a", h="b"),))
+    assert (check.kind, check.dataset) == (CheckName.DATASET, "/a")
+
+
+def test_the_result_says_what_its_checks_found(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1)
+    (good,) = verify(m.path)
+    assert good.kind is StatementKind.MANIFEST
+    assert not good.is_attestation
+    assert good.data_checked
+    assert not good.data_corrupt
+    signature = good.signature_check
+    assert signature is not None
+    assert signature.ok
+    assert signature is good.checks[0]
+    assert good.check(CheckName.PARENT_LINK) is good.checks[-1]
+    assert good.check(CheckName.OUTCOME) is None  # a manifest has no outcome
+
+    with h5py.File(checkpoint, "r+") as f:
+        f["weights"][0, 0] += 1
+    (bad,) = verify(m.path)
+    assert bad.data_checked
+    assert bad.data_corrupt
+    file_digest = bad.check(CheckName.FILE_DIGEST)
+    assert file_digest is not None
+    assert not file_digest.ok
+    assert [c.kind for c in bad.failures] == [CheckName.FILE_DIGEST, CheckName.DATASET]
+
+    unread = Verifier(project).verify(m.path, data=False)
+    assert not unread.data_checked
+    assert not unread.data_corrupt
+    skipped = unread.check(CheckName.FILE_DIGEST)
+    assert skipped is not None
+    assert skipped.skipped
+    assert skipped.ok
+
+
+CHECK_NAMES = frozenset(c.value for c in CheckName)
+
+
+def check_name_comparisons(source: str) -> list[int]:
+    """Lines of ``source`` that compare ``something.name`` with a check's name as a string
+    (``c.name == "file digest"``) instead of using CheckName and the result's properties."""
+    found: list[int] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        names = any(isinstance(x, ast.Attribute) and x.attr == "name" for x in sides)
+        literal = any(
+            isinstance(x, ast.Constant)
+            and isinstance(x.value, str)
+            and (x.value in CHECK_NAMES or x.value.startswith("dataset /"))
+            for x in sides
+        )
+        if names and literal:
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_scanner_finds_check_names_compared_as_strings() -> None:
+    source = (
+        'a = c.name == "file digest"\n'
+        'b = "signature" != check.name\n'
+        'c = c.name == "dataset /fields/u"\n'
+        "d = c.kind is CheckName.FILE_DIGEST\n"
+        'e = path.name == "step-1.h5"\n'
+    )
+    assert check_name_comparisons(source) == [1, 2, 3]
+
+
+def test_the_package_never_compares_check_names_as_strings() -> None:
+    package = Path(__file__).resolve().parents[1] / "kronos_audit"
+    offenders = {
+        str(path.relative_to(package)): lines
+        for path in sorted(package.rglob("*.py"))
+        if (lines := check_name_comparisons(path.read_text(encoding="utf-8")))
+    }
+    assert not offenders, offenders

@@ -17,7 +17,7 @@ from securesystemslib.signer import SSlibKey
 
 from kronos_audit.manifest import validate
 from kronos_audit.project import Project
-from kronos_audit.replay import PREDICATE_TYPE, SCHEMA_NAME, read_attestation
+from kronos_audit.replay import PREDICATE_TYPE, SCHEMA_NAME, Outcome, read_attestation
 from kronos_audit.replay.attest import SCHEMA_NAME as ATTESTATION_SCHEMA
 from kronos_audit.signing import (
     SigningKey,
@@ -70,6 +70,16 @@ def test_attest_writes_an_attestation_that_verifies(
     assert predicate["policy"] == {"default": None, "rules": []}
     assert {d["verdict"] for d in predicate["datasets"]} == {"IDENTICAL"}
     assert predicate["timings"]["command"] > 0
+    # ... and typed, what a verifier reads of it
+    replay = attestation.replay
+    assert replay.outcome is Outcome.REPRODUCED
+    assert replay.manifest.sha256 == sha256(target) == attestation.manifest_sha256
+    assert replay.manifest.checkpoint_sha256 == attestation.checkpoint_sha256
+    assert (replay.manifest.run, replay.manifest.step) == ("heat", 20)
+    assert replay.parent is not None
+    assert (replay.parent.sha256, replay.parent.step) == (sha256(manifest(heat, 10)), 10)
+    assert replay.replayed_at == predicate["replayed_at"]
+    assert replay.commit == predicate["code"]["commit"]
 
     # kaudit's verifier, with the repository's trust store
     trust = Project(repo).trust_store()
@@ -100,6 +110,8 @@ def test_a_replay_that_fails_is_attested_too(repo: Path) -> None:
     json.loads(result.stdout)  # stdout stays pure JSON
     attestation = read_attestation(target.parent / "step-00000005.h5.replay.json")
     assert attestation.outcome == "NOT_REPRODUCED"
+    assert attestation.replay.outcome is Outcome.NOT_REPRODUCED
+    assert attestation.replay.parent is None  # replayed from the start
     noise = next(d for d in attestation.predicate["datasets"] if d["path"] == "/noise")
     assert noise["verdict"] == "DIFFERENT"
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kronos_audit.predicate import EnvironmentLock
 from kronos_audit.replay import EnvMode, environment_report
 from kronos_audit.replay.environment import current_environment, differences
 
@@ -101,3 +102,12 @@ def test_this_process_matches_its_own_lock_and_reads_variables_afresh(
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     (d,) = environment_report(lock).drift
     assert (d.name, d.change, d.current) == ("OMP_NUM_THREADS", "added", "7")
+
+
+def test_the_typed_lock_of_a_manifest_reports_as_its_json_form() -> None:
+    lock = EnvironmentLock.from_json_obj(LOCK)
+    current = changed(packages__numpy="1.26.4", platform__release="6.5.0")
+    typed = environment_report(lock, EnvMode.STRICT, current=current)
+    assert typed == environment_report(LOCK, EnvMode.STRICT, current=current)
+    assert [str(d) for d in typed.drift] == ["numpy 2.0.1 -> 1.26.4"]
+    assert environment_report(lock, current=lock).differences == ()

@@ -30,9 +30,9 @@ def _sha256(value: Any) -> Sha256 | None:
     return None if value is None else Sha256(str(value))
 
 
-def _section(value: Any) -> Mapping[str, Any]:
-    """A read-only copy of one section of the environment lock."""
-    return MappingProxyType(dict(value or {}))
+def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``value`` read-only: as it is when it already is (a manifest's frozen statement)."""
+    return value if isinstance(value, MappingProxyType) else MappingProxyType(dict(value))
 
 
 def _thaw(value: Any) -> Any:
@@ -151,12 +151,12 @@ class EnvironmentLock:
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> EnvironmentLock:
         return cls(
-            python=_section(obj["python"]),
-            platform=_section(obj["platform"]),
-            cpu=_section(obj["cpu"]),
-            blas=_section(obj["blas"]),
-            variables=_section(obj["variables"]),
-            packages=_section(obj["packages"]),
+            python=_read_only(obj["python"]),
+            platform=_read_only(obj["platform"]),
+            cpu=_read_only(obj["cpu"]),
+            blas=_read_only(obj["blas"]),
+            variables=_read_only(obj["variables"]),
+            packages=_read_only(obj["packages"]),
             digest=Sha256(str(obj["digest"])),
         )
 
@@ -277,13 +277,13 @@ class Predicate:
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
-        """The record of a schema-valid predicate. Read-only values (a manifest's frozen
-        statement) are kept as they are: ``attributes`` is shared, not copied."""
+        """The record of a schema-valid predicate. Mappings that are already read-only (a
+        manifest's frozen statement) are shared, not copied: ``attributes``, the lock's
+        sections."""
         datasets = obj["datasets"]
         command = obj["command"]
         batches = obj.get("batches")
         restart_count = obj.get("restart_count")
-        attributes = obj["attributes"]
         return cls(
             run=str(obj["run"]),
             step=int(obj["step"]),
@@ -300,11 +300,7 @@ class Predicate:
                 {str(k): RngRecord.from_json_obj(v) for k, v in (obj.get("rng") or {}).items()}
             ),
             datasets=None if datasets is None else tuple(_dataset(d) for d in datasets),
-            attributes=(
-                attributes
-                if isinstance(attributes, MappingProxyType)
-                else MappingProxyType(dict(attributes))
-            ),
+            attributes=_read_only(obj["attributes"]),
             command=None if command is None else tuple(str(a) for a in command),
             cwd=str(obj["cwd"]),
             restart_count=None if restart_count is None else int(restart_count),

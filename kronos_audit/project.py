@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import git
-
+from kronos_audit._internal import git
 from kronos_audit.errors import ProjectError
 from kronos_audit.signing import TrustStore
 
@@ -79,11 +78,12 @@ def find_project(start: Path | str = ".") -> Project:
     while not probe.exists():
         probe = probe.parent
     try:
-        repo = git.Repo(probe, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return Project(git.toplevel(probe))
+    except git.NotARepository:
         raise ProjectError(
             "not inside a git repository (run `git init` first)", path=start
         ) from None
-    if repo.working_tree_dir is None:
-        raise ProjectError("a bare git repository has no work tree", path=start)
-    return Project(Path(repo.working_tree_dir).resolve())
+    except git.NoWorkTree:
+        raise ProjectError("a bare git repository has no work tree", path=start) from None
+    except git.GitError as e:
+        raise ProjectError(f"cannot find the git work tree: {e.message}", path=start) from None

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import git
-
+from kronos_audit._internal import git
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.secrets import secret_file_reason
@@ -181,7 +180,7 @@ def patch_path(repo_root: Path, digest: str) -> Path:
 PRIVATE_KEY_PATTERN = "-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"
 
 
-def _refuse_secret_files(repo: git.Repo, repo_root: Path) -> None:
+def _refuse_secret_files(repo_root: Path) -> None:
     """Raise UsageError for the first file the recorded patch would carry that looks like
     a secret: by its name (see :func:`kronos_audit._internal.secrets.secret_file_reason`)
     or by holding a PEM private key.
@@ -191,23 +190,24 @@ def _refuse_secret_files(repo: git.Repo, repo_root: Path) -> None:
     may be a new secret (a rotated password), and the old one being in the history is no
     reason to record the new one. Deleting such a file publishes nothing and is allowed.
     """
+    pathspecs = (".", *RECORD_PATHSPECS)
     try:
-        listed = repo.git.diff(
-            "HEAD", "--name-status", "--no-renames", "-z", "--", ".", *RECORD_PATHSPECS
+        listed = os.fsdecode(
+            git.diff_head(repo_root, "--name-status", "--no-renames", "-z", pathspecs=pathspecs)
         ).split("\0")
-        keyed = repo.git.diff(
-            "HEAD",
-            "--name-only",
-            "--no-renames",
-            "--diff-filter=d",
-            "-z",
-            f"-G{PRIVATE_KEY_PATTERN}",
-            "--",
-            ".",
-            *RECORD_PATHSPECS,
+        keyed = os.fsdecode(
+            git.diff_head(
+                repo_root,
+                "--name-only",
+                "--no-renames",
+                "--diff-filter=d",
+                "-z",
+                f"-G{PRIVATE_KEY_PATTERN}",
+                pathspecs=pathspecs,
+            )
         ).split("\0")
-    except (git.GitError, OSError) as e:
-        raise ProjectError(f"cannot read git state: {e}", path=repo_root) from None
+    except git.GitError as e:
+        raise ProjectError(f"cannot read git state: {e.message}", path=repo_root) from None
     changes = dict(zip(listed[1::2], listed[0::2], strict=False))
     found = [
         (name, reason)
@@ -236,12 +236,9 @@ def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitState:
     looks like a secret, unless ``allow_secret_files``.
     """
     try:
-        repo = git.Repo(repo_root)
-        status = repo.git.status(
-            "--porcelain=v2", "--branch", "--untracked-files=no", "--", ".", *RECORD_PATHSPECS
-        )
-    except (git.GitError, OSError) as e:
-        raise ProjectError(f"cannot read git state: {e}", path=repo_root) from None
+        status = git.status(repo_root, ".", *RECORD_PATHSPECS)
+    except git.GitError as e:
+        raise ProjectError(f"cannot read git state: {e.message}", path=repo_root) from None
     commit: str | None = None
     branch: str | None = None
     dirty = False
@@ -260,37 +257,31 @@ def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitState:
         )
     patch_sha256 = None
     if dirty and not allow_secret_files:
-        _refuse_secret_files(repo, repo_root)
+        _refuse_secret_files(repo_root)
     if dirty:
         # Keep the bytes exactly: a replay must re-apply this patch as it was.
-        patch = repo.git.diff(
-            "HEAD",
-            "--binary",
-            "--",
-            ".",
-            *RECORD_PATHSPECS,
-            stdout_as_string=False,
-            strip_newline_in_stdout=False,
-        )
+        try:
+            patch = git.diff_head(repo_root, "--binary", pathspecs=(".", *RECORD_PATHSPECS))
+        except git.GitError as e:
+            raise ProjectError(f"cannot read git state: {e.message}", path=repo_root) from None
         patch_sha256 = hashlib.sha256(patch).hexdigest()
         target = patch_path(repo_root, patch_sha256)
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(target, patch)
-    remote = None
-    if repo.remotes:
-        names = [r.name for r in repo.remotes]
-        chosen = repo.remote("origin" if "origin" in names else names[0])
-        urls = list(chosen.urls)
-        remote = strip_credentials(urls[0]) if urls else None
+    try:
+        url = git.remote_url(repo_root)
+    except git.GitError as e:
+        raise ProjectError(f"cannot read git state: {e.message}", path=repo_root) from None
+    remote = strip_credentials(url) if url is not None else None
     return GitState(commit, branch, dirty, patch_sha256, remote)
 
 
 def git_tracked(repo_root: Path, paths: list[Path]) -> list[Path]:
     """Those of ``paths`` that git tracks (a checkpoint must not be: DVC tracks it)."""
     try:
-        listed = git.Repo(repo_root).git.ls_files("-z", "--", *[str(p) for p in paths])
-    except (git.GitError, OSError) as e:
-        raise ProjectError(f"cannot ask git what it tracks: {e}", path=repo_root) from None
-    tracked = {Path(repo_root, name).resolve() for name in listed.split("\0") if name}
+        listed = git.ls_files(repo_root, [str(Path(p).absolute()) for p in paths])
+    except git.GitError as e:
+        raise ProjectError(f"cannot ask git what it tracks: {e.message}", path=repo_root) from None
+    tracked = {Path(repo_root, name).resolve() for name in listed}
     return [p for p in paths if Path(p).resolve() in tracked]

@@ -32,7 +32,6 @@ import datetime as dt
 import json
 import os
 import re
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,6 +40,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from kronos_audit._internal import git
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
@@ -282,23 +282,19 @@ def _add_explicit(keyring: Keyring, path: Path, anchor: Anchor) -> None:
     keyring.add(public_key, path.name.removesuffix(".pub"), anchor, str(path))
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        ["git", "-C", str(root), *args],
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-
-
 def resolve_ref(root: Path, ref: str) -> str:
     """The commit ``ref`` names in the repository at ``root``; UsageError if none."""
     if not ref or ref.startswith("-") or any(c in ref for c in "\0\n"):
         raise UsageError(f"--trust-ref {ref!r}: not a git ref name")
-    done = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
-    if done.returncode != 0:
+    try:
+        commit = git.commit_of(root, ref)
+    except git.GitError as e:
+        raise UsageError(
+            f"--trust-ref {ref}: no such commit in this repository ({e.message})", path=root
+        ) from None
+    if commit is None:
         raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
-    return done.stdout.decode().strip()
+    return commit
 
 
 def read_tree_files(
@@ -306,29 +302,26 @@ def read_tree_files(
 ) -> tuple[list[tuple[str, bytes]], list[str]]:
     """The regular files ``directory/*suffix`` as they are at ``commit`` (name, bytes),
     read from git's object store; and the entries skipped (symlinks, submodules, too big)."""
-    listing = _git(root, "ls-tree", "-z", "--long", "--end-of-options", commit, f"{directory}/")
-    if listing.returncode != 0:
+    try:
+        listing = git.ls_tree(root, commit, directory, limit=_REF_LIMIT)
+    except git.GitError:
         return [], []
     files: list[tuple[str, bytes]] = []
     skipped: list[str] = []
-    for record in listing.stdout.split(b"\0")[:_REF_LIMIT]:
-        if not record:
+    for entry in listing:
+        if not entry.path.endswith(suffix):
             continue
-        meta, _, raw_path = record.partition(b"\t")
-        path = raw_path.decode("utf-8", "replace")
-        mode, kind, obj, size = meta.decode().split()
-        if not path.endswith(suffix):
+        where = f"{commit[:12]}:{entry.path}"
+        if entry.kind != "blob" or entry.mode not in ("100644", "100755"):
+            skipped.append(f"{where}: not a regular file at the ref (mode {entry.mode}): skipped")
             continue
-        where = f"{commit[:12]}:{path}"
-        if kind != "blob" or mode not in ("100644", "100755"):
-            skipped.append(f"{where}: not a regular file at the ref (mode {mode}): skipped")
-            continue
-        if not size.isdigit() or int(size) > KEY_LIMIT:
+        if entry.size is None or entry.size > KEY_LIMIT:
             skipped.append(f"{where}: larger than {KEY_LIMIT} bytes: skipped")
             continue
-        blob = _git(root, "cat-file", "blob", obj)
-        if blob.returncode == 0:
-            files.append((path, blob.stdout))
+        try:
+            files.append((entry.path, git.cat_blob(root, entry.oid)))
+        except git.GitError:
+            continue
     return files, skipped
 
 

@@ -15,8 +15,10 @@ from conftest import git, write_checkpoint
 from kronos_audit.errors import ProjectError, UsageError
 from kronos_audit.provenance import (
     NUMERIC_ENV_NAMES,
+    RECORD_PATHSPECS,
     environment,
     git_state,
+    git_tracked,
     numeric_environment_variables,
     patch_path,
     strip_credentials,
@@ -126,6 +128,87 @@ def test_a_modified_tracked_file_stores_a_patch_that_applies(
     assert len(list(stored.parent.iterdir())) == 1
 
 
+def _dirty_with_text_and_binary(repo: Path) -> None:
+    (repo / "solver.py").write_text("print('solve faster')\n")
+    (repo / "data.bin").write_bytes(bytes(range(256)) + b"no newline at the end")
+    git(repo, "add", "data.bin")
+
+
+def test_the_patch_is_byte_for_byte_what_git_diff_writes(git_repo: Path) -> None:
+    _dirty_with_text_and_binary(git_repo)
+    state = git_state(git_repo)
+    assert state.patch_sha256 is not None
+    expected = subprocess.run(
+        ["git", "diff", "HEAD", "--binary", "--", ".", *RECORD_PATHSPECS],
+        cwd=git_repo,
+        check=True,
+        capture_output=True,
+    ).stdout
+    assert expected.endswith(b"\n")
+    assert patch_path(git_repo, state.patch_sha256).read_bytes() == expected
+    assert state.patch_sha256 == hashlib.sha256(expected).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ("color.ui", "always"),  # ANSI codes in the patch
+        ("color.diff", "always"),
+        ("diff.noprefix", "true"),  # no a/ b/: git apply -p1 misreads every path
+        ("diff.mnemonicPrefix", "true"),  # i/ w/ c/ instead of a/ b/
+        ("diff.external", "/bin/false"),  # an empty patch for a dirty tree
+        ("diff.upper.textconv", "tr a-z A-Z <"),  # solver.py converted, not diffed
+    ],
+    ids=lambda c: "=".join(c),
+)
+def test_the_users_diff_settings_do_not_change_the_patch(
+    git_repo: Path, tmp_path: Path, config: tuple[str, str]
+) -> None:
+    (git_repo / ".gitattributes").write_text("solver.py diff=upper\n")
+    git(git_repo, "add", ".gitattributes")
+    git(git_repo, "commit", "-q", "-m", "a diff driver for solver.py")
+    _dirty_with_text_and_binary(git_repo)
+    plain = git_state(git_repo).patch_sha256
+    assert plain is not None
+    for stored in (git_repo / ".kaudit" / "patches").iterdir():
+        stored.unlink()
+
+    git(git_repo, "config", *config)
+    state = git_state(git_repo)
+    assert state.patch_sha256 == plain
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(git_repo), str(clone)], check=True)
+    git(clone, "checkout", "-q", state.commit)
+    git(clone, "apply", str(patch_path(git_repo, plain)))
+    assert (clone / "solver.py").read_text() == "print('solve faster')\n"
+
+
+def test_a_private_key_is_found_whatever_textconv_shows(git_repo: Path) -> None:
+    (git_repo / ".gitattributes").write_text("*.txt diff=hide\n")
+    git(git_repo, "add", ".gitattributes")
+    git(git_repo, "commit", "-q", "-m", "a diff driver for text files")
+    git(git_repo, "config", "diff.hide.textconv", "tr -d - <")  # hides the PEM markers
+    (git_repo / "notes.txt").write_text(
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n-----END OPENSSH PRIVATE KEY-----\n"
+    )
+    git(git_repo, "add", "notes.txt")
+    with pytest.raises(UsageError, match="PEM private key"):
+        git_state(git_repo)
+
+
+def test_git_tracked_takes_paths_relative_to_the_current_directory(
+    git_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sub = git_repo / "sub"
+    sub.mkdir()
+    write_checkpoint(sub / "step-1.h5")
+    write_checkpoint(sub / "step-2.h5")
+    git(git_repo, "add", "sub/step-1.h5")
+    monkeypatch.chdir(sub)
+    assert git_tracked(git_repo, [Path("step-1.h5"), Path("step-2.h5")]) == [Path("step-1.h5")]
+    assert git_tracked(git_repo, [sub / "step-2.h5", sub / "step-1.h5"]) == [sub / "step-1.h5"]
+
+
 def test_checkpoints_and_kaudit_records_do_not_make_the_tree_dirty(git_repo: Path) -> None:
     manifest = git_repo / "checkpoints" / "step-1.h5.kaudit.json"
     manifest.parent.mkdir()
@@ -159,6 +242,18 @@ def test_remote_is_recorded_without_credentials(git_repo: Path) -> None:
     assert git_state(git_repo).remote == "https://example.com/o.git"
     git(git_repo, "remote", "set-url", "origin", "https://ghp_tok@github.com/o.git")
     assert git_state(git_repo).remote == "https://github.com/o.git"
+
+
+def test_without_origin_the_first_remote_is_the_first_configured(git_repo: Path) -> None:
+    git(git_repo, "remote", "add", "zeta", "https://zeta.example/z.git")
+    git(git_repo, "remote", "add", "alpha", "https://alpha.example/a.git")
+    assert git_state(git_repo).remote == "https://zeta.example/z.git"  # not sorted by name
+
+
+def test_the_remote_url_is_recorded_as_git_rewrites_it(git_repo: Path) -> None:
+    git(git_repo, "remote", "add", "origin", "gh:org/repo.git")
+    git(git_repo, "config", "url.https://tok@github.com/.insteadOf", "gh:")
+    assert git_state(git_repo).remote == "https://github.com/org/repo.git"
 
 
 def test_a_repository_without_commits_is_refused(tmp_path: Path) -> None:

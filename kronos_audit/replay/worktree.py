@@ -9,54 +9,60 @@ refused, since the command would run (and write) wherever it points.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kronos_audit._internal import git
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.manifest import Manifest
 from kronos_audit.project import Project
 from kronos_audit.provenance import patch_path
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL
-    )
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else "(no message)"
-
-
 @contextmanager
 def worktree(root: Path, commit: str, dest: Path, *, keep: bool = False) -> Iterator[Path]:
     """A detached git worktree of ``root`` at ``commit`` in ``dest``; removed on exit
     unless ``keep``."""
-    if _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+    try:
+        found = git.commit_of(root, commit)
+    except git.GitError as e:
+        raise ReplayError(
+            f"cannot look commit {commit} up: {e.message}", path=root, stage=Stage.CODE
+        ) from None
+    if found is None:
         raise ReplayError(
             f"commit {commit} is not in this repository: fetch it (git fetch) or replay "
             "in a clone that has it",
             path=root,
             stage=Stage.CODE,
         )
-    added = _git(root, "worktree", "add", "--detach", str(dest), commit)
-    if added.returncode != 0:
+    try:
+        git.worktree_add(root, dest, commit)
+    except git.GitError as e:
         raise ReplayError(
-            f"cannot check out commit {commit[:12]} into a worktree: {_first_line(added.stderr)}",
+            f"cannot check out commit {commit[:12]} into a worktree: {e.message}",
             path=root,
             stage=Stage.CODE,
-        )
+        ) from None
     try:
         yield dest
     finally:
-        if not keep and _git(root, "worktree", "remove", "--force", str(dest)).returncode != 0:
-            shutil.rmtree(dest, ignore_errors=True)
-            _git(root, "worktree", "prune")
+        if not keep:
+            _remove_worktree(root, dest)
+
+
+def _remove_worktree(root: Path, dest: Path) -> None:
+    try:
+        git.worktree_remove(root, dest)
+    except git.GitError:
+        shutil.rmtree(dest, ignore_errors=True)
+        # A stale worktree entry left if this fails is pruned by git's own gc later.
+        with contextlib.suppress(git.GitError):
+            git.worktree_prune(root)
 
 
 def apply_patch(project: Project, digest: str, tree: Path) -> None:
@@ -77,13 +83,14 @@ def apply_patch(project: Project, digest: str, tree: Path) -> None:
         )
     if not data:
         return
-    applied = _git(tree, "apply", "--whitespace=nowarn", str(path.resolve()))
-    if applied.returncode != 0:
+    try:
+        git.apply(tree, path.resolve())
+    except git.GitError as e:
         raise ReplayError(
-            f"the recorded patch does not apply to its commit: {_first_line(applied.stderr)}",
+            f"the recorded patch does not apply to its commit: {e.message}",
             path=path,
             stage=Stage.CODE,
-        )
+        ) from None
 
 
 def recorded_cwd(m: Manifest) -> str:

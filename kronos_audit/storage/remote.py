@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kronos_audit._internal import git
 from kronos_audit._internal.secrets import SplitURL, split_credentials
 from kronos_audit.errors import Error, StorageError
 from kronos_audit.project import Project
@@ -199,23 +200,14 @@ def _local_credentials(split: SplitURL) -> dict[str, str]:
 
 def _check_git_ignores(project: Project, path: Path) -> None:
     """Refuse to put credentials in ``path`` (DVC's local config) unless git ignores it."""
-    import subprocess
-
-    import git
-
     relative = str(path.relative_to(project.root))
     try:
-        repo = git.Repo(project.root)
-        tracked = repo.git.ls_files("--", relative)
-        # check-ignore exits 0 for a name git ignores, 1 for one it does not.
-        ignored = (
-            subprocess.run(
-                ["git", "check-ignore", "-q", "--", relative], cwd=project.root, check=False
-            ).returncode
-            == 0
-        )
-    except (git.GitError, OSError) as e:
-        raise StorageError(f"cannot ask git about {relative}: {e}", path=project.root) from None
+        tracked = git.ls_files(project.root, [relative])
+        ignored = git.is_ignored(project.root, relative)
+    except git.GitError as e:
+        raise StorageError(
+            f"cannot ask git about {relative}: {e.message}", path=project.root
+        ) from None
     if tracked or not ignored:
         raise StorageError(
             "the remote URL holds credentials, and DVC's local config, where they belong, "

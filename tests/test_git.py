@@ -1,0 +1,276 @@
+"""The git command, run one way (kronos_audit._internal.git), and finding the work tree
+(kronos_audit.project.find_project) with it: real repositories, real git."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import git as run_git
+
+from kronos_audit._internal import git
+from kronos_audit.errors import ProjectError, UsageError
+from kronos_audit.project import find_project
+from kronos_audit.provenance import git_state
+from kronos_audit.trust import read_tree_files, resolve_ref
+
+
+def head(repo: Path) -> str:
+    return run_git(repo, "rev-parse", "HEAD").strip()
+
+
+# -- finding the work tree -------------------------------------------------------------------
+
+
+def test_the_work_tree_is_found_from_below_it_and_from_inside_its_git_directory(
+    git_repo: Path,
+) -> None:
+    deep = git_repo / "a" / "b"
+    deep.mkdir(parents=True)
+    assert find_project(deep).root == git_repo.resolve()
+    assert find_project(deep / "not-yet" / "step-1.h5").root == git_repo.resolve()
+    assert find_project(git_repo / ".git" / "objects").root == git_repo.resolve()
+    assert git.toplevel(deep) == git_repo.resolve()
+
+
+def test_a_symlinked_path_finds_the_real_work_tree(git_repo: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(git_repo)
+    assert find_project(link / "solver.py").root == git_repo.resolve()
+
+
+def test_outside_a_repository_and_in_a_bare_one_are_refused(tmp_path: Path) -> None:
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    with pytest.raises(ProjectError, match=r"not inside a git repository \(run `git init`"):
+        find_project(loose)
+    with pytest.raises(git.NotARepository, match="not a git repository") as info:
+        git.toplevel(loose)
+    assert info.value.returncode == 128
+
+    bare = tmp_path / "bare.git"
+    run_git(tmp_path, "init", "-q", "--bare", str(bare))
+    with pytest.raises(ProjectError, match="a bare git repository has no work tree") as e:
+        find_project(bare)
+    assert e.value.path == bare.resolve()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a repository away needs root")
+def test_a_repository_another_user_owns_is_found_and_its_config_runs_nothing(
+    git_repo: Path, tmp_path: Path
+) -> None:
+    """Verifying a colleague's checkout must keep working (git refuses such a repository
+    for most commands), and finding it must not run what its configuration names."""
+    marker = tmp_path / "ran"
+    hook = tmp_path / "fsmonitor.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    hook.chmod(0o755)
+    run_git(git_repo, "config", "core.fsmonitor", str(hook))
+    (git_repo / "solver.py").write_text("print('changed')\n")
+    for path in [git_repo, *git_repo.rglob("*")]:
+        os.lchown(path, 65534, 65534)  # nobody
+    tmp_path.chmod(0o755)
+
+    assert find_project(git_repo / "solver.py").root == git_repo.resolve()
+    assert not marker.exists()
+    # The commands that could run what the configuration names are git's to refuse.
+    with pytest.raises(ProjectError, match="dubious ownership"):
+        git_state(git_repo)
+    assert not marker.exists()
+
+
+def test_the_search_crosses_nothing_the_environment_points_at(
+    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A git hook runs kaudit with GIT_DIR, GIT_WORK_TREE and GIT_INDEX_FILE set for its
+    own repository: they must not redirect kaudit's git to it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    run_git(other, "init", "-q", "-b", "other")
+    (other / "x").write_text("x\n")
+    run_git(other, "add", "x")
+    run_git(other, "commit", "-q", "-m", "other")
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(other))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(other / ".git" / "index"))
+    assert find_project(git_repo).root == git_repo.resolve()
+    state = git_state(git_repo)
+    monkeypatch.delenv("GIT_DIR")
+    monkeypatch.delenv("GIT_WORK_TREE")
+    monkeypatch.delenv("GIT_INDEX_FILE")
+    assert state.commit == head(git_repo) != head(other)
+    assert state.branch == "main"
+    assert state.dirty is False
+
+
+def test_without_git_on_the_path_the_error_says_so(
+    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(git.GitError, match="cannot run git") as info:
+        git.run(git_repo, "status")
+    assert info.value.returncode == -1
+    with pytest.raises(ProjectError, match="cannot find the git work tree: cannot run git"):
+        find_project(git_repo)
+
+
+# -- one error, with git's own line --------------------------------------------------------
+
+
+def test_a_failure_raises_git_error_with_gits_first_line(git_repo: Path) -> None:
+    with pytest.raises(git.GitError) as info:
+        git.run(git_repo, "cat-file", "blob", "0" * 40)
+    assert info.value.message == f"fatal: git cat-file {'0' * 40}: bad file"
+    assert info.value.returncode == 128
+    assert info.value.path == git_repo
+    assert "\n" not in str(info.value)
+
+
+def test_output_is_byte_for_byte(git_repo: Path) -> None:
+    data = b"\x00\xff no newline at the end\r\n\n"
+    (git_repo / "blob.bin").write_bytes(data)
+    run_git(git_repo, "add", "blob.bin")
+    oid = run_git(git_repo, "rev-parse", ":blob.bin").strip()
+    assert git.cat_blob(git_repo, oid) == data
+    assert git.run(git_repo, "cat-file", "blob", oid) == data
+
+
+def test_the_environment_is_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIT_DIR", "/elsewhere")
+    monkeypatch.setenv("GIT_EXTERNAL_DIFF", "/bin/false")
+    monkeypatch.setenv("GIT_PAGER", "less")
+    monkeypatch.setenv("KAUDIT_UNRELATED", "kept")
+    env = git.environment()
+    assert "GIT_DIR" not in env
+    assert "GIT_EXTERNAL_DIFF" not in env
+    assert env["GIT_PAGER"] == "cat"
+    assert env["GIT_TERMINAL_PROMPT"] == "0"
+    assert env["GIT_NO_REPLACE_OBJECTS"] == "1"
+    assert env["LC_ALL"] == "C"
+    assert env["KAUDIT_UNRELATED"] == "kept"
+    # git's own list of the variables that name a repository is the one dropped here.
+    listed = run_git(Path.cwd(), "rev-parse", "--local-env-vars").split()
+    assert set(listed) <= {*git._LOCAL_REPO_VARIABLES, "GIT_NO_REPLACE_OBJECTS"}
+
+
+# -- refs and paths are never options ------------------------------------------------------
+
+
+def test_refs_and_paths_that_look_like_options_are_names(git_repo: Path, tmp_path: Path) -> None:
+    out = tmp_path / "written"
+    assert git.commit_of(git_repo, f"--output={out}") is None
+    assert git.commit_of(git_repo, "--all") is None
+    assert not out.exists()
+    assert git.commit_of(git_repo, "main") == head(git_repo)
+
+    (git_repo / "-x.txt").write_text("x\n")
+    (git_repo / "untracked.txt").write_text("u\n")
+    run_git(git_repo, "add", "--", "-x.txt")
+    assert git.ls_files(git_repo, ["-x.txt"]) == ["-x.txt"]
+    assert git.ls_files(git_repo, ["--others"]) == []  # not the option: no untracked files
+
+    # `-n` would be --no-checkout; as a path it is the worktree's directory.
+    git.worktree_add(git_repo, Path("-n"), head(git_repo))
+    assert (git_repo / "-n" / "solver.py").read_text() == "print('solve')\n"
+    git.worktree_remove(git_repo, Path("-n"))
+    assert not (git_repo / "-n").exists()
+
+    with pytest.raises(git.GitError):
+        git.cat_blob(git_repo, "--batch-all-objects")
+
+
+def test_a_trust_ref_that_looks_like_an_option_is_refused(git_repo: Path) -> None:
+    for ref in ("-h", "--output=/tmp/x", ""):
+        with pytest.raises(UsageError, match="not a git ref name"):
+            resolve_ref(git_repo, ref)
+    with pytest.raises(UsageError, match="no such commit"):
+        resolve_ref(git_repo, "nosuchbranch")
+    assert resolve_ref(git_repo, "main") == head(git_repo)
+
+
+def test_a_replace_ref_does_not_stand_in_for_a_signed_commit(git_repo: Path) -> None:
+    """Whoever can write refs/replace/ must not change what a commit id holds: the trust
+    store read at a ref, the code a replay checks out."""
+    keys = git_repo / ".kaudit" / "trusted-keys"
+    keys.mkdir(parents=True)
+    (keys / "alice.pub").write_text("alice's key\n")
+    run_git(git_repo, "add", ".kaudit")
+    run_git(git_repo, "commit", "-q", "-m", "alice")
+    trusted = head(git_repo)
+    (keys / "mallory.pub").write_text("mallory's key\n")
+    run_git(git_repo, "add", ".kaudit")
+    run_git(git_repo, "commit", "-q", "-m", "mallory")
+    run_git(git_repo, "replace", trusted, head(git_repo))
+    assert "mallory.pub" in run_git(
+        git_repo, "ls-tree", "--name-only", trusted, ".kaudit/trusted-keys/"
+    )
+
+    files, skipped = read_tree_files(git_repo, trusted, ".kaudit/trusted-keys", ".pub")
+    assert files == [(".kaudit/trusted-keys/alice.pub", b"alice's key\n")]
+    assert skipped == []
+    git.worktree_add(git_repo, git_repo.parent / "wt", trusted)
+    assert not (git_repo.parent / "wt" / ".kaudit" / "trusted-keys" / "mallory.pub").exists()
+    git.worktree_remove(git_repo, git_repo.parent / "wt")
+
+
+# -- the helpers kaudit uses ---------------------------------------------------------------
+
+
+def test_ls_tree_reads_entries_with_their_kinds_and_sizes(git_repo: Path) -> None:
+    d = git_repo / "d"
+    d.mkdir()
+    (d / "a.txt").write_bytes(b"12345")
+    (d / "link").symlink_to("a.txt")
+    (d / "sub").mkdir()
+    (d / "sub" / "b").write_text("b\n")
+    run_git(git_repo, "add", "d")
+    run_git(git_repo, "commit", "-q", "-m", "d")
+    entries = {e.path: e for e in git.ls_tree(git_repo, head(git_repo), "d", limit=100)}
+    assert set(entries) == {"d/a.txt", "d/link", "d/sub"}
+    assert (entries["d/a.txt"].mode, entries["d/a.txt"].kind) == ("100644", "blob")
+    assert entries["d/a.txt"].size == 5
+    assert git.cat_blob(git_repo, entries["d/a.txt"].oid) == b"12345"
+    assert entries["d/link"].mode == "120000"
+    assert (entries["d/sub"].kind, entries["d/sub"].size) == ("tree", None)
+    assert len(git.ls_tree(git_repo, head(git_repo), "d", limit=2)) == 2
+    with pytest.raises(git.GitError):
+        git.ls_tree(git_repo, "0" * 40, "d", limit=100)
+
+
+def test_status_and_is_ignored(git_repo: Path) -> None:
+    (git_repo / ".gitignore").write_text("*.log\n")
+    lines = git.status(git_repo, ".").splitlines()
+    assert f"# branch.oid {head(git_repo)}" in lines
+    assert "# branch.head main" in lines
+    assert not [line for line in lines if not line.startswith("#")]  # untracked: not listed
+    (git_repo / "solver.py").write_text("changed\n")
+    assert [line for line in git.status(git_repo, ".").splitlines() if line[0] != "#"]
+    assert git.is_ignored(git_repo, "x.log") is True
+    assert git.is_ignored(git_repo, "x.txt") is False
+    with pytest.raises(git.GitError):
+        git.is_ignored(git_repo.parent, "x.log")  # not a repository
+
+
+def test_a_worktree_at_a_commit_and_a_patch_applied_to_it(git_repo: Path, tmp_path: Path) -> None:
+    (git_repo / "solver.py").write_text("print('patched')\n")
+    patch = tmp_path / "p.patch"
+    patch.write_bytes(git.diff_head(git_repo, "--binary", pathspecs=(".",)))
+    dest = tmp_path / "wt"
+    git.worktree_add(git_repo, dest, head(git_repo))
+    assert (dest / "solver.py").read_text() == "print('solve')\n"
+    git.apply(dest, patch)
+    assert (dest / "solver.py").read_text() == "print('patched')\n"
+    with pytest.raises(git.GitError, match=r"wt: error: patch failed: solver\.py:1$"):
+        git.apply(dest, patch)
+    with pytest.raises(git.GitError, match=r"repo: fatal: .* already exists$"):
+        git.worktree_add(git_repo, dest, head(git_repo))
+    git.worktree_remove(git_repo, dest)  # changes and all
+    assert not dest.exists()
+    assert str(dest) not in run_git(git_repo, "worktree", "list")
+
+    git.worktree_add(git_repo, dest, head(git_repo))
+    shutil.rmtree(dest)
+    git.worktree_prune(git_repo)
+    assert str(dest) not in run_git(git_repo, "worktree", "list")

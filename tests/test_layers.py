@@ -228,3 +228,110 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
             if not dists & declared:
                 undeclared[name] = module
     assert not undeclared, f"imported but not in [project] dependencies: {undeclared}"
+
+
+# -- git: reached one way --------------------------------------------------------------------
+
+GIT_RUNNER = f"{NAME}._internal.git"
+"""The one module that runs the git command (see its docstring)."""
+
+
+_SPAWN = frozenset(
+    {
+        "run",
+        "Popen",
+        "call",
+        "check_call",
+        "check_output",
+        "system",
+        "popen",
+        "getoutput",
+        "getstatusoutput",
+        "execv",
+        "execvp",
+        "execvpe",
+        "spawnvp",
+        "create_subprocess_exec",
+        "create_subprocess_shell",
+    }
+)
+
+
+def _is_git(node: ast.AST, *, shell: bool) -> bool:
+    if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+        return False
+    return (
+        node.value == "git"
+        or node.value.endswith("/git")
+        or (shell and node.value.startswith("git "))
+    )
+
+
+def _runs_git(tree: ast.AST) -> list[int]:
+    """Lines that build or run a git command line: a list whose first item is ``"git"``
+    (or a path ending in ``/git``); or, given to a call that starts a process, a tuple
+    like it, ``"git"`` itself or a shell string starting with ``git ``."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.List) and node.elts and _is_git(node.elts[0], shell=False):
+            found.add(node.lineno)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name not in _SPAWN:
+                continue
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(arg, ast.Tuple) and arg.elts:
+                    arg = arg.elts[0]
+                if _is_git(arg, shell=True):
+                    found.add(node.lineno)
+    return sorted(found)
+
+
+def test_the_git_detector_finds_command_lines_and_only_them() -> None:
+    tree = ast.parse(
+        'subprocess.run(["git", "-C", root, "status"])\n'
+        'os.system("git status")\n'
+        'argv = ["/usr/bin/git", "log"]\n'
+        'subprocess.Popen(("git", "log"), stdout=PIPE)\n'
+        'os.execvp("git", args)\n'
+        'p["git"]["commit"]\n'
+        'd = {"git": state}\n'
+        'rows.append(("git", f"{commit} on {branch}"))\n'
+        'raise Error("not inside a git repository (run `git init` first)")\n'
+        'names = ["gitpython", "git"]\n'
+    )
+    assert _runs_git(tree) == [1, 2, 3, 4, 5]
+    assert _runs_git(ast.parse(MODULES[GIT_RUNNER].read_text(encoding="utf-8")))
+
+
+def test_only_the_git_module_runs_git() -> None:
+    offenders = {
+        m: lines
+        for m, path in MODULES.items()
+        if m != GIT_RUNNER and (lines := _runs_git(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert not offenders, f"run git through {GIT_RUNNER}: {offenders}"
+
+
+def test_nothing_imports_gitpython() -> None:
+    """The package reaches git through the git command only; tests, benchmarks and
+    examples too (they run git through tests/conftest.py's ``git()`` or subprocess)."""
+    root = PACKAGE.parent
+    sources = [
+        p
+        for d in ("kronos_audit", "tests", "bench", "examples")
+        for p in sorted((root / d).rglob("*.py"))
+    ]
+    assert len(sources) > len(MODULES)
+    offenders = []
+    for path in sources:
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = [node.module or ""] if not node.level else []
+            if any(n == "git" or n.startswith("git.") for n in names):
+                offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, offenders
+    assert not any("git" in EXTERNAL[m] for m in MODULES)

@@ -201,9 +201,22 @@ def test_only_the_cli_imports_click_and_rich() -> None:
 @pytest.mark.parametrize(
     ("lower", "higher"),
     [
-        ("storage", {"manifest", "verify", "runtime", "replay", "snapshot", "bisect", "cli"}),
+        (
+            "storage",
+            {"manifest", "sign", "verify", "runtime", "replay", "snapshot", "bisect", "cli"},
+        ),
         ("checkpoint", {"runtime", "manifest", "storage", "replay", "cli"}),
         ("project", {"storage", "manifest", "runtime", "replay", "cli"}),
+        ("signing", {"manifest", "verify", "storage", "runtime", "replay", "cli"}),
+        ("trust", {"verify", "storage", "runtime", "replay", "snapshot", "cli"}),
+        ("manifest", {"verify", "storage", "runtime", "replay", "snapshot", "sign", "cli"}),
+        ("sign", {"verify", "runtime", "replay", "snapshot", "cli"}),
+        # verify reads attestations (replay.attest, the replay's signed record), nothing
+        # that runs a replay
+        ("verify", {"runtime", "replay.engine", "replay.command", "snapshot", "bisect", "cli"}),
+        ("runtime", {"replay", "compare", "bisect", "snapshot", "cli"}),
+        ("compare", {"runtime", "replay", "verify", "storage", "cli"}),
+        ("replay", {"runtime.run", "bisect", "snapshot", "cli"}),
     ],
 )
 def test_lower_layers_do_not_import_higher_ones(lower: str, higher: set[str]) -> None:

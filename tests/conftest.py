@@ -1,30 +1,16 @@
-"""Fixtures that build real assets: git repositories, keys, HDF5 checkpoints."""
+"""Fixtures that build real assets: git repositories, keys, HDF5 checkpoints. The helpers
+they use, and that tests import, are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
-from kronos_audit.cli import cli
 from kronos_audit.init import init_project
 from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, generate_key, user_trust_dir
-
-KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
-"""The installed `kaudit`, as a subprocess of this interpreter."""
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
-    ).stdout
+from kronos_audit.signing import SigningKey, generate_key
+from tests.helpers import git, write_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -72,58 +58,6 @@ def key(project: Project) -> SigningKey:
     return k
 
 
-def untrusted_key(name: str) -> SigningKey:
-    """A key the user holds that no trust store holds: ``generate_key`` anchors a new key
-    in the user's own trust store, so it is taken out again."""
-    k = generate_key(name)
-    (user_trust_dir() / f"{name}.pub").unlink()
-    return k
-
-
-def write_checkpoint(path: Path, seed: int = 0, *, n: int = 64) -> Path:
-    """A small but varied HDF5 checkpoint: groups, scalars, chunked + compressed, strings."""
-    rng = np.random.default_rng(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with h5py.File(path, "w") as f:
-        f["fields/u"] = rng.standard_normal((n, n))
-        f["fields/v"] = rng.standard_normal((n, n)).astype(np.float32)
-        f.create_dataset(
-            "weights", data=rng.integers(0, 1000, (n, 8)), chunks=(8, 8), compression="gzip"
-        )
-        f["step"] = np.int64(seed)
-        f["labels"] = np.array(["alpha", "beta"], dtype=h5py.string_dtype())
-        f.attrs["note"] = "test checkpoint"
-    return path
-
-
 @pytest.fixture
 def checkpoint(project: Project) -> Path:
     return write_checkpoint(project.root / "checkpoints" / "run1" / "step-00000001.h5", seed=1)
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> Result:
-    """Invoke the click app in-process (optionally from ``cwd``), like the installed kaudit."""
-    runner = CliRunner()
-    old = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        return runner.invoke(cli, list(args), catch_exceptions=False)
-    finally:
-        os.chdir(old)
-
-
-def assert_bad_input(result: Result, *mentions: str, no_stdout: bool = False) -> str:
-    """Exit 2 with exactly one `kaudit: error:` line on stderr mentioning each of
-    ``mentions``, and no traceback; returns the line."""
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    (line,) = lines
-    assert line.startswith("kaudit: error: ")
-    for m in mentions:
-        assert m in line, line
-    assert "Traceback" not in result.output
-    if no_stdout:
-        assert result.stdout == ""
-    return line

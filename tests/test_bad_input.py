@@ -20,7 +20,6 @@ import h5py
 import numpy as np
 import pytest
 from click.testing import Result
-from conftest import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
@@ -30,6 +29,7 @@ from kronos_audit.project import Project
 from kronos_audit.replay import read_attestation
 from kronos_audit.signing import SigningKey, sign_envelope
 from kronos_audit.snapshot import snapshot
+from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 ESC = "\x1b"
 

@@ -16,7 +16,6 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import git, run_cli, untrusted_key
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
@@ -25,6 +24,7 @@ from kronos_audit.project import Project
 from kronos_audit.replay import read_attestation
 from kronos_audit.signing import SigningKey, generate_key, sign_envelope
 from kronos_audit.snapshot import snapshot
+from tests.helpers import git, run_cli, untrusted_key
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

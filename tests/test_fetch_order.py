@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KAUDIT, git, run_cli, untrusted_key, write_checkpoint
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
@@ -34,6 +33,7 @@ from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, generate_key, public_pem, sign_envelope
 from kronos_audit.snapshot import snapshot
 from kronos_audit.storage import cache_object_path, cache_settings, configure_remote, dvc_file_for
+from tests.helpers import KAUDIT, git, run_cli, untrusted_key, write_checkpoint
 
 STEPS = (10, 20, 30)
 # The module, not the function ``kronos_audit.verify`` that the package exports.

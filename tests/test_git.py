@@ -8,13 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import git as run_git
 
 from kronos_audit._internal import git
 from kronos_audit.errors import ProjectError, UsageError
 from kronos_audit.project import find_project
 from kronos_audit.provenance import git_state
 from kronos_audit.trust import read_tree_files, resolve_ref
+from tests.helpers import git as run_git
 
 
 def head(repo: Path) -> str:

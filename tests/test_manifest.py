@@ -14,7 +14,6 @@ import h5py
 import jsonschema
 import numpy as np
 import pytest
-from conftest import git, write_checkpoint
 from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
@@ -39,6 +38,7 @@ from kronos_audit.manifest import (
 from kronos_audit.project import Project
 from kronos_audit.signing import PAYLOAD_TYPE, SigningKey, generate_key, sign_envelope
 from kronos_audit.snapshot import snapshot
+from tests.helpers import git, write_checkpoint
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schemas" / "manifest-v1.schema.json"
 

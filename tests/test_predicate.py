@@ -13,7 +13,6 @@ from typing import Any
 
 import h5py
 import pytest
-from conftest import git, run_cli, write_checkpoint
 
 import kronos_audit as ka
 from kronos_audit.manifest import read_manifest
@@ -29,6 +28,7 @@ from kronos_audit.project import Project
 from kronos_audit.provenance import environment
 from kronos_audit.signing import SigningKey
 from kronos_audit.snapshot import snapshot
+from tests.helpers import git, run_cli, write_checkpoint
 
 PACKAGE = Path(ka.__file__).parent
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import git, write_checkpoint
 
 from kronos_audit.errors import ProjectError, UsageError
 from kronos_audit.provenance import (
@@ -23,6 +22,7 @@ from kronos_audit.provenance import (
     patch_path,
     strip_credentials,
 )
+from tests.helpers import git, write_checkpoint
 
 
 @pytest.fixture

@@ -12,14 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import run_cli, untrusted_key
-
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.manifest import encode_envelope
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, public_pem, sign_envelope
 from kronos_audit.storage import cache_object_path, cache_settings
+from tests.helpers import run_cli, untrusted_key
 
 STEPS = 6
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import Result
-from conftest import assert_bad_input, git, run_cli
 
 import kronos_audit as ka
 from kronos_audit.errors import UsageError
@@ -23,6 +22,7 @@ from kronos_audit.manifest import manifest_path_for, read_manifest
 from kronos_audit.project import Project
 from kronos_audit.provenance import environment
 from kronos_audit.signing import SigningKey
+from tests.helpers import assert_bad_input, git, run_cli
 
 SECRET = "s3cr3t-Tok3n"
 

@@ -7,7 +7,6 @@ import datetime as dt
 import math
 
 import pytest
-from conftest import write_checkpoint
 
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.errors import ManifestError, UsageError
@@ -16,6 +15,7 @@ from kronos_audit.project import Project
 from kronos_audit.sign import publish_manifest, sign_checkpoint, utc_now
 from kronos_audit.signing import SigningKey
 from kronos_audit.verify import verify
+from tests.helpers import write_checkpoint
 
 
 def test_utc_now_is_rfc3339_utc() -> None:

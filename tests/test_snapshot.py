@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
 from kronos_audit.manifest import manifest_path_for, read_manifest
@@ -20,6 +19,7 @@ from kronos_audit.signing import SigningKey, generate_key
 from kronos_audit.snapshot import snapshot
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
 from kronos_audit.verify import verify
+from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 
 def leftovers(root: Path) -> list[Path]:

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -23,6 +22,7 @@ from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, generate_key, public_pem, user_trust_dir
 from kronos_audit.snapshot import snapshot
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
+from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 
 @pytest.fixture

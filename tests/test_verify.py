@@ -16,7 +16,6 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import run_cli, untrusted_key, write_checkpoint
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import DatasetDigest
@@ -34,6 +33,7 @@ from kronos_audit.verify import (
     compare_datasets,
     verify,
 )
+from tests.helpers import run_cli, untrusted_key, write_checkpoint
 
 
 def failed_checks(manifest: Path) -> set[str]:

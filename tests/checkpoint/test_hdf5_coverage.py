@@ -18,7 +18,6 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import KAUDIT, assert_bad_input, run_cli, write_checkpoint
 
 from kronos_audit.checkpoint import hashing
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest, digest_file
@@ -27,6 +26,7 @@ from kronos_audit.manifest import manifest_path_for
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import dvc_file_for
+from tests.helpers import KAUDIT, assert_bad_input, run_cli, write_checkpoint
 
 
 def by_path(digests: FileDigests) -> dict[str, DatasetDigest]:

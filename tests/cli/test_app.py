@@ -14,13 +14,13 @@ from pathlib import Path
 
 import click
 import pytest
-from conftest import KAUDIT, run_cli, write_checkpoint
 
 import kronos_audit as ka
 from kronos_audit.cli import cli
 from kronos_audit.cli._app import COMMANDS, KauditGroup
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
+from tests.helpers import KAUDIT, run_cli, write_checkpoint
 
 HEAVY = ("h5py", "numpy", "jsonschema", "git", "dvc")
 """What no help, completion or plain `import kronos_audit` may import."""

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import assert_bad_input as _assert_bad_input
-from conftest import run_cli
-from test_bisect import PLANTED, manifest, planted, solver
 
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
+from tests.helpers import assert_bad_input as _assert_bad_input
+from tests.helpers import run_cli
+from tests.test_bisect import PLANTED, manifest, planted, solver
 
 
 @pytest.fixture

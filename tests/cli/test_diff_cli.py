@@ -11,10 +11,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import assert_bad_input, run_cli, write_checkpoint
 
 from kronos_audit.manifest import validate
 from kronos_audit.project import Project
+from tests.helpers import assert_bad_input, run_cli, write_checkpoint
 
 
 def perturbed(src: Path, dst: Path, *, rel: float = 1e-13, counts_delta: int = 0) -> Path:

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
 from kronos_audit.runtime.interval import daly, expected_waste, young
+from tests.helpers import run_cli
 
 
 def test_prints_young_and_daly_with_their_waste() -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import KAUDIT, assert_bad_input, git, run_cli, untrusted_key, write_checkpoint
 from cryptography.hazmat.primitives import serialization
 
 from kronos_audit.manifest import manifest_path_for, read_manifest
@@ -23,6 +22,7 @@ from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, generate_key, key_id, load_public_key, public_pem
 from kronos_audit.snapshot import snapshot
 from kronos_audit.storage import cache_object_path, cache_settings
+from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, untrusted_key, write_checkpoint
 
 
 def leftovers(root: Path) -> list[Path]:

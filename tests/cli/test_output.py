@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import KAUDIT, git, write_checkpoint
 
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import configure_remote
+from tests.helpers import KAUDIT, git, write_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli, write_checkpoint
 
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import Storage, configure_remote
+from tests.helpers import run_cli, write_checkpoint
 
 
 @pytest.fixture

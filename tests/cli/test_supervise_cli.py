@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import KAUDIT, run_cli
-from supervised import logged, program
 
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT
+from tests.helpers import KAUDIT, run_cli
+from tests.supervised import logged, program
 
 HANG_GUARD = 60  # seconds; only stops a broken test from hanging, never a time limit
 

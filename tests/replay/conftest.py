@@ -1,26 +1,19 @@
 """Fixtures for replay tests: a kaudit repository holding real programs (the examples,
-small purpose-built ones, a shell script), run for real to record checkpoints."""
+small purpose-built ones, a shell script), run for real to record checkpoints. The helpers
+the tests import are in tests/replay/helpers.py."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import Result
-from conftest import assert_bad_input, git
 
-from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.manifest import read_manifest, write_manifest
 from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, sign_envelope
+from kronos_audit.signing import SigningKey
+from tests.replay.helpers import commit_all, record
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -112,48 +105,6 @@ with h5py.File(out + "/result.h5", "w") as f:
     f["v"] = np.cumsum(np.arange(n, dtype=np.float64) ** 0.5)
 ' "$1" "$2"
 """
-
-
-def record(repo: Path, cwd: str, *args: str, env: dict[str, str] | None = None) -> None:
-    """Run a program of the repository for real, as a user would."""
-    done = subprocess.run(
-        [sys.executable, *args],
-        cwd=repo / cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-
-
-def manifest(run_dir: Path, step: int) -> Path:
-    return run_dir / f"step-{step:08d}.h5.kaudit.json"
-
-
-def commit_all(repo: Path, message: str = "records") -> None:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-
-
-def resign(path: Path, key: SigningKey, edit: Callable[[dict[str, Any]], None]) -> Path:
-    """Change a manifest's predicate and sign it again with ``key`` (a trusted key)."""
-    statement = json.loads(read_manifest(path).envelope.payload)
-    edit(statement["predicate"])
-    write_manifest(path, sign_envelope(canonical_json(statement), key))
-    return path
-
-
-def worktrees(repo: Path) -> list[str]:
-    return [
-        line.split(" ", 1)[1]
-        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
-        if line.startswith("worktree ")
-    ]
-
-
-def bad_input(result: Result, *mentions: str) -> str:
-    """Could not replay: exit 2, one `kaudit: error:` line, nothing on stdout."""
-    return assert_bad_input(result, *mentions, no_stdout=True)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, untrusted_key
 from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
@@ -27,8 +26,8 @@ from kronos_audit.signing import (
     user_trust_dir,
     verify_envelope,
 )
-
-from .conftest import bad_input, manifest, record
+from tests.helpers import run_cli, untrusted_key
+from tests.replay.helpers import bad_input, manifest, record
 
 pytestmark = pytest.mark.slow
 

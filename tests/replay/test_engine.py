@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import git
 
 from kronos_audit.compare import Verdict
 from kronos_audit.errors import Stage
@@ -21,8 +20,8 @@ from kronos_audit.replay.command import (
     find_output,
 )
 from kronos_audit.signing import SigningKey
-
-from .conftest import manifest, resign, worktrees
+from tests.helpers import git
+from tests.replay.helpers import manifest, resign, worktrees
 
 
 def instruction(tmp_path: Path, resume: bool = True, seed: int | None = 7) -> Instruction:

@@ -14,15 +14,14 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import git, run_cli
 
 from kronos_audit.manifest import validate
 from kronos_audit.project import Project
 from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import Storage, configure_remote
-
-from .conftest import bad_input, commit_all, manifest, record, resign, worktrees
+from tests.helpers import git, run_cli
+from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
 pytestmark = pytest.mark.slow
 

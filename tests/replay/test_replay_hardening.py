@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import git, run_cli
 
 from kronos_audit.manifest import manifest_path_for, read_manifest
 from kronos_audit.project import Project
@@ -25,8 +24,8 @@ from kronos_audit.replay import ReplayError
 from kronos_audit.replay.handover import hand_over
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import configure_remote
-
-from .conftest import bad_input, commit_all, manifest, record, resign, worktrees
+from tests.helpers import git, run_cli
+from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
 pytestmark = pytest.mark.slow
 

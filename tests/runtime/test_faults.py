@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KAUDIT
 
 import kronos_audit as ka
 from kronos_audit.project import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.signing import SigningKey
+from tests.helpers import KAUDIT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim

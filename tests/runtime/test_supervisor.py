@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from supervised import logged, program
 
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT
@@ -31,6 +30,7 @@ from kronos_audit.runtime.supervisor import (
     SupervisorEvent,
     supervise,
 )
+from tests.supervised import logged, program
 
 
 def test_success_on_first_attempt(tmp_path: Path) -> None:

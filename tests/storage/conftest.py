@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 import pytest
-import sshd  # tests/sshd.py: tests/ is on sys.path (rootdir conftest, no __init__.py)
+
+from tests import sshd
 
 
 def _unavailable(reason: str) -> NoReturn:

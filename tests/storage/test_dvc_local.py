@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import git, run_cli, write_checkpoint
 
 import kronos_audit as ka
 from kronos_audit.project import Project
@@ -25,6 +24,7 @@ from kronos_audit.storage import (
     configure_remote,
     dvc_file_for,
 )
+from tests.helpers import git, run_cli, write_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import git
-from sshd import SSHRemote, unused_port
 
 import kronos_audit as ka
 from kronos_audit._internal.fsutil import TEMP_PREFIX
@@ -28,6 +26,8 @@ from kronos_audit.storage import (
     configure_remote,
     dvc_file_for,
 )
+from tests.helpers import git
+from tests.sshd import SSHRemote, unused_port
 
 pytestmark = pytest.mark.slow
 

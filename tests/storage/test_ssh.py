@@ -10,14 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KAUDIT, git, run_cli
-from sshd import SSHRemote, unused_port
 
 import kronos_audit as ka
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
 from kronos_audit.status import status
 from kronos_audit.storage import Location, configure_remote
+from tests.helpers import KAUDIT, git, run_cli
+from tests.sshd import SSHRemote, unused_port
 
 pytestmark = pytest.mark.slow
 

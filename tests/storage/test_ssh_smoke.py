@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sshd import SSHRemote, run_dvc, unused_port
+
+from tests.sshd import SSHRemote, run_dvc, unused_port
 
 pytestmark = pytest.mark.slow
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import best_of
-
+# Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._common import best_of
 from kronos_audit.compare import TolerancePolicy, Verdict, compare_files
 from kronos_audit.compare.engine import BLOCK_BYTES
 

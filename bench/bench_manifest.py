@@ -27,10 +27,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import best_of, median_of, scratch_repo
-
+# Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
+from bench._common import best_of, median_of, scratch_repo
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.project import find_project
 from kronos_audit.provenance import environment, git_state

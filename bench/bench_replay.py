@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import scratch_repo
+# Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._common import scratch_repo
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "heat" / "run.py"
 
@@ -102,7 +103,9 @@ def main() -> None:
     # The machine may be shared: each measurement is the best of --repeat, interleaved.
     per_step = compute_seconds(args.n, 20) / 20
     s = max(1, round(args.seconds / per_step))
-    originals, replays, computes = [], [], []
+    originals: list[float] = []
+    replays: list[float] = []
+    computes: list[float] = []
     result: dict[str, Any] = {}
     for i in range(args.repeat):
         seg = ["--run-id", f"seg{i}", "--every", str(s), *grid]

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import best_of, scratch_repo
-
+# Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
+from bench._common import best_of, scratch_repo
 
 
 def make_state(mib: int) -> dict[str, np.ndarray]:

@@ -18,15 +18,16 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _common import scratch_repo, wall_times
-
+# Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
+from bench._common import scratch_repo, wall_times
 
 
 def main() -> None:
@@ -78,9 +79,9 @@ def main() -> None:
         results["raw"].append(wall_times(1, raw)[0])
         clean()
         # Run.steps would restore first; checkpoint the last step of a fresh run directly.
-        results["kaudit"].append(wall_times(1, lambda i=i: kaudit_once(run_root, state, i + 1))[0])
+        results["kaudit"].append(wall_times(1, partial(kaudit_once, run_root, state, i + 1))[0])
         clean()
-        results["naive"].append(wall_times(1, lambda i=i: naive(i))[0])
+        results["naive"].append(wall_times(1, partial(naive, i))[0])
     clean()
     t_raw, t_ka, t_naive = (min(results[k]) for k in ("raw", "kaudit", "naive"))
     gb = size / 1e9

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.bisect import BisectError, Decision, bisect, first_true, read_chain
+from kronos_audit.bisect import Decision, bisect, first_true, read_chain
 from kronos_audit.compare import TolerancePolicy, Verdict
-from kronos_audit.errors import ManifestError
+from kronos_audit.errors import BisectError, ManifestError
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, user_trust_dir
 from kronos_audit.storage import Storage, configure_remote

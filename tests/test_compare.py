@@ -392,10 +392,10 @@ def test_float_widths_compare_by_value_but_are_never_identical(tmp_path: Path) -
 def test_empty_scalar_and_null_datasets(tmp_path: Path) -> None:
     a = tmp_path / "a.h5"
     b = tmp_path / "b.h5"
-    for path, step in ((a, 3), (b, 4)):
+    for path, n in ((a, 3), (b, 4)):
         with h5py.File(path, "w") as f:
             f["empty"] = np.zeros((0, 3))
-            f["step"] = np.int64(step)
+            f["step"] = np.int64(n)
             f["t"] = 0.5
             f.create_dataset("null", dtype="f8", shape=None)
     r = compare_files(a, b)

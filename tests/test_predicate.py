@@ -9,7 +9,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import h5py
 import pytest
@@ -172,7 +172,7 @@ def keyed_predicate_reads(source: str) -> list[int]:
         ):
             target = node.comparators[0]
         if isinstance(target, ast.Attribute) and target.attr == "predicate":
-            found.append(node.lineno)
+            found.append(cast(ast.expr, node).lineno)
     return sorted(found)
 
 

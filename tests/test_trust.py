@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -332,7 +331,7 @@ def test_kaudit_home_inside_a_repository_is_refused(
 
 
 @pytest.fixture
-def no_user_anchor() -> Iterator[None]:
+def no_user_anchor() -> None:
     for p in user_trust_dir().iterdir():
         p.unlink()
     return

@@ -10,6 +10,7 @@ import ast
 import base64
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +325,11 @@ def test_a_schema_violation_signed_by_a_trusted_key_is_bad_input(
     project: Project, key: SigningKey, checkpoint: Path
 ) -> None:
     (m,) = snapshot(checkpoint, run="r", step=1)
-    for change in (lambda p: p.update(step=-1), lambda p: p.pop("git")):
+    changes: list[Callable[[dict[str, Any]], object]] = [
+        lambda p: p.update(step=-1),
+        lambda p: p.pop("git"),
+    ]
+    for change in changes:
         statement = json.loads(m.envelope.payload)
         change(statement["predicate"])
         m.path.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), key)))
@@ -354,7 +359,7 @@ def test_compare_datasets_names_every_difference() -> None:
     assert "missing" in checks[2].detail
     assert "not in the manifest" in checks[3].detail
     assert compare_datasets(recorded, recorded) == [
-        Check("datasets", True, "all 4 dataset hashes match")
+        Check(CheckName("datasets"), True, "all 4 dataset hashes match")
     ]
     assert compare_datasets(None, None)[0].ok
     assert not compare_datasets(None, recorded)[0].ok

@@ -11,27 +11,42 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TypedDict, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 import kronos_audit as ka
 
 
-def init(n: int, rng: np.random.Generator) -> dict[str, object]:
+class Fields(TypedDict):
+    u: NDArray[np.float64]
+    """Temperature on the n x n grid."""
+
+
+class Heat(TypedDict):
+    """The state checkpointed at each step, and given back by ``run.restore()``."""
+
+    fields: Fields
+    time: float
+    iterations: np.int64
+
+
+def init(n: int, rng: np.random.Generator) -> Heat:
     u = np.zeros((n, n))
     u[n // 4 : n // 2, n // 4 : n // 2] = 1.0  # a hot square
     u += 0.01 * rng.standard_normal((n, n))  # and noise from the run's seeded generator
     return {"fields": {"u": u}, "time": 0.0, "iterations": np.int64(0)}
 
 
-def advance(state: dict[str, object], alpha: float) -> dict[str, object]:
-    u = state["fields"]["u"]  # type: ignore[index]
+def advance(state: Heat, alpha: float) -> Heat:
+    u = state["fields"]["u"]
     lap = np.zeros_like(u)
     lap[1:-1, 1:-1] = u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * u[1:-1, 1:-1]
     return {
         "fields": {"u": u + alpha * lap},  # Dirichlet boundary: the edges stay as they are
-        "time": state["time"] + alpha,  # type: ignore[operator]
-        "iterations": state["iterations"] + 1,  # type: ignore[operator]
+        "time": state["time"] + alpha,
+        "iterations": state["iterations"] + 1,
     }
 
 
@@ -54,7 +69,7 @@ def main() -> None:
         keep=args.keep,
         asynchronous=not args.sync,
     ) as run:
-        state = run.restore()
+        state = cast(Heat | None, run.restore())  # what this program checkpointed, or None
         if state is None:
             state = init(args.n, run.rng)
         for step in run.steps(args.steps):

@@ -13,13 +13,24 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from typing import TypedDict
 
 import numpy as np
+from numpy.typing import NDArray
 
 import kronos_audit as ka
 
 
-def batch(rng: np.random.Generator, samples: int) -> dict[str, np.ndarray]:
+class Tally(TypedDict):
+    """One batch's counts, recorded in the run's ledger; and their sum over batches."""
+
+    hits: np.int64
+    samples: np.int64
+    r2_sum: np.float64
+    radial_hist: NDArray[np.intp]
+
+
+def batch(rng: np.random.Generator, samples: int) -> Tally:
     x, y = rng.random(samples), rng.random(samples)
     r2 = x * x + y * y
     inside = r2 <= 1.0
@@ -31,8 +42,13 @@ def batch(rng: np.random.Generator, samples: int) -> dict[str, np.ndarray]:
     }
 
 
-def add(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: a[k] + b[k] for k in a}
+def add(a: Tally, b: Tally) -> Tally:
+    return {
+        "hits": a["hits"] + b["hits"],
+        "samples": a["samples"] + b["samples"],
+        "r2_sum": a["r2_sum"] + b["r2_sum"],
+        "radial_hist": a["radial_hist"] + b["radial_hist"],
+    }
 
 
 def main() -> None:
@@ -52,7 +68,7 @@ def main() -> None:
         for i, rng in todo:
             run.record(i, batch(rng, args.samples))
             run.checkpoint(i, {})
-        tally = run.ledger.reduce(add)
+        tally: Tally = run.ledger.reduce(add)
     pi = 4.0 * float(tally["hits"]) / float(tally["samples"])
     print(json.dumps({"batches": len(run.ledger), "pi": pi, "digest": ka.state_digest(tally)}))
 

@@ -11,15 +11,35 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TypedDict, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 import kronos_audit as ka
 
-Params = dict[str, np.ndarray]
+Array = NDArray[np.float64]
+Params = dict[str, Array]
 
 
-def spirals(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+class Adam(TypedDict):
+    m: Params
+    """First moments, by parameter."""
+    v: Params
+    """Second moments, by parameter."""
+    t: np.int64
+    """Updates done."""
+
+
+class Training(TypedDict):
+    """The state checkpointed at each step, and given back by ``run.restore()``."""
+
+    params: Params
+    adam: Adam
+    loss: float
+
+
+def spirals(n: int, seed: int) -> tuple[Array, Array]:
     rng = np.random.default_rng(seed)  # the data set is fixed by its own seed
     t = np.sqrt(rng.random(n)) * 3 * np.pi
     label = rng.integers(0, 2, n)
@@ -28,7 +48,7 @@ def spirals(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x + 0.02 * rng.standard_normal(x.shape), label.astype(np.float64)
 
 
-def init(rng: np.random.Generator, hidden: int) -> dict[str, object]:
+def init(rng: np.random.Generator, hidden: int) -> Training:
     params = {
         "w1": rng.standard_normal((2, hidden)) * np.sqrt(2 / 2),
         "b1": np.zeros(hidden),
@@ -43,7 +63,7 @@ def init(rng: np.random.Generator, hidden: int) -> dict[str, object]:
     }
 
 
-def loss_and_grads(p: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
+def loss_and_grads(p: Params, x: Array, y: Array) -> tuple[float, Params]:
     h = np.maximum(x @ p["w1"] + p["b1"], 0.0)
     z = (h @ p["w2"] + p["b2"])[:, 0]
     prob = 1 / (1 + np.exp(-z))
@@ -54,15 +74,15 @@ def loss_and_grads(p: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Para
     return loss, {"w1": x.T @ dh, "b1": dh.sum(0), "w2": h.T @ dz, "b2": dz.sum(0)}
 
 
-def adam(state: dict[str, object], grads: Params, lr: float) -> None:
+def adam(state: Training, grads: Params, lr: float) -> None:
     b1, b2, eps = 0.9, 0.999, 1e-8
     opt = state["adam"]
-    opt["t"] = opt["t"] + 1  # type: ignore[index]
-    t = int(opt["t"])  # type: ignore[index]
+    opt["t"] = opt["t"] + 1
+    t = int(opt["t"])
     for k, g in grads.items():
-        m = opt["m"][k] = b1 * opt["m"][k] + (1 - b1) * g  # type: ignore[index]
-        v = opt["v"][k] = b2 * opt["v"][k] + (1 - b2) * g * g  # type: ignore[index]
-        state["params"][k] = state["params"][k] - lr * (m / (1 - b1**t)) / (  # type: ignore[index]
+        m = opt["m"][k] = b1 * opt["m"][k] + (1 - b1) * g
+        v = opt["v"][k] = b2 * opt["v"][k] + (1 - b2) * g * g
+        state["params"][k] = state["params"][k] - lr * (m / (1 - b1**t)) / (
             np.sqrt(v / (1 - b2**t)) + eps
         )
 
@@ -82,7 +102,7 @@ def main() -> None:
     with ka.Run(
         args.run_id, root=args.root, seed=args.seed, every=ka.EverySteps(args.every)
     ) as run:
-        state = run.restore()
+        state = cast(Training | None, run.restore())  # what this program checkpointed, or None
         if state is None:
             state = init(run.rng, args.hidden)
         for step in run.steps(args.steps):

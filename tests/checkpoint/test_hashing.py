@@ -48,7 +48,7 @@ def by_path(digests: FileDigests) -> dict[str, DatasetDigest]:
 
 def test_layout_and_byte_order_do_not_change_the_dataset_hash(tmp_path: Path) -> None:
     data = np.random.default_rng(7).standard_normal((300, 40))
-    layouts = {
+    layouts: dict[str, dict[str, Any]] = {
         "contiguous.h5": {"data": data},
         "chunked-gzip.h5": {"data": data, "chunks": (7, 40), "compression": "gzip"},
         "shuffled.h5": {"data": data, "chunks": (64, 8), "shuffle": True, "fletcher32": True},

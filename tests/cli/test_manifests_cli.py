@@ -317,7 +317,7 @@ def test_snapshot_refuses_a_negative_step(
 
 
 def test_verify_json_reports_every_manifest(project: Project, key: SigningKey) -> None:
-    paths = []
+    paths: list[Path] = []
     for step in (1, 2, 3):
         ckpt = write_checkpoint(project.root / "ck" / f"s{step}.h5", seed=step)
         parent = ["--parent", str(paths[-1])] if paths else []

@@ -90,7 +90,8 @@ def test_stages_keep_the_values_messages_and_json_show() -> None:
     with pytest.raises(ReplayError) as info:
         raise ReplayError("refused", path="m.json", stage=Stage.RUN)
     assert info.value.stage is Stage.RUN
-    assert info.value.stage == "run"
+    stage: str = info.value.stage  # a StrEnum: equal to the string it names
+    assert stage == "run"
     assert f"{info.value.stage}: {info.value}" == "run: m.json: refused"
 
 

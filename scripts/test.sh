@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Install everything into .venv, then run the whole suite: ruff, mypy (strict), pytest.
+# Install everything into .venv, then run the whole suite: ruff (the code and the docs' Python
+# blocks), mypy (strict, over everything), pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k verify`.
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
+PY_DIRS=(kronos_audit tests bench examples scripts)
 echo "== ruff"
-ruff format --check kronos_audit tests bench examples
-ruff check kronos_audit tests bench examples
-echo "== mypy --strict"
+ruff format --check "${PY_DIRS[@]}"
+ruff check "${PY_DIRS[@]}"
+echo "== python blocks of README.md and docs/*.md (compile, ruff format)"
+python scripts/check_doc_code.py
+echo "== mypy --strict (pyproject's files: the package, tests, bench, examples, scripts)"
 mypy
 echo "== pytest"
 set +e

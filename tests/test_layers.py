@@ -329,7 +329,7 @@ def test_only_the_git_module_runs_git() -> None:
 
 def test_nothing_imports_gitpython() -> None:
     """The package reaches git through the git command only; tests, benchmarks and
-    examples too (they run git through tests/conftest.py's ``git()`` or subprocess)."""
+    examples too (they run git through tests/helpers.py's ``git()`` or subprocess)."""
     root = PACKAGE.parent
     sources = [
         p

@@ -7,8 +7,9 @@ excerpt that cannot stand alone) says so on its first line, ``# fragment``, and 
 
 Run: python scripts/check_doc_code.py [--fix] [FILE.md ...]
 Exit 0 when every block passes, 1 when one does not (each named by file and line, with
-ruff's diff), 2 when a file cannot be read or a fence is never closed. --fix rewrites the
-blocks ruff would reformat, in place (blocks that do not compile are left for a person).
+a diff), 2 when a file cannot be read, a fence is never closed or ruff cannot run. --fix
+rewrites the blocks ruff would reformat, in place (blocks that do not compile are left for
+a person).
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     files: list[Path] = args.files or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     try:
         failures = check(files, fix=args.fix)
-    except (OSError, UnicodeDecodeError, UnclosedFence) as exc:
+    except (OSError, UnicodeDecodeError, UnclosedFence, RuntimeError) as exc:
         print(f"check_doc_code: {exc}", file=sys.stderr)
         return 2
     return 1 if failures else 0

@@ -8,7 +8,6 @@ which also sets up DVC) is :func:`kronos_audit.init.init_project`'s part.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,8 @@ class Project:
         return TrustStore(self.trust_dir)
 
     def config(self) -> dict[str, Any]:
+        import tomllib  # not on verification's path
+
         if not self.config_path.exists():
             return {}
         try:

@@ -24,7 +24,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
@@ -44,8 +44,10 @@ from kronos_audit.manifest import (
     read_signed_file,
 )
 from kronos_audit.project import Project, find_project
-from kronos_audit.storage import Storage
 from kronos_audit.trust import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
+
+if TYPE_CHECKING:
+    from kronos_audit.storage import Storage  # imported when a fetch is needed
 
 ATTESTATION_SUFFIX = ".replay.json"
 SIZE_SLACK = 64 * 1024 * 1024
@@ -414,6 +416,8 @@ class Verifier:
                 path=manifest.checkpoint_path,
             )
         if self._storage is None:
+            from kronos_audit.storage import Storage  # only a fetch needs DVC
+
             self._storage = Storage(self.project)
         self._storage.fetch(
             manifest.checkpoint_path,

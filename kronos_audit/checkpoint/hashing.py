@@ -29,7 +29,6 @@ import mmap
 import os
 import stat
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -501,6 +500,8 @@ def _digest_mapped(
             )
         # Each stream on its own thread over the same mapped bytes: hashlib releases the
         # GIL, so they run on as many cores as there are.
+        from concurrent.futures import ThreadPoolExecutor  # small files (and start-up) skip it
+
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
             pending_datasets = pool.submit(all_datasets)
             pending_md5 = pool.submit(_whole, view, "md5") if md5 else None

@@ -11,6 +11,7 @@ input, 1 for a failed check), in :class:`KauditGroup` alone.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -128,9 +129,70 @@ def plain(value: object) -> str:
 def safe(value: object) -> str:
     """``value`` as text to put inside rich markup: :func:`plain`, with ``[`` escaped so a
     name such as ``[/]`` or ``[link=...]`` is printed, never interpreted."""
-    from rich.markup import escape
+    return escape_markup(plain(value))
 
-    return escape(plain(value))
+
+# rich's markup, read without importing rich (rich.console and rich.markup take longer to
+# import than click), for output that is not a terminal: copies of rich.markup's tag
+# pattern, escape() and the control codes rich.text.Text drops. tests/cli/test_app.py
+# holds them to rich's own.
+_MARKUP_TAG = re.compile(r"((\\*)\[([a-z#/@][^[]*?)])")
+_UNESCAPED_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+_DROPPED_CONTROLS = dict.fromkeys((7, 8, 11, 12, 13))  # rich.control.STRIP_CONTROL_CODES
+
+
+def escape_markup(text: str) -> str:
+    """``text`` with every ``[`` that would open a tag escaped: rich.markup.escape."""
+    escaped = _UNESCAPED_TAG.sub(lambda m: f"{m[1]}{m[1]}\\{m[2]}", text)
+    if escaped.endswith("\\") and not escaped.endswith("\\\\"):
+        return escaped + "\\"
+    return escaped
+
+
+def markup_as_plain_text(markup: str) -> str | None:
+    """The text rich prints for ``markup`` when it may not style it (no colour, emoji,
+    highlighting or folding, as :class:`Output` prints off a terminal); None where only
+    rich can say: a closing tag that closes nothing (rich raises), rich's ``@`` tags, and
+    tabs (rich expands them by cell width)."""
+    if "[" not in markup:
+        pieces = [markup]
+    else:
+        pieces = []
+        open_tags: list[str] = []
+        position = 0
+        # as rich.markup.render: each piece of text unescaped on its own
+        for match in _MARKUP_TAG.finditer(markup):
+            whole, escapes, tag = match.groups()
+            start, end = match.span()
+            if start > position:
+                pieces.append(markup[position:start].replace("\\[", "["))
+            if escapes:
+                backslashes, escaped = divmod(len(escapes), 2)
+                pieces.append("\\" * backslashes)
+                if escaped:  # an escaped tag is text
+                    pieces.append(whole[len(escapes) :])
+                    position = end
+                    continue
+            name = tag.partition("=")[0]
+            if name.startswith(("@", "/@")):
+                return None
+            if name.startswith("/"):
+                closes = name[1:].strip()
+                if closes:  # the newest tag of that name (rich matches normalised names)
+                    if closes not in open_tags:
+                        return None
+                    del open_tags[len(open_tags) - 1 - open_tags[::-1].index(closes)]
+                elif open_tags:
+                    open_tags.pop()
+                else:
+                    return None
+            else:
+                open_tags.append(name)
+            position = end
+        if position < len(markup):
+            pieces.append(markup[position:].replace("\\[", "["))
+    text = "".join(pieces).translate(_DROPPED_CONTROLS)
+    return None if "\t" in text else text
 
 
 def fail_line(message: str) -> None:
@@ -184,11 +246,13 @@ class Output:
     """Where a command's report goes (stdout, or stderr for ``kaudit run``): rich markup
     rendered in colour on a terminal, as plain text elsewhere (no ANSI codes, no box
     drawing, no trailing spaces, and no line folded, so a key id or a path is never broken
-    where a script or a reader would look for it whole)."""
+    where a script or a reader would look for it whole). Plain text is what rich would
+    print, made without importing rich wherever :func:`markup_as_plain_text` can say."""
 
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
         self._console: tuple[IO[str], Console] | None = None
+        self._broken: IO[str] | None = None  # a stream whose reader went away
 
     @property
     def stream(self) -> IO[str]:
@@ -220,7 +284,33 @@ class Output:
 
     def print(self, markup: str = "") -> None:
         """One line of rich markup (every name in it through :func:`safe`)."""
+        if not self.is_terminal:
+            text = markup_as_plain_text(markup)
+            if text is not None:  # what rich would print, without importing it
+                self._write(text + "\n")
+                return
         self.console.print(markup)
+
+    def _write(self, text: str) -> None:
+        """Write and flush ``text`` as rich's Console does off a terminal, a closed pipe
+        included (Console.on_broken_pipe: standard output to /dev/null, exit 1)."""
+        stream = self.stream
+        if stream is self._broken:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except BrokenPipeError:
+            self._broken = stream
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise SystemExit(1) from None
+        except UnicodeEncodeError as e:
+            e.reason = (
+                f"{e.reason}\n*** You may need to add PYTHONIOENCODING=utf-8 to your "
+                "environment ***"
+            )
+            raise
 
     def note(self, markup: str) -> None:
         """A line that is not a result (a hint, a progress note): not with ``--quiet``."""

@@ -359,3 +359,199 @@ def test_status_exits_1_only_for_a_corrupt_checkpoint(project: Project, key: Sig
     corrupt = run_cli("status", "--local-only", str(run_dir))
     assert corrupt.exit_code == 1
     assert "1 corrupt, 1 missing" in corrupt.stdout
+
+
+# -- what `kaudit verify` pays for -----------------------------------------------------
+
+# Runs `kaudit verify MANIFEST`, then prints (as the last line of stderr) every module the
+# interpreter had imported, submodules included.
+VERIFY_PROBE = """
+import json, sys
+from kronos_audit.cli import main
+sys.argv = ["kaudit", "verify", sys.argv[1]]
+try:
+    main()
+finally:
+    print("\\nMODULES " + json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def test_verify_of_a_present_checkpoint_imports_only_what_it_needs(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    assert run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1").exit_code == 0
+    done = subprocess.run(
+        [sys.executable, "-c", VERIFY_PROBE, f"{checkpoint}.kaudit.json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok "), done.stdout
+    assert "data checked for 1" in done.stdout
+    modules = set(json.loads(done.stderr.rpartition("MODULES ")[2]))
+    # What verifying needs: HDF5 and numpy (the dataset hashes), the schema, Ed25519, and
+    # the git command (the repository, whose trust store and place checks it reads).
+    needed = {"h5py", "numpy", "jsonschema", "cryptography", "kronos_audit._internal.git"}
+    assert needed <= modules, needed - modules
+
+    def under(*packages: str) -> set[str]:
+        return {m for p in packages for m in modules if m == p or m.startswith(p + ".")}
+
+    # Nothing of DVC (a present checkpoint is never fetched), of comparison, replay, the
+    # run loop or signing; none of the modules that run git for another purpose
+    # (provenance's git state, replay's worktree, storage's credentials check), nor
+    # gitpython; no scan of the installed distributions; and no rich, since standard
+    # output is not a terminal.
+    assert not under(
+        "dvc",
+        "dvc_data",
+        "dvc_objects",
+        "git",
+        "rich",
+        "importlib.metadata",
+        "tomllib",
+        "kronos_audit.storage",
+        "kronos_audit.compare",
+        "kronos_audit.replay",
+        "kronos_audit.provenance",
+        "kronos_audit.runtime",
+        "kronos_audit.snapshot",
+        "kronos_audit.sign",
+        "kronos_audit.init",
+        "kronos_audit.bisect",
+        "kronos_audit.status",
+    )
+
+
+def test_a_missing_checkpoint_is_still_fetched_through_storage(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    # The other side of the lazy import: verification that needs DVC still reaches it.
+    assert run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1").exit_code == 0
+    checkpoint.unlink()
+    done = subprocess.run(
+        [sys.executable, "-c", VERIFY_PROBE, f"{checkpoint}.kaudit.json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "fetched from the DVC remote" in done.stdout  # the project's local remote
+    assert "kronos_audit.storage" in json.loads(done.stderr.rpartition("MODULES ")[2])
+    assert checkpoint.is_file()
+
+
+# -- plain output without rich ---------------------------------------------------------
+
+
+def rich_prints(markup: str) -> str:
+    """What rich's Console prints for ``markup`` off a terminal, set up as Output's."""
+    import io
+
+    from rich.console import Console
+
+    stream = io.StringIO()
+    console = Console(
+        file=stream,
+        force_terminal=False,
+        color_system=None,
+        highlight=False,
+        emoji=False,
+        soft_wrap=True,
+    )
+    console.print(markup)
+    return stream.getvalue()
+
+
+def markup_corpus(n: int, seed: int) -> list[str]:
+    """``n`` strings made of the pieces markup is made of (tags, escapes, brackets,
+    backslashes, controls rich drops, tabs, wide and emoji-like text)."""
+    import random
+
+    pieces = [
+        "[", "]", "\\", "/", "=", "@", "#", " ", "\t", "\r", "\x07", "\x1b", "\n",
+        "a", "bold", "red", "[bold]", "[/bold]", "[/]", "[/ ]", "[red on white]",
+        "[link=https://x/y]", "[/link]", "[@click]", "[#ff0000]", "[b]", "[/b]",
+        "\\[", "\\\\", "é", "界", ":smile:", "[not a tag", "[]", "[A]",
+    ]  # fmt: skip
+    rng = random.Random(seed)
+    return ["".join(rng.choices(pieces, k=rng.randint(0, 10))) for _ in range(n)]
+
+
+def test_plain_text_of_markup_is_what_rich_prints() -> None:
+    from rich.errors import MarkupError
+
+    from kronos_audit.cli._app import markup_as_plain_text
+
+    fast = 0
+    for markup in markup_corpus(4000, seed=9):
+        text = markup_as_plain_text(markup)
+        if text is None:
+            continue  # Output leaves it to rich
+        fast += 1
+        try:
+            expected = rich_prints(markup)
+        except MarkupError:
+            pytest.fail(f"rich refuses {markup!r}, which was printed as {text!r}")
+        assert text + "\n" == expected, markup
+    assert fast > 1500  # most markup needs no rich (the rest: tabs, tags that close nothing)
+
+
+def test_escaping_a_name_is_richs_escape() -> None:
+    from rich.markup import escape
+
+    from kronos_audit.cli._app import escape_markup, markup_as_plain_text, plain, safe
+
+    for name in markup_corpus(4000, seed=90):
+        assert escape_markup(name) == escape(name), name
+        # a name in markup prints as rich prints it; and as itself (made inert by plain)
+        # when it has no backslash: rich's escape() leaves a backslash before "[" or at
+        # the end of a name as it is, and rich then reads it as an escape (as kaudit
+        # always has: a backslash can be lost, never a tag read).
+        line = f"[green]ok[/]  {safe(name)}  [bold]{safe(name)}[/bold]"
+        assert markup_as_plain_text(line) is not None, name
+        assert f"{markup_as_plain_text(line)}\n" == rich_prints(line), name
+        if "\\" not in name:
+            assert markup_as_plain_text(line) == f"ok  {plain(name)}  {plain(name)}"
+
+
+def test_output_off_a_terminal_prints_what_rich_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from kronos_audit.cli._app import Output
+
+    cases = [*markup_corpus(300, seed=900), "[/]", "a\tb", "[@click]x[/]", "[red]x[/blue]"]
+    for markup in cases:
+        try:
+            expected: str | type[Exception] = rich_prints(markup)
+        except Exception as e:  # rich's own refusal (MarkupError) must be kept
+            expected = type(e)
+        stream = io.StringIO()
+        monkeypatch.setattr(sys, "stdout", stream)
+        if isinstance(expected, str):
+            Output().print(markup)
+            assert stream.getvalue() == expected, markup
+        else:
+            with pytest.raises(expected):
+                Output().print(markup)
+
+
+def test_plain_output_into_a_closed_pipe_exits_1_without_a_word(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    # as rich's Console did: standard output goes to /dev/null, exit 1, no traceback
+    assert run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1").exit_code == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [*KAUDIT, "verify", f"{checkpoint}.kaudit.json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, "")

@@ -56,8 +56,14 @@ class Project:
             raise ProjectError(f"unreadable config: {e}", path=self.config_path) from None
 
     def relative(self, path: Path) -> str:
-        """``path`` as a POSIX path relative to the root; absolute when outside the tree."""
-        resolved = Path(path).resolve()
+        """``path`` as a POSIX path relative to the root; absolute when outside the tree.
+
+        The directory is resolved, the name is not: a checkpoint that is a symlink into
+        DVC's cache (``cache.type = symlink``) is named by its own name, which is what a
+        manifest signs and binds it to, not by the cache object it points at.
+        """
+        given = Path(path)
+        resolved = given.parent.resolve() / given.name
         try:
             return resolved.relative_to(self.root).as_posix()
         except ValueError:

@@ -277,3 +277,26 @@ def test_a_not_reproduced_attestation_fails_its_outcome(heat: Path, key: Signing
     (result,) = report(str(attestation), exit_code=1)["results"]
     assert failed(result) == {"outcome"}  # signed by a trusted key, bound to its manifest
     report(str(heat), exit_code=1)
+
+
+def test_a_checkpoint_that_is_a_symlink_into_dvcs_cache_is_bound_by_its_own_name(
+    project: Project, key: SigningKey
+) -> None:
+    # With cache.type = symlink a checkpoint's name points into .dvc/cache: the manifest
+    # must sign (and verify bind) that name, not the cache object, or a link copied into
+    # another run's directory would resolve to the same signed place.
+    config = project.root / ".dvc" / "config"
+    config.write_text(config.read_text().replace("reflink,hardlink,symlink,copy", "symlink"))
+    run_dir = sim(project.root / "checkpoints", 200)
+    checkpoint = run_dir / "step-00000100.h5"
+    assert checkpoint.is_symlink()
+    signed = ka.read_manifest(manifest(run_dir, 100))
+    assert signed.subject_name == "checkpoints/sim/step-00000100.h5"
+    report(str(run_dir), exit_code=0)
+    other = project.root / "checkpoints" / "other"
+    other.mkdir()
+    (other / checkpoint.name).symlink_to(checkpoint.resolve())
+    planted = other / (checkpoint.name + ".kaudit.json")
+    shutil.copyfile(manifest(run_dir, 100), planted)
+    (result,) = report(str(planted), exit_code=1)["results"]
+    assert failed(result) == {"place"}

@@ -102,6 +102,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "bisect_command",
         "Find the first step at which run B's checkpoints diverge from run A's.",
     ),
+    "log": LazyCommand(
+        "kronos_audit.cli.log",
+        "log",
+        "Runs and their chains at a glance (RUN_DIR...; default: every run in the repository).",
+    ),
     "interval": LazyCommand(
         "kronos_audit.cli.interval",
         "interval",

@@ -1,0 +1,118 @@
+"""`kaudit log [RUN_DIR...]`: the runs and their chains at a glance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from kronos_audit.cli._app import error_json, fail_line, out, safe
+from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
+from kronos_audit.cli.progress import progress_bar
+
+if TYPE_CHECKING:
+    from kronos_audit.log import RunLog
+
+_DATA_STYLE = {
+    "local": "green",
+    "remote": "cyan",
+    "pruned": "dim",
+    "absent": "yellow",
+    "missing": "red",
+}
+
+
+def _where(r: RunLog) -> str:
+    return ", ".join(
+        f"[{_DATA_STYLE[loc.value]}]{n} {loc.value}[/]" for loc, n in r.locations.items() if n
+    )
+
+
+def _signer(r: RunLog) -> str:
+    s = r.signer
+    if s.name is None:
+        claimed = "" if s.short_id is None else f" (claims key {safe(s.short_id)})"
+        return f"[red]unknown signer{claimed}: {safe(s.detail)}[/]"
+    who = f"{safe(s.name)} {safe(s.short_id)}"
+    return who if s.ok else f"[red]{who} (not trusted: {safe(s.detail)})[/]"
+
+
+@click.command("log")
+@click.argument("run_dirs", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--remote",
+    "ask_remote",
+    is_flag=True,
+    help="Ask the DVC remote which checkpoints that are not here it holds.",
+)
+@click.option("--remote-name", metavar="NAME", help="DVC remote (default: the default remote).")
+@trust_options
+@json_option("Print the runs as JSON.")
+@click.pass_context
+def log(
+    ctx: click.Context,
+    run_dirs: tuple[Path, ...],
+    ask_remote: bool,
+    remote_name: str | None,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+    as_json: bool,
+) -> None:
+    """Runs and their chains at a glance (RUN_DIR...; default: every run in the repository).
+
+    Per run, newest first: run id, step range, checkpoint count, newest step, commit,
+    who signed the newest manifest (its signature alone is checked: no data is hashed;
+    `kaudit verify` verifies), when, and where the data is: local (the file is here),
+    pruned (a signed retention record prunes it), remote (with --remote: in the DVC
+    remote), absent (not here, remote not asked) or missing.
+
+    Exit 2 if a manifest could not be read (the other runs are still shown).
+
+    \b
+    Example:
+      kaudit log checkpoints/heat --remote
+    """
+    from kronos_audit.log import run_log
+    from kronos_audit.project import find_project
+
+    project = find_project(run_dirs[0] if run_dirs else Path.cwd()).require_initialized()
+    trust = trust_from(trusted_keys, trust_ref, require_anchor)
+    with progress_bar() as bar:
+        result = run_log(
+            project,
+            list(run_dirs),
+            trust=trust,
+            remote=ask_remote,
+            remote_name=remote_name,
+            progress=bar.update,
+        )
+    if as_json:
+        out.json(
+            {
+                "runs": [r.to_json_obj() for r in result.runs],
+                "errors": [error_json(e) for e in result.problems],
+            }
+        )
+    else:
+        for e in result.problems:
+            fail_line(str(e))
+        if not result.runs and not result.problems:
+            warn("no manifest (*.kaudit.json) found")
+        for i, r in enumerate(result.runs):
+            if i:
+                out.print()
+            steps = (
+                f"step {r.first_step}"
+                if r.first_step == r.newest_step
+                else f"steps {r.first_step}..{r.newest_step}"
+            )
+            out.print(f"[yellow]run {safe(r.run)}[/]  {safe(project.relative(r.directory))}")
+            out.print(f"  checkpoints {r.count} ({steps}), newest step {r.newest_step}")
+            dirty = " + uncommitted patch" if r.dirty else ""
+            out.print(f"  commit      {safe(r.commit[:12])}{dirty}")
+            out.print(f"  signer      {_signer(r)}")
+            out.print(f"  date        {safe(r.created)}")
+            out.print(f"  data        {_where(r)}")
+    ctx.exit(2 if result.problems else 0)

@@ -1,0 +1,177 @@
+"""Progress bars for long operations, on stderr, on a terminal only.
+
+A command opens :func:`progress_bar`; the library's :func:`kronos_audit._internal.progress.report`
+calls, and the command's own :meth:`Bar.update`, move one rich bar per phase. Nothing is
+shown with ``--quiet``, with ``--json``, or when stderr is not a terminal: there the bar
+is a stand-in that does nothing (and rich is never imported), so a pipe, a file or CI
+gets results only.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from kronos_audit._internal.progress import reporting
+from kronos_audit.cli._app import JSON_META, plain, settings
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+
+def wanted() -> bool:
+    """Whether the running command may show progress: stderr is a terminal, and neither
+    ``--quiet`` nor ``--json`` was given."""
+    if settings().quiet:
+        return False
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get(JSON_META) is not None:
+        return False
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
+class Bar:
+    """One bar per phase (``update``) and lines shown above them (``line``); inert when
+    progress is not wanted."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self._progress is not None
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        """``phase`` is at ``done`` of ``total`` (0: unknown, a pulsing bar)."""
+        if self._progress is None:
+            return
+        with self._lock:
+            task = self._tasks.get(phase)
+            if task is None:
+                task = self._tasks[phase] = self._progress.add_task(
+                    plain(phase), total=total or None
+                )
+            self._progress.update(task, completed=done, total=total or None)
+
+    def line(self, text: str) -> None:
+        """A line of text (never markup) above the bars."""
+        if self._progress is not None:
+            with self._lock:
+                self._progress.console.print(plain(text), markup=False, highlight=False)
+
+
+@contextmanager
+def progress_bar() -> Iterator[Bar]:
+    """A :class:`Bar` for the block, listening to the library's progress reports."""
+    if not wanted():
+        yield Bar(None)
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    class Amount(MofNCompleteColumn):
+        """``done/total``, in bytes for a phase that counts bytes."""
+
+        def render(self, task):  # type: ignore[no-untyped-def]
+            if "bytes" in task.description:
+                return DownloadColumn().render(task)
+            return super().render(task)
+
+    console = Console(stderr=True, highlight=False, emoji=False)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        Amount(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )
+    bar = Bar(progress)
+    with progress, reporting(bar.update):
+        yield bar
+
+
+# -- a replayed command's output ------------------------------------------------------
+
+_REPLAY_PREFIX = "kaudit-replay-"  # kronos_audit.replay.engine's work directories
+
+
+class _Tail(threading.Thread):
+    """Shows the lines a replayed command writes to stdout.log and stderr.log in the work
+    directory the replay makes, as they come."""
+
+    def __init__(self, bar: Bar, base: Path) -> None:
+        super().__init__(daemon=True, name="kaudit-replay-tail")
+        self._bar = bar
+        self._base = base
+        self._before = set(base.glob(_REPLAY_PREFIX + "*"))
+        self._stop = threading.Event()
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+        self._workdir: Path | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join()
+        self._drain(final=True)
+
+    def run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._drain(final=False)
+
+    def _drain(self, *, final: bool) -> None:
+        if self._workdir is None:
+            new = sorted(set(self._base.glob(_REPLAY_PREFIX + "*")) - self._before)
+            if not new:
+                return
+            self._workdir = new[0]
+            self._bar.update("running the recorded command", 0, 0)
+        for name in ("stdout.log", "stderr.log"):
+            log = self._workdir / name
+            try:
+                with open(log, "rb") as f:
+                    f.seek(self._offsets.get(log, 0))
+                    chunk = f.read(1 << 20)
+            except OSError:
+                continue  # not made yet, or removed with the work directory
+            self._offsets[log] = self._offsets.get(log, 0) + len(chunk)
+            data = self._partial.pop(log, b"") + chunk
+            lines = data.split(b"\n")
+            if not final:
+                self._partial[log] = lines.pop()
+            for raw in lines:
+                if raw:
+                    self._bar.line("| " + raw.decode("utf-8", "replace"))
+
+
+@contextmanager
+def replay_output(bar: Bar) -> Iterator[None]:
+    """While the block replays a segment, the replayed command's output is shown above
+    the bar (on a terminal only)."""
+    if not bar.active:
+        yield
+        return
+    with ExitStack() as stack:
+        tail = _Tail(bar, Path(tempfile.gettempdir()))
+        tail.start()
+        stack.callback(tail.stop)
+        yield

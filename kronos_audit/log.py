@@ -1,0 +1,233 @@
+"""``kaudit log``: the runs of a repository and their chains at a glance, as ``git log``
+shows commits.
+
+Each manifest is read once, with the bounded reader (:class:`kronos_audit.verify.ManifestCache`);
+only the newest manifest of each run has its signature checked, and no checkpoint is hashed:
+this is a summary, not a verification (that is ``kaudit verify``). Where each checkpoint's
+data is: here (the file is present), pruned (a signed retention record beside it prunes
+it), or, when the DVC remote is asked, in the remote or missing.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from kronos_audit.errors import Error, ManifestError
+from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest
+from kronos_audit.project import Project
+from kronos_audit.trust import TrustOptions, load_keyring
+from kronos_audit.verify import ManifestCache, Verifier
+
+
+class DataLocation(enum.StrEnum):
+    """Where one checkpoint's data is, as far as ``kaudit log`` looks."""
+
+    LOCAL = "local"
+    """The checkpoint file is here (not hashed: ``kaudit verify`` checks it)."""
+    PRUNED = "pruned"
+    """Not here, and a signed retention record of a later step prunes it."""
+    REMOTE = "remote"
+    """Not here, and in the DVC remote (asked only with ``remote=True``)."""
+    ABSENT = "absent"
+    """Not here, not pruned, and the remote was not asked."""
+    MISSING = "missing"
+    """Not here, not pruned, and not in the DVC remote either."""
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Who signed a run's newest manifest, as its signature check found."""
+
+    ok: bool
+    """The signature verifies under a key the keyring accepts."""
+    name: str | None
+    """The key's name in the store that holds it (None: no known key signed)."""
+    key_id: str | None
+    """The key id (hex sha256 of the public key); for an unknown key, the id its
+    signature claims (None: it claims none)."""
+    detail: str
+    """Who signed and on whose word, or why the check failed."""
+
+    @property
+    def short_id(self) -> str | None:
+        return None if self.key_id is None else self.key_id[:16]
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """One run's chain, summarised."""
+
+    run: str
+    """The run id."""
+    directory: Path
+    """The run directory its manifests are in."""
+    first_step: int
+    """The lowest step recorded."""
+    newest_step: int
+    """The highest step recorded."""
+    count: int
+    """How many manifests (checkpoints) it has here."""
+    newest: Path
+    """The newest manifest."""
+    commit: str
+    """The git commit the newest manifest records."""
+    dirty: bool
+    """Whether it records uncommitted changes (a patch)."""
+    created: str
+    """When the newest manifest was made (its ``created``, ISO 8601)."""
+    signer: Signer
+    """Who signed the newest manifest."""
+    locations: Mapping[DataLocation, int] = field(default_factory=lambda: MappingProxyType({}))
+    """How many of its checkpoints are where."""
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "directory": str(self.directory),
+            "first_step": self.first_step,
+            "newest_step": self.newest_step,
+            "count": self.count,
+            "newest": str(self.newest),
+            "commit": self.commit,
+            "dirty": self.dirty,
+            "created": self.created,
+            "signer": {
+                "ok": self.signer.ok,
+                "name": self.signer.name,
+                "key_id": self.signer.key_id,
+                "detail": self.signer.detail,
+            },
+            "data": {loc.value: n for loc, n in self.locations.items() if n},
+        }
+
+
+@dataclass(frozen=True)
+class Log:
+    """The runs found, newest first, and the manifests that could not be read."""
+
+    runs: tuple[RunLog, ...]
+    """One entry per (run directory, run id)."""
+    problems: tuple[Error, ...] = ()
+    """Manifests skipped as bad input (unreadable, malformed), each with its path."""
+
+
+def find_manifests(project: Project, targets: Sequence[Path] = ()) -> list[Path]:
+    """The manifests under ``targets`` (directories searched, files taken as named), or
+    every manifest in the repository (outside .git and .dvc)."""
+    roots = list(targets) or [project.root]
+    found: list[Path] = []
+    for target in roots:
+        if target.is_dir():
+            found += [
+                p
+                for p in target.rglob("*" + MANIFEST_SUFFIX)
+                if not {".git", ".dvc"} & set(p.relative_to(target).parts)
+            ]
+        elif target.exists() or target.name.endswith(MANIFEST_SUFFIX):
+            found.append(target)
+        else:
+            raise ManifestError("no such run directory or manifest", path=target)
+    return sorted(set(found))
+
+
+def _remote_locations(
+    project: Project, manifests: Sequence[Manifest], remote: str | None
+) -> dict[Path, DataLocation]:
+    """Which of these (absent) checkpoints the DVC remote holds: one query for all."""
+    from kronos_audit.status import recorded  # DVC: only when the remote is asked
+    from kronos_audit.storage import Location, locate
+
+    entries = locate(project, [recorded(m) for m in manifests], remote)
+    return {
+        e.manifest: DataLocation.REMOTE
+        if e.location is Location.REMOTE_ONLY
+        else DataLocation.MISSING
+        for e in entries
+    }
+
+
+def run_log(
+    project: Project,
+    targets: Sequence[Path] = (),
+    *,
+    trust: TrustOptions | None = None,
+    remote: bool = False,
+    remote_name: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Log:
+    """Summarise the runs under ``targets`` (default: the whole repository).
+
+    Reads every manifest once (linear in their number); checks only the signature of each
+    run's newest manifest; hashes nothing. With ``remote``, the DVC remote is asked (once)
+    which absent, unpruned checkpoints it holds. ``progress(phase, done, total)`` is told
+    how far reading has got.
+    """
+    paths = find_manifests(project, targets)
+    cache = ManifestCache()
+    verifier = Verifier(project, load_keyring(project.root, trust), cache=cache)
+    groups: dict[tuple[Path, str], list[Manifest]] = {}
+    problems: list[Error] = []
+    for i, path in enumerate(paths):
+        try:
+            m = cache.read(path)
+        except Error as e:
+            problems.append(e)
+        else:
+            groups.setdefault((path.parent, m.run), []).append(m)
+        if progress is not None:
+            progress("reading manifests", i + 1, len(paths))
+
+    where: dict[Path, DataLocation] = {}
+    ask: list[Manifest] = []
+    for chain in groups.values():
+        for m in chain:
+            if os.path.exists(m.checkpoint_path):
+                where[m.path] = DataLocation.LOCAL
+            elif verifier.pruned_by(m) is not None:
+                where[m.path] = DataLocation.PRUNED
+            else:
+                where[m.path] = DataLocation.ABSENT
+                ask.append(m)
+    if remote and ask:
+        where.update(_remote_locations(project, ask, remote_name))
+
+    runs = []
+    for (directory, run), chain in groups.items():
+        chain.sort(key=lambda m: m.step)
+        newest = chain[-1]
+        signed = verifier.signature(newest)
+        key = signed.signer
+        counts = dict.fromkeys(DataLocation, 0)
+        for m in chain:
+            counts[where[m.path]] += 1
+        runs.append(
+            RunLog(
+                run=run,
+                directory=directory,
+                first_step=chain[0].step,
+                newest_step=newest.step,
+                count=len(chain),
+                newest=newest.path,
+                commit=newest.record.git.commit,
+                dirty=newest.record.git.patch_sha256 is not None,
+                created=newest.record.created,
+                signer=Signer(
+                    signed.ok,
+                    None if key is None else key.name,
+                    # no known key: the id the signature claims (unverified, shown as such)
+                    next((s.keyid for s in newest.envelope.signatures if s.keyid), None)
+                    if key is None
+                    else key.key_id,
+                    signed.detail,
+                ),
+                locations=MappingProxyType(counts),
+            )
+        )
+    runs.sort(key=lambda r: (r.created, str(r.directory), r.run), reverse=True)
+    return Log(tuple(runs), tuple(problems))

@@ -1,0 +1,133 @@
+"""A pytest plugin: a project's own tests assert that its runs verify and replay.
+
+Installed with kronos-audit (entry point ``pytest11``), it gives every test session the
+fixture ``kaudit``::
+
+    def test_the_campaign_verifies(kaudit):
+        kaudit.assert_verifies("checkpoints/heat", trusted_keys=["keys/alice.pub"])
+
+    def test_the_last_segment_replays(kaudit):
+        kaudit.assert_replays("checkpoints/heat/step-00000030.h5.kaudit.json", rtol=1e-12)
+
+A failure lists every failed check, one per line. pytest loads this module in every
+session of every project that installs kronos-audit, so it imports nothing of the library
+until a test asks for the fixture's checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from kronos_audit.replay import ReplayResult
+    from kronos_audit.trust import TrustOptions
+    from kronos_audit.verify import VerifyResult
+
+StrPath = str | PathLike[str]
+
+
+def _trust(
+    trusted_keys: Sequence[StrPath], trust_ref: str | None, require_anchor: bool
+) -> TrustOptions:
+    from kronos_audit.trust import TrustOptions
+
+    return TrustOptions(tuple(Path(k) for k in trusted_keys), trust_ref, require_anchor)
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+class KauditChecks:
+    """The checks the ``kaudit`` fixture offers; each raises AssertionError naming every
+    check that failed (bad input, such as a path with no manifest, raises
+    :class:`kronos_audit.errors.Error`)."""
+
+    def assert_verifies(
+        self,
+        target: StrPath | Sequence[StrPath],
+        *,
+        trusted_keys: Sequence[StrPath] = (),
+        trust_ref: str | None = None,
+        require_anchor: bool = False,
+        fetch: bool = True,
+    ) -> tuple[VerifyResult, ...]:
+        """Every manifest (and replay attestation) in ``target`` (a run directory, a
+        manifest, or several) verifies, as ``kaudit verify`` would say: signature by a
+        trusted signer, place, file digest, dataset hashes, parent chain. Returns the
+        results."""
+        __tracebackhide__ = True
+        from kronos_audit.verify import verify
+
+        paths = [target] if isinstance(target, str | PathLike) else list(target)
+        results = verify(
+            [Path(p) for p in paths],
+            trust=_trust(trusted_keys, trust_ref, require_anchor),
+            fetch=fetch,
+        )
+        failed = [
+            f"{r.manifest}: {c.name}: {c.detail}" for r in results if not r.ok for c in r.failures
+        ]
+        if failed:
+            bad = sum(not r.ok for r in results)
+            raise AssertionError(
+                f"kaudit: {bad} of {len(results)} manifest(s) do not verify:\n  "
+                + "\n  ".join(failed)
+            )
+        return results
+
+    def assert_replays(
+        self,
+        manifest: StrPath,
+        *,
+        rtol: float | None = None,
+        atol: float | None = None,
+        ulp: int | None = None,
+        tol: Sequence[str] = (),
+        trusted_keys: Sequence[StrPath] = (),
+        trust_ref: str | None = None,
+        require_anchor: bool = False,
+    ) -> ReplayResult:
+        """The segment that produced ``manifest``'s checkpoint replays and agrees with
+        it: bitwise, or within the tolerances given (``tol``: ``PATTERN:SPEC`` as for
+        ``kaudit replay --tol``; the rest from ``[compare]`` in .kaudit/config.toml), as
+        ``kaudit replay`` would say. Returns the result."""
+        __tracebackhide__ = True
+        from kronos_audit.compare import TolerancePolicy
+        from kronos_audit.project import find_project
+        from kronos_audit.replay import replay
+
+        path = Path(manifest)
+        base = TolerancePolicy.from_config(find_project(path))
+        policy = TolerancePolicy.from_options(rtol=rtol, atol=atol, ulp=ulp, tol=tol, base=base)
+        result = replay(path, policy=policy, trust=_trust(trusted_keys, trust_ref, require_anchor))
+        if not result.ok:
+            lines = []
+            for d in result.failures:
+                line = f"{d.path}: {d.verdict.value}"
+                if d.comparison is not None:
+                    c = d.comparison
+                    line += f" (max abs {_g(c.max_abs_error)}, max rel {_g(c.max_rel_error)})"
+                if d.detail:
+                    line += f": {d.detail}"
+                lines.append(line)
+            if not result.datasets:
+                lines.append("the file digest differs (not HDF5)")
+            raise AssertionError(
+                f"kaudit: the segment of {path} (run {result.manifest.run}, step "
+                f"{result.manifest.step}) did not reproduce ({result.outcome.value}):\n  "
+                + "\n  ".join(lines)
+            )
+        return result
+
+
+@pytest.fixture
+def kaudit() -> KauditChecks:
+    """Assert that runs verify (``kaudit.assert_verifies``) and that segments replay
+    within tolerance (``kaudit.assert_replays``)."""
+    return KauditChecks()

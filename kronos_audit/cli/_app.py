@@ -107,6 +107,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "log",
         "Runs and their chains at a glance (RUN_DIR...; default: every run in the repository).",
     ),
+    "gate": LazyCommand(
+        "kronos_audit.cli.gate",
+        "gate",
+        "Verify every manifest and replay a sample of segments: the CI reproducibility gate.",
+    ),
     "interval": LazyCommand(
         "kronos_audit.cli.interval",
         "interval",

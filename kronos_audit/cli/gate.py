@@ -1,0 +1,102 @@
+"""`kaudit gate`: the CI reproducibility gate."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from kronos_audit.cli._app import out, safe, settings
+from kronos_audit.cli.options import json_option, trust_from, trust_options
+
+if TYPE_CHECKING:
+    from kronos_audit.gate import Case, GateResult
+
+SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
+_STATUS = {"passed": "[green]ok[/]", "failed": "[red]FAILED[/]", "error": "[red]ERROR[/]"}
+
+
+@click.command()
+@click.argument(
+    "repository", required=False, default=".", type=click.Path(path_type=Path, file_okay=False)
+)
+@click.option(
+    "--junit",
+    "junit",
+    metavar="FILE",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write JUnit XML: one test case per manifest verified and per segment replayed.",
+)
+@json_option("Print the gate's result as JSON (the content of the Markdown summary).")
+@trust_options
+@click.pass_context
+def gate(
+    ctx: click.Context,
+    repository: Path,
+    junit: Path | None,
+    as_json: bool,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+) -> None:
+    """Verify every manifest and replay a sample of segments: the CI reproducibility gate.
+
+    Configured by [gate] in .kaudit/config.toml (runs, segments, seed, env, signers, and
+    tolerances as in [compare]: see docs/ci.md); without one it covers every run in the
+    repository and replays the newest segment of each. With --trust-ref REF (the
+    protected base branch), the trust store and the [gate] section are both read as they
+    are at REF, so a change under review cannot weaken its own gate.
+
+    When $GITHUB_STEP_SUMMARY names a file, a Markdown summary is appended to it.
+
+    Exit 0 when every manifest verifies and every sampled segment reproduces, 1 when any
+    does not (each failure named), 2 when the gate cannot run (bad config, no manifests).
+
+    \b
+    Example:
+      kaudit gate --trust-ref origin/main --junit kaudit-gate.xml
+    """
+    from kronos_audit.gate import gate as run_gate
+    from kronos_audit.gate import render_markdown, write_junit
+
+    trust = trust_from(trusted_keys, trust_ref, require_anchor)
+    show = None if as_json or not settings().verbose else _show_case
+    result = run_gate(repository, trust=trust, on_case=show)
+    if junit is not None:
+        write_junit(result, junit)
+    summary = os.environ.get(SUMMARY_ENV)
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(render_markdown(result))
+    if as_json:
+        out.json(result.to_json_obj())
+    else:
+        render(result)
+    ctx.exit(0 if result.ok else 1)
+
+
+def _show_case(case: Case) -> None:
+    out.print(f"{_STATUS[case.status.value]} {case.kind.value} {safe(case.name)}")
+
+
+def render(result: GateResult) -> None:
+    """The failures, the counts, and the verdict last (with --quiet: failures and verdict)."""
+    quiet = settings().quiet
+    for c in result.failures:
+        out.print(f"{_STATUS[c.status.value]} {c.kind.value} [bold]{safe(c.name)}[/]")
+        for d in c.details or (c.message,):
+            out.print(f"  {safe(d)}")
+    if not quiet:
+        for p in result.problems:
+            out.print(f"[yellow]trust store entry skipped:[/] {safe(p)}")
+        counts = result.counts()
+        v, r = counts["verify"], counts["replay"]
+        out.print(
+            f"{v['passed']} of {sum(v.values())} manifests verified, "
+            f"{r['passed']} of {sum(r.values())} segments reproduced "
+            f"[dim](config: {safe(result.config.source)}; {result.seconds:.1f} s)[/]"
+        )
+    verdict = "[green]PASSED[/]" if result.ok else "[red]FAILED[/]"
+    out.print(f"gate {verdict}")

@@ -1,0 +1,167 @@
+"""The gate's configuration: the ``[gate]`` section of ``.kaudit/config.toml``.
+
+::
+
+    [gate]
+    runs = ["checkpoints/*"]        # run directories or manifest globs (default: every run)
+    segments = 2                    # segments replayed per run, the newest always among them
+    seed = 7                        # the sample is drawn from this seed (reproducible)
+    env = "warn"                    # strict / warn / ignore (kronos_audit.replay.EnvMode)
+    signers = ["tester"]            # key names or ids; each manifest must be signed by one
+    rtol = 1e-12                    # tolerances as in [compare]: rtol, atol, ulp ...
+    tol = ["fields/*:rtol=1e-9"]    # ... and PATTERN:SPEC rules, the first match wins
+
+Under ``--trust-ref REF`` the section is read as it is at REF, from git's object store, so
+a change under review cannot weaken its own gate.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal import git
+from kronos_audit.compare import Tolerance, ToleranceError, TolerancePolicy, ToleranceRule
+from kronos_audit.errors import Error
+from kronos_audit.project import KAUDIT_DIR, Project
+from kronos_audit.replay import EnvMode
+from kronos_audit.trust import read_tree_files, resolve_ref
+
+SECTION = "gate"
+CONFIG_NAME = "config.toml"
+KEYS = ("runs", "segments", "seed", "env", "signers", "rtol", "atol", "ulp", "tol")
+
+
+class GateConfigError(Error):
+    """The ``[gate]`` section cannot be read or says something impossible (exit 2)."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """What the gate covers and how strictly."""
+
+    runs: tuple[str, ...] = ()
+    """Run directories or manifest globs, relative to the repository root; empty: every
+    run in the repository."""
+    segments: int = 1
+    """Segments replayed per run; the newest checkpoint's is always one of them."""
+    seed: int = 0
+    """Seed of the sample of older segments."""
+    policy: TolerancePolicy = field(default_factory=TolerancePolicy)
+    """Tolerances of the replays; the empty policy is bitwise."""
+    env: EnvMode = EnvMode.WARN
+    """What a replay does on environment drift."""
+    signers: tuple[str, ...] = ()
+    """Key names or ids (full or a prefix of at least 16 hex digits) one of which must
+    have signed each manifest; empty: any signer the trust anchors accept."""
+    source: str = "default"
+    """Where it was read: ``default`` (no section), a file, or ``REF:.kaudit/config.toml``."""
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "runs": list(self.runs),
+            "segments": self.segments,
+            "seed": self.seed,
+            "env": self.env.value,
+            "signers": list(self.signers),
+            "policy": self.policy.to_json_obj(),
+            "source": self.source,
+        }
+
+
+def _strings(table: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise GateConfigError(f"[gate] {key} must be a list of strings", path=where)
+    return tuple(value)
+
+
+def _whole(table: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GateConfigError(f"[gate] {key} must be a whole number >= 0", path=where)
+    return value
+
+
+def _policy(table: Mapping[str, Any], where: str) -> TolerancePolicy:
+    try:
+        values = {k: table[k] for k in ("rtol", "atol", "ulp") if k in table}
+        default = Tolerance(**values) if values else None
+        rules = tuple(
+            ToleranceRule.parse(text, origin="[gate]", where=f"[gate] tol[{i}] {text!r}")
+            for i, text in enumerate(_strings(table, "tol", where))
+        )
+    except ToleranceError as e:
+        raise GateConfigError(e.message, path=where) from None
+    except TypeError:
+        raise GateConfigError("[gate] rtol, atol and ulp must be numbers", path=where) from None
+    return TolerancePolicy(rules, default)
+
+
+def parse_config(document: Mapping[str, Any], where: str) -> GateConfig:
+    """The gate the ``[gate]`` table of a parsed config file describes (the default gate
+    when there is none)."""
+    table = document.get(SECTION)
+    if table is None:
+        return GateConfig(source=f"default (no [gate] in {where})")
+    if not isinstance(table, Mapping):
+        raise GateConfigError("[gate] must be a table", path=where)
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise GateConfigError(
+            f"[gate]: unknown key {unknown[0]!r} (expected {', '.join(KEYS)})", path=where
+        )
+    env = table.get("env", EnvMode.WARN.value)
+    if env not in {m.value for m in EnvMode}:
+        raise GateConfigError(f"[gate] env must be strict, warn or ignore, got {env!r}", path=where)
+    return GateConfig(
+        runs=_strings(table, "runs", where),
+        segments=_whole(table, "segments", 1, where),
+        seed=_whole(table, "seed", 0, where),
+        policy=_policy(table, where),
+        env=EnvMode(env),
+        signers=_strings(table, "signers", where),
+        source=where,
+    )
+
+
+def _parse_toml(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise GateConfigError(f"unreadable config: {e}", path=where) from None
+
+
+def config_at_ref(root: Path, ref: str) -> GateConfig:
+    """The ``[gate]`` section of ``.kaudit/config.toml`` as it is at ``ref``, read from
+    git's object store (never the work tree)."""
+    commit = resolve_ref(root, ref)
+    files, skipped = read_tree_files(root, commit, KAUDIT_DIR, CONFIG_NAME)
+    wanted = f"{KAUDIT_DIR}/{CONFIG_NAME}"
+    where = f"{ref}:{wanted}"
+    if any(s.startswith(f"{commit[:12]}:{wanted}:") for s in skipped):
+        raise GateConfigError("not a regular file of at most 64 KiB at the ref", path=where)
+    for path, data in files:
+        if path == wanted:
+            return parse_config(_parse_toml(data, where), where)
+    return GateConfig(source=f"default (no {wanted} at {ref})")
+
+
+def load_config(project: Project, trust_ref: str | None = None) -> GateConfig:
+    """The gate's configuration: at ``trust_ref`` when given, else the work tree's."""
+    if trust_ref is not None:
+        try:
+            return config_at_ref(project.root, trust_ref)
+        except git.GitError as e:
+            raise GateConfigError(f"--trust-ref {trust_ref}: {e.message}") from None
+    where = project.relative(project.config_path)
+    if not project.config_path.is_file():
+        return GateConfig(source=f"default (no {where})")
+    try:
+        data = project.config_path.read_bytes()
+    except OSError as e:
+        raise GateConfigError(f"unreadable config: {e.strerror}", path=where) from None
+    return parse_config(_parse_toml(data, where), where)

@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# Make sure the external tools the test suite compares against are installed: today only
-# h5diff (Debian's hdf5-tools), the reference for `kaudit diff`'s verdicts. Idempotent and
-# quiet: does nothing when h5diff is already on PATH; otherwise runs `apt-get update` once
-# and installs hdf5-tools. Exits non-zero with one line on stderr when it cannot.
+# Make sure the external tools the test suite runs are installed: h5diff (Debian's
+# hdf5-tools), the reference for `kaudit diff`'s verdicts, and chromium (Debian's chromium),
+# the headless browser that opens `kaudit report`'s HTML. Idempotent and quiet: does nothing
+# for a tool already on PATH; otherwise runs `apt-get update` once and installs the package.
+# Exits non-zero with one line on stderr when it cannot.
 set -euo pipefail
 
-if command -v h5diff >/dev/null 2>&1; then
-    exit 0
-fi
 fail() { echo "ensure-tools: $*" >&2; exit 1; }
-command -v apt-get >/dev/null 2>&1 || fail "h5diff is missing and there is no apt-get to install hdf5-tools; install HDF5's command-line tools by hand"
+
+# command on PATH -> the Debian package that provides it
+TOOLS=("h5diff hdf5-tools" "chromium chromium")
+missing=()
+for entry in "${TOOLS[@]}"; do
+    read -r tool package <<<"$entry"
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$package")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+
+command -v apt-get >/dev/null 2>&1 \
+    || fail "missing ${missing[*]} and there is no apt-get to install them; install them by hand"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
         SUDO="sudo -n"
     else
-        fail "h5diff is missing and installing hdf5-tools needs root (run: apt-get install hdf5-tools)"
+        fail "installing ${missing[*]} needs root (run: apt-get install ${missing[*]})"
     fi
 fi
 log="$(mktemp "${TMPDIR:-/tmp}/ensure-tools-XXXXXX.log")"
@@ -23,6 +32,9 @@ trap 'rm -f "$log"' EXIT
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq >"$log" 2>&1 \
     || fail "apt-get update failed: $(tail -n 1 "$log")"
-$SUDO apt-get install -y -qq --no-install-recommends hdf5-tools >"$log" 2>&1 \
-    || fail "apt-get install hdf5-tools failed: $(tail -n 1 "$log")"
-command -v h5diff >/dev/null 2>&1 || fail "hdf5-tools installed but h5diff is still not on PATH"
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >"$log" 2>&1 \
+    || fail "apt-get install ${missing[*]} failed: $(tail -n 1 "$log")"
+for entry in "${TOOLS[@]}"; do
+    read -r tool package <<<"$entry"
+    command -v "$tool" >/dev/null 2>&1 || fail "$package installed but $tool is still not on PATH"
+done

@@ -33,6 +33,7 @@ def test_every_schema_named_in_the_package_is_shipped() -> None:
         "comparison-v1.schema.json",
         "manifest-v1.schema.json",
         "replay-v1.schema.json",
+        "report-v1.schema.json",
         "revocation-v1.schema.json",
     ]
 

@@ -112,6 +112,12 @@ COMMANDS: dict[str, LazyCommand] = {
         "gate",
         "Verify every manifest and replay a sample of segments: the CI reproducibility gate.",
     ),
+    "report": LazyCommand(
+        "kronos_audit.cli.report",
+        "report",
+        "Write an auditor's report (HTML, Markdown or JSON) of runs: verdict, provenance, "
+        "chain, verification, replays.",
+    ),
     "interval": LazyCommand(
         "kronos_audit.cli.interval",
         "interval",

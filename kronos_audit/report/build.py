@@ -1,0 +1,439 @@
+"""Build a :class:`~kronos_audit.report.model.Report` from manifests, their verification
+and the signed replay attestations beside them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import shlex
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kronos_audit.errors import Error
+from kronos_audit.manifest import Manifest
+from kronos_audit.project import Project, find_project
+from kronos_audit.report.model import (
+    Chain,
+    ChainPoint,
+    CodeVersion,
+    DatasetResult,
+    Drift,
+    Environment,
+    Failure,
+    Gap,
+    GapKind,
+    ManifestRow,
+    Problem,
+    Replay,
+    Report,
+    RunReport,
+    Signer,
+    Verdict,
+    Verification,
+)
+from kronos_audit.sign import utc_now
+from kronos_audit.trust import TrustedKey, TrustOptions
+from kronos_audit.verify import ManifestCache, VerifyResult, trust_problems, verify_each
+
+NEWEST = 10
+"""Manifests listed by default beside the failures: the newest of each run."""
+MAX_FAILURES = 50
+"""Failing manifests listed at most per run (the rest are counted)."""
+MAX_DATASETS = 50
+"""Datasets listed at most per replay: the failing ones first."""
+PAUSE_FACTOR = 5.0
+"""A wall-clock interval this many times the run's median is shown as a pause."""
+
+
+def _tool() -> str:
+    import importlib.metadata
+
+    try:
+        return f"kronos-audit {importlib.metadata.version('kronos-audit')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "kronos-audit (not installed)"
+
+
+def _time(text: str) -> dt.datetime | None:
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+def _signer_label(key: TrustedKey | None) -> str | None:
+    return None if key is None else f"{key.short_id} ({key.name})"
+
+
+def _failures(result: VerifyResult) -> tuple[Failure, ...]:
+    return tuple(Failure(c.name, c.detail) for c in result.failures)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):  # json_float's "nan", "inf", "-inf"
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _trust_words(trust: TrustOptions | None) -> str:
+    if trust is None:
+        trust = TrustOptions()
+    parts = [f"--trusted-key {k}" for k in trust.trusted_keys]
+    if trust.trust_ref is not None:
+        parts.append(f"the repository's trust store at {trust.trust_ref}")
+    if not parts:
+        what = "the user's trust store, $KAUDIT_TRUSTED_KEYS and the repository's own store"
+        return what + (" (anchors required)" if trust.require_anchor else " (unanchored allowed)")
+    return ", ".join(parts) + " (anchors required)"
+
+
+def _trust_args(trust: TrustOptions | None) -> list[str]:
+    if trust is None:
+        return []
+    args: list[str] = []
+    for k in trust.trusted_keys:
+        args += ["--trusted-key", str(k)]
+    if trust.trust_ref is not None:
+        args += ["--trust-ref", trust.trust_ref]
+    if trust.require_anchor and not trust.trusted_keys and trust.trust_ref is None:
+        args.append("--require-anchor")
+    return args
+
+
+@dataclass
+class _Group:
+    """What is gathered of one run before it is summarised."""
+
+    directory: Path
+    run: str
+    project: Project | None
+    manifests: list[tuple[VerifyResult, Manifest | None]] = field(default_factory=list)
+    attestations: list[VerifyResult] = field(default_factory=list)
+
+    def name(self, path: Path) -> str:
+        return self.project.relative(path) if self.project is not None else str(path)
+
+
+def _environment(manifests: Sequence[Manifest]) -> Environment:
+    newest = manifests[-1].record.environment
+    blas = newest.blas
+    return Environment(
+        python=f"{newest.python_implementation} {newest.python_version}",
+        platform=f"{newest.system} {newest.machine}",
+        cpu=newest.cpu_model,
+        blas=" ".join(str(blas[k]) for k in ("name", "version") if k in blas) or "unknown",
+        packages=len(newest.packages),
+        digest=newest.digest,
+        distinct_locks=len({m.record.environment.digest for m in manifests}),
+    )
+
+
+def _code(manifests: Sequence[Manifest]) -> tuple[CodeVersion, ...]:
+    versions: dict[tuple[str, str | None], list[Manifest]] = {}
+    for m in manifests:
+        g = m.record.git
+        versions.setdefault((g.commit, g.patch_sha256), []).append(m)
+    out = []
+    for (commit, patch), ms in versions.items():
+        g = ms[-1].record.git
+        steps = [m.step for m in ms]
+        out.append(CodeVersion(commit, g.branch, patch, g.remote, min(steps), max(steps), len(ms)))
+    return tuple(sorted(out, key=lambda c: c.first_step))
+
+
+def _signers(results: Iterable[VerifyResult]) -> tuple[Signer, ...]:
+    counts: Counter[str] = Counter()
+    keys: dict[str, TrustedKey] = {}
+    for r in results:
+        if r.signer is not None:
+            counts[r.signer.key_id] += 1
+            keys[r.signer.key_id] = r.signer
+    return tuple(
+        Signer(k.key_id, k.name, k.anchor.value, k.source, k.anchor.anchored, counts[kid])
+        for kid, k in sorted(keys.items(), key=lambda item: -counts[item[0]])
+    )
+
+
+def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
+    times = [_time(m.record.created) for _, m in rows]
+    known = [t for t in times if t is not None]
+    origin = min(known) if known else None
+    points = []
+    for (r, m), t in zip(rows, times, strict=True):
+        seconds = (t - origin).total_seconds() if t is not None and origin is not None else 0.0
+        points.append(
+            ChainPoint(
+                m.step, m.record.created, seconds, m.record.size, m.record.restart_count, r.ok
+            )
+        )
+    intervals = [b.seconds - a.seconds for a, b in itertools.pairwise(points)]
+    positive = [i for i in intervals if i > 0]
+    usual = statistics.median(positive) if positive else 0.0
+    gaps = []
+    for a, b, interval in zip(points, points[1:], intervals, strict=False):
+        if (b.restart_count or 0) > (a.restart_count or 0):
+            gaps.append(Gap(GapKind.RESTART, a.step, b.step, interval))
+        elif usual > 0 and interval > PAUSE_FACTOR * usual and len(positive) >= 3:
+            gaps.append(Gap(GapKind.PAUSE, a.step, b.step, interval))
+    sizes = [p.size for p in points]
+    created = sorted(p.created for p in points)
+    return Chain(
+        count=len(points),
+        first_step=points[0].step,
+        last_step=points[-1].step,
+        first_created=created[0],
+        last_created=created[-1],
+        total_bytes=sum(sizes),
+        min_bytes=min(sizes),
+        max_bytes=max(sizes),
+        restarts=max((p.restart_count or 0 for p in points), default=0),
+        gaps=tuple(gaps),
+        points=tuple(points),
+    )
+
+
+def _row(group: _Group, r: VerifyResult) -> ManifestRow:
+    return ManifestRow(
+        group.name(r.manifest),
+        r.step,
+        r.ok,
+        _signer_label(r.signer),
+        r.data_checked,
+        _failures(r),
+    )
+
+
+def _verification(group: _Group, newest: int, max_failures: int) -> Verification:
+    results = [r for r, _ in group.manifests]
+    failed = [r for r in results if not r.ok]
+    return Verification(
+        total=len(results),
+        passed=len(results) - len(failed),
+        data_checked=sum(r.data_checked for r in results),
+        failures=tuple(_row(group, r) for r in failed[:max_failures]),
+        failures_not_listed=max(0, len(failed) - max_failures),
+        newest=tuple(_row(group, r) for r in reversed(results[-newest:] if newest else [])),
+    )
+
+
+def _datasets(predicate: Mapping[str, Any]) -> tuple[DatasetResult, ...]:
+    out = []
+    for d in predicate.get("datasets", ()):
+        comparison = d.get("comparison") or {}
+        ulp = comparison.get("max_ulp_error")
+        out.append(
+            DatasetResult(
+                path=str(d["path"]),
+                verdict=str(d["verdict"]),
+                ok=bool(d["ok"]),
+                max_abs_error=_number(comparison.get("max_abs_error")),
+                max_rel_error=_number(comparison.get("max_rel_error")),
+                max_ulp_error=ulp if isinstance(ulp, int) and not isinstance(ulp, bool) else None,
+                detail=_text(d.get("detail") or comparison.get("reason")),
+            )
+        )
+    out.sort(key=lambda d: d.ok)  # the failing first, stable otherwise
+    return tuple(out[:MAX_DATASETS])
+
+
+def _replay(group: _Group, r: VerifyResult) -> Replay:
+    from kronos_audit.replay.attest import read_attestation
+
+    attestation = read_attestation(r.manifest)
+    predicate = attestation.predicate
+    replay = attestation.replay
+    environment = predicate.get("environment", {})
+    drift = tuple(
+        Drift(str(d["section"]), str(d["name"]), _text(d.get("recorded")), _text(d.get("current")))
+        for d in environment.get("drift", ())
+    )
+    manifest_path = attestation.path.with_name(
+        attestation.path.name.removesuffix(".replay.json") + ".kaudit.json"
+    )
+    return Replay(
+        attestation=group.name(r.manifest),
+        manifest=group.name(manifest_path),
+        step=r.step,
+        verified=r.ok,
+        failures=_failures(r),
+        signer=_signer_label(r.signer),
+        outcome=replay.outcome.value,
+        replayed_at=replay.replayed_at,
+        commit=replay.commit,
+        patch_applied=replay.patch_sha256 is not None,
+        resumed_from=None if replay.parent is None else replay.parent.step,
+        env_mode=str(environment.get("mode", "warn")),
+        datasets=_datasets(predicate),
+        drift=drift,
+    )
+
+
+def _reproduce(
+    group: _Group, rows: Sequence[tuple[VerifyResult, Manifest]], trust: TrustOptions | None
+) -> tuple[str, ...]:
+    trust_args = _trust_args(trust)
+    directory = group.name(group.directory)
+    commands = [shlex.join(["kaudit", "verify", directory, *trust_args])]
+    newest = rows[-1][1]
+    replay_args = ["kaudit", "replay", group.name(newest.path), *trust_args]
+    commands.append(shlex.join([*replay_args, "--attest"]))
+    for r in group.attestations:
+        manifest = r.manifest.with_name(
+            r.manifest.name.removesuffix(".replay.json") + ".kaudit.json"
+        )
+        if manifest != newest.path:
+            commands.append(shlex.join(["kaudit", "replay", group.name(manifest), *trust_args]))
+    commands.append(
+        shlex.join(["kaudit", "report", directory, *trust_args, "--out", "report.html"])
+    )
+    record = newest.record
+    if record.command:
+        where = record.cwd or "."
+        commands.append(
+            f"# the recorded command, at commit {record.git.commit[:12]}"
+            + (" with the recorded patch" if record.git.patch_sha256 else "")
+            + f", in {where}: "
+            + shlex.join(record.command)
+        )
+    return tuple(commands)
+
+
+def _run_report(
+    group: _Group, trust: TrustOptions | None, newest: int, max_failures: int
+) -> RunReport:
+    group.manifests.sort(key=lambda rm: rm[0].step)
+    group.attestations.sort(key=lambda r: r.step)
+    rows = [(r, m) for r, m in group.manifests if m is not None]
+    replays = tuple(_replay(group, r) for r in group.attestations)
+    verification = _verification(group, newest, max_failures)
+    ok = verification.failed == 0 and all(r.verified for r in replays)
+    return RunReport(
+        run=group.run,
+        directory=group.name(group.directory),
+        ok=ok,
+        code=_code([m for _, m in rows]),
+        signers=_signers([r for r, _ in group.manifests]),
+        environment=_environment([m for _, m in rows]),
+        chain=_chain(rows),
+        verification=verification,
+        replays=replays,
+        reproduce=_reproduce(group, rows, trust),
+    )
+
+
+def _reasons(runs: Sequence[RunReport], problems: Sequence[Problem]) -> tuple[str, ...]:
+    reasons = []
+    for p in problems:
+        reasons.append(f"unreadable input: {p.path}: {p.message}")
+    for run in runs:
+        v = run.verification
+        if v.failed:
+            reasons.append(f"run {run.run}: {v.failed} of {v.total} manifests do not verify")
+        for r in run.replays:
+            if not r.verified:
+                why = "; ".join(f"{f.check}: {f.detail}" for f in r.failures)
+                reasons.append(f"run {run.run}: the replay of step {r.step} fails: {why}")
+    if reasons:
+        return tuple(reasons)
+    for run in runs:
+        v = run.verification
+        n = len(run.replays)
+        reasons.append(
+            f"run {run.run}: all {v.total} manifests verify"
+            + (f", {n} replay{'s' if n != 1 else ''} reproduced" if n else ", no replay attested")
+        )
+    return tuple(reasons)
+
+
+def build_report(
+    paths: Sequence[Path | str],
+    *,
+    trust: TrustOptions | None = None,
+    fetch: bool = True,
+    newest: int = NEWEST,
+    max_failures: int = MAX_FAILURES,
+) -> Report:
+    """Verify every manifest and replay attestation under ``paths`` (run directories,
+    manifests or attestations) with the anchors ``trust`` gives, as `kaudit verify` does
+    (``fetch``: a missing checkpoint is fetched from the DVC remote once its manifest's
+    signature holds), and summarise them per run.
+
+    Input that cannot be read at all is recorded in :attr:`Report.problems` and fails the
+    report; raises :class:`~kronos_audit.errors.Error` only when there is nothing to report.
+    """
+    targets = [Path(p) for p in paths]
+    groups: dict[tuple[Path, str], _Group] = {}
+    projects: dict[Path, Project | None] = {}
+    problems: list[Problem] = []
+    cache = ManifestCache()
+
+    def group_of(r: VerifyResult) -> _Group:
+        directory = r.manifest.parent
+        key = (directory.resolve(), r.run)
+        if key not in groups:
+            if directory not in projects:
+                try:
+                    projects[directory] = find_project(directory)
+                except Error:
+                    projects[directory] = None
+            groups[key] = _Group(directory, r.run, projects[directory])
+        return groups[key]
+
+    for outcome in verify_each(targets, fetch=fetch, trust=trust):
+        if isinstance(outcome, Error):
+            where = "" if outcome.path is None else str(outcome.path)
+            problems.append(Problem(where, outcome.message))
+            continue
+        group = group_of(outcome)
+        if outcome.is_attestation:
+            group.attestations.append(outcome)
+            continue
+        try:
+            manifest: Manifest | None = cache.read(outcome.manifest)
+        except Error as e:
+            problems.append(Problem(str(outcome.manifest), e.message))
+            manifest = None
+        group.manifests.append((outcome, manifest))
+
+    runs = []
+    for group in groups.values():
+        if not any(m is not None for _, m in group.manifests):
+            for r in group.attestations:
+                problems.append(Problem(str(r.manifest), "no manifest of its run was given"))
+            continue
+        try:
+            runs.append(_run_report(group, trust, newest, max_failures))
+        except Error as e:
+            problems.append(Problem(str(e.path or group.directory), e.message))
+    runs.sort(key=lambda r: (r.directory, r.run))
+    if not runs and not problems:
+        raise Error("no manifest to report on", path=targets[0] if targets else None)
+    ok = not problems and all(r.ok for r in runs)
+    return Report(
+        verdict=Verdict.PASS if ok else Verdict.FAIL,
+        reasons=_reasons(runs, problems),
+        generated_at=utc_now(),
+        tool=_tool(),
+        trust=_trust_words(trust),
+        runs=tuple(runs),
+        problems=tuple(problems),
+        trust_problems=tuple(trust_problems(targets, trust)),
+    )

@@ -1,0 +1,266 @@
+"""Render a :class:`~kronos_audit.report.model.Report` as HTML, Markdown or JSON.
+
+HTML comes from Jinja2 templates (``kronos_audit/report/templates/``) with autoescape
+on: every name read from a file (run ids, dataset paths, key names) is text, never
+markup. The page is one self-contained file: inline CSS with a print stylesheet, inline
+SVG charts, no request to anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kronos_audit.errors import UsageError
+from kronos_audit.report import charts
+from kronos_audit.report.model import Report, RunReport
+
+if TYPE_CHECKING:
+    import jinja2
+
+SCHEMA_NAME = "report-v1.schema.json"
+
+
+class ReportFormat(enum.StrEnum):
+    """The formats a report is written in."""
+
+    HTML = "html"
+    """One self-contained page, for an auditor."""
+    MD = "md"
+    """Markdown, for a pull request comment or a CI job summary."""
+    JSON = "json"
+    """``schemas/report-v1.schema.json``, for programs."""
+
+    @classmethod
+    def for_path(cls, path: Path) -> ReportFormat:
+        """The format a file's extension names (``.html``/``.htm``, ``.md``/``.markdown``,
+        ``.json``)."""
+        suffix = path.suffix.lower()
+        by_suffix = {
+            ".html": cls.HTML,
+            ".htm": cls.HTML,
+            ".md": cls.MD,
+            ".markdown": cls.MD,
+            ".json": cls.JSON,
+        }
+        if suffix not in by_suffix:
+            raise UsageError(
+                f"cannot tell the format from the extension {suffix or '(none)'!r}: "
+                "use .html, .md or .json, or give --format",
+                path=path,
+            )
+        return by_suffix[suffix]
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The report as a JSON document, validated against ``schemas/report-v1.schema.json``."""
+    from kronos_audit.manifest import validate
+
+    document = report.to_json_obj()
+    validate(document, schema_name=SCHEMA_NAME, what="report")
+    return document
+
+
+def render_json(report: Report) -> str:
+    """The report as JSON text (see :func:`report_json`)."""
+    return json.dumps(report_json(report), indent=2, allow_nan=False) + "\n"
+
+
+# -- Markdown ------------------------------------------------------------------------
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def md(value: object) -> str:
+    """A name from a file as Markdown text: no markup, no HTML, no line breaks."""
+    text = _CONTROL.sub(" ", str(value))
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def _code(value: object) -> str:
+    """Inline code; a name holding a backtick falls back to escaped text."""
+    text = _CONTROL.sub(" ", str(value))
+    return f"`{text}`" if "`" not in text else md(text)
+
+
+def _err(x: float | int | None) -> str:
+    return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def _md_run(run: RunReport) -> list[str]:
+    lines = [f"## Run {md(run.run)}: {'PASS' if run.ok else 'FAIL'}", ""]
+    lines.append(f"Directory {_code(run.directory)}.")
+    lines.append("")
+    lines.append("### Provenance")
+    lines.append("")
+    for c in run.code:
+        patch = (
+            f"patch {_code(c.patch_sha256[:12])} applied" if c.patch_sha256 else "no patch applied"
+        )
+        branch = f" on {md(c.branch)}" if c.branch else ""
+        lines.append(
+            f"- commit {_code(c.commit[:12])}{branch}, {patch}: steps {c.first_step} to "
+            f"{c.last_step} ({c.count} checkpoints)"
+        )
+    for s in run.signers:
+        anchored = "" if s.anchored else " **(unanchored)**"
+        lines.append(
+            f"- signed by {md(s.name)} (key {_code(s.key_id[:16])}), anchor: {md(s.anchor)}"
+            f"{anchored}, {s.count} statements"
+        )
+    e = run.environment
+    lines.append(
+        f"- environment: {md(e.python)}, {md(e.platform)}, {md(e.cpu)}, BLAS {md(e.blas)}, "
+        f"{e.packages} packages (lock {_code(e.digest[:12])}"
+        + (f"; {e.distinct_locks} different locks in the run" if e.distinct_locks > 1 else "")
+        + ")"
+    )
+    chain = run.chain
+    lines += ["", "### Checkpoint chain", ""]
+    lines.append(
+        f"{chain.count} checkpoints, steps {chain.first_step} to {chain.last_step}, "
+        f"{md(chain.first_created)} to {md(chain.last_created)}; "
+        f"{charts.size(chain.total_bytes)} in all "
+        f"({charts.size(chain.min_bytes)} to {charts.size(chain.max_bytes)} each); "
+        f"{chain.restarts} restarts."
+    )
+    for g in chain.gaps:
+        lines.append(
+            f"- {g.kind.value} between steps {g.after_step} and {g.before_step} "
+            f"({charts.duration(g.seconds)})"
+        )
+    v = run.verification
+    lines += ["", "### Verification", ""]
+    lines.append(
+        f"{v.passed} of {v.total} manifests verify ({v.failed} fail); "
+        f"{v.data_checked} checkpoints' data hashed."
+    )
+    if v.failures:
+        lines += ["", "| manifest | step | result | failed checks |", "| --- | --- | --- | --- |"]
+        for r in v.failures:
+            why = "; ".join(f"{md(f.check)}: {md(f.detail)}" for f in r.failures)
+            lines.append(f"| {_code(r.manifest)} | {r.step} | **FAIL** | {why} |")
+        if v.failures_not_listed:
+            lines.append(f"\n... and {v.failures_not_listed} more failures not listed.")
+    if v.newest:
+        lines += [
+            "",
+            "Newest:",
+            "",
+            "| manifest | step | result | signer |",
+            "| --- | --- | --- | --- |",
+        ]
+        for r in v.newest:
+            result = "ok" if r.ok else "**FAIL**"
+            lines.append(f"| {_code(r.manifest)} | {r.step} | {result} | {md(r.signer or '-')} |")
+    lines += ["", "### Replays", ""]
+    if not run.replays:
+        lines.append("No replay attestation (`CKPT.replay.json`) found.")
+    for rep in run.replays:
+        status = "verified" if rep.verified else "**FAIL**"
+        start = "from the start" if rep.resumed_from is None else f"from step {rep.resumed_from}"
+        lines.append(
+            f"- step {rep.step}: **{rep.outcome}**, attestation {status}, signed by "
+            f"{md(rep.signer or 'nobody accepted')}, replayed {md(rep.replayed_at)} {start} at "
+            f"commit {_code(rep.commit[:12])}" + (" with the patch" if rep.patch_applied else "")
+        )
+        for f in rep.failures:
+            lines.append(f"  - FAIL {md(f.check)}: {md(f.detail)}")
+        if rep.datasets:
+            lines += [
+                "",
+                "  | dataset | verdict | max abs | max rel | max ULP |",
+                "  | --- | --- | --- | --- | --- |",
+            ]
+            for d in rep.datasets:
+                verdict = d.verdict if d.ok else f"**{d.verdict}**"
+                lines.append(
+                    f"  | {_code(d.path)} | {verdict} | {_err(d.max_abs_error)} | "
+                    f"{_err(d.max_rel_error)} | {_err(d.max_ulp_error)} |"
+                )
+            lines.append("")
+        if rep.drift:
+            lines.append(f"  - environment drift ({len(rep.drift)}):")
+            for dr in rep.drift:
+                lines.append(
+                    f"    - {md(dr.section)} {md(dr.name)}: {md(dr.recorded)} -> {md(dr.current)}"
+                )
+        else:
+            lines.append("  - no environment drift")
+    lines += ["", "### How to reproduce", "", "From the repository root:", "", "```sh"]
+    lines += [_CONTROL.sub(" ", cmd).replace("```", "` ` `") for cmd in run.reproduce]
+    lines += ["```", ""]
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    """The report as Markdown (a pull request comment, ``$GITHUB_STEP_SUMMARY``): the
+    verdict on the first line, then each run."""
+    mark = "PASS" if report.ok else "FAIL"
+    lines = [f"# kaudit report: {mark}", ""]
+    lines += [f"- {md(reason)}" for reason in report.reasons]
+    lines += [
+        "",
+        f"Generated {md(report.generated_at)} by {md(report.tool)}; trust: {md(report.trust)}.",
+        "",
+    ]
+    if report.problems:
+        lines += ["## Unreadable input", ""]
+        lines += [f"- FAIL {_code(p.path)}: {md(p.message)}" for p in report.problems]
+        lines.append("")
+    if report.trust_problems:
+        lines += ["Skipped reading the trust anchors:", ""]
+        lines += [f"- {md(p)}" for p in report.trust_problems]
+        lines.append("")
+    for run in report.runs:
+        lines += _md_run(run)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# -- HTML ------------------------------------------------------------------------------
+
+
+def _environment() -> jinja2.Environment:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("kronos_audit.report", "templates"),
+        autoescape=True,  # every template, whatever its name: names from files are hostile
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["size"] = charts.size
+    env.filters["duration"] = charts.duration
+    env.filters["err"] = _err
+    return env
+
+
+def render_html(report: Report) -> str:
+    """The report as one self-contained HTML page."""
+    template = _environment().get_template("report.html.j2")
+    runs = [
+        {
+            "run": run,
+            "timeline": charts.timeline(run.chain),
+            "sizes": charts.sizes(run.chain),
+            "errors": [charts.errors(r.datasets) if r.datasets else None for r in run.replays],
+        }
+        for run in report.runs
+    ]
+    html: str = template.render(report=report, runs=runs)
+    return html
+
+
+def render(report: Report, fmt: ReportFormat) -> str:
+    """The report in ``fmt``."""
+    if fmt is ReportFormat.HTML:
+        return render_html(report)
+    if fmt is ReportFormat.MD:
+        return render_markdown(report)
+    return render_json(report)

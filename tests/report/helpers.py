@@ -1,0 +1,50 @@
+"""Helpers the report tests import: a long chain signed fast, as bench/bench_manifest.py
+builds one, with a restart and a pause in its timeline."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+
+from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.manifest import Manifest
+from kronos_audit.project import Project
+from kronos_audit.provenance import git_state
+from kronos_audit.sign import sign_checkpoint
+from kronos_audit.signing import SigningKey
+from tests.helpers import write_checkpoint
+
+START = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+
+def long_chain(project: Project, key: SigningKey, n: int, run: str = "long") -> Path:
+    """``n`` checkpoints of one tiny file, a minute apart in their signed creation time,
+    restarted once (a third of the way) and paused for a day (two thirds of the way)."""
+    directory = project.root / "checkpoints" / run
+    directory.mkdir(parents=True)
+    tiny = write_checkpoint(project.root / "tiny.h5", n=16)
+    digests = digest_file(tiny, md5=True)
+    git = git_state(project.root)
+    parent: Manifest | None = None
+    for step in range(1, n + 1):
+        path = directory / f"step-{step:08d}.h5"
+        shutil.copyfile(tiny, path)
+        restarted = step > n // 3
+        when = START + dt.timedelta(minutes=step) + dt.timedelta(days=int(step > 2 * n // 3))
+        parent = sign_checkpoint(
+            path,
+            digests,
+            project=project,
+            key=key,
+            run=run,
+            step=step,
+            parent=parent,
+            git=git,
+            extra={
+                "restart_count": int(restarted),
+                "created": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        )
+    tiny.unlink()
+    return directory

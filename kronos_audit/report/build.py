@@ -8,13 +8,13 @@ import itertools
 import shlex
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kronos_audit.errors import Error
-from kronos_audit.manifest import Manifest
+from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest
 from kronos_audit.project import Project, find_project
 from kronos_audit.report.model import (
     Chain,
@@ -36,8 +36,15 @@ from kronos_audit.report.model import (
     Verification,
 )
 from kronos_audit.sign import utc_now
-from kronos_audit.trust import TrustedKey, TrustOptions
-from kronos_audit.verify import ManifestCache, VerifyResult, trust_problems, verify_each
+from kronos_audit.trust import TrustedKey, TrustOptions, load_keyring
+from kronos_audit.verify import (
+    ATTESTATION_SUFFIX,
+    ManifestCache,
+    Verifier,
+    VerifyResult,
+    expand_manifest_args,
+    trust_problems,
+)
 
 NEWEST = 10
 """Manifests listed by default beside the failures: the newest of each run."""
@@ -363,6 +370,43 @@ def _reasons(runs: Sequence[RunReport], problems: Sequence[Problem]) -> tuple[st
     return tuple(reasons)
 
 
+def _verify_each(
+    targets: list[Path], cache: ManifestCache, *, fetch: bool, trust: TrustOptions | None
+) -> Iterator[VerifyResult | Error]:
+    """:func:`kronos_audit.verify.verify_each`, sharing ``cache``: each manifest is read
+    and schema-checked once, for its verification and for the report."""
+    paths = expand_manifest_args(targets)
+    newest: dict[tuple[Path, str], tuple[int, Path]] = {}
+    for p in paths:
+        if p.name.endswith(MANIFEST_SUFFIX):
+            try:
+                m = cache.read(p)
+            except Error:
+                continue  # reported when it is verified
+            group = (p.parent.resolve(), m.run)
+            if group not in newest or m.step > newest[group][0]:
+                newest[group] = (m.step, p)
+    newest_paths = {p for _, p in newest.values()}
+    verifiers: dict[Path, Verifier] = {}
+    projects: dict[Path, Project] = {}
+    for p in paths:
+        try:
+            project = projects.get(p.parent)
+            if project is None:
+                project = projects[p.parent] = find_project(p)
+            verifier = verifiers.get(project.root)
+            if verifier is None:
+                verifier = verifiers[project.root] = Verifier(
+                    project, load_keyring(project.root, trust), fetch=fetch, cache=cache
+                )
+            if p.name.endswith(ATTESTATION_SUFFIX):
+                yield verifier.verify_attestation(p)
+            else:
+                yield verifier.verify(p, newest=p in newest_paths)
+        except Error as e:
+            yield e
+
+
 def build_report(
     paths: Sequence[Path | str],
     *,
@@ -397,7 +441,7 @@ def build_report(
             groups[key] = _Group(directory, r.run, projects[directory])
         return groups[key]
 
-    for outcome in verify_each(targets, fetch=fetch, trust=trust):
+    for outcome in _verify_each(targets, cache, fetch=fetch, trust=trust):
         if isinstance(outcome, Error):
             where = "" if outcome.path is None else str(outcome.path)
             problems.append(Problem(where, outcome.message))
@@ -407,7 +451,7 @@ def build_report(
             group.attestations.append(outcome)
             continue
         try:
-            manifest: Manifest | None = cache.read(outcome.manifest)
+            manifest: Manifest | None = cache.read(outcome.manifest)  # read once, by verify
         except Error as e:
             problems.append(Problem(str(outcome.manifest), e.message))
             manifest = None

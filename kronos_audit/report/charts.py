@@ -115,7 +115,11 @@ class BarChart:
 
 
 def duration(seconds: float) -> str:
-    """``42 s``, ``3.5 min``, ``2.0 h``, ``1.5 d``."""
+    """``250 ms``, ``4.2 s``, ``42 s``, ``3.5 min``, ``2.0 h``, ``1.5 d``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

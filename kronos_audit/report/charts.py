@@ -116,6 +116,8 @@ class BarChart:
 
 def duration(seconds: float) -> str:
     """``250 ms``, ``4.2 s``, ``42 s``, ``3.5 min``, ``2.0 h``, ``1.5 d``."""
+    if seconds == 0:
+        return "0 s"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 10:

@@ -71,7 +71,9 @@ def render_json(report: Report) -> str:
 
 # -- Markdown ------------------------------------------------------------------------
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+# What makes Markdown of text: emphasis, code, links (brackets), tables (|), strike (~).
+# The rest (parentheses, #, +, !) is markup only where brackets or a line start make it so.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]|~])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -85,7 +87,12 @@ def md(value: object) -> str:
 def _code(value: object) -> str:
     """Inline code; a name holding a backtick falls back to escaped text."""
     text = _CONTROL.sub(" ", str(value))
-    return f"`{text}`" if "`" not in text else md(text)
+    # A | splits a table's cell even inside a code span; GFM reads \| there as |.
+    return f"`{text.replace('|', chr(92) + '|')}`" if "`" not in text else md(text)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _err(x: float | int | None) -> str:
@@ -127,7 +134,7 @@ def _md_run(run: RunReport) -> list[str]:
         f"{md(chain.first_created)} to {md(chain.last_created)}; "
         f"{charts.size(chain.total_bytes)} in all "
         f"({charts.size(chain.min_bytes)} to {charts.size(chain.max_bytes)} each); "
-        f"{chain.restarts} restarts."
+        f"{_count(chain.restarts, 'restart')}."
     )
     for g in chain.gaps:
         lines.append(

@@ -91,14 +91,18 @@ def test_hostile_names_are_text(project: Project, key: SigningKey, tmp_path: Pat
     from tests.helpers import write_checkpoint
 
     ckpt = write_checkpoint(project.root / "checkpoints" / "x" / "step-00000001.h5")
-    ka.snapshot(ckpt, run="<script>alert(1)</script>", step=1, key=key)
+    hostile = "<script>alert(1)</script>[x](javascript:alert(2))|`*"
+    ka.snapshot(ckpt, run=hostile, step=1, key=key)
     report = build_report([ckpt.parent])
     html = render_html(report)
     assert "<script>alert(1)" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert html.count("<script>") == 1  # the page's own
     md = render_markdown(report)
     assert "<script>" not in md
-    assert report_json(report)["runs"][0]["run"] == "<script>alert(1)</script>"
+    assert "[x](" not in md  # not a link
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\[x\\](javascript:alert(2))\\|\\`\\*" in md
+    assert report_json(report)["runs"][0]["run"] == hostile
 
 
 def test_a_chain_of_1000_renders_small_and_aggregated(chain_1000: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import click
 
 from kronos_audit.cli._app import out, safe, settings
 from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.progress import progress_bar
 
 if TYPE_CHECKING:
     from kronos_audit.gate import Case, GateResult
@@ -49,7 +50,8 @@ def gate(
     protected base branch), the trust store and the [gate] section are both read as they
     are at REF, so a change under review cannot weaken its own gate.
 
-    When $GITHUB_STEP_SUMMARY names a file, a Markdown summary is appended to it.
+    When $GITHUB_STEP_SUMMARY names a file, a Markdown summary is appended to it: the
+    verdict, the counts and each failure, then (folded) `kaudit report` of the runs.
 
     Exit 0 when every manifest verifies and every sampled segment reproduces, 1 when any
     does not (each failure named), 2 when the gate cannot run (bad config, no manifests).
@@ -59,17 +61,19 @@ def gate(
       kaudit gate --trust-ref origin/main --junit kaudit-gate.xml
     """
     from kronos_audit.gate import gate as run_gate
-    from kronos_audit.gate import render_markdown, write_junit
+    from kronos_audit.gate import step_summary, write_junit
 
     trust = trust_from(trusted_keys, trust_ref, require_anchor)
     show = None if as_json or not settings().verbose else _show_case
-    result = run_gate(repository, trust=trust, on_case=show)
-    if junit is not None:
-        write_junit(result, junit)
     summary = os.environ.get(SUMMARY_ENV)
-    if summary:
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(render_markdown(result))
+    with progress_bar():
+        result = run_gate(repository, trust=trust, on_case=show)
+        if junit is not None:
+            write_junit(result, junit)
+        if summary:
+            text = step_summary(result, trust)
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(text)
     if as_json:
         out.json(result.to_json_obj())
     else:

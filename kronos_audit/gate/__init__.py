@@ -19,7 +19,7 @@ from kronos_audit.gate.junit import junit_tree, write_junit
 from kronos_audit.gate.result import FORMAT, Case, CaseKind, CaseStatus, GateResult
 from kronos_audit.gate.run import discover, gate
 from kronos_audit.gate.sampling import Segment, sample
-from kronos_audit.gate.summary import render_markdown
+from kronos_audit.gate.summary import render_markdown, step_summary
 
 __all__ = [
     "FORMAT",
@@ -37,5 +37,6 @@ __all__ = [
     "parse_config",
     "render_markdown",
     "sample",
+    "step_summary",
     "write_junit",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kronos_audit.gate.config import GateConfig
@@ -81,6 +82,8 @@ class GateResult:
     """Verifications first, then replays, each in path order."""
     problems: tuple[str, ...] = ()
     """What was skipped reading the trust anchors."""
+    manifests: tuple[Path, ...] = ()
+    """Every manifest and attestation the gate covered."""
     seconds: float = 0.0
     """Time the whole gate took."""
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from kronos_audit._internal.progress import report
 from kronos_audit.errors import Error
 from kronos_audit.gate.config import GateConfig, GateConfigError, load_config
 from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
@@ -17,6 +18,8 @@ from kronos_audit.trust import TrustedKey, TrustOptions, load_keyring
 from kronos_audit.verify import ATTESTATION_SUFFIX, StatementKind, VerifyResult, verify_each
 
 OnCase = Callable[[Case], None]
+VERIFY_PHASE = "gate: verify manifests"
+REPLAY_PHASE = "gate: replay segments"
 
 
 def _statements(directory: Path) -> list[Path]:
@@ -138,6 +141,7 @@ def _verify(
     cases: list[Case] = []
     segments: list[Segment] = []
     started = time.perf_counter()
+    report(VERIFY_PHASE, 0, len(paths))
     for outcome in verify_each(paths, trust=trust):
         now = time.perf_counter()
         if isinstance(outcome, Error):
@@ -148,6 +152,7 @@ def _verify(
                 segments.append(Segment(outcome.run, outcome.step, outcome.manifest))
         started = now
         cases.append(case)
+        report(VERIFY_PHASE, len(cases), len(paths))
         if on_case is not None:
             on_case(case)
     return cases, segments
@@ -222,11 +227,20 @@ def gate(
     paths = discover(project, config)
     problems = tuple(load_keyring(project.root, trust).problems)
     cases, segments = _verify(project, paths, config, trust, on_case)
-    for segment in sample(segments, config.segments, config.seed):
+    chosen = sample(segments, config.segments, config.seed)
+    for i, segment in enumerate(chosen):
+        report(REPLAY_PHASE, i, len(chosen))
         case = _replay_case(project, segment, config, trust)
         cases.append(case)
         if on_case is not None:
             on_case(case)
+    if chosen:
+        report(REPLAY_PHASE, len(chosen), len(chosen))
     return GateResult(
-        config, trust.trust_ref, tuple(cases), problems, time.perf_counter() - started
+        config,
+        trust.trust_ref,
+        tuple(cases),
+        problems,
+        tuple(paths),
+        time.perf_counter() - started,
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
+from kronos_audit.errors import Error
 from kronos_audit.gate.result import CaseKind, CaseStatus, GateResult
+from kronos_audit.trust import TrustOptions
 
 _CONTROL = re.compile(
     r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
@@ -27,7 +29,7 @@ def render_markdown(result: GateResult) -> str:
     counts = result.counts()
     verdict = "PASSED" if result.ok else "FAILED"
     mark = "✅" if result.ok else "❌"
-    lines = [f"## {mark} kaudit gate: {verdict}", ""]
+    lines = [f"# {mark} kaudit gate: {verdict}", ""]
     v, r = counts[CaseKind.VERIFY.value], counts[CaseKind.REPLAY.value]
     lines += [
         "| check | passed | failed | errors |",
@@ -44,7 +46,7 @@ def render_markdown(result: GateResult) -> str:
     )
     failures = result.failures
     if failures:
-        lines += ["", "### Failures", ""]
+        lines += ["", "## Failures", ""]
         for c in failures[:MAX_FAILURES]:
             what = "error" if c.status is CaseStatus.ERROR else "failed"
             lines.append(f"- **{c.kind.value}** {md_text(c.name)} ({what}): {md_text(c.message)}")
@@ -53,9 +55,32 @@ def render_markdown(result: GateResult) -> str:
             lines.append(f"- ... and {len(failures) - MAX_FAILURES} more")
     replays = result.of_kind(CaseKind.REPLAY)
     if replays:
-        lines += ["", "### Segments replayed", ""]
+        lines += ["", "## Segments replayed", ""]
         lines += [f"- {md_text(c.name)} (step {c.step}): {md_text(c.message)}" for c in replays]
     if result.problems:
-        lines += ["", "### Trust store entries skipped", ""]
+        lines += ["", "## Trust store entries skipped", ""]
         lines += [f"- {md_text(p)}" for p in result.problems]
     return "\n".join(lines) + "\n"
+
+
+def step_summary(result: GateResult, trust: TrustOptions | None = None) -> str:
+    """What a CI job's summary shows: the gate's own summary (the verdict first, counts,
+    failures), then, folded, the auditor's report (:mod:`kronos_audit.report`) of the
+    manifests it covered, built with the same trust options (a second verification pass,
+    made only for the summary)."""
+    from kronos_audit.report import build_report
+    from kronos_audit.report import render_markdown as report_markdown
+
+    text = render_markdown(result)
+    if not result.manifests:
+        return text
+    try:
+        report = report_markdown(build_report(list(result.manifests), trust=trust))
+    except Error as e:
+        return text + f"\nThe auditor's report could not be made: {md_text(e)}\n"
+    return (
+        text
+        + "\n<details><summary>kaudit report of the runs gated</summary>\n\n"
+        + report
+        + "\n</details>\n"
+    )

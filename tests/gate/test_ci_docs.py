@@ -101,7 +101,7 @@ def test_the_github_workflow_gates_a_pull_request(heat: Path, repo: Path, tmp_pa
         done = run_step(command, clone, env)
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.splitlines()[-1] == "gate PASSED"
-    assert summary.read_text().startswith("## ✅ kaudit gate: PASSED")
+    assert summary.read_text().startswith("# ✅ kaudit gate: PASSED")
     report = clone / "kaudit-gate.xml"
     assert (
         report.name

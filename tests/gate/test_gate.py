@@ -135,16 +135,19 @@ def test_the_markdown_summary_is_appended_to_github_step_summary(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert run_cli("gate", cwd=repo).exit_code == 0
     text = summary.read_text()
-    assert text.startswith("# earlier step\n## ✅ kaudit gate: PASSED\n")
+    assert text.startswith("# earlier step\n# ✅ kaudit gate: PASSED\n")
     assert "| manifests verified | 3 | 0 | 0 |" in text
     assert "| segments replayed | 1 | 0 | 0 |" in text
+    # then, folded, the auditor's report of the runs gated (kaudit report's Markdown)
+    assert "<details><summary>kaudit report of the runs gated</summary>" in text
+    assert "# kaudit report: PASS" in text
     # a failure is listed, its name escaped as Markdown text
     target = manifest(heat, 10)
     target.write_text(target.read_text().replace('"sig": "', '"sig": "AAAA', 1))
     assert run_cli("gate", cwd=repo).exit_code == 1
     failed = summary.read_text()[len(text) :]
-    assert failed.startswith("## ❌ kaudit gate: FAILED\n")
-    assert "### Failures" in failed
+    assert failed.startswith("# ❌ kaudit gate: FAILED\n")
+    assert "## Failures" in failed
     assert "step-00000010.h5.kaudit.json" in failed
 
 

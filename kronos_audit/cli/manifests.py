@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kronos_audit.cli._app import Column, err, error_json, fail_line, out, plain, safe, settings
+from kronos_audit.cli._app import Column, err, error_json, out, plain, safe, settings
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
 
@@ -448,6 +448,7 @@ def verify(
     Example:
       kaudit verify checkpoints/heat --trusted-key alice.pub
     """
+    from kronos_audit.cli.progress import count_manifests, progress_bar
     from kronos_audit.verify import trust_problems, verify_each
 
     options = trust_from(trusted_keys, trust_ref, require_anchor)
@@ -457,15 +458,19 @@ def verify(
     if not as_json:
         for problem in trust_problems(paths, options):
             warn(problem)
-    for outcome in verify_each(paths, fetch=not no_fetch, trust=options, remote=remote):
-        if isinstance(outcome, Error):
-            errors.append(outcome)
-            if not as_json:
-                fail_line(str(outcome))
-        else:
-            results.append(outcome)
-            if not as_json:
-                _print_result(outcome)
+    with progress_bar() as bar:
+        total = count_manifests(paths) if bar.active else 0
+        outcomes = verify_each(paths, fetch=not no_fetch, trust=options, remote=remote)
+        for done, outcome in enumerate(outcomes, 1):
+            bar.update("verifying manifests", done, total)
+            if isinstance(outcome, Error):
+                errors.append(outcome)
+                if not as_json:
+                    bar.error(str(outcome))
+            else:
+                results.append(outcome)
+                if not as_json:
+                    _print_result(outcome)
     summary = _summary(results, errors)
     if as_json:
         out.json(

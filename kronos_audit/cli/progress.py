@@ -15,12 +15,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
 from kronos_audit._internal.progress import reporting
-from kronos_audit.cli._app import JSON_META, plain, settings
+from kronos_audit.cli._app import JSON_META, fail_line, plain, settings
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -63,11 +63,24 @@ class Bar:
                 )
             self._progress.update(task, completed=done, total=total or None)
 
+    def error(self, message: str) -> None:
+        """A ``kaudit: error:`` line (:func:`kronos_audit.cli._app.fail_line`), above the
+        bars while they are shown."""
+        if self._progress is None:
+            fail_line(message)
+        else:
+            self.line(f"kaudit: error: {message}")
+
     def line(self, text: str) -> None:
         """A line of text (never markup) above the bars."""
         if self._progress is not None:
             with self._lock:
-                self._progress.console.print(plain(text), markup=False, highlight=False)
+                self._progress.console.print(
+                    plain(text),
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,  # never folded
+                )
 
 
 @contextmanager
@@ -102,12 +115,26 @@ def progress_bar() -> Iterator[Bar]:
         TimeElapsedColumn(),
         console=console,
         transient=True,
-        redirect_stdout=False,
-        redirect_stderr=False,
+        # results printed meanwhile go above the bar when they share its terminal; a
+        # redirected stdout is left alone (rich would send it to the terminal instead)
+        redirect_stdout=bool(getattr(sys.stdout, "isatty", lambda: False)()),
+        redirect_stderr=False,  # click writes past rich's proxy: errors go by Bar.error
     )
     bar = Bar(progress)
     with progress, reporting(bar.update):
         yield bar
+
+
+def count_manifests(paths: list[Path]) -> int:
+    """How many manifests and attestations ``paths`` name (directories expanded), for a
+    bar's total; 0 (unknown) if they cannot be listed (the command reports why)."""
+    from kronos_audit.errors import Error
+    from kronos_audit.verify import expand_manifest_args
+
+    try:
+        return len(expand_manifest_args(paths))
+    except (Error, OSError):
+        return 0
 
 
 # -- a replayed command's output ------------------------------------------------------
@@ -117,25 +144,28 @@ _REPLAY_PREFIX = "kaudit-replay-"  # kronos_audit.replay.engine's work directori
 
 class _Tail(threading.Thread):
     """Shows the lines a replayed command writes to stdout.log and stderr.log in the work
-    directory the replay makes, as they come."""
+    directory the replay makes, as they come. The logs are held open once found, so what
+    the command wrote last is still shown after the replay removes its work directory."""
 
     def __init__(self, bar: Bar, base: Path) -> None:
         super().__init__(daemon=True, name="kaudit-replay-tail")
         self._bar = bar
         self._base = base
         self._before = set(base.glob(_REPLAY_PREFIX + "*"))
-        self._stop = threading.Event()
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, bytes] = {}
+        self._stopping = threading.Event()
+        self._logs: dict[str, BinaryIO] = {}
+        self._partial: dict[str, bytes] = {}
         self._workdir: Path | None = None
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join()
         self._drain(final=True)
+        for f in self._logs.values():
+            f.close()
 
     def run(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._stopping.wait(0.05):
             self._drain(final=False)
 
     def _drain(self, *, final: bool) -> None:
@@ -144,20 +174,18 @@ class _Tail(threading.Thread):
             if not new:
                 return
             self._workdir = new[0]
-            self._bar.update("running the recorded command", 0, 0)
         for name in ("stdout.log", "stderr.log"):
-            log = self._workdir / name
-            try:
-                with open(log, "rb") as f:
-                    f.seek(self._offsets.get(log, 0))
-                    chunk = f.read(1 << 20)
-            except OSError:
-                continue  # not made yet, or removed with the work directory
-            self._offsets[log] = self._offsets.get(log, 0) + len(chunk)
-            data = self._partial.pop(log, b"") + chunk
+            log = self._logs.get(name)
+            if log is None:
+                try:
+                    log = self._logs[name] = open(self._workdir / name, "rb")  # noqa: SIM115
+                except OSError:
+                    continue  # not made yet, or the work directory is gone
+                self._bar.update("running the recorded command", 0, 0)
+            data = self._partial.pop(name, b"") + log.read(1 << 20)
             lines = data.split(b"\n")
             if not final:
-                self._partial[log] = lines.pop()
+                self._partial[name] = lines.pop()
             for raw in lines:
                 if raw:
                     self._bar.line("| " + raw.decode("utf-8", "replace"))

@@ -96,6 +96,7 @@ def replay(
     Example:
       kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest
     """
+    from kronos_audit.cli.progress import progress_bar, replay_output
     from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
     from kronos_audit.replay import replay as run_replay
     from kronos_audit.signing import select_key
@@ -106,13 +107,15 @@ def replay(
     trust = trust_from(trusted_keys, trust_ref, require_anchor or attest)
     # A missing or unreadable key stops us before the run.
     signing_key = select_key(key, passphrase=ask_passphrase) if attest else None
-    result = run_replay(
-        manifest,
-        policy=policy,
-        env=EnvMode(env_mode),
-        keep_workdir=keep_workdir,
-        trust=trust,
-    )
+    with progress_bar() as bar, replay_output(bar):
+        bar.update("replaying", 0, 0)
+        result = run_replay(
+            manifest,
+            policy=policy,
+            env=EnvMode(env_mode),
+            keep_workdir=keep_workdir,
+            trust=trust,
+        )
     attestation = (
         write_attestation(result, signing_key, attestation_path_for(manifest))
         if signing_key is not None

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import Column, error_json, fail_line, out, safe
+from kronos_audit.cli._app import Column, error_json, out, safe
 from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
 
@@ -56,6 +56,7 @@ def push(targets: tuple[Path, ...], remote: str | None, as_json: bool) -> None:
     Example:
       kaudit push checkpoints/heat --remote storage
     """
+    from kronos_audit.cli.progress import progress_bar
     from kronos_audit.manifest import checkpoint_path_for
     from kronos_audit.storage import Storage
 
@@ -64,7 +65,9 @@ def push(targets: tuple[Path, ...], remote: str | None, as_json: bool) -> None:
     absent = [m for m in manifests if not checkpoint_path_for(m).exists()]
     if not present:
         raise UsageError("none of these checkpoints is here to push", path=manifests[0])
-    uploaded = Storage(project).push(present, remote)
+    with progress_bar() as bar:
+        bar.update(f"pushing {len(present)} checkpoint(s)", 0, 0)
+        uploaded = Storage(project).push(present, remote)
     if as_json:
         out.json(
             {
@@ -107,6 +110,7 @@ def pull(
     Example:
       kaudit pull checkpoints/heat --trusted-key alice.pub
     """
+    from kronos_audit.cli.progress import progress_bar
     from kronos_audit.verify import VerifyResult, trust_problems, verify_each
 
     _, manifests = _manifests(targets)
@@ -116,21 +120,26 @@ def pull(
             warn(problem)
     results: list[VerifyResult] = []
     errors: list[Error] = []
-    for outcome in verify_each(manifests, fetch=True, trust=options, remote=remote):
-        if isinstance(outcome, Error):
-            errors.append(outcome)
-            if not as_json:
-                fail_line(str(outcome))
-            continue
-        results.append(outcome)
-        if as_json:
-            continue
-        if outcome.ok:
-            how = "fetched" if outcome.fetched else "here"
-            out.print(f"[green]ok[/]   {safe(outcome.checkpoint)} ({how})")
-            continue
-        for c in outcome.failures:
-            out.print(f"[red]FAIL[/] {safe(outcome.checkpoint)}: {safe(c.name)}: {safe(c.detail)}")
+    with progress_bar() as bar:
+        outcomes = verify_each(manifests, fetch=True, trust=options, remote=remote)
+        for done, outcome in enumerate(outcomes, 1):
+            bar.update("pulling and checking", done, len(manifests))
+            if isinstance(outcome, Error):
+                errors.append(outcome)
+                if not as_json:
+                    bar.error(str(outcome))
+                continue
+            results.append(outcome)
+            if as_json:
+                continue
+            if outcome.ok:
+                how = "fetched" if outcome.fetched else "here"
+                out.print(f"[green]ok[/]   {safe(outcome.checkpoint)} ({how})")
+                continue
+            for c in outcome.failures:
+                out.print(
+                    f"[red]FAIL[/] {safe(outcome.checkpoint)}: {safe(c.name)}: {safe(c.detail)}"
+                )
     failed = sum(not r.ok for r in results)
     if as_json:
         out.json(

@@ -208,3 +208,22 @@ def test_bad_configuration_is_one_line(heat: Path, repo: Path) -> None:
 
 def test_no_manifest_at_all_is_bad_input(repo: Path) -> None:
     assert_bad_input(run_cli("gate", cwd=repo), "no manifest")
+
+
+def test_quiet_prints_failures_and_the_verdict_verbose_every_case(heat: Path, repo: Path) -> None:
+    set_gate(repo, "segments = 1")
+    verbose = run_cli("-v", "gate", cwd=repo)
+    assert verbose.exit_code == 0, verbose.output
+    listed = [line for line in verbose.stdout.splitlines() if line.startswith("ok ")]
+    assert listed == [
+        *(f"ok verify {HEAT}/step-{s:08d}.h5.kaudit.json" for s in (10, 20, 30)),
+        f"ok replay {HEAT}/step-00000030.h5.kaudit.json",
+    ]
+    quiet = run_cli("-q", "gate", cwd=repo)
+    assert quiet.stdout == "gate PASSED\n"
+    target = manifest(heat, 10)
+    target.write_text(target.read_text().replace('"sig": "', '"sig": "AAAA', 1))
+    failed = run_cli("-q", "gate", cwd=repo).stdout.splitlines()
+    assert failed[0] == f"FAILED verify {HEAT}/step-00000010.h5.kaudit.json"
+    assert failed[-1] == "gate FAILED"
+    assert not any("manifests verified" in line for line in failed)

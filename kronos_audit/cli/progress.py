@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -194,12 +194,24 @@ class _Tail(threading.Thread):
 @contextmanager
 def replay_output(bar: Bar) -> Iterator[None]:
     """While the block replays a segment, the replayed command's output is shown above
-    the bar (on a terminal only)."""
+    the bar (on a terminal only).
+
+    The replay makes its work directory with :mod:`tempfile`; for the block, that is in a
+    directory of this process's own, so the one directory that appears there is this
+    replay's and never another's running beside it. The directory is removed after, unless
+    something was kept in it (``--keep-workdir``, whose path the replay reports)."""
     if not bar.active:
         yield
         return
-    with ExitStack() as stack:
-        tail = _Tail(bar, Path(tempfile.gettempdir()))
-        tail.start()
-        stack.callback(tail.stop)
-        yield
+    base = Path(tempfile.mkdtemp(prefix="kaudit-replay-tail-"))
+    old, tempfile.tempdir = tempfile.tempdir, str(base)
+    try:
+        with ExitStack() as stack:
+            tail = _Tail(bar, base)
+            tail.start()
+            stack.callback(tail.stop)
+            yield
+    finally:
+        tempfile.tempdir = old
+        with suppress(OSError):  # not empty: a kept work directory is in it
+            base.rmdir()

@@ -18,7 +18,7 @@ from kronos_audit._internal.progress import report, reporting
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import KAUDIT
+from tests.helpers import KAUDIT, git
 from tests.replay.helpers import commit_all, manifest, record
 
 HEAT = Path(__file__).resolve().parents[2] / "examples" / "heat" / "run.py"
@@ -179,6 +179,15 @@ def test_replay_tails_the_command_on_a_terminal(project: Project, key: SigningKe
     assert "REPRODUCED" in stdout
     assert "chatty step" not in stdout
     assert "chatty note" not in stdout
+
+    code, stdout, terminal = on_pty("replay", target, "--keep-workdir", cwd=root)
+    assert code == 0, terminal
+    assert "| chatty step 10" in terminal
+    (kept,) = [x for x in stdout.splitlines() if x.startswith("work directory kept: ")]
+    workdir = Path(kept.removeprefix("work directory kept: ").split(" (")[0])
+    assert (workdir / "stdout.log").read_text().splitlines()[-1] == "chatty step 10"
+    shutil.rmtree(workdir.parent)
+    git(root, "worktree", "prune")
 
     for args in (("-q", "replay", target), ("replay", target, "--json")):
         code, stdout, terminal = on_pty(*args, cwd=root)

@@ -14,7 +14,7 @@ from kronos_audit.report.model import Chain, DatasetResult, GapKind
 
 WIDTH = 760
 HEIGHT = 220
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 12, 36
+LEFT, RIGHT, TOP, BOTTOM = 64, 36, 12, 36
 
 
 @dataclass(frozen=True)
@@ -148,14 +148,23 @@ def _scale(lo: float, hi: float, a: float, b: float) -> tuple[float, float]:
 
 
 def _ticks(
-    lo: float, hi: float, to_px: tuple[float, float], fmt: Callable[[float], str], n: int = 5
+    lo: float,
+    hi: float,
+    to_px: tuple[float, float],
+    fmt: Callable[[float], str],
+    n: int = 5,
+    *,
+    whole: bool = False,
 ) -> tuple[Tick, ...]:
+    """``n`` labels spread from ``lo`` to ``hi`` (for an axis of steps: whole numbers only,
+    each at its own place)."""
     k, c = to_px
     if hi <= lo:
         return (Tick(k * lo + c, fmt(lo)),)
-    return tuple(
-        Tick(round(k * v + c, 1), fmt(v)) for v in (lo + (hi - lo) * i / (n - 1) for i in range(n))
-    )
+    values = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    if whole:
+        values = sorted({float(round(v)) for v in values})
+    return tuple(Tick(round(k * v + c, 1), fmt(v)) for v in values)
 
 
 def _xy(x: float, y: float) -> str:
@@ -209,7 +218,7 @@ def timeline(chain: Chain) -> LineChart:
         bands=tuple(bands),
         dots=dots,
         x_ticks=_ticks(0.0, t_hi, x, duration),
-        y_ticks=_ticks(s_lo, s_hi, y, lambda v: f"{v:.0f}"),
+        y_ticks=_ticks(s_lo, s_hi, y, lambda v: f"{v:.0f}", whole=True),
         x_label="wall-clock time since the first checkpoint",
         y_label="step",
     )
@@ -228,7 +237,7 @@ def sizes(chain: Chain) -> LineChart:
         lines=(line,),
         bands=(),
         dots=(),
-        x_ticks=_ticks(s_lo, s_hi, x, lambda v: f"{v:.0f}"),
+        x_ticks=_ticks(s_lo, s_hi, x, lambda v: f"{v:.0f}", whole=True),
         y_ticks=_ticks(lo, hi, y, size),
         x_label="step",
         y_label="size",

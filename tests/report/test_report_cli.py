@@ -113,3 +113,8 @@ def test_a_replay_that_did_not_reproduce_fails_the_report(repo: Path, tmp_path: 
     noise = next(d for d in replay["datasets"] if d["path"] == "/noise")
     assert noise["ok"] is False
     assert document["runs"][0]["verification"]["failed"] == 0  # the run itself verifies
+    assert run_cli("report", str(run_dir), "--out", str(tmp_path / "r.html")).exit_code == 1
+    html = (tmp_path / "r.html").read_text()
+    assert 'class="verdict fail"' in html
+    assert "NOT_REPRODUCED" in html
+    assert 'class="bar-fail"' in html  # the dataset that differs, drawn as failing

@@ -52,6 +52,8 @@ MAX_FAILURES = 50
 """Failing manifests listed at most per run (the rest are counted)."""
 MAX_DATASETS = 50
 """Datasets listed at most per replay: the failing ones first."""
+MAX_REASONS = 10
+"""Unreadable inputs named at most in the verdict (the report lists up to MAX_FAILURES)."""
 PAUSE_FACTOR = 5.0
 """A wall-clock interval this many times the run's median is shown as a pause."""
 
@@ -347,9 +349,9 @@ def _run_report(
 
 
 def _reasons(runs: Sequence[RunReport], problems: Sequence[Problem]) -> tuple[str, ...]:
-    reasons = []
-    for p in problems:
-        reasons.append(f"unreadable input: {p.path}: {p.message}")
+    reasons = [f"unreadable input: {p.path}: {p.message}" for p in problems[:MAX_REASONS]]
+    if len(problems) > MAX_REASONS:
+        reasons.append(f"... and {len(problems) - MAX_REASONS} more unreadable inputs")
     for run in runs:
         v = run.verification
         if v.failed:

@@ -218,7 +218,9 @@ def render_markdown(report: Report) -> str:
     ]
     if report.problems:
         lines += ["## Unreadable input", ""]
-        lines += [f"- FAIL {_code(p.path)}: {md(p.message)}" for p in report.problems]
+        lines += [f"- FAIL {_code(p.path)}: {md(p.message)}" for p in report.problems[:50]]
+        if len(report.problems) > 50:
+            lines.append(f"- ... and {len(report.problems) - 50} more")
         lines.append("")
     if report.trust_problems:
         lines += ["Skipped reading the trust anchors:", ""]

@@ -124,3 +124,26 @@ def test_a_chain_of_1000_renders_small_and_aggregated(chain_1000: Path, tmp_path
     md = render_markdown(report)
     assert md.count("\n| ") < 40
     print(f"1,000 checkpoints: {elapsed:.2f} s, {len(html) / 1024:.0f} KiB of HTML")
+
+
+def test_unreadable_manifests_fail_the_report_and_stay_few_in_the_verdict(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    import kronos_audit as ka
+    from tests.helpers import write_checkpoint
+
+    ckpt = write_checkpoint(project.root / "checkpoints" / "x" / "step-00000001.h5")
+    ka.snapshot(ckpt, run="x", step=1, key=key)
+    for step in range(2, 62):
+        (ckpt.parent / f"step-{step:08d}.h5.kaudit.json").write_text("{not json")
+    report = build_report([ckpt.parent])
+    assert report.verdict is Verdict.FAIL
+    assert len(report.problems) == 60
+    assert len(report.reasons) == 11
+    assert report.reasons[-1] == "... and 50 more unreadable inputs"
+    assert report.runs[0].verification.total == 1
+    assert "... and 10 more" in render_html(report)
+    md = render_markdown(report)
+    assert md.startswith("# kaudit report: FAIL\n")
+    assert "- ... and 10 more" in md
+    jsonschema.Draft202012Validator(SCHEMA).validate(report_json(report))

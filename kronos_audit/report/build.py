@@ -331,9 +331,13 @@ def _run_report(
     group.manifests.sort(key=lambda rm: rm[0].step)
     group.attestations.sort(key=lambda r: r.step)
     rows = [(r, m) for r, m in group.manifests if m is not None]
-    replays = tuple(_replay(group, r) for r in group.attestations)
+    failing = [r for r in group.attestations if not r.ok][:max_failures]
+    recent = group.attestations[-newest:] if newest else []
+    listed = sorted({id(r): r for r in [*failing, *recent]}.values(), key=lambda r: r.step)
+    replays = tuple(_replay(group, r) for r in listed)
+    verified = sum(r.ok for r in group.attestations)
     verification = _verification(group, newest, max_failures)
-    ok = verification.failed == 0 and all(r.verified for r in replays)
+    ok = verification.failed == 0 and verified == len(group.attestations)
     return RunReport(
         run=group.run,
         directory=group.name(group.directory),
@@ -344,6 +348,8 @@ def _run_report(
         chain=_chain(rows),
         verification=verification,
         replays=replays,
+        replays_total=len(group.attestations),
+        replays_verified=verified,
         reproduce=_reproduce(group, rows, trust),
     )
 
@@ -356,15 +362,18 @@ def _reasons(runs: Sequence[RunReport], problems: Sequence[Problem]) -> tuple[st
         v = run.verification
         if v.failed:
             reasons.append(f"run {run.run}: {v.failed} of {v.total} manifests do not verify")
-        for r in run.replays:
-            if not r.verified:
-                why = "; ".join(f"{f.check}: {f.detail}" for f in r.failures)
-                reasons.append(f"run {run.run}: the replay of step {r.step} fails: {why}")
+        failing = run.replays_total - run.replays_verified
+        named = [r for r in run.replays if not r.verified][:MAX_REASONS]
+        for r in named:
+            why = "; ".join(f"{f.check}: {f.detail}" for f in r.failures)
+            reasons.append(f"run {run.run}: the replay of step {r.step} fails: {why}")
+        if failing > len(named):
+            reasons.append(f"run {run.run}: {failing - len(named)} more replays fail")
     if reasons:
         return tuple(reasons)
     for run in runs:
         v = run.verification
-        n = len(run.replays)
+        n = run.replays_total
         reasons.append(
             f"run {run.run}: all {v.total} manifests verify"
             + (f", {n} replay{'s' if n != 1 else ''} reproduced" if n else ", no replay attested")

@@ -428,7 +428,12 @@ class RunReport:
     verification: Verification
     """Every manifest verified."""
     replays: tuple[Replay, ...]
-    """The replay attestations found, by step."""
+    """The replay attestations listed, by step: every one that fails (up to the limit) and
+    the newest."""
+    replays_total: int
+    """Replay attestations found."""
+    replays_verified: int
+    """Those that verify (signed, bound to their manifest, reproduced)."""
     reproduce: tuple[str, ...]
     """Commands that check the report's claims again."""
 
@@ -443,6 +448,8 @@ class RunReport:
             "chain": self.chain.to_json_obj(),
             "verification": self.verification.to_json_obj(),
             "replays": [r.to_json_obj() for r in self.replays],
+            "replays_total": self.replays_total,
+            "replays_verified": self.replays_verified,
             "reproduce": list(self.reproduce),
         }
 

@@ -166,8 +166,14 @@ def _md_run(run: RunReport) -> list[str]:
             result = "ok" if r.ok else "**FAIL**"
             lines.append(f"| {_code(r.manifest)} | {r.step} | {result} | {md(r.signer or '-')} |")
     lines += ["", "### Replays", ""]
-    if not run.replays:
+    if not run.replays_total:
         lines.append("No replay attestation (`CKPT.replay.json`) found.")
+    else:
+        lines += [
+            f"{run.replays_verified} of {_count(run.replays_total, 'replay attestation')} "
+            f"verify; {len(run.replays)} listed (the failures and the newest).",
+            "",
+        ]
     for rep in run.replays:
         status = "verified" if rep.verified else "**FAIL**"
         start = "from the start" if rep.resumed_from is None else f"from step {rep.resumed_from}"

@@ -46,6 +46,7 @@ def test_three_formats_of_a_run_with_a_replay_attestation(attested: Path, tmp_pa
     assert replay["resumed_from"] == 10
     assert {d["path"] for d in replay["datasets"]} >= {"/fields/u"}
     assert all(d["verdict"] == "IDENTICAL" for d in replay["datasets"])
+    assert (run["replays_total"], run["replays_verified"]) == (1, 1)
     assert run["code"][0]["patch_applied"] is False
     assert any(c.startswith("kaudit verify heat/checkpoints/heat") for c in run["reproduce"])
     assert any(c.startswith("kaudit replay ") for c in run["reproduce"])
@@ -56,6 +57,7 @@ def test_three_formats_of_a_run_with_a_replay_attestation(attested: Path, tmp_pa
         assert expected in md
 
     html = (tmp_path / "r.html").read_text()
+    assert "1 of 1 replay attestations verify" in html
     assert html.index('id="verdict"') < html.index("Provenance")
     assert "<svg" in html
     assert "REPRODUCED" in html
@@ -147,3 +149,12 @@ def test_unreadable_manifests_fail_the_report_and_stay_few_in_the_verdict(
     assert md.startswith("# kaudit report: FAIL\n")
     assert "- ... and 10 more" in md
     jsonschema.Draft202012Validator(SCHEMA).validate(report_json(report))
+
+
+def test_replays_are_counted_and_only_failures_and_the_newest_listed(attested: Path) -> None:
+    (run,) = build_report([attested], newest=0).runs
+    assert (run.replays_total, run.replays_verified, run.replays) == (1, 1, ())
+    assert run.verification.newest == ()
+    assert "1 of 1 replay attestation verify; 0 listed" in render_markdown(
+        build_report([attested], newest=0)
+    )

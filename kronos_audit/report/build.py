@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import re
 import shlex
 import statistics
 from collections import Counter
@@ -56,6 +57,9 @@ MAX_REASONS = 10
 """Unreadable inputs named at most in the verdict (the report lists up to MAX_FAILURES)."""
 PAUSE_FACTOR = 5.0
 """A wall-clock interval this many times the run's median is shown as a pause."""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _tool() -> str:
@@ -304,7 +308,8 @@ def _reproduce(
     newest = rows[-1][1]
     replay_args = ["kaudit", "replay", group.name(newest.path), *trust_args]
     commands.append(shlex.join([*replay_args, "--attest"]))
-    for r in group.attestations:
+    # Each failing replay again (a few: the rest are the same command on another step).
+    for r in [a for a in group.attestations if not a.ok][:5]:
         manifest = r.manifest.with_name(
             r.manifest.name.removesuffix(".replay.json") + ".kaudit.json"
         )
@@ -315,13 +320,15 @@ def _reproduce(
     )
     record = newest.record
     if record.command:
-        where = record.cwd or "."
-        commands.append(
+        comment = (
             f"# the recorded command, at commit {record.git.commit[:12]}"
             + (" with the recorded patch" if record.git.patch_sha256 else "")
-            + f", in {where}: "
+            + f", in {shlex.quote(record.cwd or '.')}: "
             + shlex.join(record.command)
         )
+        # A line break from the manifest must not end the comment: what follows would be
+        # a command for whoever pastes these lines.
+        commands.append(_CONTROL.sub(" ", comment))
     return tuple(commands)
 
 

@@ -158,3 +158,12 @@ def test_replays_are_counted_and_only_failures_and_the_newest_listed(attested: P
     assert "1 of 1 replay attestation verify; 0 listed" in render_markdown(
         build_report([attested], newest=0)
     )
+
+
+def test_a_recorded_command_cannot_add_a_line_to_the_commands(heat: Path, key: SigningKey) -> None:
+    resign(manifest(heat, 30), key, lambda p: p.update(command=["python", "run.py\ntouch pwned"]))
+    (run,) = build_report([heat]).runs
+    assert run.ok
+    assert run.reproduce[-1].startswith("# the recorded command")
+    assert "touch pwned" in run.reproduce[-1]
+    assert all("\n" not in command for command in run.reproduce)

@@ -750,9 +750,13 @@ def verify_each(
     fetch: bool = True,
     trust: TrustOptions | None = None,
     remote: str | None = None,
+    verifiers: dict[Path, Verifier] | None = None,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
     the bad-input error.
+
+    ``verifiers`` (by repository root), when given, is filled with the verifiers used, so
+    that a caller can go on with what they already checked (a gate hands them to replay).
 
     With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
     manifest's signature and place hold (data that then fails is never left visible).
@@ -762,7 +766,8 @@ def verify_each(
     paths = expand_manifest_args(manifests)
     cache = ManifestCache()
     newest = _newest(paths, cache)
-    verifiers: dict[Path, Verifier] = {}
+    if verifiers is None:
+        verifiers = {}
     projects: dict[Path, Project] = {}  # by directory: finding the repository costs
     for p in paths:
         try:

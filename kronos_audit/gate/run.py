@@ -15,7 +15,13 @@ from kronos_audit.gate.sampling import Segment, sample
 from kronos_audit.manifest import MANIFEST_SUFFIX
 from kronos_audit.project import Project, find_project
 from kronos_audit.trust import TrustedKey, TrustOptions, load_keyring
-from kronos_audit.verify import ATTESTATION_SUFFIX, StatementKind, VerifyResult, verify_each
+from kronos_audit.verify import (
+    ATTESTATION_SUFFIX,
+    StatementKind,
+    Verifier,
+    VerifyResult,
+    verify_each,
+)
 
 OnCase = Callable[[Case], None]
 VERIFY_PHASE = "gate: verify manifests"
@@ -137,12 +143,13 @@ def _verify(
     config: GateConfig,
     trust: TrustOptions,
     on_case: OnCase | None,
+    verifiers: dict[Path, Verifier],
 ) -> tuple[list[Case], list[Segment]]:
     cases: list[Case] = []
     segments: list[Segment] = []
     started = time.perf_counter()
     report(VERIFY_PHASE, 0, len(paths))
-    for outcome in verify_each(paths, trust=trust):
+    for outcome in verify_each(paths, trust=trust, verifiers=verifiers):
         now = time.perf_counter()
         if isinstance(outcome, Error):
             case = _error_case(project, CaseKind.VERIFY, outcome, now - started)
@@ -159,14 +166,26 @@ def _verify(
 
 
 def _replay_case(
-    project: Project, segment: Segment, config: GateConfig, trust: TrustOptions
+    project: Project,
+    segment: Segment,
+    config: GateConfig,
+    trust: TrustOptions,
+    verifier: Verifier | None,
 ) -> Case:
     from kronos_audit.replay import replay  # the replay engine only when a segment runs
 
     name = project.relative(segment.manifest)
     started = time.perf_counter()
     try:
-        r = replay(segment.manifest, policy=config.policy, env=config.env, trust=trust)
+        # The gate's own verifier: the history it verified a moment ago is not checked
+        # again link by link for every segment (linear, not chain length x segments).
+        r = replay(
+            segment.manifest,
+            policy=config.policy,
+            env=config.env,
+            trust=trust,
+            verifier=verifier,
+        )
     except Error as e:
         seconds = time.perf_counter() - started
         return _error_case(
@@ -226,11 +245,12 @@ def gate(
         config = load_config(project, trust.trust_ref)
     paths = discover(project, config)
     problems = tuple(load_keyring(project.root, trust).problems)
-    cases, segments = _verify(project, paths, config, trust, on_case)
+    verifiers: dict[Path, Verifier] = {}
+    cases, segments = _verify(project, paths, config, trust, on_case, verifiers)
     chosen = sample(segments, config.segments, config.seed)
     for i, segment in enumerate(chosen):
         report(REPLAY_PHASE, i, len(chosen))
-        case = _replay_case(project, segment, config, trust)
+        case = _replay_case(project, segment, config, trust, verifiers.get(project.root))
         cases.append(case)
         if on_case is not None:
             on_case(case)

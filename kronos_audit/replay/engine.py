@@ -66,6 +66,7 @@ from kronos_audit.replay.verification import Verified, fetch_recorded_data, veri
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
 from kronos_audit.sign import utc_now
 from kronos_audit.trust import TrustOptions
+from kronos_audit.verify import Verifier
 
 
 def _tool() -> str:
@@ -123,11 +124,14 @@ def replay(
     env: EnvMode = EnvMode.WARN,
     keep_workdir: bool = False,
     trust: TrustOptions | None = None,
+    verifier: Verifier | None = None,
 ) -> ReplayResult:
     """Replay the segment that produced ``manifest``'s checkpoint and compare.
 
     ``trust`` gives the anchors whose signers the history must verify under (see
-    :mod:`kronos_audit.trust`; an attestation requires an anchored history).
+    :mod:`kronos_audit.trust`; an attestation requires an anchored history). ``verifier``,
+    one made with that same trust for this repository, lends the chain links it has
+    already checked.
 
     ``policy`` None takes the tolerances from ``[compare]`` in the repository's
     ``.kaudit/config.toml`` (bitwise when there is none). The empty policy compares
@@ -149,7 +153,7 @@ def replay(
     if policy is None:
         policy = TolerancePolicy.from_config(project)
     basis = Basis.for_policy(policy)
-    verified = verify_history(project, m, basis, trust)
+    verified = verify_history(project, m, basis, trust, verifier)
     check_placeholders(command, path=m.path)  # before anything runs
     clock.lap("verify")
     report = _environment(m, env)

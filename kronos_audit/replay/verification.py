@@ -38,11 +38,19 @@ class Verified:
 
 
 def verify_history(
-    project: Project, m: Manifest, basis: Basis, trust: TrustOptions | None
+    project: Project,
+    m: Manifest,
+    basis: Basis,
+    trust: TrustOptions | None,
+    verifier: Verifier | None = None,
 ) -> Verified:
     """Fetch what is missing and verify; raise ReplayError unless all holds. The parent's
-    checkpoint is needed to resume from; the recorded one only to compare data."""
-    verifier = Verifier(project, load_keyring(project.root, trust))
+    checkpoint is needed to resume from; the recorded one only to compare data.
+
+    ``verifier``, a :class:`Verifier` of this repository made with the same trust, brings
+    the chain links it has already checked (a gate verified them a moment ago)."""
+    if verifier is None or verifier.project.root != project.root:
+        verifier = Verifier(project, load_keyring(project.root, trust))
     signature = verifier.signature(m)
     if not signature.ok:  # before anything is fetched for it
         raise ReplayError(

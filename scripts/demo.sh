@@ -84,7 +84,10 @@ say "checkpoints live in a DVC remote; manifests and .dvc files in git"
 run kaudit init --remote "$WORK/dvc-remote"
 run kaudit push checkpoints/heat
 run kaudit status checkpoints/heat
-git add -A && git commit -q -m "heat run: manifests and .dvc files"
+say "the CI gate covers the heat run and replays two of its segments (config committed with it)"
+printf '\n[gate]\nruns = ["checkpoints/heat"]\nsegments = 2\nseed = 1\n' >> .kaudit/config.toml
+run cat .kaudit/config.toml
+git add -A && git commit -q -m "heat run: manifests and .dvc files; the gate's config"
 
 say "the owner hands their public key to an auditor out of band (not through the repository)"
 run cp "$KAUDIT_HOME/keys/demo.pub" "$WORK/demo.pub"
@@ -114,6 +117,17 @@ run kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest \
 run cp "$KAUDIT_HOME/keys/auditor.pub" "$WORK/auditor.pub"
 run kaudit verify checkpoints/heat/step-00003000.h5.replay.json \
     --trusted-key "$WORK/demo.pub" --trusted-key "$WORK/auditor.pub"
+
+say "runs and their chains at a glance"
+run kaudit log --trusted-key "$WORK/demo.pub"
+say "the reproducibility gate, as CI runs it: trust and [gate] read at the protected branch"
+run kaudit gate --trust-ref origin/main --junit "$WORK/gate.xml"
+say "the auditor's report: one self-contained HTML page, and Markdown for a pull request"
+run kaudit report checkpoints/heat --out "$WORK/report.html" \
+    --trusted-key "$WORK/demo.pub" --trusted-key "$WORK/auditor.pub"
+run kaudit report checkpoints/heat --out "$WORK/report.md" \
+    --trusted-key "$WORK/demo.pub" --trusted-key "$WORK/auditor.pub"
+run head -n 12 "$WORK/report.md"
 run export KAUDIT_HOME="$WORK/home"
 run cd "$WORK/project"
 

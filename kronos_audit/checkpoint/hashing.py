@@ -36,6 +36,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from kronos_audit._internal.progress import report
 from kronos_audit.errors import CheckpointError
 
 BLOCK = 16 * 1024 * 1024
@@ -444,10 +445,16 @@ def _has_hdf5_signature(fd: int, size: int) -> bool:
     )
 
 
-def _whole(view: memoryview, algorithm: str) -> str:
+HASHING_PHASE = "hashing (bytes)"
+"""The progress phase of hashing a large file: reported in bytes."""
+
+
+def _whole(view: memoryview, algorithm: str, *, progress: bool = False) -> str:
     h = hashlib.new(algorithm)
     for start in range(0, len(view), BLOCK):
         h.update(view[start : start + BLOCK])
+        if progress:
+            report(HASHING_PHASE, min(start + BLOCK, len(view)), len(view))
     return h.hexdigest()
 
 
@@ -505,7 +512,8 @@ def _digest_mapped(
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
             pending_datasets = pool.submit(all_datasets)
             pending_md5 = pool.submit(_whole, view, "md5") if md5 else None
-            file_sha = _whole(view, "sha256")
+            # The calling thread's pass reports progress: it is the one a listener is on.
+            file_sha = _whole(view, "sha256", progress=True)
             return FileDigests(
                 file_sha,
                 size,

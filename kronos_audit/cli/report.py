@@ -81,7 +81,10 @@ def report(
     # An extension we cannot read is refused before anything is verified.
     chosen = ReportFormat(fmt) if fmt is not None else ReportFormat.for_path(out_path)
     trust = trust_from(trusted_keys, trust_ref, require_anchor)
-    result = build_report(list(paths), trust=trust, fetch=not no_fetch, newest=newest)
+    from kronos_audit.cli.progress import progress_bar
+
+    with progress_bar():  # on a terminal only; never with -q or --json
+        result = build_report(list(paths), trust=trust, fetch=not no_fetch, newest=newest)
     write_report(result, out_path, chosen)
     if as_json:
         out.json(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kronos_audit._internal.progress import report
 from kronos_audit.errors import Error
 from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest
 from kronos_audit.project import Project, find_project
@@ -425,6 +426,17 @@ def _verify_each(
             yield e
 
 
+REPORT_PHASE = "verifying for the report"
+
+
+def _count(targets: list[Path]) -> int:
+    """How many statements ``targets`` name, for progress (0: not known)."""
+    try:
+        return len(expand_manifest_args(targets))
+    except (Error, OSError):
+        return 0
+
+
 def build_report(
     paths: Sequence[Path | str],
     *,
@@ -459,7 +471,9 @@ def build_report(
             groups[key] = _Group(directory, r.run, projects[directory])
         return groups[key]
 
-    for outcome in _verify_each(targets, cache, fetch=fetch, trust=trust):
+    total = _count(targets)
+    for done, outcome in enumerate(_verify_each(targets, cache, fetch=fetch, trust=trust), 1):
+        report(REPORT_PHASE, done, total)
         if isinstance(outcome, Error):
             where = "" if outcome.path is None else str(outcome.path)
             problems.append(Problem(where, outcome.message))

@@ -209,3 +209,41 @@ def test_library_reports_to_the_listener_of_its_context() -> None:
             report("hidden", 1, 1)
     report("after", 1, 1)
     assert seen == [("hashing bytes", 5, 10)]
+
+
+def test_report_shows_a_bar_on_a_terminal_only(project: Project, heat: Path) -> None:
+    out = project.root / "report.md"
+    code, stdout, terminal = on_pty("report", str(heat), "--out", str(out), cwd=project.root)
+    assert code == 0, terminal
+    assert "verifying for the report" in terminal
+    assert "\x1b" not in stdout
+    done = piped("report", str(heat), "--out", str(out), cwd=project.root)
+    assert done.returncode == 0
+    assert done.stderr == ""
+
+
+def test_hashing_a_large_checkpoint_shows_its_bytes(project: Project, key: SigningKey) -> None:
+    import numpy as np
+
+    from kronos_audit.checkpoint.hashing import HASHING_PHASE, SMALL_FILE
+    from kronos_audit.snapshot import snapshot
+    from tests.helpers import write_checkpoint
+
+    big = write_checkpoint(project.root / "checkpoints" / "big" / "step-00000001.h5", 1)
+    import h5py
+
+    with h5py.File(big, "a") as f:  # large enough to be hashed on two threads, in blocks
+        f["payload"] = np.zeros(SMALL_FILE // 8 * 3)
+    (m,) = snapshot(big, run="big", step=1)
+    seen: list[tuple[str, int, int]] = []
+    with reporting(lambda phase, done, total: seen.append((phase, done, total))):
+        from kronos_audit.verify import verify
+
+        (result,) = verify(m.path)
+    assert result.ok
+    hashed = [(done, total) for phase, done, total in seen if phase == HASHING_PHASE]
+    assert hashed, seen
+    assert hashed[-1][0] == hashed[-1][1] == big.stat().st_size
+    code, _, terminal = on_pty("verify", str(m.path), cwd=project.root)
+    assert code == 0, terminal
+    assert "hashing (bytes)" in terminal

@@ -751,12 +751,14 @@ def verify_each(
     trust: TrustOptions | None = None,
     remote: str | None = None,
     verifiers: dict[Path, Verifier] | None = None,
+    cache: ManifestCache | None = None,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
     the bad-input error.
 
     ``verifiers`` (by repository root), when given, is filled with the verifiers used, so
     that a caller can go on with what they already checked (a gate hands them to replay).
+    ``cache``, when given, is where each manifest is read once (a report reads them again).
 
     With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
     manifest's signature and place hold (data that then fails is never left visible).
@@ -764,7 +766,8 @@ def verify_each(
     each run verified must have its data checked.
     """
     paths = expand_manifest_args(manifests)
-    cache = ManifestCache()
+    if cache is None:
+        cache = ManifestCache()
     newest = _newest(paths, cache)
     if verifiers is None:
         verifiers = {}

@@ -9,14 +9,14 @@ import re
 import shlex
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.progress import report
 from kronos_audit.errors import Error
-from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest
+from kronos_audit.manifest import Manifest
 from kronos_audit.project import Project, find_project
 from kronos_audit.report.model import (
     Chain,
@@ -38,14 +38,13 @@ from kronos_audit.report.model import (
     Verification,
 )
 from kronos_audit.sign import utc_now
-from kronos_audit.trust import TrustedKey, TrustOptions, load_keyring
+from kronos_audit.trust import TrustedKey, TrustOptions
 from kronos_audit.verify import (
-    ATTESTATION_SUFFIX,
     ManifestCache,
-    Verifier,
     VerifyResult,
     expand_manifest_args,
     trust_problems,
+    verify_each,
 )
 
 NEWEST = 10
@@ -389,43 +388,6 @@ def _reasons(runs: Sequence[RunReport], problems: Sequence[Problem]) -> tuple[st
     return tuple(reasons)
 
 
-def _verify_each(
-    targets: list[Path], cache: ManifestCache, *, fetch: bool, trust: TrustOptions | None
-) -> Iterator[VerifyResult | Error]:
-    """:func:`kronos_audit.verify.verify_each`, sharing ``cache``: each manifest is read
-    and schema-checked once, for its verification and for the report."""
-    paths = expand_manifest_args(targets)
-    newest: dict[tuple[Path, str], tuple[int, Path]] = {}
-    for p in paths:
-        if p.name.endswith(MANIFEST_SUFFIX):
-            try:
-                m = cache.read(p)
-            except Error:
-                continue  # reported when it is verified
-            group = (p.parent.resolve(), m.run)
-            if group not in newest or m.step > newest[group][0]:
-                newest[group] = (m.step, p)
-    newest_paths = {p for _, p in newest.values()}
-    verifiers: dict[Path, Verifier] = {}
-    projects: dict[Path, Project] = {}
-    for p in paths:
-        try:
-            project = projects.get(p.parent)
-            if project is None:
-                project = projects[p.parent] = find_project(p)
-            verifier = verifiers.get(project.root)
-            if verifier is None:
-                verifier = verifiers[project.root] = Verifier(
-                    project, load_keyring(project.root, trust), fetch=fetch, cache=cache
-                )
-            if p.name.endswith(ATTESTATION_SUFFIX):
-                yield verifier.verify_attestation(p)
-            else:
-                yield verifier.verify(p, newest=p in newest_paths)
-        except Error as e:
-            yield e
-
-
 REPORT_PHASE = "verifying for the report"
 
 
@@ -472,7 +434,7 @@ def build_report(
         return groups[key]
 
     total = _count(targets)
-    for done, outcome in enumerate(_verify_each(targets, cache, fetch=fetch, trust=trust), 1):
+    for done, outcome in enumerate(verify_each(targets, fetch=fetch, trust=trust, cache=cache), 1):
         report(REPORT_PHASE, done, total)
         if isinstance(outcome, Error):
             where = "" if outcome.path is None else str(outcome.path)

@@ -13,7 +13,6 @@ import importlib.metadata
 import os
 import platform
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.secrets import secret_file_reason
 from kronos_audit._internal.secrets import strip_credentials as strip_credentials
 from kronos_audit.errors import ProjectError, UsageError
+from kronos_audit.predicate import GitRecord, Sha256
 
 # Variables that change what numerical code computes (thread counts change reduction
 # orders; hash seeds change iteration orders; TF32/cuBLAS settings change rounding).
@@ -146,31 +146,6 @@ def environment() -> dict[str, Any]:
     return env
 
 
-@dataclass(frozen=True)
-class GitState:
-    """Where the code that ran came from."""
-
-    commit: str
-    """HEAD commit hash."""
-    branch: str | None
-    """Checked-out branch, or None when detached."""
-    dirty: bool
-    """Tracked files differ from HEAD (kaudit's own records aside)."""
-    patch_sha256: str | None
-    """sha256 of ``git diff HEAD --binary`` when dirty; the patch is kept under .kaudit/patches."""
-    remote: str | None
-    """URL of the ``origin`` remote (or the first one), credentials stripped."""
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "commit": self.commit,
-            "branch": self.branch,
-            "dirty": self.dirty,
-            "patch_sha256": self.patch_sha256,
-            "remote": self.remote,
-        }
-
-
 def patch_path(repo_root: Path, digest: str) -> Path:
     return repo_root / ".kaudit" / "patches" / f"{digest}.patch"
 
@@ -229,7 +204,7 @@ def _refuse_secret_files(repo_root: Path) -> None:
     )
 
 
-def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitState:
+def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitRecord:
     """Read HEAD, branch, remote and the uncommitted diff; store the diff content-addressed.
 
     Raises UsageError, before anything is written, when the diff would carry a file that
@@ -274,7 +249,9 @@ def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitState:
     except git.GitError as e:
         raise ProjectError(f"cannot read git state: {e.message}", path=repo_root) from None
     remote = strip_credentials(url) if url is not None else None
-    return GitState(commit, branch, dirty, patch_sha256, remote)
+    return GitRecord(
+        commit, branch, dirty, None if patch_sha256 is None else Sha256(patch_sha256), remote
+    )
 
 
 def git_tracked(repo_root: Path, paths: list[Path]) -> list[Path]:

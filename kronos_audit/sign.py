@@ -26,8 +26,9 @@ from kronos_audit.manifest import (
     parse_manifest,
     read_manifest,
 )
+from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project
-from kronos_audit.provenance import GitState, environment, git_state
+from kronos_audit.provenance import environment, git_state
 from kronos_audit.signing import SigningKey, sign_envelope
 
 
@@ -68,7 +69,7 @@ def sign_checkpoint(
     cwd: Path | None = None,
     attributes: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
-    git: GitState | None = None,
+    git: GitRecord | None = None,
     allow_secret_files: bool = False,
     write: bool = True,
 ) -> Manifest:

@@ -27,8 +27,9 @@ from kronos_audit._internal.fsutil import fsync_dir
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
+from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import GitState, git_state
+from kronos_audit.provenance import git_state
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
     ReplayInstruction,
@@ -134,7 +135,7 @@ class SignedPublisher:
         self._key_arg = key
         self._project: Project | None = None
         self._key: SigningKey | None = None
-        self._git: GitState | None = None
+        self._git: GitRecord | None = None
         self._storage: Storage | None = None
         self._parent: Manifest | None = None
 

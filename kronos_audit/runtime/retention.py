@@ -18,6 +18,7 @@ from typing import Any
 
 from kronos_audit.errors import UsageError
 from kronos_audit.manifest import manifest_path_for
+from kronos_audit.predicate import PrunedEntry, Sha256
 from kronos_audit.project import Project
 from kronos_audit.runtime.protocol import checkpoint_name, checkpoint_steps
 from kronos_audit.storage.tracking import (
@@ -26,20 +27,6 @@ from kronos_audit.storage.tracking import (
     dvc_file_for,
     read_dvc_file,
 )
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """A checkpoint whose data retention deletes."""
-
-    step: int
-    """Its step."""
-    manifest: str
-    """sha256 (hex) of its manifest's bytes: what the pruning manifest signs."""
-
-    def to_json_obj(self) -> dict[str, Any]:
-        """The entry of the predicate's ``pruned`` list."""
-        return {"step": self.step, "manifest": self.manifest}
 
 
 @dataclass(frozen=True)
@@ -59,7 +46,7 @@ class Retention:
         if self.keep_every is not None and self.keep_every < 1:
             raise UsageError(f"keep_every={self.keep_every}: must be a positive number of steps")
 
-    def doomed(self, directory: Path, newest: int) -> tuple[Pruned, ...]:
+    def doomed(self, directory: Path, newest: int) -> tuple[PrunedEntry, ...]:
         """The checkpoints in ``directory`` whose data goes once ``newest`` is signed. The
         newest is never among them; a data file without a manifest (an interrupted write)
         is left alone."""
@@ -77,11 +64,11 @@ class Retention:
                 data = manifest_path_for(directory / checkpoint_name(s)).read_bytes()
             except OSError:
                 continue
-            doomed.append(Pruned(s, hashlib.sha256(data).hexdigest()))
+            doomed.append(PrunedEntry(s, Sha256(hashlib.sha256(data).hexdigest())))
         return tuple(doomed)
 
 
-def pruned_record(doomed: Iterable[Pruned]) -> list[dict[str, Any]]:
+def pruned_record(doomed: Iterable[PrunedEntry]) -> list[dict[str, Any]]:
     """The predicate's ``pruned`` list: what the signing manifest says it deletes."""
     return [p.to_json_obj() for p in doomed]
 
@@ -110,4 +97,4 @@ def prune(project: Project, directory: Path, doomed: Sequence[int]) -> None:
             cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
 
 
-__all__ = ["Pruned", "Retention", "prune", "pruned_record"]
+__all__ = ["Retention", "prune", "pruned_record"]

@@ -13,9 +13,10 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.errors import UsageError
 from kronos_audit.manifest import manifest_path_for
+from kronos_audit.predicate import PrunedEntry, Sha256
 from kronos_audit.project import Project
 from kronos_audit.runtime.protocol import checkpoint_name
-from kronos_audit.runtime.retention import Pruned, Retention, prune, pruned_record
+from kronos_audit.runtime.retention import Retention, prune, pruned_record
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, read_dvc_file
 
@@ -48,7 +49,9 @@ def test_doomed_names_each_pruned_checkpoint_with_its_manifests_digest(
     run_dir = run(project, 7)
     doomed = Retention(keep=2, keep_every=3).doomed(run_dir, newest=7)
     assert [p.step for p in doomed] == [1, 2, 4, 5]  # 3 and 6 for ever, 6 and 7 the newest
-    assert doomed == tuple(Pruned(s, manifest_sha256(run_dir, s)) for s in (1, 2, 4, 5))
+    assert doomed == tuple(
+        PrunedEntry(s, Sha256(manifest_sha256(run_dir, s))) for s in (1, 2, 4, 5)
+    )
     assert pruned_record(doomed[:1]) == [{"step": 1, "manifest": manifest_sha256(run_dir, 1)}]
     assert Retention().doomed(run_dir, newest=7) == ()  # no keep: everything stays
     assert Retention(keep_every=2).doomed(run_dir, newest=7) == ()

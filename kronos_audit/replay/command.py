@@ -16,20 +16,16 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.manifest import Manifest
-from kronos_audit.runtime.protocol import (
-    OUT_ENV,
-    PROGRESS_ENV,
-    RESUME_FROM_ENV,
-    SEED_ENV,
-    STOP_AT_ENV,
-    checkpoint_name,
-)
+from kronos_audit.runtime.protocol import ReplayInstruction, checkpoint_name
+
+Instruction = ReplayInstruction
+"""What the replayed command is told: the protocol's one instruction type, written here as
+environment variables and placeholders, read back by the program's :class:`ka.Run`."""
 
 PYTHON_NAMES = frozenset({"python", "python3"})
 """A recorded argv starting with one of these runs with this interpreter (sys.executable)."""
@@ -40,40 +36,6 @@ SHOWN_CONTEXT = 40
 """Characters of a refused argument shown on each side of its placeholder."""
 STDERR_TAIL_LINES = 3
 _STEP_FILE = re.compile(r"^step-(\d+)\.h5$")
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """What the replayed command is told, as environment variables and placeholders."""
-
-    resume_from: Path | None
-    """The parent checkpoint (absolute); None: from the start."""
-    stop_at: int
-    """The step to stop at and write."""
-    out: Path
-    """Where to write it."""
-    seed: int | None
-    """The first recorded seed."""
-
-    def placeholders(self) -> dict[str, str]:
-        return {
-            "{resume_from}": "" if self.resume_from is None else str(self.resume_from),
-            "{stop_at}": str(self.stop_at),
-            "{out}": str(self.out),
-            "{seed}": "" if self.seed is None else str(self.seed),
-        }
-
-    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
-        env = dict(base)
-        env.pop(PROGRESS_ENV, None)  # a supervisor's progress file is not the replay's
-        env[RESUME_FROM_ENV] = "" if self.resume_from is None else str(self.resume_from)
-        env[STOP_AT_ENV] = str(self.stop_at)
-        env[OUT_ENV] = str(self.out)
-        if self.seed is None:
-            env.pop(SEED_ENV, None)
-        else:
-            env[SEED_ENV] = str(self.seed)
-        return env
 
 
 def _shown(arg: str, at: int) -> str:

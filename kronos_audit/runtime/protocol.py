@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,3 +148,27 @@ class ReplayInstruction:
             out=Path(out),
             seed=int(seed) if seed.lstrip("-").isdigit() else None,
         )
+
+    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` with this instruction in it, as :meth:`from_env` reads it back (the
+        replay side of the protocol writes it, the program's side reads it)."""
+        env = dict(base)
+        env.pop(PROGRESS_ENV, None)  # a supervisor's progress file is not the replay's
+        env[RESUME_FROM_ENV] = "" if self.resume_from is None else str(self.resume_from)
+        env[STOP_AT_ENV] = str(self.stop_at)
+        env[OUT_ENV] = str(self.out)
+        if self.seed is None:
+            env.pop(SEED_ENV, None)
+        else:
+            env[SEED_ENV] = str(self.seed)
+        return env
+
+    def placeholders(self) -> dict[str, str]:
+        """The same instruction for a command line that is not Python: each placeholder's
+        value (substituted only as a whole argument; see kronos_audit.replay.command)."""
+        return {
+            "{resume_from}": "" if self.resume_from is None else str(self.resume_from),
+            "{stop_at}": str(self.stop_at),
+            "{out}": str(self.out),
+            "{seed}": "" if self.seed is None else str(self.seed),
+        }

@@ -19,7 +19,6 @@ import dataclasses
 import enum
 import hashlib
 import os
-import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
+from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import (
     CheckpointError,
     Error,
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 ATTESTATION_SUFFIX = ".replay.json"
 SIZE_SLACK = 64 * 1024 * 1024
 """A checkpoint larger than twice its signed size plus this fails without being read."""
-_STEP_NAME = re.compile(r"^step-0*(\d+)(\.|$)")
 
 
 class CheckName(enum.StrEnum):
@@ -233,12 +232,12 @@ def place_check(project: Project, manifest: Manifest) -> Check:
     signed = PurePosixPath(manifest.subject_name)
     actual = PurePosixPath(project.relative(checkpoint))
     what = f"run {manifest.run!r} step {manifest.step}"
-    named = _STEP_NAME.match(checkpoint.name)
-    if named and int(named.group(1)) != manifest.step:
+    named = named_step(checkpoint.name)
+    if named is not None and named != manifest.step:
         return Check(
             CheckName.PLACE,
             False,
-            f"the file is named for step {int(named.group(1))}, but its manifest signs {what}",
+            f"the file is named for step {named}, but its manifest signs {what}",
         )
     if actual == signed:
         return Check(CheckName.PLACE, True, f"{what} at the place it was signed")

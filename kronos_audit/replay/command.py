@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.manifest import Manifest
 from kronos_audit.runtime.protocol import ReplayInstruction, checkpoint_name
@@ -35,7 +36,6 @@ _OPTION_VALUE = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_.-]*)=(\{[a-z_]+\})")
 SHOWN_CONTEXT = 40
 """Characters of a refused argument shown on each side of its placeholder."""
 STDERR_TAIL_LINES = 3
-_STEP_FILE = re.compile(r"^step-(\d+)\.h5$")
 
 
 def _shown(arg: str, at: int) -> str:
@@ -139,10 +139,10 @@ def find_output(out: Path, step: int) -> Path:
             "cannot tell which is the checkpoint",
             stage=Stage.OUTPUT,
         )
-    match = _STEP_FILE.match(files[0].name)
-    if match and int(match.group(1)) != step:
+    named = named_step(files[0].name)
+    if named is not None and named != step:
         raise ReplayError(
-            f"the command stopped at step {int(match.group(1))}, not at step {step} "
+            f"the command stopped at step {named}, not at step {step} "
             "(does its own step count end before it?)",
             stage=Stage.OUTPUT,
         )

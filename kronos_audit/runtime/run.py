@@ -21,8 +21,6 @@ become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 
 from __future__ import annotations
 
-import json
-import random
 import time
 import uuid
 import warnings
@@ -39,10 +37,10 @@ from kronos_audit.checkpoint.state import (
     flatten,
     read_group,
     require_mapping,
-    text_array,
 )
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.runtime import rng
 from kronos_audit.runtime.batches import LEDGER_GROUP, Ledger, batch_rng
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
@@ -162,7 +160,7 @@ class Run:
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):
             leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
-        random.seed(self.seed)
+        rng.seed_all(self.seed)
         self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
         self._guard.install()
         self._progress = Progress.from_env()
@@ -218,12 +216,7 @@ class Run:
             state = read_group(path)
         except CheckpointError as e:
             raise CheckpointError(f"verified but unreadable: {e.message}", path=path) from None
-        rng = state.pop(RNG_GROUP, {})
-        if "numpy" in rng:
-            self.rng.bit_generator.state = json.loads(rng["numpy"])
-        if "python" in rng:
-            version, internal, gauss = json.loads(rng["python"])
-            random.setstate((version, tuple(internal), gauss))
+        rng.restore(self.rng, state.pop(RNG_GROUP, {}), path=path)
         self.ledger = Ledger.from_state(state.pop(LEDGER_GROUP, {}))
         self.step = step
         self._last_saved_step = step
@@ -323,23 +316,9 @@ class Run:
     def _save(
         self, writer: BackgroundWriter, step: int, flat: Mapping[str, np.ndarray[Any, Any]]
     ) -> None:
-        py_version, py_internal, py_gauss = random.getstate()
-        extra = {
-            f"/{RNG_GROUP}/numpy": text_array(json.dumps(self.rng.bit_generator.state)),
-            f"/{RNG_GROUP}/python": text_array(
-                json.dumps([py_version, list(py_internal), py_gauss])
-            ),
-            **self.ledger.to_flat(),
-        }
-        meta: dict[str, Any] = {
-            "rng": {
-                "numpy": {
-                    "dataset": f"/{RNG_GROUP}/numpy",
-                    "bit_generator": self.rng.bit_generator.state["bit_generator"],
-                },
-                "python": {"dataset": f"/{RNG_GROUP}/python"},
-            },
-        }
+        generators, record = rng.capture(self.rng)
+        extra = {**generators, **self.ledger.to_flat()}
+        meta: dict[str, Any] = {"rng": record}
         if self._batches_total is not None:
             meta["batches"] = {"total": self._batches_total, "done": len(self.ledger)}
         writer.submit(step, flat, extra, meta)

@@ -1,0 +1,238 @@
+"""The run's random generators: seeded when the run starts, saved with each checkpoint,
+restored with it.
+
+A checkpoint's ``/rng`` group holds, each under its own dataset:
+
+=========================  =============================================================
+``/rng/numpy``             ``run.rng``'s bit generator state (JSON text)
+``/rng/python``            Python's ``random`` (JSON text of ``random.getstate()``)
+``/rng/numpy_global``      numpy's legacy global generator (``np.random.rand`` and the
+                           rest of ``np.random.*``; JSON text of ``np.random.get_state()``)
+``/rng/torch/cpu``         torch's default CPU generator (``torch.get_rng_state()``, uint8),
+                           only when the program imported torch
+``/rng/torch/cuda/<i>``    CUDA device ``i``'s default generator, only for devices that
+                           were initialized (``torch.cuda.is_initialized()``)
+=========================  =============================================================
+
+Checkpoints written before ``numpy_global`` and torch were added hold only the first two;
+they restore as they always did. Nothing here imports torch: a program that did not import
+it has no torch generator to save, seed or restore (``sys.modules`` tells).
+
+JAX has no global generator: its random state is the key arrays the program passes
+around, which are part of the state it checkpoints (``jax.random.key`` arrays are stored
+like any other array), so there is nothing for this module to capture.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kronos_audit.checkpoint.state import text_array
+from kronos_audit.errors import CheckpointError
+
+GROUP = "rng"
+"""The checkpoint group, reserved at the top of the state."""
+
+# Spawn keys of the seeds derived from the run seed: two words, so that they can never be
+# those of a Monte Carlo batch (kronos_audit.runtime.batches.batch_rng uses one word, the
+# batch index) nor run.rng's own (no spawn key).
+_SPAWN_TAG = 0x6B61_7564  # "kaud"
+_NUMPY_GLOBAL_KEY = (_SPAWN_TAG, 0)
+_TORCH_KEY = (_SPAWN_TAG, 1)
+
+
+class RngNotRestored(UserWarning):
+    """A checkpoint holds generator states this process cannot take (CUDA devices this
+    machine lacks): those generators keep the values the run seeded them with, and the
+    resumed run's draws from them differ from an uninterrupted run's."""
+
+
+def derived_seed(seed: int, spawn_key: tuple[int, ...], *, bits: int) -> int:
+    """A ``bits``-bit seed (32 or 63) for one generator, a function of the run seed and
+    ``spawn_key`` only: distinct generators get uncorrelated streams."""
+    sequence = np.random.SeedSequence(seed, spawn_key=spawn_key)
+    if bits == 32:
+        return int(sequence.generate_state(1, dtype=np.uint32)[0])
+    return int(sequence.generate_state(1, dtype=np.uint64)[0]) >> (64 - bits)
+
+
+def seed_all(seed: int) -> None:
+    """Seed the process-global generators from the run seed: Python's ``random`` (with the
+    seed itself, as kaudit always has), numpy's legacy global generator and, when the
+    program imported torch, torch's (CPU and every CUDA device: ``torch.manual_seed``).
+
+    ``run.rng`` is seeded by the run itself; JAX has no global generator to seed.
+    """
+    random.seed(seed)
+    np.random.seed(derived_seed(seed, _NUMPY_GLOBAL_KEY, bits=32))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(derived_seed(seed, _TORCH_KEY, bits=63))
+
+
+def _dataset(*parts: str) -> str:
+    return "/" + "/".join((GROUP, *parts))
+
+
+def capture(rng: np.random.Generator) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, Any]]:
+    """The generators' states now: ``(datasets, record)``, the datasets to write (path to
+    array) and the manifest's ``rng`` record naming each generator's dataset.
+
+    Call it on the loop thread when the step's state is taken: the states must be those
+    at that step. It is small (torch's CPU state is 5 KB; numpy's global one 7 KB of text).
+    """
+    py_version, py_internal, py_gauss = random.getstate()
+    bit_generator = rng.bit_generator.state
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # legacy=True always gives the tuple form
+    name, keys, pos, has_gauss, cached_gaussian = legacy
+    datasets: dict[str, np.ndarray[Any, Any]] = {
+        _dataset("numpy"): text_array(json.dumps(bit_generator)),
+        _dataset("python"): text_array(json.dumps([py_version, list(py_internal), py_gauss])),
+        _dataset("numpy_global"): text_array(
+            json.dumps([name, [int(k) for k in keys], int(pos), int(has_gauss), cached_gaussian])
+        ),
+    }
+    record: dict[str, Any] = {
+        "numpy": {"dataset": _dataset("numpy"), "bit_generator": bit_generator["bit_generator"]},
+        "python": {"dataset": _dataset("python")},
+        "numpy_global": {"dataset": _dataset("numpy_global"), "bit_generator": str(name)},
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        datasets[_dataset("torch", "cpu")] = torch.get_rng_state().numpy()
+        record["torch"] = {"dataset": _dataset("torch", "cpu")}
+        # Only initialized devices: asking an uninitialized one would initialize CUDA (and
+        # take its memory) in a program that never used it.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for i, state in enumerate(torch.cuda.get_rng_state_all()):
+                datasets[_dataset("torch", "cuda", str(i))] = state.numpy()
+                record[f"torch.cuda:{i}"] = {"dataset": _dataset("torch", "cuda", str(i))}
+    return datasets, record
+
+
+def _text(value: Any, where: str, path: Path) -> Any:
+    """The JSON a text dataset holds."""
+    if isinstance(value, bytes | np.bytes_):
+        value = bytes(value).decode("utf-8", errors="replace")
+    if not isinstance(value, str):
+        raise CheckpointError(f"{where}: a generator state must be JSON text", path=path)
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"{where}: a generator state must be JSON text", path=path) from None
+
+
+def _bytes(value: Any, where: str, path: Path) -> np.ndarray[Any, Any]:
+    if not (isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1):
+        raise CheckpointError(f"{where}: a torch generator state must be uint8 bytes", path=path)
+    return np.ascontiguousarray(value)
+
+
+# What a malformed state makes the setters raise: a wrong type, length, value or shape.
+_BAD_STATE = (ValueError, TypeError, KeyError, IndexError, OverflowError, RuntimeError)
+
+
+def restore(
+    rng: np.random.Generator, stored: Mapping[str, Any], *, path: Path, stacklevel: int = 2
+) -> None:
+    """Put back each generator ``stored`` (the checkpoint's ``/rng`` group, as nested
+    mappings) holds; raise :class:`CheckpointError` naming the dataset of a malformed one.
+
+    torch's generators are restored only when the program imported torch (a program that
+    does not use it has none to restore, and this never imports it). CUDA device states
+    this machine has no device for are skipped with one :class:`RngNotRestored` warning.
+    """
+    if "numpy" in stored:
+        where = _dataset("numpy")
+        state = _text(stored["numpy"], where, path)
+        try:
+            rng.bit_generator.state = state
+        except _BAD_STATE as e:
+            raise CheckpointError(
+                f"{where}: not a state of run.rng's {type(rng.bit_generator).__name__}: {e}",
+                path=path,
+            ) from None
+    if "python" in stored:
+        where = _dataset("python")
+        state = _text(stored["python"], where, path)
+        try:
+            version, internal, gauss = state
+            random.setstate((version, tuple(internal), gauss))
+        except _BAD_STATE as e:
+            raise CheckpointError(
+                f"{where}: not a state of Python's random: {e}", path=path
+            ) from None
+    if "numpy_global" in stored:
+        where = _dataset("numpy_global")
+        state = _text(stored["numpy_global"], where, path)
+        try:
+            name, keys, pos, has_gauss, cached_gaussian = state
+            np.random.set_state(
+                (
+                    str(name),
+                    np.asarray(keys, dtype=np.uint32),
+                    int(pos),
+                    int(has_gauss),
+                    float(cached_gaussian),
+                )
+            )
+        except _BAD_STATE as e:
+            raise CheckpointError(
+                f"{where}: not a state of numpy's global generator: {e}", path=path
+            ) from None
+    torch = sys.modules.get("torch")
+    held = stored.get("torch")
+    if torch is None or held is None:
+        return
+    if not isinstance(held, Mapping):
+        raise CheckpointError(f"{_dataset('torch')}: must be a group", path=path)
+    if "cpu" in held:
+        where = _dataset("torch", "cpu")
+        try:
+            torch.set_rng_state(torch.from_numpy(_bytes(held["cpu"], where, path).copy()))
+        except _BAD_STATE as e:
+            raise CheckpointError(f"{where}: not a torch generator state: {e}", path=path) from None
+    _restore_cuda(torch, held.get("cuda"), path, stacklevel + 1)
+
+
+def _restore_cuda(torch: Any, held: Any, path: Path, stacklevel: int) -> None:
+    if held is None:
+        return
+    if not isinstance(held, Mapping) or not all(
+        isinstance(k, str) and k.isdigit() and k.isascii() for k in held
+    ):
+        raise CheckpointError(
+            f"{_dataset('torch', 'cuda')}: must be a group of device numbers", path=path
+        )
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing: list[int] = []
+    for name in sorted(held, key=int):
+        device = int(name)
+        if device >= count:
+            missing.append(device)
+            continue
+        where = _dataset("torch", "cuda", name)
+        try:
+            torch.cuda.set_rng_state(
+                torch.from_numpy(_bytes(held[name], where, path).copy()), device
+            )
+        except _BAD_STATE as e:
+            raise CheckpointError(f"{where}: not a torch generator state: {e}", path=path) from None
+    if missing:
+        devices = ", ".join(f"cuda:{d}" for d in missing)
+        warnings.warn(
+            f"{path}: the generator states of {devices} were not restored: this machine has "
+            f"{count} CUDA device{'' if count == 1 else 's'}; those generators keep their "
+            "seeded values, so draws from them differ from an uninterrupted run's",
+            RngNotRestored,
+            stacklevel=stacklevel,
+        )

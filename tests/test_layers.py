@@ -10,11 +10,13 @@ out, or every submodule of a package would form a cycle with the package that re
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
+import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -230,19 +232,69 @@ def _distribution(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", name.group()).lower()
 
 
+PYPROJECT = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+OPTIONAL = {
+    _distribution(r)
+    for extra in ("torch", "jax")
+    for r in PYPROJECT["project"]["optional-dependencies"][extra]
+}
+"""Distributions of the framework extras: imported only inside the functions that need them."""
+
+
+@functools.cache
+def _providers() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # slow: reads every distribution
+
+
+def _distributions_of(name: str) -> set[str]:
+    return {_distribution(d) for d in _providers().get(name, [name])}
+
+
 def test_every_third_party_import_is_a_declared_dependency() -> None:
-    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
-    declared = {_distribution(r) for r in project["project"]["dependencies"]}
-    providers = importlib.metadata.packages_distributions()
+    declared = {_distribution(r) for r in PYPROJECT["project"]["dependencies"]} | OPTIONAL
     # the pytest plugin is loaded only by pytest (entry point pytest11), so pytest is there
     loaded_by = {f"{NAME}.pytest_plugin": {"pytest"}}
     undeclared = {}
     for module, names in EXTERNAL.items():
         for name in names - set(sys.stdlib_module_names) - loaded_by.get(module, set()):
-            dists = {_distribution(d) for d in providers.get(name, [name])}
-            if not dists & declared:
+            if not _distributions_of(name) & declared:
                 undeclared[name] = module
     assert not undeclared, f"imported but not in [project] dependencies: {undeclared}"
+
+
+def test_the_framework_extras_are_imported_only_inside_functions() -> None:
+    at_top = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        body = [
+            n
+            for n in tree.body
+            if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        ]
+        for node in _imports(ast.Module(body=body, type_ignores=[])):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            for name in names:
+                top = name.partition(".")[0]
+                if top and top not in sys.stdlib_module_names and _distributions_of(top) & OPTIONAL:
+                    at_top[top] = module
+    assert not at_top, f"an optional extra imported at a module's top level: {at_top}"
+
+
+def test_importing_kronos_audit_imports_no_framework() -> None:
+    # every module of the package, as a program that never touches torch or jax would load it
+    code = (
+        "import importlib, sys\n"
+        f"for m in {sorted(MODULES)!r}:\n"
+        "    importlib.import_module(m)\n"
+        "frameworks = ('torch', 'jax', 'jaxlib', 'optax', 'ml_dtypes')\n"
+        "loaded = sorted(n for n in frameworks if n in sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
 
 
 # -- git: reached one way --------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Helpers the framework tests import: the training examples committed in a real kaudit
+project, run plainly, under `kaudit run`, and killed for real."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import h5py
+import pytest
+
+from kronos_audit.init import init_project
+from kronos_audit.signing import generate_key
+from tests.helpers import KAUDIT, git
+from tests.runtime.test_faults import HANG_GUARD, last_json, newest_step, wait_for
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def commit_example(repo: Path, example: str) -> Path:
+    """``examples/<example>/run.py`` as ``<repo>/<example>/run.py``, committed (a replay
+    checks out the recorded commit); returns the directory it runs in."""
+    where = repo / example
+    where.mkdir()
+    shutil.copy(EXAMPLES / example / "run.py", where / "run.py")
+    git(repo, "add", example)
+    git(repo, "commit", "-q", "-m", f"{example} example")
+    return where
+
+
+@contextmanager
+def scratch_project(base: Path) -> Iterator[Path]:
+    """A git repository with `kaudit init` done and a trusted key, in a key directory of
+    its own: for a module-scoped reference run, which the per-test fixtures cannot serve."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KAUDIT_HOME", str(base / "home"))
+        mp.delenv("KAUDIT_KEY", raising=False)
+        for var in ("GIT_AUTHOR", "GIT_COMMITTER"):
+            mp.setenv(f"{var}_NAME", "Test")
+            mp.setenv(f"{var}_EMAIL", "test@example.com")
+        mp.setenv("DVC_NO_ANALYTICS", "1")
+        repo = base / "repo"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        proj, _ = init_project(repo)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "kaudit init")
+        proj.trust_store().add(generate_key("reference").private_key.public_key(), "reference")
+        yield repo
+
+
+def run_plain(where: Path, *args: str) -> dict[str, Any]:
+    """Run the example in ``where`` to the end, never interrupted; its last JSON line."""
+    done = subprocess.run(
+        [sys.executable, "run.py", *args], cwd=where, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return last_json(done.stdout)
+
+
+def reference_result(base: Path, example: str, *args: str) -> dict[str, Any]:
+    """An uninterrupted run's result, in a project of its own under ``base``."""
+    with scratch_project(base) as repo:
+        return run_plain(commit_example(repo, example), *args, "--run-id", "reference")
+
+
+def supervise(where: Path, *args: str, json: bool = False) -> subprocess.Popen[str]:
+    """The example in ``where`` under `kaudit run`, restarted at once when it dies; with
+    ``json`` its summary is one JSON line, the last of its stderr."""
+    return subprocess.Popen(
+        [
+            *KAUDIT,
+            "run",
+            *(["--json"] if json else []),
+            *("--retries", "5", "--backoff", "0", "--", sys.executable, "run.py", *args),
+        ],
+        cwd=where,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(supervisor: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait for `kaudit run` to end; its stdout and stderr."""
+    try:
+        return supervisor.communicate(timeout=HANG_GUARD)
+    finally:
+        supervisor.kill()
+
+
+def preempt_after_a_checkpoint(supervisor: subprocess.Popen[str], run_dir: Path) -> int:
+    """Once the run has written a checkpoint, send `kaudit run` SIGTERM, as a scheduler
+    preempting the job does (it forwards it to the program); the step it had reached."""
+    wait_for(lambda: newest_step(run_dir) > 0 or supervisor.poll() is not None, "a checkpoint")
+    assert supervisor.poll() is None, "the run ended before it could be preempted"
+    supervisor.send_signal(signal.SIGTERM)
+    return newest_step(run_dir)
+
+
+def datasets(checkpoint: Path) -> list[str]:
+    """The paths of every dataset in an HDF5 file."""
+    names: list[str] = []
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset):
+            names.append(f"/{name}")
+
+    with h5py.File(checkpoint, "r") as f:
+        f.visititems(visit)
+    return names

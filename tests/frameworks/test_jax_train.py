@@ -1,0 +1,67 @@
+"""examples/jax_train for real: parameters as a pytree, optax's AdamW state (NamedTuples)
+and a jax.random key carried in the state, killed with SIGKILL under `kaudit run` and
+replayed; it must end bitwise as a run that was never interrupted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey
+from tests.frameworks.helpers import (
+    commit_example,
+    datasets,
+    finish,
+    reference_result,
+    run_plain,
+    supervise,
+)
+from tests.helpers import run_cli
+from tests.replay.helpers import manifest
+from tests.runtime.test_faults import kill_repeatedly, last_json
+
+EXAMPLE = "jax_train"
+STEPS = 400
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def trainer(project: Project, key: SigningKey) -> Path:
+    """The example committed in a kaudit project with a trusted key; where it runs."""
+    return commit_example(project.root, EXAMPLE)
+
+
+def test_killed_under_kaudit_run_it_ends_bitwise_as_uninterrupted(
+    project: Project, trainer: Path, tmp_path: Path
+) -> None:
+    args = ("--steps", str(STEPS), "--every", "20")
+    reference = reference_result(tmp_path / "reference", EXAMPLE, *args)
+    assert reference["step"] == STEPS
+    assert reference["accuracy"] > 0.85  # it trains for real
+    run_dir = trainer / "checkpoints" / "killed"
+    supervisor = supervise(trainer, *args, "--run-id", "killed")
+    try:
+        kill_repeatedly(project, supervisor, run_dir, kills=1)  # while a checkpoint is written
+    finally:
+        stdout, stderr = finish(supervisor)
+    assert supervisor.returncode == 0, stderr
+    assert stderr.count("failed: SIGKILL") == 1, stderr
+    assert last_json(stdout) == reference  # parameters, optimizer state and key: bitwise
+    verify = run_cli("verify", str(run_dir))
+    assert verify.exit_code == 0, verify.output
+
+
+def test_a_segment_replays_bitwise(trainer: Path) -> None:
+    run_plain(trainer, "--steps", "40", "--every", "20", "--run-id", "replayed")
+    run_dir = trainer / "checkpoints" / "replayed"
+    names = datasets(run_dir / "step-00000040.h5")
+    for needed in ("/params/fc1/w", "/key"):  # the key carries the run's randomness
+        assert needed in names, names
+    result = run_cli("replay", str(manifest(run_dir, 40)))
+    assert result.exit_code == 0, result.output
+    assert "resumed from step 20" in result.stdout
+    assert f"REPRODUCED: {len(names)} datasets: {len(names)} identical" in result.stdout
+    assert "bitwise" in result.stdout

@@ -13,18 +13,6 @@ a digest of the final state.
 
 from __future__ import annotations
 
-import os
-
-# Bitwise reproducibility on CPU. XLA's CPU kernels are deterministic for a given thread
-# count, but a matrix product split across Eigen's threads adds its partial sums in an order
-# that depends on how many cores the machine has: a replay on another machine would round
-# differently. One thread per kernel fixes that order everywhere (and on a model this small
-# costs nothing). XLA reads the flag when its CPU backend starts, so it is set before jax is
-# imported; flags the user set are kept.
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_multi_thread_eigen=false"]
-).strip()
-
 import argparse
 import importlib.util
 import json
@@ -38,6 +26,13 @@ import numpy as np
 import optax
 
 import kronos_audit as ka
+
+# Bitwise reproducibility on CPU needs nothing more here: XLA's CPU kernels compute the
+# same bits run after run, and on a model this small they do so whatever the number of
+# cores (checked with one and with two). A large matrix product may be split across Eigen's
+# threads, whose partial sums then depend on the core count; for such a model, start the
+# program with XLA_FLAGS=--xla_cpu_multi_thread_eigen=false in its environment (set there,
+# not in the code: the manifest records XLA_FLAGS, and a replay compares it).
 
 Params = dict[str, dict[str, jax.Array]]
 

@@ -14,7 +14,7 @@ carry fields this version does not know, and a replay's drift report compares th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NewType
 
@@ -108,6 +108,10 @@ class EnvironmentLock:
     """Installed distributions and their versions."""
     digest: Sha256
     """sha256 over the canonical JSON of the rest of the lock: equal locks, equal digests."""
+    frameworks: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: _EMPTY)
+    """The frameworks the program had imported, by module name (``torch``, ``jax``), each
+    a record of its versions and numeric settings; empty when it imported none (and in
+    locks written before frameworks were recorded)."""
 
     @property
     def python_version(self) -> str:
@@ -158,14 +162,17 @@ class EnvironmentLock:
             variables=_read_only(obj["variables"]),
             packages=_read_only(obj["packages"]),
             digest=Sha256(str(obj["digest"])),
+            frameworks=_read_only(
+                {str(k): _read_only(v) for k, v in (obj.get("frameworks") or {}).items()}
+            ),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
         """The lock as :func:`kronos_audit.provenance.environment` gives one."""
-        return {
-            **{name: _thaw(section) for name, section in self.sections().items()},
-            "digest": self.digest,
-        }
+        obj = {name: _thaw(section) for name, section in self.sections().items()}
+        if self.frameworks:  # absent, not empty, when none: the digest is over the lock
+            obj["frameworks"] = _thaw(self.frameworks)
+        return {**obj, "digest": self.digest}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """What produced a checkpoint: the environment lock and the git state.
 
 The environment cannot change under a running process in any way that matters here, so it
-is captured once per process (:func:`environment`). The git state is read at each
-snapshot, since a long run may outlive a commit in its checkout.
+is captured once per process (:func:`environment`), and again only when the program has
+imported a framework since (a lock names the frameworks the program uses). The git state
+is read at each snapshot, since a long run may outlive a commit in its checkout.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import importlib.metadata
 import os
 import platform
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from kronos_audit._internal import git
@@ -75,6 +78,10 @@ NUMERIC_ENV_NAMES = frozenset(
         "TF_CUDNN_DETERMINISTIC",
         "XLA_FLAGS",
         "JAX_ENABLE_X64",
+        "JAX_PLATFORMS",
+        "JAX_DEFAULT_MATMUL_PRECISION",
+        "JAX_DEFAULT_PRNG_IMPL",
+        "JAX_THREEFRY_PARTITIONABLE",
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
     }
 )
@@ -122,9 +129,77 @@ def numeric_environment_variables() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k in NUMERIC_ENV_NAMES}
 
 
-@functools.cache
-def environment() -> dict[str, Any]:
-    """The environment lock of this process, with ``digest`` over all the rest."""
+FRAMEWORKS = ("torch", "jax")
+"""The frameworks a lock can describe, by module name: the only modules kaudit ever
+imports on a lock's account (a replay computing its own side; never a name read from a
+file)."""
+
+
+def imported_frameworks() -> tuple[str, ...]:
+    """Those of :data:`FRAMEWORKS` this program has imported (``sys.modules``: asking
+    imports nothing)."""
+    return tuple(name for name in FRAMEWORKS if name in sys.modules)
+
+
+def _torch_record(torch: Any) -> dict[str, Any]:
+    # Versions and defaults of the machine, and the switches a program sets that change
+    # what the kernels compute (deterministic algorithms, TF32 matmuls).
+    return {
+        "version": str(torch.__version__),
+        "cuda": torch.version.cuda,
+        "cudnn": _cudnn_version(torch),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "float32_matmul_precision": str(torch.get_float32_matmul_precision()),
+        "num_threads": int(torch.get_num_threads()),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+
+
+def _cudnn_version(torch: Any) -> int | None:
+    try:
+        if not torch.backends.cudnn.is_available():
+            return None
+        version = torch.backends.cudnn.version()
+    except RuntimeError:  # a cuDNN torch refuses (a version it was not built for)
+        return None
+    return None if version is None else int(version)
+
+
+def _jax_record(jax: Any) -> dict[str, Any]:
+    devices: dict[str, int] = {}
+    for device in jax.devices():
+        devices[str(device.platform)] = devices.get(str(device.platform), 0) + 1
+    try:
+        jaxlib = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        jaxlib = None
+    return {
+        "version": str(jax.__version__),
+        "jaxlib": jaxlib,
+        "backend": str(jax.default_backend()),
+        "x64": bool(jax.config.jax_enable_x64),
+        "devices": dict(sorted(devices.items())),
+    }
+
+
+_RECORDS = {"torch": _torch_record, "jax": _jax_record}
+
+
+def framework_record(name: str, module: ModuleType) -> dict[str, Any]:
+    """The lock's record of framework ``name`` (one of :data:`FRAMEWORKS`), read from its
+    imported ``module``."""
+    return _RECORDS[name](module)
+
+
+def environment_lock(frameworks: Iterable[str] = ()) -> dict[str, Any]:
+    """An environment lock read now, with ``digest`` over all the rest.
+
+    ``frameworks`` names those of :data:`FRAMEWORKS` to describe, each imported here if it
+    is not already; one that cannot be imported is left out. The ``frameworks`` section is
+    present only when it names one.
+    """
     env: dict[str, Any] = {
         "python": {
             "version": platform.python_version(),
@@ -142,8 +217,48 @@ def environment() -> dict[str, Any]:
         "variables": numeric_environment_variables(),
         "packages": _distributions(),
     }
+    described: dict[str, Any] = {}
+    for name in FRAMEWORKS:  # the allow-list, in its order, whatever ``frameworks`` holds
+        if name in frameworks:
+            module = _import(name)
+            if module is not None:
+                described[name] = framework_record(name, module)
+    if described:
+        env["frameworks"] = described
     env["digest"] = hashlib.sha256(canonical_json(env)).hexdigest()
     return env
+
+
+def _import(name: str) -> ModuleType | None:
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    try:
+        return importlib.import_module(name)
+    except Exception:  # not installed, or installed broken: either way, not here
+        return None
+
+
+@functools.cache
+def _environment(frameworks: tuple[str, ...]) -> dict[str, Any]:
+    return environment_lock(frameworks)
+
+
+class _Environment:
+    """:func:`environment`: a per-process cache keyed by the frameworks imported."""
+
+    def __call__(self) -> dict[str, Any]:
+        """The environment lock of this process, with ``digest`` over all the rest; its
+        ``frameworks`` section describes the frameworks the program has imported."""
+        return _environment(imported_frameworks())
+
+    def cache_clear(self) -> None:
+        """Forget the cached locks: the next call reads the environment again."""
+        _environment.cache_clear()
+
+
+environment = _Environment()
+"""The environment lock of this process (cached; see :func:`environment_lock`)."""
 
 
 def patch_path(repo_root: Path, digest: str) -> Path:

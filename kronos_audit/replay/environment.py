@@ -20,16 +20,32 @@ variables     every numeric variable added, removed or
 packages      every package added, removed or changed     ``kronos-audit`` itself: the tool
                                                           doing the replay, whose hashes
                                                           are over canonical data
+frameworks    a recorded framework missing here; its      the switches a program sets in
+              ``version`` and the machine's CUDA, cuDNN,  its own code (torch's
+              backend, devices (``torch.cuda``,           ``deterministic_algorithms``,
+              ``jax.backend``, ...)                       ``num_threads``, ...; jax's
+                                                          ``x64``), and a framework the
+                                                          recorded program did not import
 ============  ==========================================  ===================================
+
+The ``frameworks`` section (torch, jax) is compared field by field, each named
+``<framework>.<field>`` (``torch.cudnn``; a nested field ``jax.devices.cpu``). This side's
+record is read in this process, which imports for it each framework the recorded lock
+names (only those of :data:`kronos_audit.provenance.FRAMEWORKS`; nothing named by the file
+is imported), and nothing when it names none. The settings a program makes itself cannot
+be seen from here (a fresh import has the defaults): the replayed program, the same code,
+makes them again, so their differences are noted, not drift. Those that come from the
+environment (``CUBLAS_WORKSPACE_CONFIG``, ``JAX_ENABLE_X64``) are also variables, and
+drift there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kronos_audit.predicate import ENVIRONMENT_SECTIONS, EnvironmentLock, Sha256
-from kronos_audit.provenance import environment
+from kronos_audit.provenance import FRAMEWORKS, environment_lock
 from kronos_audit.replay.interface import Difference, EnvironmentReport, EnvMode
 
 SECTIONS = ENVIRONMENT_SECTIONS
@@ -42,11 +58,25 @@ NOTED_ONLY: frozenset[tuple[str, str]] = frozenset(
 )
 """(section, name) pairs that are reported but never count as drift."""
 
+FRAMEWORK_SETTINGS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("torch", "deterministic_algorithms"),
+        ("torch", "cudnn_deterministic"),
+        ("torch", "cudnn_benchmark"),
+        ("torch", "float32_matmul_precision"),
+        ("torch", "num_threads"),
+        ("jax", "x64"),
+    }
+)
+"""(framework, field) pairs a program sets in its own code: reported, never drift (this
+process, which compares, sees only their defaults)."""
 
-def current_environment() -> dict[str, Any]:
+
+def current_environment(frameworks: Iterable[str] = ()) -> dict[str, Any]:
     """This process's environment lock, read now (the cached one may predate a change
-    of the numeric variables made in the same process)."""
-    return environment.__wrapped__()
+    of the numeric variables made in the same process), describing ``frameworks`` (those
+    of them in :data:`~kronos_audit.provenance.FRAMEWORKS`, imported if need be)."""
+    return environment_lock(frameworks)
 
 
 def _text(value: Any) -> str | None:
@@ -64,6 +94,47 @@ def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list
             if a != b:
                 drift = (section, name) not in NOTED_ONLY
                 found.append(Difference(section, name, a, b, drift))
+    found.extend(
+        _framework_differences(recorded.get("frameworks") or {}, current.get("frameworks") or {})
+    )
+    return found
+
+
+def _fields(record: Mapping[str, Any]) -> dict[tuple[str, ...], str | None]:
+    """A framework's record flat, ``(field,)`` or ``(field, inner)`` (one level of
+    nesting, as the manifest schema allows) to text."""
+    flat: dict[tuple[str, ...], str | None] = {}
+    for name, value in record.items():
+        if isinstance(value, Mapping):
+            for inner, v in value.items():
+                flat[(str(name), str(inner))] = _text(v)
+        else:
+            flat[(str(name),)] = _text(value)
+    return flat
+
+
+def _framework_differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[Difference]:
+    found: list[Difference] = []
+    for framework in sorted(set(recorded) | set(current)):
+        rec, cur = recorded.get(framework), current.get(framework)
+        if not isinstance(rec, Mapping) or not isinstance(cur, Mapping):
+            # On one side only: missing here is drift (the program needs it, or ran
+            # without it); one the recorded program did not import does not matter.
+            present = rec if isinstance(rec, Mapping) else cur
+            version = _text((present or {}).get("version")) or "present"
+            if isinstance(rec, Mapping):
+                found.append(Difference("frameworks", framework, version, None, True))
+            else:
+                found.append(Difference("frameworks", framework, None, version, False))
+            continue
+        a_fields, b_fields = _fields(rec), _fields(cur)
+        for key in sorted(set(a_fields) | set(b_fields)):
+            a, b = a_fields.get(key), b_fields.get(key)
+            if a != b:
+                drift = (framework, key[0]) not in FRAMEWORK_SETTINGS
+                found.append(Difference("frameworks", ".".join((framework, *key)), a, b, drift))
     return found
 
 
@@ -75,7 +146,13 @@ def environment_report(
     """Compare the recorded lock (a manifest's, or its JSON form) with ``current``
     (default: this machine's, read now)."""
     rec = _json(recorded)
-    here = _json(current if current is not None else current_environment())
+    here: Mapping[str, Any]
+    if current is None:
+        # Only the frameworks the recorded lock names: none named, none imported.
+        named = rec.get("frameworks") or {}
+        here = current_environment(name for name in FRAMEWORKS if name in named)
+    else:
+        here = _json(current)
     return EnvironmentReport(
         mode=mode,
         recorded_digest=Sha256(str(rec["digest"])),

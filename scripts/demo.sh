@@ -134,4 +134,26 @@ run cd "$WORK/project"
 say "the killed-and-resumed run against the uninterrupted one, dataset by dataset"
 run kaudit diff checkpoints/heat/step-00003000.h5 checkpoints/heat-uninterrupted/step-00003000.h5
 
+say "PyTorch: an MLP on the digits, AdamW and a cosine schedule, preempted once under kaudit run"
+cp "$ROOT/examples/torch_train/run.py" torch_train.py
+git add torch_train.py && git commit -q -m "torch training"
+show kaudit run --retries 3 --backoff 0 -- python torch_train.py --steps 600 --every 50
+kaudit run --retries 3 --backoff 0 -- python torch_train.py --steps 600 --every 50 > torch.out &
+supervisor=$!
+until ls checkpoints/torch-train/step-*.h5.kaudit.json >/dev/null 2>&1; do sleep 0.05; done
+trainer=$(pgrep -P "$supervisor" -f torch_train.py | head -n 1)
+say "preempt the trainer (pid $trainer): it checkpoints, exits 75, and kaudit run restarts it"
+run kill -TERM "$trainer"
+wait "$supervisor"
+cat torch.out
+run kaudit verify checkpoints/torch-train
+say "the same training, never interrupted"
+show python torch_train.py --steps 600 --every 50 --run-id torch-uninterrupted
+python torch_train.py --steps 600 --every 50 --run-id torch-uninterrupted > torch-reference.out
+echo "preempted and resumed: $(tail -n 1 torch.out)"
+echo "never interrupted:     $(tail -n 1 torch-reference.out)"
+[ "$(tail -n 1 torch.out)" = "$(tail -n 1 torch-reference.out)" ] \
+    || { echo "demo: the resumed training differs from the uninterrupted one" >&2; exit 1; }
+echo "bitwise identical: model, optimizer, schedule and torch's generator all restored"
+
 printf '\nDemo finished; its project is in %s\n' "$WORK/project"

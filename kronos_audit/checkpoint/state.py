@@ -80,10 +80,14 @@ def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[
 
 
 def state_digest(state: Mapping[str, Any]) -> str:
-    """sha256 over every leaf's path and canonical digest: equal exactly when the states
-    are bitwise equal (the same digests a checkpoint's manifest records)."""
+    """sha256 over every dataset's path and canonical digest, as a checkpoint stores the
+    state (:func:`kronos_audit.checkpoint.tree.encode`, its ``/kaudit/tree`` included):
+    equal exactly when the states are bitwise equal, types included (the same digests a
+    checkpoint's manifest records)."""
+    from kronos_audit.checkpoint.tree import encode  # tree imports this module
+
     h = hashlib.sha256()
-    for path, array in sorted(flatten(state).items()):
+    for path, array in sorted(encode(state).items()):
         d = array_digest(path, array)
         h.update(f"{d.path}\0{d.dtype}\0{d.shape}\0{d.sha256}\n".encode())
     return h.hexdigest()
@@ -108,6 +112,12 @@ def _value(dset: h5py.Dataset) -> Any:
 
 def read_group(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) -> State:
     """The datasets under ``group`` as a nested dict (names in ``exclude`` skipped at top)."""
+    return unflatten(read_flat(path, group, exclude=exclude))
+
+
+def read_flat(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``/path -> value`` for the datasets under ``group`` (names in ``exclude`` skipped at
+    top): arrays, numpy scalars for 0-d datasets, ``str`` for 0-d strings."""
     flat: dict[str, Any] = {}
     try:
         with h5py.File(path, "r") as f:
@@ -120,4 +130,4 @@ def read_group(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) -
             base.visititems(visit)
     except (OSError, KeyError) as e:
         raise CheckpointError(f"cannot read state: {e}", path=path) from None
-    return unflatten(flat)
+    return flat

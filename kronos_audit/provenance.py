@@ -179,7 +179,7 @@ def _jax_record(jax: Any) -> dict[str, Any]:
         "version": str(jax.__version__),
         "jaxlib": jaxlib,
         "backend": str(jax.default_backend()),
-        "x64": bool(jax.config.jax_enable_x64),
+        "x64": bool(jax.config.read("jax_enable_x64")),
         "devices": dict(sorted(devices.items())),
     }
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from kronos_audit._internal.fsutil import fsync_dir
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
-from kronos_audit.errors import Error, UsageError
+from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
@@ -33,6 +33,7 @@ from kronos_audit.provenance import git_state
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
     ReplayInstruction,
+    checkpoint_name,
     restart_count,
     step_of,
 )
@@ -96,10 +97,31 @@ class Publisher(Protocol):
         """The checkpoint to resume from; None: start afresh."""
         ...
 
+    def latest(self) -> ResumePoint | None:
+        """The checkpoint :meth:`resume_point` would take now (nothing else changes)."""
+        ...
+
+    def checkpoint_at(self, step: int) -> ResumePoint:
+        """The checkpoint of ``step``, checked as :meth:`resume_point` checks the one it
+        takes; CheckpointError naming the step and why if it is missing or not valid."""
+        ...
+
+    def steps(self) -> list[int]:
+        """The steps, sorted, whose checkpoint file and manifest are there (unverified)."""
+        ...
+
     def publish(self, job: Job, tmp: Path, final: Path) -> None:
         """Write ``job`` to ``tmp``, move it to ``final`` durably, and whatever else a
         checkpoint becomes (on the writer's background thread)."""
         ...
+
+
+def _steps_in(directory: Path) -> list[int]:
+    return sorted(
+        s
+        for p in directory.glob("step-*.h5")
+        if (s := step_of(p)) is not None and manifest_path_for(p).is_file()
+    )
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:
@@ -167,9 +189,7 @@ class SignedPublisher:
             raise UsageError("use the Run inside a `with` block")
         return self._project, self._key
 
-    def resume_point(self) -> ResumePoint | None:
-        """The newest checkpoint that verifies, signed by an anchored key or this run's
-        own; the ones passed over are named in a :class:`CheckpointSkipped` warning."""
+    def _verifier(self) -> Verifier:
         project, key = self._opened()
         # Resuming certifies: the next checkpoint is signed with this run's key as the
         # continuation of the one restored. So only an anchored signer counts, or this
@@ -181,19 +201,45 @@ class SignedPublisher:
             Anchor.USER,
             "the key this run signs with",
         )
-        verifier = Verifier(project, keyring)
+        return Verifier(project, keyring)
+
+    def resume_point(self) -> ResumePoint | None:
+        """The newest checkpoint that verifies, signed by an anchored key or this run's
+        own; the ones passed over are named in a :class:`CheckpointSkipped` warning."""
+        point = self.latest(stacklevel=4)
+        if point is not None:
+            self._parent = read_manifest(manifest_path_for(point.path))
+        return point
+
+    def latest(self, *, stacklevel: int = 3) -> ResumePoint | None:
+        verifier = self._verifier()
         candidates = sorted(
             (s, p) for p in self.directory.glob("step-*.h5") if (s := step_of(p)) is not None
         )
         for step, path in reversed(candidates):
             reason = self._invalid(verifier, path)
             if reason is not None:
-                # stacklevel: the program's call of restore(), through Run.restore
-                warnings.warn(f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=3)
+                # stacklevel: the program's call of restore() (or latest_step()), through Run
+                warnings.warn(
+                    f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=stacklevel
+                )
                 continue
-            self._parent = read_manifest(manifest_path_for(path))
             return ResumePoint(path, step)
         return None
+
+    def checkpoint_at(self, step: int) -> ResumePoint:
+        path = self.directory / checkpoint_name(step)
+        if not path.is_file():
+            raise CheckpointError(
+                f"step {step}: no checkpoint {path.name} in {self.directory}", path=path
+            )
+        reason = self._invalid(self._verifier(), path)
+        if reason is not None:
+            raise CheckpointError(f"step {step}: not valid: {reason}", path=path)
+        return ResumePoint(path, step)
+
+    def steps(self) -> list[int]:
+        return _steps_in(self.directory)
 
     def _invalid(self, verifier: Verifier, path: Path) -> str | None:
         manifest_path = manifest_path_for(path)
@@ -300,6 +346,23 @@ class ReplayPublisher:
                 path=path,
             )
         return ResumePoint(path, step)
+
+    def latest(self) -> ResumePoint | None:
+        return self.resume_point()
+
+    def checkpoint_at(self, step: int) -> ResumePoint:
+        point = self.resume_point()
+        if point is None or point.step != step:
+            only = "none" if point is None else f"only step {point.step}"
+            raise CheckpointError(
+                f"step {step}: under kaudit replay the program may read the checkpoint the "
+                f"replay resumes from ({only})"
+            )
+        return point
+
+    def steps(self) -> list[int]:
+        point = self.resume_point()
+        return [] if point is None else [point.step]
 
     def publish(self, job: Job, tmp: Path, final: Path) -> None:
         # For comparison only: not signed, not tracked.

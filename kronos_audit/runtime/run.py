@@ -10,10 +10,27 @@
             state = advance(state, run.rng)
             run.checkpoint(step, state)       # writes only when the policy says so
 
+A training program hands over its objects as they are and gets them loaded in place::
+
+    state = {"model": model, "opt": opt, "sched": sched}   # anything with state_dict()
+    with ka.Run("train", seed=0, every=ka.EverySteps(100)) as run:
+        run.restore(like=state)               # loads model, opt, sched in place (if any)
+        for step in run.steps(5_000):
+            train_one_batch(model, opt, sched)
+            run.checkpoint(step, state)
+
+The state may hold numpy arrays, torch tensors, JAX arrays and pytrees, Python numbers,
+strings, bytes, None, dicts (any hashable keys), lists, tuples, NamedTuples and objects
+with ``state_dict()``/``load_state_dict()``; they come back with their types
+(:mod:`kronos_audit.checkpoint.tree`). ``run.restore(step=N)`` reads an older checkpoint
+(verified) without moving the run; ``run.all_steps()`` and ``run.latest_step()`` list them.
+
 Checkpoints go to ``<root>/<run>/step-<N:08d>.h5``, each with a signed manifest chained to
-the previous one. The checkpoint holds the state, the RNG states (``/rng/numpy`` for
-``run.rng``, ``/rng/python`` for Python's ``random``, which the run seeds) and the Monte
-Carlo ledger (``/ledger``); these names are reserved at the top of the state.
+the previous one. The checkpoint holds the state (each array a dataset named by its keys,
+``/model/fc1.weight``, and ``/kaudit/tree``, the record of its structure and types), the
+RNG states (``/rng``: ``run.rng``, Python's ``random`` and numpy's global generator, which
+the run seeds, and torch's when the program uses torch) and the Monte Carlo ledger
+(``/ledger``); ``rng``, ``ledger`` and ``kaudit`` are reserved at the top of the state.
 
 The loop is the same under ``kaudit replay``; where the checkpoints go and what they
 become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
@@ -32,12 +49,8 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
-from kronos_audit.checkpoint.state import (
-    State,
-    flatten,
-    read_group,
-    require_mapping,
-)
+from kronos_audit.checkpoint import tree
+from kronos_audit.checkpoint.state import State, read_flat, require_mapping, unflatten
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.runtime import rng
@@ -140,6 +153,7 @@ class Run:
         self._progress: Progress | None = None
         self._restored = False
         self._restored_state: State | None = None
+        self._restored_raw: dict[str, Any] | None = None
         self._last_saved_step: int | None = None
         self._last_time = time.monotonic()
         self._final: int | None = None
@@ -193,34 +207,86 @@ class Run:
 
     # -- restore -------------------------------------------------------------------------
 
-    def restore(self) -> State | None:
+    def restore(self, step: int | None = None, *, like: Any = None) -> State | None:
         """The newest valid checkpoint's state (RNG states and ledger restored), or None.
 
         Checkpoints whose manifest is missing, unsigned (or signed by a key no anchor
         holds: only this run's own key or an anchored one counts), out of its place, or
         does not match the data are skipped with a :class:`CheckpointSkipped` warning.
+        The run resumes after the step restored. A second call returns the same state
+        (with ``like``: loads it into that template again).
+
+        ``like``, a template of the state (``{"model": model, "opt": opt}``): objects
+        with ``state_dict()`` in it are loaded in place (``load_state_dict``) and returned
+        themselves, tensors come back on its devices and dtypes, JAX arrays with its
+        shardings and dtypes; see :func:`kronos_audit.checkpoint.tree.fit`.
+
+        ``step``: the checkpoint of that step instead, checked as the resume point is
+        (CheckpointError naming the step and why if it is missing or not valid), read
+        and returned; the run's position, RNGs and ledger do not change. Under
+        ``kaudit replay`` only the step the replay resumes from can be read.
         """
         self._require_open()
-        if self._restored:
+        if step is not None:
+            at = self.publisher.checkpoint_at(step)
+            _, raw = self._read(at.path)
+            return tree.decode(raw, like=like, where=str(at.path))
+        if not self._restored:
+            self._restored = True
+            point = self.publisher.resume_point()
+            if point is not None:
+                self._load(point.path, point.step)
+            if self._progress is not None:
+                self._progress.started(self.step)
+        if like is None or self._restored_raw is None:
             return self._restored_state
-        self._restored = True
-        point = self.publisher.resume_point()
-        if point is not None:
-            self._load(point.path, point.step)
-        if self._progress is not None:
-            self._progress.started(self.step)
-        return self._restored_state
+        # A copy: what the template's objects get must not share memory with the state
+        # restore() returned, nor with what a later restore(like=...) loads.
+        raw = {
+            k: v.copy() if isinstance(v, np.ndarray) else v for k, v in self._restored_raw.items()
+        }
+        return tree.decode(raw, like=like, where=str(self.restored_from))
 
-    def _load(self, path: Path, step: int) -> None:
+    def all_steps(self) -> list[int]:
+        """The steps, sorted, whose checkpoint file and manifest are in the run's directory.
+
+        Not verified: a listed step may still fail :meth:`restore` with ``step=``
+        (use :meth:`latest_step` for the newest that verifies). Pruned checkpoints (no
+        data left) are not listed.
+        """
+        self._require_open()
+        return self.publisher.steps()
+
+    def latest_step(self) -> int | None:
+        """The step :meth:`restore` resumes from (the newest valid checkpoint, verified,
+        once pending writes are durable), or None when there is none."""
+        self._require_open().flush()
+        point = self.publisher.latest()
+        return None if point is None else point.step
+
+    def _read(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A verified checkpoint's datasets: kaudit's own records (``/rng``, ``/ledger``)
+        nested, and the state's, flat, as :func:`~kronos_audit.checkpoint.tree.decode`
+        takes them."""
         try:
-            state = read_group(path)
+            flat = read_flat(path)
         except CheckpointError as e:
             raise CheckpointError(f"verified but unreadable: {e.message}", path=path) from None
+        own: dict[str, Any] = {}
+        raw: dict[str, Any] = {}
+        for name, value in flat.items():
+            (own if name.split("/", 2)[1] in RESERVED else raw)[name] = value
+        return unflatten(own), raw
+
+    def _load(self, path: Path, step: int) -> None:
+        state, raw = self._read(path)  # state: kaudit's own records, taken apart below
+        restored = tree.decode(raw, where=str(path))  # first: a malformed tree changes nothing
         rng.restore(self.rng, state.pop(RNG_GROUP, {}), path=path)
         self.ledger = Ledger.from_state(state.pop(LEDGER_GROUP, {}))
+        self._restored_state = restored
+        self._restored_raw = raw
         self.step = step
         self._last_saved_step = step
-        self._restored_state = state
         self.restored_from = path
 
     # -- the loop ------------------------------------------------------------------------
@@ -308,10 +374,9 @@ class Run:
         return save
 
     def _flatten(self, state: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
-        clash = [k for k in RESERVED if k in state]
-        if clash:
-            raise UsageError(f"state key {clash[0]!r} is reserved for kaudit's own records")
-        return flatten(state)
+        # The codec refuses the reserved keys (rng, ledger, kaudit) and what cannot be
+        # stored; tensors and arrays are not copied here (the writer's staging copies).
+        return tree.encode(state)
 
     def _save(
         self, writer: BackgroundWriter, step: int, flat: Mapping[str, np.ndarray[Any, Any]]

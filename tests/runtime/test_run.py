@@ -334,15 +334,15 @@ def test_a_replay_writes_its_step_whatever_the_programs_policy(
 def test_the_state_is_flattened_once_per_checkpoint(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kronos_audit.checkpoint.state import flatten
+    from kronos_audit.checkpoint.tree import encode
 
     calls: list[int] = []
 
-    def counting(state: Any, prefix: str = "") -> Any:
+    def counting(state: Any) -> Any:
         calls.append(1)
-        return flatten(state, prefix)
+        return encode(state)
 
-    monkeypatch.setattr("kronos_audit.runtime.run.flatten", counting)
+    monkeypatch.setattr("kronos_audit.checkpoint.tree.encode", counting)
     root = project.root / "checkpoints"
     assert loop(root, 3, ka.EverySteps(1)) == [True, True, True]
     assert len(calls) == 3  # the first checkpoint too: one flatten warms and stages it
@@ -360,8 +360,8 @@ def test_the_state_is_flattened_once_per_checkpoint(
         (np.zeros(3), "state must be a mapping of names to arrays, got ndarray"),
         (None, "state must be a mapping of names to arrays, got None"),
         ([("x", 1)], "state must be a mapping of names to arrays, got list"),
-        ({"x": None}, "state /x: None cannot be stored; "),
-        ({"x": {"y": [1, 2]}}, "state /x/y: a list cannot be stored; "),
+        ({"x": lambda: None}, "state /x: a function cannot be stored; "),
+        ({"x": {"y": [1, {2}]}}, "state /x/y/1: a set cannot be stored; "),
         ({"x": object()}, "state /x: an object cannot be stored; "),
     ],
 )

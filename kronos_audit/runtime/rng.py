@@ -25,11 +25,12 @@ like any other array), so there is nothing for this module to capture.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,92 +142,39 @@ def _bytes(value: Any, where: str, path: Path) -> np.ndarray[Any, Any]:
 _BAD_STATE = (ValueError, TypeError, KeyError, IndexError, OverflowError, RuntimeError)
 
 
-def restore(
-    rng: np.random.Generator, stored: Mapping[str, Any], *, path: Path, stacklevel: int = 2
-) -> None:
+def restore(rng: np.random.Generator, stored: Any, *, path: Path, stacklevel: int = 2) -> None:
     """Put back each generator ``stored`` (the checkpoint's ``/rng`` group, as nested
-    mappings) holds; raise :class:`CheckpointError` naming the dataset of a malformed one.
+    mappings) holds; raise :class:`CheckpointError` naming the dataset of a malformed one,
+    having changed no generator (each state is tried on a scratch generator first).
 
     torch's generators are restored only when the program imported torch (a program that
     does not use it has none to restore, and this never imports it). CUDA device states
     this machine has no device for are skipped with one :class:`RngNotRestored` warning.
     """
+    if not isinstance(stored, Mapping):
+        raise CheckpointError(f"/{GROUP}: must be a group", path=path)
+    steps: list[Callable[[], None]] = []
     if "numpy" in stored:
-        where = _dataset("numpy")
-        state = _text(stored["numpy"], where, path)
-        try:
-            rng.bit_generator.state = state
-        except _BAD_STATE as e:
-            raise CheckpointError(
-                f"{where}: not a state of run.rng's {type(rng.bit_generator).__name__}: {e}",
-                path=path,
-            ) from None
+        steps.append(_numpy(rng, stored["numpy"], path))
     if "python" in stored:
-        where = _dataset("python")
-        state = _text(stored["python"], where, path)
-        try:
-            version, internal, gauss = state
-            random.setstate((version, tuple(internal), gauss))
-        except _BAD_STATE as e:
-            raise CheckpointError(
-                f"{where}: not a state of Python's random: {e}", path=path
-            ) from None
+        steps.append(_python(stored["python"], path))
     if "numpy_global" in stored:
-        where = _dataset("numpy_global")
-        state = _text(stored["numpy_global"], where, path)
-        try:
-            name, keys, pos, has_gauss, cached_gaussian = state
-            np.random.set_state(
-                (
-                    str(name),
-                    np.asarray(keys, dtype=np.uint32),
-                    int(pos),
-                    int(has_gauss),
-                    float(cached_gaussian),
-                )
-            )
-        except _BAD_STATE as e:
-            raise CheckpointError(
-                f"{where}: not a state of numpy's global generator: {e}", path=path
-            ) from None
+        steps.append(_numpy_global(stored["numpy_global"], path))
     torch = sys.modules.get("torch")
     held = stored.get("torch")
-    if torch is None or held is None:
-        return
-    if not isinstance(held, Mapping):
-        raise CheckpointError(f"{_dataset('torch')}: must be a group", path=path)
-    if "cpu" in held:
-        where = _dataset("torch", "cpu")
-        try:
-            torch.set_rng_state(torch.from_numpy(_bytes(held["cpu"], where, path).copy()))
-        except _BAD_STATE as e:
-            raise CheckpointError(f"{where}: not a torch generator state: {e}", path=path) from None
-    _restore_cuda(torch, held.get("cuda"), path, stacklevel + 1)
-
-
-def _restore_cuda(torch: Any, held: Any, path: Path, stacklevel: int) -> None:
-    if held is None:
-        return
-    if not isinstance(held, Mapping) or not all(
-        isinstance(k, str) and k.isdigit() and k.isascii() for k in held
-    ):
-        raise CheckpointError(
-            f"{_dataset('torch', 'cuda')}: must be a group of device numbers", path=path
-        )
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     missing: list[int] = []
-    for name in sorted(held, key=int):
-        device = int(name)
-        if device >= count:
-            missing.append(device)
-            continue
-        where = _dataset("torch", "cuda", name)
-        try:
-            torch.cuda.set_rng_state(
-                torch.from_numpy(_bytes(held[name], where, path).copy()), device
-            )
-        except _BAD_STATE as e:
-            raise CheckpointError(f"{where}: not a torch generator state: {e}", path=path) from None
+    count = 0
+    if torch is not None and held is not None:
+        if not isinstance(held, Mapping):
+            raise CheckpointError(f"{_dataset('torch')}: must be a group", path=path)
+        if "cpu" in held:
+            steps.append(_torch_cpu(torch, held["cpu"], path))
+        if held.get("cuda") is not None:
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            cuda, missing = _torch_cuda(torch, held["cuda"], count, path)
+            steps.extend(cuda)
+    for step in steps:
+        step()
     if missing:
         devices = ", ".join(f"cuda:{d}" for d in missing)
         warnings.warn(
@@ -236,3 +184,88 @@ def _restore_cuda(torch: Any, held: Any, path: Path, stacklevel: int) -> None:
             RngNotRestored,
             stacklevel=stacklevel,
         )
+
+
+def _numpy(rng: np.random.Generator, value: Any, path: Path) -> Callable[[], None]:
+    where = _dataset("numpy")
+    state = _text(value, where, path)
+    kind = type(rng.bit_generator)
+    try:
+        kind().state = state  # a fresh one, seeded from the OS: only the setter matters
+    except _BAD_STATE as e:
+        raise CheckpointError(
+            f"{where}: not a state of run.rng's {kind.__name__}: {e}", path=path
+        ) from None
+
+    def apply() -> None:
+        rng.bit_generator.state = state
+
+    return apply
+
+
+def _python(value: Any, path: Path) -> Callable[[], None]:
+    where = _dataset("python")
+    try:
+        version, internal, gauss = _text(value, where, path)
+        state = (version, tuple(internal), gauss)
+        random.Random().setstate(state)
+    except _BAD_STATE as e:
+        raise CheckpointError(f"{where}: not a state of Python's random: {e}", path=path) from None
+    return lambda: random.setstate(state)
+
+
+def _numpy_global(value: Any, path: Path) -> Callable[[], None]:
+    where = _dataset("numpy_global")
+    try:
+        name, keys, pos, has_gauss, cached_gaussian = _text(value, where, path)
+        state = (
+            str(name),
+            np.asarray(keys, dtype=np.uint32),
+            int(pos),
+            int(has_gauss),
+            float(cached_gaussian),
+        )
+        np.random.RandomState().set_state(state)
+    except _BAD_STATE as e:
+        raise CheckpointError(
+            f"{where}: not a state of numpy's global generator: {e}", path=path
+        ) from None
+    return lambda: np.random.set_state(state)
+
+
+def _torch_cpu(torch: Any, value: Any, path: Path) -> Callable[[], None]:
+    where = _dataset("torch", "cpu")
+    state = torch.from_numpy(_bytes(value, where, path).copy())
+    try:
+        torch.Generator().set_state(state)
+    except _BAD_STATE as e:
+        raise CheckpointError(f"{where}: not a torch generator state: {e}", path=path) from None
+    return lambda: torch.set_rng_state(state)
+
+
+def _set_cuda(torch: Any, state: np.ndarray[Any, Any], device: int) -> None:
+    torch.cuda.set_rng_state(torch.from_numpy(state.copy()), device)
+
+
+def _torch_cuda(
+    torch: Any, held: Any, count: int, path: Path
+) -> tuple[list[Callable[[], None]], list[int]]:
+    """The steps that restore the CUDA devices' states, and the devices this machine
+    lacks."""
+    if not isinstance(held, Mapping) or not all(
+        isinstance(k, str) and k.isdigit() and k.isascii() for k in held
+    ):
+        raise CheckpointError(
+            f"{_dataset('torch', 'cuda')}: must be a group of device numbers", path=path
+        )
+    steps: list[Callable[[], None]] = []
+    missing: list[int] = []
+    for name in sorted(held, key=int):
+        device = int(name)
+        state = _bytes(held[name], _dataset("torch", "cuda", name), path)
+        if device >= count:
+            missing.append(device)
+        else:
+            # Not tried first: a scratch CUDA generator would initialize CUDA here.
+            steps.append(functools.partial(_set_cuda, torch, state, device))
+    return steps, missing

@@ -209,6 +209,7 @@ def test_cuda_states_for_devices_this_machine_lacks_are_skipped_with_one_warning
         ({"torch": {"cpu": np.zeros(5056, dtype=np.float64)}}, "/rng/torch/cpu"),
         ({"torch": {"cuda": {"../0": np.zeros(16, dtype=np.uint8)}}}, "/rng/torch/cuda"),
         ({"torch": np.zeros(1)}, "/rng/torch"),
+        ({"torch": {"cpu": np.zeros(5056, dtype=np.uint8)}}, "/rng/torch/cpu"),
     ],
 )
 def test_a_malformed_generator_state_is_one_clear_error(
@@ -218,3 +219,24 @@ def test_a_malformed_generator_state_is_one_clear_error(
         rng.restore(np.random.default_rng(0), stored, path=tmp_path / "c.h5")
     assert info.value.message.startswith(f"{where}:")
     assert "\n" not in str(info.value)
+
+
+def test_a_malformed_state_changes_no_generator(tmp_path: Path) -> None:
+    generator = np.random.default_rng(1)
+    stored = {
+        "numpy": json.dumps(np.random.default_rng(2).bit_generator.state),
+        "python": json.dumps([3, list(random.Random(2).getstate()[1]), None]),
+        "torch": {"cpu": np.zeros(5056, dtype=np.uint8)},  # not a valid mt19937 state
+    }
+    before = (generator.bit_generator.state, random.getstate(), torch.get_rng_state())
+    with pytest.raises(CheckpointError, match="/rng/torch/cpu"):
+        rng.restore(generator, stored, path=tmp_path / "c.h5")
+    assert generator.bit_generator.state == before[0]
+    assert random.getstate() == before[1]
+    assert torch.equal(torch.get_rng_state(), before[2])
+
+
+def test_rng_that_is_not_a_group_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        rng.restore(np.random.default_rng(0), np.zeros(3), path=tmp_path / "c.h5")
+    assert info.value.message == "/rng: must be a group"

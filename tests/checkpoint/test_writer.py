@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,10 +12,14 @@ import h5py
 import numpy as np
 import pytest
 
+from kronos_audit.checkpoint import writer as writer_module
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.checkpoint.state import flatten
 from kronos_audit.checkpoint.writer import (
+    MAP_MIN_BYTES,
+    POPULATE_CHUNK,
     RAW_MIN_BYTES,
+    RELEASE_AFTER,
     BackgroundWriter,
     Job,
     write_and_digest,
@@ -135,3 +140,134 @@ def test_a_synchronous_writer_raises_at_once(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         writer.submit(1, {"/u": np.zeros(4)}, {}, {})
     writer.close()
+
+
+# -- staging memory: one slot warmed off the loop's path, a second only under back-pressure --
+
+
+def region(array: np.ndarray) -> object:
+    """The anonymous mapping a staging buffer views."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview)
+    return base.obj
+
+
+def blocking_commit(directory: Path) -> tuple[Callable[[Job], None], dict[int, threading.Event]]:
+    """A commit that writes step N once ``gates[N]`` is set."""
+    gates: dict[int, threading.Event] = {}
+    write = write_into(directory)
+
+    def commit(job: Job) -> None:
+        gates.setdefault(job.step, threading.Event()).wait()
+        write(job)
+
+    return commit, gates
+
+
+def big_state(value: float) -> dict[str, np.ndarray]:
+    """One array in a mapping of its own."""
+    return {"/u": np.full(2 * MAP_MIN_BYTES // 8, value)}
+
+
+def written(directory: Path, step: int) -> float:
+    with h5py.File(directory / f"step-{step}.h5") as f:
+        return float(f["/u"][0])
+
+
+def test_one_staging_slot_while_writes_keep_up(tmp_path: Path) -> None:
+    writer = BackgroundWriter(write_into(tmp_path))
+    writer.prepare(big_state(0))
+    assert writer.stats.slots == 1  # allocated (and warming) before any checkpoint
+    for step in range(1, 6):
+        writer.submit(step, big_state(step), {}, {})
+        writer.flush()  # the write finishes before the next is due
+    assert (writer.stats.slots, writer.stats.slots_peak) == (1, 1)
+    writer.close()
+    assert writer.stats.slots == 0  # close hands the staging memory back
+    assert [written(tmp_path, s) for s in range(1, 6)] == [1, 2, 3, 4, 5]
+
+
+def test_a_second_slot_only_under_back_pressure_and_never_a_third(tmp_path: Path) -> None:
+    commit, gates = blocking_commit(tmp_path)
+    for step in (1, 2, 3):
+        gates[step] = threading.Event()
+    writer = BackgroundWriter(commit)
+    writer.prepare(big_state(0))
+    writer.submit(1, big_state(1), {}, {})
+    assert writer.stats.slots == 1
+    writer.submit(2, big_state(2), {}, {})  # step 1 still in flight: a second slot
+    assert writer.stats.slots == 2
+    third = threading.Thread(target=writer.submit, args=(3, big_state(3), {}, {}))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()  # both slots in flight: the third checkpoint waits
+    gates[1].set()
+    third.join()
+    assert writer.stats.slots_peak == 2
+    gates[2].set()
+    gates[3].set()
+    writer.flush()
+    assert [written(tmp_path, s) for s in (1, 2, 3)] == [1, 2, 3]  # each its own copy
+
+    # Writes keep up again: the spare slot (last used by step 2) is released once
+    # RELEASE_AFTER checkpoints in a row went without it, not at the first that leaves it
+    # idle (writes falling behind now and then would reallocate it each time).
+    spare = [weakref.ref(region(a)) for s in writer._idle for a in s.arrays.values()]
+    assert len(spare) == 2
+    for step in range(4, 2 + RELEASE_AFTER):
+        gates[step] = threading.Event()
+        gates[step].set()
+        writer.submit(step, big_state(step), {}, {})
+        writer.flush()
+        assert writer.stats.slots == 2
+    step = 2 + RELEASE_AFTER
+    gates[step] = threading.Event()
+    gates[step].set()
+    writer.submit(step, big_state(step), {}, {})
+    writer.flush()
+    assert writer.stats.slots == 1
+    assert sum(r() is None for r in spare) == 1  # its mapping is gone, not kept
+    writer.close()
+
+
+def test_prepare_warms_off_the_loop_thread_and_a_checkpoint_need_not_wait_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    warmed_on: list[threading.Thread] = []
+    populate = writer_module._populate
+    warmed = threading.Event()
+
+    def slow_populate(buf: np.ndarray) -> None:
+        warmed_on.append(threading.current_thread())
+        release.wait(30)  # held until the checkpoint is taken (or 30 s: then the test fails)
+        populate(buf)
+        warmed.set()
+
+    monkeypatch.setattr(writer_module, "_populate", slow_populate)
+    writer = BackgroundWriter(write_into(tmp_path))
+    writer.prepare(big_state(0))  # returns while the warming is held
+    if not writer_module.populates_in_place():
+        release.set()  # warming writes into the pages: a copy must wait for it
+    writer.submit(1, big_state(1), {}, {})
+    assert not warmed.is_set() or not writer_module.populates_in_place()  # copied meanwhile
+    release.set()
+    writer.close()
+    assert warmed_on
+    assert all(t is not threading.main_thread() for t in warmed_on)
+    assert written(tmp_path, 1) == 1
+
+
+def test_a_copy_while_the_slot_warms_is_exact(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    state = {"/a": rng.random(3 * POPULATE_CHUNK // 8 + 5), "/b": rng.random((700, 600))}
+    for _ in range(3):  # the copy and the warming meet at a different place each time
+        writer = BackgroundWriter(lambda job: None)
+        writer.prepare(state)
+        slot = writer._idle[-1]
+        staged = slot.fill(state)
+        for name, array in state.items():
+            np.testing.assert_array_equal(staged[name], array)
+        writer.close()

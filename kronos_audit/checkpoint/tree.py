@@ -959,8 +959,19 @@ def fit(like: Any, value: Any, *, where: str = "", path: str = "") -> Any:
     as the template's type. A template dict's keys must all be in ``value`` (other keys of
     ``value`` are dropped: a partial restore); an empty dict or list takes ``value`` as it
     is. Anything else in the template (None, Python numbers) gives ``value``.
+
+    The objects are loaded once the whole template fits, so a template that does not
+    fit the checkpoint changes none of them.
     """
-    return _Fitter(where).fit(like, value, path)
+    fitter = _Fitter(where)
+    out = fitter.fit(like, value, path)
+    for obj, state, at in fitter.loads:
+        try:
+            obj.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise fitter.bad(at, f"{type_name(obj)}.load_state_dict failed: {first}") from None
+    return out
 
 
 _PLAIN = (dict, collections.OrderedDict, list, tuple)
@@ -973,6 +984,8 @@ class _Fitter:
         self.torch = torch
         jax = sys.modules.get("jax")
         self.jax = jax
+        self.loads: list[tuple[Any, Any, str]] = []
+        """(object, its state dict, path): loaded once everything fits."""
 
     def bad(self, path: str, what: str) -> CheckpointError:
         return CheckpointError(f"state {path or '/'}: {what}", path=self.where, dataset=path or "/")
@@ -994,12 +1007,7 @@ class _Fitter:
                 raise self.bad(
                     path, f"the template has {a_type(like)}, the checkpoint {a_type(value)}"
                 )
-            state = self.fit(like.state_dict(), value, path)
-            try:
-                like.load_state_dict(state)
-            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise self.bad(path, f"{type_name(like)}.load_state_dict failed: {first}") from None
+            self.loads.append((like, self.fit(like.state_dict(), value, path), path))
             return like
         if isinstance(like, tuple) and isinstance(getattr(t, "_fields", None), tuple):
             children = self.sequence(like, value, path, names=list(t._fields))

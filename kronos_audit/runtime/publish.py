@@ -230,9 +230,7 @@ class SignedPublisher:
     def checkpoint_at(self, step: int) -> ResumePoint:
         path = self.directory / checkpoint_name(step)
         if not path.is_file():
-            raise CheckpointError(
-                f"step {step}: no checkpoint {path.name} in {self.directory}", path=path
-            )
+            raise CheckpointError(f"step {step}: no such checkpoint in the run", path=path)
         reason = self._invalid(self._verifier(), path)
         if reason is not None:
             raise CheckpointError(f"step {step}: not valid: {reason}", path=path)

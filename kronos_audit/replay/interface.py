@@ -70,7 +70,8 @@ class Difference:
     """One way this machine's environment differs from the recorded lock."""
 
     section: str
-    """``python``, ``platform``, ``cpu``, ``blas``, ``variables`` or ``packages``."""
+    """``python``, ``platform``, ``cpu``, ``blas``, ``variables``, ``packages`` or
+    ``frameworks``."""
     name: str
     """The field, variable or package, e.g. ``version``, ``OMP_NUM_THREADS``, ``numpy``."""
     recorded: str | None

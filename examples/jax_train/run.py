@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ import kronos_audit as ka
 Params = dict[str, dict[str, jax.Array]]
 
 
-def digits() -> tuple[jax.Array, jax.Array]:
+def digits() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """The 1,797 8x8 images of handwritten digits that scikit-learn ships (the data of
     ``sklearn.datasets.load_digits``), read from its file: nothing is downloaded, and each
     restart is spared importing scikit-learn and SciPy (about a second)."""
@@ -47,9 +46,7 @@ def digits() -> tuple[jax.Array, jax.Array]:
     data = np.loadtxt(
         Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz", delimiter=","
     )
-    return jnp.asarray(data[:, :-1] / 16.0, dtype=jnp.float32), jnp.asarray(
-        data[:, -1], dtype=jnp.int32
-    )
+    return (data[:, :-1] / 16.0).astype(np.float32), data[:, -1].astype(np.int32)
 
 
 def init_params(key: jax.Array, hidden: int) -> Params:
@@ -83,21 +80,38 @@ def loss_of(
     return loss
 
 
-def make_step(
-    tx: Any, x: jax.Array, y: jax.Array, batch: int, rate: float
-) -> Callable[[dict[str, Any]], tuple[dict[str, Any], jax.Array]]:
-    """One training step as a pure, compiled function of the state."""
+class Trainer:
+    """The program's computations, each compiled once: JAX compiles every operation it runs
+    eagerly, which for a program this small would cost more than the training."""
 
-    @jax.jit
-    def step(state: dict[str, Any]) -> tuple[dict[str, Any], jax.Array]:
-        key, k_batch, k_drop = jax.random.split(state["key"], 3)
-        idx = jax.random.randint(k_batch, (batch,), 0, x.shape[0])
-        loss, grads = jax.value_and_grad(loss_of)(state["params"], x[idx], y[idx], k_drop, rate)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        return {"params": params, "opt_state": opt_state, "key": key}, loss
+    def __init__(
+        self, tx: Any, x: jax.Array, y: jax.Array, hidden: int, batch: int, rate: float
+    ) -> None:
+        def init(seed: jax.Array) -> dict[str, Any]:
+            key, init_key = jax.random.split(jax.random.key(seed))
+            params = init_params(init_key, hidden)
+            return {"params": params, "opt_state": tx.init(params), "key": key}
 
-    return step
+        def step(state: dict[str, Any]) -> tuple[dict[str, Any], jax.Array]:
+            key, k_batch, k_drop = jax.random.split(state["key"], 3)
+            idx = jax.random.randint(k_batch, (batch,), 0, x.shape[0])
+            loss, grads = jax.value_and_grad(loss_of)(state["params"], x[idx], y[idx], k_drop, rate)
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
+            return {"params": params, "opt_state": opt_state, "key": key}, loss
+
+        def evaluate(
+            params: Params, x_test: jax.Array, y_test: jax.Array
+        ) -> tuple[jax.Array, jax.Array]:
+            accuracy = (forward(params, x_test, None, 0.0).argmax(1) == y_test).mean()
+            return loss_of(params, x, y, None, 0.0), accuracy
+
+        self.init = jax.jit(init)
+        """The initial state (parameters, optimizer state, key) from a seed."""
+        self.step = jax.jit(step)
+        """One training step, a pure function of the state."""
+        self.evaluate = jax.jit(evaluate)
+        """Loss on the training set and accuracy on a test set, without dropout."""
 
 
 def main() -> None:
@@ -114,30 +128,30 @@ def main() -> None:
     args = p.parse_args()
     x, y = digits()
     # A fixed split: the first 1,500 images train, the other 297 measure accuracy.
-    x_train, y_train, x_test, y_test = x[:1500], y[:1500], x[1500:], y[1500:]
+    x_train, y_train, x_test, y_test = (
+        jnp.asarray(a) for a in (x[:1500], y[:1500], x[1500:], y[1500:])
+    )
     tx = optax.adamw(
         optax.cosine_decay_schedule(args.lr, decay_steps=args.steps), weight_decay=1e-2
     )
-    step_fn = make_step(tx, x_train, y_train, args.batch, args.dropout)
+    trainer = Trainer(tx, x_train, y_train, args.hidden, args.batch, args.dropout)
     with ka.Run(
         args.run_id, root=args.root, seed=args.seed, every=ka.EverySteps(args.every)
     ) as run:
-        key, init_key = jax.random.split(jax.random.key(args.seed))
-        params = init_params(init_key, args.hidden)
-        state: dict[str, Any] = {"params": params, "opt_state": tx.init(params), "key": key}
+        state: dict[str, Any] = trainer.init(args.seed)
         # The newest checkpoint's state, with the template's structure, NamedTuple types,
         # dtypes and devices; the template itself when there is nothing to resume from.
         state = run.restore(like=state) or state
         for step in run.steps(args.steps):
-            state, _ = step_fn(state)
+            state, _ = trainer.step(state)
             run.checkpoint(step, state)
-    params = state["params"]
+    loss, accuracy = trainer.evaluate(state["params"], x_test, y_test)
     print(
         json.dumps(
             {
                 "step": int(state["opt_state"][0].count),
-                "loss": float(loss_of(params, x_train, y_train, None, 0.0)),
-                "accuracy": float((forward(params, x_test, None, 0.0).argmax(1) == y_test).mean()),
+                "loss": float(loss),
+                "accuracy": float(accuracy),
                 "digest": ka.state_digest(state),
             }
         )

@@ -46,7 +46,7 @@ def scratch_project(base: Path) -> Iterator[Path]:
             mp.setenv(f"{var}_EMAIL", "test@example.com")
         mp.setenv("DVC_NO_ANALYTICS", "1")
         repo = base / "repo"
-        repo.mkdir()
+        repo.mkdir(parents=True)
         git(repo, "init", "-q", "-b", "main")
         proj, _ = init_project(repo)
         git(repo, "add", "-A")

@@ -4,6 +4,7 @@ replayed; it must end bitwise as a run that was never interrupted."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,18 @@ EXAMPLE = "jax_train"
 STEPS = 400
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """XLA's compiled code shared by this module's processes, through JAX's persistent
+    cache: compiling the example's three functions takes a few seconds, and each attempt,
+    restart and replay would pay it again. The cache gives back the very programs a fresh
+    compilation makes, so the results are the same."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("xla-cache")))
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        yield
 
 
 @pytest.fixture

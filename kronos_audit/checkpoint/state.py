@@ -1,13 +1,16 @@
-"""A program's state as HDF5: nested dicts of arrays and scalars <-> groups and datasets.
+"""Plain state as HDF5: nested string-keyed dicts of arrays and scalars <-> datasets.
 
 ``{"fields": {"u": array}, "t": 0.5}`` is stored as datasets ``/fields/u`` and ``/t``.
 Python and numpy scalars become 0-d datasets and come back as numpy scalars; strings
-become fixed-length UTF-8 strings and come back as ``str``.
+become fixed-length UTF-8 strings and come back as ``str``. The Monte Carlo ledger's
+results use this layout as it is; a run's state goes through
+:mod:`kronos_audit.checkpoint.tree`, which lays plain dicts out the same way and keeps
+every other type (tensors, lists, int keys ...) with a record of the structure. This
+module also reads a checkpoint's datasets back (:func:`read_flat`, :func:`read_group`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,6 @@ from typing import Any
 import h5py
 import numpy as np
 
-from kronos_audit.checkpoint.hashing import array_digest
 from kronos_audit.errors import CheckpointError, UsageError
 
 State = dict[str, Any]
@@ -77,20 +79,6 @@ def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[
                 "use numpy arrays, numbers, strings or nested dicts of them"
             )
     return out
-
-
-def state_digest(state: Mapping[str, Any]) -> str:
-    """sha256 over every dataset's path and canonical digest, as a checkpoint stores the
-    state (:func:`kronos_audit.checkpoint.tree.encode`, its ``/kaudit/tree`` included):
-    equal exactly when the states are bitwise equal, types included (the same digests a
-    checkpoint's manifest records)."""
-    from kronos_audit.checkpoint.tree import encode  # tree imports this module
-
-    h = hashlib.sha256()
-    for path, array in sorted(encode(state).items()):
-        d = array_digest(path, array)
-        h.update(f"{d.path}\0{d.dtype}\0{d.shape}\0{d.sha256}\n".encode())
-    return h.hexdigest()
 
 
 def unflatten(flat: Mapping[str, Any]) -> State:

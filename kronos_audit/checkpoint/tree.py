@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import keyword
 import re
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from kronos_audit.checkpoint.hashing import array_digest
 from kronos_audit.checkpoint.state import a_type, text_array, type_name, unflatten
-from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.errors import CheckpointError, UsageError
 
 TREE_PATH = "/kaudit/tree"
 """The dataset that records the state's structure and types."""
@@ -499,6 +500,17 @@ def _json_scalar(value: object) -> bool:
     return value is None or isinstance(value, str | bool | int)
 
 
+def state_digest(state: Mapping[str, Any]) -> str:
+    """sha256 over every dataset's path and canonical digest, as a checkpoint stores the
+    state (:func:`encode`, its ``/kaudit/tree`` included): equal exactly when the states
+    are bitwise equal, types included (the same digests a checkpoint's manifest records)."""
+    h = hashlib.sha256()
+    for path, array in sorted(encode(state).items()):
+        d = array_digest(path, array)
+        h.update(f"{d.path}\0{d.dtype}\0{d.shape}\0{d.sha256}\n".encode())
+    return h.hexdigest()
+
+
 def encode(state: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
     """Every dataset of ``state`` (``/path -> array``), ``/kaudit/tree`` included.
 
@@ -894,10 +906,50 @@ class _Decoder:
         return jax.numpy.asarray(array)
 
 
+class _Refused(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Refused(f"duplicate key {k!r:.40}")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 4300:
+        raise _Refused("an integer of more than 4300 digits")
+    return int(text)
+
+
+def _strict_json(text: str) -> Any:
+    """JSON read as the manifest reader reads it (:func:`kronos_audit.manifest.load_json`,
+    a layer above): duplicate keys, NaN and Infinity, endless integers and nesting refused.
+    The tree's own nesting is a few levels, so deep JSON is malformed anyway."""
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+        )
+    except _Refused as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deep") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+
+
 def read_tree(flat: Mapping[str, Any], where: str = "") -> list[Any] | None:
     """The node table of ``/kaudit/tree`` in ``flat``, checked at the top; None if absent."""
-    from kronos_audit.manifest import load_json
-
     if TREE_PATH not in flat:
         return None
     text = flat[TREE_PATH]
@@ -911,9 +963,9 @@ def read_tree(flat: Mapping[str, Any], where: str = "") -> list[Any] | None:
     if len(text) > MAX_TREE_CHARS:
         raise bad(f"larger than {MAX_TREE_CHARS:,} characters")
     try:
-        tree = load_json(text.encode("utf-8", "surrogatepass"), Path(TREE_PATH))
-    except Error as e:
-        raise bad(e.message) from None
+        tree = _strict_json(text)
+    except ValueError as e:
+        raise bad(str(e)) from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise bad("not a kaudit state tree")
     if tree.get("version") != VERSION:
@@ -1105,4 +1157,4 @@ class _Fitter:
         return jax.device_put(value, like.sharding)
 
 
-__all__ = ["RESERVED", "TREE_PATH", "decode", "encode", "fit"]
+__all__ = ["RESERVED", "TREE_PATH", "decode", "encode", "fit", "state_digest"]

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kronos_audit.checkpoint import tree
-from kronos_audit.checkpoint.state import read_flat, state_digest, text_array
+from kronos_audit.checkpoint.state import read_flat, text_array
 from kronos_audit.checkpoint.writer import write_hdf5
 from kronos_audit.errors import CheckpointError, UsageError
 
@@ -354,7 +354,7 @@ def test_python_values_and_containers_keep_their_types(tmp_path: Path) -> None:
     assert type(back["nested"][0]["a"][1]) is tuple
     assert back["bytes"] == b"ab\0\0"
     assert back["empty_bytes"] == b""
-    assert state_digest(back) == state_digest(state)
+    assert tree.state_digest(back) == tree.state_digest(state)
 
 
 def test_a_plain_state_keeps_its_layout_and_old_files_still_read(tmp_path: Path) -> None:

@@ -45,12 +45,20 @@ def test_a_segment_with_a_parent_reproduces_bitwise(
     assert result.exit_code == 0, result.output
     assert "resumed from step 10" in result.stdout
     assert "no drift" in result.stdout
-    assert "REPRODUCED: 5 datasets: 5 identical" in result.stdout
+    assert "REPRODUCED: 7 datasets: 7 identical" in result.stdout
     doc = replay_json(str(manifest(heat, 20)))
     assert doc["outcome"] == "REPRODUCED"
     assert doc["basis"] == "hashes"
     assert set(verdicts(doc).values()) == {"IDENTICAL"}
-    assert set(verdicts(doc)) == {"/fields/u", "/iterations", "/rng/numpy", "/rng/python", "/time"}
+    assert set(verdicts(doc)) == {
+        "/fields/u",
+        "/iterations",
+        "/kaudit/tree",
+        "/rng/numpy",
+        "/rng/numpy_global",
+        "/rng/python",
+        "/time",
+    }
     assert doc["parent"]["step"] == 10
     assert doc["parent"]["fetched"] is False
     assert doc["command"]["recorded"][:2] == ["python", "run.py"]
@@ -126,7 +134,9 @@ def test_a_summation_order_differs_bitwise_and_agrees_within_tolerance(
     monkeypatch.setenv("KAUDIT_TEST_ORDER", "reverse")
     bitwise = replay_json(target, exit_code=1)
     assert verdicts(bitwise) == {
+        "/kaudit/tree": "IDENTICAL",
         "/rng/numpy": "IDENTICAL",
+        "/rng/numpy_global": "IDENTICAL",
         "/rng/python": "IDENTICAL",
         "/terms": "IDENTICAL",
         "/total": "DIFFERENT",

@@ -94,7 +94,12 @@ def unflatten(flat: Mapping[str, Any]) -> State:
 
 def _value(dset: h5py.Dataset) -> Any:
     if h5py.check_string_dtype(dset.dtype) is not None and dset.shape == ():
-        return dset.asstr()[()]
+        try:
+            return dset.asstr()[()]
+        except UnicodeDecodeError:
+            raise CheckpointError(
+                f"dataset {dset.name}: not UTF-8 text", dataset=dset.name
+            ) from None
     return dset[()]  # an array, or a numpy scalar for a 0-d dataset
 
 
@@ -118,4 +123,6 @@ def read_flat(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) ->
             base.visititems(visit)
     except (OSError, KeyError) as e:
         raise CheckpointError(f"cannot read state: {e}", path=path) from None
+    except CheckpointError as e:
+        raise CheckpointError(e.message, path=path, dataset=e.dataset) from None
     return flat

@@ -785,8 +785,8 @@ class _Decoder:
             make: Any = cls
             try:
                 return make(**out)
-            except TypeError:  # its static fields have no defaults: the children only
-                pass
+            except Exception:  # static fields without defaults, a refusing __post_init__:
+                pass  # the children only, as for a class that is not there
         return out
 
     def k_stateful(self, node: dict[str, Any], index: int, path: str, depth: int) -> Any:
@@ -1059,7 +1059,7 @@ class _Fitter:
                 raise self.bad(
                     path, f"the template has {a_type(like)}, the checkpoint {a_type(value)}"
                 )
-            self.loads.append((like, self.fit(like.state_dict(), value, path), path))
+            self.loads.append((like, self.loose(like.state_dict(), value, path), path))
             return like
         if isinstance(like, tuple) and isinstance(getattr(t, "_fields", None), tuple):
             children = self.sequence(like, value, path, names=list(t._fields))
@@ -1092,6 +1092,36 @@ class _Fitter:
                 return value
             children = self.sequence(like, value, path, names=None)
             return children if t is list else tuple(children)
+        return value
+
+    def loose(self, like: Any, value: Any, path: str) -> Any:
+        """The checkpoint's state dict for ``load_state_dict``, its tensors placed as those
+        of the object's own ``state_dict()`` where both have them. Nothing is added or
+        dropped: what the object accepts (a key an older version lacked ...) is its
+        ``load_state_dict``'s business."""
+        torch = self.torch
+        if isinstance(like, Mapping) and isinstance(value, Mapping):
+            out: dict[Any, Any] = (
+                collections.OrderedDict() if isinstance(value, collections.OrderedDict) else {}
+            )
+            for key, v in value.items():
+                out[key] = self.loose(like[key], v, f"{path}/{key}") if key in like else v
+            meta = getattr(value, "_metadata", None)
+            if meta is not None and isinstance(out, collections.OrderedDict):
+                out._metadata = meta  # type: ignore[attr-defined]
+            return out
+        if type(like) in (list, tuple) and type(value) in (list, tuple) and len(like) == len(value):
+            items = [
+                self.loose(a, b, f"{path}/{i}")
+                for i, (a, b) in enumerate(zip(like, value, strict=True))
+            ]
+            return items if type(value) is list else tuple(items)
+        if torch is not None and isinstance(like, torch.Tensor):
+            if isinstance(value, torch.Tensor | np.ndarray | np.generic):
+                return self.tensor(like, value, path)
+            return value
+        if _is_stateful(type(like)) and not isinstance(like, Mapping):
+            return self.fit(like, value, path)
         return value
 
     def sequence(self, like: Any, value: Any, path: str, names: list[str] | None) -> list[Any]:

@@ -509,3 +509,39 @@ def test_a_missing_framework_is_one_line(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_text_array_is_what_a_str_leaf_becomes() -> None:
     flat = tree.encode({"s": "abc"})
     assert flat["/s"].dtype == text_array("abc").dtype
+
+
+class Counter:
+    """A Stateful object of a newer version: its state dict gained a key."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+        self.added = 0
+        self.given: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "added": self.added, "w": torch.zeros(2, dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.given = state
+        self.n = state["n"]
+        self.added = state.get("added", -1)
+
+
+def test_a_stateful_object_gets_the_checkpoints_state_dict_as_it_is(tmp_path: Path) -> None:
+    old = {"n": 7, "legacy": "kept", "w": torch.ones(2, dtype=torch.float32)}  # older version
+    counter = Counter()
+    back = through_file(tmp_path, {"c": old}, like={"c": counter})
+    assert back["c"] is counter
+    assert counter.n == 7
+    assert counter.added == -1  # absent from the checkpoint: load_state_dict decides
+    assert list(counter.given) == ["n", "legacy", "w"]  # nothing added, nothing dropped
+    assert counter.given["w"].dtype == torch.float64  # placed as its own state_dict() has it
+
+
+def test_a_string_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("s", data=np.array(b"\xff\xfe", dtype=h5py.string_dtype("utf-8", 2)))
+    with pytest.raises(CheckpointError, match=r"bad\.h5: dataset /s: not UTF-8 text$"):
+        read_flat(path)

@@ -213,6 +213,10 @@ class _Encoder:
         self.active: set[int] = set()  # ids of the containers being walked: a cycle
         torch = sys.modules.get("torch")
         self.tensor_type: type | None = getattr(torch, "Tensor", None) if torch else None
+        self.dtype_names: dict[Any, str] = {}
+        self.uint_types: dict[int, Any] = (
+            {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64} if torch else {}
+        )
         jax = sys.modules.get("jax")
         self.jax_array: type | None = getattr(jax, "Array", None) if jax else None
         self.jax = jax
@@ -401,7 +405,7 @@ class _Encoder:
 
     def tensor(self, t: Any, path: str) -> int:
         torch = sys.modules["torch"]
-        if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
+        if t.layout is not torch.strided or t.is_quantized or t.is_meta or t.is_nested:
             what = (
                 "a quantized"
                 if t.is_quantized
@@ -412,24 +416,26 @@ class _Encoder:
                 else f"a {str(t.layout).removeprefix('torch.')}"
             )
             raise _fail(path, f"{what} tensor cannot be stored; store a dense tensor")
-        node: dict[str, Any] = {"kind": "torch"}
-        if isinstance(t, torch.nn.Parameter):
+        dtype = t.dtype
+        name = self.dtype_names.get(dtype)
+        if name is None:
+            name = self.dtype_names[dtype] = str(dtype).removeprefix("torch.")
+        node: dict[str, Any] = {"kind": "torch", "dtype": name}
+        # type() first: Parameter's isinstance check is slow, and most tensors are plain.
+        if type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter):
             node["parameter"] = True
         if t.requires_grad:
             node["requires_grad"] = True
-        name = str(t.dtype).removeprefix("torch.")
-        node["dtype"] = name
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.resolve_conj().resolve_neg()
+            t = t.detach()
         try:
-            if name in _TORCH_NUMPY:
-                array = t.numpy()  # shares the tensor's memory: the staging buffer copies
-            elif name in _TORCH_BITS:
-                array = t.view(getattr(torch, f"uint{8 * t.element_size()}")).numpy()
-            else:
+            if name in _TORCH_BITS:
+                t = t.view(self.uint_types[dtype.itemsize])
+            elif name not in _TORCH_NUMPY:
                 raise _fail(path, f"a tensor of dtype {name} cannot be stored")
+            try:
+                array = t.numpy()  # shares the tensor's memory: the staging buffer copies
+            except (RuntimeError, TypeError):  # on a device, or a conjugate/negative view
+                array = t.cpu().resolve_conj().resolve_neg().numpy()
         except (RuntimeError, TypeError) as e:
             raise _fail(path, f"this tensor cannot be read: {str(e).splitlines()[0]}") from None
         self.flat[path] = array

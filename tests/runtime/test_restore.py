@@ -13,6 +13,7 @@ import torch
 import kronos_audit as ka
 from kronos_audit.errors import CheckpointError
 from kronos_audit.project import Project
+from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.signing import SigningKey
 
 
@@ -165,3 +166,23 @@ def test_a_template_key_the_checkpoint_lacks_is_named(project: Project, key: Sig
     for name, value in like["model"].state_dict().items():
         assert torch.equal(value, fresh["model"].state_dict()[name])
     assert like["opt"].state_dict()["state"] == {}
+
+
+def test_under_a_replay_only_the_resume_step_can_be_read(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = project.root / "checkpoints"
+    train(root, 4, run_id="r")
+    instruction = ReplayInstruction(
+        resume_from=root / "r" / "step-00000002.h5", stop_at=4, out=tmp_path / "out", seed=None
+    )
+    for name, value in instruction.environ({}).items():
+        monkeypatch.setenv(name, value)
+    with ka.Run("r", root=root, seed=1) as run:
+        assert run.all_steps() == [2]
+        assert run.latest_step() == 2
+        old = run.restore(step=2)
+        assert old is not None
+        assert old["sched"]["last_epoch"] == 2
+        with pytest.raises(CheckpointError, match=r"^step 4: under kaudit replay .*only step 2"):
+            run.restore(step=4)

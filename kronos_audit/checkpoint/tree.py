@@ -749,6 +749,9 @@ class _Decoder:
             if not last.isidentifier() or keyword.iskeyword(last):
                 last = "NamedTuple"
             cls = self.fallback.get((last, tuple(fields)))
+            if cls is None and (len(fields) > 1000 or len(self.fallback) >= 1000):
+                # Each stand-in class is compiled: a tree cannot ask for endless ones.
+                raise self.bad(path, "too many NamedTuple fields or classes to stand in for")
             if cls is None:
                 cls = _namedtuple(last, fields)
                 self.fallback[(last, tuple(fields))] = cls

@@ -464,6 +464,18 @@ def test_hostile_trees_are_refused_in_one_line(tmp_path: Path) -> None:
     ]
     assert "nested more than" in refused_tree(flat, deep)
     assert "/kaudit/tree" in refused_tree({**flat}, "x" * 10)
+    wide = [
+        {"kind": "dict", "type": "dict", "items": [["p", "p", 1]]},
+        {
+            "kind": "namedtuple",
+            "module": "nowhere",
+            "qualname": "P",
+            "fields": [f"f{i}" for i in range(1001)],
+            "items": list(range(2, 1003)),
+        },
+        *[{"kind": "none"}] * 1001,
+    ]
+    assert "too many NamedTuple fields" in refused_tree(flat, wide)
     with pytest.raises(CheckpointError, match="expected JSON text"):
         tree.decode({**flat, tree.TREE_PATH: np.zeros(3)})
 

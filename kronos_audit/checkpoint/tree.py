@@ -270,8 +270,10 @@ class _Encoder:
             return self.stateful(value, path, depth)
         if isinstance(value, tuple) and isinstance(getattr(t, "_fields", None), tuple):
             return self.namedtuple(value, path, depth)
-        if isinstance(value, bool | int | float | complex):  # IntEnum and the like
-            plain: Any = next(c for c in (bool, int, float, complex) if isinstance(value, c))
+        if isinstance(value, bool | int | float | complex | str | bytes):  # IntEnum, StrEnum ...
+            plain: Any = next(
+                c for c in (bool, int, float, complex, str, bytes) if isinstance(value, c)
+            )
             return self.value(plain(value), path, depth)
         if self.jax is not None and self.jax.tree_util.default_registry.is_node(t):
             return self.pytree(value, path, depth)

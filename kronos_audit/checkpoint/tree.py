@@ -1032,8 +1032,12 @@ def fit(like: Any, value: Any, *, where: str = "", path: str = "") -> Any:
         try:
             obj.load_state_dict(state)
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise fitter.bad(at, f"{type_name(obj)}.load_state_dict failed: {first}") from None
+            # torch puts the useful part ("size mismatch for weight ...") on later lines:
+            # all of them, on one line, bounded
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            why = " ".join(lines) or type(e).__name__
+            why = why if len(why) <= 500 else why[:499] + "…"
+            raise fitter.bad(at, f"{type_name(obj)}.load_state_dict failed: {why}") from None
     return out
 
 

@@ -67,7 +67,7 @@ from kronos_audit.runtime.publish import Publisher, ReplayPublisher, SignedPubli
 from kronos_audit.runtime.retention import Retention
 from kronos_audit.signing import SigningKey
 
-RNG_GROUP = "rng"
+RNG_GROUP = rng.GROUP
 RESERVED = (RNG_GROUP, LEDGER_GROUP)
 
 

@@ -271,3 +271,29 @@ def test_a_copy_while_the_slot_warms_is_exact(tmp_path: Path) -> None:
         for name, array in state.items():
             np.testing.assert_array_equal(staged[name], array)
         writer.close()
+
+
+def test_where_warming_writes_into_the_pages_a_copy_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "_madvise", lambda: None)  # a kernel before 5.14
+    assert not writer_module.populates_in_place()
+    release = threading.Event()
+    populate = writer_module._populate
+
+    def held_populate(buf: np.ndarray) -> None:
+        release.wait(30)
+        populate(buf)  # writes a zero into each page: a copy made meanwhile would be torn
+
+    monkeypatch.setattr(writer_module, "_populate", held_populate)
+    writer = BackgroundWriter(write_into(tmp_path))
+    writer.prepare(big_state(0))
+    first = threading.Thread(target=writer.submit, args=(1, big_state(1), {}, {}))
+    first.start()
+    first.join(0.2)
+    assert first.is_alive()  # waiting for the warming
+    release.set()
+    first.join()
+    writer.close()
+    with h5py.File(tmp_path / "step-1.h5") as f:
+        assert (f["/u"][()] == 1).all()  # not one zero from the warming

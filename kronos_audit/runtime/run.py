@@ -296,7 +296,16 @@ class Run:
         self.restore()
         self._final = self.publisher.last_step(n)
         start = 1 if self.step is None else self.step + 1
+        self._loop_starts()
         yield from range(start, self._final + 1)
+
+    def _loop_starts(self) -> None:
+        # A time-based policy counts the loop's work, from here: set-up before the loop
+        # (restore, data loading, compiling) is done again on any restart whatever was
+        # saved, and a first save due at the first step would find the staging memory
+        # still being prepared.
+        if self._require_open().stats.checkpoints == 0:
+            self._last_time = time.monotonic()
 
     def batches(self, n: int) -> Iterator[tuple[int, np.random.Generator]]:
         """``(i, rng_i)`` for the batches in ``range(n)`` not yet in the ledger."""
@@ -305,6 +314,7 @@ class Run:
         # it stops at; a run that finished batches out of order replays only if that
         # order was the index order.
         self._batches_total = self.publisher.last_step(n)
+        self._loop_starts()
         for i in range(n):
             if len(self.ledger) >= self._batches_total:
                 return

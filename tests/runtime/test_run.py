@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,26 @@ def test_a_policy_of_ones_own_is_asked_as_it_is(project: Project, key: SigningKe
     assert loop(root, 4, Record()) == [False, True, False, False]
     assert seen == [(1, False, False), (2, False, False), (3, False, False), (4, True, False)]
     assert steps_on_disk(root / "p") == [2]  # nothing added at the final step
+
+
+def test_a_time_policy_counts_from_the_loop_not_the_set_up_before_it(
+    project: Project, key: SigningKey
+) -> None:
+    seen: list[float] = []
+
+    class Record:
+        def should_save(self, ctx: ka.SaveContext) -> bool:
+            seen.append(ctx.last_time)
+            return False
+
+    with ka.Run("setup", root=project.root / "checkpoints", seed=1, every=Record()) as run:
+        run.restore()
+        time.sleep(0.01)  # set-up: loading data, compiling ...
+        loop_starts = time.monotonic()
+        for step in run.steps(2):
+            run.checkpoint(step, {"u": np.zeros(3)})
+    assert len(seen) == 2
+    assert all(t >= loop_starts for t in seen)  # not the time the run was entered
 
 
 def test_a_batched_runs_final_batch_is_in_the_context(project: Project, key: SigningKey) -> None:

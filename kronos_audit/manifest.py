@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 
+from kronos_audit._internal import strictjson
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
@@ -36,10 +37,10 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
 MANIFEST_SUFFIX = ".kaudit.json"
 SCHEMA_NAME = "manifest-v1.schema.json"
-MAX_DEPTH = 32
+MAX_DEPTH = strictjson.MAX_DEPTH
 """Deepest nesting of arrays and objects read from a manifest, an attestation or their
 payload (kaudit writes under 10; user attributes must fit in the rest)."""
-MAX_INT_DIGITS = 4300
+MAX_INT_DIGITS = strictjson.MAX_INT_DIGITS
 """Longest integer read, in digits (Python's default limit, whatever the environment says)."""
 
 
@@ -210,83 +211,23 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-class _Refused(Exception):
-    """JSON that parses, but that kaudit does not read; the message says why."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # Two readers may disagree about which of two equal keys holds (Python's json keeps
-    # the last, others the first): a signed statement must mean one thing to everyone.
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise _Refused(f"duplicate key {_clip(repr(k), 60)} in an object")
-            seen.add(k)
-    return obj
-
-
-def _no_constant(name: str) -> Any:
-    raise _Refused(f"{name} is not a JSON number")
-
-
-def _bounded_int(text: str) -> int:
-    # Converting digits to an int takes time quadratic in their number; Python's own
-    # guard can be switched off in the environment, this one cannot.
-    digits = len(text.lstrip("-"))
-    if digits > MAX_INT_DIGITS:
-        raise _Refused(f"an integer of {digits:,} digits (at most {MAX_INT_DIGITS:,} allowed)")
-    return int(text)
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether arrays and objects in ``value`` nest more than ``limit`` levels (iterative:
-    the point is not to recurse)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
-
-
 def load_json(data: bytes, path: Path, where: str = "") -> Any:
     """JSON from bytes nobody has vouched for yet, or ManifestError saying why not.
 
     Stricter than :func:`json.loads`, so that what is read cannot hang, exhaust the stack
     or mean two things: duplicate keys, NaN and Infinity, integers of more than
-    :data:`MAX_INT_DIGITS` digits and nesting deeper than :data:`MAX_DEPTH` are refused.
-    ``where`` (such as ``"payload"``) prefixes the message.
+    :data:`MAX_INT_DIGITS` digits and nesting deeper than :data:`MAX_DEPTH` are refused
+    (:mod:`kronos_audit._internal.strictjson`). ``where`` (such as ``"payload"``)
+    prefixes the message.
     """
     at = f"{where}: " if where else ""
     try:
         # UTF-8 only (RFC 8259, DSSE): json.loads would guess UTF-16 or UTF-32 from bytes.
-        value = json.loads(
-            data.decode("utf-8"),
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-        )
-    except _Refused as e:
-        raise ManifestError(f"{at}not valid JSON: {e}", path=path) from None
-    except RecursionError:
-        raise ManifestError(
-            f"{at}JSON nested more than {MAX_DEPTH} levels deep", path=path
-        ) from None
+        return strictjson.loads(data.decode("utf-8"), max_depth=MAX_DEPTH)
     except UnicodeDecodeError:
         raise ManifestError(f"{at}not UTF-8 text", path=path) from None
-    except json.JSONDecodeError as e:
-        raise ManifestError(
-            f"{at}not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})", path=path
-        ) from None
-    except ValueError as e:  # an integer past this interpreter's own digit limit
-        raise ManifestError(f"{at}not valid JSON: {str(e)[:120]}", path=path) from None
-    if isinstance(value, dict | list) and _deeper_than(value, MAX_DEPTH):
-        raise ManifestError(f"{at}JSON nested more than {MAX_DEPTH} levels deep", path=path)
-    return value
+    except strictjson.Refused as e:
+        raise ManifestError(f"{at}{e}", path=path) from None
 
 
 def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[Envelope, Any]:

@@ -29,7 +29,6 @@ made at or after the revocation time fail.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -40,7 +39,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from kronos_audit._internal import git
+from kronos_audit._internal import git, strictjson
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
@@ -351,10 +350,11 @@ def _parse_revocation(data: bytes, where: str) -> tuple[Envelope, dict[str, Any]
     from kronos_audit.manifest import validate  # the schema machinery lives there
 
     try:
-        envelope = parse_envelope(json.loads(data))
+        # read as strictly as a manifest: a revocation must mean one thing to everyone
+        envelope = parse_envelope(strictjson.loads(data.decode("utf-8")))
         if envelope.payload_type != REVOCATION_PAYLOAD_TYPE:
             raise ManifestError(f"payloadType is not {REVOCATION_PAYLOAD_TYPE}")
-        statement = json.loads(envelope.payload)
+        statement = strictjson.loads(envelope.payload.decode("utf-8"))
     except (ValueError, RecursionError, ManifestError) as e:
         raise ManifestError(f"not a revocation: {getattr(e, 'message', e)}", path=where) from None
     validate(statement, None, REVOCATION_SCHEMA, what=f"{where}: revocation")

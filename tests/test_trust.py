@@ -242,6 +242,13 @@ def test_a_revoked_key_fails_from_its_revocation_on(project: Project, key: Signi
     assert again.exit_code == 0
     assert "revocation" in again.stderr
     assert "skipped" in again.stderr
+    # Read as strictly as a manifest: JSON that means two things to two readers is refused.
+    revocation.write_text(
+        '{"payloadType": "a", "payloadType": "b", "payload": "", "signatures": []}'
+    )
+    dup = run_cli("verify", str(after.path), cwd=project.root)
+    assert dup.exit_code == 0
+    assert "duplicate key 'payloadType'" in dup.stderr
 
 
 def test_a_revocation_signed_by_a_key_nobody_trusts_is_ignored(

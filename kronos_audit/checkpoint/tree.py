@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from kronos_audit._internal import strictjson
 from kronos_audit.checkpoint.hashing import array_digest
 from kronos_audit.checkpoint.state import a_type, text_array, type_name, unflatten
 from kronos_audit.errors import CheckpointError, UsageError
@@ -917,48 +918,6 @@ class _Decoder:
         return jax.numpy.asarray(array)
 
 
-class _Refused(ValueError):
-    pass
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Refused(f"duplicate key {k!r:.40}")
-        out[k] = v
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise _Refused(f"{name} is not JSON")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 4300:
-        raise _Refused("an integer of more than 4300 digits")
-    return int(text)
-
-
-def _strict_json(text: str) -> Any:
-    """JSON read as the manifest reader reads it (:func:`kronos_audit.manifest.load_json`,
-    a layer above): duplicate keys, NaN and Infinity, endless integers and nesting refused.
-    The tree's own nesting is a few levels, so deep JSON is malformed anyway."""
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-        )
-    except _Refused as e:
-        raise ValueError(f"not valid JSON: {e}") from None
-    except RecursionError:
-        raise ValueError("not valid JSON: nested too deep") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-
-
 def read_tree(flat: Mapping[str, Any], where: str = "") -> list[Any] | None:
     """The node table of ``/kaudit/tree`` in ``flat``, checked at the top; None if absent."""
     if TREE_PATH not in flat:
@@ -974,8 +933,8 @@ def read_tree(flat: Mapping[str, Any], where: str = "") -> list[Any] | None:
     if len(text) > MAX_TREE_CHARS:
         raise bad(f"larger than {MAX_TREE_CHARS:,} characters")
     try:
-        tree = _strict_json(text)
-    except ValueError as e:
+        tree = strictjson.loads(text)
+    except strictjson.Refused as e:
         raise bad(str(e)) from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise bad("not a kaudit state tree")

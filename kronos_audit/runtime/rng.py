@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from kronos_audit._internal import strictjson
 from kronos_audit.checkpoint.state import text_array
 from kronos_audit.errors import CheckpointError
 
@@ -127,8 +128,8 @@ def _text(value: Any, where: str, path: Path) -> Any:
     if not isinstance(value, str):
         raise CheckpointError(f"{where}: a generator state must be JSON text", path=path)
     try:
-        return json.loads(value)
-    except (ValueError, RecursionError):
+        return strictjson.loads(value)
+    except strictjson.Refused:
         raise CheckpointError(f"{where}: a generator state must be JSON text", path=path) from None
 
 

@@ -21,6 +21,6 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
         || "${PIP[@]}" --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
-"${PIP[@]}" -e "$ROOT[test,torch,jax]"
+"${PIP[@]}" -e "$ROOT[test,torch,jax,mpi]"
 export PATH="$VENV/bin:$PATH"
 export DVC_NO_ANALYTICS=1

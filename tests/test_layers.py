@@ -235,7 +235,7 @@ def _distribution(requirement: str) -> str:
 PYPROJECT = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
 OPTIONAL = {
     _distribution(r)
-    for extra in ("torch", "jax")
+    for extra in ("torch", "jax", "mpi")
     for r in PYPROJECT["project"]["optional-dependencies"][extra]
 }
 """Distributions of the framework extras: imported only inside the functions that need them."""
@@ -290,7 +290,7 @@ def test_importing_kronos_audit_imports_no_framework() -> None:
         "import importlib, sys\n"
         f"for m in {sorted(MODULES)!r}:\n"
         "    importlib.import_module(m)\n"
-        "frameworks = ('torch', 'jax', 'jaxlib', 'optax', 'ml_dtypes')\n"
+        "frameworks = ('torch', 'jax', 'jaxlib', 'optax', 'ml_dtypes', 'mpi4py')\n"
         "loaded = sorted(n for n in frameworks if n in sys.modules)\n"
         "assert not loaded, loaded\n"
     )

@@ -1,0 +1,74 @@
+"""Multi-rank jobs: the communicator kronos-audit rides on (MPI or torch.distributed).
+
+:func:`detect` finds it; :mod:`kronos_audit.parallel.comm` defines the interface,
+:class:`SingleProcess` and :class:`PreemptionVote`; :mod:`~kronos_audit.parallel.mpi` and
+:mod:`~kronos_audit.parallel.torchdist` the implementations, whose mpi4py and torch are
+imported only when a communicator on them is made (importing mpi4py initializes MPI).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from kronos_audit.errors import UsageError
+from kronos_audit.parallel.comm import (
+    Comm,
+    Pending,
+    PreemptionVote,
+    SingleProcess,
+    launcher,
+)
+
+__all__ = ["Comm", "Pending", "PreemptionVote", "SingleProcess", "detect", "launcher"]
+
+
+def _is_mpi_comm(obj: Any) -> bool:
+    # mpi4py is never imported to find out: a program holding a communicator has imported it.
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(obj, mpi.Comm)
+
+
+def _is_torch_group(obj: Any) -> bool:
+    dist = sys.modules.get("torch.distributed")
+    group_type = getattr(dist, "ProcessGroup", None) if dist is not None else None
+    return isinstance(group_type, type) and isinstance(obj, group_type)
+
+
+def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Comm:
+    """The communicator for this process.
+
+    An explicit ``comm`` wins: a :class:`Comm` is used as it is, an mpi4py communicator is
+    wrapped in :class:`~kronos_audit.parallel.mpi.MPIComm` and a torch.distributed
+    ``ProcessGroup`` in :class:`~kronos_audit.parallel.torchdist.TorchComm`. Without one,
+    the launcher's environment decides (:func:`launcher`): MPI -> ``MPIComm()`` on
+    ``COMM_WORLD``, torchrun -> ``TorchComm()`` on the default group (initialized with gloo
+    if the program has not), nothing -> :class:`SingleProcess`. A missing mpi4py or torch
+    is a :class:`~kronos_audit.errors.UsageError` naming the extra to install.
+    """
+    if comm is not None:
+        if _is_mpi_comm(comm):
+            from kronos_audit.parallel.mpi import MPIComm
+
+            return MPIComm(comm)
+        if _is_torch_group(comm):
+            from kronos_audit.parallel.torchdist import TorchComm
+
+            return TorchComm(comm)
+        if isinstance(comm, Comm):
+            return comm
+        raise UsageError(
+            "comm= must be a kronos_audit.parallel.Comm, an mpi4py communicator or a "
+            f"torch.distributed ProcessGroup, not {type(comm).__name__}"
+        )
+    found = launcher(environ)
+    if found == "mpi":
+        from kronos_audit.parallel.mpi import MPIComm
+
+        return MPIComm()
+    if found == "torch":
+        from kronos_audit.parallel.torchdist import TorchComm
+
+        return TorchComm()
+    return SingleProcess()

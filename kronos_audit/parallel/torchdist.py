@@ -1,0 +1,170 @@
+"""The communicator on torch.distributed (``kronos-audit[torch]``), as under ``torchrun``.
+
+torch is imported when a :class:`TorchComm` is made, never when this module is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from kronos_audit.errors import UsageError
+from kronos_audit.parallel.comm import TORCHRUN_VARIABLES, Pending, check_root, int64, int64s
+
+
+def _dist() -> ModuleType:
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise UsageError(
+            f"torch.distributed cannot be imported ({exc}): install kronos-audit[torch], or "
+            "pass comm= to choose another communicator"
+        ) from None
+    if not dist.is_available():
+        raise UsageError("this build of torch has no torch.distributed")
+    return dist
+
+
+class _TorchPending:
+    def __init__(self, work: Any, tensor: Any) -> None:
+        self._work = work
+        self._tensor = tensor  # reduced in place until the work completes
+        self._result: list[int] | None = None
+
+    def wait(self) -> list[int]:
+        if self._result is None:
+            self._work.wait()
+            self._result = [int(v) for v in self._tensor.tolist()]
+        return list(self._result)
+
+
+class TorchComm:
+    """A :class:`~kronos_audit.parallel.comm.Comm` on torch.distributed: the ``group``
+    given, or the default process group.
+
+    When the default group is not initialized and torchrun's environment is there
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), it initializes it with the
+    gloo backend (CPU); :meth:`close` destroys it then, and only then: a group the program
+    set up stays the program's. Objects travel with torch's object collectives
+    (``broadcast_object_list``, ``gather_object``, ``all_gather_object``); the integer
+    reductions with ``all_reduce`` on an int64 tensor.
+    """
+
+    name = "torch.distributed"
+
+    def __init__(self, group: Any = None) -> None:
+        dist = _dist()
+        self._dist = dist
+        self._created = False
+        if not dist.is_initialized():
+            if group is not None:
+                raise UsageError(
+                    "a process group was given but torch.distributed is not initialized"
+                )
+            missing = [v for v in TORCHRUN_VARIABLES if not os.environ.get(v)]
+            if missing:
+                raise UsageError(
+                    "torch.distributed is not initialized and torchrun's environment is "
+                    f"incomplete ({', '.join(missing)} not set): start the program with "
+                    "torchrun, or initialize the process group yourself"
+                )
+            # env:// as torchrun means it: under torchrun the workers join the store its
+            # agent already serves on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE).
+            dist.init_process_group("gloo", init_method="env://")
+            self._created = True
+        self._group = group
+        self._rank: int = dist.get_rank(group)
+        self._size: int = dist.get_world_size(group)
+        if self._rank < 0:
+            raise UsageError("this process is not a member of the process group given")
+        # NCCL reduces only tensors on the GPU; every other backend here takes CPU tensors.
+        backend = str(dist.get_backend(group))
+        self._device = f"cuda:{_cuda_device()}" if backend == "nccl" else "cpu"
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def group(self) -> Any:
+        """The process group underneath (None: the default group)."""
+        return self._group
+
+    def _global(self, root: int) -> int:
+        # The object collectives name their root by its rank in the default group.
+        root = check_root(root, self._size)
+        if self._group is None:
+            return root
+        return int(self._dist.get_global_rank(self._group, root))
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self._group)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj if self._rank == root else None]
+        self._dist.broadcast_object_list(box, src=self._global(root), group=self._group)
+        return box[0]
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        dst = self._global(root)
+        out: list[Any] | None = [None] * self._size if self._rank == root else None
+        self._dist.gather_object(obj, out, dst=dst, group=self._group)
+        return out
+
+    def allgather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self._size
+        self._dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+    def _tensor(self, values: list[int]) -> Any:
+        import torch
+
+        return torch.tensor(values, dtype=torch.int64, device=self._device)
+
+    def _reduce(self, values: list[int], op: Any) -> list[int]:
+        tensor = self._tensor(values)
+        self._dist.all_reduce(tensor, op=op, group=self._group)
+        return [int(v) for v in tensor.tolist()]
+
+    def any(self, flag: bool) -> bool:
+        return bool(self._reduce([int(bool(flag))], self._dist.ReduceOp.MAX)[0])
+
+    def min(self, value: int) -> int:
+        return self._reduce([int64(value)], self._dist.ReduceOp.MIN)[0]
+
+    def max(self, value: int) -> int:
+        return self._reduce([int64(value)], self._dist.ReduceOp.MAX)[0]
+
+    def start_max(self, values: Sequence[int]) -> Pending:
+        tensor = self._tensor(int64s(values))
+        work = self._dist.all_reduce(
+            tensor, op=self._dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
+        return _TorchPending(work, tensor)
+
+    @property
+    def created(self) -> bool:
+        """Whether this object initialized the default process group (and will destroy
+        it on :meth:`close`)."""
+        return self._created
+
+    def close(self) -> None:
+        if self._created:
+            self._created = False
+            if self._dist.is_initialized():
+                self._dist.destroy_process_group()
+
+    def __repr__(self) -> str:
+        return f"TorchComm(rank={self._rank}, size={self._size})"
+
+
+def _cuda_device() -> int:
+    import torch
+
+    return int(torch.cuda.current_device())

@@ -223,6 +223,39 @@ class PrunedEntry:
         return {"step": self.step, "manifest": self.manifest}
 
 
+@dataclass(frozen=True)
+class ShardSet:
+    """A sharded step's shards, as its step manifest records them (the subject is the
+    shard index; see :mod:`kronos_audit.checkpoint.shards`)."""
+
+    count: int
+    """Shards (ranks that wrote one): the index has exactly this many lines."""
+    bytes: int
+    """The shards' sizes added up."""
+    root: Sha256
+    """Merkle root over the index's lines: what one rank checks its own line against."""
+    layout: Mapping[str, Any]
+    """How the state's arrays are distributed over the ranks, as the writer declared it
+    (JSON values, read-only)."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> ShardSet:
+        return cls(
+            count=int(obj["count"]),
+            bytes=int(obj["bytes"]),
+            root=Sha256(str(obj["root"])),
+            layout=_read_only(obj["layout"]),
+        )
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "bytes": self.bytes,
+            "root": self.root,
+            "layout": _thaw(self.layout),
+        }
+
+
 def _dataset(obj: Mapping[str, Any]) -> DatasetDigest:
     shape = obj["shape"]
     return DatasetDigest(
@@ -281,6 +314,9 @@ class Predicate:
     pruned: tuple[PrunedEntry, ...]
     """Checkpoints whose data retention deleted when this one was written (empty when it
     deleted none)."""
+    shards: ShardSet | None = None
+    """For a sharded step, its shards (the subject is then their index); None for a
+    checkpoint in one file."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
@@ -291,6 +327,7 @@ class Predicate:
         command = obj["command"]
         batches = obj.get("batches")
         restart_count = obj.get("restart_count")
+        shards = obj.get("shards")
         return cls(
             run=str(obj["run"]),
             step=int(obj["step"]),
@@ -318,6 +355,7 @@ class Predicate:
                 PrunedEntry(int(e["step"]), Sha256(str(e["manifest"])))
                 for e in obj.get("pruned") or ()
             ),
+            shards=None if shards is None else ShardSet.from_json_obj(shards),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -346,6 +384,8 @@ class Predicate:
             obj["batches"] = self.batches.to_json_obj()
         if self.pruned:
             obj["pruned"] = [p.to_json_obj() for p in self.pruned]
+        if self.shards is not None:
+            obj["shards"] = self.shards.to_json_obj()
         return obj
 
 
@@ -358,4 +398,5 @@ __all__ = [
     "PrunedEntry",
     "RngRecord",
     "Sha256",
+    "ShardSet",
 ]

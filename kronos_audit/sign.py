@@ -9,6 +9,7 @@ state in memory) and ``kaudit snapshot`` (after hashing a file) sign through her
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.shards import ShardRecord, write_index
 from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.manifest import (
     Manifest,
@@ -106,18 +109,108 @@ def sign_checkpoint(
         "cwd": project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
         **(extra or {}),
     }
+    manifest = _signed(project, key, checkpoint, digests.sha256, digests.md5, predicate)
+    return publish_manifest(manifest) if write else manifest
+
+
+def _signed(
+    project: Project,
+    key: SigningKey,
+    subject: Path,
+    sha256: str,
+    md5: str | None,
+    predicate: Mapping[str, Any],
+) -> Manifest:
+    """The manifest of ``subject`` signed with ``predicate``, parsed back as a reader will
+    parse it (nothing written)."""
     statement = build_statement(
-        subject_name=project.relative(checkpoint),
-        sha256=digests.sha256,
-        md5=digests.md5,
-        predicate=predicate,
+        subject_name=project.relative(subject), sha256=sha256, md5=md5, predicate=predicate
     )
     try:
         payload = canonical_json(statement)
     except (ValueError, TypeError) as e:  # NaN, infinity, a value JSON cannot hold
-        raise UsageError(f"cannot be signed: {e}", path=checkpoint) from None
+        raise UsageError(f"cannot be signed: {e}", path=subject) from None
     envelope = sign_envelope(payload, key)
-    manifest = parse_manifest(encode_envelope(envelope), manifest_path_for(checkpoint))
+    return parse_manifest(encode_envelope(envelope), manifest_path_for(subject))
+
+
+def sign_sharded_step(
+    directory: Path,
+    shards: Sequence[ShardRecord],
+    *,
+    project: Project,
+    key: SigningKey,
+    run: str,
+    step: int,
+    layout: Mapping[str, Any] | None = None,
+    seeds: Sequence[int] = (),
+    parent: Path | Manifest | None = None,
+    command: Sequence[str] | None = None,
+    cwd: Path | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    git: GitRecord | None = None,
+    allow_secret_files: bool = False,
+    write: bool = True,
+) -> Manifest:
+    """Rank 0's part of a sharded step: from the records every rank gathered to it (each
+    :meth:`ShardRecord.of` the digests ``write_and_digest(..., md5=True)`` gave for its
+    shard ``shard_path(directory, rank, n)``), write the shard index and its Merkle tree
+    into ``directory`` (``step_directory(run_directory, step)``) and sign ONE step
+    manifest, ``index.jsonl.kaudit.json``, whose subject is the index.
+
+    The predicate is a checkpoint's (run, step, parent, git, environment, seeds, command,
+    attributes, ``extra``) with ``datasets`` null (each shard's sha256 covers it) and a
+    ``shards`` record: the count, the bytes, the Merkle root and ``layout`` (how the
+    state's arrays are spread over the ranks, recorded as given). Its size does not depend
+    on the number of shards. ``parent`` is the previous step's manifest, sharded or not.
+
+    The shards are not read: their digests are the ranks' own. With ``write`` False the
+    index and tree are written but the manifest is not (:func:`publish_manifest` does).
+    Tracking with DVC is the caller's (:func:`kronos_audit.storage.tracking.track` of the
+    index and of each shard, by the md5s recorded).
+    """
+    if named_step(directory.name) != step:
+        raise UsageError(
+            f"a sharded step's directory is named step-{step:08d} (step_directory)",
+            path=directory,
+        )
+    parent_digest, parent_name = _parent_link(parent, run, step, project)
+    index, data, root = write_index(directory, shards)  # refuses a rank missing or misnamed
+    predicate: dict[str, Any] = {
+        "run": run,
+        "step": step,
+        "parent": parent_digest,
+        "parent_manifest": parent_name,
+        "created": utc_now(),
+        "size": len(data),
+        "git": (
+            git
+            if git is not None
+            else git_state(project.root, allow_secret_files=allow_secret_files)
+        ).to_json_obj(),
+        "environment": environment(),
+        "seeds": [int(s) for s in seeds],
+        "datasets": None,
+        "attributes": dict(attributes or {}),
+        "command": None if command is None else [str(a) for a in command],
+        "cwd": project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
+        **(extra or {}),
+        "shards": {
+            "count": len(shards),
+            "bytes": sum(r.size for r in shards),
+            "root": root,
+            "layout": dict(layout or {}),
+        },
+    }
+    manifest = _signed(
+        project,
+        key,
+        index,
+        hashlib.sha256(data).hexdigest(),
+        hashlib.md5(data, usedforsecurity=False).hexdigest(),
+        predicate,
+    )
     return publish_manifest(manifest) if write else manifest
 
 
@@ -132,4 +225,4 @@ def publish_manifest(manifest: Manifest) -> Manifest:
     return manifest
 
 
-__all__ = ["publish_manifest", "sign_checkpoint", "utc_now"]
+__all__ = ["publish_manifest", "sign_checkpoint", "sign_sharded_step", "utc_now"]

@@ -20,7 +20,7 @@ import enum
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -29,12 +29,27 @@ from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regul
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
 from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.shards import (
+    INDEX_NAME,
+    LINE_WIDTH,
+    NoProof,
+    ShardRecord,
+    describe,
+    hash_shard,
+    merkle_root,
+    parse_index,
+    parse_line,
+    proven_line,
+    read_index,
+    shard_name,
+)
 from kronos_audit.errors import (
     CheckpointError,
     Error,
     ManifestError,
     StorageError,
     TamperedData,
+    UsageError,
 )
 from kronos_audit.manifest import (
     MANIFEST_SUFFIX,
@@ -74,6 +89,11 @@ class CheckName(enum.StrEnum):
     """An attestation is bound to the signed manifest beside it."""
     OUTCOME = "outcome"
     """An attestation records a reproduced outcome."""
+    SHARD_INDEX = "shard index"
+    """A sharded step's index is well formed and its lines give the signed Merkle root."""
+    SHARDS = "shards"
+    """Every shard of a sharded step (or the one a rank restores) has its recorded size
+    and sha256; a failed one names the rank (``shard of rank 2 of 3: missing``)."""
 
 
 class StatementKind(enum.StrEnum):
@@ -167,9 +187,13 @@ class VerifyResult:
 
     @property
     def data_corrupt(self) -> bool:
-        """The bytes here are not the ones the manifest signs."""
+        """The bytes here are not the ones the manifest signs (for a sharded step: its
+        index's, or a shard's)."""
         return any(
-            c.kind is CheckName.FILE_DIGEST and not c.ok and not c.skipped for c in self.checks
+            c.kind in (CheckName.FILE_DIGEST, CheckName.SHARD_INDEX, CheckName.SHARDS)
+            and not c.ok
+            and not c.skipped
+            for c in self.checks
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -232,6 +256,8 @@ def place_check(project: Project, manifest: Manifest) -> Check:
     signed = PurePosixPath(manifest.subject_name)
     actual = PurePosixPath(project.relative(checkpoint))
     what = f"run {manifest.run!r} step {manifest.step}"
+    if manifest.record.shards is not None:
+        return _sharded_place_check(signed, actual, what, manifest.step)
     named = named_step(checkpoint.name)
     if named is not None and named != manifest.step:
         return Check(
@@ -259,6 +285,40 @@ def place_check(project: Project, manifest: Manifest) -> Check:
             "run directory",
         )
     return Check(CheckName.PLACE, True, f"{what}; its run directory moved (signed as {signed})")
+
+
+def _sharded_place_check(
+    signed: PurePosixPath, actual: PurePosixPath, what: str, step: int
+) -> Check:
+    """A sharded step's index is ``<run>/step-<N>/index.jsonl``: the step directory must
+    state the signed step, and it and the run directory must be the ones it was signed
+    in (the run directory may have moved as a whole)."""
+    if actual.name != INDEX_NAME or signed.name != INDEX_NAME:
+        return Check(
+            CheckName.PLACE,
+            False,
+            f"a sharded step's index is named {INDEX_NAME}, not {actual.name}",
+        )
+    named = named_step(actual.parent.name)
+    if named != step:
+        return Check(
+            CheckName.PLACE,
+            False,
+            f"the step directory is {actual.parent.name or '(repository root)'}, but its "
+            f"manifest signs {what}: a sharded step lives in step-{step:08d}",
+        )
+    if actual == signed:
+        return Check(CheckName.PLACE, True, f"{what} (sharded) at the place it was signed")
+    signed_run = signed.parent.parent.name if len(signed.parts) > 2 else ""
+    actual_run = actual.parent.parent.name if len(actual.parts) > 2 else ""
+    if signed.parent.name != actual.parent.name or signed_run != actual_run:
+        return Check(
+            CheckName.PLACE,
+            False,
+            f"the step is in {actual.parent}, but {what} was signed in {signed.parent}: "
+            "a step is bound to its run directory",
+        )
+    return Check(CheckName.PLACE, True, f"{what} (sharded); its run directory moved")
 
 
 class ManifestCache:
@@ -295,12 +355,14 @@ class Verifier:
     ``keyring`` is whose signatures count (default: the anchors of
     :func:`kronos_audit.trust.load_keyring`); with ``fetch``, a checkpoint that is not here
     is fetched from the DVC remote once its manifest's signature and place hold.
+    ``jobs`` is how many processes hash a sharded step's shards.
     """
 
     project: Project
     keyring: Keyring | None = None
     fetch: bool = False
     remote: str | None = None
+    jobs: int = 1
     _chain: dict[str, Check] = field(default_factory=dict, init=False)
     # For a manifest whose chain verified: (manifests in its chain, step of the first).
     _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
@@ -337,7 +399,32 @@ class Verifier:
             place_check(self.project, manifest),
         ]
         fetched = False
-        if not data:
+        if manifest.record.shards is not None and data and os.path.exists(checkpoint):
+            step_checks, fetched = self._sharded_content(manifest, checks)
+            checks += step_checks
+        elif manifest.record.shards is not None and data and self.pruned_by(manifest) is None:
+            if not (signed.ok and checks[1].ok):
+                checks.append(
+                    Check(
+                        CheckName.FILE_DIGEST,
+                        False,
+                        "shard index not here, and not fetched: its manifest does not verify",
+                        skipped=True,
+                    )
+                )
+            elif self.fetch and manifest.subject_md5 is not None:
+                try:
+                    self.fetch_data(manifest)
+                except TamperedData as e:
+                    checks.append(
+                        Check(CheckName.FILE_DIGEST, False, f"fetched index refused: {e.message}")
+                    )
+                else:
+                    checks += self._sharded_content(manifest, checks)[0]
+                fetched = True
+            else:
+                raise CheckpointError("shard index not found", path=checkpoint)
+        elif not data:
             checks.append(
                 Check(
                     CheckName.FILE_DIGEST,
@@ -481,6 +568,177 @@ class Verifier:
         else:
             checks += compare_datasets(manifest.datasets, digests.datasets)
         return checks
+
+    # -- sharded steps: an index, a Merkle root, one shard per rank -------------------
+
+    def _sharded_content(self, manifest: Manifest, checks: list[Check]) -> tuple[list[Check], bool]:
+        """The checks of a sharded step whose index is here: the index's sha256 (the
+        subject), its lines against the signed Merkle root, then every shard's size and
+        sha256, fetching missing shards first when fetching and the manifest verifies.
+        Return them and whether anything was fetched."""
+        shards = manifest.record.shards
+        assert shards is not None
+        index = manifest.checkpoint_path
+        try:
+            data = read_index(index, shards.count)
+        except CheckpointError as e:
+            return [Check(CheckName.FILE_DIGEST, False, e.message)], False
+        sha = hashlib.sha256(data).hexdigest()
+        if sha != manifest.subject_sha256:
+            # Nothing an index names is read unless the index is the signed one.
+            return [
+                Check(
+                    CheckName.FILE_DIGEST,
+                    False,
+                    f"shard index sha256 {sha[:16]}... differs from the recorded "
+                    f"{manifest.subject_sha256[:16]}...",
+                )
+            ], False
+        out = [Check(CheckName.FILE_DIGEST, True, f"shard index sha256 {sha[:16]}... matches")]
+        try:
+            records = parse_index(data, shards.count, index)
+        except CheckpointError as e:
+            return [*out, Check(CheckName.SHARD_INDEX, False, e.message)], False
+        if merkle_root(data, shards.count) != shards.root:
+            return [
+                *out,
+                Check(CheckName.SHARD_INDEX, False, "its lines do not give the signed Merkle root"),
+            ], False
+        out.append(
+            Check(CheckName.SHARD_INDEX, True, f"{shards.count} shards; Merkle root matches")
+        )
+        fetched = False
+        if self.fetch and all(c.ok for c in checks):
+            missing = [r for r in records if not os.path.lexists(index.parent / r.name)]
+            if missing:
+                self._fetch_shards(manifest, missing)
+                fetched = True
+        out += self._shard_checks(index.parent, records, shards.count)
+        return out, fetched
+
+    def _shard_checks(
+        self, directory: Path, records: Sequence[ShardRecord], count: int
+    ) -> list[Check]:
+        answers = hash_shards(directory, records, self.jobs)
+        failed = [
+            Check(CheckName.SHARDS, False, problem)
+            for record, (problem_, sha) in zip(records, answers, strict=True)
+            if (problem := describe(record, count, problem_, sha)) is not None
+        ]
+        if failed:
+            return failed
+        if len(records) == 1 and count > 1:
+            detail = f"shard of rank {records[0].rank} of {count}: size and sha256 match"
+        else:
+            total = sum(r.size for r in records)
+            detail = f"all {count} shards match (size and sha256, {total:,} bytes)"
+        return [Check(CheckName.SHARDS, True, detail)]
+
+    def _fetch_shards(self, manifest: Manifest, records: Sequence[ShardRecord]) -> None:
+        """Fetch these shards of a verified step by the md5s its verified index records,
+        each to its own name in the step directory. One that cannot be fetched stays
+        missing, and its check says so."""
+        if self._storage is None:
+            from kronos_audit.storage import Storage  # only a fetch needs DVC
+
+            self._storage = Storage(self.project)
+        from kronos_audit.storage.fetch import FetchItem
+
+        directory = manifest.checkpoint_path.parent
+        self._storage.fetch_many(
+            [FetchItem(directory / r.name, r.md5, r.sha256, r.size) for r in records],
+            self.remote,
+        )
+
+    def verify_rank(
+        self, manifest_path: Path | str, rank: int, *, chain: bool = True
+    ) -> VerifyResult:
+        """What one rank pays at restore: the step manifest's signature and place, its own
+        line of the index (proven against the signed Merkle root with log2(n) nodes of the
+        tree file; the whole index, hashed, only when the tree cannot give the proof), its
+        own shard's size and sha256, and (with ``chain``) the parent chain. No other
+        rank's shard is read. The result's ``checkpoint`` is the rank's shard."""
+        manifest = self.cache.read(manifest_path)
+        shards = manifest.record.shards
+        if shards is None:
+            raise CheckpointError("not a sharded step's manifest", path=manifest.path)
+        if not 0 <= rank < shards.count:
+            raise UsageError(f"no rank {rank} in a step of {shards.count} shards")
+        signed = self.signature(manifest)
+        place = place_check(self.project, manifest)
+        checks = [Check(CheckName.SIGNATURE, signed.ok, signed.detail), place]
+        directory = manifest.checkpoint_path.parent
+        fetched = False
+        if signed.ok and place.ok:
+            try:
+                record = proven_line(directory, rank, shards.count, shards.root)
+                checks.append(
+                    Check(
+                        CheckName.SHARD_INDEX,
+                        True,
+                        f"line {rank + 1} of {shards.count} proven against the Merkle root",
+                    )
+                )
+            except NoProof:
+                # The tree file is missing or not the signer's: the whole index instead.
+                if self.fetch and not os.path.lexists(manifest.checkpoint_path):
+                    self.fetch_data(manifest)
+                    fetched = True
+                record = None
+                step_checks = []
+                try:
+                    data = read_index(manifest.checkpoint_path, shards.count)
+                except CheckpointError as e:
+                    step_checks.append(Check(CheckName.FILE_DIGEST, False, e.message))
+                else:
+                    sha = hashlib.sha256(data).hexdigest()
+                    if sha != manifest.subject_sha256:
+                        step_checks.append(
+                            Check(
+                                CheckName.FILE_DIGEST,
+                                False,
+                                f"shard index sha256 {sha[:16]}... differs from the recorded "
+                                f"{manifest.subject_sha256[:16]}...",
+                            )
+                        )
+                    else:
+                        step_checks.append(
+                            Check(CheckName.FILE_DIGEST, True, "shard index sha256 matches")
+                        )
+                        line = data[rank * LINE_WIDTH : (rank + 1) * LINE_WIDTH]
+                        try:
+                            record = parse_line(line, rank, shards.count, manifest.checkpoint_path)
+                        except CheckpointError as e:
+                            step_checks.append(Check(CheckName.SHARD_INDEX, False, e.message))
+                checks += step_checks
+            except CheckpointError as e:  # proven, but not a well-formed line
+                record = None
+                checks.append(Check(CheckName.SHARD_INDEX, False, e.message))
+            if record is not None:
+                if self.fetch and not os.path.lexists(directory / record.name):
+                    self._fetch_shards(manifest, [record])
+                    fetched = True
+                checks += self._shard_checks(directory, [record], shards.count)
+        else:
+            checks.append(
+                Check(
+                    CheckName.SHARDS,
+                    False,
+                    "not read: the step manifest does not verify",
+                    skipped=True,
+                )
+            )
+        if chain:
+            checks.append(self._parent(manifest))
+        return VerifyResult(
+            manifest.path,
+            directory / shard_name(rank, shards.count),
+            manifest.run,
+            manifest.step,
+            tuple(checks),
+            fetched=fetched,
+            signer=signed.signer,
+        )
 
     # -- the directory of a run: siblings by digest, signed retention records ------------
 
@@ -699,6 +957,27 @@ class Verifier:
         )
 
 
+def hash_shards(
+    directory: Path, records: Sequence[ShardRecord], jobs: int = 1
+) -> list[tuple[str | None, str]]:
+    """:func:`~kronos_audit.checkpoint.shards.hash_shard` of each record's shard in
+    ``directory``, in order, over ``jobs`` processes (in this one when 1). The answers do
+    not depend on ``jobs``."""
+    paths = [str(directory / r.name) for r in records]
+    sizes = [r.size for r in records]
+    if jobs <= 1 or len(records) <= 1:
+        return [hash_shard(p, n) for p, n in zip(paths, sizes, strict=True)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = min(jobs, len(records))
+    # forkserver: a fork of a process that holds threads (DVC's, a progress bar's) may
+    # copy a lock held by one of them; the server forks from a clean process instead.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        chunk = max(1, len(records) // (workers * 4))
+        return list(pool.map(hash_shard, paths, sizes, chunksize=chunk))
+
+
 def _inside(root: Path, relative: str) -> Path | None:
     """``root/relative`` if it stays inside ``root`` (a recorded locator may be hostile:
     ``../../dev/zero``, an absolute path)."""
@@ -751,6 +1030,7 @@ def verify_each(
     remote: str | None = None,
     verifiers: dict[Path, Verifier] | None = None,
     cache: ManifestCache | None = None,
+    jobs: int = 1,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
     the bad-input error.
@@ -762,7 +1042,8 @@ def verify_each(
     With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
     manifest's signature and place hold (data that then fails is never left visible).
     ``trust`` gives the anchors (see :mod:`kronos_audit.trust`). The newest checkpoint of
-    each run verified must have its data checked.
+    each run verified must have its data checked. ``jobs`` processes hash a sharded
+    step's shards.
     """
     paths = expand_manifest_args(manifests)
     if cache is None:
@@ -784,6 +1065,7 @@ def verify_each(
                     fetch=fetch,
                     remote=remote,
                     cache=cache,
+                    jobs=jobs,
                 )
             if p.name.endswith(ATTESTATION_SUFFIX):
                 yield verifier.verify_attestation(p)

@@ -422,6 +422,14 @@ def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]
 @trust_options
 @click.option("--remote", help="DVC remote to fetch missing data from (default: the default).")
 @click.option("--no-fetch", is_flag=True, help="Do not fetch missing data from the DVC remote.")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes that hash a sharded step's shards (same results whatever the number).",
+)
 @json_option("Print the results as JSON.")
 @click.pass_context
 def verify(
@@ -432,10 +440,12 @@ def verify(
     require_anchor: bool,
     remote: str | None,
     no_fetch: bool,
+    jobs: int,
     as_json: bool,
 ) -> None:
     """Check the signature, place, file digest, dataset hashes and parent chain of each
-    manifest (and each replay attestation, CKPT.replay.json).
+    manifest (and each replay attestation, CKPT.replay.json). A sharded step's manifest
+    (STEP/index.jsonl.kaudit.json) has its index and every rank's shard checked.
 
     A signature counts when a key an anchor vouches for made it: --trusted-key FILE,
     $KAUDIT_TRUSTED_KEYS, the repository's store at --trust-ref REF, or your user trust
@@ -460,7 +470,7 @@ def verify(
             warn(problem)
     with progress_bar() as bar:
         total = count_manifests(paths) if bar.active else 0
-        outcomes = verify_each(paths, fetch=not no_fetch, trust=options, remote=remote)
+        outcomes = verify_each(paths, fetch=not no_fetch, trust=options, remote=remote, jobs=jobs)
         for done, outcome in enumerate(outcomes, 1):
             bar.update("verifying manifests", done, total)
             if isinstance(outcome, Error):

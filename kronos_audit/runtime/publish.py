@@ -5,7 +5,9 @@ asked of its :class:`Publisher`:
 
 - :class:`SignedPublisher`, a normal run: checkpoints in ``<root>/<run>/``, each tracked by
   DVC, signed with a manifest chained to the previous one, old ones pruned by signed
-  retention, optionally pushed; restore takes the newest that verifies.
+  retention, optionally pushed (data, then manifest: see
+  :mod:`~kronos_audit.runtime.resume_remote`); restore takes the newest that verifies,
+  here or, when pushing, in the DVC remote.
 - :class:`ReplayPublisher`, a run under ``kaudit replay`` (its
   :class:`~kronos_audit.runtime.protocol.ReplayInstruction` in the environment): resume
   from the checkpoint the replay names, stop at its step N whatever the program's policy,
@@ -37,10 +39,12 @@ from kronos_audit.runtime.protocol import (
     restart_count,
     step_of,
 )
+from kronos_audit.runtime.resume_remote import RemoteResume, push_manifest
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
 from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
@@ -159,7 +163,13 @@ class SignedPublisher:
         self._key: SigningKey | None = None
         self._git: GitRecord | None = None
         self._storage: Storage | None = None
+        self._run_files: RunFiles | None = None
         self._parent: Manifest | None = None
+        # Pushed again with the next checkpoint: data whose push failed (while it is
+        # still here), manifests not yet in the remote (a chain's link missing there
+        # would cut the chain a node resuming elsewhere fetches).
+        self._unpushed_data: list[Path] = []
+        self._unpushed_manifests: list[Path] = []
 
     @property
     def directory(self) -> Path:
@@ -205,8 +215,18 @@ class SignedPublisher:
 
     def resume_point(self) -> ResumePoint | None:
         """The newest checkpoint that verifies, signed by an anchored key or this run's
-        own; the ones passed over are named in a :class:`CheckpointSkipped` warning."""
+        own; the ones passed over are named in a :class:`CheckpointSkipped` warning.
+
+        When the run pushes, the manifests in the DVC remote count too: one newer than
+        every valid local checkpoint that verifies is brought here (its chain's manifests
+        and its data) and taken."""
         point = self.latest(stacklevel=4)
+        if self.push:
+            found = self._remote_resume().newest(
+                None if point is None else point.step, stacklevel=3
+            )
+            if found is not None:
+                point = ResumePoint(found.checkpoint, found.step)
         if point is not None:
             self._parent = read_manifest(manifest_path_for(point.path))
         return point
@@ -226,6 +246,28 @@ class SignedPublisher:
                 continue
             return ResumePoint(path, step)
         return None
+
+    def _storage_for(self, project: Project) -> Storage:
+        if self._storage is None:
+            self._storage = Storage(project)
+        return self._storage
+
+    def _files(self, project: Project) -> RunFiles:
+        if self._run_files is None:
+            self._run_files = RunFiles(self._storage_for(project), self.run_id)
+        return self._run_files
+
+    def _remote_resume(self) -> RemoteResume:
+        project, _ = self._opened()
+        return RemoteResume(
+            project,
+            self._storage_for(project),
+            self._files(project),
+            self.directory,
+            self._verifier,
+            self._invalid,
+            CheckpointSkipped,
+        )
 
     def checkpoint_at(self, step: int) -> ResumePoint:
         path = self.directory / checkpoint_name(step)
@@ -287,19 +329,38 @@ class SignedPublisher:
             self._push(project, final)
 
     def _push(self, project: Project, checkpoint: Path) -> None:
-        """Push on the background thread. A failure does not stop the run: the checkpoint
-        is safe locally, `kaudit status` shows it as not pushed, `kaudit push` completes it."""
-        if self._storage is None:
-            self._storage = Storage(project)
+        """Push on the background thread: the data, then the manifest into the run's
+        directory in the remote (a manifest there whose data is not would only be passed
+        over). A failure does not stop the run: the checkpoint is safe locally, `kaudit
+        status` shows it as not pushed, `kaudit push` completes the data, and the next
+        checkpoint's push retries what failed."""
+        storage = self._storage_for(project)
+        self._unpushed_manifests.append(manifest_path_for(checkpoint))
+        # Pruned meanwhile: its data is gone (on purpose, signed), its manifest still goes.
+        data = [c for c in self._unpushed_data if c.exists()]
         try:
-            self._storage.push([checkpoint])
+            storage.push([*data, checkpoint])
         except Error as e:
-            self._push_failures.append(str(e))
-            log.warning(
-                "push of %s failed (kept locally; `kaudit push` completes it): %s",
-                checkpoint.name,
-                e,
-            )
+            self._unpushed_data = [*data, checkpoint]
+            self._push_failed(checkpoint, e)
+            return
+        self._unpushed_data = []
+        files = self._files(project)
+        while self._unpushed_manifests:
+            manifest = self._unpushed_manifests[0]
+            try:
+                if manifest.exists():
+                    push_manifest(files, manifest)
+            except Error as e:
+                self._push_failed(manifest, e)
+                return
+            self._unpushed_manifests.pop(0)
+
+    def _push_failed(self, path: Path, e: Error) -> None:
+        self._push_failures.append(str(e))
+        log.warning(
+            "push of %s failed (kept locally; `kaudit push` completes it): %s", path.name, e
+        )
 
 
 class ReplayPublisher:

@@ -96,3 +96,10 @@ def remote_odb(repo: Any, name: str) -> Any:
 def object_path(odb: Any, md5: str) -> str:
     """Where the object ``md5`` lives in ``odb``, in its file system's terms (DVC internal)."""
     return str(odb.oid_to_path(md5))
+
+
+def remote_root(repo: Any, name: str) -> tuple[Any, str]:
+    """The file system of the DVC remote ``name`` and its root path in that file system's
+    terms, the directory that holds ``files/md5`` (DVC internal: ``repo.cloud.get_remote``)."""
+    remote = repo.cloud.get_remote(name, "kaudit")
+    return remote.fs, str(remote.path)

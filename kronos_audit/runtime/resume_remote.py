@@ -1,0 +1,306 @@
+"""Resume elsewhere: a run's manifests in its DVC remote, and restore taking the newest one
+that verifies there.
+
+With ``Run(push=True)`` each checkpoint's data goes to the DVC remote (content-addressed,
+``files/md5/..``) and then its manifest, to ``<remote>/kaudit/runs/<run>/`` (see
+:mod:`kronos_audit.storage.runs`). A node that has neither the run's directory nor a shared
+file system finds the run's checkpoints there.
+
+The remote may hold anything: each manifest is read bounded, must be a regular file, and
+is taken only if it passes, here, exactly the checks a local one passes in
+:meth:`SignedPublisher.resume_point <kronos_audit.runtime.publish.SignedPublisher.resume_point>`:
+signed by an anchored key or the run's own, of this run and step, in its place, its chain
+back to the run's first manifest whole and signed, and its data, fetched by the signed
+md5 and checked before it is linked into place, the signed bytes. What restore writes
+locally: the manifests of the chain (small files) and the data of the step it resumes
+from only; a candidate that fails leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.errors import Error, StorageError
+from kronos_audit.manifest import (
+    MANIFEST_SUFFIX,
+    Manifest,
+    manifest_path_for,
+    parse_manifest,
+    read_signed_file,
+)
+from kronos_audit.project import Project
+from kronos_audit.runtime.protocol import checkpoint_name
+from kronos_audit.storage import runs
+from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
+from kronos_audit.storage.tracking import track
+from kronos_audit.verify import Verifier, place_check
+
+TRY_LIMIT = 16
+"""Remote manifests, newest first, read and checked by one restore at most: a remote full
+of manifests that do not verify must not make a restore download them all."""
+
+_MANIFEST_NAME = re.compile(r"step-([0-9]{8,18})\.h5" + re.escape(MANIFEST_SUFFIX))
+
+
+def step_of_manifest_name(name: str) -> int | None:
+    """The step of a manifest named as a run names them (``step-<N:08d>.h5.kaudit.json``),
+    else None (a temporary, a stray file, the same step spelled another way)."""
+    m = _MANIFEST_NAME.fullmatch(name)
+    if m is None:
+        return None
+    step = int(m.group(1))
+    return step if manifest_path_for(Path(checkpoint_name(step))).name == name else None
+
+
+def push_manifest(files: RunFiles, manifest: Path) -> None:
+    """Put a run's local manifest in its remote directory, under its own name."""
+    files.put(manifest.name, read_signed_file(manifest))
+
+
+@dataclass(frozen=True)
+class Found:
+    """A remote manifest taken: its checkpoint is now in place locally and verifies."""
+
+    checkpoint: Path
+    """The checkpoint's local path (beside its manifest)."""
+    step: int
+    """Its step."""
+
+
+class _Skip(Exception):
+    """This remote candidate is not taken; the message says why."""
+
+
+class RemoteResume:
+    """Looks for a run's newest valid checkpoint in its DVC remote and brings it here."""
+
+    def __init__(
+        self,
+        project: Project,
+        storage: Storage,
+        files: RunFiles,
+        directory: Path,
+        verifier: Callable[[], Verifier],
+        invalid: Callable[[Verifier, Path], str | None],
+        skipped: type[Warning],
+    ) -> None:
+        self.project = project
+        self.storage = storage
+        self.files = files
+        self.directory = directory
+        self.run_id = files.run_id
+        self._verifier = verifier
+        self._invalid = invalid
+        self._skipped = skipped  # the category a local checkpoint passed over is warned in
+
+    def newest(self, above: int | None, *, stacklevel: int) -> Found | None:
+        """The newest remote checkpoint of a step after ``above`` (None: any) that
+        verifies, brought into the run's directory; None if there is none. Those passed
+        over are named in a CheckpointSkipped warning. StorageError if the remote cannot
+        be listed: resuming without knowing its newer checkpoints would redo them and
+        overwrite their manifests there."""
+        stacklevel += 1
+        try:
+            listing = self.files.list()
+        except StorageError as e:
+            raise StorageError(
+                f"cannot look for run {self.run_id!r}'s checkpoints in the DVC remote: "
+                f"{e.message} (run with push=False to resume from local checkpoints only)",
+                path=self.directory,
+            ) from None
+        if listing.truncated:
+            warnings.warn(
+                f"{self.files.where}: more than {runs.LIST_LIMIT:,} entries: only the first "
+                f"{runs.LIST_LIMIT:,} listed were looked at",
+                self._skipped,
+                stacklevel=stacklevel,
+            )
+        by_name = {e.name: e for e in listing.entries}
+        candidates = sorted(
+            (
+                (step, e)
+                for e in listing.entries
+                if (step := step_of_manifest_name(e.name)) is not None
+                and (above is None or step > above)
+            ),
+            key=lambda c: c[0],
+            reverse=True,
+        )
+        for i, (step, entry) in enumerate(candidates):
+            if i == TRY_LIMIT:
+                warnings.warn(
+                    f"{self.files.where}: {len(candidates) - i} older manifests not tried "
+                    f"(at most {TRY_LIMIT} are tried per restore)",
+                    self._skipped,
+                    stacklevel=stacklevel,
+                )
+                break
+            try:
+                found = self._take(step, entry, by_name)
+            except _Skip as e:
+                warnings.warn(
+                    f"{self.files.where}/{entry.name} (in the DVC remote): skipped: {e}",
+                    self._skipped,
+                    stacklevel=stacklevel,
+                )
+                continue
+            return found
+        return None
+
+    # -- one candidate -----------------------------------------------------------------
+
+    def _get(self, entry: RemoteEntry | None, name: str) -> bytes:
+        if entry is None:
+            raise _Skip(f"{name} is not in the remote")
+        if not entry.regular:
+            raise _Skip(f"{name} is not a regular file (a symbolic link, a directory ...)")
+        if entry.size is not None and entry.size > MANIFEST_LIMIT:
+            raise _Skip(f"{name} is {entry.size:,} bytes, more than a manifest may be")
+        try:
+            return self.files.get(name, MANIFEST_LIMIT)
+        except RemoteFileRefused as e:
+            raise _Skip(f"{name}: {e}") from None
+        except StorageError as e:
+            raise _Skip(e.message) from None
+
+    def _parse(self, data: bytes, path: Path) -> Manifest:
+        try:
+            return parse_manifest(data, path)
+        except Error as e:
+            raise _Skip(f"not a manifest: {e.message}") from None
+
+    def _local_state(self, path: Path, data: bytes) -> bool:
+        """Whether ``path`` already holds ``data`` (True) or nothing (False); _Skip if it
+        holds anything else: a local file is never replaced by the remote's."""
+        if not os.path.lexists(path):
+            return False
+        try:
+            here = read_regular(path, MANIFEST_LIMIT, follow_symlinks=False)
+        except UnsafeFile:
+            here = None
+        if here != data:
+            raise _Skip(f"a different {path.name} is here: left as it is")
+        return True
+
+    def _take(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
+        checkpoint = self.directory / checkpoint_name(step)
+        manifest_path = manifest_path_for(checkpoint)
+        if os.path.lexists(checkpoint):
+            # Judged here already (not valid, or it would have been taken): left alone.
+            raise _Skip(f"a checkpoint of step {step} is here and is not valid: left as it is")
+        data = self._get(entry, entry.name)
+        manifest = self._parse(data, manifest_path)
+        verifier = self._verifier()
+        if manifest.run != self.run_id:
+            raise _Skip(f"belongs to run {manifest.run!r}")
+        if manifest.step != step:
+            raise _Skip(f"its manifest signs step {manifest.step}, not the step its name says")
+        signed = verifier.signature(manifest)
+        if not signed.ok:
+            raise _Skip(f"signature: {signed.detail}")
+        place = place_check(self.project, manifest)
+        if not place.ok:
+            raise _Skip(f"place: {place.detail}")
+        md5 = manifest.subject_md5
+        if md5 is None:
+            raise _Skip("its manifest records no DVC md5 to fetch the data by")
+        to_write = [] if self._local_state(manifest_path, data) else [(manifest_path, data)]
+        to_write += self._chain(verifier, manifest, by_name)
+        written: list[Path] = []
+        try:
+            # Manifests first (oldest first), the data last: the data linked into place is
+            # what makes the step a checkpoint here. Killed in between, a manifest without
+            # data is left, which the next restore takes up again (the same bytes).
+            for path, content in reversed(to_write):
+                try:
+                    write_atomic(path, content, overwrite=False)
+                except FileExistsError:
+                    self._local_state(path, content)  # appeared meanwhile: the same only
+                    continue
+                except OSError as e:
+                    raise _Skip(f"cannot write {path.name}: {e.strerror or e}") from None
+                written.append(path)
+            try:
+                self.storage.fetch(
+                    checkpoint,
+                    md5=md5,
+                    sha256=manifest.subject_sha256,
+                    size=manifest.record.size,
+                )
+            except Error as e:
+                raise _Skip(f"data not fetched: {e.message}") from None
+            try:
+                reason = self._invalid(self._verifier(), checkpoint)
+            except Error as e:
+                reason = e.message
+            if reason is not None:
+                self.storage.discard(checkpoint)
+                raise _Skip(reason)
+        except BaseException:
+            for path in written:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+        with contextlib.suppress(Error, OSError):
+            # The data is in DVC's cache already (the fetch put it there); the .dvc file
+            # lets `kaudit push` and `kaudit status` see it as a checkpoint made here does.
+            track(
+                self.project,
+                checkpoint,
+                md5,
+                manifest.record.size,
+                owned=True,
+                ignore_pattern="/step-*.h5",
+            )
+        return Found(checkpoint, step)
+
+    def _chain(
+        self, verifier: Verifier, manifest: Manifest, by_name: dict[str, RemoteEntry]
+    ) -> list[tuple[Path, bytes]]:
+        """The manifests of ``manifest``'s chain not here, read from the remote and each
+        checked as verify checks a link (the digest its child signs, a signature the
+        keyring accepts, the same run, an earlier step), newest first. The walk stops at
+        a link found here: verifying the checkpoint once in place checks the rest."""
+        out: list[tuple[Path, bytes]] = []
+        child = manifest
+        while child.parent is not None:
+            if verifier.locate_parent(child) is not None:
+                break
+            recorded = child.record.parent_manifest or ""
+            name = PurePosixPath(recorded).name
+            parent_step = step_of_manifest_name(name)
+            if parent_step is None or parent_step >= child.step:
+                raise _Skip(f"its chain's link {recorded!r} is not an earlier manifest of the run")
+            data = self._get(by_name.get(name), name)
+            if hashlib.sha256(data).hexdigest() != child.parent:
+                raise _Skip(f"its chain's {name} in the remote is not the one its child signs")
+            path = self.directory / name
+            parent = self._parse(data, path)
+            signed = verifier.signature(parent)
+            if not signed.ok:
+                raise _Skip(f"its chain's {name}: {signed.detail}")
+            if parent.run != child.run or parent.step != parent_step:
+                raise _Skip(f"its chain's {name} is run {parent.run!r} step {parent.step}")
+            if not self._local_state(path, data):
+                out.append((path, data))
+            child = parent
+        return out
+
+
+__all__ = [
+    "TRY_LIMIT",
+    "Found",
+    "RemoteResume",
+    "push_manifest",
+    "step_of_manifest_name",
+]

@@ -1,0 +1,350 @@
+"""Resume elsewhere against a local-directory DVC remote: ``Run(push=True)`` puts each
+manifest in ``<remote>/kaudit/runs/<run>/`` after its data, and ``run.restore()`` in a
+fresh clone takes the newest one there that verifies; a hostile remote's files are each
+passed over, with nothing half-written locally."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.errors import StorageError
+from kronos_audit.project import Project, find_project
+from kronos_audit.runtime import resume_remote
+from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.signing import SigningKey
+from kronos_audit.storage import Storage, configure_remote
+from kronos_audit.storage import runs as runs_module
+from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
+from tests.helpers import git, run_cli, untrusted_key
+
+pytestmark = pytest.mark.slow
+
+RUN = "heat"
+
+
+def manifest_name(step: int) -> str:
+    return f"step-{step:08d}.h5.kaudit.json"
+
+
+def heat(root: Path, stop: int, *, total: int = 6, push: bool = True) -> np.ndarray:
+    """Up to ``stop`` of a ``total``-step run (a checkpoint each step), resuming if it can;
+    returns the state in hand."""
+    with ka.Run(RUN, root=root, seed=5, every=ka.EverySteps(1), push=push) as run:
+        state = run.restore() or {"u": run.rng.random((16, 16))}
+        for step in run.steps(total):
+            state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((16, 16))}
+            run.checkpoint(step, state)
+            if step == stop:
+                break
+        assert run.push_failures == []
+    return np.asarray(state["u"])
+
+
+@pytest.fixture
+def remote(project: Project, tmp_path: Path) -> Path:
+    path = tmp_path / "remote"
+    configure_remote(project, str(path))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    return path
+
+
+@pytest.fixture
+def clone(project: Project, remote: Path, tmp_path: Path) -> Path:
+    """A fresh clone elsewhere, with the same remote and no run directory."""
+    path = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(path))
+    return path
+
+
+def run_dir(repo: Path) -> Path:
+    return repo / "checkpoints" / RUN
+
+
+def remote_dir(remote: Path) -> Path:
+    return remote / "kaudit" / "runs" / RUN
+
+
+def test_manifests_travel_to_the_remote_after_their_data(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    heat(project.root / "checkpoints", stop=3)
+    local = run_dir(project.root)
+    assert sorted(p.name for p in remote_dir(remote).iterdir()) == [
+        manifest_name(s) for s in (1, 2, 3)
+    ]
+    for step in (1, 2, 3):
+        pushed = remote_dir(remote) / manifest_name(step)
+        assert pushed.read_bytes() == (local / manifest_name(step)).read_bytes()
+        md5 = ka.read_manifest(local / manifest_name(step)).subject_md5
+        assert md5 is not None
+        assert (remote / "files" / "md5" / md5[:2] / md5[2:]).is_file()
+
+
+def test_no_remote_lookups_without_push(
+    project: Project, key: SigningKey, remote: Path, clone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    heat(project.root / "checkpoints", stop=3)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the remote was asked")
+
+    monkeypatch.setattr(RunFiles, "list", refuse)
+    monkeypatch.setattr(RunFiles, "put", refuse)
+    with ka.Run(RUN, root=clone / "checkpoints", seed=5, push=False) as run:
+        assert run.restore() is None
+
+
+def test_a_fresh_clone_resumes_from_the_remote_and_the_chain_verifies(
+    project: Project, key: SigningKey, remote: Path, clone: Path, tmp_path: Path
+) -> None:
+    reference = heat(project.root / "reference", stop=6, push=False)
+    heat(project.root / "checkpoints", stop=3)
+    assert not run_dir(clone).exists()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is skipped
+        final = heat(clone / "checkpoints", stop=6)
+    assert final.tobytes() == reference.tobytes()
+
+    here = run_dir(clone)
+    # The whole chain's manifests, the data of the step resumed from and after only.
+    assert sorted(p.name for p in here.glob("*.kaudit.json")) == [
+        manifest_name(s) for s in range(1, 7)
+    ]
+    assert sorted(p.name for p in here.glob("step-*.h5")) == [
+        f"step-{s:08d}.h5" for s in range(3, 7)
+    ]
+    assert (here / "step-00000003.h5.dvc").is_file()  # tracked as one made here
+    step4 = ka.read_manifest(here / manifest_name(4))
+    assert step4.parent == ka.read_manifest(here / manifest_name(3)).digest
+    assert sorted(p.name for p in remote_dir(remote).iterdir()) == [
+        manifest_name(s) for s in range(1, 7)
+    ]
+    result = run_cli("verify", str(here))
+    assert result.exit_code == 0, result.output
+
+
+def test_a_local_checkpoint_as_new_as_the_remote_is_taken_without_asking_for_data(
+    project: Project, key: SigningKey, remote: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    heat(project.root / "checkpoints", stop=3)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data fetched although the local checkpoint is as new")
+
+    monkeypatch.setattr(Storage, "fetch", refuse)
+    with ka.Run(RUN, root=project.root / "checkpoints", seed=5, push=True) as run:
+        run.restore()
+        assert run.step == 3
+
+
+def test_an_older_run_directory_catches_up_from_the_remote(
+    project: Project, key: SigningKey, remote: Path, clone: Path, tmp_path: Path
+) -> None:
+    heat(project.root / "checkpoints", stop=2)
+    heat(clone / "checkpoints", stop=2, push=False)  # the clone has steps 1-2 of its own
+    # ... but the original went on to step 4 (and pushed): the remote's chain differs.
+    heat(project.root / "checkpoints", stop=4)
+    with pytest.warns(CheckpointSkipped, match="a different step-00000002"):
+        step = restore_in(clone)
+    assert step == 2  # its own, since the remote's chain conflicts here
+
+
+def test_an_emptied_run_directory_is_restored(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    reference = heat(project.root / "reference", stop=6, push=False)
+    heat(project.root / "checkpoints", stop=4)
+    for p in run_dir(project.root).iterdir():
+        p.unlink()
+    final = heat(project.root / "checkpoints", stop=6)
+    assert final.tobytes() == reference.tobytes()
+    assert run_cli("verify", str(run_dir(project.root))).exit_code == 0
+
+
+# -- a hostile remote --------------------------------------------------------------------
+
+
+def restore_in(clone: Path) -> int | None:
+    with ka.Run(RUN, root=clone / "checkpoints", seed=5, push=True) as run:
+        run.restore()
+        return run.step
+
+
+def local_names(clone: Path) -> list[str]:
+    d = run_dir(clone)
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+@pytest.fixture
+def pushed(project: Project, key: SigningKey, remote: Path) -> Path:
+    """Steps 1-3 pushed; the remote's run directory."""
+    heat(project.root / "checkpoints", stop=3)
+    return remote_dir(remote)
+
+
+def expect_step_2(clone: Path, match: str) -> None:
+    """The remote's step 3 is passed over with ``match`` in its warning; step 2 is taken,
+    and nothing of step 3 is left here."""
+    with pytest.warns(CheckpointSkipped, match=match):
+        assert restore_in(clone) == 2
+    names = local_names(clone)
+    assert "step-00000003.h5" not in names
+    assert manifest_name(3) not in names
+    assert "step-00000002.h5" in names
+
+
+def test_garbage_json_is_skipped(pushed: Path, clone: Path) -> None:
+    (pushed / manifest_name(3)).write_bytes(b'{"payloadType": ')
+    expect_step_2(clone, "not a manifest")
+
+
+def test_a_symlink_is_skipped(pushed: Path, clone: Path) -> None:
+    target = pushed / manifest_name(3)
+    real = target.with_name("elsewhere.json")
+    target.rename(real)
+    os.symlink(real, target)
+    expect_step_2(clone, "not a regular file")
+
+
+def test_a_fifo_is_skipped_without_blocking(pushed: Path, clone: Path) -> None:
+    target = pushed / manifest_name(3)
+    target.unlink()
+    os.mkfifo(target)
+    expect_step_2(clone, "not a regular file")
+
+
+def test_a_huge_file_is_skipped_unread(
+    pushed: Path, clone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resume_remote, "MANIFEST_LIMIT", 100_000)
+    with open(pushed / manifest_name(3), "r+b") as f:
+        f.truncate(200_000)  # sparse: nothing is written, and nothing must be read
+    expect_step_2(clone, "more than a manifest may be")
+
+
+def test_a_manifest_of_another_run_is_skipped(project: Project, pushed: Path, clone: Path) -> None:
+    with ka.Run("other", root=project.root / "checkpoints", seed=5, every=ka.EverySteps(1)) as run:
+        for step in run.steps(3):
+            run.checkpoint(step, {"u": np.zeros(3)})
+    other = run_dir(project.root).parent / "other" / manifest_name(3)
+    (pushed / manifest_name(3)).write_bytes(other.read_bytes())
+    expect_step_2(clone, "belongs to run 'other'")
+
+
+def test_a_manifest_signed_by_an_unanchored_key_is_skipped(
+    project: Project, pushed: Path, clone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KAUDIT_KEY", "tester")  # the run's own key; mallory's is held too
+    mallory = untrusted_key("mallory")
+    with ka.Run(
+        RUN, root=project.root / "forged", seed=5, key=mallory, every=ka.EverySteps(1)
+    ) as run:
+        for step in run.steps(3):
+            run.checkpoint(step, {"u": np.zeros(3)})
+    forged = project.root / "forged" / RUN / manifest_name(3)
+    (pushed / manifest_name(3)).write_bytes(forged.read_bytes())
+    expect_step_2(clone, "signature")
+
+
+def test_a_manifest_under_another_steps_name_is_skipped(pushed: Path, clone: Path) -> None:
+    (pushed / manifest_name(3)).write_bytes((pushed / manifest_name(2)).read_bytes())
+    expect_step_2(clone, "signs step 2")
+
+
+def test_a_manifest_whose_data_is_missing_is_skipped(
+    project: Project, pushed: Path, remote: Path, clone: Path
+) -> None:
+    md5 = ka.read_manifest(run_dir(project.root) / manifest_name(3)).subject_md5
+    assert md5 is not None
+    (remote / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+    expect_step_2(clone, "data not fetched.*not in the DVC remote")
+
+
+def test_a_manifest_whose_data_was_altered_is_skipped(
+    project: Project, pushed: Path, remote: Path, clone: Path
+) -> None:
+    md5 = ka.read_manifest(run_dir(project.root) / manifest_name(3)).subject_md5
+    assert md5 is not None
+    obj = remote / "files" / "md5" / md5[:2] / md5[2:]
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 1
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes(data))
+    expect_step_2(clone, "not the signed data")
+
+
+def test_a_broken_chain_is_skipped(pushed: Path, clone: Path) -> None:
+    # Step 3 verifies on its own, but the step 2 its chain needs was altered in the remote:
+    # step 3 is passed over, and so is step 2, and step 1 is taken.
+    envelope = json.loads((pushed / manifest_name(2)).read_bytes())
+    envelope["signatures"] = []
+    (pushed / manifest_name(2)).write_text(json.dumps(envelope))
+    with pytest.warns(CheckpointSkipped) as caught:
+        assert restore_in(clone) == 1
+    text = "\n".join(str(w.message) for w in caught)
+    assert "chain's step-00000002" in text
+    assert local_names(clone) == sorted(
+        [manifest_name(1), "step-00000001.h5", "step-00000001.h5.dvc", ".gitignore"]
+    )
+
+
+def test_stray_names_are_ignored(pushed: Path, clone: Path) -> None:
+    (pushed / "step-3.h5.kaudit.json").write_bytes(b"x")  # the same step spelled another way
+    (pushed / "step-00000099.h5.kaudit.json.tmp").write_bytes(b"x")
+    (pushed / "notes.txt").write_bytes(b"x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert restore_in(clone) == 3
+
+
+def test_only_so_many_candidates_are_tried(
+    pushed: Path, clone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resume_remote, "TRY_LIMIT", 3)
+    for step in range(4, 10):
+        (pushed / manifest_name(step)).write_bytes(b"garbage")
+    with pytest.warns(CheckpointSkipped) as caught:
+        assert restore_in(clone) is None
+    assert "older manifests not tried (at most 3" in str(caught[-1].message)
+    assert local_names(clone) == []
+
+
+def test_listing_is_capped(pushed: Path, clone: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runs_module, "LIST_LIMIT", 2)
+    with pytest.warns(CheckpointSkipped, match="more than 2 entries"):
+        restore_in(clone)
+
+
+def test_a_remote_that_cannot_be_listed_stops_restore(
+    project: Project, pushed: Path, remote: Path, clone: Path
+) -> None:
+    # Resuming without knowing the remote's newer checkpoints would redo them and then
+    # overwrite their manifests there: restore stops instead, saying why.
+    shutil.rmtree(pushed)
+    pushed.write_bytes(b"not a directory")
+    with pytest.raises(StorageError, match="cannot look for run 'heat'"):
+        restore_in(clone)
+    assert local_names(clone) == []
+
+
+def test_run_files_refuse_names_that_are_not_one_component(project: Project, remote: Path) -> None:
+    storage = Storage(find_project(project.root))
+    with pytest.raises(StorageError):
+        RunFiles(storage, "..")
+    files = RunFiles(storage, "r")
+    with pytest.raises(StorageError):
+        files.put("../escape", b"x")
+    files.put("a", b"data")
+    assert files.get("a", 10) == b"data"
+    with pytest.raises(RemoteFileRefused, match="more than"):
+        files.get("a", 3)

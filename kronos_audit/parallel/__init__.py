@@ -8,6 +8,7 @@ imported only when a communicator on them is made (importing mpi4py initializes 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,7 @@ from kronos_audit.parallel.comm import (
     PreemptionVote,
     SingleProcess,
     launcher,
+    mpi_variable,
 )
 
 __all__ = ["Comm", "Pending", "PreemptionVote", "SingleProcess", "detect", "launcher"]
@@ -34,6 +36,14 @@ def _is_torch_group(obj: Any) -> bool:
     dist = sys.modules.get("torch.distributed")
     group_type = getattr(dist, "ProcessGroup", None) if dist is not None else None
     return isinstance(group_type, type) and isinstance(obj, group_type)
+
+
+def _is_torch_non_member(obj: Any) -> bool:
+    # torch's new_group() gives the ranks it leaves out a sentinel (an int), not a group.
+    dist = sys.modules.get("torch.distributed")
+    member = getattr(dist, "GroupMember", None) if dist is not None else None
+    sentinel = getattr(member, "NON_GROUP_MEMBER", None)
+    return sentinel is not None and type(obj) is type(sentinel) and obj == sentinel
 
 
 def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Comm:
@@ -52,6 +62,8 @@ def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Com
             from kronos_audit.parallel.mpi import MPIComm
 
             return MPIComm(comm)
+        if _is_torch_non_member(comm):
+            raise UsageError("this process is not a member of the process group given")
         if _is_torch_group(comm):
             from kronos_audit.parallel.torchdist import TorchComm
 
@@ -62,11 +74,12 @@ def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Com
             "comm= must be a kronos_audit.parallel.Comm, an mpi4py communicator or a "
             f"torch.distributed ProcessGroup, not {type(comm).__name__}"
         )
-    found = launcher(environ)
+    env = os.environ if environ is None else environ
+    found = launcher(env)
     if found == "mpi":
         from kronos_audit.parallel.mpi import MPIComm
 
-        return MPIComm()
+        return MPIComm(launched_by=mpi_variable(env))
     if found == "torch":
         from kronos_audit.parallel.torchdist import TorchComm
 

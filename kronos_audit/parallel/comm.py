@@ -11,9 +11,9 @@ Python values, and integer reductions); three implementations provide it:
   process group (initialized with gloo from torchrun's environment when the program has
   not) or a group the program gives.
 
-:func:`kronos_audit.parallel.detect` picks one from what the program passes or, failing that, from the
-launcher's environment. :class:`PreemptionVote` turns "this rank got a preemption signal"
-into "every rank stops at the same step".
+:func:`kronos_audit.parallel.detect` picks one from what the program passes or, failing
+that, from the launcher's environment. :class:`PreemptionVote` turns "this rank got a
+preemption signal" into "every rank stops at the same step".
 
 mpi4py and torch are imported only when a launcher's environment or the program asks for
 them, never by importing this module.
@@ -210,6 +210,11 @@ class SingleProcess:
         return "SingleProcess()"
 
 
+def mpi_variable(environ: Mapping[str, str]) -> str | None:
+    """The first of :data:`MPI_VARIABLES` set in ``environ``, if any."""
+    return next((v for v in MPI_VARIABLES if environ.get(v)), None)
+
+
 def launcher(environ: Mapping[str, str] | None = None) -> Launcher:
     """Which launcher started this process, read from ``environ`` (``os.environ``).
 
@@ -222,7 +227,7 @@ def launcher(environ: Mapping[str, str] | None = None) -> Launcher:
     env = os.environ if environ is None else environ
     if env.get("TORCHELASTIC_RUN_ID"):
         return "torch"
-    if any(env.get(v) for v in MPI_VARIABLES):
+    if mpi_variable(env):
         return "mpi"
     if all(env.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
         return "torch"

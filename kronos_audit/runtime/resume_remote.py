@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import warnings
@@ -44,6 +45,8 @@ from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
 from kronos_audit.storage.tracking import track
 from kronos_audit.verify import Verifier, place_check
+
+log = logging.getLogger("kronos_audit.runtime")
 
 TRY_LIMIT = 16
 """Remote manifests, newest first, read and checked by one restore at most: a remote full
@@ -106,18 +109,21 @@ class RemoteResume:
     def newest(self, above: int | None, *, stacklevel: int) -> Found | None:
         """The newest remote checkpoint of a step after ``above`` (None: any) that
         verifies, brought into the run's directory; None if there is none. Those passed
-        over are named in a CheckpointSkipped warning. StorageError if the remote cannot
-        be listed: resuming without knowing its newer checkpoints would redo them and
-        overwrite their manifests there."""
+        over are named in a CheckpointSkipped warning. A remote that cannot be listed is
+        logged, as a failed push is, and does not stop the run: it goes on from its local
+        checkpoints (the log line says what that risks)."""
         stacklevel += 1
         try:
             listing = self.files.list()
         except StorageError as e:
-            raise StorageError(
-                f"cannot look for run {self.run_id!r}'s checkpoints in the DVC remote: "
-                f"{e.message} (run with push=False to resume from local checkpoints only)",
-                path=self.directory,
-            ) from None
+            log.warning(
+                "run %r: the DVC remote was not looked at: %s; resuming from local "
+                "checkpoints only (a newer checkpoint there would be done again, and its "
+                "manifests in the remote replaced)",
+                self.run_id,
+                e.message,
+            )
+            return None
         if listing.truncated:
             warnings.warn(
                 f"{self.files.where}: more than {runs.LIST_LIMIT:,} entries: only the first "

@@ -607,8 +607,12 @@ class Verifier:
         out.append(
             Check(CheckName.SHARD_INDEX, True, f"{shards.count} shards; Merkle root matches")
         )
+        if not all(c.ok for c in checks):
+            # An index that only an unverified manifest vouches for names nothing to read.
+            detail = "not read: the step manifest does not verify"
+            return [*out, Check(CheckName.SHARDS, False, detail, skipped=True)], False
         fetched = False
-        if self.fetch and all(c.ok for c in checks):
+        if self.fetch:
             missing = [r for r in records if not os.path.lexists(index.parent / r.name)]
             if missing:
                 self._fetch_shards(manifest, missing)

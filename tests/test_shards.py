@@ -323,6 +323,11 @@ def test_an_unsigned_step_is_never_read_by_a_rank(
     result = Verifier(project).verify_rank(forged.path, 1)
     assert [c.name for c in result.failures] == ["signature", "shards"]
     assert result.failures[1].skipped
+    # Verified whole, the step's shards are not read either: only a FIFO would tell.
+    os.mkfifo(shard_path(directory, 1, 3))
+    whole = Verifier(project).verify(forged.path)
+    assert [c.name for c in whole.failures] == ["signature", "shards"]
+    assert whole.failures[1].detail == "not read: the step manifest does not verify"
 
 
 # -- hostile indexes ------------------------------------------------------------------
@@ -475,7 +480,7 @@ def test_signing_refuses_an_incomplete_or_misnamed_set(project: Project, key: Si
 
     with pytest.raises(UsageError, match="line 2: holds rank 0 where rank 1 belongs"):
         sign([records[0], records[0], records[2]])
-    with pytest.raises(UsageError, match="line 1: names 'rank-000000-of-000003.h5', not"):
+    with pytest.raises(UsageError, match=r"line 1: names 'rank-000000-of-000003\.h5', not"):
         sign([records[0], records[2]])  # a rank missing: the others are named for 3
     with pytest.raises(UsageError, match="line 1: names"):
         sign([ShardRecord(0, "../x.h5", "b" * 64, "a" * 32, 1), *records[1:]])

@@ -401,6 +401,8 @@ def test_check_names_print_and_serialise_as_before() -> None:
         "parent link",
         "manifest",
         "outcome",
+        "shard index",
+        "shards",
     ]
     u = Check(CheckName.DATASET, False, "content differs", dataset="/fields/u")
     assert u.name == "dataset /fields/u"

@@ -212,12 +212,20 @@ def read_block(
             out = np.empty(shape, dtype=part.dtype)
         elif part.dtype != out.dtype or _others(part.shape, axis) != _others(out.shape, axis):
             raise CheckpointError(
-                f"old block {p.old_index}: {part.dtype}{list(part.shape)} does not match the "
-                f"other blocks ({out.dtype}, shape {list(out.shape)} along axis {axis})"
+                f"old block {p.old_index}: dtype {_text(part.dtype)}, shape "
+                f"{reprlib.repr(list(part.shape))} does not fit the block being assembled "
+                f"(dtype {_text(out.dtype)}, shape {reprlib.repr(list(out.shape))}, split "
+                f"along axis {axis})"
             )
         out[(slice(None),) * axis + (p.new_slice,)] = part
     assert out is not None
     return out
+
+
+def _text(dtype: np.dtype[Any]) -> str:
+    # A structured dtype read from a hostile file can have thousands of fields: one line.
+    text = str(dtype)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _others(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
@@ -234,7 +242,7 @@ def _piece(
     if part.ndim <= axis or part.shape[axis] != want:
         raise CheckpointError(
             f"old block {index}: slice {s.start}:{s.stop} along axis {axis} read as shape "
-            f"{list(part.shape)} (expected {want} along axis {axis})"
+            f"{reprlib.repr(list(part.shape))} (expected {want} along axis {axis})"
         )
     return part
 

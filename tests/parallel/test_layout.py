@@ -302,7 +302,7 @@ def test_read_block_refuses_a_piece_of_the_wrong_length() -> None:
 def test_read_block_refuses_old_blocks_that_disagree_on_dtype() -> None:
     pieces = plan(10, 2, 1, 0)
     blocks: list[np.ndarray[Any, Any]] = [np.zeros((5, 2)), np.zeros((5, 2), dtype=np.float32)]
-    with pytest.raises(CheckpointError, match="old block 1: float32"):
+    with pytest.raises(CheckpointError, match="old block 1: dtype float32"):
         read_block(pieces, lambda i, s: blocks[i][s])
 
 
@@ -330,3 +330,13 @@ def test_errors_are_the_projects_errors() -> None:
     assert issubclass(UsageError, Error)
     assert issubclass(CheckpointError, Error)
     assert Piece(0, slice(0, 1), slice(0, 1)) == Piece(0, slice(0, 1), slice(0, 1))
+
+
+def test_a_huge_structured_dtype_is_named_in_one_short_line() -> None:
+    wide = np.dtype([(f"f{i}", "<i4") for i in range(500)])
+    blocks = [np.zeros((1,), dtype=wide), np.zeros((1,), dtype="<f8")]
+    with pytest.raises(CheckpointError) as e:
+        read_block(plan(2, 2, 1, 0), lambda i, s: blocks[i][s])
+    assert "old block 1" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert len(str(e.value)) < 400

@@ -70,6 +70,21 @@ def push_manifest(files: RunFiles, manifest: Path) -> None:
     files.put(manifest.name, read_signed_file(manifest))
 
 
+def push_manifests(storage: Storage, manifests: list[Path], remote: str | None = None) -> int:
+    """Put each manifest in its run's directory in the remote (the run its signed
+    statement names), oldest step first, as ``Run(push=True)`` does; return how many.
+    For a ``kaudit push`` that completes what a run's background push could not."""
+    by_run: dict[str, list[tuple[int, Path]]] = {}
+    for path in manifests:
+        manifest = parse_manifest(read_signed_file(path), path)
+        by_run.setdefault(manifest.run, []).append((manifest.step, path))
+    for run_id, entries in by_run.items():
+        files = RunFiles(storage, run_id, remote)
+        for _, path in sorted(entries):
+            push_manifest(files, path)
+    return sum(len(e) for e in by_run.values())
+
+
 @dataclass(frozen=True)
 class Found:
     """A remote manifest taken: its checkpoint is now in place locally and verifies."""
@@ -308,5 +323,6 @@ __all__ = [
     "Found",
     "RemoteResume",
     "push_manifest",
+    "push_manifests",
     "step_of_manifest_name",
 ]

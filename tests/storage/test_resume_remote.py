@@ -349,3 +349,13 @@ def test_run_files_refuse_names_that_are_not_one_component(project: Project, rem
     assert files.get("a", 10) == b"data"
     with pytest.raises(RemoteFileRefused, match="more than"):
         files.get("a", 3)
+
+
+def test_push_manifests_completes_what_a_run_did_not_push(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    heat(project.root / "checkpoints", stop=3, push=False)
+    assert not remote_dir(remote).exists()
+    manifests = sorted(run_dir(project.root).glob("*.kaudit.json"))
+    assert resume_remote.push_manifests(Storage(project), manifests) == 3
+    assert sorted(p.name for p in remote_dir(remote).iterdir()) == [m.name for m in manifests]

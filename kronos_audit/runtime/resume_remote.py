@@ -222,13 +222,14 @@ class RemoteResume:
         data = self._get(entry, entry.name)
         manifest = self._parse(data, manifest_path)
         verifier = self._verifier()
+        # The signature first: nothing else an unsigned file says is repeated.
+        signed = verifier.signature(manifest)
+        if not signed.ok:
+            raise _Skip(f"signature: {signed.detail}")
         if manifest.run != self.run_id:
             raise _Skip(f"belongs to run {manifest.run!r}")
         if manifest.step != step:
             raise _Skip(f"its manifest signs step {manifest.step}, not the step its name says")
-        signed = verifier.signature(manifest)
-        if not signed.ok:
-            raise _Skip(f"signature: {signed.detail}")
         place = place_check(self.project, manifest)
         if not place.ok:
             raise _Skip(f"place: {place.detail}")

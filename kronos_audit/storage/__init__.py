@@ -9,6 +9,9 @@ The rooms follow dvc-data's split:
   checks it before it becomes visible); :func:`configure_remote` keeps credentials out of
   git.
 - :mod:`~kronos_audit.storage.status`: where each checkpoint's data is.
+- :mod:`~kronos_audit.storage.runs`: :class:`RunFiles`, a run's small files (its
+  manifests) beside DVC's objects in the remote, ``kaudit/runs/<run>/``, through DVC's
+  file system for that remote; listing and reading bounded.
 
 Storage knows nothing of manifests: callers hand it the md5, sha256 and size a verified
 manifest records. DVC's own log chatter is kept to its loggers (see ``_dvc``).
@@ -16,6 +19,7 @@ manifest records. DVC's own log chatter is kept to its loggers (see ``_dvc``).
 
 from kronos_audit.storage.fetch import FETCH_CHUNK, FETCHED_MODE, FetchItem
 from kronos_audit.storage.remote import Storage, configure_remote
+from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.status import Location, Recorded, StatusEntry, locate
 from kronos_audit.storage.tracking import (
     DEFAULT_CACHE_TYPES,
@@ -44,6 +48,7 @@ __all__ = [
     "FetchItem",
     "Location",
     "Recorded",
+    "RunFiles",
     "StatusEntry",
     "Storage",
     "cache_object_path",

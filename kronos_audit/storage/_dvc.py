@@ -1,11 +1,12 @@
-"""DVC as kaudit drives it: its loggers kept quiet, its errors named, and the two places
+"""DVC as kaudit drives it: its loggers kept quiet, its errors named, and the places
 where kaudit reaches past DVC's public API.
 
-:func:`remote_odb` and :func:`object_path` use DVC internals (``repo.cloud.get_remote_odb``
-and the object database's ``oid_to_path``). DVC's public API (``dvc.api``) reads data
+:func:`remote_odb`, :func:`object_path` and :func:`remote_root` use DVC internals
+(``repo.cloud.get_remote_odb``, the object database's ``oid_to_path``, and
+``repo.cloud.get_remote``'s file system and path). DVC's public API (``dvc.api``) reads data
 through ``.dvc`` files and revisions, never by the md5 a signed manifest records, which is
 the only address kaudit trusts; so pyproject.toml bounds dvc below its next major version,
-and these two functions are all that changes if DVC moves them.
+and these functions are all that changes if DVC moves them.
 """
 
 from __future__ import annotations

@@ -21,14 +21,17 @@ from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
     LINE_WIDTH,
     TREE_NAME,
+    NoProof,
     ShardRecord,
     encode_index,
     merkle_root,
     parse_index,
+    proven_line,
     read_index,
     shard_name,
     shard_path,
     step_directory,
+    write_index,
 )
 from kronos_audit.checkpoint.writer import write_and_digest
 from kronos_audit.errors import CheckpointError, UsageError
@@ -570,3 +573,22 @@ def test_reading_a_step_manifest_back(step: Manifest) -> None:
     again = read_manifest(step.path)
     assert again.record == step.record
     assert again.record.to_json_obj()["shards"]["count"] == 3
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13])
+def test_every_rank_proves_its_line_and_only_its_line(tmp_path: Path, count: int) -> None:
+    records = [
+        ShardRecord(r, shard_name(r, count), f"{r:064x}", f"{r:032x}", r) for r in range(count)
+    ]
+    _, data, root = write_index(tmp_path, records)
+    assert root == merkle_root(data, count)
+    for rank in range(count):
+        assert proven_line(tmp_path, rank, count, root) == records[rank]
+    with pytest.raises(NoProof):  # another root: nothing proves against it
+        proven_line(tmp_path, 0, count, "0" * 64)
+    if count > 1:
+        # A line swapped for another rank's (tree unchanged) proves nothing either.
+        swapped = data[LINE_WIDTH : 2 * LINE_WIDTH] + data[LINE_WIDTH:]
+        (tmp_path / INDEX_NAME).write_bytes(swapped)
+        with pytest.raises(NoProof):
+            proven_line(tmp_path, 0, count, root)

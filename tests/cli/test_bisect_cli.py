@@ -41,7 +41,8 @@ def test_the_planted_divergence_exits_1_with_the_report(runs: tuple[Path, Path])
     assert "step 23: the checkpoints diverge first; step 22 agrees" in out
     assert "/fields/v DIFFERENT: 256 of 256 elements fail" in out  # diff's details
     assert "first [0, 0]" in out
-    assert "FAIL: 5 datasets: 4 identical, 1 different" in out
+    # the fields, the /rng generator states and /kaudit/tree
+    assert "FAIL: 7 datasets: 6 identical, 1 different" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("DIVERGED at step 23 (after step 22): /fields/v (")
     assert "of 40 common steps compared, 1 reading data" in last

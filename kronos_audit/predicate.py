@@ -14,7 +14,7 @@ carry fields this version does not know, and a replay's drift report compares th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, NewType
 
@@ -209,6 +209,45 @@ class Batches:
 
 
 @dataclass(frozen=True)
+class SchedulerRecord:
+    """The batch job that wrote the checkpoint (Slurm, from its ``SLURM_*`` environment)."""
+
+    name: str
+    """The scheduler: ``"slurm"``."""
+    job_id: int
+    """The job's id (``SLURM_JOB_ID``): the same across its requeues."""
+    restart_count: int
+    """How often the scheduler had requeued the job (``SLURM_RESTART_COUNT``; 0 at first)."""
+    array_job_id: int | None = None
+    """The array's job id when the job is one task of an array (``SLURM_ARRAY_JOB_ID``)."""
+    array_task_id: int | None = None
+    """Its task id in that array (``SLURM_ARRAY_TASK_ID``)."""
+    nodelist: str | None = None
+    """The nodes the job ran on, in Slurm's hostlist form (``SLURM_JOB_NODELIST``)."""
+    partition: str | None = None
+    """The partition it ran in (``SLURM_JOB_PARTITION``)."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> SchedulerRecord:
+        def optional(key: str, kind: type[int] | type[str]) -> Any:
+            return None if obj.get(key) is None else kind(obj[key])
+
+        return cls(
+            name=str(obj["name"]),
+            job_id=int(obj["job_id"]),
+            restart_count=int(obj["restart_count"]),
+            array_job_id=optional("array_job_id", int),
+            array_task_id=optional("array_task_id", int),
+            nodelist=optional("nodelist", str),
+            partition=optional("partition", str),
+        )
+
+    def to_json_obj(self) -> dict[str, Any]:
+        """As a manifest holds it: the fields that are not None."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
 class PrunedEntry:
     """A checkpoint of the same run whose data retention deleted when this one was written
     (signed here, so a verifier can tell data deleted on purpose from data deleted by
@@ -317,6 +356,8 @@ class Predicate:
     shards: ShardSet | None = None
     """For a sharded step, its shards (the subject is then their index); None for a
     checkpoint in one file."""
+    scheduler: SchedulerRecord | None = None
+    """The batch job that wrote it (None when it ran under no scheduler)."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
@@ -356,6 +397,9 @@ class Predicate:
                 for e in obj.get("pruned") or ()
             ),
             shards=None if shards is None else ShardSet.from_json_obj(shards),
+            scheduler=None
+            if obj.get("scheduler") is None
+            else SchedulerRecord.from_json_obj(obj["scheduler"]),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -386,6 +430,8 @@ class Predicate:
             obj["pruned"] = [p.to_json_obj() for p in self.pruned]
         if self.shards is not None:
             obj["shards"] = self.shards.to_json_obj()
+        if self.scheduler is not None:
+            obj["scheduler"] = self.scheduler.to_json_obj()
         return obj
 
 
@@ -397,6 +443,7 @@ __all__ = [
     "Predicate",
     "PrunedEntry",
     "RngRecord",
+    "SchedulerRecord",
     "Sha256",
     "ShardSet",
 ]

@@ -143,6 +143,9 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# Look for a job to start every second, not every minute: a requeued job becomes eligible
+# after cred_expire and would otherwise wait for the next periodic pass.
+SchedulerParameters=sched_interval=1,bf_interval=1
 # Keep a finished job's record (for scontrol show job) five minutes.
 MinJobAge=300
 ReturnToService=2

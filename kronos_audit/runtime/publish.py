@@ -41,6 +41,7 @@ from kronos_audit.runtime.protocol import (
 )
 from kronos_audit.runtime.resume_remote import RemoteResume, push_manifest
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
+from kronos_audit.runtime.scheduler import scheduler_record
 from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage.remote import Storage
@@ -304,6 +305,9 @@ class SignedPublisher:
         _move_into_place(tmp, final)
         track(project, final, digests.md5, digests.size, owned=True, ignore_pattern="/step-*.h5")
         extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
+        scheduler = scheduler_record()
+        if scheduler is not None:  # which batch job wrote it: a chain may span requeues
+            extra["scheduler"] = scheduler.to_json_obj()
         doomed = self.retention.doomed(self.directory, job.step)
         if doomed:
             # Retention is signed: the manifest that prunes names what it prunes, so a

@@ -58,6 +58,7 @@ def push(targets: tuple[Path, ...], remote: str | None, as_json: bool) -> None:
     """
     from kronos_audit.cli.progress import progress_bar
     from kronos_audit.manifest import checkpoint_path_for
+    from kronos_audit.runtime.resume_remote import push_manifests
     from kronos_audit.storage import Storage
 
     project, manifests = _manifests(targets)
@@ -65,21 +66,27 @@ def push(targets: tuple[Path, ...], remote: str | None, as_json: bool) -> None:
     absent = [m for m in manifests if not checkpoint_path_for(m).exists()]
     if not present:
         raise UsageError("none of these checkpoints is here to push", path=manifests[0])
+    storage = Storage(project)
     with progress_bar() as bar:
         bar.update(f"pushing {len(present)} checkpoint(s)", 0, 0)
-        uploaded = Storage(project).push(present, remote)
+        uploaded = storage.push(present, remote)
+        # The manifests travel with their data, after it, as Run(push=True) sends them:
+        # a run resumes on another machine from the remote (docs/storage.md). All of
+        # them, those of pruned checkpoints too: they are the chain.
+        sent = push_manifests(storage, manifests, remote)
     if as_json:
         out.json(
             {
                 "pushed": [str(c) for c in present],
                 "uploaded": uploaded,
+                "manifests": sent,
                 "not_here": [str(checkpoint_path_for(m)) for m in absent],
             }
         )
         return
     out.print(
         f"pushed {len(present)} checkpoint(s): {uploaded} object(s) uploaded, "
-        f"the rest were in the remote already"
+        f"the rest were in the remote already; their {sent} manifest(s) beside them"
         + (f"; {len(absent)} not here (pruned or never pulled), left as they are" if absent else "")
     )
 

@@ -40,7 +40,7 @@ def places(doc: dict[str, Any]) -> dict[str, str]:
     return {Path(c["checkpoint"]).name: c["location"] for c in doc["checkpoints"]}
 
 
-def test_status_push_and_pull_as_json(project: Project, run_dir: Path) -> None:
+def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path: Path) -> None:
     doc = as_json("status", str(run_dir))
     assert doc["ok"] is True
     assert places(doc) == {"step-1.h5": "local", "step-2.h5": "local"}
@@ -54,8 +54,18 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path) -> None:
     assert pushed == {
         "pushed": [str(run_dir / "step-1.h5"), str(run_dir / "step-2.h5")],
         "uploaded": 2,
+        "manifests": 2,
         "not_here": [],
     }
+    # the manifests travel with the data, where a run on another machine finds them
+    beside = tmp_path / "remote" / "kaudit" / "runs" / "r"
+    assert sorted(p.name for p in beside.iterdir()) == [
+        "step-1.h5.kaudit.json",
+        "step-2.h5.kaudit.json",
+    ]
+    assert (beside / "step-1.h5.kaudit.json").read_bytes() == (
+        run_dir / "step-1.h5.kaudit.json"
+    ).read_bytes()
     assert places(as_json("status", str(run_dir))) == {"step-1.h5": "pushed", "step-2.h5": "pushed"}
 
     Storage(project).discard(run_dir / "step-2.h5")

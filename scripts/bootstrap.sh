@@ -14,13 +14,16 @@ fi
 VENV="$ROOT/.venv"
 TORCH_CPU="${KAUDIT_TORCH_VERSION:-2.13.0}"  # the CPU build installed for the examples and tests
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip_install() {  # pip, without its notes about configured index locations that do not exist
+    "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)
+}
 # PyTorch's CPU build first: the package index's default torch is a CUDA build of several
 # GB. Take the CPU wheel pip's configured find-links hold (--no-index: nothing else), else
 # PyTorch's own CPU index; its dependencies come from the package index below.
 if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
     "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
-        || "${PIP[@]}" --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
+        || pip_install --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
-"${PIP[@]}" -e "$ROOT[test,torch,jax,mpi]"
+pip_install -e "$ROOT[test,torch,jax,mpi]"
 export PATH="$VENV/bin:$PATH"
 export DVC_NO_ANALYTICS=1

@@ -98,6 +98,8 @@ _EXPORTS: dict[str, str] = {
         "kronos_audit.errors",
     ),
     "ToleranceError": "kronos_audit.compare.policy",
+    "Block": "kronos_audit.parallel.layout",
+    "Replicated": "kronos_audit.parallel.layout",
     "CommandStartError": "kronos_audit.runtime.supervisor",
 }
 
@@ -106,6 +108,7 @@ __all__ = [
     "AtFinalStep",
     "Auto",
     "BisectError",
+    "Block",
     "Check",
     "CheckpointError",
     "CheckpointSkipped",
@@ -121,6 +124,7 @@ __all__ = [
     "PreemptedWithoutCheckpoint",
     "ProjectError",
     "ReplayError",
+    "Replicated",
     "Run",
     "SaveContext",
     "SavePolicy",

@@ -53,6 +53,8 @@ from kronos_audit.checkpoint import tree
 from kronos_audit.checkpoint.state import State, read_flat, require_mapping, unflatten
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.parallel import Comm, detect
+from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.batches import LEDGER_GROUP, Ledger, batch_rng
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
@@ -65,6 +67,7 @@ from kronos_audit.runtime.protocol import (
 )
 from kronos_audit.runtime.publish import Publisher, ReplayPublisher, SignedPublisher
 from kronos_audit.runtime.retention import Retention
+from kronos_audit.runtime.sharded import ShardedPublisher, expand_layout, rank_seed
 from kronos_audit.signing import SigningKey
 
 RNG_GROUP = rng.GROUP
@@ -103,6 +106,7 @@ class Run:
         attributes: Mapping[str, Any] | None = None,
         push: bool = False,
         allow_secret_files: bool = False,
+        comm: Any = None,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -120,10 +124,24 @@ class Run:
             raise UsageError(str(e)) from None
         if seed is None and self.replay is not None:
             seed = self.replay.seed  # the recorded seed, for a program that fixes none
+        self.comm: Comm = detect(comm)
+        """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
+        launcher's environment; one process without either)."""
+        self.rank = self.comm.rank
+        """This process's rank."""
+        self.size = self.comm.size
+        """How many ranks the job has."""
         self.run_id = run_id
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        self.publisher: Publisher = (
-            ReplayPublisher(self.replay)
+        self._sharded: ShardedPublisher | None = None
+        if self.size > 1:
+            self._sharded = self._sharded_publisher(
+                root, key, attributes, push, keep, keep_every, allow_secret_files
+            )
+        self.publisher: Publisher | ShardedPublisher = (
+            self._sharded
+            if self._sharded is not None
+            else ReplayPublisher(self.replay)
             if self.replay is not None
             else SignedPublisher(
                 run_id,
@@ -144,7 +162,7 @@ class Run:
         """The policy the loop asks after each step (a replay's: its step only)."""
         self.asynchronous = asynchronous
         self.preempt_exit = preempt_exit
-        self.rng = np.random.default_rng(self.seed)
+        self.rng = np.random.default_rng(rank_seed(self.seed, self.rank))
         self.ledger = Ledger()
         self.step: int | None = None
         """The step of the state in hand: the restored one, then the last checkpointed."""
@@ -162,6 +180,45 @@ class Run:
         self.restored_from: Path | None = None
         """The checkpoint restore() took, if any."""
 
+    def _sharded_publisher(
+        self,
+        root: str | Path,
+        key: str | SigningKey | None,
+        attributes: Mapping[str, Any] | None,
+        push: bool,
+        keep: int | None,
+        keep_every: int | None,
+        allow_secret_files: bool,
+    ) -> ShardedPublisher:
+        unsupported = [
+            what
+            for what, used in (
+                ("kaudit replay", self.replay is not None),
+                ("push=True", push),
+                ("keep=/keep_every=", keep is not None or keep_every is not None),
+            )
+            if used
+        ]
+        if unsupported:
+            raise UsageError(
+                f"a run on {self.size} ranks does not support {', '.join(unsupported)} yet"
+            )
+        # Every rank must draw from the same run seed (each its own stream of it).
+        self.seed = int(self.comm.bcast(self.seed))
+        return ShardedPublisher(
+            self.run_id,
+            Path(root) / self.run_id,
+            self.comm,
+            seed=self.seed,
+            key=key,
+            attributes=attributes or {},
+            allow_secret_files=allow_secret_files,
+        )
+
+    def _single(self) -> Publisher:
+        assert not isinstance(self.publisher, ShardedPublisher)
+        return self.publisher
+
     @property
     def push_failures(self) -> list[str]:
         """Background pushes that failed (the checkpoints stay safe locally)."""
@@ -174,10 +231,11 @@ class Run:
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):
             leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
-        rng.seed_all(self.seed)
+        rng.seed_all(rank_seed(self.seed, self.rank))
         self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
         self._guard.install()
-        self._progress = Progress.from_env()
+        # One voice for the supervisor: rank 0's (every rank offers the same steps).
+        self._progress = Progress.from_env() if self.rank == 0 else None
         self._last_time = time.monotonic()
         return self
 
@@ -192,13 +250,19 @@ class Run:
             self._progress.close()
         if self._writer is not None:
             writer, self._writer = self._writer, None
-            if exc is None:
-                writer.close()  # raises a background failure
-            else:
-                try:
-                    writer.close()  # finish what was handed over; the body's error wins
-                except Exception as background:
-                    exc.add_note(f"kaudit: a background checkpoint write also failed: {background}")
+            try:
+                if exc is None:
+                    writer.close()  # raises a background failure
+                else:
+                    try:
+                        writer.close()  # finish what was handed over; the body's error wins
+                    except Exception as background:
+                        exc.add_note(
+                            f"kaudit: a background checkpoint write also failed: {background}"
+                        )
+            finally:
+                if self._sharded is not None:
+                    self._sharded.close()
 
     def _require_open(self) -> BackgroundWriter:
         if self._writer is None:
@@ -228,14 +292,24 @@ class Run:
         """
         self._require_open()
         if step is not None:
-            at = self.publisher.checkpoint_at(step)
+            if self._sharded is not None:
+                agreed = self._sharded.at(step)
+                _, raw = self._split(self._sharded.load(agreed))
+                return tree.decode(raw, like=like, where=str(agreed.manifest.parent))
+            at = self._single().checkpoint_at(step)
             _, raw = self._read(at.path)
             return tree.decode(raw, like=like, where=str(at.path))
         if not self._restored:
             self._restored = True
-            point = self.publisher.resume_point()
-            if point is not None:
-                self._load(point.path, point.step)
+            if self._sharded is not None:
+                found = self._sharded.resume(stacklevel=4)
+                if found is not None:
+                    where = found.manifest.parent
+                    self._load_flat(self._split(self._sharded.load(found)), where, found.step)
+            else:
+                point = self._single().resume_point()
+                if point is not None:
+                    self._load(point.path, point.step)
             if self._progress is not None:
                 self._progress.started(self.step)
         if like is None or self._restored_raw is None:
@@ -255,13 +329,16 @@ class Run:
         data left) are not listed.
         """
         self._require_open()
-        return self.publisher.steps()
+        return self.publisher.steps()  # sharded: rank 0's list, on every rank (collective)
 
     def latest_step(self) -> int | None:
         """The step :meth:`restore` resumes from (the newest valid checkpoint, verified,
         once pending writes are durable), or None when there is none."""
         self._require_open().flush()
-        point = self.publisher.latest()
+        if self._sharded is not None:
+            agreed = self._sharded.agree(list(reversed(self._sharded.steps())), stacklevel=3)
+            return None if agreed is None else agreed.step
+        point = self._single().latest()
         return None if point is None else point.step
 
     def _read(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -272,6 +349,10 @@ class Run:
             flat = read_flat(path)
         except CheckpointError as e:
             raise CheckpointError(f"verified but unreadable: {e.message}", path=path) from None
+        return self._split(flat)
+
+    @staticmethod
+    def _split(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         own: dict[str, Any] = {}
         raw: dict[str, Any] = {}
         for name, value in flat.items():
@@ -279,7 +360,12 @@ class Run:
         return unflatten(own), raw
 
     def _load(self, path: Path, step: int) -> None:
-        state, raw = self._read(path)  # state: kaudit's own records, taken apart below
+        self._load_flat(self._read(path), path, step)
+
+    def _load_flat(
+        self, records: tuple[dict[str, Any], dict[str, Any]], path: Path, step: int
+    ) -> None:
+        state, raw = records  # state: kaudit's own records, taken apart below
         restored = tree.decode(raw, where=str(path))  # first: a malformed tree changes nothing
         rng.restore(self.rng, state.pop(RNG_GROUP, {}), path=path)
         self.ledger = Ledger.from_state(state.pop(LEDGER_GROUP, {}))
@@ -325,12 +411,24 @@ class Run:
         """Put batch ``index``'s result into the ledger carried by every checkpoint."""
         self.ledger.record(index, result)
 
-    def checkpoint(self, step: int, state: Mapping[str, Any]) -> bool:
+    def checkpoint(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        *,
+        layout: Mapping[str, Layout] | None = None,
+    ) -> bool:
         """Offer the state after ``step``; write it if the policy says so (it sees whether
         this is the final step and whether a preemption signal arrived). Returns whether a
         checkpoint was taken. On a preemption signal it waits until the checkpoint is
         durable and exits with ``preempt_exit``; if the policy took none, it warns
         (:class:`PreemptedWithoutCheckpoint`) and exits all the same.
+
+        On several ranks every rank calls it with the same steps: rank 0's policy decides
+        for all, and a signal on any rank stops every rank at the same step. ``layout``
+        (``{"u": ka.Block(axis=0), "params": ka.Replicated()}``) says how keys of the state
+        are spread over the ranks, so that a restart on another rank count can re-cut them
+        (see :mod:`kronos_audit.runtime.sharded`); on one rank it is checked and unused.
         """
         writer = self._require_open()
         require_mapping(state)
@@ -345,23 +443,15 @@ class Run:
         preempted = self._guard.requested
         flat = None
         if not self._prepared:
-            flat = self._flatten(state)
-            writer.prepare(flat)
+            flat = self._flatten(state, layout)
+            writer.prepare(flat[0])
             self._prepared = True
-        ctx = SaveContext(
-            step=step,
-            now=time.monotonic(),
-            last_step=self._last_saved_step,
-            last_time=self._last_time,
-            stall=writer.stats.mean_stall,
-            write_time=writer.stats.mean_write,
-            preempted=preempted,
-            final=final,
-        )
-        # Never the same step twice (a restored step, or a step offered again).
-        save = step != self._last_saved_step and self.policy.should_save(ctx)
+        if self._sharded is None:
+            save = self._decide(writer, step, preempted, final)
+        else:
+            save, preempted = self._decide_together(writer, step, preempted, final)
         if save:
-            self._save(writer, step, flat if flat is not None else self._flatten(state))
+            self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
         if final and self.publisher.exits_after_final:
             writer.flush()
             raise SystemExit(0)  # the replay's instruction: write step N there, then exit
@@ -383,17 +473,72 @@ class Run:
             raise SystemExit(self.preempt_exit)
         return save
 
-    def _flatten(self, state: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    def _decide(self, writer: BackgroundWriter, step: int, preempted: bool, final: bool) -> bool:
+        ctx = SaveContext(
+            step=step,
+            now=time.monotonic(),
+            last_step=self._last_saved_step,
+            last_time=self._last_time,
+            stall=writer.stats.mean_stall,
+            write_time=writer.stats.mean_write,
+            preempted=preempted,
+            final=final,
+        )
+        # Never the same step twice (a restored step, or a step offered again).
+        return step != self._last_saved_step and self.policy.should_save(ctx)
+
+    def _decide_together(
+        self, writer: BackgroundWriter, step: int, preempted: bool, final: bool
+    ) -> tuple[bool, bool]:
+        """``(save, preempted)``, the same on every rank: rank 0 hears every rank's step
+        and preemption request (one gather), decides with its policy (time-based ones
+        would differ per rank) and tells every rank (one broadcast)."""
+        votes = self.comm.gather((int(step), bool(preempted)))
+        decision: tuple[str | None, bool, bool] = (None, False, False)
+        if votes is not None:
+            steps = sorted({s for s, _ in votes})
+            if len(steps) > 1:
+                decision = (
+                    f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
+                    "run.checkpoint (every rank must offer the same steps)",
+                    False,
+                    False,
+                )
+            else:
+                anyone = any(p for _, p in votes)
+                try:
+                    decision = (None, self._decide(writer, step, anyone, final), anyone)
+                except Exception as e:  # every rank must hear rank 0, whatever happened
+                    decision = (f"rank 0's save policy failed: {e}", False, False)
+        problem, save, anyone = self.comm.bcast(decision)
+        if problem is not None:
+            raise UsageError(problem)
+        return bool(save), bool(anyone)
+
+    def _flatten(
+        self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None
+    ) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, Layout]]:
         # The codec refuses the reserved keys (rng, ledger, kaudit) and what cannot be
         # stored; tensors and arrays are not copied here (the writer's staging copies).
-        return tree.encode(state)
+        flat = tree.encode(state)
+        layouts = expand_layout(layout, flat)
+        if self.rank > 0:
+            # Replicated arrays are stored once, in rank 0's shard.
+            flat = {n: a for n, a in flat.items() if not isinstance(layouts.get(n), Replicated)}
+        return flat, layouts
 
     def _save(
-        self, writer: BackgroundWriter, step: int, flat: Mapping[str, np.ndarray[Any, Any]]
+        self,
+        writer: BackgroundWriter,
+        step: int,
+        flat: Mapping[str, np.ndarray[Any, Any]],
+        layouts: Mapping[str, Layout],
     ) -> None:
         generators, record = rng.capture(self.rng)
         extra = {**generators, **self.ledger.to_flat()}
         meta: dict[str, Any] = {"rng": record}
+        if self._sharded is not None:
+            meta["layout"] = dict(layouts)
         if self._batches_total is not None:
             meta["batches"] = {"total": self._batches_total, "done": len(self.ledger)}
         writer.submit(step, flat, extra, meta)
@@ -414,10 +559,13 @@ class Run:
 
     def _commit(self, job: Job) -> None:
         """Write and publish one checkpoint (on the background thread)."""
+        if self._sharded is not None:
+            self._sharded.publish(job)  # every rank's shard, voted, signed by rank 0
+            return
         final = self.directory / checkpoint_name(job.step)
         tmp = self.directory / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         try:
-            self.publisher.publish(job, tmp, final)
+            self._single().publish(job, tmp, final)
         except (OSError, RuntimeError, CheckpointError) as e:  # h5py: some as RuntimeError
             if isinstance(e, CheckpointError):
                 reason = e.message

@@ -1,0 +1,597 @@
+"""A run on several ranks: sharded steps, their two-phase commit, the agreed restore.
+
+:class:`~kronos_audit.runtime.run.Run` on a communicator of more than one rank hands its
+checkpoints to a :class:`ShardedPublisher`. Step N of an n-rank run is the directory
+``<root>/<run>/step-<N:08d>/`` of :mod:`kronos_audit.checkpoint.shards`: one shard per rank,
+the shard index, and ONE manifest signed by rank 0.
+
+**Commit (two-phase).** On the writer thread of every rank, on a communicator of its own
+(:func:`dup`: never interleaved with the program's collectives on the loop thread): each
+rank writes, fsyncs and renames its shard, hashing it as it writes, and votes (its
+:class:`~kronos_audit.checkpoint.shards.ShardRecord`, or why it has none) to rank 0. Rank 0,
+only when every rank voted a durable shard, signs the step manifest (parent: the previous
+step's) and tracks the index and every shard with DVC; then it tells every rank commit or
+abort. A step without its manifest is never valid, so a crash anywhere before the manifest
+leaves the previous step the newest.
+
+**Restore (agreed).** Rank 0 lists the sharded steps with a manifest, newest first, and
+sends the list; for each candidate every rank verifies what it will read (its own shard,
+rank 0's for replicated arrays, and with another rank count the old shards its block comes
+from) and the ranks agree: the first step valid on every rank wins. A rank that found a
+step invalid says why in a :class:`~kronos_audit.runtime.publish.CheckpointSkipped` warning.
+
+**Layouts.** ``layout={"u": Block(axis=0), "params": Replicated()}`` names top-level keys
+(or deeper ones, ``"fields/u"``: every dataset at or under that path). The step manifest
+records each such dataset (``shards.layout``: ``{"u": {"block": 0, "shape": [...]}}``,
+``{"params": {"replicated": true}}``); replicated ones are written by rank 0 only. A restart
+with another rank count gives rank r its block of each Block dataset (read slice by slice
+from the old shards it overlaps) and rank 0's replicated ones; any other dataset of the
+state makes such a restore a CheckpointError naming it.
+
+Every rank needs the project (a shared filesystem); only rank 0 loads the signing key and
+records the git state, and sends the key's public half to the others, which verify with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit.checkpoint.shards import (
+    INDEX_NAME,
+    ShardRecord,
+    shard_name,
+    shard_path,
+    step_directory,
+)
+from kronos_audit.checkpoint.writer import Job, write_and_digest
+from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.manifest import read_manifest
+from kronos_audit.parallel.comm import Comm, SingleProcess
+from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
+from kronos_audit.predicate import GitRecord
+from kronos_audit.project import Project, find_project
+from kronos_audit.provenance import git_state
+from kronos_audit.runtime.policy import SavePolicy
+from kronos_audit.runtime.protocol import restart_count
+from kronos_audit.runtime.rng import GROUP as RNG_GROUP
+from kronos_audit.runtime.rng import derived_seed
+from kronos_audit.sign import sign_sharded_step
+from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.storage.tracking import track
+from kronos_audit.trust import Anchor, TrustOptions, load_keyring
+from kronos_audit.verify import Verifier
+
+_RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses
+_LEDGER = "ledger"
+_TREE = "/kaudit/tree"
+_OWN = (RNG_GROUP, _LEDGER)  # per-rank records, always from a rank's own (or same-numbered) shard
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s generators: the run seed itself on rank 0 (so a run on
+    one rank is the single-process run), an independent stream derived from (seed, rank)
+    on the others."""
+    return seed if rank == 0 else derived_seed(seed, (_RANK_STREAM, rank), bits=63)
+
+
+def dup(comm: Comm) -> Comm:
+    """A communicator over the same ranks whose collectives never meet ``comm``'s
+    (collective: every rank calls it at the same point). MPI: ``Comm.Dup()`` (mpi4py
+    initializes MPI with ``MPI_THREAD_MULTIPLE``, so the writer thread may use it while the
+    loop uses the program's); torch.distributed: a second gloo group over the same ranks.
+    Another :class:`Comm` is used as it is (it must then tolerate use from two threads)."""
+    if comm.size == 1:
+        return SingleProcess()
+    if comm.name == "mpi":
+        from kronos_audit.parallel.mpi import MPIComm
+
+        if isinstance(comm, MPIComm):
+            return MPIComm(comm.comm.Dup())
+    if comm.name == "torch.distributed":
+        from kronos_audit.parallel.torchdist import TorchComm
+
+        if isinstance(comm, TorchComm):
+            import torch.distributed as dist
+
+            ranks = dist.get_process_group_ranks(comm.group) if comm.group is not None else None
+            return TorchComm(dist.new_group(ranks=ranks, backend="gloo"))
+    return comm
+
+
+# -- layouts -----------------------------------------------------------------------------
+
+
+def _key_path(key: object) -> str:
+    if not isinstance(key, str) or not key.strip("/"):
+        raise UsageError(f"layout keys are state keys ('u', 'fields/u'), got {key!r}")
+    return "/" + key.strip("/")
+
+
+def expand_layout(
+    layout: Mapping[str, Layout] | None, flat: Mapping[str, Any]
+) -> dict[str, Layout]:
+    """``{dataset path: layout}`` for every dataset of ``flat`` at or under a key of
+    ``layout``; a key that names no dataset, or a Block over a dataset without that axis,
+    is a UsageError."""
+    if not layout:
+        return {}
+    if not isinstance(layout, Mapping):
+        raise UsageError(
+            f"layout must be a dict of key -> ka.Block(...)/ka.Replicated(), "
+            f"not {type(layout).__name__}"
+        )
+    out: dict[str, Layout] = {}
+    for key, how in layout.items():
+        if not isinstance(how, Block | Replicated):
+            raise UsageError(
+                f"layout[{key!r}]: ka.Block(axis=...) or ka.Replicated(), not {type(how).__name__}"
+            )
+        prefix = _key_path(key)
+        if prefix.split("/")[1] in ("kaudit", *_OWN):
+            raise UsageError(f"layout[{key!r}]: a reserved name")
+        names = [n for n in flat if n == prefix or n.startswith(prefix + "/")]
+        if not names:
+            raise UsageError(f"layout[{key!r}]: no such key in the state")
+        for name in names:
+            if isinstance(how, Block) and np.ndim(flat[name]) <= how.axis:
+                raise UsageError(
+                    f"layout[{key!r}]: Block(axis={how.axis}) but {name} has "
+                    f"{np.ndim(flat[name])} dimension(s)"
+                )
+            out[name] = how
+    return out
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One dataset's layout as a step manifest records it."""
+
+    block: int | None
+    """The axis it is split along; None when replicated."""
+    shape: tuple[int, ...] | None
+    """Its global shape (Block only)."""
+
+
+def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
+    """The signed ``shards.layout`` record, checked: ``{dataset path: Recorded}``;
+    CheckpointError (one line) when it is not what :func:`layout_record` writes."""
+    out: dict[str, Recorded] = {}
+    for key, spec in record.items():
+        name = "/" + str(key)
+        if not isinstance(spec, Mapping):
+            raise CheckpointError(f"layout of {str(key)[:80]!r}: not a record")
+        if spec.get("replicated") is True and set(spec) == {"replicated"}:
+            out[name] = Recorded(None, None)
+            continue
+        axis, shape = spec.get("block"), spec.get("shape")
+        if (
+            set(spec) != {"block", "shape"}
+            or type(axis) is not int
+            or not isinstance(shape, list | tuple)
+            or not all(type(d) is int and d >= 0 for d in shape)
+            or not 0 <= axis < len(shape)
+        ):
+            raise CheckpointError(f"layout of {str(key)[:80]!r}: malformed")
+        out[name] = Recorded(axis, tuple(shape))
+    return out
+
+
+# -- the publisher -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """A sharded step every rank verified what it reads of."""
+
+    step: int
+    """The step."""
+    manifest: Path
+    """Its step manifest."""
+    count: int
+    """The rank count that wrote it."""
+    layout: dict[str, Recorded]
+    """Its datasets' layouts."""
+
+
+class ShardedPublisher:
+    """A normal run on several ranks: sharded, signed, DVC-tracked, chained steps."""
+
+    exits_after_final = False
+
+    def __init__(
+        self,
+        run_id: str,
+        directory: Path,
+        comm: Comm,
+        *,
+        seed: int,
+        key: str | SigningKey | None,
+        attributes: Mapping[str, Any],
+        allow_secret_files: bool,
+    ) -> None:
+        self.run_id = run_id
+        self._directory = directory
+        self.comm = comm
+        """The program's communicator (the loop thread's collectives)."""
+        self.rank = comm.rank
+        self.size = comm.size
+        self.seed = seed
+        self.attributes = dict(attributes)
+        self.allow_secret_files = allow_secret_files
+        self._key_arg = key
+        self._commit_comm: Comm | None = None
+        self._project: Project | None = None
+        self._key: SigningKey | None = None
+        self._public: Any = None
+        self._git: GitRecord | None = None
+        self._parent: Path | None = None
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def push_failures(self) -> list[str]:
+        return []
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        return asked
+
+    def last_step(self, asked: int) -> int:
+        return asked
+
+    def open(self) -> None:
+        """Collective: the commit communicator; the project on every rank; the key and
+        git state on rank 0, its public key sent to every rank (or rank 0's error)."""
+        self._commit_comm = dup(self.comm)
+        problem: str | None = None
+        public = None
+        try:
+            self._project = find_project(self.directory).require_initialized()
+            if self.rank == 0:
+                self._key = (
+                    self._key_arg
+                    if isinstance(self._key_arg, SigningKey)
+                    else select_key(self._key_arg)
+                )
+                self._git = git_state(
+                    self._project.root, allow_secret_files=self.allow_secret_files
+                )
+                public = self._key.private_key.public_key().public_bytes_raw()
+                self.directory.mkdir(parents=True, exist_ok=True)
+                for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
+                    leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
+        except Error as e:
+            problem = str(e)
+        problems = self.comm.allgather(problem)
+        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+        if bad is not None:
+            r, p = bad
+            raise UsageError(p if r == self.rank else f"rank {r}: {p}")
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        self._public = Ed25519PublicKey.from_public_bytes(self.comm.bcast(public))
+
+    def close(self) -> None:
+        if self._commit_comm is not None and self._commit_comm is not self.comm:
+            self._commit_comm.close()
+        self._commit_comm = None
+
+    def _opened(self) -> Project:
+        if self._project is None:
+            raise UsageError("use the Run inside a `with` block")
+        return self._project
+
+    def verifier(self) -> Verifier:
+        project = self._opened()
+        # As a single run's restore: an anchored signer, or this run's own key (rank 0's).
+        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
+        keyring.add(self._public, "run", Anchor.USER, "the key this run signs with")
+        return Verifier(project, keyring)
+
+    # -- listing and restore (collective, loop thread) -----------------------------------
+
+    def local_steps(self) -> list[int]:
+        """The sharded steps with a step manifest here, sorted (unverified; not collective)."""
+        steps = []
+        for p in self.directory.glob("step-*"):
+            name = p.name.removeprefix("step-")
+            if len(name) == 8 and name.isdigit() and (p / f"{INDEX_NAME}.kaudit.json").is_file():
+                steps.append(int(name))
+        return sorted(steps)
+
+    def steps(self) -> list[int]:
+        """Rank 0's :meth:`local_steps`, on every rank (collective)."""
+        steps: list[int] = self.comm.bcast(self.local_steps() if self.rank == 0 else None)
+        return steps
+
+    def _problem(self, verifier: Verifier, step: int) -> tuple[str | None, Agreed | None]:
+        """What is wrong, for this rank, with step ``step`` (None: nothing)."""
+        manifest = step_directory(self.directory, step) / f"{INDEX_NAME}.kaudit.json"
+        try:
+            record = read_manifest(manifest).record
+            if record.shards is None:
+                return "not a sharded step's manifest", None
+            count = record.shards.count
+            layout = parse_layout(record.shards.layout)
+            agreed = Agreed(step, manifest, count, layout)
+            first = True
+            for old in self.reads(agreed):
+                result = verifier.verify_rank(manifest, old, chain=first)
+                first = False
+                if not result.ok:
+                    return "; ".join(f"{c.name}: {c.detail}" for c in result.failures), None
+                if result.run != self.run_id:
+                    return f"belongs to run {result.run!r}", None
+                if result.step != step:
+                    return f"its manifest signs step {result.step}, not step {step}", None
+        except Error as e:
+            return str(e), None
+        return None, agreed
+
+    def reads(self, agreed: Agreed) -> list[int]:
+        """The old ranks whose shards this rank reads to restore ``agreed``."""
+        if agreed.count == self.size:
+            needs = {self.rank}
+            if any(r.block is None for r in agreed.layout.values()):
+                needs.add(0)
+            return sorted(needs)
+        needs = {0}
+        if self.rank < agreed.count:
+            needs.add(self.rank)  # its generators and ledger
+        for r in agreed.layout.values():
+            if r.block is not None and r.shape is not None:
+                needs.update(
+                    p.old_index for p in plan(r.shape[r.block], agreed.count, self.size, self.rank)
+                )
+        return sorted(needs)
+
+    def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:
+        """The first of ``steps`` valid on every rank (collective); each rank that found
+        one invalid warns why."""
+        from kronos_audit.runtime.publish import CheckpointSkipped
+
+        verifier = self.verifier()
+        for step in steps:
+            problem, agreed = self._problem(verifier, step)
+            problems = self.comm.allgather(problem)
+            if all(p is None for p in problems):
+                assert agreed is not None
+                return agreed
+            if problem is not None:
+                where = step_directory(self.directory, step)
+                warnings.warn(
+                    f"{where}: skipped (rank {self.rank}): {problem}",
+                    CheckpointSkipped,
+                    stacklevel=stacklevel,
+                )
+        return None
+
+    def resume(self, *, stacklevel: int) -> Agreed | None:
+        """The newest step valid on every rank (collective); it becomes the parent."""
+        agreed = self.agree(list(reversed(self.steps())), stacklevel=stacklevel + 1)
+        if agreed is not None:
+            self._parent = agreed.manifest
+        return agreed
+
+    def at(self, step: int) -> Agreed:
+        """Step ``step``, agreed valid on every rank, or CheckpointError on every rank."""
+        if step not in self.steps():
+            raise CheckpointError(
+                f"step {step}: no such sharded checkpoint in the run",
+                path=step_directory(self.directory, step),
+            )
+        agreed = self.agree([step], stacklevel=4)
+        if agreed is None:
+            raise CheckpointError(
+                f"step {step}: not valid on every rank",
+                path=step_directory(self.directory, step),
+            )
+        return agreed
+
+    def load(self, agreed: Agreed) -> dict[str, Any]:
+        """This rank's datasets of ``agreed`` (state, generators, ledger), read from the
+        shards it verified: its own, or with another rank count its block of each Block
+        dataset and rank 0's replicated ones."""
+        directory = agreed.manifest.parent
+        with ExitStack() as stack:
+            files: dict[int, h5py.File] = {}
+
+            def shard(old: int) -> h5py.File:
+                if old not in files:
+                    path = shard_path(directory, old, agreed.count)
+                    try:
+                        files[old] = stack.enter_context(h5py.File(path, "r"))
+                    except OSError as e:
+                        raise CheckpointError(f"verified but unreadable: {e}", path=path) from None
+                return files[old]
+
+            try:
+                return self._assemble(agreed, shard)
+            except (OSError, KeyError, ValueError, TypeError) as e:
+                raise CheckpointError(
+                    f"verified but unreadable: {_reason(e)}",
+                    path=directory,
+                ) from None
+
+    def _assemble(self, agreed: Agreed, shard: Any) -> dict[str, Any]:
+        flat: dict[str, Any] = {}
+        replicated = [n for n, r in agreed.layout.items() if r.block is None]
+        if agreed.count == self.size:
+            flat.update(_datasets(shard(self.rank)))
+            for name in replicated:
+                flat[name] = _value(shard(0), name)
+            return flat
+        if self.rank < agreed.count:
+            own = _datasets(shard(self.rank))
+            flat.update({n: v for n, v in own.items() if n.split("/")[1] in _OWN})
+        base = _datasets(shard(0), skip=set(agreed.layout))
+        for name, value in base.items():
+            if name.split("/")[1] in _OWN:
+                continue
+            if name != _TREE:
+                raise CheckpointError(
+                    f"{name.removeprefix('/')}: has no layout (ka.Block or ka.Replicated), "
+                    f"so it can be restored only on the {agreed.count} ranks that wrote it, "
+                    f"not on {self.size}",
+                    path=agreed.manifest.parent,
+                )
+            flat[name] = value
+        for name in replicated:
+            flat[name] = _value(shard(0), name)
+        for name, r in agreed.layout.items():
+            if r.block is None or r.shape is None:
+                continue
+            axis = r.block
+            pieces = plan(r.shape[axis], agreed.count, self.size, self.rank)
+
+            def read_old(i: int, s: slice, name: str = name, axis: int = axis) -> Any:
+                return np.asarray(shard(i)[name][(slice(None),) * axis + (s,)])
+
+            flat[name] = read_block(pieces, read_old, axis=axis)
+        return flat
+
+    # -- commit (collective, writer thread) ----------------------------------------------
+
+    def publish(self, job: Job) -> None:
+        """Write this rank's shard of ``job`` durably, vote, and (rank 0) sign and track
+        when every rank's shard is durable; CheckpointError on every rank otherwise."""
+        comm = self._commit_comm
+        if comm is None:
+            raise UsageError("use the Run inside a `with` block")
+        directory = step_directory(self.directory, job.step)
+        name = shard_name(self.rank, self.size)
+        vote: tuple[Any, Any]
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+            try:
+                digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
+                os.replace(tmp, directory / name)
+                fsync_dir(directory)
+            finally:
+                tmp.unlink(missing_ok=True)
+            shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
+            vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
+        except (OSError, RuntimeError, Error) as e:
+            vote = (_reason(e), None)
+        votes = comm.gather(vote)
+        decision: str | None = None
+        if votes is not None:  # rank 0
+            try:
+                decision = self._sign(job, directory, votes)
+            except Exception as e:  # every rank must hear the decision, whatever happened
+                decision = _reason(e)
+        decision = comm.bcast(decision)
+        if decision is not None:
+            raise CheckpointError(
+                f"the checkpoint of step {job.step} was not committed: {decision}",
+                path=directory,
+            )
+
+    def _sign(self, job: Job, directory: Path, votes: list[tuple[Any, Any]]) -> str | None:
+        project = self._opened()
+        assert self._key is not None
+        records: list[ShardRecord] = []
+        for r, (record, _) in enumerate(votes):
+            if not isinstance(record, ShardRecord):
+                return f"rank {r}: {record}"
+            records.append(record)
+        meta = dict(job.meta)
+        declared: Mapping[str, Layout] = meta.pop("layout", {})
+        layout: dict[str, Any] = {}
+        for name, how in declared.items():
+            key = name.removeprefix("/")
+            if isinstance(how, Replicated):
+                layout[key] = {"replicated": True}
+                continue
+            try:
+                shape = global_shape([tuple(shapes.get(name, ())) for _, shapes in votes], how.axis)
+            except UsageError as e:
+                return f"{key}: {e.message}"
+            layout[key] = {"block": how.axis, "shape": list(shape)}
+        manifest = sign_sharded_step(
+            directory,
+            records,
+            project=project,
+            key=self._key,
+            run=self.run_id,
+            step=job.step,
+            layout=layout,
+            seeds=[self.seed],
+            parent=self._parent,
+            command=["python", *sys.argv],
+            cwd=Path.cwd(),
+            attributes=self.attributes,
+            extra={**meta, "restart_count": restart_count()},
+            git=self._git,
+        )
+        index = directory / INDEX_NAME
+        data = index.read_bytes()
+        track(
+            project,
+            index,
+            hashlib.md5(data, usedforsecurity=False).hexdigest(),
+            len(data),
+            owned=True,
+            ignore_pattern=f"/{INDEX_NAME}",
+        )
+        for record in records:
+            track(
+                project,
+                directory / record.name,
+                record.md5,
+                record.size,
+                owned=True,
+                ignore_pattern="/rank-*.h5",
+            )
+        self._parent = manifest.path
+        return None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, Error):
+        return str(e)
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    text = str(e).splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _value(f: h5py.File, name: str) -> Any:
+    obj = f.get(name)
+    if not isinstance(obj, h5py.Dataset):
+        raise CheckpointError(f"{name}: no such dataset in {Path(f.filename).name}")
+    if h5py.check_string_dtype(obj.dtype) is not None and obj.shape == ():
+        return obj.asstr()[()]
+    return obj[()]
+
+
+def _walk(group: h5py.Group, prefix: str = "") -> Iterator[tuple[str, h5py.Dataset]]:
+    for key, obj in group.items():
+        name = f"{prefix}/{key}"
+        if isinstance(obj, h5py.Dataset):
+            yield name, obj
+        elif isinstance(obj, h5py.Group):
+            yield from _walk(obj, name)
+
+
+def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Every dataset of ``f`` but those in ``skip``, as :func:`read_flat` gives them."""
+    return {n: _value(f, n) for n, _ in _walk(f) if n not in skip}
+
+
+__all__ = ["Agreed", "ShardedPublisher", "dup", "expand_layout", "parse_layout", "rank_seed"]

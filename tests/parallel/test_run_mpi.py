@@ -1,0 +1,297 @@
+"""ka.Run on several ranks under a real mpiexec: sharded steps, two-phase commit, agreed
+restore, restarts on another rank count, preemption, verify.
+
+The program is examples/heat_mpi (strips with halo exchange, checkpointed with
+``layout={"fields/u": ka.Block(axis=0), ...}``); its final digest is the serial
+examples/heat's for any rank count (tests/parallel/test_heat_mpi.py), so "bitwise equal to
+an uninterrupted 3-rank run" is checked as equal to the serial run's digest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.checkpoint.shards import shard_path, step_directory
+from kronos_audit.project import Project
+from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
+from kronos_audit.signing import SigningKey
+from tests.helpers import KAUDIT, run_cli
+from tests.parallel.launch import launcher_env, mpiexec
+from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain, wait_for
+
+pytestmark = pytest.mark.slow
+
+HEAT_MPI = str(EXAMPLES / "heat_mpi/run.py")
+GRID = ["--n", "25"]  # 25 rows: 9 + 8 + 8 on three ranks, 13 + 12 on two
+
+
+def heat_mpi(
+    project: Project, ranks: int, *args: str, ok: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        mpiexec(ranks, HEAT_MPI, *GRID, *args),
+        cwd=project.root,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    if ok:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def serial(project: Project, steps: int) -> dict[str, Any]:
+    return run_plain(
+        project,
+        "heat/run.py",
+        *GRID,
+        "--steps",
+        str(steps),
+        "--every",
+        "1000",
+        "--run-id",
+        "serial",
+    )
+
+
+def step_manifest(run_dir: Path, step: int) -> ka.Manifest:
+    return ka.read_manifest(step_directory(run_dir, step) / "index.jsonl.kaudit.json")
+
+
+def steps_signed(run_dir: Path) -> list[int]:
+    return sorted(int(p.parent.name[5:]) for p in run_dir.glob("step-*/index.jsonl.kaudit.json"))
+
+
+def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
+    project: Project, key: SigningKey
+) -> None:
+    reference = serial(project, 30)
+    run_dir = project.root / "checkpoints" / "heat-mpi"
+    heat_mpi(project, 3, "--steps", "20", "--every", "5")
+    assert steps_signed(run_dir) == [5, 10, 15, 20]
+    first = step_manifest(run_dir, 20)
+    shards = first.record.shards
+    assert shards is not None
+    assert shards.count == 3
+    layout = first.predicate["shards"]["layout"]
+    assert dict(layout["fields/u"]) == {"block": 0, "shape": (25, 25)}
+    assert dict(layout["time"]) == {"replicated": True}
+    # Replicated arrays are in rank 0's shard only.
+    import h5py
+
+    directory = step_directory(run_dir, 20)
+    with h5py.File(shard_path(directory, 0, 3)) as f0, h5py.File(shard_path(directory, 1, 3)) as f1:
+        assert "time" in f0
+        assert "time" not in f1
+        assert f0["fields/u"].shape == (9, 25)
+        assert f1["fields/u"].shape == (8, 25)
+
+    out = last_json(heat_mpi(project, 2, "--steps", "30", "--every", "5").stdout)
+    assert out == reference  # resumed from the 3-rank step 20 on two ranks, bitwise
+    last = step_manifest(run_dir, 30)
+    assert last.predicate["shards"]["count"] == 2
+    assert (
+        step_manifest(run_dir, 25)
+        .predicate["parent_manifest"]
+        .endswith("step-00000020/index.jsonl.kaudit.json")
+    )
+    # And from the 2-rank step 30 on four ranks (7 + 6 + 6 + 6 rows), on to 40.
+    assert last_json(heat_mpi(project, 4, "--steps", "40", "--every", "5").stdout) == serial(
+        project, 40
+    )
+    results = ka.verify(run_dir)
+    assert len(results) == 8
+    assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
+
+
+def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(
+    project: Project, key: SigningKey
+) -> None:
+    reference = serial(project, 30)
+    run_dir = project.root / "checkpoints" / "heat-mpi"
+    heat_mpi(project, 3, "--steps", "20", "--every", "5")
+    bad = shard_path(step_directory(run_dir, 20), 1, 3)
+    data = bytearray(bad.read_bytes())
+    data[-100] ^= 0xFF  # one byte of rank 1's data, flipped (a new file: DVC's cache intact)
+    flipped = bad.with_name("flipped")
+    flipped.write_bytes(bytes(data))
+    os.replace(flipped, bad)
+    done = heat_mpi(project, 3, "--steps", "30", "--every", "5")
+    # Only rank 1 found it; every rank resumed from step 15 (a rank that resumed from 20
+    # alone would have exchanged halos with ranks at another step: not the serial field).
+    assert "step-00000020: skipped (rank 1)" in done.stderr
+    assert "skipped (rank 0)" not in done.stderr
+    assert "skipped (rank 2)" not in done.stderr
+    assert last_json(done.stdout) == reference
+    assert (
+        step_manifest(run_dir, 20)
+        .predicate["parent_manifest"]
+        .endswith("step-00000015/index.jsonl.kaudit.json")
+    )
+
+
+def test_a_missing_shard_falls_back_and_kaudit_verify_names_its_rank(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = project.root / "checkpoints" / "heat-mpi"
+    heat_mpi(project, 3, "--steps", "10", "--every", "5")
+    result = run_cli("verify", str(run_dir), cwd=project.root)
+    assert result.exit_code == 0, result.output
+    shard_path(step_directory(run_dir, 10), 2, 3).unlink()
+    result = run_cli("verify", str(run_dir), cwd=project.root)
+    assert result.exit_code == 1, result.output
+    assert "rank 2 of 3: missing" in result.output
+    done = heat_mpi(project, 3, "--steps", "12", "--every", "5")
+    assert "skipped (rank 2)" in done.stderr
+    assert last_json(done.stdout) == serial(project, 12)
+    assert (
+        step_manifest(run_dir, 12)
+        .predicate["parent_manifest"]
+        .endswith("step-00000005/index.jsonl.kaudit.json")
+    )
+
+
+WRAPPER = """
+import os, runpy, sys
+# Test only: each rank says where it is, then runs the program unchanged.
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+pids = os.environ["KAUDIT_TEST_PIDS"]
+with open(os.path.join(pids, f"rank-{rank}.pid.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.replace(os.path.join(pids, f"rank-{rank}.pid.tmp"), os.path.join(pids, f"rank-{rank}.pid"))
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _wrapper(project: Project) -> tuple[Path, dict[str, str]]:
+    wrapper = project.root / "ranked.py"
+    wrapper.write_text(textwrap.dedent(WRAPPER))
+    pids = project.root / "pids"
+    pids.mkdir()
+    env = {**launcher_env(), "KAUDIT_TEST_PIDS": str(pids)}
+    return wrapper, env
+
+
+def _pid(pids: Path, rank: int) -> int:
+    return int((pids / f"rank-{rank}.pid").read_text())
+
+
+def test_sigusr1_on_one_rank_checkpoints_every_rank_at_one_step_and_exits_75(
+    project: Project, key: SigningKey
+) -> None:
+    wrapper, env = _wrapper(project)
+    progress_file = project.root / "progress.bin"
+    progress = Progress(progress_file)
+    env[PROGRESS_ENV] = str(progress_file)
+    proc = subprocess.Popen(
+        mpiexec(3, str(wrapper), HEAT_MPI, *GRID, "--steps", "10000000", "--every", "1000000"),
+        cwd=project.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids = project.root / "pids"
+    try:
+        wait_for(lambda: progress.read()[0] >= 20, "twenty steps")
+        os.kill(_pid(pids, 2), signal.SIGUSR1)
+        _stdout, stderr = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        proc.kill()
+    assert proc.returncode == PREEMPTED_EXIT, stderr
+    run_dir = project.root / "checkpoints" / "heat-mpi"
+    (saved,) = steps_signed(run_dir)
+    assert saved >= 20
+    assert step_manifest(run_dir, saved).predicate["shards"]["count"] == 3
+    results = ka.verify(run_dir)
+    assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
+    # It resumes there, bitwise.
+    done = heat_mpi(project, 3, "--steps", str(saved + 3), "--every", "1000000")
+    assert last_json(done.stdout) == serial(project, saved + 3)
+
+
+def test_one_rank_sigkilled_under_kaudit_run_completes_bitwise(
+    project: Project, key: SigningKey
+) -> None:
+    wrapper, env = _wrapper(project)
+    steps = 400
+    reference = serial(project, steps)
+    run_dir = project.root / "checkpoints" / "heat-mpi"
+    supervisor = subprocess.Popen(
+        [
+            *KAUDIT,
+            "run",
+            "--retries",
+            "5",
+            "--backoff",
+            "0",
+            "--",
+            *mpiexec(3, str(wrapper), HEAT_MPI, *GRID, "--steps", str(steps), "--every", "10"),
+        ],
+        cwd=project.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids = project.root / "pids"
+    try:
+        wait_for(lambda: len(steps_signed(run_dir)) >= 2, "two checkpoints")
+        victim = _pid(pids, 1)
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = supervisor.communicate(timeout=HANG_GUARD)
+    finally:
+        supervisor.kill()
+    assert supervisor.returncode == 0, stderr
+    assert _pid(pids, 1) != victim  # mpiexec was started again
+    assert last_json(stdout) == reference
+    final = step_manifest(run_dir, steps)
+    assert final.predicate["restart_count"] >= 1
+    results = ka.verify(run_dir)
+    assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
+
+
+def test_ranks_out_of_step_and_a_bad_layout_are_one_line_errors(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "bad.py"
+    program.write_text(
+        textwrap.dedent("""
+        import sys
+        import numpy as np
+        import kronos_audit as ka
+        with ka.Run("bad", seed=1, every=ka.EverySteps(1)) as run:
+            for step in run.steps(3):
+                state = {"u": np.zeros((2, 3))}
+                if sys.argv[1] == "layout":
+                    run.checkpoint(step, state, layout={"v": ka.Block(axis=0)})
+                else:
+                    run.checkpoint(step + run.rank, state)
+    """)
+    )
+    for case, message in (
+        ("layout", "layout['v']: no such key in the state"),
+        ("step", "ranks are out of step"),
+    ):
+        done = subprocess.run(
+            mpiexec(2, str(program), case),
+            cwd=project.root,
+            env=launcher_env(),
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD,
+        )
+        assert done.returncode != 0
+        assert message in done.stderr, done.stderr
+    assert not list((project.root / "checkpoints" / "bad").glob("step-*/*.kaudit.json"))

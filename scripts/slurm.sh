@@ -8,13 +8,15 @@
 #
 # Debian's slurm-wlm (slurmctld, slurmd, slurm-client) and munge; installed with apt-get when
 # missing (as root, or with passwordless sudo). Everything the cluster writes lives in one
-# directory of its own, $KAUDIT_SLURM_DIR (default: .slurm/ at the repository root, which git
-# ignores): its slurm.conf, a munge key and socket, the controller's state, the daemons' spool,
-# logs and pid files. Nothing in /etc is configured and no system service is started, so it
-# neither needs nor disturbs a cluster the machine may belong to. Use it with
+# directory of its own, $KAUDIT_SLURM_DIR (default: /tmp/kaudit-slurm-<uid>): its slurm.conf,
+# a munge key and socket, the controller's state, the daemons' spool, logs and pid files.
+# Nothing in /etc is configured and no system service is started, so it neither needs nor
+# disturbs a cluster the machine may belong to. Use it with
 #
 #   export SLURM_CONF="$KAUDIT_SLURM_DIR/slurm.conf"   # then sbatch, squeue, scontrol, ...
 #
+# One cluster per machine, whichever clone of the repository starts it: its ports are the
+# machine's, and any clone's jobs can run on it (a job runs in the directory it names).
 # The controller and the node daemon listen on 127.0.0.1, ports $KAUDIT_SLURM_PORT (default
 # 6817) and the next one. No cgroups (a container has none to give): processes are tracked
 # through /proc (proctrack/linuxproc), tasks are not bound (task/none), usage is not gathered.
@@ -23,12 +25,12 @@
 #
 # Idempotent: `start` starts only what is not running (and restarts the daemons when the
 # configuration it generates has changed); several callers at once are serialised by a lock.
-# `start` prints "started" or "running" on stdout. On failure: one line on stderr saying why,
-# exit 1.
+# `start` prints two lines on stdout: "started" or "running", then "SLURM_CONF=<path>". On
+# failure: one line on stderr saying why, exit 1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="${KAUDIT_SLURM_DIR:-$ROOT/.slurm}"
+DIR="${KAUDIT_SLURM_DIR:-/tmp/kaudit-slurm-$(id -u)}"
 PORT="${KAUDIT_SLURM_PORT:-6817}"
 WAIT_SECONDS=60 # for the node to come up idle: it takes a second or two
 
@@ -308,5 +310,6 @@ start)
     start_daemon slurmd
     wait_idle
     if [ "$was_running" -eq 1 ]; then echo running; else echo started; fi
+    echo "SLURM_CONF=$CONF"
     ;;
 esac

@@ -74,6 +74,13 @@ class TorchComm:
             # agent already serves on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE).
             dist.init_process_group("gloo", init_method="env://")
             self._created = True
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            if group == dist.GroupMember.NON_GROUP_MEMBER:
+                # what new_group() hands the ranks it leaves out
+                raise UsageError("this process is not a member of the process group given")
+            raise UsageError(
+                f"TorchComm needs a torch.distributed ProcessGroup, not {type(group).__name__}"
+            )
         self._group = group
         self._rank: int = dist.get_rank(group)
         self._size: int = dist.get_world_size(group)

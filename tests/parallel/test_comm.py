@@ -64,6 +64,10 @@ out["sub"] = {
     "min": sub.min(r),
 }
 out["world"] = MPIComm().allgather(r)
+try:
+    MPIComm("COMM_WORLD")
+except UsageError as e:
+    out["not_a_comm"] = str(e)
 Path(f"out.{r}.json").write_text(json.dumps(out))
 """
 )
@@ -72,6 +76,7 @@ TORCH_PROGRAM = (
     COMMON
     + """
 import torch.distributed as dist
+from kronos_audit.parallel.torchdist import TorchComm
 
 out["created"] = c.created
 # a group of the program's holding world rank 1 only: its rank 0 is world rank 1
@@ -91,6 +96,10 @@ else:
         detect(group)
     except UsageError as e:
         out["not_member"] = str(e)
+try:
+    TorchComm(group="WORLD")
+except UsageError as e:
+    out["not_a_group"] = str(e)
 c.barrier()
 c.close()
 out["initialized_after_close"] = dist.is_initialized()
@@ -136,6 +145,11 @@ def test_every_method_on_three_mpi_ranks(tmp_path: Path) -> None:
         "min": 1,
     }
     assert all(doc["world"] == [0, 1, 2] for doc in docs)
+    assert all(
+        doc["not_a_comm"] == "MPIComm needs an mpi4py intracommunicator (MPI.COMM_WORLD or "
+        "one split from it), not str"
+        for doc in docs
+    )
 
 
 def test_every_method_on_two_torchrun_ranks(tmp_path: Path) -> None:
@@ -147,6 +161,10 @@ def test_every_method_on_two_torchrun_ranks(tmp_path: Path) -> None:
         # close() destroyed it
         assert doc["created"] is True
         assert doc["initialized_after_close"] is False
+    assert all(
+        doc["not_a_group"] == "TorchComm needs a torch.distributed ProcessGroup, not str"
+        for doc in docs
+    )
     assert docs[0]["not_member"] == "this process is not a member of the process group given"
     assert docs[1]["sub"] == {
         "type": "TorchComm",

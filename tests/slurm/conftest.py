@@ -33,7 +33,8 @@ def slurm_conf() -> Iterator[Path]:
     started = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True)
     if started.returncode != 0:
         pytest.fail(f"scripts/slurm.sh start failed: {started.stderr.strip()}", pytrace=False)
-    said, conf = started.stdout.split()
-    yield Path(conf.removeprefix("SLURM_CONF="))
-    if said == "started":  # this session started it: leave nothing running
+    lines = started.stdout.splitlines()
+    (conf,) = [line.removeprefix("SLURM_CONF=") for line in lines if line.startswith("SLURM_CONF=")]
+    yield Path(conf)
+    if "started" in lines:  # this session started it: leave nothing running
         subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, check=False)

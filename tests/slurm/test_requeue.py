@@ -66,7 +66,7 @@ exit "$status"
 # The states a job ends in for good (a requeue passes through COMPLETING and REQUEUED).
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE"}
 
-ARGS = ["--steps", "3000", "--n", "256", "--every", "100", "--run-id", "heat"]
+ARGS = ["--steps", "5000", "--n", "256", "--every", "100", "--run-id", "heat"]
 
 
 def newest_step(directory: Path) -> int:
@@ -134,6 +134,12 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
             ["scancel", "--signal=USR1", "--batch", job], env=env, check=True, capture_output=True
         )
         wait_for(
+            lambda: "batch: restart 0 exit" in output.read_text(), "the first run's end", output
+        )
+        # Had the run finished before the signal came, it would not requeue: say so now.
+        first = output.read_text()
+        assert f"batch: restart 0 exit {PREEMPTED_EXIT}" in first, first
+        wait_for(
             lambda: (
                 (fields := job_fields(job, env))["JobState"] in ENDED and fields["Restarts"] != "0"
             ),
@@ -148,7 +154,7 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     assert fields["Restarts"] == "1", log
     # The first run was preempted: it checkpointed and its program exited 75; the second
     # ran to the end.
-    assert f"batch: restart 0 exit {PREEMPTED_EXIT}" in log, log
+    assert f"preempted (exit {PREEMPTED_EXIT})" in log, log  # the program's own status
     assert "batch: restart 1 exit 0" in log, log
     assert "PreemptedWithoutCheckpoint" not in log
     assert last_json(log) == last_json(reference.stdout)  # bitwise: same final state digest
@@ -157,7 +163,7 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
         (read_manifest(p) for p in run_dir.glob("step-*.h5.kaudit.json")),
         key=lambda m: m.step,
     )
-    assert manifests[-1].step == 3000
+    assert manifests[-1].step == 5000
 
     def scheduler(m: Manifest) -> dict[str, Any]:
         record: dict[str, Any] = dict(m.predicate["scheduler"])
@@ -172,7 +178,7 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     before = [m for m in manifests if scheduler(m)["restart_count"] == 0]
     after = [m for m in manifests if scheduler(m)["restart_count"] == 1]
     preempted_at = before[-1].step  # what the preempted run wrote last: its durable checkpoint
-    assert 100 <= preempted_at < 3000
+    assert 100 <= preempted_at < 5000
     # The requeued run resumed from exactly that checkpoint: its first manifest's parent.
     assert after[0].parent == before[-1].digest
     assert after[0].step > preempted_at

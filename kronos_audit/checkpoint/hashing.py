@@ -127,10 +127,17 @@ def canonical_bytes(array: np.ndarray[Any, Any], canon: np.dtype[Any]) -> memory
     return flat.view(np.uint8).data
 
 
-def _vlen_kind(dtype: np.dtype[Any]) -> str | None:
+VLEN_STR = "vlen-str"
+"""The dtype name of an HDF5 variable-length UTF-8 string dataset."""
+VLEN_BYTES = "vlen-bytes"
+"""The dtype name of an HDF5 variable-length ASCII (bytes) string dataset."""
+
+
+def vlen_kind(dtype: np.dtype[Any]) -> str | None:
+    """``vlen-str`` or ``vlen-bytes`` for an HDF5 variable-length string dtype, else None."""
     info = h5py.check_string_dtype(dtype)
     if info is not None and info.length is None:
-        return "vlen-str" if info.encoding == "utf-8" else "vlen-bytes"
+        return VLEN_STR if info.encoding == "utf-8" else VLEN_BYTES
     return None
 
 
@@ -143,7 +150,7 @@ def _hash_vlen(h: Any, values: np.ndarray[Any, Any]) -> None:
 
 def array_digest(path: str, array: np.ndarray[Any, Any]) -> DatasetDigest:
     """Digest of an in-memory array, equal to that of the same data stored in HDF5."""
-    kind = _vlen_kind(array.dtype)
+    kind = vlen_kind(array.dtype)
     h = hashlib.sha256()
     if kind is not None:
         _hash_vlen(h, array)
@@ -158,7 +165,7 @@ def _raw_extent(dset: h5py.Dataset) -> tuple[int, int] | None:
     dt = dset.dtype
     if dset.chunks is not None or dset.shape is None or dt.fields or dt.hasobject:
         return None
-    if dt.byteorder == ">" or _vlen_kind(dt) is not None or dset.external:
+    if dt.byteorder == ">" or vlen_kind(dt) is not None or dset.external:
         return None
     # The stored bytes are what a reader gets only if HDF5 converts nothing on the way: the
     # stored type must be exactly the one h5py would write for this numpy dtype. An integer
@@ -197,7 +204,7 @@ def _dataset_digest(dset: h5py.Dataset, view: memoryview | None) -> DatasetDiges
     name = dset.name
     if dset.shape is None:  # null dataspace: no elements at all
         return DatasetDigest(name, dtype_name(dset.dtype), None, hashlib.sha256().hexdigest())
-    kind = _vlen_kind(dset.dtype)
+    kind = vlen_kind(dset.dtype)
     h = hashlib.sha256()
     if kind is not None:
         for block in _blocks(dset):

@@ -15,7 +15,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from kronos_audit.compare.plan import VLEN_STR, Plan
+from kronos_audit.checkpoint.hashing import VLEN_STR
+from kronos_audit.compare.plan import Plan
 from kronos_audit.errors import CheckpointError
 
 Array = np.ndarray[Any, Any]

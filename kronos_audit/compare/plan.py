@@ -15,11 +15,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-from kronos_audit.checkpoint.hashing import canonical_dtype, dtype_name
+from kronos_audit.checkpoint.hashing import (
+    VLEN_STR,
+    canonical_dtype,
+    dtype_name,
+    vlen_kind,
+)
 from kronos_audit.compare.interface import DataKind
-
-VLEN_STR = "vlen-str"
-VLEN_BYTES = "vlen-bytes"
 
 _KIND_OF = {
     "f": DataKind.FLOAT,
@@ -45,14 +47,6 @@ class Plan:
     """Whether the canonical dtypes are equal: a condition of IDENTICAL."""
     vlen: str | None = None
     """``vlen-str`` or ``vlen-bytes`` for HDF5 variable-length strings."""
-
-
-def vlen_kind(dtype: np.dtype[Any]) -> str | None:
-    """``vlen-str`` or ``vlen-bytes`` for an HDF5 variable-length string dtype, else None."""
-    info = h5py.check_string_dtype(dtype)
-    if info is not None and info.length is None:
-        return VLEN_STR if info.encoding == "utf-8" else VLEN_BYTES
-    return None
 
 
 def describe_dtype(dtype: np.dtype[Any]) -> str:

@@ -37,11 +37,8 @@ from kronos_audit.manifest import (
 from kronos_audit.replay.interface import ManifestRef, Outcome, ReplayResult
 from kronos_audit.signing import (
     Envelope,
-    SignatureCheck,
     SigningKey,
-    TrustStore,
     sign_envelope,
-    verify_envelope,
 )
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
@@ -133,10 +130,6 @@ class Attestation(SignedStatement):
         """The second subject: the sha256 of the checkpoint that manifest signs."""
         return Sha256(str(self.statement["subject"][1]["digest"]["sha256"]))
 
-    def verify(self, trust: TrustStore) -> SignatureCheck:
-        """Whether a key ``trust`` holds signed it."""
-        return verify_envelope(self.envelope, trust)
-
 
 def _attestation(path: Path, envelope: Envelope, statement: Any) -> Attestation:
     return Attestation(
@@ -157,7 +150,10 @@ def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Atte
 
 
 def read_attestation(path: Path | str) -> Attestation:
-    """Read and schema-check an attestation (its signature is :meth:`Attestation.verify`)."""
+    """Read and schema-check an attestation. Its signature, its binding to the manifest
+    beside it and the signer's anchors and revocations are checked by
+    :meth:`kronos_audit.verify.Verifier.verify_attestation` (``kaudit verify``): there is
+    no second, partial way."""
     path = Path(path)
     envelope, statement = parse_statement(
         read_signed_file(path, "attestation"), path, "attestation"

@@ -82,7 +82,7 @@ def test_attest_writes_an_attestation_that_verifies(
 
     # kaudit's verifier, with the repository's trust store
     trust = Project(repo).trust_store()
-    check = attestation.verify(trust)
+    check = verify_envelope(attestation.envelope, trust)
     assert check.ok, check.detail
     assert check.signers == (key.key_id,)
     obj = json.loads(path.read_text())
@@ -121,10 +121,18 @@ def test_attest_signs_with_the_key_named(heat: Path, repo: Path, key: SigningKey
     result = run_cli("replay", str(manifest(heat, 10)), "--attest", "--key", "auditor")
     assert result.exit_code == 0, result.output
     attestation = read_attestation(heat / "step-00000010.h5.replay.json")
-    assert not attestation.verify(Project(repo).trust_store()).ok  # the repo does not trust it
+    repo_trust = Project(repo).trust_store()
+    assert not verify_envelope(attestation.envelope, repo_trust).ok  # the repo does not trust it
     mine = TrustStore(repo.parent / "auditor-trust")
     mine.add(auditor.private_key.public_key(), "auditor")
-    assert attestation.verify(mine).signers == (auditor.key_id,)
+    assert verify_envelope(attestation.envelope, mine).signers == (auditor.key_id,)
+    # kaudit verify: refused until the verifier anchors the auditor's key itself
+    path = str(heat / "step-00000010.h5.replay.json")
+    assert run_cli("verify", path).exit_code == 1
+    pem = repo.parent / "auditor.pub"
+    pem.write_bytes(public_pem(auditor.private_key.public_key()))
+    anchored = run_cli("verify", "--trusted-key", str(pem), path)
+    assert anchored.exit_code == 0, anchored.output
 
 
 def test_a_missing_key_stops_before_the_replay(heat: Path, repo: Path) -> None:

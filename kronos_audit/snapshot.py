@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
 from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.project import find_project
@@ -38,10 +38,6 @@ class Snapshots(tuple[Manifest, ...]):
             for m in self
             if m.datasets is None
         )
-
-
-STEP_NAME = re.compile(r"step-([0-9]+)\.h5")
-"""How the runtime names a checkpoint (``step-00000100.h5``): such a name states a step."""
 
 
 def _check_checkpoint_file(path: Path) -> None:
@@ -83,10 +79,12 @@ def _check_unsigned(path: Path) -> None:
 
 
 def _check_step_name(path: Path, step: int) -> None:
-    named = STEP_NAME.fullmatch(path.name)
-    if named is not None and int(named.group(1)) != step:
+    # Read as verify's place check reads it (``step-5.h5.bak`` states step 5 too): what
+    # snapshot signs, verify must not fail for its name.
+    named = named_step(path.name)
+    if named is not None and named != step:
         raise UsageError(
-            f"the name says step {int(named.group(1))}, but the step to sign is {step}: a "
+            f"the name says step {named}, but the step to sign is {step}: a "
             "checkpoint's name and its signed step must agree",
             path=path,
         )

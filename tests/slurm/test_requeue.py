@@ -46,7 +46,7 @@ BATCH = """\
 #SBATCH --time=10
 #SBATCH --open-mode=append
 "$KAUDIT_TEST_PYTHON" -c 'from kronos_audit.cli import main; main()' \\
-    run --retries 0 -- "$KAUDIT_TEST_PYTHON" heat/run.py {args} &
+    run --json --retries 0 -- "$KAUDIT_TEST_PYTHON" heat/run.py {args} &
 child=$!
 trap 'kill -USR1 "$child"' USR1
 wait "$child"
@@ -95,9 +95,21 @@ def wait_for(predicate, what: str, log: Path) -> None:  # type: ignore[no-untype
         time.sleep(0.05)
 
 
-def last_json(text: str) -> dict[str, Any]:
+def supervised(text: str) -> list[dict[str, Any]]:
+    """The attempt of each run of the job, as `kaudit run --json` reported it: the step
+    the program resumed from and the last step it reached (from its progress file)."""
+    found = []
+    for line in text.splitlines():
+        if line.startswith('{"') and '"attempts"' in line:
+            (attempt,) = json.loads(line)["attempts"]
+            found.append(attempt)
+    return found
+
+
+def result(text: str) -> dict[str, Any]:
+    """The heat example's last line: its final step and the digest of its final state."""
     doc: dict[str, Any] = json.loads(
-        [line for line in text.splitlines() if line.startswith("{")][-1]
+        [line for line in text.splitlines() if line.startswith('{"step"')][-1]
     )
     return doc
 
@@ -154,10 +166,11 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     assert fields["Restarts"] == "1", log
     # The first run was preempted: it checkpointed and its program exited 75; the second
     # ran to the end.
-    assert f"preempted (exit {PREEMPTED_EXIT})" in log, log  # the program's own status
+    first_run, second_run = supervised(log)
+    assert first_run["status"] == PREEMPTED_EXIT, log  # the program's own status
     assert "batch: restart 1 exit 0" in log, log
     assert "PreemptedWithoutCheckpoint" not in log
-    assert last_json(log) == last_json(reference.stdout)  # bitwise: same final state digest
+    assert result(log) == result(reference.stdout)  # bitwise: same final state digest
 
     manifests = sorted(
         (read_manifest(p) for p in run_dir.glob("step-*.h5.kaudit.json")),
@@ -179,7 +192,11 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     after = [m for m in manifests if scheduler(m)["restart_count"] == 1]
     preempted_at = before[-1].step  # what the preempted run wrote last: its durable checkpoint
     assert 100 <= preempted_at < 5000
-    # The requeued run resumed from exactly that checkpoint: its first manifest's parent.
+    # Written on the signal, at the step the program had reached, not before it...
+    assert preempted_at == first_run["last_step"]
+    # ...and the requeued run resumed from exactly that checkpoint: the step it reported,
+    # and its first manifest's parent.
+    assert second_run["resumed_from"] == preempted_at
     assert after[0].parent == before[-1].digest
     assert after[0].step > preempted_at
     verified = run_cli("verify", str(run_dir), cwd=root)

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.slurm.conftest import SCRIPT
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm.sh"
 
 
 def slurm(conf: Path, *args: str) -> str:

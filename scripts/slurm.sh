@@ -29,7 +29,6 @@
 # failure: one line on stderr saying why, exit 1.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${KAUDIT_SLURM_DIR:-/tmp/kaudit-slurm-$(id -u)}"
 PORT="${KAUDIT_SLURM_PORT:-6817}"
 WAIT_SECONDS=60 # for the node to come up idle: it takes a second or two
@@ -38,6 +37,14 @@ die() {
     echo "slurm.sh: $*" >&2
     exit 1
 }
+
+case "${1:-}" in
+start | stop | status) ;;
+*)
+    echo "usage: bash scripts/slurm.sh start|stop|status" >&2
+    exit 2
+    ;;
+esac
 
 SUDO=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -262,15 +269,13 @@ running() {
 
 # ------------------------------------------------------------------------------ main
 
-case "${1:-}" in
-start | stop | status) ;;
-*)
-    echo "usage: bash scripts/slurm.sh start|stop|status" >&2
-    exit 2
-    ;;
-esac
-
-mkdir -p "$DIR"
+# The daemons run as root with what this directory holds (their configuration, the munge
+# key): it must be this user's own, a real directory that no one else can write to. Under
+# /tmp anyone could have made it first, or put a symbolic link there.
+mkdir -p -m 700 "$DIR" 2>/dev/null || die "cannot create $DIR"
+[ -d "$DIR" ] && [ ! -L "$DIR" ] && [ "$(stat -c %u "$DIR")" = "$(id -u)" ] ||
+    die "$DIR is not a directory of this user's own: remove it, or set KAUDIT_SLURM_DIR"
+chmod go-w "$DIR"
 # Serialise concurrent callers (two test sessions): one installs and starts, the other
 # then finds it running. The daemons are started without this descriptor (9>&-): one that
 # inherited it would hold the lock for as long as it runs.

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,18 @@ def job_fields(job: str, env: dict[str, str]) -> dict[str, str]:
     return dict(f.split("=", 1) for f in shown.split() if "=" in f)
 
 
-def wait_for(predicate, what: str, log: Path) -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], bool], what: str, log: Path, env: dict[str, str]) -> None:
     deadline = time.monotonic() + HANG_GUARD
     while not predicate():
         if time.monotonic() > deadline:
             output = log.read_text(errors="replace") if log.exists() else "(no output)"
-            raise AssertionError(f"gave up waiting for {what}; job output:\n{output}")
+            queue = subprocess.run(
+                ["scontrol", "show", "job"], env=env, capture_output=True, text=True, check=False
+            )
+            raise AssertionError(
+                f"gave up waiting for {what}; job output:\n{output}\n"
+                f"scontrol show job:\n{queue.stdout}{queue.stderr}"
+            )
         time.sleep(0.05)
 
 
@@ -141,12 +148,15 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     ).stdout.strip()
     run_dir = root / "checkpoints" / "heat"
     try:
-        wait_for(lambda: newest_step(run_dir) >= 100, "the job's first checkpoint", output)
+        wait_for(lambda: newest_step(run_dir) >= 100, "the job's first checkpoint", output, env)
         subprocess.run(
             ["scancel", "--signal=USR1", "--batch", job], env=env, check=True, capture_output=True
         )
         wait_for(
-            lambda: "batch: restart 0 exit" in output.read_text(), "the first run's end", output
+            lambda: "batch: restart 0 exit" in output.read_text(),
+            "the first run's end",
+            output,
+            env,
         )
         # Had the run finished before the signal came, it would not requeue: say so now.
         first = output.read_text()
@@ -157,6 +167,7 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
             ),
             "the requeued job to end",
             output,
+            env,
         )
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True, check=False)

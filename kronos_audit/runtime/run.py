@@ -67,7 +67,12 @@ from kronos_audit.runtime.protocol import (
 )
 from kronos_audit.runtime.publish import Publisher, ReplayPublisher, SignedPublisher
 from kronos_audit.runtime.retention import Retention
-from kronos_audit.runtime.sharded import ShardedPublisher, expand_layout, rank_seed
+from kronos_audit.runtime.sharded import (
+    ShardedPublisher,
+    expand_layout,
+    has_sharded_steps,
+    rank_seed,
+)
 from kronos_audit.signing import SigningKey
 
 RNG_GROUP = rng.GROUP
@@ -124,6 +129,7 @@ class Run:
             raise UsageError(str(e)) from None
         if seed is None and self.replay is not None:
             seed = self.replay.seed  # the recorded seed, for a program that fixes none
+        self._owns_comm = comm is None
         self.comm: Comm = detect(comm)
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
         launcher's environment; one process without either)."""
@@ -134,7 +140,9 @@ class Run:
         self.run_id = run_id
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         self._sharded: ShardedPublisher | None = None
-        if self.size > 1:
+        if self.size > 1 or (self.replay is None and has_sharded_steps(Path(root) / self.run_id)):
+            # One rank continues a run that was written on several as it was written:
+            # sharded steps (of one shard), so its chain and layouts carry on.
             self._sharded = self._sharded_publisher(
                 root, key, attributes, push, keep, keep_every, allow_secret_files
             )
@@ -201,7 +209,8 @@ class Run:
         ]
         if unsupported:
             raise UsageError(
-                f"a run on {self.size} ranks does not support {', '.join(unsupported)} yet"
+                f"a sharded run (on {self.size} rank(s)) does not support "
+                f"{', '.join(unsupported)} yet"
             )
         # Every rank must draw from the same run seed (each its own stream of it).
         self.seed = int(self.comm.bcast(self.seed))
@@ -262,7 +271,9 @@ class Run:
                         )
             finally:
                 if self._sharded is not None:
-                    self._sharded.close()
+                    self._sharded.close(clean=exc is None)
+        if self._owns_comm and exc is None:
+            self.comm.close()  # a torch.distributed group kaudit initialized itself
 
     def _require_open(self) -> BackgroundWriter:
         if self._writer is None:

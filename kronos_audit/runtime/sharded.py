@@ -111,6 +111,11 @@ def dup(comm: Comm) -> Comm:
     return comm
 
 
+def has_sharded_steps(directory: Path) -> bool:
+    """Whether ``directory`` (a run's) holds a sharded step with its manifest."""
+    return any(directory.glob(f"step-*/{INDEX_NAME}.kaudit.json"))
+
+
 # -- layouts -----------------------------------------------------------------------------
 
 
@@ -285,10 +290,21 @@ class ShardedPublisher:
 
         self._public = Ed25519PublicKey.from_public_bytes(self.comm.bcast(public))
 
-    def close(self) -> None:
-        if self._commit_comm is not None and self._commit_comm is not self.comm:
-            self._commit_comm.close()
-        self._commit_comm = None
+    def close(self, *, clean: bool) -> None:
+        """Release the commit communicator. ``clean``: every rank is closing (the run
+        ended without error), so a torch.distributed group can be taken down together;
+        after an error nothing collective is attempted (the other ranks may never come)."""
+        comm, self._commit_comm = self._commit_comm, None
+        if comm is None or comm is self.comm:
+            return
+        comm.close()
+        if clean and comm.name == "torch.distributed":
+            import torch.distributed as dist
+
+            # A gloo group left to the interpreter's exit can abort the process
+            # ("terminate called without an active exception").
+            comm.barrier()
+            dist.destroy_process_group(getattr(comm, "group", None))
 
     def _opened(self) -> Project:
         if self._project is None:
@@ -405,7 +421,23 @@ class ShardedPublisher:
     def load(self, agreed: Agreed) -> dict[str, Any]:
         """This rank's datasets of ``agreed`` (state, generators, ledger), read from the
         shards it verified: its own, or with another rank count its block of each Block
-        dataset and rank 0's replicated ones."""
+        dataset and rank 0's replicated ones. Collective: a rank that cannot read what it
+        needs makes every rank raise (naming it), rather than go on alone."""
+        flat: dict[str, Any] | None = None
+        problem: str | None = None
+        try:
+            flat = self._load(agreed)
+        except Error as e:
+            problem = str(e)
+        problems = self.comm.allgather(problem)
+        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+        if bad is not None:
+            r, p = bad
+            raise CheckpointError(p if r == self.rank else f"rank {r}: {p}")
+        assert flat is not None
+        return flat
+
+    def _load(self, agreed: Agreed) -> dict[str, Any]:
         directory = agreed.manifest.parent
         with ExitStack() as stack:
             files: dict[int, h5py.File] = {}
@@ -594,4 +626,12 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
     return {n: _value(f, n) for n, _ in _walk(f) if n not in skip}
 
 
-__all__ = ["Agreed", "ShardedPublisher", "dup", "expand_layout", "parse_layout", "rank_seed"]
+__all__ = [
+    "Agreed",
+    "ShardedPublisher",
+    "dup",
+    "expand_layout",
+    "has_sharded_steps",
+    "parse_layout",
+    "rank_seed",
+]

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import kronos_audit as ka
@@ -24,6 +25,7 @@ from kronos_audit.project import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.signing import SigningKey
 from tests.helpers import KAUDIT, run_cli
+from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain, wait_for
 
@@ -108,8 +110,12 @@ def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
     assert last_json(heat_mpi(project, 4, "--steps", "40", "--every", "5").stdout) == serial(
         project, 40
     )
+    # And on one rank (no launcher): it carries on the sharded run, one shard a step.
+    out = run_plain(project, "heat_mpi/run.py", *GRID, "--steps", "45", "--every", "5")
+    assert out == serial(project, 45)
+    assert step_manifest(run_dir, 45).predicate["shards"]["count"] == 1
     results = ka.verify(run_dir)
-    assert len(results) == 8
+    assert len(results) == 9
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
 
 
@@ -296,3 +302,60 @@ def test_ranks_out_of_step_and_a_bad_layout_are_one_line_errors(
         assert done.returncode != 0
         assert message in done.stderr, done.stderr
     assert not list((project.root / "checkpoints" / "bad").glob("step-*/*.kaudit.json"))
+
+
+API_PROGRAM = """
+import json, sys
+import numpy as np
+import kronos_audit as ka
+from kronos_audit.parallel.layout import local_block
+
+def field(step):
+    return np.arange(14.0).reshape(7, 2) + step
+
+mode = sys.argv[1]
+out = {}
+with ka.Run("api", seed=5, every=ka.EverySteps(2)) as run:
+    out["rank"] = run.rank
+    try:
+        state = run.restore()
+    except ka.CheckpointError as e:
+        out["error"] = str(e)
+        state = None
+    if mode == "write":
+        for step in run.steps(6):
+            u = local_block(field(step), ka.Block(0), run.size, run.rank)
+            state = {"u": u, "c": np.float64(step), "own": np.array([run.rank])}
+            run.checkpoint(step, state, layout={"u": ka.Block(axis=0), "c": ka.Replicated()})
+    elif mode == "inspect":
+        out["all"] = run.all_steps()
+        out["latest"] = run.latest_step()
+        out["at4"] = run.restore(step=4)["u"].tolist()
+        out["c"] = float(state["c"])
+        out["own"] = state["own"].tolist()
+        out["step"] = run.step
+with open(f"out.{run.rank}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_steps_latest_and_an_older_step_on_every_rank_and_a_key_without_layout(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "api.py"
+    program.write_text(textwrap.dedent(API_PROGRAM))
+    launch.run(mpiexec(3, str(program), "write"), project.root, 3)
+    for r, doc in enumerate(launch.run(mpiexec(3, str(program), "inspect"), project.root, 3)):
+        assert doc["all"] == [2, 4, 6]
+        assert doc["latest"] == 6
+        assert doc["step"] == 6
+        assert doc["c"] == 6.0
+        assert doc["own"] == [r]
+        rows = [(0, 3), (3, 5), (5, 7)][r]
+        assert doc["at4"] == (np.arange(14.0).reshape(7, 2) + 4)[rows[0] : rows[1]].tolist()
+    for f in project.root.glob("out.*.json"):
+        f.unlink()
+    # "own" has no layout: on 2 ranks every rank refuses the restore, naming it.
+    for doc in launch.run(mpiexec(2, str(program), "recount"), project.root, 2):
+        assert "own: has no layout" in doc["error"]
+        assert "only on the 3 ranks that wrote it, not on 2" in doc["error"]

@@ -32,6 +32,12 @@ RNG states (``/rng``: ``run.rng``, Python's ``random`` and numpy's global genera
 the run seeds, and torch's when the program uses torch) and the Monte Carlo ledger
 (``/ledger``); ``rng``, ``ledger`` and ``kaudit`` are reserved at the top of the state.
 
+On several ranks (under ``mpiexec``, ``srun`` or ``torchrun``, or with ``comm=``) every rank
+runs the same loop: each writes its shard of a step into ``<root>/<run>/step-<N:08d>/``,
+rank 0 signs the step once every shard is durable, the save decision and a preemption are
+agreed, and restore takes the newest step valid on every rank, re-cut for another rank
+count where ``layout=`` says how (:mod:`kronos_audit.runtime.sharded`).
+
 The loop is the same under ``kaudit replay``; where the checkpoints go and what they
 become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 """
@@ -130,6 +136,7 @@ class Run:
         if seed is None and self.replay is not None:
             seed = self.replay.seed  # the recorded seed, for a program that fixes none
         self._owns_comm = comm is None
+        self._agreed_exit = False
         self.comm: Comm = detect(comm)
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
         launcher's environment; one process without either)."""
@@ -271,8 +278,8 @@ class Run:
                         )
             finally:
                 if self._sharded is not None:
-                    self._sharded.close(clean=exc is None)
-        if self._owns_comm and exc is None:
+                    self._sharded.close(clean=exc is None or self._agreed_exit)
+        if self._owns_comm and (exc is None or self._agreed_exit):
             self.comm.close()  # a torch.distributed group kaudit initialized itself
 
     def _require_open(self) -> BackgroundWriter:
@@ -481,6 +488,7 @@ class Run:
                     stacklevel=2,
                 )
             writer.flush()
+            self._agreed_exit = True  # every rank leaves here, at this step
             raise SystemExit(self.preempt_exit)
         return save
 

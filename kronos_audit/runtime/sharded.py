@@ -176,6 +176,9 @@ def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
     out: dict[str, Recorded] = {}
     for key, spec in record.items():
         name = "/" + str(key)
+        if name.split("/")[1] in ("kaudit", *_OWN):
+            # Each rank's own records never come from another rank's shard.
+            raise CheckpointError(f"layout of {str(key)[:80]!r}: a reserved name")
         if not isinstance(spec, Mapping):
             raise CheckpointError(f"layout of {str(key)[:80]!r}: not a record")
         if spec.get("replicated") is True and set(spec) == {"replicated"}:

@@ -359,3 +359,55 @@ def test_steps_latest_and_an_older_step_on_every_rank_and_a_key_without_layout(
     for doc in launch.run(mpiexec(2, str(program), "recount"), project.root, 2):
         assert "own: has no layout" in doc["error"]
         assert "only on the 3 ranks that wrote it, not on 2" in doc["error"]
+
+
+FAILING_WRITE = """
+import resource, signal, sys
+import numpy as np
+import kronos_audit as ka
+
+with ka.Run("torn", seed=1, every=ka.EverySteps(2)) as run:
+    if run.rank == 1 and sys.argv[1] == "fail":
+        # A real write failure on one rank only: its files may not grow past 64 KiB
+        # (EFBIG from write(), the signal that would kill it ignored).
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    state = run.restore()
+    print("restored", run.rank, run.step, flush=True)
+    for step in run.steps(int(sys.argv[2])):
+        state = {"u": np.full(20_000, float(step))}  # 160 kB a rank
+        run.checkpoint(step, state)
+"""
+
+
+def test_a_shard_that_cannot_be_written_on_one_rank_aborts_the_step_on_every_rank(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "torn.py"
+    program.write_text(textwrap.dedent(FAILING_WRITE))
+
+    def launch_torn(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            mpiexec(3, str(program), *args),
+            cwd=project.root,
+            env=launcher_env(),
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD,
+        )
+
+    run_dir = project.root / "checkpoints" / "torn"
+    assert launch_torn("ok", "2").returncode == 0
+    assert steps_signed(run_dir) == [2]
+    done = launch_torn("fail", "6")
+    assert done.returncode != 0
+    # Every rank heard the abort and named the rank whose shard is not durable.
+    assert done.stderr.count("the checkpoint of step 4 was not committed: rank 1:") == 3, (
+        done.stderr
+    )
+    assert steps_signed(run_dir) == [2]  # no manifest for step 4: never a valid step
+    assert not list(run_dir.glob("step-00000004/*.dvc"))  # nor tracked
+    again = launch_torn("ok", "6")
+    assert again.returncode == 0, again.stderr
+    assert sorted(again.stdout.split("\n")[:3]) == [f"restored {r} 2" for r in range(3)]
+    assert steps_signed(run_dir) == [2, 4, 6]

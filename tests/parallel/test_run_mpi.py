@@ -411,3 +411,40 @@ def test_a_shard_that_cannot_be_written_on_one_rank_aborts_the_step_on_every_ran
     assert again.returncode == 0, again.stderr
     assert sorted(again.stdout.split("\n")[:3]) == [f"restored {r} 2" for r in range(3)]
     assert steps_signed(run_dir) == [2, 4, 6]
+
+
+TIMED = """
+import time
+import numpy as np
+import kronos_audit as ka
+
+with ka.Run("timed", seed=1, every=ka.EverySeconds(0.05)) as run:
+    run.restore()
+    for step in run.steps(40):
+        time.sleep(0.004 * (run.rank + 1))  # each rank's clock sees another pace
+        run.checkpoint(step, {"u": np.full(3, float(step))})
+"""
+
+
+def test_a_time_based_policy_decides_once_for_every_rank(project: Project, key: SigningKey) -> None:
+    import h5py
+
+    program = project.root / "timed.py"
+    program.write_text(textwrap.dedent(TIMED))
+    done = subprocess.run(
+        mpiexec(3, str(program)),
+        cwd=project.root,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode == 0, done.stderr
+    run_dir = project.root / "checkpoints" / "timed"
+    steps = steps_signed(run_dir)
+    assert len(steps) >= 2
+    assert steps[-1] == 40  # and the final step
+    for step in steps:  # every shard of a step holds that step's state: none is torn
+        for r in range(3):
+            with h5py.File(shard_path(step_directory(run_dir, step), r, 3)) as f:
+                assert f["u"][0] == step

@@ -243,6 +243,8 @@ class Run:
     # -- context -------------------------------------------------------------------------
 
     def __enter__(self) -> Run:
+        if self._sharded is not None:
+            self._sharded.threaded = self.asynchronous
         self.publisher.open()
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):

@@ -111,6 +111,21 @@ def dup(comm: Comm) -> Comm:
     return comm
 
 
+def _require_threads(comm: Comm) -> None:
+    """A UsageError unless ``comm`` may be used from the writer's thread while the loop
+    uses it too: MPI initialized with ``MPI_THREAD_MULTIPLE`` (mpi4py's default)."""
+    if comm.name != "mpi" or comm.size == 1:
+        return
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise UsageError(
+            "MPI was initialized without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level), which "
+            "checkpoints written in the background need: leave mpi4py's default, or pass "
+            "asynchronous=False to ka.Run"
+        )
+
+
 def has_sharded_steps(directory: Path) -> bool:
     """Whether ``directory`` (a run's) holds a sharded step with its manifest."""
     return any(directory.glob(f"step-*/{INDEX_NAME}.kaudit.json"))
@@ -246,6 +261,8 @@ class ShardedPublisher:
         self._public: Any = None
         self._git: GitRecord | None = None
         self._parent: Path | None = None
+        self.threaded = True
+        """Whether commits run on the writer's thread (``Run(asynchronous=True)``)."""
 
     @property
     def directory(self) -> Path:
@@ -264,10 +281,11 @@ class ShardedPublisher:
     def open(self) -> None:
         """Collective: the commit communicator; the project on every rank; the key and
         git state on rank 0, its public key sent to every rank (or rank 0's error)."""
-        self._commit_comm = dup(self.comm)
         problem: str | None = None
         public = None
         try:
+            if self.threaded:
+                _require_threads(self.comm)
             self._project = find_project(self.directory).require_initialized()
             if self.rank == 0:
                 self._key = (
@@ -289,6 +307,7 @@ class ShardedPublisher:
         if bad is not None:
             r, p = bad
             raise UsageError(p if r == self.rank else f"rank {r}: {p}")
+        self._commit_comm = dup(self.comm)  # on every rank, or (above) on none
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         self._public = Ed25519PublicKey.from_public_bytes(self.comm.bcast(public))

@@ -448,3 +448,50 @@ def test_a_time_based_policy_decides_once_for_every_rank(project: Project, key: 
         for r in range(3):
             with h5py.File(shard_path(step_directory(run_dir, step), r, 3)) as f:
                 assert f["u"][0] == step
+
+
+SERIALIZED = """
+import sys
+import mpi4py
+
+mpi4py.rc.thread_level = "serialized"  # the program's choice, before MPI starts
+import numpy as np
+import kronos_audit as ka
+
+try:
+    background = sys.argv[1] == "async"
+    with ka.Run("serial", seed=1, every=ka.EverySteps(1), asynchronous=background) as run:
+        for step in run.steps(2):
+            run.checkpoint(step, {"u": np.zeros(2)})
+except ka.UsageError as e:
+    print("refused:", e)
+else:
+    print("done", run.rank)
+"""
+
+
+def test_background_commits_need_mpi_thread_multiple_and_synchronous_ones_do_not(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "serialized.py"
+    program.write_text(textwrap.dedent(SERIALIZED))
+
+    def launch_it(mode: str) -> str:
+        done = subprocess.run(
+            mpiexec(2, str(program), mode),
+            cwd=project.root,
+            env=launcher_env(),
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = launch_it("async")
+    # Every rank refuses (rank 1 naming rank 0, the first that found it), before any file.
+    assert out.count("refused: ") == 2, out
+    assert out.count("MPI was initialized without MPI_THREAD_MULTIPLE") == 2, out
+    assert not (project.root / "checkpoints" / "serial").exists()
+    assert sorted(launch_it("sync").split()) == ["0", "1", "done", "done"]
+    assert steps_signed(project.root / "checkpoints" / "serial") == [1, 2]

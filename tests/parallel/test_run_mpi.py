@@ -495,3 +495,39 @@ def test_background_commits_need_mpi_thread_multiple_and_synchronous_ones_do_not
     assert not (project.root / "checkpoints" / "serial").exists()
     assert sorted(launch_it("sync").split()) == ["0", "1", "done", "done"]
     assert steps_signed(project.root / "checkpoints" / "serial") == [1, 2]
+
+
+NOT_A_SPLIT = """
+import numpy as np
+import kronos_audit as ka
+
+with ka.Run("split", seed=1, every=ka.EverySteps(1)) as run:
+    for step in run.steps(1):
+        # 1, 2 and 3 rows: array_split puts the longer blocks first, so this is no split.
+        u = np.zeros((run.rank + 1, 2))
+        run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+"""
+
+
+def test_blocks_that_are_not_an_array_split_abort_the_step_naming_the_array(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "split.py"
+    program.write_text(textwrap.dedent(NOT_A_SPLIT))
+    done = subprocess.run(
+        mpiexec(3, str(program)),
+        cwd=project.root,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode != 0
+    assert (
+        done.stderr.count(
+            "the checkpoint of step 1 was not committed: u: rank 0 of 3: local shape (1, 2) "
+            "is not its block of an array_split of (6, 2) along axis 0"
+        )
+        == 3
+    ), done.stderr
+    assert steps_signed(project.root / "checkpoints" / "split") == []

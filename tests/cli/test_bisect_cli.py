@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,11 @@ def test_the_planted_divergence_exits_1_with_the_report(runs: tuple[Path, Path])
     assert "step 23: the checkpoints diverge first; step 22 agrees" in out
     assert "/fields/v DIFFERENT: 256 of 256 elements fail" in out  # diff's details
     assert "first [0, 0]" in out
-    # the fields, the /rng generator states and /kaudit/tree
-    assert "FAIL: 7 datasets: 6 identical, 1 different" in out
+    # all the others identical: the fields, /kaudit/tree and the /rng generator states
+    # (torch's too when another test of this process imported torch)
+    summary = re.search(r"FAIL: (\d+) datasets: (\d+) identical, 1 different", out)
+    assert summary is not None, out
+    assert int(summary[2]) == int(summary[1]) - 1 >= 6
     last = out.strip().splitlines()[-1]
     assert last.startswith("DIVERGED at step 23 (after step 22): /fields/v (")
     assert "of 40 common steps compared, 1 reading data" in last

@@ -300,8 +300,8 @@ class ShardedPublisher:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
                     leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
-        except Error as e:
-            problem = str(e)
+        except Exception as e:  # every rank must reach the allgather below, whatever happened
+            problem = _reason(e)
         problems = self.comm.allgather(problem)
         bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
         if bad is not None:
@@ -376,8 +376,8 @@ class ShardedPublisher:
                     return f"belongs to run {result.run!r}", None
                 if result.step != step:
                     return f"its manifest signs step {result.step}, not step {step}", None
-        except Error as e:
-            return str(e), None
+        except Exception as e:  # a rank that stopped here alone would hang the others
+            return _reason(e), None
         return None, agreed
 
     def reads(self, agreed: Agreed) -> list[int]:
@@ -449,8 +449,8 @@ class ShardedPublisher:
         problem: str | None = None
         try:
             flat = self._load(agreed)
-        except Error as e:
-            problem = str(e)
+        except Exception as e:  # every rank must reach the allgather below, whatever happened
+            problem = _reason(e)
         problems = self.comm.allgather(problem)
         bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
         if bad is not None:
@@ -540,7 +540,7 @@ class ShardedPublisher:
                 tmp.unlink(missing_ok=True)
             shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
             vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
-        except (OSError, RuntimeError, Error) as e:
+        except Exception as e:  # a rank that does not vote would hang every other rank
             vote = (_reason(e), None)
         votes = comm.gather(vote)
         decision: str | None = None
@@ -617,12 +617,15 @@ class ShardedPublisher:
 
 
 def _reason(e: BaseException) -> str:
+    """One bounded line saying why (it travels to the other ranks and into their errors)."""
     if isinstance(e, Error):
-        return str(e)
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    text = str(e).splitlines()
-    return text[0] if text else type(e).__name__
+        text = str(e)
+    elif isinstance(e, OSError) and e.strerror:
+        text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    else:
+        lines = str(e).splitlines()
+        text = lines[0] if lines else type(e).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 def _value(f: h5py.File, name: str) -> Any:

@@ -51,6 +51,7 @@ import numpy as np
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
+    TREE_NAME,
     ShardRecord,
     shard_name,
     shard_path,
@@ -593,16 +594,18 @@ class ShardedPublisher:
             extra={**meta, "restart_count": restart_count()},
             git=self._git,
         )
-        index = directory / INDEX_NAME
-        data = index.read_bytes()
-        track(
-            project,
-            index,
-            hashlib.md5(data, usedforsecurity=False).hexdigest(),
-            len(data),
-            owned=True,
-            ignore_pattern=f"/{INDEX_NAME}",
-        )
+        # The index, and its Merkle tree (derived, unsigned, 64 bytes a shard: DVC's like
+        # the data rather than git's, so a clone fetches it with the step).
+        for name in (INDEX_NAME, TREE_NAME):
+            data = (directory / name).read_bytes()
+            track(
+                project,
+                directory / name,
+                hashlib.md5(data, usedforsecurity=False).hexdigest(),
+                len(data),
+                owned=True,
+                ignore_pattern=f"/{name}",
+            )
         for record in records:
             track(
                 project,

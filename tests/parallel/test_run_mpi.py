@@ -96,6 +96,24 @@ def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
         assert "time" not in f1
         assert f0["fields/u"].shape == (9, 25)
         assert f1["fields/u"].shape == (8, 25)
+    # What git sees of a step: the manifest and small .dvc files; the data (shards, index,
+    # tree) is DVC's.
+    seen = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", str(directory)],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert sorted(Path(line).name for line in seen if line != "??") == sorted(
+        [
+            ".gitignore",
+            "index.jsonl.dvc",
+            "index.jsonl.kaudit.json",
+            "index.merkle.dvc",
+            *(f"rank-00000{r}-of-000003.h5.dvc" for r in range(3)),
+        ]
+    )
 
     out = last_json(heat_mpi(project, 2, "--steps", "30", "--every", "5").stdout)
     assert out == reference  # resumed from the 3-rank step 20 on two ranks, bitwise

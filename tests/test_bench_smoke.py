@@ -38,3 +38,24 @@ def test_the_shard_scale_model_runs_and_one_rank_pays_what_it_did(
     assert large["index_bytes"] == 10 * small["index_bytes"]
     assert "baseline: sha256 of the rank's own shard" in out
     assert "one rank's restore verification at 1,000 ranks costs" in out
+
+
+def test_the_rank_benchmark_launches_one_and_two_ranks_and_reports_against_the_raw_write(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_ranks
+
+    rows = bench_ranks.main(["--quick"])
+    out = capsys.readouterr().out
+    assert rows is not None
+    # Each launch asserts on rank 0 that every step it timed was signed (one manifest per
+    # checkpoint), so a row here means real checkpoints under a real mpiexec were measured.
+    assert [r["ranks"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in ("raw_share", "sync", "async", "stall", "copyto"):
+            assert row[key] > 0, row  # timings vary: measured and printed, not judged
+    assert "baseline: one process writing+fsyncing the 2 MiB to one file" in out
+    assert [line.split()[0] for line in out.splitlines() if line[:5].strip().isdigit()] == [
+        "1",
+        "2",
+    ]

@@ -1,0 +1,368 @@
+"""Checkpoint time on 1, 2 and 4 MPI ranks for the same global state (issue 12, "Performance").
+
+One global state, ``--mib`` MiB of float64 (256 MiB by default: a 32768 x 1024 array, held
+as ``ka.Block(axis=0)`` strips, rank r of K holding ``array_split(u, K)[r]``), checkpointed
+``--checkpoints`` times by ``ka.Run`` on K ranks. Each configuration (a rank count and a
+mode) runs in a fresh ``mpiexec --oversubscribe -n K`` launch in a fresh scratch repository
+(``bench._common.scratch_repo``: real git, DVC, signing key), so no DVC state, staging
+buffer or writer thread carries from one into the next. What is measured:
+
+1. the time to make one checkpoint durable: from the moment every rank enters
+   ``run.checkpoint`` (after a barrier) until the last rank knows the step is committed,
+   its shards written and fsynced and the step manifest signed and on disk (median over the
+   checkpoints). Two ways, each its own launch:
+
+   - ``sync``, ``asynchronous=False``: the headline. The call returns on each rank only
+     after rank 0 broadcast "committed", so its span is exactly the commit path (write,
+     hash, fsync, vote, sign, DVC-track) with nothing of the loop overlapping it;
+   - ``async``, the default path, ``run.checkpoint`` then ``run.wait()``: the same commit
+     plus the copy into the staging buffer and the hand-off to the writer thread;
+
+2. in the async mode, the loop's stall per checkpoint (the longest rank's time inside
+   ``run.checkpoint``: the agreed save decision and the copy of its strip into staging),
+   against one ``np.copyto`` of the rank's strip into a warm buffer (all ranks at once,
+   best of 3, the longest rank);
+
+3. baselines measured in the same run: one process writing and fsyncing the same bytes to
+   one file (``raw``, median of 5: the figure every other is a ratio of), and, for
+   reference, K processes each writing and fsyncing its 1/K strip to its own file
+   concurrently (``raw K``, in each sync launch, median of 3).
+
+Times across ranks are taken on ``time.monotonic`` (CLOCK_MONOTONIC: one clock for every
+process on the machine), from the earliest rank's start to the latest rank's end. One rank
+(``mpiexec -n 1``) runs kaudit's single-process path, one HDF5 file and its signed manifest,
+because that is what a job of one rank writes; two and four write one shard per rank, an
+index and one step manifest. On the 2-core reference machine 4 ranks are oversubscribed
+(two ranks per core), so their figures measure contention as much as scaling.
+
+Goal (issue 12): the durable time on K ranks stays within a small factor of the raw write
+of the same bytes, and does not grow with K beyond what K concurrent raw writers pay.
+
+The whole run takes under 3 minutes with the defaults on the 2-core machine.
+
+Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 4] [--ranks 1 2 4]
+     .venv/bin/python bench/bench_ranks.py --quick   (a tiny state, 1 and 2 ranks)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._common import best_of, scratch_repo
+
+COLS = 1024
+"""Columns of the global array: a row is 8 KiB, so a strip is whole rows of it."""
+MODES = ("sync", "async")
+RAW_REPEATS = 5
+"""Repeats of the one-process raw write (the baseline)."""
+SHARE_REPEATS = 3
+"""Repeats of the K-way raw write and of the copyto, inside each launch."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """What every launch runs."""
+
+    mib: int
+    """Size of the global state."""
+    checkpoints: int
+    """Checkpoints per launch."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one launch measured (rank 0 writes it as JSON)."""
+
+    ranks: int
+    """K, the launch's rank count."""
+    mode: str
+    """``sync`` or ``async``."""
+    durable: list[float]
+    """Per checkpoint: seconds from the first rank entering ``run.checkpoint`` to the last
+    rank knowing the step committed."""
+    stall: list[float]
+    """Per checkpoint: the longest rank's seconds inside ``run.checkpoint``."""
+    raw_share: float
+    """Median seconds for the K ranks to write and fsync each its strip, concurrently."""
+    copyto: float
+    """Best seconds of one ``np.copyto`` of each rank's strip, all at once (longest rank)."""
+
+
+def rows(p: Params) -> int:
+    return p.mib * 2**20 // (8 * COLS)
+
+
+def write_fsync(path: Path, data: np.ndarray[Any, Any]) -> None:
+    """Write the array's bytes to a new file and fsync it: the least a durable write costs."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = data.data.cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def kaudit_home() -> Iterator[None]:
+    """Restore KAUDIT_HOME afterwards: ``scratch_repo`` sets it for its key, and the caller
+    (a test, say) may have its own."""
+    before = os.environ.get("KAUDIT_HOME")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("KAUDIT_HOME", None)
+        else:
+            os.environ["KAUDIT_HOME"] = before
+
+
+# -- one launch, on every rank ------------------------------------------------------------------
+
+
+def worker(p: Params, mode: str, out: Path) -> None:
+    from mpi4py import MPI
+
+    import kronos_audit as ka
+    from kronos_audit.manifest import MANIFEST_SUFFIX
+    from kronos_audit.parallel.layout import block_range
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    start, stop = block_range(rows(p), size, rank)
+    # Random, so that nothing on the way (HDF5, the file system) can shrink the bytes.
+    u = np.random.default_rng(rank).random((stop - start, COLS))
+    state = {"u": u}
+    scratch = Path("bench-scratch")
+    if rank == 0:
+        scratch.mkdir()
+    comm.barrier()
+
+    def spanned(fn: Callable[[], object]) -> tuple[float, float]:
+        """Every rank runs ``fn`` after a barrier: (the earliest start, the latest end)."""
+        comm.barrier()
+        t0 = time.monotonic()
+        fn()
+        t1 = time.monotonic()
+        starts, ends = zip(*comm.allgather((t0, t1)), strict=True)
+        return min(starts), max(ends)
+
+    def raw() -> None:
+        path = scratch / f"raw-{rank}.bin"
+        write_fsync(path, u)
+        path.unlink()
+
+    raw_share = statistics.median(b - a for a, b in (spanned(raw) for _ in range(SHARE_REPEATS)))
+    staging = np.empty_like(u)
+    np.copyto(staging, u)  # touch the pages once, as a reused buffer would be
+    copies = []
+    for _ in range(SHARE_REPEATS):
+        comm.barrier()
+        t0 = time.monotonic()
+        np.copyto(staging, u)
+        copies.append(time.monotonic() - t0)
+    copyto = max(comm.allgather(min(copies)))
+    del staging
+
+    durable: list[float] = []
+    stall: list[float] = []
+    with ka.Run(
+        "bench-ranks",
+        root="checkpoints",
+        seed=1,
+        every=ka.EverySteps(1),
+        asynchronous=(mode == "async"),
+    ) as run:
+        for step in range(1, p.checkpoints + 1):
+            u *= 1.0 + 1e-9  # a new state each step, as a solver's would be
+            comm.barrier()
+            t0 = time.monotonic()
+            taken = run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
+            t1 = time.monotonic()
+            run.wait()
+            t2 = time.monotonic()
+            assert taken, f"step {step} was not checkpointed"
+            times = comm.allgather((t0, t1, t2))
+            durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
+            stall.append(max(b - a for a, b, _ in times))
+        manifests = list(Path("checkpoints", "bench-ranks").rglob("*" + MANIFEST_SUFFIX))
+    if rank == 0:
+        # What was measured is what was asked: every step signed, as one file or sharded.
+        assert len(manifests) == p.checkpoints, manifests
+        result = Launch(size, mode, durable, stall, raw_share, copyto)
+        out.write_text(json.dumps(asdict(result)), encoding="utf-8")
+
+
+# -- the launches --------------------------------------------------------------------------------
+
+
+def launch(p: Params, ranks: int, mode: str) -> Launch:
+    """One fresh ``mpiexec`` of the worker in a fresh scratch repository."""
+    with kaudit_home():
+        repo = scratch_repo()
+        env = {
+            **os.environ,
+            "DVC_NO_ANALYTICS": "1",
+            # Open MPI refuses root unless told twice (CI containers run as root).
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        }
+    out = repo.parent / "result.json"
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    try:
+        subprocess.run(
+            [
+                str(mpiexec if mpiexec.exists() else "mpiexec"),
+                "--oversubscribe",
+                "-n",
+                str(ranks),
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                mode,
+                "--params",
+                json.dumps(asdict(p)),
+                "--out",
+                str(out),
+            ],
+            cwd=repo,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return Launch(**json.loads(out.read_text(encoding="utf-8")))
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"the {ranks}-rank {mode} launch failed:\n{e.stdout}{e.stderr}") from None
+    finally:
+        shutil.rmtree(repo.parent, ignore_errors=True)
+
+
+def baselines(p: Params) -> tuple[float, float]:
+    """Median seconds for one process to write and fsync the whole state's bytes to one
+    file; and best seconds of sha256 then md5 of those bytes (the hashing a commit adds)."""
+    data = np.random.default_rng(0).random((rows(p), COLS))
+    scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-raw-"))
+    try:
+        times = []
+        for _ in range(RAW_REPEATS):
+            path = scratch / "raw.bin"
+            t0 = time.monotonic()
+            write_fsync(path, data)
+            times.append(time.monotonic() - t0)
+            path.unlink()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    view = data.data.cast("B")
+    hashing = best_of(
+        SHARE_REPEATS,
+        lambda: (hashlib.sha256(view).digest(), hashlib.md5(view, usedforsecurity=False).digest()),
+    )
+    return statistics.median(times), hashing
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
+
+
+def report(p: Params, raw: float, hashing: float, results: list[Launch]) -> list[dict[str, Any]]:
+    """Print the table; return one row per rank count."""
+    by = {(r.ranks, r.mode): r for r in results}
+    print(
+        f"global state {p.mib} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
+        f"{p.checkpoints} checkpoints per launch, medians"
+    )
+    print(
+        f"baseline: one process writing+fsyncing the {p.mib} MiB to one file "
+        f"{raw * 1e3:.0f} ms (median of {RAW_REPEATS}); for reference, sha256 then md5 of "
+        f"those bytes on one core {hashing * 1e3:.0f} ms ({hashing / raw:.2f}x raw)"
+    )
+    header = "ranks|raw K-way|x raw|sync durable|x raw|async durable|x raw|stall|copyto|x copyto"
+    widths = [5, 11, 8, 14, 8, 15, 8, 10, 10, 10]
+    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
+    table = []
+    for k in sorted({r.ranks for r in results}):
+        sync, asyn = by[(k, "sync")], by[(k, "async")]
+        row = {
+            "ranks": k,
+            "raw_share": sync.raw_share,
+            "sync": statistics.median(sync.durable),
+            "async": statistics.median(asyn.durable),
+            "stall": statistics.median(asyn.stall),
+            "copyto": asyn.copyto,
+        }
+        table.append(row)
+        cells = (
+            str(k),
+            ms(row["raw_share"]),
+            f"{row['raw_share'] / raw:.2f}x",
+            ms(row["sync"]),
+            f"{row['sync'] / raw:.2f}x",
+            ms(row["async"]),
+            f"{row['async'] / raw:.2f}x",
+            ms(row["stall"]),
+            ms(row["copyto"]),
+            f"{row['stall'] / row['copyto']:.2f}x",
+        )
+        print("".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+    cores = os.cpu_count() or 1
+    crowded = [k for k in sorted({r.ranks for r in results}) if k > cores]
+    print(
+        "raw K-way: K processes each writing+fsyncing its 1/K strip at once; sync durable:\n"
+        "asynchronous=False, run.checkpoint until the step is committed on every rank;\n"
+        "async durable: run.checkpoint + run.wait(); stall: the async loop's time inside\n"
+        "run.checkpoint (longest rank); copyto: one np.copyto of a rank's strip (longest rank)"
+    )
+    if crowded:
+        print(
+            f"{', '.join(map(str, crowded))} ranks on {cores} cores: oversubscribed "
+            "(ranks share cores), so contention is measured as much as scaling"
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=256, help="global state size")
+    parser.add_argument("--checkpoints", type=int, default=4, help="checkpoints per launch")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts")
+    parser.add_argument("--quick", action="store_true", help="a tiny state, 1 and 2 ranks")
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--params", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:  # one rank of a launch
+        worker(Params(**json.loads(args.params)), args.worker, Path(args.out))
+        return None
+    if args.quick:
+        p, ranks = Params(mib=2, checkpoints=2), [1, 2]
+    else:
+        p, ranks = Params(mib=args.mib, checkpoints=args.checkpoints), args.ranks
+    if p.mib < 1 or p.checkpoints < 1 or min(ranks) < 1:
+        parser.error("--mib, --checkpoints and --ranks must be at least 1")
+    raw, hashing = baselines(p)
+    results = [launch(p, k, mode) for k in ranks for mode in MODES]
+    return report(p, raw, hashing, results)
+
+
+if __name__ == "__main__":
+    main()

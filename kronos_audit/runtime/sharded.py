@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import uuid
 import warnings
@@ -615,8 +616,21 @@ class ShardedPublisher:
                 owned=True,
                 ignore_pattern="/rank-*.h5",
             )
+        _drop_other_counts(directory, len(records))
         self._parent = manifest.path
         return None
+
+
+_SHARD_FILE = re.compile(r"rank-\d{6}-of-(\d{6})\.h5(\.dvc)?")
+
+
+def _drop_other_counts(directory: Path, count: int) -> None:
+    """Remove the shards (and their .dvc files) another rank count left in a step directory
+    that this step's manifest, now signed, has replaced: they belong to no valid step."""
+    for path in directory.iterdir():
+        found = _SHARD_FILE.fullmatch(path.name)
+        if found is not None and int(found.group(1)) != count:
+            path.unlink(missing_ok=True)
 
 
 def _reason(e: BaseException) -> str:

@@ -549,3 +549,28 @@ def test_blocks_that_are_not_an_array_split_abort_the_step_naming_the_array(
         == 3
     ), done.stderr
     assert steps_signed(project.root / "checkpoints" / "split") == []
+
+
+def test_a_corrupt_step_redone_on_another_rank_count_leaves_only_its_own_shards(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = project.root / "checkpoints" / "heat-mpi"
+    heat_mpi(project, 3, "--steps", "10", "--every", "5")
+    bad = shard_path(step_directory(run_dir, 10), 1, 3)
+    data = bytearray(bad.read_bytes())
+    data[-100] ^= 0xFF
+    flipped = bad.with_name("flipped")
+    flipped.write_bytes(bytes(data))
+    os.replace(flipped, bad)
+    done = heat_mpi(project, 2, "--steps", "10", "--every", "5")
+    assert "step-00000010: skipped" in done.stderr  # back to step 5, step 10 redone on 2
+    assert last_json(done.stdout) == serial(project, 10)
+    names = sorted(p.name for p in step_directory(run_dir, 10).glob("rank-*"))
+    assert names == [
+        "rank-000000-of-000002.h5",
+        "rank-000000-of-000002.h5.dvc",
+        "rank-000001-of-000002.h5",
+        "rank-000001-of-000002.h5.dvc",
+    ]
+    results = ka.verify(run_dir)
+    assert all(r.ok for r in results), [r.failures for r in results if not r.ok]

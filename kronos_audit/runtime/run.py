@@ -136,6 +136,7 @@ class Run:
         if seed is None and self.replay is not None:
             seed = self.replay.seed  # the recorded seed, for a program that fixes none
         self._owns_comm = comm is None
+        self._stop_next = False  # some rank was asked to stop: every rank stops at the next call
         self._agreed_exit = False
         self.comm: Comm = detect(comm)
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
@@ -511,30 +512,31 @@ class Run:
     def _decide_together(
         self, writer: BackgroundWriter, step: int, preempted: bool, final: bool
     ) -> tuple[bool, bool]:
-        """``(save, preempted)``, the same on every rank: rank 0 hears every rank's step
-        and preemption request (one gather), decides with its policy (time-based ones
-        would differ per rank) and tells every rank (one broadcast)."""
-        votes = self.comm.gather((int(step), bool(preempted)))
-        decision: tuple[str | None, bool, bool] = (None, False, False)
-        if votes is not None:
-            steps = sorted({s for s, _ in votes})
-            if len(steps) > 1:
-                decision = (
-                    f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
-                    "run.checkpoint (every rank must offer the same steps)",
-                    False,
-                    False,
-                )
-            else:
-                anyone = any(p for _, p in votes)
-                try:
-                    decision = (None, self._decide(writer, step, anyone, final), anyone)
-                except Exception as e:  # every rank must hear rank 0, whatever happened
-                    decision = (f"rank 0's save policy failed: {e}", False, False)
-        problem, save, anyone = self.comm.bcast(decision)
-        if problem is not None:
-            raise UsageError(problem)
-        return bool(save), bool(anyone)
+        """``(save, stop)``, the same on every rank, in one collective: rank 0 decides with
+        its policy (time-based ones would decide differently on each rank), and every rank
+        hears its verdict, every rank's step and every rank's preemption request together.
+        Rank 0 decides knowing only its own request; a request from another rank reaches its
+        policy at the next call, so every rank stops there, one step later, alike."""
+        verdict: bool | str = False
+        if self.rank == 0:
+            try:
+                verdict = self._decide(writer, step, preempted or self._stop_next, final)
+            except Exception as e:  # every rank must hear rank 0, whatever happened
+                verdict = f"rank 0's save policy failed: {e}"
+        votes = self.comm.allgather((int(step), bool(preempted), verdict))
+        steps = sorted({s for s, _, _ in votes})
+        if len(steps) > 1:
+            raise UsageError(
+                f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
+                "run.checkpoint (every rank must offer the same steps)"
+            )
+        _, stop, verdict = votes[0]
+        if isinstance(verdict, str):
+            raise UsageError(verdict)
+        stop = stop or self._stop_next
+        if any(p for _, p, _ in votes):
+            self._stop_next = True  # a later call stops every rank, if this one did not
+        return bool(verdict), bool(stop)
 
     def _flatten(
         self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None

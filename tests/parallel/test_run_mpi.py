@@ -212,8 +212,9 @@ def _pid(pids: Path, rank: int) -> int:
     return int((pids / f"rank-{rank}.pid").read_text())
 
 
+@pytest.mark.parametrize("victim", [0, 2])  # rank 0 decides at that call, others one later
 def test_sigusr1_on_one_rank_checkpoints_every_rank_at_one_step_and_exits_75(
-    project: Project, key: SigningKey
+    project: Project, key: SigningKey, victim: int
 ) -> None:
     wrapper, env = _wrapper(project)
     progress_file = project.root / "progress.bin"
@@ -230,7 +231,7 @@ def test_sigusr1_on_one_rank_checkpoints_every_rank_at_one_step_and_exits_75(
     pids = project.root / "pids"
     try:
         wait_for(lambda: progress.read()[0] >= 20, "twenty steps")
-        os.kill(_pid(pids, 2), signal.SIGUSR1)
+        os.kill(_pid(pids, victim), signal.SIGUSR1)
         _stdout, stderr = proc.communicate(timeout=HANG_GUARD)
     finally:
         proc.kill()

@@ -9,24 +9,29 @@ buffer or writer thread carries from one into the next. What is measured:
 
 1. the time to make one checkpoint durable: from the moment every rank enters
    ``run.checkpoint`` (after a barrier) until the last rank knows the step is committed,
-   its shards written and fsynced and the step manifest signed and on disk (median over the
-   checkpoints). Two ways, each its own launch:
+   its shards written and fsynced and the step manifest signed and on disk (the median of
+   the checkpoints after the first, which also allocates the staging buffers and loads
+   what the first commit needs). Two ways, each its own launch:
 
    - ``sync``, ``asynchronous=False``: the headline. The call returns on each rank only
-     after rank 0 broadcast "committed", so its span is exactly the commit path (write,
-     hash, fsync, vote, sign, DVC-track) with nothing of the loop overlapping it;
+     after rank 0 broadcast "committed" (one rank: after it signed), so its span is exactly
+     the commit path (write, hash, fsync, vote, sign, DVC-track) with nothing of the loop
+     overlapping it;
    - ``async``, the default path, ``run.checkpoint`` then ``run.wait()``: the same commit
      plus the copy into the staging buffer and the hand-off to the writer thread;
 
 2. in the async mode, the loop's stall per checkpoint (the longest rank's time inside
    ``run.checkpoint``: the agreed save decision and the copy of its strip into staging),
    against one ``np.copyto`` of the rank's strip into a warm buffer (all ranks at once,
-   best of 3, the longest rank);
+   best of 3, the longest rank); the first checkpoint's stall is shown apart, and so is
+   the part of every stall that is the ranks agreeing whether to save (``decide``: the
+   policy saves every other step, and the calls in between cost that alone);
 
 3. baselines measured in the same run: one process writing and fsyncing the same bytes to
-   one file (``raw``, median of 5: the figure every other is a ratio of), and, for
-   reference, K processes each writing and fsyncing its 1/K strip to its own file
-   concurrently (``raw K``, in each sync launch, median of 3).
+   one file (``raw``, the median of 3 writes before each launch: the figure every other
+   is a ratio of); for reference, K processes each writing and fsyncing its 1/K strip to
+   its own file concurrently (``raw K-way``, in each sync launch, median of 3), and the
+   hashing a commit does besides writing (sha256 then md5 of the bytes, on one core).
 
 Times across ranks are taken on ``time.monotonic`` (CLOCK_MONOTONIC: one clock for every
 process on the machine), from the earliest rank's start to the latest rank's end. One rank
@@ -40,7 +45,7 @@ of the same bytes, and does not grow with K beyond what K concurrent raw writers
 
 The whole run takes under 3 minutes with the defaults on the 2-core machine.
 
-Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 4] [--ranks 1 2 4]
+Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--ranks 1 2 4]
      .venv/bin/python bench/bench_ranks.py --quick   (a tiny state, 1 and 2 ranks)
 """
 
@@ -71,10 +76,13 @@ from bench._common import best_of, scratch_repo
 COLS = 1024
 """Columns of the global array: a row is 8 KiB, so a strip is whole rows of it."""
 MODES = ("sync", "async")
-RAW_REPEATS = 5
-"""Repeats of the one-process raw write (the baseline)."""
+RAW_REPEATS = 3
+"""Repeats of the one-process raw write (the baseline) before each launch."""
 SHARE_REPEATS = 3
 """Repeats of the K-way raw write and of the copyto, inside each launch."""
+HANG_GUARD = 900.0
+"""Seconds after which a launch is taken for hung (a launch takes about ten): only so that
+a broken MPI set-up cannot hang the smoke test for ever, never a timing claim."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class Params:
     mib: int
     """Size of the global state."""
     checkpoints: int
-    """Checkpoints per launch."""
+    """Checkpoints per launch (at least 2: the first is a warm-up for the medians)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,9 @@ class Launch:
     rank knowing the step committed."""
     stall: list[float]
     """Per checkpoint: the longest rank's seconds inside ``run.checkpoint``."""
+    decide: list[float]
+    """Per call that took no checkpoint (the first, which sets the writer up, left out):
+    the longest rank's seconds inside ``run.checkpoint``, the agreed decision alone."""
     raw_share: float
     """Median seconds for the K ranks to write and fsync each its strip, concurrently."""
     copyto: float
@@ -185,14 +196,17 @@ def worker(p: Params, mode: str, out: Path) -> None:
 
     durable: list[float] = []
     stall: list[float] = []
+    decide: list[float] = []
     with ka.Run(
         "bench-ranks",
         root="checkpoints",
         seed=1,
-        every=ka.EverySteps(1),
+        # Every other step: the calls in between cost the agreed decision alone, which the
+        # stall of a taken checkpoint also pays.
+        every=ka.EverySteps(2),
         asynchronous=(mode == "async"),
     ) as run:
-        for step in range(1, p.checkpoints + 1):
+        for step in range(1, 2 * p.checkpoints + 1):
             u *= 1.0 + 1e-9  # a new state each step, as a solver's would be
             comm.barrier()
             t0 = time.monotonic()
@@ -200,15 +214,19 @@ def worker(p: Params, mode: str, out: Path) -> None:
             t1 = time.monotonic()
             run.wait()
             t2 = time.monotonic()
-            assert taken, f"step {step} was not checkpointed"
+            assert taken == (step % 2 == 0), f"step {step}: checkpointed {taken}"
             times = comm.allgather((t0, t1, t2))
-            durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
-            stall.append(max(b - a for a, b, _ in times))
+            longest = max(b - a for a, b, _ in times)
+            if taken:
+                durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
+                stall.append(longest)
+            elif step > 1:
+                decide.append(longest)
         manifests = list(Path("checkpoints", "bench-ranks").rglob("*" + MANIFEST_SUFFIX))
     if rank == 0:
         # What was measured is what was asked: every step signed, as one file or sharded.
         assert len(manifests) == p.checkpoints, manifests
-        result = Launch(size, mode, durable, stall, raw_share, copyto)
+        result = Launch(size, mode, durable, stall, decide, raw_share, copyto)
         out.write_text(json.dumps(asdict(result)), encoding="utf-8")
 
 
@@ -249,18 +267,20 @@ def launch(p: Params, ranks: int, mode: str) -> Launch:
             check=True,
             capture_output=True,
             text=True,
+            timeout=HANG_GUARD,
         )
         return Launch(**json.loads(out.read_text(encoding="utf-8")))
     except subprocess.CalledProcessError as e:
         raise SystemExit(f"the {ranks}-rank {mode} launch failed:\n{e.stdout}{e.stderr}") from None
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"the {ranks}-rank {mode} launch hung for {HANG_GUARD:g} s") from None
     finally:
         shutil.rmtree(repo.parent, ignore_errors=True)
 
 
-def baselines(p: Params) -> tuple[float, float]:
-    """Median seconds for one process to write and fsync the whole state's bytes to one
-    file; and best seconds of sha256 then md5 of those bytes (the hashing a commit adds)."""
-    data = np.random.default_rng(0).random((rows(p), COLS))
+def raw_writes(data: np.ndarray[Any, Any]) -> list[float]:
+    """Seconds of each of RAW_REPEATS writes and fsyncs of ``data`` to a new file by this
+    one process: the baseline."""
     scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-raw-"))
     try:
         times = []
@@ -270,34 +290,45 @@ def baselines(p: Params) -> tuple[float, float]:
             write_fsync(path, data)
             times.append(time.monotonic() - t0)
             path.unlink()
+        return times
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def hashing(data: np.ndarray[Any, Any]) -> float:
+    """Best seconds of sha256 then md5 of ``data``'s bytes: what a commit hashes besides
+    writing (the manifest's sha256, DVC's md5)."""
     view = data.data.cast("B")
-    hashing = best_of(
+    return best_of(
         SHARE_REPEATS,
         lambda: (hashlib.sha256(view).digest(), hashlib.md5(view, usedforsecurity=False).digest()),
     )
-    return statistics.median(times), hashing
 
 
 def ms(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
     return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
-def report(p: Params, raw: float, hashing: float, results: list[Launch]) -> list[dict[str, Any]]:
+def report(
+    p: Params, raws: list[float], hashed: float, results: list[Launch]
+) -> list[dict[str, Any]]:
     """Print the table; return one row per rank count."""
+    raw = statistics.median(raws)
     by = {(r.ranks, r.mode): r for r in results}
     print(
         f"global state {p.mib} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
-        f"{p.checkpoints} checkpoints per launch, medians"
+        f"{p.checkpoints} checkpoints per launch, medians of all but the first"
     )
     print(
         f"baseline: one process writing+fsyncing the {p.mib} MiB to one file "
-        f"{raw * 1e3:.0f} ms (median of {RAW_REPEATS}); for reference, sha256 then md5 of "
-        f"those bytes on one core {hashing * 1e3:.0f} ms ({hashing / raw:.2f}x raw)"
+        f"{ms(raw)} (median of {len(raws)}, {RAW_REPEATS} before each launch); for reference, "
+        f"sha256 then md5 of those bytes on one core {ms(hashed)} ({hashed / raw:.2f}x raw)"
     )
     header = "ranks|raw K-way|x raw|sync durable|x raw|async durable|x raw|stall|copyto|x copyto"
-    widths = [5, 11, 8, 14, 8, 15, 8, 10, 10, 10]
+    header += "|1st stall|decide"
+    widths = [5, 11, 8, 14, 8, 15, 8, 10, 10, 10, 11, 10]
     print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
     table = []
     for k in sorted({r.ranks for r in results}):
@@ -305,9 +336,11 @@ def report(p: Params, raw: float, hashing: float, results: list[Launch]) -> list
         row = {
             "ranks": k,
             "raw_share": sync.raw_share,
-            "sync": statistics.median(sync.durable),
-            "async": statistics.median(asyn.durable),
-            "stall": statistics.median(asyn.stall),
+            "sync": statistics.median(sync.durable[1:]),
+            "async": statistics.median(asyn.durable[1:]),
+            "stall": statistics.median(asyn.stall[1:]),
+            "first_stall": asyn.stall[0],
+            "decide": statistics.median(asyn.decide),
             "copyto": asyn.copyto,
         }
         table.append(row)
@@ -322,6 +355,8 @@ def report(p: Params, raw: float, hashing: float, results: list[Launch]) -> list
             ms(row["stall"]),
             ms(row["copyto"]),
             f"{row['stall'] / row['copyto']:.2f}x",
+            ms(row["first_stall"]),
+            ms(row["decide"]),
         )
         print("".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
     cores = os.cpu_count() or 1
@@ -330,7 +365,9 @@ def report(p: Params, raw: float, hashing: float, results: list[Launch]) -> list
         "raw K-way: K processes each writing+fsyncing its 1/K strip at once; sync durable:\n"
         "asynchronous=False, run.checkpoint until the step is committed on every rank;\n"
         "async durable: run.checkpoint + run.wait(); stall: the async loop's time inside\n"
-        "run.checkpoint (longest rank); copyto: one np.copyto of a rank's strip (longest rank)"
+        "run.checkpoint (longest rank); copyto: one np.copyto of a rank's strip (longest rank);\n"
+        "1st stall: the first checkpoint's (its staging buffers are new); decide: a call\n"
+        "that took no checkpoint, the ranks agreeing on whether to (longest rank)"
     )
     if crowded:
         print(
@@ -343,7 +380,7 @@ def report(p: Params, raw: float, hashing: float, results: list[Launch]) -> list
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256, help="global state size")
-    parser.add_argument("--checkpoints", type=int, default=4, help="checkpoints per launch")
+    parser.add_argument("--checkpoints", type=int, default=6, help="checkpoints per launch")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts")
     parser.add_argument("--quick", action="store_true", help="a tiny state, 1 and 2 ranks")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
@@ -354,14 +391,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         worker(Params(**json.loads(args.params)), args.worker, Path(args.out))
         return None
     if args.quick:
-        p, ranks = Params(mib=2, checkpoints=2), [1, 2]
+        p, ranks = Params(mib=2, checkpoints=3), [1, 2]
     else:
         p, ranks = Params(mib=args.mib, checkpoints=args.checkpoints), args.ranks
-    if p.mib < 1 or p.checkpoints < 1 or min(ranks) < 1:
-        parser.error("--mib, --checkpoints and --ranks must be at least 1")
-    raw, hashing = baselines(p)
-    results = [launch(p, k, mode) for k in ranks for mode in MODES]
-    return report(p, raw, hashing, results)
+    if p.mib < 1 or p.checkpoints < 2 or min(ranks) < 1:
+        parser.error("--mib and --ranks must be at least 1, --checkpoints at least 2")
+    data = np.random.default_rng(0).random((rows(p), COLS))
+    hashed = hashing(data)
+    raws: list[float] = []
+    results = []
+    for k in ranks:
+        for mode in MODES:
+            # Before each launch, in the state the previous one left the disk in (its
+            # checkpoints just deleted): the baseline sees what the launches see.
+            raws += raw_writes(data)
+            results.append(launch(p, k, mode))
+    return report(p, raws, hashed, results)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ from kronos_audit.runtime.sharded import (
     ShardedPublisher,
     expand_layout,
     has_sharded_steps,
+    joining_seed,
     rank_seed,
 )
 from kronos_audit.signing import SigningKey
@@ -325,8 +326,13 @@ class Run:
             if self._sharded is not None:
                 found = self._sharded.resume(stacklevel=4)
                 if found is not None:
-                    where = found.manifest.parent
-                    self._load_flat(self._split(self._sharded.load(found)), where, found.step)
+                    flat = self._sharded.load(found)
+                    if self.rank >= found.count:
+                        # No generator of this rank's number was saved (more ranks now).
+                        fresh = joining_seed(self.seed, self.rank, found.step)
+                        self.rng = np.random.default_rng(fresh)
+                        rng.seed_all(fresh)
+                    self._load_flat(self._split(flat), found.manifest.parent, found.step)
             else:
                 point = self._single().resume_point()
                 if point is not None:

@@ -89,6 +89,13 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed if rank == 0 else derived_seed(seed, (_RANK_STREAM, rank), bits=63)
 
 
+def joining_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of a rank that joins a run at ``step`` with no generator of its number
+    saved (a restart on more ranks): a stream of its own for that step, not the one its
+    number started the run with (which would repeat that rank's draws from step 0)."""
+    return derived_seed(seed, (_RANK_STREAM, rank, step), bits=63)
+
+
 def dup(comm: Comm) -> Comm:
     """A communicator over the same ranks whose collectives never meet ``comm``'s
     (collective: every rank calls it at the same point). MPI: ``Comm.Dup()`` (mpi4py
@@ -674,6 +681,7 @@ __all__ = [
     "dup",
     "expand_layout",
     "has_sharded_steps",
+    "joining_seed",
     "parse_layout",
     "rank_seed",
 ]

@@ -575,3 +575,48 @@ def test_a_corrupt_step_redone_on_another_rank_count_leaves_only_its_own_shards(
     ]
     results = ka.verify(run_dir)
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
+
+
+GROW = """
+import json
+import numpy as np
+import kronos_audit as ka
+from kronos_audit.parallel.layout import local_block
+
+with ka.Run("grow", seed=9, every=ka.EverySteps(2)) as run:
+    state = run.restore()
+    out = {"rank": run.rank, "step": run.step, "draw": float(run.rng.random())}
+    if state is None:
+        for step in run.steps(2):
+            u = local_block(np.arange(6.0), ka.Block(0), run.size, run.rank)
+            run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+    else:
+        out["u"] = state["u"].tolist()
+with open(f"out.{run.rank}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_generators_come_back_per_rank_and_a_joining_rank_gets_a_fresh_stream(
+    project: Project, key: SigningKey
+) -> None:
+    from kronos_audit.runtime.sharded import joining_seed, rank_seed
+
+    program = project.root / "grow.py"
+    program.write_text(textwrap.dedent(GROW))
+    first = launch.run(mpiexec(2, str(program)), project.root, 2)
+    for f in project.root.glob("out.*.json"):
+        f.unlink()
+    assert [d["draw"] for d in first] == [
+        np.random.default_rng(rank_seed(9, r)).random() for r in range(2)
+    ]
+    again = launch.run(mpiexec(3, str(program)), project.root, 3)
+    assert [d["step"] for d in again] == [2, 2, 2]
+    assert [d["u"] for d in again] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    for r in range(2):  # ranks 0 and 1: their own generators, as saved (after one draw)
+        g = np.random.default_rng(rank_seed(9, r))
+        g.random()
+        assert again[r]["draw"] == g.random()
+    # Rank 2 had none saved: a stream for (seed, rank 2, step 2), not rank 2's from step 0.
+    assert again[2]["draw"] == np.random.default_rng(joining_seed(9, 2, 2)).random()
+    assert again[2]["draw"] != np.random.default_rng(rank_seed(9, 2)).random()

@@ -10,7 +10,13 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.errors import CheckpointError, UsageError
-from kronos_audit.runtime.sharded import Recorded, expand_layout, parse_layout, rank_seed
+from kronos_audit.runtime.sharded import (
+    Recorded,
+    expand_layout,
+    joining_seed,
+    parse_layout,
+    rank_seed,
+)
 
 FLAT: dict[str, Any] = {
     "/fields/u": np.zeros((4, 3)),
@@ -89,3 +95,10 @@ def test_rank_zero_keeps_the_run_seed_and_other_ranks_get_their_own_streams() ->
     assert 1234 not in seeds
     assert rank_seed(1234, 3) == rank_seed(1234, 3)
     assert rank_seed(1234, 3) != rank_seed(1235, 3)
+
+
+def test_a_rank_joining_at_a_step_gets_a_stream_of_its_own_for_that_step() -> None:
+    assert joining_seed(1234, 3, 100) != rank_seed(1234, 3)  # not its draws from step 0
+    assert joining_seed(1234, 3, 100) != joining_seed(1234, 3, 200)
+    assert joining_seed(1234, 3, 100) != joining_seed(1234, 4, 100)
+    assert joining_seed(1234, 3, 100) == joining_seed(1234, 3, 100)

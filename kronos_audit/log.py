@@ -179,7 +179,9 @@ def run_log(
         except Error as e:
             problems.append(e)
         else:
-            groups.setdefault((path.parent, m.run), []).append(m)
+            # a sharded step's manifest is in its step directory, inside the run's
+            directory = path.parent.parent if m.record.shards is not None else path.parent
+            groups.setdefault((directory, m.run), []).append(m)
         if progress is not None:
             progress("reading manifests", i + 1, len(paths))
 

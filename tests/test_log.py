@@ -129,3 +129,21 @@ def test_help_has_an_example(args: tuple[str, ...]) -> None:
     result = run_cli("log", "--help", *args)
     assert result.exit_code == 0
     assert "Example:" in result.stdout
+
+
+def test_a_sharded_run_is_one_run_of_its_steps(project: Project, key: SigningKey) -> None:
+    from tests.test_shards import sharded_step
+
+    first = sharded_step(project, key, 1)
+    sharded_step(project, key, 2, parent=first)
+    result = run_cli("log", "--json", cwd=project.root)
+    assert result.exit_code == 0, result.output
+    (heat,) = json.loads(result.stdout)["runs"]  # not one run per step directory
+    assert (heat["run"], heat["first_step"], heat["newest_step"], heat["count"]) == (
+        "heat",
+        1,
+        2,
+        2,
+    )
+    assert heat["directory"] == str(project.root / "checkpoints" / "heat")
+    assert heat["data"] == {"local": 2}

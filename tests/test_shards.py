@@ -592,3 +592,12 @@ def test_every_rank_proves_its_line_and_only_its_line(tmp_path: Path, count: int
         (tmp_path / INDEX_NAME).write_bytes(swapped)
         with pytest.raises(NoProof):
             proven_line(tmp_path, 0, count, root)
+
+
+def test_show_tells_a_sharded_step_by_its_shards(step: Manifest) -> None:
+    shown = run_cli("show", str(step.path))
+    assert shown.exit_code == 0, shown.output
+    assert "shards       3 ranks," in shown.stdout
+    assert '"block": 0' in shown.stdout  # the recorded layout
+    assert "a sharded step" in shown.stdout
+    assert "not HDF5" not in shown.stdout

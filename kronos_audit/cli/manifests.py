@@ -572,6 +572,30 @@ def show(manifest: Path, as_json: bool) -> None:
     rows.append(("cwd", _text(p.cwd)))
     if p.attributes:
         rows.append(("attributes", _text(json.dumps(_thaw(p.attributes), sort_keys=True))))
+    if p.restart_count is not None:
+        rows.append(("restarts", _text(p.restart_count)))
+    if p.scheduler is not None:
+        job = p.scheduler
+        where = ", ".join(x for x in (job.partition, job.nodelist) if x)
+        rows.append(
+            (
+                "scheduler",
+                _text(
+                    f"{job.name} job {job.job_id}, requeued {job.restart_count} time(s)"
+                    + (f" ({where})" if where else "")
+                ),
+            )
+        )
+    if p.shards is not None:
+        rows.append(
+            (
+                "shards",
+                _text(
+                    f"{p.shards.count} ranks, {p.shards.bytes:,} bytes; layout "
+                    + json.dumps(_thaw(p.shards.layout), sort_keys=True)
+                ),
+            )
+        )
     signers = ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures)
     rows.append(("signed by", signers))
     # One line per field, the value whole: a long path or digest is never folded.
@@ -591,6 +615,8 @@ def show(manifest: Path, as_json: bool) -> None:
             ],
             title=f"{len(m.datasets)} datasets",
         )
+    elif p.shards is not None:
+        out.print("a sharded step: its index and every shard are covered by `kaudit verify`")
     else:
         out.print("not HDF5: covered by the file digest only")
 

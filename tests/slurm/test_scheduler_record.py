@@ -70,6 +70,11 @@ def test_a_manifest_written_in_a_slurm_job_records_the_job(
     assert m.record.scheduler.job_id == 4242
     assert m.record.to_json_obj()["scheduler"] == m.predicate["scheduler"]
     assert all(r.ok for r in ka.verify(run_dir))
+    shown = run_cli("show", str(m.path))
+    assert "scheduler    slurm job 4242, requeued 3 time(s) (long, node[01-04],gpu7)" in (
+        shown.stdout
+    )
+    assert "restarts     3" in shown.stdout
 
 
 def test_no_scheduler_record_outside_slurm(project: Project, key: SigningKey) -> None:

@@ -276,23 +276,31 @@ class ShardSet:
     layout: Mapping[str, Any]
     """How the state's arrays are distributed over the ranks, as the writer declared it
     (JSON values, read-only)."""
+    launcher: str | None = None
+    """How the ranks were started, for a replay to start them again: ``mpi`` (mpiexec) or
+    ``torch.distributed`` (torchrun); None when not recorded."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> ShardSet:
+        launcher = obj.get("launcher")
         return cls(
             count=int(obj["count"]),
             bytes=int(obj["bytes"]),
             root=Sha256(str(obj["root"])),
             layout=_read_only(obj["layout"]),
+            launcher=None if launcher is None else str(launcher),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        obj: dict[str, Any] = {
             "count": self.count,
             "bytes": self.bytes,
             "root": self.root,
             "layout": _thaw(self.layout),
         }
+        if self.launcher is not None:
+            obj["launcher"] = self.launcher
+        return obj
 
 
 def _dataset(obj: Mapping[str, Any]) -> DatasetDigest:

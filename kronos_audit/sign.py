@@ -143,6 +143,7 @@ def sign_sharded_step(
     run: str,
     step: int,
     layout: Mapping[str, Any] | None = None,
+    launcher: str | None = None,
     seeds: Sequence[int] = (),
     parent: Path | Manifest | None = None,
     command: Sequence[str] | None = None,
@@ -162,7 +163,8 @@ def sign_sharded_step(
     The predicate is a checkpoint's (run, step, parent, git, environment, seeds, command,
     attributes, ``extra``) with ``datasets`` null (each shard's sha256 covers it) and a
     ``shards`` record: the count, the bytes, the Merkle root and ``layout`` (how the
-    state's arrays are spread over the ranks, recorded as given). Its size does not depend
+    state's arrays are spread over the ranks, recorded as given; ``launcher``, how the ranks
+    were started, for a replay). Its size does not depend
     on the number of shards. ``parent`` is the previous step's manifest, sharded or not.
 
     The shards are not read: their digests are the ranks' own. With ``write`` False the
@@ -201,6 +203,7 @@ def sign_sharded_step(
             "bytes": sum(r.size for r in shards),
             "root": root,
             "layout": dict(layout or {}),
+            **({} if launcher is None else {"launcher": launcher}),
         },
     }
     manifest = _signed(

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.checkpoint.shards import INDEX_NAME
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.manifest import Manifest, Sha256, read_manifest
@@ -61,6 +62,14 @@ from kronos_audit.replay.interface import (
     ManifestRef,
     ReplayResult,
     Timings,
+)
+from kronos_audit.replay.sharded import (
+    compare_steps,
+    find_step_output,
+    hand_over_step,
+    is_sharded,
+    launch,
+    ranks_for,
 )
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
@@ -125,6 +134,7 @@ def replay(
     keep_workdir: bool = False,
     trust: TrustOptions | None = None,
     verifier: Verifier | None = None,
+    ranks: int | None = None,
 ) -> ReplayResult:
     """Replay the segment that produced ``manifest``'s checkpoint and compare.
 
@@ -139,6 +149,10 @@ def replay(
     here; any tolerance compares against the recorded data, fetched from the DVC remote
     when it is not here. Raises :class:`ReplayError` (exit 2) when the segment cannot be
     replayed; returns the result, reproduced or not, otherwise.
+
+    A step of a run on several ranks (a sharded step) is replayed on the recorded rank
+    count, or on ``ranks``, launched as it was (:mod:`kronos_audit.replay.sharded`), and
+    compared bitwise only.
     """
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
@@ -153,6 +167,21 @@ def replay(
     if policy is None:
         policy = TolerancePolicy.from_config(project)
     basis = Basis.for_policy(policy)
+    if is_sharded(m):
+        if basis is not Basis.HASHES:
+            raise ReplayError(
+                "a step of a run on several ranks is replayed bitwise only, without tolerances",
+                path=m.path,
+                stage=Stage.COMPARE,
+            )
+        ranks = ranks_for(m, ranks)
+        launch(m, [], ranks)  # a launch it cannot make is refused before anything runs
+    elif ranks is not None:
+        raise ReplayError(
+            "--ranks applies to a step of a run on several ranks; this checkpoint is one file",
+            path=m.path,
+            stage=Stage.RUN,
+        )
     verified = verify_history(project, m, basis, trust, verifier)
     check_placeholders(command, path=m.path)  # before anything runs
     clock.lap("verify")
@@ -161,7 +190,7 @@ def replay(
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:
         return _run_and_compare(
-            verified, command, report, policy, basis, workdir, keep_workdir, clock
+            verified, command, report, policy, basis, workdir, keep_workdir, clock, ranks
         )
     except ReplayError as e:
         if keep_workdir:
@@ -181,16 +210,20 @@ def _run_and_compare(
     workdir: Path,
     keep: bool,
     clock: _Clock,
+    ranks: int | None = None,
 ) -> ReplayResult:
     m, project, parent = verified.manifest, verified.project, verified.parent
     commit, patch = m.record.git.commit, m.record.git.patch_sha256
     cwd = recorded_cwd(m)
     seeds = m.record.seeds
+    sharded = ranks is not None
+    give = hand_over_step if sharded else hand_over
     instruction = Instruction(
-        resume_from=None if parent is None else hand_over(parent, workdir / PARENT_DIR),
+        resume_from=None if parent is None else give(parent, workdir / PARENT_DIR),
         stop_at=m.step,
         out=workdir / "out",
         seed=seeds[0] if seeds else None,
+        sharded=sharded,
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:
@@ -204,8 +237,28 @@ def _run_and_compare(
             tree=tree,
             manifest=m.path,
         )
+        if ranks is not None:
+            argv = launch(m, argv, ranks)
         run_command(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
+        if ranks is not None:
+            # A step signs its shards, not its datasets: the comparison reads the recorded
+            # data, fetched if it is not here and verified again only now, after the
+            # command ran (it must not find the answer, nor change it unseen).
+            fetch_recorded_data(verified.verifier, m)
+            return _sharded_result(
+                verified,
+                command,
+                argv,
+                cwd,
+                instruction,
+                report,
+                policy,
+                basis,
+                ranks,
+                clock,
+                workdir if keep else None,
+            )
         if basis is Basis.DATA:  # only now: the command must not find the answer
             fetch_recorded_data(verified.verifier, m)
         produced = find_output(instruction.out, m.step)
@@ -241,4 +294,53 @@ def _run_and_compare(
         replayed_at=utc_now(),
         tool=_tool(),
         workdir=workdir if keep else None,
+    )
+
+
+def _sharded_result(
+    verified: Verified,
+    command: tuple[str, ...],
+    argv: list[str],
+    cwd: str,
+    instruction: Instruction,
+    report: EnvironmentReport,
+    policy: TolerancePolicy,
+    basis: Basis,
+    ranks: int,
+    clock: _Clock,
+    workdir: Path | None,
+) -> ReplayResult:
+    """The step the ranks wrote against the recorded step (bitwise, by data)."""
+    m, project, parent = verified.manifest, verified.project, verified.parent
+    shards = m.record.shards
+    assert shards is not None
+    produced = find_step_output(instruction.out, m.step, ranks)
+    datasets, uncompared = compare_steps(
+        m.checkpoint_path.parent, shards.count, shards.layout, produced
+    )
+    clock.lap("compare")
+    return ReplayResult(
+        manifest=_ref(project, m),
+        parent=None if parent is None else _ref(project, parent),
+        parent_fetched=verified.parent_fetched,
+        commit=m.record.git.commit,
+        patch_sha256=m.record.git.patch_sha256,
+        command=command,
+        executed=tuple(argv),
+        cwd=cwd,
+        seed=instruction.seed,
+        environment=report,
+        policy=policy,
+        basis=basis,
+        produced=f"{produced.directory.name}/{INDEX_NAME}",
+        produced_sha256=Sha256(produced.index_sha256),
+        produced_size=sum(r.size for r in produced.records),
+        datasets=tuple(datasets),
+        file_identical=produced.index_sha256 == m.subject_sha256,
+        timings=clock.timings(),
+        replayed_at=utc_now(),
+        tool=_tool(),
+        workdir=workdir,
+        ranks=ranks,
+        uncompared=tuple(uncompared),
     )

@@ -298,6 +298,12 @@ class ReplayResult(PerDataset[DatasetReplay]):
     """``kronos-audit X.Y.Z``: what replayed it."""
     workdir: Path | None = None
     """The work directory (worktree ``src/``, output ``out/``, command logs), when kept."""
+    ranks: int | None = None
+    """The ranks a step of a multi-rank run was replayed on; None for a checkpoint in one
+    file."""
+    uncompared: tuple[str, ...] = ()
+    """Datasets that could not be compared, in words (a multi-rank step replayed on another
+    rank count: each rank's own generators and ledger); not counted in the outcome."""
 
     @property
     def outcome(self) -> Outcome:
@@ -344,4 +350,6 @@ class ReplayResult(PerDataset[DatasetReplay]):
             "replayed_at": self.replayed_at,
             "tool": self.tool,
             "workdir": None if self.workdir is None else str(self.workdir),
+            **({"ranks": self.ranks} if self.ranks is not None else {}),
+            **({"uncompared": list(self.uncompared)} if self.uncompared else {}),
         }

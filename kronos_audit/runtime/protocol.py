@@ -6,9 +6,10 @@ Environment variables set for the program:
   ``SLURM_RESTART_COUNT`` takes precedence when present); recorded in manifests.
 - ``KAUDIT_PROGRESS``: path of a 16-byte progress file the program keeps current (see
   :class:`Progress`), so the supervisor can count the steps a fault made it redo.
-- ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT`` (and ``KAUDIT_SEED``): a
-  replay's instruction "resume from this checkpoint (none: from the start), stop at step
-  N, write to this directory" (:class:`ReplayInstruction`).
+- ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT`` (and ``KAUDIT_SEED``, and
+  ``KAUDIT_REPLAY_SHARDED`` for a multi-rank run's step): a replay's instruction "resume
+  from this checkpoint (none: from the start), stop at step N, write to this directory"
+  (:class:`ReplayInstruction`).
 
 Exit status :data:`PREEMPTED_EXIT` (75, BSD's EX_TEMPFAIL) means "checkpointed on a
 preemption signal; start me again".
@@ -112,6 +113,8 @@ class Progress:
 
 
 SEED_ENV = "KAUDIT_SEED"
+SHARDED_ENV = "KAUDIT_REPLAY_SHARDED"
+"""Set to ``1`` when the step replayed is a multi-rank run's (see ReplayInstruction)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,9 @@ class ReplayInstruction:
     """Directory for the produced checkpoint (``step-<N:08d>.h5``)."""
     seed: int | None
     """The recorded seed, for programs that did not fix one in their code."""
+    sharded: bool = False
+    """The step replayed is a multi-rank run's: every rank (however many) writes its shard
+    of step N into ``{out}/step-<N:08d>/``, and ``resume_from`` is a step directory."""
 
     @classmethod
     def from_env(cls) -> ReplayInstruction | None:
@@ -147,6 +153,7 @@ class ReplayInstruction:
             stop_at=int(stop),
             out=Path(out),
             seed=int(seed) if seed.lstrip("-").isdigit() else None,
+            sharded=os.environ.get(SHARDED_ENV, "") == "1",
         )
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -161,6 +168,10 @@ class ReplayInstruction:
             env.pop(SEED_ENV, None)
         else:
             env[SEED_ENV] = str(self.seed)
+        if self.sharded:
+            env[SHARDED_ENV] = "1"
+        else:
+            env.pop(SHARDED_ENV, None)
         return env
 
     def placeholders(self) -> dict[str, str]:

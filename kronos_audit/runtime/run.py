@@ -75,6 +75,7 @@ from kronos_audit.runtime.publish import Publisher, ReplayPublisher, SignedPubli
 from kronos_audit.runtime.retention import Retention
 from kronos_audit.runtime.sharded import (
     ShardedPublisher,
+    ShardedReplayPublisher,
     expand_layout,
     has_sharded_steps,
     joining_seed,
@@ -149,7 +150,11 @@ class Run:
         self.run_id = run_id
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         self._sharded: ShardedPublisher | None = None
-        if self.size > 1 or (self.replay is None and has_sharded_steps(Path(root) / self.run_id)):
+        if (
+            self.size > 1
+            or (self.replay is None and has_sharded_steps(Path(root) / self.run_id))
+            or (self.replay is not None and self.replay.sharded)
+        ):
             # One rank continues a run that was written on several as it was written:
             # sharded steps (of one shard), so its chain and layouts carry on.
             self._sharded = self._sharded_publisher(
@@ -207,10 +212,13 @@ class Run:
         keep_every: int | None,
         allow_secret_files: bool,
     ) -> ShardedPublisher:
+        if self.replay is not None:
+            # Every rank draws from the same (recorded) run seed, as the run did.
+            self.seed = int(self.comm.bcast(self.seed))
+            return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
         unsupported = [
             what
             for what, used in (
-                ("kaudit replay", self.replay is not None),
                 ("push=True", push),
                 ("keep=/keep_every=", keep is not None or keep_every is not None),
             )
@@ -481,6 +489,7 @@ class Run:
             self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
         if final and self.publisher.exits_after_final:
             writer.flush()
+            self._agreed_exit = True  # every rank of a replay leaves here, at step N
             raise SystemExit(0)  # the replay's instruction: write step N there, then exit
         if preempted:
             if step != self._last_saved_step:

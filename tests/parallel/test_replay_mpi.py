@@ -1,0 +1,228 @@
+"""`kaudit replay` of a step of a multi-rank run, under a real mpiexec: the recorded command
+started again on N ranks (recorded, or --ranks), every rank resuming from the verified
+parent step, the produced step compared bitwise with the recorded one (Block arrays as
+global arrays, so any rank count compares)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import h5py
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.checkpoint.shards import parse_index, shard_path, step_directory
+from kronos_audit.project import Project
+from kronos_audit.replay.sharded import StepOutput, compare_steps
+from kronos_audit.signing import SigningKey
+from tests.helpers import assert_bad_input, run_cli
+from tests.parallel.launch import launcher_env, mpiexec
+from tests.replay.helpers import bad_input, commit_all, resign
+from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
+
+pytestmark = pytest.mark.slow
+
+NOISY_MPI = '''\
+"""Strips of a field on several ranks; rank 1 adds bytes from os.urandom: not reproducible."""
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+import kronos_audit as ka
+
+comm = MPI.COMM_WORLD
+layout = {"u": ka.Block(axis=0), "noise": ka.Block(axis=0)}
+with ka.Run("noisy-mpi", root="checkpoints", seed=7, every=ka.EverySteps(2)) as run:
+    state = run.restore()
+    if state is None:
+        rows = len(np.array_split(np.arange(12), comm.size)[comm.rank])
+        state = {"u": np.full((rows, 4), float(comm.rank)), "noise": np.zeros((rows, 2))}
+    for step in run.steps(4):
+        noise = np.zeros_like(state["noise"])
+        if comm.rank == 1:
+            raw = np.frombuffer(os.urandom(noise.size), dtype=np.uint8)
+            noise[:] = raw.reshape(noise.shape)
+        state = {"u": state["u"] * 0.5 + 1.0, "noise": state["noise"] + noise}
+        run.checkpoint(step, state, layout=layout)
+'''
+
+
+@pytest.fixture(autouse=True)
+def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Replays make their work directories here, where a test can see what is left behind.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    # The replay's mpiexec inherits this process's environment (Open MPI refuses root
+    # unless told twice; the CI container runs as root). No instruction leaks in.
+    for name, value in launcher_env().items():
+        if name.startswith("OMPI_ALLOW") or name == "PYTHONUNBUFFERED":
+            monkeypatch.setenv(name, value)
+    for var in (
+        "KAUDIT_RESUME_FROM",
+        "KAUDIT_STOP_AT",
+        "KAUDIT_OUT",
+        "KAUDIT_SEED",
+        "KAUDIT_REPLAY_SHARDED",
+    ):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def repo(project: Project, key: SigningKey) -> Path:
+    root = project.root
+    (root / "heat_mpi").mkdir()
+    shutil.copy(EXAMPLES / "heat_mpi" / "run.py", root / "heat_mpi" / "run.py")
+    (root / "noisy_mpi.py").write_text(NOISY_MPI)
+    commit_all(root, "programs")
+    return root
+
+
+def launch(root: Path, ranks: int, *argv: str) -> None:
+    done = subprocess.run(
+        mpiexec(ranks, *argv),
+        cwd=root,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def step_manifest(run_dir: Path, step: int) -> Path:
+    return step_directory(run_dir, step) / "index.jsonl.kaudit.json"
+
+
+@pytest.fixture
+def heat(repo: Path) -> Path:
+    """examples/heat_mpi on 3 ranks, 6 steps of a 25-row grid, a step every 2."""
+    launch(repo, 3, "heat_mpi/run.py", "--n", "25", "--steps", "6", "--every", "2")
+    return repo / "checkpoints" / "heat-mpi"
+
+
+def replay_json(manifest: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    result = run_cli("replay", str(manifest), "--json", *args)
+    assert result.exit_code in (0, 1), result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return result.exit_code, doc
+
+
+def test_the_step_manifest_records_the_launcher_and_the_command_is_the_programs(
+    heat: Path,
+) -> None:
+    m = ka.read_manifest(step_manifest(heat, 4))
+    assert m.record.shards is not None
+    assert (m.record.shards.count, m.record.shards.launcher) == (3, "mpi")
+    command = m.record.command
+    assert command is not None
+    assert command[:2] == ("python", "heat_mpi/run.py")
+
+
+def test_a_heat_mpi_step_replays_bitwise_on_the_recorded_ranks_and_on_two(heat: Path) -> None:
+    target = step_manifest(heat, 4)
+    status, doc = replay_json(target)
+    assert (status, doc["outcome"]) == (0, "REPRODUCED"), doc
+    executed = doc["command"]["executed"]
+    assert executed[1:4] == ["--oversubscribe", "-n", "3"]
+    assert doc["ranks"] == 3
+    paths = {d["path"]: d["verdict"] for d in doc["datasets"]}
+    # The global field, the replicated scalars, and each rank's generators rank by rank.
+    assert paths["/fields/u"] == "IDENTICAL"
+    assert paths["/time"] == paths["/iterations"] == "IDENTICAL"
+    assert any(p.endswith("(rank 2)") for p in paths)
+    assert "uncompared" not in doc
+    u = next(d for d in doc["datasets"] if d["path"] == "/fields/u")
+    assert u["recorded"]["shape"] == [25, 25]
+
+    # On two ranks: the field's strips are cut differently, the global field is the same.
+    shown = run_cli("replay", str(target), "--ranks", "2")
+    assert shown.exit_code == 0, shown.output
+    assert "REPRODUCED" in shown.output
+    assert "NOT REPRODUCED" not in shown.output
+    assert "ranks        2, launched with mpiexec" in shown.output
+    assert "not compared:" in shown.output
+    assert "per-rank" in shown.output
+    status, doc = replay_json(target, "--ranks", "2")
+    assert (status, doc["outcome"]) == (0, "REPRODUCED"), doc
+    assert doc["command"]["executed"][1:4] == ["--oversubscribe", "-n", "2"]
+    paths = {d["path"]: d["verdict"] for d in doc["datasets"]}
+    assert paths["/fields/u"] == "IDENTICAL"
+    assert not any("(rank" in p for p in paths)
+    assert doc["uncompared"]
+
+
+def test_the_first_step_replays_from_the_start_on_one_rank(heat: Path) -> None:
+    # No parent: the one rank starts from the recorded seed and still writes a step (one
+    # shard and its index), compared with the 3-rank step as global arrays.
+    status, doc = replay_json(step_manifest(heat, 2), "--ranks", "1")
+    assert (status, doc["outcome"], doc["parent"]) == (0, "REPRODUCED", None), doc
+    assert doc["ranks"] == 1
+    assert {d["path"] for d in doc["datasets"]} >= {"/fields/u", "/time", "/iterations"}
+
+
+def test_one_cell_of_a_block_differing_fails_that_array_alone(heat: Path) -> None:
+    """The comparison reads the blocks' data: one cell of rank 2's strip, changed in a copy
+    of the step, makes /fields/u differ and nothing else."""
+    step = step_directory(heat, 4)
+    m = ka.read_manifest(step_manifest(heat, 4))
+    assert m.record.shards is not None
+    copy = heat.parent / "copy" / step.name
+    shutil.copytree(step, copy)
+    with h5py.File(shard_path(copy, 2, 3), "r+") as f:
+        f["fields/u"][0, 3] += 1e-12
+    records = parse_index((copy / "index.jsonl").read_bytes(), 3)
+    results, uncompared = compare_steps(
+        step, 3, m.record.shards.layout, StepOutput(copy, records, "")
+    )
+    assert [r.path for r in results if not r.ok] == ["/fields/u"]
+    assert uncompared == []
+
+
+def test_a_rank_adding_noise_is_not_reproduced_naming_the_dataset(repo: Path) -> None:
+    launch(repo, 3, "noisy_mpi.py")
+    target = step_manifest(repo / "checkpoints" / "noisy-mpi", 4)
+    result = run_cli("replay", str(target))
+    assert result.exit_code == 1, result.output
+    assert "NOT REPRODUCED" in result.output
+    assert "/noise" in result.output
+    status, doc = replay_json(target)
+    failing = [d["path"] for d in doc["datasets"] if not d["ok"]]
+    assert (status, failing) == (1, ["/noise"])
+
+
+def test_ranks_is_refused_for_a_checkpoint_in_one_file(project: Project, key: SigningKey) -> None:
+    root = project.root
+    (root / "heat").mkdir()
+    shutil.copy(EXAMPLES / "heat" / "run.py", root / "heat" / "run.py")
+    commit_all(root, "heat")
+    done = subprocess.run(
+        [sys.executable, "run.py", "--steps", "4", "--every", "2", "--n", "8"],
+        cwd=root / "heat",
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode == 0, done.stderr
+    target = root / "heat" / "checkpoints" / "heat" / "step-00000004.h5.kaudit.json"
+    assert_bad_input(run_cli("replay", str(target), "--ranks", "2"), "--ranks")
+
+
+def test_a_launch_it_cannot_make_and_tolerances_are_refused_before_anything_runs(
+    heat: Path, key: SigningKey, tmp_path: Path
+) -> None:
+    target = step_manifest(heat, 4)
+    bad_input(run_cli("replay", str(target), "--rtol", "1e-9"), "bitwise only")
+
+    def torchrun(predicate: dict[str, Any]) -> None:
+        predicate["shards"]["launcher"] = "torch.distributed"
+
+    resign(target, key, torchrun)
+    bad_input(run_cli("replay", str(target)), "torch.distributed", "mpiexec")
+    assert not list((tmp_path / "tmp").glob("kaudit-replay-*"))

@@ -18,6 +18,7 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.checkpoint.shards import parse_index, shard_path, step_directory
+from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.project import Project
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.signing import SigningKey
@@ -183,6 +184,24 @@ def test_one_cell_of_a_block_differing_fails_that_array_alone(heat: Path) -> Non
     )
     assert [r.path for r in results if not r.ok] == ["/fields/u"]
     assert uncompared == []
+
+
+def test_a_shard_whose_block_is_an_external_link_is_refused_not_followed(heat: Path) -> None:
+    """A produced shard is listed as verify lists a checkpoint before any array is read by
+    name: its strip replaced by an external link to the recorded strip (which would
+    compare equal if followed) is refused, in one line."""
+    step = step_directory(heat, 4)
+    m = ka.read_manifest(step_manifest(heat, 4))
+    assert m.record.shards is not None
+    copy = heat.parent / "copy" / step.name
+    shutil.copytree(step, copy)
+    with h5py.File(shard_path(copy, 2, 3), "r+") as f:
+        del f["fields/u"]
+        f["fields/u"] = h5py.ExternalLink(str(shard_path(step, 2, 3)), "/fields/u")
+    records = parse_index((copy / "index.jsonl").read_bytes(), 3)
+    with pytest.raises(ReplayError, match="external link") as caught:
+        compare_steps(step, 3, m.record.shards.layout, StepOutput(copy, records, ""))
+    assert caught.value.stage == Stage.COMPARE
 
 
 def test_a_rank_adding_noise_is_not_reproduced_naming_the_dataset(repo: Path) -> None:

@@ -19,7 +19,9 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.checkpoint.shards import parse_index, shard_path, step_directory
 from kronos_audit.errors import ReplayError, Stage
+from kronos_audit.manifest import validate
 from kronos_audit.project import Project
+from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.signing import SigningKey
 from tests.helpers import assert_bad_input, run_cli
@@ -112,6 +114,7 @@ def replay_json(manifest: Path, *args: str) -> tuple[int, dict[str, Any]]:
     result = run_cli("replay", str(manifest), "--json", *args)
     assert result.exit_code in (0, 1), result.output
     doc: dict[str, Any] = json.loads(result.stdout)
+    validate(doc, schema_name=SCHEMA_NAME, what="kaudit replay --json")
     return result.exit_code, doc
 
 

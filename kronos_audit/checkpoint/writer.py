@@ -409,6 +409,10 @@ class WriterStats:
         return self.write_total / self.written if self.written else None
 
 
+def _nothing() -> None:
+    pass
+
+
 class BackgroundWriter:
     """Runs ``commit(job)`` for each submitted checkpoint, in order, on one thread.
 
@@ -495,23 +499,36 @@ class BackgroundWriter:
             self._slots_changed.notify()
 
     def submit(
-        self, step: int, state: Flat, extra: dict[str, np.ndarray[Any, Any]], meta: dict[str, Any]
+        self,
+        step: int,
+        state: Flat,
+        extra: dict[str, np.ndarray[Any, Any]],
+        meta: dict[str, Any],
+        *,
+        raise_pending: bool = True,
     ) -> float:
-        """Hand a checkpoint over; return the seconds the caller was stalled."""
-        self.raise_pending()
+        """Hand a checkpoint over; return the seconds the caller was stalled.
+
+        A background failure is raised here first (and, synchronously, the checkpoint's
+        own), unless ``raise_pending`` is false: then the checkpoint is handed over
+        whatever failed, and failures wait for the next :meth:`raise_pending`, ``flush``
+        or ``close``. A multi-rank run needs that: every rank must hand each step over,
+        or the others' collective commit of it waits for ever."""
+        check = self.raise_pending if raise_pending else _nothing
+        check()
         t0 = time.monotonic()
         self.stats.checkpoints += 1
         if not self.asynchronous:
             job = Job(step, dict(state), extra, meta, None, t0)
             self._run(job)
-            self.raise_pending()
+            check()
             stall = time.monotonic() - t0
             self.stats.stall_total += stall
             return stall
         slot = self._take_slot(state)
         try:
             slot.wait_usable()
-            self.raise_pending()  # a failure while this waited (warming this very slot)
+            check()  # a failure while this waited (warming this very slot)
             staged = slot.fill(state)
         except BaseException:
             self._give_back(slot)

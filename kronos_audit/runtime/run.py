@@ -44,7 +44,9 @@ become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
@@ -85,6 +87,13 @@ from kronos_audit.signing import SigningKey
 
 RNG_GROUP = rng.GROUP
 RESERVED = (RNG_GROUP, LEDGER_GROUP)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error as the other ranks hear it: its first line, bounded."""
+    text = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return line if len(line) <= 300 else line[:299] + "…"
 
 
 class PreemptedWithoutCheckpoint(UserWarning):
@@ -274,6 +283,8 @@ class Run:
         tb: TracebackType | None,
     ) -> None:
         self._guard.uninstall()
+        if exc is not None and not self._agreed_exit and self.size > 1:
+            self._abort_alone(exc)
         if self._progress is not None:
             self._progress.close()
         if self._writer is not None:
@@ -293,6 +304,16 @@ class Run:
                     self._sharded.close(clean=exc is None or self._agreed_exit)
         if self._owns_comm and (exc is None or self._agreed_exit):
             self.comm.close()  # a torch.distributed group kaudit initialized itself
+
+    def _abort_alone(self, exc: BaseException) -> None:
+        """This rank leaves on an error the others did not agree on: they may be waiting
+        in a collective for it. Under MPI the job is aborted (its traceback printed first),
+        as ``python -m mpi4py`` does; torchrun's agent ends a job whose worker failed."""
+        if self.comm.name != "mpi" or isinstance(exc, KeyboardInterrupt):
+            return
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+        self.comm.comm.Abort(1)  # type: ignore[attr-defined]
 
     def _require_open(self) -> BackgroundWriter:
         if self._writer is None:
@@ -466,8 +487,18 @@ class Run:
         (see :mod:`kronos_audit.runtime.sharded`); on one rank it is checked and unused.
         """
         writer = self._require_open()
-        require_mapping(state)
-        writer.raise_pending()
+        # On several ranks a failure here (a background write that failed, a state that
+        # cannot be stored) is told to every rank at the collective below and raised on
+        # all of them together: raised on one rank alone, it would leave the others
+        # waiting in that collective for ever.
+        failure: BaseException | None = None
+        try:
+            require_mapping(state)
+            writer.raise_pending()
+        except Exception as e:
+            if self._sharded is None:
+                raise
+            failure = e
         if self._batches_total is not None:
             step = len(self.ledger)  # batches finish in any order; their count only grows
             final = step >= self._batches_total
@@ -477,14 +508,19 @@ class Run:
             self._progress.reached(step)
         preempted = self._guard.requested
         flat = None
-        if not self._prepared:
-            flat = self._flatten(state, layout)
-            writer.prepare(flat[0])
-            self._prepared = True
+        if not self._prepared and failure is None:
+            try:
+                flat = self._flatten(state, layout)
+                writer.prepare(flat[0])
+                self._prepared = True
+            except Exception as e:
+                if self._sharded is None:
+                    raise
+                failure = e
         if self._sharded is None:
             save = self._decide(writer, step, preempted, final)
         else:
-            save, preempted = self._decide_together(writer, step, preempted, final)
+            save, preempted = self._decide_together(writer, step, preempted, final, failure)
         if save:
             self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
         if final and self.publisher.exits_after_final:
@@ -525,7 +561,12 @@ class Run:
         return step != self._last_saved_step and self.policy.should_save(ctx)
 
     def _decide_together(
-        self, writer: BackgroundWriter, step: int, preempted: bool, final: bool
+        self,
+        writer: BackgroundWriter,
+        step: int,
+        preempted: bool,
+        final: bool,
+        failure: BaseException | None = None,
     ) -> tuple[bool, bool]:
         """``(save, stop)``, the same on every rank, in one collective: rank 0 decides with
         its policy (time-based ones would decide differently on each rank), and every rank
@@ -533,23 +574,33 @@ class Run:
         Rank 0 decides knowing only its own request; a request from another rank reaches its
         policy at the next call, so every rank stops there, one step later, alike."""
         verdict: bool | str = False
-        if self.rank == 0:
+        if self.rank == 0 and failure is None:
             try:
                 verdict = self._decide(writer, step, preempted or self._stop_next, final)
             except Exception as e:  # every rank must hear rank 0, whatever happened
                 verdict = f"rank 0's save policy failed: {e}"
-        votes = self.comm.allgather((int(step), bool(preempted), verdict))
-        steps = sorted({s for s, _, _ in votes})
+        reason = None if failure is None else _one_line(failure)
+        votes = self.comm.allgather((int(step), bool(preempted), verdict, reason))
+        failed = [(r, why) for r, (_, _, _, why) in enumerate(votes) if why is not None]
+        if failed:
+            self._agreed_exit = True  # every rank raises here, together
+            if failure is not None:
+                raise failure
+            rank, why = failed[0]
+            raise CheckpointError(f"rank {rank} failed at step {step}: {why}")
+        steps = sorted({s for s, _, _, _ in votes})
         if len(steps) > 1:
+            self._agreed_exit = True
             raise UsageError(
                 f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
                 "run.checkpoint (every rank must offer the same steps)"
             )
-        _, stop, verdict = votes[0]
+        _, stop, verdict, _ = votes[0]
         if isinstance(verdict, str):
+            self._agreed_exit = True
             raise UsageError(verdict)
         stop = stop or self._stop_next
-        if any(p for _, p, _ in votes):
+        if any(p for _, p, _, _ in votes):
             self._stop_next = True  # a later call stops every rank, if this one did not
         return bool(verdict), bool(stop)
 
@@ -579,7 +630,10 @@ class Run:
             meta["layout"] = dict(layouts)
         if self._batches_total is not None:
             meta["batches"] = {"total": self._batches_total, "done": len(self.ledger)}
-        writer.submit(step, flat, extra, meta)
+        # On several ranks every rank hands the step over, whatever failed meanwhile in
+        # the background (that is told to all at the next collective): a rank that did
+        # not would leave the others' commit of this step waiting for its vote.
+        writer.submit(step, flat, extra, meta, raise_pending=self._sharded is None)
         self._last_saved_step = step
         self._last_time = time.monotonic()
         self.step = step

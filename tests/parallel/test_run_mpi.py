@@ -620,3 +620,35 @@ def test_generators_come_back_per_rank_and_a_joining_rank_gets_a_fresh_stream(
     # Rank 2 had none saved: a stream for (seed, rank 2, step 2), not rank 2's from step 0.
     assert again[2]["draw"] == np.random.default_rng(joining_seed(9, 2, 2)).random()
     assert again[2]["draw"] != np.random.default_rng(rank_seed(9, 2)).random()
+
+
+ALONE = """
+import sys
+import numpy as np
+import kronos_audit as ka
+
+with ka.Run("alone", seed=1, every=ka.EverySteps(2)) as run:
+    run.restore()
+    for step in run.steps(40):
+        if run.rank == 1 and step == 3:
+            raise ValueError("rank 1's own bug")  # the others go on into the next collective
+        run.checkpoint(step, {"u": np.full(8, float(step))})
+"""
+
+
+def test_an_error_on_one_rank_alone_takes_the_job_down_instead_of_hanging_it(
+    project: Project, key: SigningKey
+) -> None:
+    program = project.root / "alone.py"
+    program.write_text(textwrap.dedent(ALONE))
+    done = subprocess.run(
+        mpiexec(3, str(program)),
+        cwd=project.root,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,  # before the fix: ranks 0 and 2 waited here for ever
+    )
+    assert done.returncode != 0
+    assert "ValueError: rank 1's own bug" in done.stderr  # its traceback, printed first
+    assert done.stderr.count("ValueError: rank 1's own bug") == 1

@@ -81,19 +81,13 @@ from kronos_audit.runtime.sharded import (
     expand_layout,
     has_sharded_steps,
     joining_seed,
+    one_line_reason,
     rank_seed,
 )
 from kronos_audit.signing import SigningKey
 
 RNG_GROUP = rng.GROUP
 RESERVED = (RNG_GROUP, LEDGER_GROUP)
-
-
-def _one_line(error: BaseException) -> str:
-    """An error as the other ranks hear it: its first line, bounded."""
-    text = str(error).strip().splitlines()
-    line = f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
-    return line if len(line) <= 300 else line[:299] + "…"
 
 
 class PreemptedWithoutCheckpoint(UserWarning):
@@ -579,7 +573,7 @@ class Run:
                 verdict = self._decide(writer, step, preempted or self._stop_next, final)
             except Exception as e:  # every rank must hear rank 0, whatever happened
                 verdict = f"rank 0's save policy failed: {e}"
-        reason = None if failure is None else _one_line(failure)
+        reason = None if failure is None else one_line_reason(failure)
         votes = self.comm.allgather((int(step), bool(preempted), verdict, reason))
         failed = [(r, why) for r, (_, _, _, why) in enumerate(votes) if why is not None]
         if failed:

@@ -314,12 +314,8 @@ class ShardedPublisher:
                 for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
                     leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
         except Exception as e:  # every rank must reach the allgather below, whatever happened
-            problem = _reason(e)
-        problems = self.comm.allgather(problem)
-        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
-        if bad is not None:
-            r, p = bad
-            raise UsageError(p if r == self.rank else f"rank {r}: {p}")
+            problem = one_line_reason(e)
+        raise_if_any_failed(self.comm, problem, UsageError)
         self._commit_comm = dup(self.comm)  # on every rank, or (above) on none
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -390,7 +386,7 @@ class ShardedPublisher:
                 if result.step != step:
                     return f"its manifest signs step {result.step}, not step {step}", None
         except Exception as e:  # a rank that stopped here alone would hang the others
-            return _reason(e), None
+            return one_line_reason(e), None
         return None, agreed
 
     def reads(self, agreed: Agreed) -> list[int]:
@@ -463,12 +459,8 @@ class ShardedPublisher:
         try:
             flat = self._load(agreed)
         except Exception as e:  # every rank must reach the allgather below, whatever happened
-            problem = _reason(e)
-        problems = self.comm.allgather(problem)
-        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
-        if bad is not None:
-            r, p = bad
-            raise CheckpointError(p if r == self.rank else f"rank {r}: {p}")
+            problem = one_line_reason(e)
+        raise_if_any_failed(self.comm, problem, CheckpointError)
         assert flat is not None
         return flat
 
@@ -490,7 +482,7 @@ class ShardedPublisher:
                 return self._assemble(agreed, shard)
             except (OSError, KeyError, ValueError, TypeError) as e:
                 raise CheckpointError(
-                    f"verified but unreadable: {_reason(e)}",
+                    f"verified but unreadable: {one_line_reason(e)}",
                     path=directory,
                 ) from None
 
@@ -554,14 +546,14 @@ class ShardedPublisher:
             shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
             vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
         except Exception as e:  # a rank that does not vote would hang every other rank
-            vote = (_reason(e), None)
+            vote = (one_line_reason(e), None)
         votes = comm.gather(vote)
         decision: str | None = None
         if votes is not None:  # rank 0
             try:
                 decision = self._sign(job, directory, votes)
             except Exception as e:  # every rank must hear the decision, whatever happened
-                decision = _reason(e)
+                decision = one_line_reason(e)
         decision = comm.bcast(decision)
         if decision is not None:
             raise CheckpointError(
@@ -669,12 +661,8 @@ class ShardedReplayPublisher(ShardedPublisher):
             if self.threaded:
                 _require_threads(self.comm)
         except Exception as e:  # every rank must reach the allgather below
-            problem = _reason(e)
-        problems = self.comm.allgather(problem)
-        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
-        if bad is not None:
-            r, p = bad
-            raise UsageError(p if r == self.rank else f"rank {r}: {p}")
+            problem = one_line_reason(e)
+        raise_if_any_failed(self.comm, problem, UsageError)
         self._commit_comm = dup(self.comm)
 
     def _parent_manifest(self) -> Path | None:
@@ -714,12 +702,8 @@ class ShardedReplayPublisher(ShardedPublisher):
                 record.step, manifest, record.shards.count, parse_layout(record.shards.layout)
             )
         except Exception as e:  # a rank that stopped here alone would hang the others
-            problem = _reason(e)
-        problems = self.comm.allgather(problem)
-        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
-        if bad is not None:
-            r, p = bad
-            raise CheckpointError(p if r == self.rank else f"rank {r}: {p}")
+            problem = one_line_reason(e)
+        raise_if_any_failed(self.comm, problem, CheckpointError)
         return agreed
 
     def resume(self, *, stacklevel: int) -> Agreed | None:
@@ -739,7 +723,7 @@ class ShardedReplayPublisher(ShardedPublisher):
             digests = write_and_digest(directory / name, {**job.staged, **job.extra}, md5=True)
             vote = ShardRecord.of(self.rank, self.size, digests)
         except Exception as e:  # a rank that does not vote would hang every other rank
-            vote = _reason(e)
+            vote = one_line_reason(e)
         votes = comm.gather(vote)
         decision: str | None = None
         if votes is not None:  # rank 0
@@ -750,7 +734,7 @@ class ShardedReplayPublisher(ShardedPublisher):
                 else:
                     write_index(directory, votes)
             except Exception as e:  # every rank must hear the decision, whatever happened
-                decision = _reason(e)
+                decision = one_line_reason(e)
         decision = comm.bcast(decision)
         if decision is not None:
             raise CheckpointError(
@@ -777,7 +761,19 @@ def _drop_other_counts(directory: Path, count: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def _reason(e: BaseException) -> str:
+def raise_if_any_failed(comm: Comm, problem: str | None, error: type[Error]) -> None:
+    """Every rank's problem (None: it had none), gathered; when any rank had one, every
+    rank raises ``error`` with the first such rank's, naming that rank (a rank's own
+    problem without its number). Every rank reaches this collective whatever happened on
+    it, so no rank goes on, or stops, alone."""
+    problems = comm.allgather(problem)
+    bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+    if bad is not None:
+        r, p = bad
+        raise error(p if r == comm.rank else f"rank {r}: {p}")
+
+
+def one_line_reason(e: BaseException) -> str:
     """One bounded line saying why (it travels to the other ranks and into their errors)."""
     if isinstance(e, Error):
         text = str(e)

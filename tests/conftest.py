@@ -26,6 +26,10 @@ def kaudit_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     monkeypatch.setenv("GIT_COMMITTER_NAME", "Test")
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "test@example.com")
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    # DVC's global and system config files: empty directories of the test's own, so that
+    # neither the machine's settings reach a test nor a test's reach the machine.
+    for var in ("DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR"):
+        monkeypatch.setenv(var, str(tmp_path_factory.mktemp(var.lower())))
     return home
 
 

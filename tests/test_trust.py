@@ -133,7 +133,12 @@ def test_trust_ref_reads_the_store_at_the_ref_not_the_work_tree(
 
     at_main = run_cli("verify", "--trust-ref", "main", str(honest.path), cwd=root)
     assert at_main.exit_code == 0, at_main.output
-    assert "anchor: --trust-ref main:.kaudit/trusted-keys/tester.pub" in at_main.stdout
+    main = git(root, "rev-parse", "main").strip()
+    # the one full ref and the commit it named, in the ok line
+    assert (
+        f"anchor: --trust-ref refs/heads/main at {main}:.kaudit/trusted-keys/tester.pub"
+        in at_main.stdout
+    )
     refused = run_cli("verify", "--trust-ref", "main", str(evil.path), cwd=root)
     assert refused.exit_code == 1, refused.output
     assert "no trust anchor holds" in refused.stdout
@@ -147,7 +152,7 @@ def test_trust_ref_reads_the_store_at_the_ref_not_the_work_tree(
     assert_bad_input(
         run_cli("verify", "--trust-ref", "no-such-branch", str(honest.path), cwd=root),
         "no-such-branch",
-        "no such commit",
+        "no such ref",
     )
     assert_bad_input(
         run_cli("verify", "--trust-ref", "--output=/tmp/x", str(honest.path), cwd=root),

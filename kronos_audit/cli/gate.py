@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,9 @@ def gate(
         if junit is not None:
             write_junit(result, junit)
         if summary:
-            text = step_summary(result, trust)
+            # the report's verification reads the trust ref at the commit the gate read
+            pinned = replace(trust, pinned=result.trust_anchor)
+            text = step_summary(result, pinned)
             with open(summary, "a", encoding="utf-8") as f:
                 f.write(text)
     if as_json:
@@ -92,6 +95,9 @@ def render(result: GateResult) -> None:
         out.print(f"{_STATUS[c.status.value]} {c.kind.value} [bold]{safe(c.name)}[/]")
         for d in c.details or (c.message,):
             out.print(f"  {safe(d)}")
+    if result.trust_anchor is not None:
+        anchor = result.trust_anchor
+        out.print(f"trust ref: {safe(anchor.given)} resolved to {safe(anchor.describe())}")
     if not quiet:
         for p in result.problems:
             out.print(f"[yellow]trust store entry skipped:[/] {safe(p)}")

@@ -241,8 +241,12 @@ def gate(
     started = time.perf_counter()
     trust = trust or TrustOptions()
     project = find_project(repository).require_initialized()
+    # One resolution of --trust-ref for the whole gate: the configuration, the trust
+    # store, the revocations and every replay's verification read the same commit.
+    trust = trust.pin(project.root)
+    pinned = trust.pinned
     if config is None:
-        config = load_config(project, trust.trust_ref)
+        config = load_config(project, pinned)
     paths = discover(project, config)
     problems = tuple(load_keyring(project.root, trust).problems)
     verifiers: dict[Path, Verifier] = {}
@@ -263,4 +267,5 @@ def gate(
         problems,
         tuple(paths),
         time.perf_counter() - started,
+        pinned,
     )

@@ -319,6 +319,15 @@ def ls_tree(root: Path, commit: str, directory: str, *, limit: int) -> list[Tree
     return entries
 
 
+def ls_tree_paths(root: Path, commit: str) -> list[str]:
+    """Every path of the tree at ``commit`` that is not a tree itself (files, links,
+    submodules), recursively, from its top."""
+    listing = run(
+        root, "ls-tree", "-r", "-z", "--name-only", "--full-tree", "--end-of-options", commit
+    )
+    return [os.fsdecode(name) for name in listing.split(b"\0") if name]
+
+
 def cat_blob(root: Path, oid: str) -> bytes:
     """The content of the blob ``oid``, as stored (no filter, no textconv)."""
     return run(root, "cat-file", "blob", "--end-of-options", oid)

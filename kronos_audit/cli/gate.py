@@ -49,7 +49,10 @@ def gate(
     tolerances as in [compare]: see docs/ci.md); without one it covers every run in the
     repository and replays the newest segment of each. With --trust-ref REF (the
     protected base branch), the trust store and the [gate] section are both read as they
-    are at REF, so a change under review cannot weaken its own gate.
+    are at REF, so a change under review cannot weaken its own gate; REF must name exactly
+    one ref (give refs/remotes/origin/main in CI), and every manifest at REF must still be
+    here and verified. Hidden directories are covered, and links inside the repository
+    followed; a link out of it fails.
 
     When $GITHUB_STEP_SUMMARY names a file, a Markdown summary is appended to it: the
     verdict, the counts and each failure, then (folded) `kaudit report` of the runs.

@@ -522,8 +522,6 @@ def _settle_revocations(keyring: Keyring, claims: list[_Claimed]) -> None:
         i += len(same)
         before = dict(since)
         for claim in same:
-            if claim.revoked in before:
-                continue  # revoked already, from an earlier time: nothing to take away
             signers, _, _ = valid_signers(claim.envelope, candidates)
             if not signers:
                 keyring.problems.append(
@@ -531,6 +529,8 @@ def _settle_revocations(keyring: Keyring, claims: list[_Claimed]) -> None:
                     "trusts: skipped"
                 )
                 continue
+            if claim.revoked in before:
+                continue  # revoked already, from an earlier time: nothing to take away
             valid = [kid for kid in signers if kid not in before]
             if not valid:
                 signer = keyring.keys[signers[0]]
@@ -608,9 +608,9 @@ def load_keyring(project_root: Path | None, options: TrustOptions | None = None)
     if options.trust_ref is not None:
         if project_root is None:
             raise UsageError("--trust-ref needs a git repository")
-        keyring.trust_ref = options.pin(project_root).pinned
-        assert keyring.trust_ref is not None  # pin() resolved it or raised
-        _add_ref(keyring, project_root, keyring.trust_ref)
+        pinned = options.pinned_in(project_root) or resolve_ref(project_root, options.trust_ref)
+        keyring.trust_ref = pinned
+        _add_ref(keyring, project_root, pinned)
     elif project_root is not None:
         _add_store(keyring, project_root / TRUST_DIR, Anchor.REPOSITORY)
     # Revocations only take trust away: honour them from every place they may be.
@@ -618,8 +618,8 @@ def load_keyring(project_root: Path | None, options: TrustOptions | None = None)
     _read_revocations_dir(claims, keyring.problems, user_trust_dir().parent / "revocations")
     if project_root is not None:
         _read_revocations_dir(claims, keyring.problems, project_root / REVOCATION_DIR)
-        pinned = keyring.trust_ref
-        if pinned is not None:
+        if keyring.trust_ref is not None:
+            pinned = keyring.trust_ref
             files, skipped = read_tree_files(project_root, pinned.commit, REVOCATION_DIR, ".json")
             keyring.problems.extend(skipped)
             for name, data in files:

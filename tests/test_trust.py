@@ -160,6 +160,28 @@ def test_trust_ref_reads_the_store_at_the_ref_not_the_work_tree(
     )
 
 
+def test_a_pinned_trust_ref_is_read_at_its_commit_however_the_ref_moves(
+    project: Project, key: SigningKey, mallory: SigningKey
+) -> None:
+    root = project.root
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "trust tester")
+    git(root, "tag", "-a", "-m", "an annotated tag", "v1")
+    pinned = TrustOptions(trust_ref="main").pin(root)
+    assert pinned.pinned is not None
+    assert pinned.pinned.ref == "refs/heads/main"
+    # main moves on to a commit that trusts mallory
+    project.trust_store().add(mallory.private_key.public_key(), "mallory")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "trust mallory")
+    assert mallory.key_id not in load_keyring(root, pinned).keys
+    assert mallory.key_id in load_keyring(root, TrustOptions(trust_ref="main")).keys
+    # an annotated tag is peeled to its commit
+    tag = load_keyring(root, TrustOptions(trust_ref="v1")).trust_ref
+    assert tag is not None
+    assert (tag.ref, tag.commit) == ("refs/tags/v1", pinned.pinned.commit)
+
+
 def test_a_symlink_committed_in_the_store_is_skipped_at_the_ref(
     project: Project, key: SigningKey, mallory: SigningKey, tmp_path: Path
 ) -> None:

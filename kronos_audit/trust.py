@@ -22,8 +22,13 @@ failure.
 
 Revocations (``.kaudit/revocations/KEYID.json``, DSSE-signed statements) can only take
 trust away, so they are honoured wherever they are found, once a key of the keyring
-(an anchored one when anchors are required) has signed them: a revoked key's signatures
-made at or after the revocation time fail.
+(an anchored one when anchors are required) that was itself still valid at the time the
+revocation claims has signed them: a revoked key's signatures made at or after the
+revocation time fail, and a key revoked (or rotated away) revokes nothing after that.
+Without trusted timestamps, "when" is the time each signed record claims.
+
+``--trust-ref`` is resolved to exactly one fully qualified ref (:func:`resolve_ref`) and
+its commit, once; everything read at the ref is read at that commit.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import datetime as dt
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -104,7 +109,9 @@ class TrustedKey:
     anchor: Anchor
     """The strongest source that holds it."""
     source: str
-    """Where: a file, or ``REF:path`` for a key read from a git ref."""
+    """Where: a file, or ``COMMIT:path`` for a key read from a git ref."""
+    ref: str | None = None
+    """For a key read at ``--trust-ref``: the full ref name it was resolved to."""
 
     @property
     def short_id(self) -> str:
@@ -116,6 +123,8 @@ class TrustedKey:
             return f"unanchored: only the repository's {TRUST_DIR} ({self.source}) vouches for it"
         if self.anchor is Anchor.USER:
             return f"anchor: user trust store ({self.source})"
+        if self.anchor is Anchor.TRUST_REF and self.ref is not None:
+            return f"anchor: {self.anchor.value} {self.ref} at {self.source}"
         return f"anchor: {self.anchor.value} {self.source}"
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -125,7 +134,33 @@ class TrustedKey:
             "anchor": self.anchor.value,
             "anchored": self.anchor.anchored,
             "source": self.source,
+            **({"ref": self.ref} if self.ref is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class PinnedRef:
+    """``--trust-ref`` resolved to exactly one ref and the commit it named then: what is
+    read at the ref is read at ``commit``, never by the name again."""
+
+    given: str
+    """The name as the verifier gave it."""
+    ref: str
+    """The one fully qualified ref it names (``refs/remotes/origin/main``), or the
+    commit id itself when a full commit id was given."""
+    commit: str
+    """The full id of the commit read."""
+    root: str
+    """The repository it was resolved in."""
+
+    def describe(self) -> str:
+        """``REF at COMMIT`` (or ``commit COMMIT``), for output."""
+        if self.ref == self.commit:
+            return f"commit {self.commit}"
+        return f"{self.ref} at {self.commit}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"given": self.given, "ref": self.ref, "commit": self.commit}
 
 
 @dataclass(frozen=True)
@@ -154,6 +189,23 @@ class TrustOptions:
     """``--trust-ref REF``: honour the repository's store only as it is at REF."""
     require_anchor: bool = False
     """``--require-anchor``: a signer only the work tree's store vouches for fails."""
+    pinned: PinnedRef | None = None
+    """``trust_ref`` already resolved (:meth:`pin`): every reader uses this commit."""
+
+    def pin(self, root: Path) -> TrustOptions:
+        """These options with ``trust_ref`` resolved once in the repository at ``root``
+        (see :func:`resolve_ref`), so that the trust store, the revocations and the gate's
+        configuration are all read at the same commit however the ref moves meanwhile.
+        Raises UsageError when the ref is ambiguous or names nothing."""
+        if self.trust_ref is None or self.pinned_in(root) is not None:
+            return self
+        return replace(self, pinned=resolve_ref(root, self.trust_ref))
+
+    def pinned_in(self, root: Path) -> PinnedRef | None:
+        """The pinned ref when it was resolved in the repository at ``root``."""
+        if self.pinned is None or self.pinned.given != self.trust_ref:
+            return None
+        return self.pinned if self.pinned.root == str(Path(root).resolve()) else None
 
     @property
     def anchor_required(self) -> bool:
@@ -196,11 +248,21 @@ class Keyring:
     require_anchor: bool = False
     """Unanchored signers fail."""
 
-    def add(self, public_key: Ed25519PublicKey, name: str, anchor: Anchor, source: str) -> None:
+    trust_ref: PinnedRef | None = None
+    """``--trust-ref`` as resolved for this keyring, when one was given."""
+
+    def add(
+        self,
+        public_key: Ed25519PublicKey,
+        name: str,
+        anchor: Anchor,
+        source: str,
+        ref: str | None = None,
+    ) -> None:
         kid = key_id(public_key)
         current = self.keys.get(kid)
         if current is None or _RANK[anchor] < _RANK[current.anchor]:
-            self.keys[kid] = TrustedKey(kid, name, public_key, anchor, source)
+            self.keys[kid] = TrustedKey(kid, name, public_key, anchor, source, ref)
 
     @property
     def anchored(self) -> tuple[TrustedKey, ...]:
@@ -281,19 +343,65 @@ def _add_explicit(keyring: Keyring, path: Path, anchor: Anchor) -> None:
     keyring.add(public_key, path.name.removesuffix(".pub"), anchor, str(path))
 
 
-def resolve_ref(root: Path, ref: str) -> str:
-    """The commit ``ref`` names in the repository at ``root``; UsageError if none."""
+# The places git's rules (gitrevisions(7)) look for a short name, in git's order;
+# $GIT_DIR/NAME (HEAD, FETCH_HEAD) is not among them: those are no protected ref.
+_SHORT_NAME_RULES = (
+    "refs/{}",
+    "refs/tags/{}",
+    "refs/heads/{}",
+    "refs/remotes/{}",
+    "refs/remotes/{}/HEAD",
+)
+_FULL_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def resolve_ref(root: Path, ref: str) -> PinnedRef:
+    """``ref`` resolved to exactly one ref of the repository at ``root`` and the commit it
+    names now.
+
+    A full name (``refs/...``) must exist as it is. A short name is looked up in every
+    place git's rules would consider (``refs/NAME``, ``refs/tags/NAME``,
+    ``refs/heads/NAME``, ``refs/remotes/NAME``, ``refs/remotes/NAME/HEAD``), and exactly
+    one must exist: git would silently prefer a pushed tag ``origin/main`` to the
+    remote-tracking branch, so two candidates are refused, never ranked. A full commit id
+    (40 or 64 hex digits) is taken as that commit; an abbreviated one is not a ref.
+    Raises UsageError for anything else.
+    """
     if not ref or ref.startswith("-") or any(c in ref for c in "\0\n"):
         raise UsageError(f"--trust-ref {ref!r}: not a git ref name")
+    where = str(Path(root).resolve())
     try:
-        commit = git.commit_of(root, ref)
+        if _FULL_OBJECT_ID.match(ref):
+            commit = git.commit_of(root, ref)
+            if commit is None:
+                raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
+            return PinnedRef(ref, commit, commit, where)
+        candidates = (
+            [ref] if ref.startswith("refs/") else [r.format(ref) for r in _SHORT_NAME_RULES]
+        )
+        found = git.refs_named(root, candidates)
+        if len(found) > 1:
+            raise UsageError(
+                f"--trust-ref {ref}: ambiguous, it names {len(found)} refs: "
+                + ", ".join(found)
+                + "; give the full name of the protected one (refs/...)",
+                path=root,
+            )
+        if not found:
+            looked = "" if ref.startswith("refs/") else f" (looked for {', '.join(candidates)})"
+            raise UsageError(
+                f"--trust-ref {ref}: no such ref in this repository{looked}; "
+                "a commit id must be given in full",
+                path=root,
+            )
+        ((full, oid),) = found.items()
+        # Peel the object id git listed (an annotated tag's), never the name again.
+        commit = git.commit_of(root, oid)
     except git.GitError as e:
-        raise UsageError(
-            f"--trust-ref {ref}: no such commit in this repository ({e.message})", path=root
-        ) from None
+        raise UsageError(f"--trust-ref {ref}: {e.message}", path=root) from None
     if commit is None:
-        raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
-    return commit
+        raise UsageError(f"--trust-ref {ref}: {full} names no commit", path=root)
+    return PinnedRef(ref, full, commit, where)
 
 
 def read_tree_files(
@@ -324,19 +432,18 @@ def read_tree_files(
     return files, skipped
 
 
-def _add_ref(keyring: Keyring, root: Path, ref: str) -> str:
-    commit = resolve_ref(root, ref)
-    files, skipped = read_tree_files(root, commit, TRUST_DIR, ".pub")
+def _add_ref(keyring: Keyring, root: Path, pinned: PinnedRef) -> None:
+    files, skipped = read_tree_files(root, pinned.commit, TRUST_DIR, ".pub")
     keyring.problems.extend(skipped)
     for path, data in files:
-        where = f"{ref}:{path}"
+        where = f"{pinned.commit}:{path}"
         try:
             public_key = parse_public_key(data, where)
         except SigningKeyError as e:
-            keyring.problems.append(f"{where}: {e.message}: skipped")
+            keyring.problems.append(f"{pinned.ref} at {where}: {e.message}: skipped")
             continue
-        keyring.add(public_key, Path(path).name.removesuffix(".pub"), Anchor.TRUST_REF, where)
-    return commit
+        name = Path(path).name.removesuffix(".pub")
+        keyring.add(public_key, name, Anchor.TRUST_REF, where, pinned.ref)
 
 
 # -- revocations -----------------------------------------------------------------------
@@ -361,44 +468,102 @@ def _parse_revocation(data: bytes, where: str) -> tuple[Envelope, dict[str, Any]
     return envelope, statement
 
 
-def _add_revocation(keyring: Keyring, data: bytes, where: str, name: str) -> None:
+@dataclass(frozen=True)
+class _Claimed:
+    """A revocation read and well formed, not yet known to count."""
+
+    envelope: Envelope
+    revoked: KeyId
+    at: dt.datetime
+    statement: dict[str, Any]
+    where: str
+
+
+def _read_revocation(
+    claims: list[_Claimed], problems: list[str], data: bytes, where: str, name: str
+) -> None:
     try:
         envelope, statement = _parse_revocation(data, where)
     except ManifestError as e:
-        keyring.problems.append(f"{e}: skipped")
+        problems.append(f"{e}: skipped")
         return
+    revoked = KeyId(statement["key_id"])
+    if name != f"{revoked}.json":
+        problems.append(f"{where}: a revocation's file is named KEYID.json: skipped")
+        return
+    at = _utc(statement["revoked_at"])
+    if at is None:
+        problems.append(f"{where}: revoked_at is not a time: skipped")
+        return
+    claims.append(_Claimed(envelope, revoked, at, statement, where))
+
+
+def _settle_revocations(keyring: Keyring, claims: list[_Claimed]) -> None:
+    """Honour the revocations whose signer was valid when each was issued.
+
+    A revocation counts when a key this verification accepts (an anchored one when
+    anchors are required) signed it and that key was not itself revoked (a rotation is the
+    old key's revocation of itself) at or before the time the revocation claims. They are
+    settled in the order of those claimed times, earliest first, so a key rotated away
+    cannot revoke its successor later, while what it revoked before still stands. Two
+    revocations claiming the same instant are judged against what was revoked before it:
+    both count (taking trust away is the safe side of a tie).
+    """
     candidates = {
         kid: k.public_key
         for kid, k in keyring.keys.items()
         if k.anchor.anchored or not keyring.require_anchor
     }
-    signers, _, _ = valid_signers(envelope, candidates)
-    if not signers:
-        keyring.problems.append(
-            f"{where}: revocation not signed by a key this verification trusts: skipped"
-        )
-        return
-    revoked = KeyId(statement["key_id"])
-    if name != f"{revoked}.json":
-        keyring.problems.append(f"{where}: a revocation's file is named KEYID.json: skipped")
-        return
-    current = keyring.revocations.get(revoked)
-    if current is None or statement["revoked_at"] < current.revoked_at:
-        keyring.revocations[revoked] = Revocation(
-            revoked, statement["revoked_at"], statement["reason"], signers[0], where
-        )
+    since: dict[KeyId, dt.datetime] = {}  # revoked key -> earliest counted time
+    claims = sorted(claims, key=lambda c: (c.at, c.where))
+    i = 0
+    while i < len(claims):
+        same = [c for c in claims[i:] if c.at == claims[i].at]
+        i += len(same)
+        before = dict(since)
+        for claim in same:
+            signers, _, _ = valid_signers(claim.envelope, candidates)
+            if not signers:
+                keyring.problems.append(
+                    f"{claim.where}: revocation not signed by a key this verification "
+                    "trusts: skipped"
+                )
+                continue
+            if claim.revoked in before:
+                continue  # revoked already, from an earlier time: nothing to take away
+            valid = [kid for kid in signers if kid not in before]
+            if not valid:
+                signer = keyring.keys[signers[0]]
+                gone = keyring.revocations[signers[0]]
+                keyring.problems.append(
+                    f"{claim.where}: revocation of {claim.revoked[:16]} ignored: its signer "
+                    f"{signer.name} ({signer.short_id}) was revoked at {gone.revoked_at} "
+                    f"({gone.reason}), at or before this revocation's "
+                    f"{claim.statement['revoked_at']}: a revoked key revokes nothing"
+                )
+                continue
+            if claim.revoked in since:
+                continue  # revoked at this same instant by another revocation already
+            since[claim.revoked] = claim.at
+            keyring.revocations[claim.revoked] = Revocation(
+                claim.revoked,
+                claim.statement["revoked_at"],
+                claim.statement["reason"],
+                valid[0],
+                claim.where,
+            )
 
 
-def _add_revocations_dir(keyring: Keyring, directory: Path) -> None:
+def _read_revocations_dir(claims: list[_Claimed], problems: list[str], directory: Path) -> None:
     if not directory.is_dir() or directory.is_symlink():
         return
     for path in sorted(directory.glob("*.json")):
         try:
             data = read_regular(path, KEY_LIMIT, follow_symlinks=False)
         except UnsafeFile as e:
-            keyring.problems.append(f"{path}: {e.reason}: skipped")
+            problems.append(f"{path}: {e.reason}: skipped")
             continue
-        _add_revocation(keyring, data, str(path), path.name)
+        _read_revocation(claims, problems, data, str(path), path.name)
 
 
 def write_revocation(
@@ -440,22 +605,27 @@ def load_keyring(project_root: Path | None, options: TrustOptions | None = None)
     for path in _env_paths():
         _add_explicit(keyring, path, Anchor.ENVIRONMENT)
     _add_store(keyring, user_trust_dir(), Anchor.USER)
-    ref_commit: str | None = None
     if options.trust_ref is not None:
         if project_root is None:
             raise UsageError("--trust-ref needs a git repository")
-        ref_commit = _add_ref(keyring, project_root, options.trust_ref)
+        pinned = options.pinned_in(project_root) or resolve_ref(project_root, options.trust_ref)
+        keyring.trust_ref = pinned
+        _add_ref(keyring, project_root, pinned)
     elif project_root is not None:
         _add_store(keyring, project_root / TRUST_DIR, Anchor.REPOSITORY)
     # Revocations only take trust away: honour them from every place they may be.
-    _add_revocations_dir(keyring, user_trust_dir().parent / "revocations")
+    claims: list[_Claimed] = []
+    _read_revocations_dir(claims, keyring.problems, user_trust_dir().parent / "revocations")
     if project_root is not None:
-        _add_revocations_dir(keyring, project_root / REVOCATION_DIR)
-        if ref_commit is not None:
-            files, skipped = read_tree_files(project_root, ref_commit, REVOCATION_DIR, ".json")
+        _read_revocations_dir(claims, keyring.problems, project_root / REVOCATION_DIR)
+        if keyring.trust_ref is not None:
+            pinned = keyring.trust_ref
+            files, skipped = read_tree_files(project_root, pinned.commit, REVOCATION_DIR, ".json")
             keyring.problems.extend(skipped)
             for name, data in files:
-                _add_revocation(keyring, data, f"{options.trust_ref}:{name}", Path(name).name)
+                where = f"{pinned.ref} at {pinned.commit}:{name}"
+                _read_revocation(claims, keyring.problems, data, where, Path(name).name)
+    _settle_revocations(keyring, claims)
     return keyring
 
 
@@ -470,6 +640,7 @@ def describe(keys: Iterable[TrustedKey]) -> Mapping[str, list[TrustedKey]]:
 __all__ = [
     "Anchor",
     "Keyring",
+    "PinnedRef",
     "Revocation",
     "SignerCheck",
     "StoreProblem",

@@ -60,7 +60,8 @@ def trust_options(f: F) -> F:
         "--trust-ref",
         metavar="REF",
         help="Trust the repository's .kaudit/trusted-keys only as it is at this git ref "
-        "(the protected base branch in CI), read with git, not from the work tree.",
+        "(the protected base branch in CI), read with git, not from the work tree. A short "
+        "name must name exactly one ref (else give refs/...); a commit id only in full.",
     )(f)
     return click.option(
         "--trusted-key",

@@ -121,7 +121,9 @@ def test_a_gate_weakened_in_the_work_tree_is_ignored_under_trust_ref(repo: Path)
     assert weakened["counts"]["replay"] == {"passed": 0, "failed": 0, "error": 0}
     assert weakened["config"]["segments"] == 0
     doc = gate_json(repo, "--trust-ref", "main", exit_code=1)
-    assert doc["config"]["source"] == "main:.kaudit/config.toml"
+    main = git(repo, "rev-parse", "main").strip()
+    assert doc["config"]["source"] == f"refs/heads/main at {main}:.kaudit/config.toml"
+    assert doc["trust_ref_resolved"] == {"given": "main", "ref": "refs/heads/main", "commit": main}
     assert doc["config"]["segments"] == 1
     assert doc["config"]["policy"] == {"rules": [], "default": None}
     assert [f["message"] for f in doc["failures"]] == ["NOT REPRODUCED: /noise"]

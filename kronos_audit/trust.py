@@ -15,10 +15,15 @@ anchor             where the key comes from
 ``user``           the verifier's own store, ``$KAUDIT_HOME/trusted-keys``
 =================  ==========================================================
 
-A key that only the work tree's ``.kaudit/trusted-keys`` vouches for is *unanchored*: it
-still verifies for the everyday case (your own clone), every result says so, and
-``require_anchor`` (implied by any anchor given on the command line) turns it into a
-failure.
+A key that only the work tree's ``.kaudit/trusted-keys`` vouches for is *unanchored*, and
+an unanchored signer fails by default. The everyday case stays smooth because the owner's
+own key is in their user trust store (``kaudit keys generate`` puts it there) and a
+colleague's is added once with ``kaudit keys trust --user``. The verifier, never the
+repository, can accept unanchored signers: ``allow_unanchored`` (``--allow-unanchored``), or
+``allow_unanchored = true`` in the ``[trust]`` section of ``$KAUDIT_HOME/config.toml``; each
+result then says the signer passed unanchored and who allowed it. An anchor given on the
+command line (``--trusted-key``, ``--trust-ref``) says whose word counts, so it overrides
+the user's config setting (not an explicit ``--allow-unanchored``).
 
 Revocations (``.kaudit/revocations/KEYID.json``, DSSE-signed statements) can only take
 trust away, so they are honoured wherever they are found, once a key of the keyring
@@ -55,6 +60,7 @@ from kronos_audit.signing import (
     SigningKey,
     StoreProblem,
     TrustStore,
+    kaudit_home,
     key_id,
     load_public_key,
     parse_envelope,
@@ -188,7 +194,11 @@ class TrustOptions:
     trust_ref: str | None = None
     """``--trust-ref REF``: honour the repository's store only as it is at REF."""
     require_anchor: bool = False
-    """``--require-anchor``: a signer only the work tree's store vouches for fails."""
+    """``--require-anchor``: a signer only the work tree's store vouches for fails, whatever
+    else allows it (the default already, unless the verifier allowed unanchored signers)."""
+    allow_unanchored: bool = False
+    """``--allow-unanchored``: a signer only the work tree's store vouches for passes,
+    reported as unanchored."""
     pinned: PinnedRef | None = None
     """``trust_ref`` already resolved (:meth:`pin`): every reader uses this commit."""
 
@@ -207,11 +217,51 @@ class TrustOptions:
             return None
         return self.pinned if self.pinned.root == str(Path(root).resolve()) else None
 
+    def unanchored_allowed_by(self) -> str | None:
+        """Who allowed unanchored signers for this verification (for every result line),
+        or None: then a signer only the repository's own store vouches for fails."""
+        if self.require_anchor:
+            return None
+        if self.allow_unanchored:
+            return "--allow-unanchored"
+        if self.trusted_keys or self.trust_ref is not None:
+            return None  # an anchor named for this verification says whose word counts
+        return user_config_allows_unanchored()
+
     @property
     def anchor_required(self) -> bool:
-        """Giving an anchor on the command line says whose word counts: it implies
-        ``require_anchor``."""
-        return self.require_anchor or bool(self.trusted_keys) or self.trust_ref is not None
+        """Whether an unanchored signer fails (see :meth:`unanchored_allowed_by`)."""
+        return self.unanchored_allowed_by() is None
+
+
+USER_CONFIG = "config.toml"
+"""The user's own settings, ``$KAUDIT_HOME/config.toml``: never a repository's."""
+
+
+def user_config_allows_unanchored() -> str | None:
+    """``allow_unanchored = true`` in ``[trust]`` of the user's config: its path, or None.
+
+    A config that cannot be read or is malformed raises UsageError naming it: a setting
+    that decides trust is never guessed.
+    """
+    path = kaudit_home() / USER_CONFIG
+    try:
+        data = read_regular(path, KEY_LIMIT)
+    except UnsafeFile as e:
+        if e.missing:
+            return None
+        raise UsageError(f"your kaudit config cannot be read: {e.reason}", path=path) from None
+    import tomllib  # only with a config to read: verify's start-up stays small
+
+    try:
+        table = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UsageError(f"your kaudit config is not TOML: {e}", path=path) from None
+    trust = table.get("trust", {})
+    value = trust.get("allow_unanchored", False) if isinstance(trust, dict) else None
+    if not isinstance(value, bool):
+        raise UsageError("[trust] allow_unanchored must be true or false", path=path)
+    return str(path) if value else None
 
 
 @dataclass(frozen=True)
@@ -247,6 +297,9 @@ class Keyring:
     """Entries skipped on reading (symlinks, FIFOs, not Ed25519 keys, bad revocations)."""
     require_anchor: bool = False
     """Unanchored signers fail."""
+    unanchored_allowed_by: str | None = None
+    """Who let unanchored signers pass (``--allow-unanchored``, the user's config file),
+    when they do: said in every result such a signer gets."""
 
     trust_ref: PinnedRef | None = None
     """``--trust-ref`` as resolved for this keyring, when one was given."""
@@ -294,8 +347,8 @@ class Keyring:
                 refused = refused or SignerCheck(
                     False,
                     f"signed by {who}, which only the repository's own {TRUST_DIR} vouches "
-                    "for (unanchored), and an anchor is required: trust it with "
-                    "--trusted-key, --trust-ref or your user trust store",
+                    "for (unanchored): anchor it with --trusted-key, --trust-ref or "
+                    "`kaudit keys trust --user` (or accept it with --allow-unanchored)",
                     key,
                 )
                 continue
@@ -304,6 +357,8 @@ class Keyring:
                 if revoked is not None
                 else ""
             )
+            if not key.anchor.anchored:
+                note += f"; passed unanchored, as {self.unanchored_allowed_by or 'allowed'} says"
             return SignerCheck(True, f"signed by {who}, {key.describe_anchor()}{note}", key)
         if refused is not None:
             return refused
@@ -599,7 +654,8 @@ def load_keyring(project_root: Path | None, options: TrustOptions | None = None)
     """The keyring one verification uses: anchors first, then the work tree's store
     (unanchored, and not at all under ``--trust-ref``), then every revocation found."""
     options = options or TrustOptions()
-    keyring = Keyring(require_anchor=options.anchor_required)
+    allowed_by = options.unanchored_allowed_by()
+    keyring = Keyring(require_anchor=allowed_by is None, unanchored_allowed_by=allowed_by)
     for path in options.trusted_keys:
         _add_explicit(keyring, Path(path), Anchor.COMMAND_LINE)
     for path in _env_paths():

@@ -55,24 +55,53 @@ def forged(project: Project, key: SigningKey, mallory: SigningKey) -> tuple[Mani
     return honest, sign(project, 2, mallory)
 
 
-def test_a_key_only_the_repository_vouches_for_is_unanchored(
-    forged: tuple[Manifest, Manifest], project: Project
+def test_a_key_only_the_repository_vouches_for_fails_unless_the_verifier_allows_it(
+    forged: tuple[Manifest, Manifest], project: Project, kaudit_home: Path
 ) -> None:
     honest, evil = forged
-    everyday = run_cli("verify", str(evil.path), cwd=project.root)
-    assert everyday.exit_code == 0, everyday.output  # the everyday case keeps working...
-    assert "signed by mallory" in everyday.stdout
-    assert "unanchored: only the repository's .kaudit/trusted-keys" in everyday.stdout  # ...said
+    default = run_cli("verify", str(evil.path), cwd=project.root)
+    assert default.exit_code == 1, default.output  # secure by default
+    assert "signed by mallory" in default.stdout
+    assert "only the repository's own .kaudit/trusted-keys vouches for" in default.stdout
+    assert "--allow-unanchored" in default.stdout  # the line says how to accept it
 
+    allowed = run_cli("verify", "--allow-unanchored", str(evil.path), cwd=project.root)
+    assert allowed.exit_code == 0, allowed.output
+    assert "unanchored: only the repository's .kaudit/trusted-keys" in allowed.stdout
+    assert "passed unanchored, as --allow-unanchored says" in allowed.stdout
+
+    # The user's own config may allow it too, and the output names that file...
+    config = kaudit_home / "config.toml"
+    config.write_text("[trust]\nallow_unanchored = true\n")
+    by_config = run_cli("verify", str(evil.path), cwd=project.root)
+    assert by_config.exit_code == 0, by_config.output
+    assert f"passed unanchored, as {config} says" in by_config.stdout
+    # ...but --require-anchor, or an anchor named for this verification, says otherwise.
     required = run_cli("verify", "--require-anchor", str(evil.path), cwd=project.root)
-    assert required.exit_code == 1
-    assert "unanchored" in required.stdout
-    assert "an anchor is required" in required.stdout
+    assert required.exit_code == 1, required.output
+    # The repository's own config can never allow it: only the user's is read.
+    config.unlink()
+    (project.root / ".kaudit" / "config.toml").write_text("[trust]\nallow_unanchored = true\n")
+    repo_says = run_cli("verify", str(evil.path), cwd=project.root)
+    assert repo_says.exit_code == 1, repo_says.output
 
-    mine = run_cli("verify", "--require-anchor", str(honest.path), cwd=project.root)
+    mine = run_cli("verify", str(honest.path), cwd=project.root)
     assert mine.exit_code == 0, mine.output
     assert "signed by tester" in mine.stdout
     assert "anchor: user trust store" in mine.stdout
+
+
+def test_a_malformed_user_config_is_one_line_not_a_guess(
+    forged: tuple[Manifest, Manifest], project: Project, kaudit_home: Path
+) -> None:
+    honest, _ = forged
+    config = kaudit_home / "config.toml"
+    for text in ("[trust]\nallow_unanchored = 'yes'\n", "[trust\n"):
+        config.write_text(text)
+        done = run_cli("verify", str(honest.path), cwd=project.root)
+        assert done.exit_code == 2, done.output
+        assert str(config) in done.output
+        assert "Traceback" not in done.output
 
 
 def test_a_key_given_on_the_command_line_is_the_anchor_and_implies_require_anchor(
@@ -454,4 +483,7 @@ def test_without_the_user_store_the_repository_key_is_unanchored(
 ) -> None:
     ring = load_keyring(project.root)
     assert ring.keys[key.key_id].anchor is Anchor.REPOSITORY
-    assert not ring.require_anchor
+    assert ring.require_anchor  # by default such a signer fails
+    allowed = load_keyring(project.root, TrustOptions(allow_unanchored=True))
+    assert not allowed.require_anchor
+    assert allowed.unanchored_allowed_by == "--allow-unanchored"

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +31,7 @@ from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import git_state
+from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
     ReplayInstruction,
@@ -150,7 +150,10 @@ class SignedPublisher:
         retention: Retention,
         push: bool,
         allow_secret_files: bool,
+        command: Sequence[str] | None = None,
     ) -> None:
+        self.command = recorded_command(command)
+        """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
         self._directory = directory
         self.seed = seed
@@ -322,7 +325,7 @@ class SignedPublisher:
             step=job.step,
             seeds=[self.seed],
             parent=self._parent,
-            command=["python", *sys.argv],
+            command=list(self.command),
             cwd=Path.cwd(),
             attributes=self.attributes,
             extra=extra,

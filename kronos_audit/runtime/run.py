@@ -49,7 +49,7 @@ import time
 import traceback
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -104,7 +104,9 @@ class Run:
     asked after each step, and only it decides (default ``EverySeconds(600)``, which also
     saves at the final step and on preemption). With ``allow_secret_files`` an
     uncommitted diff is recorded even when it carries a file that looks like a secret
-    (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused.
+    (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused. Manifests
+    record ``command`` (an argv) as the command that re-runs a segment, by default
+    ``python`` and ``sys.argv``; credential-looking arguments are recorded as ``***``.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class Run:
         push: bool = False,
         allow_secret_files: bool = False,
         comm: Any = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -161,7 +164,7 @@ class Run:
             # One rank continues a run that was written on several as it was written:
             # sharded steps (of one shard), so its chain and layouts carry on.
             self._sharded = self._sharded_publisher(
-                root, key, attributes, push, keep, keep_every, allow_secret_files
+                root, key, attributes, push, keep, keep_every, allow_secret_files, command
             )
         self.publisher: Publisher | ShardedPublisher = (
             self._sharded
@@ -177,6 +180,7 @@ class Run:
                 retention=self.retention,
                 push=push,
                 allow_secret_files=allow_secret_files,
+                command=command,
             )
         )
         """Where the checkpoints go and what they become (signed, or a replay's output)."""
@@ -214,6 +218,7 @@ class Run:
         keep: int | None,
         keep_every: int | None,
         allow_secret_files: bool,
+        command: Sequence[str] | None,
     ) -> ShardedPublisher:
         if self.replay is not None:
             # Every rank draws from the same (recorded) run seed, as the run did.
@@ -242,6 +247,7 @@ class Run:
             key=key,
             attributes=attributes or {},
             allow_secret_files=allow_secret_files,
+            command=command,
         )
 
     def _single(self) -> Publisher:

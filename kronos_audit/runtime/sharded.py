@@ -37,10 +37,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sys
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +66,7 @@ from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
 from kronos_audit.provenance import git_state
+from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
@@ -257,7 +257,10 @@ class ShardedPublisher:
         key: str | SigningKey | None,
         attributes: Mapping[str, Any],
         allow_secret_files: bool,
+        command: Sequence[str] | None = None,
     ) -> None:
+        self.command = recorded_command(command)
+        """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
         self._directory = directory
         self.comm = comm
@@ -593,7 +596,7 @@ class ShardedPublisher:
             launcher=self.comm.name if self.comm.name in LAUNCHERS else None,
             seeds=[self.seed],
             parent=self._parent,
-            command=["python", *sys.argv],
+            command=list(self.command),
             cwd=Path.cwd(),
             attributes=self.attributes,
             extra={**meta, "restart_count": restart_count()},

@@ -149,6 +149,12 @@ def test_trusting_a_colleagues_key_makes_their_manifests_verify(
     assert trusted.exit_code == 0, trusted.output
     assert f"trusted bob: {theirs.key_id}" in trusted.stdout
     assert (project.root / ".kaudit" / "trusted-keys" / "bob.pub").is_file()
+    # Proposed in the repository: unanchored, so not yet enough for this verifier...
+    proposed = run_cli("verify", str(m.path))
+    assert proposed.exit_code == 1, proposed.output
+    assert "unanchored" in proposed.stdout
+    # ...anchored in their own user trust store: it is.
+    assert run_cli("keys", "trust", "--user", str(shared)).exit_code == 0
     assert run_cli("verify", str(m.path)).exit_code == 0
 
 

@@ -377,17 +377,18 @@ def test_what_a_key_revoked_before_its_rotation_stays_revoked(
     from kronos_audit.trust import write_revocation
 
     project.trust_store().add(mallory.private_key.public_key(), "mallory")
+    allowed = TrustOptions(allow_unanchored=True)  # mallory's key counts here
     # tester revokes mallory in 2030, then is rotated away in 2031: the first stands.
     write_revocation(project.root, mallory.key_id, "left", key, at="2030-01-01T00:00:00Z")
     write_revocation(project.root, key.key_id, "rotated", key, at="2031-01-01T00:00:00Z")
-    ring = load_keyring(project.root)
+    ring = load_keyring(project.root, allowed)
     assert ring.revocations[mallory.key_id].revoked_at == "2030-01-01T00:00:00Z"
     assert ring.revocations[key.key_id].revoked_at == "2031-01-01T00:00:00Z"
     assert not ring.problems
     # mallory, revoked in 2030, revoking tester back in 2032 changes nothing (the file
     # takes the place of tester's own revocation: tester is then not revoked at all).
     write_revocation(project.root, key.key_id, "revenge", mallory, at="2032-01-01T00:00:00Z")
-    ring = load_keyring(project.root)
+    ring = load_keyring(project.root, allowed)
     assert key.key_id not in ring.revocations
     (problem,) = ring.problems
     assert "revocation of " + key.key_id[:16] + " ignored" in problem
@@ -395,7 +396,7 @@ def test_what_a_key_revoked_before_its_rotation_stays_revoked(
     # The limit: without trusted timestamps the order is the one the records claim, so
     # the same revocation dated before mallory's own counts.
     write_revocation(project.root, key.key_id, "revenge", mallory, at="2029-01-01T00:00:00Z")
-    assert load_keyring(project.root).revocations[key.key_id].signer == mallory.key_id
+    assert load_keyring(project.root, allowed).revocations[key.key_id].signer == mallory.key_id
 
 
 def _held(name: str) -> SigningKey:

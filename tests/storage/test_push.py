@@ -185,6 +185,34 @@ def test_push_names_an_object_left_missing_and_exits_1(
     assert list(caught.value.missing) == [ckpt]
 
 
+def test_a_run_whose_object_does_not_reach_the_remote_lists_it_as_a_push_failure(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    def still(name: str, *, push: bool) -> ka.Run:
+        root = project.root / "checkpoints"
+        with ka.Run(name, root=root, seed=1, every=ka.EverySteps(1), push=push) as run:
+            for step in run.steps(1):
+                run.checkpoint(step, {"x": np.zeros(100)})
+        return run
+
+    still("first", push=False)
+    first = project.root / "checkpoints" / "first" / "step-00000001.h5"
+    md5 = md5_of(first)
+    # DVC's cache object damaged in place (it is the checkpoint's inode), then a second
+    # run writes the same bytes: the cache already "has" them, and DVC refuses to upload
+    # a corrupted object (its warning), so the object never reaches the remote.
+    corrupt_in_place(first)
+    run = still("second", push=True)
+    second = project.root / "checkpoints" / "second" / "step-00000001.h5"
+    assert md5_of(second) == md5
+    assert not remote_object(remote, md5).exists()
+    (failure,) = run.push_failures
+    assert "step-00000001.h5" in failure
+    assert f"the object {md5} was not uploaded" in failure
+    # Its manifest stayed here (retried with the next checkpoint, or by `kaudit push`).
+    assert not (remote / "kaudit" / "runs" / "second").exists()
+
+
 def test_an_edited_dvc_file_never_costs_another_checkpoints_remote_copy(
     project: Project, key: SigningKey, remote: Path, anchor: str
 ) -> None:

@@ -61,6 +61,28 @@ class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
 
 
+class PushIncomplete(StorageError):
+    """A push ran, and afterwards the remote does not hold every object the pushed
+    manifests sign, at its signed size (a failed check: exit 1). ``missing`` names each
+    checkpoint whose object is not there, with why."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        missing: dict[Path, str],
+        uploaded: int = 0,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.missing = dict(missing)
+        """Each checkpoint whose object is not in the remote after the push, and why."""
+        self.uploaded = uploaded
+        """How many objects the push uploaded all the same."""
+
+
 class TamperedData(Error):
     """Data fetched from a remote does not match its signed manifest."""
 

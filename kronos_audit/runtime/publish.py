@@ -44,9 +44,10 @@ from kronos_audit.runtime.retention import Retention, prune, pruned_record
 from kronos_audit.runtime.scheduler import scheduler_record
 from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import cache_settings, track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
@@ -167,12 +168,13 @@ class SignedPublisher:
         self._key: SigningKey | None = None
         self._git: GitRecord | None = None
         self._storage: Storage | None = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._run_files: RunFiles | None = None
         self._parent: Manifest | None = None
         # Pushed again with the next checkpoint: data whose push failed (while it is
         # still here), manifests not yet in the remote (a chain's link missing there
         # would cut the chain a node resuming elsewhere fetches).
-        self._unpushed_data: list[Path] = []
+        self._unpushed_data: list[FetchItem] = []
         self._unpushed_manifests: list[Path] = []
 
     @property
@@ -191,6 +193,10 @@ class SignedPublisher:
         # The code this process runs is what it loaded now, whatever the checkout
         # becomes. Read before anything is written: a refused diff leaves nothing.
         self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
+        # DVC's cache settings, read once from DVC's configuration (all its levels) and
+        # kept: tracking each checkpoint on the background path must not read them again,
+        # and a cache.dir refused (see cache_settings) stops the run before any step.
+        self._cache = cache_settings(self._project)
 
     def policy(self, asked: SavePolicy) -> SavePolicy:
         return asked
@@ -306,7 +312,15 @@ class SignedPublisher:
         digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
         assert digests.md5 is not None
         _move_into_place(tmp, final)
-        track(project, final, digests.md5, digests.size, owned=True, ignore_pattern="/step-*.h5")
+        track(
+            project,
+            final,
+            digests.md5,
+            digests.size,
+            owned=True,
+            ignore_pattern="/step-*.h5",
+            settings=self._cache,
+        )
         extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
         scheduler = scheduler_record()
         if scheduler is not None:  # which batch job wrote it: a chain may span requeues
@@ -333,22 +347,25 @@ class SignedPublisher:
         )
         prune(project, self.directory, [p.step for p in doomed])
         if self.push:
-            self._push(project, final)
+            self._push(project, FetchItem(final, digests.md5, digests.sha256, digests.size))
 
-    def _push(self, project: Project, checkpoint: Path) -> None:
+    def _push(self, project: Project, item: FetchItem) -> None:
         """Push on the background thread: the data, then the manifest into the run's
         directory in the remote (a manifest there whose data is not would only be passed
         over). A failure does not stop the run: the checkpoint is safe locally, `kaudit
         status` shows it as not pushed, `kaudit push` completes the data, and the next
-        checkpoint's push retries what failed."""
+        checkpoint's push retries what failed. The data goes by the md5 and size just
+        signed, and is confirmed in the remote afterwards: an object missing there is a
+        failed push."""
         storage = self._storage_for(project)
+        checkpoint = item.checkpoint
         self._unpushed_manifests.append(manifest_path_for(checkpoint))
         # Pruned meanwhile: its data is gone (on purpose, signed), its manifest still goes.
-        data = [c for c in self._unpushed_data if c.exists()]
+        data = [i for i in self._unpushed_data if i.checkpoint.exists()]
         try:
-            storage.push([*data, checkpoint])
+            storage.push([*data, item])
         except Error as e:
-            self._unpushed_data = [*data, checkpoint]
+            self._unpushed_data = [*data, item]
             self._push_failed(checkpoint, e)
             return
         self._unpushed_data = []

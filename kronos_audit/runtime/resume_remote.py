@@ -283,6 +283,7 @@ class RemoteResume:
                 manifest.record.size,
                 owned=True,
                 ignore_pattern="/step-*.h5",
+                settings=self.storage.cache_settings(),
             )
         return Found(checkpoint, step)
 

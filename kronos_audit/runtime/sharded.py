@@ -73,7 +73,7 @@ from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.runtime.rng import derived_seed
 from kronos_audit.sign import sign_sharded_step
 from kronos_audit.signing import SigningKey, select_key
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import cache_settings, track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
@@ -277,6 +277,7 @@ class ShardedPublisher:
         self._public: Any = None
         self._git: GitRecord | None = None
         self._parent: Path | None = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
         self.threaded = True
         """Whether commits run on the writer's thread (``Run(asynchronous=True)``)."""
 
@@ -313,6 +314,8 @@ class ShardedPublisher:
                     self._project.root, allow_secret_files=self.allow_secret_files
                 )
                 public = self._key.private_key.public_key().public_bytes_raw()
+                # DVC's cache settings, once: tracking each step must not read them again.
+                self._cache = cache_settings(self._project)
                 self.directory.mkdir(parents=True, exist_ok=True)
                 for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
                     leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
@@ -613,6 +616,7 @@ class ShardedPublisher:
                 len(data),
                 owned=True,
                 ignore_pattern=f"/{name}",
+                settings=self._cache,
             )
         for record in records:
             track(
@@ -622,6 +626,7 @@ class ShardedPublisher:
                 record.size,
                 owned=True,
                 ignore_pattern="/rank-*.h5",
+                settings=self._cache,
             )
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path

@@ -1,13 +1,17 @@
 """DVC remotes: pushing checkpoints, asking what a remote holds, fetching what a signed
 manifest names, and configuring a remote without putting its credentials in git.
 
-Pushing and asking a remote what it holds go through DVC's API. Fetching takes only the
-object a verified manifest signs (see :mod:`kronos_audit.storage.fetch`).
+Pushing and asking a remote what it holds go through DVC. Both push and fetch take only
+the objects verified manifests sign, by md5, never what a ``.dvc`` file says (see
+:mod:`kronos_audit.storage.fetch`); a push is confirmed afterwards: every object it was
+given must then be in the remote at its signed size.
 
 DVC's push over SSH writes objects in place, so a push killed midway can leave a
 truncated object under its final name, which DVC would then take as pushed. kaudit
-compares each remote object's size with the recorded one and deletes a short one before
-pushing again: a partial or tampered object is never taken as valid.
+compares each remote object's size with the signed one and deletes one of another size
+before pushing again, once the local bytes that replace it are verified: a partial or
+tampered object is never taken as valid, and none is deleted for bytes that are not
+the signed ones.
 """
 
 from __future__ import annotations
@@ -21,10 +25,17 @@ from typing import Any
 
 from kronos_audit._internal import git
 from kronos_audit._internal.secrets import SplitURL, split_credentials
-from kronos_audit.errors import Error, StorageError
+from kronos_audit.errors import Error, PushIncomplete, StorageError
 from kronos_audit.project import Project
-from kronos_audit.storage._dvc import dvc_error, object_path, quiet_dvc, remote_odb
-from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one
+from kronos_audit.storage._dvc import (
+    dvc_error,
+    local_cache_path,
+    object_path,
+    push_objects,
+    quiet_dvc,
+    remote_odb,
+)
+from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one, local_mismatch
 from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
@@ -41,6 +52,7 @@ class Storage:
     def __init__(self, project: Project) -> None:
         self.project = project
         self._repo: Any = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
 
     @property
     def repo(self) -> Any:
@@ -87,38 +99,121 @@ class Storage:
                 ) from None
         return found
 
-    def push(self, checkpoints: Sequence[Path], remote: str | None = None) -> int:
-        """Push checkpoints' cache objects; return how many were uploaded.
+    def cache_settings(self) -> tuple[Path, tuple[str, ...]]:
+        """DVC's cache directory and link types, resolved once for this Storage (see
+        :func:`~kronos_audit.storage.tracking.cache_settings`)."""
+        if self._cache is None:
+            self._cache = cache_settings(self.project)
+        return self._cache
 
-        A remote object shorter or longer than recorded (a push killed midway) is deleted
-        first, so that it is uploaded again rather than taken as pushed.
+    def _dvc_cache_is(self, cache_dir: Path) -> None:
+        """Refuse to push unless DVC's cache is the one kaudit put the objects in."""
+        try:
+            dvc_md5_dir = Path(local_cache_path(self.repo))
+        except StorageError:
+            raise
+        except Exception as e:
+            raise StorageError(f"DVC's cache: {dvc_error(e)}", path=self.project.root) from None
+        ours = cache_dir / "files" / "md5"
+        if dvc_md5_dir.resolve() != ours.resolve():
+            raise StorageError(
+                f"DVC's cache is {dvc_md5_dir}, not {ours} where kaudit put the checkpoints: "
+                "not pushed",
+                path=self.project.root,
+            )
+
+    def push(self, items: Sequence[FetchItem], remote: str | None = None) -> int:
+        """Upload the objects that verified manifests sign, by their md5, from DVC's cache;
+        return how many were uploaded (the rest were in the remote already).
+
+        Only each item's md5, size and sha256 count (what its manifest signs): no ``.dvc``
+        file is read. A remote object of another size than signed (a push killed midway, or
+        tampering) is deleted, to be uploaded again, only once DVC's cache object here is
+        verified to be the signed bytes; otherwise it is left as it is. Afterwards every
+        item's object is confirmed in the remote at its signed size.
+
+        Raises PushIncomplete (exit 1) naming each checkpoint whose object is not there
+        after the push, and StorageError (exit 2) when there is no remote or DVC cannot
+        push at all.
         """
-        entries = [(c, read_dvc_file(dvc_file_for(c))) for c in checkpoints]
-        untracked = [c for c, e in entries if e is None]
-        if untracked:
-            raise StorageError("not tracked by DVC (no .dvc file)", path=untracked[0])
-        odb = self._odb(remote)
-        sizes = self.remote_sizes([e[0] for _, e in entries if e], remote)
-        for _, e in entries:
-            assert e is not None
-            md5, size = e
-            if sizes[md5] is not None and sizes[md5] != size:
-                log.warning(
-                    "remote object %s is %s bytes, not %s: uploading it again",
-                    md5,
-                    sizes[md5],
-                    size,
-                )
+        unique = list(dict.fromkeys(items))
+        if not unique:
+            return 0
+        cache_dir, _ = self.cache_settings()
+        name = self.remote_name(remote)
+        self._dvc_cache_is(cache_dir)
+        odb = self._odb(name)
+        by_md5: dict[str, list[FetchItem]] = {}
+        for item in unique:
+            by_md5.setdefault(item.md5, []).append(item)
+        refused: dict[Path, str] = {}
+        sizes = self.remote_sizes(by_md5, name)
+        for md5, group in by_md5.items():
+            there = sizes[md5]
+            wrong = [i for i in group if there is not None and there != i.size]
+            if not wrong:
+                continue
+            assert there is not None
+            # Replaced only by bytes verified here: an object pushed for another checkpoint
+            # (a .dvc file edited, a manifest lying about a size) is never lost.
+            problem = local_mismatch(cache_object_path(cache_dir, md5), wrong[0])
+            if problem is not None:
+                for item in wrong:
+                    refused[item.checkpoint] = (
+                        f"the remote's object {md5} is {there:,} bytes, not the signed "
+                        f"{item.size:,}, and was left as it is: DVC's cache object here is "
+                        f"not the signed data either ({problem})"
+                    )
+                continue
+            log.warning(
+                "remote object %s is %s bytes, not %s: uploading it again",
+                md5,
+                there,
+                wrong[0].size,
+            )
+            try:
                 odb.fs.rm_file(object_path(odb, md5))
+            except Exception as e:
+                raise StorageError(
+                    f"remote unreachable: {dvc_error(e)}", path=self.project.root
+                ) from None
+        to_push = [
+            m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
+        ]
         try:
             with quiet_dvc():
-                pushed = self.repo.push(
-                    targets=[str(dvc_file_for(c)) for c in checkpoints],
-                    remote=self.remote_name(remote),
-                )
+                transferred, failed = push_objects(self.repo, to_push, name)
         except Exception as e:
             raise StorageError(f"push failed: {dvc_error(e)}", path=self.project.root) from None
-        return int(pushed or 0)
+        after = self.remote_sizes(by_md5, name)
+        missing = dict(refused)
+        for md5, group in by_md5.items():
+            for item in group:
+                got = after[md5]
+                if item.checkpoint in missing or got == item.size:
+                    continue
+                if got is not None:
+                    why = (
+                        f"the remote's object {md5} is {got:,} bytes, not the signed {item.size:,}"
+                    )
+                elif md5 in failed:
+                    why = f"DVC failed to upload the object {md5}"
+                else:
+                    why = (
+                        f"the object {md5} was not uploaded: DVC's cache here does not hold "
+                        "it as the signed data (see DVC's warning)"
+                    )
+                missing[item.checkpoint] = why
+        if missing:
+            first, why = next(iter(missing.items()))
+            more = f" (and {len(missing) - 1} other checkpoint(s))" if len(missing) > 1 else ""
+            raise PushIncomplete(
+                f"not in the DVC remote {name!r} after the push: {why}{more}",
+                path=first,
+                missing=missing,
+                uploaded=len(transferred),
+            )
+        return len(transferred)
 
     def discard(self, checkpoint: Path) -> None:
         """Remove a checkpoint that failed verification from the work tree and the cache,
@@ -126,11 +221,18 @@ class Storage:
         entry = read_dvc_file(dvc_file_for(checkpoint))
         checkpoint.unlink(missing_ok=True)
         if entry is not None:
-            cache_dir, _ = cache_settings(self.project)
+            cache_dir, _ = self.cache_settings()
             cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
 
     def fetch(
-        self, checkpoint: Path, *, md5: str, sha256: str, size: int, remote: str | None = None
+        self,
+        checkpoint: Path,
+        *,
+        md5: str,
+        sha256: str,
+        size: int,
+        remote: str | None = None,
+        replace: bool = False,
     ) -> None:
         """Fetch the object whose md5 a verified manifest records to ``checkpoint`` (the
         checkpoint's own path, beside its manifest), checking it before it becomes visible.
@@ -142,26 +244,33 @@ class Storage:
         md5 all match is the temporary put in place, never over anything (a file or a
         symbolic link at ``checkpoint`` is refused), and the object put into DVC's cache.
 
+        With ``replace`` (``kaudit pull --force``), a damaged copy at ``checkpoint`` is
+        replaced once the signed bytes are checked in a temporary: its name is renamed
+        over, never its bytes written into (a hard link may share them with DVC's cache
+        or another checkpoint); a cache object that is not the signed data is unlinked.
+
         Raises TamperedData (exit 1) if the remote's object is not the signed data, and
         StorageError (exit 2) if it is not in the remote, the remote is unreachable, or
-        ``checkpoint`` exists; then nothing has been written.
+        ``checkpoint`` exists (without ``replace``); then nothing has been written.
         """
-        failed = self.fetch_many([FetchItem(checkpoint, md5, sha256, size)], remote)
+        failed = self.fetch_many(
+            [FetchItem(checkpoint, md5, sha256, size)], remote, replace=replace
+        )
         if failed:
             raise failed[checkpoint]
 
     def fetch_many(
-        self, items: Iterable[FetchItem], remote: str | None = None
+        self, items: Iterable[FetchItem], remote: str | None = None, *, replace: bool = False
     ) -> dict[Path, Error]:
         """:meth:`fetch` each item, opening the remote once (and giving up on it for the
         rest once it proves unreachable); return the error of each checkpoint not fetched.
         """
-        cache_dir, types = cache_settings(self.project)
+        cache_dir, types = self.cache_settings()
         source = RemoteSource(self._open_remote, remote)
         failed: dict[Path, Error] = {}
         for item in dict.fromkeys(items):
             try:
-                fetch_one(item, cache_dir, types, source)
+                fetch_one(item, cache_dir, types, source, replace=replace)
             except Error as e:
                 failed[item.checkpoint] = e
         return failed

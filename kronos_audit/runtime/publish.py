@@ -31,7 +31,7 @@ from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state
+from kronos_audit.provenance import git_state, patch_note
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
     ReplayInstruction,
@@ -188,6 +188,9 @@ class SignedPublisher:
         # The code this process runs is what it loaded now, whatever the checkout
         # becomes. Read before anything is written: a refused diff leaves nothing.
         self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
+        note = patch_note(self._git)
+        if note is not None:
+            log.warning("run %r: %s", self.run_id, note)
 
     def policy(self, asked: SavePolicy) -> SavePolicy:
         return asked

@@ -217,6 +217,22 @@ def test_snapshot_prints_the_manifest_path_and_records_the_options(
     assert run_cli("verify", str(path)).exit_code == 0
 
 
+def test_snapshot_of_a_dirty_tree_names_the_patch_to_commit_once(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (project.root / "solver.py").write_text("print('solve faster')\n")  # uncommitted
+    result = run_cli("snapshot", str(checkpoint), "--run", "run1", "--step", "1")
+    assert result.exit_code == 0, result.output
+    digest = read_manifest(manifest_path_for(checkpoint)).record.git.patch_sha256
+    assert digest is not None
+    name = f".kaudit/patches/{digest}.patch"
+    assert (project.root / name).is_file()
+    assert [line for line in result.stderr.splitlines() if name in line] == [
+        f"kaudit: note: uncommitted changes recorded as {name}: commit it with the "
+        "manifests, or `kaudit push` them to the DVC remote, for a replay elsewhere"
+    ]
+
+
 def test_snapshot_with_two_keys_and_no_choice_names_both(
     project: Project, key: SigningKey, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

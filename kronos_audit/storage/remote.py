@@ -226,7 +226,10 @@ def check_credentials_bound(config: Any, name: str, root: Path) -> None:
     The message names the remote, both URLs (credentials masked) and how to accept the
     new URL; it never shows a secret.
     """
-    levels = {level: config.read(level)["remote"].get(name) or {} for level in config.files}
+    try:
+        levels = {level: config.read(level)["remote"].get(name) or {} for level in config.files}
+    except Exception as e:  # a config file DVC cannot parse: name it and stop
+        raise StorageError(f"cannot read DVC's config: {dvc_error(e)}", path=root) from None
     effective = config["remote"].get(name, {}).get("url")
     tracked = levels.get("repo", {}).get("url")
     for level in _CREDENTIAL_LEVELS:

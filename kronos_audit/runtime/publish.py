@@ -30,7 +30,7 @@ from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state
+from kronos_audit.provenance import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
@@ -197,6 +197,9 @@ class SignedPublisher:
         # kept: tracking each checkpoint on the background path must not read them again,
         # and a cache.dir refused (see cache_settings) stops the run before any step.
         self._cache = cache_settings(self._project)
+        note = patch_note(self._git)
+        if note is not None:
+            log.warning("run %r: %s", self.run_id, note)
 
     def policy(self, asked: SavePolicy) -> SavePolicy:
         return asked

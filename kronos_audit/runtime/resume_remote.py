@@ -39,6 +39,7 @@ from kronos_audit.manifest import (
     read_signed_file,
 )
 from kronos_audit.project import Project
+from kronos_audit.provenance import PATCH_LIMIT, patch_name, patch_path
 from kronos_audit.runtime.protocol import checkpoint_name
 from kronos_audit.storage import runs
 from kronos_audit.storage.remote import Storage
@@ -66,8 +67,40 @@ def step_of_manifest_name(name: str) -> int | None:
 
 
 def push_manifest(files: RunFiles, manifest: Path) -> None:
-    """Put a run's local manifest in its remote directory, under its own name."""
-    files.put(manifest.name, read_signed_file(manifest))
+    """Put a run's local manifest in its remote directory, under its own name, after the
+    uncommitted patch it records (:func:`push_patch`)."""
+    data = read_signed_file(manifest)
+    push_patch(files, parse_manifest(data, manifest))
+    files.put(manifest.name, data)
+
+
+def push_patch(files: RunFiles, manifest: Manifest) -> bool:
+    """Put the uncommitted patch ``manifest`` records (``.kaudit/patches/<sha256>.patch``)
+    in the run's remote directory under the same name, so that a replay in a clone that
+    lacks it can fetch it; return whether it was sent (once per ``files``).
+
+    What is sent is exactly the bytes whose sha256 the manifest records: a local patch
+    that is not (altered) is refused with StorageError, and nothing is sent. One that is
+    not here (a clone where it was never committed) is logged and skipped: the remote
+    may hold it from where the run ran."""
+    digest = manifest.record.git.patch_sha256
+    if digest is None:
+        return False
+    path = patch_path(files.storage.project.root, digest)
+    try:
+        data = read_regular(path, PATCH_LIMIT, follow_symlinks=False)
+    except UnsafeFile as e:
+        if not e.missing:
+            raise StorageError(
+                f"the recorded patch is not sent: it {e.reason}", path=path
+            ) from None
+        log.warning("%s: its recorded patch %s is not here: not pushed", manifest.path, path.name)
+        return False
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise StorageError(
+            "the patch is not the one its manifest records (altered): not sent", path=path
+        )
+    return files.put_once(patch_name(digest), data)
 
 
 def push_manifests(storage: Storage, manifests: list[Path], remote: str | None = None) -> int:
@@ -326,5 +359,6 @@ __all__ = [
     "RemoteResume",
     "push_manifest",
     "push_manifests",
+    "push_patch",
     "step_of_manifest_name",
 ]

@@ -35,6 +35,7 @@ records the git state, and sends the key's public half to the others, which veri
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import uuid
@@ -65,7 +66,7 @@ from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state
+from kronos_audit.provenance import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
@@ -313,6 +314,11 @@ class ShardedPublisher:
                 self._git = git_state(
                     self._project.root, allow_secret_files=self.allow_secret_files
                 )
+                note = patch_note(self._git)
+                if note is not None:
+                    logging.getLogger("kronos_audit.runtime").warning(
+                        "run %r: %s", self.run_id, note
+                    )
                 public = self._key.private_key.public_key().public_bytes_raw()
                 # DVC's cache settings, once: tracking each step must not read them again.
                 self._cache = cache_settings(self._project)

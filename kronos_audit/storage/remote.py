@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal import git
-from kronos_audit._internal.secrets import SplitURL, split_credentials
+from kronos_audit._internal.secrets import SplitURL, is_secret_param, redact, split_credentials
 from kronos_audit.errors import Error, PushIncomplete, StorageError
 from kronos_audit.project import Project
 from kronos_audit.storage._dvc import (
@@ -74,6 +75,9 @@ class Storage:
             )
         if chosen not in self.repo.config["remote"]:
             raise StorageError(f"no DVC remote named {chosen!r}", path=self.project.root)
+        # Every remote operation of kaudit names its remote here first: the one place
+        # where credentials are checked against the URL they were given for.
+        check_credentials_bound(self.repo.config, str(chosen), self.project.root)
         return str(chosen)
 
     def _odb(self, remote: str | None) -> Any:
@@ -285,10 +289,97 @@ class Storage:
 _CREDENTIAL_OPTIONS = frozenset({"ssh", "http", "https", "webdav", "webdavs"})
 # What configure_remote puts in the local config, and so replaces there.
 _CREDENTIAL_KEYS = frozenset({"url", "user", "password", "auth"})
+# Remote options that hold or unlock a credential without being named like one.
+_MORE_CREDENTIAL_OPTIONS = frozenset({"access_key_id", "connection_string", "credentialpath"})
+# The configuration levels that can hold a remote's credentials, in DVC's merge order
+# (later wins). The repository's own `.dvc/config` is not one: anyone who can commit
+# writes it, so whatever it holds is not the owner's secret.
+_CREDENTIAL_LEVELS = ("system", "global", "local")
+
+
+def _is_credential(option: str) -> bool:
+    return is_secret_param(option) or option in _MORE_CREDENTIAL_OPTIONS
+
+
+def _comparable(url: str) -> tuple[str, ...]:
+    """``url`` as compared for binding: without credentials, scheme and host in lower
+    case, the default port and a trailing ``/`` not mattering."""
+    public = split_credentials(url).public
+    if "://" not in public:
+        return ("", public.rstrip("/"))
+    parts = urllib.parse.urlsplit(public)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return (
+        parts.scheme.lower(),
+        (parts.hostname or "").lower(),
+        str(port or ""),
+        (parts.username or ""),
+        parts.path.rstrip("/"),
+        parts.query,
+    )
+
+
+def check_credentials_bound(config: Any, name: str, root: Path) -> None:
+    """Refuse to use remote ``name`` if any credential for it would go elsewhere than the
+    URL it was given for.
+
+    A credential kept outside the tracked ``.dvc/config`` (DVC's local, global or system
+    config) counts only beside a ``url`` in the same file, the URL it is bound to (what
+    ``kaudit init --remote`` writes). StorageError (exit 2), before DVC opens any
+    connection, when such a file holds a credential but no URL, or when the URL DVC would
+    connect to, or the one the tracked ``.dvc/config`` names, is not that bound URL: a
+    commit that only changes the URL must not send the owner's password to its host.
+    The message names the remote, both URLs (credentials masked) and how to accept the
+    new URL; it never shows a secret.
+    """
+    try:
+        levels = {level: config.read(level)["remote"].get(name) or {} for level in config.files}
+    except Exception as e:  # a config file DVC cannot parse: name it and stop
+        raise StorageError(f"cannot read DVC's config: {dvc_error(e)}", path=root) from None
+    effective = config["remote"].get(name, {}).get("url")
+    tracked = levels.get("repo", {}).get("url")
+    for level in _CREDENTIAL_LEVELS:
+        options = levels.get(level, {})
+        if not any(_is_credential(k) for k in options):
+            continue
+        where = _level_file(config, level, root)
+        bound = options.get("url")
+        if bound is None:
+            raise StorageError(
+                f"DVC remote {name!r}: its credentials in {where} are bound to no URL, so "
+                "kaudit does not send them: bind them to the URL they are for with "
+                f"`dvc remote modify --{level} {name} url URL` (or give them again with "
+                "`kaudit init --remote URL`)",
+                path=root,
+            )
+        for other, what in ((effective, "DVC would connect to"), (tracked, ".dvc/config names")):
+            if other is not None and _comparable(other) != _comparable(bound):
+                raise StorageError(
+                    f"DVC remote {name!r}: {what} {redact(str(other))}, but its credentials "
+                    f"in {where} are for {redact(str(bound))}, so kaudit does not send them "
+                    "there; if the new URL is right, give its credentials with `kaudit init "
+                    f"--remote NEWURL` (or `dvc remote modify --{level} {name} url NEWURL`)",
+                    path=root,
+                )
+
+
+def _level_file(config: Any, level: str, root: Path) -> str:
+    path = Path(config.files[level])
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def _local_credentials(split: SplitURL) -> dict[str, str]:
-    """What goes to DVC's local config (``.dvc/config.local``) for ``split``'s remote."""
+    """What goes to DVC's local config (``.dvc/config.local``) for ``split``'s remote.
+
+    Credentials always go with the URL they were given for (``url``, which then also
+    overrides the tracked one): :func:`check_credentials_bound` refuses to send them to
+    any other."""
     if not split.has_secret:
         return {}
     if split.secret_params or split.scheme not in _CREDENTIAL_OPTIONS:
@@ -296,7 +387,7 @@ def _local_credentials(split: SplitURL) -> dict[str, str]:
         # remote type without a user/password option: DVC has no option to hold it, so the
         # whole URL stays in the local config, overriding the public one.
         return {"url": split.url}
-    options: dict[str, str] = {}
+    options: dict[str, str] = {"url": split.public}
     if split.user is not None:
         options["user"] = split.user
     if split.password is not None or (split.user is not None and split.scheme != "ssh"):
@@ -347,6 +438,14 @@ def _make_private(path: Path) -> None:
         os.close(fd)
 
 
+def _remote_type(url: str | None) -> str:
+    """What DVC's schema checks a remote's options against: its URL's scheme."""
+    if url is None:
+        return ""
+    scheme = split_credentials(url).scheme
+    return {"https": "http", "webdavs": "webdav"}.get(scheme, scheme)
+
+
 def configure_remote(project: Project, url: str, name: str = "storage") -> None:
     """Make ``url`` the repository's default DVC remote (``dvc remote add -d -f``).
 
@@ -354,7 +453,15 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
     URL goes to DVC's local config (``.dvc/config.local``, git-ignored, mode 0600) as the
     remote's ``user``/``password`` options (ssh, http(s), webdav), or, for a token DVC
     has no option for (a query-string token), as the whole URL overriding the public one
-    there. DVC merges the two when it connects. Error messages never show the secret.
+    there. Either way the URL goes beside them, binding them to it
+    (:func:`check_credentials_bound`). DVC merges the two when it connects. Error
+    messages never show the secret.
+
+    Replacing a remote replaces its credentials and URL in the local config: an earlier
+    password is never left to be sent to the new URL. The user's other local options of
+    that remote stay while the remote's type stays; a remote of another type (ssh to a
+    directory, say) takes none of them, since DVC's schema would refuse them. Nothing is
+    changed unless the whole configuration validates afterwards.
     """
     from dvc.repo import Repo
 
@@ -367,26 +474,33 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
         repo = Repo(str(project.root))
         before = repo.config.read("repo")
         previous = before["remote"].get(name), before["core"].get("remote")
-        with repo.config.edit() as conf:
-            conf["remote"][name] = {"url": split.public}
-            conf["core"]["remote"] = name
+        previous_local = repo.config.read("local")["remote"].get(name)
+        local_existed = os.path.lexists(local_path)
         try:
-            # The remote's credentials and URL in the local config are always replaced: an
-            # earlier remote's URL there would override this one, and its password would
-            # be sent to this one's host. Options such as `keyfile` stay.
-            if local or name in repo.config.read("local")["remote"]:
+            if local or previous_local is not None:
                 if local:
                     _make_private(local_path)
-                with repo.config.edit("local") as conf:
+                old_type = _remote_type(
+                    (previous_local or {}).get("url") or (previous[0] or {}).get("url")
+                )
+                same_type = old_type == _remote_type(split.public)
+                # Not validated yet: the old credentials may not fit the new remote's
+                # type until they are gone (and the new ones until its URL is in).
+                with repo.config.edit("local", validate=False) as conf:
                     kept = {
                         k: v
                         for k, v in conf["remote"].pop(name, {}).items()
-                        if k not in _CREDENTIAL_KEYS
+                        if same_type and k not in _CREDENTIAL_KEYS and not _is_credential(k)
                     }
                     if kept or local:
                         conf["remote"][name] = kept | local
+            with repo.config.edit(validate=False) as conf:
+                conf["remote"][name] = {"url": split.public}
+                conf["core"]["remote"] = name
+            repo.config.validate(repo.config.load_config_to_level())
         except Exception:
-            with repo.config.edit(validate=False) as conf:  # leave no remote half-added
+            # Leave no remote half-added, nor the old one's credentials half-removed.
+            with repo.config.edit(validate=False) as conf:
                 for section, key, value in (
                     ("remote", name, previous[0]),
                     ("core", "remote", previous[1]),
@@ -395,6 +509,14 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
                         conf[section].pop(key, None)
                     else:
                         conf[section][key] = value
+            if not local_existed:
+                local_path.unlink(missing_ok=True)
+            elif local_path.is_file() and not local_path.is_symlink():
+                with repo.config.edit("local", validate=False) as conf:
+                    if previous_local is None:
+                        conf["remote"].pop(name, None)
+                    else:
+                        conf["remote"][name] = previous_local
             raise
     except StorageError:
         raise

@@ -59,12 +59,12 @@ from kronos_audit.manifest import (
     read_signed_file,
 )
 from kronos_audit.project import Project, find_project
+from kronos_audit.targets import ATTESTATION_SUFFIX, expand_targets
 from kronos_audit.trust import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
 
 if TYPE_CHECKING:
     from kronos_audit.storage import Storage  # imported when a fetch is needed
 
-ATTESTATION_SUFFIX = ".replay.json"
 SIZE_SLACK = 64 * 1024 * 1024
 """A checkpoint larger than twice its signed size plus this fails without being read."""
 
@@ -996,18 +996,11 @@ def _inside(root: Path, relative: str) -> Path | None:
 
 
 def expand_manifest_args(paths: list[Path]) -> list[Path]:
-    """Manifests and attestations named directly, and every manifest (``*.kaudit.json``)
-    and attestation (``*.replay.json``) inside a directory named, by name."""
-    out: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found = sorted({*p.rglob("*" + MANIFEST_SUFFIX), *p.rglob("*" + ATTESTATION_SUFFIX)})
-            if not any(f.name.endswith(MANIFEST_SUFFIX) for f in found):
-                raise ManifestError("no manifest (*.kaudit.json) in this directory", path=p)
-            out.extend(found)
-        else:
-            out.append(p)
-    return out
+    """Manifests and attestations named directly, the manifest beside each checkpoint or
+    in each sharded step's directory named, and every manifest (``*.kaudit.json``) and
+    attestation (``*.replay.json``) inside a directory named, by name
+    (:func:`kronos_audit.targets.expand_targets`)."""
+    return expand_targets(paths)
 
 
 def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:

@@ -27,19 +27,19 @@ _COLOURS = {
 
 
 def _manifests(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
-    """The manifests named (directories expanded; none: every manifest in the repository)."""
-    from kronos_audit.manifest import MANIFEST_SUFFIX
+    """The manifests named: run directories expanded, a checkpoint or a sharded step's
+    directory taken for its manifest, attestations passed over (they record a replay, not
+    a checkpoint); none named: every manifest in the repository."""
     from kronos_audit.project import find_project
-    from kronos_audit.verify import expand_manifest_args
+    from kronos_audit.targets import expand_targets, statements_in
 
     project = find_project(targets[0] if targets else Path.cwd()).require_initialized()
     if targets:
-        return project, expand_manifest_args(list(targets))
-    found = sorted(
-        p
-        for p in project.root.rglob("*" + MANIFEST_SUFFIX)
-        if not {".git", ".dvc"} & set(p.relative_to(project.root).parts)
-    )
+        found = expand_targets(list(targets), attestations=False)
+        if not found:
+            raise UsageError("no manifest (*.kaudit.json) named", path=targets[0])
+        return project, found
+    found = list(statements_in(project.root).manifests)
     if not found:
         raise UsageError("no manifest (*.kaudit.json) in this repository", path=project.root)
     return project, found

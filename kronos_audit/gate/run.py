@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -12,11 +11,10 @@ from kronos_audit.errors import Error
 from kronos_audit.gate.config import GateConfig, GateConfigError, load_config
 from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
 from kronos_audit.gate.sampling import Segment, sample
-from kronos_audit.manifest import MANIFEST_SUFFIX
 from kronos_audit.project import Project, find_project
+from kronos_audit.targets import is_statement, statements_in
 from kronos_audit.trust import TrustedKey, TrustOptions, load_keyring
 from kronos_audit.verify import (
-    ATTESTATION_SUFFIX,
     StatementKind,
     Verifier,
     VerifyResult,
@@ -29,23 +27,10 @@ REPLAY_PHASE = "gate: replay segments"
 
 
 def _statements(directory: Path) -> list[Path]:
-    """The manifests and attestations directly in ``directory``, by name."""
-    return sorted(
-        p
-        for p in directory.iterdir()
-        if p.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX)) and p.is_file()
-    )
-
-
-def _every_run(root: Path) -> list[Path]:
-    """Every directory of the work tree holding a manifest (hidden directories such as
-    .git, .dvc and .kaudit skipped; symbolic links not followed)."""
-    found: list[Path] = []
-    for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if any(f.endswith(MANIFEST_SUFFIX) for f in files):
-            found.append(Path(top))
-    return found
+    """The manifests and attestations under ``directory``, by name (see
+    :func:`kronos_audit.targets.statements_in`)."""
+    found = statements_in(directory)
+    return sorted((*found.manifests, *found.attestations))
 
 
 def discover(project: Project, config: GateConfig) -> list[Path]:
@@ -53,8 +38,7 @@ def discover(project: Project, config: GateConfig) -> list[Path]:
     root = project.root
     chosen: dict[Path, None] = {}
     if not config.runs:
-        for directory in _every_run(root):
-            chosen.update(dict.fromkeys(_statements(directory)))
+        chosen.update(dict.fromkeys(_statements(root)))
         if not chosen:
             raise GateConfigError("no manifest (*.kaudit.json) in this repository", path=root)
         return list(chosen)
@@ -67,12 +51,11 @@ def discover(project: Project, config: GateConfig) -> list[Path]:
             )
         before = len(chosen)
         for match in sorted(root.glob(pattern)):
+            if any(part.startswith(".") for part in match.relative_to(root).parts):
+                continue  # .git, .dvc, .kaudit, kaudit's own hidden files
             if match.is_dir():
-                for directory in [match, *(d for d in sorted(match.rglob("*")) if d.is_dir())]:
-                    if any(part.startswith(".") for part in directory.relative_to(root).parts):
-                        continue
-                    chosen.update(dict.fromkeys(_statements(directory)))
-            elif match.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX)):
+                chosen.update(dict.fromkeys(_statements(match)))
+            elif is_statement(match) and match.is_file():
                 chosen[match] = None
         if len(chosen) == before:
             raise GateConfigError(

@@ -120,6 +120,9 @@ class Check:
     ``ok`` False it had to be made (the newest checkpoint's data, say) and could not be."""
     dataset: str | None = None
     """For a :attr:`CheckName.DATASET` check, the dataset's path (``/fields/u``); else None."""
+    pruned: bool = False
+    """Skipped because a signed retention record prunes the data (``pruned``, the word
+    every command uses for it)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CheckName(self.kind))
@@ -184,6 +187,11 @@ class VerifyResult:
     def data_checked(self) -> bool:
         """The checkpoint's bytes were hashed and compared with the signed digests."""
         return any(c.kind is CheckName.FILE_DIGEST and not c.skipped for c in self.checks)
+
+    @property
+    def data_pruned(self) -> bool:
+        """The checkpoint's data is gone on purpose: a signed retention record prunes it."""
+        return any(c.kind is CheckName.FILE_DIGEST and c.pruned for c in self.checks)
 
     @property
     def data_corrupt(self) -> bool:
@@ -476,12 +484,14 @@ class Verifier:
                 f"data pruned (signed record in {pruner.name}), and this is the newest "
                 f"checkpoint of run {manifest.run!r} verified here: its data was never checked",
                 skipped=True,  # not made, and a failure: the summary must not count it
+                pruned=True,
             )
         return Check(
             CheckName.FILE_DIGEST,
             True,
             f"data pruned by retention (signed record in {pruner.name}): not checked",
             skipped=True,
+            pruned=True,
         )
 
     def fetch_data(self, manifest: Manifest) -> None:

@@ -21,6 +21,7 @@ _COLOURS = {
     "local": "yellow",
     "pushed": "green",
     "remote-only": "cyan",
+    "pruned": "blue",
     "missing": "red",
     "corrupt": "red",
 }
@@ -172,6 +173,7 @@ def pull(
 @click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
 @REMOTE_OPTION
 @click.option("--local-only", is_flag=True, help="Do not ask the remote.")
+@trust_options
 @json_option("Print each checkpoint's place as JSON.")
 @click.pass_context
 def status_command(
@@ -179,9 +181,17 @@ def status_command(
     targets: tuple[Path, ...],
     remote: str | None,
     local_only: bool,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
     as_json: bool,
 ) -> None:
-    """Where each checkpoint is: local / pushed / remote-only / missing / corrupt.
+    """Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local /
+    pushed / remote-only / pruned / missing / corrupt.
+
+    Pruned: not here, and a later manifest of its run, whose signature verifies under the
+    trust options (as for `kaudit verify`), records pruning it. Nothing else is verified:
+    that is `kaudit verify`.
 
     Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
 
@@ -192,7 +202,8 @@ def status_command(
     from kronos_audit.status import status
 
     project, manifests = _manifests(targets)
-    entries = status(project, manifests, remote, check_remote=not local_only)
+    trust = trust_from(trusted_keys, trust_ref, require_anchor)
+    entries = status(project, manifests, remote, check_remote=not local_only, trust=trust)
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kronos_audit.checkpoint.shards import INDEX_NAME
-from kronos_audit.errors import ManifestError, UsageError
+from kronos_audit.errors import ManifestError
 from kronos_audit.manifest import MANIFEST_SUFFIX, manifest_path_for
 
 ATTESTATION_SUFFIX = ".replay.json"
@@ -75,15 +75,16 @@ def resolve_target(path: Path) -> Path:
     for a checkpoint, the manifest beside it (``CKPT.kaudit.json``, also when the data is
     gone: pruned, or not pulled); for a sharded step's directory, its step manifest.
 
-    UsageError (naming the path) for a file or directory with no manifest there, or for a
-    name that is nothing here."""
+    ManifestError (naming the path) for a file or directory with no manifest there, or
+    for a name that is nothing here. Anything else that is not a regular file (a device,
+    a FIFO) is returned as named, for the bounded reader to refuse without opening it."""
     if is_statement(path):
         return path  # its reader says if it cannot be read
     if path.is_dir():
         step = path / STEP_MANIFEST
         if step.is_file():
             return step
-        raise UsageError(
+        raise ManifestError(
             f"a directory with no step manifest ({STEP_MANIFEST}) in it: name a manifest, "
             "a checkpoint or a sharded step's directory",
             path=path,
@@ -91,13 +92,15 @@ def resolve_target(path: Path) -> Path:
     beside = manifest_path_for(path)
     if beside.is_file():
         return beside
+    if os.path.lexists(path) and not path.is_file():
+        return path  # /dev/zero, a FIFO: refused by what it is, unopened
     if os.path.lexists(path):
-        raise UsageError(
+        raise ManifestError(
             f"no manifest beside this file ({beside.name}): name a checkpoint kaudit "
             "signed, its manifest, or a run directory",
             path=path,
         )
-    raise UsageError("not found: no such run directory, checkpoint or manifest", path=path)
+    raise ManifestError("not found: no such run directory, checkpoint or manifest", path=path)
 
 
 def expand_targets(paths: Sequence[Path], *, attestations: bool = True) -> list[Path]:
@@ -105,8 +108,8 @@ def expand_targets(paths: Sequence[Path], *, attestations: bool = True) -> list[
     ``attestations``, every attestation) under a directory named (:func:`statements_in`,
     a sharded step's directory included), and for anything else :func:`resolve_target`.
 
-    Raises before anything is read: ManifestError for a directory with no manifest under
-    it, UsageError for a name with no manifest (see :func:`resolve_target`)."""
+    Raises ManifestError before anything is read: for a directory with no manifest under
+    it, or a name with no manifest (see :func:`resolve_target`)."""
     out: list[Path] = []
     for p in paths:
         if p.is_dir():  # a run's directory, or a sharded step's

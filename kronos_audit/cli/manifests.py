@@ -529,8 +529,9 @@ def show(manifest: Path, as_json: bool) -> None:
       kaudit show checkpoints/heat/step-00000200.h5.kaudit.json
     """
     from kronos_audit.manifest import read_manifest
+    from kronos_audit.targets import resolve_target
 
-    m = read_manifest(manifest)
+    m = read_manifest(resolve_target(manifest))
     if as_json:
         # ensure_ascii: control characters in names come out as \u escapes, never raw.
         click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))

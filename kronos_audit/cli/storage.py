@@ -24,25 +24,26 @@ _COLOURS = {
     "local": "yellow",
     "pushed": "green",
     "remote-only": "cyan",
+    "pruned": "blue",
     "missing": "red",
     "corrupt": "red",
 }
 
 
 def _manifests(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
-    """The manifests named (directories expanded; none: every manifest in the repository)."""
-    from kronos_audit.manifest import MANIFEST_SUFFIX
+    """The manifests named: run directories expanded, a checkpoint or a sharded step's
+    directory taken for its manifest, attestations passed over (they record a replay, not
+    a checkpoint); none named: every manifest in the repository."""
     from kronos_audit.project import find_project
-    from kronos_audit.verify import expand_manifest_args
+    from kronos_audit.targets import expand_targets, statements_in
 
     project = find_project(targets[0] if targets else Path.cwd()).require_initialized()
     if targets:
-        return project, expand_manifest_args(list(targets))
-    found = sorted(
-        p
-        for p in project.root.rglob("*" + MANIFEST_SUFFIX)
-        if not {".git", ".dvc"} & set(p.relative_to(project.root).parts)
-    )
+        found = expand_targets(list(targets), attestations=False)
+        if not found:
+            raise UsageError("no manifest (*.kaudit.json) named", path=targets[0])
+        return project, found
+    found = list(statements_in(project.root).manifests)
     if not found:
         raise UsageError("no manifest (*.kaudit.json) in this repository", path=project.root)
     return project, found
@@ -346,6 +347,7 @@ def _replace(
 @click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
 @REMOTE_OPTION
 @click.option("--local-only", is_flag=True, help="Do not ask the remote.")
+@trust_options
 @json_option("Print each checkpoint's place as JSON.")
 @click.pass_context
 def status_command(
@@ -353,9 +355,17 @@ def status_command(
     targets: tuple[Path, ...],
     remote: str | None,
     local_only: bool,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
     as_json: bool,
 ) -> None:
-    """Where each checkpoint is: local / pushed / remote-only / missing / corrupt.
+    """Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local /
+    pushed / remote-only / pruned / missing / corrupt.
+
+    Pruned: not here, and a later manifest of its run, whose signature verifies under the
+    trust options (as for `kaudit verify`), records pruning it. Nothing else is verified:
+    that is `kaudit verify`.
 
     Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
 
@@ -366,7 +376,8 @@ def status_command(
     from kronos_audit.status import status
 
     project, manifests = _manifests(targets)
-    entries = status(project, manifests, remote, check_remote=not local_only)
+    trust = trust_from(trusted_keys, trust_ref, require_anchor)
+    entries = status(project, manifests, remote, check_remote=not local_only, trust=trust)
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1

@@ -17,9 +17,9 @@ from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
 from kronos_audit.gate.sampling import Segment, sample
 from kronos_audit.manifest import MANIFEST_SUFFIX
 from kronos_audit.project import Project, find_project
+from kronos_audit.targets import ATTESTATION_SUFFIX
 from kronos_audit.trust import PinnedRef, TrustedKey, TrustOptions, load_keyring
 from kronos_audit.verify import (
-    ATTESTATION_SUFFIX,
     StatementKind,
     Verifier,
     VerifyResult,
@@ -193,6 +193,8 @@ def _discover(project: Project, config: GateConfig) -> tuple[list[Path], list[Un
             )
         before = len(chosen) + len(refused)
         for match in sorted(root.glob(pattern)):
+            if any(part.startswith(".") for part in match.relative_to(root).parts):
+                continue  # .git, .dvc, .kaudit, kaudit's own hidden files
             if match.is_dir():
                 found, skipped = _walk(root, match)
                 chosen.update(dict.fromkeys(found))

@@ -247,6 +247,7 @@ def _verification(group: _Group, newest: int, max_failures: int) -> Verification
         total=len(results),
         passed=len(results) - len(failed),
         data_checked=sum(r.data_checked for r in results),
+        pruned=sum(r.data_pruned for r in results),
         failures=tuple(_row(group, r) for r in failed[:max_failures]),
         failures_not_listed=max(0, len(failed) - max_failures),
         newest=tuple(_row(group, r) for r in reversed(results[-newest:] if newest else [])),

@@ -186,6 +186,18 @@ def ensure_ignored(directory: Path, pattern: str) -> None:
     write_atomic(gitignore, (text + pattern + "\n").encode())
 
 
+def forget_ignored(directory: Path, patterns: Sequence[str]) -> None:
+    """Remove these exact lines from ``directory/.gitignore`` (none there: nothing changes)."""
+    gitignore = directory / ".gitignore"
+    try:
+        lines = gitignore.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return
+    kept = [line for line in lines if line not in set(patterns)]
+    if kept != lines:
+        write_atomic(gitignore, "".join(line + "\n" for line in kept).encode())
+
+
 def write_dvc_file(checkpoint: Path, md5: str, size: int) -> Path:
     """The ``.dvc`` file ``dvc add`` would write for this checkpoint."""
     path = dvc_file_for(checkpoint)

@@ -99,7 +99,7 @@ def test_a_program_declares_the_command_to_record(project: Project, key: Signing
 
 def test_a_declared_command_must_be_an_argv(project: Project, key: SigningKey) -> None:
     with pytest.raises(UsageError, match="list of strings"):
-        ka.Run("x", root=project.root / "checkpoints", command="python train.py")  # type: ignore[arg-type]
+        ka.Run("x", root=project.root / "checkpoints", command="python train.py")
 
 
 @pytest.mark.parametrize(

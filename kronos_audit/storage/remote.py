@@ -23,7 +23,13 @@ from kronos_audit._internal import git
 from kronos_audit._internal.secrets import SplitURL, split_credentials
 from kronos_audit.errors import Error, StorageError
 from kronos_audit.project import Project
-from kronos_audit.storage._dvc import dvc_error, object_path, quiet_dvc, remote_odb
+from kronos_audit.storage._dvc import (
+    dvc_error,
+    object_path,
+    quiet_dvc,
+    remote_odb,
+    transfer_failures,
+)
 from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one
 from kronos_audit.storage.tracking import (
     cache_object_path,
@@ -111,13 +117,18 @@ class Storage:
                 )
                 odb.fs.rm_file(object_path(odb, md5))
         try:
-            with quiet_dvc():
+            with quiet_dvc(), transfer_failures() as reasons:
                 pushed = self.repo.push(
                     targets=[str(dvc_file_for(c)) for c in checkpoints],
                     remote=self.remote_name(remote),
                 )
         except Exception as e:
-            raise StorageError(f"push failed: {dvc_error(e)}", path=self.project.root) from None
+            # DVC counts the files it failed to upload; why (a full or read-only remote)
+            # was in its lines for each, kept back so that the user reads one.
+            why = f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
+            raise StorageError(
+                f"push failed: {dvc_error(e)}{why}", path=self.project.root
+            ) from None
         return int(pushed or 0)
 
     def discard(self, checkpoint: Path) -> None:

@@ -47,7 +47,7 @@ from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
-from kronos_audit.storage.tracking import cache_settings, track
+from kronos_audit.storage.tracking import cache_settings, dvc_file_for, track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
@@ -133,6 +133,18 @@ def _steps_in(directory: Path) -> list[int]:
 def _move_into_place(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
     fsync_dir(final.parent)
+
+
+def _withdraw(final: Path) -> None:
+    """Take back a checkpoint whose publishing failed after its file was in place (the
+    DVC cache or the manifest could not be written: a full or read-only disk): no file
+    may stand under a checkpoint's name without its ``.dvc`` file and manifest. Best
+    effort: on a disk that refuses even this, the restart passes it over (no manifest)."""
+    for path in (dvc_file_for(final), final):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            log.warning("%s: left behind by a failed checkpoint (no manifest)", path)
 
 
 class SignedPublisher:
@@ -315,39 +327,43 @@ class SignedPublisher:
         digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
         assert digests.md5 is not None
         _move_into_place(tmp, final)
-        track(
-            project,
-            final,
-            digests.md5,
-            digests.size,
-            owned=True,
-            ignore_pattern="/step-*.h5",
-            settings=self._cache,
-        )
-        extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
-        scheduler = scheduler_record()
-        if scheduler is not None:  # which batch job wrote it: a chain may span requeues
-            extra["scheduler"] = scheduler.to_json_obj()
-        doomed = self.retention.doomed(self.directory, job.step)
-        if doomed:
-            # Retention is signed: the manifest that prunes names what it prunes, so a
-            # verifier can tell data deleted on purpose from data deleted by anyone.
-            extra["pruned"] = pruned_record(doomed)
-        self._parent = sign_checkpoint(
-            final,
-            digests,
-            project=project,
-            key=key,
-            run=self.run_id,
-            step=job.step,
-            seeds=[self.seed],
-            parent=self._parent,
-            command=list(self.command),
-            cwd=Path.cwd(),
-            attributes=self.attributes,
-            extra=extra,
-            git=self._git,
-        )
+        try:
+            track(
+                project,
+                final,
+                digests.md5,
+                digests.size,
+                owned=True,
+                ignore_pattern="/step-*.h5",
+                settings=self._cache,
+            )
+            extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
+            scheduler = scheduler_record()
+            if scheduler is not None:  # which batch job wrote it: a chain may span requeues
+                extra["scheduler"] = scheduler.to_json_obj()
+            doomed = self.retention.doomed(self.directory, job.step)
+            if doomed:
+                # Retention is signed: the manifest that prunes names what it prunes, so a
+                # verifier can tell data deleted on purpose from data deleted by anyone.
+                extra["pruned"] = pruned_record(doomed)
+            self._parent = sign_checkpoint(
+                final,
+                digests,
+                project=project,
+                key=key,
+                run=self.run_id,
+                step=job.step,
+                seeds=[self.seed],
+                parent=self._parent,
+                command=list(self.command),
+                cwd=Path.cwd(),
+                attributes=self.attributes,
+                extra=extra,
+                git=self._git,
+            )
+        except BaseException:
+            _withdraw(final)
+            raise
         prune(project, self.directory, [p.step for p in doomed])
         if self.push:
             self._push(project, FetchItem(final, digests.md5, digests.sha256, digests.size))

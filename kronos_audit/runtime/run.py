@@ -44,6 +44,7 @@ become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import traceback
@@ -60,7 +61,13 @@ from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.checkpoint import tree
 from kronos_audit.checkpoint.state import State, read_flat, require_mapping, unflatten
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
-from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.errors import (
+    CheckpointError,
+    Error,
+    ManifestError,
+    StorageError,
+    UsageError,
+)
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
@@ -86,6 +93,8 @@ from kronos_audit.runtime.sharded import (
 )
 from kronos_audit.signing import SigningKey
 
+H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
+"""How HDF5 quotes the system's error (errno's text) inside its own message."""
 RNG_GROUP = rng.GROUP
 RESERVED = (RNG_GROUP, LEDGER_GROUP)
 
@@ -658,11 +667,17 @@ class Run:
         tmp = self.directory / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         try:
             self._single().publish(job, tmp, final)
-        except (OSError, RuntimeError, CheckpointError) as e:  # h5py: some as RuntimeError
-            if isinstance(e, CheckpointError):
+        # h5py raises some as RuntimeError; the DVC cache and the manifest fail as
+        # StorageError and ManifestError (a full or read-only disk among them).
+        except (OSError, RuntimeError, CheckpointError, StorageError, ManifestError) as e:
+            if isinstance(e, Error):
                 reason = e.message
             elif isinstance(e, OSError) and e.strerror:
                 reason = e.strerror
+            elif found := H5_SYSTEM_ERROR.search(str(e)):
+                # HDF5's message is its stack of calls, over lines; the system's reason
+                # (a full disk, a read-only one) is what the user can act on.
+                reason = found.group(1)
             else:
                 reason = str(e).splitlines()[0]
             raise CheckpointError(

@@ -85,6 +85,51 @@ def quiet_dvc() -> Iterator[None]:
         yield
 
 
+TRANSFER_LOGGERS: tuple[str, ...] = (
+    "dvc_objects.fs.generic",
+    "dvc_data.hashfile.transfer",
+    "dvc_data.index.fetch",
+)
+"""The loggers on which DVC reports each file it failed to transfer (and then raises one
+error that only counts them)."""
+
+
+class _TransferFailures(logging.Filter):
+    """Keeps the reason of each failed transfer and drops DVC's line for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OSError) and error.strerror:
+            self.reasons.append(error.strerror)
+        elif error is not None:
+            self.reasons.append(dvc_error(error) if isinstance(error, Exception) else str(error))
+        else:
+            self.reasons.append(record.getMessage())
+        return False
+
+
+@contextlib.contextmanager
+def transfer_failures() -> Iterator[list[str]]:
+    """While the block runs, DVC's line for each file it fails to transfer is not
+    printed; its reason (``No space left on device``) is added to the list yielded, for
+    the one line kaudit says instead."""
+    keep = _TransferFailures()
+    loggers = [logging.getLogger(name) for name in TRANSFER_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(keep)
+    try:
+        yield keep.reasons
+    finally:
+        for logger in loggers:
+            logger.removeFilter(keep)
+
+
 def dvc_error(e: Exception) -> str:
     """The first line of a DVC (or file system) error, for a one-line message."""
     text = str(e).strip() or type(e).__name__

@@ -35,6 +35,7 @@ from kronos_audit.storage._dvc import (
     push_objects,
     quiet_dvc,
     remote_odb,
+    transfer_failures,
 )
 from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one, local_mismatch
 from kronos_audit.storage.tracking import (
@@ -184,11 +185,17 @@ class Storage:
         to_push = [
             m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
         ]
+        reasons: list[str] = []
         try:
-            with quiet_dvc():
+            # DVC's line for each file it fails to upload is kept back: why (a full or
+            # read-only remote) goes into the one line said for each checkpoint.
+            with quiet_dvc(), transfer_failures() as reasons:
                 transferred, failed = push_objects(self.repo, to_push, name)
         except Exception as e:
-            raise StorageError(f"push failed: {dvc_error(e)}", path=self.project.root) from None
+            why = f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
+            raise StorageError(
+                f"push failed: {dvc_error(e)}{why}", path=self.project.root
+            ) from None
         after = self.remote_sizes(by_md5, name)
         missing = dict(refused)
         for md5, group in by_md5.items():
@@ -201,7 +208,9 @@ class Storage:
                         f"the remote's object {md5} is {got:,} bytes, not the signed {item.size:,}"
                     )
                 elif md5 in failed:
-                    why = f"DVC failed to upload the object {md5}"
+                    why = f"DVC failed to upload the object {md5}" + (
+                        f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
+                    )
                 else:
                     why = (
                         f"the object {md5} was not uploaded: DVC's cache here does not hold "

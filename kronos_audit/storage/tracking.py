@@ -132,8 +132,12 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     """
     if obj.exists():
         return "present"  # same md5: the cache has these bytes already
-    obj.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        obj.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a full or read-only cache: say so, and which
+        raise _cache_failed(checkpoint, obj, e) from None
     tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
+    failed: OSError | None = None  # the last kind's failure: a full disk says so
     for kind in types:
         try:
             if kind == "reflink":
@@ -159,15 +163,28 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                     os.fsync(f.fileno())
             else:
                 continue
-        except OSError:
+        except OSError as e:
             tmp.unlink(missing_ok=True)
+            failed = e
             continue
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, obj)
+        try:
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, obj)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _cache_failed(checkpoint, obj, e) from None
         return kind
     why = "" if owned or "symlink" not in types else " (symlink would move this file)"
+    last = "" if failed is None else f": {failed.strerror or failed}"
     raise StorageError(
-        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}",
+        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}{last}",
+        path=checkpoint,
+    )
+
+
+def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:
+    return StorageError(
+        f"cannot put the checkpoint into DVC's cache at {obj.parent}: {e.strerror or e}",
         path=checkpoint,
     )
 

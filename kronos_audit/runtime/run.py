@@ -155,7 +155,10 @@ class Run:
         self._sharded: ShardedPublisher | None = None
         if (
             self.size > 1
-            or (self.replay is None and has_sharded_steps(Path(root) / self.run_id))
+            or (
+                self.replay is None
+                and has_sharded_steps(Path(root) / self.run_id, run_id, key, stacklevel=2)
+            )
             or (self.replay is not None and self.replay.sharded)
         ):
             # One rank continues a run that was written on several as it was written:

@@ -105,6 +105,12 @@ class Run:
     saves at the final step and on preemption). With ``allow_secret_files`` an
     uncommitted diff is recorded even when it carries a file that looks like a secret
     (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused.
+
+    :meth:`restore` never resumes from a checkpoint older than the newest one whose
+    manifest is committed in git (the data of newer steps lost here and in the remote):
+    it raises :class:`~kronos_audit.errors.RollbackRefused` naming both steps, unless
+    ``allow_rollback`` (or ``KAUDIT_ALLOW_ROLLBACK=1``) accepts it, which a log warning
+    then says.
     """
 
     def __init__(
@@ -123,6 +129,7 @@ class Run:
         push: bool = False,
         allow_secret_files: bool = False,
         comm: Any = None,
+        allow_rollback: bool = False,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -180,6 +187,7 @@ class Run:
                 retention=self.retention,
                 push=push,
                 allow_secret_files=allow_secret_files,
+                allow_rollback=allow_rollback,
             )
         )
         """Where the checkpoints go and what they become (signed, or a replay's output)."""

@@ -469,11 +469,14 @@ class ShardedPublisher:
         needs = {0}
         if self.rank < agreed.count:
             needs.add(self.rank)  # its generators and ledger
-        for r in agreed.layout.values():
-            if r.block is not None and r.shape is not None:
-                needs.update(
-                    p.old_index for p in plan(r.shape[r.block], agreed.count, self.size, self.rank)
-                )
+        # Planned once per length: the shards a block needs depend on nothing else, so
+        # many arrays of one length cost one plan, not one each.
+        for length in {
+            r.shape[r.block]
+            for r in agreed.layout.values()
+            if r.block is not None and r.shape is not None
+        }:
+            needs.update(p.old_index for p in plan(length, agreed.count, self.size, self.rank))
         return sorted(needs)
 
     def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:

@@ -193,11 +193,11 @@ def _step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: in
         manifest = verifier.cache.read(path)
     except Error as e:
         return one_line_reason(e)
-    if manifest.record.shards is None:
-        return "not a sharded step's manifest"
     signed = verifier.signature(manifest)
     if not signed.ok:
         return f"signature: {signed.detail}"
+    if manifest.record.shards is None:
+        return "not a sharded step's manifest"
     place = place_check(verifier.project, manifest)
     if not place.ok:
         return f"place: {place.detail}"

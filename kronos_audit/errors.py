@@ -57,6 +57,20 @@ class CheckpointError(Error):
         self.dataset = dataset
 
 
+class RollbackRefused(CheckpointError):
+    """Restore would resume from a checkpoint older than the newest one the repository
+    knows of (its committed manifests): refused unless the rollback is accepted."""
+
+    def __init__(
+        self, message: str, *, path: Path | str | None = None, known: int, available: int | None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.known = known
+        """The newest step the repository knows of."""
+        self.available = available
+        """The newest step that could be resumed from (None: none, the start)."""
+
+
 class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
 

@@ -39,7 +39,13 @@ from kronos_audit.runtime.protocol import (
     restart_count,
     step_of,
 )
-from kronos_audit.runtime.resume_remote import RemoteResume, push_manifest
+from kronos_audit.runtime.resume_remote import (
+    RemoteResume,
+    newest_known,
+    push_manifest,
+    refuse_rollback,
+    rollback_allowed,
+)
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
 from kronos_audit.runtime.scheduler import scheduler_record
 from kronos_audit.sign import sign_checkpoint
@@ -164,12 +170,14 @@ class SignedPublisher:
         push: bool,
         allow_secret_files: bool,
         command: Sequence[str] | None = None,
+        allow_rollback: bool = False,
     ) -> None:
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
         self._directory = directory
         self.seed = seed
+        self.allow_rollback = allow_rollback
         self.attributes = dict(attributes)
         self.retention = retention
         self.push = push
@@ -244,7 +252,11 @@ class SignedPublisher:
 
         When the run pushes, the manifests in the DVC remote count too: one newer than
         every valid local checkpoint that verifies is brought here (its chain's manifests
-        and its data) and taken."""
+        and its data) and taken.
+
+        Never older than the newest step whose manifest is committed in git (see
+        :func:`~kronos_audit.runtime.resume_remote.newest_known`): that is a
+        RollbackRefused, unless the rollback is accepted (``allow_rollback``)."""
         point = self.latest(stacklevel=4)
         if self.push:
             found = self._remote_resume().newest(
@@ -252,6 +264,14 @@ class SignedPublisher:
             )
             if found is not None:
                 point = ResumePoint(found.checkpoint, found.step)
+        project, _ = self._opened()
+        refuse_rollback(
+            self.run_id,
+            newest_known(project, self.directory, self.run_id, self._verifier()),
+            None if point is None else point.step,
+            allowed=rollback_allowed(self.allow_rollback),
+            path=self.directory,
+        )
         if point is not None:
             self._parent = read_manifest(manifest_path_for(point.path))
         return point

@@ -116,6 +116,12 @@ class Run:
     (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused. Manifests
     record ``command`` (an argv) as the command that re-runs a segment, by default
     ``python`` and ``sys.argv``; credential-looking arguments are recorded as ``***``.
+
+    :meth:`restore` never resumes from a checkpoint older than the newest one whose
+    manifest is committed in git (the data of newer steps lost here and in the remote):
+    it raises :class:`~kronos_audit.errors.RollbackRefused` naming both steps, unless
+    ``allow_rollback`` (or ``KAUDIT_ALLOW_ROLLBACK=1``) accepts it, which a log warning
+    then says.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class Run:
         allow_secret_files: bool = False,
         comm: Any = None,
         command: Sequence[str] | None = None,
+        allow_rollback: bool = False,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -167,7 +174,10 @@ class Run:
         self._sharded: ShardedPublisher | None = None
         if (
             self.size > 1
-            or (self.replay is None and has_sharded_steps(Path(root) / self.run_id))
+            or (
+                self.replay is None
+                and has_sharded_steps(Path(root) / self.run_id, run_id, key, stacklevel=2)
+            )
             or (self.replay is not None and self.replay.sharded)
         ):
             # One rank continues a run that was written on several as it was written:
@@ -190,6 +200,7 @@ class Run:
                 push=push,
                 allow_secret_files=allow_secret_files,
                 command=command,
+                allow_rollback=allow_rollback,
             )
         )
         """Where the checkpoints go and what they become (signed, or a replay's output)."""

@@ -52,6 +52,7 @@ import numpy as np
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
+    MAX_SHARDS,
     TREE_NAME,
     ShardRecord,
     shard_name,
@@ -76,7 +77,7 @@ from kronos_audit.sign import sign_sharded_step
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage.tracking import cache_settings, track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
-from kronos_audit.verify import Verifier
+from kronos_audit.verify import Verifier, place_check
 
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that
@@ -140,9 +141,72 @@ def _require_threads(comm: Comm) -> None:
         )
 
 
-def has_sharded_steps(directory: Path) -> bool:
-    """Whether ``directory`` (a run's) holds a sharded step with its manifest."""
-    return any(directory.glob(f"step-*/{INDEX_NAME}.kaudit.json"))
+def has_sharded_steps(
+    directory: Path, run_id: str, key: str | SigningKey | None, *, stacklevel: int
+) -> bool:
+    """Whether ``directory`` (run ``run_id``'s) holds a sharded step that counts: its step
+    manifest signed by an anchored key or the run's own (``key``), of this run and of the
+    step its directory names, in its place. Nothing else of it is read. Every candidate
+    that does not count is named, with why, in a CheckpointSkipped warning: an unsigned
+    file dropped in a run's directory decides nothing, not even the run's layout."""
+    from kronos_audit.runtime.publish import CheckpointSkipped
+
+    candidates = sorted(
+        (step, p)
+        for p in directory.glob(f"step-*/{INDEX_NAME}.kaudit.json")
+        if (step := _step_of_directory(p.parent.name)) is not None
+    )
+    if not candidates:
+        return False
+    verifier: Verifier | None = None
+    problem: str | None = None
+    try:
+        project = find_project(directory)
+        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
+        try:
+            own = key if isinstance(key, SigningKey) else select_key(key)
+            keyring.add(own.private_key.public_key(), "run", Anchor.USER, "the run's key")
+        except Error:
+            pass  # no key of its own to vouch: only an anchored signer counts
+        verifier = Verifier(project, keyring)
+    except Error as e:
+        problem = f"cannot be verified: {one_line_reason(e)}"
+    found = False
+    for step, path in reversed(candidates):
+        reason = (
+            problem if verifier is None else _step_manifest_problem(verifier, path, run_id, step)
+        )
+        if reason is None:
+            found = True
+            break
+        warnings.warn(
+            f"{path}: not counted as a sharded step: {reason}",
+            CheckpointSkipped,
+            stacklevel=stacklevel,
+        )
+    return found
+
+
+def _step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
+    """What is wrong with ``path`` as the step manifest of step ``step`` of run ``run_id``
+    (None: nothing), checking its signature and place before any other field is used."""
+    try:
+        manifest = verifier.cache.read(path)
+    except Error as e:
+        return one_line_reason(e)
+    signed = verifier.signature(manifest)
+    if not signed.ok:
+        return f"signature: {signed.detail}"
+    if manifest.record.shards is None:
+        return "not a sharded step's manifest"
+    place = place_check(verifier.project, manifest)
+    if not place.ok:
+        return f"place: {place.detail}"
+    if manifest.run != run_id:
+        return f"belongs to run {manifest.run!r}"
+    if manifest.step != step:
+        return f"its manifest signs step {manifest.step}, not step {step}"
+    return None
 
 
 # -- layouts -----------------------------------------------------------------------------
@@ -381,10 +445,16 @@ class ShardedPublisher:
         """What is wrong, for this rank, with step ``step`` (None: nothing)."""
         manifest = step_directory(self.directory, step) / f"{INDEX_NAME}.kaudit.json"
         try:
-            record = read_manifest(manifest).record
-            if record.shards is None:
-                return "not a sharded step's manifest", None
+            # Its signature and place first: no field of an unsigned manifest (a count of
+            # a million shards, a layout of a thousand arrays) plans or reads anything.
+            reason = _step_manifest_problem(verifier, manifest, self.run_id, step)
+            if reason is not None:
+                return reason, None
+            record = verifier.cache.read(manifest).record
+            assert record.shards is not None
             count = record.shards.count
+            if not 1 <= count <= MAX_SHARDS:
+                return f"declares {count:,} shards, more than {MAX_SHARDS:,}", None
             layout = parse_layout(record.shards.layout)
             agreed = Agreed(step, manifest, count, layout)
             first = True
@@ -411,11 +481,14 @@ class ShardedPublisher:
         needs = {0}
         if self.rank < agreed.count:
             needs.add(self.rank)  # its generators and ledger
-        for r in agreed.layout.values():
-            if r.block is not None and r.shape is not None:
-                needs.update(
-                    p.old_index for p in plan(r.shape[r.block], agreed.count, self.size, self.rank)
-                )
+        # Planned once per length: the shards a block needs depend on nothing else, so
+        # many arrays of one length cost one plan, not one each.
+        for length in {
+            r.shape[r.block]
+            for r in agreed.layout.values()
+            if r.block is not None and r.shape is not None
+        }:
+            needs.update(p.old_index for p in plan(length, agreed.count, self.size, self.rank))
         return sorted(needs)
 
     def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:

@@ -103,4 +103,5 @@ def test_diff_of_a_hostile_file_is_one_line(project: Project, tmp_path: Path, ki
         done = kaudit("diff", str(a), str(b), cwd=tmp_path)
         ended_cleanly(done)
         assert done.returncode == 2
-        assert "declares" in done.stderr and "/fields/u" in done.stderr, done.stderr
+        assert "declares" in done.stderr, done.stderr
+        assert "/fields/u" in done.stderr, done.stderr

@@ -33,17 +33,32 @@ def compare_files(
     cannot be read (naming the file and the dataset).
     """
     a, b = Path(a), Path(b)
+    with _open(a) as fa, _open(b) as fb:
+        return compare_open(fa, fb, a, b, policy, block_bytes=block_bytes)
+
+
+def compare_open(
+    fa: h5py.File,
+    fb: h5py.File,
+    a: Path,
+    b: Path,
+    policy: TolerancePolicy | None = None,
+    *,
+    block_bytes: int = BLOCK_BYTES,
+) -> Comparison:
+    """:func:`compare_files` of two files already open (``a`` and ``b`` name them in the
+    result and in errors): for a caller that verified what it opened and must compare
+    exactly that, never the names opened again."""
     policy = policy or TolerancePolicy()
     results: list[DatasetComparison] = []
-    with _open(a) as fa, _open(b) as fb:
-        in_a, in_b = _datasets(fa, a), _datasets(fb, b)
-        for name in sorted(set(in_a) | set(in_b)):
-            if name not in in_b:
-                results.append(_only(name, in_a[name], Verdict.ONLY_IN_A, policy))
-            elif name not in in_a:
-                results.append(_only(name, in_b[name], Verdict.ONLY_IN_B, policy))
-            else:
-                results.append(_compare_one(in_a[name], in_b[name], a, b, policy, block_bytes))
+    in_a, in_b = _datasets(fa, a), _datasets(fb, b)
+    for name in sorted(set(in_a) | set(in_b)):
+        if name not in in_b:
+            results.append(_only(name, in_a[name], Verdict.ONLY_IN_A, policy))
+        elif name not in in_a:
+            results.append(_only(name, in_b[name], Verdict.ONLY_IN_B, policy))
+        else:
+            results.append(_compare_one(in_a[name], in_b[name], a, b, policy, block_bytes))
     return Comparison(a, b, policy, tuple(results))
 
 

@@ -34,6 +34,7 @@ from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy,
 from kronos_audit.errors import BisectError, Error
 from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
 from kronos_audit.project import find_project
+from kronos_audit.targets import STEP_MANIFEST, resolve_target, statements_in
 from kronos_audit.trust import TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
@@ -204,9 +205,9 @@ class BisectResult:
 def head_manifest(path: Path | str) -> Manifest:
     """The manifest named, or the newest (highest step) manifest in the run directory named."""
     path = Path(path)
-    if not path.is_dir():
-        return read_manifest(path)
-    manifests = [read_manifest(p) for p in sorted(path.glob("*" + MANIFEST_SUFFIX))]
+    if not path.is_dir() or (path / STEP_MANIFEST).is_file():
+        return read_manifest(resolve_target(path))
+    manifests = [read_manifest(p) for p in statements_in(path).manifests]
     if not manifests:
         raise BisectError(
             f"no manifest (*{MANIFEST_SUFFIX}) in this directory: name a run directory "

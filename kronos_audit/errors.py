@@ -57,8 +57,44 @@ class CheckpointError(Error):
         self.dataset = dataset
 
 
+class RollbackRefused(CheckpointError):
+    """Restore would resume from a checkpoint older than the newest one the repository
+    knows of (its committed manifests): refused unless the rollback is accepted."""
+
+    def __init__(
+        self, message: str, *, path: Path | str | None = None, known: int, available: int | None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.known = known
+        """The newest step the repository knows of."""
+        self.available = available
+        """The newest step that could be resumed from (None: none, the start)."""
+
+
 class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
+
+
+class PushIncomplete(StorageError):
+    """A push ran, and afterwards the remote does not hold every object the pushed
+    manifests sign, at its signed size (a failed check: exit 1). ``missing`` names each
+    checkpoint whose object is not there, with why."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Path | str | None = None,
+        missing: dict[Path, str],
+        uploaded: int = 0,
+    ) -> None:
+        super().__init__(message, path=path)
+        self.missing = dict(missing)
+        """Each checkpoint whose object is not in the remote after the push, and why."""
+        self.uploaded = uploaded
+        """How many objects the push uploaded all the same."""
 
 
 class TamperedData(Error):

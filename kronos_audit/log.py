@@ -18,9 +18,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kronos_audit.errors import Error, ManifestError
-from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest
+from kronos_audit.errors import Error
+from kronos_audit.manifest import Manifest
 from kronos_audit.project import Project
+from kronos_audit.targets import expand_targets, statements_in
 from kronos_audit.trust import TrustOptions, load_keyring
 from kronos_audit.verify import ManifestCache, Verifier
 
@@ -118,21 +119,18 @@ class Log:
 
 
 def find_manifests(project: Project, targets: Sequence[Path] = ()) -> list[Path]:
-    """The manifests under ``targets`` (directories searched, files taken as named), or
-    every manifest in the repository (outside .git and .dvc)."""
-    roots = list(targets) or [project.root]
+    """The manifests under ``targets`` (directories searched, checkpoints and sharded
+    step directories taken for their manifests: :func:`kronos_audit.targets.expand_targets`),
+    or every manifest in the repository (hidden directories such as .git and .dvc skipped)."""
+    if not targets:
+        return list(statements_in(project.root).manifests)
     found: list[Path] = []
-    for target in roots:
+    for target in targets:
         if target.is_dir():
-            found += [
-                p
-                for p in target.rglob("*" + MANIFEST_SUFFIX)
-                if not {".git", ".dvc"} & set(p.relative_to(target).parts)
-            ]
-        elif target.exists() or target.name.endswith(MANIFEST_SUFFIX):
-            found.append(target)
+            # a run directory with no manifest yet shows no run, as before
+            found += statements_in(target).manifests
         else:
-            raise ManifestError("no such run directory or manifest", path=target)
+            found += expand_targets([target], attestations=False)
     return sorted(set(found))
 
 

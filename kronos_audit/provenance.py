@@ -261,8 +261,29 @@ environment = _Environment()
 """The environment lock of this process (cached; see :func:`environment_lock`)."""
 
 
+PATCH_LIMIT = 256 * 1024 * 1024
+"""Bytes of a recorded patch read at most (from the DVC remote, or to push it there)."""
+
+
+def patch_name(digest: str) -> str:
+    """The file name of the patch whose sha256 is ``digest``, here and in the remote."""
+    return f"{digest}.patch"
+
+
 def patch_path(repo_root: Path, digest: str) -> Path:
-    return repo_root / ".kaudit" / "patches" / f"{digest}.patch"
+    return repo_root / ".kaudit" / "patches" / patch_name(digest)
+
+
+def patch_note(record: GitRecord) -> str | None:
+    """What to tell the user once when ``record`` names an uncommitted patch (None when
+    the tree was clean): a replay elsewhere needs that file, so it must travel."""
+    if record.patch_sha256 is None:
+        return None
+    name = f".kaudit/patches/{patch_name(record.patch_sha256)}"
+    return (
+        f"uncommitted changes recorded as {name}: commit it with the manifests, or "
+        "`kaudit push` them to the DVC remote, for a replay elsewhere"
+    )
 
 
 # A PEM private key (RSA, EC, OpenSSH, PKCS#8, encrypted or not) in a changed text file,

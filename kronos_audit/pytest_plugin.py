@@ -32,11 +32,19 @@ StrPath = str | PathLike[str]
 
 
 def _trust(
-    trusted_keys: Sequence[StrPath], trust_ref: str | None, require_anchor: bool
+    trusted_keys: Sequence[StrPath],
+    trust_ref: str | None,
+    require_anchor: bool,
+    allow_unanchored: bool,
 ) -> TrustOptions:
     from kronos_audit.trust import TrustOptions
 
-    return TrustOptions(tuple(Path(k) for k in trusted_keys), trust_ref, require_anchor)
+    return TrustOptions(
+        tuple(Path(k) for k in trusted_keys),
+        trust_ref,
+        require_anchor,
+        allow_unanchored=allow_unanchored,
+    )
 
 
 def _g(x: float | None) -> str:
@@ -55,6 +63,7 @@ class KauditChecks:
         trusted_keys: Sequence[StrPath] = (),
         trust_ref: str | None = None,
         require_anchor: bool = False,
+        allow_unanchored: bool = False,
         fetch: bool = True,
     ) -> tuple[VerifyResult, ...]:
         """Every manifest (and replay attestation) in ``target`` (a run directory, a
@@ -67,7 +76,7 @@ class KauditChecks:
         paths = [target] if isinstance(target, str | PathLike) else list(target)
         results = verify(
             [Path(p) for p in paths],
-            trust=_trust(trusted_keys, trust_ref, require_anchor),
+            trust=_trust(trusted_keys, trust_ref, require_anchor, allow_unanchored),
             fetch=fetch,
         )
         failed = [
@@ -92,6 +101,7 @@ class KauditChecks:
         trusted_keys: Sequence[StrPath] = (),
         trust_ref: str | None = None,
         require_anchor: bool = False,
+        allow_unanchored: bool = False,
     ) -> ReplayResult:
         """The segment that produced ``manifest``'s checkpoint replays and agrees with
         it: bitwise, or within the tolerances given (``tol``: ``PATTERN:SPEC`` as for
@@ -105,7 +115,8 @@ class KauditChecks:
         path = Path(manifest)
         base = TolerancePolicy.from_config(find_project(path))
         policy = TolerancePolicy.from_options(rtol=rtol, atol=atol, ulp=ulp, tol=tol, base=base)
-        result = replay(path, policy=policy, trust=_trust(trusted_keys, trust_ref, require_anchor))
+        trust = _trust(trusted_keys, trust_ref, require_anchor, allow_unanchored)
+        result = replay(path, policy=policy, trust=trust)
         if not result.ok:
             lines = []
             for d in result.failures:

@@ -14,7 +14,7 @@ from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.project import find_project
-from kronos_audit.provenance import git_state, git_tracked
+from kronos_audit.provenance import git_state, git_tracked, patch_note
 from kronos_audit.sign import publish_manifest, sign_checkpoint
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage import track
@@ -31,13 +31,15 @@ class Snapshots(tuple[Manifest, ...]):
     def notes(self) -> tuple[str, ...]:
         """One line per checkpoint that is not an HDF5 file: its manifest signs the file's
         digest only, with no per-dataset hashes, so a comparison or a replay of it can
-        say only "identical" or "different", never which data differ."""
+        say only "identical" or "different", never which data differ; and one line when
+        the tree was dirty, naming the recorded patch a replay elsewhere needs."""
+        patch = patch_note(self[0].record.git) if self else None
         return tuple(
             f"{m.checkpoint_path}: not an HDF5 file: only its file digest is covered "
             "(no per-dataset hashes)"
             for m in self
             if m.datasets is None
-        )
+        ) + (() if patch is None else (patch,))
 
 
 def _check_checkpoint_file(path: Path) -> None:

@@ -15,15 +15,25 @@ anchor             where the key comes from
 ``user``           the verifier's own store, ``$KAUDIT_HOME/trusted-keys``
 =================  ==========================================================
 
-A key that only the work tree's ``.kaudit/trusted-keys`` vouches for is *unanchored*: it
-still verifies for the everyday case (your own clone), every result says so, and
-``require_anchor`` (implied by any anchor given on the command line) turns it into a
-failure.
+A key that only the work tree's ``.kaudit/trusted-keys`` vouches for is *unanchored*, and
+an unanchored signer fails by default. The everyday case stays smooth because the owner's
+own key is in their user trust store (``kaudit keys generate`` puts it there) and a
+colleague's is added once with ``kaudit keys trust --user``. The verifier, never the
+repository, can accept unanchored signers: ``allow_unanchored`` (``--allow-unanchored``), or
+``allow_unanchored = true`` in the ``[trust]`` section of ``$KAUDIT_HOME/config.toml``; each
+result then says the signer passed unanchored and who allowed it. An anchor given on the
+command line (``--trusted-key``, ``--trust-ref``) says whose word counts, so it overrides
+the user's config setting (not an explicit ``--allow-unanchored``).
 
 Revocations (``.kaudit/revocations/KEYID.json``, DSSE-signed statements) can only take
 trust away, so they are honoured wherever they are found, once a key of the keyring
-(an anchored one when anchors are required) has signed them: a revoked key's signatures
-made at or after the revocation time fail.
+(an anchored one when anchors are required) that was itself still valid at the time the
+revocation claims has signed them: a revoked key's signatures made at or after the
+revocation time fail, and a key revoked (or rotated away) revokes nothing after that.
+Without trusted timestamps, "when" is the time each signed record claims.
+
+``--trust-ref`` is resolved to exactly one fully qualified ref (:func:`resolve_ref`) and
+its commit, once; everything read at the ref is read at that commit.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import datetime as dt
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -50,6 +60,7 @@ from kronos_audit.signing import (
     SigningKey,
     StoreProblem,
     TrustStore,
+    kaudit_home,
     key_id,
     load_public_key,
     parse_envelope,
@@ -104,7 +115,9 @@ class TrustedKey:
     anchor: Anchor
     """The strongest source that holds it."""
     source: str
-    """Where: a file, or ``REF:path`` for a key read from a git ref."""
+    """Where: a file, or ``COMMIT:path`` for a key read from a git ref."""
+    ref: str | None = None
+    """For a key read at ``--trust-ref``: the full ref name it was resolved to."""
 
     @property
     def short_id(self) -> str:
@@ -116,6 +129,8 @@ class TrustedKey:
             return f"unanchored: only the repository's {TRUST_DIR} ({self.source}) vouches for it"
         if self.anchor is Anchor.USER:
             return f"anchor: user trust store ({self.source})"
+        if self.anchor is Anchor.TRUST_REF and self.ref is not None:
+            return f"anchor: {self.anchor.value} {self.ref} at {self.source}"
         return f"anchor: {self.anchor.value} {self.source}"
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -125,7 +140,33 @@ class TrustedKey:
             "anchor": self.anchor.value,
             "anchored": self.anchor.anchored,
             "source": self.source,
+            **({"ref": self.ref} if self.ref is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class PinnedRef:
+    """``--trust-ref`` resolved to exactly one ref and the commit it named then: what is
+    read at the ref is read at ``commit``, never by the name again."""
+
+    given: str
+    """The name as the verifier gave it."""
+    ref: str
+    """The one fully qualified ref it names (``refs/remotes/origin/main``), or the
+    commit id itself when a full commit id was given."""
+    commit: str
+    """The full id of the commit read."""
+    root: str
+    """The repository it was resolved in."""
+
+    def describe(self) -> str:
+        """``REF at COMMIT`` (or ``commit COMMIT``), for output."""
+        if self.ref == self.commit:
+            return f"commit {self.commit}"
+        return f"{self.ref} at {self.commit}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"given": self.given, "ref": self.ref, "commit": self.commit}
 
 
 @dataclass(frozen=True)
@@ -153,13 +194,74 @@ class TrustOptions:
     trust_ref: str | None = None
     """``--trust-ref REF``: honour the repository's store only as it is at REF."""
     require_anchor: bool = False
-    """``--require-anchor``: a signer only the work tree's store vouches for fails."""
+    """``--require-anchor``: a signer only the work tree's store vouches for fails, whatever
+    else allows it (the default already, unless the verifier allowed unanchored signers)."""
+    allow_unanchored: bool = False
+    """``--allow-unanchored``: a signer only the work tree's store vouches for passes,
+    reported as unanchored."""
+    pinned: PinnedRef | None = None
+    """``trust_ref`` already resolved (:meth:`pin`): every reader uses this commit."""
+
+    def pin(self, root: Path) -> TrustOptions:
+        """These options with ``trust_ref`` resolved once in the repository at ``root``
+        (see :func:`resolve_ref`), so that the trust store, the revocations and the gate's
+        configuration are all read at the same commit however the ref moves meanwhile.
+        Raises UsageError when the ref is ambiguous or names nothing."""
+        if self.trust_ref is None or self.pinned_in(root) is not None:
+            return self
+        return replace(self, pinned=resolve_ref(root, self.trust_ref))
+
+    def pinned_in(self, root: Path) -> PinnedRef | None:
+        """The pinned ref when it was resolved in the repository at ``root``."""
+        if self.pinned is None or self.pinned.given != self.trust_ref:
+            return None
+        return self.pinned if self.pinned.root == str(Path(root).resolve()) else None
+
+    def unanchored_allowed_by(self) -> str | None:
+        """Who allowed unanchored signers for this verification (for every result line),
+        or None: then a signer only the repository's own store vouches for fails."""
+        if self.require_anchor:
+            return None
+        if self.allow_unanchored:
+            return "--allow-unanchored"
+        if self.trusted_keys or self.trust_ref is not None:
+            return None  # an anchor named for this verification says whose word counts
+        return user_config_allows_unanchored()
 
     @property
     def anchor_required(self) -> bool:
-        """Giving an anchor on the command line says whose word counts: it implies
-        ``require_anchor``."""
-        return self.require_anchor or bool(self.trusted_keys) or self.trust_ref is not None
+        """Whether an unanchored signer fails (see :meth:`unanchored_allowed_by`)."""
+        return self.unanchored_allowed_by() is None
+
+
+USER_CONFIG = "config.toml"
+"""The user's own settings, ``$KAUDIT_HOME/config.toml``: never a repository's."""
+
+
+def user_config_allows_unanchored() -> str | None:
+    """``allow_unanchored = true`` in ``[trust]`` of the user's config: its path, or None.
+
+    A config that cannot be read or is malformed raises UsageError naming it: a setting
+    that decides trust is never guessed.
+    """
+    path = kaudit_home() / USER_CONFIG
+    try:
+        data = read_regular(path, KEY_LIMIT)
+    except UnsafeFile as e:
+        if e.missing:
+            return None
+        raise UsageError(f"your kaudit config cannot be read: {e.reason}", path=path) from None
+    import tomllib  # only with a config to read: verify's start-up stays small
+
+    try:
+        table = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UsageError(f"your kaudit config is not TOML: {e}", path=path) from None
+    trust = table.get("trust", {})
+    value = trust.get("allow_unanchored", False) if isinstance(trust, dict) else None
+    if not isinstance(value, bool):
+        raise UsageError("[trust] allow_unanchored must be true or false", path=path)
+    return str(path) if value else None
 
 
 @dataclass(frozen=True)
@@ -195,12 +297,25 @@ class Keyring:
     """Entries skipped on reading (symlinks, FIFOs, not Ed25519 keys, bad revocations)."""
     require_anchor: bool = False
     """Unanchored signers fail."""
+    unanchored_allowed_by: str | None = None
+    """Who let unanchored signers pass (``--allow-unanchored``, the user's config file),
+    when they do: said in every result such a signer gets."""
 
-    def add(self, public_key: Ed25519PublicKey, name: str, anchor: Anchor, source: str) -> None:
+    trust_ref: PinnedRef | None = None
+    """``--trust-ref`` as resolved for this keyring, when one was given."""
+
+    def add(
+        self,
+        public_key: Ed25519PublicKey,
+        name: str,
+        anchor: Anchor,
+        source: str,
+        ref: str | None = None,
+    ) -> None:
         kid = key_id(public_key)
         current = self.keys.get(kid)
         if current is None or _RANK[anchor] < _RANK[current.anchor]:
-            self.keys[kid] = TrustedKey(kid, name, public_key, anchor, source)
+            self.keys[kid] = TrustedKey(kid, name, public_key, anchor, source, ref)
 
     @property
     def anchored(self) -> tuple[TrustedKey, ...]:
@@ -232,8 +347,8 @@ class Keyring:
                 refused = refused or SignerCheck(
                     False,
                     f"signed by {who}, which only the repository's own {TRUST_DIR} vouches "
-                    "for (unanchored), and an anchor is required: trust it with "
-                    "--trusted-key, --trust-ref or your user trust store",
+                    "for (unanchored): anchor it with --trusted-key, --trust-ref or "
+                    "`kaudit keys trust --user` (or accept it with --allow-unanchored)",
                     key,
                 )
                 continue
@@ -242,6 +357,8 @@ class Keyring:
                 if revoked is not None
                 else ""
             )
+            if not key.anchor.anchored:
+                note += f"; passed unanchored, as {self.unanchored_allowed_by or 'allowed'} says"
             return SignerCheck(True, f"signed by {who}, {key.describe_anchor()}{note}", key)
         if refused is not None:
             return refused
@@ -281,19 +398,65 @@ def _add_explicit(keyring: Keyring, path: Path, anchor: Anchor) -> None:
     keyring.add(public_key, path.name.removesuffix(".pub"), anchor, str(path))
 
 
-def resolve_ref(root: Path, ref: str) -> str:
-    """The commit ``ref`` names in the repository at ``root``; UsageError if none."""
+# The places git's rules (gitrevisions(7)) look for a short name, in git's order;
+# $GIT_DIR/NAME (HEAD, FETCH_HEAD) is not among them: those are no protected ref.
+_SHORT_NAME_RULES = (
+    "refs/{}",
+    "refs/tags/{}",
+    "refs/heads/{}",
+    "refs/remotes/{}",
+    "refs/remotes/{}/HEAD",
+)
+_FULL_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def resolve_ref(root: Path, ref: str) -> PinnedRef:
+    """``ref`` resolved to exactly one ref of the repository at ``root`` and the commit it
+    names now.
+
+    A full name (``refs/...``) must exist as it is. A short name is looked up in every
+    place git's rules would consider (``refs/NAME``, ``refs/tags/NAME``,
+    ``refs/heads/NAME``, ``refs/remotes/NAME``, ``refs/remotes/NAME/HEAD``), and exactly
+    one must exist: git would silently prefer a pushed tag ``origin/main`` to the
+    remote-tracking branch, so two candidates are refused, never ranked. A full commit id
+    (40 or 64 hex digits) is taken as that commit; an abbreviated one is not a ref.
+    Raises UsageError for anything else.
+    """
     if not ref or ref.startswith("-") or any(c in ref for c in "\0\n"):
         raise UsageError(f"--trust-ref {ref!r}: not a git ref name")
+    where = str(Path(root).resolve())
     try:
-        commit = git.commit_of(root, ref)
+        if _FULL_OBJECT_ID.match(ref):
+            commit = git.commit_of(root, ref)
+            if commit is None:
+                raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
+            return PinnedRef(ref, commit, commit, where)
+        candidates = (
+            [ref] if ref.startswith("refs/") else [r.format(ref) for r in _SHORT_NAME_RULES]
+        )
+        found = git.refs_named(root, candidates)
+        if len(found) > 1:
+            raise UsageError(
+                f"--trust-ref {ref}: ambiguous, it names {len(found)} refs: "
+                + ", ".join(found)
+                + "; give the full name of the protected one (refs/...)",
+                path=root,
+            )
+        if not found:
+            looked = "" if ref.startswith("refs/") else f" (looked for {', '.join(candidates)})"
+            raise UsageError(
+                f"--trust-ref {ref}: no such ref in this repository{looked}; "
+                "a commit id must be given in full",
+                path=root,
+            )
+        ((full, oid),) = found.items()
+        # Peel the object id git listed (an annotated tag's), never the name again.
+        commit = git.commit_of(root, oid)
     except git.GitError as e:
-        raise UsageError(
-            f"--trust-ref {ref}: no such commit in this repository ({e.message})", path=root
-        ) from None
+        raise UsageError(f"--trust-ref {ref}: {e.message}", path=root) from None
     if commit is None:
-        raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
-    return commit
+        raise UsageError(f"--trust-ref {ref}: {full} names no commit", path=root)
+    return PinnedRef(ref, full, commit, where)
 
 
 def read_tree_files(
@@ -324,19 +487,18 @@ def read_tree_files(
     return files, skipped
 
 
-def _add_ref(keyring: Keyring, root: Path, ref: str) -> str:
-    commit = resolve_ref(root, ref)
-    files, skipped = read_tree_files(root, commit, TRUST_DIR, ".pub")
+def _add_ref(keyring: Keyring, root: Path, pinned: PinnedRef) -> None:
+    files, skipped = read_tree_files(root, pinned.commit, TRUST_DIR, ".pub")
     keyring.problems.extend(skipped)
     for path, data in files:
-        where = f"{ref}:{path}"
+        where = f"{pinned.commit}:{path}"
         try:
             public_key = parse_public_key(data, where)
         except SigningKeyError as e:
-            keyring.problems.append(f"{where}: {e.message}: skipped")
+            keyring.problems.append(f"{pinned.ref} at {where}: {e.message}: skipped")
             continue
-        keyring.add(public_key, Path(path).name.removesuffix(".pub"), Anchor.TRUST_REF, where)
-    return commit
+        name = Path(path).name.removesuffix(".pub")
+        keyring.add(public_key, name, Anchor.TRUST_REF, where, pinned.ref)
 
 
 # -- revocations -----------------------------------------------------------------------
@@ -361,44 +523,102 @@ def _parse_revocation(data: bytes, where: str) -> tuple[Envelope, dict[str, Any]
     return envelope, statement
 
 
-def _add_revocation(keyring: Keyring, data: bytes, where: str, name: str) -> None:
+@dataclass(frozen=True)
+class _Claimed:
+    """A revocation read and well formed, not yet known to count."""
+
+    envelope: Envelope
+    revoked: KeyId
+    at: dt.datetime
+    statement: dict[str, Any]
+    where: str
+
+
+def _read_revocation(
+    claims: list[_Claimed], problems: list[str], data: bytes, where: str, name: str
+) -> None:
     try:
         envelope, statement = _parse_revocation(data, where)
     except ManifestError as e:
-        keyring.problems.append(f"{e}: skipped")
+        problems.append(f"{e}: skipped")
         return
+    revoked = KeyId(statement["key_id"])
+    if name != f"{revoked}.json":
+        problems.append(f"{where}: a revocation's file is named KEYID.json: skipped")
+        return
+    at = _utc(statement["revoked_at"])
+    if at is None:
+        problems.append(f"{where}: revoked_at is not a time: skipped")
+        return
+    claims.append(_Claimed(envelope, revoked, at, statement, where))
+
+
+def _settle_revocations(keyring: Keyring, claims: list[_Claimed]) -> None:
+    """Honour the revocations whose signer was valid when each was issued.
+
+    A revocation counts when a key this verification accepts (an anchored one when
+    anchors are required) signed it and that key was not itself revoked (a rotation is the
+    old key's revocation of itself) at or before the time the revocation claims. They are
+    settled in the order of those claimed times, earliest first, so a key rotated away
+    cannot revoke its successor later, while what it revoked before still stands. Two
+    revocations claiming the same instant are judged against what was revoked before it:
+    both count (taking trust away is the safe side of a tie).
+    """
     candidates = {
         kid: k.public_key
         for kid, k in keyring.keys.items()
         if k.anchor.anchored or not keyring.require_anchor
     }
-    signers, _, _ = valid_signers(envelope, candidates)
-    if not signers:
-        keyring.problems.append(
-            f"{where}: revocation not signed by a key this verification trusts: skipped"
-        )
-        return
-    revoked = KeyId(statement["key_id"])
-    if name != f"{revoked}.json":
-        keyring.problems.append(f"{where}: a revocation's file is named KEYID.json: skipped")
-        return
-    current = keyring.revocations.get(revoked)
-    if current is None or statement["revoked_at"] < current.revoked_at:
-        keyring.revocations[revoked] = Revocation(
-            revoked, statement["revoked_at"], statement["reason"], signers[0], where
-        )
+    since: dict[KeyId, dt.datetime] = {}  # revoked key -> earliest counted time
+    claims = sorted(claims, key=lambda c: (c.at, c.where))
+    i = 0
+    while i < len(claims):
+        same = [c for c in claims[i:] if c.at == claims[i].at]
+        i += len(same)
+        before = dict(since)
+        for claim in same:
+            signers, _, _ = valid_signers(claim.envelope, candidates)
+            if not signers:
+                keyring.problems.append(
+                    f"{claim.where}: revocation not signed by a key this verification "
+                    "trusts: skipped"
+                )
+                continue
+            if claim.revoked in before:
+                continue  # revoked already, from an earlier time: nothing to take away
+            valid = [kid for kid in signers if kid not in before]
+            if not valid:
+                signer = keyring.keys[signers[0]]
+                gone = keyring.revocations[signers[0]]
+                keyring.problems.append(
+                    f"{claim.where}: revocation of {claim.revoked[:16]} ignored: its signer "
+                    f"{signer.name} ({signer.short_id}) was revoked at {gone.revoked_at} "
+                    f"({gone.reason}), at or before this revocation's "
+                    f"{claim.statement['revoked_at']}: a revoked key revokes nothing"
+                )
+                continue
+            if claim.revoked in since:
+                continue  # revoked at this same instant by another revocation already
+            since[claim.revoked] = claim.at
+            keyring.revocations[claim.revoked] = Revocation(
+                claim.revoked,
+                claim.statement["revoked_at"],
+                claim.statement["reason"],
+                valid[0],
+                claim.where,
+            )
 
 
-def _add_revocations_dir(keyring: Keyring, directory: Path) -> None:
+def _read_revocations_dir(claims: list[_Claimed], problems: list[str], directory: Path) -> None:
     if not directory.is_dir() or directory.is_symlink():
         return
     for path in sorted(directory.glob("*.json")):
         try:
             data = read_regular(path, KEY_LIMIT, follow_symlinks=False)
         except UnsafeFile as e:
-            keyring.problems.append(f"{path}: {e.reason}: skipped")
+            problems.append(f"{path}: {e.reason}: skipped")
             continue
-        _add_revocation(keyring, data, str(path), path.name)
+        _read_revocation(claims, problems, data, str(path), path.name)
 
 
 def write_revocation(
@@ -434,28 +654,34 @@ def load_keyring(project_root: Path | None, options: TrustOptions | None = None)
     """The keyring one verification uses: anchors first, then the work tree's store
     (unanchored, and not at all under ``--trust-ref``), then every revocation found."""
     options = options or TrustOptions()
-    keyring = Keyring(require_anchor=options.anchor_required)
+    allowed_by = options.unanchored_allowed_by()
+    keyring = Keyring(require_anchor=allowed_by is None, unanchored_allowed_by=allowed_by)
     for path in options.trusted_keys:
         _add_explicit(keyring, Path(path), Anchor.COMMAND_LINE)
     for path in _env_paths():
         _add_explicit(keyring, path, Anchor.ENVIRONMENT)
     _add_store(keyring, user_trust_dir(), Anchor.USER)
-    ref_commit: str | None = None
     if options.trust_ref is not None:
         if project_root is None:
             raise UsageError("--trust-ref needs a git repository")
-        ref_commit = _add_ref(keyring, project_root, options.trust_ref)
+        pinned = options.pinned_in(project_root) or resolve_ref(project_root, options.trust_ref)
+        keyring.trust_ref = pinned
+        _add_ref(keyring, project_root, pinned)
     elif project_root is not None:
         _add_store(keyring, project_root / TRUST_DIR, Anchor.REPOSITORY)
     # Revocations only take trust away: honour them from every place they may be.
-    _add_revocations_dir(keyring, user_trust_dir().parent / "revocations")
+    claims: list[_Claimed] = []
+    _read_revocations_dir(claims, keyring.problems, user_trust_dir().parent / "revocations")
     if project_root is not None:
-        _add_revocations_dir(keyring, project_root / REVOCATION_DIR)
-        if ref_commit is not None:
-            files, skipped = read_tree_files(project_root, ref_commit, REVOCATION_DIR, ".json")
+        _read_revocations_dir(claims, keyring.problems, project_root / REVOCATION_DIR)
+        if keyring.trust_ref is not None:
+            pinned = keyring.trust_ref
+            files, skipped = read_tree_files(project_root, pinned.commit, REVOCATION_DIR, ".json")
             keyring.problems.extend(skipped)
             for name, data in files:
-                _add_revocation(keyring, data, f"{options.trust_ref}:{name}", Path(name).name)
+                where = f"{pinned.ref} at {pinned.commit}:{name}"
+                _read_revocation(claims, keyring.problems, data, where, Path(name).name)
+    _settle_revocations(keyring, claims)
     return keyring
 
 
@@ -470,6 +696,7 @@ def describe(keys: Iterable[TrustedKey]) -> Mapping[str, list[TrustedKey]]:
 __all__ = [
     "Anchor",
     "Keyring",
+    "PinnedRef",
     "Revocation",
     "SignerCheck",
     "StoreProblem",

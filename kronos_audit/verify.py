@@ -59,12 +59,12 @@ from kronos_audit.manifest import (
     read_signed_file,
 )
 from kronos_audit.project import Project, find_project
+from kronos_audit.targets import ATTESTATION_SUFFIX, expand_targets
 from kronos_audit.trust import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
 
 if TYPE_CHECKING:
     from kronos_audit.storage import Storage  # imported when a fetch is needed
 
-ATTESTATION_SUFFIX = ".replay.json"
 DIAGNOSE_SLACK = 64 * 1024 * 1024
 """A checkpoint of another size than the signed one is never hashed; one larger than
 twice its signed size plus this is not parsed either (no dataset diagnostic)."""
@@ -121,6 +121,9 @@ class Check:
     ``ok`` False it had to be made (the newest checkpoint's data, say) and could not be."""
     dataset: str | None = None
     """For a :attr:`CheckName.DATASET` check, the dataset's path (``/fields/u``); else None."""
+    pruned: bool = False
+    """Skipped because a signed retention record prunes the data (``pruned``, the word
+    every command uses for it)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", CheckName(self.kind))
@@ -188,6 +191,11 @@ class VerifyResult:
     def data_checked(self) -> bool:
         """The checkpoint's bytes were hashed and compared with the signed digests."""
         return any(c.kind is CheckName.FILE_DIGEST and not c.skipped for c in self.checks)
+
+    @property
+    def data_pruned(self) -> bool:
+        """The checkpoint's data is gone on purpose: a signed retention record prunes it."""
+        return any(c.kind is CheckName.FILE_DIGEST and c.pruned for c in self.checks)
 
     @property
     def data_corrupt(self) -> bool:
@@ -481,12 +489,14 @@ class Verifier:
                 f"data pruned (signed record in {pruner.name}), and this is the newest "
                 f"checkpoint of run {manifest.run!r} verified here: its data was never checked",
                 skipped=True,  # not made, and a failure: the summary must not count it
+                pruned=True,
             )
         return Check(
             CheckName.FILE_DIGEST,
             True,
             f"data pruned by retention (signed record in {pruner.name}): not checked",
             skipped=True,
+            pruned=True,
         )
 
     def fetch_data(self, manifest: Manifest) -> None:
@@ -592,6 +602,11 @@ class Verifier:
         shards = manifest.record.shards
         assert shards is not None
         index = manifest.checkpoint_path
+        if not all(c.ok for c in checks):
+            # Nothing of an unsigned step is read, its index neither: the count it states
+            # would bound that read (a million shards: 256 MB).
+            detail = "not read: the step manifest does not verify"
+            return [Check(CheckName.SHARDS, False, detail, skipped=True)], False
         try:
             data = read_index(index, shards.count)
         except CheckpointError as e:
@@ -1010,18 +1025,11 @@ def _inside(root: Path, relative: str) -> Path | None:
 
 
 def expand_manifest_args(paths: list[Path]) -> list[Path]:
-    """Manifests and attestations named directly, and every manifest (``*.kaudit.json``)
-    and attestation (``*.replay.json``) inside a directory named, by name."""
-    out: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found = sorted({*p.rglob("*" + MANIFEST_SUFFIX), *p.rglob("*" + ATTESTATION_SUFFIX)})
-            if not any(f.name.endswith(MANIFEST_SUFFIX) for f in found):
-                raise ManifestError("no manifest (*.kaudit.json) in this directory", path=p)
-            out.extend(found)
-        else:
-            out.append(p)
-    return out
+    """Manifests and attestations named directly, the manifest beside each checkpoint or
+    in each sharded step's directory named, and every manifest (``*.kaudit.json``) and
+    attestation (``*.replay.json``) inside a directory named, by name
+    (:func:`kronos_audit.targets.expand_targets`)."""
+    return expand_targets(paths)
 
 
 def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:

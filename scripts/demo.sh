@@ -96,6 +96,9 @@ say "the auditor's fresh clone has no data, and the auditor has their own keys a
 run git clone -q "$WORK/project" "$WORK/clone"
 run cd "$WORK/clone"
 run export KAUDIT_HOME="$WORK/auditor-home"
+say "without an anchor of their own, the key the repository's store names proves nothing"
+expect 1 kaudit verify checkpoints/heat
+say "with the owner's key, handed over out of band, as the anchor"
 run kaudit verify checkpoints/heat --trusted-key "$WORK/demo.pub"
 
 say "a forger adds their own key to the clone's trust store and signs a checkpoint of their own"

@@ -3,6 +3,10 @@ they use, and that tests import, are in tests/helpers.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,3 +69,44 @@ def key(project: Project) -> SigningKey:
 @pytest.fixture
 def checkpoint(project: Project) -> Path:
     return write_checkpoint(project.root / "checkpoints" / "run1" / "step-00000001.h5", seed=1)
+
+
+class Tmpfs:
+    """A tmpfs mounted for one test: fill it, resize it, turn it read-only."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+
+    def remount(self, options: str) -> None:
+        """``mount -o remount,OPTIONS`` (``size=4m``, ``ro``, ``rw``)."""
+        subprocess.run(
+            ["mount", "-o", f"remount,{options}", str(self.where)], check=True, capture_output=True
+        )
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Callable[..., Tmpfs]]:
+    """``tmpfs(directory, size, options="")`` mounts a tmpfs of ``size`` bytes on
+    ``directory`` (made if missing; ``options`` such as ``nr_inodes=9`` added), unmounted
+    when the test ends. Skips where mounting is not permitted."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    mounted: list[Path] = []
+
+    def mount(where: Path, size: int, options: str = "") -> Tmpfs:
+        where.mkdir(parents=True, exist_ok=True)
+        opts = f"size={size},{options}" if options else f"size={size}"
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
+        mounted.append(where)
+        return Tmpfs(where)
+
+    yield mount
+    for where in reversed(mounted):
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)  # busy: detach

@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from kronos_audit.cli import cli
 from kronos_audit.signing import SigningKey, generate_key, user_trust_dir
+from kronos_audit.storage.fetch import FetchItem
 
 KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 """The installed `kaudit`, as a subprocess of this interpreter."""
@@ -76,3 +77,16 @@ def assert_bad_input(result: Result, *mentions: str, no_stdout: bool = False) ->
     if no_stdout:
         assert result.stdout == ""
     return line
+
+
+def signed_items(checkpoints: list[Path]) -> list[FetchItem]:
+    """What `Storage.push` takes for each checkpoint: the md5, sha256 and size its
+    manifest (beside it) signs. The manifests are ones the test wrote: not verified here."""
+    from kronos_audit.manifest import manifest_path_for, read_manifest
+
+    items = []
+    for c in checkpoints:
+        m = read_manifest(manifest_path_for(c))
+        assert m.subject_md5 is not None
+        items.append(FetchItem(c, m.subject_md5, m.subject_sha256, m.record.size))
+    return items

@@ -157,7 +157,9 @@ def test_restore_does_not_resume_from_a_checkpoint_only_the_work_tree_vouches_fo
             f["u"] = np.full((16, 16), 666.0)
         snapshot(planted, run="sim", step=900, parent=manifest(run_dir, 200), key=evil)
     project.trust_store().add(evil.private_key.public_key(), "evil")
-    assert run_cli("verify", str(manifest(run_dir, 900))).exit_code == 0  # unanchored: ok
+    assert run_cli("verify", str(manifest(run_dir, 900))).exit_code == 1  # unanchored
+    allowed = run_cli("verify", "--allow-unanchored", str(manifest(run_dir, 900)))
+    assert allowed.exit_code == 0, allowed.output  # only the verifier's say-so passes it
 
     with ka.Run("sim", root=root, seed=42, every=ka.EverySteps(100)) as run:
         with pytest.warns(ka.CheckpointSkipped, match="step-00000900.h5: skipped: signature") as w:

@@ -21,6 +21,7 @@ from kronos_audit.errors import BisectError, ManifestError
 from kronos_audit.project import Project
 from kronos_audit.signing import SigningKey, user_trust_dir
 from kronos_audit.storage import Storage, configure_remote
+from tests.helpers import signed_items
 
 PERTURBATION = 1e-13
 PLANTED = 23
@@ -317,7 +318,7 @@ def test_data_not_here_is_fetched_from_the_dvc_remote(
     storage = Storage(project)
     checkpoints = sorted([*a.glob("step-*.h5"), *b.glob("step-*.h5")])
     assert len(checkpoints) == 80
-    storage.push(checkpoints)
+    storage.push(signed_items(checkpoints))
     for c in checkpoints:
         storage.discard(c)
     assert not any(c.exists() for c in checkpoints)

@@ -194,8 +194,14 @@ def test_a_manifest_signed_by_an_unanchored_key_is_not_fetched_for_under_an_anch
     assert pulled.exit_code == 1, pulled.output
     assert not os.path.lexists(planted)
 
-    # Without an anchor the work tree's store is taken at its word, and output says so.
-    everyday = run_cli("verify", str(run_dir))
+    # By default the work tree's store alone is no anchor, and nothing is fetched for it.
+    default = run_cli("verify", str(run_dir))
+    assert default.exit_code == 1, default.output
+    assert "unanchored" in default.stdout
+    assert not os.path.lexists(planted)
+
+    # Only when the verifier allows it is that store taken at its word, and output says so.
+    everyday = run_cli("verify", "--allow-unanchored", str(run_dir))
     assert everyday.exit_code == 0, everyday.output
     (line,) = [ln for ln in everyday.stdout.splitlines() if str(manifest_of(planted)) in ln]
     assert line.startswith("ok ")

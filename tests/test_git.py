@@ -185,9 +185,10 @@ def test_a_trust_ref_that_looks_like_an_option_is_refused(git_repo: Path) -> Non
     for ref in ("-h", "--output=/tmp/x", ""):
         with pytest.raises(UsageError, match="not a git ref name"):
             resolve_ref(git_repo, ref)
-    with pytest.raises(UsageError, match="no such commit"):
+    with pytest.raises(UsageError, match="no such ref"):
         resolve_ref(git_repo, "nosuchbranch")
-    assert resolve_ref(git_repo, "main") == head(git_repo)
+    assert resolve_ref(git_repo, "main").commit == head(git_repo)
+    assert resolve_ref(git_repo, "main").ref == "refs/heads/main"
 
 
 def test_a_replace_ref_does_not_stand_in_for_a_signed_commit(git_repo: Path) -> None:

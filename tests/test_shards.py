@@ -331,6 +331,7 @@ def test_an_unsigned_step_is_never_read_by_a_rank(
     whole = Verifier(project).verify(forged.path)
     assert [c.name for c in whole.failures] == ["signature", "shards"]
     assert whole.failures[1].detail == "not read: the step manifest does not verify"
+    assert [c.name for c in whole.checks] == ["signature", "place", "shards", "parent link"]
 
 
 # -- hostile indexes ------------------------------------------------------------------

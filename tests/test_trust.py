@@ -55,24 +55,53 @@ def forged(project: Project, key: SigningKey, mallory: SigningKey) -> tuple[Mani
     return honest, sign(project, 2, mallory)
 
 
-def test_a_key_only_the_repository_vouches_for_is_unanchored(
-    forged: tuple[Manifest, Manifest], project: Project
+def test_a_key_only_the_repository_vouches_for_fails_unless_the_verifier_allows_it(
+    forged: tuple[Manifest, Manifest], project: Project, kaudit_home: Path
 ) -> None:
     honest, evil = forged
-    everyday = run_cli("verify", str(evil.path), cwd=project.root)
-    assert everyday.exit_code == 0, everyday.output  # the everyday case keeps working...
-    assert "signed by mallory" in everyday.stdout
-    assert "unanchored: only the repository's .kaudit/trusted-keys" in everyday.stdout  # ...said
+    default = run_cli("verify", str(evil.path), cwd=project.root)
+    assert default.exit_code == 1, default.output  # secure by default
+    assert "signed by mallory" in default.stdout
+    assert "only the repository's own .kaudit/trusted-keys vouches for" in default.stdout
+    assert "--allow-unanchored" in default.stdout  # the line says how to accept it
 
+    allowed = run_cli("verify", "--allow-unanchored", str(evil.path), cwd=project.root)
+    assert allowed.exit_code == 0, allowed.output
+    assert "unanchored: only the repository's .kaudit/trusted-keys" in allowed.stdout
+    assert "passed unanchored, as --allow-unanchored says" in allowed.stdout
+
+    # The user's own config may allow it too, and the output names that file...
+    config = kaudit_home / "config.toml"
+    config.write_text("[trust]\nallow_unanchored = true\n")
+    by_config = run_cli("verify", str(evil.path), cwd=project.root)
+    assert by_config.exit_code == 0, by_config.output
+    assert f"passed unanchored, as {config} says" in by_config.stdout
+    # ...but --require-anchor, or an anchor named for this verification, says otherwise.
     required = run_cli("verify", "--require-anchor", str(evil.path), cwd=project.root)
-    assert required.exit_code == 1
-    assert "unanchored" in required.stdout
-    assert "an anchor is required" in required.stdout
+    assert required.exit_code == 1, required.output
+    # The repository's own config can never allow it: only the user's is read.
+    config.unlink()
+    (project.root / ".kaudit" / "config.toml").write_text("[trust]\nallow_unanchored = true\n")
+    repo_says = run_cli("verify", str(evil.path), cwd=project.root)
+    assert repo_says.exit_code == 1, repo_says.output
 
-    mine = run_cli("verify", "--require-anchor", str(honest.path), cwd=project.root)
+    mine = run_cli("verify", str(honest.path), cwd=project.root)
     assert mine.exit_code == 0, mine.output
     assert "signed by tester" in mine.stdout
     assert "anchor: user trust store" in mine.stdout
+
+
+def test_a_malformed_user_config_is_one_line_not_a_guess(
+    forged: tuple[Manifest, Manifest], project: Project, kaudit_home: Path
+) -> None:
+    honest, _ = forged
+    config = kaudit_home / "config.toml"
+    for text in ("[trust]\nallow_unanchored = 'yes'\n", "[trust\n"):
+        config.write_text(text)
+        done = run_cli("verify", str(honest.path), cwd=project.root)
+        assert done.exit_code == 2, done.output
+        assert str(config) in done.output
+        assert "Traceback" not in done.output
 
 
 def test_a_key_given_on_the_command_line_is_the_anchor_and_implies_require_anchor(
@@ -133,7 +162,12 @@ def test_trust_ref_reads_the_store_at_the_ref_not_the_work_tree(
 
     at_main = run_cli("verify", "--trust-ref", "main", str(honest.path), cwd=root)
     assert at_main.exit_code == 0, at_main.output
-    assert "anchor: --trust-ref main:.kaudit/trusted-keys/tester.pub" in at_main.stdout
+    main = git(root, "rev-parse", "main").strip()
+    # the one full ref and the commit it named, in the ok line
+    assert (
+        f"anchor: --trust-ref refs/heads/main at {main}:.kaudit/trusted-keys/tester.pub"
+        in at_main.stdout
+    )
     refused = run_cli("verify", "--trust-ref", "main", str(evil.path), cwd=root)
     assert refused.exit_code == 1, refused.output
     assert "no trust anchor holds" in refused.stdout
@@ -147,12 +181,34 @@ def test_trust_ref_reads_the_store_at_the_ref_not_the_work_tree(
     assert_bad_input(
         run_cli("verify", "--trust-ref", "no-such-branch", str(honest.path), cwd=root),
         "no-such-branch",
-        "no such commit",
+        "no such ref",
     )
     assert_bad_input(
         run_cli("verify", "--trust-ref", "--output=/tmp/x", str(honest.path), cwd=root),
         "not a git ref name",
     )
+
+
+def test_a_pinned_trust_ref_is_read_at_its_commit_however_the_ref_moves(
+    project: Project, key: SigningKey, mallory: SigningKey
+) -> None:
+    root = project.root
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "trust tester")
+    git(root, "tag", "-a", "-m", "an annotated tag", "v1")
+    pinned = TrustOptions(trust_ref="main").pin(root)
+    assert pinned.pinned is not None
+    assert pinned.pinned.ref == "refs/heads/main"
+    # main moves on to a commit that trusts mallory
+    project.trust_store().add(mallory.private_key.public_key(), "mallory")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "trust mallory")
+    assert mallory.key_id not in load_keyring(root, pinned).keys
+    assert mallory.key_id in load_keyring(root, TrustOptions(trust_ref="main")).keys
+    # an annotated tag is peeled to its commit
+    tag = load_keyring(root, TrustOptions(trust_ref="v1")).trust_ref
+    assert tag is not None
+    assert (tag.ref, tag.commit) == ("refs/tags/v1", pinned.pinned.commit)
 
 
 def test_a_symlink_committed_in_the_store_is_skipped_at_the_ref(
@@ -274,6 +330,75 @@ def test_rotation_makes_a_new_key_and_revokes_the_old(project: Project, key: Sig
     assert "rotated to tester-2027" in refused.stdout
 
 
+def test_a_key_rotated_away_cannot_revoke_its_successor(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    rotated = run_cli("keys", "rotate", "tester", "--name", "tester-2027", cwd=project.root)
+    assert rotated.exit_code == 0, rotated.output
+    successor = _held("tester-2027")
+    # Whoever still holds the old key signs a revocation of the new one (after the
+    # rotation: it says so itself, the time is now).
+    revoked = run_cli(
+        "keys",
+        "revoke",
+        successor.key_id,
+        "--reason",
+        "mine now",
+        "--key",
+        "tester",
+        cwd=project.root,
+    )
+    assert revoked.exit_code == 0, revoked.output
+    m = sign(project, 1, successor)
+    anchored = pub_file(tmp_path, successor)
+    result = run_cli("verify", "--trusted-key", str(anchored), str(m.path), cwd=project.root)
+    assert result.exit_code == 0, result.output
+    assert "signed by tester-2027" in result.stdout
+    assert "revoked at" not in result.stdout
+    (warning,) = [
+        line
+        for line in result.stderr.splitlines()
+        if f"revocation of {successor.key_id[:16]} ignored" in line
+    ]
+    assert "tester" in warning
+    assert "a revoked key revokes nothing" in warning
+    ring = load_keyring(project.root, TrustOptions(trusted_keys=(anchored,)))
+    assert successor.key_id not in ring.revocations
+    assert ring.revocations[key.key_id].reason.startswith("rotated to tester-2027")
+    listed = run_cli("keys", "list", cwd=project.root)
+    lines = [line for line in listed.stdout.splitlines() if successor.key_id in line]
+    assert lines
+    assert not any("revoked" in line for line in lines)
+
+
+def test_what_a_key_revoked_before_its_rotation_stays_revoked(
+    project: Project, key: SigningKey, mallory: SigningKey
+) -> None:
+    from kronos_audit.trust import write_revocation
+
+    project.trust_store().add(mallory.private_key.public_key(), "mallory")
+    allowed = TrustOptions(allow_unanchored=True)  # mallory's key counts here
+    # tester revokes mallory in 2030, then is rotated away in 2031: the first stands.
+    write_revocation(project.root, mallory.key_id, "left", key, at="2030-01-01T00:00:00Z")
+    write_revocation(project.root, key.key_id, "rotated", key, at="2031-01-01T00:00:00Z")
+    ring = load_keyring(project.root, allowed)
+    assert ring.revocations[mallory.key_id].revoked_at == "2030-01-01T00:00:00Z"
+    assert ring.revocations[key.key_id].revoked_at == "2031-01-01T00:00:00Z"
+    assert not ring.problems
+    # mallory, revoked in 2030, revoking tester back in 2032 changes nothing (the file
+    # takes the place of tester's own revocation: tester is then not revoked at all).
+    write_revocation(project.root, key.key_id, "revenge", mallory, at="2032-01-01T00:00:00Z")
+    ring = load_keyring(project.root, allowed)
+    assert key.key_id not in ring.revocations
+    (problem,) = ring.problems
+    assert "revocation of " + key.key_id[:16] + " ignored" in problem
+    assert "revoked at 2030-01-01T00:00:00Z (left)" in problem
+    # The limit: without trusted timestamps the order is the one the records claim, so
+    # the same revocation dated before mallory's own counts.
+    write_revocation(project.root, key.key_id, "revenge", mallory, at="2029-01-01T00:00:00Z")
+    assert load_keyring(project.root, allowed).revocations[key.key_id].signer == mallory.key_id
+
+
 def _held(name: str) -> SigningKey:
     from kronos_audit.signing import select_key
 
@@ -359,4 +484,7 @@ def test_without_the_user_store_the_repository_key_is_unanchored(
 ) -> None:
     ring = load_keyring(project.root)
     assert ring.keys[key.key_id].anchor is Anchor.REPOSITORY
-    assert not ring.require_anchor
+    assert ring.require_anchor  # by default such a signer fails
+    allowed = load_keyring(project.root, TrustOptions(allow_unanchored=True))
+    assert not allowed.require_anchor
+    assert allowed.unanchored_allowed_by == "--allow-unanchored"

@@ -208,6 +208,25 @@ def commit_of(root: Path, rev: str) -> str | None:
     raise _error(root, args, done)
 
 
+def refs_named(root: Path, names: Sequence[str]) -> dict[str, str]:
+    """Those of ``names`` (full ref names, ``refs/...``) that exist, each with the id of
+    the object it points at (a symbolic ref's target's), read once with ``git
+    for-each-ref``; a name only matches itself, never a ref under it or a glob."""
+    wanted = [n for n in names if n.startswith("refs/")]
+    if not wanted:
+        return {}
+    listing = run(
+        root, "for-each-ref", "--format=%(refname)%00%(objectname)", "--end-of-options", *wanted
+    )
+    found: dict[str, str] = {}
+    for line in listing.split(b"\n"):
+        name, sep, oid = line.partition(b"\0")
+        ref = os.fsdecode(name)
+        if sep and ref in wanted:
+            found[ref] = oid.decode("ascii")
+    return found
+
+
 def status(root: Path, *pathspecs: str) -> str:
     """``git status --porcelain=v2 --branch --untracked-files=no -- PATHSPECS``."""
     return text(
@@ -298,6 +317,15 @@ def ls_tree(root: Path, commit: str, directory: str, *, limit: int) -> list[Tree
             )
         )
     return entries
+
+
+def ls_tree_paths(root: Path, commit: str) -> list[str]:
+    """Every path of the tree at ``commit`` that is not a tree itself (files, links,
+    submodules), recursively, from its top."""
+    listing = run(
+        root, "ls-tree", "-r", "-z", "--name-only", "--full-tree", "--end-of-options", commit
+    )
+    return [os.fsdecode(name) for name in listing.split(b"\0") if name]
 
 
 def cat_blob(root: Path, oid: str) -> bytes:

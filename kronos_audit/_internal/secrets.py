@@ -236,3 +236,68 @@ def secret_file_reason(path: str) -> str | None:
         if fnmatch.fnmatchcase(name, pattern):
             return f"named like {pattern}"
     return None
+
+
+# Words of an option's name (split at `-`, `_` and `.`) that say its value is a credential,
+# as `--api-key`, `--token`, `--db-password`, `model.secret_key=` do; a word such as
+# `tokenizer` or `keep` is not one of them.
+_SECRET_OPTION_WORDS = frozenset(
+    {
+        "token", "secret", "password", "passwd", "pass", "pwd", "key", "apikey",
+        "credential", "credentials", "auth", "authtoken", "accesstoken", "passphrase",
+    }
+)  # fmt: skip
+
+
+def _secret_option(name: str) -> bool:
+    words = re.split(r"[-_.]+", name.lower().lstrip("-"))
+    return any(w in _SECRET_OPTION_WORDS for w in words if w)
+
+
+@dataclass(frozen=True)
+class ScrubbedCommand:
+    """A command line with its credential-looking arguments replaced by ``***``."""
+
+    argv: tuple[str, ...]
+    """What may be recorded (signed, committed, copied to remotes)."""
+    scrubbed: tuple[str, ...]
+    """What was replaced, described without the secret (``--api-key``, ``argument 3 (a
+    URL's credentials)``): to say so."""
+
+
+def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
+    """``argv`` without credentials, by the rules git remotes get (:func:`split_credentials`)
+    and option names: a URL's userinfo password or token and secret query parameters; the
+    value of an option whose name says token, key, secret or password (``--api-key=V``,
+    ``--token V``, ``db.password=V``); an argument that is a well-known token (``ghp_...``).
+    Everything else is kept as it is."""
+    out: list[str] = []
+    said: list[str] = []
+    value_next: str | None = None
+    for i, arg in enumerate(argv):
+        if value_next is not None and not arg.startswith("-"):
+            out.append(REDACTED)
+            said.append(value_next)
+            value_next = None
+            continue
+        value_next = None
+        name, eq, value = arg.partition("=")
+        if eq and value and _secret_option(name) and (name.startswith("-") or "/" not in name):
+            out.append(f"{name}={REDACTED}")
+            said.append(name)
+        elif arg.startswith("-") and not eq and _secret_option(arg):
+            out.append(arg)
+            value_next = arg  # `--token VALUE`: the value is the next argument
+        elif _TOKEN_PREFIX.match(arg) and " " not in arg and len(arg) >= 16:
+            out.append(REDACTED)
+            said.append(f"argument {i} (a token)")
+        elif "://" in arg or "@" in arg:
+            split = split_credentials(arg)
+            if split.has_secret:
+                out.append(split.shown)
+                said.append(f"argument {i} (a URL's credentials)")
+            else:
+                out.append(arg)
+        else:
+            out.append(arg)
+    return ScrubbedCommand(tuple(out), tuple(said))

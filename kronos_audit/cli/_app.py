@@ -80,7 +80,8 @@ COMMANDS: dict[str, LazyCommand] = {
     "status": LazyCommand(
         _STORAGE,
         "status_command",
-        "Where each checkpoint is: local / pushed / remote-only / missing / corrupt.",
+        "Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local / "
+        "pushed / remote-only / pruned / missing / corrupt.",
     ),
     "run": LazyCommand(
         "kronos_audit.cli.supervise",

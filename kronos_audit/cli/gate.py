@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,10 @@ def gate(
     tolerances as in [compare]: see docs/ci.md); without one it covers every run in the
     repository and replays the newest segment of each. With --trust-ref REF (the
     protected base branch), the trust store and the [gate] section are both read as they
-    are at REF, so a change under review cannot weaken its own gate.
+    are at REF, so a change under review cannot weaken its own gate; REF must name exactly
+    one ref (give refs/remotes/origin/main in CI), and every manifest at REF must still be
+    here and verified. Hidden directories are covered, and links inside the repository
+    followed; a link out of it fails.
 
     When $GITHUB_STEP_SUMMARY names a file, a Markdown summary is appended to it: the
     verdict, the counts and each failure, then (folded) `kaudit report` of the runs.
@@ -71,7 +75,9 @@ def gate(
         if junit is not None:
             write_junit(result, junit)
         if summary:
-            text = step_summary(result, trust)
+            # the report's verification reads the trust ref at the commit the gate read
+            pinned = replace(trust, pinned=result.trust_anchor)
+            text = step_summary(result, pinned)
             with open(summary, "a", encoding="utf-8") as f:
                 f.write(text)
     if as_json:
@@ -92,6 +98,9 @@ def render(result: GateResult) -> None:
         out.print(f"{_STATUS[c.status.value]} {c.kind.value} [bold]{safe(c.name)}[/]")
         for d in c.details or (c.message,):
             out.print(f"  {safe(d)}")
+    if result.trust_anchor is not None:
+        anchor = result.trust_anchor
+        out.print(f"trust ref: {safe(anchor.given)} resolved to {safe(anchor.describe())}")
     if not quiet:
         for p in result.problems:
             out.print(f"[yellow]trust store entry skipped:[/] {safe(p)}")

@@ -45,7 +45,7 @@ def init(remote_url: str | None, remote_name: str) -> None:
     """
     from kronos_audit import signing, storage
     from kronos_audit._internal.secrets import redact
-    from kronos_audit.init import init_project
+    from kronos_audit.init import commit_command, init_project
 
     project, dvc_created = init_project(Path.cwd())
     if remote_url is not None:
@@ -61,6 +61,12 @@ def init(remote_url: str | None, remote_name: str) -> None:
         shown = redact(remote_url)
         where = " (credentials in .dvc/config.local)" if shown != remote_url else ""
         out.print(f"  dvc remote    {safe(remote_name)} = {safe(shown)} (default){where}")
+    command = commit_command(project)
+    if command is not None:
+        # Nothing is staged: this commits what init made, without anything else staged.
+        if Path.cwd().resolve() != project.root.resolve():
+            command = f"cd {shlex.quote(str(project.root))} && {command}"
+        out.print(f"commit it with: {safe(command)}")
     if not signing.held_keys():
         out.note("next: `kaudit keys generate` to make your signing key")
 
@@ -523,8 +529,9 @@ def show(manifest: Path, as_json: bool) -> None:
       kaudit show checkpoints/heat/step-00000200.h5.kaudit.json
     """
     from kronos_audit.manifest import read_manifest
+    from kronos_audit.targets import resolve_target
 
-    m = read_manifest(manifest)
+    m = read_manifest(resolve_target(manifest))
     if as_json:
         # ensure_ascii: control characters in names come out as \u escapes, never raw.
         click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))

@@ -48,19 +48,39 @@ def json_option(
 # -- trust -----------------------------------------------------------------------------
 
 
+ALLOW_UNANCHORED_META = "kaudit.allow_unanchored"
+
+
+def _remember_allow_unanchored(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[ALLOW_UNANCHORED_META] = True
+    return value
+
+
 def trust_options(f: F) -> F:
-    """``--trusted-key FILE`` (repeatable), ``--trust-ref REF``, ``--require-anchor``."""
+    """``--trusted-key FILE`` (repeatable), ``--trust-ref REF``, ``--require-anchor``,
+    ``--allow-unanchored`` (read by :func:`trust_from` from the click context)."""
+    f = click.option(
+        "--allow-unanchored",
+        is_flag=True,
+        expose_value=False,
+        callback=_remember_allow_unanchored,
+        help="Accept a signer that only the repository's own .kaudit/trusted-keys vouches "
+        "for (a file anyone can commit); each result says it passed unanchored. Also "
+        "`allow_unanchored = true` in [trust] of $KAUDIT_HOME/config.toml.",
+    )(f)
     f = click.option(
         "--require-anchor",
         is_flag=True,
         help="Fail a signature that only the repository's own .kaudit/trusted-keys vouches "
-        "for (implied by --trusted-key and --trust-ref).",
+        "for even where your config allows it (the default otherwise).",
     )(f)
     f = click.option(
         "--trust-ref",
         metavar="REF",
         help="Trust the repository's .kaudit/trusted-keys only as it is at this git ref "
-        "(the protected base branch in CI), read with git, not from the work tree.",
+        "(the protected base branch in CI), read with git, not from the work tree. A short "
+        "name must name exactly one ref (else give refs/...); a commit id only in full.",
     )(f)
     return click.option(
         "--trusted-key",
@@ -78,7 +98,9 @@ def trust_from(
 ) -> TrustOptions:
     from kronos_audit.trust import TrustOptions
 
-    return TrustOptions(tuple(trusted_keys), trust_ref, require_anchor)
+    ctx = click.get_current_context(silent=True)
+    allow = bool(ctx is not None and ctx.find_root().meta.get(ALLOW_UNANCHORED_META))
+    return TrustOptions(tuple(trusted_keys), trust_ref, require_anchor, allow_unanchored=allow)
 
 
 # -- tolerances ------------------------------------------------------------------------

@@ -110,7 +110,9 @@ def replay(
     from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
     from kronos_audit.replay import replay as run_replay
     from kronos_audit.signing import select_key
+    from kronos_audit.targets import resolve_target
 
+    manifest = resolve_target(manifest)  # a checkpoint or step directory: its manifest
     if key is not None and not attest:
         raise UsageError("--key names the key that signs the attestation: add --attest")
     policy, _ = tolerance_policy(rtol, atol, ulp, tol, manifest)

@@ -12,7 +12,8 @@
     tol = ["fields/*:rtol=1e-9"]    # ... and PATTERN:SPEC rules, the first match wins
 
 Under ``--trust-ref REF`` the section is read as it is at REF, from git's object store, so
-a change under review cannot weaken its own gate.
+a change under review cannot weaken its own gate; REF is resolved to one fully qualified
+ref and its commit once, and the section read at that commit.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kronos_audit.compare import Tolerance, ToleranceError, TolerancePolicy, Tol
 from kronos_audit.errors import Error
 from kronos_audit.project import KAUDIT_DIR, Project
 from kronos_audit.replay import EnvMode
-from kronos_audit.trust import read_tree_files, resolve_ref
+from kronos_audit.trust import PinnedRef, read_tree_files, resolve_ref
 
 SECTION = "gate"
 CONFIG_NAME = "config.toml"
@@ -135,28 +136,31 @@ def _parse_toml(data: bytes, where: str) -> dict[str, Any]:
         raise GateConfigError(f"unreadable config: {e}", path=where) from None
 
 
-def config_at_ref(root: Path, ref: str) -> GateConfig:
+def config_at_ref(root: Path, ref: str | PinnedRef) -> GateConfig:
     """The ``[gate]`` section of ``.kaudit/config.toml`` as it is at ``ref``, read from
-    git's object store (never the work tree)."""
-    commit = resolve_ref(root, ref)
+    git's object store (never the work tree) at the one commit ``ref`` resolves to
+    (:func:`kronos_audit.trust.resolve_ref`)."""
+    pinned = resolve_ref(root, ref) if isinstance(ref, str) else ref
+    commit = pinned.commit
     files, skipped = read_tree_files(root, commit, KAUDIT_DIR, CONFIG_NAME)
     wanted = f"{KAUDIT_DIR}/{CONFIG_NAME}"
-    where = f"{ref}:{wanted}"
+    where = f"{pinned.describe()}:{wanted}"
     if any(s.startswith(f"{commit[:12]}:{wanted}:") for s in skipped):
         raise GateConfigError("not a regular file of at most 64 KiB at the ref", path=where)
     for path, data in files:
         if path == wanted:
             return parse_config(_parse_toml(data, where), where)
-    return GateConfig(source=f"default (no {wanted} at {ref})")
+    return GateConfig(source=f"default (no {wanted} at {pinned.describe()})")
 
 
-def load_config(project: Project, trust_ref: str | None = None) -> GateConfig:
+def load_config(project: Project, trust_ref: str | PinnedRef | None = None) -> GateConfig:
     """The gate's configuration: at ``trust_ref`` when given, else the work tree's."""
     if trust_ref is not None:
         try:
             return config_at_ref(project.root, trust_ref)
         except git.GitError as e:
-            raise GateConfigError(f"--trust-ref {trust_ref}: {e.message}") from None
+            given = trust_ref if isinstance(trust_ref, str) else trust_ref.given
+            raise GateConfigError(f"--trust-ref {given}: {e.message}") from None
     where = project.relative(project.config_path)
     if not project.config_path.is_file():
         return GateConfig(source=f"default (no {where})")

@@ -25,6 +25,12 @@ def _xml_text(text: str) -> str:
 def junit_tree(result: GateResult) -> ET.ElementTree[ET.Element]:
     """``<testsuites>`` with one ``<testsuite>`` per kind of case (verify, replay)."""
     suites = ET.Element("testsuites", name="kaudit gate", time=f"{result.seconds:.3f}")
+    anchor = result.trust_anchor
+    trust = (
+        {"trust_ref": anchor.given, "trust_ref_full": anchor.ref, "trust_commit": anchor.commit}
+        if anchor is not None
+        else {}
+    )
     for kind in CaseKind:
         cases = result.of_kind(kind)
         suite = ET.SubElement(
@@ -37,6 +43,11 @@ def junit_tree(result: GateResult) -> ET.ElementTree[ET.Element]:
             skipped="0",
             time=f"{sum(c.seconds for c in cases):.3f}",
         )
+        if trust:
+            # which ref and commit the trust store and the configuration were read at
+            properties = ET.SubElement(suite, "properties")
+            for name, value in trust.items():
+                ET.SubElement(properties, "property", name=name, value=_xml_text(value))
         for c in cases:
             element = ET.SubElement(
                 suite,

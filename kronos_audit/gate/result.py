@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit.gate.config import GateConfig
+from kronos_audit.trust import PinnedRef
 
 FORMAT = "kronos-audit/gate/v1"
 
@@ -86,6 +87,8 @@ class GateResult:
     """Every manifest and attestation the gate covered."""
     seconds: float = 0.0
     """Time the whole gate took."""
+    trust_anchor: PinnedRef | None = None
+    """``trust_ref`` resolved: the one full ref and the commit everything was read at."""
 
     @property
     def ok(self) -> bool:
@@ -114,6 +117,9 @@ class GateResult:
             "ok": self.ok,
             "verdict": "PASSED" if self.ok else "FAILED",
             "trust_ref": self.trust_ref,
+            "trust_ref_resolved": (
+                self.trust_anchor.to_json_obj() if self.trust_anchor is not None else None
+            ),
             "config": self.config.to_json_obj(),
             "counts": self.counts(),
             "failures": [c.to_json_obj() for c in self.failures],

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from kronos_audit._internal import git
 from kronos_audit._internal.progress import report
 from kronos_audit.errors import Error
 from kronos_audit.gate.config import GateConfig, GateConfigError, load_config
@@ -14,9 +17,9 @@ from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
 from kronos_audit.gate.sampling import Segment, sample
 from kronos_audit.manifest import MANIFEST_SUFFIX
 from kronos_audit.project import Project, find_project
-from kronos_audit.trust import TrustedKey, TrustOptions, load_keyring
+from kronos_audit.targets import ATTESTATION_SUFFIX
+from kronos_audit.trust import PinnedRef, TrustedKey, TrustOptions, load_keyring
 from kronos_audit.verify import (
-    ATTESTATION_SUFFIX,
     StatementKind,
     Verifier,
     VerifyResult,
@@ -28,36 +31,159 @@ VERIFY_PHASE = "gate: verify manifests"
 REPLAY_PHASE = "gate: replay segments"
 
 
-def _statements(directory: Path) -> list[Path]:
-    """The manifests and attestations directly in ``directory``, by name."""
-    return sorted(
-        p
-        for p in directory.iterdir()
-        if p.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX)) and p.is_file()
+_NOT_WALKED = (".git", ".dvc")  # git's and DVC's own data: never a run
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    """A place the gate refuses to cover, or a manifest it must cover and cannot."""
+
+    name: str
+    """The path, relative to the repository root."""
+    message: str
+    """Why, in one line."""
+
+
+def _is_statement(name: str) -> bool:
+    return name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX))
+
+
+def _walk(root: Path, top: Path) -> tuple[list[Path], list[Uncovered]]:
+    """The manifests and attestations under ``top`` (a directory of the work tree at
+    ``root``), each once, in path order; and the links refused.
+
+    Hidden directories are walked (a run in ``.hidden/`` is a run), except ``.git`` and
+    ``.dvc``. A symbolic link (to a directory or to a statement) is followed when it
+    resolves inside the repository, each real directory being walked once (so a loop
+    ends); real directories first, so a run keeps its own path when a link also reaches
+    it. A link that leads outside the repository is refused, never followed.
+    """
+    real_root = root.resolve()
+    seen: set[Path] = set()
+    found: dict[Path, Path] = {}  # real path -> the path it was found at
+    refused: list[Uncovered] = []
+    links: list[Path] = []
+    linked: list[tuple[Path, Path]] = []  # statements reached by a link: (real, link)
+
+    def inside(link: Path) -> Path | None:
+        try:
+            target = link.resolve(strict=True)
+        except (OSError, RuntimeError):
+            return None  # dangling, or a loop of links: nothing to cover
+        if target == real_root or target.is_relative_to(real_root):
+            return target
+        refused.append(
+            Uncovered(
+                os.fsdecode(link.relative_to(root)),
+                "a symbolic link to outside the repository: the gate does not follow it, "
+                "so what it holds is not covered (replace the link by the run itself)",
+            )
+        )
+        return None
+
+    def walk(start: Path) -> None:
+        pending = [start]
+        while pending:
+            directory = pending.pop()
+            real = directory.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
+            try:
+                entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            except OSError as e:
+                refused.append(
+                    Uncovered(
+                        os.fsdecode(directory.relative_to(root)) or ".",
+                        f"cannot be listed ({e.strerror or e}): what it holds is not covered",
+                    )
+                )
+                continue
+            below = []
+            for entry in entries:
+                path = Path(entry.path)
+                if entry.is_symlink():
+                    target = inside(path) if entry.is_dir() or _is_statement(entry.name) else None
+                    if target is None:
+                        continue
+                    if target.is_dir():
+                        links.append(path)
+                    elif target.is_file():
+                        linked.append((target, path))
+                elif entry.is_dir(follow_symlinks=False):
+                    if entry.name not in _NOT_WALKED:
+                        below.append(path)
+                elif _is_statement(entry.name) and entry.is_file(follow_symlinks=False):
+                    found.setdefault(path.resolve(), path)
+            pending.extend(reversed(below))
+
+    walk(top)
+    while links:  # after every real directory: a link never takes a run's own path
+        walk(links.pop(0))
+    for target, path in linked:
+        found.setdefault(target, path)
+    return sorted(found.values()), refused
+
+
+def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether the path ``parts`` lies in what the glob ``pattern`` (``**`` for any
+    number of directories) names: the pattern matches the path or one of its parents."""
+    if not pattern:
+        return True
+    if pattern[0] == "**":
+        return any(_matches(parts[i:], pattern[1:]) for i in range(len(parts) + 1))
+    return (
+        bool(parts)
+        and fnmatch.fnmatchcase(parts[0], pattern[0])
+        and _matches(parts[1:], pattern[1:])
     )
 
 
-def _every_run(root: Path) -> list[Path]:
-    """Every directory of the work tree holding a manifest (hidden directories such as
-    .git, .dvc and .kaudit skipped; symbolic links not followed)."""
-    found: list[Path] = []
-    for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if any(f.endswith(MANIFEST_SUFFIX) for f in files):
-            found.append(Path(top))
-    return found
+def _covered_at_ref(
+    project: Project, config: GateConfig, pinned: PinnedRef, paths: list[Path]
+) -> list[Uncovered]:
+    """The manifests the tree at the trust ref holds (that its gate covers) which the
+    work tree no longer has at the same path, or which the gate did not cover."""
+    root = project.root
+    try:
+        listed = git.ls_tree_paths(root, pinned.commit)
+    except git.GitError as e:
+        raise GateConfigError(
+            f"--trust-ref {pinned.given}: cannot list {pinned.describe()}: {e.message}", path=root
+        ) from None
+    covered = {p.resolve() for p in paths}
+    patterns = [PurePosixPath(p).parts for p in config.runs]
+    missing: list[Uncovered] = []
+    for name in listed:
+        if not _is_statement(PurePosixPath(name).name):
+            continue
+        parts = PurePosixPath(name).parts
+        if patterns and not any(_matches(parts, pattern) for pattern in patterns):
+            continue
+        here = root / name
+        at = f"at the trust ref ({pinned.describe()})"
+        if not here.exists():
+            missing.append(
+                Uncovered(
+                    name,
+                    f"a manifest {at} is gone from the work tree: a run is deleted or moved "
+                    "only by changing the trust ref itself",
+                )
+            )
+        elif here.resolve() not in covered:
+            missing.append(Uncovered(name, f"a manifest {at} is not covered by this gate"))
+    return missing
 
 
-def discover(project: Project, config: GateConfig) -> list[Path]:
-    """The manifests and attestations the gate covers, each once, in path order."""
+def _discover(project: Project, config: GateConfig) -> tuple[list[Path], list[Uncovered]]:
     root = project.root
     chosen: dict[Path, None] = {}
+    refused: list[Uncovered] = []
     if not config.runs:
-        for directory in _every_run(root):
-            chosen.update(dict.fromkeys(_statements(directory)))
-        if not chosen:
+        found, refused = _walk(root, root)
+        if not found and not refused:
             raise GateConfigError("no manifest (*.kaudit.json) in this repository", path=root)
-        return list(chosen)
+        return found, refused
     for pattern in config.runs:
         pure = PurePosixPath(pattern)
         if pure.is_absolute() or ".." in pure.parts:
@@ -65,20 +191,27 @@ def discover(project: Project, config: GateConfig) -> list[Path]:
                 f"[gate] runs: {pattern!r} must be a path inside the repository",
                 path=config.source,
             )
-        before = len(chosen)
+        before = len(chosen) + len(refused)
         for match in sorted(root.glob(pattern)):
+            if any(part.startswith(".") for part in match.relative_to(root).parts):
+                continue  # .git, .dvc, .kaudit, kaudit's own hidden files
             if match.is_dir():
-                for directory in [match, *(d for d in sorted(match.rglob("*")) if d.is_dir())]:
-                    if any(part.startswith(".") for part in directory.relative_to(root).parts):
-                        continue
-                    chosen.update(dict.fromkeys(_statements(directory)))
-            elif match.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX)):
+                found, skipped = _walk(root, match)
+                chosen.update(dict.fromkeys(found))
+                refused += skipped
+            elif _is_statement(match.name):
                 chosen[match] = None
-        if len(chosen) == before:
+        if len(chosen) + len(refused) == before:
             raise GateConfigError(
                 f"[gate] runs: {pattern!r} matches no manifest", path=config.source
             )
-    return list(chosen)
+    return list(chosen), refused
+
+
+def discover(project: Project, config: GateConfig) -> list[Path]:
+    """The manifests and attestations the gate covers, each once, in path order (see
+    :func:`_walk` for hidden directories and symbolic links)."""
+    return _discover(project, config)[0]
 
 
 def _signer_matches(signer: TrustedKey, wanted: str) -> bool:
@@ -241,12 +374,25 @@ def gate(
     started = time.perf_counter()
     trust = trust or TrustOptions()
     project = find_project(repository).require_initialized()
+    # One resolution of --trust-ref for the whole gate: the configuration, the trust
+    # store, the revocations and every replay's verification read the same commit.
+    trust = trust.pin(project.root)
+    pinned = trust.pinned
     if config is None:
-        config = load_config(project, trust.trust_ref)
-    paths = discover(project, config)
+        config = load_config(project, pinned)
+    paths, uncovered = _discover(project, config)
+    if pinned is not None:
+        # What the protected ref holds must still be here and verified: a change cannot
+        # take a run out of the gate by deleting, moving or hiding it.
+        uncovered += _covered_at_ref(project, config, pinned, paths)
     problems = tuple(load_keyring(project.root, trust).problems)
     verifiers: dict[Path, Verifier] = {}
     cases, segments = _verify(project, paths, config, trust, on_case, verifiers)
+    for u in uncovered:
+        case = Case(CaseKind.VERIFY, u.name, "", None, CaseStatus.FAILED, u.message, (u.message,))
+        cases.append(case)
+        if on_case is not None:
+            on_case(case)
     chosen = sample(segments, config.segments, config.seed)
     for i, segment in enumerate(chosen):
         report(REPLAY_PHASE, i, len(chosen))
@@ -263,4 +409,5 @@ def gate(
         problems,
         tuple(paths),
         time.perf_counter() - started,
+        pinned,
     )

@@ -39,6 +39,9 @@ def render_markdown(result: GateResult) -> str:
         "",
     ]
     ref = f" at `{md_text(result.trust_ref)}`" if result.trust_ref else ""
+    if result.trust_anchor is not None:
+        anchor = result.trust_anchor
+        ref = f" at `{md_text(anchor.given)}`, resolved to `{md_text(anchor.describe())}`"
     lines.append(
         f"Configuration: {md_text(result.config.source)}{ref}; "
         f"{result.config.segments} segment(s) per run, seed {result.config.seed}, "

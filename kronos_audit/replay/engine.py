@@ -227,7 +227,7 @@ def _run_and_compare(
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:
-            apply_patch(project, patch, tree)
+            apply_patch(project, patch, tree, m.run)
         clock.lap("code")
         run_dir = working_directory(tree, cwd, commit, m)
         argv = command_line(

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from kronos_audit._internal import git
-from kronos_audit.errors import ReplayError, Stage
+from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.errors import ReplayError, Stage, StorageError
 from kronos_audit.manifest import Manifest
 from kronos_audit.project import Project
-from kronos_audit.provenance import patch_path
+from kronos_audit.provenance import PATCH_LIMIT, patch_name, patch_path
 
 
 @contextmanager
@@ -65,32 +68,74 @@ def _remove_worktree(root: Path, dest: Path) -> None:
             git.worktree_prune(root)
 
 
-def apply_patch(project: Project, digest: str, tree: Path) -> None:
-    """Re-apply the recorded uncommitted patch (content-addressed in .kaudit/patches)."""
+def apply_patch(project: Project, digest: str, tree: Path, run: str | None = None) -> None:
+    """Re-apply the recorded uncommitted patch (content-addressed in .kaudit/patches).
+
+    When it is not here (a clone where it was never committed) and ``run`` is given, it
+    is read from the run's directory in the default DVC remote, where ``kaudit push``
+    and ``Run(push=True)`` put it, at most :data:`PATCH_LIMIT` bytes. Either way the
+    bytes must have the sha256 the verified manifest records, and exactly those bytes
+    (a private copy, never the file again) are applied.
+    """
     path = patch_path(project.root, digest)
+    where: Path | str = path
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ReplayError(
-            f"the recorded tree was dirty and its patch {digest[:16]}... is missing "
-            "(commit .kaudit/patches/ with the manifests)",
-            path=path,
-            stage=Stage.CODE,
-        ) from None
+        data = read_regular(path, PATCH_LIMIT, follow_symlinks=False)
+    except UnsafeFile as e:
+        if not e.missing:
+            raise ReplayError(
+                f"the recorded patch {e.reason}", path=path, stage=Stage.CODE
+            ) from None
+        data, where = _remote_patch(project, digest, run, path)
     if hashlib.sha256(data).hexdigest() != digest:
         raise ReplayError(
-            "the patch does not match its recorded sha256: altered", path=path, stage=Stage.CODE
+            "the patch does not match its recorded sha256: altered", path=where, stage=Stage.CODE
         )
     if not data:
         return
+    fd, private = tempfile.mkstemp(prefix="kaudit-patch-", suffix=".patch")
     try:
-        git.apply(tree, path.resolve())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        git.apply(tree, Path(private))
     except git.GitError as e:
         raise ReplayError(
             f"the recorded patch does not apply to its commit: {e.message}",
+            path=where,
+            stage=Stage.CODE,
+        ) from None
+    finally:
+        os.unlink(private)
+
+
+def _remote_patch(
+    project: Project, digest: str, run: str | None, path: Path
+) -> tuple[bytes, Path | str]:
+    """The patch ``digest`` from the run's directory in the default DVC remote, and where
+    it was read (for messages); ReplayError when it cannot be had."""
+    missing = (
+        f"the recorded tree was dirty and its patch {digest[:16]}... is missing "
+        "(commit .kaudit/patches/ with the manifests, or `kaudit push` them"
+    )
+    if run is None or not (project.root / ".dvc").is_dir():
+        raise ReplayError(missing + ")", path=path, stage=Stage.CODE)
+    from kronos_audit.storage import Storage
+    from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
+
+    try:
+        files = RunFiles(Storage(project), run)
+        data = files.get(patch_name(digest), PATCH_LIMIT)
+    except RemoteFileRefused as e:
+        raise ReplayError(
+            missing + f"; the DVC remote's copy is not read: {e})", path=path, stage=Stage.CODE
+        ) from None
+    except StorageError as e:
+        raise ReplayError(
+            missing + f"; not from the DVC remote either: {e.message})",
             path=path,
             stage=Stage.CODE,
         ) from None
+    return data, f"{files.where}/{patch_name(digest)} (in the DVC remote)"
 
 
 def recorded_cwd(m: Manifest) -> str:

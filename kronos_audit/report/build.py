@@ -114,8 +114,12 @@ def _trust_words(trust: TrustOptions | None) -> str:
         parts.append(f"the repository's trust store at {trust.trust_ref}")
     if not parts:
         what = "the user's trust store, $KAUDIT_TRUSTED_KEYS and the repository's own store"
-        return what + (" (anchors required)" if trust.require_anchor else " (unanchored allowed)")
-    return ", ".join(parts) + " (anchors required)"
+    else:
+        what = ", ".join(parts)
+    allowed_by = trust.unanchored_allowed_by()
+    if allowed_by is None:
+        return what + " (anchors required)"
+    return what + f" (unanchored signers allowed by {allowed_by})"
 
 
 def _trust_args(trust: TrustOptions | None) -> list[str]:
@@ -128,6 +132,8 @@ def _trust_args(trust: TrustOptions | None) -> list[str]:
         args += ["--trust-ref", trust.trust_ref]
     if trust.require_anchor and not trust.trusted_keys and trust.trust_ref is None:
         args.append("--require-anchor")
+    if trust.allow_unanchored:
+        args.append("--allow-unanchored")
     return args
 
 
@@ -241,6 +247,7 @@ def _verification(group: _Group, newest: int, max_failures: int) -> Verification
         total=len(results),
         passed=len(results) - len(failed),
         data_checked=sum(r.data_checked for r in results),
+        pruned=sum(r.data_pruned for r in results),
         failures=tuple(_row(group, r) for r in failed[:max_failures]),
         failures_not_listed=max(0, len(failed) - max_failures),
         newest=tuple(_row(group, r) for r in reversed(results[-newest:] if newest else [])),

@@ -279,6 +279,8 @@ class Verification:
     """That verified."""
     data_checked: int
     """Whose checkpoint bytes were hashed (the others were pruned or not fetched)."""
+    pruned: int
+    """Whose data a signed retention record prunes (not hashed: gone on purpose)."""
     failures: tuple[ManifestRow, ...]
     """The manifests that failed (up to the limit)."""
     failures_not_listed: int
@@ -296,6 +298,7 @@ class Verification:
             "passed": self.passed,
             "failed": self.failed,
             "data_checked": self.data_checked,
+            "pruned": self.pruned,
             "failures": [r.to_json_obj() for r in self.failures],
             "failures_not_listed": self.failures_not_listed,
             "newest": [r.to_json_obj() for r in self.newest],

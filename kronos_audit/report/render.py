@@ -145,7 +145,8 @@ def _md_run(run: RunReport) -> list[str]:
     lines += ["", "### Verification", ""]
     lines.append(
         f"{v.passed} of {v.total} manifests verify ({v.failed} fail); "
-        f"{v.data_checked} checkpoints' data hashed."
+        f"{v.data_checked} checkpoints' data hashed"
+        + (f", {v.pruned} pruned (signed retention record)." if v.pruned else ".")
     )
     if v.failures:
         lines += ["", "| manifest | step | result | failed checks |", "| --- | --- | --- | --- |"]

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,7 +31,8 @@ from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state
+from kronos_audit.provenance import git_state, patch_note
+from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
     ReplayInstruction,
@@ -40,14 +40,21 @@ from kronos_audit.runtime.protocol import (
     restart_count,
     step_of,
 )
-from kronos_audit.runtime.resume_remote import RemoteResume, push_manifest
+from kronos_audit.runtime.resume_remote import (
+    RemoteResume,
+    newest_known,
+    push_manifest,
+    refuse_rollback,
+    rollback_allowed,
+)
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
 from kronos_audit.runtime.scheduler import scheduler_record
 from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import cache_settings, dvc_file_for, track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
 from kronos_audit.verify import Verifier
 
@@ -139,6 +146,18 @@ def _move_into_place(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
+def _withdraw(final: Path) -> None:
+    """Take back a checkpoint whose publishing failed after its file was in place (the
+    DVC cache or the manifest could not be written: a full or read-only disk): no file
+    may stand under a checkpoint's name without its ``.dvc`` file and manifest. Best
+    effort: on a disk that refuses even this, the restart passes it over (no manifest)."""
+    for path in (dvc_file_for(final), final):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            log.warning("%s: left behind by a failed checkpoint (no manifest)", path)
+
+
 class SignedPublisher:
     """A normal run: signed, DVC-tracked, chained checkpoints in ``directory``."""
 
@@ -155,10 +174,15 @@ class SignedPublisher:
         retention: Retention,
         push: bool,
         allow_secret_files: bool,
+        command: Sequence[str] | None = None,
+        allow_rollback: bool = False,
     ) -> None:
+        self.command = recorded_command(command)
+        """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
         self._directory = directory
         self.seed = seed
+        self.allow_rollback = allow_rollback
         self.attributes = dict(attributes)
         self.retention = retention
         self.push = push
@@ -169,12 +193,13 @@ class SignedPublisher:
         self._key: SigningKey | None = None
         self._git: GitRecord | None = None
         self._storage: Storage | None = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._run_files: RunFiles | None = None
         self._parent: Manifest | None = None
         # Pushed again with the next checkpoint: data whose push failed (while it is
         # still here), manifests not yet in the remote (a chain's link missing there
         # would cut the chain a node resuming elsewhere fetches).
-        self._unpushed_data: list[Path] = []
+        self._unpushed_data: list[FetchItem] = []
         self._unpushed_manifests: list[Path] = []
         # What each checkpoint found valid was verified as (by its verified manifest):
         # a restore reads exactly those bytes, never what its name holds later.
@@ -196,6 +221,13 @@ class SignedPublisher:
         # The code this process runs is what it loaded now, whatever the checkout
         # becomes. Read before anything is written: a refused diff leaves nothing.
         self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
+        # DVC's cache settings, read once from DVC's configuration (all its levels) and
+        # kept: tracking each checkpoint on the background path must not read them again,
+        # and a cache.dir refused (see cache_settings) stops the run before any step.
+        self._cache = cache_settings(self._project)
+        note = patch_note(self._git)
+        if note is not None:
+            log.warning("run %r: %s", self.run_id, note)
 
     def policy(self, asked: SavePolicy) -> SavePolicy:
         return asked
@@ -228,7 +260,11 @@ class SignedPublisher:
 
         When the run pushes, the manifests in the DVC remote count too: one newer than
         every valid local checkpoint that verifies is brought here (its chain's manifests
-        and its data) and taken."""
+        and its data) and taken.
+
+        Never older than the newest step whose manifest is committed in git (see
+        :func:`~kronos_audit.runtime.resume_remote.newest_known`): that is a
+        RollbackRefused, unless the rollback is accepted (``allow_rollback``)."""
         point = self.latest(stacklevel=4)
         if self.push:
             found = self._remote_resume().newest(
@@ -238,6 +274,14 @@ class SignedPublisher:
                 point = ResumePoint(
                     found.checkpoint, found.step, self._signed.get(found.checkpoint)
                 )
+        project, _ = self._opened()
+        refuse_rollback(
+            self.run_id,
+            newest_known(project, self.directory, self.run_id, self._verifier()),
+            None if point is None else point.step,
+            allowed=rollback_allowed(self.allow_rollback),
+            path=self.directory,
+        )
         if point is not None:
             self._parent = read_manifest(manifest_path_for(point.path))
         return point
@@ -318,49 +362,64 @@ class SignedPublisher:
         digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
         assert digests.md5 is not None
         _move_into_place(tmp, final)
-        track(project, final, digests.md5, digests.size, owned=True, ignore_pattern="/step-*.h5")
-        extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
-        scheduler = scheduler_record()
-        if scheduler is not None:  # which batch job wrote it: a chain may span requeues
-            extra["scheduler"] = scheduler.to_json_obj()
-        doomed = self.retention.doomed(self.directory, job.step)
-        if doomed:
-            # Retention is signed: the manifest that prunes names what it prunes, so a
-            # verifier can tell data deleted on purpose from data deleted by anyone.
-            extra["pruned"] = pruned_record(doomed)
-        self._parent = sign_checkpoint(
-            final,
-            digests,
-            project=project,
-            key=key,
-            run=self.run_id,
-            step=job.step,
-            seeds=[self.seed],
-            parent=self._parent,
-            command=["python", *sys.argv],
-            cwd=Path.cwd(),
-            attributes=self.attributes,
-            extra=extra,
-            git=self._git,
-        )
+        try:
+            track(
+                project,
+                final,
+                digests.md5,
+                digests.size,
+                owned=True,
+                ignore_pattern="/step-*.h5",
+                settings=self._cache,
+            )
+            extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
+            scheduler = scheduler_record()
+            if scheduler is not None:  # which batch job wrote it: a chain may span requeues
+                extra["scheduler"] = scheduler.to_json_obj()
+            doomed = self.retention.doomed(self.directory, job.step)
+            if doomed:
+                # Retention is signed: the manifest that prunes names what it prunes, so a
+                # verifier can tell data deleted on purpose from data deleted by anyone.
+                extra["pruned"] = pruned_record(doomed)
+            self._parent = sign_checkpoint(
+                final,
+                digests,
+                project=project,
+                key=key,
+                run=self.run_id,
+                step=job.step,
+                seeds=[self.seed],
+                parent=self._parent,
+                command=list(self.command),
+                cwd=Path.cwd(),
+                attributes=self.attributes,
+                extra=extra,
+                git=self._git,
+            )
+        except BaseException:
+            _withdraw(final)
+            raise
         prune(project, self.directory, [p.step for p in doomed])
         if self.push:
-            self._push(project, final)
+            self._push(project, FetchItem(final, digests.md5, digests.sha256, digests.size))
 
-    def _push(self, project: Project, checkpoint: Path) -> None:
+    def _push(self, project: Project, item: FetchItem) -> None:
         """Push on the background thread: the data, then the manifest into the run's
         directory in the remote (a manifest there whose data is not would only be passed
         over). A failure does not stop the run: the checkpoint is safe locally, `kaudit
         status` shows it as not pushed, `kaudit push` completes the data, and the next
-        checkpoint's push retries what failed."""
+        checkpoint's push retries what failed. The data goes by the md5 and size just
+        signed, and is confirmed in the remote afterwards: an object missing there is a
+        failed push."""
         storage = self._storage_for(project)
+        checkpoint = item.checkpoint
         self._unpushed_manifests.append(manifest_path_for(checkpoint))
         # Pruned meanwhile: its data is gone (on purpose, signed), its manifest still goes.
-        data = [c for c in self._unpushed_data if c.exists()]
+        data = [i for i in self._unpushed_data if i.checkpoint.exists()]
         try:
-            storage.push([*data, checkpoint])
+            storage.push([*data, item])
         except Error as e:
-            self._unpushed_data = [*data, checkpoint]
+            self._unpushed_data = [*data, item]
             self._push_failed(checkpoint, e)
             return
         self._unpushed_data = []

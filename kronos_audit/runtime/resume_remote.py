@@ -28,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit.errors import Error, StorageError
+from kronos_audit.errors import Error, RollbackRefused, StorageError
 from kronos_audit.manifest import (
     MANIFEST_SUFFIX,
     Manifest,
@@ -39,11 +40,13 @@ from kronos_audit.manifest import (
     read_signed_file,
 )
 from kronos_audit.project import Project
+from kronos_audit.provenance import PATCH_LIMIT, patch_name, patch_path
 from kronos_audit.runtime.protocol import checkpoint_name
 from kronos_audit.storage import runs
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
 from kronos_audit.storage.tracking import track
+from kronos_audit.trust import resolve_ref
 from kronos_audit.verify import Verifier, place_check
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -66,8 +69,40 @@ def step_of_manifest_name(name: str) -> int | None:
 
 
 def push_manifest(files: RunFiles, manifest: Path) -> None:
-    """Put a run's local manifest in its remote directory, under its own name."""
-    files.put(manifest.name, read_signed_file(manifest))
+    """Put a run's local manifest in its remote directory, under its own name, after the
+    uncommitted patch it records (:func:`push_patch`)."""
+    data = read_signed_file(manifest)
+    push_patch(files, parse_manifest(data, manifest))
+    files.put(manifest.name, data)
+
+
+def push_patch(files: RunFiles, manifest: Manifest) -> bool:
+    """Put the uncommitted patch ``manifest`` records (``.kaudit/patches/<sha256>.patch``)
+    in the run's remote directory under the same name, so that a replay in a clone that
+    lacks it can fetch it; return whether it was sent (once per ``files``).
+
+    What is sent is exactly the bytes whose sha256 the manifest records: a local patch
+    that is not (altered) is refused with StorageError, and nothing is sent. One that is
+    not here (a clone where it was never committed) is logged and skipped: the remote
+    may hold it from where the run ran."""
+    digest = manifest.record.git.patch_sha256
+    if digest is None:
+        return False
+    path = patch_path(files.storage.project.root, digest)
+    try:
+        data = read_regular(path, PATCH_LIMIT, follow_symlinks=False)
+    except UnsafeFile as e:
+        if not e.missing:
+            raise StorageError(
+                f"the recorded patch is not sent: it {e.reason}", path=path
+            ) from None
+        log.warning("%s: its recorded patch %s is not here: not pushed", manifest.path, path.name)
+        return False
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise StorageError(
+            "the patch is not the one its manifest records (altered): not sent", path=path
+        )
+    return files.put_once(patch_name(digest), data)
 
 
 def push_manifests(storage: Storage, manifests: list[Path], remote: str | None = None) -> int:
@@ -83,6 +118,119 @@ def push_manifests(storage: Storage, manifests: list[Path], remote: str | None =
         for _, path in sorted(entries):
             push_manifest(files, path)
     return sum(len(e) for e in by_run.values())
+
+
+ALLOW_ROLLBACK_ENV = "KAUDIT_ALLOW_ROLLBACK"
+"""Set to ``1``: restore may resume from a checkpoint older than the newest one the
+repository knows of (as ``Run(allow_rollback=True)``), saying so in a log warning."""
+TRUST_REF_ENV = "KAUDIT_TRUST_REF"
+"""A protected git ref whose committed manifests of the run count, beside HEAD's, as the
+newest steps the repository knows of."""
+
+
+@dataclass(frozen=True)
+class Known:
+    """The newest checkpoint of a run that the repository's committed manifests know of."""
+
+    step: int
+    """Its step."""
+    where: str
+    """The manifest that says so: ``REF:path``."""
+
+
+def rollback_allowed(asked: bool) -> bool:
+    """Whether a rollback is accepted: asked for, or ``KAUDIT_ALLOW_ROLLBACK=1``."""
+    return asked or os.environ.get(ALLOW_ROLLBACK_ENV, "") == "1"
+
+
+def newest_known(
+    project: Project, directory: Path, run_id: str, verifier: Verifier
+) -> Known | None:
+    """The newest step of run ``run_id`` whose manifest is committed in the run's
+    directory at HEAD (and at ``$KAUDIT_TRUST_REF`` when set), read with git from its
+    object store whatever the work tree holds: its data need not be here. A committed
+    manifest counts only once its signature (a signer ``verifier`` accepts), run, step and
+    place hold; at most :data:`TRY_LIMIT` per ref, newest first, are read."""
+    relative = project.relative(directory)
+    if relative.startswith("/"):
+        return None  # the run's directory is not in the repository: git knows nothing
+    refs = ["HEAD"]
+    trust_ref = os.environ.get(TRUST_REF_ENV, "").strip()
+    if trust_ref:
+        refs.append(trust_ref)
+    best: Known | None = None
+    for ref in refs:
+        try:
+            commit = (
+                git.commit_of(project.root, ref)
+                if ref == "HEAD"
+                else resolve_ref(project.root, ref).commit  # one ref, never git's guess
+            )
+            if commit is None:
+                continue  # no commit yet
+            entries = git.ls_tree(project.root, commit, relative, limit=runs.LIST_LIMIT)
+        except git.GitError as e:
+            raise StorageError(
+                f"{ref}: cannot list the run's committed manifests: {e.message}"
+            ) from None
+        candidates = sorted(
+            (
+                (step, e)
+                for e in entries
+                if (step := step_of_manifest_name(PurePosixPath(e.path).name)) is not None
+                and e.kind == "blob"
+                and e.mode in ("100644", "100755")
+                and e.size is not None
+                and e.size <= MANIFEST_LIMIT
+                and (best is None or step > best.step)
+            ),
+            key=lambda c: c[0],
+            reverse=True,
+        )
+        for step, entry in candidates[:TRY_LIMIT]:
+            name = PurePosixPath(entry.path).name
+            try:
+                manifest = parse_manifest(git.cat_blob(project.root, entry.oid), directory / name)
+            except Error:
+                continue
+            if (
+                manifest.run == run_id
+                and manifest.step == step
+                and verifier.signature(manifest).ok
+                and place_check(project, manifest).ok
+            ):
+                best = Known(step, f"{ref}:{entry.path}")
+                break
+    return best
+
+
+def refuse_rollback(
+    run_id: str, known: Known | None, available: int | None, *, allowed: bool, path: Path
+) -> None:
+    """RollbackRefused when ``available`` (None: none, the start) is older than the
+    ``known`` newest step, unless ``allowed``; then a log warning says so."""
+    if known is None or (available is not None and available >= known.step):
+        return
+    older = "the start (no checkpoint)" if available is None else f"step {available}"
+    if not allowed:
+        raise RollbackRefused(
+            f"run {run_id!r}: the newest checkpoint the repository knows of is step "
+            f"{known.step} ({known.where}), but the newest one here or in the DVC remote is "
+            f"{older}: refusing to roll back (bring step {known.step}'s data back, or pass "
+            f"allow_rollback=True to ka.Run, or set {ALLOW_ROLLBACK_ENV}=1, to resume from "
+            f"{older})",
+            path=path,
+            known=known.step,
+            available=available,
+        )
+    log.warning(
+        "run %r: rolling back: resuming from %s although the repository knows of step %d "
+        "(%s); the steps after it will be done, and signed, again",
+        run_id,
+        older,
+        known.step,
+        known.where,
+    )
 
 
 @dataclass(frozen=True)
@@ -283,6 +431,7 @@ class RemoteResume:
                 manifest.record.size,
                 owned=True,
                 ignore_pattern="/step-*.h5",
+                settings=self.storage.cache_settings(),
             )
         return Found(checkpoint, step)
 
@@ -320,10 +469,17 @@ class RemoteResume:
 
 
 __all__ = [
+    "ALLOW_ROLLBACK_ENV",
+    "TRUST_REF_ENV",
     "TRY_LIMIT",
     "Found",
+    "Known",
     "RemoteResume",
+    "newest_known",
     "push_manifest",
     "push_manifests",
+    "push_patch",
+    "refuse_rollback",
+    "rollback_allowed",
     "step_of_manifest_name",
 ]

@@ -3,9 +3,10 @@
 Retention is signed. Once the checkpoint of the newest step is written,
 :meth:`Retention.doomed` names the older checkpoints whose data goes, each with the sha256
 of its manifest; the manifest of the newest step lists them (``pruned``,
-:func:`pruned_record`) and is signed, and only then does :func:`prune` delete their data.
-Manifests are never deleted, so the chain still verifies, and a verifier can tell data
-deleted on purpose from data deleted by anyone (see docs/security.md).
+:func:`pruned_record`) and is signed, and only then does :func:`prune` delete their data
+and DVC's tracking of it (``.dvc`` file, cache object). Manifests are never deleted, so
+the chain still verifies, and a verifier can tell data deleted on purpose from data
+deleted by anyone (see docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
     dvc_file_for,
+    forget_ignored,
     read_dvc_file,
 )
 
@@ -74,9 +76,12 @@ def pruned_record(doomed: Iterable[PrunedEntry]) -> list[dict[str, Any]]:
 
 
 def prune(project: Project, directory: Path, doomed: Sequence[int]) -> None:
-    """Delete the data of the checkpoints of steps ``doomed`` in ``directory``, and DVC's
-    cache object of it, unless a checkpoint still here holds the same bytes. Their
-    manifests stay, so the chain verifies."""
+    """Delete the checkpoints of steps ``doomed`` in ``directory`` from DVC: their data,
+    their ``.dvc`` files and any git-ignore entry of their own, and DVC's cache object of
+    the data unless a checkpoint still here holds the same bytes. So DVC stays consistent
+    (a plain ``dvc pull`` in a fresh clone, ``dvc status``: nothing missing), and the
+    signed retention record of the manifest that pruned them is what says they went.
+    Their manifests stay, so the chain verifies."""
     if not doomed:
         return
     cache_dir, _ = cache_settings(project)
@@ -90,11 +95,19 @@ def prune(project: Project, directory: Path, doomed: Sequence[int]) -> None:
     }
     for s in doomed:
         path = directory / checkpoint_name(s)
-        entry = read_dvc_file(dvc_file_for(path))
+        dvc_file = dvc_file_for(path)
+        entry = read_dvc_file(dvc_file)
+        # The .dvc file first: interrupted after it, the data is still here and the next
+        # checkpoint prunes it again (its cache object then stays, for `dvc gc`); a .dvc
+        # file left naming data that is gone would break every `dvc pull` of the repository.
+        dvc_file.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
         if entry is not None and entry[0] not in kept_md5s:
             # Free the space for real: the cache holds the same bytes.
             cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
+    # A run ignores its checkpoints by one pattern (/step-*.h5); an entry naming one
+    # checkpoint alone (``kaudit snapshot`` writes those) goes with it.
+    forget_ignored(directory, [f"/{checkpoint_name(s)}" for s in doomed])
 
 
 __all__ = ["Retention", "prune", "pruned_record"]

@@ -44,12 +44,13 @@ become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import traceback
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -62,7 +63,13 @@ from kronos_audit.checkpoint import tree
 from kronos_audit.checkpoint.state import State, require_mapping, unflatten
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
-from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.errors import (
+    CheckpointError,
+    Error,
+    ManifestError,
+    StorageError,
+    UsageError,
+)
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
@@ -88,6 +95,8 @@ from kronos_audit.runtime.sharded import (
 )
 from kronos_audit.signing import SigningKey
 
+H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
+"""How HDF5 quotes the system's error (errno's text) inside its own message."""
 RNG_GROUP = rng.GROUP
 RESERVED = (RNG_GROUP, LEDGER_GROUP)
 
@@ -106,7 +115,15 @@ class Run:
     asked after each step, and only it decides (default ``EverySeconds(600)``, which also
     saves at the final step and on preemption). With ``allow_secret_files`` an
     uncommitted diff is recorded even when it carries a file that looks like a secret
-    (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused.
+    (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused. Manifests
+    record ``command`` (an argv) as the command that re-runs a segment, by default
+    ``python`` and ``sys.argv``; credential-looking arguments are recorded as ``***``.
+
+    :meth:`restore` never resumes from a checkpoint older than the newest one whose
+    manifest is committed in git (the data of newer steps lost here and in the remote):
+    it raises :class:`~kronos_audit.errors.RollbackRefused` naming both steps, unless
+    ``allow_rollback`` (or ``KAUDIT_ALLOW_ROLLBACK=1``) accepts it, which a log warning
+    then says.
     """
 
     def __init__(
@@ -125,6 +142,8 @@ class Run:
         push: bool = False,
         allow_secret_files: bool = False,
         comm: Any = None,
+        command: Sequence[str] | None = None,
+        allow_rollback: bool = False,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -157,13 +176,16 @@ class Run:
         self._sharded: ShardedPublisher | None = None
         if (
             self.size > 1
-            or (self.replay is None and has_sharded_steps(Path(root) / self.run_id))
+            or (
+                self.replay is None
+                and has_sharded_steps(Path(root) / self.run_id, run_id, key, stacklevel=2)
+            )
             or (self.replay is not None and self.replay.sharded)
         ):
             # One rank continues a run that was written on several as it was written:
             # sharded steps (of one shard), so its chain and layouts carry on.
             self._sharded = self._sharded_publisher(
-                root, key, attributes, push, keep, keep_every, allow_secret_files
+                root, key, attributes, push, keep, keep_every, allow_secret_files, command
             )
         self.publisher: Publisher | ShardedPublisher = (
             self._sharded
@@ -179,6 +201,8 @@ class Run:
                 retention=self.retention,
                 push=push,
                 allow_secret_files=allow_secret_files,
+                command=command,
+                allow_rollback=allow_rollback,
             )
         )
         """Where the checkpoints go and what they become (signed, or a replay's output)."""
@@ -216,6 +240,7 @@ class Run:
         keep: int | None,
         keep_every: int | None,
         allow_secret_files: bool,
+        command: Sequence[str] | None,
     ) -> ShardedPublisher:
         if self.replay is not None:
             # Every rank draws from the same (recorded) run seed, as the run did.
@@ -244,6 +269,7 @@ class Run:
             key=key,
             attributes=attributes or {},
             allow_secret_files=allow_secret_files,
+            command=command,
         )
 
     def _single(self) -> Publisher:
@@ -664,11 +690,17 @@ class Run:
         tmp = self.directory / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         try:
             self._single().publish(job, tmp, final)
-        except (OSError, RuntimeError, CheckpointError) as e:  # h5py: some as RuntimeError
-            if isinstance(e, CheckpointError):
+        # h5py raises some as RuntimeError; the DVC cache and the manifest fail as
+        # StorageError and ManifestError (a full or read-only disk among them).
+        except (OSError, RuntimeError, CheckpointError, StorageError, ManifestError) as e:
+            if isinstance(e, Error):
                 reason = e.message
             elif isinstance(e, OSError) and e.strerror:
                 reason = e.strerror
+            elif found := H5_SYSTEM_ERROR.search(str(e)):
+                # HDF5's message is its stack of calls, over lines; the system's reason
+                # (a full disk, a read-only one) is what the user can act on.
+                reason = found.group(1)
             else:
                 reason = str(e).splitlines()[0]
             raise CheckpointError(

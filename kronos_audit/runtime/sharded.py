@@ -35,12 +35,12 @@ records the git state, and sends the key's public half to the others, which veri
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
-import sys
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,7 @@ from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
     LINE_WIDTH,
+    MAX_SHARDS,
     TREE_NAME,
     NoProof,
     ShardRecord,
@@ -73,16 +74,17 @@ from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.predicate import GitRecord
 from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state
+from kronos_audit.provenance import git_state, patch_note
+from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.runtime.rng import derived_seed
 from kronos_audit.sign import sign_sharded_step
 from kronos_audit.signing import SigningKey, select_key
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import cache_settings, track
 from kronos_audit.trust import Anchor, TrustOptions, load_keyring
-from kronos_audit.verify import Verifier
+from kronos_audit.verify import Verifier, place_check
 
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that
@@ -146,9 +148,72 @@ def _require_threads(comm: Comm) -> None:
         )
 
 
-def has_sharded_steps(directory: Path) -> bool:
-    """Whether ``directory`` (a run's) holds a sharded step with its manifest."""
-    return any(directory.glob(f"step-*/{INDEX_NAME}.kaudit.json"))
+def has_sharded_steps(
+    directory: Path, run_id: str, key: str | SigningKey | None, *, stacklevel: int
+) -> bool:
+    """Whether ``directory`` (run ``run_id``'s) holds a sharded step that counts: its step
+    manifest signed by an anchored key or the run's own (``key``), of this run and of the
+    step its directory names, in its place. Nothing else of it is read. Every candidate
+    that does not count is named, with why, in a CheckpointSkipped warning: an unsigned
+    file dropped in a run's directory decides nothing, not even the run's layout."""
+    from kronos_audit.runtime.publish import CheckpointSkipped
+
+    candidates = sorted(
+        (step, p)
+        for p in directory.glob(f"step-*/{INDEX_NAME}.kaudit.json")
+        if (step := _step_of_directory(p.parent.name)) is not None
+    )
+    if not candidates:
+        return False
+    verifier: Verifier | None = None
+    problem: str | None = None
+    try:
+        project = find_project(directory)
+        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
+        try:
+            own = key if isinstance(key, SigningKey) else select_key(key)
+            keyring.add(own.private_key.public_key(), "run", Anchor.USER, "the run's key")
+        except Error:
+            pass  # no key of its own to vouch: only an anchored signer counts
+        verifier = Verifier(project, keyring)
+    except Error as e:
+        problem = f"cannot be verified: {one_line_reason(e)}"
+    found = False
+    for step, path in reversed(candidates):
+        reason = (
+            problem if verifier is None else _step_manifest_problem(verifier, path, run_id, step)
+        )
+        if reason is None:
+            found = True
+            break
+        warnings.warn(
+            f"{path}: not counted as a sharded step: {reason}",
+            CheckpointSkipped,
+            stacklevel=stacklevel,
+        )
+    return found
+
+
+def _step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
+    """What is wrong with ``path`` as the step manifest of step ``step`` of run ``run_id``
+    (None: nothing), checking its signature and place before any other field is used."""
+    try:
+        manifest = verifier.cache.read(path)
+    except Error as e:
+        return one_line_reason(e)
+    signed = verifier.signature(manifest)
+    if not signed.ok:
+        return f"signature: {signed.detail}"
+    if manifest.record.shards is None:
+        return "not a sharded step's manifest"
+    place = place_check(verifier.project, manifest)
+    if not place.ok:
+        return f"place: {place.detail}"
+    if manifest.run != run_id:
+        return f"belongs to run {manifest.run!r}"
+    if manifest.step != step:
+        return f"its manifest signs step {manifest.step}, not step {step}"
+    return None
 
 
 # -- layouts -----------------------------------------------------------------------------
@@ -267,7 +332,10 @@ class ShardedPublisher:
         key: str | SigningKey | None,
         attributes: Mapping[str, Any],
         allow_secret_files: bool,
+        command: Sequence[str] | None = None,
     ) -> None:
+        self.command = recorded_command(command)
+        """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
         self._directory = directory
         self.comm = comm
@@ -284,6 +352,7 @@ class ShardedPublisher:
         self._public: Any = None
         self._git: GitRecord | None = None
         self._parent: Path | None = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
         self.threaded = True
         """Whether commits run on the writer's thread (``Run(asynchronous=True)``)."""
 
@@ -319,7 +388,14 @@ class ShardedPublisher:
                 self._git = git_state(
                     self._project.root, allow_secret_files=self.allow_secret_files
                 )
+                note = patch_note(self._git)
+                if note is not None:
+                    logging.getLogger("kronos_audit.runtime").warning(
+                        "run %r: %s", self.run_id, note
+                    )
                 public = self._key.private_key.public_key().public_bytes_raw()
+                # DVC's cache settings, once: tracking each step must not read them again.
+                self._cache = cache_settings(self._project)
                 self.directory.mkdir(parents=True, exist_ok=True)
                 for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
                     leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
@@ -379,10 +455,16 @@ class ShardedPublisher:
         """What is wrong, for this rank, with step ``step`` (None: nothing)."""
         manifest = step_directory(self.directory, step) / f"{INDEX_NAME}.kaudit.json"
         try:
-            record = read_manifest(manifest).record
-            if record.shards is None:
-                return "not a sharded step's manifest", None
+            # Its signature and place first: no field of an unsigned manifest (a count of
+            # a million shards, a layout of a thousand arrays) plans or reads anything.
+            reason = _step_manifest_problem(verifier, manifest, self.run_id, step)
+            if reason is not None:
+                return reason, None
+            record = verifier.cache.read(manifest).record
+            assert record.shards is not None
             count = record.shards.count
+            if not 1 <= count <= MAX_SHARDS:
+                return f"declares {count:,} shards, more than {MAX_SHARDS:,}", None
             layout = parse_layout(record.shards.layout)
             agreed = Agreed(step, manifest, count, layout)
             first = True
@@ -413,11 +495,14 @@ class ShardedPublisher:
         needs = {0}
         if self.rank < agreed.count:
             needs.add(self.rank)  # its generators and ledger
-        for r in agreed.layout.values():
-            if r.block is not None and r.shape is not None:
-                needs.update(
-                    p.old_index for p in plan(r.shape[r.block], agreed.count, self.size, self.rank)
-                )
+        # Planned once per length: the shards a block needs depend on nothing else, so
+        # many arrays of one length cost one plan, not one each.
+        for length in {
+            r.shape[r.block]
+            for r in agreed.layout.values()
+            if r.block is not None and r.shape is not None
+        }:
+            needs.update(p.old_index for p in plan(length, agreed.count, self.size, self.rank))
         return sorted(needs)
 
     def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:
@@ -611,7 +696,7 @@ class ShardedPublisher:
             launcher=self.comm.name if self.comm.name in LAUNCHERS else None,
             seeds=[self.seed],
             parent=self._parent,
-            command=["python", *sys.argv],
+            command=list(self.command),
             cwd=Path.cwd(),
             attributes=self.attributes,
             extra={**meta, "restart_count": restart_count()},
@@ -628,6 +713,7 @@ class ShardedPublisher:
                 len(data),
                 owned=True,
                 ignore_pattern=f"/{name}",
+                settings=self._cache,
             )
         for record in records:
             track(
@@ -637,6 +723,7 @@ class ShardedPublisher:
                 record.size,
                 owned=True,
                 ignore_pattern="/rank-*.h5",
+                settings=self._cache,
             )
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path

@@ -1,9 +1,10 @@
 """DVC as kaudit drives it: its loggers kept quiet, its errors named, and the places
 where kaudit reaches past DVC's public API.
 
-:func:`remote_odb`, :func:`object_path` and :func:`remote_root` use DVC internals
-(``repo.cloud.get_remote_odb``, the object database's ``oid_to_path``, and
-``repo.cloud.get_remote``'s file system and path). DVC's public API (``dvc.api``) reads data
+:func:`remote_odb`, :func:`object_path`, :func:`remote_root`, :func:`push_objects` and
+:func:`local_cache_path` use DVC internals (``repo.cloud.get_remote_odb``, the object
+database's ``oid_to_path``, ``repo.cloud.get_remote``'s file system and path,
+``repo.cloud.push`` of hashes, ``repo.cache.local``). DVC's public API (``dvc.api``) reads data
 through ``.dvc`` files and revisions, never by the md5 a signed manifest records, which is
 the only address kaudit trusts; so pyproject.toml bounds dvc below its next major version,
 and these functions are all that changes if DVC moves them.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 DVC_LOGGERS: tuple[str, ...] = (
@@ -74,13 +75,59 @@ _quiet = _QuietLoggers(DVC_LOGGERS)
 @contextlib.contextmanager
 def quiet_dvc() -> Iterator[None]:
     """Keep DVC's INFO chatter (a greeting on ``dvc init``, connection notes) out of the
-    user's log while the block runs; DVC's errors reach kaudit as exceptions anyway."""
+    user's log while the block runs. Its warnings and errors still pass (a cache object
+    missing at push is one), and DVC's errors reach kaudit as exceptions anyway."""
     # Importing dvc sets its loggers' levels (dvc.logger.setup): done first, so that the
     # levels saved and put back are DVC's configured ones.
     import dvc  # noqa: F401
 
     with _quiet():
         yield
+
+
+TRANSFER_LOGGERS: tuple[str, ...] = (
+    "dvc_objects.fs.generic",
+    "dvc_data.hashfile.transfer",
+    "dvc_data.index.fetch",
+)
+"""The loggers on which DVC reports each file it failed to transfer (and then raises one
+error that only counts them)."""
+
+
+class _TransferFailures(logging.Filter):
+    """Keeps the reason of each failed transfer and drops DVC's line for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OSError) and error.strerror:
+            self.reasons.append(error.strerror)
+        elif error is not None:
+            self.reasons.append(dvc_error(error) if isinstance(error, Exception) else str(error))
+        else:
+            self.reasons.append(record.getMessage())
+        return False
+
+
+@contextlib.contextmanager
+def transfer_failures() -> Iterator[list[str]]:
+    """While the block runs, DVC's line for each file it fails to transfer is not
+    printed; its reason (``No space left on device``) is added to the list yielded, for
+    the one line kaudit says instead."""
+    keep = _TransferFailures()
+    loggers = [logging.getLogger(name) for name in TRANSFER_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(keep)
+    try:
+        yield keep.reasons
+    finally:
+        for logger in loggers:
+            logger.removeFilter(keep)
 
 
 def dvc_error(e: Exception) -> str:
@@ -104,3 +151,20 @@ def remote_root(repo: Any, name: str) -> tuple[Any, str]:
     terms, the directory that holds ``files/md5`` (DVC internal: ``repo.cloud.get_remote``)."""
     remote = repo.cloud.get_remote(name, "kaudit")
     return remote.fs, str(remote.path)
+
+
+def push_objects(repo: Any, md5s: Iterable[str], name: str) -> tuple[set[str], set[str]]:
+    """Upload the objects ``md5s`` from DVC's cache to the remote ``name``, by hash, not
+    through ``.dvc`` files (DVC internal: ``repo.cloud.push`` of ``HashInfo``s); return
+    the md5s DVC transferred and those it failed to. One DVC's cache does not hold (or
+    holds corrupted) is in neither: DVC logs a warning for it."""
+    from dvc_data.hashfile.hash_info import HashInfo
+
+    result = repo.cloud.push([HashInfo("md5", md5) for md5 in md5s], remote=name)
+    return {h.value for h in result.transferred}, {h.value for h in result.failed}
+
+
+def local_cache_path(repo: Any) -> str:
+    """The directory of DVC's local cache that holds md5 objects (``<cache.dir>/files/md5``)
+    as DVC resolved it for ``repo`` (DVC internal: ``repo.cache.local.path``)."""
+    return str(repo.cache.local.path)

@@ -400,19 +400,57 @@ def _stage_from_remote(item: FetchItem, remote: RemoteSource) -> Path:
     return tmp
 
 
-def fetch_one(item: FetchItem, cache_dir: Path, types: Sequence[str], remote: RemoteSource) -> None:
+def local_mismatch(path: Path, item: FetchItem) -> str | None:
+    """What keeps the local file ``path`` (a symbolic link is not followed) from being
+    the object ``item`` signs, in words; None if it holds exactly the signed bytes (size,
+    sha256 and md5). Reads at most one byte more than the signed size."""
+    try:
+        fd = _open_regular(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return "it is not here"
+    except _NotRegular as e:
+        return str(e)
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}"
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            got = _read_hashing(f.read, None, item.size)
+        except _SourceFailed as e:
+            return f"it cannot be read: {dvc_error(e.error)}"
+    return got.mismatch(item)
+
+
+def fetch_one(
+    item: FetchItem,
+    cache_dir: Path,
+    types: Sequence[str],
+    remote: RemoteSource,
+    *,
+    replace: bool = False,
+) -> None:
     """Fetch one checkpoint, from DVC's cache (``cache_dir``, linked by ``types``) if it
     holds the signed bytes, else from ``remote``; checked, then linked into place without
-    replacing anything, and put into DVC's cache."""
+    replacing anything, and put into DVC's cache.
+
+    With ``replace``, a file already at the checkpoint's path (a damaged copy) is
+    replaced, by renaming the checked temporary over its name: the bytes of the inode it
+    named, which a hard link may share with DVC's cache or another checkpoint, are never
+    written. A cache object that is not the signed data is unlinked, not repaired."""
     checkpoint = item.checkpoint
     if os.path.lexists(checkpoint):
-        raise StorageError("already exists: a fetch never replaces it", path=checkpoint)
+        if not replace:
+            raise StorageError("already exists: a fetch never replaces it", path=checkpoint)
+        if os.path.isdir(checkpoint) and not os.path.islink(checkpoint):
+            raise StorageError("is a directory: not replaced", path=checkpoint)
     obj = cache_object_path(cache_dir, item.md5)
     tmp = _stage_from_cache(item, obj, types) if os.path.lexists(obj) else None
     if tmp is None:
         tmp = _stage_from_remote(item, remote)
     try:
-        os.link(tmp, checkpoint)  # unlike a rename, fails if the name exists by now
+        if replace:
+            os.replace(tmp, checkpoint)  # the name changes; no inode is written into
+        else:
+            os.link(tmp, checkpoint)  # unlike a rename, fails if the name exists by now
     except FileExistsError:
         raise StorageError(
             "appeared while it was being fetched: left as it is", path=checkpoint

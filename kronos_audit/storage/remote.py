@@ -1,13 +1,17 @@
 """DVC remotes: pushing checkpoints, asking what a remote holds, fetching what a signed
 manifest names, and configuring a remote without putting its credentials in git.
 
-Pushing and asking a remote what it holds go through DVC's API. Fetching takes only the
-object a verified manifest signs (see :mod:`kronos_audit.storage.fetch`).
+Pushing and asking a remote what it holds go through DVC. Both push and fetch take only
+the objects verified manifests sign, by md5, never what a ``.dvc`` file says (see
+:mod:`kronos_audit.storage.fetch`); a push is confirmed afterwards: every object it was
+given must then be in the remote at its signed size.
 
 DVC's push over SSH writes objects in place, so a push killed midway can leave a
 truncated object under its final name, which DVC would then take as pushed. kaudit
-compares each remote object's size with the recorded one and deletes a short one before
-pushing again: a partial or tampered object is never taken as valid.
+compares each remote object's size with the signed one and deletes one of another size
+before pushing again, once the local bytes that replace it are verified: a partial or
+tampered object is never taken as valid, and none is deleted for bytes that are not
+the signed ones.
 """
 
 from __future__ import annotations
@@ -15,16 +19,25 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal import git
-from kronos_audit._internal.secrets import SplitURL, split_credentials
-from kronos_audit.errors import Error, StorageError
+from kronos_audit._internal.secrets import SplitURL, is_secret_param, redact, split_credentials
+from kronos_audit.errors import Error, PushIncomplete, StorageError
 from kronos_audit.project import Project
-from kronos_audit.storage._dvc import dvc_error, object_path, quiet_dvc, remote_odb
-from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one
+from kronos_audit.storage._dvc import (
+    dvc_error,
+    local_cache_path,
+    object_path,
+    push_objects,
+    quiet_dvc,
+    remote_odb,
+    transfer_failures,
+)
+from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one, local_mismatch
 from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
@@ -41,6 +54,7 @@ class Storage:
     def __init__(self, project: Project) -> None:
         self.project = project
         self._repo: Any = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
 
     @property
     def repo(self) -> Any:
@@ -62,6 +76,9 @@ class Storage:
             )
         if chosen not in self.repo.config["remote"]:
             raise StorageError(f"no DVC remote named {chosen!r}", path=self.project.root)
+        # Every remote operation of kaudit names its remote here first: the one place
+        # where credentials are checked against the URL they were given for.
+        check_credentials_bound(self.repo.config, str(chosen), self.project.root)
         return str(chosen)
 
     def _odb(self, remote: str | None) -> Any:
@@ -87,38 +104,129 @@ class Storage:
                 ) from None
         return found
 
-    def push(self, checkpoints: Sequence[Path], remote: str | None = None) -> int:
-        """Push checkpoints' cache objects; return how many were uploaded.
+    def cache_settings(self) -> tuple[Path, tuple[str, ...]]:
+        """DVC's cache directory and link types, resolved once for this Storage (see
+        :func:`~kronos_audit.storage.tracking.cache_settings`)."""
+        if self._cache is None:
+            self._cache = cache_settings(self.project)
+        return self._cache
 
-        A remote object shorter or longer than recorded (a push killed midway) is deleted
-        first, so that it is uploaded again rather than taken as pushed.
-        """
-        entries = [(c, read_dvc_file(dvc_file_for(c))) for c in checkpoints]
-        untracked = [c for c, e in entries if e is None]
-        if untracked:
-            raise StorageError("not tracked by DVC (no .dvc file)", path=untracked[0])
-        odb = self._odb(remote)
-        sizes = self.remote_sizes([e[0] for _, e in entries if e], remote)
-        for _, e in entries:
-            assert e is not None
-            md5, size = e
-            if sizes[md5] is not None and sizes[md5] != size:
-                log.warning(
-                    "remote object %s is %s bytes, not %s: uploading it again",
-                    md5,
-                    sizes[md5],
-                    size,
-                )
-                odb.fs.rm_file(object_path(odb, md5))
+    def _dvc_cache_is(self, cache_dir: Path) -> None:
+        """Refuse to push unless DVC's cache is the one kaudit put the objects in."""
         try:
-            with quiet_dvc():
-                pushed = self.repo.push(
-                    targets=[str(dvc_file_for(c)) for c in checkpoints],
-                    remote=self.remote_name(remote),
-                )
+            dvc_md5_dir = Path(local_cache_path(self.repo))
+        except StorageError:
+            raise
         except Exception as e:
-            raise StorageError(f"push failed: {dvc_error(e)}", path=self.project.root) from None
-        return int(pushed or 0)
+            raise StorageError(f"DVC's cache: {dvc_error(e)}", path=self.project.root) from None
+        ours = cache_dir / "files" / "md5"
+        if dvc_md5_dir.resolve() != ours.resolve():
+            raise StorageError(
+                f"DVC's cache is {dvc_md5_dir}, not {ours} where kaudit put the checkpoints: "
+                "not pushed",
+                path=self.project.root,
+            )
+
+    def push(self, items: Sequence[FetchItem], remote: str | None = None) -> int:
+        """Upload the objects that verified manifests sign, by their md5, from DVC's cache;
+        return how many were uploaded (the rest were in the remote already).
+
+        Only each item's md5, size and sha256 count (what its manifest signs): no ``.dvc``
+        file is read. A remote object of another size than signed (a push killed midway, or
+        tampering) is deleted, to be uploaded again, only once DVC's cache object here is
+        verified to be the signed bytes; otherwise it is left as it is. Afterwards every
+        item's object is confirmed in the remote at its signed size.
+
+        Raises PushIncomplete (exit 1) naming each checkpoint whose object is not there
+        after the push, and StorageError (exit 2) when there is no remote or DVC cannot
+        push at all.
+        """
+        unique = list(dict.fromkeys(items))
+        if not unique:
+            return 0
+        cache_dir, _ = self.cache_settings()
+        name = self.remote_name(remote)
+        self._dvc_cache_is(cache_dir)
+        odb = self._odb(name)
+        by_md5: dict[str, list[FetchItem]] = {}
+        for item in unique:
+            by_md5.setdefault(item.md5, []).append(item)
+        refused: dict[Path, str] = {}
+        sizes = self.remote_sizes(by_md5, name)
+        for md5, group in by_md5.items():
+            there = sizes[md5]
+            wrong = [i for i in group if there is not None and there != i.size]
+            if not wrong:
+                continue
+            assert there is not None
+            # Replaced only by bytes verified here: an object pushed for another checkpoint
+            # (a .dvc file edited, a manifest lying about a size) is never lost.
+            problem = local_mismatch(cache_object_path(cache_dir, md5), wrong[0])
+            if problem is not None:
+                for item in wrong:
+                    refused[item.checkpoint] = (
+                        f"the remote's object {md5} is {there:,} bytes, not the signed "
+                        f"{item.size:,}, and was left as it is: DVC's cache object here is "
+                        f"not the signed data either ({problem})"
+                    )
+                continue
+            log.warning(
+                "remote object %s is %s bytes, not %s: uploading it again",
+                md5,
+                there,
+                wrong[0].size,
+            )
+            try:
+                odb.fs.rm_file(object_path(odb, md5))
+            except Exception as e:
+                raise StorageError(
+                    f"remote unreachable: {dvc_error(e)}", path=self.project.root
+                ) from None
+        to_push = [
+            m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
+        ]
+        reasons: list[str] = []
+        try:
+            # DVC's line for each file it fails to upload is kept back: why (a full or
+            # read-only remote) goes into the one line said for each checkpoint.
+            with quiet_dvc(), transfer_failures() as reasons:
+                transferred, failed = push_objects(self.repo, to_push, name)
+        except Exception as e:
+            why = f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
+            raise StorageError(
+                f"push failed: {dvc_error(e)}{why}", path=self.project.root
+            ) from None
+        after = self.remote_sizes(by_md5, name)
+        missing = dict(refused)
+        for md5, group in by_md5.items():
+            for item in group:
+                got = after[md5]
+                if item.checkpoint in missing or got == item.size:
+                    continue
+                if got is not None:
+                    why = (
+                        f"the remote's object {md5} is {got:,} bytes, not the signed {item.size:,}"
+                    )
+                elif md5 in failed:
+                    why = f"DVC failed to upload the object {md5}" + (
+                        f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
+                    )
+                else:
+                    why = (
+                        f"the object {md5} was not uploaded: DVC's cache here does not hold "
+                        "it as the signed data (see DVC's warning)"
+                    )
+                missing[item.checkpoint] = why
+        if missing:
+            first, why = next(iter(missing.items()))
+            more = f" (and {len(missing) - 1} other checkpoint(s))" if len(missing) > 1 else ""
+            raise PushIncomplete(
+                f"not in the DVC remote {name!r} after the push: {why}{more}",
+                path=first,
+                missing=missing,
+                uploaded=len(transferred),
+            )
+        return len(transferred)
 
     def discard(self, checkpoint: Path) -> None:
         """Remove a checkpoint that failed verification from the work tree and the cache,
@@ -126,11 +234,18 @@ class Storage:
         entry = read_dvc_file(dvc_file_for(checkpoint))
         checkpoint.unlink(missing_ok=True)
         if entry is not None:
-            cache_dir, _ = cache_settings(self.project)
+            cache_dir, _ = self.cache_settings()
             cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
 
     def fetch(
-        self, checkpoint: Path, *, md5: str, sha256: str, size: int, remote: str | None = None
+        self,
+        checkpoint: Path,
+        *,
+        md5: str,
+        sha256: str,
+        size: int,
+        remote: str | None = None,
+        replace: bool = False,
     ) -> None:
         """Fetch the object whose md5 a verified manifest records to ``checkpoint`` (the
         checkpoint's own path, beside its manifest), checking it before it becomes visible.
@@ -142,26 +257,33 @@ class Storage:
         md5 all match is the temporary put in place, never over anything (a file or a
         symbolic link at ``checkpoint`` is refused), and the object put into DVC's cache.
 
+        With ``replace`` (``kaudit pull --force``), a damaged copy at ``checkpoint`` is
+        replaced once the signed bytes are checked in a temporary: its name is renamed
+        over, never its bytes written into (a hard link may share them with DVC's cache
+        or another checkpoint); a cache object that is not the signed data is unlinked.
+
         Raises TamperedData (exit 1) if the remote's object is not the signed data, and
         StorageError (exit 2) if it is not in the remote, the remote is unreachable, or
-        ``checkpoint`` exists; then nothing has been written.
+        ``checkpoint`` exists (without ``replace``); then nothing has been written.
         """
-        failed = self.fetch_many([FetchItem(checkpoint, md5, sha256, size)], remote)
+        failed = self.fetch_many(
+            [FetchItem(checkpoint, md5, sha256, size)], remote, replace=replace
+        )
         if failed:
             raise failed[checkpoint]
 
     def fetch_many(
-        self, items: Iterable[FetchItem], remote: str | None = None
+        self, items: Iterable[FetchItem], remote: str | None = None, *, replace: bool = False
     ) -> dict[Path, Error]:
         """:meth:`fetch` each item, opening the remote once (and giving up on it for the
         rest once it proves unreachable); return the error of each checkpoint not fetched.
         """
-        cache_dir, types = cache_settings(self.project)
+        cache_dir, types = self.cache_settings()
         source = RemoteSource(self._open_remote, remote)
         failed: dict[Path, Error] = {}
         for item in dict.fromkeys(items):
             try:
-                fetch_one(item, cache_dir, types, source)
+                fetch_one(item, cache_dir, types, source, replace=replace)
             except Error as e:
                 failed[item.checkpoint] = e
         return failed
@@ -176,10 +298,97 @@ class Storage:
 _CREDENTIAL_OPTIONS = frozenset({"ssh", "http", "https", "webdav", "webdavs"})
 # What configure_remote puts in the local config, and so replaces there.
 _CREDENTIAL_KEYS = frozenset({"url", "user", "password", "auth"})
+# Remote options that hold or unlock a credential without being named like one.
+_MORE_CREDENTIAL_OPTIONS = frozenset({"access_key_id", "connection_string", "credentialpath"})
+# The configuration levels that can hold a remote's credentials, in DVC's merge order
+# (later wins). The repository's own `.dvc/config` is not one: anyone who can commit
+# writes it, so whatever it holds is not the owner's secret.
+_CREDENTIAL_LEVELS = ("system", "global", "local")
+
+
+def _is_credential(option: str) -> bool:
+    return is_secret_param(option) or option in _MORE_CREDENTIAL_OPTIONS
+
+
+def _comparable(url: str) -> tuple[str, ...]:
+    """``url`` as compared for binding: without credentials, scheme and host in lower
+    case, the default port and a trailing ``/`` not mattering."""
+    public = split_credentials(url).public
+    if "://" not in public:
+        return ("", public.rstrip("/"))
+    parts = urllib.parse.urlsplit(public)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return (
+        parts.scheme.lower(),
+        (parts.hostname or "").lower(),
+        str(port or ""),
+        (parts.username or ""),
+        parts.path.rstrip("/"),
+        parts.query,
+    )
+
+
+def check_credentials_bound(config: Any, name: str, root: Path) -> None:
+    """Refuse to use remote ``name`` if any credential for it would go elsewhere than the
+    URL it was given for.
+
+    A credential kept outside the tracked ``.dvc/config`` (DVC's local, global or system
+    config) counts only beside a ``url`` in the same file, the URL it is bound to (what
+    ``kaudit init --remote`` writes). StorageError (exit 2), before DVC opens any
+    connection, when such a file holds a credential but no URL, or when the URL DVC would
+    connect to, or the one the tracked ``.dvc/config`` names, is not that bound URL: a
+    commit that only changes the URL must not send the owner's password to its host.
+    The message names the remote, both URLs (credentials masked) and how to accept the
+    new URL; it never shows a secret.
+    """
+    try:
+        levels = {level: config.read(level)["remote"].get(name) or {} for level in config.files}
+    except Exception as e:  # a config file DVC cannot parse: name it and stop
+        raise StorageError(f"cannot read DVC's config: {dvc_error(e)}", path=root) from None
+    effective = config["remote"].get(name, {}).get("url")
+    tracked = levels.get("repo", {}).get("url")
+    for level in _CREDENTIAL_LEVELS:
+        options = levels.get(level, {})
+        if not any(_is_credential(k) for k in options):
+            continue
+        where = _level_file(config, level, root)
+        bound = options.get("url")
+        if bound is None:
+            raise StorageError(
+                f"DVC remote {name!r}: its credentials in {where} are bound to no URL, so "
+                "kaudit does not send them: bind them to the URL they are for with "
+                f"`dvc remote modify --{level} {name} url URL` (or give them again with "
+                "`kaudit init --remote URL`)",
+                path=root,
+            )
+        for other, what in ((effective, "DVC would connect to"), (tracked, ".dvc/config names")):
+            if other is not None and _comparable(other) != _comparable(bound):
+                raise StorageError(
+                    f"DVC remote {name!r}: {what} {redact(str(other))}, but its credentials "
+                    f"in {where} are for {redact(str(bound))}, so kaudit does not send them "
+                    "there; if the new URL is right, give its credentials with `kaudit init "
+                    f"--remote NEWURL` (or `dvc remote modify --{level} {name} url NEWURL`)",
+                    path=root,
+                )
+
+
+def _level_file(config: Any, level: str, root: Path) -> str:
+    path = Path(config.files[level])
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def _local_credentials(split: SplitURL) -> dict[str, str]:
-    """What goes to DVC's local config (``.dvc/config.local``) for ``split``'s remote."""
+    """What goes to DVC's local config (``.dvc/config.local``) for ``split``'s remote.
+
+    Credentials always go with the URL they were given for (``url``, which then also
+    overrides the tracked one): :func:`check_credentials_bound` refuses to send them to
+    any other."""
     if not split.has_secret:
         return {}
     if split.secret_params or split.scheme not in _CREDENTIAL_OPTIONS:
@@ -187,7 +396,7 @@ def _local_credentials(split: SplitURL) -> dict[str, str]:
         # remote type without a user/password option: DVC has no option to hold it, so the
         # whole URL stays in the local config, overriding the public one.
         return {"url": split.url}
-    options: dict[str, str] = {}
+    options: dict[str, str] = {"url": split.public}
     if split.user is not None:
         options["user"] = split.user
     if split.password is not None or (split.user is not None and split.scheme != "ssh"):
@@ -238,6 +447,14 @@ def _make_private(path: Path) -> None:
         os.close(fd)
 
 
+def _remote_type(url: str | None) -> str:
+    """What DVC's schema checks a remote's options against: its URL's scheme."""
+    if url is None:
+        return ""
+    scheme = split_credentials(url).scheme
+    return {"https": "http", "webdavs": "webdav"}.get(scheme, scheme)
+
+
 def configure_remote(project: Project, url: str, name: str = "storage") -> None:
     """Make ``url`` the repository's default DVC remote (``dvc remote add -d -f``).
 
@@ -245,7 +462,15 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
     URL goes to DVC's local config (``.dvc/config.local``, git-ignored, mode 0600) as the
     remote's ``user``/``password`` options (ssh, http(s), webdav), or, for a token DVC
     has no option for (a query-string token), as the whole URL overriding the public one
-    there. DVC merges the two when it connects. Error messages never show the secret.
+    there. Either way the URL goes beside them, binding them to it
+    (:func:`check_credentials_bound`). DVC merges the two when it connects. Error
+    messages never show the secret.
+
+    Replacing a remote replaces its credentials and URL in the local config: an earlier
+    password is never left to be sent to the new URL. The user's other local options of
+    that remote stay while the remote's type stays; a remote of another type (ssh to a
+    directory, say) takes none of them, since DVC's schema would refuse them. Nothing is
+    changed unless the whole configuration validates afterwards.
     """
     from dvc.repo import Repo
 
@@ -258,26 +483,33 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
         repo = Repo(str(project.root))
         before = repo.config.read("repo")
         previous = before["remote"].get(name), before["core"].get("remote")
-        with repo.config.edit() as conf:
-            conf["remote"][name] = {"url": split.public}
-            conf["core"]["remote"] = name
+        previous_local = repo.config.read("local")["remote"].get(name)
+        local_existed = os.path.lexists(local_path)
         try:
-            # The remote's credentials and URL in the local config are always replaced: an
-            # earlier remote's URL there would override this one, and its password would
-            # be sent to this one's host. Options such as `keyfile` stay.
-            if local or name in repo.config.read("local")["remote"]:
+            if local or previous_local is not None:
                 if local:
                     _make_private(local_path)
-                with repo.config.edit("local") as conf:
+                old_type = _remote_type(
+                    (previous_local or {}).get("url") or (previous[0] or {}).get("url")
+                )
+                same_type = old_type == _remote_type(split.public)
+                # Not validated yet: the old credentials may not fit the new remote's
+                # type until they are gone (and the new ones until its URL is in).
+                with repo.config.edit("local", validate=False) as conf:
                     kept = {
                         k: v
                         for k, v in conf["remote"].pop(name, {}).items()
-                        if k not in _CREDENTIAL_KEYS
+                        if same_type and k not in _CREDENTIAL_KEYS and not _is_credential(k)
                     }
                     if kept or local:
                         conf["remote"][name] = kept | local
+            with repo.config.edit(validate=False) as conf:
+                conf["remote"][name] = {"url": split.public}
+                conf["core"]["remote"] = name
+            repo.config.validate(repo.config.load_config_to_level())
         except Exception:
-            with repo.config.edit(validate=False) as conf:  # leave no remote half-added
+            # Leave no remote half-added, nor the old one's credentials half-removed.
+            with repo.config.edit(validate=False) as conf:
                 for section, key, value in (
                     ("remote", name, previous[0]),
                     ("core", "remote", previous[1]),
@@ -286,6 +518,14 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
                         conf[section].pop(key, None)
                     else:
                         conf[section][key] = value
+            if not local_existed:
+                local_path.unlink(missing_ok=True)
+            elif local_path.is_file() and not local_path.is_symlink():
+                with repo.config.edit("local", validate=False) as conf:
+                    if previous_local is None:
+                        conf["remote"].pop(name, None)
+                    else:
+                        conf["remote"][name] = previous_local
             raise
     except StorageError:
         raise

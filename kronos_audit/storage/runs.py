@@ -84,6 +84,7 @@ class RunFiles:
         self._requested = remote
         self._fs: Any = None
         self._dir = ""
+        self._put: set[str] = set()
 
     @property
     def where(self) -> str:
@@ -133,6 +134,16 @@ class RunFiles:
             with contextlib.suppress(Exception):
                 fs.rm_file(tmp)
             raise self._error(f"cannot write {name} to", e) from None
+
+    def put_once(self, name: str, data: bytes) -> bool:
+        """:meth:`put` unless this object put ``name`` already; return whether it did.
+        For content-addressed names (a patch named by its digest), which the same run
+        pushes with every checkpoint."""
+        if name in self._put:
+            return False
+        self.put(name, data)
+        self._put.add(name)
+        return True
 
     def list(self) -> Listing:
         """The entries of the run's remote directory (none if it does not exist), at most

@@ -26,8 +26,11 @@ class Location(Enum):
     """Here and valid, and in the remote."""
     REMOTE_ONLY = "remote-only"
     """Not here; in the remote."""
+    PRUNED = "pruned"
+    """Not here, deleted on purpose: a signed retention record prunes it (the remote is
+    not asked)."""
     MISSING = "missing"
-    """Neither here nor in the remote."""
+    """Neither here nor in the remote, and not pruned."""
     CORRUPT = "corrupt"
     """Here, but not the bytes its manifest signs."""
 
@@ -48,6 +51,8 @@ class Recorded:
     """The signed file digest its bytes must have."""
     size: int
     """Its size in bytes."""
+    pruned: bool = False
+    """A signed retention record prunes it (the caller checked that record)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class StatusEntry:
     step: int
     """Its step."""
     location: Location
-    """local / pushed / remote-only / missing / corrupt."""
+    """local / pushed / remote-only / pruned / missing / corrupt."""
     size: int
     """Recorded size in bytes."""
 
@@ -73,10 +78,12 @@ def locate(
     *,
     check_remote: bool = True,
 ) -> list[StatusEntry]:
-    """Classify each recorded checkpoint; the remote is asked once for all of them."""
+    """Classify each recorded checkpoint; the remote is asked once for all of them (not
+    about those pruned)."""
     sizes: dict[str, int | None] = {}
     if check_remote:
-        sizes = Storage(project).remote_sizes([r.md5 for r in recorded if r.md5], remote)
+        ask = [r.md5 for r in recorded if r.md5 and not (r.pruned and not r.checkpoint.exists())]
+        sizes = Storage(project).remote_sizes(ask, remote)
     entries = []
     for r in recorded:
         in_remote = r.md5 is not None and sizes.get(r.md5) == r.size
@@ -86,6 +93,8 @@ def locate(
             location = (
                 Location.CORRUPT if not ok else Location.PUSHED if in_remote else Location.LOCAL
             )
+        elif r.pruned:
+            location = Location.PRUNED
         else:
             location = Location.REMOTE_ONLY if in_remote else Location.MISSING
         entries.append(StatusEntry(r.manifest, r.checkpoint, r.step, location, r.size))

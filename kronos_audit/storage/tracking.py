@@ -6,14 +6,15 @@ is git-ignored, and enters DVC's cache without a second full copy: it is linked 
 symlink, then copy as a last resort). Manifests and ``.dvc`` files are small and meant
 for git; so a plain ``dvc pull`` in a fresh clone restores the checkpoints.
 
-Tracking is done here, without importing DVC (which costs most of a second), so a
-running program pays nothing for it. Only setting DVC up (:func:`init_dvc`,
-:func:`configure_cache_links`) goes through DVC's own API.
+Tracking is done here, without opening a DVC repository (which costs most of a second), so
+a running program pays little for it: DVC's configuration is read through DVC's own
+``dvc.config`` (:func:`cache_settings`, never by parsing its files, so the global and
+system files count as they do for DVC), once per run. Only setting DVC up
+(:func:`init_dvc`, :func:`configure_cache_links`) opens a DVC repository.
 """
 
 from __future__ import annotations
 
-import configparser
 import fcntl
 import logging
 import os
@@ -22,12 +23,13 @@ import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
 from kronos_audit.errors import ProjectError, StorageError
 from kronos_audit.project import Project
-from kronos_audit.storage._dvc import quiet_dvc
+from kronos_audit.storage._dvc import dvc_error, quiet_dvc
 
 log = logging.getLogger("kronos_audit.storage")
 
@@ -43,25 +45,71 @@ def dvc_file_for(checkpoint: Path) -> Path:
     return checkpoint.with_name(checkpoint.name + DVC_SUFFIX)
 
 
-def _dvc_config(project: Project) -> configparser.ConfigParser:
-    config = configparser.ConfigParser(interpolation=None)
-    config.read([project.root / ".dvc" / "config", project.root / ".dvc" / "config.local"])
-    return config
+def _dvc_config(project: Project) -> Any:
+    """DVC's configuration for this repository as DVC itself loads it: the system, global,
+    repository (``.dvc/config``, tracked) and local (``.dvc/config.local``) files merged in
+    DVC's order, paths resolved against the file each comes from. Importing ``dvc.config``
+    costs tens of milliseconds, not the second ``dvc.repo`` costs."""
+    from dvc.config import Config
+
+    try:
+        return Config(dvc_dir=str(project.root / ".dvc"))
+    except Exception as e:  # DVC raises many types (ConfigError, OSError ...): say which
+        raise StorageError(
+            f"DVC's configuration cannot be read: {dvc_error(e)}", path=project.root
+        ) from None
+
+
+def _link_types(value: object) -> tuple[str, ...]:
+    """``cache.type`` as DVC takes it: a list, or a comma-separated string (a level's raw
+    value, before DVC's validation turns it into a list)."""
+    items = value if isinstance(value, list | tuple) else str(value).strip("[]").split(",")
+    return tuple(t for item in items if (t := str(item).strip().strip("'\"")))
 
 
 def cache_settings(project: Project) -> tuple[Path, tuple[str, ...]]:
-    """DVC's cache directory and link types for this repository (repo and local config)."""
+    """DVC's cache directory and link types for this repository, as DVC resolves them
+    from every level of its configuration (system < global < repo < local).
+
+    Where the data goes is the user's choice, not the repository's: a ``cache.dir``
+    that comes from the tracked ``.dvc/config`` and lies outside the repository is
+    refused (StorageError), with how to accept it for this machine; and the tracked
+    file's ``cache.type`` applies only while the cache is inside the repository. Callers
+    on a hot path resolve this once and keep it (it reads DVC's files each time).
+    """
     config = _dvc_config(project)
-    cache_dir = project.root / ".dvc" / "cache"
-    types = DEFAULT_CACHE_TYPES
-    if config.has_section("cache"):
-        if config.has_option("cache", "dir"):
-            # DVC resolves a relative cache.dir against the .dvc directory.
-            cache_dir = (project.root / ".dvc" / config.get("cache", "dir")).resolve()
-        if config.has_option("cache", "type"):
-            raw = config.get("cache", "type").strip("[]")
-            types = tuple(t.strip().strip("'\"") for t in raw.split(",") if t.strip())
-    return cache_dir, types
+    try:
+        levels = {level: config.load_one(level)["cache"] for level in config.files}
+    except Exception as e:
+        raise StorageError(
+            f"DVC's configuration cannot be read: {dvc_error(e)}", path=project.root
+        ) from None
+    merged = config["cache"]
+    if merged.get("local"):
+        raise StorageError(
+            f"DVC's cache.local ({merged['local']!r}, a remote as the cache) is not "
+            "supported by kaudit: unset it with `dvc config --unset cache.local`",
+            path=project.root,
+        )
+    raw_dir = merged.get("dir")
+    cache_dir = Path(raw_dir) if raw_dir else project.root / ".dvc" / "cache"
+    # Resolved (symbolic links followed) to judge where the bytes really go.
+    inside = cache_dir.resolve().is_relative_to(project.root.resolve())
+    origin = next((lvl for lvl in reversed(config.LEVELS) if "dir" in levels.get(lvl, {})), None)
+    if origin == "repo" and not inside:
+        raise StorageError(
+            f"DVC's cache.dir {cache_dir} comes from the tracked .dvc/config and lies "
+            "outside the repository: refused (where data goes is this machine's choice); "
+            f"to accept it here, run `dvc config --local cache.dir {cache_dir}`",
+            path=project.root / ".dvc" / "config",
+        )
+    trusted = [lvl for lvl in config.LEVELS if inside or lvl != "repo"]
+    chosen = next(
+        (levels[lvl]["type"] for lvl in reversed(trusted) if "type" in levels.get(lvl, {})),
+        None,
+    )
+    types = _link_types(chosen) if chosen is not None else DEFAULT_CACHE_TYPES
+    return cache_dir, types or DEFAULT_CACHE_TYPES
 
 
 def cache_object_path(cache_dir: Path, md5: str) -> Path:
@@ -84,8 +132,12 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     """
     if obj.exists():
         return "present"  # same md5: the cache has these bytes already
-    obj.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        obj.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a full or read-only cache: say so, and which
+        raise _cache_failed(checkpoint, obj, e) from None
     tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
+    failed: OSError | None = None  # the last kind's failure: a full disk says so
     for kind in types:
         try:
             if kind == "reflink":
@@ -111,15 +163,28 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                     os.fsync(f.fileno())
             else:
                 continue
-        except OSError:
+        except OSError as e:
             tmp.unlink(missing_ok=True)
+            failed = e
             continue
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, obj)
+        try:
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, obj)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _cache_failed(checkpoint, obj, e) from None
         return kind
     why = "" if owned or "symlink" not in types else " (symlink would move this file)"
+    last = "" if failed is None else f": {failed.strerror or failed}"
     raise StorageError(
-        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}",
+        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}{last}",
+        path=checkpoint,
+    )
+
+
+def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:
+    return StorageError(
+        f"cannot put the checkpoint into DVC's cache at {obj.parent}: {e.strerror or e}",
         path=checkpoint,
     )
 
@@ -136,6 +201,18 @@ def ensure_ignored(directory: Path, pattern: str) -> None:
     if text and not text.endswith("\n"):
         text += "\n"
     write_atomic(gitignore, (text + pattern + "\n").encode())
+
+
+def forget_ignored(directory: Path, patterns: Sequence[str]) -> None:
+    """Remove these exact lines from ``directory/.gitignore`` (none there: nothing changes)."""
+    gitignore = directory / ".gitignore"
+    try:
+        lines = gitignore.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return
+    kept = [line for line in lines if line not in set(patterns)]
+    if kept != lines:
+        write_atomic(gitignore, "".join(line + "\n" for line in kept).encode())
 
 
 def write_dvc_file(checkpoint: Path, md5: str, size: int) -> Path:
@@ -179,13 +256,17 @@ def track(
     *,
     owned: bool,
     ignore_pattern: str | None = None,
+    settings: tuple[Path, tuple[str, ...]] | None = None,
 ) -> Path:
     """Track a checkpoint with DVC: cache object, ``.dvc`` file, git-ignore entry.
+
+    ``settings``: DVC's cache directory and link types (:func:`cache_settings`), when the
+    caller resolved them once for many checkpoints; else they are read now.
 
     ``owned``: kaudit created the checkpoint, so it may make it read-only or move it into
     the cache (see :func:`link_into_cache`); otherwise the user's file is left as it is.
     """
-    cache_dir, types = cache_settings(project)
+    cache_dir, types = settings if settings is not None else cache_settings(project)
     how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types, owned=owned)
     if how == "copy":
         log.info("%s: copied into DVC's cache (cache.type allows no link here)", checkpoint)
@@ -195,9 +276,8 @@ def track(
 
 def configure_cache_links(project: Project) -> bool:
     """Set ``cache.type`` so checkpoints enter the cache by link, unless one is set."""
-    config = _dvc_config(project)
-    if config.has_option("cache", "type"):
-        return False
+    if _dvc_config(project)["cache"].get("type"):
+        return False  # chosen already, at some level: the user's or the repository's
     from dvc.repo import Repo
 
     repo = Repo(str(project.root))

@@ -167,7 +167,9 @@ def test_bad_input_is_one_line_exit_2(
     a, b = runs
     notes = tmp_path / "notes.txt"
     notes.write_text("hello")
-    assert_bad_input(run_cli("bisect", str(a), str(notes)), str(notes), "not valid JSON")
+    assert_bad_input(
+        run_cli("bisect", str(a), str(notes)), str(notes), "no manifest beside this file"
+    )
     assert_bad_input(run_cli("bisect", str(a), str(tmp_path / "gone")), "not found")
     empty = project.root / "empty"
     empty.mkdir()

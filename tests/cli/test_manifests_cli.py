@@ -58,6 +58,31 @@ def test_init_sets_up_kaudit_and_dvc_and_is_idempotent(git_repo: Path) -> None:
     assert config.read_text().endswith("# mine\n")
 
 
+def test_init_stages_nothing_and_prints_the_command_that_commits_it(git_repo: Path) -> None:
+    result = run_cli("init", cwd=git_repo)
+    assert result.exit_code == 0, result.output
+    # Nothing half-staged: no entry of git's index differs from HEAD.
+    staged = [
+        line for line in git(git_repo, "status", "--porcelain").splitlines() if line[0] != "?"
+    ]
+    assert staged == []
+    (command,) = [
+        line.removeprefix("commit it with: ")
+        for line in result.stdout.splitlines()
+        if line.startswith("commit it with: ")
+    ]
+    subprocess.run(["bash", "-c", command], cwd=git_repo, check=True, capture_output=True)
+    assert git(git_repo, "status", "--porcelain") == ""
+    again = run_cli("init", cwd=git_repo)
+    assert "commit it with" not in again.stdout  # all committed: nothing to say
+
+    generate_key("tester")
+    ckpt = write_checkpoint(git_repo / "checkpoints" / "run1" / "step-1.h5", seed=1)
+    assert run_cli("snapshot", str(ckpt), "--run", "run1", "--step", "1").exit_code == 0
+    recorded = read_manifest(Path(f"{ckpt}.kaudit.json")).record.git
+    assert (recorded.dirty, recorded.patch_sha256) == (False, None)
+
+
 def test_init_outside_a_git_repository(tmp_path: Path) -> None:
     bare = tmp_path / "not-a-repo"
     bare.mkdir()
@@ -149,6 +174,12 @@ def test_trusting_a_colleagues_key_makes_their_manifests_verify(
     assert trusted.exit_code == 0, trusted.output
     assert f"trusted bob: {theirs.key_id}" in trusted.stdout
     assert (project.root / ".kaudit" / "trusted-keys" / "bob.pub").is_file()
+    # Proposed in the repository: unanchored, so not yet enough for this verifier...
+    proposed = run_cli("verify", str(m.path))
+    assert proposed.exit_code == 1, proposed.output
+    assert "unanchored" in proposed.stdout
+    # ...anchored in their own user trust store: it is.
+    assert run_cli("keys", "trust", "--user", str(shared)).exit_code == 0
     assert run_cli("verify", str(m.path)).exit_code == 0
 
 
@@ -190,6 +221,22 @@ def test_snapshot_prints_the_manifest_path_and_records_the_options(
     assert m.predicate["command"] == ("python", "solver.py", "--out", "a dir")
     assert dict(m.predicate["attributes"]) == {"nodes": 4, "label": "plain text"}
     assert run_cli("verify", str(path)).exit_code == 0
+
+
+def test_snapshot_of_a_dirty_tree_names_the_patch_to_commit_once(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (project.root / "solver.py").write_text("print('solve faster')\n")  # uncommitted
+    result = run_cli("snapshot", str(checkpoint), "--run", "run1", "--step", "1")
+    assert result.exit_code == 0, result.output
+    digest = read_manifest(manifest_path_for(checkpoint)).record.git.patch_sha256
+    assert digest is not None
+    name = f".kaudit/patches/{digest}.patch"
+    assert (project.root / name).is_file()
+    assert [line for line in result.stderr.splitlines() if name in line] == [
+        f"kaudit: note: uncommitted changes recorded as {name}: commit it with the "
+        "manifests, or `kaudit push` them to the DVC remote, for a replay elsewhere"
+    ]
 
 
 def test_snapshot_with_two_keys_and_no_choice_names_both(

@@ -52,6 +52,9 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
 
     pushed = as_json("push", str(run_dir))
     assert pushed == {
+        "ok": True,
+        "failed": [],
+        "errors": [],
         "pushed": [str(run_dir / "step-1.h5"), str(run_dir / "step-2.h5")],
         "uploaded": 2,
         "manifests": 2,

@@ -98,7 +98,8 @@ def test_a_change_that_trusts_its_own_key_fails_against_the_base_branch(
     resign(manifest(heat, 30), mallory, lambda p: p.update(restart_count=7))
     git(repo, "checkout", "-q", "-b", "change")
     commit_all(repo, "trust me")
-    everyday = gate_json(repo)  # the work tree's own store vouches for mallory
+    gate_json(repo, exit_code=1)  # the work tree's own store is no anchor by default
+    everyday = gate_json(repo, "--allow-unanchored")  # ...unless the verifier says so
     assert everyday["counts"]["verify"]["passed"] == 3
     junit = tmp_path / "gate.xml"
     doc = gate_json(repo, "--trust-ref", "main", "--junit", str(junit), exit_code=1)
@@ -121,7 +122,9 @@ def test_a_gate_weakened_in_the_work_tree_is_ignored_under_trust_ref(repo: Path)
     assert weakened["counts"]["replay"] == {"passed": 0, "failed": 0, "error": 0}
     assert weakened["config"]["segments"] == 0
     doc = gate_json(repo, "--trust-ref", "main", exit_code=1)
-    assert doc["config"]["source"] == "main:.kaudit/config.toml"
+    main = git(repo, "rev-parse", "main").strip()
+    assert doc["config"]["source"] == f"refs/heads/main at {main}:.kaudit/config.toml"
+    assert doc["trust_ref_resolved"] == {"given": "main", "ref": "refs/heads/main", "commit": main}
     assert doc["config"]["segments"] == 1
     assert doc["config"]["policy"] == {"rules": [], "default": None}
     assert [f["message"] for f in doc["failures"]] == ["NOT REPRODUCED: /noise"]

@@ -171,5 +171,6 @@ def test_an_attestation_requires_an_anchored_history(
     accepted = run_cli("replay", str(target), "--attest", "--trusted-key", str(owner))
     assert accepted.exit_code == 0, accepted.output
     assert (heat / "step-00000010.h5.replay.json").is_file()
-    # A replay without --attest still runs on the repository's word (and says nothing false).
-    assert run_cli("replay", str(target)).exit_code == 0
+    # A replay without --attest runs on the repository's word only when the verifier says so.
+    assert run_cli("replay", str(target)).exit_code != 0
+    assert run_cli("replay", str(target), "--allow-unanchored").exit_code == 0

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from kronos_audit.manifest import validate
+from kronos_audit.manifest import read_manifest, validate
 from kronos_audit.project import Project
 from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.signing import SigningKey
@@ -302,6 +302,62 @@ def test_a_dirty_tree_at_record_time_is_replayed_with_its_patch(repo: Path) -> N
     bad_input(run_cli("replay", str(target)), "altered")
     patch.unlink()
     bad_input(run_cli("replay", str(target)), "patch", "missing")
+
+
+def test_a_dirty_runs_patch_travels_through_the_dvc_remote(repo: Path, tmp_path: Path) -> None:
+    remote = tmp_path / "remote"
+    configure_remote(Project(repo), str(remote))
+    commit_all(repo, "remote")
+    run_py = repo / "heat" / "run.py"
+    original = run_py.read_text()
+    run_py.write_text(original.replace("alpha=0.2", "alpha=0.1"))  # uncommitted
+    ran = subprocess.run(
+        [sys.executable, "run.py", "--steps", "20", "--every", "10", "--n", "16"],
+        cwd=repo / "heat",
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    run_py.write_text(original)
+    run_dir = repo / "heat" / "checkpoints" / "heat"
+    digest = read_manifest(manifest(run_dir, 20)).record.git.patch_sha256
+    assert digest is not None
+    name = f".kaudit/patches/{digest}.patch"
+    # Said once, naming the file a replay elsewhere needs.
+    assert [line for line in ran.stderr.splitlines() if name in line] == [
+        f"run 'heat': uncommitted changes recorded as {name}: commit it with the "
+        "manifests, or `kaudit push` them to the DVC remote, for a replay elsewhere"
+    ]
+    assert run_cli("push", str(run_dir)).exit_code == 0
+    pushed = remote / "kaudit" / "runs" / "heat" / f"{digest}.patch"
+    assert pushed.read_bytes() == (repo / name).read_bytes()  # the signed bytes
+    (repo / name).unlink()  # never committed: a fresh clone lacks it
+    commit_all(repo)
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))
+    assert not (clone / name).exists()
+    target = str(manifest(clone / "heat" / "checkpoints" / "heat", 20))
+    doc = replay_json(target)
+    assert doc["code"]["patch_sha256"] == digest
+    assert doc["outcome"] == "REPRODUCED"
+    pushed.write_bytes(pushed.read_bytes().replace(b"alpha=0.1", b"alpha=0.3"))
+    bad_input(run_cli("replay", target), "altered", "in the DVC remote")
+    assert worktrees(clone) == [str(clone)]
+
+
+def test_push_refuses_an_altered_patch(repo: Path, tmp_path: Path) -> None:
+    remote = tmp_path / "remote"
+    configure_remote(Project(repo), str(remote))
+    commit_all(repo, "remote")
+    run_py = repo / "heat" / "run.py"
+    run_py.write_text(run_py.read_text().replace("alpha=0.2", "alpha=0.1"))
+    record(repo, "heat", "run.py", "--steps", "10", "--every", "10", "--n", "16")
+    run_dir = repo / "heat" / "checkpoints" / "heat"
+    digest = read_manifest(manifest(run_dir, 10)).record.git.patch_sha256
+    patch = repo / ".kaudit" / "patches" / f"{digest}.patch"
+    patch.write_bytes(patch.read_bytes() + b"\n")
+    bad_input(run_cli("push", str(run_dir)), "altered", "not sent")
+    assert not (remote / "kaudit" / "runs" / "heat" / f"{digest}.patch").exists()
 
 
 def test_keep_workdir_keeps_the_worktree_and_the_output(heat: Path, repo: Path) -> None:

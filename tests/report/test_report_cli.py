@@ -65,8 +65,15 @@ def test_trust_options_apply_to_the_verification_shown(project: Project, tmp_pat
     out = tmp_path / "r.json"
 
     result = run_cli("report", str(run_dir), "--out", str(out))
+    assert result.exit_code == 1, result.output  # unanchored: a failed check by default
+    assert json.loads(out.read_text())["verdict"] == "FAIL"
+
+    result = run_cli("report", str(run_dir), "--out", str(out), "--allow-unanchored")
     assert result.exit_code == 0, result.output
-    (shown,) = json.loads(out.read_text())["runs"][0]["signers"]
+    document = json.loads(out.read_text())
+    assert "unanchored signers allowed by --allow-unanchored" in document["trust"]
+    assert "--allow-unanchored" in document["runs"][0]["reproduce"][0]
+    (shown,) = document["runs"][0]["signers"]
     assert (shown["name"], shown["anchor"], shown["anchored"]) == (
         "contributor",
         "repository",

@@ -5,6 +5,9 @@ attacks on signed retention are in tests/test_retention.py."""
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +20,15 @@ from kronos_audit.predicate import PrunedEntry, Sha256
 from kronos_audit.project import Project
 from kronos_audit.runtime.protocol import checkpoint_name
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
-from kronos_audit.signing import SigningKey
-from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, read_dvc_file
+from kronos_audit.signing import SigningKey, public_pem
+from kronos_audit.storage import (
+    cache_object_path,
+    cache_settings,
+    configure_remote,
+    dvc_file_for,
+    read_dvc_file,
+)
+from tests.helpers import git, run_cli
 
 
 def run(project: Project, steps: int, *, same: bool = False, run_id: str = "r") -> Path:
@@ -70,8 +80,12 @@ def test_prune_deletes_the_data_and_its_cache_object_and_keeps_the_manifests(
     run_dir = run(project, 3)
     cache_dir, _ = cache_settings(project)
     md5s = {s: read_dvc_file(dvc_file_for(run_dir / checkpoint_name(s))) for s in (1, 2, 3)}
+    (run_dir / ".gitignore").write_text(f"/step-*.h5\n/{checkpoint_name(1)}\n/other.h5\n")
     prune(project, run_dir, [1, 2])
     assert sorted(p.name for p in run_dir.glob("*.h5")) == [checkpoint_name(3)]
+    # DVC stays consistent: the pruned checkpoints' .dvc files and own ignore entries go
+    assert sorted(p.name for p in run_dir.glob("*.dvc")) == [checkpoint_name(3) + ".dvc"]
+    assert (run_dir / ".gitignore").read_text() == "/step-*.h5\n/other.h5\n"
     assert all(manifest_path_for(run_dir / checkpoint_name(s)).exists() for s in (1, 2, 3))
     for step, entry in md5s.items():
         assert entry is not None
@@ -92,3 +106,81 @@ def test_prune_keeps_a_cache_object_a_kept_checkpoint_shares(
     prune(project, run_dir, [3])
     assert not cache_object_path(cache_dir, entry[0]).exists()
     prune(project, run_dir, [])  # nothing doomed: nothing happens
+
+
+def dvc(cwd: Path, *args: str) -> str:
+    """Plain DVC, as a user runs it: ``python -m dvc ...``; its output (exit 0 asserted)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_a_pruned_run_pulls_with_plain_dvc_in_a_fresh_clone_and_every_command_says_pruned(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    configure_remote(project, str(remote), "storage")
+    root = project.root / "checkpoints"
+    with ka.Run("r", root=root, seed=5, every=ka.EverySteps(1), keep=2) as r:
+        for step in r.steps(5):
+            r.checkpoint(step, {"u": r.rng.random(4)})
+    run_dir = root / "r"
+    # pushed after the run: the pruned checkpoints' data never reaches the remote
+    pushed = run_cli("push", str(run_dir), "--json")
+    assert pushed.exit_code == 0, pushed.output
+    assert json.loads(pushed.stdout)["uploaded"] == 2
+    assert sorted(p.name for p in run_dir.glob("*.h5")) == [checkpoint_name(s) for s in (4, 5)]
+    assert sorted(p.name for p in run_dir.glob("*.dvc")) == [
+        checkpoint_name(s) + ".dvc" for s in (4, 5)
+    ]
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "a run that pruned")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+
+    dvc(clone, "pull")
+    status = dvc(clone, "status")
+    assert "not in cache" not in status
+    assert "deleted" not in status
+    assert "up to date" in status
+    here = clone / "checkpoints" / "r"
+    assert sorted(p.name for p in here.glob("*.h5")) == [checkpoint_name(s) for s in (4, 5)]
+
+    pruned = {1, 2, 3}
+    trust = ("--trusted-key", str(tmp_path / "tester.pub"))
+    (tmp_path / "tester.pub").write_bytes(public_pem(key.private_key.public_key()))
+    doc = json.loads(run_cli("status", str(here), "--json", *trust).stdout)
+    assert {c["step"]: c["location"] for c in doc["checkpoints"]} == {
+        **dict.fromkeys(pruned, "pruned"),
+        4: "pushed",
+        5: "pushed",
+    }
+    assert doc["counts"] == {"pruned": 3, "pushed": 2}
+    local = json.loads(run_cli("status", str(here), "--local-only", "--json", *trust).stdout)
+    assert local["counts"] == {"local": 2, "pruned": 3}
+    # one pruned checkpoint, named by its data file (gone): pruned too
+    one = run_cli("status", str(here / checkpoint_name(2)), "--local-only", *trust)
+    assert one.exit_code == 0, one.output
+    assert "pruned" in one.stdout
+    # verify and log use the same word for the same steps
+    verified = run_cli("verify", str(here), "--json", "--no-fetch", *trust)
+    assert verified.exit_code == 0, verified.output
+    for result in json.loads(verified.stdout)["results"]:
+        (digest,) = [c for c in result["checks"] if c["check"] == "file digest"]
+        assert ("pruned" in digest["detail"]) == (result["step"] in pruned), result
+    logged = json.loads(run_cli("log", str(here), "--json", *trust).stdout)
+    assert logged["runs"][0]["data"] == {"local": 2, "pruned": 3}
+    out = tmp_path / "report.json"
+    reported = run_cli("report", str(here), "--out", str(out), "--no-fetch", *trust)
+    assert reported.exit_code == 0, reported.output
+    (run_report,) = json.loads(out.read_text())["runs"]
+    assert run_report["verification"]["pruned"] == 3
+    assert run_report["verification"]["data_checked"] == 2
+    markdown = tmp_path / "report.md"
+    assert run_cli("report", str(here), "--out", str(markdown), *trust).exit_code == 0
+    assert "2 checkpoints' data hashed, 3 pruned (signed retention record)." in (
+        markdown.read_text()
+    )

@@ -24,7 +24,7 @@ from kronos_audit.storage import (
     configure_remote,
     dvc_file_for,
 )
-from tests.helpers import git, run_cli, write_checkpoint
+from tests.helpers import git, run_cli, signed_items, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ def test_status_walks_through_every_location(
         return [e.location for e in status(project, manifests)]
 
     assert where() == [Location.LOCAL, Location.LOCAL]
-    Storage(project).push([run_dir / "step-00000010.h5"])
+    Storage(project).push(signed_items([run_dir / "step-00000010.h5"]))
     assert where() == [Location.PUSHED, Location.LOCAL]
     Storage(project).discard(run_dir / "step-00000010.h5")
     assert where() == [Location.REMOTE_ONLY, Location.LOCAL]
@@ -207,7 +207,7 @@ def test_a_tampered_remote_object_is_caught_at_pull(
 ) -> None:
     run_dir = heat_run(project, steps=10)
     ckpt = run_dir / "step-00000010.h5"
-    Storage(project).push([ckpt])
+    Storage(project).push(signed_items([ckpt]))
     md5 = hashlib.md5(ckpt.read_bytes()).hexdigest()
     obj = remote_object(remote, md5)
     os.chmod(obj, 0o644)
@@ -260,7 +260,7 @@ def test_a_fresh_clone_catches_a_tampered_object_and_keeps_the_good_ones(
     ckpt = run_dir / "step-00000020.h5"
 
     def push_and_tamper() -> None:
-        Storage(project).push(sorted(run_dir.glob("*.h5")))
+        Storage(project).push(signed_items(sorted(run_dir.glob("*.h5"))))
         obj = remote_object(remote, hashlib.md5(ckpt.read_bytes()).hexdigest())
         os.chmod(obj, 0o644)
         data = bytearray(obj.read_bytes())

@@ -26,7 +26,7 @@ from kronos_audit.storage import (
     configure_remote,
     dvc_file_for,
 )
-from tests.helpers import git
+from tests.helpers import git, signed_items
 from tests.sshd import SSHRemote, unused_port
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def run_and_push(project: Project) -> Pushed:
         for step in run.steps(len(STEPS)):
             state = {"u": 0.5 * state["u"] + run.rng.random((64, 64))}
             run.checkpoint(step, state)
-    Storage(project).push([ckpt(project.root, s) for s in STEPS])
+    Storage(project).push(signed_items([ckpt(project.root, s) for s in STEPS]))
     git(project.root, "add", "-A")
     git(project.root, "commit", "-q", "-m", "run")
     return Pushed(project, {s: ckpt(project.root, s).read_bytes() for s in STEPS})

@@ -1,0 +1,317 @@
+"""Storage faults for real: the run's file system fills up or turns read-only mid-run.
+
+The run's root directory is a tmpfs of its own (the ``tmpfs`` fixture), sized so that one
+checkpoint does not fit, or remounted read-only between two checkpoints. The previous
+checkpoint must stay intact and restorable, the failure must be one clear line, nothing
+partial may be left under a checkpoint's name, and once the space (or write access) is
+back a restart must continue from where the run was and end bitwise equal to a run that
+never failed, with a chain ``kaudit verify --trusted-key`` passes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kronos_audit.checkpoint.writer import METADATA_MARGIN
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey, public_pem
+from tests.conftest import Tmpfs
+from tests.helpers import KAUDIT
+
+PAGE = 4096  # what tmpfs counts in
+HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
+STEPS = 6
+FAILS_AT = 4
+N = 262_144  # float64: a 2 MiB state
+MANY = 6000  # arrays of 10 float64: HDF5's structures for them outgrow the data
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = f"""
+import hashlib, json, sys
+import numpy as np
+import kronos_audit as ka
+mode, layout, pause_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with ka.Run("disk", seed=7, every=ka.EverySteps(1), asynchronous=mode == "async") as run:
+    state = run.restore()
+    print("restored", run.step, flush=True)
+    if state is None:
+        # One large array (written by pwrite), or many small ones (by HDF5 itself, whose
+        # own structures then take more room than the data).
+        if layout == "big":
+            state = {{"u": np.zeros({N})}}
+        else:
+            state = {{f"w{{i}}": np.zeros(10) for i in range({MANY})}}
+    for step in run.steps({STEPS}):
+        state = {{k: v + run.rng.random(v.shape) for k, v in sorted(state.items())}}
+        run.checkpoint(step, state)
+        if step == pause_after:
+            run.wait()
+            print("paused", step, flush=True)
+            sys.stdin.readline()  # the test changes the file system meanwhile
+digest = hashlib.sha256(b"".join(state[k].tobytes() for k in sorted(state))).hexdigest()
+print(json.dumps({{"step": run.step, "digest": digest}}))
+"""
+
+
+def start(
+    project: Project, mode: str, layout: str = "big", pause_after: int = 0
+) -> subprocess.Popen[str]:
+    program = project.root / "disk.py"
+    program.write_text(PROGRAM)
+    return subprocess.Popen(
+        [sys.executable, str(program), mode, layout, str(pause_after)],
+        cwd=project.root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], stdin: str = "") -> tuple[str, str]:
+    try:
+        return proc.communicate(stdin, timeout=HANG_GUARD)
+    finally:
+        proc.kill()
+
+
+def result(stdout: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(stdout.splitlines()[-1])
+    return doc
+
+
+def reference(project: Project, layout: str = "big") -> dict[str, Any]:
+    """The final state of a run that never failed (on the ordinary file system)."""
+    out, _ = finish(start(project, "sync", layout))
+    return result(out)
+
+
+def failure_line(stderr: str, step: int) -> str:
+    """The error the program died of: one line naming the step, at the end of Python's
+    traceback (later failures, if any, follow it as notes)."""
+    assert "Traceback" in stderr  # the program's own: it did not catch the error
+    tail = stderr.split("The above exception was the direct cause")[-1]
+    (line,) = [x for x in tail.splitlines() if x.startswith("kronos_audit.errors.")]
+    assert line.startswith("kronos_audit.errors.CheckpointError: "), stderr
+    assert f"writing the checkpoint of step {step} failed: " in line, line
+    return line
+
+
+def assert_nothing_partial(run_dir: Path, last_good: int) -> None:
+    """Every checkpoint up to ``last_good`` complete, nothing of a later one, no temporary."""
+    names = sorted(p.name for p in run_dir.iterdir())
+    expected = sorted(
+        [".gitignore"]
+        + [
+            f"step-{s:08d}.h5{suffix}"
+            for s in range(1, last_good + 1)
+            for suffix in ("", ".dvc", ".kaudit.json")
+        ]
+    )
+    assert names == expected
+
+
+def verify(project: Project, key: SigningKey, run_dir: Path) -> None:
+    pem = project.root.parent / "tester.pub"
+    pem.write_bytes(public_pem(key.private_key.public_key()))
+    done = subprocess.run(
+        [*KAUDIT, "verify", str(run_dir), "--trusted-key", str(pem)],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def checkpoint_size(project: Project) -> tuple[int, int]:
+    """The size of the program's checkpoint file (every one is as large), and the most
+    room one checkpoint takes on a tmpfs with its .dvc file and manifest (whole pages)."""
+    run_dir = project.root / "checkpoints" / "disk"
+    (size,) = {p.stat().st_size for p in run_dir.glob("*.h5")}
+    usage = max(
+        sum(
+            -(-p.stat().st_size // PAGE) * PAGE
+            for p in (h5, h5.with_name(h5.name + ".dvc"), h5.with_name(h5.name + ".kaudit.json"))
+        )
+        for h5 in run_dir.glob("*.h5")
+    )
+    return size, usage
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("layout", "why"),
+    [
+        ("big", "not enough space"),  # refused before HDF5 starts: the room is checked
+        ("many", "No space left on device"),  # HDF5 itself runs out (its structures)
+    ],
+)
+def test_disk_full_keeps_the_last_checkpoint_and_the_restart_continues(
+    project: Project,
+    key: SigningKey,
+    tmpfs: Callable[..., Tmpfs],
+    mode: str,
+    layout: str,
+    why: str,
+) -> None:
+    want = reference(project, layout)
+    size, usage = checkpoint_size(project)
+    subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
+    # Room for FAILS_AT - 1 checkpoints and the .gitignore, and then less than the next
+    # one needs: less than the room the writer asks for (big), or enough for that but
+    # less than the file (many).
+    room = METADATA_MARGIN + size // 2 if layout == "big" else size - 64 * 1024
+    disk = tmpfs(project.root / "checkpoints", (FAILS_AT - 1) * usage + PAGE + room)
+    run_dir = project.root / "checkpoints" / "disk"
+    proc = start(project, mode, layout)
+    out, err = finish(proc)
+    assert proc.returncode != 0, out
+    assert why in failure_line(err, FAILS_AT)
+    assert_nothing_partial(run_dir, FAILS_AT - 1)
+
+    disk.remount(f"size={4 * STEPS * usage}")
+    proc = start(project, mode, layout)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert f"restored {FAILS_AT - 1}" in out
+    assert result(out) == want
+    assert_nothing_partial(run_dir, STEPS)
+    verify(project, key, run_dir)
+
+
+def test_no_room_for_the_manifest_takes_the_checkpoint_back(
+    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs]
+) -> None:
+    want = reference(project)
+    _, usage = checkpoint_size(project)
+    subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
+    # Out of inodes, not bytes: the root, the run's directory and its .gitignore, three
+    # files for each checkpoint; checkpoint FAILS_AT gets its file and .dvc file, and no
+    # manifest.
+    inodes = 3 + 3 * (FAILS_AT - 1) + 2
+    disk = tmpfs(project.root / "checkpoints", 4 * STEPS * usage, f"nr_inodes={inodes}")
+    run_dir = project.root / "checkpoints" / "disk"
+    proc = start(project, "sync")
+    out, err = finish(proc)
+    assert proc.returncode != 0, out
+    line = failure_line(err, FAILS_AT)
+    assert "cannot write manifest: No space left on device" in line
+    assert_nothing_partial(run_dir, FAILS_AT - 1)
+
+    disk.remount(f"nr_inodes={4 * inodes}")
+    proc = start(project, "sync")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert f"restored {FAILS_AT - 1}" in out
+    assert result(out) == want
+    assert_nothing_partial(run_dir, STEPS)
+    verify(project, key, run_dir)
+
+
+def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
+    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs]
+) -> None:
+    want = reference(project)
+    size, usage = checkpoint_size(project)
+    subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
+    # The cache on the same file system, by copy: each checkpoint takes its size twice.
+    # Checkpoint FAILS_AT fits (with the margin the writer asks for), its cache copy not.
+    disk = tmpfs(
+        project.root / "checkpoints",
+        (FAILS_AT - 1) * (usage + size) + 2 * PAGE + size + METADATA_MARGIN + size // 4,
+    )
+    config = project.root / ".dvc" / "config"
+    config.write_text(
+        config.read_text().replace("[cache]", "[cache]\n    dir = ../checkpoints/.cache", 1)
+    )
+    subprocess.run(["dvc", "config", "cache.type", "copy"], cwd=project.root, check=True)
+    assert "../checkpoints/.cache" in config.read_text()
+    run_dir = project.root / "checkpoints" / "disk"
+    proc = start(project, "async")
+    out, err = finish(proc)
+    assert proc.returncode != 0, out
+    assert "No space left on device" in failure_line(err, FAILS_AT)
+    assert_nothing_partial(run_dir, FAILS_AT - 1)
+    cache = project.root / "checkpoints" / ".cache" / "files" / "md5"
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.name.startswith(".")]
+
+    disk.remount(f"size={4 * STEPS * usage}")
+    proc = start(project, "async")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert f"restored {FAILS_AT - 1}" in out
+    assert result(out) == want
+    assert_nothing_partial(run_dir, STEPS)
+    verify(project, key, run_dir)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_read_only_file_system_keeps_the_last_checkpoint_and_the_restart_continues(
+    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs], mode: str
+) -> None:
+    want = reference(project)
+    _, usage = checkpoint_size(project)
+    subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
+    disk = tmpfs(project.root / "checkpoints", 4 * STEPS * usage)
+    run_dir = project.root / "checkpoints" / "disk"
+    proc = start(project, mode, pause_after=FAILS_AT - 1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("paused"):
+            break
+    disk.remount("ro")  # between two checkpoints: no file on it is open for writing
+    out, err = finish(proc, "go on\n")
+    assert proc.returncode != 0, out
+    assert "Read-only file system" in failure_line(err, FAILS_AT)
+    assert_nothing_partial(run_dir, FAILS_AT - 1)
+
+    disk.remount("rw")
+    proc = start(project, mode)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert f"restored {FAILS_AT - 1}" in out
+    assert result(out) == want
+    assert_nothing_partial(run_dir, STEPS)
+    verify(project, key, run_dir)
+
+
+def test_read_only_dvc_cache_leaves_no_checkpoint_untracked_and_says_so(
+    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs]
+) -> None:
+    want = reference(project)
+    _, usage = checkpoint_size(project)
+    subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
+    # The run's directory stays writable; the cache's file system turns read-only.
+    cache_fs = tmpfs(project.root / "cache", 4 * STEPS * usage)
+    subprocess.run(["dvc", "cache", "dir", str(cache_fs.where)], cwd=project.root, check=True)
+    run_dir = project.root / "checkpoints" / "disk"
+    proc = start(project, "async", pause_after=FAILS_AT - 1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("paused"):
+            break
+    cache_fs.remount("ro")
+    out, err = finish(proc, "go on\n")
+    assert proc.returncode != 0, out
+    line = failure_line(err, FAILS_AT)
+    assert "DVC's cache" in line
+    assert "Read-only file system" in line
+    assert_nothing_partial(run_dir, FAILS_AT - 1)
+
+    cache_fs.remount("rw")
+    proc = start(project, "async")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert f"restored {FAILS_AT - 1}" in out
+    assert result(out) == want
+    assert_nothing_partial(run_dir, STEPS)
+    verify(project, key, run_dir)

@@ -1,0 +1,364 @@
+"""Pushing what verified manifests sign, to where DVC's own configuration says, and
+confirming it in the remote; repairing a damaged local copy (`kaudit pull --force`).
+Real DVC, a real directory remote, real runs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.errors import PushIncomplete, StorageError
+from kronos_audit.project import Project
+from kronos_audit.signing import SigningKey, public_pem
+from kronos_audit.storage import (
+    Storage,
+    cache_object_path,
+    cache_settings,
+    configure_remote,
+    dvc_file_for,
+    write_dvc_file,
+)
+from tests.helpers import git, run_cli, signed_items, untrusted_key
+
+pytestmark = pytest.mark.slow
+
+
+def dvc(repo: Path, *args: str) -> None:
+    """Real `dvc` (its config command): the global level goes to the test's own
+    DVC_GLOBAL_CONFIG_DIR (tests/conftest.py)."""
+    subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, check=True, capture_output=True)
+
+
+def heat_run(project: Project, steps: int = 20, *, push: bool = False) -> ka.Run:
+    with ka.Run(
+        "heat", root=project.root / "checkpoints", seed=5, every=ka.EverySteps(10), push=push
+    ) as run:
+        state = {"u": run.rng.random((64, 64))}
+        for step in run.steps(steps):
+            state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((64, 64))}
+            run.checkpoint(step, state)
+    return run
+
+
+@pytest.fixture
+def remote(project: Project, tmp_path: Path) -> Path:
+    path = tmp_path / "remote"
+    configure_remote(project, str(path))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    return path
+
+
+@pytest.fixture
+def anchor(key: SigningKey, tmp_path: Path) -> str:
+    """The run's public key as a file given on the command line: an explicit anchor."""
+    path = tmp_path / "tester.pub"
+    path.write_bytes(public_pem(key.private_key.public_key()))
+    return str(path)
+
+
+def remote_object(remote: Path, md5: str) -> Path:
+    return remote / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def md5_of(checkpoint: Path) -> str:
+    md5 = ka.read_manifest(Path(str(checkpoint) + ".kaudit.json")).subject_md5
+    assert md5 is not None
+    return md5
+
+
+RUN = Path("checkpoints") / "heat"
+STEP_10 = RUN / "step-00000010.h5"
+STEP_20 = RUN / "step-00000020.h5"
+
+
+# -- which cache: DVC's own configuration, every level ----------------------------------
+
+
+def test_a_global_cache_dir_is_where_a_run_puts_its_objects_and_push_uploads_them(
+    project: Project, key: SigningKey, remote: Path, anchor: str, tmp_path: Path
+) -> None:
+    shared = tmp_path / "scratch" / "dvc-cache"
+    dvc(project.root, "config", "--global", "cache.dir", str(shared))
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    md5 = md5_of(ckpt)
+    assert cache_object_path(shared, md5).exists()  # where DVC itself looks
+    assert not cache_object_path(project.root / ".dvc" / "cache", md5).exists()
+
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 0, result.output
+    assert "2 object(s) uploaded" in result.stdout
+    for c in (ckpt, project.root / STEP_20):
+        assert remote_object(remote, md5_of(c)).read_bytes() == c.read_bytes()
+
+
+def test_a_run_that_pushes_uploads_from_a_global_cache_dir(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    # Relative on dvc's command line (to where it runs); DVC writes it relative to the
+    # global file's directory and resolves it back: kaudit takes DVC's resolution.
+    dvc(project.root, "config", "--global", "cache.dir", "../scratch-cache")
+    shared = tmp_path / "scratch-cache"
+    assert cache_settings(project)[0] == shared
+    run = heat_run(project, push=True)
+    assert run.push_failures == []
+    for c in (project.root / STEP_10, project.root / STEP_20):
+        assert cache_object_path(shared, md5_of(c)).exists()
+        assert remote_object(remote, md5_of(c)).read_bytes() == c.read_bytes()
+
+
+def test_a_tracked_cache_dir_outside_the_repository_is_refused_until_accepted_locally(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "attacker-chosen"
+    # What a commit can carry: the repository level, .dvc/config, tracked by git.
+    dvc(project.root, "config", "cache.dir", str(elsewhere))
+    with pytest.raises(StorageError) as caught:
+        heat_run(project)
+    assert "comes from the tracked .dvc/config" in str(caught.value)
+    assert f"dvc config --local cache.dir {elsewhere}" in str(caught.value)
+    assert not elsewhere.exists()
+    assert not list((project.root / "checkpoints").glob("*/step-*.h5"))
+
+    # It also overrides a user's global choice (repo outranks global in DVC): still refused.
+    dvc(project.root, "config", "--global", "cache.dir", str(tmp_path / "mine"))
+    with pytest.raises(StorageError, match="comes from the tracked"):
+        cache_settings(project)
+
+    # Accepted for this machine, in the local (untracked) file: honoured.
+    dvc(project.root, "config", "--local", "cache.dir", str(elsewhere))
+    heat_run(project)
+    assert cache_object_path(elsewhere, md5_of(project.root / STEP_10)).exists()
+
+
+def test_a_tracked_cache_dir_inside_the_repository_and_the_tracked_link_types_are_honoured(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    dvc(project.root, "config", "cache.dir", "dvc-cache")  # the repository's own
+    dvc(project.root, "config", "cache.type", "hardlink")  # what `kaudit init` writes, too
+    cache_dir, types = cache_settings(project)
+    assert cache_dir == (project.root / "dvc-cache").resolve()
+    assert types == ("hardlink",)
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    obj = cache_object_path(cache_dir, md5_of(ckpt))
+    assert os.stat(obj).st_ino == os.stat(ckpt).st_ino  # linked, as the tracked file asks
+
+
+# -- push: confirmed in the remote, by the signed md5 and size --------------------------
+
+
+def test_push_names_an_object_left_missing_and_exits_1(
+    project: Project, key: SigningKey, remote: Path, anchor: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    cache_dir, _ = cache_settings(project)
+    cache_object_path(cache_dir, md5_of(ckpt)).unlink()  # DVC has nothing to upload
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("FAIL")]
+    assert "step-00000010.h5" in line
+    assert f"the object {md5_of(ckpt)} was not uploaded" in line
+    # DVC's own warning is not swallowed (kaudit quiets only DVC's INFO chatter).
+    assert any(
+        r.name.startswith("dvc") and r.levelname == "WARNING" and "do not exist" in r.getMessage()
+        for r in caplog.records
+    )
+    assert not remote_object(remote, md5_of(ckpt)).exists()
+    assert remote_object(remote, md5_of(project.root / STEP_20)).exists()  # the other went
+    # Its manifest stays here: a manifest in the remote without its data is no checkpoint.
+    beside = remote / "kaudit" / "runs" / "heat"
+    assert sorted(p.name for p in beside.iterdir()) == ["step-00000020.h5.kaudit.json"]
+
+    with pytest.raises(PushIncomplete) as caught:
+        Storage(project).push(signed_items([ckpt]))
+    assert caught.value.exit_code == 1
+    assert list(caught.value.missing) == [ckpt]
+
+
+def test_a_run_whose_object_does_not_reach_the_remote_lists_it_as_a_push_failure(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    def still(name: str, *, push: bool) -> ka.Run:
+        root = project.root / "checkpoints"
+        with ka.Run(name, root=root, seed=1, every=ka.EverySteps(1), push=push) as run:
+            for step in run.steps(1):
+                run.checkpoint(step, {"x": np.zeros(100)})
+        return run
+
+    still("first", push=False)
+    first = project.root / "checkpoints" / "first" / "step-00000001.h5"
+    md5 = md5_of(first)
+    # DVC's cache object damaged in place (it is the checkpoint's inode), then a second
+    # run writes the same bytes: the cache already "has" them, and DVC refuses to upload
+    # a corrupted object (its warning), so the object never reaches the remote.
+    corrupt_in_place(first)
+    run = still("second", push=True)
+    second = project.root / "checkpoints" / "second" / "step-00000001.h5"
+    assert md5_of(second) == md5
+    assert not remote_object(remote, md5).exists()
+    (failure,) = run.push_failures
+    assert "step-00000001.h5" in failure
+    assert f"the object {md5} was not uploaded" in failure
+    # Its manifest stayed here (retried with the next checkpoint, or by `kaudit push`).
+    assert not (remote / "kaudit" / "runs" / "second").exists()
+
+
+def test_an_edited_dvc_file_never_costs_another_checkpoints_remote_copy(
+    project: Project, key: SigningKey, remote: Path, anchor: str
+) -> None:
+    heat_run(project)
+    a, b = project.root / STEP_10, project.root / STEP_20
+    b_bytes = b.read_bytes()
+    assert run_cli("push", str(project.root / RUN), "--trusted-key", anchor).exit_code == 0
+    # b now lives in the remote only.
+    Storage(project).discard(b)
+    # a's .dvc file edited to b's md5 with another size: a push that trusted it would
+    # take b's remote object for a short push of a, and delete it.
+    write_dvc_file(a, md5_of(b), a.stat().st_size + 1)
+
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 0, result.output
+    assert remote_object(remote, md5_of(b)).read_bytes() == b_bytes  # survived
+    assert remote_object(remote, md5_of(a)).read_bytes() == a.read_bytes()  # a's own data
+    assert "pushed 1 checkpoint(s)" in result.stdout
+    assert "1 not here" in result.stdout  # b: its manifest only
+
+
+def test_a_remote_object_of_another_size_is_replaced_only_by_verified_local_bytes(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    item = signed_items([ckpt])[0]
+    Storage(project).push([item])
+    obj = remote_object(remote, item.md5)
+    good = obj.read_bytes()
+    os.chmod(obj, 0o644)
+    obj.write_bytes(good[:1000])  # a push killed midway
+    # The local cache object damaged too: nothing verified to replace the remote's with.
+    cache_obj = cache_object_path(cache_settings(project)[0], item.md5)
+    os.chmod(cache_obj, 0o644)
+    with open(cache_obj, "r+b") as f:
+        f.seek(-100, os.SEEK_END)
+        f.write(b"\0" * 100)
+    with pytest.raises(PushIncomplete, match="left as it is"):
+        Storage(project).push([item])
+    assert obj.read_bytes() == good[:1000]  # not deleted for bytes that are not the signed ones
+
+    # Once the local bytes are the signed ones again, the short object is replaced.
+    with open(cache_obj, "r+b") as f:
+        f.seek(-100, os.SEEK_END)
+        f.write(good[-100:])
+    assert Storage(project).push([item]) == 1
+    assert obj.read_bytes() == good
+
+
+def test_a_manifest_that_does_not_verify_is_not_pushed(
+    project: Project, key: SigningKey, remote: Path, anchor: str
+) -> None:
+    # Signed by a key no anchor holds (neither the user's store nor the key given).
+    mallory = untrusted_key("mallory")
+    with ka.Run(
+        "heat", root=project.root / "checkpoints", seed=5, every=ka.EverySteps(10), key=mallory
+    ) as run:
+        for step in run.steps(20):
+            run.checkpoint(step, {"u": np.full(64, float(step))})
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 1, result.output
+    fails = [x for x in result.stdout.splitlines() if x.startswith("FAIL")]
+    assert len(fails) == 2
+    assert all("not pushed, the manifest does not verify (signature" in x for x in fails)
+    assert not (remote / "files").exists()
+    assert not (remote / "kaudit").exists()
+
+
+# -- repair: pull --force ---------------------------------------------------------------
+
+
+def corrupt_in_place(path: Path) -> None:
+    os.chmod(path, 0o644)  # a hard link shares the mode: the other names see it too
+    with open(path, "r+b") as f:
+        f.seek(-64, os.SEEK_END)
+        f.write(b"\xff" * 64)
+
+
+def test_pull_leaves_a_damaged_copy_and_force_replaces_it_from_the_remote(
+    project: Project, key: SigningKey, remote: Path, anchor: str
+) -> None:
+    heat_run(project)
+    run_dir = project.root / RUN
+    a, b = project.root / STEP_10, project.root / STEP_20
+    good = a.read_bytes()
+    b_before = (b.read_bytes(), os.stat(b).st_ino)
+    assert run_cli("push", str(run_dir), "--trusted-key", anchor).exit_code == 0
+    corrupt_in_place(a)  # a shares its inode with DVC's cache object: both damaged
+    damaged = a.read_bytes()
+
+    pulled = run_cli("pull", str(run_dir), "--trusted-key", anchor)
+    assert pulled.exit_code == 1, pulled.output
+    fails = [x for x in pulled.stdout.splitlines() if x.startswith("FAIL")]
+    assert fails
+    assert all("step-00000010.h5" in x and "--force" in x for x in fails)
+    assert a.read_bytes() == damaged  # left as it is
+
+    forced = run_cli("pull", str(run_dir), "--force", "--trusted-key", anchor)
+    assert forced.exit_code == 0, forced.output
+    assert "step-00000010.h5 (replaced by the verified remote copy)" in forced.stdout
+    assert a.read_bytes() == good
+    assert hashlib.md5(good).hexdigest() == md5_of(a)
+    cache_obj = cache_object_path(cache_settings(project)[0], md5_of(a))
+    assert cache_obj.read_bytes() == good  # the damaged object went; a good one is there
+    assert (b.read_bytes(), os.stat(b).st_ino) == b_before
+    assert not list(run_dir.glob(".kaudit-tmp-*"))
+    assert run_cli("verify", str(run_dir), "--trusted-key", anchor).exit_code == 0
+
+
+def test_force_never_writes_into_a_cache_object_another_checkpoint_shares(
+    project: Project, key: SigningKey, remote: Path, anchor: str
+) -> None:
+    # A state that does not change: byte-identical checkpoints, one md5, one cache object.
+    with ka.Run("still", root=project.root / "checkpoints", seed=1, every=ka.EverySteps(1)) as run:
+        for step in run.steps(2):
+            run.checkpoint(step, {"x": np.zeros(100)})
+    run_dir = project.root / "checkpoints" / "still"
+    one, two = run_dir / "step-00000001.h5", run_dir / "step-00000002.h5"
+    assert md5_of(one) == md5_of(two)
+    good = one.read_bytes()
+    assert run_cli("push", str(run_dir), "--trusted-key", anchor).exit_code == 0
+    # `two` brought back from DVC's cache: a hard link to the object `one` is linked to.
+    two.unlink()
+    assert run_cli("pull", str(two) + ".kaudit.json", "--trusted-key", anchor).exit_code == 0
+    cache_obj = cache_object_path(cache_settings(project)[0], md5_of(one))
+    assert os.stat(one).st_ino == os.stat(two).st_ino == os.stat(cache_obj).st_ino
+
+    corrupt_in_place(one)  # the shared inode: all three names show the damage
+    shared = os.stat(two).st_ino
+    damaged = two.read_bytes()
+    pulled = run_cli("pull", str(one) + ".kaudit.json", "--trusted-key", anchor)
+    assert pulled.exit_code == 1, pulled.output
+    assert "--force" in pulled.stdout
+
+    forced = run_cli("pull", str(one) + ".kaudit.json", "--force", "--trusted-key", anchor)
+    assert forced.exit_code == 0, forced.output
+    assert one.read_bytes() == good
+    assert os.stat(one).st_ino != shared  # a new file under the name, not a repaired inode
+    # The other checkpoint is untouched: the same inode, its bytes as they were.
+    assert (os.stat(two).st_ino, two.read_bytes()) == (shared, damaged)
+    assert cache_obj.read_bytes() == good  # the damaged object was unlinked, not written
+    assert os.stat(cache_obj).st_ino != shared
+
+    # And it is repaired in its turn, the same way.
+    again = run_cli("pull", str(two) + ".kaudit.json", "--force", "--trusted-key", anchor)
+    assert again.exit_code == 0, again.output
+    assert two.read_bytes() == good
+    assert dvc_file_for(two).exists()

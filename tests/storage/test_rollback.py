@@ -1,0 +1,145 @@
+"""No silent rollback when resuming elsewhere: the manifests committed in git say how far
+the run got, so a restore that finds only older checkpoints (the newer ones' data, and
+their manifests, gone from the DVC remote) refuses, naming both steps, unless the rollback
+is accepted explicitly; then a log warning says so. Real git, a real DVC directory
+remote, a real clone."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.errors import RollbackRefused
+from kronos_audit.project import Project
+from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.signing import SigningKey
+from kronos_audit.storage import configure_remote
+from tests.helpers import git
+from tests.storage.test_resume_remote import RUN, heat, manifest_name, remote_dir, run_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def remote(project: Project, tmp_path: Path) -> Path:
+    path = tmp_path / "remote"
+    configure_remote(project, str(path))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    return path
+
+
+def committed_run(project: Project, remote: Path, steps: int) -> None:
+    """``steps`` steps pushed, and the run's manifests (and .dvc files) committed."""
+    heat(project.root / "checkpoints", stop=steps)
+    git(project.root, "add", "checkpoints")
+    git(project.root, "commit", "-q", "-m", f"run {RUN}: {steps} steps")
+
+
+def lose(project: Project, remote: Path, steps: range, *, manifests: bool = True) -> None:
+    """The data of ``steps`` gone from the remote (and their manifests there)."""
+    for step in steps:
+        md5 = ka.read_manifest(run_dir(project.root) / manifest_name(step)).subject_md5
+        assert md5 is not None
+        (remote / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+        if manifests:
+            (remote_dir(remote) / manifest_name(step)).unlink()
+
+
+def fresh_clone(project: Project, tmp_path: Path) -> Path:
+    path = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(path))
+    assert (run_dir(path) / manifest_name(4)).is_file()  # the manifests travel with git
+    assert not (run_dir(path) / "step-00000004.h5").exists()  # the data does not
+    return path
+
+
+def resume(clone: Path, *, allow_rollback: bool = False) -> int | None:
+    root = clone / "checkpoints"
+    with ka.Run(RUN, root=root, seed=5, push=True, allow_rollback=allow_rollback) as run:
+        run.restore()
+        return run.step
+
+
+def test_lost_newer_steps_are_a_refused_rollback_unless_accepted(
+    project: Project,
+    key: SigningKey,
+    remote: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    committed_run(project, remote, 4)
+    lose(project, remote, range(3, 5))
+    clone = fresh_clone(project, tmp_path)
+
+    with pytest.raises(RollbackRefused) as refused:
+        resume(clone)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "newest checkpoint the repository knows of is step 4" in message
+    assert f"HEAD:checkpoints/{RUN}/{manifest_name(4)}" in message
+    assert "the newest one here or in the DVC remote is step 2" in message
+    assert "allow_rollback=True" in message
+    assert refused.value.exit_code == 2
+    assert (refused.value.known, refused.value.available) == (4, 2)
+
+    caplog.set_level(logging.WARNING, logger="kronos_audit.runtime")
+    assert resume(clone, allow_rollback=True) == 2
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        "rolling back: resuming from step 2" in r.getMessage() and "step 4" in r.getMessage()
+        for r in warned
+    ), [r.getMessage() for r in warned]
+    # Or for a program that cannot be changed: the environment.
+    with pytest.raises(RollbackRefused):
+        resume(clone)
+    monkeypatch.setenv("KAUDIT_ALLOW_ROLLBACK", "1")
+    assert resume(clone) == 2
+
+
+@pytest.mark.parametrize("manifest_too", [False, True])
+def test_a_committed_step_whose_data_the_remote_lost_is_not_passed_over(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path, manifest_too: bool
+) -> None:
+    committed_run(project, remote, 4)
+    # Step 4's data gone from the remote; its manifest there too, or still there.
+    lose(project, remote, range(4, 5), manifests=manifest_too)
+    clone = fresh_clone(project, tmp_path)
+    skipped = (
+        contextlib.nullcontext()
+        if manifest_too
+        else pytest.warns(CheckpointSkipped, match="data not fetched")
+    )
+    with (
+        skipped,
+        pytest.raises(RollbackRefused, match=r"knows of is step 4 .* is step 3: refusing"),
+    ):
+        resume(clone)
+
+
+def test_an_unsigned_committed_manifest_claims_nothing(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    committed_run(project, remote, 2)
+    # A manifest of step 9 nobody signed: step 2's, its statement rewritten.
+    envelope = json.loads((run_dir(project.root) / manifest_name(2)).read_bytes())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    statement["subject"][0]["name"] = statement["subject"][0]["name"].replace("02.h5", "09.h5")
+    statement["predicate"]["step"] = 9
+    envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = run_dir(project.root) / manifest_name(9)
+    forged.write_text(json.dumps(envelope))
+    (result,) = ka.verify(forged, fetch=False)
+    assert "signature" in [c.name for c in result.failures]
+    git(project.root, "add", "checkpoints")
+    git(project.root, "commit", "-q", "-m", "a forged manifest")
+    clone = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    assert resume(clone) == 2

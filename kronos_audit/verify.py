@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
-from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, digest_file
+from kronos_audit.checkpoint.hashing import DatasetDigest, diagnose, digest_open, open_file
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
@@ -65,8 +65,9 @@ from kronos_audit.trust import Keyring, SignerCheck, TrustedKey, TrustOptions, l
 if TYPE_CHECKING:
     from kronos_audit.storage import Storage  # imported when a fetch is needed
 
-SIZE_SLACK = 64 * 1024 * 1024
-"""A checkpoint larger than twice its signed size plus this fails without being read."""
+DIAGNOSE_SLACK = 64 * 1024 * 1024
+"""A checkpoint of another size than the signed one is never hashed; one larger than
+twice its signed size plus this is not parsed either (no dataset diagnostic)."""
 
 
 class CheckName(enum.StrEnum):
@@ -161,6 +162,9 @@ class VerifyResult:
     """The key whose signature was accepted (or refused as unanchored or revoked)."""
     kind: StatementKind = StatementKind.MANIFEST
     """A manifest or an attestation."""
+    statement: Manifest | None = field(default=None, compare=False, repr=False)
+    """The manifest exactly as parsed and checked here (None for an attestation): what a
+    restore uses, never the file read again by name."""
 
     @property
     def ok(self) -> bool:
@@ -474,6 +478,7 @@ class Verifier:
             tuple(checks),
             fetched=fetched,
             signer=signed.signer,
+            statement=manifest,
         )
 
     def _pruned_check(self, pruner: Path, manifest: Manifest, newest: bool) -> Check:
@@ -531,6 +536,11 @@ class Verifier:
         return self._content(manifest)
 
     def _content(self, manifest: Manifest) -> list[Check]:
+        """The file checks, in the order that keeps hostile content unparsed: the size
+        (a file of another size is not read at all), then the sha256 of the bytes, and
+        only then HDF5: all of it when the digest is the signed one, or, for a bounded
+        diagnostic of which datasets changed, only datasets whose signed dtype and shape
+        they still have (:func:`~kronos_audit.checkpoint.hashing.digest_open`)."""
         checkpoint = manifest.checkpoint_path
         recorded_size = manifest.record.size
         try:
@@ -541,42 +551,45 @@ class Verifier:
             ) from None
         if not stat.S_ISREG(st.st_mode):
             return [Check(CheckName.FILE_DIGEST, False, "the checkpoint is not a regular file")]
-        if st.st_size > 2 * recorded_size + SIZE_SLACK:
-            # Decided without reading: a huge (or sparse) file is never hashed for nothing.
-            # One of about the signed size is hashed (it costs about what the signed one
-            # would) so that the report can say which datasets changed.
-            return [
-                Check(
-                    CheckName.FILE_DIGEST,
-                    False,
-                    f"the file is {st.st_size:,} bytes, the manifest signs {recorded_size:,}",
+        # Everything below reads the one descriptor opened here, whatever the name holds.
+        with open_file(checkpoint) as opened:
+            if opened.size != recorded_size:
+                # Not hashed: no digest of other bytes can match. Which datasets changed
+                # is still said, within the signed datasets' bound, unless the file is
+                # far larger than what was signed (then nothing of it is read).
+                checks = [
+                    Check(
+                        CheckName.FILE_DIGEST,
+                        False,
+                        f"the file is {opened.size:,} bytes, the manifest signs "
+                        f"{recorded_size:,}: not hashed",
+                    )
+                ]
+                if opened.size > 2 * recorded_size + DIAGNOSE_SLACK:
+                    return checks
+                datasets, unreadable = diagnose(opened, manifest.datasets or ())
+            else:
+                digests = digest_open(
+                    opened, expect_sha256=manifest.subject_sha256, recorded=manifest.datasets
                 )
-            ]
-        try:
-            digests: FileDigests | None = digest_file(checkpoint)
-            problem = ""
-        except CheckpointError as e:
-            # A file that no longer parses as HDF5 is a failed check, not bad input: its
-            # digest is still compared so the report says what changed.
-            digests, problem = None, e.message
-        if digests is None:
-            with open(checkpoint, "rb") as f:
-                sha = hashlib.file_digest(f, "sha256").hexdigest()
+                datasets, unreadable = digests.datasets, digests.unreadable
+                sha = digests.sha256
+                checks = [
+                    Check(CheckName.FILE_DIGEST, True, f"sha256 {sha[:16]}... matches")
+                    if sha == manifest.subject_sha256
+                    else Check(
+                        CheckName.FILE_DIGEST,
+                        False,
+                        f"sha256 {sha[:16]}... differs from the recorded "
+                        f"{manifest.subject_sha256[:16]}...",
+                    )
+                ]
+        if unreadable is not None:
+            # A file that no longer parses as HDF5 (or, with the signed digest, holds what
+            # the digests cannot cover) is a failed check, not bad input.
+            checks.append(Check(CheckName.DATASETS, False, unreadable))
         else:
-            sha = digests.sha256
-        checks = [
-            Check(CheckName.FILE_DIGEST, True, f"sha256 {sha[:16]}... matches")
-            if sha == manifest.subject_sha256
-            else Check(
-                CheckName.FILE_DIGEST,
-                False,
-                f"sha256 {sha[:16]}... differs from the recorded {manifest.subject_sha256[:16]}...",
-            )
-        ]
-        if digests is None:
-            checks.append(Check(CheckName.DATASETS, False, problem))
-        else:
-            checks += compare_datasets(manifest.datasets, digests.datasets)
+            checks += compare_datasets(manifest.datasets, datasets)
         return checks
 
     # -- sharded steps: an index, a Merkle root, one shard per rank -------------------
@@ -757,6 +770,7 @@ class Verifier:
             tuple(checks),
             fetched=fetched,
             signer=signed.signer,
+            statement=manifest,
         )
 
     # -- the directory of a run: siblings by digest, signed retention records ------------

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import io
 import mmap
 import os
 import stat
@@ -80,6 +81,9 @@ class FileDigests:
     """Per-dataset digests, sorted by path; None when the file is not HDF5."""
     md5: str | None = None
     """md5 of the whole file (DVC's storage address), when asked for."""
+    unreadable: str | None = None
+    """Why ``datasets`` is None for an HDF5 file whose digest is not the signed one (a
+    diagnostic of :func:`digest_open`); None otherwise."""
 
 
 def canonical_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
@@ -398,17 +402,154 @@ def is_hdf5(path: Path) -> bool:
     return False
 
 
-def digest_file(path: Path, *, md5: bool = False, follow_symlinks: bool = True) -> FileDigests:
-    """Hash ``path``: its sha256, its md5 if asked (DVC's address for it) and, for HDF5,
-    every dataset's canonical sha256 under every name a reader can use, reading the file
-    once.
+class _Reader(io.RawIOBase):
+    """A read-only, seekable file object over bytes already in hand or an open
+    descriptor, read by position: h5py opens it instead of a name, so every byte it
+    parses comes from the file the caller opened, never from whatever a name points at
+    later."""
 
-    Raises CheckpointError for a missing, unreadable or non-regular file (a FIFO is
-    refused, never waited on), for a file with an HDF5 signature that h5py cannot open
-    (truncated or corrupt), and for HDF5 content the digests cannot cover (see the module
-    docstring), naming the HDF5 path. With ``follow_symlinks`` False, a symbolic link is
-    refused too.
-    """
+    def __init__(self, fd: int, size: int, image: memoryview | None) -> None:
+        super().__init__()
+        self._fd, self._size, self._image, self._pos = fd, size, image, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._image is not None:
+            chunk = self._image[self._pos : self._pos + len(buffer)]
+            n = len(chunk)
+            memoryview(buffer).cast("B")[:n] = chunk
+        else:
+            n = os.preadv(self._fd, [buffer], self._pos)
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class OpenFile:
+    """A checkpoint file opened once (a regular file, by descriptor): its bytes, its
+    hashes and its HDF5 content are all read from this descriptor, or from the private
+    copy :meth:`read_private` took of it, never by its name again. Close it (or use it
+    as a context manager)."""
+
+    def __init__(self, path: Path, fd: int, size: int) -> None:
+        self.path = path
+        """The name it was opened by (for messages only)."""
+        self.size = size
+        """Its size in bytes when opened (``fstat``)."""
+        self._fd = fd
+        self._map: mmap.mmap | None = None
+        self._image: bytearray | None = None
+        self._view: memoryview | None = None
+        self._h5: h5py.File | None = None
+
+    @property
+    def hdf5(self) -> bool:
+        """Whether it has an HDF5 signature (read from the descriptor)."""
+        if self._image is not None:
+            return any(
+                bytes(self._image[o : o + 8]) == HDF5_SIGNATURE
+                for o in SUPERBLOCK_OFFSETS
+                if o + 8 <= self.size
+            )
+        return _has_hdf5_signature(self._fd, self.size)
+
+    def read_private(self, *, progress: bool = False) -> str:
+        """Read the whole file into a private copy, once, and return its sha256: from
+        then on every read (:meth:`view`, :meth:`h5`) is of that copy, which nobody else
+        can change. Raises CheckpointError if the file ends early."""
+        image = bytearray(self.size)
+        view = memoryview(image)
+        h = hashlib.sha256()
+        done = 0
+        try:
+            while done < self.size:
+                n = os.preadv(self._fd, [view[done : done + BLOCK]], done)
+                if n == 0:
+                    raise CheckpointError(
+                        f"shrank while read (it was {self.size:,} bytes)", path=self.path
+                    )
+                h.update(view[done : done + n])
+                done += n
+                report(HASHING_PHASE, done, self.size)
+        except OSError as e:
+            raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=self.path) from None
+        finally:
+            view.release()
+        self._image = image
+        return h.hexdigest()
+
+    def view(self) -> memoryview:
+        """Its bytes: the private copy, or a read-only memory map of the descriptor."""
+        if self._view is None:
+            if self._image is not None:
+                self._view = memoryview(self._image)
+            elif self.size:
+                try:
+                    self._map = mmap.mmap(self._fd, 0, prot=mmap.PROT_READ)
+                except OSError as e:
+                    raise CheckpointError(
+                        f"cannot read checkpoint: {e.strerror}", path=self.path
+                    ) from None
+                self._view = memoryview(self._map)
+            else:
+                self._view = memoryview(b"")
+        return self._view
+
+    def sha256(self, *, progress: bool = True) -> str:
+        """The sha256 of its bytes (progress reported as :data:`HASHING_PHASE`)."""
+        return _whole(self.view(), "sha256", progress=progress)
+
+    def h5(self) -> h5py.File:
+        """Its HDF5 content, opened over the same bytes (once; closed with this file).
+        CheckpointError if it is not a readable HDF5 file."""
+        if self._h5 is None:
+            image = memoryview(self._image) if self._image is not None else None
+            try:
+                self._h5 = h5py.File(_Reader(self._fd, self.size, image), "r")
+            except OSError as e:
+                raise CheckpointError(
+                    f"not a readable HDF5 file ({_h5_reason(e)})", path=self.path
+                ) from None
+        return self._h5
+
+    def close(self) -> None:
+        """Close the HDF5 view, the map and the descriptor."""
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> OpenFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_file(path: Path | str, *, follow_symlinks: bool = True) -> OpenFile:
+    """Open ``path`` once for reading: a regular file, never a FIFO waited on (with
+    ``follow_symlinks`` False, never a symbolic link). CheckpointError for a missing,
+    unreadable or non-regular file."""
     path = Path(path)
     # O_NONBLOCK: a FIFO put where a checkpoint should be must not block the open.
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -428,20 +569,84 @@ def digest_file(path: Path, *, md5: bool = False, follow_symlinks: bool = True) 
             raise CheckpointError("is a directory, not a checkpoint file", path=path)
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError("is not a regular file, so not a checkpoint file", path=path)
-        size = st.st_size
-        hdf5 = _has_hdf5_signature(fd, size)
-        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ) if size else None
-    except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=path) from None
-    finally:
+    except BaseException:
         os.close(fd)
-    view = memoryview(mapped) if mapped is not None else memoryview(b"")
+        raise
+    return OpenFile(path, fd, st.st_size)
+
+
+def digest_file(path: Path, *, md5: bool = False, follow_symlinks: bool = True) -> FileDigests:
+    """Hash ``path``: its sha256, its md5 if asked (DVC's address for it) and, for HDF5,
+    every dataset's canonical sha256 under every name a reader can use, reading the file
+    once.
+
+    Raises CheckpointError for a missing, unreadable or non-regular file (a FIFO is
+    refused, never waited on), for a file with an HDF5 signature that h5py cannot open
+    (truncated or corrupt), and for HDF5 content the digests cannot cover (see the module
+    docstring), naming the HDF5 path. With ``follow_symlinks`` False, a symbolic link is
+    refused too.
+    """
+    with open_file(path, follow_symlinks=follow_symlinks) as opened:
+        return digest_open(opened, md5=md5)
+
+
+def digest_open(
+    opened: OpenFile,
+    *,
+    md5: bool = False,
+    expect_sha256: str | None = None,
+    recorded: tuple[DatasetDigest, ...] | None = None,
+) -> FileDigests:
+    """:func:`digest_file` of a file already open, its HDF5 read from the same bytes.
+
+    With ``expect_sha256`` (a signed digest), the file's sha256 is computed first and
+    HDF5 is parsed only after: when it matches, as :func:`digest_file` does (the bytes are
+    the signed ones); when it does not, only for a bounded diagnostic: a dataset is
+    hashed only if one of its names is ``recorded`` with the same dtype and shape (so no
+    more is read than the signed datasets hold), the others are listed unhashed (their
+    ``sha256`` is empty). Once the sha256 is known nothing raises: HDF5 that cannot be
+    parsed, read within that bound, or covered gives ``datasets`` None and the reason in
+    ``unreadable``.
+    """
+    if expect_sha256 is None:
+        return _digest_mapped(opened, md5)
+    view = opened.view()
+    pending_md5 = None
+    if md5:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kaudit-hash")
+        pending_md5 = pool.submit(_whole, view, "md5")
     try:
-        return _digest_mapped(path, (st.st_dev, st.st_ino), size, hdf5, view, md5)
+        sha = _whole(view, "sha256", progress=opened.size >= SMALL_FILE)
     finally:
-        view.release()
-        if mapped is not None:
-            mapped.close()
+        md5_hex = pending_md5.result() if pending_md5 is not None else None
+        if pending_md5 is not None:
+            pool.shutdown()
+    datasets, unreadable = diagnose(opened, None if sha == expect_sha256 else recorded or ())
+    return FileDigests(sha, opened.size, datasets, md5_hex, unreadable=unreadable)
+
+
+def diagnose(
+    opened: OpenFile, recorded: tuple[DatasetDigest, ...] | None
+) -> tuple[tuple[DatasetDigest, ...] | None, str | None]:
+    """``(datasets, unreadable)`` of an open file, never raising: its dataset digests
+    (None if it is not HDF5, or cannot be parsed, read or covered, with the reason in
+    ``unreadable``). With ``recorded``, the bound of a file that is not the signed one:
+    only datasets with a name recorded at the same dtype and shape are hashed, so no more
+    is read (or allocated) than the signed datasets hold; the others are listed with an
+    empty ``sha256``."""
+    try:
+        if not opened.hdf5:
+            return None, None
+        bound = None if recorded is None else {d.path: d for d in recorded}
+        return _datasets_of(opened, opened.view(), bound), None
+    except CheckpointError as e:
+        return None, e.message
+    except MemoryError:
+        return None, "out of memory reading it"
+    except OSError as e:
+        return None, f"cannot read it ({e.strerror or e})"
 
 
 def _has_hdf5_signature(fd: int, size: int) -> bool:
@@ -465,71 +670,80 @@ def _whole(view: memoryview, algorithm: str, *, progress: bool = False) -> str:
     return h.hexdigest()
 
 
-def _digest_mapped(
-    path: Path, inode: tuple[int, int], size: int, hdf5: bool, view: memoryview, md5: bool
-) -> FileDigests:
-    objects: dict[Any, tuple[h5py.Dataset, list[str]]] = {}
-    f: h5py.File | None = None
-    if hdf5:
+def _listing(opened: OpenFile) -> dict[Any, tuple[h5py.Dataset, list[str]]]:
+    f = opened.h5()
+    try:
+        return _list_datasets(f, opened.path)
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"corrupt HDF5 structure ({_h5_reason(e)})", path=opened.path
+        ) from None
+
+
+def _datasets_of(
+    opened: OpenFile,
+    view: memoryview,
+    bound: dict[str, DatasetDigest] | None = None,
+    objects: dict[Any, tuple[h5py.Dataset, list[str]]] | None = None,
+) -> tuple[DatasetDigest, ...]:
+    """Every dataset's digest under each of its names; with ``bound``, only those with a
+    name recorded there at the same dtype and shape are hashed (the others unhashed)."""
+    out: list[DatasetDigest] = []
+    for d, names in (_listing(opened) if objects is None else objects).values():
         try:
-            f = h5py.File(path, "r")
-        except OSError as e:
+            if bound is not None and not any(_fits(d, bound.get(n)) for n in names):
+                shape = None if d.shape is None else tuple(d.shape)
+                kind = vlen_kind(d.dtype)
+                digest = DatasetDigest(d.name, kind or dtype_name(d.dtype), shape, "")
+            else:
+                digest = _dataset_digest(d, view)
+        except (OSError, RuntimeError, ValueError, TypeError) as e:
             raise CheckpointError(
-                f"not a readable HDF5 file ({_h5_reason(e)})", path=path
+                f"cannot read dataset {names[0]} ({_h5_reason(e)})",
+                path=opened.path,
+                dataset=names[0],
             ) from None
-        try:
-            # h5py opened the name again: it must be the file mapped above, or the raw
-            # fast path would hash one file's bytes at offsets read from another.
-            opened = os.fstat(f.id.get_vfd_handle())
-            if (opened.st_dev, opened.st_ino) != inode:
-                raise CheckpointError("was replaced while being read", path=path)
-            objects = _list_datasets(f, path)
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError) as e:
-            f.close()
-            raise CheckpointError(f"corrupt HDF5 structure ({_h5_reason(e)})", path=path) from None
-        except BaseException:
-            f.close()
-            raise
+        out.extend(dataclasses.replace(digest, path=name) for name in names)
+    return tuple(sorted(out, key=lambda d: d.path))
+
+
+def _fits(dset: h5py.Dataset, recorded: DatasetDigest | None) -> bool:
+    if recorded is None:
+        return False
+    shape = None if dset.shape is None else tuple(dset.shape)
+    name = vlen_kind(dset.dtype) or dtype_name(dset.dtype)
+    return shape == recorded.shape and name == recorded.dtype
+
+
+def _digest_mapped(opened: OpenFile, md5: bool) -> FileDigests:
+    size = opened.size
+    view = opened.view()
+    hdf5 = opened.hdf5
+    # Listed (and refused, CheckpointError) before any hashing.
+    objects = _listing(opened) if hdf5 else None
 
     def all_datasets() -> tuple[DatasetDigest, ...] | None:
-        if f is None:
-            return None
-        out: list[DatasetDigest] = []
-        for d, names in objects.values():
-            try:
-                digest = _dataset_digest(d, view)
-            except (OSError, RuntimeError, ValueError, TypeError) as e:
-                raise CheckpointError(
-                    f"cannot read dataset {names[0]} ({_h5_reason(e)})",
-                    path=path,
-                    dataset=names[0],
-                ) from None
-            out.extend(dataclasses.replace(digest, path=name) for name in names)
-        return tuple(sorted(out, key=lambda d: d.path))
+        return None if objects is None else _datasets_of(opened, view, objects=objects)
 
-    try:
-        if size < SMALL_FILE:
-            return FileDigests(
-                _whole(view, "sha256"), size, all_datasets(), _whole(view, "md5") if md5 else None
-            )
-        # Each stream on its own thread over the same mapped bytes: hashlib releases the
-        # GIL, so they run on as many cores as there are.
-        from concurrent.futures import ThreadPoolExecutor  # small files (and start-up) skip it
+    if size < SMALL_FILE:
+        return FileDigests(
+            _whole(view, "sha256"), size, all_datasets(), _whole(view, "md5") if md5 else None
+        )
+    # Each stream on its own thread over the same mapped bytes: hashlib releases the
+    # GIL, so they run on as many cores as there are.
+    from concurrent.futures import ThreadPoolExecutor  # small files (and start-up) skip it
 
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
-            pending_datasets = pool.submit(all_datasets)
-            pending_md5 = pool.submit(_whole, view, "md5") if md5 else None
-            # The calling thread's pass reports progress: it is the one a listener is on.
-            file_sha = _whole(view, "sha256", progress=True)
-            return FileDigests(
-                file_sha,
-                size,
-                pending_datasets.result(),
-                pending_md5.result() if pending_md5 else None,
-            )
-    finally:
-        if f is not None:
-            f.close()
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
+        pending_datasets = pool.submit(all_datasets)
+        pending_md5 = pool.submit(_whole, view, "md5") if md5 else None
+        # The calling thread's pass reports progress: it is the one a listener is on.
+        file_sha = _whole(view, "sha256", progress=True)
+        return FileDigests(
+            file_sha,
+            size,
+            pending_datasets.result(),
+            pending_md5.result() if pending_md5 else None,
+        )
 
 
 def _h5_reason(e: BaseException) -> str:

@@ -33,17 +33,32 @@ def compare_files(
     cannot be read (naming the file and the dataset).
     """
     a, b = Path(a), Path(b)
+    with _open(a) as fa, _open(b) as fb:
+        return compare_open(fa, fb, a, b, policy, block_bytes=block_bytes)
+
+
+def compare_open(
+    fa: h5py.File,
+    fb: h5py.File,
+    a: Path,
+    b: Path,
+    policy: TolerancePolicy | None = None,
+    *,
+    block_bytes: int = BLOCK_BYTES,
+) -> Comparison:
+    """:func:`compare_files` of two files already open (``a`` and ``b`` name them in the
+    result and in errors): for a caller that verified what it opened and must compare
+    exactly that, never the names opened again."""
     policy = policy or TolerancePolicy()
     results: list[DatasetComparison] = []
-    with _open(a) as fa, _open(b) as fb:
-        in_a, in_b = _datasets(fa, a), _datasets(fb, b)
-        for name in sorted(set(in_a) | set(in_b)):
-            if name not in in_b:
-                results.append(_only(name, in_a[name], Verdict.ONLY_IN_A, policy))
-            elif name not in in_a:
-                results.append(_only(name, in_b[name], Verdict.ONLY_IN_B, policy))
-            else:
-                results.append(_compare_one(in_a[name], in_b[name], a, b, policy, block_bytes))
+    in_a, in_b = _datasets(fa, a), _datasets(fb, b)
+    for name in sorted(set(in_a) | set(in_b)):
+        if name not in in_b:
+            results.append(_only(name, in_a[name], Verdict.ONLY_IN_A, policy))
+        elif name not in in_a:
+            results.append(_only(name, in_b[name], Verdict.ONLY_IN_B, policy))
+        else:
+            results.append(_compare_one(in_a[name], in_b[name], a, b, policy, block_bytes))
     return Comparison(a, b, policy, tuple(results))
 
 
@@ -109,12 +124,48 @@ def _compare_one(
     policy: TolerancePolicy,
     block_bytes: int,
 ) -> DatasetComparison:
+    for dset, path in ((da, a), (db, b)):
+        _bounded(dset, path)
     try:
         return compare_datasets(da, db, policy, block_bytes=block_bytes)
     except (OSError, RuntimeError, ValueError, TypeError) as e:  # not a read: metadata
         raise CheckpointError(
             f"cannot compare dataset {da.name} ({_reason(e)})", path=a, dataset=da.name
         ) from None
+    except MemoryError:
+        raise CheckpointError(
+            f"cannot compare dataset {da.name}: out of memory", path=a, dataset=da.name
+        ) from None
+
+
+DECODE_RATIO = 1024
+"""A dataset is read only if what it declares is at most this many times what it stores
+(plus :data:`DECODE_SLACK`): about the best compression of constant data."""
+DECODE_SLACK = 64 * 1024 * 1024
+"""Bytes any dataset may declare beyond :data:`DECODE_RATIO` times what it stores."""
+
+
+def _bounded(dset: h5py.Dataset, path: Path) -> None:
+    """Refuse a dataset whose declared size is out of all proportion to what the file
+    stores for it (a few KiB declaring a TiB of unwritten chunks): comparing it would
+    decode fill values for ever, or fail to allocate a row."""
+    if dset.shape is None:
+        return
+    declared = int(dset.size) * dset.dtype.itemsize
+    try:
+        stored = int(dset.id.get_storage_size())
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(
+            f"cannot compare dataset {dset.name} ({_reason(e)})", path=path, dataset=dset.name
+        ) from None
+    if declared > DECODE_RATIO * stored + DECODE_SLACK:
+        raise CheckpointError(
+            f"dataset {dset.name} declares {declared:,} bytes but the file stores "
+            f"{stored:,} for it: not read (more than {DECODE_RATIO:,} times what it stores, "
+            f"plus {DECODE_SLACK // (1024 * 1024)} MiB)",
+            path=path,
+            dataset=dset.name,
+        )
 
 
 def _reason(e: BaseException) -> str:

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
-from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests
-from kronos_audit.compare import Comparison, TolerancePolicy, Verdict, compare_files
+from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, open_file
+from kronos_audit.checkpoint.verified import Signed, verified
+from kronos_audit.compare import Comparison, TolerancePolicy, Verdict
+from kronos_audit.compare.files import compare_open
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.manifest import Manifest
 from kronos_audit.replay.interface import Basis, DatasetReplay
@@ -53,12 +55,20 @@ def compare_output(
             for d in recorded
         ]
     if basis is Basis.DATA:
-        comparison = compare_files(m.checkpoint_path, produced, policy)
+        comparison = _compare_recorded(m, produced, policy)
         return _from_comparison(comparison, recorded, replayed)
     results = compare_digests(recorded, replayed)
     if any(not r.ok for r in results) and m.checkpoint_path.exists():
-        results = _explain(results, m.checkpoint_path, produced)
+        results = _explain(results, m, produced)
     return results
+
+
+def _compare_recorded(m: Manifest, produced: Path, policy: TolerancePolicy) -> Comparison:
+    """The recorded checkpoint, read only as the bytes ``m`` signs (opened once, its size
+    and sha256 checked first), against the produced one."""
+    signed = Signed(m.record.size, m.subject_sha256)
+    with verified(m.checkpoint_path, signed) as rec, open_file(produced) as out:
+        return compare_open(rec.h5(), out.h5(), m.checkpoint_path, produced, policy)
 
 
 def compare_digests(
@@ -108,11 +118,11 @@ def _from_comparison(
     ]
 
 
-def _explain(results: list[DatasetReplay], recorded: Path, produced: Path) -> list[DatasetReplay]:
+def _explain(results: list[DatasetReplay], m: Manifest, produced: Path) -> list[DatasetReplay]:
     """Attach an exact element-by-element comparison to the datasets that differ, when the
-    recorded data is here: where, and by how much."""
+    recorded data is here (and is the signed bytes): where, and by how much."""
     try:
-        comparison = compare_files(recorded, produced, TolerancePolicy())
+        comparison = _compare_recorded(m, produced, TolerancePolicy())
     except CheckpointError:
         return results  # the hashes have spoken; the details are a courtesy
     by_path = {c.path: c for c in comparison.datasets}

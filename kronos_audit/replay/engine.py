@@ -316,7 +316,7 @@ def _sharded_result(
     assert shards is not None
     produced = find_step_output(instruction.out, m.step, ranks)
     datasets, uncompared = compare_steps(
-        m.checkpoint_path.parent, shards.count, shards.layout, produced
+        m.checkpoint_path.parent, shards.count, shards.layout, produced, m.subject_sha256
     )
     clock.lap("compare")
     return ReplayResult(

@@ -40,10 +40,12 @@ import numpy as np
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import (
     DatasetDigest,
+    OpenFile,
     canonical_bytes,
     canonical_dtype,
-    digest_file,
+    digest_open,
     dtype_name,
+    open_file,
     vlen_kind,
 )
 from kronos_audit.checkpoint.shards import (
@@ -54,6 +56,7 @@ from kronos_audit.checkpoint.shards import (
     read_index,
     shard_path,
 )
+from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.manifest import Manifest
 from kronos_audit.parallel.layout import block_range, plan, read_block
@@ -237,37 +240,56 @@ def find_step_output(out: Path, step: int, ranks: int) -> StepOutput:
 
 
 class _Step:
-    """The shards of one step, each listed (and hashed) by
-    :func:`~kronos_audit.checkpoint.hashing.digest_file` before anything reads it by name:
-    a shard with an external link, a link loop or anything else the digests cannot cover
-    is refused, never followed."""
+    """The shards of one step, each opened once and listed (and hashed) as
+    :func:`~kronos_audit.checkpoint.hashing.digest_file` lists a checkpoint before any
+    array of it is read, and then read through that same open file, never by its name
+    again: a shard with an external link, a link loop or anything else the digests cannot
+    cover is refused, never followed, and a shard renamed over meanwhile is not read.
+    With ``signed`` (old rank -> what the verified index signs), a shard is read only as
+    those bytes (:func:`~kronos_audit.checkpoint.verified.open_verified`)."""
 
-    def __init__(self, directory: Path, count: int, stack: ExitStack) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        count: int,
+        stack: ExitStack,
+        signed: Mapping[int, Signed] | None = None,
+    ) -> None:
         self.directory = directory
         self.count = count
         self._stack = stack
-        self._files: dict[int, h5py.File] = {}
+        self._signed = signed
+        self._opened: dict[int, OpenFile] = {}
         self._listed: dict[int, dict[str, DatasetDigest]] = {}
 
     def listing(self, rank: int) -> dict[str, DatasetDigest]:
         """Every dataset of rank ``rank``'s shard and its canonical digest, by path."""
         if rank not in self._listed:
             path = shard_path(self.directory, rank, self.count)
-            datasets = digest_file(path, follow_symlinks=False).datasets
+            if self._signed is None:
+                opened = self._stack.enter_context(open_file(path, follow_symlinks=False))
+            else:
+                opened = self._stack.enter_context(open_verified(path, self._signed[rank]))
+            self._opened[rank] = opened
+            datasets = digest_open(opened).datasets
             if datasets is None:
                 raise CheckpointError("not an HDF5 file", path=path)
             self._listed[rank] = {d.path: d for d in datasets}
         return self._listed[rank]
 
     def shard(self, rank: int) -> h5py.File:
-        self.listing(rank)  # never opened for reading by name before it is listed
-        if rank not in self._files:
-            path = shard_path(self.directory, rank, self.count)
-            try:
-                self._files[rank] = self._stack.enter_context(h5py.File(path, "r"))
-            except OSError as e:
-                raise CheckpointError(f"unreadable shard: {e}", path=path) from None
-        return self._files[rank]
+        self.listing(rank)  # never read before it is listed
+        return self._opened[rank].h5()
+
+
+def _signed_lines(directory: Path, count: int, sha256: str) -> dict[int, Signed]:
+    """Rank -> size and sha256 of its shard, from the step's index, read once and only
+    if it is the signed one (``sha256``)."""
+    index = directory / INDEX_NAME
+    data = read_index(index, count)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise CheckpointError("the recorded shard index changed after it was verified", path=index)
+    return {r.rank: Signed(r.size, r.sha256) for r in parse_index(data, count, index)}
 
 
 class _Hasher:
@@ -341,17 +363,25 @@ def compare_steps(
     recorded_count: int,
     layout_record: Mapping[str, Any],
     produced: StepOutput,
+    recorded_sha256: str | None = None,
 ) -> tuple[list[DatasetReplay], list[str]]:
     """The produced step against the recorded one: one result per dataset (Block datasets
     as global arrays; replicated and ``/kaudit`` ones from rank 0; per-rank ones as
     ``<path> (rank r)`` when the counts are equal), and the datasets that could not be
-    compared, in words. ReplayError (stage ``compare``) when a shard cannot be read."""
+    compared, in words. ReplayError (stage ``compare``) when a shard cannot be read.
+    With ``recorded_sha256`` (the verified manifest's subject), each recorded shard is
+    read only as the bytes the signed index records for it."""
     layout = parse_layout(layout_record)
     count = len(produced.records)
     uncompared: list[str] = []
     try:
         with ExitStack() as stack:
-            rec = _Step(recorded_dir, recorded_count, stack)
+            signed = (
+                None
+                if recorded_sha256 is None
+                else _signed_lines(recorded_dir, recorded_count, recorded_sha256)
+            )
+            rec = _Step(recorded_dir, recorded_count, stack, signed)
             out = _Step(produced.directory, count, stack)
             want: list[DatasetDigest] = []
             got: list[DatasetDigest] = []
@@ -383,7 +413,10 @@ def compare_steps(
                         "rank by rank (not a failure of the arrays the layout declares)"
                     )
     except (CheckpointError, OSError, KeyError, ValueError, TypeError) as e:
-        reason = e.message if isinstance(e, CheckpointError) else str(e).splitlines()[0]
+        if isinstance(e, CheckpointError):
+            reason = e.message if e.path is None else f"{e.path.name}: {e.message}"
+        else:
+            reason = str(e).splitlines()[0]
         raise ReplayError(
             f"cannot compare the sharded steps: {reason}",
             path=recorded_dir,

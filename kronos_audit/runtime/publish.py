@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kronos_audit._internal.fsutil import fsync_dir
+from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
@@ -72,6 +73,10 @@ class ResumePoint:
     """Its file."""
     step: int
     """The step it holds."""
+    signed: Signed | None = None
+    """What its verified manifest signs (size, sha256, datasets): a restore reads the
+    file only as these bytes (:func:`~kronos_audit.checkpoint.verified.open_verified`).
+    None under ``kaudit replay``, whose checkpoint is its own private copy."""
 
 
 class Publisher(Protocol):
@@ -196,6 +201,9 @@ class SignedPublisher:
         # would cut the chain a node resuming elsewhere fetches).
         self._unpushed_data: list[FetchItem] = []
         self._unpushed_manifests: list[Path] = []
+        # What each checkpoint found valid was verified as (by its verified manifest):
+        # a restore reads exactly those bytes, never what its name holds later.
+        self._signed: dict[Path, Signed] = {}
 
     @property
     def directory(self) -> Path:
@@ -263,7 +271,9 @@ class SignedPublisher:
                 None if point is None else point.step, stacklevel=3
             )
             if found is not None:
-                point = ResumePoint(found.checkpoint, found.step)
+                point = ResumePoint(
+                    found.checkpoint, found.step, self._signed.get(found.checkpoint)
+                )
         project, _ = self._opened()
         refuse_rollback(
             self.run_id,
@@ -289,7 +299,7 @@ class SignedPublisher:
                     f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=stacklevel
                 )
                 continue
-            return ResumePoint(path, step)
+            return ResumePoint(path, step, self._signed.get(path))
         return None
 
     def _storage_for(self, project: Project) -> Storage:
@@ -321,7 +331,7 @@ class SignedPublisher:
         reason = self._invalid(self._verifier(), path)
         if reason is not None:
             raise CheckpointError(f"step {step}: not valid: {reason}", path=path)
-        return ResumePoint(path, step)
+        return ResumePoint(path, step, self._signed.get(path))
 
     def steps(self) -> list[int]:
         return _steps_in(self.directory)
@@ -340,6 +350,11 @@ class SignedPublisher:
             return f"belongs to run {result.run!r}"
         if result.step != step_of(path):
             return f"its manifest signs step {result.step}, not the step its name says"
+        manifest = result.statement
+        assert manifest is not None  # a manifest's result always carries it
+        self._signed[path] = Signed(
+            manifest.record.size, manifest.subject_sha256, manifest.datasets
+        )
         return None
 
     def publish(self, job: Job, tmp: Path, final: Path) -> None:

@@ -58,8 +58,10 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
+from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint import tree
-from kronos_audit.checkpoint.state import State, read_flat, require_mapping, unflatten
+from kronos_audit.checkpoint.state import State, require_mapping, unflatten
+from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (
     CheckpointError,
@@ -362,13 +364,23 @@ class Run:
         ``kaudit replay`` only the step the replay resumes from can be read.
         """
         self._require_open()
+        # Hashing a large checkpoint takes a while: a preemption signal meanwhile ends
+        # the restore (and the run, with the preemption exit) at the next block hashed.
+        with reporting(self._preempted_while_restoring):
+            return self._restore(step, like)
+
+    def _preempted_while_restoring(self, phase: str, done: int, total: int) -> None:
+        if self._guard.requested:
+            raise SystemExit(self.preempt_exit)
+
+    def _restore(self, step: int | None, like: Any) -> State | None:
         if step is not None:
             if self._sharded is not None:
                 agreed = self._sharded.at(step)
                 _, raw = self._split(self._sharded.load(agreed))
                 return tree.decode(raw, like=like, where=str(agreed.manifest.parent))
             at = self._single().checkpoint_at(step)
-            _, raw = self._read(at.path)
+            _, raw = self._read(at.path, at.signed)
             return tree.decode(raw, like=like, where=str(at.path))
         if not self._restored:
             self._restored = True
@@ -385,7 +397,7 @@ class Run:
             else:
                 point = self._single().resume_point()
                 if point is not None:
-                    self._load(point.path, point.step)
+                    self._load(point.path, point.step, point.signed)
             if self._progress is not None:
                 self._progress.started(self.step)
         if like is None or self._restored_raw is None:
@@ -417,12 +429,12 @@ class Run:
         point = self._single().latest()
         return None if point is None else point.step
 
-    def _read(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A verified checkpoint's datasets: kaudit's own records (``/rng``, ``/ledger``)
-        nested, and the state's, flat, as :func:`~kronos_audit.checkpoint.tree.decode`
-        takes them."""
+    def _read(self, path: Path, signed: Signed | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A verified checkpoint's datasets, read only as the bytes ``signed`` says it was
+        verified as: kaudit's own records (``/rng``, ``/ledger``) nested, and the
+        state's, flat, as :func:`~kronos_audit.checkpoint.tree.decode` takes them."""
         try:
-            flat = read_flat(path)
+            flat = read_checkpoint(path, signed)
         except CheckpointError as e:
             raise CheckpointError(f"verified but unreadable: {e.message}", path=path) from None
         return self._split(flat)
@@ -435,8 +447,8 @@ class Run:
             (own if name.split("/", 2)[1] in RESERVED else raw)[name] = value
         return unflatten(own), raw
 
-    def _load(self, path: Path, step: int) -> None:
-        self._load_flat(self._read(path), path, step)
+    def _load(self, path: Path, step: int, signed: Signed | None) -> None:
+        self._load_flat(self._read(path, signed), path, step)
 
     def _load_flat(
         self, records: tuple[dict[str, Any], dict[str, Any]], path: Path, step: int

@@ -42,7 +42,7 @@ import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +52,24 @@ import numpy as np
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
+    LINE_WIDTH,
     MAX_SHARDS,
     TREE_NAME,
+    NoProof,
     ShardRecord,
+    parse_index,
+    parse_line,
+    proven_line,
+    read_index,
     shard_name,
     shard_path,
     step_directory,
     write_index,
 )
+from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, UsageError
-from kronos_audit.manifest import read_manifest
+from kronos_audit.manifest import Manifest, read_manifest
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.predicate import GitRecord
@@ -305,6 +312,9 @@ class Agreed:
     """The rank count that wrote it."""
     layout: dict[str, Recorded]
     """Its datasets' layouts."""
+    signed: dict[int, Signed] = field(default_factory=dict)
+    """Old rank -> the size and sha256 its verified index line signs for its shard: the
+    shards this rank reads are read only as these bytes."""
 
 
 class ShardedPublisher:
@@ -467,6 +477,10 @@ class ShardedPublisher:
                     return f"belongs to run {result.run!r}", None
                 if result.step != step:
                     return f"its manifest signs step {result.step}, not step {step}", None
+                verified = result.statement
+                if verified is None or verified.record.shards != record.shards:
+                    return "its manifest changed while it was verified", None
+                agreed.signed[old] = _signed_shard(verified, old)
         except Exception as e:  # a rank that stopped here alone would hang the others
             return one_line_reason(e), None
         return None, agreed
@@ -557,10 +571,14 @@ class ShardedPublisher:
             def shard(old: int) -> h5py.File:
                 if old not in files:
                     path = shard_path(directory, old, agreed.count)
+                    # Opened once and read only as the bytes its verified line signs.
+                    opened = stack.enter_context(open_verified(path, agreed.signed[old]))
                     try:
-                        files[old] = stack.enter_context(h5py.File(path, "r"))
-                    except OSError as e:
-                        raise CheckpointError(f"verified but unreadable: {e}", path=path) from None
+                        files[old] = opened.h5()
+                    except CheckpointError as e:
+                        raise CheckpointError(
+                            f"verified but unreadable: {e.message}", path=path
+                        ) from None
                 return files[old]
 
             try:
@@ -788,6 +806,11 @@ class ShardedReplayPublisher(ShardedPublisher):
             agreed = Agreed(
                 record.step, manifest, record.shards.count, parse_layout(record.shards.layout)
             )
+            # The copy's index was checked against the signed digest by the replay; its
+            # lines say what bytes each shard must be when it is read.
+            index = manifest.parent / INDEX_NAME
+            for line in parse_index(read_index(index, agreed.count), agreed.count, index):
+                agreed.signed[line.rank] = Signed(line.size, line.sha256)
         except Exception as e:  # a rank that stopped here alone would hang the others
             problem = one_line_reason(e)
         raise_if_any_failed(self.comm, problem, CheckpointError)
@@ -870,6 +893,26 @@ def one_line_reason(e: BaseException) -> str:
         lines = str(e).splitlines()
         text = lines[0] if lines else type(e).__name__
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _signed_shard(manifest: Manifest, rank: int) -> Signed:
+    """The size and sha256 that verified ``manifest`` signs for rank ``rank``'s shard:
+    its index line, proven against the signed Merkle root (or read from the whole index,
+    whose sha256 is the signed subject)."""
+    shards = manifest.record.shards
+    assert shards is not None
+    index = manifest.checkpoint_path
+    try:
+        record = proven_line(index.parent, rank, shards.count, shards.root)
+    except NoProof:
+        data = read_index(index, shards.count)
+        if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
+            raise CheckpointError(
+                "the shard index changed after it was verified", path=index
+            ) from None
+        line = data[rank * LINE_WIDTH : (rank + 1) * LINE_WIDTH]
+        record = parse_line(line, rank, shards.count, index)
+    return Signed(record.size, record.sha256)
 
 
 def _value(f: h5py.File, name: str) -> Any:

@@ -6,6 +6,7 @@ global arrays, so any rank count compares)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -248,3 +249,25 @@ def test_a_launch_it_cannot_make_and_tolerances_are_refused_before_anything_runs
     resign(target, key, torchrun)
     bad_input(run_cli("replay", str(target)), "torch.distributed", "mpiexec")
     assert not list((tmp_path / "tmp").glob("kaudit-replay-*"))
+
+
+def test_a_recorded_shard_renamed_over_after_verification_is_not_compared(heat: Path) -> None:
+    """The comparison reads each recorded shard only as the bytes the verified index
+    signs: a recorded shard replaced by the replay's own (changed) strip, which would
+    compare equal, is refused in one line rather than compared."""
+    step = step_directory(heat, 4)
+    m = ka.read_manifest(step_manifest(heat, 4))
+    assert m.record.shards is not None
+    copy = heat.parent / "copy" / step.name
+    shutil.copytree(step, copy)
+    with h5py.File(shard_path(copy, 2, 3), "r+") as f:
+        f["fields/u"][0, 3] += 1e-12
+    records = parse_index((copy / "index.jsonl").read_bytes(), 3)
+    swapped = step / "swapped"
+    shutil.copyfile(shard_path(copy, 2, 3), swapped)
+    os.replace(swapped, shard_path(step, 2, 3))
+    with pytest.raises(ReplayError, match=r"rank-000002-of-000003\.h5: .* changed after") as caught:
+        compare_steps(
+            step, 3, m.record.shards.layout, StepOutput(copy, records, ""), m.subject_sha256
+        )
+    assert caught.value.stage == Stage.COMPARE

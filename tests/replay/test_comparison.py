@@ -5,18 +5,26 @@ the same differences ``kaudit verify`` finds, and the typed values a replay repo
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 
-from kronos_audit.checkpoint.hashing import DatasetDigest, array_digest
+from kronos_audit.checkpoint.hashing import DatasetDigest, array_digest, digest_file
 from kronos_audit.compare import TolerancePolicy, Verdict
-from kronos_audit.errors import ReplayError, Stage
+from kronos_audit.errors import CheckpointError, ReplayError, Stage
+from kronos_audit.project import Project
 from kronos_audit.replay import Basis, checkpoint_name
-from kronos_audit.replay.comparison import compare_digests
+from kronos_audit.replay.comparison import compare_digests, compare_output
 from kronos_audit.runtime import protocol
+from kronos_audit.signing import SigningKey
+from kronos_audit.snapshot import snapshot
 from kronos_audit.verify import compare_datasets
+from tests.helpers import write_checkpoint
 
 
 def digests(**arrays: np.ndarray[Any, Any]) -> tuple[DatasetDigest, ...]:
@@ -98,3 +106,25 @@ def test_stages_keep_the_values_messages_and_json_show() -> None:
 def test_a_checkpoint_has_one_name_for_a_run_and_a_replay() -> None:
     assert checkpoint_name is protocol.checkpoint_name
     assert checkpoint_name(42) == "step-00000042.h5"
+
+
+def test_a_tolerance_replay_compares_the_recorded_file_only_as_its_signed_bytes(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    """Recorded data read for a tolerance comparison is opened once and checked against
+    the signed size and sha256 first: a file renamed over the verified checkpoint (here,
+    a copy of what the replay produced, which would compare equal) is refused."""
+    recorded = write_checkpoint(project.root / "checkpoints" / "r" / "step-00000001.h5", 1)
+    (m,) = snapshot(recorded, run="r", step=1, key=key)
+    produced = shutil.copyfile(recorded, tmp_path / "step-00000001.h5")
+    with h5py.File(produced, "r+") as f:
+        f["fields/u"][0, 0] += 1.0
+    produced_digests = digest_file(produced)
+    policy = TolerancePolicy()
+    results = compare_output(m, produced, produced_digests, policy, Basis.DATA)
+    assert [r.path for r in results if not r.ok] == ["/fields/u"]
+    swapped = recorded.with_name("swapped")
+    shutil.copyfile(produced, swapped)
+    os.replace(swapped, recorded)
+    with pytest.raises(CheckpointError, match="changed after it was verified"):
+        compare_output(m, produced, produced_digests, policy, Basis.DATA)

@@ -12,8 +12,10 @@ and these functions are all that changes if DVC moves them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -72,6 +74,22 @@ class _QuietLoggers:
 _quiet = _QuietLoggers(DVC_LOGGERS)
 
 
+def load_dvc() -> None:
+    """Import DVC, taking back the one thing its import does to the whole process: ``import
+    dvc`` calls ``colorama.init()`` (dvc.logger.setup), which registers an exit hook that
+    writes an ANSI reset to the program's standard output when it is a terminal (as under
+    mpiexec). A library kaudit loads must not write to a user's program's output. The hook
+    is removed only when this import registered it (a program's own colorama is left)."""
+    if "dvc" in sys.modules:
+        return
+    had_colorama = "colorama.initialise" in sys.modules
+    import dvc  # noqa: F401
+
+    initialise = sys.modules.get("colorama.initialise")
+    if not had_colorama and initialise is not None:
+        atexit.unregister(initialise.reset_all)
+
+
 @contextlib.contextmanager
 def quiet_dvc() -> Iterator[None]:
     """Keep DVC's INFO chatter (a greeting on ``dvc init``, connection notes) out of the
@@ -79,7 +97,7 @@ def quiet_dvc() -> Iterator[None]:
     missing at push is one), and DVC's errors reach kaudit as exceptions anyway."""
     # Importing dvc sets its loggers' levels (dvc.logger.setup): done first, so that the
     # levels saved and put back are DVC's configured ones.
-    import dvc  # noqa: F401
+    load_dvc()
 
     with _quiet():
         yield

@@ -30,6 +30,7 @@ from kronos_audit.errors import Error, PushIncomplete, StorageError
 from kronos_audit.project import Project
 from kronos_audit.storage._dvc import (
     dvc_error,
+    load_dvc,
     local_cache_path,
     object_path,
     push_objects,
@@ -63,6 +64,7 @@ class Storage:
                 raise StorageError(
                     "DVC is not set up here: run `kaudit init`", path=self.project.root
                 )
+            load_dvc()
             from dvc.repo import Repo
 
             self._repo = Repo(str(self.project.root))
@@ -472,6 +474,7 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
     directory, say) takes none of them, since DVC's schema would refuse them. Nothing is
     changed unless the whole configuration validates afterwards.
     """
+    load_dvc()
     from dvc.repo import Repo
 
     split = split_credentials(url)

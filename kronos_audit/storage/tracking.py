@@ -29,7 +29,7 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
 from kronos_audit.errors import ProjectError, StorageError
 from kronos_audit.project import Project
-from kronos_audit.storage._dvc import dvc_error, quiet_dvc
+from kronos_audit.storage._dvc import dvc_error, load_dvc, quiet_dvc
 
 log = logging.getLogger("kronos_audit.storage")
 
@@ -50,6 +50,7 @@ def _dvc_config(project: Project) -> Any:
     repository (``.dvc/config``, tracked) and local (``.dvc/config.local``) files merged in
     DVC's order, paths resolved against the file each comes from. Importing ``dvc.config``
     costs tens of milliseconds, not the second ``dvc.repo`` costs."""
+    load_dvc()
     from dvc.config import Config
 
     try:
@@ -278,6 +279,7 @@ def configure_cache_links(project: Project) -> bool:
     """Set ``cache.type`` so checkpoints enter the cache by link, unless one is set."""
     if _dvc_config(project)["cache"].get("type"):
         return False  # chosen already, at some level: the user's or the repository's
+    load_dvc()
     from dvc.repo import Repo
 
     repo = Repo(str(project.root))
@@ -292,6 +294,7 @@ def init_dvc(project: Project) -> bool:
     ``cache.type``). Returns whether DVC was initialised now."""
     created = False
     if not (project.root / ".dvc").is_dir():
+        load_dvc()
         from dvc.repo.init import init as dvc_init  # slow to import; only init needs it
 
         # DVC logs a greeting at INFO; our caller reports what was done, once.

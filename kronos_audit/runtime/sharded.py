@@ -668,20 +668,29 @@ class ShardedPublisher:
             raise UsageError("use the Run inside a `with` block")
         directory = step_directory(self.directory, job.step)
         name = shard_name(self.rank, self.size)
-        vote: tuple[Any, Any]
+        vote: tuple[Any, Any] | None = None
+        tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
             try:
+                directory.mkdir(parents=True, exist_ok=True)
                 digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
-                os.replace(tmp, directory / name)
-                fsync_dir(directory)
-            finally:
-                tmp.unlink(missing_ok=True)
-            shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
-            vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
-        except Exception as e:  # a rank that does not vote would hang every other rank
-            vote = (one_line_reason(e), None)
+            except Exception as e:  # a rank that does not vote would hang every other rank
+                vote = (one_line_reason(e), None)
+            # Rank 0's word, before any shard replaces what another writer of this run
+            # (where its lock cannot hold) may have put in this step's directory.
+            refusal = comm.bcast(self._refusal(job.step) if self.rank == 0 else None)
+            try:
+                if vote is None and refusal is not None:
+                    vote = (refusal, None)
+                elif vote is None:
+                    os.replace(tmp, directory / name)
+                    fsync_dir(directory)
+                    shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
+                    vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
+            except Exception as e:  # a rank that does not vote would hang every other rank
+                vote = (one_line_reason(e), None)
+        finally:
+            tmp.unlink(missing_ok=True)
         votes = comm.gather(vote)
         decision: str | None = None
         if votes is not None:  # rank 0
@@ -695,6 +704,16 @@ class ShardedPublisher:
                 f"the checkpoint of step {job.step} was not committed: {decision}",
                 path=directory,
             )
+
+    def _refusal(self, step: int) -> str | None:
+        """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
+        has signed a step of this run since this one last looked), or None."""
+        parent = None if self._parent is None else named_step(self._parent.parent.name)
+        try:
+            check_newest(self.directory, self._newest, step=step, parent=parent)
+        except Exception as e:  # every rank must hear rank 0's word, whatever happened
+            return one_line_reason(e)
+        return None
 
     def _sign(self, job: Job, directory: Path, votes: list[tuple[Any, Any]]) -> str | None:
         project = self._opened()
@@ -718,9 +737,11 @@ class ShardedPublisher:
                 return f"{key}: {e.message}"
             layout[key] = {"block": how.axis, "shape": list(shape)}
         # Where the run's lock cannot hold, two writers may have resumed from the same
-        # step: only one may sign a child of it (the shards are in place, the index not).
-        parent = None if self._parent is None else named_step(self._parent.parent.name)
-        check_newest(self.directory, self._newest, step=job.step, parent=parent)
+        # step: only one may sign a child of it. Checked before the shards replaced
+        # anything (publish), and again now, before the index does.
+        refusal = self._refusal(job.step)
+        if refusal is not None:
+            return refusal
         manifest = sign_sharded_step(
             directory,
             records,

@@ -23,6 +23,7 @@ from kronos_audit.project import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.signing import SigningKey, public_pem
 from tests.helpers import KAUDIT, git, run_cli
+from tests.parallel.launch import launcher_env, mpiexec
 from tests.runtime.test_faults import HANG_GUARD
 
 # argv: root, run id, last step, the step after whose checkpoint it pauses (0: inside the
@@ -64,16 +65,22 @@ print(json.dumps({"pid": os.getpid(), "restored": restored, "step": run.step}), 
 class Writer:
     """The writer program as a real process, stdin and stdout piped, stderr to a file."""
 
-    def __init__(self, project: Project, tmp_path: Path, name: str, *args: str) -> None:
+    def __init__(
+        self, project: Project, tmp_path: Path, name: str, *args: str, ranks: int = 1
+    ) -> None:
         program = tmp_path / "writer.py"
         program.write_text(WRITER)
         self.err = tmp_path / f"{name}.err"
         self.launches = tmp_path / "launches"
         self.argv = [sys.executable, str(program), "checkpoints", "r", *args, str(self.launches)]
+        # On several ranks only rank 0 reads the pipe (mpiexec gives the others no stdin):
+        # every other rank goes on, and waits for rank 0 at the next collective.
+        argv = self.argv if ranks == 1 else mpiexec(ranks, *self.argv[1:])
         with open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
-                self.argv,
+                argv,
                 cwd=project.root,
+                env=launcher_env(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import kronos_audit as ka
 from kronos_audit.manifest import read_manifest
 from kronos_audit.project import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
@@ -268,3 +272,47 @@ def test_a_replay_neither_takes_nor_waits_for_the_recorded_runs_lock(
     first.go_on()
     status, _ = first.finish()
     assert status == 0, first.stderr()
+
+
+def test_the_refusal_keeps_path_and_holder_and_exits_2(project: Project, key: SigningKey) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("r", root=root, key=key, every=ka.Never()) as run:
+        # Two open descriptions of one file conflict under flock, also in one process.
+        with pytest.raises(ka.RunLocked) as info:
+            ka.Run("r", root=root, key=key).__enter__()
+        error = info.value
+        assert isinstance(error, ka.UsageError)
+        assert (error.exit_code, error.code) == (2, 2)  # uncaught, the program exits 2
+        assert error.path == run.directory
+        assert error.holder is not None
+        assert (error.holder.host, error.holder.pid) == (socket.gethostname(), os.getpid())
+    with ka.Run("r", root=root, key=key, every=ka.Never()):
+        pass  # released when the block ended
+
+
+@pytest.mark.parametrize(
+    ("holder", "shown"),
+    [
+        (
+            json.dumps({"host": "\x1b[2Jnode\nkaudit: ok", "pid": "1; rm", "since": "x" * 500}),
+            f"host ?[2Jnode?kaudit: ok, pid unknown, since {'x' * 97}...)",
+        ),
+        (json.dumps({"host": "h" * 2000}), "(a holder unknown)"),  # over the bound: unread
+        (None, "(a holder unknown)"),  # a FIFO: refused at once, never waited on
+    ],
+)
+def test_the_holder_file_is_read_bounded_and_shown_as_inert_text(
+    project: Project, key: SigningKey, holder: str | None, shown: str
+) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("r", root=root, key=key, every=ka.Never()) as run:
+        path = run.directory / HOLDER_NAME
+        path.unlink()
+        if holder is None:
+            os.mkfifo(path)
+        else:
+            path.write_text(holder)
+        with pytest.raises(ka.RunLocked) as info:
+            ka.Run("r", root=root, key=key).__enter__()
+    assert shown in str(info.value)
+    assert str(info.value).isprintable()

@@ -97,9 +97,14 @@ class WriterLock:
             raise UsageError(
                 f"cannot create the run's directory: {e.strerror or e}", path=directory
             ) from None
-        # Never the soft fallback of filelock: a marker file left by a killed process
-        # would block every later writer, which an flock never does.
-        lock = UnixFileLock(str(directory / LOCK_NAME), timeout=0, thread_local=False)
+        path = str(directory / LOCK_NAME)
+        try:
+            # Never filelock's soft fallback (a marker file, for filesystems without
+            # flock): one left by a killed process would block every later writer, which
+            # an flock never does; without flock the fork check below stands instead.
+            lock = UnixFileLock(path, timeout=0, thread_local=False, fallback_to_soft=False)
+        except TypeError:  # a filelock before that option: flock only, nothing to turn off
+            lock = UnixFileLock(path, timeout=0, thread_local=False)
         try:
             lock.acquire()
         except Timeout:

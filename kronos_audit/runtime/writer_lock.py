@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import Timeout, UnixFileLock
+from filelock import lock_descriptor, unlock_descriptor
 
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
@@ -80,10 +80,10 @@ def read_holder(directory: Path) -> LockHolder | None:
 class WriterLock:
     """The writer lock of one run directory, held by this process (see the module)."""
 
-    def __init__(self, directory: Path, lock: UnixFileLock | None) -> None:
+    def __init__(self, directory: Path, fd: int | None) -> None:
         self.directory = directory
         """The run's directory."""
-        self._lock = lock
+        self._fd = fd
 
     @classmethod
     def acquire(cls, directory: Path) -> WriterLock:
@@ -97,30 +97,25 @@ class WriterLock:
             raise UsageError(
                 f"cannot create the run's directory: {e.strerror or e}", path=directory
             ) from None
-        path = str(directory / LOCK_NAME)
+        path = directory / LOCK_NAME
         try:
-            # Never filelock's soft fallback (a marker file, for filesystems without
-            # flock): one left by a killed process would block every later writer, which
-            # an flock never does; without flock the fork check below stands instead.
-            lock = UnixFileLock(path, timeout=0, thread_local=False, fallback_to_soft=False)
-        except TypeError:  # a filelock before that option: flock only, nothing to turn off
-            lock = UnixFileLock(path, timeout=0, thread_local=False)
-        try:
-            lock.acquire()
-        except Timeout:
-            holder = read_holder(directory)
-            who = "a holder unknown" if holder is None else holder.describe()
-            raise RunLocked(
-                f"another process is writing this run ({who}): a run has one writer at a "
-                "time; wait for it to end, or stop it, then start again",
-                path=directory,
-                holder=holder,
-            ) from None
+            # Read-only: an flock needs no write access, and a file system holding nothing
+            # open for writing between checkpoints can still be remounted read-only.
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags, 0o644)
         except OSError as e:
+            raise UsageError(
+                f"cannot open the run's writer lock: {e.strerror or e}", path=path
+            ) from None
+        try:
+            # filelock's flock of a descriptor of ours (never its soft fallback, a marker
+            # file that one killed process would leave to block every later writer).
+            locked = lock_descriptor(fd, blocking=False)
+        except OSError as e:
+            os.close(fd)
             if e.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
                 raise UsageError(
-                    f"cannot take the run's writer lock: {e.strerror or e}",
-                    path=directory / LOCK_NAME,
+                    f"cannot take the run's writer lock: {e.strerror or e}", path=path
                 ) from None
             warnings.warn(
                 f"{directory}: this filesystem cannot lock ({e.strerror}): a second writer "
@@ -130,6 +125,16 @@ class WriterLock:
                 stacklevel=3,
             )
             return cls(directory, None)
+        if not locked:
+            os.close(fd)
+            holder = read_holder(directory)
+            who = "a holder unknown" if holder is None else holder.describe()
+            raise RunLocked(
+                f"another process is writing this run ({who}): a run has one writer at a "
+                "time; wait for it to end, or stop it, then start again",
+                path=directory,
+                holder=holder,
+            )
         try:
             for name in (LOCK_NAME, HOLDER_NAME):
                 ensure_ignored(directory, "/" + name)
@@ -140,19 +145,23 @@ class WriterLock:
             }
             write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
         except OSError as e:
-            lock.release()
+            unlock_descriptor(fd)
+            os.close(fd)
             raise UsageError(
                 f"cannot write the run's lock holder file: {e.strerror or e}",
                 path=directory / HOLDER_NAME,
             ) from None
-        return cls(directory, lock)
+        return cls(directory, fd)
 
     def release(self) -> None:
         """Let the next writer in (the lock file and the holder file stay: removing the
         lock file would let a writer waiting on the old one and a new one both in)."""
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                unlock_descriptor(fd)
+            finally:
+                os.close(fd)
 
 
 # -- the chain never forks ---------------------------------------------------------------

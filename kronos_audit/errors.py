@@ -8,6 +8,7 @@ attributes so callers can act on it without parsing the message.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -33,6 +34,40 @@ class Error(Exception):
 
 class UsageError(Error):
     """The command was asked for something that cannot be done as asked."""
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a run's writer lock, as its holder file says (anyone could have written
+    that file: each field is bounded, printable text)."""
+
+    host: str
+    """The host name it runs on."""
+    pid: int | None
+    """Its process id there, when the file gives one."""
+    since: str
+    """When it took the lock (UTC, RFC 3339)."""
+
+    def describe(self) -> str:
+        """``host h, pid p, since t``."""
+        pid = "unknown" if self.pid is None else str(self.pid)
+        return f"host {self.host}, pid {pid}, since {self.since}"
+
+
+class RunLocked(UsageError, SystemExit):
+    """Another process is writing this run: a run directory has one writer at a time.
+
+    An :class:`Error` (exit 2) like every refusal, and also a :class:`SystemExit` whose code
+    is 2, so that a program which does not catch it exits 2 at once rather than with a
+    traceback and 1: `kaudit run` does not restart a command that exits 2.
+    """
+
+    def __init__(self, message: str, *, path: Path | str, holder: LockHolder | None) -> None:
+        super().__init__(message, path=path)
+        self.code = self.exit_code
+        self.holder = holder
+        """Who holds it, as its holder file says; None when that file is missing or not
+        one kaudit wrote."""
 
 
 class ProjectError(Error):

@@ -55,7 +55,8 @@ def run_command(
     """Run COMMAND, restarting it when it dies; forward signals to it.
 
     Write `--` before COMMAND. A command that exits 75 (checkpointed on preemption)
-    restarts at once. SIGTERM, SIGINT, SIGUSR1, SIGUSR2 and SIGHUP are forwarded to
+    restarts at once; one that exits 2 (bad input, or another process is writing its run)
+    is not restarted. SIGTERM, SIGINT, SIGUSR1, SIGUSR2 and SIGHUP are forwarded to
     COMMAND; after SIGTERM, SIGINT or SIGUSR1 it is not restarted.
 
     Exit status: COMMAND's last status (128+S if killed by signal S); 2 if it cannot be
@@ -162,6 +163,12 @@ def _render_summary(result: SupervisorResult) -> None:
             f"kaudit: retries exhausted: gave up after {result.restarts} "
             f"restart{'s' if result.restarts != 1 else ''} (--retries {result.retries}); "
             f"last attempt ended by {result.attempts[-1].cause}"
+        )
+    elif result.ending is Ending.REFUSED:
+        err.print(
+            f"kaudit: attempt {len(result.attempts)} exited 2: the command refused its input "
+            "or its task (another process writing its run, as its line above says): not "
+            "restarted, a restart would be refused again"
         )
     elif result.ending is Ending.STOPPED and result.stop_signal is not None:
         err.print(f"kaudit: received {result.stop_signal.name}: forwarded it and did not restart")

@@ -49,6 +49,7 @@ from kronos_audit.runtime.resume_remote import (
 )
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
 from kronos_audit.runtime.scheduler import scheduler_record
+from kronos_audit.runtime.writer_lock import Newest, check_newest, newest_manifest
 from kronos_audit.sign import sign_checkpoint
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage.fetch import FetchItem
@@ -196,6 +197,9 @@ class SignedPublisher:
         self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._run_files: RunFiles | None = None
         self._parent: Manifest | None = None
+        # The newest manifest in the directory as this writer last saw it: a commit signs
+        # only while it is still the newest (no other writer signed meanwhile).
+        self._newest: Newest | None = None
         # Pushed again with the next checkpoint: data whose push failed (while it is
         # still here), manifests not yet in the remote (a chain's link missing there
         # would cut the chain a node resuming elsewhere fetches).
@@ -228,6 +232,7 @@ class SignedPublisher:
         note = patch_note(self._git)
         if note is not None:
             log.warning("run %r: %s", self.run_id, note)
+        self._newest = newest_manifest(self.directory)
 
     def policy(self, asked: SavePolicy) -> SavePolicy:
         return asked
@@ -284,6 +289,7 @@ class SignedPublisher:
         )
         if point is not None:
             self._parent = read_manifest(manifest_path_for(point.path))
+        self._newest = newest_manifest(self.directory)  # with what a remote resume brought
         return point
 
     def latest(self, *, stacklevel: int = 3) -> ResumePoint | None:
@@ -361,6 +367,11 @@ class SignedPublisher:
         project, key = self._opened()
         digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
         assert digests.md5 is not None
+        # Where the run's lock cannot hold (some network filesystems), two writers may
+        # have resumed from the same step: only one may sign a child of it. Checked before
+        # the file replaces anything, and again just before signing.
+        parent = None if self._parent is None else self._parent.step
+        check_newest(self.directory, self._newest, step=job.step, parent=parent)
         _move_into_place(tmp, final)
         try:
             track(
@@ -381,6 +392,7 @@ class SignedPublisher:
                 # Retention is signed: the manifest that prunes names what it prunes, so a
                 # verifier can tell data deleted on purpose from data deleted by anyone.
                 extra["pruned"] = pruned_record(doomed)
+            check_newest(self.directory, self._newest, step=job.step, parent=parent)
             self._parent = sign_checkpoint(
                 final,
                 digests,
@@ -399,6 +411,7 @@ class SignedPublisher:
         except BaseException:
             _withdraw(final)
             raise
+        self._newest = Newest(job.step, self._parent.path, self._parent.digest)
         prune(project, self.directory, [p.step for p in doomed])
         if self.push:
             self._push(project, FetchItem(final, digests.md5, digests.sha256, digests.size))

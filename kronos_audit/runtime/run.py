@@ -67,6 +67,7 @@ from kronos_audit.errors import (
     CheckpointError,
     Error,
     ManifestError,
+    RunLocked,
     StorageError,
     UsageError,
 )
@@ -93,6 +94,7 @@ from kronos_audit.runtime.sharded import (
     one_line_reason,
     rank_seed,
 )
+from kronos_audit.runtime.writer_lock import WriterLock
 from kronos_audit.signing import SigningKey
 
 H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
@@ -228,6 +230,7 @@ class Run:
         self._final: int | None = None
         self._batches_total: int | None = None
         self._prepared = False
+        self._lock: WriterLock | None = None  # a single process's (ShardedPublisher: rank 0's)
         self.restored_from: Path | None = None
         """The checkpoint restore() took, if any."""
 
@@ -286,7 +289,19 @@ class Run:
     def __enter__(self) -> Run:
         if self._sharded is not None:
             self._sharded.threaded = self.asynchronous
-        self.publisher.open()
+        try:
+            # One writer per run: the lock is held until __exit__ has seen the last
+            # commit through (a sharded run's is rank 0's, taken in open()). Taken after
+            # open(), which records the git state, so that the lock's git-ignore entry
+            # is not part of it; before anything is written or removed.
+            self.publisher.open()
+            if isinstance(self.publisher, SignedPublisher):
+                self._lock = WriterLock.acquire(self.directory)
+        except RunLocked as e:
+            # Unless the program catches it, it leaves as a SystemExit of status 2, which
+            # Python prints nothing for: the one line is said here.
+            print(f"kaudit: {e}", file=sys.stderr, flush=True)
+            raise
         self.directory.mkdir(parents=True, exist_ok=True)
         for leftover in self.directory.glob(TEMP_PREFIX + "*"):
             leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
@@ -297,6 +312,13 @@ class Run:
         self._progress = Progress.from_env() if self.rank == 0 else None
         self._last_time = time.monotonic()
         return self
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+        if self._sharded is not None:
+            self._sharded.release_lock()
 
     def __exit__(
         self,
@@ -324,6 +346,7 @@ class Run:
             finally:
                 if self._sharded is not None:
                     self._sharded.close(clean=exc is None or self._agreed_exit)
+                self._release_lock()  # the last commit is through: the next writer may come
         if self._owns_comm and (exc is None or self._agreed_exit):
             self.comm.close()  # a torch.distributed group kaudit initialized itself
 

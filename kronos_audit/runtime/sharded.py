@@ -50,6 +50,7 @@ import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
     LINE_WIDTH,
@@ -68,7 +69,7 @@ from kronos_audit.checkpoint.shards import (
 )
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job, write_and_digest
-from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
 from kronos_audit.manifest import Manifest, read_manifest
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
@@ -80,6 +81,7 @@ from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.runtime.rng import derived_seed
+from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.sign import sign_sharded_step
 from kronos_audit.signing import SigningKey, select_key
 from kronos_audit.storage.tracking import cache_settings, track
@@ -353,6 +355,10 @@ class ShardedPublisher:
         self._git: GitRecord | None = None
         self._parent: Path | None = None
         self._cache: tuple[Path, tuple[str, ...]] | None = None
+        self._lock: WriterLock | None = None  # rank 0's, for every rank
+        # Rank 0: the newest manifest in the directory as it last saw it (a commit signs
+        # only while it is still the newest: no other writer signed meanwhile).
+        self._newest: Newest | None = None
         self.threaded = True
         """Whether commits run on the writer's thread (``Run(asynchronous=True)``)."""
 
@@ -371,9 +377,12 @@ class ShardedPublisher:
         return asked
 
     def open(self) -> None:
-        """Collective: the commit communicator; the project on every rank; the key and
-        git state on rank 0, its public key sent to every rank (or rank 0's error)."""
+        """Collective: the commit communicator; the project on every rank; the key, git
+        state and the run's writer lock on rank 0, its public key sent to every rank (or
+        rank 0's error; :class:`~kronos_audit.errors.RunLocked` on every rank when another
+        process holds the lock)."""
         problem: str | None = None
+        held: tuple[str, str, LockHolder | None] | None = None
         public = None
         try:
             if self.threaded:
@@ -396,21 +405,44 @@ class ShardedPublisher:
                 public = self._key.private_key.public_key().public_bytes_raw()
                 # DVC's cache settings, once: tracking each step must not read them again.
                 self._cache = cache_settings(self._project)
-                self.directory.mkdir(parents=True, exist_ok=True)
-                for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
-                    leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
-        except Exception as e:  # every rank must reach the allgather below, whatever happened
+                try:
+                    self._lock = WriterLock.acquire(self.directory)
+                except RunLocked as e:
+                    held = (e.message, str(e.path), e.holder)
+                else:
+                    self._newest = newest_manifest(self.directory)
+                    for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
+                        leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
+        except Exception as e:  # every rank must reach the collectives below, whatever happened
             problem = one_line_reason(e)
-        raise_if_any_failed(self.comm, problem, UsageError)
+        # Rank 0's lock, told to every rank: each raises RunLocked (a SystemExit of status
+        # 2) together, so the job ends at once, as a second writer, on every rank.
+        held = self.comm.bcast(held)
+        if held is not None:
+            message, path, holder = held
+            raise RunLocked(message, path=path, holder=holder)
+        try:
+            raise_if_any_failed(self.comm, problem, UsageError)
+        except BaseException:
+            self.release_lock()
+            raise
         self._commit_comm = dup(self.comm)  # on every rank, or (above) on none
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         self._public = Ed25519PublicKey.from_public_bytes(self.comm.bcast(public))
 
+    def release_lock(self) -> None:
+        """Let the run's next writer in (rank 0; nothing on the others)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
     def close(self, *, clean: bool) -> None:
-        """Release the commit communicator. ``clean``: every rank is closing (the run
-        ended without error), so a torch.distributed group can be taken down together;
-        after an error nothing collective is attempted (the other ranks may never come)."""
+        """Release the commit communicator and (rank 0) the run's writer lock. ``clean``:
+        every rank is closing (the run ended without error), so a torch.distributed group
+        can be taken down together; after an error nothing collective is attempted (the
+        other ranks may never come)."""
+        self.release_lock()
         comm, self._commit_comm = self._commit_comm, None
         if comm is None or comm is self.comm:
             return
@@ -636,20 +668,29 @@ class ShardedPublisher:
             raise UsageError("use the Run inside a `with` block")
         directory = step_directory(self.directory, job.step)
         name = shard_name(self.rank, self.size)
-        vote: tuple[Any, Any]
+        vote: tuple[Any, Any] | None = None
+        tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
             try:
+                directory.mkdir(parents=True, exist_ok=True)
                 digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
-                os.replace(tmp, directory / name)
-                fsync_dir(directory)
-            finally:
-                tmp.unlink(missing_ok=True)
-            shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
-            vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
-        except Exception as e:  # a rank that does not vote would hang every other rank
-            vote = (one_line_reason(e), None)
+            except Exception as e:  # a rank that does not vote would hang every other rank
+                vote = (one_line_reason(e), None)
+            # Rank 0's word, before any shard replaces what another writer of this run
+            # (where its lock cannot hold) may have put in this step's directory.
+            refusal = comm.bcast(self._refusal(job.step) if self.rank == 0 else None)
+            try:
+                if vote is None and refusal is not None:
+                    vote = (refusal, None)
+                elif vote is None:
+                    os.replace(tmp, directory / name)
+                    fsync_dir(directory)
+                    shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
+                    vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
+            except Exception as e:  # a rank that does not vote would hang every other rank
+                vote = (one_line_reason(e), None)
+        finally:
+            tmp.unlink(missing_ok=True)
         votes = comm.gather(vote)
         decision: str | None = None
         if votes is not None:  # rank 0
@@ -663,6 +704,16 @@ class ShardedPublisher:
                 f"the checkpoint of step {job.step} was not committed: {decision}",
                 path=directory,
             )
+
+    def _refusal(self, step: int) -> str | None:
+        """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
+        has signed a step of this run since this one last looked), or None."""
+        parent = None if self._parent is None else named_step(self._parent.parent.name)
+        try:
+            check_newest(self.directory, self._newest, step=step, parent=parent)
+        except Exception as e:  # every rank must hear rank 0's word, whatever happened
+            return one_line_reason(e)
+        return None
 
     def _sign(self, job: Job, directory: Path, votes: list[tuple[Any, Any]]) -> str | None:
         project = self._opened()
@@ -685,6 +736,12 @@ class ShardedPublisher:
             except UsageError as e:
                 return f"{key}: {e.message}"
             layout[key] = {"block": how.axis, "shape": list(shape)}
+        # Where the run's lock cannot hold, two writers may have resumed from the same
+        # step: only one may sign a child of it. Checked before the shards replaced
+        # anything (publish), and again now, before the index does.
+        refusal = self._refusal(job.step)
+        if refusal is not None:
+            return refusal
         manifest = sign_sharded_step(
             directory,
             records,
@@ -727,6 +784,7 @@ class ShardedPublisher:
             )
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path
+        self._newest = Newest(job.step, manifest.path, manifest.digest)
         return None
 
 

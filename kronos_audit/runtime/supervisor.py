@@ -9,7 +9,10 @@ its progress (:data:`~kronos_audit.runtime.protocol.PROGRESS_ENV`), and reads th
 progress back to count the steps each restart made it redo.
 
 Exit status :data:`~kronos_audit.runtime.protocol.PREEMPTED_EXIT` (75, "checkpointed on a
-preemption signal") restarts at once, without backoff. A signal sent to the supervisor
+preemption signal") restarts at once, without backoff. Exit status :data:`REFUSED_EXIT` (2,
+kronos-audit's "bad input or a refused action", such as another process already writing the
+run: :class:`~kronos_audit.errors.RunLocked`) is never restarted: a restart would be refused
+the same way, and a second writer must not wait its turn in a loop. A signal sent to the supervisor
 (one of :data:`FORWARDED_SIGNALS`) is forwarded once to the command; one of
 :data:`STOP_SIGNALS` also means the whole job is being stopped or preempted, so the
 command is not started again and its status becomes the supervisor's.
@@ -64,6 +67,10 @@ FORWARDED_SIGNALS: tuple[Signals, ...] = (
     signal.SIGHUP,
 )
 """Signals the supervisor catches and passes on to the running command, each once."""
+
+REFUSED_EXIT = 2
+"""The command refused its input or its task (kronos-audit's exit status for a usage error,
+bad input, or a run another process is writing): it is not restarted."""
 
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -139,12 +146,21 @@ class Attempt:
         return self.signal is None and self.status == PREEMPTED_EXIT
 
     @property
+    def refused(self) -> bool:
+        """It exited with REFUSED_EXIT: bad input, or a task refused (another writer holds
+        the run); a restart would be refused again."""
+        return self.signal is None and self.status == REFUSED_EXIT
+
+    @property
     def cause(self) -> str:
-        """How it ended: ``exit 0``, ``exit 3``, ``SIGKILL``, ``preempted (exit 75)``."""
+        """How it ended: ``exit 0``, ``exit 3``, ``SIGKILL``, ``preempted (exit 75)``,
+        ``refused (exit 2)``."""
         if self.signal is not None:
             return self.signal.name
         if self.preempted:
             return f"preempted (exit {PREEMPTED_EXIT})"
+        if self.refused:
+            return f"refused (exit {REFUSED_EXIT})"
         return f"exit {self.status}"
 
 
@@ -157,6 +173,8 @@ class Ending(enum.Enum):
     """The supervisor received one of STOP_SIGNALS: the job is being stopped or preempted."""
     RETRIES_EXHAUSTED = "retries exhausted"
     """The last attempt failed and every allowed restart was used."""
+    REFUSED = "refused"
+    """The last attempt exited REFUSED_EXIT (2): not restarted, whatever retries allow."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +254,8 @@ def supervise(
     on_event: Callable[[SupervisorEvent], None] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> SupervisorResult:
-    """Run ``command`` until it succeeds, restarting it up to ``retries`` times.
+    """Run ``command`` until it succeeds, restarting it up to ``retries`` times; never
+    after it exits :data:`REFUSED_EXIT` (2: bad input, or another writer holds the run).
 
     Each attempt's environment is ``env`` (default: this process's) plus
     ``KAUDIT_RESTART_COUNT`` and ``KAUDIT_PROGRESS``, the latter a file in a private
@@ -284,6 +303,9 @@ def supervise(
                 break
             if relay.stop_signal is not None:
                 ending = Ending.STOPPED
+                break
+            if attempt.refused:
+                ending = Ending.REFUSED
                 break
             if attempt.restart_count >= retries:
                 ending = Ending.RETRIES_EXHAUSTED

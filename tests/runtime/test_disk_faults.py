@@ -21,6 +21,7 @@ import pytest
 
 from kronos_audit.checkpoint.writer import METADATA_MARGIN
 from kronos_audit.project import Project
+from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.signing import SigningKey, public_pem
 from tests.conftest import Tmpfs
 from tests.helpers import KAUDIT
@@ -109,7 +110,7 @@ def assert_nothing_partial(run_dir: Path, last_good: int) -> None:
     """Every checkpoint up to ``last_good`` complete, nothing of a later one, no temporary."""
     names = sorted(p.name for p in run_dir.iterdir())
     expected = sorted(
-        [".gitignore"]
+        [".gitignore", HOLDER_NAME, LOCK_NAME]  # the run's writer lock, and who holds it
         + [
             f"step-{s:08d}.h5{suffix}"
             for s in range(1, last_good + 1)
@@ -194,10 +195,10 @@ def test_no_room_for_the_manifest_takes_the_checkpoint_back(
     want = reference(project)
     _, usage = checkpoint_size(project)
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
-    # Out of inodes, not bytes: the root, the run's directory and its .gitignore, three
-    # files for each checkpoint; checkpoint FAILS_AT gets its file and .dvc file, and no
-    # manifest.
-    inodes = 3 + 3 * (FAILS_AT - 1) + 2
+    # Out of inodes, not bytes: the root, the run's directory, its .gitignore and writer
+    # lock and holder files, three files for each checkpoint; checkpoint FAILS_AT gets its
+    # file and .dvc file, and no manifest.
+    inodes = 5 + 3 * (FAILS_AT - 1) + 2
     disk = tmpfs(project.root / "checkpoints", 4 * STEPS * usage, f"nr_inodes={inodes}")
     run_dir = project.root / "checkpoints" / "disk"
     proc = start(project, "sync")

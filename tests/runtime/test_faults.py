@@ -24,11 +24,14 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.project import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
+from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.signing import SigningKey
 from tests.helpers import KAUDIT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
+LOCK_ONLY = [".gitignore", HOLDER_NAME, LOCK_NAME]
+"""What a run that wrote no checkpoint leaves in its directory: its writer lock."""
 
 pytestmark = pytest.mark.slow
 
@@ -370,7 +373,7 @@ def test_on_preemption_saves_on_sigterm_and_at_no_other_time(
     )
     assert done.returncode == 0, done.stderr
     assert "finished" in done.stdout
-    assert list(run_dir.iterdir()) == []  # not even the final step
+    assert sorted(p.name for p in run_dir.iterdir()) == LOCK_ONLY  # not even the final step
     proc, reached, _, stderr = preempt(project, "on-preemption")
     assert proc.returncode == PREEMPTED_EXIT, stderr
     saved = newest_step(run_dir)
@@ -386,7 +389,7 @@ def test_never_exits_75_on_sigterm_without_a_checkpoint_and_says_so(
 ) -> None:
     proc, reached, _, stderr = preempt(project, "never")
     assert proc.returncode == PREEMPTED_EXIT, stderr
-    assert list((project.root / "checkpoints" / "p").iterdir()) == []
+    assert sorted(p.name for p in (project.root / "checkpoints" / "p").iterdir()) == LOCK_ONLY
     assert "PreemptedWithoutCheckpoint: preempted at step " in stderr
     assert "did not checkpoint: exiting with status 75, and a restart resumes from the start" in (
         stderr

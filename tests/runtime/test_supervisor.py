@@ -79,6 +79,17 @@ def test_retries_exhausted_returns_the_childs_status(tmp_path: Path) -> None:
     assert logged(tmp_path, "attempts") == ["0", "1", "2"]
 
 
+def test_exit_2_is_refused_and_never_restarted(tmp_path: Path) -> None:
+    # 2: bad input or a refused task (another writer holds the run): a restart would be
+    # refused the same way, so none is made, whatever the retries allow.
+    result = supervise(program(tmp_path, "sys.exit(2)"), retries=5, backoff=Backoff(initial=0))
+
+    assert result.ending is Ending.REFUSED
+    assert result.exit_status == 2
+    assert [a.cause for a in result.attempts] == ["refused (exit 2)"]
+    assert logged(tmp_path, "attempts") == ["0"]
+
+
 def test_no_retries_runs_once(tmp_path: Path) -> None:
     result = supervise(program(tmp_path, "sys.exit(1)"), retries=0)
 

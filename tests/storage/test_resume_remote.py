@@ -20,6 +20,7 @@ from kronos_audit.errors import StorageError
 from kronos_audit.project import Project, find_project
 from kronos_audit.runtime import resume_remote
 from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.signing import SigningKey
 from kronos_audit.storage import Storage, configure_remote
 from kronos_audit.storage import runs as runs_module
@@ -182,8 +183,10 @@ def restore_in(clone: Path) -> int | None:
 
 
 def local_names(clone: Path) -> list[str]:
+    """What is in the clone's run directory, but the run's writer lock (and its holder)."""
     d = run_dir(clone)
-    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+    mine = (LOCK_NAME, HOLDER_NAME)
+    return sorted(p.name for p in d.iterdir() if p.name not in mine) if d.exists() else []
 
 
 @pytest.fixture
@@ -317,7 +320,7 @@ def test_only_so_many_candidates_are_tried(
     with pytest.warns(CheckpointSkipped) as caught:
         assert restore_in(clone) is None
     assert "older manifests not tried (at most 3" in str(caught[-1].message)
-    assert local_names(clone) == []
+    assert local_names(clone) == [".gitignore"]  # the lock's entries only: nothing fetched
 
 
 def test_listing_is_capped(pushed: Path, clone: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,7 +338,7 @@ def test_a_remote_that_cannot_be_listed_is_logged_and_the_run_goes_on(
     with caplog.at_level(logging.WARNING, logger="kronos_audit"):
         assert restore_in(clone) is None
     assert "the DVC remote was not looked at" in caplog.text
-    assert local_names(clone) == []
+    assert local_names(clone) == [".gitignore"]  # the lock's entries only: nothing fetched
 
 
 def test_run_files_refuse_names_that_are_not_one_component(project: Project, remote: Path) -> None:

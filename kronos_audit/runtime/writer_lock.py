@@ -1,0 +1,243 @@
+"""One writer per run: the OS lock a run's directory is written under.
+
+A :class:`~kronos_audit.runtime.run.Run` that signs checkpoints holds an exclusive
+``flock`` on ``<run directory>/.kaudit-writer.lock`` from entering the ``with`` block until
+its last background commit is done (on a multi-rank run, rank 0 holds it for all). A
+second writer of the same run, on this host or another sharing the filesystem, is refused
+with :class:`~kronos_audit.errors.RunLocked`, naming the holder as the small holder file
+beside the lock (``.kaudit-writer.holder``) says: host, pid, since when.
+
+The kernel drops an ``flock`` with the process that held it, however it died (SIGKILL
+included), so a stale lock never blocks: the holder file stays behind, and the next writer
+takes the lock and rewrites it. Neither name ends in ``.kaudit.json`` or ``.replay.json``
+nor starts with ``step-``, so no walker of a run's directory takes them for a checkpoint
+or a manifest; both are git-ignored beside the checkpoints.
+
+Where the filesystem has no ``flock`` (some network filesystems) the run goes on with a
+:class:`WriterLockUnavailable` warning, and the commit's own check that it signs over the
+run's newest manifest (:func:`check_newest`) keeps the chain from forking.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import hashlib
+import json
+import os
+import socket
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import lock_descriptor, unlock_descriptor
+
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
+from kronos_audit.manifest import MANIFEST_SUFFIX, read_signed_file
+from kronos_audit.storage.tracking import ensure_ignored
+
+LOCK_NAME = ".kaudit-writer.lock"
+"""The lock file's name in a run's directory."""
+HOLDER_NAME = ".kaudit-writer.holder"
+"""The holder file's name beside it: who took the lock (JSON: host, pid, since)."""
+_HOLDER_LIMIT = 1024  # bytes read of a holder file: anyone could have written it
+_FIELD_LIMIT = 100  # characters kept of each of its fields
+
+
+class WriterLockUnavailable(UserWarning):
+    """The run's filesystem cannot lock (no ``flock``): two writers of this run are not kept
+    apart by a lock; a commit that would fork the chain is still refused."""
+
+
+def _inert(value: object) -> str:
+    """``value`` as bounded, printable text: no terminal control, no line break."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    return text if len(text) <= _FIELD_LIMIT else text[: _FIELD_LIMIT - 3] + "..."
+
+
+def read_holder(directory: Path) -> LockHolder | None:
+    """Who the holder file in ``directory`` says holds the lock; None when it is missing
+    or not what :class:`WriterLock` writes. Read bounded, never through a link."""
+    try:
+        data = json.loads(
+            read_regular(directory / HOLDER_NAME, _HOLDER_LIMIT, follow_symlinks=False)
+        )
+    except (UnsafeFile, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    pid = data.get("pid")
+    return LockHolder(
+        host=_inert(data.get("host", "unknown")),
+        pid=pid if type(pid) is int else None,
+        since=_inert(data.get("since", "unknown")),
+    )
+
+
+class WriterLock:
+    """The writer lock of one run directory, held by this process (see the module)."""
+
+    def __init__(self, directory: Path, fd: int | None) -> None:
+        self.directory = directory
+        """The run's directory."""
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, directory: Path) -> WriterLock:
+        """Take the lock of ``directory`` (created if missing) without waiting, and write
+        the holder file; :class:`~kronos_audit.errors.RunLocked` naming the holder if
+        another process has it. On a filesystem without ``flock``: a
+        :class:`WriterLockUnavailable` warning, and a WriterLock that holds nothing."""
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(
+                f"cannot create the run's directory: {e.strerror or e}", path=directory
+            ) from None
+        path = directory / LOCK_NAME
+        try:
+            # Read-only: an flock needs no write access, and a file system holding nothing
+            # open for writing between checkpoints can still be remounted read-only.
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            raise UsageError(
+                f"cannot open the run's writer lock: {e.strerror or e}", path=path
+            ) from None
+        try:
+            # filelock's flock of a descriptor of ours (never its soft fallback, a marker
+            # file that one killed process would leave to block every later writer).
+            locked = lock_descriptor(fd, blocking=False)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
+                raise UsageError(
+                    f"cannot take the run's writer lock: {e.strerror or e}", path=path
+                ) from None
+            warnings.warn(
+                f"{directory}: this filesystem cannot lock ({e.strerror}): a second writer "
+                "of this run is not kept out, though a commit that would fork its chain "
+                "is refused",
+                WriterLockUnavailable,
+                stacklevel=3,
+            )
+            return cls(directory, None)
+        if not locked:
+            os.close(fd)
+            holder = read_holder(directory)
+            who = "a holder unknown" if holder is None else holder.describe()
+            raise RunLocked(
+                f"another process is writing this run ({who}): a run has one writer at a "
+                "time; wait for it to end, or stop it, then start again",
+                path=directory,
+                holder=holder,
+            )
+        try:
+            for name in (LOCK_NAME, HOLDER_NAME):
+                ensure_ignored(directory, "/" + name)
+            record = {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "since": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+            write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
+        except OSError as e:
+            unlock_descriptor(fd)
+            os.close(fd)
+            raise UsageError(
+                f"cannot write the run's lock holder file: {e.strerror or e}",
+                path=directory / HOLDER_NAME,
+            ) from None
+        return cls(directory, fd)
+
+    def release(self) -> None:
+        """Let the next writer in (the lock file and the holder file stay: removing the
+        lock file would let a writer waiting on the old one and a new one both in)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                unlock_descriptor(fd)
+            finally:
+                os.close(fd)
+
+
+# -- the chain never forks ---------------------------------------------------------------
+
+_SHARDED_MANIFEST = "index.jsonl" + MANIFEST_SUFFIX  # checkpoint.shards.INDEX_NAME's
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The newest step's manifest in a run's directory, as it was when read."""
+
+    step: int
+    """Its step."""
+    path: Path
+    """The manifest."""
+    sha256: str
+    """The sha256 of its bytes (a manifest's digest), or why they could not be read."""
+
+
+def newest_manifest(directory: Path) -> Newest | None:
+    """The manifest of the highest step in ``directory`` (a checkpoint's,
+    ``step-<N>.h5.kaudit.json``, or a sharded step's, ``step-<N>/index.jsonl.kaudit.json``);
+    None when there is none. A directory listing and one small bounded read: no checkpoint
+    is read or hashed, and the manifest is not verified (only compared)."""
+    found: list[tuple[int, str, Path]] = []
+    for path in directory.glob("step-*.h5" + MANIFEST_SUFFIX):
+        step = named_step(path.name.removesuffix(MANIFEST_SUFFIX))
+        if step is not None and path.name == f"step-{step:08d}.h5{MANIFEST_SUFFIX}":
+            found.append((step, path.name, path))
+    for path in directory.glob("step-*/" + _SHARDED_MANIFEST):
+        step = named_step(path.parent.name)
+        if step is not None and path.parent.name == f"step-{step:08d}":
+            found.append((step, path.parent.name, path))
+    if not found:
+        return None
+    step, _, path = max(found)
+    try:
+        sha256 = hashlib.sha256(read_signed_file(path)).hexdigest()
+    except Error as e:
+        sha256 = f"unreadable: {e.message}"
+    return Newest(step, path, sha256)
+
+
+def check_newest(
+    directory: Path, expected: Newest | None, *, step: int, parent: int | None
+) -> None:
+    """Refuse (CheckpointError, one line naming both steps) to sign ``step`` over its
+    parent step ``parent`` unless the newest manifest in ``directory`` is still
+    ``expected``, the one this writer last saw there (its own last signed one, or the
+    newest when it read the run): else another writer has signed a step of this run since,
+    and signing would give the chain a second child."""
+    now = newest_manifest(directory)
+    if now == expected:
+        return
+    over = "a new chain" if parent is None else f"step {parent}"
+    if now is None:
+        what = "every manifest of the run is gone"
+    elif expected is not None and now.step == expected.step:
+        what = f"step {now.step}'s manifest was replaced"
+    else:
+        what = f"its newest manifest is now step {now.step}'s"
+    raise CheckpointError(
+        f"refused to sign step {step} over {over}: {what}, written by another writer of "
+        "this run since this one read it (the run's lock cannot hold on this filesystem, "
+        "or its lock file was removed); resume from the newest step instead",
+        path=directory if now is None else now.path,
+    )
+
+
+__all__ = [
+    "HOLDER_NAME",
+    "LOCK_NAME",
+    "Newest",
+    "WriterLock",
+    "WriterLockUnavailable",
+    "check_newest",
+    "newest_manifest",
+    "read_holder",
+]

@@ -1,4 +1,8 @@
-"""Fixtures for storage tests: a private sshd on 127.0.0.1 usable as a DVC ssh:// remote.
+"""Fixtures for storage tests: a DVC directory remote, and a private sshd on 127.0.0.1
+usable as a DVC ssh:// remote.
+
+- ``remote`` (function): a directory remote made the project's default with
+  ``configure_remote`` and committed; returns its path.
 
 - ``ssh_remote`` (session): an `sshd.SSHRemote` (url, host, port, user, keyfile,
   known_hosts, home, root; url_for, local_path, new_dir, env, configure_dvc).
@@ -16,11 +20,25 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
+from kronos_audit.project import Project
+from kronos_audit.storage.remote import configure_remote
 from tests import sshd
+from tests.helpers import git
+
+
+@pytest.fixture
+def remote(project: Project, tmp_path: Path) -> Path:
+    """A DVC directory remote, the project's default, committed."""
+    path = tmp_path / "remote"
+    configure_remote(project, str(path))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    return path
 
 
 def _unavailable(reason: str) -> NoReturn:

@@ -51,15 +51,6 @@ def heat_run(project: Project, steps: int = 30, *, push: bool = False) -> Path:
     return project.root / "checkpoints" / "heat"
 
 
-@pytest.fixture
-def remote(project: Project, tmp_path: Path) -> Path:
-    path = tmp_path / "remote"
-    configure_remote(project, str(path))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "remote")
-    return path
-
-
 def remote_object(remote: Path, md5: str) -> Path:
     return remote / "files" / "md5" / md5[:2] / md5[2:]
 

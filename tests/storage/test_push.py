@@ -21,11 +21,10 @@ from kronos_audit.storage import (
     Storage,
     cache_object_path,
     cache_settings,
-    configure_remote,
     dvc_file_for,
     write_dvc_file,
 )
-from tests.helpers import git, run_cli, signed_items, untrusted_key
+from tests.helpers import run_cli, signed_items, untrusted_key
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +44,6 @@ def heat_run(project: Project, steps: int = 20, *, push: bool = False) -> ka.Run
             state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((64, 64))}
             run.checkpoint(step, state)
     return run
-
-
-@pytest.fixture
-def remote(project: Project, tmp_path: Path) -> Path:
-    path = tmp_path / "remote"
-    configure_remote(project, str(path))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "remote")
-    return path
 
 
 @pytest.fixture

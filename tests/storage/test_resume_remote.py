@@ -22,7 +22,7 @@ from kronos_audit.runtime import resume_remote
 from kronos_audit.runtime.publish import CheckpointSkipped
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.signing import SigningKey
-from kronos_audit.storage import Storage, configure_remote
+from kronos_audit.storage import Storage
 from kronos_audit.storage import runs as runs_module
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 from tests.helpers import git, run_cli, untrusted_key
@@ -48,15 +48,6 @@ def heat(root: Path, stop: int, *, total: int = 6, push: bool = True) -> np.ndar
                 break
         assert run.push_failures == []
     return np.asarray(state["u"])
-
-
-@pytest.fixture
-def remote(project: Project, tmp_path: Path) -> Path:
-    path = tmp_path / "remote"
-    configure_remote(project, str(path))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "remote")
-    return path
 
 
 @pytest.fixture

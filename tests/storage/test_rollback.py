@@ -19,20 +19,10 @@ from kronos_audit.errors import RollbackRefused
 from kronos_audit.project import Project
 from kronos_audit.runtime.publish import CheckpointSkipped
 from kronos_audit.signing import SigningKey
-from kronos_audit.storage import configure_remote
 from tests.helpers import git
 from tests.storage.test_resume_remote import RUN, heat, manifest_name, remote_dir, run_dir
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def remote(project: Project, tmp_path: Path) -> Path:
-    path = tmp_path / "remote"
-    configure_remote(project, str(path))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "remote")
-    return path
 
 
 def committed_run(project: Project, remote: Path, steps: int) -> None:

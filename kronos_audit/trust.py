@@ -100,6 +100,16 @@ class Anchor(StrEnum):
 
 
 _RANK = {a: i for i, a in enumerate(Anchor)}
+# Whose name for a key is shown, from sources the verifier trusts first: the user's own
+# store, the store at the trust ref, the stem of an anchor file (--trusted-key,
+# $KAUDIT_TRUSTED_KEYS); the work tree's store (content) names only what nothing else does.
+_NAME_RANK = {
+    Anchor.USER: 0,
+    Anchor.TRUST_REF: 1,
+    Anchor.COMMAND_LINE: 2,
+    Anchor.ENVIRONMENT: 2,
+    Anchor.REPOSITORY: 3,
+}
 
 
 @dataclass(frozen=True)
@@ -303,6 +313,7 @@ class Keyring:
 
     trust_ref: PinnedRef | None = None
     """``--trust-ref`` as resolved for this keyring, when one was given."""
+    _names: dict[KeyId, tuple[int, str]] = field(default_factory=dict, repr=False)
 
     def add(
         self,
@@ -316,6 +327,14 @@ class Keyring:
         current = self.keys.get(kid)
         if current is None or _RANK[anchor] < _RANK[current.anchor]:
             self.keys[kid] = TrustedKey(kid, name, public_key, anchor, source, ref)
+        # One name for a key whichever anchor vouches for it (see _NAME_RANK): a PEM handed
+        # over as owner.pub reads as the alice the user's own store calls it.
+        best = self._names.get(kid)
+        if best is None or _NAME_RANK[anchor] < best[0]:
+            self._names[kid] = (_NAME_RANK[anchor], name)
+        named = self._names[kid][1]
+        if self.keys[kid].name != named:
+            self.keys[kid] = replace(self.keys[kid], name=named)
 
     @property
     def anchored(self) -> tuple[TrustedKey, ...]:

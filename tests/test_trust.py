@@ -488,3 +488,30 @@ def test_without_the_user_store_the_repository_key_is_unanchored(
     allowed = load_keyring(project.root, TrustOptions(allow_unanchored=True))
     assert not allowed.require_anchor
     assert allowed.unanchored_allowed_by == "--allow-unanchored"
+
+
+def test_a_key_is_named_the_same_whichever_anchor_vouches_for_it(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    # The owner's key is "tester" in the user's own store; handed over as owner.pub.
+    (m,) = snapshot(
+        write_checkpoint(project.root / "checkpoints" / "r" / "step-00000001.h5"),
+        run="r",
+        step=1,
+        key=key,
+    )
+    owner = tmp_path / "owner.pub"
+    owner.write_bytes(public_pem(key.private_key.public_key()))
+    plain = run_cli("verify", str(m.path))
+    named = run_cli("verify", "--trusted-key", str(owner), str(m.path))
+    assert plain.exit_code == 0, plain.output
+    assert named.exit_code == 0, named.output
+    who = f"signed by tester (key {key.key_id[:16]})"
+    assert who in plain.stdout
+    assert f"{who}, anchor: --trusted-key {owner}" in named.stdout
+    # The work tree's store (content) never renames a key something else vouches for.
+    for p in (project.root / ".kaudit" / "trusted-keys").iterdir():
+        p.unlink()
+    project.trust_store().add(key.private_key.public_key(), "someone-else")
+    again = run_cli("verify", "--trusted-key", str(owner), str(m.path))
+    assert who in again.stdout, again.output

@@ -133,6 +133,37 @@ def verify(project: Project, key: SigningKey, run_dir: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def paused_before_the_failing_step(project: Project, mode: str) -> subprocess.Popen[str]:
+    """The program, started and paused once checkpoint FAILS_AT - 1 is durable: the test
+    changes the file system, then lets it go on (``finish(proc, "go on\\n")``)."""
+    proc = start(project, mode, pause_after=FAILS_AT - 1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("paused"):
+            break
+    return proc
+
+
+def assert_the_run_continues(
+    project: Project,
+    key: SigningKey,
+    run_dir: Path,
+    want: dict[str, Any],
+    mode: str,
+    layout: str = "big",
+) -> None:
+    """Once the file system is back, the run resumes from checkpoint FAILS_AT - 1, ends
+    bitwise equal to an uninterrupted run (``want``) with every checkpoint complete, and
+    its chain verifies."""
+    proc = start(project, mode, layout)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert f"restored {FAILS_AT - 1}" in out
+    assert result(out) == want
+    assert_nothing_partial(run_dir, STEPS)
+    verify(project, key, run_dir)
+
+
 def checkpoint_size(project: Project) -> tuple[int, int]:
     """The size of the program's checkpoint file (every one is as large), and the most
     room one checkpoint takes on a tmpfs with its .dvc file and manifest (whole pages)."""
@@ -180,13 +211,7 @@ def test_disk_full_keeps_the_last_checkpoint_and_the_restart_continues(
     assert_nothing_partial(run_dir, FAILS_AT - 1)
 
     disk.remount(f"size={4 * STEPS * usage}")
-    proc = start(project, mode, layout)
-    out, err = finish(proc)
-    assert proc.returncode == 0, err
-    assert f"restored {FAILS_AT - 1}" in out
-    assert result(out) == want
-    assert_nothing_partial(run_dir, STEPS)
-    verify(project, key, run_dir)
+    assert_the_run_continues(project, key, run_dir, want, mode, layout)
 
 
 def test_no_room_for_the_manifest_takes_the_checkpoint_back(
@@ -209,13 +234,7 @@ def test_no_room_for_the_manifest_takes_the_checkpoint_back(
     assert_nothing_partial(run_dir, FAILS_AT - 1)
 
     disk.remount(f"nr_inodes={4 * inodes}")
-    proc = start(project, "sync")
-    out, err = finish(proc)
-    assert proc.returncode == 0, err
-    assert f"restored {FAILS_AT - 1}" in out
-    assert result(out) == want
-    assert_nothing_partial(run_dir, STEPS)
-    verify(project, key, run_dir)
+    assert_the_run_continues(project, key, run_dir, want, "sync")
 
 
 def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
@@ -246,13 +265,7 @@ def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
     assert not [p for p in cache.rglob("*") if p.is_file() and p.name.startswith(".")]
 
     disk.remount(f"size={4 * STEPS * usage}")
-    proc = start(project, "async")
-    out, err = finish(proc)
-    assert proc.returncode == 0, err
-    assert f"restored {FAILS_AT - 1}" in out
-    assert result(out) == want
-    assert_nothing_partial(run_dir, STEPS)
-    verify(project, key, run_dir)
+    assert_the_run_continues(project, key, run_dir, want, "async")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -264,11 +277,7 @@ def test_read_only_file_system_keeps_the_last_checkpoint_and_the_restart_continu
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
     disk = tmpfs(project.root / "checkpoints", 4 * STEPS * usage)
     run_dir = project.root / "checkpoints" / "disk"
-    proc = start(project, mode, pause_after=FAILS_AT - 1)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("paused"):
-            break
+    proc = paused_before_the_failing_step(project, mode)
     disk.remount("ro")  # between two checkpoints: no file on it is open for writing
     out, err = finish(proc, "go on\n")
     assert proc.returncode != 0, out
@@ -276,13 +285,7 @@ def test_read_only_file_system_keeps_the_last_checkpoint_and_the_restart_continu
     assert_nothing_partial(run_dir, FAILS_AT - 1)
 
     disk.remount("rw")
-    proc = start(project, mode)
-    out, err = finish(proc)
-    assert proc.returncode == 0, err
-    assert f"restored {FAILS_AT - 1}" in out
-    assert result(out) == want
-    assert_nothing_partial(run_dir, STEPS)
-    verify(project, key, run_dir)
+    assert_the_run_continues(project, key, run_dir, want, mode)
 
 
 def test_read_only_dvc_cache_leaves_no_checkpoint_untracked_and_says_so(
@@ -295,11 +298,7 @@ def test_read_only_dvc_cache_leaves_no_checkpoint_untracked_and_says_so(
     cache_fs = tmpfs(project.root / "cache", 4 * STEPS * usage)
     subprocess.run(["dvc", "cache", "dir", str(cache_fs.where)], cwd=project.root, check=True)
     run_dir = project.root / "checkpoints" / "disk"
-    proc = start(project, "async", pause_after=FAILS_AT - 1)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("paused"):
-            break
+    proc = paused_before_the_failing_step(project, "async")
     cache_fs.remount("ro")
     out, err = finish(proc, "go on\n")
     assert proc.returncode != 0, out
@@ -309,10 +308,4 @@ def test_read_only_dvc_cache_leaves_no_checkpoint_untracked_and_says_so(
     assert_nothing_partial(run_dir, FAILS_AT - 1)
 
     cache_fs.remount("rw")
-    proc = start(project, "async")
-    out, err = finish(proc)
-    assert proc.returncode == 0, err
-    assert f"restored {FAILS_AT - 1}" in out
-    assert result(out) == want
-    assert_nothing_partial(run_dir, STEPS)
-    verify(project, key, run_dir)
+    assert_the_run_continues(project, key, run_dir, want, "async")

@@ -412,7 +412,8 @@ class SignedPublisher:
             _withdraw(final)
             raise
         self._newest = Newest(job.step, self._parent.path, self._parent.digest)
-        prune(project, self.directory, [p.step for p in doomed])
+        cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+        prune(project, self.directory, [p.step for p in doomed], cache_dir=cache_dir)
         if self.push:
             self._push(project, FetchItem(final, digests.md5, digests.sha256, digests.size))
 

@@ -75,16 +75,24 @@ def pruned_record(doomed: Iterable[PrunedEntry]) -> list[dict[str, Any]]:
     return [p.to_json_obj() for p in doomed]
 
 
-def prune(project: Project, directory: Path, doomed: Sequence[int]) -> None:
+def prune(
+    project: Project,
+    directory: Path,
+    doomed: Sequence[int],
+    *,
+    cache_dir: Path | None = None,
+) -> None:
     """Delete the checkpoints of steps ``doomed`` in ``directory`` from DVC: their data,
     their ``.dvc`` files and any git-ignore entry of their own, and DVC's cache object of
     the data unless a checkpoint still here holds the same bytes. So DVC stays consistent
     (a plain ``dvc pull`` in a fresh clone, ``dvc status``: nothing missing), and the
     signed retention record of the manifest that pruned them is what says they went.
-    Their manifests stay, so the chain verifies."""
+    Their manifests stay, so the chain verifies. ``cache_dir``: DVC's cache directory when
+    the caller resolved it already (a run does once, at open), else read from DVC."""
     if not doomed:
         return
-    cache_dir, _ = cache_settings(project)
+    if cache_dir is None:
+        cache_dir, _ = cache_settings(project)
     present = set(checkpoint_steps(directory))
     # Two steps can hold identical bytes (one md5, one cache object): keep an object
     # that a checkpoint still here points at.

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kronos_audit.init import init_project
-from kronos_audit.signing import generate_key
+from kronos_audit.keys.keyfile import generate_key
+from kronos_audit.storage.setup import init_project
 
 
 def scratch_repo() -> Path:

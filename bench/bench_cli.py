@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import median_of, scratch_repo
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.project import find_project
+from kronos_audit.project.repository import find_project
 from kronos_audit.storage import configure_remote
 
 KAUDIT_SCRIPT = Path(sys.executable).parent / "kaudit"

@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import best_of, scratch_repo
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import find_project
-from kronos_audit.provenance import git_state
+from kronos_audit.keys.keyfile import select_key
+from kronos_audit.project.repository import find_project
+from kronos_audit.provenance.gitstate import git_state
 from kronos_audit.report import ReportFormat, build_report, render
-from kronos_audit.sign import sign_checkpoint
-from kronos_audit.signing import select_key
+from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.statement.manifest import Manifest
 
 LIMIT = 2 * 1024 * 1024
 START = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)

@@ -60,11 +60,12 @@ from kronos_audit.checkpoint.shards import (
     step_directory,
 )
 from kronos_audit.checkpoint.writer import write_and_digest
-from kronos_audit.project import find_project
-from kronos_audit.provenance import environment, git_state
-from kronos_audit.sign import sign_sharded_step
-from kronos_audit.signing import select_key
-from kronos_audit.verify import ManifestCache, Verifier
+from kronos_audit.keys.keyfile import select_key
+from kronos_audit.project.repository import find_project
+from kronos_audit.provenance.environment import environment
+from kronos_audit.provenance.gitstate import git_state
+from kronos_audit.signing.sign import sign_sharded_step
+from kronos_audit.verification.verify import ManifestCache, Verifier
 
 SHARD_FLOATS = 512
 """float64 values in the measured rank's shard: 4 KiB of data, a few KiB of HDF5."""

@@ -16,8 +16,6 @@ time it is used (PEP 562), so ``kaudit --help`` and a program that only needs
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,7 +35,6 @@ if TYPE_CHECKING:
         TamperedData,
         UsageError,
     )
-    from kronos_audit.manifest import Manifest, read_manifest
     from kronos_audit.runtime import (
         AnyOf,
         AtFinalStep,
@@ -54,18 +51,19 @@ if TYPE_CHECKING:
         SavePolicy,
     )
     from kronos_audit.runtime.supervisor import CommandStartError
-    from kronos_audit.snapshot import snapshot
-    from kronos_audit.verify import Check, VerifyResult, verify
+    from kronos_audit.signing.snapshot import snapshot
+    from kronos_audit.statement.manifest import Manifest, read_manifest
+    from kronos_audit.verification.verify import Check, VerifyResult, verify
 
 # Each public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
     "state_digest": "kronos_audit.checkpoint.tree",
-    "Manifest": "kronos_audit.manifest",
-    "read_manifest": "kronos_audit.manifest",
-    "snapshot": "kronos_audit.snapshot",
-    "Check": "kronos_audit.verify",
-    "VerifyResult": "kronos_audit.verify",
-    "verify": "kronos_audit.verify",
+    "Manifest": "kronos_audit.statement.manifest",
+    "read_manifest": "kronos_audit.statement.manifest",
+    "snapshot": "kronos_audit.signing.snapshot",
+    "Check": "kronos_audit.verification.verify",
+    "VerifyResult": "kronos_audit.verification.verify",
+    "verify": "kronos_audit.verification.verify",
     **dict.fromkeys(
         (
             "AnyOf",
@@ -159,17 +157,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-class _Package(types.ModuleType):
-    """``kronos_audit.snapshot`` and ``kronos_audit.verify`` are both a module and the
-    function it defines; the package's attribute is the function, as it always was, even
-    when the module is imported (which sets the attribute to the module) after it."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

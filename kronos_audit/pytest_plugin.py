@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.replay import ReplayResult
-    from kronos_audit.trust import TrustOptions
-    from kronos_audit.verify import VerifyResult
+    from kronos_audit.verification.verify import VerifyResult
 
 StrPath = str | PathLike[str]
 
@@ -37,7 +37,7 @@ def _trust(
     require_anchor: bool,
     allow_unanchored: bool,
 ) -> TrustOptions:
-    from kronos_audit.trust import TrustOptions
+    from kronos_audit.keys.anchors import TrustOptions
 
     return TrustOptions(
         tuple(Path(k) for k in trusted_keys),
@@ -71,7 +71,7 @@ class KauditChecks:
         trusted signer, place, file digest, dataset hashes, parent chain. Returns the
         results."""
         __tracebackhide__ = True
-        from kronos_audit.verify import verify
+        from kronos_audit.verification.verify import verify
 
         paths = [target] if isinstance(target, str | PathLike) else list(target)
         results = verify(
@@ -109,7 +109,7 @@ class KauditChecks:
         ``kaudit replay`` would say. Returns the result."""
         __tracebackhide__ = True
         from kronos_audit.compare import TolerancePolicy
-        from kronos_audit.project import find_project
+        from kronos_audit.project.repository import find_project
         from kronos_audit.replay import replay
 
         path = Path(manifest)

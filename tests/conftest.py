@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.init import init_project
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, generate_key
+from kronos_audit.keys.keyfile import SigningKey, generate_key
+from kronos_audit.project.repository import Project
+from kronos_audit.storage.setup import init_project
 from tests.helpers import git, write_checkpoint
 
 

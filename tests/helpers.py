@@ -14,7 +14,7 @@ import numpy as np
 from click.testing import CliRunner, Result
 
 from kronos_audit.cli import cli
-from kronos_audit.signing import SigningKey, generate_key, user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey, generate_key, user_trust_dir
 from kronos_audit.storage.fetch import FetchItem
 
 KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
@@ -82,7 +82,7 @@ def assert_bad_input(result: Result, *mentions: str, no_stdout: bool = False) ->
 def signed_items(checkpoints: list[Path]) -> list[FetchItem]:
     """What `Storage.push` takes for each checkpoint: the md5, sha256 and size its
     manifest (beside it) signs. The manifests are ones the test wrote: not verified here."""
-    from kronos_audit.manifest import manifest_path_for, read_manifest
+    from kronos_audit.statement.manifest import manifest_path_for, read_manifest
 
     items = []
     for c in checkpoints:

@@ -1,4 +1,4 @@
-"""Bisecting two real runs (kronos_audit.bisect): the planted divergence found exactly, in
+"""Bisecting two real runs (kronos_audit.history.bisect): the planted divergence found exactly, in
 about log2(steps) comparisons; tolerances; different cadences; chains that do not verify;
 data fetched from a DVC remote; data pruned by retention."""
 
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.bisect import Decision, bisect, first_true, read_chain
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import BisectError, ManifestError
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, user_trust_dir
+from kronos_audit.history.bisect import Decision, bisect, first_true, read_chain
+from kronos_audit.keys.keyfile import SigningKey, user_trust_dir
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
 from tests.helpers import signed_items
 

@@ -22,12 +22,12 @@ import torch
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.errors import ManifestError
-from kronos_audit.manifest import encode_envelope, read_manifest
-from kronos_audit.predicate import EnvironmentLock
-from kronos_audit.project import Project
-from kronos_audit.provenance import NUMERIC_ENV_NAMES, environment, environment_lock
-from kronos_audit.signing import SigningKey, sign_envelope
-from kronos_audit.snapshot import snapshot
+from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.project.repository import Project
+from kronos_audit.provenance.environment import NUMERIC_ENV_NAMES, environment, environment_lock
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import encode_envelope, read_manifest
+from kronos_audit.statement.predicate import EnvironmentLock
 from tests.helpers import assert_bad_input, run_cli
 
 
@@ -93,7 +93,7 @@ def test_a_program_without_frameworks_has_no_section_and_imports_none() -> None:
     script = textwrap.dedent(
         """
         import sys
-        from kronos_audit.provenance import environment
+        from kronos_audit.provenance.environment import environment
         env = environment()
         assert "frameworks" not in env, env.get("frameworks")
         assert "torch" not in sys.modules and "jax" not in sys.modules

@@ -9,8 +9,8 @@ import h5py
 import torch
 
 import kronos_audit as ka
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.helpers import run_cli
 
 

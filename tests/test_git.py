@@ -1,5 +1,5 @@
 """The git command, run one way (kronos_audit._internal.git), and finding the work tree
-(kronos_audit.project.find_project) with it: real repositories, real git."""
+(kronos_audit.project.repository.find_project) with it: real repositories, real git."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from kronos_audit._internal import git
 from kronos_audit.errors import ProjectError, UsageError
-from kronos_audit.project import find_project
-from kronos_audit.provenance import git_state
-from kronos_audit.trust import read_tree_files, resolve_ref
+from kronos_audit.keys.anchors import read_tree_files, resolve_ref
+from kronos_audit.project.repository import find_project
+from kronos_audit.provenance.gitstate import git_state
 from tests.helpers import git as run_git
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.log import DataLocation, run_log
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.history.log import DataLocation, run_log
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
 from tests.helpers import run_cli, untrusted_key, write_checkpoint
 

@@ -1,4 +1,4 @@
-"""Manifests: DSSE envelopes around in-toto Statements (kronos_audit.manifest)."""
+"""Manifests: DSSE envelopes around in-toto Statements (kronos_audit.statement.manifest)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from securesystemslib.signer import SSlibKey
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.errors import ManifestError
-from kronos_audit.manifest import (
+from kronos_audit.keys.keyfile import PAYLOAD_TYPE, SigningKey, generate_key, sign_envelope
+from kronos_audit.project.repository import Project
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
     PREDICATE_TYPE,
@@ -35,9 +38,6 @@ from kronos_audit.manifest import (
     read_manifest,
     write_manifest,
 )
-from kronos_audit.project import Project
-from kronos_audit.signing import PAYLOAD_TYPE, SigningKey, generate_key, sign_envelope
-from kronos_audit.snapshot import snapshot
 from tests.helpers import git, write_checkpoint
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schemas" / "manifest-v1.schema.json"
@@ -108,7 +108,7 @@ def test_every_manifest_written_validates_against_the_schema_file(
 
 
 def test_the_schema_file_is_the_one_kaudit_uses() -> None:
-    from kronos_audit.manifest import schema
+    from kronos_audit.statement.manifest import schema
 
     assert schema() == json.loads(SCHEMA_FILE.read_text())
 

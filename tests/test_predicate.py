@@ -1,4 +1,4 @@
-"""The manifest's predicate as a typed record (kronos_audit.predicate): parsed once when a
+"""The manifest's predicate as a typed record (kronos_audit.statement.predicate): parsed once when a
 manifest is read, the same document as the one signed, and the only way the package reads
 a predicate. Real snapshots and a real run (rng, restart count, batches, retention)."""
 
@@ -15,8 +15,12 @@ import h5py
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.manifest import read_manifest
-from kronos_audit.predicate import (
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.provenance.environment import environment
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.statement.predicate import (
     Batches,
     EnvironmentLock,
     GitRecord,
@@ -24,10 +28,6 @@ from kronos_audit.predicate import (
     PrunedEntry,
     RngRecord,
 )
-from kronos_audit.project import Project
-from kronos_audit.provenance import environment
-from kronos_audit.signing import SigningKey
-from kronos_audit.snapshot import snapshot
 from tests.helpers import git, run_cli, write_checkpoint
 
 PACKAGE = Path(ka.__file__).parent

@@ -1,4 +1,4 @@
-"""The environment lock and the git state (kronos_audit.provenance)."""
+"""The environment lock and the git state (kronos_audit.provenance.environment)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from kronos_audit._internal.secrets import strip_credentials
 from kronos_audit.errors import ProjectError, UsageError
-from kronos_audit.provenance import (
+from kronos_audit.provenance.environment import (
     NUMERIC_ENV_NAMES,
-    RECORD_PATHSPECS,
     environment,
-    git_state,
-    git_tracked,
     numeric_environment_variables,
-    patch_path,
-    strip_credentials,
 )
+from kronos_audit.provenance.gitstate import RECORD_PATHSPECS, git_state, git_tracked, patch_path
 from tests.helpers import git, write_checkpoint
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.replay.conftest import NOISY
 from tests.replay.helpers import commit_all, manifest, record
 

@@ -1,7 +1,7 @@
 """The JSON Schemas the package ships (kronos_audit/schemas/): each is a valid schema of
 the draft it names, and the repository's copy in schemas/ is the same file.
 
-kronos_audit.manifest validates every document against these but no longer checks the
+kronos_audit.statement.manifest validates every document against these but no longer checks the
 schemas themselves in every process (some 30 ms of each `kaudit verify`): a broken schema
 must fail here instead.
 """
@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from kronos_audit.errors import ManifestError
-from kronos_audit.manifest import schema, validate
+from kronos_audit.statement.manifest import schema, validate
 
 SHIPPED = sorted(
     entry.name

@@ -35,12 +35,17 @@ from kronos_audit.checkpoint.shards import (
 )
 from kronos_audit.checkpoint.writer import write_and_digest
 from kronos_audit.errors import CheckpointError, UsageError
-from kronos_audit.manifest import Manifest, build_statement, encode_envelope, read_manifest
-from kronos_audit.project import Project, find_project
-from kronos_audit.sign import sign_checkpoint, sign_sharded_step
-from kronos_audit.signing import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.signing.sign import sign_checkpoint, sign_sharded_step
+from kronos_audit.statement.manifest import (
+    Manifest,
+    build_statement,
+    encode_envelope,
+    read_manifest,
+)
 from kronos_audit.storage.tracking import track
-from kronos_audit.verify import Verifier, verify
+from kronos_audit.verification.verify import Verifier, verify
 from tests.helpers import run_cli, write_checkpoint
 
 LAYOUT = {"u": {"shape": [12, 4], "dtype": "float64", "block": 0}, "t": {"replicated": True}}

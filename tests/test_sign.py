@@ -1,4 +1,4 @@
-"""Signing a checkpoint whose digests are known (kronos_audit.sign): what the runtime and
+"""Signing a checkpoint whose digests are known (kronos_audit.signing.sign): what the runtime and
 snapshot share."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.errors import ManifestError, UsageError
-from kronos_audit.manifest import encode_envelope, manifest_path_for, read_manifest
-from kronos_audit.project import Project
-from kronos_audit.sign import publish_manifest, sign_checkpoint, utc_now
-from kronos_audit.signing import SigningKey
-from kronos_audit.verify import verify
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.signing.sign import publish_manifest, sign_checkpoint, utc_now
+from kronos_audit.statement.manifest import encode_envelope, manifest_path_for, read_manifest
+from kronos_audit.verification.verify import verify
 from tests.helpers import write_checkpoint
 
 

@@ -1,4 +1,4 @@
-"""Ed25519 keys, the trust store and DSSE envelopes (kronos_audit.signing)."""
+"""Ed25519 keys, the trust store and DSSE envelopes (kronos_audit.keys.keyfile)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
 from kronos_audit.errors import ManifestError, SigningKeyError
-from kronos_audit.signing import (
+from kronos_audit.keys.keyfile import (
     PAYLOAD_TYPE,
     Envelope,
     Signature,

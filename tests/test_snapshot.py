@@ -1,4 +1,4 @@
-"""Snapshot: hash, record provenance, sign, write the manifest (kronos_audit.snapshot)."""
+"""Snapshot: hash, record provenance, sign, write the manifest (kronos_audit.signing.snapshot)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
-from kronos_audit.manifest import manifest_path_for, read_manifest
-from kronos_audit.project import Project
-from kronos_audit.provenance import environment
-from kronos_audit.signing import SigningKey, generate_key
-from kronos_audit.snapshot import snapshot
+from kronos_audit.keys.keyfile import SigningKey, generate_key
+from kronos_audit.project.repository import Project
+from kronos_audit.provenance.environment import environment
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import manifest_path_for, read_manifest
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
-from kronos_audit.verify import verify
+from kronos_audit.verification.verify import verify
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 

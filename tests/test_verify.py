@@ -1,4 +1,5 @@
-"""Verification: signature, file digest, dataset hashes, parent chain (kronos_audit.verify).
+"""Verification: signature, file digest, dataset hashes, parent chain
+(kronos_audit.verification.verify).
 
 Tampering is checked through `kaudit verify` as well as the library: each must exit 1 and
 name exactly the checks that failed.
@@ -21,12 +22,12 @@ import pytest
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import CheckpointError, ManifestError, StorageError
-from kronos_audit.manifest import Manifest, encode_envelope
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, sign_envelope
-from kronos_audit.snapshot import snapshot
+from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.project.repository import Project
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import Manifest, encode_envelope
 from kronos_audit.storage import cache_object_path, cache_settings
-from kronos_audit.verify import (
+from kronos_audit.verification.verify import (
     Check,
     CheckName,
     StatementKind,

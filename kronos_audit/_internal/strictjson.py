@@ -3,7 +3,7 @@
 Stricter than :func:`json.loads`, so that what is read cannot hang, exhaust the stack or
 mean two things to two readers: duplicate keys, NaN and Infinity, integers of more than
 :data:`MAX_INT_DIGITS` digits and nesting deeper than the caller's limit are refused.
-Manifests (:func:`kronos_audit.manifest.load_json`), a checkpoint's state tree and a
+Manifests (:func:`kronos_audit.statement.manifest.load_json`), a checkpoint's state tree and a
 sharded step's index are all read through :func:`loads`.
 """
 

@@ -14,7 +14,7 @@ A step N of an n-rank job is a directory ``<run>/step-<N:08d>/`` holding:
   not signed: a rank reads the log2(n) nodes of its own line's proof from it, and any
   node that is not the signer's makes the root differ from the signed one;
 - ``index.jsonl.kaudit.json``: the step manifest, signed once by rank 0
-  (:func:`kronos_audit.sign.sign_sharded_step`). Its subject is the index (name, sha256,
+  (:func:`kronos_audit.signing.sign.sign_sharded_step`). Its subject is the index (name, sha256,
   md5); its predicate's ``shards`` record holds the shard count, the Merkle root and the
   arrays' layout. Its size does not depend on n.
 

@@ -18,9 +18,9 @@ from kronos_audit.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from kronos_audit.bisect import BisectResult, Chain, StepComparison
     from kronos_audit.compare import TolerancePolicy
-    from kronos_audit.project import Project
+    from kronos_audit.history.bisect import BisectResult, Chain, StepComparison
+    from kronos_audit.project.repository import Project
 
 
 @click.command("bisect")
@@ -57,7 +57,7 @@ def bisect_command(
     Example:
       kaudit bisect checkpoints/heat checkpoints/heat-new-compiler --rtol 1e-12
     """
-    from kronos_audit.bisect import bisect
+    from kronos_audit.history.bisect import bisect
 
     policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
     result = bisect(a, b, policy, trust=trust_from(trusted_keys, trust_ref, require_anchor))

@@ -10,7 +10,7 @@ from kronos_audit.cli._app import Column, out, safe
 
 if TYPE_CHECKING:
     from kronos_audit.compare import Comparison, DatasetComparison, Mismatch
-    from kronos_audit.project import Project
+    from kronos_audit.project.repository import Project
 
 # By verdict (a StrEnum, so its members look these up): the library is imported only
 # when a comparison is made, not to show a command's help.

@@ -12,7 +12,7 @@ from kronos_audit.cli.options import json_option, trust_from, trust_options, war
 from kronos_audit.cli.progress import progress_bar
 
 if TYPE_CHECKING:
-    from kronos_audit.log import RunLog
+    from kronos_audit.history.log import RunLog
 
 _DATA_STYLE = {
     "local": "green",
@@ -74,8 +74,8 @@ def log(
     Example:
       kaudit log checkpoints/heat --remote
     """
-    from kronos_audit.log import run_log
-    from kronos_audit.project import find_project
+    from kronos_audit.history.log import run_log
+    from kronos_audit.project.repository import find_project
 
     project = find_project(run_dirs[0] if run_dirs else Path.cwd()).require_initialized()
     trust = trust_from(trusted_keys, trust_ref, require_anchor)

@@ -18,11 +18,11 @@ from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, tr
 from kronos_audit.errors import Error, UsageError
 
 if TYPE_CHECKING:
-    from kronos_audit.project import Project
-    from kronos_audit.signing import KeyId
-    from kronos_audit.verify import VerifyResult
+    from kronos_audit.keys.keyfile import KeyId
+    from kronos_audit.project.repository import Project
+    from kronos_audit.verification.verify import VerifyResult
 
-# kronos_audit.signing.PASSPHRASE_ENV, spelled out so that `--help` need not import the
+# kronos_audit.keys.keyfile.PASSPHRASE_ENV, spelled out so that `--help` need not import the
 # signing module (a test holds them equal)
 PASSPHRASE_ENV = "KAUDIT_KEY_PASSPHRASE"
 
@@ -43,9 +43,10 @@ def init(remote_url: str | None, remote_name: str) -> None:
     Example:
       kaudit init --remote /shared/kaudit-remote
     """
-    from kronos_audit import signing, storage
+    from kronos_audit import storage
     from kronos_audit._internal.secrets import redact
-    from kronos_audit.init import commit_command, init_project
+    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.storage.setup import commit_command, init_project
 
     project, dvc_created = init_project(Path.cwd())
     if remote_url is not None:
@@ -83,7 +84,7 @@ def keys() -> None:
 
 
 def _current_project() -> Project | None:
-    from kronos_audit.project import find_project
+    from kronos_audit.project.repository import find_project
 
     try:
         project = find_project(Path.cwd())
@@ -106,7 +107,7 @@ def keys_generate(name: str, encrypt: bool) -> None:
     Example:
       kaudit keys generate --name alice --encrypt
     """
-    from kronos_audit import signing
+    from kronos_audit.keys import keyfile as signing
 
     project = _current_project()
     trust = None if project is None else project.trust_store()
@@ -153,8 +154,8 @@ def keys_list(
     Example:
       kaudit keys list --trusted-key alice.pub
     """
-    from kronos_audit import signing
-    from kronos_audit.trust import describe, load_keyring
+    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.keys.anchors import describe, load_keyring
 
     project = _current_project()
     ring = load_keyring(
@@ -217,8 +218,8 @@ def keys_trust(pubfile: Path, name: str | None, user_store: bool) -> None:
       kaudit keys trust alice.pub --user     # anchor it for your own verifications
       kaudit keys trust alice.pub            # propose it in the repository (commit it)
     """
-    from kronos_audit import signing
-    from kronos_audit.project import find_project
+    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.project.repository import find_project
 
     public_key = signing.load_public_key(pubfile)
     label = name or pubfile.name.removesuffix(".pub")
@@ -245,9 +246,9 @@ def keys_revoke(keyid: str, reason: str, key: str | None) -> None:
     Example:
       kaudit keys revoke 3f2a...c9 --reason "laptop stolen" --key alice-2027
     """
-    from kronos_audit.project import find_project
-    from kronos_audit.signing import select_key
-    from kronos_audit.trust import load_keyring, write_revocation
+    from kronos_audit.keys.anchors import load_keyring, write_revocation
+    from kronos_audit.keys.keyfile import select_key
+    from kronos_audit.project.repository import find_project
 
     project = find_project(Path.cwd()).require_initialized()
     ring = load_keyring(project.root)
@@ -274,9 +275,9 @@ def keys_rotate(old: str, new_name: str) -> None:
     Example:
       kaudit keys rotate alice --name alice-2027
     """
-    from kronos_audit import signing
-    from kronos_audit.project import find_project
-    from kronos_audit.trust import write_revocation
+    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.keys.anchors import write_revocation
+    from kronos_audit.project.repository import find_project
 
     project = find_project(Path.cwd()).require_initialized()
     old_key = signing.select_key(old, passphrase=ask_passphrase)
@@ -294,7 +295,7 @@ def keys_rotate(old: str, new_name: str) -> None:
 
 
 def _full_key_id(given: str, known: Mapping[KeyId, object]) -> KeyId:
-    from kronos_audit.signing import KeyId
+    from kronos_audit.keys.keyfile import KeyId
 
     if re.fullmatch(r"[0-9a-f]{64}", given):
         return KeyId(given)
@@ -362,7 +363,7 @@ def snapshot(
       kaudit snapshot checkpoints/heat/step-200.h5 --run heat --step 200 --seed 42 \\
         --parent checkpoints/heat/step-100.h5.kaudit.json --command "python heat.py"
     """
-    from kronos_audit.snapshot import snapshot as do_snapshot
+    from kronos_audit.signing.snapshot import snapshot as do_snapshot
 
     try:
         argv = None if command is None else shlex.split(command)
@@ -465,7 +466,7 @@ def verify(
       kaudit verify checkpoints/heat --trusted-key alice.pub
     """
     from kronos_audit.cli.progress import count_manifests, progress_bar
-    from kronos_audit.verify import trust_problems, verify_each
+    from kronos_audit.verification.verify import trust_problems, verify_each
 
     options = trust_from(trusted_keys, trust_ref, require_anchor)
     paths = list(manifests)
@@ -528,8 +529,8 @@ def show(manifest: Path, as_json: bool) -> None:
     Example:
       kaudit show checkpoints/heat/step-00000200.h5.kaudit.json
     """
-    from kronos_audit.manifest import read_manifest
-    from kronos_audit.targets import resolve_target
+    from kronos_audit.checkpoint.layout import resolve_target
+    from kronos_audit.statement.manifest import read_manifest
 
     m = read_manifest(resolve_target(manifest))
     if as_json:

@@ -18,8 +18,8 @@ from kronos_audit.cli._app import JSON_META, plain
 
 if TYPE_CHECKING:
     from kronos_audit.compare import TolerancePolicy
-    from kronos_audit.project import Project
-    from kronos_audit.trust import TrustOptions
+    from kronos_audit.keys.anchors import TrustOptions
+    from kronos_audit.project.repository import Project
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,7 +96,7 @@ def trust_options(f: F) -> F:
 def trust_from(
     trusted_keys: tuple[Path, ...], trust_ref: str | None, require_anchor: bool
 ) -> TrustOptions:
-    from kronos_audit.trust import TrustOptions
+    from kronos_audit.keys.anchors import TrustOptions
 
     ctx = click.get_current_context(silent=True)
     allow = bool(ctx is not None and ctx.find_root().meta.get(ALLOW_UNANCHORED_META))
@@ -148,7 +148,7 @@ def _number(option: str, raw: str | None, *, whole: bool = False) -> float | int
 def config_project(*paths: Path) -> Project | None:
     """The kaudit repository holding the first of ``paths`` that is inside one."""
     from kronos_audit.errors import Error
-    from kronos_audit.project import find_project
+    from kronos_audit.project.repository import find_project
 
     for p in paths:
         try:

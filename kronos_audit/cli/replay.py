@@ -106,11 +106,11 @@ def replay(
     Example:
       kaudit replay checkpoints/heat/step-00003000.h5.kaudit.json --attest
     """
+    from kronos_audit.checkpoint.layout import resolve_target
     from kronos_audit.cli.progress import progress_bar, replay_output
+    from kronos_audit.keys.keyfile import select_key
     from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
     from kronos_audit.replay import replay as run_replay
-    from kronos_audit.signing import select_key
-    from kronos_audit.targets import resolve_target
 
     manifest = resolve_target(manifest)  # a checkpoint or step directory: its manifest
     if key is not None and not attest:

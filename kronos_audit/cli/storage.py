@@ -13,9 +13,9 @@ from kronos_audit.cli.options import json_option, trust_from, trust_options, war
 from kronos_audit.errors import Error, UsageError
 
 if TYPE_CHECKING:
-    from kronos_audit.project import Project
+    from kronos_audit.project.repository import Project
     from kronos_audit.storage import Storage
-    from kronos_audit.verify import Verifier, VerifyResult
+    from kronos_audit.verification.verify import Verifier, VerifyResult
 
 REMOTE_OPTION = click.option("--remote", help="DVC remote name (default: the default remote).")
 
@@ -34,8 +34,8 @@ def _manifests(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
     """The manifests named: run directories expanded, a checkpoint or a sharded step's
     directory taken for its manifest, attestations passed over (they record a replay, not
     a checkpoint); none named: every manifest in the repository."""
-    from kronos_audit.project import find_project
-    from kronos_audit.targets import expand_targets, statements_in
+    from kronos_audit.checkpoint.layout import expand_targets, statements_in
+    from kronos_audit.project.repository import find_project
 
     project = find_project(targets[0] if targets else Path.cwd()).require_initialized()
     if targets:
@@ -77,10 +77,10 @@ def push(
     """
     from kronos_audit.cli.progress import progress_bar
     from kronos_audit.errors import PushIncomplete
+    from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.runtime.resume_remote import push_manifests
     from kronos_audit.storage import FetchItem, Storage
-    from kronos_audit.trust import load_keyring
-    from kronos_audit.verify import Verifier, place_check
+    from kronos_audit.verification.verify import Verifier, place_check
 
     project, manifests = _manifests(targets)
     keyring = load_keyring(project.root, trust_from(trusted_keys, trust_ref, require_anchor))
@@ -210,7 +210,7 @@ def pull(
     """
     from kronos_audit.cli.progress import progress_bar
     from kronos_audit.storage import Storage
-    from kronos_audit.verify import VerifyResult, trust_problems, verify_each
+    from kronos_audit.verification.verify import VerifyResult, trust_problems, verify_each
 
     _, manifests = _manifests(targets)
     options = trust_from(trusted_keys, trust_ref, require_anchor)
@@ -289,8 +289,8 @@ def _repairable(outcome: VerifyResult | Error, verifiers: dict[Path, Verifier]) 
     """The verifier of a local copy that fails its check while its manifest verifies
     (signature, place and chain hold; only the bytes here are not the signed ones), which
     ``pull --force`` may replace; None for anything else."""
-    from kronos_audit.project import find_project
-    from kronos_audit.verify import CheckName, VerifyResult
+    from kronos_audit.project.repository import find_project
+    from kronos_audit.verification.verify import CheckName, VerifyResult
 
     if not isinstance(outcome, VerifyResult) or outcome.ok or outcome.fetched:
         return None
@@ -318,7 +318,7 @@ def _replace(
     manifest signs (checked in a temporary first), then verify it again. Remote data that
     is not the signed data leaves the copy as it is and is one more failed check."""
     from kronos_audit.errors import TamperedData
-    from kronos_audit.verify import Check, CheckName
+    from kronos_audit.verification.verify import Check, CheckName
 
     manifest = verifier.cache.read(damaged.manifest)
     assert manifest.subject_md5 is not None  # _repairable made sure
@@ -373,7 +373,7 @@ def status_command(
     Example:
       kaudit status checkpoints/heat --local-only
     """
-    from kronos_audit.status import status
+    from kronos_audit.history.status import status
 
     project, manifests = _manifests(targets)
     trust = trust_from(trusted_keys, trust_ref, require_anchor)

@@ -22,7 +22,7 @@ from kronos_audit.compare.interface import DataKind
 from kronos_audit.errors import UsageError
 
 if TYPE_CHECKING:
-    from kronos_audit.project import Project
+    from kronos_audit.project.repository import Project
 
 CONFIG_SECTION = "compare"
 CONFIG_KEYS = ("rtol", "atol", "ulp", "tol")

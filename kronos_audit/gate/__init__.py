@@ -3,7 +3,7 @@
 ::
 
     from kronos_audit.gate import gate
-    from kronos_audit.trust import TrustOptions
+    from kronos_audit.keys.anchors import TrustOptions
 
     result = gate(".", trust=TrustOptions(trust_ref="origin/main"))
     print("PASSED" if result.ok else "FAILED")

@@ -27,9 +27,9 @@ from typing import Any
 from kronos_audit._internal import git
 from kronos_audit.compare import Tolerance, ToleranceError, TolerancePolicy, ToleranceRule
 from kronos_audit.errors import Error
-from kronos_audit.project import KAUDIT_DIR, Project
+from kronos_audit.keys.anchors import PinnedRef, read_tree_files, resolve_ref
+from kronos_audit.project.repository import KAUDIT_DIR, Project
 from kronos_audit.replay import EnvMode
-from kronos_audit.trust import PinnedRef, read_tree_files, resolve_ref
 
 SECTION = "gate"
 CONFIG_NAME = "config.toml"
@@ -139,7 +139,7 @@ def _parse_toml(data: bytes, where: str) -> dict[str, Any]:
 def config_at_ref(root: Path, ref: str | PinnedRef) -> GateConfig:
     """The ``[gate]`` section of ``.kaudit/config.toml`` as it is at ``ref``, read from
     git's object store (never the work tree) at the one commit ``ref`` resolves to
-    (:func:`kronos_audit.trust.resolve_ref`)."""
+    (:func:`kronos_audit.keys.anchors.resolve_ref`)."""
     pinned = resolve_ref(root, ref) if isinstance(ref, str) else ref
     commit = pinned.commit
     files, skipped = read_tree_files(root, commit, KAUDIT_DIR, CONFIG_NAME)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit.gate.config import GateConfig
-from kronos_audit.trust import PinnedRef
+from kronos_audit.keys.anchors import PinnedRef
 
 FORMAT = "kronos-audit/gate/v1"
 

@@ -7,7 +7,7 @@ import re
 
 from kronos_audit.errors import Error
 from kronos_audit.gate.result import CaseKind, CaseStatus, GateResult
-from kronos_audit.trust import TrustOptions
+from kronos_audit.keys.anchors import TrustOptions
 
 _CONTROL = re.compile(
     r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"

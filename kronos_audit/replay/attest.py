@@ -24,7 +24,9 @@ from typing import Any
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ManifestError
-from kronos_audit.manifest import (
+from kronos_audit.keys.keyfile import Envelope, SigningKey, sign_envelope
+from kronos_audit.replay.interface import ManifestRef, Outcome, ReplayResult
+from kronos_audit.statement.manifest import (
     STATEMENT_TYPE,
     Sha256,
     SignedStatement,
@@ -33,12 +35,6 @@ from kronos_audit.manifest import (
     parse_statement,
     read_signed_file,
     validate,
-)
-from kronos_audit.replay.interface import ManifestRef, Outcome, ReplayResult
-from kronos_audit.signing import (
-    Envelope,
-    SigningKey,
-    sign_envelope,
 )
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
@@ -152,8 +148,8 @@ def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Atte
 def read_attestation(path: Path | str) -> Attestation:
     """Read and schema-check an attestation. Its signature, its binding to the manifest
     beside it and the signer's anchors and revocations are checked by
-    :meth:`kronos_audit.verify.Verifier.verify_attestation` (``kaudit verify``): there is
-    no second, partial way."""
+    :meth:`kronos_audit.verification.verify.Verifier.verify_attestation` (``kaudit verify``):
+    there is no second, partial way."""
     path = Path(path)
     envelope, statement = parse_statement(
         read_signed_file(path, "attestation"), path, "attestation"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import ReplayError, Stage
-from kronos_audit.manifest import Manifest
 from kronos_audit.runtime.protocol import ReplayInstruction, checkpoint_name
+from kronos_audit.statement.manifest import Manifest
 
 Instruction = ReplayInstruction
 """What the replayed command is told: the protocol's one instruction type, written here as

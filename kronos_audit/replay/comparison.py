@@ -19,8 +19,8 @@ from kronos_audit.checkpoint.verified import Signed, verified
 from kronos_audit.compare import Comparison, TolerancePolicy, Verdict
 from kronos_audit.compare.files import compare_open
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
-from kronos_audit.manifest import Manifest
 from kronos_audit.replay.interface import Basis, DatasetReplay
+from kronos_audit.statement.manifest import Manifest
 
 VERDICT_OF = {
     DiffKind.SAME: Verdict.IDENTICAL,

@@ -43,8 +43,8 @@ from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.checkpoint.shards import INDEX_NAME
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
-from kronos_audit.manifest import Manifest, Sha256, read_manifest
-from kronos_audit.project import Project, find_project
+from kronos_audit.keys.anchors import TrustOptions
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.replay.command import (
     Instruction,
     check_placeholders,
@@ -73,9 +73,9 @@ from kronos_audit.replay.sharded import (
 )
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
-from kronos_audit.sign import utc_now
-from kronos_audit.trust import TrustOptions
-from kronos_audit.verify import Verifier
+from kronos_audit.signing.sign import utc_now
+from kronos_audit.statement.manifest import Manifest, Sha256, read_manifest
+from kronos_audit.verification.verify import Verifier
 
 
 def _tool() -> str:
@@ -139,7 +139,7 @@ def replay(
     """Replay the segment that produced ``manifest``'s checkpoint and compare.
 
     ``trust`` gives the anchors whose signers the history must verify under (see
-    :mod:`kronos_audit.trust`; an attestation requires an anchored history). ``verifier``,
+    :mod:`kronos_audit.keys.anchors`; an attestation requires an anchored history). ``verifier``,
     one made with that same trust for this repository, lends the chain links it has
     already checked.
 

@@ -31,7 +31,8 @@ frameworks    a recorded framework missing here; its      the switches a program
 The ``frameworks`` section (torch, jax) is compared field by field, each named
 ``<framework>.<field>`` (``torch.cudnn``; a nested field ``jax.devices.cpu``). This side's
 record is read in this process, which imports for it each framework the recorded lock
-names (only those of :data:`kronos_audit.provenance.FRAMEWORKS`; nothing named by the file
+names (only those of :data:`kronos_audit.provenance.environment.FRAMEWORKS`; nothing named
+by the file
 is imported), and nothing when it names none. The settings a program makes itself cannot
 be seen from here (a fresh import has the defaults): the replayed program, the same code,
 makes them again, so their differences are noted, not drift. Those that come from the
@@ -44,9 +45,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kronos_audit.predicate import ENVIRONMENT_SECTIONS, EnvironmentLock, Sha256
-from kronos_audit.provenance import FRAMEWORKS, environment_lock
+from kronos_audit.provenance.environment import FRAMEWORKS, environment_lock
 from kronos_audit.replay.interface import Difference, EnvironmentReport, EnvMode
+from kronos_audit.statement.predicate import ENVIRONMENT_SECTIONS, EnvironmentLock, Sha256
 
 SECTIONS = ENVIRONMENT_SECTIONS
 NOTED_ONLY: frozenset[tuple[str, str]] = frozenset(
@@ -75,7 +76,7 @@ process, which compares, sees only their defaults)."""
 def current_environment(frameworks: Iterable[str] = ()) -> dict[str, Any]:
     """This process's environment lock, read now (the cached one may predate a change
     of the numeric variables made in the same process), describing ``frameworks`` (those
-    of them in :data:`~kronos_audit.provenance.FRAMEWORKS`, imported if need be)."""
+    of them in :data:`~kronos_audit.provenance.environment.FRAMEWORKS`, imported if need be)."""
     return environment_lock(frameworks)
 
 

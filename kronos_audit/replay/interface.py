@@ -17,7 +17,7 @@ from typing import Any
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict
 from kronos_audit.compare.interface import PerDataset
-from kronos_audit.manifest import Sha256
+from kronos_audit.statement.manifest import Sha256
 
 FORMAT = "kronos-audit/replay/v1"
 SCHEMA_NAME = "replay-v1.schema.json"

@@ -58,12 +58,12 @@ from kronos_audit.checkpoint.shards import (
 )
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
-from kronos_audit.manifest import Manifest
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
 from kronos_audit.replay.handover import _copy, _write_new
 from kronos_audit.replay.interface import DatasetReplay
 from kronos_audit.runtime.sharded import Recorded, parse_layout
+from kronos_audit.statement.manifest import Manifest
 
 CHUNK_BYTES = 64 << 20
 """About how many bytes of a global array are held at once (per side) while comparing."""

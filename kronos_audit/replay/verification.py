@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kronos_audit.errors import Error, ReplayError, Stage
-from kronos_audit.manifest import Manifest, read_manifest
-from kronos_audit.project import Project
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import Project
 from kronos_audit.replay.interface import Basis
-from kronos_audit.trust import TrustOptions, load_keyring
-from kronos_audit.verify import Verifier, VerifyResult
+from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.verification.verify import Verifier, VerifyResult
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 from kronos_audit._internal import git
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.errors import ReplayError, Stage, StorageError
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project
-from kronos_audit.provenance import PATCH_LIMIT, patch_name, patch_path
+from kronos_audit.project.repository import Project
+from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
+from kronos_audit.statement.manifest import Manifest
 
 
 @contextmanager

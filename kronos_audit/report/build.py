@@ -16,8 +16,8 @@ from typing import Any
 
 from kronos_audit._internal.progress import report
 from kronos_audit.errors import Error
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project, find_project
+from kronos_audit.keys.anchors import TrustedKey, TrustOptions
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.report.model import (
     Chain,
     ChainPoint,
@@ -37,9 +37,9 @@ from kronos_audit.report.model import (
     Verdict,
     Verification,
 )
-from kronos_audit.sign import utc_now
-from kronos_audit.trust import TrustedKey, TrustOptions
-from kronos_audit.verify import (
+from kronos_audit.signing.sign import utc_now
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.verification.verify import (
     ManifestCache,
     VerifyResult,
     expand_manifest_args,

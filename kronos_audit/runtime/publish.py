@@ -28,10 +28,11 @@ from kronos_audit._internal.fsutil import fsync_dir
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
 from kronos_audit.errors import CheckpointError, Error, UsageError
-from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
-from kronos_audit.predicate import GitRecord
-from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state, patch_note
+from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
+from kronos_audit.keys.keyfile import SigningKey, select_key
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.provenance.gitstate import git_state, patch_note
+from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import (
@@ -48,16 +49,15 @@ from kronos_audit.runtime.resume_remote import (
     rollback_allowed,
 )
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
-from kronos_audit.runtime.scheduler import scheduler_record
 from kronos_audit.runtime.writer_lock import Newest, check_newest, newest_manifest
-from kronos_audit.sign import sign_checkpoint
-from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.statement.manifest import Manifest, manifest_path_for, read_manifest
+from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings, dvc_file_for, track
-from kronos_audit.trust import Anchor, TrustOptions, load_keyring
-from kronos_audit.verify import Verifier
+from kronos_audit.verification.verify import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 

@@ -32,22 +32,22 @@ from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.errors import Error, RollbackRefused, StorageError
-from kronos_audit.manifest import (
+from kronos_audit.keys.anchors import resolve_ref
+from kronos_audit.project.repository import Project
+from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
+from kronos_audit.runtime.protocol import checkpoint_name
+from kronos_audit.statement.manifest import (
     MANIFEST_SUFFIX,
     Manifest,
     manifest_path_for,
     parse_manifest,
     read_signed_file,
 )
-from kronos_audit.project import Project
-from kronos_audit.provenance import PATCH_LIMIT, patch_name, patch_path
-from kronos_audit.runtime.protocol import checkpoint_name
 from kronos_audit.storage import runs
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
 from kronos_audit.storage.tracking import track
-from kronos_audit.trust import resolve_ref
-from kronos_audit.verify import Verifier, place_check
+from kronos_audit.verification.verify import Verifier, place_check
 
 log = logging.getLogger("kronos_audit.runtime")
 

@@ -71,6 +71,7 @@ from kronos_audit.errors import (
     StorageError,
     UsageError,
 )
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
@@ -95,7 +96,6 @@ from kronos_audit.runtime.sharded import (
     rank_seed,
 )
 from kronos_audit.runtime.writer_lock import WriterLock
-from kronos_audit.signing import SigningKey
 
 H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
 """How HDF5 quotes the system's error (errno's text) inside its own message."""

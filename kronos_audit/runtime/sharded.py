@@ -70,23 +70,23 @@ from kronos_audit.checkpoint.shards import (
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
-from kronos_audit.manifest import Manifest, read_manifest
+from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
+from kronos_audit.keys.keyfile import SigningKey, select_key
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
-from kronos_audit.predicate import GitRecord
-from kronos_audit.project import Project, find_project
-from kronos_audit.provenance import git_state, patch_note
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.runtime.rng import derived_seed
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
-from kronos_audit.sign import sign_sharded_step
-from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.signing.sign import sign_sharded_step
+from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.tracking import cache_settings, track
-from kronos_audit.trust import Anchor, TrustOptions, load_keyring
-from kronos_audit.verify import Verifier, place_check
+from kronos_audit.verification.verify import Verifier, place_check
 
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that

@@ -36,7 +36,7 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
-from kronos_audit.manifest import MANIFEST_SUFFIX, read_signed_file
+from kronos_audit.statement.manifest import MANIFEST_SUFFIX, read_signed_file
 from kronos_audit.storage.tracking import ensure_ignored
 
 LOCK_NAME = ".kaudit-writer.lock"

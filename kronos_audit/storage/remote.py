@@ -27,7 +27,7 @@ from typing import Any
 from kronos_audit._internal import git
 from kronos_audit._internal.secrets import SplitURL, is_secret_param, redact, split_credentials
 from kronos_audit.errors import Error, PushIncomplete, StorageError
-from kronos_audit.project import Project
+from kronos_audit.project.repository import Project
 from kronos_audit.storage._dvc import (
     dvc_error,
     load_dvc,

@@ -2,7 +2,7 @@
 the bytes recorded for it.
 
 Storage sits below manifests, so it is told what was recorded (:class:`Recorded`); reading
-manifests is the caller's part (:func:`kronos_audit.status.status`).
+manifests is the caller's part (:func:`kronos_audit.history.status.status`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from kronos_audit.project import Project
+from kronos_audit.project.repository import Project
 from kronos_audit.storage.remote import Storage
 
 

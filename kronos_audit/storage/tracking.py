@@ -28,7 +28,7 @@ from typing import Any
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
 from kronos_audit.errors import ProjectError, StorageError
-from kronos_audit.project import Project
+from kronos_audit.project.repository import Project
 from kronos_audit.storage._dvc import dvc_error, load_dvc, quiet_dvc
 
 log = logging.getLogger("kronos_audit.storage")

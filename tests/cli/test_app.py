@@ -18,8 +18,8 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.cli import cli
 from kronos_audit.cli._app import COMMANDS, KauditGroup
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.helpers import KAUDIT, run_cli, write_checkpoint
 
 HEAVY = ("h5py", "numpy", "jsonschema", "git", "dvc")
@@ -114,11 +114,11 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_verify_and_snapshot_stay_functions_when_their_modules_are_imported_later() -> None:
-    # kronos_audit.verify and .snapshot are modules and the functions in them; importing
-    # the module after the package must not turn ka.verify into the module.
+    # ka.verify and ka.snapshot are functions, also once the modules that define them are
+    # imported after the package.
     code = (
         "import kronos_audit as ka\n"
-        "import kronos_audit.verify, kronos_audit.snapshot\n"
+        "import kronos_audit.verification.verify, kronos_audit.signing.snapshot\n"
         "from kronos_audit import verify\n"
         "print(callable(ka.verify), callable(ka.snapshot), verify is ka.verify)"
     )
@@ -211,9 +211,9 @@ def test_every_help_has_an_example(command: tuple[str, ...]) -> None:
 
 
 def test_values_spelled_out_for_a_fast_help_match_the_library() -> None:
-    from kronos_audit import signing
     from kronos_audit.cli import comparison, manifests, replay, storage
     from kronos_audit.compare import Verdict
+    from kronos_audit.keys import keyfile as signing
     from kronos_audit.replay import EnvMode, Outcome
     from kronos_audit.storage import Location
 
@@ -414,13 +414,13 @@ def test_verify_of_a_present_checkpoint_imports_only_what_it_needs(
         "kronos_audit.storage",
         "kronos_audit.compare",
         "kronos_audit.replay",
-        "kronos_audit.provenance",
+        "kronos_audit.provenance.environment",
         "kronos_audit.runtime",
-        "kronos_audit.snapshot",
-        "kronos_audit.sign",
-        "kronos_audit.init",
-        "kronos_audit.bisect",
-        "kronos_audit.status",
+        "kronos_audit.signing.snapshot",
+        "kronos_audit.signing.sign",
+        "kronos_audit.storage.setup",
+        "kronos_audit.history.bisect",
+        "kronos_audit.history.status",
     )
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.helpers import assert_bad_input as _assert_bad_input
 from tests.helpers import run_cli
 from tests.test_bisect import PLANTED, manifest, planted, solver

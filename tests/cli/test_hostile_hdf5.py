@@ -13,9 +13,9 @@ from pathlib import Path
 import h5py
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, public_pem
-from kronos_audit.snapshot import snapshot
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
+from kronos_audit.signing.snapshot import snapshot
 from tests.helpers import KAUDIT, write_checkpoint
 from tests.runtime.test_faults import HANG_GUARD
 

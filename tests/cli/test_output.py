@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import configure_remote
 from tests.helpers import KAUDIT, git, write_checkpoint
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kronos_audit._internal.progress import report, reporting
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
 from tests.helpers import KAUDIT, git
 from tests.replay.helpers import commit_all, manifest, record
@@ -226,7 +226,7 @@ def test_hashing_a_large_checkpoint_shows_its_bytes(project: Project, key: Signi
     import numpy as np
 
     from kronos_audit.checkpoint.hashing import HASHING_PHASE, SMALL_FILE
-    from kronos_audit.snapshot import snapshot
+    from kronos_audit.signing.snapshot import snapshot
     from tests.helpers import write_checkpoint
 
     big = write_checkpoint(project.root / "checkpoints" / "big" / "step-00000001.h5", 1)
@@ -237,7 +237,7 @@ def test_hashing_a_large_checkpoint_shows_its_bytes(project: Project, key: Signi
     (m,) = snapshot(big, run="big", step=1)
     seen: list[tuple[str, int, int]] = []
     with reporting(lambda phase, done, total: seen.append((phase, done, total))):
-        from kronos_audit.verify import verify
+        from kronos_audit.verification.verify import verify
 
         (result,) = verify(m.path)
     assert result.ok

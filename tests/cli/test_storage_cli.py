@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
 from tests.helpers import run_cli, write_checkpoint
 

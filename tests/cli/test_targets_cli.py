@@ -1,4 +1,4 @@
-"""What each command takes as a target (kronos_audit.targets): a run directory holding
+"""What each command takes as a target (kronos_audit.checkpoint.layout): a run directory holding
 everything kaudit writes there (attestations, hidden lock files), a checkpoint for its
 manifest, a sharded step's directory; and one clear line for a file with no manifest."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.project import Project, find_project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import configure_remote
 from tests.helpers import KAUDIT, assert_bad_input, run_cli, write_checkpoint
 from tests.replay.conftest import heat, replay_tmp, repo

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.frameworks.helpers import (
     commit_example,
     datasets,

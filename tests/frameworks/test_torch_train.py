@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kronos_audit.manifest import read_manifest
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import read_manifest
 from tests.frameworks.helpers import (
     commit_example,
     datasets,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.signing import SigningKey, generate_key
+from kronos_audit.keys.keyfile import SigningKey, generate_key
 from tests.replay.conftest import heat, replay_tmp, repo
 
 __all__ = ["heat", "mallory", "replay_tmp", "repo"]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, public_pem
-from kronos_audit.snapshot import snapshot
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import Manifest
 from tests.gate.helpers import gate_json, set_gate
 from tests.helpers import git, run_cli, untrusted_key, write_checkpoint
 

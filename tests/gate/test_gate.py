@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kronos_audit.gate import Segment, sample
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.gate.helpers import gate_json, junit_cases, problems, set_gate
 from tests.helpers import assert_bad_input, git, run_cli
 from tests.replay.helpers import commit_all, manifest, record, resign

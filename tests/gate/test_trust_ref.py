@@ -14,10 +14,10 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, user_trust_dir
-from kronos_audit.snapshot import snapshot
+from kronos_audit.keys.keyfile import SigningKey, user_trust_dir
+from kronos_audit.project.repository import Project
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import Manifest
 from tests.gate.helpers import gate_json, set_gate
 from tests.helpers import assert_bad_input, git, run_cli, write_checkpoint
 

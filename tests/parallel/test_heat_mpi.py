@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain
 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")

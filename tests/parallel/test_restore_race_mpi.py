@@ -15,8 +15,8 @@ import h5py
 import pytest
 
 from kronos_audit.checkpoint.shards import shard_path, step_directory
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.parallel import launch
 from tests.parallel.launch import mpiexec
 from tests.runtime.test_restore_race import SWAPPER

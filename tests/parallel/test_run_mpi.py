@@ -21,9 +21,9 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.checkpoint.shards import shard_path, step_directory
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
-from kronos_audit.signing import SigningKey
 from tests.helpers import KAUDIT, run_cli
 from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.parallel import launch
 from tests.parallel.launch import launcher_env
 from tests.parallel.test_run_mpi import _pid, step_manifest, steps_signed

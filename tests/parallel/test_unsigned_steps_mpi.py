@@ -13,8 +13,8 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.checkpoint.shards import MAX_SHARDS, step_directory
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.parallel import launch
 from tests.parallel.launch import mpiexec
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.manifest import read_manifest
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
-from kronos_audit.signing import SigningKey
+from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import run_cli
 from tests.parallel.launch import launcher_env, mpiexec
 from tests.runtime.test_faults import HANG_GUARD

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.replay.helpers import commit_all, record
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

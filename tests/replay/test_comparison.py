@@ -17,13 +17,13 @@ import pytest
 from kronos_audit.checkpoint.hashing import DatasetDigest, array_digest, digest_file
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.replay import Basis, checkpoint_name
 from kronos_audit.replay.comparison import compare_digests, compare_output
 from kronos_audit.runtime import protocol
-from kronos_audit.signing import SigningKey
-from kronos_audit.snapshot import snapshot
-from kronos_audit.verify import compare_datasets
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.verification.verify import compare_datasets
 from tests.helpers import write_checkpoint
 
 

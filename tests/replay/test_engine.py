@@ -12,6 +12,7 @@ import pytest
 
 from kronos_audit.compare import Verdict
 from kronos_audit.errors import Stage
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.replay import Basis, Outcome, ReplayError, replay
 from kronos_audit.replay.command import (
     Instruction,
@@ -19,7 +20,6 @@ from kronos_audit.replay.command import (
     command_line,
     find_output,
 )
-from kronos_audit.signing import SigningKey
 from tests.helpers import git
 from tests.replay.helpers import manifest, resign, worktrees
 

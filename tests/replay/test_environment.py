@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from kronos_audit.predicate import EnvironmentLock
 from kronos_audit.replay import EnvMode, environment_report
 from kronos_audit.replay.environment import current_environment, differences
+from kronos_audit.statement.predicate import EnvironmentLock
 
 LOCK: dict[str, Any] = {
     "python": {"version": "3.11.7", "implementation": "CPython", "executable": "/venv/bin/python"},

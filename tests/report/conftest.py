@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from tests.helpers import run_cli
 from tests.replay.conftest import heat, replay_tmp, repo
 from tests.replay.helpers import manifest

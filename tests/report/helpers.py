@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project
-from kronos_audit.provenance import git_state
-from kronos_audit.sign import sign_checkpoint
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.provenance.gitstate import git_state
+from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.statement.manifest import Manifest
 from tests.helpers import write_checkpoint
 
 START = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import jsonschema
 
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.report import Verdict, build_report, render_html, render_markdown, report_json
-from kronos_audit.signing import SigningKey
 from tests.helpers import run_cli
 from tests.replay.helpers import manifest, resign
 

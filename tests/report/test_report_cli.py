@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, public_pem
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
 from tests.helpers import assert_bad_input, run_cli, untrusted_key, write_checkpoint
 from tests.replay.helpers import manifest, record
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from kronos_audit.checkpoint.writer import METADATA_MARGIN
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
-from kronos_audit.signing import SigningKey, public_pem
 from tests.conftest import Tmpfs
 from tests.helpers import KAUDIT
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
-from kronos_audit.signing import SigningKey
 from tests.helpers import KAUDIT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

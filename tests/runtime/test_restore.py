@@ -12,9 +12,9 @@ import torch
 
 import kronos_audit as ka
 from kronos_audit.errors import CheckpointError
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import ReplayInstruction
-from kronos_audit.signing import SigningKey
 
 
 def objects(seed: int) -> dict[str, Any]:

@@ -13,9 +13,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT
-from kronos_audit.signing import SigningKey
 from tests.cli.test_hostile_hdf5 import HOSTILE, hostile
 from tests.runtime.test_faults import HANG_GUARD
 

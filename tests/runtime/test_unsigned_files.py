@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.publish import CheckpointSkipped
-from kronos_audit.signing import SigningKey
 from tests.helpers import run_cli
 
 RUN = "heat"

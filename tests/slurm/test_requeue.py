@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.manifest import Manifest, read_manifest
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT
-from kronos_audit.signing import SigningKey
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from tests.helpers import run_cli
 from tests.replay.helpers import commit_all
 

@@ -25,7 +25,7 @@ from typing import NoReturn
 
 import pytest
 
-from kronos_audit.project import Project
+from kronos_audit.project.repository import Project
 from kronos_audit.storage.remote import configure_remote
 from tests import sshd
 from tests.helpers import git

@@ -16,8 +16,8 @@ import pytest
 import kronos_audit as ka
 from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.errors import StorageError, TamperedData
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import (
     FetchItem,
     Storage,

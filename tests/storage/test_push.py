@@ -15,8 +15,8 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.errors import PushIncomplete, StorageError
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, public_pem
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import (
     Storage,
     cache_object_path,

@@ -20,7 +20,7 @@ import pytest
 from click.testing import Result
 
 import kronos_audit as ka
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
 from tests.helpers import assert_bad_input, git, run_cli, write_checkpoint
 
 USER, PASSWORD = "owner", "pw-0f-the-owner"
@@ -109,7 +109,7 @@ def moved(git_repo: Path, key: SigningKey, attacker: Recorder) -> Path:
 
 @pytest.fixture
 def key(git_repo: Path) -> SigningKey:
-    from kronos_audit.signing import generate_key
+    from kronos_audit.keys.keyfile import generate_key
 
     return generate_key("owner")  # in the user's trust store: an anchor
 

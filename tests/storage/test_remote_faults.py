@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey, public_pem
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import configure_remote
 from tests.conftest import Tmpfs
 from tests.helpers import KAUDIT, git

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.project import Project
-from kronos_audit.signing import SigningKey
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 from tests.helpers import git, run_cli

@@ -16,9 +16,9 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.errors import RollbackRefused
-from kronos_audit.project import Project
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
 from kronos_audit.runtime.publish import CheckpointSkipped
-from kronos_audit.signing import SigningKey
 from tests.helpers import git
 from tests.storage.test_resume_remote import RUN, heat, manifest_name, remote_dir, run_dir
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kronos_audit.checkpoint.shards import INDEX_NAME
 from kronos_audit.errors import ManifestError
-from kronos_audit.manifest import MANIFEST_SUFFIX, manifest_path_for
+from kronos_audit.statement.manifest import MANIFEST_SUFFIX, manifest_path_for
 
 ATTESTATION_SUFFIX = ".replay.json"
 """A replay attestation is ``CKPT.replay.json``, beside the manifest ``CKPT.kaudit.json``."""

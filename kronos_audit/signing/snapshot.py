@@ -1,5 +1,5 @@
 """``kaudit snapshot``: hash checkpoints that exist, record their provenance, sign them
-(:mod:`kronos_audit.sign`), track them with DVC, and write their manifests."""
+(:mod:`kronos_audit.signing.sign`), track them with DVC, and write their manifests."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from kronos_audit._internal.safeio import file_kind
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.errors import CheckpointError, UsageError
-from kronos_audit.manifest import Manifest, manifest_path_for, read_manifest
-from kronos_audit.project import find_project
-from kronos_audit.provenance import git_state, git_tracked, patch_note
-from kronos_audit.sign import publish_manifest, sign_checkpoint
-from kronos_audit.signing import SigningKey, select_key
+from kronos_audit.keys.keyfile import SigningKey, select_key
+from kronos_audit.project.repository import find_project
+from kronos_audit.provenance.gitstate import git_state, git_tracked, patch_note
+from kronos_audit.signing.sign import publish_manifest, sign_checkpoint
+from kronos_audit.statement.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.storage import track
 
 
 class Snapshots(tuple[Manifest, ...]):
     """The manifests :func:`snapshot` wrote, one per checkpoint, in the order given: a
-    tuple of :class:`~kronos_audit.manifest.Manifest`, which also says what they leave
+    tuple of :class:`~kronos_audit.statement.manifest.Manifest`, which also says what they leave
     uncovered (:attr:`notes`)."""
 
     __slots__ = ()

@@ -6,7 +6,7 @@ payload type too. A key is named by its key id, the hex sha256 of the raw 32-byt
 key. Private keys live in the user's key directory (``$KAUDIT_HOME/keys``, default
 ``~/.config/kaudit/keys``), never in a repository, readable by their owner only and
 optionally encrypted (``KAUDIT_KEY_PASSPHRASE``). Which public keys a verifier accepts,
-and on whose word, is :mod:`kronos_audit.trust`.
+and on whose word, is :mod:`kronos_audit.keys.anchors`.
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ class SignatureCheck:
 
 def verify_envelope(envelope: Envelope, trust: TrustStore) -> SignatureCheck:
     """Accept the envelope when any signature verifies under a key of one directory store
-    (the anchors and their rules are :class:`kronos_audit.trust.Keyring`)."""
+    (the anchors and their rules are :class:`kronos_audit.keys.anchors.Keyring`)."""
     if not envelope.signatures:
         return SignatureCheck(False, (), "the envelope has no signature")
     keys = {kid: e.public_key for kid, e in trust.entries().items()}

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest, diagnose, digest_open, open_file
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, expand_targets
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.checkpoint.shards import (
     INDEX_NAME,
@@ -51,16 +52,15 @@ from kronos_audit.errors import (
     TamperedData,
     UsageError,
 )
-from kronos_audit.manifest import (
+from kronos_audit.keys.anchors import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.statement.manifest import (
     MANIFEST_SUFFIX,
     Manifest,
     checkpoint_path_for,
     parse_manifest,
     read_signed_file,
 )
-from kronos_audit.project import Project, find_project
-from kronos_audit.targets import ATTESTATION_SUFFIX, expand_targets
-from kronos_audit.trust import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
 
 if TYPE_CHECKING:
     from kronos_audit.storage import Storage  # imported when a fetch is needed
@@ -365,7 +365,7 @@ class Verifier:
     """Verifies manifests of one project, remembering chain links already checked.
 
     ``keyring`` is whose signatures count (default: the anchors of
-    :func:`kronos_audit.trust.load_keyring`); with ``fetch``, a checkpoint that is not here
+    :func:`kronos_audit.keys.anchors.load_keyring`); with ``fetch``, a checkpoint that is not here
     is fetched from the DVC remote once its manifest's signature and place hold.
     ``jobs`` is how many processes hash a sharded step's shards.
     """
@@ -1028,7 +1028,7 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
     """Manifests and attestations named directly, the manifest beside each checkpoint or
     in each sharded step's directory named, and every manifest (``*.kaudit.json``) and
     attestation (``*.replay.json``) inside a directory named, by name
-    (:func:`kronos_audit.targets.expand_targets`)."""
+    (:func:`kronos_audit.checkpoint.layout.expand_targets`)."""
     return expand_targets(paths)
 
 
@@ -1067,7 +1067,7 @@ def verify_each(
 
     With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
     manifest's signature and place hold (data that then fails is never left visible).
-    ``trust`` gives the anchors (see :mod:`kronos_audit.trust`). The newest checkpoint of
+    ``trust`` gives the anchors (see :mod:`kronos_audit.keys.anchors`). The newest checkpoint of
     each run verified must have its data checked. ``jobs`` processes hash a sharded
     step's shards.
     """

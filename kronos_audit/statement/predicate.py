@@ -2,7 +2,7 @@
 
 The predicate is JSON, defined by ``schemas/manifest-v1.schema.json``. It is parsed into a
 :class:`Predicate` once, when a manifest is read and its statement has passed the schema
-(:func:`kronos_audit.manifest.parse_manifest`), so code reads ``m.record.git.commit``
+(:func:`kronos_audit.statement.manifest.parse_manifest`), so code reads ``m.record.git.commit``
 rather than reaching into a mapping by key. :meth:`Predicate.from_json_obj` trusts the
 schema: given a predicate the schema refuses, it may raise anything.
 
@@ -318,7 +318,7 @@ class Predicate:
     """What a manifest says about its checkpoint, typed (``schemas/manifest-v1.schema.json``).
 
     Nothing here is verified: a manifest is read before its signature is checked, and
-    anyone may have written it (see :func:`kronos_audit.verify.verify`).
+    anyone may have written it (see :func:`kronos_audit.verification.verify.verify`).
     """
 
     run: str

@@ -5,7 +5,7 @@ Statement v1 whose single subject is the checkpoint file (sha256) and whose pred
 (``schemas/manifest-v1.schema.json``) records the run, step, parent link, environment
 lock, git state, seeds, per-dataset canonical hashes and the command to re-run. Every
 manifest read or written is validated against the schema, and its predicate is then
-parsed once into a typed record (:class:`kronos_audit.predicate.Predicate`,
+parsed once into a typed record (:class:`kronos_audit.statement.predicate.Predicate`,
 ``Manifest.record``).
 """
 
@@ -29,9 +29,9 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import ManifestError
-from kronos_audit.predicate import Predicate
-from kronos_audit.predicate import Sha256 as Sha256  # re-exported: manifests name it
-from kronos_audit.signing import PAYLOAD_TYPE, Envelope, parse_envelope
+from kronos_audit.keys.keyfile import PAYLOAD_TYPE, Envelope, parse_envelope
+from kronos_audit.statement.predicate import Predicate
+from kronos_audit.statement.predicate import Sha256 as Sha256
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
@@ -160,7 +160,8 @@ class SignedStatement:
 class Manifest(SignedStatement):
     """A manifest read from disk, its envelope parsed and its statement schema-valid.
 
-    Reading does not check the signature or the data: that is :func:`kronos_audit.verify`.
+    Reading does not check the signature or the data: that is
+    :func:`kronos_audit.verification.verify.verify`.
     """
 
     digest: Sha256

@@ -3,11 +3,11 @@
 Two runs (one per environment, say) are each given by the manifest of their last
 checkpoint, or by their run directory. Each chain is walked back through its ``parent``
 links and verified on the way (every signature, every link, as
-:class:`kronos_audit.verify.Verifier` checks them). The steps both runs checkpointed are
-then searched by bisection for the first one whose checkpoints differ beyond the
+:class:`kronos_audit.verification.verify.Verifier` checks them). The steps both runs
+checkpointed are then searched by bisection for the first one whose checkpoints differ beyond the
 tolerance::
 
-    from kronos_audit.bisect import bisect
+    from kronos_audit.history.bisect import bisect
     from kronos_audit.compare import TolerancePolicy
 
     result = bisect("runs/cpu", "runs/gpu", TolerancePolicy.from_options(rtol=1e-12))
@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, resolve_target, statements_in
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, compare_files
 from kronos_audit.errors import BisectError, Error
-from kronos_audit.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
-from kronos_audit.project import find_project
-from kronos_audit.targets import STEP_MANIFEST, resolve_target, statements_in
-from kronos_audit.trust import TrustOptions, load_keyring
-from kronos_audit.verify import Verifier
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import find_project
+from kronos_audit.statement.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
+from kronos_audit.verification.verify import Verifier
 
 FORMAT = "kronos-audit/bisect/v1"
 """The ``format`` of :meth:`BisectResult.to_json_obj`."""

@@ -1,7 +1,8 @@
 """``kaudit log``: the runs of a repository and their chains at a glance, as ``git log``
 shows commits.
 
-Each manifest is read once, with the bounded reader (:class:`kronos_audit.verify.ManifestCache`);
+Each manifest is read once, with the bounded reader
+(:class:`kronos_audit.verification.verify.ManifestCache`);
 only the newest manifest of each run has its signature checked, and no checkpoint is hashed:
 this is a summary, not a verification (that is ``kaudit verify``). Where each checkpoint's
 data is: here (the file is present), pruned (a signed retention record beside it prunes
@@ -18,12 +19,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kronos_audit.checkpoint.layout import expand_targets, statements_in
 from kronos_audit.errors import Error
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project
-from kronos_audit.targets import expand_targets, statements_in
-from kronos_audit.trust import TrustOptions, load_keyring
-from kronos_audit.verify import ManifestCache, Verifier
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.verification.verify import ManifestCache, Verifier
 
 
 class DataLocation(enum.StrEnum):
@@ -120,7 +121,8 @@ class Log:
 
 def find_manifests(project: Project, targets: Sequence[Path] = ()) -> list[Path]:
     """The manifests under ``targets`` (directories searched, checkpoints and sharded
-    step directories taken for their manifests: :func:`kronos_audit.targets.expand_targets`),
+    step directories taken for their manifests:
+    :func:`kronos_audit.checkpoint.layout.expand_targets`),
     or every manifest in the repository (hidden directories such as .git and .dvc skipped)."""
     if not targets:
         return list(statements_in(project.root).manifests)
@@ -138,7 +140,7 @@ def _remote_locations(
     project: Project, manifests: Sequence[Manifest], remote: str | None
 ) -> dict[Path, DataLocation]:
     """Which of these (absent) checkpoints the DVC remote holds: one query for all."""
-    from kronos_audit.status import recorded  # DVC: only when the remote is asked
+    from kronos_audit.history.status import recorded
     from kronos_audit.storage import Location, locate
 
     entries = locate(project, [recorded(m) for m in manifests], remote)

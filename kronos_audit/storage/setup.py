@@ -1,7 +1,7 @@
 """``kaudit init``: set a git repository up for kronos-audit (``.kaudit/``) and DVC.
 
-It sits above both :mod:`kronos_audit.project`, which only describes a project, and
-:mod:`kronos_audit.storage`, which builds on it: setting up needs both.
+A project (:mod:`kronos_audit.project`) only describes a repository; setting one up also
+makes it a DVC repository, which is storage's part, so setting up sits here, above both.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ProjectError
-from kronos_audit.project import Project, find_project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import init_dvc
 
 DEFAULT_CONFIG = """\

@@ -3,7 +3,7 @@
 ``.kaudit/config.toml`` holds the settings, ``.kaudit/trusted-keys/`` the public keys whose
 signatures the repository accepts, ``.kaudit/patches/`` the uncommitted diffs that
 manifests name. All three are meant to be committed. Setting a project up (``kaudit init``,
-which also sets up DVC) is :func:`kronos_audit.init.init_project`'s part.
+which also sets up DVC) is :func:`kronos_audit.storage.setup.init_project`'s part.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from kronos_audit._internal import git
 from kronos_audit.errors import ProjectError
-from kronos_audit.signing import TrustStore
+from kronos_audit.keys.keyfile import TrustStore
 
 KAUDIT_DIR = ".kaudit"
 

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from kronos_audit.predicate import SchedulerRecord
+from kronos_audit.statement.predicate import SchedulerRecord
 
 _ID_MAX = 2**32 - 1  # Slurm's job and task ids are 32-bit
 # Hostlists ("node[01-04],gpu1") and partition names are printable ASCII without spaces;

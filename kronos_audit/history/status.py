@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kronos_audit.manifest import Manifest
-from kronos_audit.project import Project
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import Recorded, StatusEntry, locate
-from kronos_audit.trust import TrustOptions, load_keyring
-from kronos_audit.verify import ManifestCache, Verifier
+from kronos_audit.verification.verify import ManifestCache, Verifier
 
 
 def recorded(manifest: Manifest) -> Recorded:

@@ -18,136 +18,123 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from kronos_audit.checkpoint.tree import state_digest
-    from kronos_audit.compare.policy import ToleranceError
+if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
+    # isort: off
+    from kronos_audit.checkpoint.tree import (
+        state_digest as state_digest,
+    )
+    from kronos_audit.compare.policy import (
+        ToleranceError as ToleranceError,
+    )
     from kronos_audit.errors import (
-        BisectError,
-        CheckpointError,
-        Error,
-        ManifestError,
-        ProjectError,
-        ReplayError,
-        RollbackRefused,
-        RunLocked,
-        SigningKeyError,
-        StorageError,
-        TamperedData,
-        UsageError,
+        BisectError as BisectError,
+        CheckpointError as CheckpointError,
+        Error as Error,
+        ManifestError as ManifestError,
+        ProjectError as ProjectError,
+        ReplayError as ReplayError,
+        RollbackRefused as RollbackRefused,
+        RunLocked as RunLocked,
+        SigningKeyError as SigningKeyError,
+        StorageError as StorageError,
+        TamperedData as TamperedData,
+        UsageError as UsageError,
+    )
+    from kronos_audit.parallel.layout import (
+        Block as Block,
+        Replicated as Replicated,
     )
     from kronos_audit.runtime import (
-        AnyOf,
-        AtFinalStep,
-        Auto,
-        CheckpointSkipped,
-        EverySeconds,
-        EverySteps,
-        Ledger,
-        Never,
-        OnPreemption,
-        PreemptedWithoutCheckpoint,
-        Run,
-        SaveContext,
-        SavePolicy,
+        AnyOf as AnyOf,
+        AtFinalStep as AtFinalStep,
+        Auto as Auto,
+        CheckpointSkipped as CheckpointSkipped,
+        EverySeconds as EverySeconds,
+        EverySteps as EverySteps,
+        Ledger as Ledger,
+        Never as Never,
+        OnPreemption as OnPreemption,
+        PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
+        Run as Run,
+        SaveContext as SaveContext,
+        SavePolicy as SavePolicy,
     )
-    from kronos_audit.runtime.supervisor import CommandStartError
-    from kronos_audit.signing.snapshot import snapshot
-    from kronos_audit.statement.manifest import Manifest, read_manifest
-    from kronos_audit.verification.verify import Check, VerifyResult, verify
+    from kronos_audit.runtime.supervisor import (
+        CommandStartError as CommandStartError,
+    )
+    from kronos_audit.signing.snapshot import (
+        snapshot as snapshot,
+    )
+    from kronos_audit.statement.manifest import (
+        Manifest as Manifest,
+        read_manifest as read_manifest,
+    )
+    from kronos_audit.verification.verify import (
+        Check as Check,
+        VerifyResult as VerifyResult,
+        verify as verify,
+    )
+    # isort: on
 
-# Each public name and the module that defines it.
-_EXPORTS: dict[str, str] = {
-    "state_digest": "kronos_audit.checkpoint.tree",
-    "Manifest": "kronos_audit.statement.manifest",
-    "read_manifest": "kronos_audit.statement.manifest",
-    "snapshot": "kronos_audit.signing.snapshot",
-    "Check": "kronos_audit.verification.verify",
-    "VerifyResult": "kronos_audit.verification.verify",
-    "verify": "kronos_audit.verification.verify",
-    **dict.fromkeys(
-        (
-            "AnyOf",
-            "AtFinalStep",
-            "Auto",
-            "CheckpointSkipped",
-            "EverySeconds",
-            "EverySteps",
-            "Ledger",
-            "Never",
-            "OnPreemption",
-            "PreemptedWithoutCheckpoint",
-            "Run",
-            "SaveContext",
-            "SavePolicy",
-        ),
-        "kronos_audit.runtime",
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kronos_audit.checkpoint.tree": ("state_digest",),
+    "kronos_audit.compare.policy": ("ToleranceError",),
+    "kronos_audit.errors": (
+        "BisectError",
+        "CheckpointError",
+        "Error",
+        "ManifestError",
+        "ProjectError",
+        "ReplayError",
+        "RollbackRefused",
+        "RunLocked",
+        "SigningKeyError",
+        "StorageError",
+        "TamperedData",
+        "UsageError",
     ),
-    **dict.fromkeys(
-        (
-            "BisectError",
-            "CheckpointError",
-            "Error",
-            "ManifestError",
-            "ProjectError",
-            "ReplayError",
-            "RollbackRefused",
-            "RunLocked",
-            "SigningKeyError",
-            "StorageError",
-            "TamperedData",
-            "UsageError",
-        ),
-        "kronos_audit.errors",
+    "kronos_audit.parallel.layout": (
+        "Block",
+        "Replicated",
     ),
-    "ToleranceError": "kronos_audit.compare.policy",
-    "Block": "kronos_audit.parallel.layout",
-    "Replicated": "kronos_audit.parallel.layout",
-    "CommandStartError": "kronos_audit.runtime.supervisor",
+    "kronos_audit.runtime": (
+        "AnyOf",
+        "AtFinalStep",
+        "Auto",
+        "CheckpointSkipped",
+        "EverySeconds",
+        "EverySteps",
+        "Ledger",
+        "Never",
+        "OnPreemption",
+        "PreemptedWithoutCheckpoint",
+        "Run",
+        "SaveContext",
+        "SavePolicy",
+    ),
+    "kronos_audit.runtime.supervisor": ("CommandStartError",),
+    "kronos_audit.signing.snapshot": ("snapshot",),
+    "kronos_audit.statement.manifest": (
+        "Manifest",
+        "read_manifest",
+    ),
+    "kronos_audit.verification.verify": (
+        "Check",
+        "VerifyResult",
+        "verify",
+    ),
 }
+"""The public API: each module and the names it gives, imported from it the first time one
+is used. The block above says the same to a type checker (a test holds them equal)."""
 
-__all__ = [
-    "AnyOf",
-    "AtFinalStep",
-    "Auto",
-    "BisectError",
-    "Block",
-    "Check",
-    "CheckpointError",
-    "CheckpointSkipped",
-    "CommandStartError",
-    "Error",
-    "EverySeconds",
-    "EverySteps",
-    "Ledger",
-    "Manifest",
-    "ManifestError",
-    "Never",
-    "OnPreemption",
-    "PreemptedWithoutCheckpoint",
-    "ProjectError",
-    "ReplayError",
-    "Replicated",
-    "RollbackRefused",
-    "Run",
-    "RunLocked",
-    "SaveContext",
-    "SavePolicy",
-    "SigningKeyError",
-    "StorageError",
-    "TamperedData",
-    "ToleranceError",
-    "UsageError",
-    "VerifyResult",
-    "read_manifest",
-    "snapshot",
-    "state_digest",
-    "verify",
-]
+_MODULE_OF: dict[str, str] = {n: m for m, names in _EXPORTS.items() for n in names}
+
+__all__ = sorted(_MODULE_OF)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

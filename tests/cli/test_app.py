@@ -4,6 +4,8 @@ with --json, and an example in every command's help."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import logging
 import os
@@ -97,6 +99,26 @@ def test_import_kronos_audit_is_light_until_a_name_is_used() -> None:
     before = set(done.stdout.split())
     assert "kronos_audit" in before
     assert not before & {*HEAVY, "click", "rich", "cryptography"}, before
+
+
+def test_the_type_checking_imports_are_the_exports_table() -> None:
+    """What a type checker is told the package exports is what it exports at run time."""
+    tree = ast.parse(Path(ka.__file__).read_text(encoding="utf-8"))
+    (block,) = [
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    ]
+    imported: dict[str, set[str]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        assert node.module, ast.unparse(node)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name}: re-export it as itself"
+            imported.setdefault(node.module, set()).add(alias.name)
+    assert imported == {m: set(names) for m, names in ka._EXPORTS.items()}
+    assert ka.__all__ == sorted(n for names in ka._EXPORTS.values() for n in names)
+    for module, names in ka._EXPORTS.items():
+        for name in names:
+            assert getattr(ka, name) is getattr(importlib.import_module(module), name)
 
 
 def test_every_public_name_resolves() -> None:

@@ -44,20 +44,22 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         Block as Block,
         Replicated as Replicated,
     )
-    from kronos_audit.runtime import (
+    from kronos_audit.runtime.batches import Ledger as Ledger
+    from kronos_audit.runtime.policy import (
         AnyOf as AnyOf,
         AtFinalStep as AtFinalStep,
         Auto as Auto,
-        CheckpointSkipped as CheckpointSkipped,
         EverySeconds as EverySeconds,
         EverySteps as EverySteps,
-        Ledger as Ledger,
         Never as Never,
         OnPreemption as OnPreemption,
-        PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
-        Run as Run,
         SaveContext as SaveContext,
         SavePolicy as SavePolicy,
+    )
+    from kronos_audit.runtime.publish import CheckpointSkipped as CheckpointSkipped
+    from kronos_audit.runtime.run import (
+        PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
+        Run as Run,
     )
     from kronos_audit.runtime.supervisor import (
         CommandStartError as CommandStartError,
@@ -97,21 +99,20 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Block",
         "Replicated",
     ),
-    "kronos_audit.runtime": (
+    "kronos_audit.runtime.batches": ("Ledger",),
+    "kronos_audit.runtime.policy": (
         "AnyOf",
         "AtFinalStep",
         "Auto",
-        "CheckpointSkipped",
         "EverySeconds",
         "EverySteps",
-        "Ledger",
         "Never",
         "OnPreemption",
-        "PreemptedWithoutCheckpoint",
-        "Run",
         "SaveContext",
         "SavePolicy",
     ),
+    "kronos_audit.runtime.publish": ("CheckpointSkipped",),
+    "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
     "kronos_audit.runtime.supervisor": ("CommandStartError",),
     "kronos_audit.signing.snapshot": ("snapshot",),
     "kronos_audit.statement.manifest": (

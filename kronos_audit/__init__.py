@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from kronos_audit.runtime.supervisor import CommandStartError
     from kronos_audit.signing.snapshot import snapshot
     from kronos_audit.statement.manifest import Manifest, read_manifest
-    from kronos_audit.verification.verify import Check, VerifyResult, verify
+    from kronos_audit.verification.batch import verify
+    from kronos_audit.verification.results import Check, VerifyResult
 
 # Each public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
@@ -61,9 +62,9 @@ _EXPORTS: dict[str, str] = {
     "Manifest": "kronos_audit.statement.manifest",
     "read_manifest": "kronos_audit.statement.manifest",
     "snapshot": "kronos_audit.signing.snapshot",
-    "Check": "kronos_audit.verification.verify",
-    "VerifyResult": "kronos_audit.verification.verify",
-    "verify": "kronos_audit.verification.verify",
+    "Check": "kronos_audit.verification.results",
+    "VerifyResult": "kronos_audit.verification.results",
+    "verify": "kronos_audit.verification.batch",
     **dict.fromkeys(
         (
             "AnyOf",

@@ -1,5 +1,5 @@
 """Verification: signature, file digest, dataset hashes, parent chain
-(kronos_audit.verification.verify).
+(kronos_audit.verification.verifier).
 
 Tampering is checked through `kaudit verify` as well as the library: each must exit 1 and
 name exactly the checks that failed.
@@ -27,14 +27,10 @@ from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import Manifest, encode_envelope
 from kronos_audit.storage import cache_object_path, cache_settings
-from kronos_audit.verification.verify import (
-    Check,
-    CheckName,
-    StatementKind,
-    Verifier,
-    compare_datasets,
-    verify,
-)
+from kronos_audit.verification.batch import verify
+from kronos_audit.verification.results import Check, CheckName, StatementKind
+from kronos_audit.verification.steps import compare_datasets
+from kronos_audit.verification.verifier import Verifier
 from tests.helpers import run_cli, untrusted_key, write_checkpoint
 
 

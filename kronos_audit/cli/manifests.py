@@ -20,7 +20,7 @@ from kronos_audit.errors import Error, UsageError
 if TYPE_CHECKING:
     from kronos_audit.keys.keyfile import KeyId
     from kronos_audit.project.repository import Project
-    from kronos_audit.verification.verify import VerifyResult
+    from kronos_audit.verification.results import VerifyResult
 
 # kronos_audit.keys.keyfile.PASSPHRASE_ENV, spelled out so that `--help` need not import the
 # signing module (a test holds them equal)
@@ -466,7 +466,7 @@ def verify(
       kaudit verify checkpoints/heat --trusted-key alice.pub
     """
     from kronos_audit.cli.progress import count_manifests, progress_bar
-    from kronos_audit.verification.verify import trust_problems, verify_each
+    from kronos_audit.verification.batch import trust_problems, verify_each
 
     options = trust_from(trusted_keys, trust_ref, require_anchor)
     paths = list(manifests)

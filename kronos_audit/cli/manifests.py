@@ -388,6 +388,8 @@ def snapshot(
 
 
 def _print_result(r: VerifyResult) -> None:
+    from kronos_audit.verification.results import CheckStatus
+
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
     fetched = ", fetched from the DVC remote" if r.fetched else ""
     kind = "attestation, " if r.is_attestation else ""
@@ -403,7 +405,7 @@ def _print_result(r: VerifyResult) -> None:
         out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
     verbose = settings().verbose
     for c in r.checks:
-        if c.skipped and c.ok:  # a failed one is shown above
+        if c.status is CheckStatus.SKIPPED:  # an UNVERIFIED one is shown above
             out.print(f"      [yellow]{safe(c.name)} skipped[/]: {safe(c.detail)}")
         elif c.ok and verbose:
             out.print(f"      [green]{safe(c.name)}[/]: {safe(c.detail)}")

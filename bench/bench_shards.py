@@ -65,7 +65,8 @@ from kronos_audit.project.repository import find_project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state
 from kronos_audit.signing.sign import sign_sharded_step
-from kronos_audit.verification.verify import ManifestCache, Verifier
+from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.verifier import Verifier
 
 SHARD_FLOATS = 512
 """float64 values in the measured rank's shard: 4 KiB of data, a few KiB of HDF5."""

@@ -71,10 +71,10 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         Manifest as Manifest,
         read_manifest as read_manifest,
     )
-    from kronos_audit.verification.verify import (
+    from kronos_audit.verification.batch import verify as verify
+    from kronos_audit.verification.results import (
         Check as Check,
         VerifyResult as VerifyResult,
-        verify as verify,
     )
     # isort: on
 
@@ -119,11 +119,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Manifest",
         "read_manifest",
     ),
-    "kronos_audit.verification.verify": (
-        "Check",
-        "VerifyResult",
-        "verify",
-    ),
+    "kronos_audit.verification.batch": ("verify",),
+    "kronos_audit.verification.results": ("Check", "VerifyResult"),
 }
 """The public API: each module and the names it gives, imported from it the first time one
 is used. The block above says the same to a type checker (a test holds them equal)."""

@@ -26,7 +26,7 @@ import pytest
 if TYPE_CHECKING:
     from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.replay import ReplayResult
-    from kronos_audit.verification.verify import VerifyResult
+    from kronos_audit.verification.results import VerifyResult
 
 StrPath = str | PathLike[str]
 
@@ -71,7 +71,7 @@ class KauditChecks:
         trusted signer, place, file digest, dataset hashes, parent chain. Returns the
         results."""
         __tracebackhide__ = True
-        from kronos_audit.verification.verify import verify
+        from kronos_audit.verification.batch import verify
 
         paths = [target] if isinstance(target, str | PathLike) else list(target)
         results = verify(

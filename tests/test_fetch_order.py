@@ -36,8 +36,8 @@ from kronos_audit.storage import cache_object_path, cache_settings, configure_re
 from tests.helpers import KAUDIT, git, run_cli, untrusted_key, write_checkpoint
 
 STEPS = (10, 20, 30)
-# The module, not the function ``kronos_audit.verification.verify`` that the package exports.
-verify_module = importlib.import_module("kronos_audit.verification.verify")
+# The module that reads a chain's manifests (its parents and their siblings).
+verify_module = importlib.import_module("kronos_audit.verification.chain")
 
 
 @dataclass(frozen=True)

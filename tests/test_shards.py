@@ -45,7 +45,8 @@ from kronos_audit.statement.manifest import (
     read_manifest,
 )
 from kronos_audit.storage.tracking import track
-from kronos_audit.verification.verify import Verifier, verify
+from kronos_audit.verification.batch import verify
+from kronos_audit.verification.verifier import Verifier
 from tests.helpers import run_cli, write_checkpoint
 
 LAYOUT = {"u": {"shape": [12, 4], "dtype": "float64", "block": 0}, "t": {"replicated": True}}

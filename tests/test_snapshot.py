@@ -18,7 +18,7 @@ from kronos_audit.provenance.environment import environment
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import manifest_path_for, read_manifest
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
-from kronos_audit.verification.verify import verify
+from kronos_audit.verification.batch import verify
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 

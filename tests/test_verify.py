@@ -1,5 +1,5 @@
 """Verification: signature, file digest, dataset hashes, parent chain
-(kronos_audit.verification.verify).
+(kronos_audit.verification.verifier).
 
 Tampering is checked through `kaudit verify` as well as the library: each must exit 1 and
 name exactly the checks that failed.
@@ -27,14 +27,10 @@ from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import Manifest, encode_envelope
 from kronos_audit.storage import cache_object_path, cache_settings
-from kronos_audit.verification.verify import (
-    Check,
-    CheckName,
-    StatementKind,
-    Verifier,
-    compare_datasets,
-    verify,
-)
+from kronos_audit.verification.batch import verify
+from kronos_audit.verification.results import Check, CheckName, CheckStatus, StatementKind
+from kronos_audit.verification.steps import compare_datasets
+from kronos_audit.verification.verifier import Verifier
 from tests.helpers import run_cli, untrusted_key, write_checkpoint
 
 
@@ -429,6 +425,28 @@ def test_a_dataset_check_names_its_dataset_and_only_it_does() -> None:
         Check(CheckName.DATASETS, False, "differs", dataset="/fields/u")
     (check,) = compare_datasets((digest("/a"),), (digest("/a", h="b"),))
     assert (check.kind, check.dataset) == (CheckName.DATASET, "/a")
+
+
+def test_a_check_is_in_one_of_four_states_and_says_them_as_ok_and_skipped() -> None:
+    made = Check(CheckName.SIGNATURE, True, "signed"), Check(CheckName.PLACE, False, "moved")
+    assert [c.status for c in made] == [CheckStatus.PASSED, CheckStatus.FAILED]
+    skip = Check.skip(CheckName.FILE_DIGEST, "pruned", pruned=True)
+    unverified = Check.unverified(CheckName.FILE_DIGEST, "not fetched")
+    states = [(c.status, c.ok, c.skipped) for c in (*made, skip, unverified)]
+    assert states == [
+        (CheckStatus.PASSED, True, False),
+        (CheckStatus.FAILED, False, False),
+        (CheckStatus.SKIPPED, True, True),
+        (CheckStatus.UNVERIFIED, False, True),
+    ]
+    assert skip.to_json_obj() == {
+        "check": "file digest",
+        "ok": True,
+        "skipped": True,
+        "detail": "pruned",
+    }
+    with pytest.raises(ValueError, match="not made"):
+        Check(CheckName.FILE_DIGEST, True, "matches", pruned=True)
 
 
 def test_the_result_says_what_its_checks_found(

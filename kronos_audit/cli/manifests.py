@@ -20,7 +20,7 @@ from kronos_audit.errors import Error, UsageError
 if TYPE_CHECKING:
     from kronos_audit.keys.keyfile import KeyId
     from kronos_audit.project.repository import Project
-    from kronos_audit.verification.verify import VerifyResult
+    from kronos_audit.verification.results import VerifyResult
 
 # kronos_audit.keys.keyfile.PASSPHRASE_ENV, spelled out so that `--help` need not import the
 # signing module (a test holds them equal)
@@ -388,6 +388,8 @@ def snapshot(
 
 
 def _print_result(r: VerifyResult) -> None:
+    from kronos_audit.verification.results import CheckStatus
+
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
     fetched = ", fetched from the DVC remote" if r.fetched else ""
     kind = "attestation, " if r.is_attestation else ""
@@ -403,7 +405,7 @@ def _print_result(r: VerifyResult) -> None:
         out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
     verbose = settings().verbose
     for c in r.checks:
-        if c.skipped and c.ok:  # a failed one is shown above
+        if c.status is CheckStatus.SKIPPED:  # an UNVERIFIED one is shown above
             out.print(f"      [yellow]{safe(c.name)} skipped[/]: {safe(c.detail)}")
         elif c.ok and verbose:
             out.print(f"      [green]{safe(c.name)}[/]: {safe(c.detail)}")
@@ -466,7 +468,7 @@ def verify(
       kaudit verify checkpoints/heat --trusted-key alice.pub
     """
     from kronos_audit.cli.progress import count_manifests, progress_bar
-    from kronos_audit.verification.verify import trust_problems, verify_each
+    from kronos_audit.verification.batch import trust_problems, verify_each
 
     options = trust_from(trusted_keys, trust_ref, require_anchor)
     paths = list(manifests)

@@ -129,7 +129,7 @@ def count_manifests(paths: list[Path]) -> int:
     """How many manifests and attestations ``paths`` name (directories expanded), for a
     bar's total; 0 (unknown) if they cannot be listed (the command reports why)."""
     from kronos_audit.errors import Error
-    from kronos_audit.verification.verify import expand_manifest_args
+    from kronos_audit.verification.batch import expand_manifest_args
 
     try:
         return len(expand_manifest_args(paths))

@@ -15,7 +15,8 @@ from kronos_audit.errors import Error, UsageError
 if TYPE_CHECKING:
     from kronos_audit.project.repository import Project
     from kronos_audit.storage import Storage
-    from kronos_audit.verification.verify import Verifier, VerifyResult
+    from kronos_audit.verification.results import VerifyResult
+    from kronos_audit.verification.verifier import Verifier
 
 REMOTE_OPTION = click.option("--remote", help="DVC remote name (default: the default remote).")
 
@@ -80,7 +81,8 @@ def push(
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.runtime.resume_remote import push_manifests
     from kronos_audit.storage import FetchItem, Storage
-    from kronos_audit.verification.verify import Verifier, place_check
+    from kronos_audit.verification.chain import place_check
+    from kronos_audit.verification.verifier import Verifier
 
     project, manifests = _manifests(targets)
     keyring = load_keyring(project.root, trust_from(trusted_keys, trust_ref, require_anchor))
@@ -210,7 +212,8 @@ def pull(
     """
     from kronos_audit.cli.progress import progress_bar
     from kronos_audit.storage import Storage
-    from kronos_audit.verification.verify import VerifyResult, trust_problems, verify_each
+    from kronos_audit.verification.batch import trust_problems, verify_each
+    from kronos_audit.verification.results import VerifyResult
 
     _, manifests = _manifests(targets)
     options = trust_from(trusted_keys, trust_ref, require_anchor)
@@ -290,7 +293,7 @@ def _repairable(outcome: VerifyResult | Error, verifiers: dict[Path, Verifier]) 
     (signature, place and chain hold; only the bytes here are not the signed ones), which
     ``pull --force`` may replace; None for anything else."""
     from kronos_audit.project.repository import find_project
-    from kronos_audit.verification.verify import CheckName, VerifyResult
+    from kronos_audit.verification.results import CheckName, VerifyResult
 
     if not isinstance(outcome, VerifyResult) or outcome.ok or outcome.fetched:
         return None
@@ -318,7 +321,7 @@ def _replace(
     manifest signs (checked in a temporary first), then verify it again. Remote data that
     is not the signed data leaves the copy as it is and is one more failed check."""
     from kronos_audit.errors import TamperedData
-    from kronos_audit.verification.verify import Check, CheckName
+    from kronos_audit.verification.results import Check, CheckName
 
     manifest = verifier.cache.read(damaged.manifest)
     assert manifest.subject_md5 is not None  # _repairable made sure

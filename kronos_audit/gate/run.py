@@ -19,7 +19,9 @@ from kronos_audit.gate.sampling import Segment, sample
 from kronos_audit.keys.anchors import PinnedRef, TrustedKey, TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.statement.manifest import MANIFEST_SUFFIX
-from kronos_audit.verification.verify import StatementKind, Verifier, VerifyResult, verify_each
+from kronos_audit.verification.batch import verify_each
+from kronos_audit.verification.results import StatementKind, VerifyResult
+from kronos_audit.verification.verifier import Verifier
 
 OnCase = Callable[[Case], None]
 VERIFY_PHASE = "gate: verify manifests"

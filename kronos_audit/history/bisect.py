@@ -3,7 +3,7 @@
 Two runs (one per environment, say) are each given by the manifest of their last
 checkpoint, or by their run directory. Each chain is walked back through its ``parent``
 links and verified on the way (every signature, every link, as
-:class:`kronos_audit.verification.verify.Verifier` checks them). The steps both runs
+:class:`kronos_audit.verification.verifier.Verifier` checks them). The steps both runs
 checkpointed are then searched by bisection for the first one whose checkpoints differ beyond the
 tolerance::
 
@@ -36,7 +36,7 @@ from kronos_audit.errors import BisectError, Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
 from kronos_audit.statement.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
-from kronos_audit.verification.verify import Verifier
+from kronos_audit.verification.verifier import Verifier
 
 FORMAT = "kronos-audit/bisect/v1"
 """The ``format`` of :meth:`BisectResult.to_json_obj`."""

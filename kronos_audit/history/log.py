@@ -2,7 +2,7 @@
 shows commits.
 
 Each manifest is read once, with the bounded reader
-(:class:`kronos_audit.verification.verify.ManifestCache`);
+(:class:`kronos_audit.verification.chain.ManifestCache`);
 only the newest manifest of each run has its signature checked, and no checkpoint is hashed:
 this is a summary, not a verification (that is ``kaudit verify``). Where each checkpoint's
 data is: here (the file is present), pruned (a signed retention record beside it prunes
@@ -24,7 +24,8 @@ from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
-from kronos_audit.verification.verify import ManifestCache, Verifier
+from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.verifier import Verifier
 
 
 class DataLocation(enum.StrEnum):

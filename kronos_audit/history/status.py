@@ -23,7 +23,8 @@ from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import Recorded, StatusEntry, locate
-from kronos_audit.verification.verify import ManifestCache, Verifier
+from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.verifier import Verifier
 
 
 def recorded(manifest: Manifest) -> Recorded:

@@ -14,14 +14,7 @@ does not use ``kronos_audit.Run`` follows.
 """
 
 from kronos_audit.errors import ReplayError, Stage
-from kronos_audit.replay.attest import (
-    ATTESTATION_SUFFIX,
-    PREDICATE_TYPE,
-    Attestation,
-    attestation_path_for,
-    read_attestation,
-    write_attestation,
-)
+from kronos_audit.replay.attest import write_attestation
 from kronos_audit.replay.engine import replay
 from kronos_audit.replay.environment import NOTED_ONLY, environment_report
 from kronos_audit.replay.interface import (
@@ -32,12 +25,19 @@ from kronos_audit.replay.interface import (
     Difference,
     EnvironmentReport,
     EnvMode,
-    ManifestRef,
-    Outcome,
     ReplayResult,
     Timings,
 )
 from kronos_audit.runtime.protocol import checkpoint_name
+from kronos_audit.statement.attestation import (
+    ATTESTATION_SUFFIX,
+    PREDICATE_TYPE,
+    Attestation,
+    ManifestRef,
+    Outcome,
+    attestation_path_for,
+    read_attestation,
+)
 
 __all__ = [
     "ATTESTATION_SUFFIX",

@@ -9,7 +9,6 @@ applies, WITHIN_TOLERANCE of the recorded data.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict
 from kronos_audit.compare.interface import PerDataset
+from kronos_audit.statement.attestation import ManifestRef, Outcome
 from kronos_audit.statement.manifest import Sha256
 
 FORMAT = "kronos-audit/replay/v1"
@@ -48,21 +48,6 @@ class Basis(enum.StrEnum):
     def for_policy(cls, policy: TolerancePolicy) -> Basis:
         """HASHES for the empty (bitwise) policy, DATA for any tolerance."""
         return cls.HASHES if policy == TolerancePolicy() else cls.DATA
-
-
-class Outcome(enum.StrEnum):
-    """The replay's verdict over all datasets."""
-
-    REPRODUCED = "REPRODUCED"
-    """Every dataset IDENTICAL: bitwise the recorded checkpoint."""
-    REPRODUCED_WITHIN_TOLERANCE = "REPRODUCED_WITHIN_TOLERANCE"
-    """Every dataset IDENTICAL or WITHIN_TOLERANCE, at least one only within tolerance."""
-    NOT_REPRODUCED = "NOT_REPRODUCED"
-    """At least one dataset DIFFERENT, NOT_COMPARABLE, or present on one side only."""
-
-    @property
-    def ok(self) -> bool:
-        return self is not Outcome.NOT_REPRODUCED
 
 
 @dataclass(frozen=True)
@@ -144,46 +129,6 @@ class EnvironmentReport:
             "current_digest": self.current_digest,
             "drift": [d.to_json_obj() for d in self.drift],
             "notes": [d.to_json_obj() for d in self.notes],
-        }
-
-
-@dataclass(frozen=True)
-class ManifestRef:
-    """A manifest the replay used, and the checkpoint it signs."""
-
-    path: str
-    """Relative to the repository root (POSIX)."""
-    sha256: Sha256
-    """sha256 of the manifest file: what a child's ``parent`` names."""
-    run: str
-    """Run id."""
-    step: int
-    """Step the checkpoint holds."""
-    checkpoint: str
-    """The checkpoint's name in the manifest's subject."""
-    checkpoint_sha256: Sha256
-    """The checkpoint file's signed sha256."""
-
-    @classmethod
-    def from_json_obj(cls, obj: Mapping[str, Any]) -> ManifestRef:
-        """The reference a schema-valid replay result holds (a parent's ``fetched`` aside)."""
-        checkpoint = obj["checkpoint"]
-        return cls(
-            path=str(obj["path"]),
-            sha256=Sha256(str(obj["sha256"])),
-            run=str(obj["run"]),
-            step=int(obj["step"]),
-            checkpoint=str(checkpoint["name"]),
-            checkpoint_sha256=Sha256(str(checkpoint["sha256"])),
-        )
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "sha256": self.sha256,
-            "run": self.run,
-            "step": self.step,
-            "checkpoint": {"name": self.checkpoint, "sha256": self.checkpoint_sha256},
         }
 
 

@@ -18,7 +18,8 @@ from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.replay.interface import Basis
 from kronos_audit.statement.manifest import Manifest, read_manifest
-from kronos_audit.verification.verify import Verifier, VerifyResult
+from kronos_audit.verification.results import VerifyResult
+from kronos_audit.verification.verifier import Verifier
 
 
 @dataclass(frozen=True)

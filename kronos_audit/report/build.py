@@ -39,13 +39,9 @@ from kronos_audit.report.model import (
 )
 from kronos_audit.signing.sign import utc_now
 from kronos_audit.statement.manifest import Manifest
-from kronos_audit.verification.verify import (
-    ManifestCache,
-    VerifyResult,
-    expand_manifest_args,
-    trust_problems,
-    verify_each,
-)
+from kronos_audit.verification.batch import expand_manifest_args, trust_problems, verify_each
+from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.results import VerifyResult
 
 NEWEST = 10
 """Manifests listed by default beside the failures: the newest of each run."""
@@ -275,7 +271,7 @@ def _datasets(predicate: Mapping[str, Any]) -> tuple[DatasetResult, ...]:
 
 
 def _replay(group: _Group, r: VerifyResult) -> Replay:
-    from kronos_audit.replay.attest import read_attestation
+    from kronos_audit.statement.attestation import read_attestation
 
     attestation = read_attestation(r.manifest)
     predicate = attestation.predicate

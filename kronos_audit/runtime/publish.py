@@ -57,7 +57,7 @@ from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings, dvc_file_for, track
-from kronos_audit.verification.verify import Verifier
+from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 

@@ -47,7 +47,8 @@ from kronos_audit.storage import runs
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
 from kronos_audit.storage.tracking import track
-from kronos_audit.verification.verify import Verifier, place_check
+from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 

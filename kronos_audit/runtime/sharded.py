@@ -86,7 +86,8 @@ from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.tracking import cache_settings, track
-from kronos_audit.verification.verify import Verifier, place_check
+from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.verifier import Verifier
 
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that

@@ -150,7 +150,7 @@ class SignedStatement:
     def predicate(self) -> Mapping[str, Any]:
         """The statement's predicate as signed: read-only JSON values, for whoever wants
         the document itself (``kaudit show --json``). The package reads the typed record
-        (:attr:`Manifest.record`, :attr:`kronos_audit.replay.attest.Attestation.replay`),
+        (:attr:`Manifest.record`, :attr:`kronos_audit.statement.attestation.Attestation.replay`),
         never this by key."""
         p: Mapping[str, Any] = self.statement["predicate"]
         return p
@@ -161,7 +161,7 @@ class Manifest(SignedStatement):
     """A manifest read from disk, its envelope parsed and its statement schema-valid.
 
     Reading does not check the signature or the data: that is
-    :func:`kronos_audit.verification.verify.verify`.
+    :func:`kronos_audit.verification.batch.verify`.
     """
 
     digest: Sha256

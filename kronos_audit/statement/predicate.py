@@ -318,7 +318,7 @@ class Predicate:
     """What a manifest says about its checkpoint, typed (``schemas/manifest-v1.schema.json``).
 
     Nothing here is verified: a manifest is read before its signature is checked, and
-    anyone may have written it (see :func:`kronos_audit.verification.verify.verify`).
+    anyone may have written it (see :func:`kronos_audit.verification.batch.verify`).
     """
 
     run: str

@@ -1,3 +1,9 @@
-"""Verifying a manifest, in the trust model's order (``docs/security.md``): the signature,
-by a key the verifier's anchors accept; the manifest's place; the checkpoint's content;
-the parent chain. Nothing is fetched or hashed before the signature and the place hold."""
+"""Verification: the trust model's steps in order (docs/security.md, "The steps of a
+verification"): signature, place, fetch, content, chain; and replay attestations.
+
+``results`` (what a verification yields: checks with a status), ``steps`` (the trust
+decisions, no I/O), ``chain`` (the manifests read beside the one verified: signatures,
+siblings, retention, parents), ``verifier`` (the I/O driver: reading, fetching from DVC,
+hashing), ``attestation`` (replay attestations), ``batch`` (many at once, as the CLI names
+them).
+"""

@@ -140,7 +140,7 @@ def test_verify_and_snapshot_stay_functions_when_their_modules_are_imported_late
     # imported after the package.
     code = (
         "import kronos_audit as ka\n"
-        "import kronos_audit.verification.verify, kronos_audit.signing.snapshot\n"
+        "import kronos_audit.verification.batch, kronos_audit.signing.snapshot\n"
         "from kronos_audit import verify\n"
         "print(callable(ka.verify), callable(ka.snapshot), verify is ka.verify)"
     )

@@ -237,7 +237,7 @@ def test_hashing_a_large_checkpoint_shows_its_bytes(project: Project, key: Signi
     (m,) = snapshot(big, run="big", step=1)
     seen: list[tuple[str, int, int]] = []
     with reporting(lambda phase, done, total: seen.append((phase, done, total))):
-        from kronos_audit.verification.verify import verify
+        from kronos_audit.verification.batch import verify
 
         (result,) = verify(m.path)
     assert result.ok

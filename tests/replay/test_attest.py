@@ -24,7 +24,7 @@ from kronos_audit.keys.keyfile import (
 )
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import PREDICATE_TYPE, SCHEMA_NAME, Outcome, read_attestation
-from kronos_audit.replay.attest import SCHEMA_NAME as ATTESTATION_SCHEMA
+from kronos_audit.statement.attestation import SCHEMA_NAME as ATTESTATION_SCHEMA
 from kronos_audit.statement.manifest import validate
 from tests.helpers import run_cli, untrusted_key
 from tests.replay.helpers import bad_input, manifest, record

@@ -23,7 +23,7 @@ from kronos_audit.replay import Basis, checkpoint_name
 from kronos_audit.replay.comparison import compare_digests, compare_output
 from kronos_audit.runtime import protocol
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.verification.verify import compare_datasets
+from kronos_audit.verification.steps import compare_datasets
 from tests.helpers import write_checkpoint
 
 

@@ -1,0 +1,124 @@
+"""Verifying many: manifests and attestations named on a command line (directories
+expanded), one :class:`~kronos_audit.verification.verifier.Verifier` per repository, the
+newest checkpoint of each run marked so that its data must be checked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, expand_targets
+from kronos_audit.errors import Error
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.statement.manifest import MANIFEST_SUFFIX
+from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.results import VerifyResult
+from kronos_audit.verification.verifier import Verifier
+
+
+def expand_manifest_args(paths: list[Path]) -> list[Path]:
+    """Manifests and attestations named directly, the manifest beside each checkpoint or
+    in each sharded step's directory named, and every manifest (``*.kaudit.json``) and
+    attestation (``*.replay.json``) inside a directory named, by name
+    (:func:`kronos_audit.checkpoint.layout.expand_targets`)."""
+    return expand_targets(paths)
+
+
+def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
+    """The manifest of the highest step of each (directory, run) among ``paths``."""
+    best: dict[tuple[Path, str], tuple[int, Path]] = {}
+    for p in paths:
+        if not p.name.endswith(MANIFEST_SUFFIX):
+            continue
+        try:
+            m = cache.read(p)
+        except Error:
+            continue  # reported when it is verified
+        group = (p.parent.resolve(), m.run)
+        if group not in best or m.step > best[group][0]:
+            best[group] = (m.step, p)
+    return {p for _, p in best.values()}
+
+
+def verify_each(
+    manifests: list[Path],
+    *,
+    fetch: bool = True,
+    trust: TrustOptions | None = None,
+    remote: str | None = None,
+    verifiers: dict[Path, Verifier] | None = None,
+    cache: ManifestCache | None = None,
+    jobs: int = 1,
+) -> Iterator[VerifyResult | Error]:
+    """Verify each manifest or attestation (directories expanded); yield its result, or
+    the bad-input error.
+
+    ``verifiers`` (by repository root), when given, is filled with the verifiers used, so
+    that a caller can go on with what they already checked (a gate hands them to replay).
+    ``cache``, when given, is where each manifest is read once (a report reads them again).
+
+    With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
+    manifest's signature and place hold (data that then fails is never left visible).
+    ``trust`` gives the anchors (see :mod:`kronos_audit.keys.anchors`). The newest checkpoint of
+    each run verified must have its data checked. ``jobs`` processes hash a sharded
+    step's shards.
+    """
+    paths = expand_manifest_args(manifests)
+    if cache is None:
+        cache = ManifestCache()
+    newest = _newest(paths, cache)
+    if verifiers is None:
+        verifiers = {}
+    projects: dict[Path, Project] = {}  # by directory: finding the repository costs
+    for p in paths:
+        try:
+            project = projects.get(p.parent)
+            if project is None:
+                project = projects[p.parent] = find_project(p)
+            verifier = verifiers.get(project.root)
+            if verifier is None:
+                verifier = verifiers[project.root] = Verifier(
+                    project,
+                    load_keyring(project.root, trust),
+                    fetch=fetch,
+                    remote=remote,
+                    cache=cache,
+                    jobs=jobs,
+                )
+            if p.name.endswith(ATTESTATION_SUFFIX):
+                yield verifier.verify_attestation(p)
+            else:
+                yield verifier.verify(p, newest=p in newest)
+        except Error as e:
+            yield e
+
+
+def trust_problems(manifests: list[Path], trust: TrustOptions | None = None) -> list[str]:
+    """What was skipped reading the trust anchors of the repositories these are in."""
+    roots: dict[Path, None] = {}
+    for p in manifests:
+        try:
+            roots.setdefault(find_project(p).root, None)
+        except Error:
+            continue
+    problems: list[str] = []
+    for root in roots:
+        problems += load_keyring(root, trust).problems
+    return problems
+
+
+def verify(
+    manifests: Path | str | list[Path | str],
+    *,
+    trust: TrustOptions | None = None,
+    fetch: bool = True,
+) -> tuple[VerifyResult, ...]:
+    """Verify manifests; raise on bad input, return a result (possibly failed) for each."""
+    paths = [Path(manifests)] if isinstance(manifests, str | Path) else [Path(m) for m in manifests]
+    results = []
+    for outcome in verify_each(paths, trust=trust, fetch=fetch):
+        if isinstance(outcome, Error):
+            raise outcome
+        results.append(outcome)
+    return tuple(results)

@@ -1,0 +1,222 @@
+"""The manifests a verification reads besides its own: parsed once, signatures judged,
+siblings indexed by digest, signed retention records, and the parent chain followed.
+
+This is I/O (manifest files are read, within their bound, never through a symlink); the
+decisions are :mod:`kronos_audit.verification.steps`'. Steps (1), (2), the retention
+part of (4) and (5) of docs/security.md's "The steps of a verification" are made here for
+every manifest a chain reaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.errors import Error, ManifestError
+from kronos_audit.keys.anchors import Keyring, SignerCheck, load_keyring
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import (
+    MANIFEST_SUFFIX,
+    Manifest,
+    parse_manifest,
+    read_signed_file,
+)
+from kronos_audit.verification import steps
+from kronos_audit.verification.results import Check, CheckName
+
+
+class ManifestCache:
+    """Manifests parsed once: by the sha256 of their bytes (reading a file is cheap; schema
+    validation is not, and a chain's manifests are read as children, parents and
+    siblings). The same bytes at another path are the same statement at another place."""
+
+    def __init__(self) -> None:
+        self._by_digest: dict[str, Manifest] = {}
+
+    def read(self, path: Path | str) -> Manifest:
+        path = Path(path)
+        data = read_signed_file(path)
+        digest = hashlib.sha256(data).hexdigest()
+        known = self._by_digest.get(digest)
+        if known is None:
+            known = self._by_digest[digest] = parse_manifest(data, path)
+        return known if known.path == path else dataclasses.replace(known, path=path)
+
+
+def place_check(project: Project, manifest: Manifest) -> Check:
+    """(2) The checkpoint is where its signed subject says
+    (:func:`~kronos_audit.verification.steps.place_of`), its name taken relative to
+    ``project`` (its directory resolved, its own name not)."""
+    return steps.place_of(manifest, project.relative(manifest.checkpoint_path))
+
+
+@dataclass
+class _Directory:
+    """The manifests in one directory, read once: by digest, and what their signed
+    retention records prune."""
+
+    by_digest: dict[str, Path]
+    pruned: dict[str, list[Path]] | None = None
+
+
+@dataclass
+class ChainReader:
+    """The manifests of one project as a verification reads them, remembering chain links
+    already checked. ``keyring`` is whose signatures count (default: the anchors of
+    :func:`kronos_audit.keys.anchors.load_keyring`)."""
+
+    project: Project
+    keyring: Keyring | None = None
+    cache: ManifestCache = field(default_factory=ManifestCache)
+    _chain: dict[str, Check] = field(default_factory=dict, init=False)
+    # For a manifest whose chain verified: (manifests in its chain, step of the first).
+    _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
+    _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.keyring is None:
+            self.keyring = load_keyring(self.project.root)
+
+    @property
+    def keys(self) -> Keyring:
+        assert self.keyring is not None
+        return self.keyring
+
+    def signature(self, manifest: Manifest) -> SignerCheck:
+        """(1) Whether a key the keyring accepts signed ``manifest`` (at its ``created``
+        time)."""
+        return self.keys.check(manifest.envelope, manifest.record.created)
+
+    # -- the directory of a run: siblings by digest, signed retention records ------------
+
+    def _directory(self, directory: Path) -> _Directory:
+        found = self._dirs.get(directory)
+        if found is None:
+            by_digest: dict[str, Path] = {}
+            for sibling in sorted(directory.glob("*" + MANIFEST_SUFFIX)):
+                try:
+                    data = read_regular(sibling, MANIFEST_LIMIT, follow_symlinks=False)
+                except UnsafeFile:
+                    continue  # reported when it is verified itself
+                by_digest.setdefault(hashlib.sha256(data).hexdigest(), sibling)
+            found = self._dirs[directory] = _Directory(by_digest)
+        return found
+
+    def pruned_by(self, manifest: Manifest) -> Path | None:
+        """(4) A later manifest of the same run, beside this one and signed by a key the
+        keyring accepts, whose retention record prunes this checkpoint; else None."""
+        directory = self._directory(manifest.path.parent)
+        if directory.pruned is None:
+            directory.pruned = {}
+            for path in directory.by_digest.values():
+                try:
+                    other = self.cache.read(path)
+                except Error:
+                    continue
+                for entry in other.record.pruned:
+                    directory.pruned.setdefault(entry.manifest, []).append(path)
+        for path in directory.pruned.get(manifest.digest, []):
+            other = self.cache.read(path)
+            if (
+                other.run == manifest.run
+                and other.step > manifest.step
+                and self.signature(other).ok
+            ):
+                return path
+        return None
+
+    # -- (5) the chain ---------------------------------------------------------------------
+
+    def locate_parent(self, manifest: Manifest) -> Path | None:
+        """The manifest whose sha256 is ``manifest``'s parent link: at its recorded place
+        (inside the repository only), else beside it (the run directory moved as a whole).
+        Siblings are indexed by digest once per directory, so a chain is linear."""
+        recorded = manifest.record.parent_manifest
+        if recorded is not None:
+            candidate = _inside(self.project.root, recorded)
+            if candidate is not None:
+                try:
+                    data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
+                except UnsafeFile:
+                    data = None
+                # The digest is the link: a file at the recorded place that does not match
+                # it is an altered parent, never the parent.
+                if data is not None and hashlib.sha256(data).hexdigest() == manifest.parent:
+                    return candidate
+        return self._directory(manifest.path.parent).by_digest.get(str(manifest.parent))
+
+    def _parent(self, manifest: Manifest) -> Check:
+        """(5) Follow the chain to its first manifest: each link exists, matches and is
+        signed."""
+        if manifest.parent is None:
+            return Check.passed(CheckName.PARENT_LINK, "first checkpoint of its chain")
+        cached = self._chain.get(manifest.digest)
+        if cached is not None:
+            return cached
+        links: list[Manifest] = []
+        seen: set[str] = set()
+        current = manifest
+        verdict = Check.passed(CheckName.PARENT_LINK, "")
+        while current.parent is not None:
+            if current.digest in self._chain:
+                verdict = self._chain[current.digest]
+                break
+            if current.digest in seen:
+                verdict = Check.failed(CheckName.PARENT_LINK, f"cycle at {current.path}")
+                break
+            seen.add(current.digest)
+            links.append(current)
+            verdict, parent = self.link(current)
+            if parent is None:
+                break
+            current = parent
+        if verdict.ok:
+            # Each link gets its own length: the walk may have stopped at a cached link.
+            below, first_step = self._extent.get(current.digest, (1, current.step))
+            for i, m in enumerate(links):
+                n = len(links) - i + below
+                self._extent[m.digest] = (n, first_step)
+                self._chain[m.digest] = Check.passed(
+                    CheckName.PARENT_LINK,
+                    f"chain of {n} manifests back to step {first_step} verifies",
+                )
+            return self._chain[manifest.digest]
+        for m in links:
+            self._chain[m.digest] = verdict
+        return verdict
+
+    def link(self, child: Manifest) -> tuple[Check, Manifest | None]:
+        """(5) Check one link; return the parent only when the link holds."""
+        name = child.record.parent_manifest or "(not recorded)"
+        path = self.locate_parent(child)
+        if path is None:
+            recorded = _inside(self.project.root, name)
+            if recorded is not None and recorded.is_file():
+                return Check.failed(
+                    CheckName.PARENT_LINK,
+                    f"parent manifest {name} was altered: "
+                    f"its digest is not the recorded {child.parent}",
+                ), None
+            return Check.failed(CheckName.PARENT_LINK, f"parent manifest {name} is missing"), None
+        try:
+            parent = self.cache.read(path)
+        except ManifestError as e:
+            return Check.failed(CheckName.PARENT_LINK, f"parent manifest unreadable: {e}"), None
+        verdict = steps.parent_link(child, path.name, parent, self.signature(parent))
+        return verdict, parent if verdict.ok else None
+
+
+def _inside(root: Path, relative: str) -> Path | None:
+    """``root/relative`` if it stays inside ``root`` (a recorded locator may be hostile:
+    ``../../dev/zero``, an absolute path)."""
+    if not relative or PurePosixPath(relative).is_absolute() or "\0" in relative:
+        return None
+    candidate = root / relative
+    try:
+        resolved = candidate.resolve()
+    except (OSError, RuntimeError):
+        return None
+    return candidate if resolved.is_relative_to(root.resolve()) else None

@@ -44,7 +44,11 @@ class Heat(TypedDict):
     iterations: np.int64
 
 
-LAYOUT = {"fields/u": ka.Block(axis=0), "time": ka.Replicated(), "iterations": ka.Replicated()}
+LAYOUT: dict[str, ka.Block | ka.Replicated] = {
+    "fields/u": ka.Block(axis=0),
+    "time": ka.Replicated(),
+    "iterations": ka.Replicated(),
+}
 """How the state is spread over the ranks: strips of u (so a restart on another number of
 ranks gets its strip of the same field); the scalars, the same on every rank, stored once."""
 

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
 
 import click
 
-from kronos_audit.errors import Error
+from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -512,7 +512,9 @@ class KauditGroup(click.Group):
         except OSError as e:  # the environment failed us (disk full, I/O error): say where
             where = f"{e.filename}: " if e.filename else ""
             message = e.strerror or str(e)
-            _fail(ctx, message, e.filename, 2, type(e).__name__, f"{where}{message}")
+            _fail(
+                ctx, message, e.filename, ExitCode.BAD_INPUT, type(e).__name__, f"{where}{message}"
+            )
         except click.ClickException as e:
             if _json_stream(ctx) is None:
                 raise  # click shows its usage message

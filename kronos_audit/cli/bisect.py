@@ -16,6 +16,7 @@ from kronos_audit.cli.options import (
     trust_from,
     trust_options,
 )
+from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.compare import TolerancePolicy
@@ -67,7 +68,7 @@ def bisect_command(
         out.json(doc)
     else:
         _render(result, project)
-    ctx.exit(1 if result.diverged else 0)
+    ctx.exit(ExitCode.CHECK_FAILED if result.diverged else ExitCode.OK)
 
 
 def _chain_line(label: str, chain: Chain) -> str:

@@ -15,7 +15,7 @@ import click
 
 from kronos_audit.cli._app import Column, err, error_json, out, plain, safe, settings
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
-from kronos_audit.errors import Error, UsageError
+from kronos_audit.errors import Error, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from kronos_audit.keys.keyfile import KeyId
@@ -515,8 +515,10 @@ def verify(
             counted.append(f"[red]{summary['failed']} failed[/]")
         out.print(", ".join(counted))
     # Bad input (2) outranks a failed check (1); tampered data fetched is a failed check.
-    codes = [e.exit_code for e in errors] + [0 if r.ok else 1 for r in results]
-    ctx.exit(max(codes, default=0))
+    codes = [e.exit_code for e in errors] + [
+        ExitCode.OK if r.ok else ExitCode.CHECK_FAILED for r in results
+    ]
+    ctx.exit(max(codes, default=ExitCode.OK))
 
 
 @click.command()

@@ -10,7 +10,7 @@ import click
 
 from kronos_audit.cli._app import Column, error_json, out, plain, safe
 from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
-from kronos_audit.errors import Error, UsageError
+from kronos_audit.errors import Error, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from kronos_audit.project.repository import Project
@@ -141,7 +141,7 @@ def push(
         ]
         sent = push_manifests(storage, to_send, remote) if to_send else 0
     ok = not refused and not missing and not bad
-    code = 2 if bad else 0 if ok else 1
+    code = ExitCode.BAD_INPUT if bad else ExitCode.OK if ok else ExitCode.CHECK_FAILED
     if as_json:
         out.json(
             {
@@ -282,7 +282,7 @@ def pull(
                 "errors": [error_json(e) for e in errors],
             }
         )
-    ctx.exit(2 if errors else 1 if failed else 0)
+    ctx.exit(ExitCode.BAD_INPUT if errors else ExitCode.CHECK_FAILED if failed else ExitCode.OK)
 
 
 def _repairable(outcome: VerifyResult | Error, verifiers: dict[Path, Verifier]) -> Verifier | None:
@@ -418,4 +418,4 @@ def status_command(
             ],
         )
         out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-    ctx.exit(1 if corrupt else 0)
+    ctx.exit(ExitCode.CHECK_FAILED if corrupt else ExitCode.OK)

@@ -555,3 +555,52 @@ def test_plain_output_into_a_closed_pipe_exits_1_without_a_word(
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (1, "")
+
+
+# -- exit codes ------------------------------------------------------------------------
+
+
+def test_exit_numbers_are_written_only_in_exit_code() -> None:
+    """Every exit the package chooses (``ctx.exit``, ``sys.exit``, ``SystemExit``, an
+    error's ``exit_code``, a ``*_EXIT`` constant) names an :class:`ExitCode`, never a
+    bare number: kronos_audit/errors.py's ExitCode is the one place they are written."""
+    import ast
+
+    from kronos_audit.errors import ExitCode
+
+    assert [(c.name, int(c)) for c in ExitCode] == [
+        ("OK", 0),
+        ("CHECK_FAILED", 1),
+        ("BAD_INPUT", 2),
+        ("PREEMPTED", 75),
+    ]
+    package = Path(ka.__file__).parent
+
+    def numbers(node: ast.AST) -> list[int]:
+        return [
+            n.value
+            for n in ast.walk(node)
+            if isinstance(n, ast.Constant) and type(n.value) is int
+        ]
+
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = path.relative_to(package.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in {"exit", "SystemExit", "Exit"} and any(
+                    numbers(a) for a in node.args
+                ):
+                    offenders.append(f"{where}:{node.lineno}")
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [
+                    t.id if isinstance(t, ast.Name) else getattr(t, "attr", "") for t in targets
+                ]
+                exits = [n for n in names if n in {"exit_code", "code"} or n.endswith("_EXIT")]
+                if exits and node.value is not None and numbers(node.value):
+                    offenders.append(f"{where}:{node.lineno}")
+    assert not offenders, offenders

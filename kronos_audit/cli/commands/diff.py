@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from kronos_audit.cli._app import out
 from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import json_option, tolerance_options, tolerance_policy
+from kronos_audit.cli.output import out
 from kronos_audit.errors import ExitCode
 
 

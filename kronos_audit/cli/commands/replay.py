@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import out, safe, settings
 from kronos_audit.cli.comparison import STYLE, SUMMARY_WORDS, dataset_details
 from kronos_audit.cli.options import (
     ask_passphrase,
@@ -18,6 +17,7 @@ from kronos_audit.cli.options import (
     trust_from,
     trust_options,
 )
+from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import out, safe
 from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import (
     json_option,
@@ -16,6 +15,7 @@ from kronos_audit.cli.options import (
     trust_from,
     trust_options,
 )
+from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from kronos_audit.cli._app import out, safe
 from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
 
 # kronos_audit.report.ReportFormat's values, spelled out so that `--help` need not import

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import error_json, fail_line, out, safe
+from kronos_audit.cli._app import error_json
 from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
+from kronos_audit.cli.output import fail_line, out, safe
 from kronos_audit.cli.progress import progress_bar
 from kronos_audit.errors import ExitCode
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import out, safe, settings
 from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.cli.progress import progress_bar
 from kronos_audit.errors import ExitCode
 

@@ -9,9 +9,7 @@ from typing import Any
 
 import click
 
-from kronos_audit.cli.options import (
-    json_option,
-)
+from kronos_audit.cli.options import json_option
 from kronos_audit.cli.output import Column, out, safe
 
 

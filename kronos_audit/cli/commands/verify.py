@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kronos_audit.cli._app import error_json
-from kronos_audit.cli.options import (
-    json_option,
-    trust_from,
-    trust_options,
-    warn,
-)
+from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, ExitCode
 

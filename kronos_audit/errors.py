@@ -1,8 +1,9 @@
 """The one error hierarchy of kronos-audit.
 
 The library only raises; the CLI catches :class:`Error` in one place and turns it into
-one line and an exit code. Each error keeps its context (path, dataset, step) as
-attributes so callers can act on it without parsing the message.
+one line and an exit code (:class:`ExitCode`, the one place exit numbers are written).
+Each error keeps its context (path, dataset, step) as attributes so callers can act on it
+without parsing the message.
 """
 
 from __future__ import annotations
@@ -12,14 +13,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+class ExitCode(enum.IntEnum):
+    """What every ``kaudit`` command exits with (docs: DESIGN.md's exit codes), and what a
+    program that a :class:`~kronos_audit.runtime.run.Run` stops exits with."""
+
+    OK = 0
+    """Success."""
+    CHECK_FAILED = 1
+    """A check ran and failed: verification, a replay that disagrees, the gate."""
+    BAD_INPUT = 2
+    """A usage error or bad input (an unreadable file, a malformed manifest, an unknown
+    key): never restarted by `kaudit run`."""
+    PREEMPTED = 75
+    """Checkpointed on a preemption signal, to be requeued (BSD's EX_TEMPFAIL)."""
+
+
 class Error(Exception):
     """Base of every error kronos-audit raises on purpose.
 
-    ``exit_code`` is what the CLI exits with: 2 for bad input or usage (the default),
-    1 for a check that ran and failed.
+    ``exit_code`` is what the CLI exits with: :attr:`ExitCode.BAD_INPUT` for bad input or
+    usage (the default), :attr:`ExitCode.CHECK_FAILED` for a check that ran and failed.
     """
 
-    exit_code: int = 2
+    exit_code: ExitCode = ExitCode.BAD_INPUT
 
     def __init__(self, message: str, *, path: Path | str | None = None) -> None:
         super().__init__(message)
@@ -58,8 +74,8 @@ class RunLocked(UsageError, SystemExit):
     """Another process is writing this run: a run directory has one writer at a time.
 
     An :class:`Error` (exit 2) like every refusal, and also a :class:`SystemExit` whose code
-    is 2, so that a program which does not catch it exits 2 at once rather than with a
-    traceback and 1: `kaudit run` does not restart a command that exits 2.
+    is :attr:`ExitCode.BAD_INPUT`, so that a program which does not catch it exits 2 at once
+    rather than with a traceback and 1: `kaudit run` does not restart a command that exits 2.
     """
 
     def __init__(self, message: str, *, path: Path | str, holder: LockHolder | None) -> None:
@@ -115,7 +131,7 @@ class PushIncomplete(StorageError):
     manifests sign, at its signed size (a failed check: exit 1). ``missing`` names each
     checkpoint whose object is not there, with why."""
 
-    exit_code = 1
+    exit_code = ExitCode.CHECK_FAILED
 
     def __init__(
         self,
@@ -135,7 +151,7 @@ class PushIncomplete(StorageError):
 class TamperedData(Error):
     """Data fetched from a remote does not match its signed manifest."""
 
-    exit_code = 1
+    exit_code = ExitCode.CHECK_FAILED
 
 
 class BisectError(Error):

@@ -1,4 +1,4 @@
-"""The framework benchmark runs end to end (its --quick mode), so it cannot rot unseen."""
+"""The benchmarks run end to end (their --quick modes), so they cannot rot unseen."""
 
 from __future__ import annotations
 
@@ -59,3 +59,27 @@ def test_the_rank_benchmark_launches_one_and_two_ranks_and_reports_against_the_r
         "1",
         "2",
     ]
+
+
+def test_the_cli_benchmark_times_every_start_up_against_its_baselines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_cli
+
+    times = bench_cli.main(["--quick"])
+    out = capsys.readouterr().out
+    assert set(times) == {
+        "import click",
+        "import h5py",
+        "hashing",
+        "kaudit --help",
+        "kaudit verify --help",
+        "kaudit verify",
+        "kaudit status",
+    }
+    assert all(t > 0 for t in times.values()), times
+    assert "python -c 'import click'" in out
+    assert "baseline" in out
+    # timings vary: each goal judged and printed, not asserted
+    assert out.count("goal <= ") == 2
+    assert out.count("met)") == 2

@@ -1,29 +1,28 @@
-"""The `kaudit` click group: its commands, loaded when run; its options; the one place
-errors become exit codes; and the output every command writes.
+"""The `kaudit` click group: its commands, loaded when run; its options; and the one
+place errors become exit codes.
 
-:data:`COMMANDS` names each command with the module that defines it and a one-line help,
-so ``kaudit --help`` and shell completion import none of those modules (nor h5py, DVC,
-git or rich). Every :class:`kronos_audit.errors.Error` becomes one line on stderr,
-``kaudit: error: ...`` (with ``--json``, one JSON object), and its exit code (2 for bad
-input, 1 for a failed check), in :class:`KauditGroup` alone.
+:data:`COMMANDS` names each command with the module that defines it (one module per
+command, in :mod:`kronos_audit.cli.commands`) and a one-line help, so ``kaudit --help``
+and shell completion import none of those modules (nor h5py, DVC, git or rich). Every
+:class:`kronos_audit.errors.Error` becomes one line on stderr, ``kaudit: error: ...``
+(with ``--json``, one JSON object), and its exit code (:class:`~kronos_audit.errors.ExitCode`),
+in :class:`KauditGroup` alone. What commands print is :mod:`kronos_audit.cli.output`.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import re
 import sys
-from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
-from kronos_audit.errors import Error
+from kronos_audit.cli.options import JSON_META
+from kronos_audit.cli.output import Settings, fail_line, plain
+from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
-    from rich.console import Console
 
 # The small immutable records here are NamedTuples, not frozen dataclasses: `kaudit
 # --help` imports this module, and dataclasses (with inspect) would add a third to the
@@ -42,348 +41,99 @@ class LazyCommand(NamedTuple):
     holds them equal)."""
 
 
-_MANIFESTS = "kronos_audit.cli.manifests"
-_STORAGE = "kronos_audit.cli.storage"
+_COMMANDS = "kronos_audit.cli.commands"
 
 COMMANDS: dict[str, LazyCommand] = {
     "init": LazyCommand(
-        _MANIFESTS, "init", "Set up .kaudit/ (config, trust store) and DVC in this git repository."
+        f"{_COMMANDS}.init",
+        "init",
+        "Set up .kaudit/ (config, trust store) and DVC in this git repository.",
     ),
     "keys": LazyCommand(
-        _MANIFESTS,
+        f"{_COMMANDS}.keys",
         "keys",
         "Signing keys you hold, and the keys verification trusts (and on whose word).",
     ),
     "snapshot": LazyCommand(
-        _MANIFESTS, "snapshot", "Write a signed manifest beside each checkpoint (CKPT.kaudit.json)."
+        f"{_COMMANDS}.snapshot",
+        "snapshot",
+        "Write a signed manifest beside each checkpoint (CKPT.kaudit.json).",
     ),
     "verify": LazyCommand(
-        _MANIFESTS,
+        f"{_COMMANDS}.verify",
         "verify",
         "Check the signature, place, file digest, dataset hashes and parent chain of each "
         "manifest (and each replay attestation, CKPT.replay.json).",
     ),
     "show": LazyCommand(
-        _MANIFESTS, "show", "Summarise a manifest (without verifying it: see `kaudit verify`)."
+        f"{_COMMANDS}.show",
+        "show",
+        "Summarise a manifest (without verifying it: see `kaudit verify`).",
     ),
     "push": LazyCommand(
-        _STORAGE,
+        f"{_COMMANDS}.push",
         "push",
         "Push checkpoints (RUN_DIR or MANIFEST...; default: all) to the DVC remote.",
     ),
     "pull": LazyCommand(
-        _STORAGE,
+        f"{_COMMANDS}.pull",
         "pull",
         "Fetch checkpoints (RUN_DIR or MANIFEST...) from the DVC remote, each only once its "
         "manifest's signature and place verify, and check them before they become visible.",
     ),
     "status": LazyCommand(
-        _STORAGE,
+        f"{_COMMANDS}.status",
         "status_command",
         "Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local / "
         "pushed / remote-only / pruned / missing / corrupt.",
     ),
     "run": LazyCommand(
-        "kronos_audit.cli.supervise",
+        f"{_COMMANDS}.run",
         "run_command",
         "Run COMMAND, restarting it when it dies; forward signals to it.",
     ),
     "diff": LazyCommand(
-        "kronos_audit.cli.diff",
+        f"{_COMMANDS}.diff",
         "diff",
         "Compare checkpoint B with reference checkpoint A, dataset by dataset.",
     ),
     "replay": LazyCommand(
-        "kronos_audit.cli.replay",
+        f"{_COMMANDS}.replay",
         "replay",
         "Replay the segment that produced MANIFEST's checkpoint and compare.",
     ),
     "bisect": LazyCommand(
-        "kronos_audit.cli.bisect",
+        f"{_COMMANDS}.bisect",
         "bisect_command",
         "Find the first step at which run B's checkpoints diverge from run A's.",
     ),
     "log": LazyCommand(
-        "kronos_audit.cli.log",
+        f"{_COMMANDS}.log",
         "log",
         "Runs and their chains at a glance (RUN_DIR...; default: every run in the repository).",
     ),
     "gate": LazyCommand(
-        "kronos_audit.cli.gate",
+        f"{_COMMANDS}.gate",
         "gate",
         "Verify every manifest and replay a sample of segments: the CI reproducibility gate.",
     ),
     "report": LazyCommand(
-        "kronos_audit.cli.report",
+        f"{_COMMANDS}.report",
         "report",
         "Write an auditor's report (HTML, Markdown or JSON) of runs: verdict, provenance, "
         "chain, verification, replays.",
     ),
     "interval": LazyCommand(
-        "kronos_audit.cli.interval",
+        f"{_COMMANDS}.interval",
         "interval",
         "How often to checkpoint: Young's and Daly's intervals and the time each wastes.",
     ),
 }
 
 
-# -- text that is safe to print --------------------------------------------------------
-
-# C0 and C1 controls (ANSI escapes start with ESC or CSI), and the invisible direction
-# marks and overrides that can make a name read as another (Trojan Source).
-_CONTROL = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
-)
-
-
-def plain(value: object) -> str:
-    """``value`` as inert text: terminal control characters (ANSI escapes, carriage
-    returns, bidi overrides) shown as ``\\xNN`` escapes. For names read from files, which
-    anyone may have written, before they reach a terminal."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
-
-
-def safe(value: object) -> str:
-    """``value`` as text to put inside rich markup: :func:`plain`, with ``[`` escaped so a
-    name such as ``[/]`` or ``[link=...]`` is printed, never interpreted."""
-    return escape_markup(plain(value))
-
-
-# rich's markup, read without importing rich (rich.console and rich.markup take longer to
-# import than click), for output that is not a terminal: copies of rich.markup's tag
-# pattern, escape() and the control codes rich.text.Text drops. tests/cli/test_app.py
-# holds them to rich's own.
-_MARKUP_TAG = re.compile(r"((\\*)\[([a-z#/@][^[]*?)])")
-_UNESCAPED_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
-_DROPPED_CONTROLS = dict.fromkeys((7, 8, 11, 12, 13))  # rich.control.STRIP_CONTROL_CODES
-
-
-def escape_markup(text: str) -> str:
-    """``text`` with every ``[`` that would open a tag escaped: rich.markup.escape."""
-    escaped = _UNESCAPED_TAG.sub(lambda m: f"{m[1]}{m[1]}\\{m[2]}", text)
-    if escaped.endswith("\\") and not escaped.endswith("\\\\"):
-        return escaped + "\\"
-    return escaped
-
-
-def markup_as_plain_text(markup: str) -> str | None:
-    """The text rich prints for ``markup`` when it may not style it (no colour, emoji,
-    highlighting or folding, as :class:`Output` prints off a terminal); None where only
-    rich can say: a closing tag that closes nothing (rich raises), rich's ``@`` tags, and
-    tabs (rich expands them by cell width)."""
-    if "[" not in markup:
-        pieces = [markup]
-    else:
-        pieces = []
-        open_tags: list[str] = []
-        position = 0
-        # as rich.markup.render: each piece of text unescaped on its own
-        for match in _MARKUP_TAG.finditer(markup):
-            whole, escapes, tag = match.groups()
-            start, end = match.span()
-            if start > position:
-                pieces.append(markup[position:start].replace("\\[", "["))
-            if escapes:
-                backslashes, escaped = divmod(len(escapes), 2)
-                pieces.append("\\" * backslashes)
-                if escaped:  # an escaped tag is text
-                    pieces.append(whole[len(escapes) :])
-                    position = end
-                    continue
-            name = tag.partition("=")[0]
-            if name.startswith(("@", "/@")):
-                return None
-            if name.startswith("/"):
-                closes = name[1:].strip()
-                if closes:  # the newest tag of that name (rich matches normalised names)
-                    if closes not in open_tags:
-                        return None
-                    del open_tags[len(open_tags) - 1 - open_tags[::-1].index(closes)]
-                elif open_tags:
-                    open_tags.pop()
-                else:
-                    return None
-            else:
-                open_tags.append(name)
-            position = end
-        if position < len(markup):
-            pieces.append(markup[position:].replace("\\[", "["))
-    text = "".join(pieces).translate(_DROPPED_CONTROLS)
-    return None if "\t" in text else text
-
-
-def fail_line(message: str) -> None:
-    """One ``kaudit: error:`` line on stderr (never markup, never control characters)."""
-    click.echo(f"kaudit: error: {plain(message)}", err=True)
-
-
-# -- the group's options ---------------------------------------------------------------
-
-
-class Settings(NamedTuple):
-    """The group's options, which every command honours."""
-
-    verbosity: int = 0
-    """-1 with ``--quiet`` (results only), 0 by default, else how many ``--verbose``."""
-
-    @property
-    def quiet(self) -> bool:
-        return self.verbosity < 0
-
-    @property
-    def verbose(self) -> bool:
-        return self.verbosity > 0
-
-
-def settings() -> Settings:
-    """The settings of the command running now (the defaults outside one)."""
-    ctx = click.get_current_context(silent=True)
-    found = None if ctx is None else ctx.find_object(Settings)
-    return found if found is not None else Settings()
-
-
-JSON_META = "kronos_audit.cli.json"
-"""Key in ``click.Context.meta``: where the running command prints JSON ("stdout" or
-"stderr"), set by ``--json`` (:func:`kronos_audit.cli.options.json_option`) as it is
-parsed, so an error is printed as JSON there too."""
-_ARGS_META = "kronos_audit.cli.args"
-
-
-# -- output ----------------------------------------------------------------------------
-
-
-class Column(NamedTuple):
-    """A column of :meth:`Output.table`."""
-
-    header: str
-    justify: Literal["left", "right"] = "left"
-
-
-class Output:
-    """Where a command's report goes (stdout, or stderr for ``kaudit run``): rich markup
-    rendered in colour on a terminal, as plain text elsewhere (no ANSI codes, no box
-    drawing, no trailing spaces, and no line folded, so a key id or a path is never broken
-    where a script or a reader would look for it whole). Plain text is what rich would
-    print, made without importing rich wherever :func:`markup_as_plain_text` can say."""
-
-    def __init__(self, *, stderr: bool = False) -> None:
-        self._stderr = stderr
-        self._console: tuple[IO[str], Console] | None = None
-        self._broken: IO[str] | None = None  # a stream whose reader went away
-
-    @property
-    def stream(self) -> IO[str]:
-        return sys.stderr if self._stderr else sys.stdout
-
-    @property
-    def is_terminal(self) -> bool:
-        isatty = getattr(self.stream, "isatty", None)
-        return bool(isatty is not None and isatty())
-
-    @property
-    def console(self) -> Console:
-        stream = self.stream  # CliRunner swaps the streams between invocations
-        if self._console is None or self._console[0] is not stream:
-            from rich.console import Console
-
-            terminal = self.is_terminal
-            console = Console(
-                file=stream,
-                # off a terminal: plain text whatever FORCE_COLOR or TERM say
-                force_terminal=None if terminal else False,
-                color_system="auto" if terminal else None,
-                highlight=False,
-                emoji=False,  # a name such as ":thumbs_up:" is printed as written
-                soft_wrap=True,  # never fold a line
-            )
-            self._console = (stream, console)
-        return self._console[1]
-
-    def print(self, markup: str = "") -> None:
-        """One line of rich markup (every name in it through :func:`safe`)."""
-        if not self.is_terminal:
-            text = markup_as_plain_text(markup)
-            if text is not None:  # what rich would print, without importing it
-                self._write(text + "\n")
-                return
-        self.console.print(markup)
-
-    def _write(self, text: str) -> None:
-        """Write and flush ``text`` as rich's Console does off a terminal, a closed pipe
-        included (Console.on_broken_pipe: standard output to /dev/null, exit 1)."""
-        stream = self.stream
-        if stream is self._broken:
-            return
-        try:
-            stream.write(text)
-            stream.flush()
-        except BrokenPipeError:
-            self._broken = stream
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            raise SystemExit(1) from None
-        except UnicodeEncodeError as e:
-            e.reason = (
-                f"{e.reason}\n*** You may need to add PYTHONIOENCODING=utf-8 to your "
-                "environment ***"
-            )
-            raise
-
-    def note(self, markup: str) -> None:
-        """A line that is not a result (a hint, a progress note): not with ``--quiet``."""
-        if not settings().quiet:
-            self.print(markup)
-
-    def json(self, document: object) -> None:
-        """``document`` as indented JSON (ASCII only: no control character reaches the
-        terminal raw)."""
-        import json
-
-        click.echo(json.dumps(document, indent=2), err=self._stderr)
-
-    def table(
-        self,
-        columns: Sequence[Column],
-        rows: Sequence[Sequence[str]],
-        *,
-        title: str | None = None,
-        caption: str | None = None,
-        bold_rows: frozenset[int] = frozenset(),
-    ) -> None:
-        """``rows`` of rich markup cells under ``columns``, aligned with spaces: no box, no
-        folding; headers bold on a terminal; rows whose index is in ``bold_rows`` bold."""
-        from rich.text import Text
-
-        widths = [Text(c.header).cell_len for c in columns]
-        lengths = [[Text.from_markup(cell).cell_len for cell in row] for row in rows]
-        for row_lengths in lengths:
-            widths = [max(w, n) for w, n in zip(widths, row_lengths, strict=True)]
-
-        def line(cells: Sequence[str], cell_lengths: Sequence[int]) -> str:
-            parts = []
-            for column, cell, n, width in zip(columns, cells, cell_lengths, widths, strict=True):
-                pad = " " * (width - n)
-                parts.append(pad + cell if column.justify == "right" else cell + pad)
-            return "  ".join(parts).rstrip()
-
-        if title is not None:
-            self.print(title)
-        headers = [safe(c.header) for c in columns]
-        self.print(f"[bold]{line(headers, [Text(c.header).cell_len for c in columns])}[/]")
-        for i, (row, row_lengths) in enumerate(zip(rows, lengths, strict=True)):
-            text = line(row, row_lengths)
-            self.print(f"[bold]{text}[/]" if i in bold_rows else text)
-        if caption is not None:
-            self.print(caption)
-
-
-out = Output()
-"""Standard output: results."""
-err = Output(stderr=True)
-"""Standard error: what ``kaudit run`` says, beside its command's own output."""
-
-
 # -- the group -------------------------------------------------------------------------
+
+_ARGS_META = "kronos_audit.cli.args"
 
 
 def _json_stream(ctx: click.Context) -> str | None:
@@ -512,7 +262,9 @@ class KauditGroup(click.Group):
         except OSError as e:  # the environment failed us (disk full, I/O error): say where
             where = f"{e.filename}: " if e.filename else ""
             message = e.strerror or str(e)
-            _fail(ctx, message, e.filename, 2, type(e).__name__, f"{where}{message}")
+            _fail(
+                ctx, message, e.filename, ExitCode.BAD_INPUT, type(e).__name__, f"{where}{message}"
+            )
         except click.ClickException as e:
             if _json_stream(ctx) is None:
                 raise  # click shows its usage message

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from kronos_audit.cli._app import Column, out, safe
+from kronos_audit.cli.output import Column, out, safe
 
 if TYPE_CHECKING:
     from kronos_audit.compare import Comparison, DatasetComparison, Mismatch

@@ -1,5 +1,6 @@
-"""Options several commands share: ``--json``, whose signatures they accept (the trust
-anchors), and how closely checkpoints must agree (the tolerances).
+"""Options and arguments several commands share: ``--json``, whose signatures they accept
+(the trust anchors), how closely checkpoints must agree (the tolerances), the DVC remote
+and the manifests that TARGETS arguments name.
 
 Nothing here imports the library at module level: a command's ``--help`` stays fast.
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from kronos_audit.cli._app import JSON_META, plain
+from kronos_audit.cli.output import plain
 
 if TYPE_CHECKING:
     from kronos_audit.compare import TolerancePolicy
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
     from kronos_audit.project.repository import Project
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+JSON_META = "kronos_audit.cli.json"
+"""Key in ``click.Context.meta``: where the running command prints JSON ("stdout" or
+"stderr"), set by ``--json`` (:func:`json_option`) as it is parsed, so an error is
+printed as JSON there too."""
 
 
 def json_option(
@@ -180,6 +186,31 @@ def tolerance_policy(
         rtol=r, atol=t, ulp=None if u is None else int(u), tol=tol, base=base
     )
     return policy, project
+
+
+# -- storage ---------------------------------------------------------------------------
+
+REMOTE_OPTION = click.option("--remote", help="DVC remote name (default: the default remote).")
+
+
+def manifests_named(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
+    """The manifests named: run directories expanded, a checkpoint or a sharded step's
+    directory taken for its manifest, attestations passed over (they record a replay, not
+    a checkpoint); none named: every manifest in the repository."""
+    from kronos_audit.checkpoint.layout import expand_targets, statements_in
+    from kronos_audit.errors import UsageError
+    from kronos_audit.project.repository import find_project
+
+    project = find_project(targets[0] if targets else Path.cwd()).require_initialized()
+    if targets:
+        found = expand_targets(list(targets), attestations=False)
+        if not found:
+            raise UsageError("no manifest (*.kaudit.json) named", path=targets[0])
+        return project, found
+    found = list(statements_in(project.root).manifests)
+    if not found:
+        raise UsageError("no manifest (*.kaudit.json) in this repository", path=project.root)
+    return project, found
 
 
 # -- asking and warning ----------------------------------------------------------------

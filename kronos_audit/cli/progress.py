@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, BinaryIO
 import click
 
 from kronos_audit._internal.progress import reporting
-from kronos_audit.cli._app import JSON_META, fail_line, plain, settings
+from kronos_audit.cli.options import JSON_META
+from kronos_audit.cli.output import fail_line, plain, settings
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -64,7 +65,7 @@ class Bar:
             self._progress.update(task, completed=done, total=total or None)
 
     def error(self, message: str) -> None:
-        """A ``kaudit: error:`` line (:func:`kronos_audit.cli._app.fail_line`), above the
+        """A ``kaudit: error:`` line (:func:`kronos_audit.cli.output.fail_line`), above the
         bars while they are shown."""
         if self._progress is None:
             fail_line(message)

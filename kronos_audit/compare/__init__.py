@@ -18,11 +18,11 @@ from kronos_audit.compare.files import compare_files
 from kronos_audit.compare.interface import (
     SCHEMA_NAME,
     Comparison,
-    DataKind,
     DatasetComparison,
     Mismatch,
     Verdict,
 )
+from kronos_audit.compare.kinds import DataKind
 from kronos_audit.compare.plan import data_kind
 from kronos_audit.compare.policy import (
     Tolerance,

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit.compare.interface import DataKind, DatasetComparison, Mismatch, Scalar, Verdict
+from kronos_audit.compare.interface import DatasetComparison, Mismatch, Scalar, Verdict
+from kronos_audit.compare.kinds import DataKind
 from kronos_audit.compare.plan import Plan
 from kronos_audit.compare.policy import Tolerance
 from kronos_audit.compare.ulp import (

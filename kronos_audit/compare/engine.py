@@ -22,7 +22,8 @@ import numpy as np
 
 from kronos_audit.compare.accumulate import Accumulator
 from kronos_audit.compare.blocks import BLOCK_BYTES, array_blocks, dataset_shape, h5_blocks
-from kronos_audit.compare.interface import DataKind, DatasetComparison, Verdict
+from kronos_audit.compare.interface import DatasetComparison, Verdict
+from kronos_audit.compare.kinds import DataKind
 from kronos_audit.compare.plan import Plan, data_kind, describe_dtype, plan
 from kronos_audit.compare.policy import Tolerance, TolerancePolicy
 

@@ -11,10 +11,9 @@ import enum
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from kronos_audit.compare.policy import Tolerance, TolerancePolicy
+from kronos_audit.compare.policy import Tolerance, TolerancePolicy
 
 Scalar = bool | int | float | complex | str
 """One element as reported: numbers as Python numbers; strings, bytes and compound
@@ -23,40 +22,6 @@ elements as their text (``repr`` for bytes and compound)."""
 SCHEMA_NAME = "comparison-v1.schema.json"
 """The JSON Schema, in ``schemas/``, that :meth:`Comparison.to_json_obj` satisfies."""
 FORMAT = "kronos-audit/comparison/v1"
-
-
-class DataKind(enum.StrEnum):
-    """What kind of data a dataset holds: it decides which tolerance can apply (see
-    :meth:`TolerancePolicy.resolve`) and how elements are compared."""
-
-    FLOAT = "float"
-    """Real floating point (half, single, double, extended precision)."""
-    COMPLEX = "complex"
-    """Complex floating point."""
-    INTEGER = "integer"
-    """Signed or unsigned integers (enums too): exact unless a rule names them."""
-    BOOLEAN = "boolean"
-    """Booleans: exact unless a rule names them."""
-    STRING = "string"
-    """Text, fixed or variable length: always exact."""
-    BYTES = "bytes"
-    """Byte strings, fixed or variable length: always exact."""
-    COMPOUND = "compound"
-    """Structured records: always exact, byte for byte."""
-    OPAQUE = "opaque"
-    """Anything else numpy holds as raw bytes: always exact."""
-    OBJECT = "object"
-    """Python objects (in memory only): always exact."""
-
-    @property
-    def numeric(self) -> bool:
-        """Measured element by element (errors, ULP), and a tolerance can apply."""
-        return self in (DataKind.FLOAT, DataKind.COMPLEX, DataKind.INTEGER, DataKind.BOOLEAN)
-
-    @property
-    def counted(self) -> bool:
-        """Integers and booleans: compared exactly unless a rule names them."""
-        return self in (DataKind.INTEGER, DataKind.BOOLEAN)
 
 
 class Verdict(enum.StrEnum):

@@ -21,7 +21,7 @@ from kronos_audit.checkpoint.hashing import (
     dtype_name,
     vlen_kind,
 )
-from kronos_audit.compare.interface import DataKind
+from kronos_audit.compare.kinds import DataKind
 
 _KIND_OF = {
     "f": DataKind.FLOAT,

@@ -18,7 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kronos_audit.compare.interface import DataKind
+from kronos_audit.compare.kinds import DataKind
 from kronos_audit.errors import UsageError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit.compare.interface import DataKind
+from kronos_audit.compare.kinds import DataKind
 
 Array = np.ndarray[Any, Any]
 

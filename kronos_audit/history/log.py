@@ -141,10 +141,9 @@ def _remote_locations(
     project: Project, manifests: Sequence[Manifest], remote: str | None
 ) -> dict[Path, DataLocation]:
     """Which of these (absent) checkpoints the DVC remote holds: one query for all."""
-    from kronos_audit.history.status import recorded
-    from kronos_audit.storage import Location, locate
+    from kronos_audit.history.status import Location, locate
 
-    entries = locate(project, [recorded(m) for m in manifests], remote)
+    entries = locate(project, manifests, remote)
     return {
         e.manifest: DataLocation.REMOTE
         if e.location is Location.REMOTE_ONLY

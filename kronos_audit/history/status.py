@@ -1,42 +1,66 @@
 """``kaudit status``: where the checkpoint each manifest records is (here, in the DVC
 remote, both, pruned, neither, or here but corrupt).
 
-Reads the manifests and hands storage what they record; storage, a layer below
-manifests, never reads one (:func:`kronos_audit.storage.locate`).
-
 Status is a cheap local view, not a verification: no data is hashed but that of the
 checkpoints here, and no manifest's own signature is checked. A checkpoint that is not
 here is ``pruned`` only when a later manifest of its run beside it lists it in its
 retention record and that manifest's signature verifies under the trust anchors (as
 ``kaudit log`` and ``kaudit verify`` decide it); a record anyone could have written
 does not turn deleted data into pruned data. ``kaudit verify`` checks the rest.
+
+Storage is asked only what the remote holds (:meth:`Storage.remote_sizes`, by the md5
+each manifest records); reading the manifests and the retention records is done here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
-from kronos_audit.storage import Recorded, StatusEntry, locate
+from kronos_audit.storage.remote import Storage
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.verifier import Verifier
 
 
-def recorded(manifest: Manifest) -> Recorded:
-    """What ``manifest`` records of its checkpoint's data."""
-    return Recorded(
-        manifest=manifest.path,
-        checkpoint=manifest.checkpoint_path,
-        step=manifest.step,
-        md5=manifest.subject_md5,
-        sha256=manifest.subject_sha256,
-        size=manifest.record.size,
-    )
+class Location(Enum):
+    """Where a checkpoint's data is, as ``kaudit status`` shows it."""
+
+    LOCAL = "local"
+    """Here and valid, not (fully) in the remote."""
+    PUSHED = "pushed"
+    """Here and valid, and in the remote."""
+    REMOTE_ONLY = "remote-only"
+    """Not here; in the remote."""
+    PRUNED = "pruned"
+    """Not here, deleted on purpose: a signed retention record prunes it (the remote is
+    not asked)."""
+    MISSING = "missing"
+    """Neither here nor in the remote, and not pruned."""
+    CORRUPT = "corrupt"
+    """Here, but not the bytes its manifest signs."""
+
+
+@dataclass(frozen=True)
+class StatusEntry:
+    """Where one checkpoint's data is."""
+
+    manifest: Path
+    """Its manifest."""
+    checkpoint: Path
+    """The checkpoint file."""
+    step: int
+    """Its step."""
+    location: Location
+    """local / pushed / remote-only / pruned / missing / corrupt."""
+    size: int
+    """Recorded size in bytes."""
 
 
 def status(
@@ -55,14 +79,51 @@ def status(
     cache = ManifestCache()
     read = [cache.read(m) for m in manifests]
     verifier: Verifier | None = None
-    found = []
+    pruned: set[Path] = set()
     for m in read:
-        entry = recorded(m)
         if not os.path.exists(m.checkpoint_path):
             if verifier is None:
                 verifier = Verifier(
                     project, load_keyring(project.root, trust), fetch=False, cache=cache
                 )
-            entry = replace(entry, pruned=verifier.pruned_by(m) is not None)
-        found.append(entry)
-    return locate(project, found, remote, check_remote=check_remote)
+            if verifier.pruned_by(m) is not None:
+                pruned.add(m.path)
+    return locate(project, read, remote, check_remote=check_remote, pruned=pruned)
+
+
+def locate(
+    project: Project,
+    manifests: Sequence[Manifest],
+    remote: str | None = None,
+    *,
+    check_remote: bool = True,
+    pruned: Collection[Path] = frozenset(),
+) -> list[StatusEntry]:
+    """Classify the checkpoint each manifest records, by what it records (md5, sha256,
+    size); the remote is asked once for all of them, not about those pruned. ``pruned``
+    names the manifests whose absent checkpoint a signed retention record prunes (the
+    caller checked that record)."""
+    sizes: dict[str, int | None] = {}
+    if check_remote:
+        ask = [
+            m.subject_md5
+            for m in manifests
+            if m.subject_md5 and not (m.path in pruned and not m.checkpoint_path.exists())
+        ]
+        sizes = Storage(project).remote_sizes(ask, remote)
+    entries = []
+    for m in manifests:
+        md5, size, checkpoint = m.subject_md5, m.record.size, m.checkpoint_path
+        in_remote = md5 is not None and sizes.get(md5) == size
+        if checkpoint.exists():
+            with open(checkpoint, "rb") as f:
+                ok = hashlib.file_digest(f, "sha256").hexdigest() == m.subject_sha256
+            location = (
+                Location.CORRUPT if not ok else Location.PUSHED if in_remote else Location.LOCAL
+            )
+        elif m.path in pruned:
+            location = Location.PRUNED
+        else:
+            location = Location.REMOTE_ONLY if in_remote else Location.MISSING
+        entries.append(StatusEntry(m.path, checkpoint, m.step, location, size))
+    return entries

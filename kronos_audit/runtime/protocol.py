@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-PREEMPTED_EXIT = 75
+from kronos_audit.errors import ExitCode
+
+PREEMPTED_EXIT = ExitCode.PREEMPTED
 RESTART_COUNT_ENV = "KAUDIT_RESTART_COUNT"
 PROGRESS_ENV = "KAUDIT_PROGRESS"
 RESUME_FROM_ENV = "KAUDIT_RESUME_FROM"

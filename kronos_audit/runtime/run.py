@@ -66,6 +66,7 @@ from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (
     CheckpointError,
     Error,
+    ExitCode,
     ManifestError,
     RunLocked,
     StorageError,
@@ -581,7 +582,7 @@ class Run:
         if final and self.publisher.exits_after_final:
             writer.flush()
             self._agreed_exit = True  # every rank of a replay leaves here, at step N
-            raise SystemExit(0)  # the replay's instruction: write step N there, then exit
+            raise SystemExit(ExitCode.OK)  # the replay's instruction: write step N there, then exit
         if preempted:
             if step != self._last_saved_step:
                 last = (

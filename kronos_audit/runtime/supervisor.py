@@ -47,7 +47,7 @@ from signal import Signals
 from types import FrameType
 from typing import Any
 
-from kronos_audit.errors import UsageError
+from kronos_audit.errors import ExitCode, UsageError
 from kronos_audit.runtime.protocol import (
     NOTHING,
     PREEMPTED_EXIT,
@@ -68,7 +68,7 @@ FORWARDED_SIGNALS: tuple[Signals, ...] = (
 )
 """Signals the supervisor catches and passes on to the running command, each once."""
 
-REFUSED_EXIT = 2
+REFUSED_EXIT = ExitCode.BAD_INPUT
 """The command refused its input or its task (kronos-audit's exit status for a usage error,
 bad input, or a run another process is writing): it is not restarted."""
 

@@ -8,7 +8,6 @@ The rooms follow dvc-data's split:
   it holds and fetches what a signed manifest names (:mod:`~kronos_audit.storage.fetch`
   checks it before it becomes visible); :func:`configure_remote` keeps credentials out of
   git.
-- :mod:`~kronos_audit.storage.status`: where each checkpoint's data is.
 - :mod:`~kronos_audit.storage.runs`: :class:`RunFiles`, a run's small files (its
   manifests) beside DVC's objects in the remote, ``kaudit/runs/<run>/``, through DVC's
   file system for that remote; listing and reading bounded.
@@ -20,7 +19,6 @@ manifest records. DVC's own log chatter is kept to its loggers (see ``_dvc``).
 from kronos_audit.storage.fetch import FETCH_CHUNK, FETCHED_MODE, FetchItem
 from kronos_audit.storage.remote import Storage, configure_remote
 from kronos_audit.storage.runs import RunFiles
-from kronos_audit.storage.status import Location, Recorded, StatusEntry, locate
 from kronos_audit.storage.tracking import (
     DEFAULT_CACHE_TYPES,
     DVC_SUFFIX,
@@ -47,10 +45,7 @@ __all__ = [
     "FICLONE",
     "LINK_FRIENDLY_CACHE_TYPES",
     "FetchItem",
-    "Location",
-    "Recorded",
     "RunFiles",
-    "StatusEntry",
     "Storage",
     "cache_object_path",
     "cache_settings",
@@ -61,7 +56,6 @@ __all__ = [
     "forget_ignored",
     "init_dvc",
     "link_into_cache",
-    "locate",
     "read_dvc_file",
     "track",
     "write_dvc_file",

@@ -233,17 +233,18 @@ def test_every_help_has_an_example(command: tuple[str, ...]) -> None:
 
 
 def test_values_spelled_out_for_a_fast_help_match_the_library() -> None:
-    from kronos_audit.cli import comparison, manifests, replay, storage
+    from kronos_audit.cli import comparison
+    from kronos_audit.cli.commands import keys, replay, status
     from kronos_audit.compare import Verdict
+    from kronos_audit.history.status import Location
     from kronos_audit.keys import keyfile as signing
     from kronos_audit.replay import EnvMode, Outcome
-    from kronos_audit.storage import Location
 
-    assert manifests.PASSPHRASE_ENV == signing.PASSPHRASE_ENV
+    assert keys.PASSPHRASE_ENV == signing.PASSPHRASE_ENV
     assert tuple(m.value for m in EnvMode) == replay.ENV_MODES
     assert set(replay.OUTCOME_STYLE) == {o.value for o in Outcome}
     assert set(comparison.STYLE) == set(comparison.SUMMARY_WORDS) == {v.value for v in Verdict}
-    assert set(storage._COLOURS) == {loc.value for loc in Location}
+    assert set(status._COLOURS) == {loc.value for loc in Location}
 
 
 # -- errors as JSON --------------------------------------------------------------------
@@ -423,14 +424,12 @@ def test_verify_of_a_present_checkpoint_imports_only_what_it_needs(
     # Nothing of DVC (a present checkpoint is never fetched), of comparison, replay, the
     # run loop or signing; none of the modules that run git for another purpose
     # (provenance's git state, replay's worktree, storage's credentials check), nor
-    # gitpython; no scan of the installed distributions; and no rich, since standard
-    # output is not a terminal.
+    # gitpython; and no scan of the installed distributions.
     assert not under(
         "dvc",
         "dvc_data",
         "dvc_objects",
         "git",
-        "rich",
         "importlib.metadata",
         "tomllib",
         "kronos_audit.storage",
@@ -464,7 +463,7 @@ def test_a_missing_checkpoint_is_still_fetched_through_storage(
     assert checkpoint.is_file()
 
 
-# -- plain output without rich ---------------------------------------------------------
+# -- plain output, as rich prints it ---------------------------------------------------
 
 
 def rich_prints(markup: str) -> str:
@@ -501,47 +500,27 @@ def markup_corpus(n: int, seed: int) -> list[str]:
     return ["".join(rng.choices(pieces, k=rng.randint(0, 10))) for _ in range(n)]
 
 
-def test_plain_text_of_markup_is_what_rich_prints() -> None:
-    from rich.errors import MarkupError
-
-    from kronos_audit.cli._app import markup_as_plain_text
-
-    fast = 0
-    for markup in markup_corpus(4000, seed=9):
-        text = markup_as_plain_text(markup)
-        if text is None:
-            continue  # Output leaves it to rich
-        fast += 1
-        try:
-            expected = rich_prints(markup)
-        except MarkupError:
-            pytest.fail(f"rich refuses {markup!r}, which was printed as {text!r}")
-        assert text + "\n" == expected, markup
-    assert fast > 1500  # most markup needs no rich (the rest: tabs, tags that close nothing)
-
-
-def test_escaping_a_name_is_richs_escape() -> None:
+def test_a_name_in_markup_is_printed_as_itself() -> None:
     from rich.markup import escape
 
-    from kronos_audit.cli._app import escape_markup, markup_as_plain_text, plain, safe
+    from kronos_audit.cli.output import plain, safe
 
     for name in markup_corpus(4000, seed=90):
-        assert escape_markup(name) == escape(name), name
-        # a name in markup prints as rich prints it; and as itself (made inert by plain)
-        # when it has no backslash: rich's escape() leaves a backslash before "[" or at
-        # the end of a name as it is, and rich then reads it as an escape (as kaudit
-        # always has: a backslash can be lost, never a tag read).
+        assert safe(name) == escape(plain(name)), name
+        # a name in markup prints as itself (made inert by plain) when it has no
+        # backslash: rich's escape() leaves a backslash before "[" or at the end of a
+        # name as it is, and rich then reads it as an escape (as kaudit always has: a
+        # backslash can be lost, never a tag read).
         line = f"[green]ok[/]  {safe(name)}  [bold]{safe(name)}[/bold]"
-        assert markup_as_plain_text(line) is not None, name
-        assert f"{markup_as_plain_text(line)}\n" == rich_prints(line), name
+        printed = rich_prints(line)  # never a MarkupError
         if "\\" not in name:
-            assert markup_as_plain_text(line) == f"ok  {plain(name)}  {plain(name)}"
+            assert printed == f"ok  {plain(name)}  {plain(name)}\n", name
 
 
 def test_output_off_a_terminal_prints_what_rich_would(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from kronos_audit.cli._app import Output
+    from kronos_audit.cli.output import Output
 
     cases = [*markup_corpus(300, seed=900), "[/]", "a\tb", "[@click]x[/]", "[red]x[/blue]"]
     for markup in cases:
@@ -577,3 +556,48 @@ def test_plain_output_into_a_closed_pipe_exits_1_without_a_word(
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (1, "")
+
+
+# -- exit codes ------------------------------------------------------------------------
+
+
+def test_exit_numbers_are_written_only_in_exit_code() -> None:
+    """Every exit the package chooses (``ctx.exit``, ``sys.exit``, ``SystemExit``, an
+    error's ``exit_code``, a ``*_EXIT`` constant) names an :class:`ExitCode`, never a
+    bare number: kronos_audit/errors.py's ExitCode is the one place they are written."""
+    import ast
+
+    from kronos_audit.errors import ExitCode
+
+    assert [(c.name, int(c)) for c in ExitCode] == [
+        ("OK", 0),
+        ("CHECK_FAILED", 1),
+        ("BAD_INPUT", 2),
+        ("PREEMPTED", 75),
+    ]
+    package = Path(ka.__file__).parent
+
+    def numbers(node: ast.AST) -> list[int]:
+        return [
+            n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and type(n.value) is int
+        ]
+
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        where = path.relative_to(package.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in {"exit", "SystemExit", "Exit"} and any(numbers(a) for a in node.args):
+                    offenders.append(f"{where}:{node.lineno}")
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [
+                    t.id if isinstance(t, ast.Name) else getattr(t, "attr", "") for t in targets
+                ]
+                exits = [n for n in names if n in {"exit_code", "code"} or n.endswith("_EXIT")]
+                if exits and node.value is not None and numbers(node.value):
+                    offenders.append(f"{where}:{node.lineno}")
+    assert not offenders, offenders

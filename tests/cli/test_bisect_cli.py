@@ -1,5 +1,5 @@
-"""`kaudit bisect` (kronos_audit.cli.bisect): the report, exit codes 0/1/2, the tolerance
-options and [compare] config shared with `kaudit diff`, --json, bad input as one line."""
+"""`kaudit bisect` (kronos_audit.cli.commands.bisect): the report, exit codes 0/1/2, the
+tolerance options and [compare] config shared with `kaudit diff`, --json, bad input as one line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`kaudit diff` (kronos_audit.cli.diff): output, exit codes, tolerances from options and
-from .kaudit/config.toml, --json against the schema, bad input."""
+"""`kaudit diff` (kronos_audit.cli.commands.diff): output, exit codes, tolerances from
+options and from .kaudit/config.toml, --json against the schema, bad input."""
 
 from __future__ import annotations
 

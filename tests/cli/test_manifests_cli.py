@@ -1,4 +1,4 @@
-"""`kaudit init`, `keys`, `snapshot`, `verify`, `show` (kronos_audit.cli.manifests).
+"""`kaudit init`, `keys`, `snapshot`, `verify`, `show` (kronos_audit.cli.commands).
 
 Most tests call the click app in-process; the last few run kaudit as a subprocess, the
 way a user or a CI job does.

@@ -1,4 +1,4 @@
-"""`kaudit push`, `pull`, `status` (kronos_audit.cli.storage) with --json, against a DVC
+"""`kaudit push`, `pull`, `status` (kronos_audit.cli.commands) with --json, against a DVC
 remote in a local directory."""
 
 from __future__ import annotations

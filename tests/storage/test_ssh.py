@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.history.status import status
+from kronos_audit.history.status import Location, status
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.storage import Location, configure_remote
+from kronos_audit.storage import configure_remote
 from tests.helpers import KAUDIT, git, run_cli
 from tests.sshd import SSHRemote, unused_port
 

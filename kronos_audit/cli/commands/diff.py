@@ -6,9 +6,10 @@ from pathlib import Path
 
 import click
 
-from kronos_audit.cli._app import out
 from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import json_option, tolerance_options, tolerance_policy
+from kronos_audit.cli.output import out
+from kronos_audit.errors import ExitCode
 
 
 @click.command()
@@ -52,4 +53,4 @@ def diff(
         out.json(doc)
     else:
         render_comparison(result, project)
-    ctx.exit(0 if result.ok else 1)
+    ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)

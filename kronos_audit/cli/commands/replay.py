@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import out, safe, settings
 from kronos_audit.cli.comparison import STYLE, SUMMARY_WORDS, dataset_details
 from kronos_audit.cli.options import (
     ask_passphrase,
@@ -18,7 +17,8 @@ from kronos_audit.cli.options import (
     trust_from,
     trust_options,
 )
-from kronos_audit.errors import UsageError
+from kronos_audit.cli.output import out, safe, settings
+from kronos_audit.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
     from kronos_audit.replay import Attestation, ReplayResult
@@ -138,7 +138,7 @@ def replay(
         out.json(result.to_json_obj())
     else:
         render(result, attestation)
-    ctx.exit(0 if result.ok else 1)
+    ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)
 
 
 def _seconds(x: float) -> str:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import out, safe
 from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import (
     json_option,
@@ -16,6 +15,8 @@ from kronos_audit.cli.options import (
     trust_from,
     trust_options,
 )
+from kronos_audit.cli.output import out, safe
+from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.compare import TolerancePolicy
@@ -67,7 +68,7 @@ def bisect_command(
         out.json(doc)
     else:
         _render(result, project)
-    ctx.exit(1 if result.diverged else 0)
+    ctx.exit(ExitCode.CHECK_FAILED if result.diverged else ExitCode.OK)
 
 
 def _chain_line(label: str, chain: Chain) -> str:

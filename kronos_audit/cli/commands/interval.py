@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kronos_audit.cli._app import Column, out, safe
 from kronos_audit.cli.options import json_option
+from kronos_audit.cli.output import Column, out, safe
 from kronos_audit.errors import UsageError
 
 if TYPE_CHECKING:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from kronos_audit.cli._app import out, safe
 from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.output import out, safe
+from kronos_audit.errors import ExitCode
 
 # kronos_audit.report.ReportFormat's values, spelled out so that `--help` need not import
 # the report package (Jinja2)
@@ -101,4 +102,4 @@ def report(
         out.print(f"[bold {style}]{result.verdict.value}[/] report written to {safe(out_path)}")
         for reason in result.reasons:
             out.note(f"  {safe(reason)}")
-    ctx.exit(0 if result.ok else 1)
+    ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import error_json, fail_line, out, safe
+from kronos_audit.cli._app import error_json
 from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
+from kronos_audit.cli.output import fail_line, out, safe
 from kronos_audit.cli.progress import progress_bar
+from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.history.log import RunLog
@@ -115,4 +117,4 @@ def log(
             out.print(f"  signer      {_signer(r)}")
             out.print(f"  date        {safe(r.created)}")
             out.print(f"  data        {_where(r)}")
-    ctx.exit(2 if result.problems else 0)
+    ctx.exit(ExitCode.BAD_INPUT if result.problems else ExitCode.OK)

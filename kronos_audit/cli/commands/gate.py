@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli._app import out, safe, settings
 from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.cli.progress import progress_bar
+from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.gate import Case, GateResult
@@ -84,7 +85,7 @@ def gate(
         out.json(result.to_json_obj())
     else:
         render(result)
-    ctx.exit(0 if result.ok else 1)
+    ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)
 
 
 def _show_case(case: Case) -> None:

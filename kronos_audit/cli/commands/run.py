@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kronos_audit.cli._app import Column, err, safe
 from kronos_audit.cli.options import json_option
+from kronos_audit.cli.output import Column, err, safe
 
 if TYPE_CHECKING:
     from kronos_audit.runtime.supervisor import SupervisorEvent, SupervisorResult

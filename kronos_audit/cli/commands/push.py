@@ -1,0 +1,144 @@
+"""`kaudit push`: checkpoints whose manifests verify, to a DVC remote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kronos_audit.cli._app import error_json
+from kronos_audit.cli.options import (
+    REMOTE_OPTION,
+    json_option,
+    manifests_named,
+    trust_from,
+    trust_options,
+    warn,
+)
+from kronos_audit.cli.output import out, plain, safe
+from kronos_audit.errors import Error, ExitCode, UsageError
+
+
+@click.command()
+@click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
+@REMOTE_OPTION
+@trust_options
+@json_option("Print what was pushed as JSON.")
+@click.pass_context
+def push(
+    ctx: click.Context,
+    targets: tuple[Path, ...],
+    remote: str | None,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+    as_json: bool,
+) -> None:
+    """Push checkpoints (RUN_DIR or MANIFEST...; default: all) to the DVC remote.
+
+    Each manifest's signature and place are verified first; the data goes by the md5 and
+    size the manifest signs (.dvc files are not consulted), and is confirmed in the remote
+    afterwards. Exit 1 if a manifest does not verify (it is not pushed) or an object is
+    not in the remote after the push, 2 for bad input.
+
+    \b
+    Example:
+      kaudit push checkpoints/heat --trusted-key alice.pub
+    """
+    from kronos_audit.cli.progress import progress_bar
+    from kronos_audit.errors import PushIncomplete
+    from kronos_audit.keys.anchors import load_keyring
+    from kronos_audit.runtime.resume_remote import push_manifests
+    from kronos_audit.storage import FetchItem, Storage
+    from kronos_audit.verification.chain import place_check
+    from kronos_audit.verification.verifier import Verifier
+
+    project, manifests = manifests_named(targets)
+    keyring = load_keyring(project.root, trust_from(trusted_keys, trust_ref, require_anchor))
+    if not as_json:
+        for problem in keyring.problems:
+            warn(problem)
+    verifier = Verifier(project, keyring)
+    # What is pushed is what verified manifests sign: a manifest that does not verify is
+    # named and neither it nor its data goes.
+    bad: dict[Path, Error] = {}  # bad input: exit 2, the others still go
+    refused: dict[Path, str] = {}
+    items: dict[Path, FetchItem] = {}  # by manifest
+    absent: list[Path] = []
+    for m in manifests:
+        try:
+            manifest = verifier.cache.read(m)
+        except Error as e:
+            bad[m] = e
+            continue
+        signed = verifier.signature(manifest)
+        place = place_check(project, manifest)
+        if not signed.ok or not place.ok:
+            why = f"signature: {signed.detail}" if not signed.ok else f"place: {place.detail}"
+            refused[m] = f"not pushed, the manifest does not verify ({why})"
+            continue
+        checkpoint = manifest.checkpoint_path
+        if not checkpoint.exists():
+            absent.append(m)
+        elif manifest.subject_md5 is None:
+            refused[m] = "not pushed: its manifest records no DVC md5 to push the data by"
+        else:
+            items[m] = FetchItem(
+                checkpoint, manifest.subject_md5, manifest.subject_sha256, manifest.record.size
+            )
+    if not items and not refused and not bad:
+        raise UsageError("none of these checkpoints is here to push", path=manifests[0])
+    storage = Storage(project)
+    missing: dict[Path, str] = {}
+    uploaded = 0
+    sent = 0
+    with progress_bar() as bar:
+        bar.update(f"pushing {len(items)} checkpoint(s)", 0, 0)
+        if items:
+            try:
+                uploaded = storage.push(list(items.values()), remote)
+            except PushIncomplete as e:
+                missing, uploaded = e.missing, e.uploaded
+        # The manifests travel with their data, after it, as Run(push=True) sends them:
+        # a run resumes on another machine from the remote (docs/storage.md). All of
+        # them whose data is there (or pruned), those of pruned checkpoints too: they are
+        # the chain. One whose data is not in the remote stays here.
+        to_send = [
+            m
+            for m in manifests
+            if m not in refused
+            and m not in bad
+            and (m not in items or items[m].checkpoint not in missing)
+        ]
+        sent = push_manifests(storage, to_send, remote) if to_send else 0
+    ok = not refused and not missing and not bad
+    code = ExitCode.BAD_INPUT if bad else ExitCode.OK if ok else ExitCode.CHECK_FAILED
+    if as_json:
+        out.json(
+            {
+                "ok": ok,
+                "pushed": [
+                    str(i.checkpoint) for i in items.values() if i.checkpoint not in missing
+                ],
+                "uploaded": uploaded,
+                "manifests": sent,
+                "not_here": [str(verifier.cache.read(m).checkpoint_path) for m in absent],
+                "failed": [{"path": str(p), "detail": why} for p, why in refused.items()]
+                + [{"path": str(p), "detail": why} for p, why in missing.items()],
+                "errors": [error_json(e) for e in bad.values()],
+            }
+        )
+        ctx.exit(code)
+    for bad_input in bad.values():
+        click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
+    for path, why in [*refused.items(), *missing.items()]:
+        out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}")
+    pushed = len(items) - len(missing)
+    out.print(
+        f"pushed {pushed} checkpoint(s): {uploaded} object(s) uploaded, "
+        f"the rest were in the remote already (each confirmed there, by its signed md5 and "
+        f"size); their {sent} manifest(s) beside them"
+        + (f"; {len(absent)} not here (pruned or never pulled), left as they are" if absent else "")
+        + (f"; {len(refused) + len(missing) + len(bad)} not pushed (above)" if not ok else "")
+    )
+    ctx.exit(code)

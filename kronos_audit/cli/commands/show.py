@@ -1,0 +1,136 @@
+"""`kaudit show`: a manifest summarised, without verifying it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kronos_audit.cli.options import json_option
+from kronos_audit.cli.output import Column, out, safe
+
+
+@click.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@json_option("Print the decoded statement as JSON.")
+def show(manifest: Path, as_json: bool) -> None:
+    """Summarise a manifest (without verifying it: see `kaudit verify`).
+
+    \b
+    Example:
+      kaudit show checkpoints/heat/step-00000200.h5.kaudit.json
+    """
+    from kronos_audit.checkpoint.layout import resolve_target
+    from kronos_audit.statement.manifest import read_manifest
+
+    m = read_manifest(resolve_target(manifest))
+    if as_json:
+        # ensure_ascii: control characters in names come out as \u escapes, never raw.
+        click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
+        return
+    # Nothing here is verified, and anyone may have written it: every value goes through
+    # _text, which shows it as inert text (no rich markup, no terminal control) and shows
+    # a missing value as "none", never as Python's None.
+    p = m.record
+    g, env = p.git, p.environment
+    rows: list[tuple[str, str]] = [
+        ("manifest", _text(m.path)),
+        ("checkpoint", f"{_text(m.subject_name)}  ({_text(p.size)} bytes)"),
+        ("sha256", _text(m.subject_sha256)),
+        ("run / step", f"{_text(m.run)} / {_text(m.step)}"),
+        ("created", _text(p.created)),
+    ]
+    parent = (
+        f"{_text(p.parent_manifest, 'location not recorded')} ({_text(p.parent)})"
+        if p.parent is not None
+        else "none"
+    )
+    rows.append(("parent", parent))
+    dirty = f"  [yellow]dirty[/], patch {_text(g.patch_sha256)}" if g.dirty else ""
+    rows.append(("git", f"{_text(g.commit)} on {_text(g.branch, '(detached)')}{dirty}"))
+    rows.append(("remote", _text(g.remote)))
+    rows.append(
+        (
+            "python",
+            f"{_text(env.python_implementation)} {_text(env.python_version)}, "
+            f"{len(env.packages)} packages",
+        )
+    )
+    rows.append(
+        (
+            "platform",
+            f"{_text(env.system)} {_text(env.machine)}, {_text(env.cpu_model)}",
+        )
+    )
+    rows.append(("blas", f"{_text(env.blas_name)} {_text(env.blas_version)}"))
+    variables = " ".join(f"{k}={v}" for k, v in env.variables.items())
+    rows.append(("numeric env", _text(variables or None)))
+    rows.append(("env lock", _text(env.digest)))
+    rows.append(("seeds", _text(", ".join(str(s) for s in p.seeds) or None)))
+    rows.append(("command", _text(shlex.join(p.command) if p.command else "not recorded")))
+    rows.append(("cwd", _text(p.cwd)))
+    if p.attributes:
+        rows.append(("attributes", _text(json.dumps(_thaw(p.attributes), sort_keys=True))))
+    if p.restart_count is not None:
+        rows.append(("restarts", _text(p.restart_count)))
+    if p.scheduler is not None:
+        job = p.scheduler
+        where = ", ".join(x for x in (job.partition, job.nodelist) if x)
+        rows.append(
+            (
+                "scheduler",
+                _text(
+                    f"{job.name} job {job.job_id}, requeued {job.restart_count} time(s)"
+                    + (f" ({where})" if where else "")
+                ),
+            )
+        )
+    if p.shards is not None:
+        rows.append(
+            (
+                "shards",
+                _text(
+                    f"{p.shards.count} ranks, {p.shards.bytes:,} bytes; layout "
+                    + json.dumps(_thaw(p.shards.layout), sort_keys=True)
+                ),
+            )
+        )
+    signers = ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures)
+    rows.append(("signed by", signers))
+    # One line per field, the value whole: a long path or digest is never folded.
+    for label, value in rows:
+        out.print(f"[bold]{label:<13}[/]{value}".rstrip())
+    if m.datasets is not None:
+        out.table(
+            [Column("path"), Column("dtype"), Column("shape"), Column("sha256")],
+            [
+                (
+                    _text(ds.path),
+                    _text(ds.dtype),
+                    "null" if ds.shape is None else _text(list(ds.shape)),
+                    _text(ds.sha256[:16] + "..."),
+                )
+                for ds in m.datasets
+            ],
+            title=f"{len(m.datasets)} datasets",
+        )
+    elif p.shards is not None:
+        out.print("a sharded step: its index and every shard are covered by `kaudit verify`")
+    else:
+        out.print("not HDF5: covered by the file digest only")
+
+
+def _text(value: object, missing: str = "none") -> str:
+    """A value read from a manifest, as rich markup that prints it as inert text."""
+    return missing if value is None else safe(value)
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_thaw(v) for v in value]
+    if hasattr(value, "items"):
+        return {k: _thaw(v) for k, v in value.items()}
+    return value

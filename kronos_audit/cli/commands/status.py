@@ -1,0 +1,106 @@
+"""`kaudit status`: where each checkpoint is (local, pushed, remote-only, pruned, missing,
+corrupt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kronos_audit.cli.options import (
+    REMOTE_OPTION,
+    json_option,
+    manifests_named,
+    trust_from,
+    trust_options,
+)
+from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.errors import ExitCode
+
+# How `status` colours each location (by its value: the enum lives in the library).
+_COLOURS = {
+    "local": "yellow",
+    "pushed": "green",
+    "remote-only": "cyan",
+    "pruned": "blue",
+    "missing": "red",
+    "corrupt": "red",
+}
+
+
+@click.command("status")
+@click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
+@REMOTE_OPTION
+@click.option("--local-only", is_flag=True, help="Do not ask the remote.")
+@trust_options
+@json_option("Print each checkpoint's place as JSON.")
+@click.pass_context
+def status_command(
+    ctx: click.Context,
+    targets: tuple[Path, ...],
+    remote: str | None,
+    local_only: bool,
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+    as_json: bool,
+) -> None:
+    """Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local /
+    pushed / remote-only / pruned / missing / corrupt.
+
+    Pruned: not here, and a later manifest of its run, whose signature verifies under the
+    trust options (as for `kaudit verify`), records pruning it. Nothing else is verified:
+    that is `kaudit verify`.
+
+    Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
+
+    \b
+    Example:
+      kaudit status checkpoints/heat --local-only
+    """
+    from kronos_audit.history.status import status
+
+    project, manifests = manifests_named(targets)
+    trust = trust_from(trusted_keys, trust_ref, require_anchor)
+    entries = status(project, manifests, remote, check_remote=not local_only, trust=trust)
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e.location.value] = counts.get(e.location.value, 0) + 1
+    corrupt = counts.get("corrupt", 0)
+    if as_json:
+        out.json(
+            {
+                "ok": not corrupt,
+                "checkpoints": [
+                    {
+                        "checkpoint": str(e.checkpoint),
+                        "manifest": str(e.manifest),
+                        "step": e.step,
+                        "size": e.size,
+                        "location": e.location.value,
+                    }
+                    for e in entries
+                ],
+                "counts": dict(sorted(counts.items())),
+            }
+        )
+    else:
+        out.table(
+            [
+                Column("checkpoint"),
+                Column("step", "right"),
+                Column("size", "right"),
+                Column("where"),
+            ],
+            [
+                (
+                    safe(project.relative(e.checkpoint)),  # a file's name: text, never markup
+                    str(e.step),
+                    f"{e.size:,}",
+                    f"[{_COLOURS[e.location.value]}]{e.location.value}[/]",
+                )
+                for e in entries
+            ],
+        )
+        out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    ctx.exit(ExitCode.CHECK_FAILED if corrupt else ExitCode.OK)

@@ -1,0 +1,152 @@
+"""`kaudit verify`: the trust model's checks of each manifest and attestation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from kronos_audit.cli._app import error_json
+from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
+from kronos_audit.cli.output import out, safe, settings
+from kronos_audit.errors import Error, ExitCode
+
+if TYPE_CHECKING:
+    from kronos_audit.verification.results import VerifyResult
+
+
+def _print_result(r: VerifyResult) -> None:
+    from kronos_audit.verification.results import CheckStatus
+
+    mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
+    fetched = ", fetched from the DVC remote" if r.fetched else ""
+    kind = "attestation, " if r.is_attestation else ""
+    # The accepted signature's own words: who signed, which anchor trusted them, and any
+    # revocation they were signed before.
+    signed = r.signature_check
+    signer = "" if signed is None or not signed.ok else f"; {safe(signed.detail)}"
+    out.print(
+        f"{mark} {safe(r.manifest)}  [dim]({kind}run {safe(r.run)}, step {r.step}{fetched}"
+        f"{signer})[/]"
+    )
+    for c in r.failures:
+        out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
+    verbose = settings().verbose
+    for c in r.checks:
+        if c.status is CheckStatus.SKIPPED:  # an UNVERIFIED one is shown above
+            out.print(f"      [yellow]{safe(c.name)} skipped[/]: {safe(c.detail)}")
+        elif c.ok and verbose:
+            out.print(f"      [green]{safe(c.name)}[/]: {safe(c.detail)}")
+
+
+def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]:
+    manifests = [r for r in results if not r.is_attestation]
+    return {
+        "manifests": len(manifests),
+        "attestations": len(results) - len(manifests),
+        "data_checked": sum(r.data_checked for r in manifests),
+        "data_not_checked": sum(not r.data_checked for r in manifests),
+        "unanchored": sum(
+            r.signer is not None and not r.signer.anchor.anchored and r.ok for r in results
+        ),
+        "failed": sum(not r.ok for r in results),
+        "errors": len(errors),
+    }
+
+
+@click.command()
+@click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@trust_options
+@click.option("--remote", help="DVC remote to fetch missing data from (default: the default).")
+@click.option("--no-fetch", is_flag=True, help="Do not fetch missing data from the DVC remote.")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes that hash a sharded step's shards (same results whatever the number).",
+)
+@json_option("Print the results as JSON.")
+@click.pass_context
+def verify(
+    ctx: click.Context,
+    manifests: tuple[Path, ...],
+    trusted_keys: tuple[Path, ...],
+    trust_ref: str | None,
+    require_anchor: bool,
+    remote: str | None,
+    no_fetch: bool,
+    jobs: int,
+    as_json: bool,
+) -> None:
+    """Check the signature, place, file digest, dataset hashes and parent chain of each
+    manifest (and each replay attestation, CKPT.replay.json). A sharded step's manifest
+    (STEP/index.jsonl.kaudit.json) has its index and every rank's shard checked.
+
+    A signature counts when a key an anchor vouches for made it: --trusted-key FILE,
+    $KAUDIT_TRUSTED_KEYS, the repository's store at --trust-ref REF, or your user trust
+    store. A key that only the work tree's .kaudit/trusted-keys holds is "unanchored":
+    it passes unless --require-anchor (implied by --trusted-key and --trust-ref).
+
+    Exit 0 when every check holds, 1 when any fails, 2 for bad input.
+
+    \b
+    Example:
+      kaudit verify checkpoints/heat --trusted-key alice.pub
+    """
+    from kronos_audit.cli.progress import count_manifests, progress_bar
+    from kronos_audit.verification.batch import trust_problems, verify_each
+
+    options = trust_from(trusted_keys, trust_ref, require_anchor)
+    paths = list(manifests)
+    results: list[VerifyResult] = []
+    errors: list[Error] = []
+    if not as_json:
+        for problem in trust_problems(paths, options):
+            warn(problem)
+    with progress_bar() as bar:
+        total = count_manifests(paths) if bar.active else 0
+        outcomes = verify_each(paths, fetch=not no_fetch, trust=options, remote=remote, jobs=jobs)
+        for done, outcome in enumerate(outcomes, 1):
+            bar.update("verifying manifests", done, total)
+            if isinstance(outcome, Error):
+                errors.append(outcome)
+                if not as_json:
+                    bar.error(str(outcome))
+            else:
+                results.append(outcome)
+                if not as_json:
+                    _print_result(outcome)
+    summary = _summary(results, errors)
+    if as_json:
+        out.json(
+            {
+                "ok": not errors and all(r.ok for r in results),
+                "summary": summary,
+                "results": [r.to_json_obj() for r in results],
+                "errors": [error_json(e) for e in errors],
+            }
+        )
+    elif results:
+        counted = []
+        if summary["manifests"]:
+            counted.append(
+                f"{summary['manifests']} manifest(s) verified, "
+                f"data checked for {summary['data_checked']}"
+            )
+        if summary["data_not_checked"]:
+            counted.append(f"not checked for {summary['data_not_checked']} (pruned)")
+        if summary["attestations"]:
+            counted.append(f"{summary['attestations']} attestation(s) verified")
+        if summary["unanchored"]:
+            counted.append(f"{summary['unanchored']} signed by unanchored keys")
+        if summary["failed"]:
+            counted.append(f"[red]{summary['failed']} failed[/]")
+        out.print(", ".join(counted))
+    # Bad input (2) outranks a failed check (1); tampered data fetched is a failed check.
+    codes = [e.exit_code for e in errors] + [
+        ExitCode.OK if r.ok else ExitCode.CHECK_FAILED for r in results
+    ]
+    ctx.exit(max(codes, default=ExitCode.OK))

@@ -234,13 +234,13 @@ def test_every_help_has_an_example(command: tuple[str, ...]) -> None:
 
 def test_values_spelled_out_for_a_fast_help_match_the_library() -> None:
     from kronos_audit.cli import comparison
-    from kronos_audit.cli.commands import keys, replay, status
+    from kronos_audit.cli.commands import replay, report, status
     from kronos_audit.compare import Verdict
     from kronos_audit.history.status import Location
-    from kronos_audit.keys import keyfile as signing
     from kronos_audit.replay import EnvMode, Outcome
+    from kronos_audit.report.render import ReportFormat
 
-    assert keys.PASSPHRASE_ENV == signing.PASSPHRASE_ENV
+    assert tuple(m.value for m in ReportFormat) == report.FORMATS
     assert tuple(m.value for m in EnvMode) == replay.ENV_MODES
     assert set(replay.OUTCOME_STYLE) == {o.value for o in Outcome}
     assert set(comparison.STYLE) == set(comparison.SUMMARY_WORDS) == {v.value for v in Verdict}

@@ -15,15 +15,11 @@ import click
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, UsageError
+from kronos_audit.keys.keyfile import PASSPHRASE_ENV
 
 if TYPE_CHECKING:
     from kronos_audit.keys.keyfile import KeyId
     from kronos_audit.project.repository import Project
-
-
-# kronos_audit.keys.keyfile.PASSPHRASE_ENV, spelled out so that `--help` need not import the
-# signing module (a test holds them equal)
-PASSPHRASE_ENV = "KAUDIT_KEY_PASSPHRASE"
 
 
 @click.group()

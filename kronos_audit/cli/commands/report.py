@@ -11,7 +11,7 @@ from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
 
 # kronos_audit.report.ReportFormat's values, spelled out so that `--help` need not import
-# the report package (Jinja2)
+# the report package (Jinja2; a test holds them equal)
 FORMATS = ("html", "md", "json")
 
 

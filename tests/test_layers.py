@@ -234,7 +234,6 @@ PENDING: frozenset[tuple[str, str]] = frozenset(
     {
         (f"{NAME}.checkpoint.layout", f"{NAME}.statement.manifest"),
         (f"{NAME}.verification.verify", f"{NAME}.replay.attest"),
-        (f"{NAME}.statement.manifest", f"{NAME}.keys.keyfile"),
     }
 )
 """Upward edges still to be cut while the house is rebuilt; empty when it is done."""

@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.keyfile import SigningKey, generate_key, public_pem, user_trust_dir
+from kronos_audit.keys.home import generate_key, user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import Manifest
@@ -400,7 +401,7 @@ def test_what_a_key_revoked_before_its_rotation_stays_revoked(
 
 
 def _held(name: str) -> SigningKey:
-    from kronos_audit.keys.keyfile import select_key
+    from kronos_audit.keys.home import select_key
 
     return select_key(name)
 

@@ -54,19 +54,15 @@ from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
 from kronos_audit.errors import ManifestError, SigningKeyError, UsageError
-from kronos_audit.keys.keyfile import (
+from kronos_audit.keys.home import kaudit_home, user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey, load_public_key, parse_public_key
+from kronos_audit.keys.store import StoreProblem, TrustStore
+from kronos_audit.statement.dsse import (
     Envelope,
     KeyId,
-    SigningKey,
-    StoreProblem,
-    TrustStore,
-    kaudit_home,
     key_id,
-    load_public_key,
     parse_envelope,
-    parse_public_key,
     sign_envelope,
-    user_trust_dir,
     valid_signers,
 )
 
@@ -528,7 +524,7 @@ def revocation_statement(key: KeyId, reason: str, revoked_at: str) -> dict[str, 
 
 
 def _parse_revocation(data: bytes, where: str) -> tuple[Envelope, dict[str, Any]]:
-    from kronos_audit.statement.manifest import validate
+    from kronos_audit.statement.schemas import validate
 
     try:
         # read as strictly as a manifest: a revocation must mean one thing to everyone
@@ -651,7 +647,8 @@ def write_revocation(
         raise UsageError("--reason: say why the key is revoked")
     revoked_at = at or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     statement = revocation_statement(revoked, reason.strip(), revoked_at)
-    from kronos_audit.statement.manifest import encode_envelope, validate
+    from kronos_audit.statement.manifest import encode_envelope
+    from kronos_audit.statement.schemas import validate
 
     validate(statement, None, REVOCATION_SCHEMA, what="revocation")
     envelope = sign_envelope(canonical_json(statement), signer, REVOCATION_PAYLOAD_TYPE)

@@ -24,8 +24,9 @@ from typing import Any
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import Envelope, SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.replay.interface import ManifestRef, Outcome, ReplayResult
+from kronos_audit.statement.dsse import Envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     STATEMENT_TYPE,
     Sha256,
@@ -34,8 +35,8 @@ from kronos_audit.statement.manifest import (
     encode_envelope,
     parse_statement,
     read_signed_file,
-    validate,
 )
+from kronos_audit.statement.schemas import validate
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
 ATTESTATION_SUFFIX = ".replay.json"

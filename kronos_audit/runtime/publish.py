@@ -29,7 +29,8 @@ from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.keyfile import SigningKey, select_key
+from kronos_audit.keys.home import select_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.provenance.scheduler import scheduler_record

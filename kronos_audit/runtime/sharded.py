@@ -71,7 +71,8 @@ from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.keyfile import SigningKey, select_key
+from kronos_audit.keys.home import select_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.project.repository import Project, find_project

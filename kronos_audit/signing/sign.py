@@ -21,10 +21,11 @@ from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.checkpoint.shards import ShardRecord, write_index
 from kronos_audit.errors import ManifestError, UsageError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state
+from kronos_audit.statement.dsse import sign_envelope
 from kronos_audit.statement.manifest import (
     Manifest,
     build_statement,

@@ -11,32 +11,28 @@ parsed once into a typed record (:class:`kronos_audit.statement.predicate.Predic
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-
-import jsonschema
-from referencing import Registry, Resource
 
 from kronos_audit._internal import strictjson
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import PAYLOAD_TYPE, Envelope, parse_envelope
+from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, parse_envelope
 from kronos_audit.statement.predicate import Predicate
 from kronos_audit.statement.predicate import Sha256 as Sha256
+from kronos_audit.statement.schemas import MANIFEST_SCHEMA, clip, validate
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
 MANIFEST_SUFFIX = ".kaudit.json"
-SCHEMA_NAME = "manifest-v1.schema.json"
+SCHEMA_NAME = MANIFEST_SCHEMA
 MAX_DEPTH = strictjson.MAX_DEPTH
 """Deepest nesting of arrays and objects read from a manifest, an attestation or their
 payload (kaudit writes under 10; user attributes must fit in the rest)."""
@@ -52,65 +48,6 @@ def checkpoint_path_for(manifest: Path) -> Path:
     if not manifest.name.endswith(MANIFEST_SUFFIX) or manifest.name == MANIFEST_SUFFIX:
         raise ManifestError(f"a manifest's name ends in {MANIFEST_SUFFIX}", path=manifest)
     return manifest.with_name(manifest.name[: -len(MANIFEST_SUFFIX)])
-
-
-@functools.cache
-def schema(name: str = SCHEMA_NAME) -> dict[str, Any]:
-    text = resources.files("kronos_audit").joinpath("schemas", name).read_text()
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
-
-
-@functools.cache
-def _registry() -> Registry[Any]:
-    """Every schema the project ships, by its $id: references between them (a replay result
-    refers to the comparison schema) resolve locally, and nothing is ever fetched."""
-    registry: Registry[Any] = Registry()
-    for entry in resources.files("kronos_audit").joinpath("schemas").iterdir():
-        if entry.name.endswith(".schema.json"):
-            contents = schema(entry.name)
-            registry = registry.with_resource(contents["$id"], Resource.from_contents(contents))
-    return registry
-
-
-@functools.cache
-def _validator(name: str) -> jsonschema.protocols.Validator:
-    # The shipped schemas are checked against their meta-schema by the tests
-    # (tests/test_schemas.py), not here: that check is of the package, not of the
-    # document, and cost every process that reads a manifest some 30 ms.
-    s = schema(name)
-    cls = jsonschema.validators.validator_for(s)
-    validator: jsonschema.protocols.Validator = cls(
-        s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
-    )
-    return validator
-
-
-def validate(
-    document: Any,
-    path: Path | None = None,
-    schema_name: str = SCHEMA_NAME,
-    *,
-    what: str | None = None,
-) -> None:
-    """Raise ManifestError naming the first schema violation (deepest first) and where;
-    ``what`` names the document in the message when there is no path to name."""
-    prefix = f"{what}: " if what else ""
-    try:
-        errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
-    except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
-        raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
-    if errors:
-        best = jsonschema.exceptions.best_match(errors)
-        where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
-        # jsonschema quotes the offending value whole, which may be megabytes: one line.
-        raise ManifestError(
-            f"{prefix}schema violation at {_clip(where)}: {_clip(best.message)}", path=path
-        )
-
-
-def _clip(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_statement(
@@ -237,7 +174,7 @@ def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[En
     envelope = parse_envelope(load_json(data, path), path)
     if envelope.payload_type != PAYLOAD_TYPE:
         raise ManifestError(
-            f"not a {what}: payloadType is {_clip(repr(envelope.payload_type))}, "
+            f"not a {what}: payloadType is {clip(repr(envelope.payload_type))}, "
             f"expected {PAYLOAD_TYPE!r}",
             path=path,
         )

@@ -24,8 +24,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import read_attestation
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.dsse import sign_envelope
-from kronos_audit.statement.manifest import encode_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from tests.helpers import git, run_cli, untrusted_key
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -26,8 +26,8 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import NUMERIC_ENV_NAMES, environment, environment_lock
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.dsse import sign_envelope
-from kronos_audit.statement.manifest import encode_envelope, read_manifest
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.statement.predicate import EnvironmentLock
 from tests.helpers import assert_bad_input, run_cli
 

@@ -25,7 +25,7 @@ from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.dsse import PAYLOAD_TYPE, sign_envelope
+from kronos_audit.statement.dsse import PAYLOAD_TYPE, encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
@@ -33,7 +33,6 @@ from kronos_audit.statement.manifest import (
     STATEMENT_TYPE,
     Manifest,
     checkpoint_path_for,
-    encode_envelope,
     load_json,
     manifest_path_for,
     parse_manifest,

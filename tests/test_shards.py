@@ -38,13 +38,8 @@ from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.signing.sign import sign_checkpoint, sign_sharded_step
-from kronos_audit.statement.dsse import sign_envelope
-from kronos_audit.statement.manifest import (
-    Manifest,
-    build_statement,
-    encode_envelope,
-    read_manifest,
-)
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import Manifest, build_statement, read_manifest
 from kronos_audit.storage.tracking import track
 from kronos_audit.verification.verify import Verifier, verify
 from tests.helpers import run_cli, write_checkpoint

@@ -13,7 +13,8 @@ from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.sign import publish_manifest, sign_checkpoint, utc_now
-from kronos_audit.statement.manifest import encode_envelope, manifest_path_for, read_manifest
+from kronos_audit.statement.dsse import encode_envelope
+from kronos_audit.statement.manifest import manifest_path_for, read_manifest
 from kronos_audit.verification.verify import verify
 from tests.helpers import write_checkpoint
 

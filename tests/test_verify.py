@@ -25,8 +25,8 @@ from kronos_audit.errors import CheckpointError, ManifestError, StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.dsse import sign_envelope
-from kronos_audit.statement.manifest import Manifest, encode_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import cache_object_path, cache_settings
 from kronos_audit.verification.verify import (
     Check,

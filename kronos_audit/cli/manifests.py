@@ -248,8 +248,9 @@ def keys_revoke(keyid: str, reason: str, key: str | None) -> None:
     Example:
       kaudit keys revoke 3f2a...c9 --reason "laptop stolen" --key alice-2027
     """
-    from kronos_audit.keys.anchors import load_keyring, write_revocation
+    from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.keys.home import select_key
+    from kronos_audit.keys.revocation import write_revocation
     from kronos_audit.project.repository import find_project
 
     project = find_project(Path.cwd()).require_initialized()
@@ -278,7 +279,7 @@ def keys_rotate(old: str, new_name: str) -> None:
       kaudit keys rotate alice --name alice-2027
     """
     from kronos_audit.keys import home as signing
-    from kronos_audit.keys.anchors import write_revocation
+    from kronos_audit.keys.revocation import write_revocation
     from kronos_audit.project.repository import find_project
 
     project = find_project(Path.cwd()).require_initialized()

@@ -26,13 +26,12 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ManifestError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.replay.interface import ManifestRef, Outcome, ReplayResult
-from kronos_audit.statement.dsse import Envelope, sign_envelope
+from kronos_audit.statement.dsse import Envelope, encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     STATEMENT_TYPE,
     Sha256,
     SignedStatement,
     checkpoint_path_for,
-    encode_envelope,
     parse_statement,
     read_signed_file,
 )

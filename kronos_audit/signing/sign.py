@@ -25,11 +25,10 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state
-from kronos_audit.statement.dsse import sign_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     Manifest,
     build_statement,
-    encode_envelope,
     manifest_path_for,
     parse_manifest,
     read_manifest,

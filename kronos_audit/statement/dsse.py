@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,11 @@ class Envelope:
                 {"keyid": s.keyid, "sig": base64.b64encode(s.sig).decode()} for s in self.signatures
             ],
         }
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    """The envelope as a file holds it: JSON, keys sorted, indented, one final newline."""
+    return (json.dumps(envelope.to_json_obj(), indent=2, sort_keys=True) + "\n").encode()
 
 
 def sign_envelope(payload: bytes, key: Signer, payload_type: str = PAYLOAD_TYPE) -> Envelope:

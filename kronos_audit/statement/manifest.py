@@ -12,7 +12,6 @@ parsed once into a typed record (:class:`kronos_audit.statement.predicate.Predic
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import ManifestError
-from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, parse_envelope
+from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, encode_envelope, parse_envelope
 from kronos_audit.statement.predicate import Predicate
 from kronos_audit.statement.predicate import Sha256 as Sha256
 from kronos_audit.statement.schemas import MANIFEST_SCHEMA, clip, validate
@@ -66,10 +65,6 @@ def build_statement(
         "predicateType": PREDICATE_TYPE,
         "predicate": dict(predicate),
     }
-
-
-def encode_envelope(envelope: Envelope) -> bytes:
-    return (json.dumps(envelope.to_json_obj(), indent=2, sort_keys=True) + "\n").encode()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from kronos_audit._internal.frozen import thaw
 from kronos_audit.cli._app import Column, err, error_json, out, plain, safe, settings
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
 from kronos_audit.errors import Error, UsageError
@@ -538,7 +539,7 @@ def show(manifest: Path, as_json: bool) -> None:
     m = read_manifest(resolve_target(manifest))
     if as_json:
         # ensure_ascii: control characters in names come out as \u escapes, never raw.
-        click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
+        click.echo(json.dumps(thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
         return
     # Nothing here is verified, and anyone may have written it: every value goes through
     # _text, which shows it as inert text (no rich markup, no terminal control) and shows
@@ -582,7 +583,7 @@ def show(manifest: Path, as_json: bool) -> None:
     rows.append(("command", _text(shlex.join(p.command) if p.command else "not recorded")))
     rows.append(("cwd", _text(p.cwd)))
     if p.attributes:
-        rows.append(("attributes", _text(json.dumps(_thaw(p.attributes), sort_keys=True))))
+        rows.append(("attributes", _text(json.dumps(thaw(p.attributes), sort_keys=True))))
     if p.restart_count is not None:
         rows.append(("restarts", _text(p.restart_count)))
     if p.scheduler is not None:
@@ -603,7 +604,7 @@ def show(manifest: Path, as_json: bool) -> None:
                 "shards",
                 _text(
                     f"{p.shards.count} ranks, {p.shards.bytes:,} bytes; layout "
-                    + json.dumps(_thaw(p.shards.layout), sort_keys=True)
+                    + json.dumps(thaw(p.shards.layout), sort_keys=True)
                 ),
             )
         )
@@ -635,11 +636,3 @@ def show(manifest: Path, as_json: bool) -> None:
 def _text(value: object, missing: str = "none") -> str:
     """A value read from a manifest, as rich markup that prints it as inert text."""
     return missing if value is None else safe(value)
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_thaw(v) for v in value]
-    if hasattr(value, "items"):
-        return {k: _thaw(v) for k, v in value.items()}
-    return value

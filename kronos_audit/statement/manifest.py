@@ -15,10 +15,10 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from kronos_audit._internal import strictjson
+from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
@@ -136,14 +136,6 @@ class Manifest(SignedStatement):
         return self.record.datasets
 
 
-def _freeze(value: Any) -> Any:
-    if isinstance(value, dict):
-        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
 def load_json(data: bytes, path: Path, where: str = "") -> Any:
     """JSON from bytes nobody has vouched for yet, or ManifestError saying why not.
 
@@ -207,7 +199,7 @@ def parse_manifest(data: bytes, path: Path) -> Manifest:
     """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
     envelope, statement = parse_statement(data, path)
     validate(statement, path)
-    frozen = _freeze(statement)
+    frozen = freeze(statement)
     return Manifest(
         path=path,
         envelope=envelope,

@@ -49,8 +49,9 @@ from kronos_audit.runtime.resume_remote import (
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import Retention, prune, pruned_record
+from kronos_audit.runtime.retention import Retention, prune
 from kronos_audit.runtime.writer_lock import Newest, check_newest, newest_manifest
+from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.statement.predicate import GitRecord
@@ -384,15 +385,18 @@ class SignedPublisher:
                 ignore_pattern="/step-*.h5",
                 settings=self._cache,
             )
-            extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
-            scheduler = scheduler_record()
-            if scheduler is not None:  # which batch job wrote it: a chain may span requeues
-                extra["scheduler"] = scheduler.to_json_obj()
+            restarts = restart_count()
+            scheduler = scheduler_record()  # which batch job wrote it: a chain may span requeues
+            # Retention is signed: the manifest that prunes names what it prunes, so a
+            # verifier can tell data deleted on purpose from data deleted by anyone.
             doomed = self.retention.doomed(self.directory, job.step)
-            if doomed:
-                # Retention is signed: the manifest that prunes names what it prunes, so a
-                # verifier can tell data deleted on purpose from data deleted by anyone.
-                extra["pruned"] = pruned_record(doomed)
+            record = RunRecord(
+                rng=job.meta.get("rng", {}),
+                restart_count=restarts,
+                batches=job.meta.get("batches"),
+                scheduler=scheduler,
+                pruned=doomed,
+            )
             check_newest(self.directory, self._newest, step=job.step, parent=parent)
             self._parent = sign_checkpoint(
                 final,
@@ -406,7 +410,7 @@ class SignedPublisher:
                 command=list(self.command),
                 cwd=Path.cwd(),
                 attributes=self.attributes,
-                extra=extra,
+                record=record,
                 git=self._git,
             )
         except BaseException:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal import strictjson
+from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
@@ -65,6 +66,18 @@ def build_statement(
         "predicateType": PREDICATE_TYPE,
         "predicate": dict(predicate),
     }
+
+
+def encode_statement(
+    *, subject_name: str, sha256: str, predicate: Predicate, md5: str | None = None
+) -> bytes:
+    """The payload a manifest signs: the canonical JSON of the statement
+    (:func:`build_statement`) whose predicate is ``predicate``. Raises ValueError or
+    TypeError for a value JSON cannot hold (NaN, infinity, an object in the attributes)."""
+    statement = build_statement(
+        subject_name=subject_name, sha256=sha256, md5=md5, predicate=predicate.to_json_obj()
+    )
+    return canonical_json(statement)
 
 
 @dataclass(frozen=True)
@@ -214,11 +227,18 @@ def read_manifest(path: Path | str) -> Manifest:
 
 
 def write_manifest(path: Path, envelope: Envelope) -> Manifest:
-    """Validate and write atomically; return the manifest as a reader will see it."""
-    data = encode_envelope(envelope)
-    manifest = parse_manifest(data, path)  # the same checks every reader makes
+    """Check as every reader checks, then write atomically; return the manifest as a reader
+    will see it."""
+    return publish_manifest(parse_manifest(encode_envelope(envelope), path))
+
+
+def publish_manifest(manifest: Manifest) -> Manifest:
+    """Write a manifest already parsed (so checked) atomically: the one writer of
+    manifests, whose bytes are the ones its digest is of."""
     try:
-        write_atomic(path, data)
+        write_atomic(manifest.path, encode_envelope(manifest.envelope))
     except OSError as e:
-        raise ManifestError(f"cannot write manifest: {e.strerror or e}", path=path) from None
+        raise ManifestError(
+            f"cannot write manifest: {e.strerror or e}", path=manifest.path
+        ) from None
     return manifest

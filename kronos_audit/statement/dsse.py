@@ -30,7 +30,7 @@ KeyId = NewType("KeyId", str)
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 
 
-class Signer(Protocol):
+class EnvelopeSigner(Protocol):
     """What signs an envelope: a key id to name it by, and the signing itself
     (:class:`kronos_audit.keys.keyfile.SigningKey` is one)."""
 
@@ -88,7 +88,9 @@ def encode_envelope(envelope: Envelope) -> bytes:
     return (json.dumps(envelope.to_json_obj(), indent=2, sort_keys=True) + "\n").encode()
 
 
-def sign_envelope(payload: bytes, key: Signer, payload_type: str = PAYLOAD_TYPE) -> Envelope:
+def sign_envelope(
+    payload: bytes, key: EnvelopeSigner, payload_type: str = PAYLOAD_TYPE
+) -> Envelope:
     """Sign ``payload`` with ``key`` into a one-signature envelope."""
     return Envelope(
         payload_type, payload, (Signature(key.key_id, key.sign(pae(payload_type, payload))),)

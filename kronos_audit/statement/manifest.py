@@ -7,6 +7,10 @@ lock, git state, seeds, per-dataset canonical hashes and the command to re-run. 
 manifest read or written is validated against the schema, and its predicate is then
 parsed once into a typed record (:class:`kronos_audit.statement.predicate.Predicate`,
 ``Manifest.record``).
+
+One reader and one writer: :func:`parse_manifest` reads every manifest (from a file,
+:func:`read_manifest`), :func:`publish_manifest` writes every one, and the statement
+signed is encoded from a typed predicate by :func:`encode_statement`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.errors import ManifestError
 from kronos_audit.statement.dsse import (
     Envelope,
+    EnvelopeSigner,
     KeyId,
-    Signer,
     encode_envelope,
     parse_envelope,
     sign_envelope,
@@ -32,7 +32,7 @@ def revocation_statement(key: KeyId, reason: str, revoked_at: str) -> dict[str, 
     return {"_type": REVOCATION_TYPE, "key_id": key, "revoked_at": revoked_at, "reason": reason}
 
 
-def encode_revocation(key: KeyId, reason: str, revoked_at: str, signer: Signer) -> bytes:
+def encode_revocation(key: KeyId, reason: str, revoked_at: str, signer: EnvelopeSigner) -> bytes:
     """The bytes of a revocation of ``key`` signed by ``signer``, schema-checked first."""
     statement = revocation_statement(key, reason, revoked_at)
     validate(statement, None, REVOCATION_SCHEMA, what="revocation")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kronos_audit.keys.keyfile import generate_key
+from kronos_audit.keys.home import generate_key
 from kronos_audit.storage.setup import init_project
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import best_of, median_of, scratch_repo
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.keys.keyfile import select_key
+from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import find_project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state

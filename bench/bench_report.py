@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import best_of, scratch_repo
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.keys.keyfile import select_key
+from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import find_project
 from kronos_audit.provenance.gitstate import git_state
 from kronos_audit.report import ReportFormat, build_report, render
+from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest
 
@@ -65,10 +66,8 @@ def long_run(repo: Path, n: int) -> Path:
             step=step,
             parent=parent,
             git=git,
-            extra={
-                "restart_count": int(step > n // 3),
-                "created": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            },
+            record=RunRecord(restart_count=int(step > n // 3)),
+            created=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         )
     return directory
 

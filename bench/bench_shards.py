@@ -60,7 +60,7 @@ from kronos_audit.checkpoint.shards import (
     step_directory,
 )
 from kronos_audit.checkpoint.writer import write_and_digest
-from kronos_audit.keys.keyfile import select_key
+from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import find_project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state

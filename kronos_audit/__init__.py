@@ -67,10 +67,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     from kronos_audit.signing.snapshot import (
         snapshot as snapshot,
     )
-    from kronos_audit.statement.manifest import (
-        Manifest as Manifest,
-        read_manifest as read_manifest,
-    )
+    from kronos_audit.statement.manifest import Manifest as Manifest, read_manifest as read_manifest
     from kronos_audit.verification.batch import verify as verify
     from kronos_audit.verification.results import (
         Check as Check,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.keys.keyfile import SigningKey, generate_key
+from kronos_audit.keys.home import generate_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage.setup import init_project
 from tests.helpers import git, write_checkpoint

@@ -14,7 +14,8 @@ import numpy as np
 from click.testing import CliRunner, Result
 
 from kronos_audit.cli import cli
-from kronos_audit.keys.keyfile import SigningKey, generate_key, user_trust_dir
+from kronos_audit.keys.home import generate_key, user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.storage.fetch import FetchItem
 
 KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]

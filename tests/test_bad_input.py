@@ -24,16 +24,12 @@ from click.testing import Result
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import read_attestation
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.manifest import (
-    MAX_DEPTH,
-    encode_envelope,
-    read_manifest,
-    write_manifest,
-)
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import MAX_DEPTH, read_manifest, write_manifest
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 ESC = "\x1b"

@@ -19,11 +19,12 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.keys.keyfile import SigningKey, generate_key, sign_envelope
+from kronos_audit.keys.home import generate_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import read_attestation
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.manifest import encode_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from tests.helpers import git, run_cli, untrusted_key
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

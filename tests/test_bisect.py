@@ -18,7 +18,8 @@ import kronos_audit as ka
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import BisectError, ManifestError
 from kronos_audit.history.bisect import Decision, bisect, first_true, read_chain
-from kronos_audit.keys.keyfile import SigningKey, user_trust_dir
+from kronos_audit.keys.home import user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
 from tests.helpers import signed_items

@@ -29,7 +29,7 @@ from kronos_audit.compare.blocks import block_layout
 from kronos_audit.compare.plan import Plan, plan
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import validate
+from kronos_audit.statement.schemas import validate
 
 SCHEMA = "comparison-v1.schema.json"
 

@@ -26,12 +26,14 @@ import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.keys.keyfile import SigningKey, generate_key, public_pem, sign_envelope
+from kronos_audit.keys.home import generate_key
+from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import git_state
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.manifest import Manifest, encode_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import cache_object_path, cache_settings, configure_remote, dvc_file_for
 from tests.helpers import KAUDIT, git, run_cli, untrusted_key, write_checkpoint
 

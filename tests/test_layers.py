@@ -233,7 +233,6 @@ def layer_of(module: str) -> int:
 PENDING: frozenset[tuple[str, str]] = frozenset(
     {
         (f"{NAME}.checkpoint.layout", f"{NAME}.statement.manifest"),
-        (f"{NAME}.statement.manifest", f"{NAME}.keys.keyfile"),
     }
 )
 """Upward edges still to be cut while the house is rebuilt; empty when it is done."""

@@ -21,9 +21,11 @@ from securesystemslib.signer import SSlibKey
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import PAYLOAD_TYPE, SigningKey, generate_key, sign_envelope
+from kronos_audit.keys.home import generate_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.dsse import PAYLOAD_TYPE, encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
@@ -31,7 +33,6 @@ from kronos_audit.statement.manifest import (
     STATEMENT_TYPE,
     Manifest,
     checkpoint_path_for,
-    encode_envelope,
     load_json,
     manifest_path_for,
     parse_manifest,
@@ -108,7 +109,7 @@ def test_every_manifest_written_validates_against_the_schema_file(
 
 
 def test_the_schema_file_is_the_one_kaudit_uses() -> None:
-    from kronos_audit.statement.manifest import schema
+    from kronos_audit.statement.schemas import schema
 
     assert schema() == json.loads(SCHEMA_FILE.read_text())
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.keys.keyfile import SigningKey, public_pem, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import encode_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import cache_object_path, cache_settings
 from tests.helpers import run_cli, untrusted_key
 

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from kronos_audit.errors import ManifestError
-from kronos_audit.statement.manifest import schema, validate
+from kronos_audit.statement.schemas import schema, validate
 
 SHIPPED = sorted(
     entry.name

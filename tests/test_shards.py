@@ -35,15 +35,11 @@ from kronos_audit.checkpoint.shards import (
 )
 from kronos_audit.checkpoint.writer import write_and_digest
 from kronos_audit.errors import CheckpointError, UsageError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.signing.sign import sign_checkpoint, sign_sharded_step
-from kronos_audit.statement.manifest import (
-    Manifest,
-    build_statement,
-    encode_envelope,
-    read_manifest,
-)
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import Manifest, build_statement, read_manifest
 from kronos_audit.storage.tracking import track
 from kronos_audit.verification.batch import verify
 from kronos_audit.verification.verifier import Verifier

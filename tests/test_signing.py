@@ -16,21 +16,17 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
 from kronos_audit.errors import ManifestError, SigningKeyError
-from kronos_audit.keys.keyfile import (
+from kronos_audit.keys.home import generate_key, held_keys, key_dir, select_key
+from kronos_audit.keys.keyfile import load_public_key
+from kronos_audit.keys.store import TrustStore, verify_envelope
+from kronos_audit.statement.dsse import (
     PAYLOAD_TYPE,
     Envelope,
     Signature,
-    TrustStore,
-    generate_key,
-    held_keys,
-    key_dir,
     key_id,
-    load_public_key,
     pae,
     parse_envelope,
-    select_key,
     sign_envelope,
-    verify_envelope,
 )
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
-from kronos_audit.keys.keyfile import SigningKey, generate_key
+from kronos_audit.keys.home import generate_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.signing.snapshot import snapshot

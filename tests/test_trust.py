@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.keyfile import SigningKey, generate_key, public_pem, user_trust_dir
+from kronos_audit.keys.home import generate_key, user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import Manifest
@@ -310,7 +311,7 @@ def test_a_revoked_key_fails_from_its_revocation_on(project: Project, key: Signi
 def test_a_revocation_signed_by_a_key_nobody_trusts_is_ignored(
     project: Project, key: SigningKey, mallory: SigningKey
 ) -> None:
-    from kronos_audit.keys.anchors import write_revocation
+    from kronos_audit.keys.revocation import write_revocation
 
     m = sign(project, 1, key)
     write_revocation(project.root, key.key_id, "i say so", mallory, at="2000-01-01T00:00:00Z")
@@ -374,7 +375,7 @@ def test_a_key_rotated_away_cannot_revoke_its_successor(
 def test_what_a_key_revoked_before_its_rotation_stays_revoked(
     project: Project, key: SigningKey, mallory: SigningKey
 ) -> None:
-    from kronos_audit.keys.anchors import write_revocation
+    from kronos_audit.keys.revocation import write_revocation
 
     project.trust_store().add(mallory.private_key.public_key(), "mallory")
     allowed = TrustOptions(allow_unanchored=True)  # mallory's key counts here
@@ -400,7 +401,7 @@ def test_what_a_key_revoked_before_its_rotation_stays_revoked(
 
 
 def _held(name: str) -> SigningKey:
-    from kronos_audit.keys.keyfile import select_key
+    from kronos_audit.keys.home import select_key
 
     return select_key(name)
 

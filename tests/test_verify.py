@@ -22,10 +22,11 @@ import pytest
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import CheckpointError, ManifestError, StorageError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.manifest import Manifest, encode_envelope
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import cache_object_path, cache_settings
 from kronos_audit.verification.batch import verify
 from kronos_audit.verification.results import Check, CheckName, CheckStatus, StatementKind

@@ -30,7 +30,9 @@ trust away, so they are honoured wherever they are found, once a key of the keyr
 (an anchored one when anchors are required) that was itself still valid at the time the
 revocation claims has signed them: a revoked key's signatures made at or after the
 revocation time fail, and a key revoked (or rotated away) revokes nothing after that.
-Without trusted timestamps, "when" is the time each signed record claims.
+Without trusted timestamps, "when" is the time each signed record claims. Reading and
+settling them is :mod:`kronos_audit.keys.revocation`; their format
+:mod:`kronos_audit.statement.revocation`.
 
 ``--trust-ref`` is resolved to exactly one fully qualified ref (:func:`resolve_ref`) and
 its commit, once; everything read at the ref is read at that commit.
@@ -38,7 +40,6 @@ its commit, once; everything read at the ref is read at that commit.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -49,34 +50,30 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from kronos_audit._internal import git, strictjson
-from kronos_audit._internal.canonical import canonical_json
-from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal import git
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
-from kronos_audit.errors import ManifestError, SigningKeyError, UsageError
-from kronos_audit.keys.keyfile import (
+from kronos_audit.errors import SigningKeyError, UsageError
+from kronos_audit.keys.home import kaudit_home, user_trust_dir
+from kronos_audit.keys.keyfile import load_public_key, parse_public_key
+from kronos_audit.keys.revocation import (
+    REVOCATION_DIR,
+    Claimed,
+    Revocation,
+    parse_utc,
+    read_revocation,
+    read_revocations_dir,
+    settle_revocations,
+)
+from kronos_audit.keys.store import TrustStore
+from kronos_audit.statement.dsse import (
     Envelope,
     KeyId,
-    SigningKey,
-    StoreProblem,
-    TrustStore,
-    kaudit_home,
     key_id,
-    load_public_key,
-    parse_envelope,
-    parse_public_key,
-    sign_envelope,
-    user_trust_dir,
     valid_signers,
 )
 
 TRUSTED_KEYS_ENV = "KAUDIT_TRUSTED_KEYS"
 TRUST_DIR = ".kaudit/trusted-keys"
-REVOCATION_DIR = ".kaudit/revocations"
-REVOCATION_PAYLOAD_TYPE = "application/vnd.kronos-audit.revocation+json"
-REVOCATION_TYPE = "https://kronos-audit.dev/revocation/v1"
-REVOCATION_SCHEMA = "revocation-v1.schema.json"
-_KEY_ID = re.compile(r"^[0-9a-f]{64}$")
 _REF_LIMIT = 4096  # entries read from a trust ref: a store is tens of keys
 
 
@@ -180,22 +177,6 @@ class PinnedRef:
 
 
 @dataclass(frozen=True)
-class Revocation:
-    """A signed statement that a key is no longer to be trusted from a time on."""
-
-    key_id: KeyId
-    """The key revoked."""
-    revoked_at: str
-    """RFC 3339 UTC: signatures made at or after this time fail."""
-    reason: str
-    """Why, in the revoker's words."""
-    signer: KeyId
-    """The key that signed the revocation."""
-    source: str
-    """Where it was read."""
-
-
-@dataclass(frozen=True)
 class TrustOptions:
     """What a verifier brings: anchors given on the command line, and its policy."""
 
@@ -287,14 +268,6 @@ class SignerCheck:
     """The accepted signer (or the unanchored/revoked one that was refused)."""
 
 
-def _utc(text: str) -> dt.datetime | None:
-    try:
-        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
-
-
 @dataclass
 class Keyring:
     """The keys one verification accepts, each with its anchor, and the revocations."""
@@ -353,7 +326,7 @@ class Keyring:
             who = f"{key.name} (key {key.short_id})"
             revoked = self.revocations.get(kid)
             if revoked is not None:
-                when, since = _utc(signed_at or ""), _utc(revoked.revoked_at)
+                when, since = parse_utc(signed_at or ""), parse_utc(revoked.revoked_at)
                 if when is None or since is None or when >= since:
                     refused = SignerCheck(
                         False,
@@ -520,147 +493,6 @@ def _add_ref(keyring: Keyring, root: Path, pinned: PinnedRef) -> None:
         keyring.add(public_key, name, Anchor.TRUST_REF, where, pinned.ref)
 
 
-# -- revocations -----------------------------------------------------------------------
-
-
-def revocation_statement(key: KeyId, reason: str, revoked_at: str) -> dict[str, Any]:
-    return {"_type": REVOCATION_TYPE, "key_id": key, "revoked_at": revoked_at, "reason": reason}
-
-
-def _parse_revocation(data: bytes, where: str) -> tuple[Envelope, dict[str, Any]]:
-    from kronos_audit.statement.manifest import validate
-
-    try:
-        # read as strictly as a manifest: a revocation must mean one thing to everyone
-        envelope = parse_envelope(strictjson.loads(data.decode("utf-8")))
-        if envelope.payload_type != REVOCATION_PAYLOAD_TYPE:
-            raise ManifestError(f"payloadType is not {REVOCATION_PAYLOAD_TYPE}")
-        statement = strictjson.loads(envelope.payload.decode("utf-8"))
-    except (ValueError, RecursionError, ManifestError) as e:
-        raise ManifestError(f"not a revocation: {getattr(e, 'message', e)}", path=where) from None
-    validate(statement, None, REVOCATION_SCHEMA, what=f"{where}: revocation")
-    return envelope, statement
-
-
-@dataclass(frozen=True)
-class _Claimed:
-    """A revocation read and well formed, not yet known to count."""
-
-    envelope: Envelope
-    revoked: KeyId
-    at: dt.datetime
-    statement: dict[str, Any]
-    where: str
-
-
-def _read_revocation(
-    claims: list[_Claimed], problems: list[str], data: bytes, where: str, name: str
-) -> None:
-    try:
-        envelope, statement = _parse_revocation(data, where)
-    except ManifestError as e:
-        problems.append(f"{e}: skipped")
-        return
-    revoked = KeyId(statement["key_id"])
-    if name != f"{revoked}.json":
-        problems.append(f"{where}: a revocation's file is named KEYID.json: skipped")
-        return
-    at = _utc(statement["revoked_at"])
-    if at is None:
-        problems.append(f"{where}: revoked_at is not a time: skipped")
-        return
-    claims.append(_Claimed(envelope, revoked, at, statement, where))
-
-
-def _settle_revocations(keyring: Keyring, claims: list[_Claimed]) -> None:
-    """Honour the revocations whose signer was valid when each was issued.
-
-    A revocation counts when a key this verification accepts (an anchored one when
-    anchors are required) signed it and that key was not itself revoked (a rotation is the
-    old key's revocation of itself) at or before the time the revocation claims. They are
-    settled in the order of those claimed times, earliest first, so a key rotated away
-    cannot revoke its successor later, while what it revoked before still stands. Two
-    revocations claiming the same instant are judged against what was revoked before it:
-    both count (taking trust away is the safe side of a tie).
-    """
-    candidates = {
-        kid: k.public_key
-        for kid, k in keyring.keys.items()
-        if k.anchor.anchored or not keyring.require_anchor
-    }
-    since: dict[KeyId, dt.datetime] = {}  # revoked key -> earliest counted time
-    claims = sorted(claims, key=lambda c: (c.at, c.where))
-    i = 0
-    while i < len(claims):
-        same = [c for c in claims[i:] if c.at == claims[i].at]
-        i += len(same)
-        before = dict(since)
-        for claim in same:
-            signers, _, _ = valid_signers(claim.envelope, candidates)
-            if not signers:
-                keyring.problems.append(
-                    f"{claim.where}: revocation not signed by a key this verification "
-                    "trusts: skipped"
-                )
-                continue
-            if claim.revoked in before:
-                continue  # revoked already, from an earlier time: nothing to take away
-            valid = [kid for kid in signers if kid not in before]
-            if not valid:
-                signer = keyring.keys[signers[0]]
-                gone = keyring.revocations[signers[0]]
-                keyring.problems.append(
-                    f"{claim.where}: revocation of {claim.revoked[:16]} ignored: its signer "
-                    f"{signer.name} ({signer.short_id}) was revoked at {gone.revoked_at} "
-                    f"({gone.reason}), at or before this revocation's "
-                    f"{claim.statement['revoked_at']}: a revoked key revokes nothing"
-                )
-                continue
-            if claim.revoked in since:
-                continue  # revoked at this same instant by another revocation already
-            since[claim.revoked] = claim.at
-            keyring.revocations[claim.revoked] = Revocation(
-                claim.revoked,
-                claim.statement["revoked_at"],
-                claim.statement["reason"],
-                valid[0],
-                claim.where,
-            )
-
-
-def _read_revocations_dir(claims: list[_Claimed], problems: list[str], directory: Path) -> None:
-    if not directory.is_dir() or directory.is_symlink():
-        return
-    for path in sorted(directory.glob("*.json")):
-        try:
-            data = read_regular(path, KEY_LIMIT, follow_symlinks=False)
-        except UnsafeFile as e:
-            problems.append(f"{path}: {e.reason}: skipped")
-            continue
-        _read_revocation(claims, problems, data, str(path), path.name)
-
-
-def write_revocation(
-    project_root: Path, revoked: KeyId, reason: str, signer: SigningKey, *, at: str | None = None
-) -> Path:
-    """Sign a revocation of ``revoked`` with ``signer`` into the repository's
-    ``.kaudit/revocations/KEYID.json`` (to be committed)."""
-    if not _KEY_ID.match(revoked):
-        raise UsageError(f"{revoked!r} is not a key id (64 hex digits)")
-    if not reason.strip():
-        raise UsageError("--reason: say why the key is revoked")
-    revoked_at = at or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    statement = revocation_statement(revoked, reason.strip(), revoked_at)
-    from kronos_audit.statement.manifest import encode_envelope, validate
-
-    validate(statement, None, REVOCATION_SCHEMA, what="revocation")
-    envelope = sign_envelope(canonical_json(statement), signer, REVOCATION_PAYLOAD_TYPE)
-    path = project_root / REVOCATION_DIR / f"{revoked}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, encode_envelope(envelope))
-    return path
-
-
 # -- the whole -------------------------------------------------------------------------
 
 
@@ -689,18 +521,25 @@ def load_keyring(project_root: Path | None, options: TrustOptions | None = None)
     elif project_root is not None:
         _add_store(keyring, project_root / TRUST_DIR, Anchor.REPOSITORY)
     # Revocations only take trust away: honour them from every place they may be.
-    claims: list[_Claimed] = []
-    _read_revocations_dir(claims, keyring.problems, user_trust_dir().parent / "revocations")
+    claims: list[Claimed] = []
+    read_revocations_dir(claims, keyring.problems, user_trust_dir().parent / "revocations")
     if project_root is not None:
-        _read_revocations_dir(claims, keyring.problems, project_root / REVOCATION_DIR)
+        read_revocations_dir(claims, keyring.problems, project_root / REVOCATION_DIR)
         if keyring.trust_ref is not None:
             pinned = keyring.trust_ref
             files, skipped = read_tree_files(project_root, pinned.commit, REVOCATION_DIR, ".json")
             keyring.problems.extend(skipped)
             for name, data in files:
                 where = f"{pinned.ref} at {pinned.commit}:{name}"
-                _read_revocation(claims, keyring.problems, data, where, Path(name).name)
-    _settle_revocations(keyring, claims)
+                read_revocation(claims, keyring.problems, data, where, Path(name).name)
+    candidates = {
+        kid: k.public_key
+        for kid, k in keyring.keys.items()
+        if k.anchor.anchored or not keyring.require_anchor
+    }
+    names = {kid: k.name for kid, k in keyring.keys.items()}
+    keyring.revocations, problems = settle_revocations(claims, candidates, names)
+    keyring.problems.extend(problems)
     return keyring
 
 
@@ -716,11 +555,8 @@ __all__ = [
     "Anchor",
     "Keyring",
     "PinnedRef",
-    "Revocation",
     "SignerCheck",
-    "StoreProblem",
     "TrustOptions",
     "TrustedKey",
     "load_keyring",
-    "write_revocation",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 from kronos_audit._internal import git
 from kronos_audit.errors import ProjectError
-from kronos_audit.keys.keyfile import TrustStore
+from kronos_audit.keys.store import TrustStore
 
 KAUDIT_DIR = ".kaudit"
 

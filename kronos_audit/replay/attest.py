@@ -13,7 +13,7 @@ from typing import Any
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.replay.interface import ReplayResult
 from kronos_audit.statement.attestation import (
     PREDICATE_TYPE,
@@ -21,7 +21,9 @@ from kronos_audit.statement.attestation import (
     Attestation,
     attestation_of,
 )
-from kronos_audit.statement.manifest import STATEMENT_TYPE, encode_envelope, validate
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import STATEMENT_TYPE
+from kronos_audit.statement.schemas import validate
 
 
 def build_statement(result: ReplayResult) -> dict[str, Any]:

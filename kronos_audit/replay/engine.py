@@ -72,7 +72,7 @@ from kronos_audit.replay.sharded import (
 )
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
-from kronos_audit.signing.sign import utc_now
+from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.attestation import ManifestRef
 from kronos_audit.statement.manifest import Manifest, Sha256, read_manifest
 from kronos_audit.verification.verifier import Verifier

@@ -37,7 +37,7 @@ from kronos_audit.report.model import (
     Verdict,
     Verification,
 )
-from kronos_audit.signing.sign import utc_now
+from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.batch import expand_manifest_args, trust_problems, verify_each
 from kronos_audit.verification.chain import ManifestCache

@@ -57,7 +57,7 @@ class ReportFormat(enum.StrEnum):
 
 def report_json(report: Report) -> dict[str, Any]:
     """The report as a JSON document, validated against ``schemas/report-v1.schema.json``."""
-    from kronos_audit.statement.manifest import validate
+    from kronos_audit.statement.schemas import validate
 
     document = report.to_json_obj()
     validate(document, schema_name=SCHEMA_NAME, what="report")

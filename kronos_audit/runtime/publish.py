@@ -29,7 +29,8 @@ from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.keyfile import SigningKey, select_key
+from kronos_audit.keys.home import select_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.provenance.scheduler import scheduler_record
@@ -48,8 +49,9 @@ from kronos_audit.runtime.resume_remote import (
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import Retention, prune, pruned_record
+from kronos_audit.runtime.retention import Retention, prune
 from kronos_audit.runtime.writer_lock import Newest, check_newest, newest_manifest
+from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest, manifest_path_for, read_manifest
 from kronos_audit.statement.predicate import GitRecord
@@ -383,15 +385,18 @@ class SignedPublisher:
                 ignore_pattern="/step-*.h5",
                 settings=self._cache,
             )
-            extra: dict[str, Any] = {**job.meta, "restart_count": restart_count()}
-            scheduler = scheduler_record()
-            if scheduler is not None:  # which batch job wrote it: a chain may span requeues
-                extra["scheduler"] = scheduler.to_json_obj()
+            restarts = restart_count()
+            scheduler = scheduler_record()  # which batch job wrote it: a chain may span requeues
+            # Retention is signed: the manifest that prunes names what it prunes, so a
+            # verifier can tell data deleted on purpose from data deleted by anyone.
             doomed = self.retention.doomed(self.directory, job.step)
-            if doomed:
-                # Retention is signed: the manifest that prunes names what it prunes, so a
-                # verifier can tell data deleted on purpose from data deleted by anyone.
-                extra["pruned"] = pruned_record(doomed)
+            record = RunRecord(
+                rng=job.meta.get("rng", {}),
+                restart_count=restarts,
+                batches=job.meta.get("batches"),
+                scheduler=scheduler,
+                pruned=doomed,
+            )
             check_newest(self.directory, self._newest, step=job.step, parent=parent)
             self._parent = sign_checkpoint(
                 final,
@@ -405,7 +410,7 @@ class SignedPublisher:
                 command=list(self.command),
                 cwd=Path.cwd(),
                 attributes=self.attributes,
-                extra=extra,
+                record=record,
                 git=self._git,
             )
         except BaseException:

@@ -97,6 +97,7 @@ from kronos_audit.runtime.sharded import (
     rank_seed,
 )
 from kronos_audit.runtime.writer_lock import WriterLock
+from kronos_audit.statement.predicate import Batches, RngRecord
 
 H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
 """How HDF5 quotes the system's error (errno's text) inside its own message."""
@@ -681,11 +682,11 @@ class Run:
     ) -> None:
         generators, record = rng.capture(self.rng)
         extra = {**generators, **self.ledger.to_flat()}
-        meta: dict[str, Any] = {"rng": record}
+        meta: dict[str, Any] = {"rng": {n: RngRecord.from_json_obj(r) for n, r in record.items()}}
         if self._sharded is not None:
             meta["layout"] = dict(layouts)
         if self._batches_total is not None:
-            meta["batches"] = {"total": self._batches_total, "done": len(self.ledger)}
+            meta["batches"] = Batches(self._batches_total, len(self.ledger))
         # On several ranks every rank hands the step over, whatever failed meanwhile in
         # the background (that is told to all at the next collective): a rank that did
         # not would leave the others' commit of this step waiting for its vote.

@@ -71,7 +71,8 @@ from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.keyfile import SigningKey, select_key
+from kronos_audit.keys.home import select_key
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.project.repository import Project, find_project
@@ -82,6 +83,7 @@ from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.runtime.rng import derived_seed
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
+from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.statement.predicate import GitRecord
@@ -757,7 +759,9 @@ class ShardedPublisher:
             command=list(self.command),
             cwd=Path.cwd(),
             attributes=self.attributes,
-            extra={**meta, "restart_count": restart_count()},
+            record=RunRecord(
+                rng=meta.get("rng", {}), restart_count=restart_count(), batches=meta.get("batches")
+            ),
             git=self._git,
         )
         # The index, and its Merkle tree (derived, unsigned, 64 bytes a shard: DVC's like

@@ -1,62 +1,38 @@
-"""Signing a checkpoint: the manifest of one checkpoint whose digests are known.
+"""Signing a checkpoint: the manifest of one checkpoint, or of one sharded step, whose
+digests are known.
 
-The predicate is built from the checkpoint's digests and its provenance (git state,
-environment, seeds, parent link), signed, parsed back and checked as every reader checks
-it, and only then written beside the checkpoint. Both the runtime (after hashing the
-state in memory) and ``kaudit snapshot`` (after hashing a file) sign through here.
+One way, in order: the predicate is built (:func:`kronos_audit.signing.predicate.build_predicate`),
+the statement about the checkpoint encoded (:mod:`kronos_audit.statement.manifest`), signed
+into a DSSE envelope (:mod:`kronos_audit.statement.dsse`), parsed back and checked as every
+reader checks it, and only then written beside the checkpoint
+(:func:`~kronos_audit.statement.manifest.publish_manifest`). Both the runtime (after hashing
+the state in memory) and ``kaudit snapshot`` (after hashing a file) sign through here.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from kronos_audit._internal.canonical import canonical_json
-from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.naming import named_step
 from kronos_audit.checkpoint.shards import ShardRecord, write_index
-from kronos_audit.errors import ManifestError, UsageError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.errors import UsageError
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.provenance.environment import environment
-from kronos_audit.provenance.gitstate import git_state
+from kronos_audit.signing.predicate import RunRecord, build_predicate, parent_link
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     Manifest,
-    build_statement,
-    encode_envelope,
+    encode_statement,
     manifest_path_for,
     parse_manifest,
-    read_manifest,
+    publish_manifest,
 )
-from kronos_audit.statement.predicate import GitRecord
-
-
-def utc_now() -> str:
-    """RFC 3339 UTC timestamp with microseconds, e.g. ``2026-11-29T08:00:00.123456Z``."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parent_link(
-    parent: Path | Manifest | None,
-    run: str,
-    step: int,
-    project: Project,
-) -> tuple[str | None, str | None]:
-    if parent is None:
-        return None, None
-    manifest = parent if isinstance(parent, Manifest) else read_manifest(parent)
-    if manifest.run != run:
-        raise UsageError(f"parent belongs to run {manifest.run!r}, not {run!r}", path=manifest.path)
-    if manifest.step >= step:
-        raise UsageError(
-            f"parent is at step {manifest.step}, not before step {step}", path=manifest.path
-        )
-    return manifest.digest, project.relative(manifest.path)
+from kronos_audit.statement.predicate import GitRecord, Predicate, Sha256, ShardSet
 
 
 def sign_checkpoint(
@@ -72,44 +48,39 @@ def sign_checkpoint(
     command: Sequence[str] | None = None,
     cwd: Path | None = None,
     attributes: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
+    record: RunRecord | None = None,
+    created: str | None = None,
     git: GitRecord | None = None,
     allow_secret_files: bool = False,
     write: bool = True,
 ) -> Manifest:
     """The signed manifest of a checkpoint whose digests are already known, checked as
     every reader checks it, and written beside it unless ``write`` is False (then
-    :func:`publish_manifest` writes it: what a reader would refuse is refused before
-    anything is written).
+    :func:`~kronos_audit.statement.manifest.publish_manifest` writes it: what a reader
+    would refuse is refused before anything is written).
 
-    This is the step the runtime uses after hashing the state in memory; ``extra`` adds
-    predicate fields (RNG states, restart count) that the schema defines. Without ``git``
-    the git state is read now, refusing a diff that carries a secret-looking file unless
-    ``allow_secret_files``.
+    This is the step the runtime uses after hashing the state in memory; ``record`` is what
+    the run adds (RNG states, restart count, ...), ``created`` the signing time (now unless
+    given). Without ``git`` the git state is read now, refusing a diff that carries a
+    secret-looking file unless ``allow_secret_files``.
     """
-    parent_digest, parent_name = _parent_link(parent, run, step, project)
-    predicate: dict[str, Any] = {
-        "run": run,
-        "step": step,
-        "parent": parent_digest,
-        "parent_manifest": parent_name,
-        "created": utc_now(),
-        "size": digests.size,
-        "git": (
-            git
-            if git is not None
-            else git_state(project.root, allow_secret_files=allow_secret_files)
-        ).to_json_obj(),
-        "environment": environment(),
-        "seeds": [int(s) for s in seeds],
-        "datasets": None
-        if digests.datasets is None
-        else [d.to_json_obj() for d in digests.datasets],
-        "attributes": dict(attributes or {}),
-        "command": None if command is None else [str(a) for a in command],
-        "cwd": project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
-        **(extra or {}),
-    }
+    link = parent_link(parent, run, step, project)
+    predicate = build_predicate(
+        project=project,
+        run=run,
+        step=step,
+        parent=link,
+        size=digests.size,
+        datasets=digests.datasets,
+        seeds=seeds,
+        command=command,
+        cwd=cwd,
+        attributes=attributes,
+        git=git,
+        allow_secret_files=allow_secret_files,
+        created=created,
+        record=record,
+    )
     manifest = _signed(project, key, checkpoint, digests.sha256, digests.md5, predicate)
     return publish_manifest(manifest) if write else manifest
 
@@ -120,15 +91,14 @@ def _signed(
     subject: Path,
     sha256: str,
     md5: str | None,
-    predicate: Mapping[str, Any],
+    predicate: Predicate,
 ) -> Manifest:
     """The manifest of ``subject`` signed with ``predicate``, parsed back as a reader will
     parse it (nothing written)."""
-    statement = build_statement(
-        subject_name=project.relative(subject), sha256=sha256, md5=md5, predicate=predicate
-    )
     try:
-        payload = canonical_json(statement)
+        payload = encode_statement(
+            subject_name=project.relative(subject), sha256=sha256, md5=md5, predicate=predicate
+        )
     except (ValueError, TypeError) as e:  # NaN, infinity, a value JSON cannot hold
         raise UsageError(f"cannot be signed: {e}", path=subject) from None
     envelope = sign_envelope(payload, key)
@@ -150,7 +120,8 @@ def sign_sharded_step(
     command: Sequence[str] | None = None,
     cwd: Path | None = None,
     attributes: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
+    record: RunRecord | None = None,
+    created: str | None = None,
     git: GitRecord | None = None,
     allow_secret_files: bool = False,
     write: bool = True,
@@ -162,14 +133,15 @@ def sign_sharded_step(
     manifest, ``index.jsonl.kaudit.json``, whose subject is the index.
 
     The predicate is a checkpoint's (run, step, parent, git, environment, seeds, command,
-    attributes, ``extra``) with ``datasets`` null (each shard's sha256 covers it) and a
+    attributes, ``record``) with ``datasets`` null (each shard's sha256 covers it) and a
     ``shards`` record: the count, the bytes, the Merkle root and ``layout`` (how the
     state's arrays are spread over the ranks, recorded as given; ``launcher``, how the ranks
     were started, for a replay). Its size does not depend
     on the number of shards. ``parent`` is the previous step's manifest, sharded or not.
 
     The shards are not read: their digests are the ranks' own. With ``write`` False the
-    index and tree are written but the manifest is not (:func:`publish_manifest` does).
+    index and tree are written but the manifest is not
+    (:func:`~kronos_audit.statement.manifest.publish_manifest` does).
     Tracking with DVC is the caller's (:func:`kronos_audit.storage.tracking.track` of the
     index and of each shard, by the md5s recorded).
     """
@@ -178,35 +150,31 @@ def sign_sharded_step(
             f"a sharded step's directory is named step-{step:08d} (step_directory)",
             path=directory,
         )
-    parent_digest, parent_name = _parent_link(parent, run, step, project)
+    link = parent_link(parent, run, step, project)
     index, data, root = write_index(directory, shards)  # refuses a rank missing or misnamed
-    predicate: dict[str, Any] = {
-        "run": run,
-        "step": step,
-        "parent": parent_digest,
-        "parent_manifest": parent_name,
-        "created": utc_now(),
-        "size": len(data),
-        "git": (
-            git
-            if git is not None
-            else git_state(project.root, allow_secret_files=allow_secret_files)
-        ).to_json_obj(),
-        "environment": environment(),
-        "seeds": [int(s) for s in seeds],
-        "datasets": None,
-        "attributes": dict(attributes or {}),
-        "command": None if command is None else [str(a) for a in command],
-        "cwd": project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
-        **(extra or {}),
-        "shards": {
-            "count": len(shards),
-            "bytes": sum(r.size for r in shards),
-            "root": root,
-            "layout": dict(layout or {}),
-            **({} if launcher is None else {"launcher": launcher}),
-        },
-    }
+    predicate = build_predicate(
+        project=project,
+        run=run,
+        step=step,
+        parent=link,
+        size=len(data),
+        datasets=None,
+        seeds=seeds,
+        command=command,
+        cwd=cwd,
+        attributes=attributes,
+        git=git,
+        allow_secret_files=allow_secret_files,
+        created=created,
+        record=record,
+        shards=ShardSet(
+            count=len(shards),
+            bytes=sum(r.size for r in shards),
+            root=Sha256(root),
+            layout=MappingProxyType(dict(layout or {})),
+            launcher=launcher,
+        ),
+    )
     manifest = _signed(
         project,
         key,
@@ -218,15 +186,4 @@ def sign_sharded_step(
     return publish_manifest(manifest) if write else manifest
 
 
-def publish_manifest(manifest: Manifest) -> Manifest:
-    """Write a signed manifest atomically (its bytes are the ones its digest is of)."""
-    try:
-        write_atomic(manifest.path, encode_envelope(manifest.envelope))
-    except OSError as e:
-        raise ManifestError(
-            f"cannot write manifest: {e.strerror or e}", path=manifest.path
-        ) from None
-    return manifest
-
-
-__all__ = ["publish_manifest", "sign_checkpoint", "sign_sharded_step", "utc_now"]
+__all__ = ["sign_checkpoint", "sign_sharded_step"]

@@ -30,11 +30,11 @@ from kronos_audit.statement.manifest import (
     checkpoint_path_for,
     parse_statement,
     read_signed_file,
-    validate,
 )
+from kronos_audit.statement.schemas import validate
 
 if TYPE_CHECKING:
-    from kronos_audit.keys.keyfile import Envelope
+    from kronos_audit.statement.dsse import Envelope
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
 ATTESTATION_SUFFIX = ".replay.json"

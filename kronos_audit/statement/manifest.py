@@ -7,36 +7,36 @@ lock, git state, seeds, per-dataset canonical hashes and the command to re-run. 
 manifest read or written is validated against the schema, and its predicate is then
 parsed once into a typed record (:class:`kronos_audit.statement.predicate.Predicate`,
 ``Manifest.record``).
+
+One reader and one writer: :func:`parse_manifest` reads every manifest (from a file,
+:func:`read_manifest`), :func:`publish_manifest` writes every one, and the statement
+signed is encoded from a typed predicate by :func:`encode_statement`.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
-import jsonschema
-from referencing import Registry, Resource
-
 from kronos_audit._internal import strictjson
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import PAYLOAD_TYPE, Envelope, parse_envelope
+from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, encode_envelope, parse_envelope
 from kronos_audit.statement.predicate import Predicate
 from kronos_audit.statement.predicate import Sha256 as Sha256
+from kronos_audit.statement.schemas import MANIFEST_SCHEMA, clip, validate
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
 MANIFEST_SUFFIX = ".kaudit.json"
-SCHEMA_NAME = "manifest-v1.schema.json"
+SCHEMA_NAME = MANIFEST_SCHEMA
 MAX_DEPTH = strictjson.MAX_DEPTH
 """Deepest nesting of arrays and objects read from a manifest, an attestation or their
 payload (kaudit writes under 10; user attributes must fit in the rest)."""
@@ -52,65 +52,6 @@ def checkpoint_path_for(manifest: Path) -> Path:
     if not manifest.name.endswith(MANIFEST_SUFFIX) or manifest.name == MANIFEST_SUFFIX:
         raise ManifestError(f"a manifest's name ends in {MANIFEST_SUFFIX}", path=manifest)
     return manifest.with_name(manifest.name[: -len(MANIFEST_SUFFIX)])
-
-
-@functools.cache
-def schema(name: str = SCHEMA_NAME) -> dict[str, Any]:
-    text = resources.files("kronos_audit").joinpath("schemas", name).read_text()
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
-
-
-@functools.cache
-def _registry() -> Registry[Any]:
-    """Every schema the project ships, by its $id: references between them (a replay result
-    refers to the comparison schema) resolve locally, and nothing is ever fetched."""
-    registry: Registry[Any] = Registry()
-    for entry in resources.files("kronos_audit").joinpath("schemas").iterdir():
-        if entry.name.endswith(".schema.json"):
-            contents = schema(entry.name)
-            registry = registry.with_resource(contents["$id"], Resource.from_contents(contents))
-    return registry
-
-
-@functools.cache
-def _validator(name: str) -> jsonschema.protocols.Validator:
-    # The shipped schemas are checked against their meta-schema by the tests
-    # (tests/test_schemas.py), not here: that check is of the package, not of the
-    # document, and cost every process that reads a manifest some 30 ms.
-    s = schema(name)
-    cls = jsonschema.validators.validator_for(s)
-    validator: jsonschema.protocols.Validator = cls(
-        s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
-    )
-    return validator
-
-
-def validate(
-    document: Any,
-    path: Path | None = None,
-    schema_name: str = SCHEMA_NAME,
-    *,
-    what: str | None = None,
-) -> None:
-    """Raise ManifestError naming the first schema violation (deepest first) and where;
-    ``what`` names the document in the message when there is no path to name."""
-    prefix = f"{what}: " if what else ""
-    try:
-        errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
-    except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
-        raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
-    if errors:
-        best = jsonschema.exceptions.best_match(errors)
-        where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
-        # jsonschema quotes the offending value whole, which may be megabytes: one line.
-        raise ManifestError(
-            f"{prefix}schema violation at {_clip(where)}: {_clip(best.message)}", path=path
-        )
-
-
-def _clip(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def build_statement(
@@ -131,8 +72,16 @@ def build_statement(
     }
 
 
-def encode_envelope(envelope: Envelope) -> bytes:
-    return (json.dumps(envelope.to_json_obj(), indent=2, sort_keys=True) + "\n").encode()
+def encode_statement(
+    *, subject_name: str, sha256: str, predicate: Predicate, md5: str | None = None
+) -> bytes:
+    """The payload a manifest signs: the canonical JSON of the statement
+    (:func:`build_statement`) whose predicate is ``predicate``. Raises ValueError or
+    TypeError for a value JSON cannot hold (NaN, infinity, an object in the attributes)."""
+    statement = build_statement(
+        subject_name=subject_name, sha256=sha256, md5=md5, predicate=predicate.to_json_obj()
+    )
+    return canonical_json(statement)
 
 
 @dataclass(frozen=True)
@@ -204,14 +153,6 @@ class Manifest(SignedStatement):
         return self.record.datasets
 
 
-def _freeze(value: Any) -> Any:
-    if isinstance(value, dict):
-        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
 def load_json(data: bytes, path: Path, where: str = "") -> Any:
     """JSON from bytes nobody has vouched for yet, or ManifestError saying why not.
 
@@ -237,7 +178,7 @@ def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[En
     envelope = parse_envelope(load_json(data, path), path)
     if envelope.payload_type != PAYLOAD_TYPE:
         raise ManifestError(
-            f"not a {what}: payloadType is {_clip(repr(envelope.payload_type))}, "
+            f"not a {what}: payloadType is {clip(repr(envelope.payload_type))}, "
             f"expected {PAYLOAD_TYPE!r}",
             path=path,
         )
@@ -275,7 +216,7 @@ def parse_manifest(data: bytes, path: Path) -> Manifest:
     """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
     envelope, statement = parse_statement(data, path)
     validate(statement, path)
-    frozen = _freeze(statement)
+    frozen = freeze(statement)
     return Manifest(
         path=path,
         envelope=envelope,
@@ -290,11 +231,18 @@ def read_manifest(path: Path | str) -> Manifest:
 
 
 def write_manifest(path: Path, envelope: Envelope) -> Manifest:
-    """Validate and write atomically; return the manifest as a reader will see it."""
-    data = encode_envelope(envelope)
-    manifest = parse_manifest(data, path)  # the same checks every reader makes
+    """Check as every reader checks, then write atomically; return the manifest as a reader
+    will see it."""
+    return publish_manifest(parse_manifest(encode_envelope(envelope), path))
+
+
+def publish_manifest(manifest: Manifest) -> Manifest:
+    """Write a manifest already parsed (so checked) atomically: the one writer of
+    manifests, whose bytes are the ones its digest is of."""
     try:
-        write_atomic(path, data)
+        write_atomic(manifest.path, encode_envelope(manifest.envelope))
     except OSError as e:
-        raise ManifestError(f"cannot write manifest: {e.strerror or e}", path=path) from None
+        raise ManifestError(
+            f"cannot write manifest: {e.strerror or e}", path=manifest.path
+        ) from None
     return manifest

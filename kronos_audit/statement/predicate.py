@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, NewType
 
+from kronos_audit._internal.frozen import thaw
 from kronos_audit.checkpoint.hashing import DatasetDigest
 
 Sha256 = NewType("Sha256", str)
@@ -33,15 +34,6 @@ def _sha256(value: Any) -> Sha256 | None:
 def _read_only(value: Mapping[str, Any]) -> Mapping[str, Any]:
     """``value`` read-only: as it is when it already is (a manifest's frozen statement)."""
     return value if isinstance(value, MappingProxyType) else MappingProxyType(dict(value))
-
-
-def _thaw(value: Any) -> Any:
-    """JSON values as ``json`` builds them, from the read-only forms a manifest holds."""
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_thaw(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)
@@ -169,9 +161,9 @@ class EnvironmentLock:
 
     def to_json_obj(self) -> dict[str, Any]:
         """The lock as :func:`kronos_audit.provenance.environment` gives one."""
-        obj = {name: _thaw(section) for name, section in self.sections().items()}
+        obj = {name: thaw(section) for name, section in self.sections().items()}
         if self.frameworks:  # absent, not empty, when none: the digest is over the lock
-            obj["frameworks"] = _thaw(self.frameworks)
+            obj["frameworks"] = thaw(self.frameworks)
         return {**obj, "digest": self.digest}
 
 
@@ -296,7 +288,7 @@ class ShardSet:
             "count": self.count,
             "bytes": self.bytes,
             "root": self.root,
-            "layout": _thaw(self.layout),
+            "layout": thaw(self.layout),
         }
         if self.launcher is not None:
             obj["launcher"] = self.launcher
@@ -424,7 +416,7 @@ class Predicate:
             "environment": self.environment.to_json_obj(),
             "seeds": list(self.seeds),
             "datasets": None if self.datasets is None else [d.to_json_obj() for d in self.datasets],
-            "attributes": _thaw(self.attributes),
+            "attributes": thaw(self.attributes),
             "command": None if self.command is None else list(self.command),
             "cwd": self.cwd,
         }

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import validate
+from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli, write_checkpoint
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import h5py
 import pytest
 
-from kronos_audit.keys.keyfile import generate_key
+from kronos_audit.keys.home import generate_key
 from kronos_audit.storage.setup import init_project
 from tests.helpers import KAUDIT, git
 from tests.runtime.test_faults import HANG_GUARD, last_json, newest_step, wait_for

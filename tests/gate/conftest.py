@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.keys.keyfile import SigningKey, generate_key
+from kronos_audit.keys.home import generate_key
+from kronos_audit.keys.keyfile import SigningKey
 from tests.replay.conftest import heat, replay_tmp, repo
 
 __all__ = ["heat", "mallory", "replay_tmp", "repo"]

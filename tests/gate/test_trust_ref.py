@@ -14,7 +14,8 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from kronos_audit.keys.keyfile import SigningKey, user_trust_dir
+from kronos_audit.keys.home import user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import Manifest

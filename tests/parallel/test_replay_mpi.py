@@ -24,7 +24,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_steps
-from kronos_audit.statement.manifest import validate
+from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli
 from tests.parallel.launch import launcher_env, mpiexec
 from tests.replay.helpers import bad_input, commit_all, resign

@@ -14,7 +14,8 @@ from typing import Any
 from click.testing import Result
 
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.statement.dsse import sign_envelope
 from kronos_audit.statement.manifest import read_manifest, write_manifest
 from tests.helpers import assert_bad_input, git
 

@@ -14,18 +14,14 @@ from securesystemslib import dsse
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
-from kronos_audit.keys.keyfile import (
-    SigningKey,
-    TrustStore,
-    parse_envelope,
-    public_pem,
-    user_trust_dir,
-    verify_envelope,
-)
+from kronos_audit.keys.home import user_trust_dir
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.keys.store import TrustStore, verify_envelope
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import PREDICATE_TYPE, SCHEMA_NAME, Outcome, read_attestation
 from kronos_audit.statement.attestation import SCHEMA_NAME as ATTESTATION_SCHEMA
-from kronos_audit.statement.manifest import validate
+from kronos_audit.statement.dsse import parse_envelope
+from kronos_audit.statement.schemas import validate
 from tests.helpers import run_cli, untrusted_key
 from tests.replay.helpers import bad_input, manifest, record
 

@@ -18,7 +18,8 @@ import pytest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
-from kronos_audit.statement.manifest import read_manifest, validate
+from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.statement.schemas import validate
 from kronos_audit.storage import Storage, configure_remote
 from tests.helpers import git, run_cli
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees

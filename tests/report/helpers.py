@@ -11,6 +11,7 @@ from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import git_state
+from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest
 from tests.helpers import write_checkpoint
@@ -41,10 +42,8 @@ def long_chain(project: Project, key: SigningKey, n: int, run: str = "long") -> 
             step=step,
             parent=parent,
             git=git,
-            extra={
-                "restart_count": int(restarted),
-                "created": when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            },
+            record=RunRecord(restart_count=int(restarted)),
+            created=when.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         )
     tiny.unlink()
     return directory

@@ -14,10 +14,11 @@ import pytest
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.errors import ManifestError
-from kronos_audit.keys.keyfile import SigningKey, sign_envelope
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.scheduler import scheduler_record
-from kronos_audit.statement.manifest import encode_envelope, read_manifest
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import assert_bad_input, run_cli
 
 SLURM_VARS = (

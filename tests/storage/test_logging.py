@@ -25,7 +25,7 @@ import numpy as np
 
 import kronos_audit as ka
 from kronos_audit.storage.setup import init_project
-from kronos_audit.keys.keyfile import generate_key
+from kronos_audit.keys.home import generate_key
 from kronos_audit.storage import configure_remote
 from kronos_audit.storage.remote import Storage
 

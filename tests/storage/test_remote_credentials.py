@@ -109,7 +109,7 @@ def moved(git_repo: Path, key: SigningKey, attacker: Recorder) -> Path:
 
 @pytest.fixture
 def key(git_repo: Path) -> SigningKey:
-    from kronos_audit.keys.keyfile import generate_key
+    from kronos_audit.keys.home import generate_key
 
     return generate_key("owner")  # in the user's trust store: an anchor
 

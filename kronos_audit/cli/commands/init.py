@@ -28,7 +28,7 @@ def init(remote_url: str | None, remote_name: str) -> None:
     """
     from kronos_audit import storage
     from kronos_audit._internal.secrets import redact
-    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.keys import home as signing
     from kronos_audit.storage.setup import commit_command, init_project
 
     project, dvc_created = init_project(Path.cwd())

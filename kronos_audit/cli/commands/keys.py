@@ -18,8 +18,8 @@ from kronos_audit.errors import Error, UsageError
 from kronos_audit.keys.keyfile import PASSPHRASE_ENV
 
 if TYPE_CHECKING:
-    from kronos_audit.keys.keyfile import KeyId
     from kronos_audit.project.repository import Project
+    from kronos_audit.statement.dsse import KeyId
 
 
 @click.group()
@@ -57,7 +57,7 @@ def keys_generate(name: str, encrypt: bool) -> None:
     Example:
       kaudit keys generate --name alice --encrypt
     """
-    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.keys import home as signing
 
     project = _current_project()
     trust = None if project is None else project.trust_store()
@@ -104,7 +104,7 @@ def keys_list(
     Example:
       kaudit keys list --trusted-key alice.pub
     """
-    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.keys import home as signing
     from kronos_audit.keys.anchors import describe, load_keyring
 
     project = _current_project()
@@ -168,13 +168,15 @@ def keys_trust(pubfile: Path, name: str | None, user_store: bool) -> None:
       kaudit keys trust alice.pub --user     # anchor it for your own verifications
       kaudit keys trust alice.pub            # propose it in the repository (commit it)
     """
-    from kronos_audit.keys import keyfile as signing
+    from kronos_audit.keys import home as signing
+    from kronos_audit.keys.keyfile import load_public_key
+    from kronos_audit.keys.store import TrustStore
     from kronos_audit.project.repository import find_project
 
-    public_key = signing.load_public_key(pubfile)
+    public_key = load_public_key(pubfile)
     label = name or pubfile.name.removesuffix(".pub")
     if user_store:
-        entry = signing.TrustStore(signing.user_trust_dir()).add(public_key, label)
+        entry = TrustStore(signing.user_trust_dir()).add(public_key, label)
     else:
         project = find_project(Path.cwd()).require_initialized()
         entry = project.trust_store().add(public_key, label)
@@ -196,8 +198,9 @@ def keys_revoke(keyid: str, reason: str, key: str | None) -> None:
     Example:
       kaudit keys revoke 3f2a...c9 --reason "laptop stolen" --key alice-2027
     """
-    from kronos_audit.keys.anchors import load_keyring, write_revocation
-    from kronos_audit.keys.keyfile import select_key
+    from kronos_audit.keys.anchors import load_keyring
+    from kronos_audit.keys.home import select_key
+    from kronos_audit.keys.revocation import write_revocation
     from kronos_audit.project.repository import find_project
 
     project = find_project(Path.cwd()).require_initialized()
@@ -225,8 +228,8 @@ def keys_rotate(old: str, new_name: str) -> None:
     Example:
       kaudit keys rotate alice --name alice-2027
     """
-    from kronos_audit.keys import keyfile as signing
-    from kronos_audit.keys.anchors import write_revocation
+    from kronos_audit.keys import home as signing
+    from kronos_audit.keys.revocation import write_revocation
     from kronos_audit.project.repository import find_project
 
     project = find_project(Path.cwd()).require_initialized()
@@ -245,7 +248,7 @@ def keys_rotate(old: str, new_name: str) -> None:
 
 
 def _full_key_id(given: str, known: Mapping[KeyId, object]) -> KeyId:
-    from kronos_audit.keys.keyfile import KeyId
+    from kronos_audit.statement.dsse import KeyId
 
     if re.fullmatch(r"[0-9a-f]{64}", given):
         return KeyId(given)

@@ -108,7 +108,7 @@ def replay(
     """
     from kronos_audit.checkpoint.layout import resolve_target
     from kronos_audit.cli.progress import progress_bar, replay_output
-    from kronos_audit.keys.keyfile import select_key
+    from kronos_audit.keys.home import select_key
     from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
     from kronos_audit.replay import replay as run_replay
 

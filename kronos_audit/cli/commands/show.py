@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
 
 import click
 
+from kronos_audit._internal.frozen import thaw
 from kronos_audit.cli.options import json_option
 from kronos_audit.cli.output import Column, out, safe
 
@@ -29,7 +29,7 @@ def show(manifest: Path, as_json: bool) -> None:
     m = read_manifest(resolve_target(manifest))
     if as_json:
         # ensure_ascii: control characters in names come out as \u escapes, never raw.
-        click.echo(json.dumps(_thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
+        click.echo(json.dumps(thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
         return
     # Nothing here is verified, and anyone may have written it: every value goes through
     # _text, which shows it as inert text (no rich markup, no terminal control) and shows
@@ -73,7 +73,7 @@ def show(manifest: Path, as_json: bool) -> None:
     rows.append(("command", _text(shlex.join(p.command) if p.command else "not recorded")))
     rows.append(("cwd", _text(p.cwd)))
     if p.attributes:
-        rows.append(("attributes", _text(json.dumps(_thaw(p.attributes), sort_keys=True))))
+        rows.append(("attributes", _text(json.dumps(thaw(p.attributes), sort_keys=True))))
     if p.restart_count is not None:
         rows.append(("restarts", _text(p.restart_count)))
     if p.scheduler is not None:
@@ -94,7 +94,7 @@ def show(manifest: Path, as_json: bool) -> None:
                 "shards",
                 _text(
                     f"{p.shards.count} ranks, {p.shards.bytes:,} bytes; layout "
-                    + json.dumps(_thaw(p.shards.layout), sort_keys=True)
+                    + json.dumps(thaw(p.shards.layout), sort_keys=True)
                 ),
             )
         )
@@ -126,11 +126,3 @@ def show(manifest: Path, as_json: bool) -> None:
 def _text(value: object, missing: str = "none") -> str:
     """A value read from a manifest, as rich markup that prints it as inert text."""
     return missing if value is None else safe(value)
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_thaw(v) for v in value]
-    if hasattr(value, "items"):
-        return {k: _thaw(v) for k, v in value.items()}
-    return value

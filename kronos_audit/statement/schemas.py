@@ -1,0 +1,82 @@
+"""The JSON schemas the package ships (``kronos_audit/schemas``), and validating against them.
+
+Every signed statement read or written (manifest, revocation, attestation) and every
+document kaudit prints as JSON is checked here. References between the schemas resolve
+locally, by ``$id``; nothing is ever fetched.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from referencing import Registry, Resource
+
+from kronos_audit.errors import ManifestError
+
+MANIFEST_SCHEMA = "manifest-v1.schema.json"
+"""A manifest's statement: the schema :func:`schema` and :func:`validate` take by default."""
+
+
+@functools.cache
+def schema(name: str = MANIFEST_SCHEMA) -> dict[str, Any]:
+    text = resources.files("kronos_audit").joinpath("schemas", name).read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+@functools.cache
+def _registry() -> Registry[Any]:
+    """Every schema the project ships, by its $id: references between them (a replay result
+    refers to the comparison schema) resolve locally, and nothing is ever fetched."""
+    registry: Registry[Any] = Registry()
+    for entry in resources.files("kronos_audit").joinpath("schemas").iterdir():
+        if entry.name.endswith(".schema.json"):
+            contents = schema(entry.name)
+            registry = registry.with_resource(contents["$id"], Resource.from_contents(contents))
+    return registry
+
+
+@functools.cache
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    # The shipped schemas are checked against their meta-schema by the tests
+    # (tests/test_schemas.py), not here: that check is of the package, not of the
+    # document, and cost every process that reads a manifest some 30 ms.
+    s = schema(name)
+    cls = jsonschema.validators.validator_for(s)
+    validator: jsonschema.protocols.Validator = cls(
+        s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
+    )
+    return validator
+
+
+def validate(
+    document: Any,
+    path: Path | None = None,
+    schema_name: str = MANIFEST_SCHEMA,
+    *,
+    what: str | None = None,
+) -> None:
+    """Raise ManifestError naming the first schema violation (deepest first) and where;
+    ``what`` names the document in the message when there is no path to name."""
+    prefix = f"{what}: " if what else ""
+    try:
+        errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
+    except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
+        raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
+        # jsonschema quotes the offending value whole, which may be megabytes: one line.
+        raise ManifestError(
+            f"{prefix}schema violation at {clip(where)}: {clip(best.message)}", path=path
+        )
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters (ending in ``...`` when cut), for one message line."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

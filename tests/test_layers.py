@@ -232,7 +232,6 @@ def layer_of(module: str) -> int:
 
 PENDING: frozenset[tuple[str, str]] = frozenset(
     {
-        (f"{NAME}.checkpoint.layout", f"{NAME}.statement.manifest"),
         (f"{NAME}.verification.verify", f"{NAME}.replay.attest"),
         (f"{NAME}.statement.manifest", f"{NAME}.keys.keyfile"),
     }

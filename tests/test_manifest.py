@@ -20,6 +20,7 @@ from securesystemslib.signer import SSlibKey
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit.checkpoint.layout import checkpoint_path_for, manifest_path_for
 from kronos_audit.errors import ManifestError
 from kronos_audit.keys.keyfile import PAYLOAD_TYPE, SigningKey, generate_key, sign_envelope
 from kronos_audit.project.repository import Project
@@ -30,10 +31,8 @@ from kronos_audit.statement.manifest import (
     PREDICATE_TYPE,
     STATEMENT_TYPE,
     Manifest,
-    checkpoint_path_for,
     encode_envelope,
     load_json,
-    manifest_path_for,
     parse_manifest,
     read_manifest,
     write_manifest,

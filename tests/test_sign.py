@@ -9,11 +9,12 @@ import math
 import pytest
 
 from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.sign import publish_manifest, sign_checkpoint, utc_now
-from kronos_audit.statement.manifest import encode_envelope, manifest_path_for, read_manifest
+from kronos_audit.statement.manifest import encode_envelope, read_manifest
 from kronos_audit.verification.verify import verify
 from tests.helpers import write_checkpoint
 

@@ -13,12 +13,11 @@ See docs/replay.md for what a replay proves, its steps, and the contract a progr
 does not use ``kronos_audit.Run`` follows.
 """
 
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, attestation_path_for, checkpoint_name
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.replay.attest import (
-    ATTESTATION_SUFFIX,
     PREDICATE_TYPE,
     Attestation,
-    attestation_path_for,
     read_attestation,
     write_attestation,
 )
@@ -37,7 +36,6 @@ from kronos_audit.replay.interface import (
     ReplayResult,
     Timings,
 )
-from kronos_audit.runtime.protocol import checkpoint_name
 
 __all__ = [
     "ATTESTATION_SUFFIX",

@@ -18,7 +18,7 @@ from typing import Any
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.checkpoint.hashing import FileDigests
-from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.layout import manifest_path_for, named_step, step_directory_name
 from kronos_audit.checkpoint.shards import ShardRecord, write_index
 from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.keys.keyfile import SigningKey, sign_envelope
@@ -29,7 +29,6 @@ from kronos_audit.statement.manifest import (
     Manifest,
     build_statement,
     encode_envelope,
-    manifest_path_for,
     parse_manifest,
     read_manifest,
 )
@@ -175,7 +174,7 @@ def sign_sharded_step(
     """
     if named_step(directory.name) != step:
         raise UsageError(
-            f"a sharded step's directory is named step-{step:08d} (step_directory)",
+            f"a sharded step's directory is named {step_directory_name(step)} (step_directory)",
             path=directory,
         )
     parent_digest, parent_name = _parent_link(parent, run, step, project)

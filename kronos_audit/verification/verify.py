@@ -28,10 +28,17 @@ from typing import TYPE_CHECKING, Any
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest, diagnose, digest_open, open_file
-from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, expand_targets
-from kronos_audit.checkpoint.naming import named_step
-from kronos_audit.checkpoint.shards import (
+from kronos_audit.checkpoint.layout import (
+    ATTESTATION_SUFFIX,
     INDEX_NAME,
+    MANIFEST_SUFFIX,
+    checkpoint_path_for,
+    expand_targets,
+    named_step,
+    shard_name,
+    step_directory_name,
+)
+from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
     NoProof,
     ShardRecord,
@@ -42,7 +49,6 @@ from kronos_audit.checkpoint.shards import (
     parse_line,
     proven_line,
     read_index,
-    shard_name,
 )
 from kronos_audit.errors import (
     CheckpointError,
@@ -54,13 +60,7 @@ from kronos_audit.errors import (
 )
 from kronos_audit.keys.anchors import Keyring, SignerCheck, TrustedKey, TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.statement.manifest import (
-    MANIFEST_SUFFIX,
-    Manifest,
-    checkpoint_path_for,
-    parse_manifest,
-    read_signed_file,
-)
+from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 
 if TYPE_CHECKING:
     from kronos_audit.storage import Storage  # imported when a fetch is needed
@@ -317,7 +317,7 @@ def _sharded_place_check(
             CheckName.PLACE,
             False,
             f"the step directory is {actual.parent.name or '(repository root)'}, but its "
-            f"manifest signs {what}: a sharded step lives in step-{step:08d}",
+            f"manifest signs {what}: a sharded step lives in {step_directory_name(step)}",
         )
     if actual == signed:
         return Check(CheckName.PLACE, True, f"{what} (sharded) at the place it was signed")
@@ -908,7 +908,7 @@ class Verifier:
         name that manifest's exact digest and its checkpoint's, that manifest must be
         signed and in its own place, the attestation signed by a key the keyring accepts,
         and it must record a reproduced outcome."""
-        from kronos_audit.replay.attest import read_attestation  # replay builds on verify
+        from kronos_audit.replay.attest import read_attestation
 
         attestation = read_attestation(path)
         path = attestation.path

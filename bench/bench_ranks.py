@@ -170,8 +170,8 @@ def worker(p: Params, mode: str, out: Path) -> None:
     from mpi4py import MPI
 
     import kronos_audit as ka
+    from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX
     from kronos_audit.parallel.layout import block_range
-    from kronos_audit.statement.manifest import MANIFEST_SUFFIX
 
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size

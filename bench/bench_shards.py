@@ -48,17 +48,14 @@ import numpy as np
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import best_of, scratch_repo
-from kronos_audit.checkpoint.shards import (
+from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
-    LINE_WIDTH,
     TREE_NAME,
-    ShardRecord,
-    parse_line,
-    read_index,
     shard_name,
     shard_path,
     step_directory,
 )
+from kronos_audit.checkpoint.shards import LINE_WIDTH, ShardRecord, parse_line, read_index
 from kronos_audit.checkpoint.writer import write_and_digest
 from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import find_project

@@ -83,7 +83,8 @@ def assert_bad_input(result: Result, *mentions: str, no_stdout: bool = False) ->
 def signed_items(checkpoints: list[Path]) -> list[FetchItem]:
     """What `Storage.push` takes for each checkpoint: the md5, sha256 and size its
     manifest (beside it) signs. The manifests are ones the test wrote: not verified here."""
-    from kronos_audit.statement.manifest import manifest_path_for, read_manifest
+    from kronos_audit.checkpoint.layout import manifest_path_for
+    from kronos_audit.statement.manifest import read_manifest
 
     items = []
     for c in checkpoints:

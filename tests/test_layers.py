@@ -230,11 +230,7 @@ def layer_of(module: str) -> int:
     return LAYERS.index(name)
 
 
-PENDING: frozenset[tuple[str, str]] = frozenset(
-    {
-        (f"{NAME}.checkpoint.layout", f"{NAME}.statement.manifest"),
-    }
-)
+PENDING: frozenset[tuple[str, str]] = frozenset({})
 """Upward edges still to be cut while the house is rebuilt; empty when it is done."""
 
 

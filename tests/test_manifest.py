@@ -20,6 +20,7 @@ from securesystemslib.signer import SSlibKey
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit.checkpoint.layout import checkpoint_path_for, manifest_path_for
 from kronos_audit.errors import ManifestError
 from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
@@ -32,9 +33,7 @@ from kronos_audit.statement.manifest import (
     PREDICATE_TYPE,
     STATEMENT_TYPE,
     Manifest,
-    checkpoint_path_for,
     load_json,
-    manifest_path_for,
     parse_manifest,
     read_manifest,
     write_manifest,

@@ -17,11 +17,12 @@ import pytest
 from click.testing import Result
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
-from kronos_audit.statement.manifest import manifest_path_for, read_manifest
+from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import assert_bad_input, git, run_cli
 
 SECRET = "s3cr3t-Tok3n"

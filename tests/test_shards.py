@@ -17,10 +17,15 @@ import pytest
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.shards import (
+from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
-    LINE_WIDTH,
     TREE_NAME,
+    shard_name,
+    shard_path,
+    step_directory,
+)
+from kronos_audit.checkpoint.shards import (
+    LINE_WIDTH,
     NoProof,
     ShardRecord,
     encode_index,
@@ -28,9 +33,6 @@ from kronos_audit.checkpoint.shards import (
     parse_index,
     proven_line,
     read_index,
-    shard_name,
-    shard_path,
-    step_directory,
     write_index,
 )
 from kronos_audit.checkpoint.writer import write_and_digest

@@ -12,7 +12,8 @@ import pytest
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.shards import INDEX_NAME, merkle_root, step_directory
+from kronos_audit.checkpoint.layout import INDEX_NAME, manifest_path_for, step_directory
+from kronos_audit.checkpoint.shards import merkle_root
 from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
@@ -20,12 +21,7 @@ from kronos_audit.provenance.environment import environment
 from kronos_audit.signing.predicate import RunRecord, utc_now
 from kronos_audit.signing.sign import sign_checkpoint, sign_sharded_step
 from kronos_audit.statement.dsse import encode_envelope
-from kronos_audit.statement.manifest import (
-    build_statement,
-    manifest_path_for,
-    publish_manifest,
-    read_manifest,
-)
+from kronos_audit.statement.manifest import build_statement, publish_manifest, read_manifest
 from kronos_audit.statement.predicate import (
     Batches,
     GitRecord,

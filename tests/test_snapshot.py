@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
 from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.signing.snapshot import snapshot
-from kronos_audit.statement.manifest import manifest_path_for, read_manifest
+from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
 from kronos_audit.verification.batch import verify
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint

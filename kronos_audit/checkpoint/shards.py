@@ -40,12 +40,9 @@ from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, file_kind, read_regular
 from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME, shard_name
 from kronos_audit.errors import CheckpointError, UsageError
 
-INDEX_NAME = "index.jsonl"
-"""The shard index's file name, in the step directory."""
-TREE_NAME = "index.merkle"
-"""The Merkle tree's file name, in the step directory."""
 LINE_WIDTH = 256
 """Bytes per index line, newline included (a line's JSON takes about 200)."""
 MAX_SHARDS = 1_000_000
@@ -56,20 +53,6 @@ _HEX = frozenset("0123456789abcdef")
 _KEYS = frozenset({"md5", "name", "rank", "sha256", "size"})
 _LEAF, _INNER = b"\x00", b"\x01"  # domain separation: a leaf can never pass for a node
 _CHUNK = 1 << 20
-
-
-def step_directory(run_directory: Path, step: int) -> Path:
-    """Where step ``step`` of a sharded run lives: ``<run>/step-<N:08d>``."""
-    return run_directory / f"step-{step:08d}"
-
-
-def shard_name(rank: int, count: int) -> str:
-    """The one name rank ``rank`` of ``count`` may have: ``rank-000002-of-000003.h5``."""
-    return f"rank-{rank:06d}-of-{count:06d}.h5"
-
-
-def shard_path(directory: Path, rank: int, count: int) -> Path:
-    return directory / shard_name(rank, count)
 
 
 def _is_hex(value: object, length: int) -> bool:
@@ -359,10 +342,8 @@ def describe(record: ShardRecord, count: int, problem: str | None, sha: str) -> 
 
 
 __all__ = [
-    "INDEX_NAME",
     "LINE_WIDTH",
     "MAX_SHARDS",
-    "TREE_NAME",
     "NoProof",
     "ShardRecord",
     "describe",
@@ -373,9 +354,6 @@ __all__ = [
     "parse_line",
     "proven_line",
     "read_index",
-    "shard_name",
-    "shard_path",
     "shard_problem",
-    "step_directory",
     "write_index",
 ]

@@ -11,14 +11,13 @@ from pathlib import Path, PurePosixPath
 
 from kronos_audit._internal import git
 from kronos_audit._internal.progress import report
-from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, MANIFEST_SUFFIX
 from kronos_audit.errors import Error
 from kronos_audit.gate.config import GateConfig, GateConfigError, load_config
 from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
 from kronos_audit.gate.sampling import Segment, sample
 from kronos_audit.keys.anchors import PinnedRef, TrustedKey, TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.statement.manifest import MANIFEST_SUFFIX
 from kronos_audit.verification.batch import verify_each
 from kronos_audit.verification.results import StatementKind, VerifyResult
 from kronos_audit.verification.verifier import Verifier

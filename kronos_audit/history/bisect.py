@@ -30,12 +30,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kronos_audit.checkpoint.layout import STEP_MANIFEST, resolve_target, statements_in
+from kronos_audit.checkpoint.layout import (
+    MANIFEST_SUFFIX,
+    STEP_MANIFEST,
+    resolve_target,
+    statements_in,
+)
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, compare_files
 from kronos_audit.errors import BisectError, Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
-from kronos_audit.statement.manifest import MANIFEST_SUFFIX, Manifest, read_manifest
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification.verifier import Verifier
 
 FORMAT = "kronos-audit/bisect/v1"

@@ -13,6 +13,7 @@ See docs/replay.md for what a replay proves, its steps, and the contract a progr
 does not use ``kronos_audit.Run`` follows.
 """
 
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, attestation_path_for, checkpoint_name
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.replay.attest import write_attestation
 from kronos_audit.replay.engine import replay
@@ -28,14 +29,11 @@ from kronos_audit.replay.interface import (
     ReplayResult,
     Timings,
 )
-from kronos_audit.runtime.protocol import checkpoint_name
 from kronos_audit.statement.attestation import (
-    ATTESTATION_SUFFIX,
     PREDICATE_TYPE,
     Attestation,
     ManifestRef,
     Outcome,
-    attestation_path_for,
     read_attestation,
 )
 

@@ -19,9 +19,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.layout import checkpoint_name, named_step
 from kronos_audit.errors import ReplayError, Stage
-from kronos_audit.runtime.protocol import ReplayInstruction, checkpoint_name
+from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.statement.manifest import Manifest
 
 Instruction = ReplayInstruction

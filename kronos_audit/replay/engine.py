@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.shards import INDEX_NAME
+from kronos_audit.checkpoint.layout import INDEX_NAME
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.keys.anchors import TrustOptions

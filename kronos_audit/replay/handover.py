@@ -14,8 +14,9 @@ import stat
 from pathlib import Path
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import ReplayError, Stage
-from kronos_audit.statement.manifest import Manifest, manifest_path_for
+from kronos_audit.statement.manifest import Manifest
 
 PARENT_DIR = "parent"
 """The directory in the work directory that holds the copy of the parent handed over."""

@@ -48,21 +48,15 @@ from kronos_audit.checkpoint.hashing import (
     open_file,
     vlen_kind,
 )
-from kronos_audit.checkpoint.shards import (
-    INDEX_NAME,
-    ShardRecord,
-    hash_shard,
-    parse_index,
-    read_index,
-    shard_path,
-)
+from kronos_audit.checkpoint.layout import INDEX_NAME, shard_path, step_directory
+from kronos_audit.checkpoint.shards import ShardRecord, hash_shard, parse_index, read_index
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
 from kronos_audit.replay.handover import _copy, _write_new
 from kronos_audit.replay.interface import DatasetReplay
-from kronos_audit.runtime.sharded import Recorded, parse_layout
+from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
 from kronos_audit.statement.manifest import Manifest
 
 CHUNK_BYTES = 64 << 20
@@ -212,7 +206,7 @@ class StepOutput:
 def find_step_output(out: Path, step: int, ranks: int) -> StepOutput:
     """The step directory the command's ``ranks`` ranks wrote, its index read and every
     shard's size and sha256 checked against it (ReplayError, stage ``output``, otherwise)."""
-    directory = out / f"step-{step:08d}"
+    directory = step_directory(out, step)
     index = directory / INDEX_NAME
     try:
         data = read_index(index, ranks)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.progress import report
+from kronos_audit.checkpoint.layout import attested_manifest_for
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustedKey, TrustOptions
 from kronos_audit.project.repository import Project, find_project
@@ -281,9 +282,7 @@ def _replay(group: _Group, r: VerifyResult) -> Replay:
         Drift(str(d["section"]), str(d["name"]), _text(d.get("recorded")), _text(d.get("current")))
         for d in environment.get("drift", ())
     )
-    manifest_path = attestation.path.with_name(
-        attestation.path.name.removesuffix(".replay.json") + ".kaudit.json"
-    )
+    manifest_path = attested_manifest_for(attestation.path)
     return Replay(
         attestation=group.name(r.manifest),
         manifest=group.name(manifest_path),
@@ -313,9 +312,7 @@ def _reproduce(
     commands.append(shlex.join([*replay_args, "--attest"]))
     # Each failing replay again (a few: the rest are the same command on another step).
     for r in [a for a in group.attestations if not a.ok][:5]:
-        manifest = r.manifest.with_name(
-            r.manifest.name.removesuffix(".replay.json") + ".kaudit.json"
-        )
+        manifest = attested_manifest_for(r.manifest)
         if manifest != newest.path:
             commands.append(shlex.join(["kaudit", "replay", group.name(manifest), *trust_args]))
     commands.append(

@@ -37,26 +37,6 @@ _LAYOUT = struct.Struct("<qq")  # last step reached, step resumed from (-1: fres
 NOTHING = -1
 
 
-def checkpoint_name(step: int) -> str:
-    """The file name of the checkpoint of ``step``: ``step-<N:08d>.h5``, in a run's
-    directory and in a replay's ``{out}``."""
-    return f"step-{step:08d}.h5"
-
-
-def step_of(path: Path) -> int | None:
-    """The step a checkpoint's file name states (``step-<N>.h5``), or None for any other
-    name."""
-    stem = path.name.removesuffix(".h5")
-    if path.suffix != ".h5" or not stem.startswith("step-") or not stem[5:].isdigit():
-        return None
-    return int(stem[5:])
-
-
-def checkpoint_steps(directory: Path) -> list[int]:
-    """The steps of the checkpoint files in ``directory``, ascending."""
-    return sorted(s for p in directory.glob("step-*.h5") if (s := step_of(p)) is not None)
-
-
 def restart_count() -> int:
     """``SLURM_RESTART_COUNT`` when Slurm requeued the job, else the supervisor's count."""
     for var in ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV):

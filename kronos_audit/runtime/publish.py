@@ -25,6 +25,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kronos_audit._internal.fsutil import fsync_dir
+from kronos_audit.checkpoint.layout import (
+    CHECKPOINT_GLOB,
+    RunDirectory,
+    checkpoint_name,
+    manifest_path_for,
+    step_of,
+)
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
 from kronos_audit.errors import CheckpointError, Error, UsageError
@@ -36,12 +43,7 @@ from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
-from kronos_audit.runtime.protocol import (
-    ReplayInstruction,
-    checkpoint_name,
-    restart_count,
-    step_of,
-)
+from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
 from kronos_audit.runtime.resume_remote import (
     RemoteResume,
     newest_known,
@@ -53,7 +55,7 @@ from kronos_audit.runtime.retention import Retention, prune
 from kronos_audit.runtime.writer_lock import Newest, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
-from kronos_audit.statement.manifest import Manifest, manifest_path_for, read_manifest
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
@@ -137,11 +139,7 @@ class Publisher(Protocol):
 
 
 def _steps_in(directory: Path) -> list[int]:
-    return sorted(
-        s
-        for p in directory.glob("step-*.h5")
-        if (s := step_of(p)) is not None and manifest_path_for(p).is_file()
-    )
+    return RunDirectory(directory).signed_checkpoint_steps()
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:
@@ -296,9 +294,7 @@ class SignedPublisher:
 
     def latest(self, *, stacklevel: int = 3) -> ResumePoint | None:
         verifier = self._verifier()
-        candidates = sorted(
-            (s, p) for p in self.directory.glob("step-*.h5") if (s := step_of(p)) is not None
-        )
+        candidates = RunDirectory(self.directory).checkpoints()
         for step, path in reversed(candidates):
             reason = self._invalid(verifier, path)
             if reason is not None:
@@ -382,7 +378,7 @@ class SignedPublisher:
                 digests.md5,
                 digests.size,
                 owned=True,
-                ignore_pattern="/step-*.h5",
+                ignore_pattern="/" + CHECKPOINT_GLOB,
                 settings=self._cache,
             )
             restarts = restart_count()

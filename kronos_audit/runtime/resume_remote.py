@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,18 +30,17 @@ from pathlib import Path, PurePosixPath
 from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.layout import (
+    CHECKPOINT_GLOB,
+    checkpoint_name,
+    manifest_path_for,
+    step_of_manifest_name,
+)
 from kronos_audit.errors import Error, RollbackRefused, StorageError
 from kronos_audit.keys.anchors import resolve_ref
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
-from kronos_audit.runtime.protocol import checkpoint_name
-from kronos_audit.statement.manifest import (
-    MANIFEST_SUFFIX,
-    Manifest,
-    manifest_path_for,
-    parse_manifest,
-    read_signed_file,
-)
+from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 from kronos_audit.storage import runs
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
@@ -55,18 +53,6 @@ log = logging.getLogger("kronos_audit.runtime")
 TRY_LIMIT = 16
 """Remote manifests, newest first, read and checked by one restore at most: a remote full
 of manifests that do not verify must not make a restore download them all."""
-
-_MANIFEST_NAME = re.compile(r"step-([0-9]{8,18})\.h5" + re.escape(MANIFEST_SUFFIX))
-
-
-def step_of_manifest_name(name: str) -> int | None:
-    """The step of a manifest named as a run names them (``step-<N:08d>.h5.kaudit.json``),
-    else None (a temporary, a stray file, the same step spelled another way)."""
-    m = _MANIFEST_NAME.fullmatch(name)
-    if m is None:
-        return None
-    step = int(m.group(1))
-    return step if manifest_path_for(Path(checkpoint_name(step))).name == name else None
 
 
 def push_manifest(files: RunFiles, manifest: Path) -> None:
@@ -431,7 +417,7 @@ class RemoteResume:
                 md5,
                 manifest.record.size,
                 owned=True,
-                ignore_pattern="/step-*.h5",
+                ignore_pattern="/" + CHECKPOINT_GLOB,
                 settings=self.storage.cache_settings(),
             )
         return Found(checkpoint, step)
@@ -482,5 +468,4 @@ __all__ = [
     "push_patch",
     "refuse_rollback",
     "rollback_allowed",
-    "step_of_manifest_name",
 ]

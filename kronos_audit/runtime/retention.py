@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kronos_audit.checkpoint.layout import checkpoint_name, checkpoint_steps, manifest_path_for
 from kronos_audit.errors import UsageError
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.protocol import checkpoint_name, checkpoint_steps
-from kronos_audit.statement.manifest import manifest_path_for
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
 from kronos_audit.storage.tracking import (
     cache_object_path,

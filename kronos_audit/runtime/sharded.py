@@ -6,13 +6,13 @@ checkpoints to a :class:`ShardedPublisher`. Step N of an n-rank run is the direc
 the shard index, and ONE manifest signed by rank 0.
 
 **Commit (two-phase).** On the writer thread of every rank, on a communicator of its own
-(:func:`dup`: never interleaved with the program's collectives on the loop thread): each
-rank writes, fsyncs and renames its shard, hashing it as it writes, and votes (its
-:class:`~kronos_audit.checkpoint.shards.ShardRecord`, or why it has none) to rank 0. Rank 0,
-only when every rank voted a durable shard, signs the step manifest (parent: the previous
-step's) and tracks the index and every shard with DVC; then it tells every rank commit or
-abort. A step without its manifest is never valid, so a crash anywhere before the manifest
-leaves the previous step the newest.
+(:func:`~kronos_audit.runtime.ranks.dup`: never interleaved with the program's collectives
+on the loop thread): each rank writes, fsyncs and renames its shard, hashing it as it
+writes, and votes (its :class:`~kronos_audit.checkpoint.shards.ShardRecord`, or why it has
+none) to rank 0. Rank 0, only when every rank voted a durable shard, signs the step manifest
+(parent: the previous step's) and tracks the index and every shard with DVC; then it tells
+every rank commit or abort. A step without its manifest is never valid, so a crash anywhere
+before the manifest leaves the previous step the newest.
 
 **Restore (agreed).** Rank 0 lists the sharded steps with a manifest, newest first, and
 sends the list; for each candidate every rank verifies what it will read (its own shard,
@@ -27,6 +27,8 @@ records each such dataset (``shards.layout``: ``{"u": {"block": 0, "shape": [...
 with another rank count gives rank r its block of each Block dataset (read slice by slice
 from the old shards it overlaps) and rank 0's replicated ones; any other dataset of the
 state makes such a restore a CheckpointError naming it.
+The layouts and which sharded steps count are :mod:`kronos_audit.runtime.sharded_steps`'s;
+a replay's ranks publish through :mod:`kronos_audit.runtime.sharded_replay`.
 
 Every rank needs the project (a shared filesystem); only rank 0 loads the signing key and
 records the git state, and sends the key's public half to the others, which verify with it.
@@ -37,12 +39,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,276 +50,57 @@ import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.checkpoint.naming import named_step
-from kronos_audit.checkpoint.shards import (
+from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
-    LINE_WIDTH,
-    MAX_SHARDS,
     TREE_NAME,
-    NoProof,
-    ShardRecord,
-    parse_index,
-    parse_line,
-    proven_line,
-    read_index,
+    RunDirectory,
+    named_step,
+    parse_name,
     shard_name,
     shard_path,
     step_directory,
-    write_index,
+)
+from kronos_audit.checkpoint.shards import (
+    LINE_WIDTH,
+    MAX_SHARDS,
+    NoProof,
+    ShardRecord,
+    parse_line,
+    proven_line,
+    read_index,
 )
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job, write_and_digest
-from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
+from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.parallel.comm import Comm, SingleProcess
-from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape, plan, read_block
+from kronos_audit.parallel.comm import Comm
+from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
-from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
-from kronos_audit.runtime.protocol import ReplayInstruction, restart_count
-from kronos_audit.runtime.rng import GROUP as RNG_GROUP
-from kronos_audit.runtime.rng import derived_seed
+from kronos_audit.runtime.policy import SavePolicy
+from kronos_audit.runtime.protocol import restart_count
+from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
+from kronos_audit.runtime.sharded_steps import (
+    OWN_GROUPS,
+    Agreed,
+    parse_layout,
+    step_manifest_problem,
+)
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
-from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.tracking import cache_settings, track
-from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.verifier import Verifier
 
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that
 ``kaudit replay`` can start the ranks again the same way."""
-_RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses
-_LEDGER = "ledger"
 _TREE = "/kaudit/tree"
-_OWN = (RNG_GROUP, _LEDGER)  # per-rank records, always from a rank's own (or same-numbered) shard
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """The seed of rank ``rank``'s generators: the run seed itself on rank 0 (so a run on
-    one rank is the single-process run), an independent stream derived from (seed, rank)
-    on the others."""
-    return seed if rank == 0 else derived_seed(seed, (_RANK_STREAM, rank), bits=63)
-
-
-def joining_seed(seed: int, rank: int, step: int) -> int:
-    """The seed of a rank that joins a run at ``step`` with no generator of its number
-    saved (a restart on more ranks): a stream of its own for that step, not the one its
-    number started the run with (which would repeat that rank's draws from step 0)."""
-    return derived_seed(seed, (_RANK_STREAM, rank, step), bits=63)
-
-
-def dup(comm: Comm) -> Comm:
-    """A communicator over the same ranks whose collectives never meet ``comm``'s
-    (collective: every rank calls it at the same point). MPI: ``Comm.Dup()`` (mpi4py
-    initializes MPI with ``MPI_THREAD_MULTIPLE``, so the writer thread may use it while the
-    loop uses the program's); torch.distributed: a second gloo group over the same ranks.
-    Another :class:`Comm` is used as it is (it must then tolerate use from two threads)."""
-    if comm.size == 1:
-        return SingleProcess()
-    if comm.name == "mpi":
-        from kronos_audit.parallel.mpi import MPIComm
-
-        if isinstance(comm, MPIComm):
-            return MPIComm(comm.comm.Dup())
-    if comm.name == "torch.distributed":
-        from kronos_audit.parallel.torchdist import TorchComm
-
-        if isinstance(comm, TorchComm):
-            import torch.distributed as dist
-
-            ranks = dist.get_process_group_ranks(comm.group) if comm.group is not None else None
-            return TorchComm(dist.new_group(ranks=ranks, backend="gloo"))
-    return comm
-
-
-def _require_threads(comm: Comm) -> None:
-    """A UsageError unless ``comm`` may be used from the writer's thread while the loop
-    uses it too: MPI initialized with ``MPI_THREAD_MULTIPLE`` (mpi4py's default)."""
-    if comm.name != "mpi" or comm.size == 1:
-        return
-    from mpi4py import MPI
-
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        raise UsageError(
-            "MPI was initialized without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level), which "
-            "checkpoints written in the background need: leave mpi4py's default, or pass "
-            "asynchronous=False to ka.Run"
-        )
-
-
-def has_sharded_steps(
-    directory: Path, run_id: str, key: str | SigningKey | None, *, stacklevel: int
-) -> bool:
-    """Whether ``directory`` (run ``run_id``'s) holds a sharded step that counts: its step
-    manifest signed by an anchored key or the run's own (``key``), of this run and of the
-    step its directory names, in its place. Nothing else of it is read. Every candidate
-    that does not count is named, with why, in a CheckpointSkipped warning: an unsigned
-    file dropped in a run's directory decides nothing, not even the run's layout."""
-    from kronos_audit.runtime.publish import CheckpointSkipped
-
-    candidates = sorted(
-        (step, p)
-        for p in directory.glob(f"step-*/{INDEX_NAME}.kaudit.json")
-        if (step := _step_of_directory(p.parent.name)) is not None
-    )
-    if not candidates:
-        return False
-    verifier: Verifier | None = None
-    problem: str | None = None
-    try:
-        project = find_project(directory)
-        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
-        try:
-            own = key if isinstance(key, SigningKey) else select_key(key)
-            keyring.add(own.private_key.public_key(), "run", Anchor.USER, "the run's key")
-        except Error:
-            pass  # no key of its own to vouch: only an anchored signer counts
-        verifier = Verifier(project, keyring)
-    except Error as e:
-        problem = f"cannot be verified: {one_line_reason(e)}"
-    found = False
-    for step, path in reversed(candidates):
-        reason = (
-            problem if verifier is None else _step_manifest_problem(verifier, path, run_id, step)
-        )
-        if reason is None:
-            found = True
-            break
-        warnings.warn(
-            f"{path}: not counted as a sharded step: {reason}",
-            CheckpointSkipped,
-            stacklevel=stacklevel,
-        )
-    return found
-
-
-def _step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
-    """What is wrong with ``path`` as the step manifest of step ``step`` of run ``run_id``
-    (None: nothing), checking its signature and place before any other field is used."""
-    try:
-        manifest = verifier.cache.read(path)
-    except Error as e:
-        return one_line_reason(e)
-    signed = verifier.signature(manifest)
-    if not signed.ok:
-        return f"signature: {signed.detail}"
-    if manifest.record.shards is None:
-        return "not a sharded step's manifest"
-    place = place_check(verifier.project, manifest)
-    if not place.ok:
-        return f"place: {place.detail}"
-    if manifest.run != run_id:
-        return f"belongs to run {manifest.run!r}"
-    if manifest.step != step:
-        return f"its manifest signs step {manifest.step}, not step {step}"
-    return None
-
-
-# -- layouts -----------------------------------------------------------------------------
-
-
-def _key_path(key: object) -> str:
-    if not isinstance(key, str) or not key.strip("/"):
-        raise UsageError(f"layout keys are state keys ('u', 'fields/u'), got {key!r}")
-    return "/" + key.strip("/")
-
-
-def expand_layout(
-    layout: Mapping[str, Layout] | None, flat: Mapping[str, Any]
-) -> dict[str, Layout]:
-    """``{dataset path: layout}`` for every dataset of ``flat`` at or under a key of
-    ``layout``; a key that names no dataset, or a Block over a dataset without that axis,
-    is a UsageError."""
-    if not layout:
-        return {}
-    if not isinstance(layout, Mapping):
-        raise UsageError(
-            f"layout must be a dict of key -> ka.Block(...)/ka.Replicated(), "
-            f"not {type(layout).__name__}"
-        )
-    out: dict[str, Layout] = {}
-    for key, how in layout.items():
-        if not isinstance(how, Block | Replicated):
-            raise UsageError(
-                f"layout[{key!r}]: ka.Block(axis=...) or ka.Replicated(), not {type(how).__name__}"
-            )
-        prefix = _key_path(key)
-        if prefix.split("/")[1] in ("kaudit", *_OWN):
-            raise UsageError(f"layout[{key!r}]: a reserved name")
-        names = [n for n in flat if n == prefix or n.startswith(prefix + "/")]
-        if not names:
-            raise UsageError(f"layout[{key!r}]: no such key in the state")
-        for name in names:
-            if isinstance(how, Block) and np.ndim(flat[name]) <= how.axis:
-                raise UsageError(
-                    f"layout[{key!r}]: Block(axis={how.axis}) but {name} has "
-                    f"{np.ndim(flat[name])} dimension(s)"
-                )
-            out[name] = how
-    return out
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One dataset's layout as a step manifest records it."""
-
-    block: int | None
-    """The axis it is split along; None when replicated."""
-    shape: tuple[int, ...] | None
-    """Its global shape (Block only)."""
-
-
-def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
-    """The signed ``shards.layout`` record, checked: ``{dataset path: Recorded}``;
-    CheckpointError (one line) when it is not what :func:`layout_record` writes."""
-    out: dict[str, Recorded] = {}
-    for key, spec in record.items():
-        name = "/" + str(key)
-        if name.split("/")[1] in ("kaudit", *_OWN):
-            # Each rank's own records never come from another rank's shard.
-            raise CheckpointError(f"layout of {str(key)[:80]!r}: a reserved name")
-        if not isinstance(spec, Mapping):
-            raise CheckpointError(f"layout of {str(key)[:80]!r}: not a record")
-        if spec.get("replicated") is True and set(spec) == {"replicated"}:
-            out[name] = Recorded(None, None)
-            continue
-        axis, shape = spec.get("block"), spec.get("shape")
-        if (
-            set(spec) != {"block", "shape"}
-            or type(axis) is not int
-            or not isinstance(shape, list | tuple)
-            or not all(type(d) is int and d >= 0 for d in shape)
-            or not 0 <= axis < len(shape)
-        ):
-            raise CheckpointError(f"layout of {str(key)[:80]!r}: malformed")
-        out[name] = Recorded(axis, tuple(shape))
-    return out
-
-
-# -- the publisher -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Agreed:
-    """A sharded step every rank verified what it reads of."""
-
-    step: int
-    """The step."""
-    manifest: Path
-    """Its step manifest."""
-    count: int
-    """The rank count that wrote it."""
-    layout: dict[str, Recorded]
-    """Its datasets' layouts."""
-    signed: dict[int, Signed] = field(default_factory=dict)
-    """Old rank -> the size and sha256 its verified index line signs for its shard: the
-    shards this rank reads are read only as these bytes."""
 
 
 class ShardedPublisher:
@@ -389,7 +170,7 @@ class ShardedPublisher:
         public = None
         try:
             if self.threaded:
-                _require_threads(self.comm)
+                require_threads(self.comm)
             self._project = find_project(self.directory).require_initialized()
             if self.rank == 0:
                 self._key = (
@@ -414,7 +195,7 @@ class ShardedPublisher:
                     held = (e.message, str(e.path), e.holder)
                 else:
                     self._newest = newest_manifest(self.directory)
-                    for leftover in self.directory.glob(f"step-*/{TEMP_PREFIX}*"):
+                    for leftover in RunDirectory(self.directory).step_files(f"{TEMP_PREFIX}*"):
                         leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
         except Exception as e:  # every rank must reach the collectives below, whatever happened
             problem = one_line_reason(e)
@@ -474,12 +255,7 @@ class ShardedPublisher:
 
     def local_steps(self) -> list[int]:
         """The sharded steps with a step manifest here, sorted (unverified; not collective)."""
-        steps = []
-        for p in self.directory.glob("step-*"):
-            name = p.name.removeprefix("step-")
-            if len(name) == 8 and name.isdigit() and (p / f"{INDEX_NAME}.kaudit.json").is_file():
-                steps.append(int(name))
-        return sorted(steps)
+        return RunDirectory(self.directory).sharded_steps()
 
     def steps(self) -> list[int]:
         """Rank 0's :meth:`local_steps`, on every rank (collective)."""
@@ -488,11 +264,11 @@ class ShardedPublisher:
 
     def _problem(self, verifier: Verifier, step: int) -> tuple[str | None, Agreed | None]:
         """What is wrong, for this rank, with step ``step`` (None: nothing)."""
-        manifest = step_directory(self.directory, step) / f"{INDEX_NAME}.kaudit.json"
+        manifest = RunDirectory(self.directory).step_manifest(step)
         try:
             # Its signature and place first: no field of an unsigned manifest (a count of
             # a million shards, a layout of a thousand arrays) plans or reads anything.
-            reason = _step_manifest_problem(verifier, manifest, self.run_id, step)
+            reason = step_manifest_problem(verifier, manifest, self.run_id, step)
             if reason is not None:
                 return reason, None
             record = verifier.cache.read(manifest).record
@@ -634,10 +410,10 @@ class ShardedPublisher:
             return flat
         if self.rank < agreed.count:
             own = _datasets(shard(self.rank))
-            flat.update({n: v for n, v in own.items() if n.split("/")[1] in _OWN})
+            flat.update({n: v for n, v in own.items() if n.split("/")[1] in OWN_GROUPS})
         base = _datasets(shard(0), skip=set(agreed.layout))
         for name, value in base.items():
-            if name.split("/")[1] in _OWN:
+            if name.split("/")[1] in OWN_GROUPS:
                 continue
             if name != _TREE:
                 raise CheckpointError(
@@ -793,169 +569,13 @@ class ShardedPublisher:
         return None
 
 
-class ShardedReplayPublisher(ShardedPublisher):
-    """A run on several ranks under ``kaudit replay``: every rank resumes from the parent
-    step the replay handed over (a verified copy; re-cut when the rank count differs, as a
-    restore on another count is), stops at the replay's step N whatever the program's
-    policy, and writes its shard of step N into ``{out}/step-<N:08d>/`` with a shard index,
-    unsigned and untracked (the replay compares it, nobody resumes from it); then every
-    rank exits 0. Nothing of the project or a key is needed."""
-
-    exits_after_final = True
-
-    def __init__(
-        self, run_id: str, instruction: ReplayInstruction, comm: Comm, *, seed: int
-    ) -> None:
-        super().__init__(
-            run_id,
-            instruction.out,
-            comm,
-            seed=seed,
-            key=None,
-            attributes={},
-            allow_secret_files=False,
-        )
-        self.instruction = instruction
-
-    def policy(self, asked: SavePolicy) -> SavePolicy:
-        return AtFinalStep()  # the replay's instruction: step N only
-
-    def last_step(self, asked: int) -> int:
-        return min(asked, self.instruction.stop_at)
-
-    def open(self) -> None:
-        problem: str | None = None
-        try:
-            if self.threaded:
-                _require_threads(self.comm)
-        except Exception as e:  # every rank must reach the allgather below
-            problem = one_line_reason(e)
-        raise_if_any_failed(self.comm, problem, UsageError)
-        self._commit_comm = dup(self.comm)
-
-    def _parent_manifest(self) -> Path | None:
-        start = self.instruction.resume_from
-        return None if start is None else start / f"{INDEX_NAME}.kaudit.json"
-
-    def local_steps(self) -> list[int]:
-        manifest = self._parent_manifest()
-        if manifest is None:
-            return []
-        step = _step_of_directory(manifest.parent.name)
-        if step is None:
-            raise UsageError(
-                "under kaudit replay, the step to resume from is a step-<N:08d> directory",
-                path=manifest.parent,
-            )
-        return [step]
-
-    def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:
-        """The handed-over parent step, read on every rank (collective): the replay
-        verified it and checked its copy against the signed digests; a rank that cannot
-        read its manifest makes every rank raise."""
-        manifest = self._parent_manifest()
-        if not steps or manifest is None:
-            return None
-        agreed: Agreed | None = None
-        problem: str | None = None
-        try:
-            record = read_manifest(manifest).record
-            if record.shards is None:
-                raise CheckpointError("not a sharded step's manifest", path=manifest)
-            if record.step != steps[0]:
-                raise CheckpointError(
-                    f"its manifest signs step {record.step}, not step {steps[0]}", path=manifest
-                )
-            agreed = Agreed(
-                record.step, manifest, record.shards.count, parse_layout(record.shards.layout)
-            )
-            # The copy's index was checked against the signed digest by the replay; its
-            # lines say what bytes each shard must be when it is read.
-            index = manifest.parent / INDEX_NAME
-            for line in parse_index(read_index(index, agreed.count), agreed.count, index):
-                agreed.signed[line.rank] = Signed(line.size, line.sha256)
-        except Exception as e:  # a rank that stopped here alone would hang the others
-            problem = one_line_reason(e)
-        raise_if_any_failed(self.comm, problem, CheckpointError)
-        return agreed
-
-    def resume(self, *, stacklevel: int) -> Agreed | None:
-        return self.agree(self.steps(), stacklevel=stacklevel + 1)
-
-    def publish(self, job: Job) -> None:
-        """Write this rank's shard of step N; rank 0 writes the index once every rank's
-        shard is written. CheckpointError on every rank otherwise."""
-        comm = self._commit_comm
-        if comm is None:
-            raise UsageError("use the Run inside a `with` block")
-        directory = step_directory(self.directory, job.step)
-        name = shard_name(self.rank, self.size)
-        vote: Any
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            digests = write_and_digest(directory / name, {**job.staged, **job.extra}, md5=True)
-            vote = ShardRecord.of(self.rank, self.size, digests)
-        except Exception as e:  # a rank that does not vote would hang every other rank
-            vote = one_line_reason(e)
-        votes = comm.gather(vote)
-        decision: str | None = None
-        if votes is not None:  # rank 0
-            try:
-                bad = next(((r, v) for r, v in enumerate(votes) if isinstance(v, str)), None)
-                if bad is not None:
-                    decision = f"rank {bad[0]}: {bad[1]}"
-                else:
-                    write_index(directory, votes)
-            except Exception as e:  # every rank must hear the decision, whatever happened
-                decision = one_line_reason(e)
-        decision = comm.bcast(decision)
-        if decision is not None:
-            raise CheckpointError(
-                f"the replay's checkpoint of step {job.step} was not written: {decision}",
-                path=directory,
-            )
-
-
-def _step_of_directory(name: str) -> int | None:
-    digits = name.removeprefix("step-")
-    ok = name.startswith("step-") and len(digits) == 8 and digits.isdigit()
-    return int(digits) if ok else None
-
-
-_SHARD_FILE = re.compile(r"rank-\d{6}-of-(\d{6})\.h5(\.dvc)?")
-
-
 def _drop_other_counts(directory: Path, count: int) -> None:
     """Remove the shards (and their .dvc files) another rank count left in a step directory
     that this step's manifest, now signed, has replaced: they belong to no valid step."""
     for path in directory.iterdir():
-        found = _SHARD_FILE.fullmatch(path.name)
-        if found is not None and int(found.group(1)) != count:
+        found = parse_name(path.name)
+        if found is not None and found.count is not None and found.count != count:
             path.unlink(missing_ok=True)
-
-
-def raise_if_any_failed(comm: Comm, problem: str | None, error: type[Error]) -> None:
-    """Every rank's problem (None: it had none), gathered; when any rank had one, every
-    rank raises ``error`` with the first such rank's, naming that rank (a rank's own
-    problem without its number). Every rank reaches this collective whatever happened on
-    it, so no rank goes on, or stops, alone."""
-    problems = comm.allgather(problem)
-    bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
-    if bad is not None:
-        r, p = bad
-        raise error(p if r == comm.rank else f"rank {r}: {p}")
-
-
-def one_line_reason(e: BaseException) -> str:
-    """One bounded line saying why (it travels to the other ranks and into their errors)."""
-    if isinstance(e, Error):
-        text = str(e)
-    elif isinstance(e, OSError) and e.strerror:
-        text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    else:
-        lines = str(e).splitlines()
-        text = lines[0] if lines else type(e).__name__
-    return text if len(text) <= 400 else text[:397] + "..."
 
 
 def _signed_shard(manifest: Manifest, rank: int) -> Signed:
@@ -1002,13 +622,6 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
 
 
 __all__ = [
-    "Agreed",
+    "LAUNCHERS",
     "ShardedPublisher",
-    "ShardedReplayPublisher",
-    "dup",
-    "expand_layout",
-    "has_sharded_steps",
-    "joining_seed",
-    "parse_layout",
-    "rank_seed",
 ]

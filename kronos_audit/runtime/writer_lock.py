@@ -34,9 +34,9 @@ from filelock import lock_descriptor, unlock_descriptor
 
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
-from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.layout import RunDirectory
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
-from kronos_audit.statement.manifest import MANIFEST_SUFFIX, read_signed_file
+from kronos_audit.statement.manifest import read_signed_file
 from kronos_audit.storage.tracking import ensure_ignored
 
 LOCK_NAME = ".kaudit-writer.lock"
@@ -166,8 +166,6 @@ class WriterLock:
 
 # -- the chain never forks ---------------------------------------------------------------
 
-_SHARDED_MANIFEST = "index.jsonl" + MANIFEST_SUFFIX  # checkpoint.shards.INDEX_NAME's
-
 
 @dataclass(frozen=True)
 class Newest:
@@ -187,14 +185,9 @@ def newest_manifest(directory: Path) -> Newest | None:
     None when there is none. A directory listing and one small bounded read: no checkpoint
     is read or hashed, and the manifest is not verified (only compared)."""
     found: list[tuple[int, str, Path]] = []
-    for path in directory.glob("step-*.h5" + MANIFEST_SUFFIX):
-        step = named_step(path.name.removesuffix(MANIFEST_SUFFIX))
-        if step is not None and path.name == f"step-{step:08d}.h5{MANIFEST_SUFFIX}":
-            found.append((step, path.name, path))
-    for path in directory.glob("step-*/" + _SHARDED_MANIFEST):
-        step = named_step(path.parent.name)
-        if step is not None and path.parent.name == f"step-{step:08d}":
-            found.append((step, path.parent.name, path))
+    run = RunDirectory(directory)
+    found.extend((step, path.name, path) for step, path in run.canonical_manifests())
+    found.extend((step, path.parent.name, path) for step, path in run.step_manifests())
     if not found:
         return None
     step, _, path = max(found)

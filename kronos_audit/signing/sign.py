@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kronos_audit.checkpoint.hashing import FileDigests
-from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.layout import manifest_path_for, named_step, step_directory_name
 from kronos_audit.checkpoint.shards import ShardRecord, write_index
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey
@@ -28,7 +28,6 @@ from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     Manifest,
     encode_statement,
-    manifest_path_for,
     parse_manifest,
     publish_manifest,
 )
@@ -147,7 +146,7 @@ def sign_sharded_step(
     """
     if named_step(directory.name) != step:
         raise UsageError(
-            f"a sharded step's directory is named step-{step:08d} (step_directory)",
+            f"a sharded step's directory is named {step_directory_name(step)} (step_directory)",
             path=directory,
         )
     link = parent_link(parent, run, step, project)

@@ -10,19 +10,14 @@ from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.naming import named_step
+from kronos_audit.checkpoint.layout import manifest_path_for, named_step
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import find_project
 from kronos_audit.provenance.gitstate import git_state, git_tracked, patch_note
 from kronos_audit.signing.sign import sign_checkpoint
-from kronos_audit.statement.manifest import (
-    Manifest,
-    manifest_path_for,
-    publish_manifest,
-    read_manifest,
-)
+from kronos_audit.statement.manifest import Manifest, publish_manifest, read_manifest
 from kronos_audit.storage import track
 
 

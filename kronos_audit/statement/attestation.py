@@ -10,7 +10,8 @@ Statement v1 (``schemas/attestation-v1.schema.json``):
   parent, the code, the command, this machine's environment lock digest and its drift,
   the tolerance policy, the per-dataset verdicts, the outcome and the timings.
 
-It is written beside the manifest as ``CKPT.replay.json`` (see :func:`attestation_path_for`)
+It is written beside the manifest as ``CKPT.replay.json`` (see
+:func:`kronos_audit.checkpoint.layout.attestation_path_for`)
 and verifies with the repository's trust store like any manifest. This module reads it;
 :mod:`kronos_audit.replay.attest` writes it and
 :mod:`kronos_audit.verification.attestation` verifies it, so neither imports the other.
@@ -27,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from kronos_audit.statement.manifest import (
     Sha256,
     SignedStatement,
-    checkpoint_path_for,
     parse_statement,
     read_signed_file,
 )
@@ -37,14 +37,7 @@ if TYPE_CHECKING:
     from kronos_audit.statement.dsse import Envelope
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
-ATTESTATION_SUFFIX = ".replay.json"
 SCHEMA_NAME = "attestation-v1.schema.json"
-
-
-def attestation_path_for(manifest: Path) -> Path:
-    """``CKPT.replay.json`` beside the manifest ``CKPT.kaudit.json``."""
-    checkpoint = checkpoint_path_for(manifest)
-    return checkpoint.with_name(checkpoint.name + ATTESTATION_SUFFIX)
 
 
 class Outcome(enum.StrEnum):

@@ -27,6 +27,7 @@ from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.checkpoint.layout import checkpoint_path_for
 from kronos_audit.errors import ManifestError
 from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, encode_envelope, parse_envelope
 from kronos_audit.statement.predicate import Predicate
@@ -35,23 +36,12 @@ from kronos_audit.statement.schemas import MANIFEST_SCHEMA, clip, validate
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
-MANIFEST_SUFFIX = ".kaudit.json"
 SCHEMA_NAME = MANIFEST_SCHEMA
 MAX_DEPTH = strictjson.MAX_DEPTH
 """Deepest nesting of arrays and objects read from a manifest, an attestation or their
 payload (kaudit writes under 10; user attributes must fit in the rest)."""
 MAX_INT_DIGITS = strictjson.MAX_INT_DIGITS
 """Longest integer read, in digits (Python's default limit, whatever the environment says)."""
-
-
-def manifest_path_for(checkpoint: Path) -> Path:
-    return checkpoint.with_name(checkpoint.name + MANIFEST_SUFFIX)
-
-
-def checkpoint_path_for(manifest: Path) -> Path:
-    if not manifest.name.endswith(MANIFEST_SUFFIX) or manifest.name == MANIFEST_SUFFIX:
-        raise ManifestError(f"a manifest's name ends in {MANIFEST_SUFFIX}", path=manifest)
-    return manifest.with_name(manifest.name[: -len(MANIFEST_SUFFIX)])
 
 
 def build_statement(

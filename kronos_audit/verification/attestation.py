@@ -14,8 +14,9 @@ import hashlib
 from pathlib import Path
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit.statement.attestation import ATTESTATION_SUFFIX, read_attestation
-from kronos_audit.statement.manifest import MANIFEST_SUFFIX, checkpoint_path_for, parse_manifest
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, MANIFEST_SUFFIX, checkpoint_path_for
+from kronos_audit.statement.attestation import read_attestation
+from kronos_audit.statement.manifest import parse_manifest
 from kronos_audit.verification import steps
 from kronos_audit.verification.chain import ChainReader, place_check
 from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult

@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, expand_targets
+from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, MANIFEST_SUFFIX, expand_targets
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.statement.manifest import MANIFEST_SUFFIX
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.results import VerifyResult
 from kronos_audit.verification.verifier import Verifier

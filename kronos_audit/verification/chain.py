@@ -15,15 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.anchors import Keyring, SignerCheck, load_keyring
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import (
-    MANIFEST_SUFFIX,
-    Manifest,
-    parse_manifest,
-    read_signed_file,
-)
+from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 from kronos_audit.verification import steps
 from kronos_audit.verification.results import Check, CheckName
 

@@ -24,8 +24,8 @@ from pathlib import PurePosixPath
 
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest
-from kronos_audit.checkpoint.naming import named_step
-from kronos_audit.checkpoint.shards import INDEX_NAME, ShardRecord, describe
+from kronos_audit.checkpoint.layout import INDEX_NAME, named_step, step_directory_name
+from kronos_audit.checkpoint.shards import ShardRecord, describe
 from kronos_audit.keys.anchors import SignerCheck
 from kronos_audit.statement.attestation import Attestation
 from kronos_audit.statement.manifest import Manifest
@@ -92,7 +92,7 @@ def _sharded_place(signed: PurePosixPath, actual: PurePosixPath, what: str, step
         return Check.failed(
             CheckName.PLACE,
             f"the step directory is {actual.parent.name or '(repository root)'}, but its "
-            f"manifest signs {what}: a sharded step lives in step-{step:08d}",
+            f"manifest signs {what}: a sharded step lives in {step_directory_name(step)}",
         )
     if actual == signed:
         return Check.passed(CheckName.PLACE, f"{what} (sharded) at the place it was signed")

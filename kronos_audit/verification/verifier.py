@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.hashing import diagnose, digest_open, open_file
+from kronos_audit.checkpoint.layout import shard_name
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
     NoProof,
@@ -36,7 +37,6 @@ from kronos_audit.checkpoint.shards import (
     parse_line,
     proven_line,
     read_index,
-    shard_name,
 )
 from kronos_audit.errors import CheckpointError, StorageError, TamperedData, UsageError
 from kronos_audit.statement.manifest import Manifest

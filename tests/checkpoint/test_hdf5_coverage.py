@@ -21,10 +21,10 @@ import pytest
 
 from kronos_audit.checkpoint import hashing
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest, digest_file
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import CheckpointError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import manifest_path_for
 from kronos_audit.storage import dvc_file_for
 from tests.helpers import KAUDIT, assert_bad_input, run_cli, write_checkpoint
 

@@ -17,12 +17,13 @@ import pytest
 from click.testing import Result
 from cryptography.hazmat.primitives import serialization
 
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey, load_public_key, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.dsse import key_id
-from kronos_audit.statement.manifest import manifest_path_for, read_manifest
+from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import cache_object_path, cache_settings
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, untrusted_key, write_checkpoint
 

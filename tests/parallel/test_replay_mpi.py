@@ -18,7 +18,8 @@ import h5py
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.checkpoint.shards import parse_index, shard_path, step_directory
+from kronos_audit.checkpoint.layout import shard_path, step_directory
+from kronos_audit.checkpoint.shards import parse_index
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project

@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from kronos_audit.checkpoint.shards import shard_path, step_directory
+from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from tests.parallel import launch

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.checkpoint.shards import shard_path, step_directory
+from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
@@ -600,7 +600,7 @@ with open(f"out.{run.rank}.json", "w") as f:
 def test_generators_come_back_per_rank_and_a_joining_rank_gets_a_fresh_stream(
     project: Project, key: SigningKey
 ) -> None:
-    from kronos_audit.runtime.sharded import joining_seed, rank_seed
+    from kronos_audit.runtime.ranks import joining_seed, rank_seed
 
     program = project.root / "grow.py"
     program.write_text(textwrap.dedent(GROW))

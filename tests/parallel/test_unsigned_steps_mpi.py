@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.checkpoint.shards import MAX_SHARDS, step_directory
+from kronos_audit.checkpoint.layout import step_directory
+from kronos_audit.checkpoint.shards import MAX_SHARDS
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from tests.parallel import launch

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
+from kronos_audit.checkpoint import layout
 from kronos_audit.checkpoint.hashing import DatasetDigest, array_digest, digest_file
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
@@ -21,7 +22,6 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import Basis, checkpoint_name
 from kronos_audit.replay.comparison import compare_digests, compare_output
-from kronos_audit.runtime import protocol
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.verification.steps import compare_datasets
 from tests.helpers import write_checkpoint
@@ -104,7 +104,7 @@ def test_stages_keep_the_values_messages_and_json_show() -> None:
 
 
 def test_a_checkpoint_has_one_name_for_a_run_and_a_replay() -> None:
-    assert checkpoint_name is protocol.checkpoint_name
+    assert checkpoint_name is layout.checkpoint_name
     assert checkpoint_name(42) == "step-00000042.h5"
 
 

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import ReplayError
 from kronos_audit.replay.handover import hand_over
-from kronos_audit.statement.manifest import manifest_path_for, read_manifest
+from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import configure_remote
 from tests.helpers import git, run_cli
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees

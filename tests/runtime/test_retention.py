@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.layout import checkpoint_name, manifest_path_for
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.protocol import checkpoint_name
 from kronos_audit.runtime.retention import Retention, prune, pruned_record
-from kronos_audit.statement.manifest import manifest_path_for
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
 from kronos_audit.storage import (
     cache_object_path,

@@ -1,0 +1,102 @@
+"""A job's ranks, as a run sees them: each rank's seed, a communicator for the writer's
+thread, and one verdict every rank reaches together.
+
+A collective must be reached by every rank whatever happened on it, or the others hang:
+so a rank's problem is said in one bounded line (:func:`one_line_reason`) and gathered
+(:func:`raise_if_any_failed`), and every rank raises, or goes on, together.
+"""
+
+from __future__ import annotations
+
+from kronos_audit.errors import Error, UsageError
+from kronos_audit.parallel.comm import Comm, SingleProcess
+from kronos_audit.runtime.rng import derived_seed
+
+_RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s generators: the run seed itself on rank 0 (so a run on
+    one rank is the single-process run), an independent stream derived from (seed, rank)
+    on the others."""
+    return seed if rank == 0 else derived_seed(seed, (_RANK_STREAM, rank), bits=63)
+
+
+def joining_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of a rank that joins a run at ``step`` with no generator of its number
+    saved (a restart on more ranks): a stream of its own for that step, not the one its
+    number started the run with (which would repeat that rank's draws from step 0)."""
+    return derived_seed(seed, (_RANK_STREAM, rank, step), bits=63)
+
+
+def dup(comm: Comm) -> Comm:
+    """A communicator over the same ranks whose collectives never meet ``comm``'s
+    (collective: every rank calls it at the same point). MPI: ``Comm.Dup()`` (mpi4py
+    initializes MPI with ``MPI_THREAD_MULTIPLE``, so the writer thread may use it while the
+    loop uses the program's); torch.distributed: a second gloo group over the same ranks.
+    Another :class:`Comm` is used as it is (it must then tolerate use from two threads)."""
+    if comm.size == 1:
+        return SingleProcess()
+    if comm.name == "mpi":
+        from kronos_audit.parallel.mpi import MPIComm
+
+        if isinstance(comm, MPIComm):
+            return MPIComm(comm.comm.Dup())
+    if comm.name == "torch.distributed":
+        from kronos_audit.parallel.torchdist import TorchComm
+
+        if isinstance(comm, TorchComm):
+            import torch.distributed as dist
+
+            ranks = dist.get_process_group_ranks(comm.group) if comm.group is not None else None
+            return TorchComm(dist.new_group(ranks=ranks, backend="gloo"))
+    return comm
+
+
+def require_threads(comm: Comm) -> None:
+    """A UsageError unless ``comm`` may be used from the writer's thread while the loop
+    uses it too: MPI initialized with ``MPI_THREAD_MULTIPLE`` (mpi4py's default)."""
+    if comm.name != "mpi" or comm.size == 1:
+        return
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise UsageError(
+            "MPI was initialized without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level), which "
+            "checkpoints written in the background need: leave mpi4py's default, or pass "
+            "asynchronous=False to ka.Run"
+        )
+
+
+def raise_if_any_failed(comm: Comm, problem: str | None, error: type[Error]) -> None:
+    """Every rank's problem (None: it had none), gathered; when any rank had one, every
+    rank raises ``error`` with the first such rank's, naming that rank (a rank's own
+    problem without its number). Every rank reaches this collective whatever happened on
+    it, so no rank goes on, or stops, alone."""
+    problems = comm.allgather(problem)
+    bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+    if bad is not None:
+        r, p = bad
+        raise error(p if r == comm.rank else f"rank {r}: {p}")
+
+
+def one_line_reason(e: BaseException) -> str:
+    """One bounded line saying why (it travels to the other ranks and into their errors)."""
+    if isinstance(e, Error):
+        text = str(e)
+    elif isinstance(e, OSError) and e.strerror:
+        text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    else:
+        lines = str(e).splitlines()
+        text = lines[0] if lines else type(e).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+__all__ = [
+    "dup",
+    "joining_seed",
+    "one_line_reason",
+    "raise_if_any_failed",
+    "rank_seed",
+    "require_threads",
+]

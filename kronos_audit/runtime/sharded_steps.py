@@ -1,0 +1,210 @@
+"""A sharded run's steps as a restore finds them: which count, what their manifests record
+of the datasets' layouts, and the step every rank agreed on.
+
+A sharded step counts only when its step manifest is signed by an anchored key or the
+run's own, of this run and of the step its directory names, in its place
+(:func:`has_sharded_steps`); nothing else of it is read before that. ``layout=`` names
+top-level keys (or deeper ones, ``"fields/u"``) as split along an axis or replicated
+(:func:`expand_layout`); the step manifest's ``shards.layout`` record says so back, checked
+(:func:`parse_layout`). The commit and the agreed restore are
+:mod:`kronos_audit.runtime.sharded`'s.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kronos_audit.checkpoint.layout import RunDirectory
+from kronos_audit.checkpoint.verified import Signed
+from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
+from kronos_audit.keys.home import select_key
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.parallel.layout import Block, Layout, Replicated
+from kronos_audit.project.repository import find_project
+from kronos_audit.runtime.ranks import one_line_reason
+from kronos_audit.runtime.rng import GROUP as RNG_GROUP
+from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.verifier import Verifier
+
+_LEDGER = "ledger"
+
+
+OWN_GROUPS = (RNG_GROUP, _LEDGER)
+"""Per-rank records, always read from a rank's own (or same-numbered) shard."""
+
+
+def has_sharded_steps(
+    directory: Path, run_id: str, key: str | SigningKey | None, *, stacklevel: int
+) -> bool:
+    """Whether ``directory`` (run ``run_id``'s) holds a sharded step that counts: its step
+    manifest signed by an anchored key or the run's own (``key``), of this run and of the
+    step its directory names, in its place. Nothing else of it is read. Every candidate
+    that does not count is named, with why, in a CheckpointSkipped warning: an unsigned
+    file dropped in a run's directory decides nothing, not even the run's layout."""
+    from kronos_audit.runtime.publish import CheckpointSkipped
+
+    candidates = RunDirectory(directory).step_manifests()
+    if not candidates:
+        return False
+    verifier: Verifier | None = None
+    problem: str | None = None
+    try:
+        project = find_project(directory)
+        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
+        try:
+            own = key if isinstance(key, SigningKey) else select_key(key)
+            keyring.add(own.private_key.public_key(), "run", Anchor.USER, "the run's key")
+        except Error:
+            pass  # no key of its own to vouch: only an anchored signer counts
+        verifier = Verifier(project, keyring)
+    except Error as e:
+        problem = f"cannot be verified: {one_line_reason(e)}"
+    found = False
+    for step, path in reversed(candidates):
+        reason = (
+            problem if verifier is None else step_manifest_problem(verifier, path, run_id, step)
+        )
+        if reason is None:
+            found = True
+            break
+        warnings.warn(
+            f"{path}: not counted as a sharded step: {reason}",
+            CheckpointSkipped,
+            stacklevel=stacklevel,
+        )
+    return found
+
+
+def step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
+    """What is wrong with ``path`` as the step manifest of step ``step`` of run ``run_id``
+    (None: nothing), checking its signature and place before any other field is used."""
+    try:
+        manifest = verifier.cache.read(path)
+    except Error as e:
+        return one_line_reason(e)
+    signed = verifier.signature(manifest)
+    if not signed.ok:
+        return f"signature: {signed.detail}"
+    if manifest.record.shards is None:
+        return "not a sharded step's manifest"
+    place = place_check(verifier.project, manifest)
+    if not place.ok:
+        return f"place: {place.detail}"
+    if manifest.run != run_id:
+        return f"belongs to run {manifest.run!r}"
+    if manifest.step != step:
+        return f"its manifest signs step {manifest.step}, not step {step}"
+    return None
+
+
+def _key_path(key: object) -> str:
+    if not isinstance(key, str) or not key.strip("/"):
+        raise UsageError(f"layout keys are state keys ('u', 'fields/u'), got {key!r}")
+    return "/" + key.strip("/")
+
+
+def expand_layout(
+    layout: Mapping[str, Layout] | None, flat: Mapping[str, Any]
+) -> dict[str, Layout]:
+    """``{dataset path: layout}`` for every dataset of ``flat`` at or under a key of
+    ``layout``; a key that names no dataset, or a Block over a dataset without that axis,
+    is a UsageError."""
+    if not layout:
+        return {}
+    if not isinstance(layout, Mapping):
+        raise UsageError(
+            f"layout must be a dict of key -> ka.Block(...)/ka.Replicated(), "
+            f"not {type(layout).__name__}"
+        )
+    out: dict[str, Layout] = {}
+    for key, how in layout.items():
+        if not isinstance(how, Block | Replicated):
+            raise UsageError(
+                f"layout[{key!r}]: ka.Block(axis=...) or ka.Replicated(), not {type(how).__name__}"
+            )
+        prefix = _key_path(key)
+        if prefix.split("/")[1] in ("kaudit", *OWN_GROUPS):
+            raise UsageError(f"layout[{key!r}]: a reserved name")
+        names = [n for n in flat if n == prefix or n.startswith(prefix + "/")]
+        if not names:
+            raise UsageError(f"layout[{key!r}]: no such key in the state")
+        for name in names:
+            if isinstance(how, Block) and np.ndim(flat[name]) <= how.axis:
+                raise UsageError(
+                    f"layout[{key!r}]: Block(axis={how.axis}) but {name} has "
+                    f"{np.ndim(flat[name])} dimension(s)"
+                )
+            out[name] = how
+    return out
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One dataset's layout as a step manifest records it."""
+
+    block: int | None
+    """The axis it is split along; None when replicated."""
+    shape: tuple[int, ...] | None
+    """Its global shape (Block only)."""
+
+
+def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
+    """The signed ``shards.layout`` record, checked: ``{dataset path: Recorded}``;
+    CheckpointError (one line) when it is not what :func:`layout_record` writes."""
+    out: dict[str, Recorded] = {}
+    for key, spec in record.items():
+        name = "/" + str(key)
+        if name.split("/")[1] in ("kaudit", *OWN_GROUPS):
+            # Each rank's own records never come from another rank's shard.
+            raise CheckpointError(f"layout of {str(key)[:80]!r}: a reserved name")
+        if not isinstance(spec, Mapping):
+            raise CheckpointError(f"layout of {str(key)[:80]!r}: not a record")
+        if spec.get("replicated") is True and set(spec) == {"replicated"}:
+            out[name] = Recorded(None, None)
+            continue
+        axis, shape = spec.get("block"), spec.get("shape")
+        if (
+            set(spec) != {"block", "shape"}
+            or type(axis) is not int
+            or not isinstance(shape, list | tuple)
+            or not all(type(d) is int and d >= 0 for d in shape)
+            or not 0 <= axis < len(shape)
+        ):
+            raise CheckpointError(f"layout of {str(key)[:80]!r}: malformed")
+        out[name] = Recorded(axis, tuple(shape))
+    return out
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """A sharded step every rank verified what it reads of."""
+
+    step: int
+    """The step."""
+    manifest: Path
+    """Its step manifest."""
+    count: int
+    """The rank count that wrote it."""
+    layout: dict[str, Recorded]
+    """Its datasets' layouts."""
+    signed: dict[int, Signed] = field(default_factory=dict)
+    """Old rank -> the size and sha256 its verified index line signs for its shard: the
+    shards this rank reads are read only as these bytes."""
+
+
+__all__ = [
+    "OWN_GROUPS",
+    "Agreed",
+    "Recorded",
+    "expand_layout",
+    "has_sharded_steps",
+    "parse_layout",
+    "step_manifest_problem",
+]

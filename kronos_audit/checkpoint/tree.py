@@ -42,7 +42,7 @@ import numpy as np
 
 from kronos_audit._internal import strictjson
 from kronos_audit.checkpoint.hashing import array_digest
-from kronos_audit.checkpoint.state import a_type, text_array, type_name, unflatten
+from kronos_audit.checkpoint.hdf5 import a_type, text_array, type_name, unflatten
 from kronos_audit.errors import CheckpointError, UsageError
 
 TREE_PATH = "/kaudit/tree"

@@ -60,7 +60,7 @@ import numpy as np
 from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint import tree
-from kronos_audit.checkpoint.state import State, require_mapping, unflatten
+from kronos_audit.checkpoint.hdf5 import State, require_mapping, unflatten
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (

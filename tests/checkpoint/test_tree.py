@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kronos_audit.checkpoint import tree
-from kronos_audit.checkpoint.state import read_flat, text_array
+from kronos_audit.checkpoint.hdf5 import read_flat, text_array
 from kronos_audit.checkpoint.writer import write_hdf5
 from kronos_audit.errors import CheckpointError, UsageError
 

@@ -14,7 +14,7 @@ import pytest
 
 from kronos_audit.checkpoint import writer as writer_module
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.state import flatten
+from kronos_audit.checkpoint.hdf5 import flatten
 from kronos_audit.checkpoint.writer import (
     MAP_MIN_BYTES,
     POPULATE_CHUNK,

@@ -1,12 +1,16 @@
-"""Plain state as HDF5: nested string-keyed dicts of arrays and scalars <-> datasets.
+"""The flat HDF5 layout: ``{dataset path: value}``, and plain state laid out that way.
 
+Every reader of a checkpoint's datasets shares these: :func:`read_flat` and
+:func:`read_group` read the datasets under a group back (arrays, numpy scalars for 0-d
+datasets, ``str`` for 0-d strings), :func:`text_array` is how a ``str`` is stored, and
+:func:`flatten` / :func:`unflatten` turn nested string-keyed dicts into paths and back:
 ``{"fields": {"u": array}, "t": 0.5}`` is stored as datasets ``/fields/u`` and ``/t``.
 Python and numpy scalars become 0-d datasets and come back as numpy scalars; strings
 become fixed-length UTF-8 strings and come back as ``str``. The Monte Carlo ledger's
 results use this layout as it is; a run's state goes through
 :mod:`kronos_audit.checkpoint.tree`, which lays plain dicts out the same way and keeps
-every other type (tensors, lists, int keys ...) with a record of the structure. This
-module also reads a checkpoint's datasets back (:func:`read_flat`, :func:`read_group`).
+every other type (tensors, lists, int keys ...) with a record of the structure. The
+files themselves are written by :mod:`kronos_audit.checkpoint.writer`.
 """
 
 from __future__ import annotations

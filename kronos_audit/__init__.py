@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kronos_audit.checkpoint.tree import state_digest
+    from kronos_audit.checkpoint.codec.tree import state_digest
     from kronos_audit.compare.policy import ToleranceError
     from kronos_audit.errors import (
         BisectError,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 # Each public name and the module that defines it.
 _EXPORTS: dict[str, str] = {
-    "state_digest": "kronos_audit.checkpoint.tree",
+    "state_digest": "kronos_audit.checkpoint.codec.tree",
     "Manifest": "kronos_audit.statement.manifest",
     "read_manifest": "kronos_audit.statement.manifest",
     "snapshot": "kronos_audit.signing.snapshot",

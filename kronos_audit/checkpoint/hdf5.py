@@ -8,7 +8,7 @@ datasets, ``str`` for 0-d strings), :func:`text_array` is how a ``str`` is store
 Python and numpy scalars become 0-d datasets and come back as numpy scalars; strings
 become fixed-length UTF-8 strings and come back as ``str``. The Monte Carlo ledger's
 results use this layout as it is; a run's state goes through
-:mod:`kronos_audit.checkpoint.tree`, which lays plain dicts out the same way and keeps
+:mod:`kronos_audit.checkpoint.codec.tree`, which lays plain dicts out the same way and keeps
 every other type (tensors, lists, int keys ...) with a record of the structure. The
 files themselves are written by :mod:`kronos_audit.checkpoint.writer`.
 """

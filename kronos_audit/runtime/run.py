@@ -22,7 +22,7 @@ A training program hands over its objects as they are and gets them loaded in pl
 The state may hold numpy arrays, torch tensors, JAX arrays and pytrees, Python numbers,
 strings, bytes, None, dicts (any hashable keys), lists, tuples, NamedTuples and objects
 with ``state_dict()``/``load_state_dict()``; they come back with their types
-(:mod:`kronos_audit.checkpoint.tree`). ``run.restore(step=N)`` reads an older checkpoint
+(:mod:`kronos_audit.checkpoint.codec.tree`). ``run.restore(step=N)`` reads an older checkpoint
 (verified) without moving the run; ``run.all_steps()`` and ``run.latest_step()`` list them.
 
 Checkpoints go to ``<root>/<run>/step-<N:08d>.h5``, each with a signed manifest chained to
@@ -59,7 +59,7 @@ import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit._internal.progress import reporting
-from kronos_audit.checkpoint import tree
+from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.hdf5 import State, require_mapping, unflatten
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
@@ -379,7 +379,7 @@ class Run:
         ``like``, a template of the state (``{"model": model, "opt": opt}``): objects
         with ``state_dict()`` in it are loaded in place (``load_state_dict``) and returned
         themselves, tensors come back on its devices and dtypes, JAX arrays with its
-        shardings and dtypes; see :func:`kronos_audit.checkpoint.tree.fit`.
+        shardings and dtypes; see :func:`kronos_audit.checkpoint.codec.tree.fit`.
 
         ``step``: the checkpoint of that step instead, checked as the resume point is
         (CheckpointError naming the step and why if it is missing or not valid), read
@@ -455,7 +455,7 @@ class Run:
     def _read(self, path: Path, signed: Signed | None) -> tuple[dict[str, Any], dict[str, Any]]:
         """A verified checkpoint's datasets, read only as the bytes ``signed`` says it was
         verified as: kaudit's own records (``/rng``, ``/ledger``) nested, and the
-        state's, flat, as :func:`~kronos_audit.checkpoint.tree.decode` takes them."""
+        state's, flat, as :func:`~kronos_audit.checkpoint.codec.tree.decode` takes them."""
         try:
             flat = read_checkpoint(path, signed)
         except CheckpointError as e:

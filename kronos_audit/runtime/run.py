@@ -100,7 +100,9 @@ from kronos_audit.runtime.writer_lock import WriterLock
 H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
 """How HDF5 quotes the system's error (errno's text) inside its own message."""
 RNG_GROUP = rng.GROUP
-RESERVED = (RNG_GROUP, LEDGER_GROUP)
+OWN_RECORDS = (RNG_GROUP, LEDGER_GROUP)
+"""kaudit's own records, read apart from the state (their names are among
+:data:`~kronos_audit.checkpoint.codec.registry.RESERVED`, which no state key may take)."""
 
 
 class PreemptedWithoutCheckpoint(UserWarning):
@@ -467,7 +469,7 @@ class Run:
         own: dict[str, Any] = {}
         raw: dict[str, Any] = {}
         for name, value in flat.items():
-            (own if name.split("/", 2)[1] in RESERVED else raw)[name] = value
+            (own if name.split("/", 2)[1] in OWN_RECORDS else raw)[name] = value
         return unflatten(own), raw
 
     def _load(self, path: Path, step: int, signed: Signed | None) -> None:

@@ -34,6 +34,24 @@ from kronos_audit.checkpoint.codec.walk import (
 from kronos_audit.checkpoint.hdf5 import a_type, text_array
 from kronos_audit.errors import UsageError
 
+# Module-level names: an enum member's attribute lookup costs more than a global's,
+# and these are read once per node.
+_BIGINT = NodeKind.BIGINT
+_BOOL = NodeKind.BOOL
+_BYTES = NodeKind.BYTES
+_COMPLEX = NodeKind.COMPLEX
+_DICT = NodeKind.DICT
+_FLOAT = NodeKind.FLOAT
+_INT = NodeKind.INT
+_LIST = NodeKind.LIST
+_NAMEDTUPLE = NodeKind.NAMEDTUPLE
+_NONE = NodeKind.NONE
+_NUMPY = NodeKind.NUMPY
+_STATEFUL = NodeKind.STATEFUL
+_STR = NodeKind.STR
+_TORCH = NodeKind.TORCH
+_TUPLE = NodeKind.TUPLE
+
 _namedtuple: Any = collections.namedtuple  # called with names from a file: not a class statement
 
 
@@ -138,7 +156,7 @@ class MappingHandler:
                 name = unique(segment(str(key)), taken)
             items.append([jkey, name, enc.value(child, f"{path}/{name}", depth + 1)])
         node: dict[str, Any] = {
-            "kind": NodeKind.DICT,
+            "kind": _DICT,
             "type": "OrderedDict" if isinstance(value, collections.OrderedDict) else "dict",
             "items": items,
         }
@@ -240,14 +258,14 @@ class SequenceHandler:
         enc.enter(value, path, depth)
         index = enc.add({})
         items = [enc.value(child, f"{path}/{i}", depth + 1) for i, child in enumerate(value)]
-        enc.nodes[index] = {"kind": NodeKind.LIST if is_list else NodeKind.TUPLE, "items": items}
+        enc.nodes[index] = {"kind": _LIST if is_list else _TUPLE, "items": items}
         enc.leave(value)
         return index
 
     def decode(self, dec: Decoder, node: dict[str, Any], index: int, path: str, depth: int) -> Any:
         n = len(dec.field(node, "items", list, path))
         items = _items(dec, node, index, path, depth, [str(i) for i in range(n)])
-        return items if node["kind"] == NodeKind.LIST else tuple(items)
+        return items if node["kind"] == _LIST else tuple(items)
 
     def fit(self, fitter: Fitter, like: Any, value: Any, path: str) -> Any:
         """A list or tuple's items fitted in order; an empty one, or a subclass, takes
@@ -274,7 +292,7 @@ class NamedTupleHandler:
         index = enc.add({})
         items = [enc.value(c, f"{path}/{f}", depth + 1) for f, c in zip(fields, value, strict=True)]
         enc.nodes[index] = {
-            "kind": NodeKind.NAMEDTUPLE,
+            "kind": _NAMEDTUPLE,
             "module": t.__module__,
             "qualname": t.__qualname__,
             "fields": fields,
@@ -329,7 +347,7 @@ class StatefulHandler:
         child = MAPPING.encode_mapping(enc, state, path, depth + 1)
         t = type(value)
         enc.nodes[index] = {
-            "kind": NodeKind.STATEFUL,
+            "kind": _STATEFUL,
             "class": f"{t.__module__}.{t.__qualname__}",
             "state": child,
         }
@@ -342,7 +360,7 @@ class StatefulHandler:
         ref = node.get("state")
         child = dec.child(index, ref, path)
         inner = dec.nodes[child]
-        if not isinstance(inner, dict) or inner.get("kind") != NodeKind.DICT:
+        if not isinstance(inner, dict) or inner.get("kind") != _DICT:
             raise dec.bad(path, "a state_dict node that is not a dict")
         return dec.node(child, path, depth)
 
@@ -379,8 +397,8 @@ class StatefulHandler:
                 for i, (a, b) in enumerate(zip(like, value, strict=True))
             ]
             return items if type(value) is list else tuple(items)
-        if fitter.handles(like, NodeKind.TORCH):
-            if fitter.handles(value, NodeKind.TORCH) or fitter.handles(value, NodeKind.NUMPY):
+        if fitter.handles(like, _TORCH):
+            if fitter.handles(value, _TORCH) or fitter.handles(value, _NUMPY):
                 return fitter.fit(like, value, path)
             return value
         if is_stateful(type(like)) and not isinstance(like, Mapping):
@@ -408,47 +426,47 @@ class ScalarHandler:
         t = type(value)
         if t is float:
             enc.flat[path] = np.array(value, dtype=np.float64)
-            return enc.add({"kind": NodeKind.FLOAT})
+            return enc.add({"kind": _FLOAT})
         if t is bool:
             enc.flat[path] = np.array(value, dtype=np.bool_)
-            return enc.add({"kind": NodeKind.BOOL})
+            return enc.add({"kind": _BOOL})
         if t is int:
             if -(2**63) <= value < 2**63:
                 enc.flat[path] = np.array(value, dtype=np.int64)
-                return enc.add({"kind": NodeKind.INT})
-            return enc.add({"kind": NodeKind.BIGINT, "value": int_text(value, path)})
+                return enc.add({"kind": _INT})
+            return enc.add({"kind": _BIGINT, "value": int_text(value, path)})
         if value is None:
-            return enc.add({"kind": NodeKind.NONE})
+            return enc.add({"kind": _NONE})
         if t is str:
             try:
                 enc.flat[path] = text_array(value)
             except UnicodeEncodeError:
                 raise fail(path, "a str that is not valid Unicode cannot be stored") from None
-            return enc.add({"kind": NodeKind.STR})
+            return enc.add({"kind": _STR})
         if t is bytes:
             enc.flat[path] = np.frombuffer(value, dtype=np.uint8)
-            return enc.add({"kind": NodeKind.BYTES})
+            return enc.add({"kind": _BYTES})
         enc.flat[path] = np.array(value, dtype=np.complex128)
-        return enc.add({"kind": NodeKind.COMPLEX})
+        return enc.add({"kind": _COMPLEX})
 
     def decode(self, dec: Decoder, node: dict[str, Any], index: int, path: str, depth: int) -> Any:
         kind = node["kind"]
-        if kind == NodeKind.NONE:
+        if kind == _NONE:
             return None
-        if kind == NodeKind.BOOL:
+        if kind == _BOOL:
             return bool(dec.scalar(path, "b"))
-        if kind == NodeKind.INT:
+        if kind == _INT:
             return int(dec.scalar(path, "iu"))
-        if kind == NodeKind.FLOAT:
+        if kind == _FLOAT:
             return float(dec.scalar(path, "f"))
-        if kind == NodeKind.COMPLEX:
+        if kind == _COMPLEX:
             return complex(dec.scalar(path, "c"))
-        if kind == NodeKind.BIGINT:
+        if kind == _BIGINT:
             text = node.get("value")
             if not isinstance(text, str) or not INT_TEXT.fullmatch(text):
                 raise dec.bad(path, "bad int text")
             return int(text)
-        if kind == NodeKind.STR:
+        if kind == _STR:
             value = dec.data(path)
             if not isinstance(value, str):
                 raise dec.bad(path, f"expected a str, the file holds {a_type(value)}")

@@ -31,6 +31,11 @@ from kronos_audit.checkpoint.codec.walk import (
 )
 from kronos_audit.checkpoint.hdf5 import a_type
 
+# Module-level names: an enum member's attribute lookup costs more than a global's,
+# and these are read once per node.
+_JAX = NodeKind.JAX
+_PYTREE = NodeKind.PYTREE
+
 KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 """The PRNG key implementations stored (by name)."""
 
@@ -69,7 +74,7 @@ class ArrayHandler:
     def encode(self, enc: Encoder, value: Any, path: str, depth: int) -> int:
         jax = sys.modules["jax"]
         x = value
-        node: dict[str, Any] = {"kind": NodeKind.JAX}
+        node: dict[str, Any] = {"kind": _JAX}
         try:
             if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
                 impl = str(jax.random.key_impl(x))
@@ -145,7 +150,7 @@ class PytreeHandler:
             items.append([jkey, name, enc.value(child, f"{path}/{name}", depth + 1)])
         t = type(value)
         enc.nodes[index] = {
-            "kind": NodeKind.PYTREE,
+            "kind": _PYTREE,
             "module": t.__module__,
             "qualname": t.__qualname__,
             "items": items,

@@ -15,6 +15,10 @@ from kronos_audit.checkpoint.codec.registry import NodeKind
 from kronos_audit.checkpoint.codec.walk import Decoder, Encoder, Fitter, fail, import_framework
 from kronos_audit.checkpoint.hdf5 import a_type
 
+# Module-level names: an enum member's attribute lookup costs more than a global's,
+# and these are read once per node.
+_NUMPY = NodeKind.NUMPY
+
 ML_DTYPES = (
     "bfloat16",
     "bcomplex32",
@@ -98,7 +102,7 @@ class NumpyHandler:
         dtype = array.dtype
         if dtype.hasobject or dtype.kind in "UMm":
             raise fail(path, f"dtype {dtype} cannot be stored; use numbers or bytes")
-        node: dict[str, Any] = {"kind": NodeKind.NUMPY}
+        node: dict[str, Any] = {"kind": _NUMPY}
         if dtype.kind == "V":
             ml = ml_dtype_name(dtype)
             if ml is not None:

@@ -18,6 +18,10 @@ from kronos_audit.checkpoint.codec.registry import NodeKind
 from kronos_audit.checkpoint.codec.walk import Decoder, Encoder, Fitter, fail, import_framework
 from kronos_audit.checkpoint.hdf5 import a_type
 
+# Module-level names: an enum member's attribute lookup costs more than a global's,
+# and these are read once per node.
+_TORCH = NodeKind.TORCH
+
 TORCH_NUMPY = {
     "float16": "float16",
     "float32": "float32",
@@ -89,7 +93,7 @@ class TorchHandler:
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
             name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-        node: dict[str, Any] = {"kind": NodeKind.TORCH, "dtype": name}
+        node: dict[str, Any] = {"kind": _TORCH, "dtype": name}
         # type() first: Parameter's isinstance check is slow, and most tensors are plain.
         if type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter):
             node["parameter"] = True

@@ -9,12 +9,15 @@ Python and numpy scalars become 0-d datasets and come back as numpy scalars; str
 become fixed-length UTF-8 strings and come back as ``str``. The Monte Carlo ledger's
 results use this layout as it is; a run's state goes through
 :mod:`kronos_audit.checkpoint.codec.tree`, which lays plain dicts out the same way and keeps
-every other type (tensors, lists, int keys ...) with a record of the structure. The
-files themselves are written by :mod:`kronos_audit.checkpoint.writer`.
+every other type (tensors, lists, int keys ...) with a record of the structure.
+:func:`write_hdf5` writes a flat state to a new file, its large arrays with ``os.pwrite``
+(:mod:`kronos_audit.checkpoint.writer` makes that atomic and asynchronous).
 """
 
 from __future__ import annotations
 
+import os
+import resource
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,105 @@ def unflatten(flat: Mapping[str, Any]) -> State:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return root
+
+
+RAW_MIN_BYTES = 64 * 1024
+"""Arrays at least this large go through pwrite; smaller ones are not worth the detour."""
+PWRITE_BLOCK = 64 * 1024 * 1024
+
+Flat = Mapping[str, np.ndarray[Any, Any]]
+"""``/path -> array``: what a checkpoint file holds, as it is written."""
+
+
+def _raw_writable(array: np.ndarray[Any, Any]) -> bool:
+    return (
+        array.nbytes >= RAW_MIN_BYTES
+        and array.ndim > 0
+        and array.dtype.kind in "biufc"
+        and array.dtype.fields is None
+        and array.flags.c_contiguous
+    )
+
+
+def _create_allocated(f: h5py.File, path: str, array: np.ndarray[Any, Any]) -> int:
+    """Create a contiguous dataset with its space allocated now and no fill; return its offset."""
+    parent, _, name = path.rpartition("/")
+    group = f.require_group(parent or "/")
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    tid = h5py.h5t.py_create(array.dtype, logical=True)
+    sid = h5py.h5s.create_simple(array.shape)
+    dsid = h5py.h5d.create(group.id, name.encode(), tid, sid, dcpl=dcpl)
+    try:
+        offset = dsid.get_offset()
+        if offset is None or dsid.get_storage_size() != array.nbytes:
+            raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
+    finally:
+        # Closed now, not by the garbage collector: a file close that fails (disk full)
+        # with low-level ids still open crashes h5py.
+        dsid.close()
+    return int(offset)
+
+
+METADATA_MARGIN = 1024 * 1024
+"""Room assumed for HDF5's own structures when checking space before a write."""
+
+
+def check_room(path: Path, flat: Flat) -> None:
+    """Refuse a write that cannot fit: free space on the file system, and the process's
+    file-size limit. HDF5 writes its last metadata when the file closes, and a write that
+    fails there can crash h5py, so the common causes are caught before HDF5 starts."""
+    needed = sum(a.nbytes for a in flat.values()) + METADATA_MARGIN
+    st = os.statvfs(path.parent)
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if needed > free:
+        raise CheckpointError(
+            f"not enough space: the checkpoint needs about {needed:,} bytes, {free:,} are free",
+            path=path,
+        )
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and needed > limit:
+        raise CheckpointError(
+            f"File too large: the checkpoint needs about {needed:,} bytes, the process may "
+            f"write files of at most {limit:,} (ulimit -f)",
+            path=path,
+        )
+
+
+def lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
+    """Create the file with h5py: metadata and small datasets written, space for the large
+    ones allocated; return (offset, array) for each large one, by offset."""
+    check_room(path, flat)
+    raw: list[tuple[int, np.ndarray[Any, Any]]] = []
+    with h5py.File(path, "w") as f:
+        for name, array in flat.items():
+            if _raw_writable(array):
+                raw.append((_create_allocated(f, name, array), array))
+            else:
+                f.create_dataset(name, data=array)
+    return sorted(raw, key=lambda r: r[0])
+
+
+def pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
+    """Write each large array of :func:`lay_out` at its offset, then fsync the file."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for offset, array in raw:
+            data = array.reshape(-1).view(np.uint8).data
+            for start in range(0, len(data), PWRITE_BLOCK):
+                chunk = data[start : start + PWRITE_BLOCK]
+                written = 0
+                while written < len(chunk):
+                    written += os.pwrite(fd, chunk[written:], offset + start + written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_hdf5(path: Path, flat: Flat) -> None:
+    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself)."""
+    pwrite_all(path, lay_out(path, flat))
 
 
 def _value(dset: h5py.Dataset) -> Any:

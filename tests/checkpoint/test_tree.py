@@ -22,8 +22,7 @@ import torch
 
 from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.codec.torch import TORCH_BITS, TORCH_NUMPY
-from kronos_audit.checkpoint.hdf5 import read_flat, text_array
-from kronos_audit.checkpoint.writer import write_hdf5
+from kronos_audit.checkpoint.hdf5 import read_flat, text_array, write_hdf5
 from kronos_audit.errors import CheckpointError, UsageError
 
 

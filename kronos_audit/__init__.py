@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
-    from kronos_audit.checkpoint.tree import (
+    from kronos_audit.checkpoint.codec.tree import (
         state_digest as state_digest,
     )
     from kronos_audit.compare.policy import (
@@ -76,7 +76,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: on
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "kronos_audit.checkpoint.tree": ("state_digest",),
+    "kronos_audit.checkpoint.codec.tree": ("state_digest",),
     "kronos_audit.compare.policy": ("ToleranceError",),
     "kronos_audit.errors": (
         "BisectError",

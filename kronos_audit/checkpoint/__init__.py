@@ -1,1 +1,2 @@
-"""Checkpoint files: HDF5 format, content hashing, atomic and asynchronous writing."""
+"""Checkpoint files: the flat HDF5 layout, the state codec, content hashing, atomic and
+asynchronous writing."""

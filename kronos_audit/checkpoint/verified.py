@@ -97,7 +97,7 @@ def read_verified(
     opened: OpenFile, signed: Signed, group: str = "/", *, exclude: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """``/path -> value`` for the datasets under ``group`` of a file from
-    :func:`open_verified`, as :func:`~kronos_audit.checkpoint.state.read_flat` gives them.
+    :func:`open_verified`, as :func:`~kronos_audit.checkpoint.hdf5.read_flat` gives them.
 
     With signed per-dataset digests, each dataset is checked against its signed dtype and
     shape before it is read (no more is allocated than the signed data holds) and the

@@ -1,9 +1,11 @@
 """Writing checkpoints: atomic and durable on disk, asynchronous for the compute loop.
 
-:func:`write_hdf5` lays the file out with h5py (metadata, small datasets) but writes large
-arrays itself with ``os.pwrite`` into space HDF5 allocated for them, contiguous and
-little- or big-endian as the array is. The bytes on disk are then exactly the array's
-bytes, and the write releases the GIL, so a background write barely slows a loop thread.
+:func:`~kronos_audit.checkpoint.hdf5.write_hdf5` lays the file out with h5py (metadata,
+small datasets) but writes large arrays itself with ``os.pwrite`` into space HDF5
+allocated for them, contiguous and little- or big-endian as the array is. The bytes on
+disk are then exactly the array's bytes, and the write releases the GIL, so a background
+write barely slows a loop thread; :func:`write_and_digest` writes the same way and hashes
+the file while it is written.
 
 :class:`BackgroundWriter` gives the loop what it must pay for and nothing more: a copy of
 the state into a staging buffer allocated once and reused. Everything else runs on one
@@ -36,7 +38,6 @@ import math
 import mmap
 import os
 import queue
-import resource
 import sys
 import threading
 import time
@@ -46,108 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 
 from kronos_audit.checkpoint.hashing import BLOCK as HASH_BLOCK
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest
+from kronos_audit.checkpoint.hdf5 import Flat, lay_out, pwrite_all
 from kronos_audit.errors import CheckpointError
-
-RAW_MIN_BYTES = 64 * 1024
-"""Arrays at least this large go through pwrite; smaller ones are not worth the detour."""
-PWRITE_BLOCK = 64 * 1024 * 1024
-
-Flat = Mapping[str, np.ndarray[Any, Any]]
-
-
-def _raw_writable(array: np.ndarray[Any, Any]) -> bool:
-    return (
-        array.nbytes >= RAW_MIN_BYTES
-        and array.ndim > 0
-        and array.dtype.kind in "biufc"
-        and array.dtype.fields is None
-        and array.flags.c_contiguous
-    )
-
-
-def _create_allocated(f: h5py.File, path: str, array: np.ndarray[Any, Any]) -> int:
-    """Create a contiguous dataset with its space allocated now and no fill; return its offset."""
-    parent, _, name = path.rpartition("/")
-    group = f.require_group(parent or "/")
-    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-    tid = h5py.h5t.py_create(array.dtype, logical=True)
-    sid = h5py.h5s.create_simple(array.shape)
-    dsid = h5py.h5d.create(group.id, name.encode(), tid, sid, dcpl=dcpl)
-    try:
-        offset = dsid.get_offset()
-        if offset is None or dsid.get_storage_size() != array.nbytes:
-            raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
-    finally:
-        # Closed now, not by the garbage collector: a file close that fails (disk full)
-        # with low-level ids still open crashes h5py.
-        dsid.close()
-    return int(offset)
-
-
-METADATA_MARGIN = 1024 * 1024
-"""Room assumed for HDF5's own structures when checking space before a write."""
-
-
-def check_room(path: Path, flat: Flat) -> None:
-    """Refuse a write that cannot fit: free space on the file system, and the process's
-    file-size limit. HDF5 writes its last metadata when the file closes, and a write that
-    fails there can crash h5py, so the common causes are caught before HDF5 starts."""
-    needed = sum(a.nbytes for a in flat.values()) + METADATA_MARGIN
-    st = os.statvfs(path.parent)
-    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
-    if needed > free:
-        raise CheckpointError(
-            f"not enough space: the checkpoint needs about {needed:,} bytes, {free:,} are free",
-            path=path,
-        )
-    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    if limit != resource.RLIM_INFINITY and needed > limit:
-        raise CheckpointError(
-            f"File too large: the checkpoint needs about {needed:,} bytes, the process may "
-            f"write files of at most {limit:,} (ulimit -f)",
-            path=path,
-        )
-
-
-def _lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
-    """Create the file with h5py: metadata and small datasets written, space for the large
-    ones allocated; return (offset, array) for each large one, by offset."""
-    check_room(path, flat)
-    raw: list[tuple[int, np.ndarray[Any, Any]]] = []
-    with h5py.File(path, "w") as f:
-        for name, array in flat.items():
-            if _raw_writable(array):
-                raw.append((_create_allocated(f, name, array), array))
-            else:
-                f.create_dataset(name, data=array)
-    return sorted(raw, key=lambda r: r[0])
-
-
-def _pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        for offset, array in raw:
-            data = array.reshape(-1).view(np.uint8).data
-            for start in range(0, len(data), PWRITE_BLOCK):
-                chunk = data[start : start + PWRITE_BLOCK]
-                written = 0
-                while written < len(chunk):
-                    written += os.pwrite(fd, chunk[written:], offset + start + written)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_hdf5(path: Path, flat: Flat) -> None:
-    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself)."""
-    _pwrite_all(path, _lay_out(path, flat))
 
 
 def _segments(
@@ -183,14 +88,15 @@ def _stream_digest(
 
 
 def write_and_digest(path: Path, flat: Flat, *, md5: bool = False) -> FileDigests:
-    """Write like :func:`write_hdf5` and hash the file while it is being written.
+    """Write like :func:`~kronos_audit.checkpoint.hdf5.write_hdf5` and hash the file while it
+    is being written.
 
     The digests are the ones :func:`~kronos_audit.checkpoint.hashing.digest_file` would
     compute from the finished file, but the large arrays are hashed from memory on other
     threads while this one writes and fsyncs them: each byte is hashed once per digest,
     and hashing overlaps the write instead of following it.
     """
-    raw = _lay_out(path, flat)
+    raw = lay_out(path, flat)
     size = path.stat().st_size
 
     def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...]]:
@@ -201,7 +107,7 @@ def write_and_digest(path: Path, flat: Flat, *, md5: bool = False) -> FileDigest
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
         pending = pool.submit(sha_and_datasets)
         pending_md5 = pool.submit(_stream_digest, path, size, raw, "md5") if md5 else None
-        _pwrite_all(path, raw)
+        pwrite_all(path, raw)
         sha, datasets = pending.result()
         md5_hex = pending_md5.result() if pending_md5 is not None else None
     if path.stat().st_size != size:

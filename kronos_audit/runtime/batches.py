@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kronos_audit.checkpoint.state import a_type, flatten, unflatten
+from kronos_audit.checkpoint.hdf5 import a_type, flatten, unflatten
 from kronos_audit.errors import UsageError
 
 T = TypeVar("T")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kronos_audit._internal.fsutil import fsync_dir
+from kronos_audit.checkpoint.hdf5 import write_hdf5
 from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
     RunDirectory,
@@ -33,7 +34,7 @@ from kronos_audit.checkpoint.layout import (
     step_of,
 )
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.checkpoint.writer import Job, write_and_digest, write_hdf5
+from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
 from kronos_audit.keys.home import select_key

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal import strictjson
-from kronos_audit.checkpoint.state import text_array
+from kronos_audit.checkpoint.hdf5 import text_array
 from kronos_audit.errors import CheckpointError
 
 GROUP = "rng"

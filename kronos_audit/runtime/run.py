@@ -22,7 +22,7 @@ A training program hands over its objects as they are and gets them loaded in pl
 The state may hold numpy arrays, torch tensors, JAX arrays and pytrees, Python numbers,
 strings, bytes, None, dicts (any hashable keys), lists, tuples, NamedTuples and objects
 with ``state_dict()``/``load_state_dict()``; they come back with their types
-(:mod:`kronos_audit.checkpoint.tree`). ``run.restore(step=N)`` reads an older checkpoint
+(:mod:`kronos_audit.checkpoint.codec.tree`). ``run.restore(step=N)`` reads an older checkpoint
 (verified) without moving the run; ``run.all_steps()`` and ``run.latest_step()`` list them.
 
 Checkpoints go to ``<root>/<run>/step-<N:08d>.h5``, each with a signed manifest chained to
@@ -58,9 +58,9 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
-from kronos_audit.checkpoint import tree
+from kronos_audit.checkpoint.codec import tree
+from kronos_audit.checkpoint.hdf5 import State, require_mapping
 from kronos_audit.checkpoint.layout import checkpoint_name
-from kronos_audit.checkpoint.state import State, require_mapping
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (
     CheckpointError,

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.progress import reporting
-from kronos_audit.checkpoint import tree
-from kronos_audit.checkpoint.state import State, unflatten
+from kronos_audit.checkpoint.codec import tree
+from kronos_audit.checkpoint.hdf5 import State, unflatten
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import BackgroundWriter
 from kronos_audit.errors import CheckpointError, UsageError
@@ -29,7 +29,9 @@ from kronos_audit.runtime.ranks import joining_seed
 from kronos_audit.runtime.sharded import ShardedPublisher
 
 RNG_GROUP = rng.GROUP
-RESERVED = (RNG_GROUP, LEDGER_GROUP)
+OWN_RECORDS = (RNG_GROUP, LEDGER_GROUP)
+"""kaudit's own records, read apart from the state (their names are among
+:data:`~kronos_audit.checkpoint.codec.registry.RESERVED`, which no state key may take)."""
 """kaudit's own records at the top of a checkpoint (``/rng``, ``/ledger``): not the state's."""
 
 
@@ -75,7 +77,7 @@ class RunRestore:
         ``like``, a template of the state (``{"model": model, "opt": opt}``): objects
         with ``state_dict()`` in it are loaded in place (``load_state_dict``) and returned
         themselves, tensors come back on its devices and dtypes, JAX arrays with its
-        shardings and dtypes; see :func:`kronos_audit.checkpoint.tree.fit`.
+        shardings and dtypes; see :func:`kronos_audit.checkpoint.codec.tree.fit`.
 
         ``step``: the checkpoint of that step instead, checked as the resume point is
         (CheckpointError naming the step and why if it is missing or not valid), read
@@ -151,7 +153,7 @@ class RunRestore:
     def _read(self, path: Path, signed: Signed | None) -> tuple[dict[str, Any], dict[str, Any]]:
         """A verified checkpoint's datasets, read only as the bytes ``signed`` says it was
         verified as: kaudit's own records (``/rng``, ``/ledger``) nested, and the
-        state's, flat, as :func:`~kronos_audit.checkpoint.tree.decode` takes them."""
+        state's, flat, as :func:`~kronos_audit.checkpoint.codec.tree.decode` takes them."""
         try:
             flat = read_checkpoint(path, signed)
         except CheckpointError as e:
@@ -163,7 +165,7 @@ class RunRestore:
         own: dict[str, Any] = {}
         raw: dict[str, Any] = {}
         for name, value in flat.items():
-            (own if name.split("/", 2)[1] in RESERVED else raw)[name] = value
+            (own if name.split("/", 2)[1] in OWN_RECORDS else raw)[name] = value
         return unflatten(own), raw
 
     def _load(self, path: Path, step: int, signed: Signed | None) -> None:
@@ -183,4 +185,4 @@ class RunRestore:
         self.restored_from = path
 
 
-__all__ = ["RESERVED", "RNG_GROUP", "RunRestore"]
+__all__ = ["OWN_RECORDS", "RNG_GROUP", "RunRestore"]

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
-from kronos_audit.checkpoint import hashing
+from kronos_audit.checkpoint import hashing, links
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest, digest_file
 from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import CheckpointError
@@ -200,11 +200,11 @@ def test_soft_links_that_multiply_the_work_are_bounded(tmp_path: Path) -> None:
 def test_groups_nested_too_deep_are_refused_not_recursed_into(tmp_path: Path) -> None:
     path = tmp_path / "deep.h5"
     with h5py.File(path, "w") as f:
-        f["/".join(["g"] * (hashing.MAX_DEPTH + 5)) + "/x"] = np.arange(2)
+        f["/".join(["g"] * (links.MAX_DEPTH + 5)) + "/x"] = np.arange(2)
         f["shallow"] = np.arange(2)
-    refused(path, f"groups nested more than {hashing.MAX_DEPTH} deep")
+    refused(path, f"groups nested more than {links.MAX_DEPTH} deep")
     with h5py.File(path, "w") as f:
-        f["/".join(["g"] * (hashing.MAX_DEPTH - 1)) + "/x"] = np.arange(2)
+        f["/".join(["g"] * (links.MAX_DEPTH - 1)) + "/x"] = np.arange(2)
     assert len(by_path(digest_file(path))) == 1
 
 
@@ -234,7 +234,7 @@ def test_names_that_multiply_without_end_are_bounded(
             g = f.create_group(f"level{level}")
             g["a"], g["b"] = below, below
             below = g
-    monkeypatch.setattr(hashing, "MAX_NAMES", 10_000)
+    monkeypatch.setattr(links, "MAX_NAMES", 10_000)
     refused(path, "more than 10,000 names")
 
 

@@ -20,9 +20,9 @@ import optax
 import pytest
 import torch
 
-from kronos_audit.checkpoint import tree
-from kronos_audit.checkpoint.state import read_flat, text_array
-from kronos_audit.checkpoint.writer import write_hdf5
+from kronos_audit.checkpoint.codec import tree
+from kronos_audit.checkpoint.codec.torch import TORCH_BITS, TORCH_NUMPY
+from kronos_audit.checkpoint.hdf5 import read_flat, text_array, write_hdf5
 from kronos_audit.errors import CheckpointError, UsageError
 
 
@@ -142,7 +142,7 @@ def test_a_torch_training_state_round_trips_with_types_and_bits(tmp_path: Path) 
     assert_same_tensors(dict(model2.state_dict()), dict(model.state_dict()))
 
 
-TORCH_DTYPES = [*tree._TORCH_NUMPY, *tree._TORCH_BITS]
+TORCH_DTYPES = [*TORCH_NUMPY, *TORCH_BITS]
 
 
 @pytest.mark.parametrize("name", TORCH_DTYPES)
@@ -159,7 +159,7 @@ def test_every_torch_dtype_round_trips_bitwise(tmp_path: Path, name: str) -> Non
         assert got.dtype == dtype
         assert got.shape == value.shape
         assert bits_of(got) == bits_of(value), (name, key)
-    if name in tree._TORCH_BITS:  # HDF5 has no such type: the bits, unsigned
+    if name in TORCH_BITS:  # HDF5 has no such type: the bits, unsigned
         assert flat["/t"].dtype == np.dtype(f"uint{8 * dtype.itemsize}")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from kronos_audit.checkpoint import verified
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.state import read_flat
+from kronos_audit.checkpoint.hdf5 import read_flat
 from kronos_audit.checkpoint.verified import Signed, open_verified, read_checkpoint, read_verified
 from kronos_audit.errors import CheckpointError
 from tests.helpers import write_checkpoint

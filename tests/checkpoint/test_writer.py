@@ -14,16 +14,14 @@ import pytest
 
 from kronos_audit.checkpoint import writer as writer_module
 from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.state import flatten
+from kronos_audit.checkpoint.hdf5 import RAW_MIN_BYTES, flatten, write_hdf5
 from kronos_audit.checkpoint.writer import (
     MAP_MIN_BYTES,
     POPULATE_CHUNK,
-    RAW_MIN_BYTES,
     RELEASE_AFTER,
     BackgroundWriter,
     Job,
     write_and_digest,
-    write_hdf5,
 )
 
 

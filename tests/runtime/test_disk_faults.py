@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kronos_audit.checkpoint.writer import METADATA_MARGIN
+from kronos_audit.checkpoint.hdf5 import METADATA_MARGIN
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME

@@ -360,7 +360,7 @@ def test_a_replay_writes_its_step_whatever_the_programs_policy(
 def test_the_state_is_flattened_once_per_checkpoint(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kronos_audit.checkpoint.tree import encode
+    from kronos_audit.checkpoint.codec.tree import encode
 
     calls: list[int] = []
 
@@ -368,7 +368,7 @@ def test_the_state_is_flattened_once_per_checkpoint(
         calls.append(1)
         return encode(state)
 
-    monkeypatch.setattr("kronos_audit.checkpoint.tree.encode", counting)
+    monkeypatch.setattr("kronos_audit.checkpoint.codec.tree.encode", counting)
     root = project.root / "checkpoints"
     assert loop(root, 3, ka.EverySteps(1)) == [True, True, True]
     assert len(calls) == 3  # the first checkpoint too: one flatten warms and stages it

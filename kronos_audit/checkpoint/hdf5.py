@@ -1,0 +1,234 @@
+"""The flat HDF5 layout: ``{dataset path: value}``, and plain state laid out that way.
+
+Every reader of a checkpoint's datasets shares these: :func:`read_flat` and
+:func:`read_group` read the datasets under a group back (arrays, numpy scalars for 0-d
+datasets, ``str`` for 0-d strings), :func:`text_array` is how a ``str`` is stored, and
+:func:`flatten` / :func:`unflatten` turn nested string-keyed dicts into paths and back:
+``{"fields": {"u": array}, "t": 0.5}`` is stored as datasets ``/fields/u`` and ``/t``.
+Python and numpy scalars become 0-d datasets and come back as numpy scalars; strings
+become fixed-length UTF-8 strings and come back as ``str``. The Monte Carlo ledger's
+results use this layout as it is; a run's state goes through
+:mod:`kronos_audit.checkpoint.codec.tree`, which lays plain dicts out the same way and keeps
+every other type (tensors, lists, int keys ...) with a record of the structure.
+:func:`write_hdf5` writes a flat state to a new file, its large arrays with ``os.pwrite``
+(:mod:`kronos_audit.checkpoint.writer` makes that atomic and asynchronous).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from kronos_audit.errors import CheckpointError, UsageError
+
+State = dict[str, Any]
+
+
+def text_array(text: str) -> np.ndarray[Any, Any]:
+    """A 0-d fixed-length UTF-8 string array: what a ``str`` in the state is stored as.
+
+    Fixed, not variable, length: h5py crashes the process when closing a file whose final
+    write fails (disk full, quota) while it holds variable-length strings.
+    """
+    data = text.encode()
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
+
+
+def type_name(value: object) -> str:
+    """How an error names the type of ``value``: ``None``, or the class's own name
+    (``ndarray``, ``list``), never ``NoneType``."""
+    return "None" if value is None else type(value).__name__
+
+
+def a_type(value: object) -> str:
+    """:func:`type_name` with its article: ``None``, ``a list``, ``an object``."""
+    if value is None:
+        return "None"
+    name = type_name(value)
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def require_mapping(state: object) -> None:
+    """Refuse a state that is not a mapping of names to values, in one line."""
+    if not isinstance(state, Mapping):
+        raise UsageError(f"state must be a mapping of names to arrays, got {type_name(state)}")
+
+
+def flatten(state: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray[Any, Any]]:
+    """``/path -> array`` for every leaf; raise UsageError for what HDF5 cannot hold."""
+    if not prefix:
+        require_mapping(state)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    for key, value in state.items():
+        if not isinstance(key, str) or not key or "/" in key or key in (".", ".."):
+            raise UsageError(f"state key {prefix}/{key!r}: keys are non-empty strings without '/'")
+        path = f"{prefix}/{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, path))
+        elif isinstance(value, str):
+            out[path] = text_array(value)
+        elif isinstance(value, np.ndarray | np.generic | int | float | bool | complex):
+            array = np.asarray(value)
+            if array.dtype.hasobject or array.dtype.kind in "UMm":
+                raise UsageError(
+                    f"state {path}: dtype {array.dtype} cannot be stored; use numbers or bytes"
+                )
+            out[path] = array
+        else:
+            raise UsageError(
+                f"state {path}: {a_type(value)} cannot be stored; "
+                "use numpy arrays, numbers, strings or nested dicts of them"
+            )
+    return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> State:
+    root: State = {}
+    for path, value in flat.items():
+        parts = path.strip("/").split("/")
+        node = root
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return root
+
+
+RAW_MIN_BYTES = 64 * 1024
+"""Arrays at least this large go through pwrite; smaller ones are not worth the detour."""
+PWRITE_BLOCK = 64 * 1024 * 1024
+
+Flat = Mapping[str, np.ndarray[Any, Any]]
+"""``/path -> array``: what a checkpoint file holds, as it is written."""
+
+
+def _raw_writable(array: np.ndarray[Any, Any]) -> bool:
+    return (
+        array.nbytes >= RAW_MIN_BYTES
+        and array.ndim > 0
+        and array.dtype.kind in "biufc"
+        and array.dtype.fields is None
+        and array.flags.c_contiguous
+    )
+
+
+def _create_allocated(f: h5py.File, path: str, array: np.ndarray[Any, Any]) -> int:
+    """Create a contiguous dataset with its space allocated now and no fill; return its offset."""
+    parent, _, name = path.rpartition("/")
+    group = f.require_group(parent or "/")
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    tid = h5py.h5t.py_create(array.dtype, logical=True)
+    sid = h5py.h5s.create_simple(array.shape)
+    dsid = h5py.h5d.create(group.id, name.encode(), tid, sid, dcpl=dcpl)
+    try:
+        offset = dsid.get_offset()
+        if offset is None or dsid.get_storage_size() != array.nbytes:
+            raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
+    finally:
+        # Closed now, not by the garbage collector: a file close that fails (disk full)
+        # with low-level ids still open crashes h5py.
+        dsid.close()
+    return int(offset)
+
+
+METADATA_MARGIN = 1024 * 1024
+"""Room assumed for HDF5's own structures when checking space before a write."""
+
+
+def check_room(path: Path, flat: Flat) -> None:
+    """Refuse a write that cannot fit: free space on the file system, and the process's
+    file-size limit. HDF5 writes its last metadata when the file closes, and a write that
+    fails there can crash h5py, so the common causes are caught before HDF5 starts."""
+    needed = sum(a.nbytes for a in flat.values()) + METADATA_MARGIN
+    st = os.statvfs(path.parent)
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if needed > free:
+        raise CheckpointError(
+            f"not enough space: the checkpoint needs about {needed:,} bytes, {free:,} are free",
+            path=path,
+        )
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and needed > limit:
+        raise CheckpointError(
+            f"File too large: the checkpoint needs about {needed:,} bytes, the process may "
+            f"write files of at most {limit:,} (ulimit -f)",
+            path=path,
+        )
+
+
+def lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
+    """Create the file with h5py: metadata and small datasets written, space for the large
+    ones allocated; return (offset, array) for each large one, by offset."""
+    check_room(path, flat)
+    raw: list[tuple[int, np.ndarray[Any, Any]]] = []
+    with h5py.File(path, "w") as f:
+        for name, array in flat.items():
+            if _raw_writable(array):
+                raw.append((_create_allocated(f, name, array), array))
+            else:
+                f.create_dataset(name, data=array)
+    return sorted(raw, key=lambda r: r[0])
+
+
+def pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
+    """Write each large array of :func:`lay_out` at its offset, then fsync the file."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for offset, array in raw:
+            data = array.reshape(-1).view(np.uint8).data
+            for start in range(0, len(data), PWRITE_BLOCK):
+                chunk = data[start : start + PWRITE_BLOCK]
+                written = 0
+                while written < len(chunk):
+                    written += os.pwrite(fd, chunk[written:], offset + start + written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_hdf5(path: Path, flat: Flat) -> None:
+    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself)."""
+    pwrite_all(path, lay_out(path, flat))
+
+
+def _value(dset: h5py.Dataset) -> Any:
+    if h5py.check_string_dtype(dset.dtype) is not None and dset.shape == ():
+        try:
+            return dset.asstr()[()]
+        except UnicodeDecodeError:
+            raise CheckpointError(
+                f"dataset {dset.name}: not UTF-8 text", dataset=dset.name
+            ) from None
+    return dset[()]  # an array, or a numpy scalar for a 0-d dataset
+
+
+def read_group(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) -> State:
+    """The datasets under ``group`` as a nested dict (names in ``exclude`` skipped at top)."""
+    return unflatten(read_flat(path, group, exclude=exclude))
+
+
+def read_flat(path: Path, group: str = "/", *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``/path -> value`` for the datasets under ``group`` (names in ``exclude`` skipped at
+    top): arrays, numpy scalars for 0-d datasets, ``str`` for 0-d strings."""
+    flat: dict[str, Any] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            base = f[group]
+
+            def visit(name: str, obj: object) -> None:
+                if isinstance(obj, h5py.Dataset) and name.split("/")[0] not in exclude:
+                    flat["/" + name] = _value(obj)
+
+            base.visititems(visit)
+    except (OSError, KeyError) as e:
+        raise CheckpointError(f"cannot read state: {e}", path=path) from None
+    except CheckpointError as e:
+        raise CheckpointError(e.message, path=path, dataset=e.dataset) from None
+    return flat

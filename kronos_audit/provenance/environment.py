@@ -1,4 +1,5 @@
-"""What produced a checkpoint: the environment lock.
+"""The environment lock: the machine, Python, packages and numerical settings that
+produced a checkpoint.
 
 The environment cannot change under a running process in any way that matters here, so it
 is captured once per process (:func:`environment`), and again only when the program has

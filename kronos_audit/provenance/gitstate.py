@@ -1,5 +1,4 @@
-"""What produced a checkpoint, in the repository: the git state and the patch of
-uncommitted changes.
+"""The git state a checkpoint was made from, and the patch of its uncommitted changes.
 
 The git state is read at each snapshot, since a long run may outlive a commit in its
 checkout.

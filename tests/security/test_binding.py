@@ -26,7 +26,7 @@ from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import encode_envelope
 from tests.helpers import git, run_cli, untrusted_key
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def sim(root: Path, n: int, *, run_id: str = "sim") -> Path:

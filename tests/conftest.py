@@ -14,7 +14,7 @@ import pytest
 from kronos_audit.keys.keyfile import SigningKey, generate_key
 from kronos_audit.project.repository import Project
 from kronos_audit.storage.setup import init_project
-from tests.helpers import git, write_checkpoint
+from tests.helpers import attacker_key, git, write_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +64,12 @@ def key(project: Project) -> SigningKey:
     k = generate_key("tester")
     project.trust_store().add(k.private_key.public_key(), "tester")
     return k
+
+
+@pytest.fixture
+def mallory(tmp_path: Path) -> SigningKey:
+    """The attacker's key, made on the attacker's machine (their own KAUDIT_HOME)."""
+    return attacker_key("mallory", tmp_path / "mallory-home")
 
 
 @pytest.fixture

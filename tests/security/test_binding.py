@@ -1,4 +1,4 @@
-"""A manifest is bound to its place (issue 8, point 2): a signed checkpoint copied under
+"""A manifest is bound to its place: a signed checkpoint copied under
 another step's name or into another run's directory fails `kaudit verify` and is skipped
 by restore; a run directory moved as a whole still verifies; a replay attestation is bound
 to the manifest beside it. Real runs (ka.Run), real HDF5, real git and DVC, the real CLI.

@@ -1,4 +1,4 @@
-"""Nothing is fetched before the signature holds (issue 8, point 3), attacked through the
+"""Nothing is fetched before the signature holds, attacked through the
 CLI: a real run pushed to a real DVC remote (a local directory), committed, and verified
 or pulled in a fresh `git clone` holding no data and no DVC cache, in which an adversary
 has edited `.dvc` files, added their own key and manifest, altered a manifest, or altered

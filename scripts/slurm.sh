@@ -83,8 +83,8 @@ install() {
     fi
     local status=0
     {
-        DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq \
+        DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+            DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
                 --no-install-recommends "${missing[@]}"
     } >"$log" 2>&1 || status=$?
     [ "$made_policy" -eq 1 ] && "${SUDO[@]}" rm -f "$policy"

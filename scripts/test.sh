@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install everything into .venv, then run the whole suite: ruff (the code and the docs' Python
 # blocks), mypy (strict, over everything), pytest.
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k verify`.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -k verify`. pytest runs on every
+# core (pytest-xdist; KAUDIT_TEST_WORKERS=N for N workers, 0 for none) and prints the 15
+# slowest tests.
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
 PY_DIRS=(kronos_audit tests bench examples scripts)
@@ -14,7 +16,7 @@ echo "== mypy --strict (pyproject's files: the package, tests, bench, examples, 
 mypy
 echo "== pytest"
 set +e
-python -m pytest "$@"
+python -m pytest -n "${KAUDIT_TEST_WORKERS:-logical}" --durations=15 "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

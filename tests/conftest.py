@@ -13,50 +13,73 @@ import pytest
 
 from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage.setup import init_project
-from tests.helpers import git, write_checkpoint
+from tests.helpers import attacker_key, git, write_checkpoint
+
+
+def isolate(mp: pytest.MonkeyPatch, make_dir: Callable[[str], Path]) -> Path:
+    """The environment every test runs in: a key directory of its own (returned), the git
+    identity, no GIT_DIR, and DVC's global and system config in empty directories of its
+    own, so that neither the machine's settings reach a test nor a test's reach the
+    machine. ``make_dir(name)`` makes a fresh directory."""
+    home = make_dir("kaudit-home")
+    mp.setenv("KAUDIT_HOME", str(home))
+    mp.delenv("KAUDIT_KEY", raising=False)
+    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        mp.delenv(var, raising=False)
+    mp.setenv("GIT_AUTHOR_NAME", "Test")
+    mp.setenv("GIT_AUTHOR_EMAIL", "test@example.com")
+    mp.setenv("GIT_COMMITTER_NAME", "Test")
+    mp.setenv("GIT_COMMITTER_EMAIL", "test@example.com")
+    mp.setenv("DVC_NO_ANALYTICS", "1")
+    for var in ("DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR"):
+        mp.setenv(var, str(make_dir(var.lower())))
+    return home
 
 
 @pytest.fixture(autouse=True)
 def kaudit_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own key directory; the user's real keys are never touched."""
-    home = tmp_path_factory.mktemp("kaudit-home")
-    monkeypatch.setenv("KAUDIT_HOME", str(home))
-    monkeypatch.delenv("KAUDIT_KEY", raising=False)
-    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("GIT_AUTHOR_NAME", "Test")
-    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "test@example.com")
-    monkeypatch.setenv("GIT_COMMITTER_NAME", "Test")
-    monkeypatch.setenv("GIT_COMMITTER_EMAIL", "test@example.com")
-    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
-    # DVC's global and system config files: empty directories of the test's own, so that
-    # neither the machine's settings reach a test nor a test's reach the machine.
-    for var in ("DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR"):
-        monkeypatch.setenv(var, str(tmp_path_factory.mktemp(var.lower())))
-    return home
+    return isolate(monkeypatch, tmp_path_factory.mktemp)
+
+
+@pytest.fixture(scope="session")
+def repo_templates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Made once per session (per worker), in the tests' environment: a git repository with
+    one commit, and the same with `kaudit init` done and committed. `git_repo` and
+    `project` copy them: `kaudit init` (DVC's included) costs far more than a copy."""
+    base = tmp_path_factory.mktemp("templates")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path_factory.mktemp)
+        repo = base / "repo"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        (repo / "solver.py").write_text("print('solve')\n")
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", "initial")
+        initialised = base / "project"
+        shutil.copytree(repo, initialised, symlinks=True)
+        init_project(initialised)
+        git(initialised, "add", "-A")
+        git(initialised, "commit", "-q", "-m", "kaudit init")
+    return repo, initialised
 
 
 @pytest.fixture
-def git_repo(tmp_path: Path) -> Path:
+def git_repo(tmp_path: Path, repo_templates: tuple[Path, Path]) -> Path:
     """A git repository with one commit."""
     repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    (repo / "solver.py").write_text("print('solve')\n")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "initial")
+    shutil.copytree(repo_templates[0], repo, symlinks=True)
     return repo
 
 
 @pytest.fixture
-def project(git_repo: Path) -> Project:
+def project(git_repo: Path, repo_templates: tuple[Path, Path]) -> Project:
     """`kaudit init` done (DVC included) and committed."""
-    proj, _ = init_project(git_repo)
-    git(git_repo, "add", "-A")
-    git(git_repo, "commit", "-q", "-m", "kaudit init")
-    return proj
+    shutil.rmtree(git_repo)
+    shutil.copytree(repo_templates[1], git_repo, symlinks=True)
+    return find_project(git_repo)
 
 
 @pytest.fixture
@@ -65,6 +88,12 @@ def key(project: Project) -> SigningKey:
     k = generate_key("tester")
     project.trust_store().add(k.private_key.public_key(), "tester")
     return k
+
+
+@pytest.fixture
+def mallory(tmp_path: Path) -> SigningKey:
+    """The attacker's key, made on the attacker's machine (their own KAUDIT_HOME)."""
+    return attacker_key("mallory", tmp_path / "mallory-home")
 
 
 @pytest.fixture

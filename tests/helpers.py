@@ -1,5 +1,6 @@
 """Helpers the tests import (``from tests.helpers import ...``): the installed kaudit, git,
-HDF5 checkpoints, keys no one trusts, the click app in-process, and the bad-input check.
+HDF5 checkpoints, keys no one trusts and keys made on an attacker's machine, the click app
+in-process, and the bad-input check.
 The fixtures that use them live in tests/conftest.py."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -34,6 +37,29 @@ def untrusted_key(name: str) -> SigningKey:
     k = generate_key(name)
     (user_trust_dir() / f"{name}.pub").unlink()
     return k
+
+
+@contextmanager
+def elsewhere(home: Path) -> Iterator[None]:
+    """Within the block, ``home`` is KAUDIT_HOME: what is done there (keys made, checkpoints
+    signed) is done on another person's machine, with their own key directory and trust
+    store. The test's own KAUDIT_HOME is back afterwards."""
+    saved = os.environ.get("KAUDIT_HOME")
+    os.environ["KAUDIT_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["KAUDIT_HOME"]
+        else:
+            os.environ["KAUDIT_HOME"] = saved
+
+
+def attacker_key(name: str, home: Path) -> SigningKey:
+    """An attacker's key, made on the attacker's machine (``home`` as KAUDIT_HOME): neither
+    the user's key directory nor their trust store holds it."""
+    with elsewhere(home):
+        return generate_key(name)
 
 
 def write_checkpoint(path: Path, seed: int = 0, *, n: int = 64) -> Path:

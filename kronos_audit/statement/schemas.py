@@ -44,7 +44,7 @@ def _registry() -> Registry[Any]:
 @functools.cache
 def _validator(name: str) -> jsonschema.protocols.Validator:
     # The shipped schemas are checked against their meta-schema by the tests
-    # (tests/test_schemas.py), not here: that check is of the package, not of the
+    # (tests/statement/test_schemas.py), not here: that check is of the package, not of the
     # document, and cost every process that reads a manifest some 30 ms.
     s = schema(name)
     cls = jsonschema.validators.validator_for(s)

@@ -1,4 +1,4 @@
-"""What is hashed is what a reader reads, by every name a reader can use (issue 8, point 4).
+"""What is hashed is what a reader reads, by every name a reader can use.
 
 Each test builds a real HDF5 file with h5py (links, aliases, external storage, virtual
 datasets, hand-made HDF5 types through the low-level API) and checks that the per-dataset

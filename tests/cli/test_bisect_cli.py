@@ -18,7 +18,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from tests.helpers import assert_bad_input as _assert_bad_input
 from tests.helpers import run_cli
-from tests.test_bisect import PLANTED, manifest, planted, solver
+from tests.history.test_bisect import PLANTED, manifest, planted, solver
 
 
 @pytest.fixture

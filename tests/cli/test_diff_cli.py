@@ -208,7 +208,7 @@ def test_bad_files_exit_2_with_one_line(tmp_path: Path) -> None:
     assert_bad_input(run_cli("diff", str(tmp_path / "nope.h5"), str(a)), "nope.h5", "not found")
     assert_bad_input(run_cli("diff", str(a), str(text)), "notes.txt", "not an HDF5 file")
     assert_bad_input(run_cli("diff", str(a), str(tmp_path)), "is a directory")
-    # with --json, the same error as one JSON object on stdout (issue 9), nothing on stderr
+    # with --json, the same error as one JSON object on stdout, nothing on stderr
     as_json = run_cli("diff", str(a), str(text), "--json")
     assert as_json.exit_code == 2
     assert as_json.stderr == ""

@@ -25,7 +25,15 @@ from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.dsse import key_id
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import cache_object_path, cache_settings
-from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, untrusted_key, write_checkpoint
+from tests.helpers import (
+    KAUDIT,
+    assert_bad_input,
+    elsewhere,
+    git,
+    run_cli,
+    untrusted_key,
+    write_checkpoint,
+)
 
 
 def leftovers(root: Path) -> list[Path]:
@@ -158,14 +166,11 @@ def test_trusting_a_colleagues_key_makes_their_manifests_verify(
     key: SigningKey,
     checkpoint: Path,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    kaudit_home: Path,
 ) -> None:
     # The colleague signs on their machine, with their own key directory.
-    monkeypatch.setenv("KAUDIT_HOME", str(tmp_path / "colleague-home"))
-    theirs = generate_key("bob")
-    (m,) = snapshot(checkpoint, run="run1", step=1)
-    monkeypatch.setenv("KAUDIT_HOME", str(kaudit_home))
+    with elsewhere(tmp_path / "colleague-home"):
+        theirs = generate_key("bob")
+        (m,) = snapshot(checkpoint, run="run1", step=1)
     shared = tmp_path / "bob.pub"
     shared.write_bytes(public_pem(theirs.private_key.public_key()))
 

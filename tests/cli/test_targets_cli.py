@@ -13,10 +13,10 @@ import pytest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import configure_remote
+from tests.checkpoint.test_shards import sharded_step
 from tests.helpers import KAUDIT, assert_bad_input, run_cli, write_checkpoint
 from tests.replay.conftest import heat, replay_tmp, repo
 from tests.replay.helpers import manifest
-from tests.test_shards import sharded_step
 
 __all__ = ["heat", "replay_tmp", "repo"]
 

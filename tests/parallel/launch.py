@@ -66,14 +66,33 @@ def per_rank(cwd: Path, size: int) -> list[dict[str, Any]]:
     return docs
 
 
-def run(argv: list[str], cwd: Path, size: int) -> list[dict[str, Any]]:
-    done = subprocess.run(
+def launched(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` (a launcher's command line) run from ``cwd`` in ``env`` (the launcher's
+    environment by default) to its end, its output captured as text. The timeout is a hang
+    guard only: a rank left waiting fails the test instead of hanging the suite. The exit
+    status is the caller's to check."""
+    return subprocess.run(
         argv,
         cwd=cwd,
-        env=launcher_env(),
+        env=launcher_env() if env is None else env,
         capture_output=True,
         text=True,
         timeout=HANG_GUARD,
     )
+
+
+def mpirun(
+    ranks: int, *argv: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The Python program ``argv`` on ``ranks`` ranks under mpiexec, run to its end
+    (see :func:`launched`)."""
+    return launched(mpiexec(ranks, *argv), cwd, env)
+
+
+def run(argv: list[str], cwd: Path, size: int) -> list[dict[str, Any]]:
+    """``argv`` run to a zero exit, and the JSON each of its ``size`` ranks wrote."""
+    done = launched(argv, cwd)
     assert done.returncode == 0, done.stdout + done.stderr
     return per_rank(cwd, size)

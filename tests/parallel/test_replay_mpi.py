@@ -27,7 +27,7 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli
-from tests.parallel.launch import launcher_env, mpiexec
+from tests.parallel.launch import launcher_env, mpirun
 from tests.replay.helpers import bad_input, commit_all, resign
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
 
@@ -90,14 +90,7 @@ def repo(project: Project, key: SigningKey) -> Path:
 
 
 def launch(root: Path, ranks: int, *argv: str) -> None:
-    done = subprocess.run(
-        mpiexec(ranks, *argv),
-        cwd=root,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
+    done = mpirun(ranks, *argv, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -26,7 +26,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from tests.helpers import KAUDIT, run_cli
 from tests.parallel import launch
-from tests.parallel.launch import launcher_env, mpiexec
+from tests.parallel.launch import launcher_env, mpiexec, mpirun
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain, wait_for
 
 pytestmark = pytest.mark.slow
@@ -38,31 +38,32 @@ GRID = ["--n", "25"]  # 25 rows: 9 + 8 + 8 on three ranks, 13 + 12 on two
 def heat_mpi(
     project: Project, ranks: int, *args: str, ok: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        mpiexec(ranks, HEAT_MPI, *GRID, *args),
-        cwd=project.root,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
+    done = mpirun(ranks, HEAT_MPI, *GRID, *args, cwd=project.root)
     if ok:
         assert done.returncode == 0, done.stdout + done.stderr
     return done
 
 
+_SERIAL: dict[int, dict[str, Any]] = {}
+"""The serial runs' results by step count: the same in every project, so run once each."""
+
+
 def serial(project: Project, steps: int) -> dict[str, Any]:
-    return run_plain(
-        project,
-        "heat/run.py",
-        *GRID,
-        "--steps",
-        str(steps),
-        "--every",
-        "1000",
-        "--run-id",
-        "serial",
-    )
+    """The final step and state digest of the serial heat example after ``steps`` steps:
+    the reference a run on any number of ranks must end bitwise equal to."""
+    if steps not in _SERIAL:
+        _SERIAL[steps] = run_plain(
+            project,
+            "heat/run.py",
+            *GRID,
+            "--steps",
+            str(steps),
+            "--every",
+            "1000",
+            "--run-id",
+            "serial",
+        )
+    return _SERIAL[steps]
 
 
 def step_manifest(run_dir: Path, step: int) -> ka.Manifest:
@@ -251,7 +252,7 @@ def test_one_rank_sigkilled_under_kaudit_run_completes_bitwise(
     project: Project, key: SigningKey
 ) -> None:
     wrapper, env = _wrapper(project)
-    steps = 400
+    steps = 200  # the kill lands after step 20: some 18 checkpoints before the run would end
     reference = serial(project, steps)
     run_dir = project.root / "checkpoints" / "heat-mpi"
     supervisor = subprocess.Popen(
@@ -310,14 +311,7 @@ def test_ranks_out_of_step_and_a_bad_layout_are_one_line_errors(
         ("layout", "layout['v']: no such key in the state"),
         ("step", "ranks are out of step"),
     ):
-        done = subprocess.run(
-            mpiexec(2, str(program), case),
-            cwd=project.root,
-            env=launcher_env(),
-            capture_output=True,
-            text=True,
-            timeout=HANG_GUARD,
-        )
+        done = mpirun(2, str(program), case, cwd=project.root)
         assert done.returncode != 0
         assert message in done.stderr, done.stderr
     assert not list((project.root / "checkpoints" / "bad").glob("step-*/*.kaudit.json"))
@@ -406,14 +400,7 @@ def test_a_shard_that_cannot_be_written_on_one_rank_aborts_the_step_on_every_ran
     program.write_text(textwrap.dedent(FAILING_WRITE))
 
     def launch_torn(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            mpiexec(3, str(program), *args),
-            cwd=project.root,
-            env=launcher_env(),
-            capture_output=True,
-            text=True,
-            timeout=HANG_GUARD,
-        )
+        return mpirun(3, str(program), *args, cwd=project.root)
 
     run_dir = project.root / "checkpoints" / "torn"
     assert launch_torn("ok", "2").returncode == 0
@@ -450,14 +437,7 @@ def test_a_time_based_policy_decides_once_for_every_rank(project: Project, key: 
 
     program = project.root / "timed.py"
     program.write_text(textwrap.dedent(TIMED))
-    done = subprocess.run(
-        mpiexec(3, str(program)),
-        cwd=project.root,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
+    done = mpirun(3, str(program), cwd=project.root)
     assert done.returncode == 0, done.stderr
     run_dir = project.root / "checkpoints" / "timed"
     steps = steps_signed(run_dir)
@@ -496,14 +476,7 @@ def test_background_commits_need_mpi_thread_multiple_and_synchronous_ones_do_not
     program.write_text(textwrap.dedent(SERIALIZED))
 
     def launch_it(mode: str) -> str:
-        done = subprocess.run(
-            mpiexec(2, str(program), mode),
-            cwd=project.root,
-            env=launcher_env(),
-            capture_output=True,
-            text=True,
-            timeout=HANG_GUARD,
-        )
+        done = mpirun(2, str(program), mode, cwd=project.root)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -533,14 +506,7 @@ def test_blocks_that_are_not_an_array_split_abort_the_step_naming_the_array(
 ) -> None:
     program = project.root / "split.py"
     program.write_text(textwrap.dedent(NOT_A_SPLIT))
-    done = subprocess.run(
-        mpiexec(3, str(program)),
-        cwd=project.root,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
+    done = mpirun(3, str(program), cwd=project.root)
     assert done.returncode != 0
     assert (
         done.stderr.count(
@@ -641,14 +607,8 @@ def test_an_error_on_one_rank_alone_takes_the_job_down_instead_of_hanging_it(
 ) -> None:
     program = project.root / "alone.py"
     program.write_text(textwrap.dedent(ALONE))
-    done = subprocess.run(
-        mpiexec(3, str(program)),
-        cwd=project.root,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,  # before the fix: ranks 0 and 2 waited here for ever
-    )
+    # Unless the error takes the job down, ranks 0 and 2 wait here for ever (the hang guard).
+    done = mpirun(3, str(program), cwd=project.root)
     assert done.returncode != 0
     assert "ValueError: rank 1's own bug" in done.stderr  # its traceback, printed first
     assert done.stderr.count("ValueError: rank 1's own bug") == 1

@@ -5,7 +5,6 @@ the chain is refused on every rank."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import run_cli
-from tests.parallel.launch import launcher_env, mpiexec
-from tests.runtime.test_faults import HANG_GUARD
+from tests.parallel.launch import mpirun
 from tests.runtime.test_writer_lock import Writer, listing, trusted
 
 pytestmark = pytest.mark.slow
@@ -30,14 +28,7 @@ def test_two_ranks_over_a_held_run_fail_on_every_rank_with_exit_2(
     run_dir = project.root / "checkpoints" / "r"
     before = listing(run_dir)
 
-    done = subprocess.run(
-        mpiexec(2, *first.argv[1:4], "3", "-1", str(first.launches)),
-        cwd=project.root,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,  # a hang guard only: a rank left waiting would hang here
-    )
+    done = mpirun(2, *first.argv[1:4], "3", "-1", str(first.launches), cwd=project.root)
 
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in done.stderr.splitlines() if "another process is writing" in line]

@@ -1,2 +1,1 @@
-"""Runtime tests: a package, so that test_retention.py here and tests/test_retention.py
-are two modules."""
+"""Runtime tests (kronos_audit.runtime)."""

@@ -143,7 +143,10 @@ def kill_repeatedly(
 def test_heat_survives_twenty_sigkills_and_a_corrupt_checkpoint(
     project: Project, key: SigningKey
 ) -> None:
-    args = ["--steps", "600", "--n", "320", "--every", "3"]
+    # 100 checkpoints: twenty kills take some 35 of them (a child killed while it writes
+    # its second; or after its first and up to 50 ms more), so the run outlives them.
+    steps = 300
+    args = ["--steps", str(steps), "--n", "320", "--every", "3"]
     reference = run_plain(project, "heat/run.py", *args, "--run-id", "reference")
     supervisor = subprocess.Popen(
         [
@@ -177,7 +180,7 @@ def test_heat_survives_twenty_sigkills_and_a_corrupt_checkpoint(
     assert last_json(stdout) == reference  # bitwise: same final step and state digest
     results = ka.verify(run_dir)
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
-    final = ka.read_manifest(run_dir / "step-00000600.h5.kaudit.json")
+    final = ka.read_manifest(run_dir / f"step-{steps:08d}.h5.kaudit.json")
     assert final.predicate["restart_count"] >= 20
 
 
@@ -240,7 +243,8 @@ def test_preemption_signal_checkpoints_at_that_step_and_exits_75(
 def test_montecarlo_interrupted_and_shuffled_give_the_same_tally(
     project: Project, key: SigningKey
 ) -> None:
-    args = ["--batches", "150", "--samples", "20000"]
+    # A checkpoint after each batch: five kills take some 15 batches of the 60.
+    args = ["--batches", "60", "--samples", "20000"]
     plain = run_plain(project, "montecarlo/run.py", *args, "--run-id", "plain")
     shuffled = run_plain(
         project, "montecarlo/run.py", *args, "--run-id", "shuffled", "--shuffle", "5"

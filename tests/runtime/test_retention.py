@@ -1,6 +1,6 @@
 """Retention in the runtime (kronos_audit.runtime.retention): which checkpoints lose their
 data, the signed record of it, and the deletion. Real runs, real DVC cache; the end-to-end
-attacks on signed retention are in tests/test_retention.py."""
+attacks on signed retention are beside it, in test_retention_signed.py."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def test_status_walks_through_every_location(
         f.write(b"0123456789")
     assert where() == [Location.MISSING, Location.CORRUPT]
     shown = run_cli("status", str(run_dir))
-    assert shown.exit_code == 1  # a corrupt checkpoint is a failed check (issue 9)
+    assert shown.exit_code == 1  # a corrupt checkpoint is a failed check
     assert "missing" in shown.stdout
     assert "corrupt" in shown.stdout
 

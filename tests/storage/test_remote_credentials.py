@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import gc
 import http.server
+import os
 import shutil
 import subprocess
 import sys
@@ -198,8 +199,14 @@ def test_global_credentials_go_only_to_their_url(
 
 
 def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # A wide terminal: DVC wraps its tables at the terminal's width, which would split a
+    # long remote path (a test's temporary directory) over two lines.
     return subprocess.run(
-        [sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True
+        [sys.executable, "-m", "dvc", *args],
+        cwd=repo,
+        env={**os.environ, "COLUMNS": "1000"},
+        capture_output=True,
+        text=True,
     )
 
 

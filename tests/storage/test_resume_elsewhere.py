@@ -1,4 +1,4 @@
-"""The issue's test of resuming elsewhere, over the real SSH server (tests/sshd.py): a run
+"""Resuming elsewhere, over the real SSH server (tests/sshd.py): a run
 pushing to an ``ssh://`` DVC remote is killed (SIGKILL, a real process) in one clone; a
 fresh ``git clone`` in another directory, with no run directory and only the remote's
 configuration and the run's key, restarts it, resumes from the remote's newest checkpoint,

@@ -200,7 +200,7 @@ def test_a_checkpoint_signs_the_predicate_the_dict_literal_signed(
 def test_a_sharded_step_signs_the_predicate_the_dict_literal_signed(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.test_shards import write_shards
+    from tests.checkpoint.test_shards import write_shards
 
     directory = step_directory(project.root / "checkpoints" / "heat", 3)
     records = write_shards(directory, 3, 2)

@@ -1,4 +1,4 @@
-"""Signed retention (issue 8, point 3): data is accepted as pruned only on a signed record
+"""Signed retention: data is accepted as pruned only on a signed record
 in a later manifest of the same run; verify says how many checkpoints had their data
 checked, and a run whose newest checkpoint's data was never checked is not ok. Real runs
 (ka.Run with keep=), real DVC cache, the real CLI.

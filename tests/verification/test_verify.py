@@ -520,7 +520,7 @@ def test_the_scanner_finds_check_names_compared_as_strings() -> None:
 
 
 def test_the_package_never_compares_check_names_as_strings() -> None:
-    package = Path(__file__).resolve().parents[1] / "kronos_audit"
+    package = Path(__file__).resolve().parents[2] / "kronos_audit"
     offenders = {
         str(path.relative_to(package)): lines
         for path in sorted(package.rglob("*.py"))

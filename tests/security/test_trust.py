@@ -17,21 +17,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.home import generate_key, user_trust_dir
+from kronos_audit.keys.home import user_trust_dir
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import Manifest
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
-
-
-@pytest.fixture
-def mallory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kaudit_home: Path) -> SigningKey:
-    """The attacker's key, made on the attacker's machine (their own KAUDIT_HOME)."""
-    monkeypatch.setenv("KAUDIT_HOME", str(tmp_path / "mallory-home"))
-    k = generate_key("mallory")
-    monkeypatch.setenv("KAUDIT_HOME", str(kaudit_home))
-    return k
 
 
 def pub_file(directory: Path, key: SigningKey) -> Path:

@@ -40,7 +40,7 @@ from kronos_audit.statement.manifest import (
 )
 from tests.helpers import git, write_checkpoint
 
-SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schemas" / "manifest-v1.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "manifest-v1.schema.json"
 
 
 def schema_validator() -> jsonschema.Draft202012Validator:

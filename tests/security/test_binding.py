@@ -1,4 +1,4 @@
-"""A manifest is bound to its place (issue 8, point 2): a signed checkpoint copied under
+"""A manifest is bound to its place: a signed checkpoint copied under
 another step's name or into another run's directory fails `kaudit verify` and is skipped
 by restore; a run directory moved as a whole still verifies; a replay attestation is bound
 to the manifest beside it. Real runs (ka.Run), real HDF5, real git and DVC, the real CLI.
@@ -25,9 +25,9 @@ from kronos_audit.project.repository import Project
 from kronos_audit.replay import read_attestation
 from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
-from tests.helpers import git, run_cli, untrusted_key
+from tests.helpers import elsewhere, git, run_cli, untrusted_key
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def sim(root: Path, n: int, *, run_id: str = "sim") -> Path:
@@ -143,15 +143,14 @@ def test_restore_skips_a_planted_later_step_and_signs_the_true_next_one(
 
 
 def test_restore_does_not_resume_from_a_checkpoint_only_the_work_tree_vouches_for(
-    project: Project, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
     """An adversary adds their own key to the repository's trust store and plants a
     correctly named, correctly placed step-900 signed by it, chained to the owner's step
     200: resuming from it would make the owner's key sign its continuation."""
     root = project.root / "checkpoints"
     run_dir = sim(root, 200)
-    with monkeypatch.context() as m:
-        m.setenv("KAUDIT_HOME", str(tmp_path / "attacker-home"))
+    with elsewhere(tmp_path / "attacker-home"):
         evil = generate_key("evil")
         planted = run_dir / "step-00000900.h5"
         with h5py.File(planted, "w") as f:

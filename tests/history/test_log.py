@@ -132,7 +132,7 @@ def test_help_has_an_example(args: tuple[str, ...]) -> None:
 
 
 def test_a_sharded_run_is_one_run_of_its_steps(project: Project, key: SigningKey) -> None:
-    from tests.test_shards import sharded_step
+    from tests.checkpoint.test_shards import sharded_step
 
     first = sharded_step(project, key, 1)
     sharded_step(project, key, 2, parent=first)

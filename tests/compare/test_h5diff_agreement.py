@@ -30,7 +30,7 @@ import pytest
 
 from kronos_audit.compare import Comparison, TolerancePolicy, Verdict, compare_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EPSILONS = [1e-13, 1e-9, 1e-5, 1e-2, 0.5]
 FOUND = re.compile(r"^(\d+) differences? found$", re.MULTILINE)
 

@@ -24,7 +24,7 @@ SHIPPED = sorted(
     for entry in resources.files("kronos_audit").joinpath("schemas").iterdir()
     if entry.name.endswith(".schema.json")
 )
-REPOSITORY_COPY = Path(__file__).resolve().parents[1] / "schemas"
+REPOSITORY_COPY = Path(__file__).resolve().parents[2] / "schemas"
 
 
 def test_every_schema_named_in_the_package_is_shipped() -> None:

@@ -1,4 +1,4 @@
-"""Bad input stays bad input (issue 8, point 5): whatever nobody signed, kaudit answers with
+"""Bad input stays bad input: whatever nobody signed, kaudit answers with
 one line and exit 2, at once; and every name it prints from a file is inert text.
 
 Attacks go through the real CLI: the click app in-process, and a subprocess with a timeout

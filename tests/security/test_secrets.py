@@ -1,4 +1,4 @@
-"""Secrets stay out (issue 8, point 6), attacked through the real CLI and ka.Run.
+"""Secrets stay out, attacked through the real CLI and ka.Run.
 
 A password or token given to kaudit must never be printed, committed (``.dvc/config``,
 ``.kaudit/patches/``) or signed into a manifest; each test fails if its defence goes.

@@ -1,4 +1,4 @@
-"""Nothing is fetched before the signature holds (issue 8, point 3), attacked through the
+"""Nothing is fetched before the signature holds, attacked through the
 CLI: a real run pushed to a real DVC remote (a local directory), committed, and verified
 or pulled in a fresh `git clone` holding no data and no DVC cache, in which an adversary
 has edited `.dvc` files, added their own key and manifest, altered a manifest, or altered
@@ -35,7 +35,7 @@ from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import cache_object_path, cache_settings, configure_remote, dvc_file_for
-from tests.helpers import KAUDIT, git, run_cli, untrusted_key, write_checkpoint
+from tests.helpers import KAUDIT, elsewhere, git, run_cli, untrusted_key, write_checkpoint
 
 STEPS = (10, 20, 30)
 # The module that reads a chain's manifests (its parents and their siblings).
@@ -150,16 +150,12 @@ def attacker_checkpoint(here: Project, origin: Origin, home: Path) -> Path:
     """An adversary with their own key (in their own KAUDIT_HOME) adds it to the clone's
     trust store, signs a step-40 checkpoint chained to the owner's step 30, puts its
     object in the remote and leaves only the manifest and .dvc file in the repository."""
-    saved = os.environ["KAUDIT_HOME"]
-    os.environ["KAUDIT_HOME"] = str(home)
-    try:
+    with elsewhere(home):
         evil = generate_key("evil")
         target = write_checkpoint(ckpt(here.root, 40), seed=40)
         (signed,) = snapshot(
             target, run="heat", step=40, parent=manifest_of(ckpt(here.root, 30)), key=evil
         )
-    finally:
-        os.environ["KAUDIT_HOME"] = saved
     here.trust_store().add(evil.private_key.public_key(), "evil")
     md5 = signed.subject_md5
     assert md5 is not None

@@ -1,0 +1,1 @@
+"""Tests of kronos_audit._internal: the git command, run one way."""

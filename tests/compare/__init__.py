@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.compare: verdicts, tolerances, plans, and agreement with h5diff."""

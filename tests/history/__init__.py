@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.history: a run's log and bisecting two runs."""

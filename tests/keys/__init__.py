@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.keys: Ed25519 keys, trust stores and DSSE envelopes."""

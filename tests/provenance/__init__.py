@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.provenance: the environment lock and the git state."""

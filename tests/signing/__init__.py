@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.signing: signing known digests, and snapshot."""

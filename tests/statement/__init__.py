@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.statement: manifests, predicates and the schemas shipped."""

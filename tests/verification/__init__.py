@@ -1,0 +1,1 @@
+"""Tests of kronos_audit.verification: signature, digests, dataset hashes, the chain."""

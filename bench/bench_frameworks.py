@@ -1,4 +1,4 @@
-"""Asynchronous checkpointing against PyTorch's DCP and Orbax (issue 11, "Performance").
+"""Asynchronous checkpointing against PyTorch's DCP and Orbax.
 
 The same state, ``--mib`` MiB as four float32 tensors (four 64 MiB tensors by default), in a
 loop of about ``--step-ms`` ms of in-place work per step, checkpointed every ``--every``

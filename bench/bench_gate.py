@@ -1,4 +1,4 @@
-"""Gate benchmark (issue 10: kaudit gate).
+"""Gate benchmark: `kaudit gate`.
 
 A run of --checkpoints checkpoints of the heat example is recorded and committed; then
 `kaudit gate` (the whole CLI, a fresh process) verifies every manifest and replays

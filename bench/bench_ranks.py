@@ -1,4 +1,4 @@
-"""Checkpoint time on 1, 2 and 4 MPI ranks for the same global state (issue 12, "Performance").
+"""Checkpoint time on 1, 2 and 4 MPI ranks for the same global state.
 
 One global state, ``--mib`` MiB of float64 (256 MiB by default: a 32768 x 1024 array, held
 as ``ka.Block(axis=0)`` strips, rank r of K holding ``array_split(u, K)[r]``), checkpointed
@@ -40,7 +40,7 @@ because that is what a job of one rank writes; two and four write one shard per 
 index and one step manifest. On the 2-core reference machine 4 ranks are oversubscribed
 (two ranks per core), so their figures measure contention as much as scaling.
 
-What to look for (issue 12): the durable time on K ranks against the raw write of the same
+What to look for: the durable time on K ranks against the raw write of the same
 bytes, and whether it grows with K beyond what K concurrent raw writers pay.
 
 A run on the shared 2-core machine, other work running (load 4-6), 256 MiB, raw 154 ms:

@@ -1,4 +1,4 @@
-"""Report benchmark (issue 10: `kaudit report`).
+"""Report benchmark: `kaudit report`.
 
 A run of 1,000 checkpoints (one tiny HDF5 file copied, each signed, a minute apart, one
 restart and one day's pause in the timeline) reported in HTML, Markdown and JSON:

@@ -1,4 +1,4 @@
-"""Scale model of a sharded step (issue 12): what a step manifest costs, and what one rank
+"""Scale model of a sharded step: what a step manifest costs, and what one rank
 pays to verify its own part at restore, at 1,000 and 100,000 ranks.
 
 Measured rather than run at size: the shard index of n ranks is fabricated with real

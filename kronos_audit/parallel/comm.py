@@ -169,6 +169,23 @@ def check_root(root: Any, size: int) -> int:
     return r
 
 
+class FixedRanks:
+    """The rank and size of a transport's communicator, read once when it is made (the
+    base of the MPI and torch.distributed backends): a communicator's ranks do not
+    change."""
+
+    _rank: int
+    _size: int
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+
 class SingleProcess:
     """One rank: every collective is local. What a program started without a launcher
     gets."""

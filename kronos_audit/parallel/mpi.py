@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit.errors import UsageError
-from kronos_audit.parallel.comm import Pending, check_root, int64, int64s
+from kronos_audit.parallel.comm import FixedRanks, Pending, check_root, int64, int64s
 
 
 def missing_mpi4py(error: BaseException, variable: str | None = None) -> UsageError:
@@ -55,7 +55,7 @@ class _MPIPending:
         return list(self._result)
 
 
-class MPIComm:
+class MPIComm(FixedRanks):
     """A :class:`~kronos_audit.parallel.comm.Comm` on an mpi4py communicator:
     ``MPI.COMM_WORLD`` by default, or the intracommunicator given (a sub-communicator of
     the program's own works: only its ranks take part).
@@ -79,16 +79,8 @@ class MPIComm:
             )
         self._MPI = MPI
         self._comm = comm
-        self._rank: int = comm.Get_rank()
-        self._size: int = comm.Get_size()
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
 
     @property
     def comm(self) -> Any:

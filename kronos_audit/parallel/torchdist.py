@@ -11,7 +11,14 @@ from types import ModuleType
 from typing import Any
 
 from kronos_audit.errors import UsageError
-from kronos_audit.parallel.comm import TORCHRUN_VARIABLES, Pending, check_root, int64, int64s
+from kronos_audit.parallel.comm import (
+    TORCHRUN_VARIABLES,
+    FixedRanks,
+    Pending,
+    check_root,
+    int64,
+    int64s,
+)
 
 
 def _dist() -> ModuleType:
@@ -40,7 +47,7 @@ class _TorchPending:
         return list(self._result)
 
 
-class TorchComm:
+class TorchComm(FixedRanks):
     """A :class:`~kronos_audit.parallel.comm.Comm` on torch.distributed: the ``group``
     given, or the default process group.
 
@@ -82,21 +89,13 @@ class TorchComm:
                 f"TorchComm needs a torch.distributed ProcessGroup, not {type(group).__name__}"
             )
         self._group = group
-        self._rank: int = dist.get_rank(group)
-        self._size: int = dist.get_world_size(group)
+        self._rank = dist.get_rank(group)
+        self._size = dist.get_world_size(group)
         if self._rank < 0:
             raise UsageError("this process is not a member of the process group given")
         # NCCL reduces only tensors on the GPU; every other backend here takes CPU tensors.
         backend = str(dist.get_backend(group))
         self._device = f"cuda:{_cuda_device()}" if backend == "nccl" else "cpu"
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     @property
     def group(self) -> Any:

@@ -43,31 +43,33 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
         data = read_regular(parent.path, MANIFEST_LIMIT)
         _write_new(manifest_path_for(checkpoint), data)
     except UnsafeFile as e:
-        raise ReplayError(
+        raise _copy_refused(
             f"cannot copy the parent manifest for the command: {e.reason}",
-            path=parent.path,
-            stage=Stage.DATA,
+            parent.path,
         ) from None
     except OSError as e:
-        raise ReplayError(
+        raise _copy_refused(
             f"cannot copy the parent checkpoint for the command: {e.strerror or e}",
-            path=parent.checkpoint_path,
-            stage=Stage.DATA,
+            parent.checkpoint_path,
         ) from None
     if copied != parent.subject_sha256:
-        raise ReplayError(
+        raise _copy_refused(
             f"the parent checkpoint changed after it was verified: its copy's sha256 "
             f"{copied[:16]}... is not the signed {parent.subject_sha256[:16]}...",
-            path=parent.checkpoint_path,
-            stage=Stage.DATA,
+            parent.checkpoint_path,
         )
     if hashlib.sha256(data).hexdigest() != parent.digest:
-        raise ReplayError(
+        raise _copy_refused(
             "the parent manifest changed after it was verified",
-            path=parent.path,
-            stage=Stage.DATA,
+            parent.path,
         )
     return checkpoint
+
+
+def _copy_refused(message: str, path: Path) -> ReplayError:
+    """The refusal of a parent that cannot be handed over (not copied, or its copy is not
+    what was verified): the replay stops at the data stage."""
+    return ReplayError(message, path=path, stage=Stage.DATA)
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -54,7 +54,7 @@ from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
-from kronos_audit.replay.handover import _copy, _write_new
+from kronos_audit.replay.handover import _copy, _copy_refused, _write_new
 from kronos_audit.replay.interface import DatasetReplay
 from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
 from kronos_audit.statement.manifest import Manifest
@@ -80,11 +80,10 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
     so a file swapped after verification is caught."""
     shards = parent.record.shards
     if shards is None:
-        raise ReplayError(
+        raise _copy_refused(
             "the parent of a sharded step is a checkpoint in one file: a replay on several "
             "ranks resumes from a sharded step only",
-            path=parent.path,
-            stage=Stage.DATA,
+            parent.path,
         )
     step_dir = dest / parent.checkpoint_path.parent.name
     index = step_dir / INDEX_NAME
@@ -94,10 +93,9 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
         _copy(parent.checkpoint_path, index)
         data = read_index(index, shards.count)
         if hashlib.sha256(data).hexdigest() != parent.subject_sha256:
-            raise ReplayError(
+            raise _copy_refused(
                 "the parent step's shard index changed after it was verified",
-                path=parent.checkpoint_path,
-                stage=Stage.DATA,
+                parent.checkpoint_path,
             )
         records = parse_index(data, shards.count, index)
         for record in records:
@@ -105,36 +103,31 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
             _copy(parent.checkpoint_path.parent / record.name, copy)
             problem, sha = hash_shard(str(copy), record.size)
             if problem is not None or sha != record.sha256:
-                raise ReplayError(
+                raise _copy_refused(
                     f"the parent step's shard of rank {record.rank} changed after it was verified",
-                    path=parent.checkpoint_path.parent / record.name,
-                    stage=Stage.DATA,
+                    parent.checkpoint_path.parent / record.name,
                 )
         manifest = read_regular(parent.path, MANIFEST_LIMIT)
         if hashlib.sha256(manifest).hexdigest() != parent.digest:
-            raise ReplayError(
+            raise _copy_refused(
                 "the parent manifest changed after it was verified",
-                path=parent.path,
-                stage=Stage.DATA,
+                parent.path,
             )
         _write_new(step_dir / parent.path.name, manifest)
     except UnsafeFile as e:
-        raise ReplayError(
+        raise _copy_refused(
             f"cannot copy the parent step for the command: {e.reason}",
-            path=parent.path,
-            stage=Stage.DATA,
+            parent.path,
         ) from None
     except CheckpointError as e:
-        raise ReplayError(
+        raise _copy_refused(
             f"cannot copy the parent step for the command: {e.message}",
-            path=parent.checkpoint_path.parent,
-            stage=Stage.DATA,
+            parent.checkpoint_path.parent,
         ) from None
     except OSError as e:
-        raise ReplayError(
+        raise _copy_refused(
             f"cannot copy the parent step for the command: {e.strerror or e}",
-            path=parent.checkpoint_path.parent,
-            stage=Stage.DATA,
+            parent.checkpoint_path.parent,
         ) from None
     return step_dir
 

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 FORMAT = "kronos-audit/report/v1"
+
+
+def _as_fields(record: Any) -> dict[str, Any]:
+    """The JSON object of a record whose fields are JSON values already: each field by
+    its name, in their order."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 def _json_float(x: float | None) -> float | str | None:
@@ -53,14 +59,7 @@ class Signer:
     """How many of the statements shown it signed."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "key_id": self.key_id,
-            "name": self.name,
-            "anchor": self.anchor,
-            "source": self.source,
-            "anchored": self.anchored,
-            "count": self.count,
-        }
+        return _as_fields(self)
 
 
 @dataclass(frozen=True)
@@ -115,15 +114,7 @@ class Environment:
     """How many different locks the run's checkpoints record (1: one environment)."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "python": self.python,
-            "platform": self.platform,
-            "cpu": self.cpu,
-            "blas": self.blas,
-            "packages": self.packages,
-            "digest": self.digest,
-            "distinct_locks": self.distinct_locks,
-        }
+        return _as_fields(self)
 
 
 @dataclass(frozen=True)
@@ -144,14 +135,7 @@ class ChainPoint:
     """Its manifest verified."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "created": self.created,
-            "seconds": self.seconds,
-            "size": self.size,
-            "restart_count": self.restart_count,
-            "ok": self.ok,
-        }
+        return _as_fields(self)
 
 
 class GapKind(enum.StrEnum):
@@ -238,7 +222,7 @@ class Failure:
     """What was found."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"check": self.check, "detail": self.detail}
+        return _as_fields(self)
 
 
 @dataclass(frozen=True)
@@ -350,12 +334,7 @@ class Drift:
     """The replay's value (None: absent)."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "section": self.section,
-            "name": self.name,
-            "recorded": self.recorded,
-            "current": self.current,
-        }
+        return _as_fields(self)
 
 
 @dataclass(frozen=True)
@@ -467,7 +446,7 @@ class Problem:
     """What is wrong."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {"path": self.path, "message": self.message}
+        return _as_fields(self)
 
 
 @dataclass(frozen=True)

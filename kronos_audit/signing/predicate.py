@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import UsageError
@@ -61,6 +61,22 @@ class RunRecord:
     """The batch job that wrote the checkpoint."""
     pruned: tuple[PrunedEntry, ...] = ()
     """Checkpoints whose data retention deletes when this one is signed."""
+
+
+class RunFacts(TypedDict, total=False):
+    """What a signer says of the run beside the checkpoint's place, parent and digests:
+    the keywords :func:`build_predicate` takes after those (its defaults hold for any left
+    out), which :func:`~kronos_audit.signing.sign.sign_checkpoint` and
+    :func:`~kronos_audit.signing.sign.sign_sharded_step` pass on to it as given."""
+
+    seeds: Sequence[int]
+    command: Sequence[str] | None
+    cwd: Path | None
+    attributes: Mapping[str, Any] | None
+    git: GitRecord | None
+    allow_secret_files: bool
+    created: str | None
+    record: RunRecord | None
 
 
 def parent_link(

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Unpack
 
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step, step_directory_name
@@ -23,7 +23,7 @@ from kronos_audit.checkpoint.shards import ShardRecord, write_index
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.signing.predicate import RunRecord, build_predicate, parent_link
+from kronos_audit.signing.predicate import RunFacts, build_predicate, parent_link
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import (
     Manifest,
@@ -31,7 +31,7 @@ from kronos_audit.statement.manifest import (
     parse_manifest,
     publish_manifest,
 )
-from kronos_audit.statement.predicate import GitRecord, Predicate, Sha256, ShardSet
+from kronos_audit.statement.predicate import Predicate, Sha256, ShardSet
 
 
 def sign_checkpoint(
@@ -42,26 +42,20 @@ def sign_checkpoint(
     key: SigningKey,
     run: str,
     step: int,
-    seeds: Sequence[int] = (),
     parent: Path | Manifest | None = None,
-    command: Sequence[str] | None = None,
-    cwd: Path | None = None,
-    attributes: Mapping[str, Any] | None = None,
-    record: RunRecord | None = None,
-    created: str | None = None,
-    git: GitRecord | None = None,
-    allow_secret_files: bool = False,
     write: bool = True,
+    **facts: Unpack[RunFacts],
 ) -> Manifest:
     """The signed manifest of a checkpoint whose digests are already known, checked as
     every reader checks it, and written beside it unless ``write`` is False (then
     :func:`~kronos_audit.statement.manifest.publish_manifest` writes it: what a reader
     would refuse is refused before anything is written).
 
-    This is the step the runtime uses after hashing the state in memory; ``record`` is what
-    the run adds (RNG states, restart count, ...), ``created`` the signing time (now unless
-    given). Without ``git`` the git state is read now, refusing a diff that carries a
-    secret-looking file unless ``allow_secret_files``.
+    This is the step the runtime uses after hashing the state in memory. ``facts`` are
+    the keywords of :class:`~kronos_audit.signing.predicate.RunFacts` (seeds, command,
+    ...): ``record`` is what the run adds (RNG states, restart count, ...), ``created``
+    the signing time (now unless given). Without ``git`` the git state is read now,
+    refusing a diff that carries a secret-looking file unless ``allow_secret_files``.
     """
     link = parent_link(parent, run, step, project)
     predicate = build_predicate(
@@ -71,14 +65,7 @@ def sign_checkpoint(
         parent=link,
         size=digests.size,
         datasets=digests.datasets,
-        seeds=seeds,
-        command=command,
-        cwd=cwd,
-        attributes=attributes,
-        git=git,
-        allow_secret_files=allow_secret_files,
-        created=created,
-        record=record,
+        **facts,
     )
     manifest = _signed(project, key, checkpoint, digests.sha256, digests.md5, predicate)
     return publish_manifest(manifest) if write else manifest
@@ -114,16 +101,9 @@ def sign_sharded_step(
     step: int,
     layout: Mapping[str, Any] | None = None,
     launcher: str | None = None,
-    seeds: Sequence[int] = (),
     parent: Path | Manifest | None = None,
-    command: Sequence[str] | None = None,
-    cwd: Path | None = None,
-    attributes: Mapping[str, Any] | None = None,
-    record: RunRecord | None = None,
-    created: str | None = None,
-    git: GitRecord | None = None,
-    allow_secret_files: bool = False,
     write: bool = True,
+    **facts: Unpack[RunFacts],
 ) -> Manifest:
     """Rank 0's part of a sharded step: from the records every rank gathered to it (each
     :meth:`ShardRecord.of` the digests ``write_and_digest(..., md5=True)`` gave for its
@@ -131,8 +111,9 @@ def sign_sharded_step(
     into ``directory`` (``step_directory(run_directory, step)``) and sign ONE step
     manifest, ``index.jsonl.kaudit.json``, whose subject is the index.
 
-    The predicate is a checkpoint's (run, step, parent, git, environment, seeds, command,
-    attributes, ``record``) with ``datasets`` null (each shard's sha256 covers it) and a
+    The predicate is a checkpoint's (run, step, parent, environment and the ``facts`` of
+    :class:`~kronos_audit.signing.predicate.RunFacts`: git, seeds, command, attributes,
+    ``record``) with ``datasets`` null (each shard's sha256 covers it) and a
     ``shards`` record: the count, the bytes, the Merkle root and ``layout`` (how the
     state's arrays are spread over the ranks, recorded as given; ``launcher``, how the ranks
     were started, for a replay). Its size does not depend
@@ -158,14 +139,7 @@ def sign_sharded_step(
         parent=link,
         size=len(data),
         datasets=None,
-        seeds=seeds,
-        command=command,
-        cwd=cwd,
-        attributes=attributes,
-        git=git,
-        allow_secret_files=allow_secret_files,
-        created=created,
-        record=record,
+        **facts,
         shards=ShardSet(
             count=len(shards),
             bytes=sum(r.size for r in shards),

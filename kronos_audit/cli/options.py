@@ -7,6 +7,7 @@ Nothing here imports the library at module level: a command's ``--help`` stays f
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from kronos_audit.project.repository import Project
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 JSON_META = "kronos_audit.cli.json"
 """Key in ``click.Context.meta``: where the running command prints JSON ("stdout" or
@@ -63,9 +65,21 @@ def _remember_allow_unanchored(ctx: click.Context, param: click.Parameter, value
     return value
 
 
-def trust_options(f: F) -> F:
-    """``--trusted-key FILE`` (repeatable), ``--trust-ref REF``, ``--require-anchor``,
-    ``--allow-unanchored`` (read by :func:`trust_from` from the click context)."""
+def trust_options(command: Callable[..., R]) -> Callable[..., R]:
+    """``--trusted-key FILE`` (repeatable), ``--trust-ref REF``, ``--require-anchor`` and
+    ``--allow-unanchored``, given to the command as one value, ``trust`` (a
+    :class:`~kronos_audit.keys.anchors.TrustOptions`)."""
+
+    @functools.wraps(command)
+    def with_trust(
+        *args: Any,
+        trusted_keys: tuple[Path, ...],
+        trust_ref: str | None,
+        require_anchor: bool,
+        **kwargs: Any,
+    ) -> R:
+        return command(*args, trust=trust_from(trusted_keys, trust_ref, require_anchor), **kwargs)
+
     f = click.option(
         "--allow-unanchored",
         is_flag=True,
@@ -74,7 +88,7 @@ def trust_options(f: F) -> F:
         help="Accept a signer that only the repository's own .kaudit/trusted-keys vouches "
         "for (a file anyone can commit); each result says it passed unanchored. Also "
         "`allow_unanchored = true` in [trust] of $KAUDIT_HOME/config.toml.",
-    )(f)
+    )(with_trust)
     f = click.option(
         "--require-anchor",
         is_flag=True,

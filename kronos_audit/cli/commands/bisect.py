@@ -12,7 +12,6 @@ from kronos_audit.cli.options import (
     json_option,
     tolerance_options,
     tolerance_policy,
-    trust_from,
     trust_options,
 )
 from kronos_audit.cli.output import out, safe
@@ -21,6 +20,7 @@ from kronos_audit.errors import ExitCode
 if TYPE_CHECKING:
     from kronos_audit.compare import TolerancePolicy
     from kronos_audit.history.bisect import BisectResult, Chain, StepComparison
+    from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.project.repository import Project
 
 
@@ -39,9 +39,7 @@ def bisect_command(
     atol: str | None,
     ulp: str | None,
     tol: tuple[str, ...],
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
     as_json: bool,
 ) -> None:
     """Find the first step at which run B's checkpoints diverge from run A's.
@@ -61,7 +59,7 @@ def bisect_command(
     from kronos_audit.history.bisect import bisect
 
     policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
-    result = bisect(a, b, policy, trust=trust_from(trusted_keys, trust_ref, require_anchor))
+    result = bisect(a, b, policy, trust=trust)
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else str(project.config_path)

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.options import json_option, trust_options
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.cli.progress import progress_bar
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.gate import Case, GateResult
+    from kronos_audit.keys.anchors import TrustOptions
 
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 _STATUS = {"passed": "[green]ok[/]", "failed": "[red]FAILED[/]", "error": "[red]ERROR[/]"}
@@ -40,9 +41,7 @@ def gate(
     repository: Path,
     junit: Path | None,
     as_json: bool,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
 ) -> None:
     """Verify every manifest and replay a sample of segments: the CI reproducibility gate.
 
@@ -68,7 +67,6 @@ def gate(
     from kronos_audit.gate import gate as run_gate
     from kronos_audit.gate import step_summary, write_junit
 
-    trust = trust_from(trusted_keys, trust_ref, require_anchor)
     show = None if as_json or not settings().verbose else _show_case
     summary = os.environ.get(SUMMARY_ENV)
     with progress_bar():

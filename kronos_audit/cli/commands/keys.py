@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli.options import ask_passphrase, json_option, trust_from, trust_options, warn
+from kronos_audit.cli.options import ask_passphrase, json_option, trust_options, warn
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.keys.keyfile import PASSPHRASE_ENV
 
 if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.project.repository import Project
     from kronos_audit.statement.dsse import KeyId
 
@@ -95,9 +96,7 @@ def keys_generate(name: str, encrypt: bool) -> None:
 @keys.command("list")
 @json_option("Print the keys as JSON.")
 @trust_options
-def keys_list(
-    as_json: bool, trusted_keys: tuple[Path, ...], trust_ref: str | None, require_anchor: bool
-) -> None:
+def keys_list(as_json: bool, trust: TrustOptions) -> None:
     """Show the keys you hold, and every key verification here trusts, with its anchor.
 
     \b
@@ -110,7 +109,7 @@ def keys_list(
     project = _current_project()
     ring = load_keyring(
         None if project is None else project.root,
-        trust_from(trusted_keys, trust_ref, require_anchor),
+        trust,
     )
     held = signing.held_keys()
     if as_json:

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 import click
 
 from kronos_audit.cli._app import error_json
-from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
+from kronos_audit.cli.options import json_option, trust_options, warn
 from kronos_audit.cli.output import fail_line, out, safe
 from kronos_audit.cli.progress import progress_bar
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.history.log import RunLog
+    from kronos_audit.keys.anchors import TrustOptions
 
 _DATA_STYLE = {
     "local": "green",
@@ -57,9 +58,7 @@ def log(
     run_dirs: tuple[Path, ...],
     ask_remote: bool,
     remote_name: str | None,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
     as_json: bool,
 ) -> None:
     """Runs and their chains at a glance (RUN_DIR...; default: every run in the repository).
@@ -80,7 +79,6 @@ def log(
     from kronos_audit.project.repository import find_project
 
     project = find_project(run_dirs[0] if run_dirs else Path.cwd()).require_initialized()
-    trust = trust_from(trusted_keys, trust_ref, require_anchor)
     with progress_bar() as bar:
         result = run_log(
             project,

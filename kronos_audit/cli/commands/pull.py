@@ -14,7 +14,6 @@ from kronos_audit.cli.options import (
     REMOTE_OPTION,
     json_option,
     manifests_named,
-    trust_from,
     trust_options,
     warn,
 )
@@ -22,6 +21,7 @@ from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.storage import Storage
     from kronos_audit.verification.results import VerifyResult
     from kronos_audit.verification.verifier import Verifier
@@ -43,9 +43,7 @@ def pull(
     ctx: click.Context,
     targets: tuple[Path, ...],
     remote: str | None,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -68,9 +66,8 @@ def pull(
     from kronos_audit.verification.results import VerifyResult
 
     _, manifests = manifests_named(targets)
-    options = trust_from(trusted_keys, trust_ref, require_anchor)
     if not as_json:
-        for problem in trust_problems(manifests, options):
+        for problem in trust_problems(manifests, trust):
             warn(problem)
     results: list[VerifyResult] = []
     errors: list[Error] = []
@@ -79,7 +76,7 @@ def pull(
     replaced: set[Path] = set()
     with progress_bar() as bar:
         outcomes = verify_each(
-            manifests, fetch=True, trust=options, remote=remote, verifiers=verifiers
+            manifests, fetch=True, trust=trust, remote=remote, verifiers=verifiers
         )
         for done, outcome in enumerate(outcomes, 1):
             bar.update("pulling and checking", done, len(manifests))

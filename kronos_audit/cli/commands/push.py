@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,12 +12,14 @@ from kronos_audit.cli.options import (
     REMOTE_OPTION,
     json_option,
     manifests_named,
-    trust_from,
     trust_options,
     warn,
 )
 from kronos_audit.cli.output import out, plain, safe
 from kronos_audit.errors import Error, ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
 
 
 @click.command()
@@ -29,9 +32,7 @@ def push(
     ctx: click.Context,
     targets: tuple[Path, ...],
     remote: str | None,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
     as_json: bool,
 ) -> None:
     """Push checkpoints (RUN_DIR or MANIFEST...; default: all) to the DVC remote.
@@ -54,7 +55,7 @@ def push(
     from kronos_audit.verification.verifier import Verifier
 
     project, manifests = manifests_named(targets)
-    keyring = load_keyring(project.root, trust_from(trusted_keys, trust_ref, require_anchor))
+    keyring = load_keyring(project.root, trust)
     if not as_json:
         for problem in keyring.problems:
             warn(problem)

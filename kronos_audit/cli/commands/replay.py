@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,13 +15,13 @@ from kronos_audit.cli.options import (
     json_option,
     tolerance_options,
     tolerance_policy,
-    trust_from,
     trust_options,
 )
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.replay import Attestation, ReplayResult
 
 # By outcome (a StrEnum, so its members look these up).
@@ -78,9 +79,7 @@ def replay(
     attest: bool,
     key: str | None,
     ranks: int | None,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
 ) -> None:
     """Replay the segment that produced MANIFEST's checkpoint and compare.
 
@@ -116,7 +115,7 @@ def replay(
     if key is not None and not attest:
         raise UsageError("--key names the key that signs the attestation: add --attest")
     policy, _ = tolerance_policy(rtol, atol, ulp, tol, manifest)
-    trust = trust_from(trusted_keys, trust_ref, require_anchor or attest)
+    trust = dataclasses.replace(trust, require_anchor=True) if attest else trust
     # A missing or unreadable key stops us before the run.
     signing_key = select_key(key, passphrase=ask_passphrase) if attest else None
     with progress_bar() as bar, replay_output(bar):

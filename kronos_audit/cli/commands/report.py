@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli.options import json_option, trust_from, trust_options
+from kronos_audit.cli.options import json_option, trust_options
 from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
+
+if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
 
 # kronos_audit.report.ReportFormat's values, spelled out so that `--help` need not import
 # the report package (Jinja2; a test holds them equal)
@@ -55,9 +59,7 @@ def report(
     newest: int,
     no_fetch: bool,
     as_json: bool,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
 ) -> None:
     """Write an auditor's report (HTML, Markdown or JSON) of runs: verdict, provenance,
     chain, verification, replays.
@@ -81,7 +83,6 @@ def report(
 
     # An extension we cannot read is refused before anything is verified.
     chosen = ReportFormat(fmt) if fmt is not None else ReportFormat.for_path(out_path)
-    trust = trust_from(trusted_keys, trust_ref, require_anchor)
     from kronos_audit.cli.progress import progress_bar
 
     with progress_bar():  # on a terminal only; never with -q or --json

@@ -4,6 +4,7 @@ corrupt)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,11 +12,13 @@ from kronos_audit.cli.options import (
     REMOTE_OPTION,
     json_option,
     manifests_named,
-    trust_from,
     trust_options,
 )
 from kronos_audit.cli.output import Column, out, safe
 from kronos_audit.errors import ExitCode
+
+if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
 
 # How `status` colours each location (by its value: the enum lives in the library).
 _COLOURS = {
@@ -40,9 +43,7 @@ def status_command(
     targets: tuple[Path, ...],
     remote: str | None,
     local_only: bool,
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
     as_json: bool,
 ) -> None:
     """Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local /
@@ -61,7 +62,6 @@ def status_command(
     from kronos_audit.history.status import status
 
     project, manifests = manifests_named(targets)
-    trust = trust_from(trusted_keys, trust_ref, require_anchor)
     entries = status(project, manifests, remote, check_remote=not local_only, trust=trust)
     counts: dict[str, int] = {}
     for e in entries:

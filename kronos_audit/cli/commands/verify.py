@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 import click
 
 from kronos_audit.cli._app import error_json
-from kronos_audit.cli.options import json_option, trust_from, trust_options, warn
+from kronos_audit.cli.options import json_option, trust_options, warn
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.verification.results import VerifyResult
 
 
@@ -73,9 +74,7 @@ def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]
 def verify(
     ctx: click.Context,
     manifests: tuple[Path, ...],
-    trusted_keys: tuple[Path, ...],
-    trust_ref: str | None,
-    require_anchor: bool,
+    trust: TrustOptions,
     remote: str | None,
     no_fetch: bool,
     jobs: int,
@@ -99,16 +98,15 @@ def verify(
     from kronos_audit.cli.progress import count_manifests, progress_bar
     from kronos_audit.verification.batch import trust_problems, verify_each
 
-    options = trust_from(trusted_keys, trust_ref, require_anchor)
     paths = list(manifests)
     results: list[VerifyResult] = []
     errors: list[Error] = []
     if not as_json:
-        for problem in trust_problems(paths, options):
+        for problem in trust_problems(paths, trust):
             warn(problem)
     with progress_bar() as bar:
         total = count_manifests(paths) if bar.active else 0
-        outcomes = verify_each(paths, fetch=not no_fetch, trust=options, remote=remote, jobs=jobs)
+        outcomes = verify_each(paths, fetch=not no_fetch, trust=trust, remote=remote, jobs=jobs)
         for done, outcome in enumerate(outcomes, 1):
             bar.update("verifying manifests", done, total)
             if isinstance(outcome, Error):

@@ -1,4 +1,4 @@
-"""Comparison benchmark (issue: comparison engine and `kaudit diff`).
+"""Comparison benchmark: the comparison engine and `kaudit diff`.
 
 Two 1 GiB float64 datasets, each in its own HDF5 file, differing in most elements by a
 few ULPs (as a replay that changed summation order would), compared at rtol=1e-12:

@@ -18,7 +18,7 @@ save calls, and for kronos-audit every ``checkpoint()`` call, taken or not), as 
 the loop's time; the first, median and largest stall of a checkpoint taken; the mean stall
 against the copyto; the growth of the process's peak resident memory over its size when
 the loop starts (``/proc/self/status`` VmHWM, reset at the loop's start) against the
-state's size. Then the issue's goals for kronos-audit, each PASS or MISS: stall sum at
+state's size. Then kronos-audit's performance goals, each PASS or MISS: stall sum at
 most DCP's; stall sum at most 1% of the loop; mean stall at most 2x the copyto; extra
 memory at most about 1.1x the state's size while writes keep up. On a shared 2-core VM
 (quiet moment): kaudit 0.73% of the loop, every stall 28-36 ms (first 28), 1.61x copyto,

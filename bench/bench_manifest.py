@@ -1,4 +1,4 @@
-"""Manifest benchmarks (issue: signed checkpoint manifests).
+"""Manifest benchmarks: signed checkpoint manifests.
 
 1. `kaudit verify` of a 1 GiB checkpoint (one float64 dataset) against `sha256sum` of
    the same file, warm page cache for both. Target: at most 1.3x. Printed twice: the

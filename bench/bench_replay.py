@@ -1,4 +1,4 @@
-"""Replay benchmark (issue: kaudit replay).
+"""Replay benchmark: `kaudit replay`.
 
 1. Overhead: a segment of the heat example sized to compute for about --seconds is
    recorded, then replayed with the whole `kaudit replay` CLI (a fresh process, as an
@@ -152,7 +152,7 @@ def main() -> None:
         + f" (the command includes its own interpreter start and one {per_step * 1e3:.0f} ms "
         "step)"
     )
-    # The issue's model: replay time = compute x (1 + overhead) + a fixed setup cost.
+    # The performance model: replay time = compute x (1 + overhead) + a fixed setup cost.
     proportional = (t_replay - t_fixed - t_compute) / t_compute
     print(
         f"model: replay = compute x (1 {proportional:+.1%}) + fixed {t_fixed:.2f} s "

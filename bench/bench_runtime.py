@@ -1,4 +1,4 @@
-"""Checkpointing runtime benchmark (issue: fault-tolerant checkpointing runtime).
+"""Checkpointing runtime benchmark: the fault-tolerant checkpointing runtime.
 
 A loop doing about 50 ms of numpy work per step on a 256 MiB state (four float64 arrays),
 checkpointing every 5 s, run for about a minute in each mode: no checkpointing,

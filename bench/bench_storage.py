@@ -1,4 +1,4 @@
-"""Storage benchmark (issue: checkpoints in DVC-tracked remotes).
+"""Storage benchmark: checkpoints in DVC-tracked remotes.
 
 For a 1 GiB state: the time until a checkpoint is durable, hashed (sha256 of the file
 and of every dataset, md5 for DVC), signed and in DVC's cache, against

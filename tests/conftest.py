@@ -38,6 +38,31 @@ def isolate(mp: pytest.MonkeyPatch, make_dir: Callable[[str], Path]) -> Path:
     return home
 
 
+LONG_FIRST = (
+    "tests/frameworks/",
+    "tests/parallel/",
+    "tests/slurm/",
+    "tests/runtime/test_disk_faults.py",
+    "tests/runtime/test_faults.py",
+    "tests/test_bench_smoke.py",
+    "tests/storage/test_resume_elsewhere.py",
+    "tests/storage/test_ssh.py",
+)
+"""Suites that drive real processes for seconds a test: started first, so that the workers
+finish together instead of one running a long test alone at the end (the order of the
+rest is kept; every test is independent of every other)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+
+    def long(item: pytest.Item) -> bool:
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        return where.startswith(LONG_FIRST)
+
+    items.sort(key=lambda item: not long(item))  # stable: False (long) first
+
+
 @pytest.fixture(autouse=True)
 def kaudit_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own key directory; the user's real keys are never touched."""

@@ -13,6 +13,8 @@ PY_DIRS=(kronos_audit tests bench examples scripts)
 MYPY_LOG="$(mktemp)"
 mypy >"$MYPY_LOG" 2>&1 &
 MYPY_PID=$!
+# a check that fails first stops mypy too, and leaves no log behind
+trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG"' EXIT
 echo "== ruff"
 ruff format --check "${PY_DIRS[@]}"
 ruff check "${PY_DIRS[@]}"
@@ -27,7 +29,6 @@ mypy_status=$?
 set -e
 echo "== mypy --strict (pyproject's files: the package, tests, bench, examples, scripts)"
 cat "$MYPY_LOG"
-rm -f "$MYPY_LOG"
 if [ "$mypy_status" -ne 0 ]; then
     exit "$mypy_status"
 fi

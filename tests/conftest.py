@@ -48,9 +48,20 @@ LONG_FIRST = (
     "tests/storage/test_resume_elsewhere.py",
     "tests/storage/test_ssh.py",
 )
-"""Suites that drive real processes for seconds a test: started first, so that the workers
-finish together instead of one running a long test alone at the end (the order of the
-rest is kept; every test is independent of every other)."""
+"""Suites that drive real processes for seconds a test. Under pytest-xdist's worksteal each
+worker is first handed one contiguous share of the list, and an idle worker later steals
+the tail of a busy one's queue; so each share starts with its part of these suites, and
+no worker is left running long tests alone at the end (the order is otherwise kept; every
+test is independent of every other)."""
+
+
+def _shares(total: int, workers: int) -> list[int]:
+    """The sizes of the shares worksteal hands out first: the list split evenly, in order."""
+    sizes = []
+    for i in range(workers):
+        sizes.append(total // (workers - i))
+        total -= sizes[-1]
+    return sizes
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,7 +71,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         return where.startswith(LONG_FIRST)
 
-    items.sort(key=lambda item: not long(item))  # stable: False (long) first
+    # The same order on every worker (xdist requires it): the count is in their input.
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    slow = [item for item in items if long(item)]
+    rest = iter(item for item in items if not long(item))
+    ordered: list[pytest.Item] = []
+    for k, size in enumerate(_shares(len(items), workers)):
+        share = slow[k::workers]
+        ordered += share + [next(rest) for _ in range(max(size - len(share), 0))]
+    ordered += list(rest)
+    assert len(ordered) == len(items)
+    items[:] = ordered
 
 
 @pytest.fixture(autouse=True)

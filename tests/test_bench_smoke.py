@@ -81,5 +81,5 @@ def test_the_cli_benchmark_times_every_start_up_against_its_baselines(
     assert "python -c 'import click'" in out
     assert "baseline" in out
     # timings vary: each goal judged and printed, not asserted
-    assert out.count("goal <= ") == 2
-    assert out.count("met)") == 2
+    assert out.count("goal <= ") == 1  # --help; verify's goal is retired
+    assert out.count("met)") == 1

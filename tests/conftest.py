@@ -73,8 +73,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     # The same order on every worker (xdist requires it): the count is in their input.
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    slow = [item for item in items if long(item)]
-    rest = iter(item for item in items if not long(item))
+    is_long = [long(item) for item in items]
+    slow = [item for item, yes in zip(items, is_long, strict=True) if yes]
+    rest = iter(item for item, yes in zip(items, is_long, strict=True) if not yes)
     ordered: list[pytest.Item] = []
     for k, size in enumerate(_shares(len(items), workers)):
         share = slow[k::workers]

@@ -17,40 +17,36 @@ HEIGHT = 220
 LEFT, RIGHT, TOP, BOTTOM = 64, 36, 12, 36
 
 
+# The marks the templates draw: positions in pixels of the chart's view box.
+
+
 @dataclass(frozen=True)
 class Tick:
-    """An axis label at a position."""
+    """An axis label ``label`` at pixel position ``at`` along its axis."""
 
     at: float
-    """Pixel position along its axis."""
     label: str
-    """What it reads."""
 
 
 @dataclass(frozen=True)
 class Band:
-    """A shaded span of the x axis (a gap in the chain)."""
+    """A shaded span of the x axis, a gap in the chain: from ``x``, ``width`` wide (at
+    least 2 px, so it shows), of ``kind`` ``restart`` or ``pause``, with tooltip ``title``."""
 
     x: float
-    """Left edge."""
     width: float
-    """Width (at least 2 px, so it shows)."""
     kind: str
-    """``restart`` or ``pause``."""
     title: str
-    """Its tooltip."""
 
 
 @dataclass(frozen=True)
 class Dot:
-    """A marked point (a checkpoint that failed verification)."""
+    """A marked point at (``x``, ``y``), a checkpoint that failed verification, with
+    tooltip ``title``."""
 
     x: float
-    """Horizontal position."""
     y: float
-    """Vertical position."""
     title: str
-    """Its tooltip."""
 
 
 @dataclass(frozen=True)
@@ -83,18 +79,14 @@ class LineChart:
 
 @dataclass(frozen=True)
 class Bar:
-    """One horizontal bar of a bar chart."""
+    """One horizontal bar of a bar chart: its top at ``y``, ``width`` long, for dataset
+    ``label`` of value ``value`` (as text), drawn as passing or failing by ``ok``."""
 
     y: float
-    """Top of the bar."""
     width: float
-    """Its length."""
     label: str
-    """The dataset."""
     value: str
-    """Its value, as text."""
     ok: bool
-    """Drawn as passing or failing."""
 
 
 @dataclass(frozen=True)

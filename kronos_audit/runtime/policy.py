@@ -253,16 +253,3 @@ class Never(_Combinable):
 
     def should_save(self, ctx: SaveContext) -> bool:
         return False
-
-
-__all__ = [
-    "AnyOf",
-    "AtFinalStep",
-    "Auto",
-    "EverySeconds",
-    "EverySteps",
-    "Never",
-    "OnPreemption",
-    "SaveContext",
-    "SavePolicy",
-]

@@ -75,6 +75,16 @@ ENVIRONMENT_SECTIONS = ("python", "platform", "cpu", "blas", "variables", "packa
 """The sections of an environment lock, in the order a drift report takes them."""
 
 
+class _Entry:
+    """A read-only attribute that is one entry of one section of an environment lock."""
+
+    def __init__(self, section: str, key: str) -> None:
+        self.section, self.key = section, key
+
+    def __get__(self, lock: EnvironmentLock, owner: type | None = None) -> str:
+        return str(getattr(lock, self.section)[self.key])
+
+
 @dataclass(frozen=True)
 class EnvironmentLock:
     """The environment a checkpoint was written in: what a replay compares its own with.
@@ -105,33 +115,14 @@ class EnvironmentLock:
     a record of its versions and numeric settings; empty when it imported none (and in
     locks written before frameworks were recorded)."""
 
-    @property
-    def python_version(self) -> str:
-        return str(self.python["version"])
-
-    @property
-    def python_implementation(self) -> str:
-        return str(self.python["implementation"])
-
-    @property
-    def system(self) -> str:
-        return self.platform["system"]
-
-    @property
-    def machine(self) -> str:
-        return self.platform["machine"]
-
-    @property
-    def cpu_model(self) -> str:
-        return str(self.cpu["model"])
-
-    @property
-    def blas_name(self) -> str:
-        return self.blas["name"]
-
-    @property
-    def blas_version(self) -> str:
-        return self.blas["version"]
+    # one entry of a section, as text: ``lock.cpu_model`` is ``str(lock.cpu["model"])``
+    python_version = _Entry("python", "version")
+    python_implementation = _Entry("python", "implementation")
+    system = _Entry("platform", "system")
+    machine = _Entry("platform", "machine")
+    cpu_model = _Entry("cpu", "model")
+    blas_name = _Entry("blas", "name")
+    blas_version = _Entry("blas", "version")
 
     def sections(self) -> dict[str, Mapping[str, Any]]:
         """Each section by name, in :data:`ENVIRONMENT_SECTIONS` order."""

@@ -8,7 +8,7 @@ file system finds the run's checkpoints there.
 
 The remote may hold anything: each manifest is read bounded, must be a regular file, and
 is taken only if it passes, here, exactly the checks a local one passes in
-:meth:`SignedPublisher.resume_point <kronos_audit.runtime.publish.SignedPublisher.resume_point>`:
+:meth:`SignedPublisher.resume <kronos_audit.runtime.signed.SignedPublisher.resume>`:
 signed by an anchored key or the run's own, of this run and step, in its place, its chain
 back to the run's first manifest whole and signed, and its data, fetched by the signed
 md5 and checked before it is linked into place, the signed bytes. What restore writes

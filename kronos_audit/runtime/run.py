@@ -44,31 +44,25 @@ become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 import traceback
-import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.hdf5 import State, require_mapping
-from kronos_audit.checkpoint.layout import checkpoint_name
 from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (
     CheckpointError,
-    Error,
     ExitCode,
-    ManifestError,
     RunLocked,
-    StorageError,
     UsageError,
 )
 from kronos_audit.keys.keyfile import SigningKey
@@ -79,18 +73,32 @@ from kronos_audit.runtime.batches import Ledger, batch_rng
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
-from kronos_audit.runtime.publish import Publisher, ReplayPublisher, SignedPublisher
+from kronos_audit.runtime.publish import Publisher, ReplayPublisher
 from kronos_audit.runtime.ranks import one_line_reason, rank_seed
 from kronos_audit.runtime.retention import Retention
 from kronos_audit.runtime.run_restore import RunRestore
 from kronos_audit.runtime.sharded import ShardedPublisher
 from kronos_audit.runtime.sharded_replay import ShardedReplayPublisher
 from kronos_audit.runtime.sharded_steps import expand_layout, has_sharded_steps
-from kronos_audit.runtime.writer_lock import WriterLock
+from kronos_audit.runtime.signed import SignedPublisher
 from kronos_audit.statement.predicate import Batches, RngRecord
 
-H5_SYSTEM_ERROR = re.compile(r"error message = '([^']+)'")
-"""How HDF5 quotes the system's error (errno's text) inside its own message."""
+
+@dataclass(frozen=True)
+class LoopVote:
+    """One rank's word at a step of the loop, heard by every rank (``run.checkpoint``)."""
+
+    step: int
+    """The step the rank offered."""
+    preempted: bool
+    """A preemption signal reached the rank."""
+    save: bool | None
+    """Rank 0's policy's verdict (None on the other ranks, and when it could not ask)."""
+    failure: str | None
+    """Why the rank cannot go on (a background write failed, the state cannot be
+    stored), in one line; None when it can."""
+    policy_failure: str | None
+    """Rank 0: why its save policy could not decide; None when it did."""
 
 
 class PreemptedWithoutCheckpoint(UserWarning):
@@ -165,37 +173,18 @@ class Run(RunRestore):
         """How many ranks the job has."""
         self.run_id = run_id
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
-        self._sharded: ShardedPublisher | None = None
-        if (
-            self.size > 1
-            or (
-                self.replay is None
-                and has_sharded_steps(Path(root) / self.run_id, run_id, key, stacklevel=2)
-            )
-            or (self.replay is not None and self.replay.sharded)
-        ):
-            # One rank continues a run that was written on several as it was written:
-            # sharded steps (of one shard), so its chain and layouts carry on.
-            self._sharded = self._sharded_publisher(
-                root, key, attributes, push, keep, keep_every, allow_secret_files, command
-            )
-        self.publisher: Publisher | ShardedPublisher = (
-            self._sharded
-            if self._sharded is not None
-            else ReplayPublisher(self.replay)
-            if self.replay is not None
-            else SignedPublisher(
-                run_id,
-                Path(root) / run_id,
-                seed=self.seed,
-                key=key,
-                attributes=attributes or {},
-                retention=self.retention,
-                push=push,
-                allow_secret_files=allow_secret_files,
-                command=command,
-                allow_rollback=allow_rollback,
-            )
+        # Every rank draws from the same run seed (each its own stream of it).
+        self.seed = int(self.comm.bcast(self.seed))
+        self.publisher: Publisher = self._publisher(
+            Path(root) / run_id,
+            key,
+            attributes,
+            push,
+            keep,
+            keep_every,
+            allow_secret_files,
+            command,
+            allow_rollback,
         )
         """Where the checkpoints go and what they become (signed, or a replay's output)."""
         self.directory = self.publisher.directory
@@ -220,13 +209,12 @@ class Run(RunRestore):
         self._final: int | None = None
         self._batches_total: int | None = None
         self._prepared = False
-        self._lock: WriterLock | None = None  # a single process's (ShardedPublisher: rank 0's)
         self.restored_from: Path | None = None
         """The checkpoint restore() took, if any."""
 
-    def _sharded_publisher(
+    def _publisher(
         self,
-        root: str | Path,
+        directory: Path,
         key: str | SigningKey | None,
         attributes: Mapping[str, Any] | None,
         push: bool,
@@ -234,35 +222,51 @@ class Run(RunRestore):
         keep_every: int | None,
         allow_secret_files: bool,
         command: Sequence[str] | None,
-    ) -> ShardedPublisher:
+        allow_rollback: bool,
+    ) -> Publisher:
+        """The publisher of the step format this run writes: one checkpoint file a step
+        on one rank (h5py opens it as it is), a directory of one shard per rank on
+        several; one rank continuing a run written on several writes as it was written
+        (sharded steps of one shard), so its chain and layouts carry on."""
         if self.replay is not None:
-            # Every rank draws from the same (recorded) run seed, as the run did.
-            self.seed = int(self.comm.bcast(self.seed))
-            return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
-        unsupported = [
-            what
-            for what, used in (
-                ("push=True", push),
-                ("keep=/keep_every=", keep is not None or keep_every is not None),
+            if self.size > 1 or self.replay.sharded:
+                return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
+            return ReplayPublisher(self.replay)
+        if self.size > 1 or has_sharded_steps(directory, self.run_id, key, stacklevel=3):
+            unsupported = [
+                what
+                for what, used in (
+                    ("push=True", push),
+                    ("keep=/keep_every=", keep is not None or keep_every is not None),
+                )
+                if used
+            ]
+            if unsupported:
+                raise UsageError(
+                    f"a sharded run (on {self.size} rank(s)) does not support "
+                    f"{', '.join(unsupported)} yet"
+                )
+            return ShardedPublisher(
+                self.run_id,
+                directory,
+                self.comm,
+                seed=self.seed,
+                key=key,
+                attributes=attributes or {},
+                allow_secret_files=allow_secret_files,
+                command=command,
             )
-            if used
-        ]
-        if unsupported:
-            raise UsageError(
-                f"a sharded run (on {self.size} rank(s)) does not support "
-                f"{', '.join(unsupported)} yet"
-            )
-        # Every rank must draw from the same run seed (each its own stream of it).
-        self.seed = int(self.comm.bcast(self.seed))
-        return ShardedPublisher(
+        return SignedPublisher(
             self.run_id,
-            Path(root) / self.run_id,
-            self.comm,
+            directory,
             seed=self.seed,
             key=key,
             attributes=attributes or {},
+            retention=self.retention,
+            push=push,
             allow_secret_files=allow_secret_files,
             command=command,
+            allow_rollback=allow_rollback,
         )
 
     @property
@@ -273,24 +277,16 @@ class Run(RunRestore):
     # -- context -------------------------------------------------------------------------
 
     def __enter__(self) -> Run:
-        if self._sharded is not None:
-            self._sharded.threaded = self.asynchronous
+        self.publisher.threaded = self.asynchronous
         try:
-            # One writer per run: the lock is held until __exit__ has seen the last
-            # commit through (a sharded run's is rank 0's, taken in open()). Taken after
-            # open(), which records the git state, so that the lock's git-ignore entry
-            # is not part of it; before anything is written or removed.
+            # One writer per run: the publisher holds the run's lock (rank 0's, for every
+            # rank) until close(), once the last commit is through.
             self.publisher.open()
-            if isinstance(self.publisher, SignedPublisher):
-                self._lock = WriterLock.acquire(self.directory)
         except RunLocked as e:
             # Unless the program catches it, it leaves as a SystemExit of status 2, which
             # Python prints nothing for: the one line is said here.
             print(f"kaudit: {e}", file=sys.stderr, flush=True)
             raise
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for leftover in self.directory.glob(TEMP_PREFIX + "*"):
-            leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
         rng.seed_all(rank_seed(self.seed, self.rank))
         self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
         self._guard.install()
@@ -299,13 +295,6 @@ class Run(RunRestore):
         self._last_time = time.monotonic()
         return self
 
-    def _release_lock(self) -> None:
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
-        if self._sharded is not None:
-            self._sharded.release_lock()
-
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -313,7 +302,7 @@ class Run(RunRestore):
         tb: TracebackType | None,
     ) -> None:
         self._guard.uninstall()
-        if exc is not None and not self._agreed_exit and self.size > 1:
+        if exc is not None and not self._agreed_exit:
             self._abort_alone(exc)
         if self._progress is not None:
             self._progress.close()
@@ -330,9 +319,8 @@ class Run(RunRestore):
                             f"kaudit: a background checkpoint write also failed: {background}"
                         )
             finally:
-                if self._sharded is not None:
-                    self._sharded.close(clean=exc is None or self._agreed_exit)
-                self._release_lock()  # the last commit is through: the next writer may come
+                # The last commit is through: the next writer may come.
+                self.publisher.close(clean=exc is None or self._agreed_exit)
         if self._owns_comm and (exc is None or self._agreed_exit):
             self.comm.close()  # a torch.distributed group kaudit initialized itself
 
@@ -340,7 +328,7 @@ class Run(RunRestore):
         """This rank leaves on an error the others did not agree on: they may be waiting
         in a collective for it. Under MPI the job is aborted (its traceback printed first),
         as ``python -m mpi4py`` does; torchrun's agent ends a job whose worker failed."""
-        if self.comm.name != "mpi" or isinstance(exc, KeyboardInterrupt):
+        if self.comm.name != "mpi" or self.comm.size == 1 or isinstance(exc, KeyboardInterrupt):
             return
         traceback.print_exception(exc)
         sys.stderr.flush()
@@ -402,17 +390,15 @@ class Run(RunRestore):
         (see :mod:`kronos_audit.runtime.sharded`); on one rank it is checked and unused.
         """
         writer = self._require_open()
-        # On several ranks a failure here (a background write that failed, a state that
-        # cannot be stored) is told to every rank at the collective below and raised on
-        # all of them together: raised on one rank alone, it would leave the others
-        # waiting in that collective for ever.
+        # A failure here (a background write that failed, a state that cannot be stored)
+        # is told to every rank at the collective below and raised on all of them
+        # together: raised on one rank alone, it would leave the others waiting in that
+        # collective for ever.
         failure: BaseException | None = None
         try:
             require_mapping(state)
             writer.raise_pending()
         except Exception as e:
-            if self._sharded is None:
-                raise
             failure = e
         if self._batches_total is not None:
             step = len(self.ledger)  # batches finish in any order; their count only grows
@@ -429,13 +415,8 @@ class Run(RunRestore):
                 writer.prepare(flat[0])
                 self._prepared = True
             except Exception as e:
-                if self._sharded is None:
-                    raise
                 failure = e
-        if self._sharded is None:
-            save = self._decide(writer, step, preempted, final)
-        else:
-            save, preempted = self._decide_together(writer, step, preempted, final, failure)
+        save, preempted = self._decide_together(writer, step, preempted, final, failure)
         if save:
             self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
         if final and self.publisher.exits_after_final:
@@ -487,37 +468,48 @@ class Run(RunRestore):
         its policy (time-based ones would decide differently on each rank), and every rank
         hears its verdict, every rank's step and every rank's preemption request together.
         Rank 0 decides knowing only its own request; a request from another rank reaches its
-        policy at the next call, so every rank stops there, one step later, alike."""
-        verdict: bool | str = False
+        policy at the next call, so every rank stops there, one step later, alike. On one
+        rank the collective is a call: the policy's verdict, the failure raised as it is."""
+        save: bool | None = None
+        policy_failure: BaseException | None = None
         if self.rank == 0 and failure is None:
             try:
-                verdict = self._decide(writer, step, preempted or self._stop_next, final)
+                save = self._decide(writer, step, preempted or self._stop_next, final)
             except Exception as e:  # every rank must hear rank 0, whatever happened
-                verdict = f"rank 0's save policy failed: {e}"
-        reason = None if failure is None else one_line_reason(failure)
-        votes = self.comm.allgather((int(step), bool(preempted), verdict, reason))
-        failed = [(r, why) for r, (_, _, _, why) in enumerate(votes) if why is not None]
+                policy_failure = e
+        vote = LoopVote(
+            step=int(step),
+            preempted=bool(preempted),
+            save=save,
+            failure=None if failure is None else one_line_reason(failure),
+            policy_failure=None if policy_failure is None else one_line_reason(policy_failure),
+        )
+        votes: list[LoopVote] = self.comm.allgather(vote)
+        failed = [v for v in votes if v.failure is not None]
         if failed:
             self._agreed_exit = True  # every rank raises here, together
             if failure is not None:
                 raise failure
-            rank, why = failed[0]
-            raise CheckpointError(f"rank {rank} failed at step {step}: {why}")
-        steps = sorted({s for s, _, _, _ in votes})
+            raise CheckpointError(
+                f"rank {votes.index(failed[0])} failed at step {step}: {failed[0].failure}"
+            )
+        steps = sorted({v.step for v in votes})
         if len(steps) > 1:
             self._agreed_exit = True
             raise UsageError(
                 f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
                 "run.checkpoint (every rank must offer the same steps)"
             )
-        _, stop, verdict, _ = votes[0]
-        if isinstance(verdict, str):
+        verdict = votes[0]
+        if verdict.policy_failure is not None:
             self._agreed_exit = True
-            raise UsageError(verdict)
-        stop = stop or self._stop_next
-        if any(p for _, p, _, _ in votes):
+            if policy_failure is not None:
+                raise policy_failure  # rank 0's own, as it is
+            raise UsageError(f"rank 0's save policy failed: {verdict.policy_failure}")
+        stop = verdict.preempted or self._stop_next
+        if any(v.preempted for v in votes):
             self._stop_next = True  # a later call stops every rank, if this one did not
-        return bool(verdict), bool(stop)
+        return bool(verdict.save), stop
 
     def _flatten(
         self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None
@@ -541,14 +533,18 @@ class Run(RunRestore):
         generators, record = rng.capture(self.rng)
         extra = {**generators, **self.ledger.to_flat()}
         meta: dict[str, Any] = {"rng": {n: RngRecord.from_json_obj(r) for n, r in record.items()}}
-        if self._sharded is not None:
-            meta["layout"] = dict(layouts)
+        meta["layout"] = dict(layouts)  # a step of one file is the one rank's: none needed
         if self._batches_total is not None:
             meta["batches"] = Batches(self._batches_total, len(self.ledger))
-        # On several ranks every rank hands the step over, whatever failed meanwhile in
-        # the background (that is told to all at the next collective): a rank that did
-        # not would leave the others' commit of this step waiting for its vote.
-        writer.submit(step, flat, extra, meta, raise_pending=self._sharded is None)
+        # Asynchronously, every rank hands the step over whatever failed meanwhile in the
+        # background (that is told to all at the next collective): a rank that did not
+        # would leave the others' commit of this step waiting for its vote. A synchronous
+        # commit's failure is every rank's (the commit is agreed), so it is raised at once.
+        try:
+            writer.submit(step, flat, extra, meta, raise_pending=not self.asynchronous)
+        except CheckpointError:
+            self._agreed_exit = not self.asynchronous  # the commit's verdict, every rank's
+            raise
         self._last_saved_step = step
         self._last_time = time.monotonic()
         self.step = step
@@ -565,29 +561,5 @@ class Run(RunRestore):
     # -- background ----------------------------------------------------------------------
 
     def _commit(self, job: Job) -> None:
-        """Write and publish one checkpoint (on the background thread)."""
-        if self._sharded is not None:
-            self._sharded.publish(job)  # every rank's shard, voted, signed by rank 0
-            return
-        final = self.directory / checkpoint_name(job.step)
-        tmp = self.directory / f"{TEMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            self._single().publish(job, tmp, final)
-        # h5py raises some as RuntimeError; the DVC cache and the manifest fail as
-        # StorageError and ManifestError (a full or read-only disk among them).
-        except (OSError, RuntimeError, CheckpointError, StorageError, ManifestError) as e:
-            if isinstance(e, Error):
-                reason = e.message
-            elif isinstance(e, OSError) and e.strerror:
-                reason = e.strerror
-            elif found := H5_SYSTEM_ERROR.search(str(e)):
-                # HDF5's message is its stack of calls, over lines; the system's reason
-                # (a full disk, a read-only one) is what the user can act on.
-                reason = found.group(1)
-            else:
-                reason = str(e).splitlines()[0]
-            raise CheckpointError(
-                f"writing the checkpoint of step {job.step} failed: {reason}", path=final
-            ) from e
-        finally:
-            tmp.unlink(missing_ok=True)  # gone already when published
+        """Commit one checkpoint, this rank's part of it (on the background thread)."""
+        self.publisher.publish(job)

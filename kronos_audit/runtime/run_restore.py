@@ -2,8 +2,9 @@
 read back into the state, the RNGs and the ledger.
 
 :class:`~kronos_audit.runtime.run.Run` is a :class:`RunRestore`; the loop and the checkpoint
-path are :mod:`kronos_audit.runtime.run`'s. A sharded run's restore is agreed by every
-rank (:class:`~kronos_audit.runtime.sharded.ShardedPublisher`).
+path are :mod:`kronos_audit.runtime.run`'s. Which step is taken is agreed by every rank,
+and each reads its own part of it, through the run's
+:class:`~kronos_audit.runtime.publish.Publisher`.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import numpy as np
 from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.hdf5 import State, unflatten
-from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import BackgroundWriter
-from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.errors import UsageError
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.batches import LEDGER_GROUP, Ledger
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import Progress
 from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import joining_seed
-from kronos_audit.runtime.sharded import ShardedPublisher
 
 RNG_GROUP = rng.GROUP
 OWN_RECORDS = (RNG_GROUP, LEDGER_GROUP)
@@ -39,7 +38,6 @@ class RunRestore:
     """The restore path of :class:`~kronos_audit.runtime.run.Run`, which sets every
     attribute declared here (see its ``__init__``)."""
 
-    _sharded: ShardedPublisher | None
     _writer: BackgroundWriter | None
     _guard: PreemptionGuard
     _progress: Progress | None
@@ -47,7 +45,7 @@ class RunRestore:
     _restored_state: State | None
     _restored_raw: dict[str, Any] | None
     _last_saved_step: int | None
-    publisher: Publisher | ShardedPublisher
+    publisher: Publisher
     preempt_exit: int
     rank: int
     seed: int
@@ -55,10 +53,6 @@ class RunRestore:
     ledger: Ledger
     step: int | None
     restored_from: Path | None
-
-    def _single(self) -> Publisher:
-        assert not isinstance(self.publisher, ShardedPublisher)
-        return self.publisher
 
     def _require_open(self) -> BackgroundWriter:
         if self._writer is None:
@@ -96,29 +90,19 @@ class RunRestore:
 
     def _restore(self, step: int | None, like: Any) -> State | None:
         if step is not None:
-            if self._sharded is not None:
-                agreed = self._sharded.at(step)
-                _, raw = self._split(self._sharded.load(agreed))
-                return tree.decode(raw, like=like, where=str(agreed.manifest.parent))
-            at = self._single().checkpoint_at(step)
-            _, raw = self._read(at.path, at.signed)
-            return tree.decode(raw, like=like, where=str(at.path))
+            at = self.publisher.at(step)
+            _, raw = self._split(at.datasets)
+            return tree.decode(raw, like=like, where=str(at.where))
         if not self._restored:
             self._restored = True
-            if self._sharded is not None:
-                found = self._sharded.resume(stacklevel=4)
-                if found is not None:
-                    flat = self._sharded.load(found)
-                    if self.rank >= found.count:
-                        # No generator of this rank's number was saved (more ranks now).
-                        fresh = joining_seed(self.seed, self.rank, found.step)
-                        self.rng = np.random.default_rng(fresh)
-                        rng.seed_all(fresh)
-                    self._load_flat(self._split(flat), found.manifest.parent, found.step)
-            else:
-                point = self._single().resume_point()
-                if point is not None:
-                    self._load(point.path, point.step, point.signed)
+            found = self.publisher.resume(stacklevel=4)
+            if found is not None:
+                if self.rank >= found.count:
+                    # No generator of this rank's number was saved (more ranks now).
+                    fresh = joining_seed(self.seed, self.rank, found.step)
+                    self.rng = np.random.default_rng(fresh)
+                    rng.seed_all(fresh)
+                self._load_flat(self._split(found.datasets), found.where, found.step)
             if self._progress is not None:
                 self._progress.started(self.step)
         if like is None or self._restored_raw is None:
@@ -138,27 +122,13 @@ class RunRestore:
         data left) are not listed.
         """
         self._require_open()
-        return self.publisher.steps()  # sharded: rank 0's list, on every rank (collective)
+        return self.publisher.steps()  # collective: rank 0's list, on every rank
 
     def latest_step(self) -> int | None:
         """The step :meth:`restore` resumes from (the newest valid checkpoint, verified,
         once pending writes are durable), or None when there is none."""
         self._require_open().flush()
-        if self._sharded is not None:
-            agreed = self._sharded.agree(list(reversed(self._sharded.steps())), stacklevel=3)
-            return None if agreed is None else agreed.step
-        point = self._single().latest()
-        return None if point is None else point.step
-
-    def _read(self, path: Path, signed: Signed | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A verified checkpoint's datasets, read only as the bytes ``signed`` says it was
-        verified as: kaudit's own records (``/rng``, ``/ledger``) nested, and the
-        state's, flat, as :func:`~kronos_audit.checkpoint.codec.tree.decode` takes them."""
-        try:
-            flat = read_checkpoint(path, signed)
-        except CheckpointError as e:
-            raise CheckpointError(f"verified but unreadable: {e.message}", path=path) from None
-        return self._split(flat)
+        return self.publisher.latest(stacklevel=3)
 
     @staticmethod
     def _split(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -167,9 +137,6 @@ class RunRestore:
         for name, value in flat.items():
             (own if name.split("/", 2)[1] in OWN_RECORDS else raw)[name] = value
         return unflatten(own), raw
-
-    def _load(self, path: Path, step: int, signed: Signed | None) -> None:
-        self._load_flat(self._read(path, signed), path, step)
 
     def _load_flat(
         self, records: tuple[dict[str, Any], dict[str, Any]], path: Path, step: int

@@ -36,13 +36,15 @@ records the git state, and sends the key's public half to the others, which veri
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     TREE_NAME,
@@ -80,8 +83,10 @@ from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan,
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
+from kronos_audit.runtime.commit import NotCommitted, Vote, commit
 from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
+from kronos_audit.runtime.publish import CheckpointSkipped, Restored
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
 from kronos_audit.runtime.sharded_steps import (
     OWN_GROUPS,
@@ -319,8 +324,6 @@ class ShardedPublisher:
     def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:
         """The first of ``steps`` valid on every rank (collective); each rank that found
         one invalid warns why."""
-        from kronos_audit.runtime.publish import CheckpointSkipped
-
         verifier = self.verifier()
         for step in steps:
             problem, agreed = self._problem(verifier, step)
@@ -337,15 +340,27 @@ class ShardedPublisher:
                 )
         return None
 
-    def resume(self, *, stacklevel: int) -> Agreed | None:
-        """The newest step valid on every rank (collective); it becomes the parent."""
-        agreed = self.agree(list(reversed(self.steps())), stacklevel=stacklevel + 1)
-        if agreed is not None:
-            self._parent = agreed.manifest
-        return agreed
+    def resume(self, *, stacklevel: int) -> Restored | None:
+        """The newest step valid on every rank, read back (collective); it becomes the
+        parent."""
+        agreed = self.resume_agreed(stacklevel=stacklevel + 1)
+        if agreed is None:
+            return None
+        restored = self._restored(agreed)
+        self._parent = agreed.manifest
+        return restored
 
-    def at(self, step: int) -> Agreed:
-        """Step ``step``, agreed valid on every rank, or CheckpointError on every rank."""
+    def resume_agreed(self, *, stacklevel: int) -> Agreed | None:
+        """The newest step valid on every rank (collective), unread."""
+        return self.agree(list(reversed(self.steps())), stacklevel=stacklevel + 1)
+
+    def latest(self, *, stacklevel: int) -> int | None:
+        agreed = self.agree(list(reversed(self.steps())), stacklevel=stacklevel + 1)
+        return None if agreed is None else agreed.step
+
+    def at(self, step: int) -> Restored:
+        """Step ``step``, agreed valid on every rank and read back, or CheckpointError on
+        every rank."""
         if step not in self.steps():
             raise CheckpointError(
                 f"step {step}: no such sharded checkpoint in the run",
@@ -357,7 +372,10 @@ class ShardedPublisher:
                 f"step {step}: not valid on every rank",
                 path=step_directory(self.directory, step),
             )
-        return agreed
+        return self._restored(agreed)
+
+    def _restored(self, agreed: Agreed) -> Restored:
+        return Restored(agreed.step, agreed.manifest.parent, agreed.count, self.load(agreed))
 
     def load(self, agreed: Agreed) -> dict[str, Any]:
         """This rank's datasets of ``agreed`` (state, generators, ledger), read from the
@@ -440,49 +458,26 @@ class ShardedPublisher:
     # -- commit (collective, writer thread) ----------------------------------------------
 
     def publish(self, job: Job) -> None:
-        """Write this rank's shard of ``job`` durably, vote, and (rank 0) sign and track
-        when every rank's shard is durable; CheckpointError on every rank otherwise."""
+        """Commit this rank's shard of ``job`` (:func:`~kronos_audit.runtime.commit.commit`):
+        written durably, voted, and (rank 0) signed and tracked when every rank's shard is
+        durable; CheckpointError on every rank otherwise."""
         comm = self._commit_comm
         if comm is None:
             raise UsageError("use the Run inside a `with` block")
-        directory = step_directory(self.directory, job.step)
-        name = shard_name(self.rank, self.size)
-        vote: tuple[Any, Any] | None = None
-        tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+        step = ShardCommit(
+            job,
+            self.directory,
+            comm,
+            refusal=lambda: self._refusal(job.step),
+            sign=lambda directory, votes: self._sign(job, directory, votes),
+        )
         try:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-                digests = write_and_digest(tmp, {**job.staged, **job.extra}, md5=True)
-            except Exception as e:  # a rank that does not vote would hang every other rank
-                vote = (one_line_reason(e), None)
-            # Rank 0's word, before any shard replaces what another writer of this run
-            # (where its lock cannot hold) may have put in this step's directory.
-            refusal = comm.bcast(self._refusal(job.step) if self.rank == 0 else None)
-            try:
-                if vote is None and refusal is not None:
-                    vote = (refusal, None)
-                elif vote is None:
-                    os.replace(tmp, directory / name)
-                    fsync_dir(directory)
-                    shapes = {n: list(np.shape(a)) for n, a in job.staged.items()}
-                    vote = (ShardRecord.of(self.rank, self.size, digests), shapes)
-            except Exception as e:  # a rank that does not vote would hang every other rank
-                vote = (one_line_reason(e), None)
-        finally:
-            tmp.unlink(missing_ok=True)
-        votes = comm.gather(vote)
-        decision: str | None = None
-        if votes is not None:  # rank 0
-            try:
-                decision = self._sign(job, directory, votes)
-            except Exception as e:  # every rank must hear the decision, whatever happened
-                decision = one_line_reason(e)
-        decision = comm.bcast(decision)
-        if decision is not None:
+            commit(comm, step)
+        except NotCommitted as e:
             raise CheckpointError(
-                f"the checkpoint of step {job.step} was not committed: {decision}",
-                path=directory,
-            )
+                f"the checkpoint of step {job.step} was not committed: {e.reason}",
+                path=step.directory,
+            ) from e.own
 
     def _refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
@@ -494,14 +489,13 @@ class ShardedPublisher:
             return one_line_reason(e)
         return None
 
-    def _sign(self, job: Job, directory: Path, votes: list[tuple[Any, Any]]) -> str | None:
+    def _sign(self, job: Job, directory: Path, votes: Sequence[Vote]) -> None:
+        """Rank 0, every rank's shard durable: sign the step manifest over the shards and
+        track them; raises why not."""
         project = self._opened()
         assert self._key is not None
-        records: list[ShardRecord] = []
-        for r, (record, _) in enumerate(votes):
-            if not isinstance(record, ShardRecord):
-                return f"rank {r}: {record}"
-            records.append(record)
+        shards: list[Shard] = [v.record for v in votes]
+        records = [shard.record for shard in shards]
         meta = dict(job.meta)
         declared: Mapping[str, Layout] = meta.pop("layout", {})
         layout: dict[str, Any] = {}
@@ -511,16 +505,18 @@ class ShardedPublisher:
                 layout[key] = {"replicated": True}
                 continue
             try:
-                shape = global_shape([tuple(shapes.get(name, ())) for _, shapes in votes], how.axis)
+                shape = global_shape(
+                    [tuple(shard.shapes.get(name, ())) for shard in shards], how.axis
+                )
             except UsageError as e:
-                return f"{key}: {e.message}"
+                raise UsageError(f"{key}: {e.message}") from None
             layout[key] = {"block": how.axis, "shape": list(shape)}
         # Where the run's lock cannot hold, two writers may have resumed from the same
         # step: only one may sign a child of it. Checked before the shards replaced
         # anything (publish), and again now, before the index does.
         refusal = self._refusal(job.step)
         if refusal is not None:
-            return refusal
+            raise CheckpointError(refusal)
         manifest = sign_sharded_step(
             directory,
             records,
@@ -566,7 +562,67 @@ class ShardedPublisher:
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path
         self._newest = Newest(job.step, manifest.path, manifest.digest)
-        return None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A rank's vote record in a sharded step's commit: its durable shard."""
+
+    record: ShardRecord
+    """The shard's line of the index (name, size, sha256, md5)."""
+    shapes: Mapping[str, tuple[int, ...]]
+    """The shape of each dataset it holds, by name: the global shape of a Block array is
+    assembled from every rank's."""
+
+
+class ShardCommit:
+    """One step's commit on one rank of several, as that rank's shard in the step's
+    directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only. A shard
+    left in place when the step was not committed stays: no step without its manifest is
+    valid, and committing the step again replaces it."""
+
+    def __init__(
+        self,
+        job: Job,
+        run_directory: Path,
+        comm: Comm,
+        *,
+        refusal: Callable[[], str | None],
+        sign: Callable[[Path, Sequence[Vote]], None],
+        md5: bool = True,
+    ) -> None:
+        self.job = job
+        self.directory = step_directory(run_directory, job.step)
+        self.rank, self.size = comm.rank, comm.size
+        self.name = shard_name(comm.rank, comm.size)
+        self.tmp = self.directory / f"{TEMP_PREFIX}{self.name}-{uuid.uuid4().hex[:8]}"
+        self._refusal = refusal
+        self._sign = sign
+        self._md5 = md5
+
+    def write(self) -> FileDigests:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return write_and_digest(self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5)
+
+    def refusal(self) -> str | None:
+        return self._refusal()
+
+    def place(self, written: FileDigests) -> Shard:
+        os.replace(self.tmp, self.directory / self.name)
+        fsync_dir(self.directory)
+        shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
+        return Shard(ShardRecord.of(self.rank, self.size, written), shapes)
+
+    def sign(self, votes: Sequence[Vote]) -> None:
+        self._sign(self.directory, votes)
+
+    def withdraw(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        # Gone already when placed; on a read-only disk, the next writer's open removes it.
+        with contextlib.suppress(OSError):
+            self.tmp.unlink(missing_ok=True)
 
 
 def _drop_other_counts(directory: Path, count: int) -> None:
@@ -623,5 +679,7 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
 
 __all__ = [
     "LAUNCHERS",
+    "Shard",
+    "ShardCommit",
     "ShardedPublisher",
 ]

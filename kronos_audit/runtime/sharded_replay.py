@@ -3,25 +3,24 @@ written unsigned for the replay to compare."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     STEP_MANIFEST,
-    shard_name,
-    step_directory,
     step_of_directory,
 )
-from kronos_audit.checkpoint.shards import ShardRecord, parse_index, read_index, write_index
+from kronos_audit.checkpoint.shards import parse_index, read_index, write_index
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.checkpoint.writer import Job, write_and_digest
+from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.parallel.comm import Comm
+from kronos_audit.runtime.commit import NotCommitted, Vote, commit
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
-from kronos_audit.runtime.sharded import ShardedPublisher
+from kronos_audit.runtime.sharded import ShardCommit, ShardedPublisher
 from kronos_audit.runtime.sharded_steps import Agreed, parse_layout
 from kronos_audit.statement.manifest import read_manifest
 
@@ -112,7 +111,7 @@ class ShardedReplayPublisher(ShardedPublisher):
         raise_if_any_failed(self.comm, problem, CheckpointError)
         return agreed
 
-    def resume(self, *, stacklevel: int) -> Agreed | None:
+    def resume_agreed(self, *, stacklevel: int) -> Agreed | None:
         return self.agree(self.steps(), stacklevel=stacklevel + 1)
 
     def publish(self, job: Job) -> None:
@@ -121,32 +120,18 @@ class ShardedReplayPublisher(ShardedPublisher):
         comm = self._commit_comm
         if comm is None:
             raise UsageError("use the Run inside a `with` block")
-        directory = step_directory(self.directory, job.step)
-        name = shard_name(self.rank, self.size)
-        vote: Any
+
+        def index(directory: Path, votes: Sequence[Vote]) -> None:
+            write_index(directory, [v.record.record for v in votes])
+
+        step = ShardCommit(job, self.directory, comm, refusal=lambda: None, sign=index)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            digests = write_and_digest(directory / name, {**job.staged, **job.extra}, md5=True)
-            vote = ShardRecord.of(self.rank, self.size, digests)
-        except Exception as e:  # a rank that does not vote would hang every other rank
-            vote = one_line_reason(e)
-        votes = comm.gather(vote)
-        decision: str | None = None
-        if votes is not None:  # rank 0
-            try:
-                bad = next(((r, v) for r, v in enumerate(votes) if isinstance(v, str)), None)
-                if bad is not None:
-                    decision = f"rank {bad[0]}: {bad[1]}"
-                else:
-                    write_index(directory, votes)
-            except Exception as e:  # every rank must hear the decision, whatever happened
-                decision = one_line_reason(e)
-        decision = comm.bcast(decision)
-        if decision is not None:
+            commit(comm, step)
+        except NotCommitted as e:
             raise CheckpointError(
-                f"the replay's checkpoint of step {job.step} was not written: {decision}",
-                path=directory,
-            )
+                f"the replay's checkpoint of step {job.step} was not written: {e.reason}",
+                path=step.directory,
+            ) from e.own
 
 
 __all__ = ["ShardedReplayPublisher"]

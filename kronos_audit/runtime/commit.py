@@ -1,0 +1,153 @@
+"""One step's commit, on every rank: the two-phase protocol every publisher runs.
+
+A world of one rank (a single process) runs it as a world of many does; only the format
+of the step differs (one checkpoint file, or a directory of one shard per rank), and that
+is the :class:`StepCommit` a publisher hands over. In order, each phase said to be done by
+"all ranks" or by "the coordinator" (rank 0), as torch DCP's ``StorageWriter`` says it:
+
+1. all ranks: :meth:`StepCommit.write` their piece of the step under a temporary name,
+   durably, hashing it as it is written;
+2. the coordinator: :meth:`StepCommit.refusal`, why the step must not be signed over the
+   parent in hand (another writer of the run signed since), told to every rank before any
+   piece replaces anything;
+3. all ranks: :meth:`StepCommit.place` their piece under its name, durably, and vote
+   (a :class:`Vote`: what was made durable, or why nothing was);
+4. the coordinator, only when every vote is a durable piece: :meth:`StepCommit.sign`
+   the step and track it; every rank then hears commit, or why not, and withdraws what
+   it placed (:meth:`StepCommit.withdraw`) when not.
+
+A step without its signed manifest is never valid, so a crash anywhere before the
+coordinator's signature leaves the previous step the newest. Every rank reaches every
+collective whatever failed on it, so no rank goes on, or stops, alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kronos_audit.parallel.comm import Comm
+from kronos_audit.runtime.ranks import one_line_reason
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One rank's word in a commit: the record of the piece it made durable, or why it
+    has none. Small, and pickled among the job's ranks."""
+
+    rank: int
+    """Who votes."""
+    record: Any = None
+    """What the rank made durable (its digests, its shard's record, what else the
+    format's :meth:`StepCommit.sign` needs); None when it failed."""
+    reason: str | None = None
+    """Why the rank has no durable piece (one line); None when it has."""
+
+    @property
+    def durable(self) -> bool:
+        """The rank's piece is in place, durably."""
+        return self.reason is None
+
+
+class StepCommit(Protocol):
+    """What one step's commit does in its format (a file, or a rank's shard)."""
+
+    def write(self) -> Any:
+        """All ranks: write this rank's piece under a temporary name, durably; what
+        :meth:`place` takes."""
+        ...
+
+    def refusal(self) -> str | None:
+        """The coordinator: why the step must not be signed over the parent in hand (a
+        line), or None."""
+        ...
+
+    def place(self, written: Any) -> Any:
+        """All ranks: move the piece under its name, durably; the :attr:`Vote.record`."""
+        ...
+
+    def sign(self, votes: Sequence[Vote]) -> None:
+        """The coordinator, every vote durable: sign and track the step; raises why not."""
+        ...
+
+    def withdraw(self) -> None:
+        """All ranks, when the step was not committed: take back what :meth:`place`
+        put under the step's name that must not stand there unsigned."""
+        ...
+
+    def discard(self) -> None:
+        """All ranks, always, once the piece is placed or failed: remove the temporary."""
+        ...
+
+
+class NotCommitted(Exception):
+    """The step was not committed, on every rank. ``reason`` is one line, naming the
+    failed rank on a world of several; ``own`` is this rank's own failure, if it had one."""
+
+    def __init__(self, reason: str, own: BaseException | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.own = own
+
+
+def commit(comm: Comm, step: StepCommit) -> None:
+    """Run the two-phase commit of ``step`` on every rank of ``comm`` (collective; on the
+    writer's thread, on a communicator of its own). Returns once the step is signed, on
+    every rank; raises :class:`NotCommitted` on every rank otherwise."""
+    own: BaseException | None = None
+    written: Any = None
+    try:
+        try:
+            written = step.write()
+        except Exception as e:  # a rank that does not vote would hang every other rank
+            own = e
+        refusal: str | None = comm.bcast(_refusal(step) if comm.rank == 0 else None)
+        if own is not None:
+            vote = Vote(comm.rank, reason=one_line_reason(own))
+        elif refusal is not None:
+            vote = Vote(comm.rank, reason=refusal)
+        else:
+            try:
+                vote = Vote(comm.rank, record=step.place(written))
+            except Exception as e:  # a rank that does not vote would hang every other rank
+                own = e
+                vote = Vote(comm.rank, reason=one_line_reason(e))
+    finally:
+        step.discard()
+    votes: list[Vote] | None = comm.gather(vote)
+    decision: str | None = None
+    if votes is not None:  # the coordinator
+        failed = next((v for v in votes if not v.durable), None)
+        if failed is not None:
+            decision = _named(failed, comm)
+        else:
+            try:
+                step.sign(votes)
+            except Exception as e:  # every rank must hear the decision, whatever happened
+                own = e
+                decision = one_line_reason(e)
+            except BaseException:  # interrupted: nothing unsigned may stand as a step
+                step.withdraw()
+                raise
+    decision = comm.bcast(decision)
+    if decision is None:
+        return
+    step.withdraw()
+    raise NotCommitted(decision, own)
+
+
+def _refusal(step: StepCommit) -> str | None:
+    try:
+        return step.refusal()
+    except Exception as e:  # every rank must hear the coordinator's word, whatever happened
+        return one_line_reason(e)
+
+
+def _named(vote: Vote, comm: Comm) -> str:
+    """A failed vote, said to every rank: naming the rank on a world of several."""
+    assert vote.reason is not None
+    return vote.reason if comm.size == 1 else f"rank {vote.rank}: {vote.reason}"
+
+
+__all__ = ["NotCommitted", "StepCommit", "Vote", "commit"]

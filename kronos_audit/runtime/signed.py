@@ -1,0 +1,400 @@
+"""A normal run on one rank: signed, DVC-tracked, chained checkpoint files.
+
+:class:`SignedPublisher` is the :class:`~kronos_audit.runtime.publish.Publisher` of a run
+whose world is one rank: checkpoints in ``<root>/<run>/``, each tracked by DVC, signed with
+a manifest chained to the previous one, old ones pruned by signed retention, optionally
+pushed (data, then manifest: see :mod:`~kronos_audit.runtime.resume_remote`); restore
+takes the newest that verifies, here or, when pushing, in the DVC remote. Each step is
+committed by the same two-phase protocol as a step of many ranks
+(:mod:`kronos_audit.runtime.commit`), as one file.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal.fsutil import TEMP_PREFIX
+from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.layout import (
+    CHECKPOINT_GLOB,
+    RunDirectory,
+    checkpoint_name,
+    manifest_path_for,
+    step_of,
+)
+from kronos_audit.checkpoint.verified import Signed
+from kronos_audit.checkpoint.writer import Job
+from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
+from kronos_audit.keys.home import select_key
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.provenance.gitstate import git_state, patch_note
+from kronos_audit.provenance.scheduler import scheduler_record
+from kronos_audit.runtime.command import recorded_command
+from kronos_audit.runtime.policy import SavePolicy
+from kronos_audit.runtime.protocol import restart_count
+from kronos_audit.runtime.publish import (
+    CheckpointSkipped,
+    FileCommit,
+    Restored,
+    ResumePoint,
+    commit_file,
+    read_file_step,
+)
+from kronos_audit.runtime.resume_remote import (
+    RemoteResume,
+    newest_known,
+    push_manifest,
+    refuse_rollback,
+    rollback_allowed,
+)
+from kronos_audit.runtime.retention import Retention, prune
+from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
+from kronos_audit.signing.predicate import RunRecord
+from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.predicate import GitRecord
+from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.runs import RunFiles
+from kronos_audit.storage.tracking import cache_settings, track
+from kronos_audit.verification.verifier import Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
+
+
+class SignedPublisher:
+    """A normal run: signed, DVC-tracked, chained checkpoints in ``directory``."""
+
+    exits_after_final = False
+
+    def __init__(
+        self,
+        run_id: str,
+        directory: Path,
+        *,
+        seed: int,
+        key: str | SigningKey | None,
+        attributes: Mapping[str, Any],
+        retention: Retention,
+        push: bool,
+        allow_secret_files: bool,
+        command: Sequence[str] | None = None,
+        allow_rollback: bool = False,
+    ) -> None:
+        self.command = recorded_command(command)
+        """What the manifests record as the command to re-run (credentials scrubbed)."""
+        self.run_id = run_id
+        self._directory = directory
+        self.seed = seed
+        self.allow_rollback = allow_rollback
+        self.attributes = dict(attributes)
+        self.retention = retention
+        self.push = push
+        self.allow_secret_files = allow_secret_files
+        self._push_failures: list[str] = []
+        self._key_arg = key
+        self._project: Project | None = None
+        self._key: SigningKey | None = None
+        self._git: GitRecord | None = None
+        self._storage: Storage | None = None
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
+        self._run_files: RunFiles | None = None
+        self._parent: Manifest | None = None
+        # The newest manifest in the directory as this writer last saw it: a commit signs
+        # only while it is still the newest (no other writer signed meanwhile).
+        self._newest: Newest | None = None
+        # Pushed again with the next checkpoint: data whose push failed (while it is
+        # still here), manifests not yet in the remote (a chain's link missing there
+        # would cut the chain a node resuming elsewhere fetches).
+        self._unpushed_data: list[FetchItem] = []
+        self._unpushed_manifests: list[Path] = []
+        # What each checkpoint found valid was verified as (by its verified manifest):
+        # a restore reads exactly those bytes, never what its name holds later.
+        self._signed: dict[Path, Signed] = {}
+        self._lock: WriterLock | None = None
+        self.threaded = True
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def push_failures(self) -> list[str]:
+        return self._push_failures
+
+    def open(self) -> None:
+        self._project = find_project(self.directory).require_initialized()
+        self._key = (
+            self._key_arg if isinstance(self._key_arg, SigningKey) else select_key(self._key_arg)
+        )
+        # The code this process runs is what it loaded now, whatever the checkout
+        # becomes. Read before anything is written: a refused diff leaves nothing.
+        self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
+        # DVC's cache settings, read once from DVC's configuration (all its levels) and
+        # kept: tracking each checkpoint on the background path must not read them again,
+        # and a cache.dir refused (see cache_settings) stops the run before any step.
+        self._cache = cache_settings(self._project)
+        note = patch_note(self._git)
+        if note is not None:
+            log.warning("run %r: %s", self.run_id, note)
+        # One writer per run: held until close(), once the last commit is through. Taken
+        # after the git state is recorded, so that the lock's git-ignore entry is not
+        # part of it; before anything is written or removed.
+        self._lock = WriterLock.acquire(self.directory)
+        self._newest = newest_manifest(self.directory)
+        for leftover in self.directory.glob(TEMP_PREFIX + "*"):
+            leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
+
+    def close(self, *, clean: bool) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        return asked
+
+    def last_step(self, asked: int) -> int:
+        return asked
+
+    def _opened(self) -> tuple[Project, SigningKey]:
+        if self._project is None or self._key is None:
+            raise UsageError("use the Run inside a `with` block")
+        return self._project, self._key
+
+    def _verifier(self) -> Verifier:
+        project, key = self._opened()
+        # Resuming certifies: the next checkpoint is signed with this run's key as the
+        # continuation of the one restored. So only an anchored signer counts, or this
+        # run's own key; a key only the work tree's trust store vouches for does not.
+        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
+        keyring.add(
+            key.private_key.public_key(),
+            key.name,
+            Anchor.USER,
+            "the key this run signs with",
+        )
+        return Verifier(project, keyring)
+
+    def resume(self, *, stacklevel: int) -> Restored | None:
+        """The newest checkpoint that verifies, signed by an anchored key or this run's
+        own; the ones passed over are named in a :class:`CheckpointSkipped` warning.
+
+        When the run pushes, the manifests in the DVC remote count too: one newer than
+        every valid local checkpoint that verifies is brought here (its chain's manifests
+        and its data) and taken.
+
+        Never older than the newest step whose manifest is committed in git (see
+        :func:`~kronos_audit.runtime.resume_remote.newest_known`): that is a
+        RollbackRefused, unless the rollback is accepted (``allow_rollback``)."""
+        point = self._newest_valid(stacklevel=stacklevel + 1)
+        if self.push:
+            found = self._remote_resume().newest(
+                None if point is None else point.step, stacklevel=stacklevel
+            )
+            if found is not None:
+                point = ResumePoint(
+                    found.checkpoint, found.step, self._signed.get(found.checkpoint)
+                )
+        project, _ = self._opened()
+        refuse_rollback(
+            self.run_id,
+            newest_known(project, self.directory, self.run_id, self._verifier()),
+            None if point is None else point.step,
+            allowed=rollback_allowed(self.allow_rollback),
+            path=self.directory,
+        )
+        self._newest = newest_manifest(self.directory)  # with what a remote resume brought
+        if point is None:
+            return None
+        restored = read_file_step(point)
+        self._parent = read_manifest(manifest_path_for(point.path))
+        return restored
+
+    def latest(self, *, stacklevel: int) -> int | None:
+        point = self._newest_valid(stacklevel=stacklevel + 1)
+        return None if point is None else point.step
+
+    def _newest_valid(self, *, stacklevel: int) -> ResumePoint | None:
+        verifier = self._verifier()
+        candidates = RunDirectory(self.directory).checkpoints()
+        for step, path in reversed(candidates):
+            reason = self._invalid(verifier, path)
+            if reason is not None:
+                warnings.warn(
+                    f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=stacklevel + 1
+                )
+                continue
+            return ResumePoint(path, step, self._signed.get(path))
+        return None
+
+    def _storage_for(self, project: Project) -> Storage:
+        if self._storage is None:
+            self._storage = Storage(project)
+        return self._storage
+
+    def _files(self, project: Project) -> RunFiles:
+        if self._run_files is None:
+            self._run_files = RunFiles(self._storage_for(project), self.run_id)
+        return self._run_files
+
+    def _remote_resume(self) -> RemoteResume:
+        project, _ = self._opened()
+        return RemoteResume(
+            project,
+            self._storage_for(project),
+            self._files(project),
+            self.directory,
+            self._verifier,
+            self._invalid,
+            CheckpointSkipped,
+        )
+
+    def at(self, step: int) -> Restored:
+        path = self.directory / checkpoint_name(step)
+        if not path.is_file():
+            raise CheckpointError(f"step {step}: no such checkpoint in the run", path=path)
+        reason = self._invalid(self._verifier(), path)
+        if reason is not None:
+            raise CheckpointError(f"step {step}: not valid: {reason}", path=path)
+        return read_file_step(ResumePoint(path, step, self._signed.get(path)))
+
+    def steps(self) -> list[int]:
+        return RunDirectory(self.directory).signed_checkpoint_steps()
+
+    def _invalid(self, verifier: Verifier, path: Path) -> str | None:
+        manifest_path = manifest_path_for(path)
+        if not manifest_path.exists():
+            return "no manifest (unsigned, or the write was interrupted)"
+        try:
+            result = verifier.verify(manifest_path)
+        except Error as e:
+            return str(e)
+        if not result.ok:
+            return "; ".join(f"{c.name}: {c.detail}" for c in result.failures)
+        if result.run != self.run_id:
+            return f"belongs to run {result.run!r}"
+        if result.step != step_of(path):
+            return f"its manifest signs step {result.step}, not the step its name says"
+        manifest = result.statement
+        assert manifest is not None  # a manifest's result always carries it
+        self._signed[path] = Signed(
+            manifest.record.size, manifest.subject_sha256, manifest.datasets
+        )
+        return None
+
+    def publish(self, job: Job) -> None:
+        project, _ = self._opened()
+        # Where the run's lock cannot hold (some network filesystems), two writers may
+        # have resumed from the same step: only one may sign a child of it. Checked before
+        # the file replaces anything, and again just before signing.
+        parent = None if self._parent is None else self._parent.step
+
+        def refusal() -> str | None:
+            try:
+                check_newest(self.directory, self._newest, step=job.step, parent=parent)
+            except Error as e:
+                return e.message
+            return None
+
+        doomed: list[int] = []
+
+        def sign(final: Path, digests: FileDigests) -> None:
+            doomed.extend(self._sign(job, final, digests, parent))
+
+        step = FileCommit(job, self.directory, md5=True, refusal=refusal, sign=sign)
+        commit_file(step)
+        digests = step.digests
+        assert digests is not None
+        assert digests.md5 is not None
+        cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+        prune(project, self.directory, doomed, cache_dir=cache_dir)
+        if self.push:
+            self._push(project, FetchItem(step.final, digests.md5, digests.sha256, digests.size))
+
+    def _sign(self, job: Job, final: Path, digests: FileDigests, parent: int | None) -> list[int]:
+        """Track and sign the checkpoint file in place; the steps its retention prunes."""
+        project, key = self._opened()
+        assert digests.md5 is not None
+        track(
+            project,
+            final,
+            digests.md5,
+            digests.size,
+            owned=True,
+            ignore_pattern="/" + CHECKPOINT_GLOB,
+            settings=self._cache,
+        )
+        # Retention is signed: the manifest that prunes names what it prunes, so a
+        # verifier can tell data deleted on purpose from data deleted by anyone.
+        doomed = self.retention.doomed(self.directory, job.step)
+        record = RunRecord(
+            rng=job.meta.get("rng", {}),
+            restart_count=restart_count(),
+            batches=job.meta.get("batches"),
+            scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
+            pruned=doomed,
+        )
+        check_newest(self.directory, self._newest, step=job.step, parent=parent)
+        self._parent = sign_checkpoint(
+            final,
+            digests,
+            project=project,
+            key=key,
+            run=self.run_id,
+            step=job.step,
+            seeds=[self.seed],
+            parent=self._parent,
+            command=list(self.command),
+            cwd=Path.cwd(),
+            attributes=self.attributes,
+            record=record,
+            git=self._git,
+        )
+        self._newest = Newest(job.step, self._parent.path, self._parent.digest)
+        return [p.step for p in doomed]
+
+    def _push(self, project: Project, item: FetchItem) -> None:
+        """Push on the background thread: the data, then the manifest into the run's
+        directory in the remote (a manifest there whose data is not would only be passed
+        over). A failure does not stop the run: the checkpoint is safe locally, `kaudit
+        status` shows it as not pushed, `kaudit push` completes the data, and the next
+        checkpoint's push retries what failed. The data goes by the md5 and size just
+        signed, and is confirmed in the remote afterwards: an object missing there is a
+        failed push."""
+        storage = self._storage_for(project)
+        checkpoint = item.checkpoint
+        self._unpushed_manifests.append(manifest_path_for(checkpoint))
+        # Pruned meanwhile: its data is gone (on purpose, signed), its manifest still goes.
+        data = [i for i in self._unpushed_data if i.checkpoint.exists()]
+        try:
+            storage.push([*data, item])
+        except Error as e:
+            self._unpushed_data = [*data, item]
+            self._push_failed(checkpoint, e)
+            return
+        self._unpushed_data = []
+        files = self._files(project)
+        while self._unpushed_manifests:
+            manifest = self._unpushed_manifests[0]
+            try:
+                if manifest.exists():
+                    push_manifest(files, manifest)
+            except Error as e:
+                self._push_failed(manifest, e)
+                return
+            self._unpushed_manifests.pop(0)
+
+    def _push_failed(self, path: Path, e: Error) -> None:
+        self._push_failures.append(str(e))
+        log.warning(
+            "push of %s failed (kept locally; `kaudit push` completes it): %s", path.name, e
+        )
+
+
+__all__ = ["SignedPublisher"]

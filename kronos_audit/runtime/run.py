@@ -239,14 +239,7 @@ class Run(RunRestore):
             # Every rank draws from the same (recorded) run seed, as the run did.
             self.seed = int(self.comm.bcast(self.seed))
             return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
-        unsupported = [
-            what
-            for what, used in (
-                ("push=True", push),
-                ("keep=/keep_every=", keep is not None or keep_every is not None),
-            )
-            if used
-        ]
+        unsupported = [what for what, used in (("push=True", push),) if used]
         if unsupported:
             raise UsageError(
                 f"a sharded run (on {self.size} rank(s)) does not support "
@@ -263,6 +256,7 @@ class Run(RunRestore):
             attributes=attributes or {},
             allow_secret_files=allow_secret_files,
             command=command,
+            retention=self.retention,
         )
 
     @property

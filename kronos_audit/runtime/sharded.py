@@ -83,6 +83,7 @@ from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
+from kronos_audit.runtime.retention import Retention, prune
 from kronos_audit.runtime.sharded_steps import (
     OWN_GROUPS,
     Agreed,
@@ -119,7 +120,10 @@ class ShardedPublisher:
         attributes: Mapping[str, Any],
         allow_secret_files: bool,
         command: Sequence[str] | None = None,
+        retention: Retention | None = None,
     ) -> None:
+        self.retention = retention or Retention()
+        """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
@@ -521,6 +525,7 @@ class ShardedPublisher:
         refusal = self._refusal(job.step)
         if refusal is not None:
             return refusal
+        doomed = self.retention.doomed(self.directory, job.step)
         manifest = sign_sharded_step(
             directory,
             records,
@@ -536,7 +541,10 @@ class ShardedPublisher:
             cwd=Path.cwd(),
             attributes=self.attributes,
             record=RunRecord(
-                rng=meta.get("rng", {}), restart_count=restart_count(), batches=meta.get("batches")
+                rng=meta.get("rng", {}),
+                restart_count=restart_count(),
+                batches=meta.get("batches"),
+                pruned=doomed,
             ),
             git=self._git,
         )
@@ -566,6 +574,8 @@ class ShardedPublisher:
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path
         self._newest = Newest(job.step, manifest.path, manifest.digest)
+        cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+        prune(project, self.directory, [p.step for p in doomed], cache_dir=cache_dir)
         return None
 
 

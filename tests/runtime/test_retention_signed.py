@@ -270,8 +270,8 @@ KEPT = (4, 7, 8)  # keep=2, keep_every=4: 4 for ever, 7 and 8 the newest
 PRUNED = (1, 2, 3, 5, 6)  # each by the manifest two steps later
 
 
-def sharded(project: Project, **retention: int | None) -> Path:
-    return sharded_run(project, range(1, SHARDED_STEPS + 1), **retention)
+def sharded(project: Project, *, keep: int | None, keep_every: int | None = None) -> Path:
+    return sharded_run(project, range(1, SHARDED_STEPS + 1), keep=keep, keep_every=keep_every)
 
 
 def step_manifest(run_dir: Path, step: int) -> Path:
@@ -443,3 +443,27 @@ def test_a_restore_passes_over_pruned_steps_to_the_newest_kept_one_that_verifies
         ["step-00000007", "skipped (rank 2)"],
         ["step-00000008", "skipped (rank 1)"],
     ]
+
+
+def test_sharded_steps_prune_the_single_file_steps_before_them_and_the_run_verifies(
+    project: Project, key: SigningKey
+) -> None:
+    """A run written on one process, then on three ranks: one order of steps."""
+    run_dir = run(project, keep=None)  # steps 1-6, one file each
+    sharded_run(project, range(STEPS + 1, STEPS + 4), keep=2, run_id="ret")  # 7-9, 3 ranks
+    assert sorted(p.name for p in run_dir.glob("step-*")) == [
+        *(f"step-{s:08d}.h5.kaudit.json" for s in range(1, STEPS + 1)),
+        *(f"step-{s:08d}" for s in range(STEPS + 1, STEPS + 4)),
+    ]  # every single-file step pruned, its manifest left
+    assert sharded_steps_with_data(run_dir) == [STEPS + 2, STEPS + 3]
+    code, doc = verify_json("--no-fetch", str(run_dir))
+    assert code == 0, doc
+    by_step = {r["step"]: r for r in doc["results"]}
+    # Step 7's record pruned steps 1-5 (files), step 8's step 6 (a file), step 9's step 7.
+    for step in range(1, STEPS):
+        assert file_digest(by_step[step])["detail"] == (
+            f"data pruned by retention (signed record in {pruner_name(STEPS + 1)}): not checked"
+        )
+    assert pruner_name(STEPS + 2) in file_digest(by_step[STEPS])["detail"]
+    assert pruner_name(STEPS + 3) in file_digest(by_step[STEPS + 1])["detail"]
+    assert doc["summary"]["data_checked"] == 2

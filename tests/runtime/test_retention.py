@@ -408,6 +408,11 @@ def test_prune_deletes_a_sharded_steps_data_and_tracking_and_keeps_its_manifest(
     (result,) = ka.verify(RunDirectory(run_dir).step_manifest(3), fetch=False)
     assert result.ok, result.failures
     prune(project, run_dir, [1, 2])  # again: nothing left to do, nothing fails
+    # DVC stays consistent: no .dvc file names data that is gone.
+    status = dvc(project.root, "status")
+    assert "deleted" not in status
+    assert "not in cache" not in status
+    assert "up to date" in status
 
 
 def test_prune_keeps_cache_objects_a_kept_sharded_step_shares(

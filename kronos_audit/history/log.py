@@ -5,8 +5,8 @@ Each manifest is read once, with the bounded reader
 (:class:`kronos_audit.verification.chain.ManifestCache`);
 only the newest manifest of each run has its signature checked, and no checkpoint is hashed:
 this is a summary, not a verification (that is ``kaudit verify``). Where each checkpoint's
-data is: here (the file is present), pruned (a signed retention record beside it prunes
-it), or, when the DVC remote is asked, in the remote or missing.
+data is: here (the file is present), pruned (a signed retention record in its run directory
+prunes it), or, when the DVC remote is asked, in the remote or missing.
 """
 
 from __future__ import annotations

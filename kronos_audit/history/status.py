@@ -3,10 +3,11 @@ remote, both, pruned, neither, or here but corrupt).
 
 Status is a cheap local view, not a verification: no data is hashed but that of the
 checkpoints here, and no manifest's own signature is checked. A checkpoint that is not
-here is ``pruned`` only when a later manifest of its run beside it lists it in its
-retention record and that manifest's signature verifies under the trust anchors (as
-``kaudit log`` and ``kaudit verify`` decide it); a record anyone could have written
-does not turn deleted data into pruned data. ``kaudit verify`` checks the rest.
+here is ``pruned`` only when a later manifest of its run, in its run directory (beside
+it, or a sharded step's there), lists it in its retention record and that manifest's
+signature verifies under the trust anchors (as ``kaudit log`` and ``kaudit verify``
+decide it); a record anyone could have written does not turn deleted data into pruned
+data. ``kaudit verify`` checks the rest.
 
 Storage is asked only what the remote holds (:meth:`Storage.remote_sizes`, by the md5
 each manifest records); reading the manifests and the retention records is done here.

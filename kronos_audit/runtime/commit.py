@@ -19,16 +19,34 @@ is the :class:`StepCommit` a publisher hands over. In order, each phase said to 
 A step without its signed manifest is never valid, so a crash anywhere before the
 coordinator's signature leaves the previous step the newest. Every rank reaches every
 collective whatever failed on it, so no rank goes on, or stops, alone.
+
+The two formats' commits are here too: :class:`FileCommit` (a step as one checkpoint
+file, on one rank) and :class:`ShardCommit` (a rank's shard of a step of several).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_directory
+from kronos_audit.checkpoint.shards import ShardRecord
+from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
+from kronos_audit.storage.tracking import dvc_file_for
+
+log = logging.getLogger("kronos_audit.runtime")
 
 
 @dataclass(frozen=True)
@@ -137,6 +155,134 @@ def commit(comm: Comm, step: StepCommit) -> None:
     raise NotCommitted(decision, own)
 
 
+# -- the two step formats ---------------------------------------------------------------
+
+
+def _withdraw(final: Path) -> None:
+    """Take back a checkpoint whose publishing failed after its file was in place (the
+    DVC cache or the manifest could not be written: a full or read-only disk): no file
+    may stand under a checkpoint's name without its ``.dvc`` file and manifest. Best
+    effort: on a disk that refuses even this, the restart passes it over (no manifest)."""
+    for path in (dvc_file_for(final), final):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            log.warning("%s: left behind by a failed checkpoint (no manifest)", path)
+
+
+class FileCommit:
+    """One step's commit on one rank, as a checkpoint file: written under a temporary name
+    in the run's directory, moved into place, then signed (``sign``: None for a file that
+    is only compared). A file that stands under a checkpoint's name when its step was not
+    committed is taken back with its ``.dvc`` file: no file may stand there unsigned."""
+
+    def __init__(
+        self,
+        job: Job,
+        directory: Path,
+        *,
+        md5: bool,
+        refusal: Callable[[], str | None] = lambda: None,
+        sign: Callable[[Path, FileDigests], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.final = directory / checkpoint_name(job.step)
+        self.tmp = directory / f"{TEMP_PREFIX}{self.final.name}-{uuid.uuid4().hex[:8]}"
+        self._md5 = md5
+        self._refusal = refusal
+        self._sign = sign
+        self.digests: FileDigests | None = None
+        self._placed = False
+
+    def write(self) -> FileDigests:
+        return write_and_digest(self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5)
+
+    def refusal(self) -> str | None:
+        return self._refusal()
+
+    def place(self, written: FileDigests) -> FileDigests:
+        os.replace(self.tmp, self.final)
+        self._placed = True
+        fsync_dir(self.final.parent)
+        self.digests = written
+        return written
+
+    def sign(self, votes: Sequence[Vote]) -> None:
+        if self._sign is not None:
+            (vote,) = votes
+            self._sign(self.final, vote.record)
+
+    def withdraw(self) -> None:
+        if self._placed:
+            _withdraw(self.final)
+
+    def discard(self) -> None:
+        # Gone already when placed; on a read-only disk, the next writer's open removes it.
+        with contextlib.suppress(OSError):
+            self.tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A rank's vote record in a sharded step's commit: its durable shard."""
+
+    record: ShardRecord
+    """The shard's line of the index (name, size, sha256, md5)."""
+    shapes: Mapping[str, tuple[int, ...]]
+    """The shape of each dataset it holds, by name: the global shape of a Block array is
+    assembled from every rank's."""
+
+
+class ShardCommit:
+    """One step's commit on one rank of several, as that rank's shard in the step's
+    directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only. A shard
+    left in place when the step was not committed stays: no step without its manifest is
+    valid, and committing the step again replaces it."""
+
+    def __init__(
+        self,
+        job: Job,
+        run_directory: Path,
+        comm: Comm,
+        *,
+        refusal: Callable[[], str | None],
+        sign: Callable[[Path, Sequence[Vote]], None],
+        md5: bool = True,
+    ) -> None:
+        self.job = job
+        self.directory = step_directory(run_directory, job.step)
+        self.rank, self.size = comm.rank, comm.size
+        self.name = shard_name(comm.rank, comm.size)
+        self.tmp = self.directory / f"{TEMP_PREFIX}{self.name}-{uuid.uuid4().hex[:8]}"
+        self._refusal = refusal
+        self._sign = sign
+        self._md5 = md5
+
+    def write(self) -> FileDigests:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return write_and_digest(self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5)
+
+    def refusal(self) -> str | None:
+        return self._refusal()
+
+    def place(self, written: FileDigests) -> Shard:
+        os.replace(self.tmp, self.directory / self.name)
+        fsync_dir(self.directory)
+        shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
+        return Shard(ShardRecord.of(self.rank, self.size, written), shapes)
+
+    def sign(self, votes: Sequence[Vote]) -> None:
+        self._sign(self.directory, votes)
+
+    def withdraw(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        # Gone already when placed; on a read-only disk, the next writer's open removes it.
+        with contextlib.suppress(OSError):
+            self.tmp.unlink(missing_ok=True)
+
+
 def _refusal(step: StepCommit) -> str | None:
     try:
         return step.refusal()
@@ -150,4 +296,4 @@ def _named(vote: Vote, comm: Comm) -> str:
     return vote.reason if comm.size == 1 else f"rank {vote.rank}: {vote.reason}"
 
 
-__all__ = ["NotCommitted", "StepCommit", "Vote", "commit"]
+__all__ = ["FileCommit", "NotCommitted", "Shard", "ShardCommit", "StepCommit", "Vote", "commit"]

@@ -21,32 +21,24 @@ This module holds the protocol and a step as one checkpoint file (:class:`FileCo
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
-import uuid
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import (
-    checkpoint_name,
     manifest_path_for,
     step_of,
 )
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
-from kronos_audit.checkpoint.writer import Job, write_and_digest
+from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.parallel.comm import SingleProcess
-from kronos_audit.runtime.commit import NotCommitted, Vote, commit
+from kronos_audit.runtime.commit import FileCommit, NotCommitted, commit
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.statement.manifest import read_manifest
-from kronos_audit.storage.tracking import dvc_file_for
 
 log = logging.getLogger("kronos_audit.runtime")
 
@@ -184,58 +176,6 @@ def read_file_step(point: ResumePoint) -> Restored:
     return Restored(point.step, point.path, 1, flat)
 
 
-class FileCommit:
-    """One step's commit on one rank, as a checkpoint file: written under a temporary name
-    in the run's directory, moved into place, then signed (``sign``: None for a file that
-    is only compared). A file that stands under a checkpoint's name when its step was not
-    committed is taken back with its ``.dvc`` file: no file may stand there unsigned."""
-
-    def __init__(
-        self,
-        job: Job,
-        directory: Path,
-        *,
-        md5: bool,
-        refusal: Callable[[], str | None] = lambda: None,
-        sign: Callable[[Path, FileDigests], None] | None = None,
-    ) -> None:
-        self.job = job
-        self.final = directory / checkpoint_name(job.step)
-        self.tmp = directory / f"{TEMP_PREFIX}{self.final.name}-{uuid.uuid4().hex[:8]}"
-        self._md5 = md5
-        self._refusal = refusal
-        self._sign = sign
-        self.digests: FileDigests | None = None
-        self._placed = False
-
-    def write(self) -> FileDigests:
-        return write_and_digest(self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5)
-
-    def refusal(self) -> str | None:
-        return self._refusal()
-
-    def place(self, written: FileDigests) -> FileDigests:
-        os.replace(self.tmp, self.final)
-        self._placed = True
-        fsync_dir(self.final.parent)
-        self.digests = written
-        return written
-
-    def sign(self, votes: Sequence[Vote]) -> None:
-        if self._sign is not None:
-            (vote,) = votes
-            self._sign(self.final, vote.record)
-
-    def withdraw(self) -> None:
-        if self._placed:
-            _withdraw(self.final)
-
-    def discard(self) -> None:
-        # Gone already when placed; on a read-only disk, the next writer's open removes it.
-        with contextlib.suppress(OSError):
-            self.tmp.unlink(missing_ok=True)
-
-
 def commit_file(commit_: FileCommit) -> None:
     """Commit a checkpoint file on this one rank; a CheckpointError naming the step and
     the reason the user can act on (raised from the failure itself) when it was not."""
@@ -247,18 +187,6 @@ def commit_file(commit_: FileCommit) -> None:
             f"writing the checkpoint of step {commit_.job.step} failed: {reason}",
             path=commit_.final,
         ) from e.own
-
-
-def _withdraw(final: Path) -> None:
-    """Take back a checkpoint whose publishing failed after its file was in place (the
-    DVC cache or the manifest could not be written: a full or read-only disk): no file
-    may stand under a checkpoint's name without its ``.dvc`` file and manifest. Best
-    effort: on a disk that refuses even this, the restart passes it over (no manifest)."""
-    for path in (dvc_file_for(final), final):
-        try:
-            path.unlink(missing_ok=True)
-        except OSError:
-            log.warning("%s: left behind by a failed checkpoint (no manifest)", path)
 
 
 class ReplayPublisher:
@@ -338,7 +266,6 @@ class ReplayPublisher:
 
 __all__ = [
     "CheckpointSkipped",
-    "FileCommit",
     "Publisher",
     "ReplayPublisher",
     "Restored",

@@ -233,18 +233,9 @@ class Run(RunRestore):
                 return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
             return ReplayPublisher(self.replay)
         if self.size > 1 or has_sharded_steps(directory, self.run_id, key, stacklevel=3):
-            unsupported = [
-                what
-                for what, used in (
-                    ("push=True", push),
-                    ("keep=/keep_every=", keep is not None or keep_every is not None),
-                )
-                if used
-            ]
-            if unsupported:
+            if push:
                 raise UsageError(
-                    f"a sharded run (on {self.size} rank(s)) does not support "
-                    f"{', '.join(unsupported)} yet"
+                    f"a sharded run (on {self.size} rank(s)) does not support push=True yet"
                 )
             return ShardedPublisher(
                 self.run_id,
@@ -255,6 +246,7 @@ class Run(RunRestore):
                 attributes=attributes or {},
                 allow_secret_files=allow_secret_files,
                 command=command,
+                retention=self.retention,
             )
         return SignedPublisher(
             self.run_id,

@@ -36,30 +36,24 @@ records the git state, and sends the key's public half to the others, which veri
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
-import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     TREE_NAME,
     RunDirectory,
     named_step,
     parse_name,
-    shard_name,
     shard_path,
     step_directory,
 )
@@ -67,13 +61,12 @@ from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
     MAX_SHARDS,
     NoProof,
-    ShardRecord,
     parse_line,
     proven_line,
     read_index,
 )
 from kronos_audit.checkpoint.verified import Signed, open_verified
-from kronos_audit.checkpoint.writer import Job, write_and_digest
+from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
 from kronos_audit.keys.home import select_key
@@ -83,11 +76,12 @@ from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan,
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
-from kronos_audit.runtime.commit import NotCommitted, Vote, commit
+from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit
 from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import CheckpointSkipped, Restored
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
+from kronos_audit.runtime.retention import Retention, prune, sharded_steps_with_data
 from kronos_audit.runtime.sharded_steps import (
     OWN_GROUPS,
     Agreed,
@@ -124,7 +118,11 @@ class ShardedPublisher:
         attributes: Mapping[str, Any],
         allow_secret_files: bool,
         command: Sequence[str] | None = None,
+        retention: Retention | None = None,
     ) -> None:
+        self.retention = retention or Retention()
+        self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+        """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
@@ -259,8 +257,9 @@ class ShardedPublisher:
     # -- listing and restore (collective, loop thread) -----------------------------------
 
     def local_steps(self) -> list[int]:
-        """The sharded steps with a step manifest here, sorted (unverified; not collective)."""
-        return RunDirectory(self.directory).sharded_steps()
+        """The sharded steps with a step manifest and data here, sorted (unverified; not
+        collective): a step whose data a signed retention record pruned is not one."""
+        return sharded_steps_with_data(self.directory)
 
     def steps(self) -> list[int]:
         """Rank 0's :meth:`local_steps`, on every rank (collective)."""
@@ -478,6 +477,13 @@ class ShardedPublisher:
                 f"the checkpoint of step {job.step} was not committed: {e.reason}",
                 path=step.directory,
             ) from e.own
+        # Rank 0: the data the signed step's retention record names goes, now that the
+        # step is committed (a failure here is rank 0's, told to every rank at the loop's
+        # next collective: the step stays committed).
+        doomed, self._to_prune = self._to_prune, []
+        if doomed:
+            cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+            prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
 
     def _refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
@@ -517,6 +523,7 @@ class ShardedPublisher:
         refusal = self._refusal(job.step)
         if refusal is not None:
             raise CheckpointError(refusal)
+        doomed = self.retention.doomed(self.directory, job.step)
         manifest = sign_sharded_step(
             directory,
             records,
@@ -532,7 +539,10 @@ class ShardedPublisher:
             cwd=Path.cwd(),
             attributes=self.attributes,
             record=RunRecord(
-                rng=meta.get("rng", {}), restart_count=restart_count(), batches=meta.get("batches")
+                rng=meta.get("rng", {}),
+                restart_count=restart_count(),
+                batches=meta.get("batches"),
+                pruned=doomed,
             ),
             git=self._git,
         )
@@ -562,67 +572,8 @@ class ShardedPublisher:
         _drop_other_counts(directory, len(records))
         self._parent = manifest.path
         self._newest = Newest(job.step, manifest.path, manifest.digest)
-
-
-@dataclass(frozen=True)
-class Shard:
-    """A rank's vote record in a sharded step's commit: its durable shard."""
-
-    record: ShardRecord
-    """The shard's line of the index (name, size, sha256, md5)."""
-    shapes: Mapping[str, tuple[int, ...]]
-    """The shape of each dataset it holds, by name: the global shape of a Block array is
-    assembled from every rank's."""
-
-
-class ShardCommit:
-    """One step's commit on one rank of several, as that rank's shard in the step's
-    directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only. A shard
-    left in place when the step was not committed stays: no step without its manifest is
-    valid, and committing the step again replaces it."""
-
-    def __init__(
-        self,
-        job: Job,
-        run_directory: Path,
-        comm: Comm,
-        *,
-        refusal: Callable[[], str | None],
-        sign: Callable[[Path, Sequence[Vote]], None],
-        md5: bool = True,
-    ) -> None:
-        self.job = job
-        self.directory = step_directory(run_directory, job.step)
-        self.rank, self.size = comm.rank, comm.size
-        self.name = shard_name(comm.rank, comm.size)
-        self.tmp = self.directory / f"{TEMP_PREFIX}{self.name}-{uuid.uuid4().hex[:8]}"
-        self._refusal = refusal
-        self._sign = sign
-        self._md5 = md5
-
-    def write(self) -> FileDigests:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        return write_and_digest(self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5)
-
-    def refusal(self) -> str | None:
-        return self._refusal()
-
-    def place(self, written: FileDigests) -> Shard:
-        os.replace(self.tmp, self.directory / self.name)
-        fsync_dir(self.directory)
-        shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
-        return Shard(ShardRecord.of(self.rank, self.size, written), shapes)
-
-    def sign(self, votes: Sequence[Vote]) -> None:
-        self._sign(self.directory, votes)
-
-    def withdraw(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        # Gone already when placed; on a read-only disk, the next writer's open removes it.
-        with contextlib.suppress(OSError):
-            self.tmp.unlink(missing_ok=True)
+        # Pruned once the step is committed, on every rank (see publish).
+        self._to_prune = [p.step for p in doomed]
 
 
 def _drop_other_counts(directory: Path, count: int) -> None:
@@ -679,7 +630,5 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
 
 __all__ = [
     "LAUNCHERS",
-    "Shard",
-    "ShardCommit",
     "ShardedPublisher",
 ]

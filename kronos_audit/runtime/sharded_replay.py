@@ -16,11 +16,11 @@ from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.parallel.comm import Comm
-from kronos_audit.runtime.commit import NotCommitted, Vote, commit
+from kronos_audit.runtime.commit import NotCommitted, ShardCommit, Vote, commit
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
-from kronos_audit.runtime.sharded import ShardCommit, ShardedPublisher
+from kronos_audit.runtime.sharded import ShardedPublisher
 from kronos_audit.runtime.sharded_steps import Agreed, parse_layout
 from kronos_audit.statement.manifest import read_manifest
 

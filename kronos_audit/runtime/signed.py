@@ -36,11 +36,11 @@ from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
+from kronos_audit.runtime.commit import FileCommit
 from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import (
     CheckpointSkipped,
-    FileCommit,
     Restored,
     ResumePoint,
     commit_file,

@@ -11,7 +11,7 @@ from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, MANIFEST_SUFFIX, 
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.chain import ManifestCache, run_directory_of
 from kronos_audit.verification.results import VerifyResult
 from kronos_audit.verification.verifier import Verifier
 
@@ -25,7 +25,9 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
 
 
 def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
-    """The manifest of the highest step of each (directory, run) among ``paths``."""
+    """The manifest of the highest step of each (run directory, run) among ``paths``
+    (:func:`~kronos_audit.verification.chain.run_directory_of`: a sharded step's manifest
+    counts in its run's directory, with the run's other steps)."""
     best: dict[tuple[Path, str], tuple[int, Path]] = {}
     for p in paths:
         if not p.name.endswith(MANIFEST_SUFFIX):
@@ -34,7 +36,7 @@ def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
             m = cache.read(p)
         except Error:
             continue  # reported when it is verified
-        group = (p.parent.resolve(), m.run)
+        group = (run_directory_of(m).resolve(), m.run)  # a sharded step's: the run's too
         if group not in best or m.step > best[group][0]:
             best[group] = (m.step, p)
     return {p for _, p in best.values()}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX
+from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, STEP_MANIFEST, RunDirectory
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.anchors import Keyring, SignerCheck, load_keyring
 from kronos_audit.project.repository import Project
@@ -40,6 +40,15 @@ class ManifestCache:
         if known is None:
             known = self._by_digest[digest] = parse_manifest(data, path)
         return known if known.path == path else dataclasses.replace(known, path=path)
+
+
+def run_directory_of(manifest: Manifest) -> Path:
+    """The run directory ``manifest`` is in: a checkpoint's manifest is in it, a sharded
+    step's (``step-<N>/index.jsonl.kaudit.json``) in its step directory there."""
+    path = manifest.path
+    if manifest.record.shards is not None and path.name == STEP_MANIFEST:
+        return path.parent.parent
+    return path.parent
 
 
 def place_check(project: Project, manifest: Manifest) -> Check:
@@ -102,12 +111,17 @@ class ChainReader:
         return found
 
     def pruned_by(self, manifest: Manifest) -> Path | None:
-        """(4) A later manifest of the same run, beside this one and signed by a key the
-        keyring accepts, whose retention record prunes this checkpoint; else None."""
-        directory = self._directory(manifest.path.parent)
+        """(4) A later manifest of the same run, in the same run directory and signed by a
+        key the keyring accepts, whose retention record prunes this checkpoint; else None.
+        Its run directory's manifests are searched, a checkpoint's beside it and every
+        sharded step's in its step directory (:func:`run_directory_of`): a run may have
+        single-file steps and then sharded ones, and either may prune the other."""
+        run_dir = run_directory_of(manifest)
+        directory = self._directory(run_dir)
         if directory.pruned is None:
             directory.pruned = {}
-            for path in directory.by_digest.values():
+            step_manifests = [p for _, p in RunDirectory(run_dir).step_manifests()]
+            for path in [*directory.by_digest.values(), *step_manifests]:
                 try:
                     other = self.cache.read(path)
                 except Error:

@@ -163,6 +163,17 @@ def pruned(manifest: Manifest, pruner: str, *, newest: bool) -> Check:
     )
 
 
+def pruned_for_rank(pruner: str) -> Check:
+    """(4) not made, for a rank's restore: a signed retention record in the manifest
+    ``pruner`` prunes the step's data, so there is nothing to restore from. Fails (the
+    restore passes over the step), and says it was pruned."""
+    return Check.unverified(
+        CheckName.FILE_DIGEST,
+        f"data pruned by retention (signed record in {pruner}): nothing to restore from",
+        pruned=True,
+    )
+
+
 def size_refused(size: int, manifest: Manifest) -> Check:
     """(4) size: a file of another size than the signed one is not hashed."""
     return Check.failed(

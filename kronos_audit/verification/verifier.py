@@ -41,7 +41,7 @@ from kronos_audit.checkpoint.shards import (
 from kronos_audit.errors import CheckpointError, StorageError, TamperedData, UsageError
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification import attestation, steps
-from kronos_audit.verification.chain import ChainReader, place_check
+from kronos_audit.verification.chain import ChainReader, place_check, run_directory_of
 from kronos_audit.verification.results import Check, CheckName, VerifyResult
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class Verifier(ChainReader):
         if not here:
             pruner = self.pruned_by(manifest)
             if pruner is not None:
-                return [steps.pruned(manifest, pruner.name, newest=newest)], False
+                return [steps.pruned(manifest, self._name(manifest, pruner), newest=newest)], False
         if not trusted and (sharded or not here):
             # The one gate: nothing a manifest names is fetched, and no step's index read,
             # before its signature and place hold.
@@ -119,11 +119,8 @@ class Verifier(ChainReader):
         fetched = False
         if not here:
             if not self.fetch or manifest.subject_md5 is None:
-                what = (
-                    "shard index not found"
-                    if sharded
-                    else "checkpoint file not found (no signed retention record prunes it)"
-                )
+                what = "shard index" if sharded else "checkpoint file"
+                what += " not found (no signed retention record prunes it)"
                 raise CheckpointError(what, path=manifest.checkpoint_path)
             fetched = True
             try:
@@ -134,6 +131,15 @@ class Verifier(ChainReader):
             step_checks, shards_fetched = self._sharded_content(manifest)
             return step_checks, fetched or shards_fetched
         return self._content(manifest), fetched
+
+    @staticmethod
+    def _name(manifest: Manifest, pruner: Path) -> str:
+        """The pruning manifest as its run directory names it: ``step-<N>.h5.kaudit.json``
+        beside a checkpoint, ``step-<N>/index.jsonl.kaudit.json`` for a sharded step."""
+        try:
+            return pruner.relative_to(run_directory_of(manifest)).as_posix()
+        except ValueError:
+            return pruner.name
 
     def fetch_data(self, manifest: Manifest) -> None:
         """(3) Fetch ``manifest``'s checkpoint from the DVC remote: only once its signature
@@ -273,7 +279,12 @@ class Verifier(ChainReader):
         checks = [signature, place]
         directory = manifest.checkpoint_path.parent
         fetched = False
-        if not steps.may_read_named(signature, place):  # (3)
+        pruner = None
+        if not os.path.lexists(manifest.checkpoint_path):
+            pruner = self.pruned_by(manifest)
+        if pruner is not None:  # (4) its data is gone on purpose: nothing to restore
+            checks.append(steps.pruned_for_rank(self._name(manifest, pruner)))
+        elif not steps.may_read_named(signature, place):  # (3)
             checks.append(steps.not_fetched(manifest, here=True))
         else:  # (4) its line, then its shard
             record: ShardRecord | None

@@ -8,17 +8,35 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.checkpoint.layout import checkpoint_name, manifest_path_for
+from kronos_audit.checkpoint.layout import (
+    INDEX_NAME,
+    STEP_MANIFEST,
+    TREE_NAME,
+    RunDirectory,
+    checkpoint_name,
+    manifest_path_for,
+    shard_name,
+    step_directory,
+)
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.parallel.comm import Done, check_root, int64, int64s
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.retention import Retention, prune, pruned_record
+from kronos_audit.runtime.retention import (
+    Retention,
+    prune,
+    pruned_record,
+    sharded_steps_with_data,
+)
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
 from kronos_audit.storage import (
     cache_object_path,
@@ -28,6 +46,7 @@ from kronos_audit.storage import (
     read_dvc_file,
 )
 from tests.helpers import git, run_cli
+from tests.runtime.test_faults import HANG_GUARD
 
 
 def run(project: Project, steps: int, *, same: bool = False, run_id: str = "r") -> Path:
@@ -183,3 +202,249 @@ def test_a_pruned_run_pulls_with_plain_dvc_in_a_fresh_clone_and_every_command_sa
     assert "2 checkpoints' data hashed, 3 pruned (signed retention record)." in (
         markdown.read_text()
     )
+
+
+# -- sharded steps: a run on several ranks, in this process ---------------------------------
+
+
+class _Meeting:
+    """Where the threads of :class:`ThreadRanks` meet: one slot a rank, one barrier."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # The timeout is a hang guard only: a rank that failed breaks the barrier.
+        self.barrier = threading.Barrier(size, timeout=HANG_GUARD)
+        self.slots: list[Any] = [None] * size
+
+
+class ThreadRanks:
+    """One rank of ``size`` ranks that are threads of this process: a
+    :class:`~kronos_audit.parallel.comm.Comm` whose collectives are an exchange at a
+    barrier. Test only: it lets a sharded run's real commit (every rank's shard, rank 0's
+    signature, DVC tracking, retention) run in-process; use it with ``asynchronous=False``
+    (one collective at a time per rank)."""
+
+    name = "threads"
+
+    def __init__(self, meeting: _Meeting, rank: int) -> None:
+        self._meeting = meeting
+        self.rank = rank
+        self.size = meeting.size
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        m = self._meeting
+        m.slots[self.rank] = obj
+        m.barrier.wait()
+        out = list(m.slots)
+        m.barrier.wait()  # nobody writes the next round's slot before all have read
+        return out
+
+    def barrier(self) -> None:
+        self._exchange(None)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._exchange(obj)[check_root(root, self.size)]
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        got = self._exchange(obj)
+        return got if self.rank == check_root(root, self.size) else None
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self._exchange(obj)
+
+    def any(self, flag: bool) -> bool:
+        return any(self._exchange(bool(flag)))
+
+    def min(self, value: int) -> int:
+        return int(min(self._exchange(int64(value))))
+
+    def max(self, value: int) -> int:
+        return int(max(self._exchange(int64(value))))
+
+    def start_max(self, values: Sequence[int]) -> Done:
+        got = self._exchange(int64s(values))
+        return Done([max(column) for column in zip(*got, strict=True)])
+
+    def close(self) -> None:
+        pass
+
+
+def on_ranks(size: int, program: Callable[[ThreadRanks], Any]) -> list[Any]:
+    """``program(comm)`` on ``size`` ranks, one thread each; what each returned, in rank
+    order. The first rank's exception is raised (the others' barrier is broken)."""
+    meeting = _Meeting(size)
+    results: list[Any] = [None] * size
+    errors: list[BaseException | None] = [None] * size
+
+    def main(rank: int) -> None:
+        try:
+            results[rank] = program(ThreadRanks(meeting, rank))
+        except BaseException as e:  # handed to the test's thread, below
+            errors[rank] = e
+            meeting.barrier.abort()
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None and not _broken(e)), None)
+    first = first or next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
+
+
+def _broken(e: BaseException) -> bool:
+    return isinstance(e, threading.BrokenBarrierError) or isinstance(
+        e.__cause__ or e.__context__, threading.BrokenBarrierError
+    )
+
+
+RANKS = 3
+LAYOUT = {"u": ka.Block(axis=0)}
+
+
+def sharded_run(
+    project: Project,
+    steps: Iterable[int],
+    *,
+    keep: int | None = None,
+    keep_every: int | None = None,
+    run_id: str = "r",
+    same: bool = False,
+) -> Path:
+    """A real run on RANKS ranks, resumed from the run's newest sharded step if any, that
+    checkpoints each of ``steps`` (one sharded step each); with ``same`` every step's
+    shards hold the same bytes."""
+
+    def program(comm: ThreadRanks) -> None:
+        with ka.Run(
+            run_id,
+            root=project.root / "checkpoints",
+            seed=5,
+            every=ka.EverySteps(1),
+            keep=keep,
+            keep_every=keep_every,
+            comm=comm,
+            asynchronous=False,
+        ) as r:
+            r.restore()  # the chain goes on from the newest step (none: a new one)
+            for step in steps:
+                u = np.zeros(2) if same else r.rng.random(2)
+                r.checkpoint(step, {"u": u}, layout=LAYOUT)
+
+    on_ranks(RANKS, program)
+    return project.root / "checkpoints" / run_id
+
+
+def step_manifest_sha256(run_dir: Path, step: int) -> str:
+    return hashlib.sha256(RunDirectory(run_dir).step_manifest(step).read_bytes()).hexdigest()
+
+
+def step_data(run_dir: Path, step: int) -> list[str]:
+    """What is left in step ``step``'s directory but its manifest."""
+    directory = step_directory(run_dir, step)
+    return sorted(p.name for p in directory.iterdir() if p.name != STEP_MANIFEST)
+
+
+def step_md5s(run_dir: Path, step: int) -> set[str]:
+    return {
+        e[0]
+        for p in step_directory(run_dir, step).glob("*.dvc")
+        if (e := read_dvc_file(p)) is not None
+    }
+
+
+def test_doomed_counts_single_file_and_sharded_steps_in_one_order(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = run(project, 3)  # steps 1-3 on one process, one file each
+    sharded_run(project, range(4, 8))  # then 4-7 on three ranks
+    assert RunDirectory(run_dir).sharded_steps() == [4, 5, 6, 7]
+    doomed = Retention(keep=2, keep_every=3).doomed(run_dir, newest=7)
+    assert doomed == (  # 3 and 6 for ever, 6 and 7 the newest
+        PrunedEntry(1, Sha256(manifest_sha256(run_dir, 1))),
+        PrunedEntry(2, Sha256(manifest_sha256(run_dir, 2))),
+        PrunedEntry(4, Sha256(step_manifest_sha256(run_dir, 4))),
+        PrunedEntry(5, Sha256(step_manifest_sha256(run_dir, 5))),
+    )
+    assert [p.step for p in Retention(keep=4).doomed(run_dir, newest=7)] == [1, 2, 3]
+    # The newest need not be signed yet (a sharded step is signed after this is asked).
+    assert [p.step for p in Retention(keep=2).doomed(run_dir, newest=8)] == [1, 2, 3, 4, 5, 6]
+    # A step directory without its manifest (an aborted commit) is never doomed.
+    RunDirectory(run_dir).step_manifest(5).unlink()
+    assert [p.step for p in Retention(keep=1).doomed(run_dir, newest=7)] == [1, 2, 3, 4, 6]
+
+
+def test_prune_deletes_a_sharded_steps_data_and_tracking_and_keeps_its_manifest(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = sharded_run(project, range(1, 4))
+    cache_dir, _ = cache_settings(project)
+    whole = step_data(run_dir, 1)
+    shards = [shard_name(r, RANKS) for r in range(RANKS)]
+    assert whole == sorted(
+        [".gitignore", INDEX_NAME, INDEX_NAME + ".dvc", TREE_NAME, TREE_NAME + ".dvc"]
+        + shards
+        + [s + ".dvc" for s in shards]
+    )
+    md5s = {s: step_md5s(run_dir, s) for s in (1, 2, 3)}
+    assert all(len(m) == RANKS + 2 for m in md5s.values())
+    gitignore = step_directory(run_dir, 2) / ".gitignore"
+    gitignore.write_text(gitignore.read_text() + "/notes.txt\n")  # the user's own line
+    prune(project, run_dir, [1, 2])
+    # The manifests stay (the chain verifies); DVC's tracking and the cache objects go.
+    assert step_data(run_dir, 1) == []
+    assert step_data(run_dir, 2) == [".gitignore"]
+    assert gitignore.read_text() == "/notes.txt\n"
+    assert step_data(run_dir, 3) == whole
+    assert RunDirectory(run_dir).sharded_steps() == [1, 2, 3]
+    for step, found in md5s.items():
+        for md5 in found:
+            assert cache_object_path(cache_dir, md5).exists() == (step == 3)
+    assert sharded_steps_with_data(run_dir) == [3]
+    # No signed record prunes them here (prune alone was called): step 3's chain holds.
+    (result,) = ka.verify(RunDirectory(run_dir).step_manifest(3), fetch=False)
+    assert result.ok, result.failures
+    prune(project, run_dir, [1, 2])  # again: nothing left to do, nothing fails
+    # DVC stays consistent: no .dvc file names data that is gone.
+    status = dvc(project.root, "status")
+    assert "deleted" not in status
+    assert "not in cache" not in status
+    assert "up to date" in status
+
+
+def test_prune_keeps_cache_objects_a_kept_sharded_step_shares(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = sharded_run(project, range(1, 4), same=True)
+    cache_dir, _ = cache_settings(project)
+    shared = step_md5s(run_dir, 1) & step_md5s(run_dir, 3)
+    assert shared  # the same shards (and so index and tree) in every step
+    own = step_md5s(run_dir, 1) - shared
+    prune(project, run_dir, [1, 2])
+    assert all(cache_object_path(cache_dir, md5).exists() for md5 in shared)
+    assert not any(cache_object_path(cache_dir, md5).exists() for md5 in own)
+
+
+def test_an_interrupted_prune_of_a_sharded_step_is_finished_by_the_next_commit(
+    project: Project, key: SigningKey
+) -> None:
+    run_dir = sharded_run(project, range(1, 4))
+    # What a prune interrupted after the index leaves: the shards and tree still here.
+    directory = step_directory(run_dir, 1)
+    (directory / (INDEX_NAME + ".dvc")).unlink()
+    (directory / INDEX_NAME).unlink()
+    assert sharded_steps_with_data(run_dir) == [1, 2, 3]  # still data: still doomed
+    sharded_run(project, [4], keep=1)
+    assert [
+        dict(e)
+        for e in ka.read_manifest(RunDirectory(run_dir).step_manifest(4)).predicate["pruned"]
+    ] == [{"step": s, "manifest": step_manifest_sha256(run_dir, s)} for s in (1, 2, 3)]
+    assert all(step_data(run_dir, s) == [] for s in (1, 2, 3))
+    assert sharded_steps_with_data(run_dir) == [4]
+    results = ka.verify(run_dir, fetch=False)
+    assert [r.step for r in results if r.ok] == [1, 2, 3, 4], [
+        (r.manifest, r.failures) for r in results
+    ]

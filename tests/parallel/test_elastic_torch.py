@@ -94,23 +94,23 @@ def listening(port: int) -> bool:
     return True
 
 
+def kill_node(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the agent ``proc``, its process group and its workers, at once, as a node's
+    death does (torchrun starts each worker in a session of its own)."""
+    for group in [proc.pid, *children(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    proc.wait(timeout=HANG_GUARD)
+
+
 def finish(proc: subprocess.Popen[bytes], log: Path) -> str:
+    """The agent's output once it has exited (a hang is killed, agent and workers)."""
     try:
         proc.wait(timeout=HANG_GUARD)
     finally:
-        proc.kill()
+        if proc.poll() is None:
+            kill_node(proc)
     return log.read_text(errors="replace")
-
-
-def kill_node(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the agent ``proc``, its process group and its workers, at once."""
-    workers = children(proc.pid)
-    assert workers, "the agent has no workers to kill"
-    os.killpg(proc.pid, signal.SIGKILL)
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)  # each worker leads a session of its own
-    proc.wait(timeout=HANG_GUARD)
 
 
 def counts(run_dir: Path) -> dict[int, tuple[int, int | None]]:
@@ -161,12 +161,13 @@ def test_a_node_lost_under_elastic_torchrun_reforms_on_fewer_workers_and_ends_bi
         wait_for(lambda: listening(port) or first.poll() is not None, "the rendezvous store")
         second = agent(elastic(port, "elastic", out), root, tmp_path / "second.log")
         wait_for_a_step_of(run_dir, 4, first)
+        assert children(second.pid), "the second agent has no workers to kill"
         kill_node(second)
         log = finish(first, tmp_path / "first.log")
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_node(proc)
     assert first.returncode == 0, log
 
     # Finished, on the 2 workers left, bitwise where the uninterrupted job ended.

@@ -1,6 +1,7 @@
 """1-D heat diffusion under torchrun: strips of a rod, one halo value from each neighbour.
 
     torchrun --nproc_per_node 2 examples/torch_stencil/run.py --steps 200 --cells 1000
+    python examples/torch_stencil/run.py --steps 200 --cells 1000     # one process
 
 An explicit finite-difference stencil on a rod of ``n`` cells whose two end cells are held
 fixed. Rank r of a world of w holds ``numpy.array_split(u, w)[r]`` (``ka.Block(axis=0)``);
@@ -11,6 +12,7 @@ is cut, so the field after N steps is bitwise the same for any world size, and f
 sequence of world sizes: a job that loses a node, is re-formed by torchrun with fewer
 workers and resumes from its newest complete checkpoint (re-cut for the new world) ends
 exactly where a job that was never interrupted ends (docs/cluster.md, "Elastic torchrun").
+Both command lines above print the same digest.
 
 Checkpoints: every worker writes its strip into ``checkpoints/<run-id>/step-<N>/`` and
 rank 0 signs the step once. With ``--out FILE``, rank 0 writes a JSON line with the final

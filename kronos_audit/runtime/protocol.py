@@ -3,7 +3,9 @@
 Environment variables set for the program:
 
 - ``KAUDIT_RESTART_COUNT``: how many times the supervisor restarted it (Slurm's
-  ``SLURM_RESTART_COUNT`` takes precedence when present); recorded in manifests.
+  ``SLURM_RESTART_COUNT`` takes precedence when present; torchrun's
+  ``TORCHELASTIC_RESTART_COUNT`` is added to either); recorded in manifests
+  (:func:`restart_count`).
 - ``KAUDIT_PROGRESS``: path of a 16-byte progress file the program keeps current (see
   :class:`Progress`), so the supervisor can count the steps a fault made it redo.
 - ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT`` (and ``KAUDIT_SEED``, and
@@ -28,6 +30,9 @@ from kronos_audit.errors import ExitCode
 
 PREEMPTED_EXIT = ExitCode.PREEMPTED
 RESTART_COUNT_ENV = "KAUDIT_RESTART_COUNT"
+TORCHELASTIC_RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""Set by torchrun in each worker: how often its agent had restarted the workers (a
+failure, or a node lost and the job re-formed; not a node joining)."""
 PROGRESS_ENV = "KAUDIT_PROGRESS"
 RESUME_FROM_ENV = "KAUDIT_RESUME_FROM"
 STOP_AT_ENV = "KAUDIT_STOP_AT"
@@ -38,12 +43,32 @@ NOTHING = -1
 
 
 def restart_count() -> int:
-    """``SLURM_RESTART_COUNT`` when Slurm requeued the job, else the supervisor's count."""
-    for var in ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    """How often the job had been restarted, as the layers that restart it say: the
+    outer one (``SLURM_RESTART_COUNT`` when Slurm requeued the job, else ``kaudit run``'s
+    ``KAUDIT_RESTART_COUNT``) plus torchrun's ``TORCHELASTIC_RESTART_COUNT``.
+
+    The two are added because they nest: torchrun restarts its workers inside one run of
+    the job, and counts from 0 again when the job itself is started again, so either
+    alone would miss restarts (a node lost under an elastic torchrun inside a Slurm job
+    has Slurm's count 0). The sum is 0 only in a run nothing had restarted. A value that
+    is not a decimal count is ignored, as if absent.
+    """
+    outer = next(
+        (
+            int(value)
+            for value in (os.environ.get(v, "") for v in ("SLURM_RESTART_COUNT", RESTART_COUNT_ENV))
+            if _is_count(value)
+        ),
+        0,
+    )
+    inner = os.environ.get(TORCHELASTIC_RESTART_COUNT_ENV, "")
+    return outer + (int(inner) if _is_count(inner) else 0)
+
+
+def _is_count(value: str) -> bool:
+    # str.isdigit accepts other scripts' digits ("\u0661"), which int() reads too; a count
+    # from the environment is ASCII decimal, and a few digits at most.
+    return value.isascii() and value.isdigit() and len(value) <= 18
 
 
 class Progress:

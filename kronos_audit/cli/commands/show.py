@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 import click
 
 from kronos_audit._internal.frozen import thaw
 from kronos_audit.cli.options import json_option
 from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.errors import Error
+
+if TYPE_CHECKING:
+    from kronos_audit.statement.manifest import Manifest
 
 
 @click.command()
@@ -93,7 +99,8 @@ def show(manifest: Path, as_json: bool) -> None:
             (
                 "shards",
                 _text(
-                    f"{p.shards.count} ranks, {p.shards.bytes:,} bytes; layout "
+                    f"{p.shards.count} ranks{_rank_change(m, p.shards.count)}, "
+                    f"{p.shards.bytes:,} bytes; layout "
                     + json.dumps(thaw(p.shards.layout), sort_keys=True)
                 ),
             )
@@ -121,6 +128,55 @@ def show(manifest: Path, as_json: bool) -> None:
         out.print("a sharded step: its index and every shard are covered by `kaudit verify`")
     else:
         out.print("not HDF5: covered by the file digest only")
+
+
+def _rank_change(m: Manifest, count: int) -> str:
+    """`` (the parent step had N)`` when the parent step, found beside this one, was
+    written by another number of ranks (a restart on another count, an elastic job
+    re-formed); empty when it had as many, or cannot be found."""
+    parent = _parent_beside(m)
+    if parent is None:
+        return ""
+    had = 1 if parent.record.shards is None else parent.record.shards.count
+    return "" if had == count else f" (the parent step had {had})"
+
+
+def _parent_beside(m: Manifest) -> Manifest | None:
+    """The parent manifest of the sharded step ``m``, from the run directory ``m`` was found
+    in, or None.
+
+    Nothing here is verified, so the recorded names are only a hint: the parent is looked
+    for under the recorded name relative to this step's run directory (the run directory
+    found, not one named by the manifest), a regular file read once and bounded, and it is
+    the parent only if its bytes have the recorded digest. A recorded name that leaves the
+    run directory is not followed.
+    """
+    from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+    from kronos_audit.statement.manifest import parse_manifest
+
+    recorded, digest = m.record.parent_manifest, m.record.parent
+    if recorded is None or digest is None:
+        return None
+    # A sharded step's subject is <run dir>/step-<N>/index.jsonl, relative to the
+    # repository root, as its parent's recorded place is.
+    run = PurePosixPath(m.subject_name).parent.parent
+    name = PurePosixPath(recorded)
+    if name.is_absolute() or ".." in name.parts or not name.is_relative_to(run):
+        return None
+    relative = name.relative_to(run)
+    if not 1 <= len(relative.parts) <= 2:  # a step's file, or a step directory's manifest
+        return None
+    here = m.path.parent.parent
+    candidate = here.joinpath(*relative.parts)
+    try:
+        if not candidate.resolve().is_relative_to(here.resolve()):
+            return None
+        data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
+        if hashlib.sha256(data).hexdigest() != digest:
+            return None  # another file at that place: not the parent
+        return parse_manifest(data, candidate)
+    except (OSError, RuntimeError, UnsafeFile, Error):
+        return None
 
 
 def _text(value: object, missing: str = "none") -> str:

@@ -27,6 +27,7 @@ file, on one rank) and :class:`ShardCommit` (a rank's shard of a step of several
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import uuid
@@ -231,6 +232,9 @@ class Shard:
     shapes: Mapping[str, tuple[int, ...]]
     """The shape of each dataset it holds, by name: the global shape of a Block array is
     assembled from every rank's."""
+    held: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """What each dataset it holds is (dtype, shape and the sha256 of its canonical
+    bytes, in one line), by name: a value every rank holds alike is replicated."""
 
 
 class ShardCommit:
@@ -269,7 +273,8 @@ class ShardCommit:
         os.replace(self.tmp, self.directory / self.name)
         fsync_dir(self.directory)
         shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
-        return Shard(ShardRecord.of(self.rank, self.size, written), shapes)
+        held = {d.path: f"{d.dtype} {d.shape} {d.sha256}" for d in written.datasets or ()}
+        return Shard(ShardRecord.of(self.rank, self.size, written), shapes, held)
 
     def sign(self, votes: Sequence[Vote]) -> None:
         self._sign(self.directory, votes)

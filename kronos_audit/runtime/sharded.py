@@ -102,6 +102,11 @@ LAUNCHERS = ("mpi", "torch.distributed")
 _TREE = "/kaudit/tree"
 
 
+class UndeclaredLayout(UserWarning):
+    """A value of the state differs between the ranks and has no layout (``ka.Block``):
+    the run goes on, but a restart on another rank count cannot restore it."""
+
+
 class ShardedPublisher:
     """A normal run on several ranks: sharded, signed, DVC-tracked, chained steps."""
 
@@ -122,6 +127,7 @@ class ShardedPublisher:
     ) -> None:
         self.retention = retention or Retention()
         self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+        self._warned: set[str] = set()  # rank 0: values said to differ between ranks
         """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
@@ -485,6 +491,24 @@ class ShardedPublisher:
             cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
             prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
 
+    def _warn_unlike(self, step: int, names: Sequence[str]) -> None:
+        """Rank 0: say, once for each, which values of the state differ between the ranks
+        and have no layout, at the first step that holds them: a restart on another rank
+        count could not restore them, and it is better heard now than after days."""
+        if not names:
+            return
+        self._warned.update(names)
+        first = names[0].removeprefix("/")
+        warnings.warn(
+            f"step {step}: {', '.join(n.removeprefix('/') for n in names)}: not the same "
+            f"on every rank, and no layout says how it is split, so a restart can restore "
+            f"it only on {self.size} ranks: declare it (layout={{{first!r}: "
+            "ka.Block(axis=0)}) if it is a block of a global array, or make it the same "
+            "on every rank",
+            UndeclaredLayout,
+            stacklevel=2,
+        )
+
     def _refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
         has signed a step of this run since this one last looked), or None."""
@@ -517,6 +541,11 @@ class ShardedPublisher:
             except UsageError as e:
                 raise UsageError(f"{key}: {e.message}") from None
             layout[key] = {"block": how.axis, "shape": list(shape)}
+        alike, unlike = _held_alike(shards, declared)
+        for name in alike:
+            # The same bytes on every rank: a restart on any rank count takes rank 0's.
+            layout[name.removeprefix("/")] = {"replicated": True}
+        self._warn_unlike(job.step, [n for n in unlike if n not in self._warned])
         # Where the run's lock cannot hold, two writers may have resumed from the same
         # step: only one may sign a child of it. Checked before the shards replaced
         # anything (publish), and again now, before the index does.
@@ -576,6 +605,23 @@ class ShardedPublisher:
         self._to_prune = [p.step for p in doomed]
 
 
+def _held_alike(
+    shards: Sequence[Shard], declared: Mapping[str, Layout]
+) -> tuple[list[str], list[str]]:
+    """The datasets of the state without a declared layout: those every rank holds with
+    the same dtype, shape and digest, and those it does not (different values, or not on
+    every rank). kaudit's own (the generators, the ledger, ``/kaudit``) are neither."""
+    alike: list[str] = []
+    unlike: list[str] = []
+    for name in sorted({n for shard in shards for n in shard.held}):
+        top = name.split("/")[1]
+        if name in declared or top in OWN_GROUPS or top == "kaudit":
+            continue
+        values = {shard.held.get(name) for shard in shards}
+        (alike if len(values) == 1 and None not in values else unlike).append(name)
+    return alike, unlike
+
+
 def _drop_other_counts(directory: Path, count: int) -> None:
     """Remove the shards (and their .dvc files) another rank count left in a step directory
     that this step's manifest, now signed, has replaced: they belong to no valid step."""
@@ -631,4 +677,5 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
 __all__ = [
     "LAUNCHERS",
     "ShardedPublisher",
+    "UndeclaredLayout",
 ]

@@ -91,6 +91,9 @@ class NameKind(enum.Enum):
     """``rank-<r>-of-<n>.h5``, in a step directory."""
     SHARD_DVC = "shard's dvc file"
     """``rank-<r>-of-<n>.h5.dvc``, in a step directory."""
+    REMOTE_STEP_MANIFEST = "step manifest, as the remote names it"
+    """``step-<N>.index.jsonl.kaudit.json``: a sharded step's manifest in a run's remote
+    directory, beside the others (one name a step: the remote's directory is flat)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ _STEP_SUFFIXES = {
     CHECKPOINT_SUFFIX: NameKind.CHECKPOINT,
     CHECKPOINT_SUFFIX + MANIFEST_SUFFIX: NameKind.MANIFEST,
     CHECKPOINT_SUFFIX + ATTESTATION_SUFFIX: NameKind.ATTESTATION,
+    "." + STEP_MANIFEST: NameKind.REMOTE_STEP_MANIFEST,
 }
 _FIXED = {
     INDEX_NAME: NameKind.INDEX,
@@ -207,6 +211,24 @@ def checkpoint_name(step: int) -> str:
 def step_directory_name(step: int) -> str:
     """The name of sharded step ``step``'s directory: ``step-<N:08d>``."""
     return _step_text(step)
+
+
+def remote_manifest_name(manifest: Path) -> str:
+    """The name a manifest has in its run's remote directory: a checkpoint's own name
+    (``step-<N:08d>.h5.kaudit.json``), a sharded step's its directory's and its own
+    (``step-<N:08d>.index.jsonl.kaudit.json``: every step manifest is called alike)."""
+    if manifest.name == STEP_MANIFEST:
+        return f"{manifest.parent.name}.{STEP_MANIFEST}"
+    return manifest.name
+
+
+def step_of_remote_step_manifest(name: str) -> int | None:
+    """The step of a sharded step's manifest as a run's remote directory names it
+    (``step-<N:08d>.index.jsonl.kaudit.json``), else None."""
+    parsed = parse_name(name)
+    if parsed is None or parsed.kind is not NameKind.REMOTE_STEP_MANIFEST:
+        return None
+    return parsed.step if parsed.canonical else None
 
 
 def step_of(path: Path) -> int | None:
@@ -476,6 +498,7 @@ __all__ = [
     "manifest_path_for",
     "named_step",
     "parse_name",
+    "remote_manifest_name",
     "resolve_target",
     "shard_name",
     "shard_path",
@@ -485,4 +508,5 @@ __all__ = [
     "step_of",
     "step_of_directory",
     "step_of_manifest_name",
+    "step_of_remote_step_manifest",
 ]

@@ -26,6 +26,7 @@ from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.steps import step_items
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.verifier import Verifier
 
@@ -105,17 +106,22 @@ def locate(
     names the manifests whose absent checkpoint a signed retention record prunes (the
     caller checked that record)."""
     sizes: dict[str, int | None] = {}
+    # Every object of each step (a sharded step's index and shards, as its signed index
+    # names them): a step is in the remote only when all of them are.
+    objects = {m.path: step_items(m) or [] for m in manifests}
     if check_remote:
         ask = [
-            m.subject_md5
+            i.md5
             for m in manifests
-            if m.subject_md5 and not (m.path in pruned and not m.checkpoint_path.exists())
+            if not (m.path in pruned and not m.checkpoint_path.exists())
+            for i in objects[m.path]
         ]
         sizes = Storage(project).remote_sizes(ask, remote)
     entries = []
     for m in manifests:
-        md5, size, checkpoint = m.subject_md5, m.record.size, m.checkpoint_path
-        in_remote = md5 is not None and sizes.get(md5) == size
+        size, checkpoint = m.record.size, m.checkpoint_path
+        wanted = objects[m.path]
+        in_remote = bool(wanted) and all(sizes.get(i.md5) == i.size for i in wanted)
         if checkpoint.exists():
             with open(checkpoint, "rb") as f:
                 ok = hashlib.file_digest(f, "sha256").hexdigest() == m.subject_sha256

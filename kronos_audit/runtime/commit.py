@@ -44,7 +44,9 @@ from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_dir
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.writer import Job, write_and_digest
 from kronos_audit.parallel.comm import Comm
+from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.ranks import one_line_reason
+from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.storage.tracking import dvc_file_for
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -261,6 +263,8 @@ class ShardCommit:
         self._refusal = refusal
         self._sign = sign
         self._md5 = md5
+        self.shard: Shard | None = None
+        """This rank's shard, once in place."""
 
     def write(self) -> FileDigests:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -274,7 +278,8 @@ class ShardCommit:
         fsync_dir(self.directory)
         shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
         held = {d.path: f"{d.dtype} {d.shape} {d.sha256}" for d in written.datasets or ()}
-        return Shard(ShardRecord.of(self.rank, self.size, written), shapes, held)
+        self.shard = Shard(ShardRecord.of(self.rank, self.size, written), shapes, held)
+        return self.shard
 
     def sign(self, votes: Sequence[Vote]) -> None:
         self._sign(self.directory, votes)
@@ -286,6 +291,21 @@ class ShardCommit:
         # Gone already when placed; on a read-only disk, the next writer's open removes it.
         with contextlib.suppress(OSError):
             self.tmp.unlink(missing_ok=True)
+
+
+def held_alike(shards: Sequence[Shard], declared: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The datasets of the state without a declared layout: those every rank holds with
+    the same dtype, shape and digest, and those it does not (different values, or not on
+    every rank). kaudit's own (the generators, the ledger, ``/kaudit``) are neither."""
+    alike: list[str] = []
+    unlike: list[str] = []
+    for name in sorted({n for shard in shards for n in shard.held}):
+        top = name.split("/")[1]
+        if name in declared or top in (RNG_GROUP, LEDGER_GROUP, "kaudit"):
+            continue
+        values = {shard.held.get(name) for shard in shards}
+        (alike if len(values) == 1 and None not in values else unlike).append(name)
+    return alike, unlike
 
 
 def _refusal(step: StepCommit) -> str | None:
@@ -301,4 +321,13 @@ def _named(vote: Vote, comm: Comm) -> str:
     return vote.reason if comm.size == 1 else f"rank {vote.rank}: {vote.reason}"
 
 
-__all__ = ["FileCommit", "NotCommitted", "Shard", "ShardCommit", "StepCommit", "Vote", "commit"]
+__all__ = [
+    "FileCommit",
+    "NotCommitted",
+    "Shard",
+    "ShardCommit",
+    "StepCommit",
+    "Vote",
+    "commit",
+    "held_alike",
+]

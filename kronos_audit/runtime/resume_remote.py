@@ -34,6 +34,7 @@ from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
     checkpoint_name,
     manifest_path_for,
+    remote_manifest_name,
     step_of_manifest_name,
 )
 from kronos_audit.errors import Error, RollbackRefused, StorageError
@@ -56,11 +57,12 @@ of manifests that do not verify must not make a restore download them all."""
 
 
 def push_manifest(files: RunFiles, manifest: Path) -> None:
-    """Put a run's local manifest in its remote directory, under its own name, after the
+    """Put a run's local manifest in its remote directory, under its remote name
+    (:func:`~kronos_audit.checkpoint.layout.remote_manifest_name`), after the
     uncommitted patch it records (:func:`push_patch`)."""
     data = read_signed_file(manifest)
     push_patch(files, parse_manifest(data, manifest))
-    files.put(manifest.name, data)
+    files.put(remote_manifest_name(manifest), data)
 
 
 def push_patch(files: RunFiles, manifest: Manifest) -> bool:

@@ -233,10 +233,6 @@ class Run(RunRestore):
                 return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
             return ReplayPublisher(self.replay)
         if self.size > 1 or has_sharded_steps(directory, self.run_id, key, stacklevel=3):
-            if push:
-                raise UsageError(
-                    f"a sharded run (on {self.size} rank(s)) does not support push=True yet"
-                )
             return ShardedPublisher(
                 self.run_id,
                 directory,
@@ -247,6 +243,7 @@ class Run(RunRestore):
                 allow_secret_files=allow_secret_files,
                 command=command,
                 retention=self.retention,
+                push=push,
             )
         return SignedPublisher(
             self.run_id,

@@ -50,6 +50,7 @@ import numpy as np
 from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
+    STEP_MANIFEST,
     TREE_NAME,
     RunDirectory,
     named_step,
@@ -76,10 +77,11 @@ from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan,
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.command import recorded_command
-from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit
+from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit, held_alike
 from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import CheckpointSkipped, Restored
+from kronos_audit.runtime.pushing import Pusher
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
 from kronos_audit.runtime.retention import Retention, prune, sharded_steps_with_data
 from kronos_audit.runtime.sharded_steps import (
@@ -93,6 +95,9 @@ from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.statement.predicate import GitRecord
+from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings, track
 from kronos_audit.verification.verifier import Verifier
 
@@ -124,9 +129,16 @@ class ShardedPublisher:
         allow_secret_files: bool,
         command: Sequence[str] | None = None,
         retention: Retention | None = None,
+        push: bool = False,
     ) -> None:
         self.retention = retention or Retention()
         self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+        self.push = push
+        """Push each step to the DVC remote in the background: each rank its shard, rank 0
+        the index, its tree and (once every rank's objects are there) the step manifest."""
+        self._storage: Storage | None = None
+        self._pusher = Pusher(self._storage_for, lambda: RunFiles(self._storage_for(), run_id))
+        self._step_items: list[FetchItem] = []  # rank 0: the index and tree just tracked
         self._warned: set[str] = set()  # rank 0: values said to differ between ranks
         """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
         self.command = recorded_command(command)
@@ -161,7 +173,7 @@ class ShardedPublisher:
 
     @property
     def push_failures(self) -> list[str]:
-        return []
+        return self._pusher.failures
 
     def policy(self, asked: SavePolicy) -> SavePolicy:
         return asked
@@ -490,6 +502,12 @@ class ShardedPublisher:
         if doomed:
             cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
             prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
+        if self.push:
+            assert step.shard is not None  # committed: this rank's shard is in place
+            record = step.shard.record
+            shard = FetchItem(step.directory / record.name, record.md5, record.sha256, record.size)
+            items = [shard, *(self._step_items if self.rank == 0 else ())]
+            self._pusher.push(comm, step.directory / STEP_MANIFEST, items)
 
     def _warn_unlike(self, step: int, names: Sequence[str]) -> None:
         """Rank 0: say, once for each, which values of the state differ between the ranks
@@ -508,6 +526,11 @@ class ShardedPublisher:
             UndeclaredLayout,
             stacklevel=2,
         )
+
+    def _storage_for(self) -> Storage:
+        if self._storage is None:
+            self._storage = Storage(self._opened())
+        return self._storage
 
     def _refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
@@ -541,7 +564,7 @@ class ShardedPublisher:
             except UsageError as e:
                 raise UsageError(f"{key}: {e.message}") from None
             layout[key] = {"block": how.axis, "shape": list(shape)}
-        alike, unlike = _held_alike(shards, declared)
+        alike, unlike = held_alike(shards, declared)
         for name in alike:
             # The same bytes on every rank: a restart on any rank count takes rank 0's.
             layout[name.removeprefix("/")] = {"replicated": True}
@@ -577,17 +600,21 @@ class ShardedPublisher:
         )
         # The index, and its Merkle tree (derived, unsigned, 64 bytes a shard: DVC's like
         # the data rather than git's, so a clone fetches it with the step).
+        self._step_items = []
         for name in (INDEX_NAME, TREE_NAME):
             data = (directory / name).read_bytes()
+            md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
             track(
                 project,
                 directory / name,
-                hashlib.md5(data, usedforsecurity=False).hexdigest(),
+                md5,
                 len(data),
                 owned=True,
                 ignore_pattern=f"/{name}",
                 settings=self._cache,
             )
+            sha256 = hashlib.sha256(data).hexdigest()
+            self._step_items.append(FetchItem(directory / name, md5, sha256, len(data)))
         for record in records:
             track(
                 project,
@@ -603,23 +630,6 @@ class ShardedPublisher:
         self._newest = Newest(job.step, manifest.path, manifest.digest)
         # Pruned once the step is committed, on every rank (see publish).
         self._to_prune = [p.step for p in doomed]
-
-
-def _held_alike(
-    shards: Sequence[Shard], declared: Mapping[str, Layout]
-) -> tuple[list[str], list[str]]:
-    """The datasets of the state without a declared layout: those every rank holds with
-    the same dtype, shape and digest, and those it does not (different values, or not on
-    every rank). kaudit's own (the generators, the ledger, ``/kaudit``) are neither."""
-    alike: list[str] = []
-    unlike: list[str] = []
-    for name in sorted({n for shard in shards for n in shard.held}):
-        top = name.split("/")[1]
-        if name in declared or top in OWN_GROUPS or top == "kaudit":
-            continue
-        values = {shard.held.get(name) for shard in shards}
-        (alike if len(values) == 1 and None not in values else unlike).append(name)
-    return alike, unlike
 
 
 def _drop_other_counts(directory: Path, count: int) -> None:

@@ -40,16 +40,17 @@ from kronos_audit.runtime.commit import FileCommit
 from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import (
+    ONE_RANK,
     CheckpointSkipped,
     Restored,
     ResumePoint,
     commit_file,
     read_file_step,
 )
+from kronos_audit.runtime.pushing import Pusher
 from kronos_audit.runtime.resume_remote import (
     RemoteResume,
     newest_known,
-    push_manifest,
     refuse_rollback,
     rollback_allowed,
 )
@@ -97,7 +98,6 @@ class SignedPublisher:
         self.retention = retention
         self.push = push
         self.allow_secret_files = allow_secret_files
-        self._push_failures: list[str] = []
         self._key_arg = key
         self._project: Project | None = None
         self._key: SigningKey | None = None
@@ -109,11 +109,11 @@ class SignedPublisher:
         # The newest manifest in the directory as this writer last saw it: a commit signs
         # only while it is still the newest (no other writer signed meanwhile).
         self._newest: Newest | None = None
-        # Pushed again with the next checkpoint: data whose push failed (while it is
-        # still here), manifests not yet in the remote (a chain's link missing there
-        # would cut the chain a node resuming elsewhere fetches).
-        self._unpushed_data: list[FetchItem] = []
-        self._unpushed_manifests: list[Path] = []
+        # Each checkpoint pushed once committed, what failed retried with the next.
+        self._pusher = Pusher(
+            lambda: self._storage_for(self._opened()[0]),
+            lambda: self._files(self._opened()[0]),
+        )
         # What each checkpoint found valid was verified as (by its verified manifest):
         # a restore reads exactly those bytes, never what its name holds later.
         self._signed: dict[Path, Signed] = {}
@@ -126,7 +126,7 @@ class SignedPublisher:
 
     @property
     def push_failures(self) -> list[str]:
-        return self._push_failures
+        return self._pusher.failures
 
     def open(self) -> None:
         self._project = find_project(self.directory).require_initialized()
@@ -315,7 +315,8 @@ class SignedPublisher:
         cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
         prune(project, self.directory, doomed, cache_dir=cache_dir)
         if self.push:
-            self._push(project, FetchItem(step.final, digests.md5, digests.sha256, digests.size))
+            item = FetchItem(step.final, digests.md5, digests.sha256, digests.size)
+            self._pusher.push(ONE_RANK, manifest_path_for(step.final), [item])
 
     def _sign(self, job: Job, final: Path, digests: FileDigests, parent: int | None) -> list[int]:
         """Track and sign the checkpoint file in place; the steps its retention prunes."""
@@ -358,43 +359,6 @@ class SignedPublisher:
         )
         self._newest = Newest(job.step, self._parent.path, self._parent.digest)
         return [p.step for p in doomed]
-
-    def _push(self, project: Project, item: FetchItem) -> None:
-        """Push on the background thread: the data, then the manifest into the run's
-        directory in the remote (a manifest there whose data is not would only be passed
-        over). A failure does not stop the run: the checkpoint is safe locally, `kaudit
-        status` shows it as not pushed, `kaudit push` completes the data, and the next
-        checkpoint's push retries what failed. The data goes by the md5 and size just
-        signed, and is confirmed in the remote afterwards: an object missing there is a
-        failed push."""
-        storage = self._storage_for(project)
-        checkpoint = item.checkpoint
-        self._unpushed_manifests.append(manifest_path_for(checkpoint))
-        # Pruned meanwhile: its data is gone (on purpose, signed), its manifest still goes.
-        data = [i for i in self._unpushed_data if i.checkpoint.exists()]
-        try:
-            storage.push([*data, item])
-        except Error as e:
-            self._unpushed_data = [*data, item]
-            self._push_failed(checkpoint, e)
-            return
-        self._unpushed_data = []
-        files = self._files(project)
-        while self._unpushed_manifests:
-            manifest = self._unpushed_manifests[0]
-            try:
-                if manifest.exists():
-                    push_manifest(files, manifest)
-            except Error as e:
-                self._push_failed(manifest, e)
-                return
-            self._unpushed_manifests.pop(0)
-
-    def _push_failed(self, path: Path, e: Error) -> None:
-        self._push_failures.append(str(e))
-        log.warning(
-            "push of %s failed (kept locally; `kaudit push` completes it): %s", path.name, e
-        )
 
 
 __all__ = ["SignedPublisher"]

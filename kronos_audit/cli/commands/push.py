@@ -51,6 +51,7 @@ def push(
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.runtime.resume_remote import push_manifests
     from kronos_audit.storage import FetchItem, Storage
+    from kronos_audit.storage.steps import step_items
     from kronos_audit.verification.chain import place_check
     from kronos_audit.verification.verifier import Verifier
 
@@ -64,7 +65,7 @@ def push(
     # named and neither it nor its data goes.
     bad: dict[Path, Error] = {}  # bad input: exit 2, the others still go
     refused: dict[Path, str] = {}
-    items: dict[Path, FetchItem] = {}  # by manifest
+    items: dict[Path, list[FetchItem]] = {}  # by manifest
     absent: list[Path] = []
     for m in manifests:
         try:
@@ -83,10 +84,10 @@ def push(
             absent.append(m)
         elif manifest.subject_md5 is None:
             refused[m] = "not pushed: its manifest records no DVC md5 to push the data by"
+        elif (objects := step_items(manifest)) is None:
+            refused[m] = "not pushed: its shard index is not the one its manifest signs"
         else:
-            items[m] = FetchItem(
-                checkpoint, manifest.subject_md5, manifest.subject_sha256, manifest.record.size
-            )
+            items[m] = objects  # a checkpoint file; a sharded step's index and every shard
     if not items and not refused and not bad:
         raise UsageError("none of these checkpoints is here to push", path=manifests[0])
     storage = Storage(project)
@@ -97,7 +98,7 @@ def push(
         bar.update(f"pushing {len(items)} checkpoint(s)", 0, 0)
         if items:
             try:
-                uploaded = storage.push(list(items.values()), remote)
+                uploaded = storage.push([i for group in items.values() for i in group], remote)
             except PushIncomplete as e:
                 missing, uploaded = e.missing, e.uploaded
         # The manifests travel with their data, after it, as Run(push=True) sends them:
@@ -109,7 +110,7 @@ def push(
             for m in manifests
             if m not in refused
             and m not in bad
-            and (m not in items or items[m].checkpoint not in missing)
+            and (m not in items or not any(i.checkpoint in missing for i in items[m]))
         ]
         sent = push_manifests(storage, to_send, remote) if to_send else 0
     ok = not refused and not missing and not bad
@@ -119,7 +120,9 @@ def push(
             {
                 "ok": ok,
                 "pushed": [
-                    str(i.checkpoint) for i in items.values() if i.checkpoint not in missing
+                    str(group[0].checkpoint)
+                    for group in items.values()
+                    if not any(i.checkpoint in missing for i in group)
                 ],
                 "uploaded": uploaded,
                 "manifests": sent,
@@ -134,7 +137,7 @@ def push(
         click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
     for path, why in [*refused.items(), *missing.items()]:
         out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}")
-    pushed = len(items) - len(missing)
+    pushed = sum(not any(i.checkpoint in missing for i in group) for group in items.values())
     out.print(
         f"pushed {pushed} checkpoint(s): {uploaded} object(s) uploaded, "
         f"the rest were in the remote already (each confirmed there, by its signed md5 and "

@@ -1,0 +1,118 @@
+"""Pushing a run on three ranks under a real mpiexec (``Run(push=True)``): every rank
+pushes its own shard, rank 0 the index, its tree and the step manifest, only once every
+rank's objects are there; a fresh clone verifies the whole chain from the remote alone.
+And ``kaudit push`` of a sharded run sends every shard, not only the index."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.storage import Storage
+from kronos_audit.storage.remote import configure_remote
+from kronos_audit.storage.runs import RunFiles
+from tests.helpers import git, run_cli
+from tests.parallel import launch
+from tests.parallel.launch import mpiexec
+
+pytestmark = pytest.mark.slow
+
+RANKS = 3
+PROGRAM = """
+import json, sys
+import numpy as np
+import kronos_audit as ka
+
+with ka.Run("far", seed=9, every=ka.EverySteps(2), push=sys.argv[2] == "push") as run:
+    state = run.restore() or {"u": np.zeros(4), "t": 0.0}
+    for step in run.steps(int(sys.argv[1])):
+        u = state["u"] + run.rng.random(state["u"].shape)
+        state = {"u": u, "t": state["t"] + 1.0}
+        run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
+    run.wait()
+    failures = list(run.push_failures)
+with open(f"out.{run.rank}.json", "w") as f:
+    json.dump({"rank": run.rank, "failures": failures}, f)
+"""
+
+
+def locations(run_dir: Path) -> dict[str, str]:
+    result = run_cli("status", "--json", str(run_dir))
+    assert result.exit_code in (0, 1), result.output
+    return {c["checkpoint"]: c["location"] for c in json.loads(result.stdout)["checkpoints"]}
+
+
+def in_remote(project: Project, run_dir: Path, step: int) -> list[bool]:
+    """Whether each object of ``step`` (index, then each shard) is in the remote."""
+    record = read_manifest(step_directory(run_dir, step) / STEP_MANIFEST)
+    shards = record.record.shards
+    assert shards is not None
+    index = step_directory(run_dir, step) / "index.jsonl"
+    lines = index.read_bytes().splitlines()
+    md5s = [record.subject_md5] + [json.loads(line)["md5"] for line in lines]
+    assert all(md5s)
+    sizes = Storage(project).remote_sizes([m for m in md5s if m], None)
+    return [sizes.get(m) is not None for m in md5s if m]
+
+
+def test_three_ranks_push_every_object_and_a_clone_verifies_from_the_remote(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote"
+    configure_remote(project, str(remote))
+    program = project.root / "far.py"
+    program.write_text(textwrap.dedent(PROGRAM))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "program and remote")
+    docs = launch.run(mpiexec(RANKS, str(program), "4", "push"), project.root, RANKS)
+    assert [d["failures"] for d in docs] == [[]] * RANKS
+    run_dir = project.root / "checkpoints" / "far"
+    for step in (2, 4):
+        assert in_remote(project, run_dir, step) == [True] * (1 + RANKS)
+    assert set(locations(run_dir).values()) == {"pushed"}
+    listed = RunFiles(Storage(project), "far").list()
+    assert sorted(e.name for e in listed.entries if e.name.startswith("step-")) == [
+        f"step-{s:08d}.{STEP_MANIFEST}" for s in (2, 4)
+    ]
+
+    # A clone with the signed manifests and .dvc files, and none of the data.
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "the run's manifests")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    assert not shard_path(step_directory(clone / "checkpoints" / "far", 4), 1, RANKS).exists()
+    owner = tmp_path / "owner.pub"
+    owner.write_bytes(public_pem(key.private_key.public_key()))
+    verified = run_cli(
+        "verify", "--trusted-key", str(owner), str(clone / "checkpoints" / "far"), cwd=clone
+    )
+    assert verified.exit_code == 0, verified.output
+    for r in range(RANKS):  # every shard came from the remote, checked against its line
+        assert shard_path(step_directory(clone / "checkpoints" / "far", 4), r, RANKS).exists()
+
+
+def test_kaudit_push_of_a_sharded_run_sends_every_shard(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    configure_remote(project, str(tmp_path / "remote"))
+    program = project.root / "far.py"
+    program.write_text(textwrap.dedent(PROGRAM))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "program and remote")
+    launch.run(mpiexec(RANKS, str(program), "2", "no"), project.root, RANKS)
+    run_dir = project.root / "checkpoints" / "far"
+    assert set(locations(run_dir).values()) == {"local"}
+    assert in_remote(project, run_dir, 2) == [False] * (1 + RANKS)
+
+    pushed = run_cli("push", "--json", str(run_dir))
+    assert pushed.exit_code == 0, pushed.output
+    assert json.loads(pushed.stdout)["uploaded"] == 1 + RANKS
+    assert in_remote(project, run_dir, 2) == [True] * (1 + RANKS)
+    assert set(locations(run_dir).values()) == {"pushed"}

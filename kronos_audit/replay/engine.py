@@ -68,6 +68,7 @@ from kronos_audit.replay.sharded import (
     hand_over_step,
     is_sharded,
     launch,
+    launcher_name,
     ranks_for,
 )
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
@@ -151,8 +152,9 @@ def replay(
     replayed; returns the result, reproduced or not, otherwise.
 
     A step of a run on several ranks (a sharded step) is replayed on the recorded rank
-    count, or on ``ranks``, launched as it was (:mod:`kronos_audit.replay.sharded`), and
-    compared bitwise only.
+    count, or on ``ranks``, launched as it was (mpiexec or torchrun: see
+    :mod:`kronos_audit.replay.sharded`), and compared by the same ``policy``, dataset by
+    dataset: a Block array as the global array, whatever the two rank counts.
     """
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
@@ -168,12 +170,6 @@ def replay(
         policy = TolerancePolicy.from_config(project)
     basis = Basis.for_policy(policy)
     if is_sharded(m):
-        if basis is not Basis.HASHES:
-            raise ReplayError(
-                "a step of a run on several ranks is replayed bitwise only, without tolerances",
-                path=m.path,
-                stage=Stage.COMPARE,
-            )
         ranks = ranks_for(m, ranks)
         launch(m, [], ranks)  # a launch it cannot make is refused before anything runs
     elif ranks is not None:
@@ -310,13 +306,19 @@ def _sharded_result(
     clock: _Clock,
     workdir: Path | None,
 ) -> ReplayResult:
-    """The step the ranks wrote against the recorded step (bitwise, by data)."""
+    """The step the ranks wrote against the recorded step, by ``policy`` (bitwise by the
+    data's digests for the empty one)."""
     m, project, parent = verified.manifest, verified.project, verified.parent
     shards = m.record.shards
     assert shards is not None
     produced = find_step_output(instruction.out, m.step, ranks)
     datasets, uncompared = compare_steps(
-        m.checkpoint_path.parent, shards.count, shards.layout, produced, m.subject_sha256
+        m.checkpoint_path.parent,
+        shards.count,
+        shards.layout,
+        produced,
+        m.subject_sha256,
+        policy if basis is Basis.DATA else None,
     )
     clock.lap("compare")
     return ReplayResult(
@@ -342,5 +344,6 @@ def _sharded_result(
         tool=_tool(),
         workdir=workdir,
         ranks=ranks,
+        launcher=launcher_name(m),
         uncompared=tuple(uncompared),
     )

@@ -68,6 +68,7 @@ from kronos_audit.replay.sharded import (
     hand_over_step,
     is_sharded,
     launch,
+    launcher_defaults,
     launcher_name,
     ranks_for,
 )
@@ -113,8 +114,10 @@ class _Clock:
         return Timings(**self.laps, total=time.perf_counter() - self.started)
 
 
-def _environment(m: Manifest, env: EnvMode) -> EnvironmentReport:
-    report = environment_report(m.record.environment, env)
+def _environment(m: Manifest, env: EnvMode, ranks: int | None) -> EnvironmentReport:
+    report = environment_report(
+        m.record.environment, env, launcher_defaults=launcher_defaults(m, ranks)
+    )
     if env is EnvMode.STRICT and report.drift:
         n = len(report.drift)
         raise ReplayError(
@@ -181,7 +184,7 @@ def replay(
     verified = verify_history(project, m, basis, trust, verifier)
     check_placeholders(command, path=m.path)  # before anything runs
     clock.lap("verify")
-    report = _environment(m, env)
+    report = _environment(m, env, ranks)
     clock.lap("environment")
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:

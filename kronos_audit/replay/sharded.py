@@ -60,6 +60,7 @@ from kronos_audit.compare.engine import stream_comparison
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
+from kronos_audit.replay.environment import TORCHRUN_DEFAULTS
 from kronos_audit.replay.handover import _copy, _copy_refused, _write_new
 from kronos_audit.replay.interface import DatasetReplay
 from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
@@ -169,6 +170,16 @@ def launcher_name(m: Manifest) -> str | None:
     """``mpiexec`` or ``torchrun``: what a replay of ``m`` starts its ranks with."""
     shards = m.record.shards
     return None if shards is None or shards.launcher is None else LAUNCHED_WITH.get(shards.launcher)
+
+
+def launcher_defaults(m: Manifest, ranks: int | None) -> dict[str, str]:
+    """The variables the launcher of a replay of ``m`` on ``ranks`` ranks sets in their
+    environment where it is not set: torchrun's for more than one worker
+    (:data:`~kronos_audit.replay.environment.TORCHRUN_DEFAULTS`), else none."""
+    shards = m.record.shards
+    if shards is None or shards.launcher != "torch.distributed" or ranks is None or ranks < 2:
+        return {}
+    return dict(TORCHRUN_DEFAULTS)
 
 
 def _is_python(arg: str) -> bool:

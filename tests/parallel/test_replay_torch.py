@@ -6,6 +6,7 @@ recorded one as global arrays. One recorded run (module-scoped) serves every tes
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import textwrap
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.replay import SCHEMA_NAME
+from kronos_audit.replay.sharded import torchrun
 from kronos_audit.statement.schemas import validate
 from tests.helpers import run_cli
 from tests.parallel import launch
@@ -77,6 +79,7 @@ def recorded(
     steps 2 and 4 signed."""
     with pytest.MonkeyPatch.context() as mp:
         project, home = shared_project(mp, repo_templates, tmp_path_factory)
+        mp.delenv("OMP_NUM_THREADS", raising=False)  # torchrun sets it for its workers
         root = project.root
         (root / "train.py").write_text(textwrap.dedent(TRAIN_PROGRAM))
         commit_all(root, "program")
@@ -95,6 +98,7 @@ def environment(
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for var in (
         "KAUDIT_RESUME_FROM",
         "KAUDIT_STOP_AT",
@@ -120,9 +124,16 @@ def test_a_torchrun_step_records_its_launcher(recorded: Recorded) -> None:
     assert m.record.command == ("python", "train.py")
 
 
+def drift(doc: dict[str, Any]) -> list[str]:
+    return [d["name"] for d in doc["environment"]["drift"]]
+
+
 def test_a_torchrun_step_replays_bitwise_under_torchrun(recorded: Recorded) -> None:
-    status, doc = replay_json(recorded.manifest(4))
+    # --env strict: torchrun gives its workers OMP_NUM_THREADS=1, as it gave the recorded
+    # ones; that is not drift from the lock they recorded.
+    status, doc = replay_json(recorded.manifest(4), "--env", "strict")
     assert (status, doc["outcome"], doc["ranks"]) == (0, "REPRODUCED", 2), doc
+    assert drift(doc) == []
     executed = doc["command"]["executed"]
     assert Path(executed[0]).name == "torchrun"
     assert executed[1:5] == ["--standalone", "--nproc_per_node", "2", "--no-python"]
@@ -139,14 +150,11 @@ def test_on_one_rank_the_blocks_are_compared_as_global_arrays(recorded: Recorded
     shown = run_cli("replay", str(recorded.manifest(4)), "--ranks", "1")
     assert shown.exit_code == 0, shown.output
     assert "ranks        1, launched with torchrun" in shown.output
-    assert "NOT REPRODUCED" not in shown.output
-    assert "per-rank" in shown.output  # each rank's own generators: not comparable, said
-    status, doc = replay_json(recorded.manifest(4), "--ranks", "1")
-    assert (status, doc["outcome"], doc["ranks"]) == (0, "REPRODUCED", 1), doc
-    assert doc["command"]["executed"][1:4] == ["--standalone", "--nproc_per_node", "1"]
-    paths = {d["path"]: d["verdict"] for d in doc["datasets"]}
-    assert paths["/w"] == paths["/m"] == "IDENTICAL"
-    assert doc["uncompared"]
+    # /w and /m as the global 9 x 4 arrays, and kaudit's record of the state's structure.
+    assert "REPRODUCED: 3 datasets: 3 identical" in shown.output
+    assert "not compared: 4 per-rank dataset(s)" in shown.output  # each rank's generators
+    # One worker: torchrun leaves OMP_NUM_THREADS alone, the recorded workers had 1.
+    assert "OMP_NUM_THREADS 1 removed" in shown.output
 
 
 def test_a_tampered_recorded_shard_is_refused_before_anything_runs(recorded: Recorded) -> None:
@@ -160,3 +168,12 @@ def test_a_tampered_recorded_shard_is_refused_before_anything_runs(recorded: Rec
         assert not list((Path(tempfile.gettempdir())).glob("kaudit-replay-*"))
     finally:
         shard.write_bytes(original)
+
+
+def test_torchrun_is_found_beside_the_interpreter_else_run_as_its_module(
+    tmp_path: Path,
+) -> None:
+    beside = Path(sys.executable).parent / "torchrun"
+    assert torchrun(sys.executable) == [str(beside)]
+    elsewhere = str(tmp_path / "bin" / "python3")
+    assert torchrun(elsewhere) == [elsewhere, "-m", "torch.distributed.run"]

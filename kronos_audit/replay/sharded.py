@@ -203,11 +203,16 @@ def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
     the manifest records its ranks were started: ``mpiexec --oversubscribe -n N argv`` for
     ``mpi``, ``torchrun --standalone --nproc_per_node N --no-python argv`` for
     ``torch.distributed`` (the argv exactly as recorded, its interpreter included: torchrun
-    only starts the ranks and their rendezvous). ReplayError when the launcher is not
+    only starts the ranks and their rendezvous); a step one process wrote without a
+    launcher, replayed on one, is ``argv`` itself. ReplayError when the launcher is not
     known or not available here. With an empty ``argv`` (a check before anything runs),
     torchrun is looked for beside this Python."""
     shards = m.record.shards
     assert shards is not None
+    if shards.launcher is None and shards.count == ranks == 1:
+        # A step one process wrote without a launcher (a sharded run continued on one
+        # process): started as it was, on its own.
+        return list(argv)
     if shards.launcher == "torch.distributed":
         python = argv[0] if argv and _is_python(argv[0]) else sys.executable
         found = torchrun(python)
@@ -229,13 +234,14 @@ def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
         ]
     if shards.launcher != "mpi":
         how = (
-            "records no launcher"
+            "records no launcher: only a step one process wrote is replayed without one, "
+            f"on one process (this one: written on {shards.count} rank(s), asked for {ranks})"
             if shards.launcher is None
-            else f"was launched by {shards.launcher!r}"
+            else f"was launched by {shards.launcher!r}: kaudit replay starts the ranks of "
+            "an MPI run (mpiexec) or a torch.distributed run (torchrun) only"
         )
         raise ReplayError(
-            f"the step {how}: kaudit replay starts the ranks of an MPI run (mpiexec) or a "
-            "torch.distributed run (torchrun) only",
+            f"the step {how}",
             path=m.path,
             stage=Stage.RUN,
         )

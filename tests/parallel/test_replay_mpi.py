@@ -27,7 +27,7 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli
-from tests.parallel.launch import launcher_env, mpirun
+from tests.parallel.launch import launched, launcher_env, mpirun
 from tests.replay.helpers import bad_input, commit_all, resign, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
 
@@ -63,6 +63,7 @@ ORDER_MPI = '''\
 terms of wide range, taken in the order KAUDIT_TEST_ORDER names (forward or reverse):
 float addition is not associative, so the two orders differ in the last bits."""
 import os
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -71,6 +72,7 @@ import kronos_audit as ka
 from kronos_audit.parallel.layout import block_range
 
 ROWS, COLS, TERMS = 12, 4, 200
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 reverse = os.environ.get("KAUDIT_TEST_ORDER") == "reverse"
 order = range(TERMS - 1, -1, -1) if reverse else range(TERMS)
 comm = MPI.COMM_WORLD
@@ -80,7 +82,7 @@ with ka.Run("order-mpi", root="checkpoints", seed=5, every=ka.EverySteps(2)) as 
     state = run.restore()
     if state is None:
         state = {"u": np.zeros((stop - start, COLS)), "total": np.zeros(1)}
-    for step in run.steps(4):
+    for step in run.steps(STEPS):
         g = np.random.default_rng(step)  # the same terms whatever the rank count
         shape = (ROWS, COLS, TERMS)
         terms = g.standard_normal(shape) * 10.0 ** g.integers(-8, 8, shape)
@@ -275,7 +277,7 @@ def test_a_launch_it_cannot_make_and_a_bad_tolerance_are_refused_before_anything
         del predicate["shards"]["launcher"]
 
     resign(target, key, unknown)
-    bad_input(run_cli("replay", str(target)), "records no launcher", "mpiexec", "torchrun")
+    bad_input(run_cli("replay", str(target)), "records no launcher", "written on 3 rank(s)")
     assert not list((tmp_path / "tmp").glob("kaudit-replay-*"))
 
 
@@ -305,13 +307,17 @@ def test_a_recorded_shard_renamed_over_after_verification_is_not_compared(heat: 
 def order_run(
     repo_templates: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, Path]:
-    """ORDER_MPI committed in a project and run once on 3 ranks, its sums forward: the
-    run directory, and the KAUDIT_HOME of the key that signed it."""
+    """ORDER_MPI committed in a project, run on 3 ranks to step 4, then on one process to
+    step 6, its sums forward: the run directory, and the KAUDIT_HOME of the key that
+    signed it."""
     with pytest.MonkeyPatch.context() as mp:
         project, home = shared_project(mp, repo_templates, tmp_path_factory)
         (project.root / "order_mpi.py").write_text(ORDER_MPI)
         commit_all(project.root, "program")
         launch(project.root, 3, "order_mpi.py")
+        # Continued on one process, without a launcher: step 6 is a step of one shard.
+        done = launched([sys.executable, "order_mpi.py", "6"], project.root)
+        assert done.returncode == 0, done.stderr
     return project.root / "checkpoints" / "order-mpi", home
 
 
@@ -386,3 +392,22 @@ def test_on_another_rank_count_tolerances_apply_to_the_global_arrays(
         assert doc["uncompared"]
     finally:
         config.write_text(original)
+
+
+def test_a_step_one_process_wrote_replays_on_one_process_without_a_launcher(
+    order_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir, home = order_run
+    monkeypatch.setenv("KAUDIT_HOME", str(home))
+    target = step_manifest(run_dir, 6)
+    m = ka.read_manifest(target)
+    assert m.record.shards is not None
+    assert (m.record.shards.count, m.record.shards.launcher) == (1, None)
+    shown = run_cli("replay", str(target))
+    assert shown.exit_code == 0, shown.output
+    assert "ranks        1, one process, no launcher" in shown.output
+    assert "REPRODUCED: " in shown.output
+    # Its parent was written on 3 ranks: the one process resumed from it, re-cut.
+    assert "resumed from step 4" in shown.output
+    # How to start it on 2 is not recorded: refused before anything runs.
+    bad_input(run_cli("replay", str(target), "--ranks", "2"), "records no launcher")

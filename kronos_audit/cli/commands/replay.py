@@ -164,7 +164,8 @@ def _header(r: ReplayResult) -> None:
     _row("code", f"commit {safe(r.commit[:12])}{patch}")
     _row("command", f"{safe(shlex.join(r.command))}  [dim](in {safe(r.cwd)})[/]")
     if r.ranks is not None:
-        _row("ranks", f"{r.ranks}, launched with {safe(r.launcher or 'mpiexec')}")
+        how = f"launched with {safe(r.launcher)}" if r.launcher else "one process, no launcher"
+        _row("ranks", f"{r.ranks}, {how}")
     env = r.environment
     if env.mode != "ignore":  # an EnvMode
         if env.drift:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 
@@ -135,3 +136,34 @@ def test_a_global_shape_that_differs_is_not_comparable(tmp_path: Path) -> None:
     assert u.replayed.shape == (10, 4)
     assert u.detail is not None
     assert "shape" in u.detail
+
+
+def test_text_in_blocks_compares_exactly_whatever_the_tolerance(tmp_path: Path) -> None:
+    names = np.array([f"cell-{i}" for i in range(7)], dtype=h5py.string_dtype())
+    other = names.copy()
+    other[5] = "cell-five"
+    layout = {"names": {"block": 0, "shape": [7]}}
+    for directory, count, data in ((tmp_path / "a", 3, names), (tmp_path / "b", 2, other)):
+        directory.mkdir()
+        records = [
+            ShardRecord.of(
+                r,
+                count,
+                write_and_digest(shard_path(directory, r, count), {"/names": block}, md5=True),
+            )
+            for r, block in enumerate(np.array_split(data, count))
+        ]
+        write_index(directory, records)
+    results, _ = compare_steps(
+        tmp_path / "a",
+        3,
+        layout,
+        produced(tmp_path / "b", 2),
+        policy=TolerancePolicy.from_options(rtol=1e-3),
+    )
+    (r,) = [r for r in results if r.path == "/names"]
+    assert r.verdict is Verdict.DIFFERENT
+    assert r.comparison is not None
+    assert r.comparison.first_mismatch is not None
+    assert r.comparison.first_mismatch.index == (5,)
+    assert (r.comparison.first_mismatch.a, r.comparison.first_mismatch.b) == ("cell-5", "cell-five")

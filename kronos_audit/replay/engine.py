@@ -237,7 +237,7 @@ def _run_and_compare(
             manifest=m.path,
         )
         if ranks is not None:
-            argv = launch(m, argv, ranks)
+            argv = launch(m, argv, ranks, logs=workdir / "launcher")
         run_command(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
         if ranks is not None:

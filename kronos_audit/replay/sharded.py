@@ -198,7 +198,7 @@ def ranks_for(m: Manifest, ranks: int | None) -> int:
     return ranks
 
 
-def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
+def launch(m: Manifest, argv: list[str], ranks: int, *, logs: Path | None = None) -> list[str]:
     """``argv`` (the recorded program's, ready to run) started on ``ranks`` ranks the way
     the manifest records its ranks were started: ``mpiexec --oversubscribe -n N argv`` for
     ``mpi``, ``torchrun --standalone --nproc_per_node N --no-python argv`` for
@@ -206,7 +206,9 @@ def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
     only starts the ranks and their rendezvous); a step one process wrote without a
     launcher, replayed on one, is ``argv`` itself. ReplayError when the launcher is not
     known or not available here. With an empty ``argv`` (a check before anything runs),
-    torchrun is looked for beside this Python."""
+    torchrun is looked for beside this Python. ``logs``: where torchrun keeps its own
+    logs (``--log-dir``; else it makes a directory in the system's temporary one and
+    leaves it there)."""
     shards = m.record.shards
     assert shards is not None
     if shards.launcher is None and shards.count == ranks == 1:
@@ -229,6 +231,7 @@ def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
             "--standalone",
             "--nproc_per_node",
             str(ranks),
+            *(["--log-dir", str(logs)] if logs is not None else []),
             "--no-python",
             *argv,
         ]

@@ -83,7 +83,8 @@ def recorded(
         root = project.root
         (root / "train.py").write_text(textwrap.dedent(TRAIN_PROGRAM))
         commit_all(root, "program")
-        done = launch.launched(launch.torchrun(2, "train.py"), root)
+        logs = str(tmp_path_factory.mktemp("torchrun-logs"))  # not left in /tmp
+        done = launch.launched(launch.torchrun(2, "--log-dir", logs, "train.py"), root)
         assert done.returncode == 0, done.stdout + done.stderr
     return Recorded(root, home)
 
@@ -136,8 +137,12 @@ def test_a_torchrun_step_replays_bitwise_under_torchrun(recorded: Recorded) -> N
     assert drift(doc) == []
     executed = doc["command"]["executed"]
     assert Path(executed[0]).name == "torchrun"
-    assert executed[1:5] == ["--standalone", "--nproc_per_node", "2", "--no-python"]
-    assert executed[6:] == ["train.py"]
+    assert executed[1:5] == ["--standalone", "--nproc_per_node", "2", "--log-dir"]
+    assert executed[6:] == ["--no-python", sys.executable, "train.py"]
+    # torchrun's own logs went into the replay's work directory, removed with it.
+    logs = Path(executed[5])
+    assert logs.parent.name.startswith("kaudit-replay-")
+    assert not logs.parent.exists()
     paths = {d["path"]: d["verdict"] for d in doc["datasets"]}
     assert paths["/w"] == paths["/m"] == "IDENTICAL"
     w = next(d for d in doc["datasets"] if d["path"] == "/w")

@@ -38,6 +38,11 @@ be seen from here (a fresh import has the defaults): the replayed program, the s
 makes them again, so their differences are noted, not drift. Those that come from the
 environment (``CUBLAS_WORKSPACE_CONFIG``, ``JAX_ENABLE_X64``) are also variables, and
 drift there.
+
+The command's ranks may not see this process's variables exactly: their launcher can add
+some (torchrun gives more than one worker ``OMP_NUM_THREADS=1`` when it is unset, see
+:data:`TORCHRUN_DEFAULTS`). Those are compared as the ranks will see them
+(``launcher_defaults`` of :func:`environment_report`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.replay import SCHEMA_NAME
-from kronos_audit.replay.sharded import torchrun
 from kronos_audit.statement.schemas import validate
 from tests.helpers import run_cli
 from tests.parallel import launch
@@ -173,12 +172,3 @@ def test_a_tampered_recorded_shard_is_refused_before_anything_runs(recorded: Rec
         assert not list((Path(tempfile.gettempdir())).glob("kaudit-replay-*"))
     finally:
         shard.write_bytes(original)
-
-
-def test_torchrun_is_found_beside_the_interpreter_else_run_as_its_module(
-    tmp_path: Path,
-) -> None:
-    beside = Path(sys.executable).parent / "torchrun"
-    assert torchrun(sys.executable) == [str(beside)]
-    elsewhere = str(tmp_path / "bin" / "python3")
-    assert torchrun(elsewhere) == [elsewhere, "-m", "torch.distributed.run"]

@@ -3,7 +3,6 @@ any: the torchrun it picks, and the lines of a failed command's stderr it shows.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from kronos_audit.replay.command import _tail
@@ -37,8 +36,11 @@ TORCHRUN_STDERR = "\n".join(
 def test_torchrun_is_found_beside_the_interpreter_else_run_as_its_module(
     tmp_path: Path,
 ) -> None:
-    beside = Path(sys.executable).parent / "torchrun"
-    assert torchrun(sys.executable) == [str(beside)]
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python3").touch()
+    (venv / "torchrun").touch()
+    assert torchrun(str(venv / "python3")) == [str(venv / "torchrun")]
     elsewhere = str(tmp_path / "bin" / "python3")
     assert torchrun(elsewhere) == [elsewhere, "-m", "torch.distributed.run"]
 

@@ -20,6 +20,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from kronos_audit.checkpoint.hashing import VLEN_STR
 from kronos_audit.compare.accumulate import Accumulator
 from kronos_audit.compare.blocks import BLOCK_BYTES, array_blocks, dataset_shape, h5_blocks
 from kronos_audit.compare.interface import DatasetComparison, Verdict
@@ -27,7 +28,13 @@ from kronos_audit.compare.kinds import DataKind
 from kronos_audit.compare.plan import Plan, data_kind, describe_dtype, plan
 from kronos_audit.compare.policy import Tolerance, TolerancePolicy
 
-__all__ = ["BLOCK_BYTES", "compare_arrays", "compare_datasets"]
+__all__ = [
+    "BLOCK_BYTES",
+    "StreamedComparison",
+    "compare_arrays",
+    "compare_datasets",
+    "stream_comparison",
+]
 
 
 def _not_comparable(
@@ -140,3 +147,72 @@ def compare_datasets(
         for offset, ba, bb in h5_blocks(da, db, p, shape_a, block_bytes):
             acc.feed(offset, ba, bb)
     return acc.result(path, name_a, name_b, rule, shape_a, shape_b)
+
+
+class StreamedComparison:
+    """One dataset compared from pieces its caller reads, A the reference: both sides fed
+    in lock-step as runs of the whole in C order (for data no one file holds whole, as
+    the blocks of a global array spread over shards); then :meth:`result`. Made by
+    :func:`stream_comparison`."""
+
+    def __init__(
+        self,
+        path: str,
+        p: Plan,
+        tolerance: Tolerance | None,
+        rule: str,
+        dtypes: tuple[str, str],
+        shape: tuple[int, ...],
+    ) -> None:
+        self.path = path
+        self._plan = p
+        self._rule = rule
+        self._dtypes = dtypes
+        self._shape = shape
+        self._acc = Accumulator(p, tolerance, shape)
+
+    def _work(self, part: Any) -> np.ndarray[Any, Any]:
+        flat = np.asarray(part).reshape(-1)
+        if self._plan.work.kind == "O":
+            if self._plan.vlen == VLEN_STR:  # as h5py's asstr() reads them for a file
+                return np.array([_text(v) for v in flat], dtype=object)
+            return np.asarray(flat, dtype=object)
+        return np.ascontiguousarray(flat, dtype=self._plan.work)
+
+    def feed(self, offset: int, a: Any, b: Any) -> None:
+        """Compare ``a`` with ``b`` (one shape, any dtype the plan reads): elements
+        ``offset..`` of the whole in C order."""
+        wa, wb = self._work(a), self._work(b)
+        if wa.shape != wb.shape:
+            raise ValueError(f"{self.path}: pieces of {wa.size} and {wb.size} elements fed")
+        self._acc.feed(offset, wa, wb)
+
+    def result(self) -> DatasetComparison:
+        """The verdict and the evidence for what was fed (as :func:`compare_datasets`)."""
+        a, b = self._dtypes
+        return self._acc.result(self.path, a, b, self._rule, self._shape, self._shape)
+
+
+def _text(v: Any) -> Any:
+    return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else v
+
+
+def stream_comparison(
+    path: str,
+    dtype_a: np.dtype[Any],
+    dtype_b: np.dtype[Any],
+    shape_a: tuple[int, ...],
+    shape_b: tuple[int, ...],
+    policy: TolerancePolicy,
+) -> StreamedComparison | DatasetComparison:
+    """A comparison of dataset ``path`` to feed piece by piece, the tolerance resolved by
+    ``policy`` as for a file; or, when the dtypes or shapes cannot be compared, its
+    NOT_COMPARABLE result at once."""
+    name_a, name_b = describe_dtype(dtype_a), describe_dtype(dtype_b)
+    p = plan(dtype_a, dtype_b)
+    kind = p.kind if isinstance(p, Plan) else data_kind(dtype_a)
+    tol, rule = policy.resolve(path, kind)
+    reason = _shape_reason(shape_a, shape_b) or (p if isinstance(p, str) else None)
+    if reason is not None or not isinstance(p, Plan):
+        return _not_comparable(path, name_a, name_b, shape_a, shape_b, str(reason), rule)
+    return StreamedComparison(path, p, tol, rule, (name_a, name_b), shape_a)

@@ -110,12 +110,24 @@ def command_line(
     return argv
 
 
+TORCHRUN_FAILED = re.compile(r"[EW]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/\S+\] failed ")
+"""The line torchrun's agent writes when a worker failed: after it come the agent's own
+traceback and its summary table, none of them what the program said."""
+TORCHRUN_LOG = re.compile(r"[IWE]\d{4} [\d:.]+ +\d+ torch/distributed/")
+"""A line of torchrun's agent's own log (glog format), between the workers' lines."""
+
+
 def _tail(path: Path) -> str:
+    """The last lines the command wrote to stderr, on one line; under torchrun, the last
+    the workers wrote before the agent's report of their failure."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    failed = next((i for i, line in enumerate(lines) if TORCHRUN_FAILED.match(line)), None)
+    if failed is not None:
+        lines = [line for line in lines[:failed] if not TORCHRUN_LOG.match(line)] or lines
     return " | ".join(lines[-STDERR_TAIL_LINES:])
 
 

@@ -68,6 +68,8 @@ from kronos_audit.replay.sharded import (
     hand_over_step,
     is_sharded,
     launch,
+    launcher_defaults,
+    launcher_name,
     ranks_for,
 )
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
@@ -112,8 +114,10 @@ class _Clock:
         return Timings(**self.laps, total=time.perf_counter() - self.started)
 
 
-def _environment(m: Manifest, env: EnvMode) -> EnvironmentReport:
-    report = environment_report(m.record.environment, env)
+def _environment(m: Manifest, env: EnvMode, ranks: int | None) -> EnvironmentReport:
+    report = environment_report(
+        m.record.environment, env, launcher_defaults=launcher_defaults(m, ranks)
+    )
     if env is EnvMode.STRICT and report.drift:
         n = len(report.drift)
         raise ReplayError(
@@ -151,8 +155,9 @@ def replay(
     replayed; returns the result, reproduced or not, otherwise.
 
     A step of a run on several ranks (a sharded step) is replayed on the recorded rank
-    count, or on ``ranks``, launched as it was (:mod:`kronos_audit.replay.sharded`), and
-    compared bitwise only.
+    count, or on ``ranks``, launched as it was (mpiexec or torchrun: see
+    :mod:`kronos_audit.replay.sharded`), and compared by the same ``policy``, dataset by
+    dataset: a Block array as the global array, whatever the two rank counts.
     """
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
@@ -168,12 +173,6 @@ def replay(
         policy = TolerancePolicy.from_config(project)
     basis = Basis.for_policy(policy)
     if is_sharded(m):
-        if basis is not Basis.HASHES:
-            raise ReplayError(
-                "a step of a run on several ranks is replayed bitwise only, without tolerances",
-                path=m.path,
-                stage=Stage.COMPARE,
-            )
         ranks = ranks_for(m, ranks)
         launch(m, [], ranks)  # a launch it cannot make is refused before anything runs
     elif ranks is not None:
@@ -185,7 +184,7 @@ def replay(
     verified = verify_history(project, m, basis, trust, verifier)
     check_placeholders(command, path=m.path)  # before anything runs
     clock.lap("verify")
-    report = _environment(m, env)
+    report = _environment(m, env, ranks)
     clock.lap("environment")
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:
@@ -238,7 +237,7 @@ def _run_and_compare(
             manifest=m.path,
         )
         if ranks is not None:
-            argv = launch(m, argv, ranks)
+            argv = launch(m, argv, ranks, logs=workdir / "launcher")
         run_command(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
         if ranks is not None:
@@ -310,13 +309,19 @@ def _sharded_result(
     clock: _Clock,
     workdir: Path | None,
 ) -> ReplayResult:
-    """The step the ranks wrote against the recorded step (bitwise, by data)."""
+    """The step the ranks wrote against the recorded step, by ``policy`` (bitwise by the
+    data's digests for the empty one)."""
     m, project, parent = verified.manifest, verified.project, verified.parent
     shards = m.record.shards
     assert shards is not None
     produced = find_step_output(instruction.out, m.step, ranks)
     datasets, uncompared = compare_steps(
-        m.checkpoint_path.parent, shards.count, shards.layout, produced, m.subject_sha256
+        m.checkpoint_path.parent,
+        shards.count,
+        shards.layout,
+        produced,
+        m.subject_sha256,
+        policy if basis is Basis.DATA else None,
     )
     clock.lap("compare")
     return ReplayResult(
@@ -342,5 +347,6 @@ def _sharded_result(
         tool=_tool(),
         workdir=workdir,
         ranks=ranks,
+        launcher=launcher_name(m),
         uncompared=tuple(uncompared),
     )

@@ -38,13 +38,20 @@ be seen from here (a fresh import has the defaults): the replayed program, the s
 makes them again, so their differences are noted, not drift. Those that come from the
 environment (``CUBLAS_WORKSPACE_CONFIG``, ``JAX_ENABLE_X64``) are also variables, and
 drift there.
+
+The command's ranks may not see this process's variables exactly: their launcher can add
+some (torchrun gives more than one worker ``OMP_NUM_THREADS=1`` when it is unset, see
+:data:`TORCHRUN_DEFAULTS`). Those are compared as the ranks will see them
+(``launcher_defaults`` of :func:`environment_report`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.provenance.environment import FRAMEWORKS, environment_lock
 from kronos_audit.replay.interface import Difference, EnvironmentReport, EnvMode
 from kronos_audit.statement.predicate import ENVIRONMENT_SECTIONS, EnvironmentLock, Sha256
@@ -139,13 +146,33 @@ def _framework_differences(
     return found
 
 
+TORCHRUN_DEFAULTS = {"OMP_NUM_THREADS": "1"}
+"""What torchrun sets in its workers' environment when it starts more than one on a node
+and the variable is not set (``torch.distributed.run`` does, with a warning): a run
+recorded under torchrun records it, and its replay's workers get it again."""
+
+
+def launched(here: Mapping[str, Any], defaults: Mapping[str, str]) -> dict[str, Any]:
+    """The lock ``here`` as the command's processes see it: each of ``defaults`` (the
+    variables their launcher sets where the environment has none) added to its
+    ``variables``, and its digest taken again."""
+    variables = {**defaults, **(here.get("variables") or {})}
+    out = {k: v for k, v in here.items() if k != "digest"}
+    out["variables"] = dict(sorted(variables.items()))
+    out["digest"] = hashlib.sha256(canonical_json(out)).hexdigest()
+    return out
+
+
 def environment_report(
     recorded: EnvironmentLock | Mapping[str, Any],
     mode: EnvMode = EnvMode.WARN,
     current: EnvironmentLock | Mapping[str, Any] | None = None,
+    *,
+    launcher_defaults: Mapping[str, str] | None = None,
 ) -> EnvironmentReport:
     """Compare the recorded lock (a manifest's, or its JSON form) with ``current``
-    (default: this machine's, read now)."""
+    (default: this machine's, read now), with ``launcher_defaults`` (the variables the
+    launcher of the command's ranks sets where they are not set: see :func:`launched`)."""
     rec = _json(recorded)
     here: Mapping[str, Any]
     if current is None:
@@ -154,6 +181,8 @@ def environment_report(
         here = current_environment(name for name in FRAMEWORKS if name in named)
     else:
         here = _json(current)
+    if launcher_defaults:
+        here = launched(here, launcher_defaults)
     return EnvironmentReport(
         mode=mode,
         recorded_digest=Sha256(str(rec["digest"])),

@@ -240,6 +240,11 @@ class ReplayResult(PerDataset[DatasetReplay]):
     ranks: int | None = None
     """The ranks a step of a multi-rank run was replayed on; None for a checkpoint in one
     file."""
+    launcher: str | None = None
+    """What started those ranks (``mpiexec`` or ``torchrun``, as the step manifest records
+    its run's were); None for a checkpoint in one file, and for a step one process wrote
+    and replayed without a launcher. Shown, not in the JSON form: the executed command
+    line says it there."""
     uncompared: tuple[str, ...] = ()
     """Datasets that could not be compared, in words (a multi-rank step replayed on another
     rank count: each rank's own generators and ledger); not counted in the outcome."""

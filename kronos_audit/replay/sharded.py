@@ -8,27 +8,31 @@ The engine's steps are the same as for one checkpoint file; what differs is here
   the signed digests (the index's sha256 is the manifest's subject, each shard's sha256 is
   on its line of the index);
 - :func:`launch`: the recorded command (rank 0's ``python ...``) is started on N ranks the
-  way the step manifest says its ranks were started (``shards.launcher``: ``mpiexec
-  --oversubscribe -n N``); N is the recorded count unless the replay is told another;
+  way the step manifest says its ranks were started (``shards.launcher``): ``mpiexec
+  --oversubscribe -n N`` for ``mpi``, ``torchrun --standalone --nproc_per_node N
+  --no-python`` for ``torch.distributed`` (the torchrun beside the recorded interpreter,
+  else ``python -m torch.distributed.run``); N is the recorded count unless the replay is
+  told another;
 - :func:`find_step_output`: the step directory every rank wrote its shard into, with the
   index rank 0 wrote (unsigned: it is compared, never resumed from);
-- :func:`compare_steps`: the produced step against the recorded one, bitwise, by data
-  (the step manifest signs the shards, not each dataset): each Block array as the global
-  array (assembled from the blocks with :func:`~kronos_audit.parallel.layout.plan` in
-  bounded chunks, so any two rank counts compare), replicated ones (and kaudit's own
-  ``/kaudit`` records) from rank 0 of each, and datasets without a layout (the per-rank
-  generators and ledger) rank by rank when the counts are equal; with different counts
-  those are not comparable, which is said, not counted as a failure of the declared
-  arrays.
+- :func:`compare_steps`: the produced step against the recorded one, by data (the step
+  manifest signs the shards, not each dataset), bitwise or with the replay's tolerances:
+  each Block array as the global array (assembled from the blocks with
+  :func:`~kronos_audit.parallel.layout.plan` in bounded chunks, so any two rank counts
+  compare), replicated ones (and kaudit's own ``/kaudit`` records) from rank 0 of each,
+  and datasets without a layout (the per-rank generators and ledger) rank by rank when
+  the counts are equal; with different counts those are not comparable, which is said,
+  not counted as a failure of the declared arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +55,12 @@ from kronos_audit.checkpoint.hashing import (
 from kronos_audit.checkpoint.layout import INDEX_NAME, shard_path, step_directory
 from kronos_audit.checkpoint.shards import ShardRecord, hash_shard, parse_index, read_index
 from kronos_audit.checkpoint.verified import Signed, open_verified
+from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict, compare_datasets
+from kronos_audit.compare.engine import stream_comparison
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
+from kronos_audit.replay.environment import TORCHRUN_DEFAULTS
 from kronos_audit.replay.handover import _copy, _copy_refused, _write_new
 from kronos_audit.replay.interface import DatasetReplay
 from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
@@ -142,6 +149,44 @@ def mpiexec() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("mpiexec")
 
 
+def torchrun(python: str) -> list[str] | None:
+    """torch's launcher for the interpreter ``python``: the ``torchrun`` beside it (the
+    one its torch installed), else ``python -m torch.distributed.run``, the same launcher
+    by its module; None when ``python`` is this interpreter and it has no torch (another
+    interpreter's torch shows when it runs)."""
+    beside = Path(python).parent / "torchrun"
+    if beside.is_file():
+        return [str(beside)]
+    if python == sys.executable and importlib.util.find_spec("torch") is None:
+        return None
+    return [python, "-m", "torch.distributed.run"]
+
+
+LAUNCHED_WITH = {"mpi": "mpiexec", "torch.distributed": "torchrun"}
+"""The launcher a replay starts the ranks with, by the step manifest's ``shards.launcher``."""
+
+
+def launcher_name(m: Manifest) -> str | None:
+    """``mpiexec`` or ``torchrun``: what a replay of ``m`` starts its ranks with."""
+    shards = m.record.shards
+    return None if shards is None or shards.launcher is None else LAUNCHED_WITH.get(shards.launcher)
+
+
+def launcher_defaults(m: Manifest, ranks: int | None) -> dict[str, str]:
+    """The variables the launcher of a replay of ``m`` on ``ranks`` ranks sets in their
+    environment where it is not set: torchrun's for more than one worker
+    (:data:`~kronos_audit.replay.environment.TORCHRUN_DEFAULTS`), else none."""
+    shards = m.record.shards
+    if shards is None or shards.launcher != "torch.distributed" or ranks is None or ranks < 2:
+        return {}
+    return dict(TORCHRUN_DEFAULTS)
+
+
+def _is_python(arg: str) -> bool:
+    name = Path(arg).name
+    return name == "python" or (name.startswith("python") and name[6:].replace(".", "").isdigit())
+
+
 def ranks_for(m: Manifest, ranks: int | None) -> int:
     """How many ranks the replay starts: ``ranks`` when given, else the recorded count."""
     shards = m.record.shards
@@ -153,20 +198,53 @@ def ranks_for(m: Manifest, ranks: int | None) -> int:
     return ranks
 
 
-def launch(m: Manifest, argv: list[str], ranks: int) -> list[str]:
+def launch(m: Manifest, argv: list[str], ranks: int, *, logs: Path | None = None) -> list[str]:
     """``argv`` (the recorded program's, ready to run) started on ``ranks`` ranks the way
-    the manifest records its ranks were started; ReplayError when that is not known or
-    not available here."""
+    the manifest records its ranks were started: ``mpiexec --oversubscribe -n N argv`` for
+    ``mpi``, ``torchrun --standalone --nproc_per_node N --no-python argv`` for
+    ``torch.distributed`` (the argv exactly as recorded, its interpreter included: torchrun
+    only starts the ranks and their rendezvous); a step one process wrote without a
+    launcher, replayed on one, is ``argv`` itself. ReplayError when the launcher is not
+    known or not available here. With an empty ``argv`` (a check before anything runs),
+    torchrun is looked for beside this Python. ``logs``: where torchrun keeps its own
+    logs (``--log-dir``; else it makes a directory in the system's temporary one and
+    leaves it there)."""
     shards = m.record.shards
     assert shards is not None
+    if shards.launcher is None and shards.count == ranks == 1:
+        # A step one process wrote without a launcher (a sharded run continued on one
+        # process): started as it was, on its own.
+        return list(argv)
+    if shards.launcher == "torch.distributed":
+        python = argv[0] if argv and _is_python(argv[0]) else sys.executable
+        found = torchrun(python)
+        if found is None:
+            raise ReplayError(
+                "torchrun was not found beside this Python, nor torch in it (pip install torch)",
+                path=m.path,
+                stage=Stage.RUN,
+            )
+        # --standalone: a rendezvous of its own on a free local port, so two replays on
+        # one machine never meet; --no-python: argv names its interpreter itself.
+        return [
+            *found,
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            *(["--log-dir", str(logs)] if logs is not None else []),
+            "--no-python",
+            *argv,
+        ]
     if shards.launcher != "mpi":
         how = (
-            "records no launcher"
+            "records no launcher: only a step one process wrote is replayed without one, "
+            f"on one process (this one: written on {shards.count} rank(s), asked for {ranks})"
             if shards.launcher is None
-            else f"was launched by {shards.launcher}"
+            else f"was launched by {shards.launcher!r}: kaudit replay starts the ranks of "
+            "an MPI run (mpiexec) or a torch.distributed run (torchrun) only"
         )
         raise ReplayError(
-            f"the step {how}: kaudit replay starts the ranks of an MPI run (mpiexec) only",
+            f"the step {how}",
             path=m.path,
             stage=Stage.RUN,
         )
@@ -308,41 +386,148 @@ def _rows_per_chunk(shape: tuple[int, ...], itemsize: int) -> int:
     return max(1, CHUNK_BYTES // max(row, 1))
 
 
+def _blocks(step: _Step, name: str, axis: int) -> tuple[list[h5py.Dataset], tuple[int, ...]]:
+    """The blocks of Block dataset ``name`` in ``step``'s shards, rank by rank, and the
+    global shape they make up."""
+    blocks = [step.shard(r).get(name) for r in range(step.count)]
+    for r, b in enumerate(blocks):
+        if not isinstance(b, h5py.Dataset) or b.shape is None:
+            raise CheckpointError(f"{name}: no such dataset in the shard of rank {r}")
+        if len(b.shape) <= axis:
+            raise CheckpointError(f"{name}: the shard of rank {r} has no axis {axis}")
+    dsets: list[h5py.Dataset] = blocks
+    shape = list(dsets[0].shape)
+    shape[axis] = sum(d.shape[axis] for d in dsets)
+    return dsets, tuple(shape)
+
+
+def _chunks(
+    dsets: list[h5py.Dataset], axis: int, shape: tuple[int, ...], rows: int
+) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+    """The global array the blocks ``dsets`` make up, as ``(first row, rows of it)`` along
+    axis 0, ``rows`` at a time (the last fewer): C-order runs of the whole."""
+    length = shape[0] if shape else 0
+    if length == 0 or 0 in shape:
+        return
+    parts = -(-length // rows)
+    for c in range(parts):
+        first, stop = block_range(length, parts, c)
+        if axis == 0:
+            pieces = plan(length, len(dsets), parts, c)
+
+            def read_old(i: int, s: slice) -> np.ndarray[Any, Any]:
+                return np.asarray(dsets[i][s])
+
+            yield first, read_block(pieces, read_old, axis=0)
+        else:
+            yield first, np.concatenate([np.asarray(d[first:stop]) for d in dsets], axis=axis)
+
+
 def _global(step: _Step, name: str, recorded: Recorded) -> DatasetDigest:
     """The digest of Block dataset ``name`` as the global array, read in chunks of rows
     (along axis 0) from the blocks of ``step``'s shards."""
     axis = recorded.block
     assert axis is not None
-    blocks = [step.shard(r).get(name) for r in range(step.count)]
-    for r, b in enumerate(blocks):
-        if not isinstance(b, h5py.Dataset) or b.shape is None:
-            raise CheckpointError(f"{name}: no such dataset in the shard of rank {r}")
-    dsets: list[h5py.Dataset] = blocks
-    shape = list(dsets[0].shape)
-    shape[axis] = sum(d.shape[axis] for d in dsets)
-    h = _Hasher(name, dsets[0].dtype, tuple(shape))
-    length = shape[0]
-    if length == 0 or 0 in shape:
-        return h.digest()
-    rows = _rows_per_chunk(tuple(shape), dsets[0].dtype.itemsize)
-    parts = -(-length // rows)
-    for c in range(parts):
-        if axis == 0:
-            pieces = plan(length, step.count, parts, c)
-
-            def read_old(i: int, s: slice) -> np.ndarray[Any, Any]:
-                return np.asarray(dsets[i][s])
-
-            chunk = read_block(pieces, read_old, axis=0)
-        else:
-            a, b = block_range(length, parts, c)
-            chunk = np.concatenate([np.asarray(d[a:b]) for d in dsets], axis=axis)
+    dsets, shape = _blocks(step, name, axis)
+    h = _Hasher(name, dsets[0].dtype, shape)
+    for _, chunk in _chunks(dsets, axis, shape, _rows_per_chunk(shape, dsets[0].dtype.itemsize)):
         h.update(chunk)
     return h.digest()
 
 
+def _compare_global(
+    rec: _Step, out: _Step, name: str, axis: int, policy: TolerancePolicy
+) -> DatasetReplay:
+    """Block dataset ``name`` of both steps compared as the global arrays, chunk by chunk
+    in lock-step (each side's digest taken from the same reads), by ``policy``."""
+    a, shape_a = _blocks(rec, name, axis)
+    b, shape_b = _blocks(out, name, axis)
+    ha, hb = _Hasher(name, a[0].dtype, shape_a), _Hasher(name, b[0].dtype, shape_b)
+    itemsize = max(a[0].dtype.itemsize, b[0].dtype.itemsize)
+    c = stream_comparison(name, a[0].dtype, b[0].dtype, shape_a, shape_b, policy)
+    if isinstance(c, DatasetComparison):  # not comparable: each side's digest alone
+        result = c
+        for h, dsets, shape in ((ha, a, shape_a), (hb, b, shape_b)):
+            for _, chunk in _chunks(dsets, axis, shape, _rows_per_chunk(shape, itemsize)):
+                h.update(chunk)
+    else:
+        rows = _rows_per_chunk(shape_a, itemsize)
+        row = int(np.prod(shape_a[1:], dtype=np.int64))
+        pairs = zip(_chunks(a, axis, shape_a, rows), _chunks(b, axis, shape_b, rows), strict=True)
+        for (first, pa), (_, pb) in pairs:
+            ha.update(pa)
+            hb.update(pb)
+            c.feed(first * row, pa, pb)
+        result = c.result()
+    return _replay(name, result, ha.digest(), hb.digest())
+
+
+def _replay(
+    path: str, c: DatasetComparison, recorded: DatasetDigest, replayed: DatasetDigest
+) -> DatasetReplay:
+    c = dataclasses.replace(c, path=path)
+    return DatasetReplay(path, c.verdict, recorded, replayed, c.reason if not c.ok else None, c)
+
+
 def _own(name: str) -> bool:
     return name.split("/")[1] in _OWN
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One dataset of a step as the comparison reports it."""
+
+    name: str
+    """Its path in a shard."""
+    rank: int
+    """The shard it is read from (0 for a replicated dataset, and for a Block one, whose
+    blocks are read from every shard)."""
+    axis: int | None
+    """The axis a Block dataset is split along; None otherwise."""
+
+
+def _entries(step: _Step, layout: Mapping[str, Recorded], per_rank: bool) -> dict[str, _Entry]:
+    """Reported path -> what it is: Block datasets (global), replicated and ``/kaudit``
+    ones (rank 0's), and with ``per_rank`` each rank's own as ``<path> (rank r)``."""
+    names = step.listing(0)
+    found: dict[str, _Entry] = {}
+    for name, how in layout.items():
+        if how.block is not None and name in names:
+            found[name] = _Entry(name, 0, how.block)
+    for n in names:
+        if not _own(n) and (n not in layout or layout[n].block is None):
+            found[n] = _Entry(n, 0, None)
+    if per_rank:
+        for r in range(step.count):
+            for n in step.listing(r):
+                if _own(n):
+                    found[f"{n} (rank {r})"] = _Entry(n, r, None)
+    return found
+
+
+def _digest(step: _Step, path: str, e: _Entry) -> DatasetDigest:
+    if e.axis is not None:
+        return _global(step, e.name, Recorded(e.axis, None))
+    return dataclasses.replace(step.listing(e.rank)[e.name], path=path)
+
+
+def _compare_one(
+    rec: _Step, out: _Step, path: str, a: _Entry, b: _Entry, policy: TolerancePolicy
+) -> DatasetReplay:
+    """One dataset in both steps, element by element against the recorded data."""
+    if a.axis is not None and a.axis == b.axis:
+        return _compare_global(rec, out, a.name, a.axis, policy)
+    da, db = rec.shard(a.rank).get(a.name), out.shard(b.rank).get(b.name)
+    if not isinstance(da, h5py.Dataset) or not isinstance(db, h5py.Dataset):
+        raise CheckpointError(f"{a.name}: listed, but not a dataset")
+    c = compare_datasets(da, db, policy)
+    return _replay(path, c, _digest(rec, path, a), _digest(out, path, b))
+
+
+def _explain(
+    rec: _Step, out: _Step, path: str, want: Mapping[str, _Entry], got: Mapping[str, _Entry]
+) -> DatasetComparison | None:
+    return _compare_one(rec, out, path, want[path], got[path], TolerancePolicy()).comparison
 
 
 def compare_steps(
@@ -351,15 +536,24 @@ def compare_steps(
     layout_record: Mapping[str, Any],
     produced: StepOutput,
     recorded_sha256: str | None = None,
+    policy: TolerancePolicy | None = None,
 ) -> tuple[list[DatasetReplay], list[str]]:
-    """The produced step against the recorded one: one result per dataset (Block datasets
-    as global arrays; replicated and ``/kaudit`` ones from rank 0; per-rank ones as
-    ``<path> (rank r)`` when the counts are equal), and the datasets that could not be
+    """The produced step against the recorded one: one result per dataset, by path (Block
+    datasets as global arrays; replicated and ``/kaudit`` ones from rank 0; per-rank ones
+    as ``<path> (rank r)`` when the counts are equal), and the datasets that could not be
     compared, in words. ReplayError (stage ``compare``) when a shard cannot be read.
-    With ``recorded_sha256`` (the verified manifest's subject), each recorded shard is
-    read only as the bytes the signed index records for it."""
+
+    Without ``policy`` (or with the empty one): bitwise, by canonical digests, and a
+    dataset that differs is explained element by element (where, and by how much). With
+    a tolerance: every dataset element by element against the recorded data, by the
+    engine of ``kaudit diff``, its tolerance resolved by its path (a per-rank one's by its
+    path in the shard), in bounded chunks. With ``recorded_sha256`` (the verified
+    manifest's subject), each recorded shard is read only as the bytes the signed index
+    records for it."""
     layout = parse_layout(layout_record)
     count = len(produced.records)
+    policy = policy or TolerancePolicy()
+    exact = policy == TolerancePolicy()
     uncompared: list[str] = []
     try:
         with ExitStack() as stack:
@@ -370,27 +564,31 @@ def compare_steps(
             )
             rec = _Step(recorded_dir, recorded_count, stack, signed)
             out = _Step(produced.directory, count, stack)
-            want: list[DatasetDigest] = []
-            got: list[DatasetDigest] = []
-            for side, digests in ((rec, want), (out, got)):
-                names = side.listing(0)
-                for name, how in layout.items():
-                    if how.block is not None and name in names:
-                        digests.append(_global(side, name, how))
-                digests.extend(
-                    d
-                    for n, d in names.items()
-                    if not _own(n) and (n not in layout or layout[n].block is None)
+            per_rank = count == recorded_count
+            want, got = _entries(rec, layout, per_rank), _entries(out, layout, per_rank)
+            if exact:
+                results = compare_digests(
+                    [_digest(rec, p, e) for p, e in want.items()],
+                    [_digest(out, p, e) for p, e in got.items()],
                 )
-            if count == recorded_count:
-                for r in range(count):
-                    for side, digests in ((rec, want), (out, got)):
-                        digests.extend(
-                            dataclasses.replace(d, path=f"{n} (rank {r})")
-                            for n, d in side.listing(r).items()
-                            if _own(n)
-                        )
+                # The digests decide; where they differ, the data says where and by how much.
+                results = [
+                    dataclasses.replace(r, comparison=_explain(rec, out, r.path, want, got))
+                    if r.verdict in (Verdict.DIFFERENT, Verdict.NOT_COMPARABLE)
+                    else r
+                    for r in results
+                ]
             else:
+                results = []
+                for path in sorted({*want, *got}):
+                    if path in want and path in got:
+                        results.append(_compare_one(rec, out, path, want[path], got[path], policy))
+                    else:
+                        results += compare_digests(
+                            [_digest(rec, path, want[path])] if path in want else [],
+                            [_digest(out, path, got[path])] if path in got else [],
+                        )
+            if count != recorded_count:
                 own = sorted(n for n in {*rec.listing(0), *out.listing(0)} if _own(n))
                 if own:
                     shown = ", ".join(own[:5]) + (", ..." if len(own) > 5 else "")
@@ -399,14 +597,20 @@ def compare_steps(
                         f"on {recorded_count} ranks and replayed on {count}, so not comparable "
                         "rank by rank (not a failure of the arrays the layout declares)"
                     )
-    except (CheckpointError, OSError, KeyError, ValueError, TypeError) as e:
+    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
         if isinstance(e, CheckpointError):
             reason = e.message if e.path is None else f"{e.path.name}: {e.message}"
         else:
-            reason = str(e).splitlines()[0]
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReplayError(
             f"cannot compare the sharded steps: {reason}",
             path=recorded_dir,
             stage=Stage.COMPARE,
         ) from None
-    return compare_digests(want, got), uncompared
+    except MemoryError:
+        raise ReplayError(
+            "cannot compare the sharded steps: out of memory",
+            path=recorded_dir,
+            stage=Stage.COMPARE,
+        ) from None
+    return results, uncompared

@@ -27,8 +27,8 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli
-from tests.parallel.launch import launcher_env, mpirun
-from tests.replay.helpers import bad_input, commit_all, resign
+from tests.parallel.launch import launched, launcher_env, mpirun
+from tests.replay.helpers import bad_input, commit_all, resign, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
 
 pytestmark = pytest.mark.slow
@@ -55,6 +55,42 @@ with ka.Run("noisy-mpi", root="checkpoints", seed=7, every=ka.EverySteps(2)) as 
             raw = np.frombuffer(os.urandom(noise.size), dtype=np.uint8)
             noise[:] = raw.reshape(noise.shape)
         state = {"u": state["u"] * 0.5 + 1.0, "noise": state["noise"] + noise}
+        run.checkpoint(step, state, layout=layout)
+'''
+
+ORDER_MPI = '''\
+"""Strips of a field on several ranks; each step adds to every cell a sum of many float
+terms of wide range, taken in the order KAUDIT_TEST_ORDER names (forward or reverse):
+float addition is not associative, so the two orders differ in the last bits."""
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import kronos_audit as ka
+from kronos_audit.parallel.layout import block_range
+
+ROWS, COLS, TERMS = 12, 4, 200
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+reverse = os.environ.get("KAUDIT_TEST_ORDER") == "reverse"
+order = range(TERMS - 1, -1, -1) if reverse else range(TERMS)
+comm = MPI.COMM_WORLD
+layout = {"u": ka.Block(axis=0), "total": ka.Replicated()}
+with ka.Run("order-mpi", root="checkpoints", seed=5, every=ka.EverySteps(2)) as run:
+    start, stop = block_range(ROWS, comm.size, comm.rank)
+    state = run.restore()
+    if state is None:
+        state = {"u": np.zeros((stop - start, COLS)), "total": np.zeros(1)}
+    for step in run.steps(STEPS):
+        g = np.random.default_rng(step)  # the same terms whatever the rank count
+        shape = (ROWS, COLS, TERMS)
+        terms = g.standard_normal(shape) * 10.0 ** g.integers(-8, 8, shape)
+        sums = np.zeros((stop - start, COLS))
+        for k in order:
+            sums += terms[start:stop, :, k]
+        u = state["u"] + sums
+        state = {"u": u, "total": np.array([comm.allreduce(float(u.sum()))])}
         run.checkpoint(step, state, layout=layout)
 '''
 
@@ -231,17 +267,17 @@ def test_ranks_is_refused_for_a_checkpoint_in_one_file(project: Project, key: Si
     assert_bad_input(run_cli("replay", str(target), "--ranks", "2"), "--ranks")
 
 
-def test_a_launch_it_cannot_make_and_tolerances_are_refused_before_anything_runs(
+def test_a_launch_it_cannot_make_and_a_bad_tolerance_are_refused_before_anything_runs(
     heat: Path, key: SigningKey, tmp_path: Path
 ) -> None:
     target = step_manifest(heat, 4)
-    bad_input(run_cli("replay", str(target), "--rtol", "1e-9"), "bitwise only")
+    bad_input(run_cli("replay", str(target), "--tol", "fields/u:rtol=x"), "rtol")
 
-    def torchrun(predicate: dict[str, Any]) -> None:
-        predicate["shards"]["launcher"] = "torch.distributed"
+    def unknown(predicate: dict[str, Any]) -> None:
+        del predicate["shards"]["launcher"]
 
-    resign(target, key, torchrun)
-    bad_input(run_cli("replay", str(target)), "torch.distributed", "mpiexec")
+    resign(target, key, unknown)
+    bad_input(run_cli("replay", str(target)), "records no launcher", "written on 3 rank(s)")
     assert not list((tmp_path / "tmp").glob("kaudit-replay-*"))
 
 
@@ -265,3 +301,113 @@ def test_a_recorded_shard_renamed_over_after_verification_is_not_compared(heat: 
             step, 3, m.record.shards.layout, StepOutput(copy, records, ""), m.subject_sha256
         )
     assert caught.value.stage == Stage.COMPARE
+
+
+@pytest.fixture(scope="module")
+def order_run(
+    repo_templates: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
+    """ORDER_MPI committed in a project, run on 3 ranks to step 4, then on one process to
+    step 6, its sums forward: the run directory, and the KAUDIT_HOME of the key that
+    signed it."""
+    with pytest.MonkeyPatch.context() as mp:
+        project, home = shared_project(mp, repo_templates, tmp_path_factory)
+        (project.root / "order_mpi.py").write_text(ORDER_MPI)
+        commit_all(project.root, "program")
+        launch(project.root, 3, "order_mpi.py")
+        # Continued on one process, without a launcher: step 6 is a step of one shard.
+        done = launched([sys.executable, "order_mpi.py", "6"], project.root)
+        assert done.returncode == 0, done.stderr
+    return project.root / "checkpoints" / "order-mpi", home
+
+
+@pytest.fixture
+def reversed_sums(order_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The manifest of step 4 of the shared run, to be replayed with its sums reversed
+    (the replay's environment alone says so)."""
+    run_dir, home = order_run
+    monkeypatch.setenv("KAUDIT_HOME", str(home))
+    monkeypatch.setenv("KAUDIT_TEST_ORDER", "reverse")
+    return step_manifest(run_dir, 4)
+
+
+def by_path(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["path"]: d for d in doc["datasets"]}
+
+
+def test_a_sum_in_another_order_fails_bitwise_and_passes_within_a_tolerance(
+    reversed_sums: Path,
+) -> None:
+    # Bitwise: the field and its total differ in their last bits, and the report says
+    # where and by how much (the recorded data is read to explain it).
+    status, doc = replay_json(reversed_sums)
+    assert (status, doc["outcome"], doc["basis"]) == (1, "NOT_REPRODUCED", "hashes"), doc
+    assert [d["path"] for d in doc["datasets"] if not d["ok"]] == ["/total", "/u"]
+    u = by_path(doc)["/u"]["comparison"]
+    assert u["shape_a"] == [12, 4]
+    assert u["differing"] > 0
+    assert 0 < u["max_rel_error"] < 1e-9
+
+    # A tolerance that covers the difference: within it, dataset by dataset against the
+    # recorded data; the rest (each rank's generators, kaudit's records) still identical.
+    status, doc = replay_json(reversed_sums, "--rtol", "1e-9")
+    assert (status, doc["outcome"], doc["basis"]) == (0, "REPRODUCED_WITHIN_TOLERANCE", "data")
+    datasets = by_path(doc)
+    assert datasets["/u"]["verdict"] == datasets["/total"]["verdict"] == "WITHIN_TOLERANCE"
+    assert datasets["/u"]["comparison"]["rule"] == "global rtol=1e-09,atol=0"
+    assert datasets["/u"]["replayed"]["sha256"] != datasets["/u"]["recorded"]["sha256"]
+    others = [d for p, d in datasets.items() if p not in ("/u", "/total")]
+    assert others
+    assert all(d["verdict"] == "IDENTICAL" for d in others)
+    assert any(p.endswith("(rank 2)") for p in datasets)
+    assert doc["ranks"] == 3
+
+    # One too tight: the elements it does not cover are counted and shown.
+    shown = run_cli("replay", str(reversed_sums), "--rtol", "1e-18")
+    assert shown.exit_code == 1, shown.output
+    assert "NOT REPRODUCED" in shown.output
+    assert "against the recorded data" in shown.output
+    assert "/u" in shown.output
+    assert "of 48 elements fail" in shown.output, shown.output
+
+
+def test_on_another_rank_count_tolerances_apply_to_the_global_arrays(
+    reversed_sums: Path,
+) -> None:
+    """On 2 ranks (recorded on 3) the blocks are cut differently, and the total is summed
+    over the ranks in another order too: [compare] in the project's config gives the
+    tolerance, a --tol rule overrides it for one array."""
+    config = reversed_sums.parents[3] / ".kaudit" / "config.toml"
+    original = config.read_text()
+    try:
+        config.write_text(original + '\n[compare]\nrtol = 1e-9\ntol = ["rng/*:exact"]\n')
+        status, doc = replay_json(reversed_sums, "--ranks", "2", "--tol", "u:rtol=1e-18")
+        assert (status, doc["outcome"], doc["ranks"]) == (1, "NOT_REPRODUCED", 2), doc
+        datasets = by_path(doc)
+        assert [p for p, d in datasets.items() if not d["ok"]] == ["/u"]
+        assert datasets["/total"]["verdict"] == "WITHIN_TOLERANCE"
+        assert datasets["/total"]["comparison"]["rule"] == "global rtol=1e-09,atol=0"
+        assert datasets["/u"]["comparison"]["rule"] == "--tol u:rtol=1e-18,atol=0"
+        assert datasets["/u"]["comparison"]["mismatches"] > 0
+        assert doc["uncompared"]
+    finally:
+        config.write_text(original)
+
+
+def test_a_step_one_process_wrote_replays_on_one_process_without_a_launcher(
+    order_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir, home = order_run
+    monkeypatch.setenv("KAUDIT_HOME", str(home))
+    target = step_manifest(run_dir, 6)
+    m = ka.read_manifest(target)
+    assert m.record.shards is not None
+    assert (m.record.shards.count, m.record.shards.launcher) == (1, None)
+    shown = run_cli("replay", str(target))
+    assert shown.exit_code == 0, shown.output
+    assert "ranks        1, one process, no launcher" in shown.output
+    assert "REPRODUCED: " in shown.output
+    # Its parent was written on 3 ranks: the one process resumed from it, re-cut.
+    assert "resumed from step 4" in shown.output
+    # How to start it on 2 is not recorded: refused before anything runs.
+    bad_input(run_cli("replay", str(target), "--ranks", "2"), "records no launcher")

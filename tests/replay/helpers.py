@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import Result
 
 from kronos_audit._internal.canonical import canonical_json
+from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.statement.dsse import sign_envelope
 from kronos_audit.statement.manifest import read_manifest, write_manifest
+from tests.conftest import isolate
 from tests.helpers import assert_bad_input, git
 
 
@@ -60,3 +65,19 @@ def worktrees(repo: Path) -> list[str]:
 def bad_input(result: Result, *mentions: str) -> str:
     """Could not replay: exit 2, one `kaudit: error:` line, nothing on stdout."""
     return assert_bad_input(result, *mentions, no_stdout=True)
+
+
+def shared_project(
+    mp: pytest.MonkeyPatch, templates: tuple[Path, Path], factory: pytest.TempPathFactory
+) -> tuple[Project, Path]:
+    """For a module-scoped fixture (one recorded run shared by a module's tests): ``mp``
+    isolated as every test is, a kaudit project copied from the session's template, and a
+    key of the user's trusted by it; the project and that KAUDIT_HOME, which each test
+    sets again (its own is fresh)."""
+    home = isolate(mp, factory.mktemp)
+    root = factory.mktemp("shared") / "repo"
+    shutil.copytree(templates[1], root, symlinks=True)
+    project = find_project(root)
+    k = generate_key("tester")
+    project.trust_store().add(k.private_key.public_key(), "tester")
+    return project, home

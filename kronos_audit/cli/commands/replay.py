@@ -94,9 +94,10 @@ def replay(
     The history is verified with the same trust anchors as `kaudit verify`; --attest
     certifies, so it requires every signer on the way to be anchored (as --require-anchor).
 
-    A step of a run on several ranks is replayed with `mpiexec -n N` (N recorded, or
-    --ranks), bitwise: arrays split in blocks are compared as global arrays, so any rank
-    count compares.
+    A step of a run on several ranks is replayed as its ranks were started, with
+    `mpiexec -n N` or `torchrun --standalone --nproc_per_node N` (N recorded, or --ranks),
+    and compared as one file is, bitwise or with the same tolerances: arrays split in
+    blocks are compared as global arrays, so any rank count compares.
 
     Exit 0 when reproduced (bitwise, or within tolerance), 1 when not, naming the
     datasets; 2 when the segment could not be replayed, saying why.
@@ -163,7 +164,8 @@ def _header(r: ReplayResult) -> None:
     _row("code", f"commit {safe(r.commit[:12])}{patch}")
     _row("command", f"{safe(shlex.join(r.command))}  [dim](in {safe(r.cwd)})[/]")
     if r.ranks is not None:
-        _row("ranks", f"{r.ranks}, launched with mpiexec")
+        how = f"launched with {safe(r.launcher)}" if r.launcher else "one process, no launcher"
+        _row("ranks", f"{r.ranks}, {how}")
     env = r.environment
     if env.mode != "ignore":  # an EnvMode
         if env.drift:

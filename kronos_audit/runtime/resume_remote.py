@@ -32,10 +32,14 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
+    STEP_MANIFEST,
     checkpoint_name,
     manifest_path_for,
     remote_manifest_name,
+    step_directory_name,
+    step_of_directory,
     step_of_manifest_name,
+    step_of_remote_step_manifest,
 )
 from kronos_audit.errors import Error, RollbackRefused, StorageError
 from kronos_audit.keys.anchors import resolve_ref
@@ -258,10 +262,13 @@ class RemoteResume:
         self._invalid = invalid
         self._skipped = skipped  # the category a local checkpoint passed over is warned in
 
-    def newest(self, above: int | None, *, stacklevel: int) -> Found | None:
+    def newest(self, above: int | None, *, stacklevel: int, sharded: bool = False) -> Found | None:
         """The newest remote checkpoint of a step after ``above`` (None: any) that
         verifies, brought into the run's directory; None if there is none. Those passed
-        over are named in a CheckpointSkipped warning. A remote that cannot be listed is
+        over are named in a CheckpointSkipped warning. ``sharded``: the newest sharded
+        step instead, whose manifests (its chain's too) and shard index are brought here,
+        checked as far as they can be before its shards are (:meth:`_take_step`); which
+        shards each rank then fetches is the restore's to say. A remote that cannot be listed is
         logged, as a failed push is, and does not stop the run: it goes on from its local
         checkpoints (the log line says what that risks)."""
         stacklevel += 1
@@ -284,16 +291,17 @@ class RemoteResume:
                 stacklevel=stacklevel,
             )
         by_name = {e.name: e for e in listing.entries}
+        named = step_of_remote_step_manifest if sharded else step_of_manifest_name
         candidates = sorted(
             (
                 (step, e)
                 for e in listing.entries
-                if (step := step_of_manifest_name(e.name)) is not None
-                and (above is None or step > above)
+                if (step := named(e.name)) is not None and (above is None or step > above)
             ),
             key=lambda c: c[0],
             reverse=True,
         )
+        take = self._take_step if sharded else self._take
         for i, (step, entry) in enumerate(candidates):
             if i == TRY_LIMIT:
                 warnings.warn(
@@ -304,7 +312,7 @@ class RemoteResume:
                 )
                 break
             try:
-                found = self._take(step, entry, by_name)
+                found = take(step, entry, by_name)
             except _Skip as e:
                 warnings.warn(
                     f"{self.files.where}/{entry.name} (in the DVC remote): skipped: {e}",
@@ -424,6 +432,70 @@ class RemoteResume:
             )
         return Found(checkpoint, step)
 
+    def _take_step(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
+        """Bring sharded step ``step``'s manifest, its chain's and its shard index here:
+        the manifest's signature, run, step and place checked first (nothing an unsigned
+        file says is acted on), the index fetched by the signed md5 and checked against
+        the signed sha256. Its shards are left to the ranks that read them."""
+        directory = self.directory / step_directory_name(step)
+        manifest_path = directory / STEP_MANIFEST
+        if os.path.lexists(manifest_path):
+            raise _Skip(f"a manifest of step {step} is here and is not valid: left as it is")
+        data = self._get(entry, entry.name)
+        manifest = self._parse(data, manifest_path)
+        verifier = self._verifier()
+        signed = verifier.signature(manifest)
+        if not signed.ok:
+            raise _Skip(f"signature: {signed.detail}")
+        if manifest.run != self.run_id:
+            raise _Skip(f"belongs to run {manifest.run!r}")
+        if manifest.step != step or manifest.record.shards is None:
+            raise _Skip(f"not the sharded step {step} its name says")
+        place = place_check(self.project, manifest)
+        if not place.ok:
+            raise _Skip(f"place: {place.detail}")
+        md5 = manifest.subject_md5
+        if md5 is None:
+            raise _Skip("its manifest records no DVC md5 to fetch the shard index by")
+        to_write = [(manifest_path, data)]
+        to_write += self._chain(verifier, manifest, by_name)
+        written: list[Path] = []
+        try:
+            for path, content in reversed(to_write):  # oldest first, the step's last
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    write_atomic(path, content, overwrite=False)
+                except FileExistsError:
+                    self._local_state(path, content)
+                    continue
+                except OSError as e:
+                    raise _Skip(f"cannot write {path.name}: {e.strerror or e}") from None
+                written.append(path)
+            index = manifest.checkpoint_path
+            if not os.path.lexists(index):
+                try:
+                    self.storage.fetch(
+                        index, md5=md5, sha256=manifest.subject_sha256, size=manifest.record.size
+                    )
+                except Error as e:
+                    raise _Skip(f"shard index not fetched: {e.message}") from None
+        except BaseException:
+            for path in written:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+        return Found(manifest.checkpoint_path, step)
+
+    def _link(self, recorded: str) -> tuple[int | None, str, Path]:
+        """A chain link's recorded path, as (its step, its name in the remote, where it
+        goes here): a checkpoint's manifest, or a sharded step's."""
+        link = PurePosixPath(recorded)
+        if link.name == STEP_MANIFEST:
+            step = step_of_directory(link.parent.name)
+            local = self.directory / link.parent.name / STEP_MANIFEST
+            return step, f"{link.parent.name}.{STEP_MANIFEST}", local
+        return step_of_manifest_name(link.name), link.name, self.directory / link.name
+
     def _chain(
         self, verifier: Verifier, manifest: Manifest, by_name: dict[str, RemoteEntry]
     ) -> list[tuple[Path, bytes]]:
@@ -437,14 +509,12 @@ class RemoteResume:
             if verifier.locate_parent(child) is not None:
                 break
             recorded = child.record.parent_manifest or ""
-            name = PurePosixPath(recorded).name
-            parent_step = step_of_manifest_name(name)
+            parent_step, name, path = self._link(recorded)
             if parent_step is None or parent_step >= child.step:
                 raise _Skip(f"its chain's link {recorded!r} is not an earlier manifest of the run")
             data = self._get(by_name.get(name), name)
             if hashlib.sha256(data).hexdigest() != child.parent:
                 raise _Skip(f"its chain's {name} in the remote is not the one its child signs")
-            path = self.directory / name
             parent = self._parse(data, path)
             signed = verifier.signature(parent)
             if not signed.ok:

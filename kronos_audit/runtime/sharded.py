@@ -59,14 +59,9 @@ from kronos_audit.checkpoint.layout import (
     step_directory,
 )
 from kronos_audit.checkpoint.shards import (
-    LINE_WIDTH,
     MAX_SHARDS,
-    NoProof,
-    parse_line,
-    proven_line,
-    read_index,
 )
-from kronos_audit.checkpoint.verified import Signed, open_verified
+from kronos_audit.checkpoint.verified import open_verified
 from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
@@ -84,16 +79,17 @@ from kronos_audit.runtime.publish import CheckpointSkipped, Restored
 from kronos_audit.runtime.pushing import Pusher
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
 from kronos_audit.runtime.retention import Retention, prune, sharded_steps_with_data
+from kronos_audit.runtime.sharded_remote import bring_from_remote
 from kronos_audit.runtime.sharded_steps import (
     OWN_GROUPS,
     Agreed,
     parse_layout,
+    signed_shard,
     step_manifest_problem,
 )
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
-from kronos_audit.statement.manifest import Manifest
 from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
@@ -137,7 +133,7 @@ class ShardedPublisher:
         """Push each step to the DVC remote in the background: each rank its shard, rank 0
         the index, its tree and (once every rank's objects are there) the step manifest."""
         self._storage: Storage | None = None
-        self._pusher = Pusher(self._storage_for, lambda: RunFiles(self._storage_for(), run_id))
+        self._pusher = Pusher(self.storage, lambda: RunFiles(self.storage(), run_id))
         self._step_items: list[FetchItem] = []  # rank 0: the index and tree just tracked
         self._warned: set[str] = set()  # rank 0: values said to differ between ranks
         """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
@@ -313,7 +309,7 @@ class ShardedPublisher:
                 verified = result.statement
                 if verified is None or verified.record.shards != record.shards:
                     return "its manifest changed while it was verified", None
-                agreed.signed[old] = _signed_shard(verified, old)
+                agreed.signed[old] = signed_shard(verified, old)
         except Exception as e:  # a rank that stopped here alone would hang the others
             return one_line_reason(e), None
         return None, agreed
@@ -368,7 +364,12 @@ class ShardedPublisher:
         return restored
 
     def resume_agreed(self, *, stacklevel: int) -> Agreed | None:
-        """The newest step valid on every rank (collective), unread."""
+        """The newest step valid on every rank (collective), unread; when the run pushes,
+        a newer one in the DVC remote is brought here first
+        (:func:`~kronos_audit.runtime.sharded_remote.bring_from_remote`)."""
+        if self.push and bring_from_remote(self, stacklevel=stacklevel + 1) is not None:
+            if self.rank == 0:  # the newest manifest here now is the one brought
+                self._newest = newest_manifest(self.directory)
         return self.agree(list(reversed(self.steps())), stacklevel=stacklevel + 1)
 
     def latest(self, *, stacklevel: int) -> int | None:
@@ -527,10 +528,15 @@ class ShardedPublisher:
             stacklevel=2,
         )
 
-    def _storage_for(self) -> Storage:
+    def storage(self) -> Storage:
+        """The project's DVC storage (made when first needed)."""
         if self._storage is None:
             self._storage = Storage(self._opened())
         return self._storage
+
+    def project(self) -> Project:
+        """The project the run is in (once open)."""
+        return self._opened()
 
     def _refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
@@ -639,26 +645,6 @@ def _drop_other_counts(directory: Path, count: int) -> None:
         found = parse_name(path.name)
         if found is not None and found.count is not None and found.count != count:
             path.unlink(missing_ok=True)
-
-
-def _signed_shard(manifest: Manifest, rank: int) -> Signed:
-    """The size and sha256 that verified ``manifest`` signs for rank ``rank``'s shard:
-    its index line, proven against the signed Merkle root (or read from the whole index,
-    whose sha256 is the signed subject)."""
-    shards = manifest.record.shards
-    assert shards is not None
-    index = manifest.checkpoint_path
-    try:
-        record = proven_line(index.parent, rank, shards.count, shards.root)
-    except NoProof:
-        data = read_index(index, shards.count)
-        if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
-            raise CheckpointError(
-                "the shard index changed after it was verified", path=index
-            ) from None
-        line = data[rank * LINE_WIDTH : (rank + 1) * LINE_WIDTH]
-        record = parse_line(line, rank, shards.count, index)
-    return Signed(record.size, record.sha256)
 
 
 def _value(f: h5py.File, name: str) -> Any:

@@ -12,6 +12,7 @@ top-level keys (or deeper ones, ``"fields/u"``) as split along an axis or replic
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit.checkpoint.layout import RunDirectory
+from kronos_audit.checkpoint.shards import LINE_WIDTH, NoProof, parse_line, proven_line, read_index
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
@@ -30,6 +32,7 @@ from kronos_audit.parallel.layout import Block, Layout, Replicated
 from kronos_audit.project.repository import find_project
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.verifier import Verifier
 
@@ -199,6 +202,26 @@ class Agreed:
     shards this rank reads are read only as these bytes."""
 
 
+def signed_shard(manifest: Manifest, rank: int) -> Signed:
+    """The size and sha256 that verified ``manifest`` signs for rank ``rank``'s shard:
+    its index line, proven against the signed Merkle root (or read from the whole index,
+    whose sha256 is the signed subject)."""
+    shards = manifest.record.shards
+    assert shards is not None
+    index = manifest.checkpoint_path
+    try:
+        record = proven_line(index.parent, rank, shards.count, shards.root)
+    except NoProof:
+        data = read_index(index, shards.count)
+        if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
+            raise CheckpointError(
+                "the shard index changed after it was verified", path=index
+            ) from None
+        line = data[rank * LINE_WIDTH : (rank + 1) * LINE_WIDTH]
+        record = parse_line(line, rank, shards.count, index)
+    return Signed(record.size, record.sha256)
+
+
 __all__ = [
     "OWN_GROUPS",
     "Agreed",
@@ -206,5 +229,6 @@ __all__ = [
     "expand_layout",
     "has_sharded_steps",
     "parse_layout",
+    "signed_shard",
     "step_manifest_problem",
 ]

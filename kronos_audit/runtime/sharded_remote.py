@@ -1,0 +1,132 @@
+"""A sharded run resuming from its DVC remote: on another machine, on another rank count.
+
+When a run pushes (``Run(push=True)``), the remote holds every object of each step and
+its step manifest (:mod:`kronos_audit.runtime.pushing`). A restore on several ranks then
+looks there too, collectively, before it agrees on the step to take:
+
+1. rank 0 lists the run's remote directory and brings the newest step manifest newer
+   than every step here (its signature, run, step and place checked first), its chain's
+   manifests and its shard index, checked against the signed digest
+   (:meth:`~kronos_audit.runtime.resume_remote.RemoteResume.newest` with ``sharded``);
+2. every rank works out which old shards it reads of that step (its own, or with another
+   rank count the ones its block overlaps, and rank 0's), and fetches those, each by the
+   md5 and sha256 of its line of the signed index: a shard that several ranks read is
+   fetched by the lowest of them only, so no two ranks write one name (the run directory
+   is shared);
+3. the restore's agreement then verifies, on every rank, what it reads, as for a step
+   written here: a fetch that failed makes the ranks fall back to an older step.
+
+So what one rank fetches does not grow with the rank count: its shards, the index and the
+manifests of the chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING
+
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
+from kronos_audit.checkpoint.shards import parse_index, read_index
+from kronos_audit.errors import CheckpointError
+from kronos_audit.runtime.ranks import one_line_reason
+from kronos_audit.runtime.resume_remote import RemoteResume
+from kronos_audit.runtime.sharded_steps import Agreed, parse_layout
+from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.runs import RunFiles
+
+if TYPE_CHECKING:
+    from kronos_audit.runtime.sharded import ShardedPublisher
+
+log = logging.getLogger("kronos_audit.runtime")
+
+
+def bring_from_remote(publisher: ShardedPublisher, *, stacklevel: int) -> int | None:
+    """All ranks: bring the newest step in the run's remote directory that is newer than
+    every step here, and each rank the shards it reads of it; the step, or None when the
+    remote has none newer (or could not be looked at: then the restore goes on from the
+    steps here, as a single process's does)."""
+    comm = publisher.comm
+    taken: int | None = None
+    if comm.rank == 0:
+        try:
+            here = publisher.local_steps()
+            project = publisher.project()
+            storage = publisher.storage()
+            remote = RemoteResume(
+                project,
+                storage,
+                RunFiles(storage, publisher.run_id),
+                publisher.directory,
+                publisher.verifier,
+                lambda verifier, path: None,  # each rank verifies what it reads, in agree()
+                _skipped(),
+            )
+            found = remote.newest(
+                here[-1] if here else None, stacklevel=stacklevel + 1, sharded=True
+            )
+            taken = None if found is None else found.step
+        except Exception as e:  # every rank must hear rank 0, whatever happened
+            log.warning("run %r: the DVC remote was not looked at: %s", publisher.run_id, e)
+    taken = comm.bcast(taken)
+    if taken is None:
+        return None
+    needs: list[int] = []
+    items: dict[int, FetchItem] = {}
+    try:
+        needs, items = _shards_of(publisher, taken)
+    except Exception as e:  # every rank must reach the allgather below, whatever happened
+        log.warning("step %d from the DVC remote: %s", taken, one_line_reason(e))
+    everyone: list[list[int]] = comm.allgather(needs)
+    mine = [old for old in needs if not any(old in everyone[r] for r in range(comm.rank))]
+    problem: str | None = None
+    try:
+        failed = publisher.storage().fetch_many(
+            [items[old] for old in mine if not items[old].checkpoint.exists()]
+        )
+        if failed:
+            problem = "; ".join(f"{p.name}: {e.message}" for p, e in failed.items())
+    except Exception as e:  # every rank must reach the allgather below, whatever happened
+        problem = one_line_reason(e)
+    if problem is not None:
+        log.warning("step %d's shards from the DVC remote: %s", taken, problem)
+    comm.allgather(problem)  # every rank's fetch is done before any rank reads a shard
+    return taken
+
+
+def _shards_of(publisher: ShardedPublisher, step: int) -> tuple[list[int], dict[int, FetchItem]]:
+    """The old ranks whose shards this rank reads to restore ``step``, and each one's
+    object, by its line of the index (whose sha256 is checked against the signed one; the
+    manifest's signature was checked by rank 0 before it was brought here)."""
+    directory = step_directory(publisher.directory, step)
+    manifest = read_manifest(directory / STEP_MANIFEST)
+    shards = manifest.record.shards
+    if shards is None:
+        raise CheckpointError("not a sharded step's manifest", path=manifest.path)
+    agreed = Agreed(step, manifest.path, shards.count, parse_layout(shards.layout))
+    needs = publisher.reads(agreed)
+    index = manifest.checkpoint_path
+    data = read_index(index, shards.count)
+    if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
+        raise CheckpointError("the shard index is not the one its manifest signs", path=index)
+    lines = parse_index(data, shards.count, index)
+    items = {
+        old: FetchItem(
+            shard_path(directory, old, shards.count),
+            lines[old].md5,
+            lines[old].sha256,
+            lines[old].size,
+        )
+        for old in needs
+    }
+    return needs, items
+
+
+def _skipped() -> type[Warning]:
+    from kronos_audit.runtime.publish import CheckpointSkipped
+
+    return CheckpointSkipped
+
+
+__all__ = ["bring_from_remote"]

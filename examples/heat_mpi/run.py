@@ -15,6 +15,14 @@ Checkpoints: every rank writes its strip into ``checkpoints/heat-mpi/step-<N>/``
 signs the step once (every rank needs the project on a shared filesystem; only rank 0 the
 signing key). Killed and started again, with the same number of ranks or another, it
 resumes from the newest step valid on every rank, bitwise as if never interrupted.
+
+With ``--push`` every rank pushes its strip to the project's DVC remote after each step,
+and a fresh clone on another machine, with no checkpoints, resumes from the remote alone,
+on any number of ranks:
+
+    mpiexec -n 3 python examples/heat_mpi/run.py --steps 200 --push
+    # elsewhere, after git clone:
+    mpiexec -n 2 python examples/heat_mpi/run.py --steps 400 --push
 """
 
 from __future__ import annotations
@@ -141,6 +149,11 @@ def main() -> None:
     p.add_argument("--root", default="checkpoints")
     p.add_argument("--run-id", default="heat-mpi")
     p.add_argument("--sync", action="store_true", help="write checkpoints synchronously")
+    p.add_argument(
+        "--push",
+        action="store_true",
+        help="push every step to the DVC remote (and resume from it: on another machine too)",
+    )
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     strip = Strip(comm, args.n)
@@ -151,6 +164,7 @@ def main() -> None:
         seed=args.seed,
         every=ka.EverySteps(args.every),
         asynchronous=not args.sync,
+        push=args.push,
     ) as run:
         # This rank's strip of the newest checkpoint valid on every rank, whatever the rank
         # count that wrote it, or None.

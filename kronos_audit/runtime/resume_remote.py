@@ -33,6 +33,7 @@ from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regul
 from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
     STEP_MANIFEST,
+    TREE_NAME,
     checkpoint_name,
     manifest_path_for,
     remote_manifest_name,
@@ -41,6 +42,7 @@ from kronos_audit.checkpoint.layout import (
     step_of_manifest_name,
     step_of_remote_step_manifest,
 )
+from kronos_audit.checkpoint.shards import merkle_levels, read_index
 from kronos_audit.errors import Error, RollbackRefused, StorageError
 from kronos_audit.keys.anchors import resolve_ref
 from kronos_audit.project.repository import Project
@@ -479,12 +481,33 @@ class RemoteResume:
                     )
                 except Error as e:
                     raise _Skip(f"shard index not fetched: {e.message}") from None
+            self._tree(index, manifest)
         except BaseException:
             for path in written:
                 with contextlib.suppress(OSError):
                     path.unlink()
             raise
         return Found(manifest.checkpoint_path, step)
+
+    def _tree(self, index: Path, manifest: Manifest) -> None:
+        """The Merkle tree of a brought shard index, rebuilt here (it is derived from the
+        index; its root is signed): each rank then proves its own lines with log2(n) of
+        its nodes instead of reading the whole index. One whose root is not the signed
+        one is not written (the ranks then read the whole index, which is checked)."""
+        shards = manifest.record.shards
+        assert shards is not None
+        tree = index.parent / TREE_NAME
+        if os.path.lexists(tree):
+            return
+        try:
+            data = read_index(index, shards.count)
+        except Error as e:
+            raise _Skip(e.message) from None
+        levels = merkle_levels(data, shards.count)
+        if levels[-1][0].hex() != shards.root:
+            raise _Skip("its shard index does not give the signed Merkle root")
+        with contextlib.suppress(FileExistsError, OSError):
+            write_atomic(tree, b"".join(b"".join(level) for level in levels), overwrite=False)
 
     def _link(self, recorded: str) -> tuple[int | None, str, Path]:
         """A chain link's recorded path, as (its step, its name in the remote, where it

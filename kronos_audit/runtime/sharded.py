@@ -367,9 +367,9 @@ class ShardedPublisher:
         """The newest step valid on every rank (collective), unread; when the run pushes,
         a newer one in the DVC remote is brought here first
         (:func:`~kronos_audit.runtime.sharded_remote.bring_from_remote`)."""
-        if self.push and bring_from_remote(self, stacklevel=stacklevel + 1) is not None:
-            if self.rank == 0:  # the newest manifest here now is the one brought
-                self._newest = newest_manifest(self.directory)
+        brought = self.push and bring_from_remote(self, stacklevel=stacklevel + 1) is not None
+        if brought and self.rank == 0:  # the newest manifest here now is the one brought
+            self._newest = newest_manifest(self.directory)
         return self.agree(list(reversed(self.steps())), stacklevel=stacklevel + 1)
 
     def latest(self, *, stacklevel: int) -> int | None:

@@ -10,14 +10,15 @@ looks there too, collectively, before it agrees on the step to take:
    (:meth:`~kronos_audit.runtime.resume_remote.RemoteResume.newest` with ``sharded``);
 2. every rank works out which old shards it reads of that step (its own, or with another
    rank count the ones its block overlaps, and rank 0's), and fetches those, each by the
-   md5 and sha256 of its line of the signed index: a shard that several ranks read is
-   fetched by the lowest of them only, so no two ranks write one name (the run directory
-   is shared);
+   md5 and sha256 of its line of the signed index (proven against the signed Merkle
+   root with log2(n) nodes of the tree rank 0 rebuilt from the index): a shard several
+   ranks read is fetched by the lowest of them only, so no two ranks write one name (the
+   run directory is shared);
 3. the restore's agreement then verifies, on every rank, what it reads, as for a step
    written here: a fetch that failed makes the ranks fall back to an older step.
 
-So what one rank fetches does not grow with the rank count: its shards, the index and the
-manifests of the chain.
+So what one rank reads and fetches does not grow with the rank count: its shards, log2(n)
+nodes of the tree, the manifests of the chain (rank 0 alone fetches the index, once).
 """
 
 from __future__ import annotations
@@ -27,12 +28,18 @@ import logging
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
-from kronos_audit.checkpoint.shards import parse_index, read_index
+from kronos_audit.checkpoint.shards import (
+    NoProof,
+    ShardRecord,
+    parse_index,
+    proven_line,
+    read_index,
+)
 from kronos_audit.errors import CheckpointError
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.resume_remote import RemoteResume
 from kronos_audit.runtime.sharded_steps import Agreed, parse_layout
-from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.runs import RunFiles
 
@@ -106,21 +113,31 @@ def _shards_of(publisher: ShardedPublisher, step: int) -> tuple[list[int], dict[
         raise CheckpointError("not a sharded step's manifest", path=manifest.path)
     agreed = Agreed(step, manifest.path, shards.count, parse_layout(shards.layout))
     needs = publisher.reads(agreed)
-    index = manifest.checkpoint_path
-    data = read_index(index, shards.count)
-    if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
-        raise CheckpointError("the shard index is not the one its manifest signs", path=index)
-    lines = parse_index(data, shards.count, index)
-    items = {
-        old: FetchItem(
-            shard_path(directory, old, shards.count),
-            lines[old].md5,
-            lines[old].sha256,
-            lines[old].size,
+    items = {}
+    for old in needs:
+        line = _line(manifest, old)
+        items[old] = FetchItem(
+            shard_path(directory, old, shards.count), line.md5, line.sha256, line.size
         )
-        for old in needs
-    }
     return needs, items
+
+
+def _line(manifest: Manifest, rank: int) -> ShardRecord:
+    """Rank ``rank``'s line of the step's index, proven against the signed Merkle root
+    with log2(n) nodes of the tree; read from the whole index, checked against the signed
+    sha256, only when the tree cannot give the proof."""
+    shards = manifest.record.shards
+    assert shards is not None
+    index = manifest.checkpoint_path
+    try:
+        return proven_line(index.parent, rank, shards.count, shards.root)
+    except NoProof:
+        data = read_index(index, shards.count)
+        if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
+            raise CheckpointError(
+                "the shard index is not the one its manifest signs", path=index
+            ) from None
+        return parse_index(data, shards.count, index)[rank]
 
 
 def _skipped() -> type[Warning]:

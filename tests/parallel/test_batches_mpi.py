@@ -9,6 +9,7 @@ run as one process (no launcher).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ from kronos_audit.project.repository import Project
 from tests.helpers import run_cli
 from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec, mpirun
+from tests.replay.helpers import commit_all
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain
 from tests.runtime.test_writer_lock import trusted
 
@@ -205,3 +207,26 @@ def test_the_montecarlo_example_on_three_ranks_prints_the_one_process_tally(
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count('"digest"') == 1  # rank 0's line
     assert last_json(done.stdout) == plain
+
+
+def test_a_step_of_batches_on_three_ranks_replays_bitwise(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in launcher_env().items():
+        if name.startswith("OMPI_ALLOW") or name == "PYTHONUNBUFFERED":
+            monkeypatch.setenv(name, value)
+    program(project)
+    commit_all(project.root, "the program")
+    mc(project, 3, "replayed", "10")
+    run_dir = project.root / "checkpoints" / "replayed"
+    for step in (6, 10):  # a round of three, and the last, of one batch on rank 0
+        manifest = step_directory(run_dir, step) / "index.jsonl.kaudit.json"
+        shown = run_cli("replay", str(manifest), "--json")
+        assert shown.exit_code == 0, shown.output
+        doc = json.loads(shown.stdout)
+        assert doc["outcome"] == "REPRODUCED", doc
+        verdicts = {d["path"]: d["verdict"] for d in doc["datasets"]}
+        # The ledger compared on every rank: each shard holds the union.
+        ledgers = [p for p in verdicts if p.startswith("/ledger/index")]
+        assert len(ledgers) == 3, sorted(verdicts)
+        assert {verdicts[p] for p in ledgers} == {"IDENTICAL"}

@@ -89,6 +89,7 @@ class Attempt:
         """This rank made the calls it owes (:meth:`Split.owed`)."""
         self._merged = [0] * len(split.shares)
         self._unshared: dict[int, None] = {}  # this rank's results not yet sent (ordered)
+        self._recorded: set[int] = set()  # this rank's batches recorded
 
     @property
     def mine(self) -> tuple[int, ...]:
@@ -96,12 +97,14 @@ class Attempt:
         return self.split.shares[self.rank]
 
     def recorded(self, index: int) -> None:
-        """This rank recorded its batch ``index``: the others hear of it at the next share."""
+        """This rank recorded ``index``, a batch of its share: the others hear of it at the
+        next share."""
         self._unshared[int(index)] = None
+        self._recorded.add(int(index))
 
-    def mine_done(self, ledger: Ledger) -> bool:
-        """Every batch of this rank's share is in the ledger."""
-        return all(i in ledger for i in self.mine)
+    def mine_done(self) -> bool:
+        """Every batch of this rank's share is recorded."""
+        return len(self._recorded) == len(self.mine)
 
     def step(self, ledger: Ledger) -> int:
         """The batches done on every rank at this round: those in this rank's ledger and,

@@ -412,7 +412,7 @@ class Run(RunRestore):
         """
         saved = self._offer(step, state, layout)
         attempt = self._attempt
-        if attempt is not None and not attempt.paid and attempt.mine_done(self.ledger):
+        if attempt is not None and not attempt.paid and attempt.mine_done():
             saved = self._keep_in_step(attempt, state, layout) or saved
         return saved
 

@@ -230,3 +230,25 @@ def test_a_step_of_batches_on_three_ranks_replays_bitwise(
         ledgers = [p for p in verdicts if p.startswith("/ledger/index")]
         assert len(ledgers) == 3, sorted(verdicts)
         assert {verdicts[p] for p in ledgers} == {"IDENTICAL"}
+
+
+POACH = """
+import kronos_audit as ka
+
+with ka.Run("poach", seed=1, every=ka.EverySteps(1)) as run:
+    run.restore()
+    for i, rng in run.batches(4):
+        run.record(0 if run.rank == 1 else i, rng.random())  # rank 1 takes rank 0's batch
+        run.checkpoint(i, {})
+"""
+
+
+def test_recording_another_ranks_batch_is_refused_naming_both(
+    project: Project, key: SigningKey
+) -> None:
+    path = project.root / "poach.py"
+    path.write_text(textwrap.dedent(POACH))
+    done = mpirun(2, str(path), cwd=project.root)
+    assert done.returncode != 0
+    assert "batch 0 is rank 0's in this run" in done.stderr, done.stderr
+    assert "rank 1 may record only its own" in done.stderr

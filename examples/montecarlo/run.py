@@ -8,7 +8,7 @@ missing batches run, in any order, and the final tally is bitwise identical to a
 uninterrupted run's. ``--shuffle S`` runs the batches in a random order (seeded by S) to
 show it. The last line printed is JSON with the estimate and a digest of the tally.
 
-Under ``mpiexec`` (or ``torchrun``) the same program spreads the batches over the ranks,
+Under ``mpiexec`` the same program spreads the batches over the ranks,
 each batch run by one rank (``run.batches`` gives each rank its share); every checkpoint
 gathers every rank's results, so the tally rank 0 prints, and the digest, are the one
 process's. Killed and started again, on the same number of ranks or another, only the

@@ -188,11 +188,13 @@ def test_a_shuffled_order_and_a_rank_left_without_batches_tally_as_one_process(
     assert [sorted(d["ran"]) for d in docs] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
     assert [d["ran"] for d in docs] != [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]  # shuffled
     assert tallies(docs) == [reference] * 3
-    # Two batches more on three ranks: rank 2 has none, and keeps in step all the same.
-    more = mc(project, 3, "shuffled", "12", "5")
-    assert [sorted(d["ran"]) for d in more] == [[10], [11], []]
-    assert [d["ledger"] for d in more] == [list(range(12))] * 3
-    assert tallies(more) == [serial(project, "serial12", 12)] * 3
+    # Two batches more on four ranks: ranks 2 and 3 have none, and keep in step all the
+    # same; rank 3, which no shard was written by, restores the union from rank 0's.
+    more = mc(project, 4, "shuffled", "12", "5")
+    assert [d["restored"] for d in more] == [list(range(10))] * 4
+    assert [d["ran"] for d in more] == [[10], [11], [], []]
+    assert [d["ledger"] for d in more] == [list(range(12))] * 4
+    assert tallies(more) == [serial(project, "serial12", 12)] * 4
     assert signed_steps(project.root / "checkpoints" / "shuffled")[-1] == 12
 
 

@@ -36,7 +36,9 @@ On several ranks (under ``mpiexec``, ``srun`` or ``torchrun``, or with ``comm=``
 runs the same loop: each writes its shard of a step into ``<root>/<run>/step-<N:08d>/``,
 rank 0 signs the step once every shard is durable, the save decision and a preemption are
 agreed, and restore takes the newest step valid on every rank, re-cut for another rank
-count where ``layout=`` says how (:mod:`kronos_audit.runtime.sharded`).
+count where ``layout=`` says how (:mod:`kronos_audit.runtime.sharded`). ``run.batches(n)``
+deals the batches over the ranks, each to one, and every checkpoint gathers their results
+(:class:`~kronos_audit.runtime.batches.Split`).
 
 The loop is the same under ``kaudit replay``; where the checkpoints go and what they
 become is its publisher's business (:mod:`kronos_audit.runtime.publish`).

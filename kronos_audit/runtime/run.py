@@ -36,7 +36,9 @@ On several ranks (under ``mpiexec``, ``srun`` or ``torchrun``, or with ``comm=``
 runs the same loop: each writes its shard of a step into ``<root>/<run>/step-<N:08d>/``,
 rank 0 signs the step once every shard is durable, the save decision and a preemption are
 agreed, and restore takes the newest step valid on every rank, re-cut for another rank
-count where ``layout=`` says how (:mod:`kronos_audit.runtime.sharded`).
+count where ``layout=`` says how (:mod:`kronos_audit.runtime.sharded`). ``run.batches(n)``
+deals the batches over the ranks, each to one, and every checkpoint gathers their results
+(:class:`~kronos_audit.runtime.batches.Split`).
 
 The loop is the same under ``kaudit replay``; where the checkpoints go and what they
 become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
@@ -69,7 +71,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
-from kronos_audit.runtime.batches import Ledger, batch_rng
+from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
@@ -208,6 +210,7 @@ class Run(RunRestore):
         self._last_time = time.monotonic()
         self._final: int | None = None
         self._batches_total: int | None = None
+        self._attempt: Attempt | None = None  # where run.batches(n) is, on this rank
         self._prepared = False
         self.restored_from: Path | None = None
         """The checkpoint restore() took, if any."""
@@ -342,22 +345,47 @@ class Run(RunRestore):
             self._last_time = time.monotonic()
 
     def batches(self, n: int) -> Iterator[tuple[int, np.random.Generator]]:
-        """``(i, rng_i)`` for the batches in ``range(n)`` not yet in the ledger."""
+        """``(i, rng_i)`` for this rank's batches of those in ``range(n)`` not yet in the
+        ledger: all of them on one rank; on several, the batches still to do dealt
+        round-robin over the ranks (:class:`~kronos_audit.runtime.batches.Split`), each
+        batch to one rank. Record each batch's result and call :meth:`checkpoint` once
+        after each: once a rank's own batches are done, its last call also makes the calls
+        that keep it in step with ranks that have more, and when it returns
+        :attr:`ledger` holds every rank's results."""
         self.restore()
         # A replay redoes the batches after its parent's, in index order, up to the count
         # it stops at; a run that finished batches out of order replays only if that
         # order was the index order.
         self._batches_total = self.publisher.last_step(n)
         self._loop_starts()
-        for i in range(n):
+        # The same on every rank: the restored ledger is the union of every rank's results.
+        todo = [i for i in range(n) if i not in self.ledger]
+        todo = todo[: max(0, self._batches_total - len(self.ledger))]
+        attempt = self._attempt = Attempt(Split.of(todo, self.size), self.rank)
+        for i in attempt.mine:
             if len(self.ledger) >= self._batches_total:
                 return
             if i not in self.ledger:
                 yield i, batch_rng(self.seed, i)
+        if not attempt.mine and not attempt.paid:
+            # No batch for this rank this attempt (fewer left than ranks): it takes its
+            # part in every round here, offering the state it restored.
+            state = self._restored_state if self._restored_state is not None else {}
+            self._keep_in_step(attempt, state, None)
 
     def record(self, index: int, result: Any) -> None:
-        """Put batch ``index``'s result into the ledger carried by every checkpoint."""
+        """Put batch ``index``'s result into the ledger carried by every checkpoint. On
+        several ranks, only batches :meth:`batches` gave this rank."""
+        attempt = self._attempt
+        owner = None if attempt is None else attempt.split.owner(index)
+        if owner is not None and owner != self.rank:
+            raise UsageError(
+                f"batch {index} is rank {owner}'s in this run (run.batches spreads the "
+                f"batches over the ranks): rank {self.rank} may record only its own"
+            )
         self.ledger.record(index, result)
+        if attempt is not None and owner is not None:
+            attempt.recorded(index)
 
     def checkpoint(
         self,
@@ -377,7 +405,32 @@ class Run(RunRestore):
         (``{"u": ka.Block(axis=0), "params": ka.Replicated()}``) says how keys of the state
         are spread over the ranks, so that a restart on another rank count can re-cut them
         (see :mod:`kronos_audit.runtime.sharded`); on one rank it is checked and unused.
+
+        In a :meth:`batches` loop ``step`` is not used: the step is the number of batches
+        done (on every rank), and the call is collective too (one per batch; see there).
         """
+        saved = self._offer(step, state, layout)
+        attempt = self._attempt
+        if attempt is not None and not attempt.paid and attempt.mine_done():
+            saved = self._keep_in_step(attempt, state, layout) or saved
+        return saved
+
+    def _keep_in_step(
+        self, attempt: Attempt, state: Mapping[str, Any], layout: Mapping[str, Layout] | None
+    ) -> bool:
+        """This rank's own batches are done: the calls it owes the ranks with more (the
+        same state offered again), so that it reaches every round's collectives as they
+        do; the last round ends with every rank's ledger the union."""
+        attempt.paid = True
+        saved = False
+        for _ in range(attempt.split.owed(self.rank)):
+            saved = self._offer(len(self.ledger), state, layout) or saved
+        return saved
+
+    def _offer(
+        self, step: int, state: Mapping[str, Any], layout: Mapping[str, Layout] | None
+    ) -> bool:
+        """One call of :meth:`checkpoint`: one round, on every rank."""
         writer = self._require_open()
         # A failure here (a background write that failed, a state that cannot be stored)
         # is told to every rank at the collective below and raised on all of them
@@ -389,8 +442,12 @@ class Run(RunRestore):
             writer.raise_pending()
         except Exception as e:
             failure = e
-        if self._batches_total is not None:
-            step = len(self.ledger)  # batches finish in any order; their count only grows
+        attempt = self._attempt
+        if self._batches_total is not None and attempt is not None:
+            # Batches finish in any order; their count only grows. Every rank counts the
+            # other ranks' batches done by this round from the split, without asking.
+            attempt.calls += 1
+            step = attempt.step(self.ledger)
             final = step >= self._batches_total
         else:
             final = self._final is not None and step >= self._final
@@ -408,6 +465,8 @@ class Run(RunRestore):
         save, preempted = self._decide_together(writer, step, preempted, final, failure)
         if save:
             self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
+        elif attempt is not None and attempt.calls == attempt.split.rounds:
+            attempt.share(self.comm, self.ledger)  # the last round: every rank's ledger the union
         if final and self.publisher.exits_after_final:
             writer.flush()
             self._agreed_exit = True  # every rank of a replay leaves here, at step N
@@ -485,9 +544,15 @@ class Run(RunRestore):
         steps = sorted({v.step for v in votes})
         if len(steps) > 1:
             self._agreed_exit = True
+            must = (
+                "every rank must record each batch run.batches gives it and call "
+                "run.checkpoint once after each"
+                if self._attempt is not None
+                else "every rank must offer the same steps"
+            )
             raise UsageError(
                 f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
-                "run.checkpoint (every rank must offer the same steps)"
+                f"run.checkpoint ({must})"
             )
         verdict = votes[0]
         if verdict.policy_failure is not None:
@@ -519,6 +584,10 @@ class Run(RunRestore):
         flat: Mapping[str, np.ndarray[Any, Any]],
         layouts: Mapping[str, Layout],
     ) -> None:
+        if self._attempt is not None:
+            # Every rank's shard holds the union of the ranks' results: a restart on any
+            # rank count reads it from any shard (rank 0's on another count).
+            self._attempt.share(self.comm, self.ledger)
         generators, record = rng.capture(self.rng)
         extra = {**generators, **self.ledger.to_flat()}
         meta: dict[str, Any] = {"rng": {n: RngRecord.from_json_obj(r) for n, r in record.items()}}

@@ -71,6 +71,7 @@ from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, patch_note
+from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit, held_alike
 from kronos_audit.runtime.policy import SavePolicy
@@ -446,9 +447,20 @@ class ShardedPublisher:
             return flat
         if self.rank < agreed.count:
             own = _datasets(shard(self.rank))
-            flat.update({n: v for n, v in own.items() if n.split("/")[1] in OWN_GROUPS})
+            # Its generators (the ledger is rank 0's, below).
+            flat.update(
+                {
+                    n: v
+                    for n, v in own.items()
+                    if n.split("/")[1] in OWN_GROUPS and n.split("/")[1] != LEDGER_GROUP
+                }
+            )
         base = _datasets(shard(0), skip=set(agreed.layout))
         for name, value in base.items():
+            if name.split("/")[1] == LEDGER_GROUP:
+                # Every shard holds the union of the ranks' batch results: rank 0's serves
+                # every rank of another count, a joining one too.
+                flat[name] = value
             if name.split("/")[1] in OWN_GROUPS:
                 continue
             if name != _TREE:

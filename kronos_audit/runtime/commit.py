@@ -85,7 +85,8 @@ class StepCommit(Protocol):
         ...
 
     def place(self, written: Any) -> Any:
-        """All ranks: move the piece under its name, durably; the :attr:`Vote.record`."""
+        """All ranks: move the piece under its name, durably (wherever the format says a
+        step's pieces meet); the :attr:`Vote.record`."""
         ...
 
     def sign(self, votes: Sequence[Vote]) -> None:
@@ -254,6 +255,7 @@ class ShardCommit:
         refusal: Callable[[], str | None],
         sign: Callable[[Path, Sequence[Vote]], None],
         md5: bool = True,
+        durable: Callable[[Path, ShardRecord], None] | None = None,
     ) -> None:
         self.job = job
         self.directory = step_directory(run_directory, job.step)
@@ -263,6 +265,7 @@ class ShardCommit:
         self._refusal = refusal
         self._sign = sign
         self._md5 = md5
+        self._durable = durable
         self.shard: Shard | None = None
         """This rank's shard, once in place."""
 
@@ -278,7 +281,10 @@ class ShardCommit:
         fsync_dir(self.directory)
         shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
         held = {d.path: f"{d.dtype} {d.shape} {d.sha256}" for d in written.datasets or ()}
-        self.shard = Shard(ShardRecord.of(self.rank, self.size, written), shapes, held)
+        record = ShardRecord.of(self.rank, self.size, written)
+        if self._durable is not None:  # durable somewhere else too, before the vote
+            self._durable(self.directory / self.name, record)
+        self.shard = Shard(record, shapes, held)
         return self.shard
 
     def sign(self, votes: Sequence[Vote]) -> None:

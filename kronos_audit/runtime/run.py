@@ -46,6 +46,7 @@ become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -103,6 +104,11 @@ class LoopVote:
     """Rank 0: why its save policy could not decide; None when it did."""
 
 
+LOCAL_DIR_ENV = "KAUDIT_LOCAL_DIR"
+"""Set per node: the directory, on that node's own storage and inside a clone of the
+project, that holds this rank's files of the run (as ``Run(local_dir=...)``)."""
+
+
 class PreemptedWithoutCheckpoint(UserWarning):
     """A preemption signal ended the run at a step its save policy did not checkpoint
     (``Never()``, or a policy with ``on_preemption=False``): the work since the last
@@ -146,6 +152,7 @@ class Run(RunRestore):
         comm: Any = None,
         command: Sequence[str] | None = None,
         allow_rollback: bool = False,
+        local_dir: str | Path | None = None,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -177,8 +184,17 @@ class Run(RunRestore):
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         # Every rank draws from the same run seed (each its own stream of it).
         self.seed = int(self.comm.bcast(self.seed))
+        local = local_dir if local_dir is not None else os.environ.get(LOCAL_DIR_ENV) or None
+        if local is not None and not push:
+            raise UsageError(
+                f"local_dir={str(local)!r} (or {LOCAL_DIR_ENV}): with no directory shared by "
+                "the ranks the DVC remote is where a step meets: pass push=True too"
+            )
+        self.node_local = local is not None
+        """Each rank keeps the run's files in a directory of its own node's (``local_dir=``
+        or ``KAUDIT_LOCAL_DIR``), and the DVC remote is the meeting point."""
         self.publisher: Publisher = self._publisher(
-            Path(root) / run_id,
+            Path(local if local is not None else root) / run_id,
             key,
             attributes,
             push,
@@ -235,7 +251,11 @@ class Run(RunRestore):
             if self.size > 1 or self.replay.sharded:
                 return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
             return ReplayPublisher(self.replay)
-        if self.size > 1 or has_sharded_steps(directory, self.run_id, key, stacklevel=3):
+        if (
+            self.size > 1
+            or self.node_local
+            or has_sharded_steps(directory, self.run_id, key, stacklevel=3)
+        ):
             return ShardedPublisher(
                 self.run_id,
                 directory,
@@ -247,6 +267,7 @@ class Run(RunRestore):
                 command=command,
                 retention=self.retention,
                 push=push,
+                node_local=self.node_local,
             )
         return SignedPublisher(
             self.run_id,

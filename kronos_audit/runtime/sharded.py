@@ -60,6 +60,7 @@ from kronos_audit.checkpoint.layout import (
 )
 from kronos_audit.checkpoint.shards import (
     MAX_SHARDS,
+    ShardRecord,
 )
 from kronos_audit.checkpoint.verified import open_verified
 from kronos_audit.checkpoint.writer import Job
@@ -87,6 +88,7 @@ from kronos_audit.runtime.sharded_steps import (
     parse_layout,
     signed_shard,
     step_manifest_problem,
+    warn_unlike,
 )
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
@@ -102,11 +104,6 @@ LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that
 ``kaudit replay`` can start the ranks again the same way."""
 _TREE = "/kaudit/tree"
-
-
-class UndeclaredLayout(UserWarning):
-    """A value of the state differs between the ranks and has no layout (``ka.Block``):
-    the run goes on, but a restart on another rank count cannot restore it."""
 
 
 class ShardedPublisher:
@@ -127,10 +124,16 @@ class ShardedPublisher:
         command: Sequence[str] | None = None,
         retention: Retention | None = None,
         push: bool = False,
+        node_local: bool = False,
     ) -> None:
         self.retention = retention or Retention()
         self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
-        self.push = push
+        self.push = push or node_local
+        self.node_local = node_local
+        """No directory is shared by the ranks: each writes its shard into a directory of
+        its own node's, the DVC remote is the meeting point (a rank votes its shard only
+        once it is in the remote), and a restore brings the manifests from there on every
+        rank (:mod:`kronos_audit.runtime.sharded_remote`)."""
         """Push each step to the DVC remote in the background: each rank its shard, rank 0
         the index, its tree and (once every rank's objects are there) the step manifest."""
         self._storage: Storage | None = None
@@ -190,6 +193,8 @@ class ShardedPublisher:
             if self.threaded:
                 require_threads(self.comm)
             self._project = find_project(self.directory).require_initialized()
+            if self.node_local:  # every rank tracks and pushes its own shard
+                self._cache = cache_settings(self._project)
             if self.rank == 0:
                 self._key = (
                     self._key_arg
@@ -500,6 +505,7 @@ class ShardedPublisher:
             comm,
             refusal=lambda: self._refusal(job.step),
             sign=lambda directory, votes: self._sign(job, directory, votes),
+            durable=self._in_remote if self.node_local else None,
         )
         try:
             commit(comm, step)
@@ -512,6 +518,8 @@ class ShardedPublisher:
         # step is committed (a failure here is rank 0's, told to every rank at the loop's
         # next collective: the step stays committed).
         doomed, self._to_prune = self._to_prune, []
+        if self.node_local:  # each rank's own shards of the pruned steps are on its node
+            doomed = comm.bcast(doomed)
         if doomed:
             cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
             prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
@@ -519,26 +527,25 @@ class ShardedPublisher:
             assert step.shard is not None  # committed: this rank's shard is in place
             record = step.shard.record
             shard = FetchItem(step.directory / record.name, record.md5, record.sha256, record.size)
-            items = [shard, *(self._step_items if self.rank == 0 else ())]
+            # Node-local: every shard is in the remote already (that was the vote).
+            items = [] if self.node_local else [shard]
+            items += self._step_items if self.rank == 0 else []
             self._pusher.push(comm, step.directory / STEP_MANIFEST, items)
 
-    def _warn_unlike(self, step: int, names: Sequence[str]) -> None:
-        """Rank 0: say, once for each, which values of the state differ between the ranks
-        and have no layout, at the first step that holds them: a restart on another rank
-        count could not restore them, and it is better heard now than after days."""
-        if not names:
-            return
-        self._warned.update(names)
-        first = names[0].removeprefix("/")
-        warnings.warn(
-            f"step {step}: {', '.join(n.removeprefix('/') for n in names)}: not the same "
-            f"on every rank, and no layout says how it is split, so a restart can restore "
-            f"it only on {self.size} ranks: declare it (layout={{{first!r}: "
-            "ka.Block(axis=0)}) if it is a block of a global array, or make it the same "
-            "on every rank",
-            UndeclaredLayout,
-            stacklevel=2,
+    def _in_remote(self, shard: Path, record: ShardRecord) -> None:
+        """Node-local: make this rank's shard durable in the DVC remote before it votes
+        (tracked here, pushed, confirmed there at its signed size): with no directory
+        shared by the ranks, the remote is where a step's shards meet."""
+        track(
+            self._opened(),
+            shard,
+            record.md5,
+            record.size,
+            owned=True,
+            ignore_pattern="/rank-*.h5",
+            settings=self._cache,
         )
+        self.storage().push([FetchItem(shard, record.md5, record.sha256, record.size)])
 
     def storage(self) -> Storage:
         """The project's DVC storage (made when first needed)."""
@@ -586,7 +593,9 @@ class ShardedPublisher:
         for name in alike:
             # The same bytes on every rank: a restart on any rank count takes rank 0's.
             layout[name.removeprefix("/")] = {"replicated": True}
-        self._warn_unlike(job.step, [n for n in unlike if n not in self._warned])
+        fresh = [n for n in unlike if n not in self._warned]
+        self._warned.update(fresh)
+        warn_unlike(job.step, fresh, self.size)
         # Where the run's lock cannot hold, two writers may have resumed from the same
         # step: only one may sign a child of it. Checked before the shards replaced
         # anything (publish), and again now, before the index does.
@@ -634,6 +643,8 @@ class ShardedPublisher:
             sha256 = hashlib.sha256(data).hexdigest()
             self._step_items.append(FetchItem(directory / name, md5, sha256, len(data)))
         for record in records:
+            if self.node_local and record.rank != 0:
+                continue  # on its own node, tracked there, and in the remote
             track(
                 project,
                 directory / record.name,
@@ -682,8 +693,4 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
     return {n: _value(f, n) for n, _ in _walk(f) if n not in skip}
 
 
-__all__ = [
-    "LAUNCHERS",
-    "ShardedPublisher",
-    "UndeclaredLayout",
-]
+__all__ = ["LAUNCHERS", "ShardedPublisher"]

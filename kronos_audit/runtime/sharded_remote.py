@@ -56,7 +56,8 @@ def bring_from_remote(publisher: ShardedPublisher, *, stacklevel: int) -> int | 
     steps here, as a single process's does)."""
     comm = publisher.comm
     taken: int | None = None
-    if comm.rank == 0:
+    # Node-local, no rank sees another's directory: each brings the manifests itself.
+    if comm.rank == 0 or publisher.node_local:
         try:
             here = publisher.local_steps()
             project = publisher.project()
@@ -76,6 +77,7 @@ def bring_from_remote(publisher: ShardedPublisher, *, stacklevel: int) -> int | 
             taken = None if found is None else found.step
         except Exception as e:  # every rank must hear rank 0, whatever happened
             log.warning("run %r: the DVC remote was not looked at: %s", publisher.run_id, e)
+    # Rank 0's word (the others' copies, node-local, are of the same remote's newest).
     taken = comm.bcast(taken)
     if taken is None:
         return None
@@ -86,7 +88,13 @@ def bring_from_remote(publisher: ShardedPublisher, *, stacklevel: int) -> int | 
     except Exception as e:  # every rank must reach the allgather below, whatever happened
         log.warning("step %d from the DVC remote: %s", taken, one_line_reason(e))
     everyone: list[list[int]] = comm.allgather(needs)
-    mine = [old for old in needs if not any(old in everyone[r] for r in range(comm.rank))]
+    # On a shared directory, a shard several ranks read is fetched by the lowest alone;
+    # node-local, each rank fetches what it reads into its own.
+    mine = (
+        needs
+        if publisher.node_local
+        else [old for old in needs if not any(old in everyone[r] for r in range(comm.rank))]
+    )
     problem: str | None = None
     try:
         failed = publisher.storage().fetch_many(

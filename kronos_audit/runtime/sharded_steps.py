@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,13 +222,38 @@ def signed_shard(manifest: Manifest, rank: int) -> Signed:
     return Signed(record.size, record.sha256)
 
 
+class UndeclaredLayout(UserWarning):
+    """A value of the state differs between the ranks and has no layout (``ka.Block``):
+    the run goes on, but a restart on another rank count cannot restore it."""
+
+
+def warn_unlike(step: int, names: Sequence[str], size: int) -> None:
+    """Rank 0: say, once for each, which values of the state differ between the ranks
+    and have no layout, at the first step that holds them: a restart on another rank
+    count could not restore them, and it is better heard now than after days."""
+    if not names:
+        return
+    first = names[0].removeprefix("/")
+    warnings.warn(
+        f"step {step}: {', '.join(n.removeprefix('/') for n in names)}: not the same "
+        f"on every rank, and no layout says how it is split, so a restart can restore "
+        f"it only on {size} ranks: declare it (layout={{{first!r}: "
+        "ka.Block(axis=0)}) if it is a block of a global array, or make it the same "
+        "on every rank",
+        UndeclaredLayout,
+        stacklevel=3,
+    )
+
+
 __all__ = [
     "OWN_GROUPS",
     "Agreed",
     "Recorded",
+    "UndeclaredLayout",
     "expand_layout",
     "has_sharded_steps",
     "parse_layout",
     "signed_shard",
     "step_manifest_problem",
+    "warn_unlike",
 ]

@@ -1,0 +1,169 @@
+"""No filesystem shared by the ranks, under a real mpiexec: each rank runs in a clone of
+its own (its node's disk) with ``KAUDIT_LOCAL_DIR`` set there, writes its shards only
+there, and votes a shard only once it is in the DVC remote, the one place the ranks meet.
+A restart on another rank count, in fresh clones, resumes from the remote alone, bitwise,
+and ``kaudit verify`` of the chain passes on a node that holds its manifests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kronos_audit.checkpoint.layout import INDEX_NAME, STEP_MANIFEST, shard_name, step_directory
+from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.project.repository import Project
+from kronos_audit.storage.remote import configure_remote
+from tests.helpers import git, run_cli
+from tests.parallel import launch
+from tests.parallel.launch import MPIEXEC
+
+pytestmark = pytest.mark.slow
+
+# A computation that does not depend on how u is cut, so a run continued on another rank
+# count ends bitwise where an uninterrupted one does.
+PROGRAM = """
+import json, os, sys
+import numpy as np
+import kronos_audit as ka
+from kronos_audit.parallel.layout import local_block
+
+steps, run_id = int(sys.argv[1]), sys.argv[2]
+with ka.Run(run_id, seed=9, every=ka.EverySteps(2), push=True) as run:
+    state = run.restore()
+    restored = run.step
+    if state is None:
+        u0 = np.linspace(0.0, 1.0, 12)
+        state = {"u": local_block(u0, ka.Block(axis=0), run.size, run.rank).copy(), "t": 0.0}
+    for step in run.steps(steps):
+        state = {"u": np.sin(state["u"]) * 0.9 + 0.01 * step, "t": state["t"] + 1.0}
+        run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
+    run.wait()
+    failures = list(run.push_failures)
+with open(f"out.{run.rank}.json", "w") as f:
+    json.dump({"rank": run.rank, "restored": restored, "u": state["u"].tolist(),
+               "failures": failures, "node_local": run.node_local}, f)
+"""
+
+
+def launch_on_nodes(nodes: list[Path], *argv: str) -> subprocess.CompletedProcess[str]:
+    """The program on one rank per node directory, each started in its own (mpiexec's
+    rank number picks it), with KAUDIT_LOCAL_DIR there, run to its end."""
+    script = (
+        'node="$NODES_BASE/$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$NODES_LIST")"; '
+        'cd "$node" && KAUDIT_LOCAL_DIR="$node/checkpoints" exec "$PYTHON" far.py "$@"'
+    )
+    listing = nodes[0].parent / f"nodes-{len(nodes)}.txt"
+    listing.write_text("".join(f"{n.name}\n" for n in nodes))
+    env = launch.launcher_env()
+    env.update(NODES_BASE=str(nodes[0].parent), NODES_LIST=str(listing), PYTHON=sys.executable)
+    argv_ = [
+        str(MPIEXEC),
+        "--oversubscribe",
+        "-n",
+        str(len(nodes)),
+        "sh",
+        "-c",
+        script,
+        "sh",
+        *argv,
+    ]
+    return launch.launched(argv_, nodes[0].parent, env)
+
+
+def on_nodes(nodes: list[Path], *argv: str) -> list[dict[str, Any]]:
+    """:func:`launch_on_nodes` to a zero exit, and what each rank wrote."""
+    done = launch_on_nodes(nodes, *argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    docs = [json.loads((n / f"out.{r}.json").read_text()) for r, n in enumerate(nodes)]
+    assert [d["rank"] for d in docs] == list(range(len(nodes)))
+    return docs
+
+
+def test_ranks_with_no_directory_in_common_meet_in_the_remote_and_resume_elsewhere(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    configure_remote(project, str(tmp_path / "remote"))
+    (project.root / "far.py").write_text(textwrap.dedent(PROGRAM))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "program and remote")
+    # The reference: 3 ranks on the project's own (shared) directory, never stopped.
+    reference = launch.run(
+        launch.mpiexec(3, str(project.root / "far.py"), "8", "ref"), project.root, 3
+    )
+    want = [x for doc in reference for x in doc["u"]]
+
+    base = tmp_path / "nodes"
+    base.mkdir()
+    nodes = [base / f"node{r}" for r in range(3)]
+    for node in nodes:
+        git(base, "clone", "-q", str(project.root), str(node))
+    docs = on_nodes(nodes, "4", "far")
+    assert [d["node_local"] for d in docs] == [True] * 3
+    assert [d["failures"] for d in docs] == [[]] * 3
+    for r, node in enumerate(nodes):
+        names = {p.name for p in step_directory(node / "checkpoints" / "far", 4).iterdir()}
+        assert shard_name(r, 3) in names  # its own shard, on its own node
+        others = {shard_name(o, 3) for o in range(3) if o != r}
+        assert not names & others  # and no other rank's
+        assert (STEP_MANIFEST in names) == (r == 0)  # rank 0 signs, in its own directory
+        assert (INDEX_NAME in names) == (r == 0)
+
+    # Two other nodes, fresh clones: the run resumes there from the remote alone.
+    elsewhere = [base / f"other{r}" for r in range(2)]
+    for node in elsewhere:
+        git(base, "clone", "-q", str(project.root), str(node))
+    again = on_nodes(elsewhere, "8", "far")
+    assert [d["restored"] for d in again] == [4, 4]
+    assert [x for doc in again for x in doc["u"]] == want
+
+    owner = tmp_path / "owner.pub"
+    owner.write_bytes(public_pem(key.private_key.public_key()))
+    # The chain verifies where its manifests are: rank 0's node, where they were signed,
+    # and a node that resumed (it brought them from the remote); the other shards are
+    # fetched from the remote, checked against the signed index.
+    for node in (nodes[0], elsewhere[1]):
+        run_dir = node / "checkpoints" / "far"
+        verified = run_cli("verify", "--trusted-key", str(owner), str(run_dir), cwd=node)
+        assert verified.exit_code == 0, verified.output
+
+
+def test_without_push_node_local_storage_is_refused_in_one_line(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    program = project.root / "lone.py"
+    program.write_text(
+        "import kronos_audit as ka\n"
+        "with ka.Run('lone', local_dir='checkpoints') as run:\n"
+        "    pass\n"
+    )
+    done = launch.launched([sys.executable, str(program)], project.root)
+    assert done.returncode != 0
+    assert "pass push=True too" in done.stderr
+
+
+def test_a_step_commits_only_once_every_shard_is_in_the_remote(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the remote's directory should be\n")
+    configure_remote(project, str(blocker / "remote"))
+    (project.root / "far.py").write_text(textwrap.dedent(PROGRAM))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "program and an unreachable remote")
+    base = tmp_path / "nodes"
+    base.mkdir()
+    nodes = [base / f"node{r}" for r in range(2)]
+    for node in nodes:
+        git(base, "clone", "-q", str(project.root), str(node))
+    done = launch_on_nodes(nodes, "2", "far")
+    assert done.returncode != 0
+    # Every rank heard it: the step was not committed (its shards never met).
+    assert done.stderr.count("the checkpoint of step 2 was not committed: rank 0:") == 2
+    step = step_directory(nodes[0] / "checkpoints" / "far", 2)
+    assert not (step / STEP_MANIFEST).exists()  # nothing signed

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.checkpoint.layout import step_directory
+from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.checkpoint.shards import MAX_SHARDS
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
@@ -76,6 +76,10 @@ def test_an_unsigned_step_claiming_a_million_shards_is_skipped_before_any_planni
     # The schema's bound on the count; planning a 2-rank restore of 200 such arrays from
     # a million shards would take minutes (the hang guard of launch.run stops that).
     forged = forge(genuine, 8, MAX_SHARDS, 200)
+    # With a shard of its own beside it: a step directory holding a manifest alone is a
+    # pruned step's shape, which a restore does not even try; this one it must try, and
+    # skip at its signature.
+    shard_path(forged.parent, 0, MAX_SHARDS).write_bytes(b"not a shard")
     for f in project.root.glob("out.*.json"):
         f.unlink()
     for doc in launch.run(mpiexec(2, str(program), "10"), project.root, 2):

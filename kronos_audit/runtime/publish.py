@@ -189,6 +189,36 @@ def commit_file(commit_: FileCommit) -> None:
         ) from e.own
 
 
+class RunPublisher:
+    """What a signed run's publisher holds whatever its step format (a checkpoint file on
+    one rank, a directory of shards on several): its directory, its pushes (``pusher``:
+    a :class:`~kronos_audit.runtime.pushing.Pusher`, or anything with ``failures``), and
+    the program's own policy and last step."""
+
+    exits_after_final = False
+
+    def __init__(self, directory: Path, pusher: Any) -> None:
+        self._directory = directory
+        self._pusher = pusher
+        self.threaded = True
+        """Whether commits run on the writer's thread (``Run(asynchronous=True)``)."""
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def push_failures(self) -> list[str]:
+        failures: list[str] = self._pusher.failures
+        return failures
+
+    def policy(self, asked: SavePolicy) -> SavePolicy:
+        return asked
+
+    def last_step(self, asked: int) -> int:
+        return asked
+
+
 class ReplayPublisher:
     """A run under ``kaudit replay``: one unsigned checkpoint, of the step the replay
     compares, in the directory it gave; then the process exits."""
@@ -270,6 +300,7 @@ __all__ = [
     "ReplayPublisher",
     "Restored",
     "ResumePoint",
+    "RunPublisher",
     "commit_file",
     "file_failure",
     "read_file_step",

@@ -360,14 +360,14 @@ class RemoteResume:
             raise _Skip(f"a different {path.name} is here: left as it is")
         return True
 
-    def _take(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
-        checkpoint = self.directory / checkpoint_name(step)
-        manifest_path = manifest_path_for(checkpoint)
-        if os.path.lexists(checkpoint):
-            # Judged here already (not valid, or it would have been taken): left alone.
-            raise _Skip(f"a checkpoint of step {step} is here and is not valid: left as it is")
+    def _signed(
+        self, step: int, entry: RemoteEntry, path: Path, *, sharded: bool
+    ) -> tuple[Manifest, bytes, Verifier, str]:
+        """A remote candidate read and checked before anything it says is acted on: its
+        signature first, then its run, its step (and kind), its place, and the md5 its
+        data is fetched by. The manifest, its bytes, the verifier and that md5."""
         data = self._get(entry, entry.name)
-        manifest = self._parse(data, manifest_path)
+        manifest = self._parse(data, path)
         verifier = self._verifier()
         # The signature first: nothing else an unsigned file says is repeated.
         signed = verifier.signature(manifest)
@@ -377,20 +377,25 @@ class RemoteResume:
             raise _Skip(f"belongs to run {manifest.run!r}")
         if manifest.step != step:
             raise _Skip(f"its manifest signs step {manifest.step}, not the step its name says")
+        if (manifest.record.shards is not None) != sharded:
+            raise _Skip("a sharded step's manifest" if not sharded else "not a sharded step's")
         place = place_check(self.project, manifest)
         if not place.ok:
             raise _Skip(f"place: {place.detail}")
         md5 = manifest.subject_md5
         if md5 is None:
             raise _Skip("its manifest records no DVC md5 to fetch the data by")
-        to_write = [] if self._local_state(manifest_path, data) else [(manifest_path, data)]
-        to_write += self._chain(verifier, manifest, by_name)
+        return manifest, data, verifier, md5
+
+    def _bring(self, to_write: list[tuple[Path, bytes]], fetch: Callable[[], None]) -> None:
+        """Write ``to_write`` (newest first) oldest first, then ``fetch`` the data: the
+        data in place is what makes the step one here. Killed in between, a manifest
+        without data is left, which the next restore takes up again (the same bytes); a
+        failure takes back what was written."""
         written: list[Path] = []
         try:
-            # Manifests first (oldest first), the data last: the data linked into place is
-            # what makes the step a checkpoint here. Killed in between, a manifest without
-            # data is left, which the next restore takes up again (the same bytes).
             for path, content in reversed(to_write):
+                path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     write_atomic(path, content, overwrite=False)
                 except FileExistsError:
@@ -399,6 +404,24 @@ class RemoteResume:
                 except OSError as e:
                     raise _Skip(f"cannot write {path.name}: {e.strerror or e}") from None
                 written.append(path)
+            fetch()
+        except BaseException:
+            for path in written:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
+
+    def _take(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
+        checkpoint = self.directory / checkpoint_name(step)
+        manifest_path = manifest_path_for(checkpoint)
+        if os.path.lexists(checkpoint):
+            # Judged here already (not valid, or it would have been taken): left alone.
+            raise _Skip(f"a checkpoint of step {step} is here and is not valid: left as it is")
+        manifest, data, verifier, md5 = self._signed(step, entry, manifest_path, sharded=False)
+        to_write = [] if self._local_state(manifest_path, data) else [(manifest_path, data)]
+        to_write += self._chain(verifier, manifest, by_name)
+
+        def fetch() -> None:
             try:
                 self.storage.fetch(
                     checkpoint,
@@ -415,11 +438,8 @@ class RemoteResume:
             if reason is not None:
                 self.storage.discard(checkpoint)
                 raise _Skip(reason)
-        except BaseException:
-            for path in written:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            raise
+
+        self._bring(to_write, fetch)
         with contextlib.suppress(Error, OSError):
             # The data is in DVC's cache already (the fetch put it there); the .dvc file
             # lets `kaudit push` and `kaudit status` see it as a checkpoint made here does.
@@ -436,44 +456,16 @@ class RemoteResume:
 
     def _take_step(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
         """Bring sharded step ``step``'s manifest, its chain's and its shard index here:
-        the manifest's signature, run, step and place checked first (nothing an unsigned
-        file says is acted on), the index fetched by the signed md5 and checked against
-        the signed sha256. Its shards are left to the ranks that read them."""
-        directory = self.directory / step_directory_name(step)
-        manifest_path = directory / STEP_MANIFEST
+        the manifest checked as :meth:`_signed` checks it before anything it says is
+        acted on, the index fetched by the signed md5 and checked against the signed
+        sha256, its Merkle tree rebuilt. Its shards are left to the ranks that read them."""
+        manifest_path = self.directory / step_directory_name(step) / STEP_MANIFEST
         if os.path.lexists(manifest_path):
             raise _Skip(f"a manifest of step {step} is here and is not valid: left as it is")
-        data = self._get(entry, entry.name)
-        manifest = self._parse(data, manifest_path)
-        verifier = self._verifier()
-        signed = verifier.signature(manifest)
-        if not signed.ok:
-            raise _Skip(f"signature: {signed.detail}")
-        if manifest.run != self.run_id:
-            raise _Skip(f"belongs to run {manifest.run!r}")
-        if manifest.step != step or manifest.record.shards is None:
-            raise _Skip(f"not the sharded step {step} its name says")
-        place = place_check(self.project, manifest)
-        if not place.ok:
-            raise _Skip(f"place: {place.detail}")
-        md5 = manifest.subject_md5
-        if md5 is None:
-            raise _Skip("its manifest records no DVC md5 to fetch the shard index by")
-        to_write = [(manifest_path, data)]
-        to_write += self._chain(verifier, manifest, by_name)
-        written: list[Path] = []
-        try:
-            for path, content in reversed(to_write):  # oldest first, the step's last
-                path.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    write_atomic(path, content, overwrite=False)
-                except FileExistsError:
-                    self._local_state(path, content)
-                    continue
-                except OSError as e:
-                    raise _Skip(f"cannot write {path.name}: {e.strerror or e}") from None
-                written.append(path)
-            index = manifest.checkpoint_path
+        manifest, data, verifier, md5 = self._signed(step, entry, manifest_path, sharded=True)
+        index = manifest.checkpoint_path
+
+        def fetch() -> None:
             if not os.path.lexists(index):
                 try:
                     self.storage.fetch(
@@ -482,12 +474,9 @@ class RemoteResume:
                 except Error as e:
                     raise _Skip(f"shard index not fetched: {e.message}") from None
             self._tree(index, manifest)
-        except BaseException:
-            for path in written:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            raise
-        return Found(manifest.checkpoint_path, step)
+
+        self._bring([(manifest_path, data), *self._chain(verifier, manifest, by_name)], fetch)
+        return Found(index, step)
 
     def _tree(self, index: Path, manifest: Manifest) -> None:
         """The Merkle tree of a brought shard index, rebuilt here (it is derived from the

@@ -75,9 +75,8 @@ from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit, held_alike
-from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
-from kronos_audit.runtime.publish import CheckpointSkipped, Restored
+from kronos_audit.runtime.publish import CheckpointSkipped, Restored, RunPublisher
 from kronos_audit.runtime.pushing import Pusher
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
 from kronos_audit.runtime.retention import Retention, prune, sharded_steps_with_data
@@ -106,10 +105,8 @@ LAUNCHERS = ("mpi", "torch.distributed")
 _TREE = "/kaudit/tree"
 
 
-class ShardedPublisher:
+class ShardedPublisher(RunPublisher):
     """A normal run on several ranks: sharded, signed, DVC-tracked, chained steps."""
-
-    exits_after_final = False
 
     def __init__(
         self,
@@ -137,14 +134,13 @@ class ShardedPublisher:
         """Push each step to the DVC remote in the background: each rank its shard, rank 0
         the index, its tree and (once every rank's objects are there) the step manifest."""
         self._storage: Storage | None = None
-        self._pusher = Pusher(self.storage, lambda: RunFiles(self.storage(), run_id))
+        super().__init__(directory, Pusher(self.storage, lambda: RunFiles(self.storage(), run_id)))
         self._step_items: list[FetchItem] = []  # rank 0: the index and tree just tracked
         self._warned: set[str] = set()  # rank 0: values said to differ between ranks
         """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
-        self._directory = directory
         self.comm = comm
         """The program's communicator (the loop thread's collectives)."""
         self.rank = comm.rank
@@ -164,22 +160,6 @@ class ShardedPublisher:
         # Rank 0: the newest manifest in the directory as it last saw it (a commit signs
         # only while it is still the newest: no other writer signed meanwhile).
         self._newest: Newest | None = None
-        self.threaded = True
-        """Whether commits run on the writer's thread (``Run(asynchronous=True)``)."""
-
-    @property
-    def directory(self) -> Path:
-        return self._directory
-
-    @property
-    def push_failures(self) -> list[str]:
-        return self._pusher.failures
-
-    def policy(self, asked: SavePolicy) -> SavePolicy:
-        return asked
-
-    def last_step(self, asked: int) -> int:
-        return asked
 
     def open(self) -> None:
         """Collective: the commit communicator; the project on every rank; the key, git

@@ -37,13 +37,13 @@ from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import FileCommit
-from kronos_audit.runtime.policy import SavePolicy
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import (
     ONE_RANK,
     CheckpointSkipped,
     Restored,
     ResumePoint,
+    RunPublisher,
     commit_file,
     read_file_step,
 )
@@ -69,10 +69,8 @@ from kronos_audit.verification.verifier import Verifier
 log = logging.getLogger("kronos_audit.runtime")
 
 
-class SignedPublisher:
+class SignedPublisher(RunPublisher):
     """A normal run: signed, DVC-tracked, chained checkpoints in ``directory``."""
-
-    exits_after_final = False
 
     def __init__(
         self,
@@ -91,7 +89,6 @@ class SignedPublisher:
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
-        self._directory = directory
         self.seed = seed
         self.allow_rollback = allow_rollback
         self.attributes = dict(attributes)
@@ -110,23 +107,17 @@ class SignedPublisher:
         # only while it is still the newest (no other writer signed meanwhile).
         self._newest: Newest | None = None
         # Each checkpoint pushed once committed, what failed retried with the next.
-        self._pusher = Pusher(
-            lambda: self._storage_for(self._opened()[0]),
-            lambda: self._files(self._opened()[0]),
+        super().__init__(
+            directory,
+            Pusher(
+                lambda: self._storage_for(self._opened()[0]),
+                lambda: self._files(self._opened()[0]),
+            ),
         )
         # What each checkpoint found valid was verified as (by its verified manifest):
         # a restore reads exactly those bytes, never what its name holds later.
         self._signed: dict[Path, Signed] = {}
         self._lock: WriterLock | None = None
-        self.threaded = True
-
-    @property
-    def directory(self) -> Path:
-        return self._directory
-
-    @property
-    def push_failures(self) -> list[str]:
-        return self._pusher.failures
 
     def open(self) -> None:
         self._project = find_project(self.directory).require_initialized()
@@ -155,12 +146,6 @@ class SignedPublisher:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
-
-    def policy(self, asked: SavePolicy) -> SavePolicy:
-        return asked
-
-    def last_step(self, asked: int) -> int:
-        return asked
 
     def _opened(self) -> tuple[Project, SigningKey]:
         if self._project is None or self._key is None:

@@ -27,11 +27,31 @@ buffer or writer thread carries from one into the next. What is measured:
    the part of every stall that is the ranks agreeing whether to save (``decide``: the
    policy saves every other step, and the calls in between cost that alone);
 
-3. baselines measured in the same run: one process writing and fsyncing the same bytes to
+3. pushed (``push``, its own launch): ``asynchronous=False`` with ``push=True`` to a local
+   directory DVC remote beside the scratch repository
+   (``kronos_audit.storage.remote.configure_remote``), the time until the step is committed
+   AND pushed: every rank's objects of it (its shard; rank 0 also the index and tree)
+   confirmed in the remote and rank 0's step manifest put there last, all on the writer
+   thread, so ``run.checkpoint`` and ``run.wait()`` return only then. Each launch checks
+   afterwards that no push failed and that the remote holds every step's manifest. Shown
+   against the unpushed sync commit of the same configuration (same per-rank bytes) and
+   against one process copying the same global bytes once to another directory (``copy``,
+   ``shutil.copyfile`` with no fsync, as DVC's local remote writes; median of 3 before each
+   push launch): the least the remote's write costs. The push part is the pushed time less
+   the unpushed commit's, two medians of two launches, so it is noisier than either;
+
+4. weak scaling: the sync commit on K ranks against one rank (its own launch) committing
+   the same per-rank bytes (``--mib``/K), the target being at most 1.2x;
+
+5. baselines measured in the same run: one process writing and fsyncing the same bytes to
    one file (``raw``, the median of 3 writes before each launch: the figure every other
    is a ratio of); for reference, K processes each writing and fsyncing its 1/K strip to
    its own file concurrently (``raw K-way``, in each sync launch, median of 3), and the
    hashing a commit does besides writing (sha256 then md5 of the bytes, on one core).
+
+A node-local case (each rank writing to storage of its own node, drained to shared
+storage later) is not in the library yet: the benchmark prints a line saying so and
+measures nothing for it.
 
 Times across ranks are taken on ``time.monotonic`` (CLOCK_MONOTONIC: one clock for every
 process on the machine), from the earliest rank's start to the latest rank's end. One rank
@@ -61,6 +81,30 @@ one rank, 1.1-4x on 2 and 4 (ranks that share the cores); the agreed decision co
 0.1 ms on one rank and 0.15-0.5 ms on 2 and 4 (spikes of several ms when an oversubscribed
 rank is descheduled). A run takes about a minute with the defaults.
 
+Pushed and weak scaling, on the same shared machine (load 3-4), ``--quick`` (2 MiB, raw
+3.0 ms, copy 1.0 ms) and ``--mib 64 --ranks 1 2 --checkpoints 4`` (raw 60 ms, copy 28 ms):
+
+    MiB  ranks  sync durable  pushed  x raw  x copy  x sync  push part  x copy
+    2    1      41.8 ms       153 ms  51x    155x    3.65x   111 ms     113x
+    2    2      101 ms        171 ms  57x    174x    1.69x   69.8 ms    71x
+    64   1      424 ms        436 ms  7.2x   15.8x   1.03x   12.7 ms    0.46x
+    64   2      482 ms        540 ms  8.9x   19.6x   1.12x   57.9 ms    2.10x
+
+    weak scaling (sync commit on 2 ranks / one rank, the same per-rank bytes):
+    1 MiB each:  101 ms against 39.1 ms: 2.58x     32 MiB each: 482 ms against 140 ms: 3.44x
+
+Pushing adds a fixed cost (DVC opening the remote, the confirmation of each object there,
+rank 0's manifest put last: some 70-110 ms at 2 MiB, where the bytes are nothing) and,
+with the bytes, at most about twice a plain copy of them: at 64 MiB a pushed step costs
+1.03-1.12x the unpushed one. The weak-scaling target (at most 1.2x) is NOT met on this
+machine, and cannot be: a commit is CPU-bound (each byte hashed three times, on two threads
+on one rank), so one rank already uses both cores, and K ranks of the same bytes need K
+times that CPU on the same two cores, shared with other work (load 3-4); a rank waiting in
+the vote also spins a core (Open MPI polls). The sharded commit adds its own fixed part
+(the vote, the index and tree, DVC tracking of K shards, index and tree by rank 0: the
+2.6x at 1 MiB, where bytes are nothing). Whether 1.2x holds needs K free cores and
+per-node storage bandwidth; this machine can only show the ratio, not judge the target.
+
 Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--ranks 1 2 4]
      .venv/bin/python bench/bench_ranks.py --quick   (a tiny state, 1 and 2 ranks)
 """
@@ -88,14 +132,20 @@ import numpy as np
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import best_of, scratch_repo
+from kronos_audit.project.repository import find_project
+from kronos_audit.storage.remote import configure_remote
 
 COLS = 1024
 """Columns of the global array: a row is 8 KiB, so a strip is whole rows of it."""
-MODES = ("sync", "async")
+MODES = ("sync", "async", "push")
+"""``push``: ``asynchronous=False`` with ``push=True`` to a local directory DVC remote."""
 RAW_REPEATS = 3
 """Repeats of the one-process raw write (the baseline) before each launch."""
 SHARE_REPEATS = 3
 """Repeats of the K-way raw write and of the copyto, inside each launch."""
+REMOTE = Path("..", "remote")
+"""The push launches' DVC remote, a local directory beside the scratch repository (the
+launch's working directory)."""
 HANG_GUARD = 900.0
 """Seconds after which a launch is taken for hung (a launch takes about ten): only so that
 a broken MPI set-up cannot hang the smoke test for ever, never a timing claim."""
@@ -105,8 +155,8 @@ a broken MPI set-up cannot hang the smoke test for ever, never a timing claim.""
 class Params:
     """What every launch runs."""
 
-    mib: int
-    """Size of the global state."""
+    mib: float
+    """Size of the global state (a fraction for the one-rank launches of K ranks' strips)."""
     checkpoints: int
     """Checkpoints per launch (at least 2: the first is a warm-up for the medians)."""
 
@@ -134,7 +184,7 @@ class Launch:
 
 
 def rows(p: Params) -> int:
-    return p.mib * 2**20 // (8 * COLS)
+    return int(p.mib * 2**20) // (8 * COLS)
 
 
 def write_fsync(path: Path, data: np.ndarray[Any, Any]) -> None:
@@ -222,6 +272,7 @@ def worker(p: Params, mode: str, out: Path) -> None:
         # stall of a taken checkpoint also pays.
         every=ka.EverySteps(2),
         asynchronous=(mode == "async"),
+        push=(mode == "push"),
     ) as run:
         for step in range(1, 2 * p.checkpoints + 1):
             u *= 1.0 + 1e-9  # a new state each step, as a solver's would be
@@ -240,9 +291,16 @@ def worker(p: Params, mode: str, out: Path) -> None:
             elif step > 1:
                 decide.append(longest)
         manifests = list(Path("checkpoints", "bench-ranks").rglob("*" + MANIFEST_SUFFIX))
+        failures = comm.allgather(run.push_failures)
     if rank == 0:
-        # What was measured is what was asked: every step signed, as one file or sharded.
+        # What was measured is what was asked: every step signed, as one file or sharded,
+        # and (push) every step's manifest in the remote, which rank 0 puts there only once
+        # every rank's objects of the step are confirmed there.
         assert len(manifests) == p.checkpoints, manifests
+        assert not any(failures), failures
+        if mode == "push":
+            pushed = list((REMOTE / "kaudit" / "runs" / "bench-ranks").glob("*" + MANIFEST_SUFFIX))
+            assert len(pushed) == p.checkpoints, pushed
         result = Launch(size, mode, durable, stall, decide, raw_share, copyto)
         out.write_text(json.dumps(asdict(result)), encoding="utf-8")
 
@@ -254,6 +312,16 @@ def launch(p: Params, ranks: int, mode: str) -> Launch:
     """One fresh ``mpiexec`` of the worker in a fresh scratch repository."""
     with kaudit_home():
         repo = scratch_repo()
+        if mode == "push":
+            configure_remote(find_project(repo), str(repo.parent / "remote"))
+            # Committed, so that the run's git state is clean, as a real job's would be.
+            who = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
+            subprocess.run(
+                ["git", *who, "commit", "-q", "-am", "remote"],
+                cwd=repo,
+                check=True,
+                capture_output=True,
+            )
         env = {
             **os.environ,
             "DVC_NO_ANALYTICS": "1",
@@ -312,6 +380,28 @@ def raw_writes(data: np.ndarray[Any, Any]) -> list[float]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def copies(data: np.ndarray[Any, Any]) -> list[float]:
+    """Seconds of each of RAW_REPEATS copies by this one process of a file of ``data``'s
+    bytes (written untimed just before) to another directory, no fsync: what a local
+    directory DVC remote's write of the same bytes costs at least (DVC copies without
+    fsyncing)."""
+    scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-copy-"))
+    try:
+        source = scratch / "source.bin"
+        write_fsync(source, data)
+        (scratch / "remote").mkdir()
+        times = []
+        for _ in range(RAW_REPEATS):
+            target = scratch / "remote" / "copy.bin"
+            t0 = time.monotonic()
+            shutil.copyfile(source, target)
+            times.append(time.monotonic() - t0)
+            target.unlink()
+        return times
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def hashing(data: np.ndarray[Any, Any]) -> float:
     """Best seconds of sha256 then md5 of ``data``'s bytes: what a commit hashes besides
     writing (the manifest's sha256, DVC's md5)."""
@@ -329,17 +419,22 @@ def ms(seconds: float) -> str:
 
 
 def report(
-    p: Params, raws: list[float], hashed: float, results: list[Launch]
+    p: Params,
+    raws: list[float],
+    hashed: float,
+    results: list[Launch],
+    copied: list[float],
+    alone: dict[int, Launch],
 ) -> list[dict[str, Any]]:
-    """Print the table; return one row per rank count."""
+    """Print the tables; return one row per rank count."""
     raw = statistics.median(raws)
     by = {(r.ranks, r.mode): r for r in results}
     print(
-        f"global state {p.mib} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
+        f"global state {p.mib:g} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
         f"{p.checkpoints} checkpoints per launch, medians of all but the first"
     )
     print(
-        f"baseline: one process writing+fsyncing the {p.mib} MiB to one file "
+        f"baseline: one process writing+fsyncing the {p.mib:g} MiB to one file "
         f"{ms(raw)} (median of {len(raws)}, {RAW_REPEATS} before each launch); for reference, "
         f"sha256 then md5 of those bytes on one core {ms(hashed)} ({hashed / raw:.2f}x raw)"
     )
@@ -349,7 +444,7 @@ def report(
     print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
     table = []
     for k in sorted({r.ranks for r in results}):
-        sync, asyn = by[(k, "sync")], by[(k, "async")]
+        sync, asyn, push = by[(k, "sync")], by[(k, "async")], by[(k, "push")]
         row = {
             "ranks": k,
             "raw_share": sync.raw_share,
@@ -359,7 +454,10 @@ def report(
             "first_stall": asyn.stall[0],
             "decide": statistics.median(asyn.decide),
             "copyto": asyn.copyto,
+            "pushed": statistics.median(push.durable[1:]),
         }
+        if k in alone:
+            row["alone"] = statistics.median(alone[k].durable[1:])
         table.append(row)
         cells = (
             str(k),
@@ -386,6 +484,48 @@ def report(
         "1st stall: the first checkpoint's (its staging buffers are new); decide: a call\n"
         "that took no checkpoint, the ranks agreeing on whether to (longest rank)"
     )
+    copy = statistics.median(copied)
+    print(
+        f"\npushed (asynchronous=False, push=True, a local directory DVC remote): until the "
+        f"step is committed and every object of it\nconfirmed in the remote, its manifest "
+        f"last; baseline: one process copying the {p.mib:g} MiB to another directory "
+        f"{ms(copy)}\n(no fsync, as DVC's local remote writes; median of {len(copied)})"
+    )
+    header = "ranks|pushed|x raw|x copy|x sync|push part|x copy"
+    widths = [8, 12, 8, 8, 8, 12, 8]
+    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
+    for row in table:
+        part = row["pushed"] - row["sync"]
+        pushed_cells = (
+            # Not a bare number first: the rows of the table above are the ones that are.
+            f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}",
+            ms(row["pushed"]),
+            f"{row['pushed'] / raw:.2f}x",
+            f"{row['pushed'] / copy:.2f}x",
+            f"{row['pushed'] / row['sync']:.2f}x",
+            ms(part),
+            f"{part / copy:.2f}x",
+        )
+        print("".join(c.rjust(w) for c, w in zip(pushed_cells, widths, strict=True)))
+    print(
+        "x sync: against the unpushed commit of the same launch configuration (the table\n"
+        "above); push part: pushed minus that commit"
+    )
+    print("node-local: not measured, the library has no node-local storage case yet")
+    weak = [row for row in table if "alone" in row]
+    if weak:
+        print(
+            "\nweak scaling: the sync commit on K ranks against one rank committing the same "
+            "per-rank bytes\n(its own launch; target at most 1.2x)"
+        )
+        for row in weak:
+            ratio = row["sync"] / row["alone"]
+            print(
+                f"  {row['ranks']} ranks, {p.mib / row['ranks']:g} MiB each: "
+                f"{ms(row['sync'])} against "
+                f"{ms(row['alone'])} on one rank: {ratio:.2f}x "
+                f"({'met' if ratio <= 1.2 else 'not met'})"
+            )
     if crowded:
         print(
             f"{', '.join(map(str, crowded))} ranks on {cores} cores: oversubscribed "
@@ -416,14 +556,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     data = np.random.default_rng(0).random((rows(p), COLS))
     hashed = hashing(data)
     raws: list[float] = []
+    copied: list[float] = []
     results = []
     for k in ranks:
         for mode in MODES:
             # Before each launch, in the state the previous one left the disk in (its
             # checkpoints just deleted): the baseline sees what the launches see.
             raws += raw_writes(data)
+            if mode == "push":
+                copied += copies(data)
             results.append(launch(p, k, mode))
-    return report(p, raws, hashed, results)
+    # One rank holding what each rank of K holds: the commit's weak-scaling baseline.
+    alone = {k: launch(Params(p.mib / k, p.checkpoints), 1, "sync") for k in ranks if k > 1}
+    return report(p, raws, hashed, results, copied, alone)
 
 
 if __name__ == "__main__":

@@ -27,18 +27,20 @@ buffer or writer thread carries from one into the next. What is measured:
    the part of every stall that is the ranks agreeing whether to save (``decide``: the
    policy saves every other step, and the calls in between cost that alone);
 
-3. pushed (``push``, its own launch): ``asynchronous=False`` with ``push=True`` to a local
-   directory DVC remote beside the scratch repository
-   (``kronos_audit.storage.remote.configure_remote``), the time until the step is committed
-   AND pushed: every rank's objects of it (its shard; rank 0 also the index and tree)
+3. pushed (``push``, its own launch, which also times the same commits unpushed just
+   before and just after, in the same process): ``asynchronous=False`` with ``push=True``
+   to a local directory DVC remote beside the scratch repository
+   (``kronos_audit.storage.remote.configure_remote``), the time until the step is
+   committed AND pushed: every rank's objects of it (its shard; rank 0 also the index and tree)
    confirmed in the remote and rank 0's step manifest put there last, all on the writer
    thread, so ``run.checkpoint`` and ``run.wait()`` return only then. Each launch checks
    afterwards that no push failed and that the remote holds every step's manifest. Shown
-   against the unpushed sync commit of the same configuration (same per-rank bytes) and
-   against one process copying the same global bytes once to another directory (``copy``,
-   ``shutil.copyfile`` with no fsync, as DVC's local remote writes; median of 3 before each
-   push launch): the least the remote's write costs. The push part is the pushed time less
-   the unpushed commit's, two medians of two launches, so it is noisier than either;
+   against the unpushed commit of the same per-rank bytes (``unpushed``: the median of the
+   runs before and after, so that a drift of the load cancels) and against one process
+   copying the same global bytes once to another directory (``copy``, ``shutil.copyfile``
+   with no fsync, as DVC's local remote writes; median of 3 before each push launch): the
+   least the remote's write costs. The push part is pushed less unpushed, a difference of
+   two medians, so it is noisier than either;
 
 4. weak scaling: the sync commit on K ranks against one rank (its own launch) committing
    the same per-rank bytes (``--mib``/K), the target being at most 1.2x;
@@ -81,31 +83,39 @@ one rank, 1.1-4x on 2 and 4 (ranks that share the cores); the agreed decision co
 0.1 ms on one rank and 0.15-0.5 ms on 2 and 4 (spikes of several ms when an oversubscribed
 rank is descheduled). A run takes about a minute with the defaults.
 
-Pushed and weak scaling, on the same shared machine (load 3-4), ``--quick`` (2 MiB, raw
-3.0 ms, copy 1.0 ms) and ``--mib 64 --ranks 1 2 --checkpoints 4`` (raw 60 ms, copy 28 ms):
+Pushed and weak scaling, on the same shared machine (load 4-5), ``--quick`` (2 MiB, copy
+0.6 ms) and ``--mib 64 --ranks 1 2 --checkpoints 4`` (copy 24 ms), MPI busy-polling:
 
-    MiB  ranks  sync durable  pushed  x raw  x copy  x sync  push part  x copy
-    2    1      41.8 ms       153 ms  51x    155x    3.65x   111 ms     113x
-    2    2      101 ms        171 ms  57x    174x    1.69x   69.8 ms    71x
-    64   1      424 ms        436 ms  7.2x   15.8x   1.03x   12.7 ms    0.46x
-    64   2      482 ms        540 ms  8.9x   19.6x   1.12x   57.9 ms    2.10x
+    MiB  ranks  unpushed  pushed  x raw  x copy  x unpushed  push part  x copy
+    2    1      35.3 ms   80.8 ms  20x   133x    2.29x       45.4 ms    75x
+    2    2      102 ms    153 ms   38x   252x    1.50x       51.3 ms    84x
+    64   1      412 ms    473 ms   7.5x  19.7x   1.15x       60.4 ms    2.5x
+    64   2      484 ms    661 ms   10x   27.5x   1.36x       177 ms     7.4x
 
-    weak scaling (sync commit on 2 ranks / one rank, the same per-rank bytes):
-    1 MiB each:  101 ms against 39.1 ms: 2.58x     32 MiB each: 482 ms against 140 ms: 3.44x
+    weak scaling, the sync commit on 2 ranks against one rank of the same per-rank bytes:
+    1 MiB each: 106 ms against 25.4 ms, 4.16x;  32 MiB each: 362 ms against 187 ms, 1.94x
 
-Pushing adds a fixed cost (DVC opening the remote, the confirmation of each object there,
-rank 0's manifest put last: some 70-110 ms at 2 MiB, where the bytes are nothing) and,
-with the bytes, at most about twice a plain copy of them: at 64 MiB a pushed step costs
-1.03-1.12x the unpushed one. The weak-scaling target (at most 1.2x) is NOT met on this
-machine, and cannot be: a commit is CPU-bound (each byte hashed three times, on two threads
-on one rank), so one rank already uses both cores, and K ranks of the same bytes need K
-times that CPU on the same two cores, shared with other work (load 3-4); a rank waiting in
-the vote also spins a core (Open MPI polls). The sharded commit adds its own fixed part
-(the vote, the index and tree, DVC tracking of K shards, index and tree by rank 0: the
-2.6x at 1 MiB, where bytes are nothing). Whether 1.2x holds needs K free cores and
-per-node storage bandwidth; this machine can only show the ratio, not judge the target.
+Over the runs made (six at 2 MiB, four at 64 MiB) the push's own part was 24-111 ms on one
+rank and 51-226 ms on two at 2 MiB, where the bytes are nothing: it is a fixed cost (each
+rank's DVC push and the confirmation of each object there, then rank 0's manifest put last,
+after a gather), larger on two ranks because rank 0 pushes the index and tree besides its
+shard and the two ranks' DVC work shares the two cores. At 64 MiB the push adds 1.15-1.36x
+to the commit (2.5-7x one plain copy of the bytes); single figures there are within the
+machine's noise (one run measured the pushed commit faster than the unpushed one).
+
+The weak-scaling target (at most 1.2x) is NOT met on this machine: 2.6-7.5x at 1 MiB a
+rank, 1.9-3.4x at 32 MiB a rank. It cannot be judged here: a commit is CPU-bound (each byte
+hashed three times, on two threads on one rank), so one rank already uses both cores and
+two ranks of the same bytes need twice that CPU on the same two cores, shared with other
+work; a rank waiting in a collective busy-polls a core (Open MPI's default; with
+``--mpi-yield``, ``OMPI_MCA_mpi_yield_when_idle=1``, runs gave 1.22x and 4.45x at 1 MiB and
+1.66x at 32 MiB: no clear cure); and the sharded commit has a fixed part one rank does not
+(the vote, the index and tree, and rank 0 DVC-tracking every shard, the index and the tree,
+some 8 ms a file here, so K+2 files a step), which is most of the ratio at 1 MiB. Judging
+1.2x needs a machine with a free core per rank.
 
 Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--ranks 1 2 4]
+     [--mpi-yield]
      .venv/bin/python bench/bench_ranks.py --quick   (a tiny state, 1 and 2 ranks)
 """
 
@@ -146,6 +156,8 @@ SHARE_REPEATS = 3
 REMOTE = Path("..", "remote")
 """The push launches' DVC remote, a local directory beside the scratch repository (the
 launch's working directory)."""
+YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
+"""Open MPI's setting that makes a rank waiting in MPI yield its core (``--mpi-yield``)."""
 HANG_GUARD = 900.0
 """Seconds after which a launch is taken for hung (a launch takes about ten): only so that
 a broken MPI set-up cannot hang the smoke test for ever, never a timing claim."""
@@ -181,6 +193,10 @@ class Launch:
     """Median seconds for the K ranks to write and fsync each its strip, concurrently."""
     copyto: float
     """Best seconds of one ``np.copyto`` of each rank's strip, all at once (longest rank)."""
+    unpushed: list[float]
+    """``push`` only: the durable times of the same commits unpushed, in the same launch
+    just before and just after the pushed ones, each Run's first left out (empty
+    otherwise)."""
 
 
 def rows(p: Params) -> int:
@@ -261,47 +277,60 @@ def worker(p: Params, mode: str, out: Path) -> None:
     copyto = max(comm.allgather(min(copies)))
     del staging
 
-    durable: list[float] = []
-    stall: list[float] = []
-    decide: list[float] = []
-    with ka.Run(
-        "bench-ranks",
-        root="checkpoints",
-        seed=1,
-        # Every other step: the calls in between cost the agreed decision alone, which the
-        # stall of a taken checkpoint also pays.
-        every=ka.EverySteps(2),
-        asynchronous=(mode == "async"),
-        push=(mode == "push"),
-    ) as run:
-        for step in range(1, 2 * p.checkpoints + 1):
-            u *= 1.0 + 1e-9  # a new state each step, as a solver's would be
-            comm.barrier()
-            t0 = time.monotonic()
-            taken = run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
-            t1 = time.monotonic()
-            run.wait()
-            t2 = time.monotonic()
-            assert taken == (step % 2 == 0), f"step {step}: checkpointed {taken}"
-            times = comm.allgather((t0, t1, t2))
-            longest = max(b - a for a, b, _ in times)
-            if taken:
-                durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
-                stall.append(longest)
-            elif step > 1:
-                decide.append(longest)
-        manifests = list(Path("checkpoints", "bench-ranks").rglob("*" + MANIFEST_SUFFIX))
-        failures = comm.allgather(run.push_failures)
+    def timed(run_id: str, push: bool) -> tuple[list[float], list[float], list[float]]:
+        """Checkpoint the state ``p.checkpoints`` times in a Run of ``run_id``: (durable,
+        stall, decide), as :class:`Launch` says; asserts that what was measured is what was
+        asked: every step signed, as one file or sharded, and (``push``) every step's
+        manifest in the remote, which rank 0 puts there only once every rank's objects of
+        the step are confirmed there."""
+        durable: list[float] = []
+        stall: list[float] = []
+        decide: list[float] = []
+        with ka.Run(
+            run_id,
+            root="checkpoints",
+            seed=1,
+            # Every other step: the calls in between cost the agreed decision alone, which
+            # the stall of a taken checkpoint also pays.
+            every=ka.EverySteps(2),
+            asynchronous=(mode == "async"),
+            push=push,
+        ) as run:
+            for step in range(1, 2 * p.checkpoints + 1):
+                np.multiply(u, 1.0 + 1e-9, out=u)  # a new state each step, as a solver's
+                comm.barrier()
+                t0 = time.monotonic()
+                taken = run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
+                t1 = time.monotonic()
+                run.wait()
+                t2 = time.monotonic()
+                assert taken == (step % 2 == 0), f"step {step}: checkpointed {taken}"
+                times = comm.allgather((t0, t1, t2))
+                longest = max(b - a for a, b, _ in times)
+                if taken:
+                    durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
+                    stall.append(longest)
+                elif step > 1:
+                    decide.append(longest)
+            manifests = list(Path("checkpoints", run_id).rglob("*" + MANIFEST_SUFFIX))
+            failures = comm.allgather(run.push_failures)
+        if rank == 0:
+            assert len(manifests) == p.checkpoints, manifests
+            assert not any(failures), failures
+            if push:
+                pushed = list((REMOTE / "kaudit" / "runs" / run_id).glob("*" + MANIFEST_SUFFIX))
+                assert len(pushed) == p.checkpoints, pushed
+        return durable, stall, decide
+
+    # The push launch times the same commits unpushed too, in the same process, before
+    # and after the pushed ones (so that a drift of the machine's load cancels): the
+    # push's own cost is the difference.
+    unpushed = timed("bench-ranks-before", False)[0][1:] if mode == "push" else []
+    durable, stall, decide = timed("bench-ranks", mode == "push")
+    if mode == "push":
+        unpushed += timed("bench-ranks-after", False)[0][1:]
     if rank == 0:
-        # What was measured is what was asked: every step signed, as one file or sharded,
-        # and (push) every step's manifest in the remote, which rank 0 puts there only once
-        # every rank's objects of the step are confirmed there.
-        assert len(manifests) == p.checkpoints, manifests
-        assert not any(failures), failures
-        if mode == "push":
-            pushed = list((REMOTE / "kaudit" / "runs" / "bench-ranks").glob("*" + MANIFEST_SUFFIX))
-            assert len(pushed) == p.checkpoints, pushed
-        result = Launch(size, mode, durable, stall, decide, raw_share, copyto)
+        result = Launch(size, mode, durable, stall, decide, raw_share, copyto, unpushed)
         out.write_text(json.dumps(asdict(result)), encoding="utf-8")
 
 
@@ -455,6 +484,7 @@ def report(
             "decide": statistics.median(asyn.decide),
             "copyto": asyn.copyto,
             "pushed": statistics.median(push.durable[1:]),
+            "unpushed": statistics.median(push.unpushed),
         }
         if k in alone:
             row["alone"] = statistics.median(alone[k].durable[1:])
@@ -491,27 +521,34 @@ def report(
         f"last; baseline: one process copying the {p.mib:g} MiB to another directory "
         f"{ms(copy)}\n(no fsync, as DVC's local remote writes; median of {len(copied)})"
     )
-    header = "ranks|pushed|x raw|x copy|x sync|push part|x copy"
-    widths = [8, 12, 8, 8, 8, 12, 8]
+    header = "ranks|unpushed|pushed|x raw|x copy|x unpushed|push part|x copy"
+    widths = [8, 12, 12, 8, 8, 12, 12, 8]
     print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
     for row in table:
-        part = row["pushed"] - row["sync"]
+        part = row["pushed"] - row["unpushed"]
         pushed_cells = (
             # Not a bare number first: the rows of the table above are the ones that are.
             f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}",
+            ms(row["unpushed"]),
             ms(row["pushed"]),
             f"{row['pushed'] / raw:.2f}x",
             f"{row['pushed'] / copy:.2f}x",
-            f"{row['pushed'] / row['sync']:.2f}x",
+            f"{row['pushed'] / row['unpushed']:.2f}x",
             ms(part),
             f"{part / copy:.2f}x",
         )
         print("".join(c.rjust(w) for c, w in zip(pushed_cells, widths, strict=True)))
     print(
-        "x sync: against the unpushed commit of the same launch configuration (the table\n"
-        "above); push part: pushed minus that commit"
+        "unpushed: the same commits without push=True, in the same launch just before and\n"
+        "just after (the median of both);\n"
+        "push part: pushed minus unpushed, the push's own cost"
     )
     print("node-local: not measured, the library has no node-local storage case yet")
+    polling = os.environ.get(YIELD) == "1"
+    print(
+        "MPI ranks waiting in a collective "
+        + ("yield the core (OMPI_MCA_mpi_yield_when_idle=1)" if polling else "busy-poll")
+    )
     weak = [row for row in table if "alone" in row]
     if weak:
         print(
@@ -540,6 +577,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser.add_argument("--checkpoints", type=int, default=6, help="checkpoints per launch")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts")
     parser.add_argument("--quick", action="store_true", help="a tiny state, 1 and 2 ranks")
+    parser.add_argument(
+        "--mpi-yield",
+        action="store_true",
+        help="launch with OMPI_MCA_mpi_yield_when_idle=1 (ranks waiting in MPI yield the core)",
+    )
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -553,11 +595,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         p, ranks = Params(mib=args.mib, checkpoints=args.checkpoints), args.ranks
     if p.mib < 1 or p.checkpoints < 2 or min(ranks) < 1:
         parser.error("--mib and --ranks must be at least 1, --checkpoints at least 2")
+    if args.mpi_yield:
+        # Open MPI busy-polls in a collective: a rank waiting in the vote spins a core that
+        # an oversubscribed rank doing the work needs. Every launch inherits this.
+        os.environ[YIELD] = "1"
     data = np.random.default_rng(0).random((rows(p), COLS))
     hashed = hashing(data)
     raws: list[float] = []
     copied: list[float] = []
     results = []
+    alone: dict[int, Launch] = {}
     for k in ranks:
         for mode in MODES:
             # Before each launch, in the state the previous one left the disk in (its
@@ -566,8 +613,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
             if mode == "push":
                 copied += copies(data)
             results.append(launch(p, k, mode))
-    # One rank holding what each rank of K holds: the commit's weak-scaling baseline.
-    alone = {k: launch(Params(p.mib / k, p.checkpoints), 1, "sync") for k in ranks if k > 1}
+            if mode == "sync" and k > 1:
+                # One rank holding what each rank of K holds: the weak-scaling baseline,
+                # right after the K-rank commit it is set against (the load drifts).
+                alone[k] = launch(Params(p.mib / k, p.checkpoints), 1, "sync")
     return report(p, raws, hashed, results, copied, alone)
 
 

@@ -38,33 +38,41 @@ for the one real shard and the real index and tree:
   fetching the tree costs rank 0 (the resume does not bring it today). Bytes are what the
   rank depends on, each file counted once.
 
-Figures of a run on the shared 2-core machine (best of 3; ms, ratios), load 3-4:
+Besides, rank 0's commit tracks every shard, the index and the tree with DVC (a cache
+link, a git-ignore entry, a ``.dvc`` file each): measured on 32 real files, the median per
+file times n + 2, an extrapolation that assumes (as measured) a flat cost per file.
+
+Figures of a run on the shared 2-core machine (best of 3; ms, ratios), load 3-4
+(``--repeat 3``; ``--quick`` gives the same shape at 100 and 1,000 ranks):
 
     ranks    manifest B  index B     tree B     sign  x1000  rank  x1000  x base  whole  x1000
-    1,000    6,075       256,000     64,032     16.5  1.0    2.16  1.00   91      2.06   1.0
-    100,000  6,095       25,600,000  6,400,192  1133  68.7   2.00  0.93   114     43.7   21.2
+    1,000    6,075       256,000     64,032     16.4  1.0    2.25  1.00   132     2.12   1.0
+    100,000  6,095       25,600,000  6,400,192  1170  71.2   2.55  1.13   127     52.8   24.9
+
+    rank 0 tracking: 2.8 ms a file, so 2.9 s a step at 1,000 ranks, 285 s at 100,000
 
     ranks    rank pushes B  ms    rank 0 pushes B  ms    rank 0 brings B  ms
-    1,000    6,144          12.5  332,251          18.6  262,075          12.8
-    100,000  6,144          9.1   32,012,431       28.3  25,606,095       84.7
+    1,000    6,144          11.4  332,251          15.9  262,075          10.5
+    100,000  6,144          12.1  32,012,431       29.1  25,606,095       73.7
 
     ranks    rank reads B  ms    x1000  by proof B  ms    x1000  rank 0 tree B  ms
-    1,000    268,219       24.9  1.0    12,795      10.0  1.0    64,032         6.5
-    100,000  25,612,239    1710  68.7   13,039      13.9  1.4    6,400,192      32.4
+    1,000    268,219       25.5  1.0    12,795      9.7   1.0    64,032         4.2
+    100,000  25,612,239    1651  64.8   13,039      11.0  1.1    6,400,192      18.3
 
-One rank's verification stays at about 2 ms from 1,000 to 100,000 ranks; its fixed part
-(reading and schema-checking the manifest, one Ed25519 signature) is what makes it some
-100 times the sha256 of a 6 KiB shard, and stays the same whatever the shard's size. The
-whole-index fallback grows with n (44 ms at 100,000 ranks), and so does signing (rank 0
-writes n lines and 2n tree nodes: 1.1 s at 100,000 ranks, once per step).
+One rank's verification stays at about 2-2.5 ms from 1,000 to 100,000 ranks; its fixed
+part (reading and schema-checking the manifest, one Ed25519 signature) is what makes it
+some 130 times the sha256 of a 6 KiB shard, and stays the same whatever the shard's size.
+The whole-index fallback grows with n (53 ms at 100,000 ranks), and so does signing
+(rank 0 writes n lines and 2n tree nodes: 1.2 s at 100,000 ranks, once per step). So
+does rank 0's DVC tracking, far more: some 3 ms a file, minutes a step at 100,000 ranks.
 
-What a rank pushes does not grow with n (its shard, 9-13 ms, DVC's fixed cost); rank 0's
-push grows with the index and tree (32 MB at 100,000 ranks, 28 ms to a local directory).
+What a rank pushes does not grow with n (its shard, 11-12 ms, DVC's fixed cost); rank 0's
+push grows with the index and tree (32 MB at 100,000 ranks, 29 ms to a local directory).
 At a resume from the remote, what one rank fetches and verifies GROWS with n as the code
-reads the index today: 25.6 MB and 1.7 s per rank at 100,000 ranks (68x the 1,000-rank
-figure; parsing 100,000 lines is most of it), on every rank at once. By the Merkle proof
-it would not: 13 KB and 10-14 ms at either count (the difference is noise), for rank 0
-fetching the 6.4 MB tree once (32 ms) or rebuilding it from the index it brings.
+reads the index today: 25.6 MB and 1.65 s per rank at 100,000 ranks (65x the 1,000-rank
+figure; parsing all 100,000 lines is most of it, 1.4 s, where hashing them is 23 ms), on
+every rank at once. By the Merkle proof it does not: 13 KB and 10-11 ms per rank at either
+count, for rank 0 fetching the 6.4 MB tree once (18 ms) or rebuilding it from the index.
 
 Run: .venv/bin/python bench/bench_shards.py [--quick]
 """
@@ -295,6 +303,32 @@ def remote_figures(
     }
 
 
+TRACKED = 32
+"""Files tracked with DVC to measure what tracking one shard costs rank 0's commit."""
+
+
+def tracking_per_file(repo: Path) -> float:
+    """Median seconds of ``track`` (DVC cache link, git-ignore entry, ``.dvc`` file) for
+    one small shard, as rank 0's commit does for every shard of a step: measured on
+    TRACKED real files (the cost per file does not depend on how many a step has)."""
+    project = find_project(repo)
+    directory = step_directory(repo / "runs" / "tracked", 1)
+    directory.mkdir(parents=True)
+    times = []
+    for r in range(TRACKED):
+        path = shard_path(directory, r, TRACKED)
+        data = np.arange(SHARD_FLOATS, dtype=np.float64).tobytes() + b"%d" % r
+        path.write_bytes(data)
+        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        t0 = time.perf_counter()
+        track(project, path, md5, len(data), owned=True, ignore_pattern="/rank-*.h5")
+        times.append(time.perf_counter() - t0)
+    shutil.rmtree(directory.parent)
+    for args in (["checkout", "-q", "--", "."], ["clean", "-fdq"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    return sorted(times)[len(times) // 2]
+
+
 def model(repo: Path, other: Path, remote: Path, count: int, repeat: int) -> dict[str, Any]:
     """Sign a step of ``count`` ranks (one real shard, the others' records fabricated),
     time one rank's restore verification of it, its push and its resume from the remote."""
@@ -390,6 +424,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     os.environ["KAUDIT_HOME"] = home
     find_project(other).trust_store().add(select_key(None).private_key.public_key(), "bench-origin")
     try:
+        per_file = tracking_per_file(repo)
         rows = [model(repo, other, repo.parent / "remote", n, repeat) for n in counts]
     finally:
         shutil.rmtree(repo.parent, ignore_errors=True)
@@ -416,6 +451,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"baseline: sha256 of the rank's own shard ({first['shard_bytes']:,} bytes): {base}\n"
         "rank ms: signature + its own line proven by the Merkle tree + its own shard; "
         "whole-index ms: the same with the whole index hashed instead (the fallback)"
+    )
+    print(
+        "rank 0's commit also tracks every shard, the index and the tree with DVC: "
+        f"{per_file * 1e3:.1f} ms a file (median of {TRACKED} tracked),\nso "
+        + ", ".join(f"{per_file * (r['ranks'] + 2):,.1f} s a step at {r['ranks']:,}" for r in rows)
+        + " ranks (n + 2 files, extrapolated)"
     )
     print(
         f"\n{'ranks':>8} {'rank pushes B':>13} {'ms':>7} {'rank 0 pushes B':>15} {'ms':>7} "
@@ -447,7 +488,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         )
     print(
         "one rank at a resume from the remote, once rank 0 brought the step: rank reads: as "
-        "bring_from_remote\ndoes today (the whole index read and hashed to find its line, "
+        "bring_from_remote\ndoes today (the whole index read, hashed and parsed to find its line, "
         "its shard fetched from the remote),\nthen verify_rank (no tree here: the whole "
         "index hashed again); by proof: its line and log2(n) tree\nnodes (proven_line), "
         "its shard fetched, verify_rank by the proof; rank 0 tree: fetching the tree\n"
@@ -466,6 +507,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         f"as the code reads the index today, {last['proof_s'] / first['proof_s']:.2f}x "
         "by the proof"
     )
+    for r in rows:
+        r["track_per_file_s"] = per_file
     return rows
 
 

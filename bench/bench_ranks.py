@@ -31,9 +31,9 @@ buffer or writer thread carries from one into the next. What is measured:
    before and just after, in the same process): ``asynchronous=False`` with ``push=True``
    to a local directory DVC remote beside the scratch repository
    (``kronos_audit.storage.remote.configure_remote``), the time until the step is
-   committed AND pushed: every rank's objects of it (its shard; rank 0 also the index and tree)
-   confirmed in the remote and rank 0's step manifest put there last, all on the writer
-   thread, so ``run.checkpoint`` and ``run.wait()`` return only then. Each launch checks
+   committed AND pushed: every rank's objects of it (its shard; rank 0 also the index
+   and tree) confirmed in the remote and rank 0's step manifest put there last, all on
+   the writer thread, so ``run.checkpoint`` and ``run.wait()`` return only then. Each launch checks
    afterwards that no push failed and that the remote holds every step's manifest. Shown
    against the unpushed commit of the same per-rank bytes (``unpushed``: the median of the
    runs before and after, so that a drift of the load cancels) and against one process
@@ -99,9 +99,10 @@ Over the runs made (six at 2 MiB, four at 64 MiB) the push's own part was 24-111
 rank and 51-226 ms on two at 2 MiB, where the bytes are nothing: it is a fixed cost (each
 rank's DVC push and the confirmation of each object there, then rank 0's manifest put last,
 after a gather), larger on two ranks because rank 0 pushes the index and tree besides its
-shard and the two ranks' DVC work shares the two cores. At 64 MiB the push adds 1.15-1.36x
-to the commit (2.5-7x one plain copy of the bytes); single figures there are within the
-machine's noise (one run measured the pushed commit faster than the unpushed one).
+shard and the two ranks' DVC work shares the two cores. At 64 MiB the pushed commit cost
+1.03-1.36x the unpushed one in three runs (the push's own part 13-177 ms, 0.5-7x one plain
+copy of the bytes), and in the fourth measured faster than it (0.8-0.9x): at that size the
+push is within the machine's noise.
 
 The weak-scaling target (at most 1.2x) is NOT met on this machine: 2.6-7.5x at 1 MiB a
 rank, 1.9-3.4x at 32 MiB a rank. It cannot be judged here: a commit is CPU-bound (each byte
@@ -111,7 +112,7 @@ work; a rank waiting in a collective busy-polls a core (Open MPI's default; with
 ``--mpi-yield``, ``OMPI_MCA_mpi_yield_when_idle=1``, runs gave 1.22x and 4.45x at 1 MiB and
 1.66x at 32 MiB: no clear cure); and the sharded commit has a fixed part one rank does not
 (the vote, the index and tree, and rank 0 DVC-tracking every shard, the index and the tree,
-some 8 ms a file here, so K+2 files a step), which is most of the ratio at 1 MiB. Judging
+3-8 ms a file here, so K+2 files a step), which is most of the ratio at 1 MiB. Judging
 1.2x needs a machine with a free core per rank.
 
 Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--ranks 1 2 4]

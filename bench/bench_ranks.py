@@ -27,11 +27,33 @@ buffer or writer thread carries from one into the next. What is measured:
    the part of every stall that is the ranks agreeing whether to save (``decide``: the
    policy saves every other step, and the calls in between cost that alone);
 
-3. baselines measured in the same run: one process writing and fsyncing the same bytes to
+3. pushed (``push``, its own launch, which also times the same commits unpushed just
+   before and just after, in the same process): ``asynchronous=False`` with ``push=True``
+   to a local directory DVC remote beside the scratch repository
+   (``kronos_audit.storage.remote.configure_remote``), the time until the step is
+   committed AND pushed: every rank's objects of it (its shard; rank 0 also the index
+   and tree) confirmed in the remote and rank 0's step manifest put there last, all on
+   the writer thread, so ``run.checkpoint`` and ``run.wait()`` return only then. Each launch checks
+   afterwards that no push failed and that the remote holds every step's manifest. Shown
+   against the unpushed commit of the same per-rank bytes (``unpushed``: the median of the
+   runs before and after, so that a drift of the load cancels) and against one process
+   copying the same global bytes once to another directory (``copy``, ``shutil.copyfile``
+   with no fsync, as DVC's local remote writes; median of 3 before each push launch): the
+   least the remote's write costs. The push part is pushed less unpushed, a difference of
+   two medians, so it is noisier than either;
+
+4. weak scaling: the sync commit on K ranks against one rank (its own launch) committing
+   the same per-rank bytes (``--mib``/K), the target being at most 1.2x;
+
+5. baselines measured in the same run: one process writing and fsyncing the same bytes to
    one file (``raw``, the median of 3 writes before each launch: the figure every other
    is a ratio of); for reference, K processes each writing and fsyncing its 1/K strip to
    its own file concurrently (``raw K-way``, in each sync launch, median of 3), and the
    hashing a commit does besides writing (sha256 then md5 of the bytes, on one core).
+
+A node-local case (each rank writing to storage of its own node, drained to shared
+storage later) is not in the library yet: the benchmark prints a line saying so and
+measures nothing for it.
 
 Times across ranks are taken on ``time.monotonic`` (CLOCK_MONOTONIC: one clock for every
 process on the machine), from the earliest rank's start to the latest rank's end. One rank
@@ -61,7 +83,40 @@ one rank, 1.1-4x on 2 and 4 (ranks that share the cores); the agreed decision co
 0.1 ms on one rank and 0.15-0.5 ms on 2 and 4 (spikes of several ms when an oversubscribed
 rank is descheduled). A run takes about a minute with the defaults.
 
+Pushed and weak scaling, on the same shared machine (load 4-5), ``--quick`` (2 MiB, copy
+0.6 ms) and ``--mib 64 --ranks 1 2 --checkpoints 4`` (copy 24 ms), MPI busy-polling:
+
+    MiB  ranks  unpushed  pushed  x raw  x copy  x unpushed  push part  x copy
+    2    1      35.3 ms   80.8 ms  20x   133x    2.29x       45.4 ms    75x
+    2    2      102 ms    153 ms   38x   252x    1.50x       51.3 ms    84x
+    64   1      412 ms    473 ms   7.5x  19.7x   1.15x       60.4 ms    2.5x
+    64   2      484 ms    661 ms   10x   27.5x   1.36x       177 ms     7.4x
+
+    weak scaling, the sync commit on 2 ranks against one rank of the same per-rank bytes:
+    1 MiB each: 106 ms against 25.4 ms, 4.16x;  32 MiB each: 362 ms against 187 ms, 1.94x
+
+Over the runs made (six at 2 MiB, four at 64 MiB) the push's own part was 24-111 ms on one
+rank and 51-226 ms on two at 2 MiB, where the bytes are nothing: it is a fixed cost (each
+rank's DVC push and the confirmation of each object there, then rank 0's manifest put last,
+after a gather), larger on two ranks because rank 0 pushes the index and tree besides its
+shard and the two ranks' DVC work shares the two cores. At 64 MiB the pushed commit cost
+1.03-1.36x the unpushed one in three runs (the push's own part 13-177 ms, 0.5-7x one plain
+copy of the bytes), and in the fourth measured faster than it (0.8-0.9x): at that size the
+push is within the machine's noise.
+
+The weak-scaling target (at most 1.2x) is NOT met on this machine: 2.6-7.5x at 1 MiB a
+rank, 1.9-3.4x at 32 MiB a rank. It cannot be judged here: a commit is CPU-bound (each byte
+hashed three times, on two threads on one rank), so one rank already uses both cores and
+two ranks of the same bytes need twice that CPU on the same two cores, shared with other
+work; a rank waiting in a collective busy-polls a core (Open MPI's default; with
+``--mpi-yield``, ``OMPI_MCA_mpi_yield_when_idle=1``, runs gave 1.22x and 4.45x at 1 MiB and
+1.66x at 32 MiB: no clear cure); and the sharded commit has a fixed part one rank does not
+(the vote, the index and tree, and rank 0 DVC-tracking every shard, the index and the tree,
+3-8 ms a file here, so K+2 files a step), which is most of the ratio at 1 MiB. Judging
+1.2x needs a machine with a free core per rank.
+
 Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--ranks 1 2 4]
+     [--mpi-yield]
      .venv/bin/python bench/bench_ranks.py --quick   (a tiny state, 1 and 2 ranks)
 """
 
@@ -88,14 +143,22 @@ import numpy as np
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import best_of, scratch_repo
+from kronos_audit.project.repository import find_project
+from kronos_audit.storage.remote import configure_remote
 
 COLS = 1024
 """Columns of the global array: a row is 8 KiB, so a strip is whole rows of it."""
-MODES = ("sync", "async")
+MODES = ("sync", "async", "push")
+"""``push``: ``asynchronous=False`` with ``push=True`` to a local directory DVC remote."""
 RAW_REPEATS = 3
 """Repeats of the one-process raw write (the baseline) before each launch."""
 SHARE_REPEATS = 3
 """Repeats of the K-way raw write and of the copyto, inside each launch."""
+REMOTE = Path("..", "remote")
+"""The push launches' DVC remote, a local directory beside the scratch repository (the
+launch's working directory)."""
+YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
+"""Open MPI's setting that makes a rank waiting in MPI yield its core (``--mpi-yield``)."""
 HANG_GUARD = 900.0
 """Seconds after which a launch is taken for hung (a launch takes about ten): only so that
 a broken MPI set-up cannot hang the smoke test for ever, never a timing claim."""
@@ -105,8 +168,8 @@ a broken MPI set-up cannot hang the smoke test for ever, never a timing claim.""
 class Params:
     """What every launch runs."""
 
-    mib: int
-    """Size of the global state."""
+    mib: float
+    """Size of the global state (a fraction for the one-rank launches of K ranks' strips)."""
     checkpoints: int
     """Checkpoints per launch (at least 2: the first is a warm-up for the medians)."""
 
@@ -131,10 +194,14 @@ class Launch:
     """Median seconds for the K ranks to write and fsync each its strip, concurrently."""
     copyto: float
     """Best seconds of one ``np.copyto`` of each rank's strip, all at once (longest rank)."""
+    unpushed: list[float]
+    """``push`` only: the durable times of the same commits unpushed, in the same launch
+    just before and just after the pushed ones, each Run's first left out (empty
+    otherwise)."""
 
 
 def rows(p: Params) -> int:
-    return p.mib * 2**20 // (8 * COLS)
+    return int(p.mib * 2**20) // (8 * COLS)
 
 
 def write_fsync(path: Path, data: np.ndarray[Any, Any]) -> None:
@@ -211,39 +278,60 @@ def worker(p: Params, mode: str, out: Path) -> None:
     copyto = max(comm.allgather(min(copies)))
     del staging
 
-    durable: list[float] = []
-    stall: list[float] = []
-    decide: list[float] = []
-    with ka.Run(
-        "bench-ranks",
-        root="checkpoints",
-        seed=1,
-        # Every other step: the calls in between cost the agreed decision alone, which the
-        # stall of a taken checkpoint also pays.
-        every=ka.EverySteps(2),
-        asynchronous=(mode == "async"),
-    ) as run:
-        for step in range(1, 2 * p.checkpoints + 1):
-            u *= 1.0 + 1e-9  # a new state each step, as a solver's would be
-            comm.barrier()
-            t0 = time.monotonic()
-            taken = run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
-            t1 = time.monotonic()
-            run.wait()
-            t2 = time.monotonic()
-            assert taken == (step % 2 == 0), f"step {step}: checkpointed {taken}"
-            times = comm.allgather((t0, t1, t2))
-            longest = max(b - a for a, b, _ in times)
-            if taken:
-                durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
-                stall.append(longest)
-            elif step > 1:
-                decide.append(longest)
-        manifests = list(Path("checkpoints", "bench-ranks").rglob("*" + MANIFEST_SUFFIX))
+    def timed(run_id: str, push: bool) -> tuple[list[float], list[float], list[float]]:
+        """Checkpoint the state ``p.checkpoints`` times in a Run of ``run_id``: (durable,
+        stall, decide), as :class:`Launch` says; asserts that what was measured is what was
+        asked: every step signed, as one file or sharded, and (``push``) every step's
+        manifest in the remote, which rank 0 puts there only once every rank's objects of
+        the step are confirmed there."""
+        durable: list[float] = []
+        stall: list[float] = []
+        decide: list[float] = []
+        with ka.Run(
+            run_id,
+            root="checkpoints",
+            seed=1,
+            # Every other step: the calls in between cost the agreed decision alone, which
+            # the stall of a taken checkpoint also pays.
+            every=ka.EverySteps(2),
+            asynchronous=(mode == "async"),
+            push=push,
+        ) as run:
+            for step in range(1, 2 * p.checkpoints + 1):
+                np.multiply(u, 1.0 + 1e-9, out=u)  # a new state each step, as a solver's
+                comm.barrier()
+                t0 = time.monotonic()
+                taken = run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
+                t1 = time.monotonic()
+                run.wait()
+                t2 = time.monotonic()
+                assert taken == (step % 2 == 0), f"step {step}: checkpointed {taken}"
+                times = comm.allgather((t0, t1, t2))
+                longest = max(b - a for a, b, _ in times)
+                if taken:
+                    durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
+                    stall.append(longest)
+                elif step > 1:
+                    decide.append(longest)
+            manifests = list(Path("checkpoints", run_id).rglob("*" + MANIFEST_SUFFIX))
+            failures = comm.allgather(run.push_failures)
+        if rank == 0:
+            assert len(manifests) == p.checkpoints, manifests
+            assert not any(failures), failures
+            if push:
+                pushed = list((REMOTE / "kaudit" / "runs" / run_id).glob("*" + MANIFEST_SUFFIX))
+                assert len(pushed) == p.checkpoints, pushed
+        return durable, stall, decide
+
+    # The push launch times the same commits unpushed too, in the same process, before
+    # and after the pushed ones (so that a drift of the machine's load cancels): the
+    # push's own cost is the difference.
+    unpushed = timed("bench-ranks-before", False)[0][1:] if mode == "push" else []
+    durable, stall, decide = timed("bench-ranks", mode == "push")
+    if mode == "push":
+        unpushed += timed("bench-ranks-after", False)[0][1:]
     if rank == 0:
-        # What was measured is what was asked: every step signed, as one file or sharded.
-        assert len(manifests) == p.checkpoints, manifests
-        result = Launch(size, mode, durable, stall, decide, raw_share, copyto)
+        result = Launch(size, mode, durable, stall, decide, raw_share, copyto, unpushed)
         out.write_text(json.dumps(asdict(result)), encoding="utf-8")
 
 
@@ -254,6 +342,16 @@ def launch(p: Params, ranks: int, mode: str) -> Launch:
     """One fresh ``mpiexec`` of the worker in a fresh scratch repository."""
     with kaudit_home():
         repo = scratch_repo()
+        if mode == "push":
+            configure_remote(find_project(repo), str(repo.parent / "remote"))
+            # Committed, so that the run's git state is clean, as a real job's would be.
+            who = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
+            subprocess.run(
+                ["git", *who, "commit", "-q", "-am", "remote"],
+                cwd=repo,
+                check=True,
+                capture_output=True,
+            )
         env = {
             **os.environ,
             "DVC_NO_ANALYTICS": "1",
@@ -312,6 +410,28 @@ def raw_writes(data: np.ndarray[Any, Any]) -> list[float]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def copies(data: np.ndarray[Any, Any]) -> list[float]:
+    """Seconds of each of RAW_REPEATS copies by this one process of a file of ``data``'s
+    bytes (written untimed just before) to another directory, no fsync: what a local
+    directory DVC remote's write of the same bytes costs at least (DVC copies without
+    fsyncing)."""
+    scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-copy-"))
+    try:
+        source = scratch / "source.bin"
+        write_fsync(source, data)
+        (scratch / "remote").mkdir()
+        times = []
+        for _ in range(RAW_REPEATS):
+            target = scratch / "remote" / "copy.bin"
+            t0 = time.monotonic()
+            shutil.copyfile(source, target)
+            times.append(time.monotonic() - t0)
+            target.unlink()
+        return times
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def hashing(data: np.ndarray[Any, Any]) -> float:
     """Best seconds of sha256 then md5 of ``data``'s bytes: what a commit hashes besides
     writing (the manifest's sha256, DVC's md5)."""
@@ -329,17 +449,22 @@ def ms(seconds: float) -> str:
 
 
 def report(
-    p: Params, raws: list[float], hashed: float, results: list[Launch]
+    p: Params,
+    raws: list[float],
+    hashed: float,
+    results: list[Launch],
+    copied: list[float],
+    alone: dict[int, Launch],
 ) -> list[dict[str, Any]]:
-    """Print the table; return one row per rank count."""
+    """Print the tables; return one row per rank count."""
     raw = statistics.median(raws)
     by = {(r.ranks, r.mode): r for r in results}
     print(
-        f"global state {p.mib} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
+        f"global state {p.mib:g} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
         f"{p.checkpoints} checkpoints per launch, medians of all but the first"
     )
     print(
-        f"baseline: one process writing+fsyncing the {p.mib} MiB to one file "
+        f"baseline: one process writing+fsyncing the {p.mib:g} MiB to one file "
         f"{ms(raw)} (median of {len(raws)}, {RAW_REPEATS} before each launch); for reference, "
         f"sha256 then md5 of those bytes on one core {ms(hashed)} ({hashed / raw:.2f}x raw)"
     )
@@ -349,7 +474,7 @@ def report(
     print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
     table = []
     for k in sorted({r.ranks for r in results}):
-        sync, asyn = by[(k, "sync")], by[(k, "async")]
+        sync, asyn, push = by[(k, "sync")], by[(k, "async")], by[(k, "push")]
         row = {
             "ranks": k,
             "raw_share": sync.raw_share,
@@ -359,7 +484,11 @@ def report(
             "first_stall": asyn.stall[0],
             "decide": statistics.median(asyn.decide),
             "copyto": asyn.copyto,
+            "pushed": statistics.median(push.durable[1:]),
+            "unpushed": statistics.median(push.unpushed),
         }
+        if k in alone:
+            row["alone"] = statistics.median(alone[k].durable[1:])
         table.append(row)
         cells = (
             str(k),
@@ -386,6 +515,55 @@ def report(
         "1st stall: the first checkpoint's (its staging buffers are new); decide: a call\n"
         "that took no checkpoint, the ranks agreeing on whether to (longest rank)"
     )
+    copy = statistics.median(copied)
+    print(
+        f"\npushed (asynchronous=False, push=True, a local directory DVC remote): until the "
+        f"step is committed and every object of it\nconfirmed in the remote, its manifest "
+        f"last; baseline: one process copying the {p.mib:g} MiB to another directory "
+        f"{ms(copy)}\n(no fsync, as DVC's local remote writes; median of {len(copied)})"
+    )
+    header = "ranks|unpushed|pushed|x raw|x copy|x unpushed|push part|x copy"
+    widths = [8, 12, 12, 8, 8, 12, 12, 8]
+    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
+    for row in table:
+        part = row["pushed"] - row["unpushed"]
+        pushed_cells = (
+            # Not a bare number first: the rows of the table above are the ones that are.
+            f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}",
+            ms(row["unpushed"]),
+            ms(row["pushed"]),
+            f"{row['pushed'] / raw:.2f}x",
+            f"{row['pushed'] / copy:.2f}x",
+            f"{row['pushed'] / row['unpushed']:.2f}x",
+            ms(part),
+            f"{part / copy:.2f}x",
+        )
+        print("".join(c.rjust(w) for c, w in zip(pushed_cells, widths, strict=True)))
+    print(
+        "unpushed: the same commits without push=True, in the same launch just before and\n"
+        "just after (the median of both);\n"
+        "push part: pushed minus unpushed, the push's own cost"
+    )
+    print("node-local: not measured, the library has no node-local storage case yet")
+    polling = os.environ.get(YIELD) == "1"
+    print(
+        "MPI ranks waiting in a collective "
+        + ("yield the core (OMPI_MCA_mpi_yield_when_idle=1)" if polling else "busy-poll")
+    )
+    weak = [row for row in table if "alone" in row]
+    if weak:
+        print(
+            "\nweak scaling: the sync commit on K ranks against one rank committing the same "
+            "per-rank bytes\n(its own launch; target at most 1.2x)"
+        )
+        for row in weak:
+            ratio = row["sync"] / row["alone"]
+            print(
+                f"  {row['ranks']} ranks, {p.mib / row['ranks']:g} MiB each: "
+                f"{ms(row['sync'])} against "
+                f"{ms(row['alone'])} on one rank: {ratio:.2f}x "
+                f"({'met' if ratio <= 1.2 else 'not met'})"
+            )
     if crowded:
         print(
             f"{', '.join(map(str, crowded))} ranks on {cores} cores: oversubscribed "
@@ -400,6 +578,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser.add_argument("--checkpoints", type=int, default=6, help="checkpoints per launch")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="rank counts")
     parser.add_argument("--quick", action="store_true", help="a tiny state, 1 and 2 ranks")
+    parser.add_argument(
+        "--mpi-yield",
+        action="store_true",
+        help="launch with OMPI_MCA_mpi_yield_when_idle=1 (ranks waiting in MPI yield the core)",
+    )
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -413,17 +596,29 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         p, ranks = Params(mib=args.mib, checkpoints=args.checkpoints), args.ranks
     if p.mib < 1 or p.checkpoints < 2 or min(ranks) < 1:
         parser.error("--mib and --ranks must be at least 1, --checkpoints at least 2")
+    if args.mpi_yield:
+        # Open MPI busy-polls in a collective: a rank waiting in the vote spins a core that
+        # an oversubscribed rank doing the work needs. Every launch inherits this.
+        os.environ[YIELD] = "1"
     data = np.random.default_rng(0).random((rows(p), COLS))
     hashed = hashing(data)
     raws: list[float] = []
+    copied: list[float] = []
     results = []
+    alone: dict[int, Launch] = {}
     for k in ranks:
         for mode in MODES:
             # Before each launch, in the state the previous one left the disk in (its
             # checkpoints just deleted): the baseline sees what the launches see.
             raws += raw_writes(data)
+            if mode == "push":
+                copied += copies(data)
             results.append(launch(p, k, mode))
-    return report(p, raws, hashed, results)
+            if mode == "sync" and k > 1:
+                # One rank holding what each rank of K holds: the weak-scaling baseline,
+                # right after the K-rank commit it is set against (the load drifts).
+                alone[k] = launch(Params(p.mib / k, p.checkpoints), 1, "sync")
+    return report(p, raws, hashed, results, copied, alone)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,10 @@ buffer or writer thread carries from one into the next. What is measured:
    its own file concurrently (``raw K-way``, in each sync launch, median of 3), and the
    hashing a commit does besides writing (sha256 then md5 of the bytes, on one core).
 
-A node-local case (each rank writing to storage of its own node, drained to shared
-storage later) is not in the library yet: the benchmark prints a line saying so and
-measures nothing for it.
+The node-local case (``local_dir=``: each rank in a directory of its own node's, the DVC
+remote the meeting point) is not measured apart: each rank's commit then includes the push
+of its own shard before it votes, which is the pushed case's push moved inside the commit;
+it needs a clone of the repository per rank, which this benchmark does not make.
 
 Times across ranks are taken on ``time.monotonic`` (CLOCK_MONOTONIC: one clock for every
 process on the machine), from the earliest rank's start to the latest rank's end. One rank
@@ -544,7 +545,10 @@ def report(
         "just after (the median of both);\n"
         "push part: pushed minus unpushed, the push's own cost"
     )
-    print("node-local: not measured, the library has no node-local storage case yet")
+    print(
+        "node-local (local_dir=): not measured apart; its commit includes each rank's push "
+        "of its shard, as the pushed case does"
+    )
     polling = os.environ.get(YIELD) == "1"
     print(
         "MPI ranks waiting in a collective "

@@ -29,14 +29,13 @@ for the one real shard and the real index and tree:
 - a resume from the remote alone, in a second repository trusting the key (a machine that
   never held the run, its DVC cache empty): what rank 0 brings
   (``RemoteResume.newest(sharded=True)``: the step manifest, its chain (here of one step),
-  the shard index checked against the signed sha256), then what one rank fetches and
-  verifies, two ways: as ``bring_from_remote`` does on this branch (its
-  ``_shards_of``: the whole index read, hashed and parsed to find the rank's line; its
-  shard fetched by that line; then ``verify_rank``, which without a tree file hashes the
-  whole index again), and by the Merkle proof (``proven_line`` with the tree file present:
-  its line and log2(n) nodes; its shard fetched; ``verify_rank`` by the proof), with what
-  fetching the tree costs rank 0 (the resume does not bring it today). Bytes are what the
-  rank depends on, each file counted once.
+  the shard index checked against the signed sha256, and the index's Merkle tree rebuilt
+  from it, its root checked against the signed one), then what one rank fetches and
+  verifies as ``bring_from_remote`` does (its ``_shards_of``: its line proven against the
+  signed root with log2(n) tree nodes; its shard fetched by that line; then
+  ``verify_rank`` by the proof), and for comparison the same with no tree here (the
+  fallback: the whole index read, hashed and parsed, then hashed again). Bytes are what
+  the rank depends on, each file counted once.
 
 Besides, rank 0's commit tracks every shard, the index and the tree with DVC (a cache
 link, a git-ignore entry, a ``.dvc`` file each): measured on 32 real files, the median per
@@ -46,33 +45,33 @@ Figures of a run on the shared 2-core machine (best of 3; ms, ratios), load 3-4
 (``--repeat 3``; ``--quick`` gives the same shape at 100 and 1,000 ranks):
 
     ranks    manifest B  index B     tree B     sign  x1000  rank  x1000  x base  whole  x1000
-    1,000    6,075       256,000     64,032     16.4  1.0    2.25  1.00   132     2.12   1.0
-    100,000  6,095       25,600,000  6,400,192  1170  71.2   2.55  1.13   127     52.8   24.9
+    1,000    6,071       256,000     64,032     15.9  1.0    2.14  1.00   118     2.05   1.0
+    100,000  6,091       25,600,000  6,400,192  903   56.8   1.94  0.91   117     46.3   22.6
 
-    rank 0 tracking: 2.8 ms a file, so 2.9 s a step at 1,000 ranks, 285 s at 100,000
+    rank 0 tracking: 2.7 ms a file, so 2.7 s a step at 1,000 ranks, 267 s at 100,000
 
     ranks    rank pushes B  ms    rank 0 pushes B  ms    rank 0 brings B  ms
-    1,000    6,144          11.4  332,251          15.9  262,075          10.5
-    100,000  6,144          12.1  32,012,431       29.1  25,606,095       73.7
+    1,000    6,144          10.0  332,247          14.5  262,071          12.3
+    100,000  6,144          9.8   32,012,427       27.4  25,606,091       249
 
-    ranks    rank reads B  ms    x1000  by proof B  ms    x1000  rank 0 tree B  ms
-    1,000    268,219       25.5  1.0    12,795      9.7   1.0    64,032         4.2
-    100,000  25,612,239    1651  64.8   13,039      11.0  1.1    6,400,192      18.3
+    ranks    rank reads B  ms    x1000  x base  no tree B   ms    x1000
+    1,000    12,791        8.4   1.0    483     268,215     21.4  1.0
+    100,000  13,035        9.4   1.1    535     25,612,235  1478  69.1
 
-One rank's verification stays at about 2-2.5 ms from 1,000 to 100,000 ranks; its fixed
-part (reading and schema-checking the manifest, one Ed25519 signature) is what makes it
-some 130 times the sha256 of a 6 KiB shard, and stays the same whatever the shard's size.
-The whole-index fallback grows with n (53 ms at 100,000 ranks), and so does signing
-(rank 0 writes n lines and 2n tree nodes: 1.2 s at 100,000 ranks, once per step). So
-does rank 0's DVC tracking, far more: some 3 ms a file, minutes a step at 100,000 ranks.
+One rank's verification stays at about 2 ms from 1,000 to 100,000 ranks; its fixed part
+(reading and schema-checking the manifest, one Ed25519 signature) is what makes it some
+120 times the sha256 of a 6 KiB shard, and stays the same whatever the shard's size. The
+whole-index fallback grows with n (46 ms at 100,000 ranks), and so does signing (rank 0
+writes n lines and 2n tree nodes: 0.9 s at 100,000 ranks, once per step). So does rank
+0's DVC tracking, far more: some 3 ms a file, minutes a step at 100,000 ranks.
 
-What a rank pushes does not grow with n (its shard, 11-12 ms, DVC's fixed cost); rank 0's
-push grows with the index and tree (32 MB at 100,000 ranks, 29 ms to a local directory).
-At a resume from the remote, what one rank fetches and verifies GROWS with n as the code
-reads the index today: 25.6 MB and 1.65 s per rank at 100,000 ranks (65x the 1,000-rank
-figure; parsing all 100,000 lines is most of it, 1.4 s, where hashing them is 23 ms), on
-every rank at once. By the Merkle proof it does not: 13 KB and 10-11 ms per rank at either
-count, for rank 0 fetching the 6.4 MB tree once (18 ms) or rebuilding it from the index.
+What a rank pushes does not grow with n (its shard, 10 ms, DVC's fixed cost); rank 0's
+push grows with the index and tree (32 MB at 100,000 ranks, 27 ms to a local directory).
+At a resume from the remote, what one rank fetches and verifies does not grow with n: its
+line and log2(n) tree nodes, 13 KB and 9-10 ms per rank at either count (1.1x), because
+rank 0 rebuilt the index's tree once it brought the index (25.6 MB and 0.25 s at 100,000
+ranks, once). Without the tree, every rank would read, hash and parse the whole index:
+25.6 MB and 1.5 s per rank at 100,000 ranks, 69x the 1,000-rank figure.
 
 Run: .venv/bin/python bench/bench_shards.py [--quick]
 """
@@ -109,7 +108,6 @@ from kronos_audit.checkpoint.shards import (
     ShardRecord,
     level_sizes,
     parse_line,
-    proven_line,
     read_index,
 )
 from kronos_audit.checkpoint.writer import write_and_digest
@@ -122,7 +120,7 @@ from kronos_audit.runtime.sharded import ShardedPublisher
 from kronos_audit.runtime.sharded_remote import _shards_of
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.signing.sign import sign_sharded_step
-from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage, configure_remote
 from kronos_audit.storage.runs import RunFiles
@@ -242,44 +240,31 @@ def remote_figures(
     bring_s = best_fresh(repeat, forget, bring)
 
     def unfetched() -> None:
-        # The step brought (its manifest and index), this rank's shard not yet.
+        # The step brought (its manifest, the index and the tree rank 0 rebuilt from it),
+        # this rank's shard not yet.
         if not (here / INDEX_NAME).exists():
             forget()
             bring()
         mine.unlink(missing_ok=True)
-        (here / TREE_NAME).unlink(missing_ok=True)
         shutil.rmtree(cache, ignore_errors=True)
+
+    def treeless() -> None:
+        # The same with no tree here (damaged, or not rebuilt): the fallback.
+        unfetched()
+        (here / TREE_NAME).unlink(missing_ok=True)
 
     def verify(verifier: Verifier) -> None:
         result = verifier.verify_rank(here / (INDEX_NAME + ".kaudit.json"), rank, chain=False)
         assert result.ok, result.failures
 
-    def today() -> None:
+    def resume() -> None:
         # What bring_from_remote does on each rank, then the restore's verification.
         needs, items = _shards_of(cast(ShardedPublisher, Reader(here.parent, rank)), 1)
         assert not far.fetch_many([items[old] for old in needs])
         verify(Verifier(elsewhere))
 
-    today_s = best_fresh(repeat, unfetched, today)
-
-    tree_digests = (tree.md5, tree.sha256, tree.size)
-
-    def with_tree() -> None:
-        unfetched()
-        assert not far.fetch_many([FetchItem(here / TREE_NAME, *tree_digests)])
-
-    def proven() -> None:
-        # The same with the Merkle proof: its line and log2(n) nodes, not the index.
-        m = read_manifest(here / (INDEX_NAME + ".kaudit.json"))
-        assert m.record.shards is not None
-        line = proven_line(here, rank, count, m.record.shards.root)
-        assert not far.fetch_many([FetchItem(mine, line.md5, line.sha256, line.size)])
-        verify(Verifier(elsewhere))
-
-    proven_s = best_fresh(repeat, with_tree, proven)
-    tree_fetch_s = best_fresh(
-        repeat, unfetched, lambda: far.fetch_many([FetchItem(here / TREE_NAME, *tree_digests)])
-    )
+    today_s = best_fresh(repeat, unfetched, resume)
+    fallback_s = best_fresh(repeat, treeless, resume)
     nodes = sum(1 for i, size in enumerate(level_sizes(count)[:-1]) if (rank >> i) ^ 1 < size)
     manifest_bytes = manifest.path.stat().st_size
     shutil.rmtree(here.parent, ignore_errors=True)
@@ -294,12 +279,10 @@ def remote_figures(
         "zero_push_s": zero_push_s,
         "bring_bytes": manifest_bytes + index.size,
         "bring_s": bring_s,
-        "today_bytes": manifest_bytes + index.size + shard.size,
+        "today_bytes": manifest_bytes + LINE_WIDTH + nodes * NODE + shard.size,
         "today_s": today_s,
-        "proof_bytes": manifest_bytes + LINE_WIDTH + nodes * NODE + shard.size,
-        "proof_s": proven_s,
-        "tree_bytes": tree.size,
-        "tree_fetch_s": tree_fetch_s,
+        "fallback_bytes": manifest_bytes + index.size + shard.size,
+        "fallback_s": fallback_s,
     }
 
 
@@ -472,27 +455,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "a local directory DVC remote, emptied before each push; rank pushes: its shard, "
         "confirmed there; rank 0\npushes: its shard, the index and tree, then the step "
         "manifest; rank 0 brings (a resume elsewhere): the\nstep manifest (a chain of one "
-        "step) and the index, checked, into a repository that never held the run"
+        "step), the index checked and its tree rebuilt, into a repository that never held the run"
     )
     print(
         f"\n{'ranks':>8} {'rank reads B':>12} {'ms':>7} {n0:>6} {'x base':>7} "
-        f"{'by proof B':>10} {'ms':>7} {n0:>6} {'x base':>7} {'rank 0 tree B':>13} {'ms':>7}"
+        f"{'no tree B':>11} {'ms':>7} {n0:>6}"
     )
     for r in rows:
         print(
             f"{r['ranks']:>8,} {r['today_bytes']:>12,} {r['today_s'] * 1e3:>7.1f} "
             f"{r['today_s'] / first['today_s']:>6.1f} {r['today_s'] / r['baseline_s']:>7.0f} "
-            f"{r['proof_bytes']:>10,} {r['proof_s'] * 1e3:>7.1f} "
-            f"{r['proof_s'] / first['proof_s']:>6.1f} {r['proof_s'] / r['baseline_s']:>7.0f} "
-            f"{r['tree_bytes']:>13,} {r['tree_fetch_s'] * 1e3:>7.1f}"
+            f"{r['fallback_bytes']:>11,} {r['fallback_s'] * 1e3:>7.1f} "
+            f"{r['fallback_s'] / first['fallback_s']:>6.1f}"
         )
     print(
-        "one rank at a resume from the remote, once rank 0 brought the step: rank reads: as "
-        "bring_from_remote\ndoes today (the whole index read, hashed and parsed to find its line, "
-        "its shard fetched from the remote),\nthen verify_rank (no tree here: the whole "
-        "index hashed again); by proof: its line and log2(n) tree\nnodes (proven_line), "
-        "its shard fetched, verify_rank by the proof; rank 0 tree: fetching the tree\n"
-        "from the remote, which the proof needs and the resume does not bring today"
+        "one rank at a resume from the remote, once rank 0 brought the step (and rebuilt the "
+        "index's tree):\nrank reads: as bring_from_remote does (its line and log2(n) tree "
+        "nodes, proven_line; its shard fetched\nfrom the remote), then verify_rank by the "
+        "proof; no tree: the same with the tree gone (the whole\nindex read, hashed and "
+        "parsed, then hashed again by verify_rank): the fallback"
     )
     last = rows[-1]
     grew = last["rank_s"] / first["rank_s"]
@@ -504,8 +485,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(
         f"one rank's resume work at {last['ranks']:,} ranks costs "
         f"{last['today_s'] / first['today_s']:.2f}x what it costs at {first['ranks']:,} "
-        f"as the code reads the index today, {last['proof_s'] / first['proof_s']:.2f}x "
-        "by the proof"
+        f"by the proof, {last['fallback_s'] / first['fallback_s']:.2f}x with no tree"
     )
     for r in rows:
         r["track_per_file_s"] = per_file

@@ -28,7 +28,7 @@ from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli
 from tests.parallel.launch import launched, launcher_env, mpirun
-from tests.replay.helpers import bad_input, commit_all, resign, shared_project
+from tests.replay.helpers import bad_input, commit_all, recorded_once, resign, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
 
 pytestmark = pytest.mark.slow
@@ -310,15 +310,21 @@ def order_run(
     """ORDER_MPI committed in a project, run on 3 ranks to step 4, then on one process to
     step 6, its sums forward: the run directory, and the KAUDIT_HOME of the key that
     signed it."""
-    with pytest.MonkeyPatch.context() as mp:
-        project, home = shared_project(mp, repo_templates, tmp_path_factory)
-        (project.root / "order_mpi.py").write_text(ORDER_MPI)
-        commit_all(project.root, "program")
-        launch(project.root, 3, "order_mpi.py")
-        # Continued on one process, without a launcher: step 6 is a step of one shard.
-        done = launched([sys.executable, "order_mpi.py", "6"], project.root)
-        assert done.returncode == 0, done.stderr
-    return project.root / "checkpoints" / "order-mpi", home
+
+    def record(into: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            project, home = shared_project(mp, repo_templates, tmp_path_factory)
+            (project.root / "order_mpi.py").write_text(ORDER_MPI)
+            commit_all(project.root, "program")
+            launch(project.root, 3, "order_mpi.py")
+            # Continued on one process, without a launcher: step 6 is a step of one shard.
+            done = launched([sys.executable, "order_mpi.py", "6"], project.root)
+            assert done.returncode == 0, done.stderr
+        shutil.move(project.root, into / "repo")
+        shutil.move(home, into / "home")
+
+    copy = recorded_once("order-mpi", tmp_path_factory, record)
+    return copy / "repo" / "checkpoints" / "order-mpi", copy / "home"
 
 
 @pytest.fixture

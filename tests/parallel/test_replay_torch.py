@@ -6,6 +6,7 @@ recorded one as global arrays. One recorded run (module-scoped) serves every tes
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -22,7 +23,7 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.statement.schemas import validate
 from tests.helpers import run_cli
 from tests.parallel import launch
-from tests.replay.helpers import bad_input, commit_all, shared_project
+from tests.replay.helpers import bad_input, commit_all, recorded_once, shared_project
 
 pytestmark = pytest.mark.slow
 
@@ -76,16 +77,22 @@ def recorded(
 ) -> Recorded:
     """The program committed in a kaudit project and run once under torchrun on 2 ranks:
     steps 2 and 4 signed."""
-    with pytest.MonkeyPatch.context() as mp:
-        project, home = shared_project(mp, repo_templates, tmp_path_factory)
-        mp.delenv("OMP_NUM_THREADS", raising=False)  # torchrun sets it for its workers
-        root = project.root
-        (root / "train.py").write_text(textwrap.dedent(TRAIN_PROGRAM))
-        commit_all(root, "program")
-        logs = str(tmp_path_factory.mktemp("torchrun-logs"))  # not left in /tmp
-        done = launch.launched(launch.torchrun(2, "--log-dir", logs, "train.py"), root)
-        assert done.returncode == 0, done.stdout + done.stderr
-    return Recorded(root, home)
+
+    def record(into: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            project, home = shared_project(mp, repo_templates, tmp_path_factory)
+            mp.delenv("OMP_NUM_THREADS", raising=False)  # torchrun sets it for its workers
+            root = project.root
+            (root / "train.py").write_text(textwrap.dedent(TRAIN_PROGRAM))
+            commit_all(root, "program")
+            logs = str(tmp_path_factory.mktemp("torchrun-logs"))  # not left in /tmp
+            done = launch.launched(launch.torchrun(2, "--log-dir", logs, "train.py"), root)
+            assert done.returncode == 0, done.stdout + done.stderr
+        shutil.move(root, into / "repo")
+        shutil.move(home, into / "home")
+
+    copy = recorded_once("torchrun", tmp_path_factory, record)
+    return Recorded(copy / "repo", copy / "home")
 
 
 @pytest.fixture(autouse=True)

@@ -5,15 +5,18 @@ The fixtures that use them live in tests/conftest.py."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 from click.testing import CliRunner, Result
 
 from kronos_audit.cli import cli
@@ -118,3 +121,29 @@ def signed_items(checkpoints: list[Path]) -> list[FetchItem]:
         assert m.subject_md5 is not None
         items.append(FetchItem(c, m.subject_md5, m.subject_sha256, m.record.size))
     return items
+
+
+def recorded_once(
+    name: str, factory: pytest.TempPathFactory, record: Callable[[Path], None]
+) -> Path:
+    """A copy, in a directory of the caller's own, of what ``record(directory)`` made: made
+    once for the whole test session however many xdist workers ask (the first under a
+    lock, the others waiting for it), so that a recorded run costs one recording, not one
+    per worker that runs a test of the module. Tests never share its files, only its
+    cost."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    shared = factory.getbasetemp().parent if run else factory.getbasetemp()
+    made = shared / f"recorded-{name}-{run or 'session'}"
+    with (shared / f"recorded-{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (made / ".complete").exists():
+                shutil.rmtree(made, ignore_errors=True)
+                made.mkdir()
+                record(made)
+                (made / ".complete").touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    copy = factory.mktemp(f"recorded-{name}")
+    shutil.copytree(made, copy, symlinks=True, dirs_exist_ok=True)
+    return copy

@@ -23,7 +23,7 @@ from tests.frameworks.helpers import (
     run_plain,
     supervise,
 )
-from tests.helpers import run_cli
+from tests.helpers import recorded_once, run_cli
 from tests.replay.helpers import manifest
 from tests.runtime.test_faults import kill_repeatedly, last_json, newest_step
 
@@ -36,8 +36,17 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The result of a run never interrupted (in a project of its own)."""
-    return reference_result(tmp_path_factory.mktemp("torch-reference"), EXAMPLE, *ARGS)
+    """The result of a run never interrupted (in a project of its own), made once for the
+    session whichever workers run this module's tests."""
+
+    def record(into: Path) -> None:
+        (into / "run").mkdir()
+        result = reference_result(into / "run", EXAMPLE, *ARGS)
+        (into / "result.json").write_text(json.dumps(result))
+
+    copy = recorded_once("torch-reference", tmp_path_factory, record)
+    result: dict[str, Any] = json.loads((copy / "result.json").read_text())
+    return result
 
 
 @pytest.fixture

@@ -26,9 +26,9 @@ from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.statement.schemas import validate
-from tests.helpers import assert_bad_input, run_cli
+from tests.helpers import assert_bad_input, recorded_once, run_cli
 from tests.parallel.launch import launched, launcher_env, mpirun
-from tests.replay.helpers import bad_input, commit_all, recorded_once, resign, shared_project
+from tests.replay.helpers import bad_input, commit_all, resign, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
 
 pytestmark = pytest.mark.slow

@@ -21,9 +21,9 @@ import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.statement.schemas import validate
-from tests.helpers import run_cli
+from tests.helpers import recorded_once, run_cli
 from tests.parallel import launch
-from tests.replay.helpers import bad_input, commit_all, recorded_once, shared_project
+from tests.replay.helpers import bad_input, commit_all, shared_project
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,6 @@ program for real, find and re-sign its manifests, list git worktrees, check bad 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -82,29 +81,3 @@ def shared_project(
     k = generate_key("tester")
     project.trust_store().add(k.private_key.public_key(), "tester")
     return project, home
-
-
-def recorded_once(
-    name: str, factory: pytest.TempPathFactory, record: Callable[[Path], None]
-) -> Path:
-    """A copy, in a directory of the caller's own, of what ``record(directory)`` made: made
-    once for the whole test session however many xdist workers ask (the first under a
-    lock, the others waiting for it), so that a recorded run costs one recording, not one
-    per worker that runs a test of the module. Tests never share its files, only its
-    cost."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    shared = factory.getbasetemp().parent if run else factory.getbasetemp()
-    made = shared / f"recorded-{name}-{run or 'session'}"
-    with (shared / f"recorded-{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (made / ".complete").exists():
-                shutil.rmtree(made, ignore_errors=True)
-                made.mkdir()
-                record(made)
-                (made / ".complete").touch()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    copy = factory.mktemp(f"recorded-{name}")
-    shutil.copytree(made, copy, symlinks=True, dirs_exist_ok=True)
-    return copy

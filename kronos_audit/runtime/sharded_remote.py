@@ -23,23 +23,15 @@ nodes of the tree, the manifests of the chain (rank 0 alone fetches the index, o
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
-from kronos_audit.checkpoint.shards import (
-    NoProof,
-    ShardRecord,
-    parse_index,
-    proven_line,
-    read_index,
-)
 from kronos_audit.errors import CheckpointError
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.resume_remote import RemoteResume
-from kronos_audit.runtime.sharded_steps import Agreed, parse_layout
-from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.runtime.sharded_steps import Agreed, parse_layout, signed_line
+from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.runs import RunFiles
 
@@ -123,29 +115,11 @@ def _shards_of(publisher: ShardedPublisher, step: int) -> tuple[list[int], dict[
     needs = publisher.reads(agreed)
     items = {}
     for old in needs:
-        line = _line(manifest, old)
+        line = signed_line(manifest, old)
         items[old] = FetchItem(
             shard_path(directory, old, shards.count), line.md5, line.sha256, line.size
         )
     return needs, items
-
-
-def _line(manifest: Manifest, rank: int) -> ShardRecord:
-    """Rank ``rank``'s line of the step's index, proven against the signed Merkle root
-    with log2(n) nodes of the tree; read from the whole index, checked against the signed
-    sha256, only when the tree cannot give the proof."""
-    shards = manifest.record.shards
-    assert shards is not None
-    index = manifest.checkpoint_path
-    try:
-        return proven_line(index.parent, rank, shards.count, shards.root)
-    except NoProof:
-        data = read_index(index, shards.count)
-        if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
-            raise CheckpointError(
-                "the shard index is not the one its manifest signs", path=index
-            ) from None
-        return parse_index(data, shards.count, index)[rank]
 
 
 def _skipped() -> type[Warning]:

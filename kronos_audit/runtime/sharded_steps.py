@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from kronos_audit.checkpoint.layout import RunDirectory
-from kronos_audit.checkpoint.shards import LINE_WIDTH, NoProof, parse_line, proven_line, read_index
+from kronos_audit.checkpoint.shards import (
+    LINE_WIDTH,
+    NoProof,
+    ShardRecord,
+    parse_line,
+    proven_line,
+    read_index,
+)
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
@@ -202,23 +209,29 @@ class Agreed:
     shards this rank reads are read only as these bytes."""
 
 
-def signed_shard(manifest: Manifest, rank: int) -> Signed:
-    """The size and sha256 that verified ``manifest`` signs for rank ``rank``'s shard:
-    its index line, proven against the signed Merkle root (or read from the whole index,
-    whose sha256 is the signed subject)."""
+def signed_line(manifest: Manifest, rank: int) -> ShardRecord:
+    """Rank ``rank``'s line of the shard index that (verified) ``manifest`` signs: proven
+    against the signed Merkle root with log2(n) nodes of the tree file, or, when the tree
+    cannot give the proof, cut from the whole index once its sha256 is the signed one."""
     shards = manifest.record.shards
     assert shards is not None
     index = manifest.checkpoint_path
     try:
-        record = proven_line(index.parent, rank, shards.count, shards.root)
+        return proven_line(index.parent, rank, shards.count, shards.root)
     except NoProof:
         data = read_index(index, shards.count)
         if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
             raise CheckpointError(
-                "the shard index changed after it was verified", path=index
+                "the shard index is not the one its manifest signs", path=index
             ) from None
         line = data[rank * LINE_WIDTH : (rank + 1) * LINE_WIDTH]
-        record = parse_line(line, rank, shards.count, index)
+        return parse_line(line, rank, shards.count, index)
+
+
+def signed_shard(manifest: Manifest, rank: int) -> Signed:
+    """The size and sha256 that verified ``manifest`` signs for rank ``rank``'s shard
+    (:func:`signed_line`)."""
+    record = signed_line(manifest, rank)
     return Signed(record.size, record.sha256)
 
 
@@ -253,6 +266,7 @@ __all__ = [
     "expand_layout",
     "has_sharded_steps",
     "parse_layout",
+    "signed_line",
     "signed_shard",
     "step_manifest_problem",
     "warn_unlike",

@@ -52,6 +52,20 @@ with open(f"out.{run.rank}.json", "w") as f:
 """
 
 
+def cloned_nodes(project: Project, remote: Path, base: Path, count: int) -> list[Path]:
+    """The program and a DVC directory remote at ``remote`` committed, and ``count``
+    clones of the project under ``base``, one a node: their directories."""
+    configure_remote(project, str(remote))
+    (project.root / "far.py").write_text(textwrap.dedent(PROGRAM))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "program and remote")
+    base.mkdir()
+    nodes = [base / f"node{r}" for r in range(count)]
+    for node in nodes:
+        git(base, "clone", "-q", str(project.root), str(node))
+    return nodes
+
+
 def launch_on_nodes(nodes: list[Path], *argv: str) -> subprocess.CompletedProcess[str]:
     """The program on one rank per node directory, each started in its own (mpiexec's
     rank number picks it), with KAUDIT_LOCAL_DIR there, run to its end."""
@@ -89,16 +103,7 @@ def on_nodes(nodes: list[Path], *argv: str) -> list[dict[str, Any]]:
 def test_ranks_with_no_directory_in_common_meet_in_the_remote_and_resume_elsewhere(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
-    configure_remote(project, str(tmp_path / "remote"))
-    (project.root / "far.py").write_text(textwrap.dedent(PROGRAM))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "program and remote")
-
-    base = tmp_path / "nodes"
-    base.mkdir()
-    nodes = [base / f"node{r}" for r in range(3)]
-    for node in nodes:
-        git(base, "clone", "-q", str(project.root), str(node))
+    nodes = cloned_nodes(project, tmp_path / "remote", tmp_path / "nodes", 3)
     docs = on_nodes(nodes, "4", "far")
     assert [d["node_local"] for d in docs] == [True] * 3
     assert [d["failures"] for d in docs] == [[]] * 3
@@ -111,6 +116,7 @@ def test_ranks_with_no_directory_in_common_meet_in_the_remote_and_resume_elsewhe
         assert (INDEX_NAME in names) == (r == 0)
 
     # Two other nodes, fresh clones: the run resumes there from the remote alone.
+    base = nodes[0].parent
     elsewhere = [base / f"other{r}" for r in range(2)]
     for node in elsewhere:
         git(base, "clone", "-q", str(project.root), str(node))
@@ -148,15 +154,7 @@ def test_a_step_commits_only_once_every_shard_is_in_the_remote(
 ) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the remote's directory should be\n")
-    configure_remote(project, str(blocker / "remote"))
-    (project.root / "far.py").write_text(textwrap.dedent(PROGRAM))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "program and an unreachable remote")
-    base = tmp_path / "nodes"
-    base.mkdir()
-    nodes = [base / f"node{r}" for r in range(2)]
-    for node in nodes:
-        git(base, "clone", "-q", str(project.root), str(node))
+    nodes = cloned_nodes(project, blocker / "remote", tmp_path / "nodes", 2)
     done = launch_on_nodes(nodes, "2", "far")
     assert done.returncode != 0
     # Every rank heard it: the step was not committed (its shards never met).

@@ -71,14 +71,20 @@ def in_remote(project: Project, run_dir: Path, step: int) -> list[bool]:
     return [sizes.get(m) is not None for m in md5s if m]
 
 
-def test_kaudit_push_of_a_sharded_run_sends_every_shard(
-    project: Project, key: SigningKey, tmp_path: Path
-) -> None:
-    configure_remote(project, str(tmp_path / "remote"))
+def committed_program(project: Project, remote: Path) -> Path:
+    """The program and a DVC directory remote at ``remote``, committed; the program."""
+    configure_remote(project, str(remote))
     program = project.root / "far.py"
     program.write_text(textwrap.dedent(PROGRAM))
     git(project.root, "add", "-A")
     git(project.root, "commit", "-q", "-m", "program and remote")
+    return program
+
+
+def test_kaudit_push_of_a_sharded_run_sends_every_shard(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    program = committed_program(project, tmp_path / "remote")
     launch.run(mpiexec(RANKS, str(program), "2", "no"), project.root, RANKS)
     run_dir = project.root / "checkpoints" / "far"
     assert set(locations(run_dir).values()) == {"local"}
@@ -104,11 +110,7 @@ def uninterrupted(steps: int) -> list[float]:
 def test_three_ranks_push_every_object_and_a_fresh_clone_resumes_on_two_from_it(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
-    configure_remote(project, str(tmp_path / "remote"))
-    program = project.root / "far.py"
-    program.write_text(textwrap.dedent(PROGRAM))
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "program and remote")
+    program = committed_program(project, tmp_path / "remote")
     docs = launch.run(mpiexec(RANKS, str(program), "4", "push"), project.root, RANKS)
     assert [d["failures"] for d in docs] == [[]] * RANKS
     here = project.root / "checkpoints" / "far"

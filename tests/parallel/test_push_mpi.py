@@ -22,6 +22,7 @@ from kronos_audit.storage.runs import RunFiles
 from tests.helpers import git, run_cli
 from tests.parallel import launch
 from tests.parallel.launch import mpiexec
+from tests.replay.helpers import resign
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,7 @@ def uninterrupted(steps: int) -> list[float]:
 
 
 def test_three_ranks_push_every_object_and_a_fresh_clone_resumes_on_two_from_it(
-    project: Project, key: SigningKey, tmp_path: Path
+    project: Project, key: SigningKey, mallory: SigningKey, tmp_path: Path
 ) -> None:
     program = committed_program(project, tmp_path / "remote")
     docs = launch.run(mpiexec(RANKS, str(program), "4", "push"), project.root, RANKS)
@@ -122,12 +123,21 @@ def test_three_ranks_push_every_object_and_a_fresh_clone_resumes_on_two_from_it(
         f"step-{s:08d}.{STEP_MANIFEST}" for s in (2, 4)
     ]
 
+    # A newer step in the remote, signed by an attacker's key: it decides nothing.
+    forged = tmp_path / "forged.kaudit.json"
+    forged.write_bytes((step_directory(here, 4) / STEP_MANIFEST).read_bytes())
+    resign(forged, mallory, lambda predicate: predicate.update(step=6))
+    RunFiles(Storage(project), "far").put(f"step-00000006.{STEP_MANIFEST}", forged.read_bytes())
+
     # Another machine: a clone of the repository, with no run directory at all.
     clone = tmp_path / "elsewhere"
     git(tmp_path, "clone", "-q", str(project.root), str(clone))
     run_dir = clone / "checkpoints" / "far"
     assert not run_dir.exists()
-    docs = launch.run(mpiexec(2, str(program), "8", "push"), clone, 2)
+    done = launch.launched(mpiexec(2, str(program), "8", "push"), clone)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"step-00000006.{STEP_MANIFEST} (in the DVC remote): skipped: signature" in done.stderr
+    docs = launch.per_rank(clone, 2)
     assert [d["restored"] for d in docs] == [4, 4]
     assert [x for doc in docs for x in doc["u"]] == uninterrupted(8)  # bitwise
     assert [d["t"] for d in docs] == [8.0, 8.0]

@@ -21,6 +21,10 @@ ruff check "${PY_DIRS[@]}"
 echo "== python blocks of README.md and docs/*.md (compile, ruff format)"
 python scripts/check_doc_code.py
 echo "== pytest"
+# The project's own modules byte-compiled once, here: where PYTHONDONTWRITEBYTECODE is set
+# (as on CI machines) every process the tests start (MPI ranks, kaudit, the examples) would compile them
+# again (the installed packages are compiled by the install).
+python -m compileall -q -j 0 "${PY_DIRS[@]}" >/dev/null
 set +e
 python -m pytest -n "${KAUDIT_TEST_WORKERS:-$(($(nproc) + 1))}" --durations=15 "$@"
 status=$?

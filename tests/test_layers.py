@@ -87,8 +87,13 @@ def imported(module: str) -> set[str]:
     return found
 
 
-GRAPH: dict[str, set[str]] = {m: {i for i in imported(m) if i in MODULES} for m in MODULES}
-EXTERNAL: dict[str, set[str]] = {m: {i for i in imported(m) if i not in MODULES} for m in MODULES}
+_IMPORTED: dict[str, set[str]] = {m: imported(m) for m in MODULES}  # each module parsed once
+GRAPH: dict[str, set[str]] = {
+    m: {i for i in found if i in MODULES} for m, found in _IMPORTED.items()
+}
+EXTERNAL: dict[str, set[str]] = {
+    m: {i for i in found if i not in MODULES} for m, found in _IMPORTED.items()
+}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

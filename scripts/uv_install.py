@@ -23,7 +23,14 @@ UV_NAMES = {
     "constraint": "UV_CONSTRAINT",
     "cert": "SSL_CERT_FILE",
 }
-IGNORED = {"default-timeout", "timeout", "disable-pip-version-check", "quiet", "no-cache-dir"}
+IGNORED = {
+    "config-file",  # where the settings were read from: they are the other lines
+    "default-timeout",
+    "timeout",
+    "disable-pip-version-check",
+    "quiet",
+    "no-cache-dir",
+}
 CANNOT = 3
 
 
@@ -52,6 +59,8 @@ def main(args: list[str]) -> int:
     if settings is None:
         return CANNOT
     uv = Path(sys.executable).with_name("uv")
+    if not uv.is_file():
+        return CANNOT
     command = [str(uv), "pip", "install", "--quiet", "--python", sys.executable]
     return subprocess.run(
         [*command, "--compile-bytecode", *args], env={**os.environ, **settings}

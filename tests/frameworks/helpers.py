@@ -3,12 +3,14 @@ project, run plainly, under `kaudit run`, and killed for real."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 
 from kronos_audit.keys.home import generate_key
 from kronos_audit.storage.setup import init_project
-from tests.helpers import KAUDIT, git
+from tests.helpers import KAUDIT, git, recorded_once
 from tests.runtime.test_faults import HANG_GUARD, last_json, newest_step, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -68,6 +70,37 @@ def reference_result(base: Path, example: str, *args: str) -> dict[str, Any]:
     """An uninterrupted run's result, in a project of its own under ``base``."""
     with scratch_project(base) as repo:
         return run_plain(commit_example(repo, example), *args, "--run-id", "reference")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An uninterrupted run of an example, recorded once for the session: its result, and a
+    copy of its project (of the caller's own) holding its signed checkpoints."""
+
+    example: str
+    result: dict[str, Any]
+    repo: Path
+    """The kaudit project the example is committed in and ran in."""
+    home: Path
+    """The KAUDIT_HOME holding the key that signed the run (trusted by the project)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.repo / self.example / "checkpoints" / "reference"
+
+
+def recorded_reference(factory: pytest.TempPathFactory, example: str, *args: str) -> Reference:
+    """The example run once with ``args`` and ``--run-id reference``, never interrupted, in
+    a project of its own (tests.helpers.recorded_once: one run whichever workers ask);
+    each call gets its own copy of that project."""
+
+    def record(into: Path) -> None:
+        result = reference_result(into, example, *args)
+        (into / "result.json").write_text(json.dumps(result))
+
+    copy = recorded_once(f"{example}-reference", factory, record)
+    result: dict[str, Any] = json.loads((copy / "result.json").read_text())
+    return Reference(example, result, copy / "repo", copy / "home")
 
 
 def supervise(where: Path, *args: str, json: bool = False) -> subprocess.Popen[str]:

@@ -9,8 +9,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
+import h5py
 import pytest
 
 import kronos_audit as ka
@@ -89,7 +91,15 @@ def test_torchrun_sharded_training_killed_resumed_and_continued_on_one_rank(
 
     launch.run(launch.torchrun(2, str(program), "30", "reference"), project.root, 2)
     reference = _global_w(outputs(2))
-    assert reference == single(30, "serial")  # elementwise: the same on 1 or 2 ranks
+    # The same program on one process, never interrupted, for 40 steps (the last claim's
+    # reference): its checkpoint of step 30 (verified: signed, and its data as signed) holds
+    # w where 30 steps end.
+    serial40 = single(40, "serial40")
+    serial30 = project.root / "checkpoints" / "serial40" / "step-00000030.h5"
+    (verdict,) = ka.verify(Path(f"{serial30}.kaudit.json"))
+    assert verdict.ok, verdict.failures
+    with h5py.File(serial30, "r") as f:
+        assert reference == f["w"][()].tolist()  # elementwise: the same on 1 or 2 ranks
 
     pids = project.root / "pids"
     pids.mkdir()
@@ -135,7 +145,7 @@ def test_torchrun_sharded_training_killed_resumed_and_continued_on_one_rank(
     assert _pid(pids, 1) != victim  # torchrun started the workers again
     assert _global_w(outputs(2)) == reference
     # The 2-rank run continued on one process (no launcher): blocks re-cut, bitwise.
-    assert single(40, "killed") == single(40, "serial40")
+    assert single(40, "killed") == serial40
     assert step_manifest(run_dir, 40).predicate["shards"]["count"] == 1
     results = ka.verify(run_dir)
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]

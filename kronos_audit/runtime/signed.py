@@ -117,6 +117,9 @@ class SignedPublisher(RunPublisher):
         # What each checkpoint found valid was verified as (by its verified manifest):
         # a restore reads exactly those bytes, never what its name holds later.
         self._signed: dict[Path, Signed] = {}
+        # And the manifest itself, as verified: a restore chains the next checkpoint to
+        # it without reading (and schema-checking) the file again.
+        self._verified: dict[Path, Manifest] = {}
         self._lock: WriterLock | None = None
 
     def open(self) -> None:
@@ -198,7 +201,10 @@ class SignedPublisher(RunPublisher):
         if point is None:
             return None
         restored = read_file_step(point)
-        self._parent = read_manifest(manifest_path_for(point.path))
+        verified = self._verified.get(point.path)
+        self._parent = (
+            verified if verified is not None else read_manifest(manifest_path_for(point.path))
+        )
         return restored
 
     def latest(self, *, stacklevel: int) -> int | None:
@@ -271,6 +277,7 @@ class SignedPublisher(RunPublisher):
         self._signed[path] = Signed(
             manifest.record.size, manifest.subject_sha256, manifest.datasets
         )
+        self._verified[path] = manifest
         return None
 
     def publish(self, job: Job) -> None:

@@ -11,6 +11,7 @@ never failed, with a chain ``kaudit verify --trusted-key`` passes.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
 from tests.conftest import Tmpfs
-from tests.helpers import KAUDIT
+from tests.helpers import recorded_once, run_cli
 
 PAGE = 4096  # what tmpfs counts in
 HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
@@ -34,11 +35,14 @@ HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a
 STEPS = 4
 FAILS_AT = 3
 N = 262_144  # float64: a 2 MiB state
-# Arrays of 10 float64, each taking some 500 bytes of the file: HDF5's structures for them
+# Arrays of 10 float64, each in a group of its own (as a model's layers are): a group and
+# its array take some 1,500 bytes of the file, almost all of it HDF5's structures, which
 # outgrow the data by more than the writer's METADATA_MARGIN (1 MiB) once there are some
-# 2,700; with fewer, "many" would be refused by the room check as "big" is (the test
-# checks that it is not).
-MANY = 4000
+# 750 of them; with fewer, "many" would be refused by the room check as "big" is (the
+# test checks that it is not). 1,200 leave the file further past the margin (some 700 KB)
+# than 4,000 arrays side by side in one group did (550 KB), with under a third of the
+# datasets to write, hash, sign and verify.
+MANY = 1200
 
 pytestmark = pytest.mark.slow
 
@@ -47,36 +51,41 @@ import hashlib, json, sys
 import numpy as np
 import kronos_audit as ka
 mode, layout, pause_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+big = layout == "big"
 with ka.Run("disk", seed=7, every=ka.EverySteps(1), asynchronous=mode == "async") as run:
     state = run.restore()
     print("restored", run.step, flush=True)
     if state is None:
-        # One large array (written by pwrite), or many small ones (by HDF5 itself, whose
-        # own structures then take more room than the data).
-        if layout == "big":
+        # One large array (written by pwrite), or many small ones, each in a group (by
+        # HDF5 itself, whose own structures then take more room than the data).
+        if big:
             state = {{"u": np.zeros({N})}}
         else:
-            state = {{f"w{{i}}": np.zeros(10) for i in range({MANY})}}
+            state = {{f"g{{i}}": {{"w": np.zeros(10)}} for i in range({MANY})}}
     for step in run.steps({STEPS}):
-        state = {{k: v + run.rng.random(v.shape) for k, v in sorted(state.items())}}
+        if big:
+            state = {{"u": state["u"] + run.rng.random({N})}}
+        else:
+            state = {{k: {{"w": g["w"] + run.rng.random(10)}} for k, g in sorted(state.items())}}
         run.checkpoint(step, state)
         if step == pause_after:
             run.wait()
             print("paused", step, flush=True)
             sys.stdin.readline()  # the test changes the file system meanwhile
-digest = hashlib.sha256(b"".join(state[k].tobytes() for k in sorted(state))).hexdigest()
+arrays = [state["u"]] if big else [state[k]["w"] for k in sorted(state)]
+digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
 print(json.dumps({{"step": run.step, "digest": digest}}))
 """
 
 
 def start(
-    project: Project, mode: str, layout: str = "big", pause_after: int = 0
+    root: Path, mode: str, layout: str = "big", pause_after: int = 0
 ) -> subprocess.Popen[str]:
-    program = project.root / "disk.py"
+    program = root / "disk.py"
     program.write_text(PROGRAM)
     return subprocess.Popen(
         [sys.executable, str(program), mode, layout, str(pause_after)],
-        cwd=project.root,
+        cwd=root,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -96,10 +105,27 @@ def result(stdout: str) -> dict[str, Any]:
     return doc
 
 
-def reference(project: Project, layout: str = "big") -> dict[str, Any]:
-    """The final state of a run that never failed (on the ordinary file system)."""
-    out, _ = finish(start(project, "sync", layout))
-    return result(out)
+def reference(
+    project: Project, factory: pytest.TempPathFactory, layout: str = "big"
+) -> tuple[dict[str, Any], int, int]:
+    """The final state of a run that never failed (on the ordinary file system), and the
+    :func:`checkpoint_size` of its checkpoints. One run for the whole session: every test
+    of a layout runs the same program to the same steps, so it would only repeat it. It
+    runs in a copy of the first asking test's project, with that test's key."""
+
+    def record(into: Path) -> None:
+        repo = into / "repo"
+        shutil.copytree(project.root, repo, symlinks=True)
+        proc = start(repo, "sync", layout)
+        out, err = finish(proc)
+        assert proc.returncode == 0, err
+        size, usage = checkpoint_size(repo)
+        (into / "reference.json").write_text(json.dumps([result(out), size, usage]))
+        shutil.rmtree(repo)  # only the figures are shared
+
+    copy = recorded_once(f"disk-faults-{layout}", factory, record)
+    want, size, usage = json.loads((copy / "reference.json").read_text())
+    return want, size, usage
 
 
 def failure_line(stderr: str, step: int) -> str:
@@ -128,22 +154,17 @@ def assert_nothing_partial(run_dir: Path, last_good: int) -> None:
 
 
 def verify(project: Project, key: SigningKey, run_dir: Path) -> None:
+    # In-process: what is tested is the chain kaudit verify passes, not its process.
     pem = project.root.parent / "tester.pub"
     pem.write_bytes(public_pem(key.private_key.public_key()))
-    done = subprocess.run(
-        [*KAUDIT, "verify", str(run_dir), "--trusted-key", str(pem)],
-        cwd=project.root,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_cli("verify", str(run_dir), "--trusted-key", str(pem), cwd=project.root)
+    assert done.exit_code == 0, done.output
 
 
 def paused_before_the_failing_step(project: Project, mode: str) -> subprocess.Popen[str]:
     """The program, started and paused once checkpoint FAILS_AT - 1 is durable: the test
     changes the file system, then lets it go on (``finish(proc, "go on\\n")``)."""
-    proc = start(project, mode, pause_after=FAILS_AT - 1)
+    proc = start(project.root, mode, pause_after=FAILS_AT - 1)
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("paused"):
@@ -162,7 +183,7 @@ def assert_the_run_continues(
     """Once the file system is back, the run resumes from checkpoint FAILS_AT - 1, ends
     bitwise equal to an uninterrupted run (``want``) with every checkpoint complete, and
     its chain verifies."""
-    proc = start(project, mode, layout)
+    proc = start(project.root, mode, layout)
     out, err = finish(proc)
     assert proc.returncode == 0, err
     assert f"restored {FAILS_AT - 1}" in out
@@ -171,10 +192,10 @@ def assert_the_run_continues(
     verify(project, key, run_dir)
 
 
-def checkpoint_size(project: Project) -> tuple[int, int]:
+def checkpoint_size(root: Path) -> tuple[int, int]:
     """The size of the program's checkpoint file (every one is as large), and the most
     room one checkpoint takes on a tmpfs with its .dvc file and manifest (whole pages)."""
-    run_dir = project.root / "checkpoints" / "disk"
+    run_dir = root / "checkpoints" / "disk"
     (size,) = {p.stat().st_size for p in run_dir.glob("*.h5")}
     usage = max(
         sum(
@@ -197,12 +218,12 @@ def test_disk_full_keeps_the_last_checkpoint_and_the_restart_continues(
     project: Project,
     key: SigningKey,
     tmpfs: Callable[..., Tmpfs],
+    tmp_path_factory: pytest.TempPathFactory,
     layout: str,
     why: str,
 ) -> None:
     # One uninterrupted run, the reference of both modes (they write the same steps).
-    want = reference(project, layout)
-    size, usage = checkpoint_size(project)
+    want, size, usage = reference(project, tmp_path_factory, layout)
     # Room for FAILS_AT - 1 checkpoints and the .gitignore, and then less than the next
     # one needs: less than the room the writer asks for (big), or enough for that but
     # less than the file (many).
@@ -218,7 +239,7 @@ def test_disk_full_keeps_the_last_checkpoint_and_the_restart_continues(
         if mode == "async":  # the same disk, emptied and shrunk again
             subprocess.run(["rm", "-rf", *map(str, checkpoints.iterdir())], check=True)
             disk.remount(f"size={full}")
-        proc = start(project, mode, layout)
+        proc = start(project.root, mode, layout)
         out, err = finish(proc)
         assert proc.returncode != 0, (mode, out)
         assert why in failure_line(err, FAILS_AT), mode
@@ -229,10 +250,12 @@ def test_disk_full_keeps_the_last_checkpoint_and_the_restart_continues(
 
 
 def test_no_room_for_the_manifest_takes_the_checkpoint_back(
-    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs]
+    project: Project,
+    key: SigningKey,
+    tmpfs: Callable[..., Tmpfs],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    want = reference(project)
-    _, usage = checkpoint_size(project)
+    want, _, usage = reference(project, tmp_path_factory)
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
     # Out of inodes, not bytes: the root, the run's directory, its .gitignore and writer
     # lock and holder files, three files for each checkpoint; checkpoint FAILS_AT gets its
@@ -240,7 +263,7 @@ def test_no_room_for_the_manifest_takes_the_checkpoint_back(
     inodes = 5 + 3 * (FAILS_AT - 1) + 2
     disk = tmpfs(project.root / "checkpoints", 4 * STEPS * usage, f"nr_inodes={inodes}")
     run_dir = project.root / "checkpoints" / "disk"
-    proc = start(project, "sync")
+    proc = start(project.root, "sync")
     out, err = finish(proc)
     assert proc.returncode != 0, out
     line = failure_line(err, FAILS_AT)
@@ -252,10 +275,12 @@ def test_no_room_for_the_manifest_takes_the_checkpoint_back(
 
 
 def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
-    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs]
+    project: Project,
+    key: SigningKey,
+    tmpfs: Callable[..., Tmpfs],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    want = reference(project)
-    size, usage = checkpoint_size(project)
+    want, size, usage = reference(project, tmp_path_factory)
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
     # The cache on the same file system, by copy: each checkpoint takes its size twice.
     # Checkpoint FAILS_AT fits (with the margin the writer asks for), its cache copy not.
@@ -270,7 +295,7 @@ def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
     subprocess.run(["dvc", "config", "cache.type", "copy"], cwd=project.root, check=True)
     assert "../checkpoints/.cache" in config.read_text()
     run_dir = project.root / "checkpoints" / "disk"
-    proc = start(project, "async")
+    proc = start(project.root, "async")
     out, err = finish(proc)
     assert proc.returncode != 0, out
     assert "No space left on device" in failure_line(err, FAILS_AT)
@@ -284,10 +309,13 @@ def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_read_only_file_system_keeps_the_last_checkpoint_and_the_restart_continues(
-    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs], mode: str
+    project: Project,
+    key: SigningKey,
+    tmpfs: Callable[..., Tmpfs],
+    tmp_path_factory: pytest.TempPathFactory,
+    mode: str,
 ) -> None:
-    want = reference(project)
-    _, usage = checkpoint_size(project)
+    want, _, usage = reference(project, tmp_path_factory)
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
     disk = tmpfs(project.root / "checkpoints", 4 * STEPS * usage)
     run_dir = project.root / "checkpoints" / "disk"
@@ -303,10 +331,12 @@ def test_read_only_file_system_keeps_the_last_checkpoint_and_the_restart_continu
 
 
 def test_read_only_dvc_cache_leaves_no_checkpoint_untracked_and_says_so(
-    project: Project, key: SigningKey, tmpfs: Callable[..., Tmpfs]
+    project: Project,
+    key: SigningKey,
+    tmpfs: Callable[..., Tmpfs],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    want = reference(project)
-    _, usage = checkpoint_size(project)
+    want, _, usage = reference(project, tmp_path_factory)
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
     # The run's directory stays writable; the cache's file system turns read-only.
     cache_fs = tmpfs(project.root / "cache", 4 * STEPS * usage)

@@ -67,7 +67,11 @@ exit "$status"
 # The states a job ends in for good (a requeue passes through COMPLETING and REQUEUED).
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE"}
 
-ARGS = ["--steps", "5000", "--n", "256", "--every", "100", "--run-id", "heat"]
+# A checkpoint every 500 steps (ten a run; 100 made fifty, each signed, tracked and then
+# verified twice): the first comes a tenth of the way in, and the signal sent once it is
+# there still finds the run far from its end.
+EVERY = 500
+ARGS = ["--steps", "5000", "--n", "256", "--every", str(EVERY), "--run-id", "heat"]
 
 
 def newest_step(directory: Path) -> int:
@@ -148,7 +152,7 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     ).stdout.strip()
     run_dir = root / "checkpoints" / "heat"
     try:
-        wait_for(lambda: newest_step(run_dir) >= 100, "the job's first checkpoint", output, env)
+        wait_for(lambda: newest_step(run_dir) >= EVERY, "the job's first checkpoint", output, env)
         subprocess.run(
             ["scancel", "--signal=USR1", "--batch", job], env=env, check=True, capture_output=True
         )
@@ -202,7 +206,7 @@ def test_a_preempted_slurm_job_requeues_itself_and_ends_bitwise_equal(
     before = [m for m in manifests if scheduler(m)["restart_count"] == 0]
     after = [m for m in manifests if scheduler(m)["restart_count"] == 1]
     preempted_at = before[-1].step  # what the preempted run wrote last: its durable checkpoint
-    assert 100 <= preempted_at < 5000
+    assert EVERY <= preempted_at < 5000
     # Written on the signal, at the step the program had reached, not before it...
     assert preempted_at == first_run["last_step"]
     # ...and the requeued run resumed from exactly that checkpoint: the step it reported,

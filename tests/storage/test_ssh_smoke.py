@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import recorded_once
 from tests.sshd import SSHRemote, run_dvc, unused_port
 
 pytestmark = pytest.mark.slow
@@ -18,14 +19,25 @@ pytestmark = pytest.mark.slow
 DATA = bytes(range(256)) * 16 + b"kronos-audit ssh smoke\n"
 
 
-def _dvc_repo_with_data(repo: Path) -> tuple[Path, str]:
-    """`dvc init` + commit in the git repo, then `dvc add data.bin`; (file, md5)."""
-    run_dvc(repo, "init", "-q")
-    subprocess.run(["git", "add", "-A"], cwd=repo, check=True, capture_output=True)
-    subprocess.run(["git", "commit", "-q", "-m", "dvc init"], cwd=repo, check=True)
+def _dvc_repo_with_data(repo: Path, factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`dvc init` + commit in the git repo, then `dvc add data.bin`; (file, md5). Done
+    once for the session, by the dvc CLI in a copy of the first asking test's repo; each
+    test's repo becomes a copy of the result."""
+
+    def record(into: Path) -> None:
+        made = into / "repo"
+        shutil.copytree(repo, made, symlinks=True)
+        run_dvc(made, "init", "-q")
+        subprocess.run(["git", "add", "-A"], cwd=made, check=True, capture_output=True)
+        subprocess.run(["git", "commit", "-q", "-m", "dvc init"], cwd=made, check=True)
+        (made / "data.bin").write_bytes(DATA)
+        run_dvc(made, "add", "-q", "data.bin")
+
+    copy = recorded_once("dvc-repo-with-data", factory, record)
+    shutil.rmtree(repo)
+    shutil.move(copy / "repo", repo)
     data = repo / "data.bin"
-    data.write_bytes(DATA)
-    run_dvc(repo, "add", "-q", "data.bin")
+    assert data.read_bytes() == DATA
     found = re.search(r"md5: ([0-9a-f]{32})", (repo / "data.bin.dvc").read_text())
     assert found, (repo / "data.bin.dvc").read_text()
     md5 = found.group(1)
@@ -33,8 +45,13 @@ def _dvc_repo_with_data(repo: Path) -> tuple[Path, str]:
     return data, md5
 
 
-def test_push_pull_roundtrip(git_repo: Path, ssh_remote: SSHRemote, ssh_remote_dir: str) -> None:
-    data, md5 = _dvc_repo_with_data(git_repo)
+def test_push_pull_roundtrip(
+    git_repo: Path,
+    ssh_remote: SSHRemote,
+    ssh_remote_dir: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data, md5 = _dvc_repo_with_data(git_repo, tmp_path_factory)
     ssh_remote.configure_dvc(git_repo, "storage", ssh_remote_dir)
 
     run_dvc(git_repo, "push", "-q")
@@ -48,10 +65,13 @@ def test_push_pull_roundtrip(git_repo: Path, ssh_remote: SSHRemote, ssh_remote_d
 
 
 def test_push_to_unreachable_server_fails(
-    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    git_repo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.ssh of the user's
-    data, md5 = _dvc_repo_with_data(git_repo)
+    data, md5 = _dvc_repo_with_data(git_repo, tmp_path_factory)
     port = unused_port()  # closed: nothing listens there
     run_dvc(git_repo, "remote", "add", "-d", "storage", f"ssh://127.0.0.1:{port}/nowhere")
 

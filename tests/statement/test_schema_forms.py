@@ -1,0 +1,213 @@
+"""The manifest schema's per-dataset part is spelled for speed, and means what it meant.
+
+``predicate.datasets`` is checked once per dataset of a checkpoint (thousands, for some
+programs), at signing and at every read. It used to say "null, or an array of ..." as a
+``oneOf`` of the two (so jsonschema tried both branches), a dataset's ``shape`` the same
+way, and its ``sha256`` as a ``$ref`` to ``#/$defs/sha256`` (a reference looked up per
+dataset). The shipped schema now says the same with a type list and ``items``, and the
+sha256 pattern inline. Here the old spelling, rebuilt from the shipped schema, and the
+shipped one must agree on every document: the valid ones kaudit writes, and every way the
+part can be wrong (each of which both must refuse).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import jsonschema
+import numpy as np
+import pytest
+
+from kronos_audit.errors import ManifestError
+from kronos_audit.keys.home import generate_key
+from kronos_audit.project.repository import find_project
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.schemas import schema, validate
+from tests.conftest import isolate
+
+SHA = "0123456789abcdef" * 4
+
+
+def as_before(shipped: dict[str, Any]) -> dict[str, Any]:
+    """The shipped manifest schema with ``predicate.datasets`` spelled as it was."""
+    old = copy.deepcopy(shipped)
+    datasets = old["$defs"]["predicate"]["properties"]["datasets"]
+    item = datasets.pop("items")
+    assert datasets.pop("type") == ["array", "null"]
+    item["properties"]["shape"] = {
+        "oneOf": [
+            {"type": "null"},
+            {"type": "array", "items": item["properties"]["shape"].pop("items")},
+        ]
+    }
+    assert item["properties"]["sha256"] == old["$defs"]["sha256"]  # the same pattern, inline
+    item["properties"]["sha256"] = {"$ref": "#/$defs/sha256"}
+    datasets["oneOf"] = [{"type": "null"}, {"type": "array", "items": item}]
+    return old
+
+
+def validator(contents: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    jsonschema.Draft202012Validator.check_schema(contents)
+    return jsonschema.Draft202012Validator(
+        contents, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+
+
+SHIPPED = validator(schema())
+BEFORE = validator(as_before(schema()))
+
+
+@pytest.fixture(scope="module")
+def written(
+    tmp_path_factory: pytest.TempPathFactory, repo_templates: tuple[Path, Path]
+) -> dict[str, Any]:
+    """The statement kaudit signs of a checkpoint with every kind of dataset shape: an
+    array, an empty array, a scalar (shape []), an empty dataspace (shape null). Signed once
+    for the module, in a project and key directory of its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, tmp_path_factory.mktemp)
+        root = tmp_path_factory.mktemp("forms") / "repo"
+        shutil.copytree(repo_templates[1], root, symlinks=True)
+        key = generate_key("tester")
+        find_project(root).trust_store().add(key.private_key.public_key(), "tester")
+        path = root / "ck" / "step-1.h5"
+        path.parent.mkdir()
+        with h5py.File(path, "w") as f:
+            f["fields/u"] = np.zeros((3, 4))
+            f["none"] = np.zeros((0, 2))
+            f["scalar"] = 1.5
+            f["empty"] = h5py.Empty("f8")
+        (manifest,) = snapshot(path, run="r", step=1)
+    envelope = json.loads(manifest.path.read_text())
+    statement: dict[str, Any] = json.loads(base64.b64decode(envelope["payload"]))
+    shapes = {d["path"]: d["shape"] for d in statement["predicate"]["datasets"]}
+    assert shapes == {"/empty": None, "/fields/u": [3, 4], "/none": [0, 2], "/scalar": []}
+    return statement
+
+
+def dataset(doc: dict[str, Any]) -> dict[str, Any]:
+    first: dict[str, Any] = doc["predicate"]["datasets"][0]
+    return first
+
+
+def put(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda doc: dataset(doc).update({key: value})
+
+
+def drop(key: str) -> Callable[[dict[str, Any]], None]:
+    return lambda doc: dataset(doc).pop(key)
+
+
+def datasets_are(value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda doc: doc["predicate"].update(datasets=value)
+
+
+VALID: dict[str, Callable[[dict[str, Any]], None]] = {
+    "as-written": lambda doc: None,
+    "datasets-null": datasets_are(None),
+    "datasets-empty": datasets_are([]),
+    "shape-null": put("shape", None),
+    "shape-scalar": put("shape", []),
+    "shape-zero": put("shape", [0, 7]),
+    "shape-big": put("shape", [2**40]),
+    "other-sha256": put("sha256", SHA),
+}
+
+REFUSED: dict[str, Callable[[dict[str, Any]], None]] = {
+    # predicate.datasets itself: null or an array, nothing else
+    "datasets-string": datasets_are("[]"),
+    "datasets-object": datasets_are({}),
+    "datasets-number": datasets_are(0),
+    "datasets-true": datasets_are(True),
+    "datasets-false": datasets_are(False),
+    # each item: an object of exactly the four keys
+    "item-null": datasets_are([None]),
+    "item-string": datasets_are(["/u"]),
+    "item-array": datasets_are([[]]),
+    "no-path": drop("path"),
+    "no-dtype": drop("dtype"),
+    "no-shape": drop("shape"),
+    "no-sha256": drop("sha256"),
+    "extra-key": put("md5", "0" * 32),
+    # path: a string starting with /
+    "path-relative": put("path", "u"),
+    "path-number": put("path", 1),
+    "path-null": put("path", None),
+    # dtype: a non-empty string
+    "dtype-empty": put("dtype", ""),
+    "dtype-number": put("dtype", 8),
+    # shape: null, or an array of integers of at least 0
+    "shape-string": put("shape", "[3]"),
+    "shape-number": put("shape", 3),
+    "shape-true": put("shape", True),
+    "shape-object": put("shape", {}),
+    "shape-negative": put("shape", [3, -1]),
+    "shape-float": put("shape", [1.5]),
+    "shape-bool": put("shape", [True]),
+    "shape-string-item": put("shape", ["3"]),
+    "shape-null-item": put("shape", [None]),
+    "shape-nested": put("shape", [[3]]),
+    # sha256: 64 lowercase hex digits
+    "sha-upper": put("sha256", SHA.upper()),
+    "sha-short": put("sha256", SHA[:-1]),
+    "sha-long": put("sha256", SHA + "0"),
+    "sha-not-hex": put("sha256", "g" + SHA[1:]),
+    "sha-number": put("sha256", 1),
+    "sha-null": put("sha256", None),
+    "sha-array": put("sha256", [SHA]),
+    # a later item wrong, the first right
+    "second-item": lambda doc: doc["predicate"]["datasets"].append({"path": "/x"}),
+}
+
+
+ALIKE: dict[str, Callable[[dict[str, Any]], None]] = {
+    **VALID,
+    **REFUSED,
+    # Python's $ matches before a final newline: whatever the verdict, both give the same.
+    "sha-newline": put("sha256", SHA + "\n"),
+    "path-newline": put("path", "/u\n"),
+}
+
+
+def document(written: dict[str, Any], mutate: Callable[[dict[str, Any]], None]) -> Any:
+    doc = copy.deepcopy(written)
+    mutate(doc)
+    return doc
+
+
+def test_the_old_spelling_differs_from_the_shipped_one() -> None:
+    # Otherwise the tests below would compare the schema with itself.
+    assert as_before(schema()) != schema()
+    assert "oneOf" not in schema()["$defs"]["predicate"]["properties"]["datasets"]
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_both_spellings_accept_what_kaudit_writes(written: dict[str, Any], name: str) -> None:
+    doc = document(written, VALID[name])
+    assert BEFORE.is_valid(doc)
+    assert SHIPPED.is_valid(doc)
+    validate(doc)  # what kaudit itself checks
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_both_spellings_refuse_every_wrong_dataset(written: dict[str, Any], name: str) -> None:
+    doc = document(written, REFUSED[name])
+    assert not BEFORE.is_valid(doc)
+    assert not SHIPPED.is_valid(doc)
+    with pytest.raises(ManifestError, match="schema violation at predicate/datasets"):
+        validate(doc)
+
+
+@pytest.mark.parametrize("name", sorted(ALIKE))
+def test_both_spellings_judge_the_same_whatever_the_verdict(
+    written: dict[str, Any], name: str
+) -> None:
+    doc = document(written, ALIKE[name])
+    assert BEFORE.is_valid(doc) == SHIPPED.is_valid(doc)

@@ -147,3 +147,93 @@ def recorded_once(
     copy = factory.mktemp(f"recorded-{name}")
     shutil.copytree(made, copy, symlinks=True, dirs_exist_ok=True)
     return copy
+
+
+def recorded_project(
+    name: str,
+    factory: pytest.TempPathFactory,
+    templates: tuple[Path, Path],
+    record: Callable[[Path], None],
+    into: Path,
+    mp: pytest.MonkeyPatch,
+) -> Path:
+    """A kaudit project in which ``record(root)`` ran, made once for the whole test session
+    (:func:`recorded_once` under ``name``) and moved to ``into`` (returned), the test's own
+    copy to change as it likes.
+
+    The project is what the ``project`` and ``key`` fixtures make: the session's template
+    (``repo_templates``) with a key "tester" of the user's trusted by it, ``record``
+    running in the tests' environment with that key the user's only one. ``mp`` sets
+    KAUDIT_HOME to a copy of that key directory: the test is the user who recorded the
+    run, and ``select_key("tester")`` is the key that signed it."""
+    from kronos_audit.project.repository import find_project
+    from tests.conftest import isolate
+
+    def make(made: Path) -> None:
+        with pytest.MonkeyPatch.context() as m:
+            home = isolate(m, factory.mktemp)
+            root = factory.mktemp(f"{name}-recording") / "repo"
+            shutil.copytree(templates[1], root, symlinks=True)
+            k = generate_key("tester")
+            find_project(root).trust_store().add(k.private_key.public_key(), "tester")
+            record(root)
+        shutil.move(root, made / "repo")
+        shutil.move(home, made / "home")
+
+    copy = recorded_once(name, factory, make)
+    shutil.move(copy / "repo", into)
+    mp.setenv("KAUDIT_HOME", str(copy / "home"))
+    return into
+
+
+def replay_repository(
+    factory: pytest.TempPathFactory,
+    templates: tuple[Path, Path],
+    into: Path,
+    mp: pytest.MonkeyPatch,
+    *,
+    heat: bool = False,
+    attested: bool = False,
+) -> Path:
+    """tests/replay/conftest.py's ``repo`` (the examples and the test programs committed in
+    a kaudit project) as :func:`recorded_project` makes one, at ``into``: with ``heat``,
+    that module's ``heat`` run recorded in it too (30 steps, a checkpoint every 10, at
+    heat/checkpoints/heat); with ``attested``, step 20 of that run also replayed with
+    ``--attest`` (tests/report/conftest.py's ``attested``). Each is recorded once for the
+    whole session, whichever module asks: the replay, gate and report tests share them."""
+    import tempfile
+
+    from tests.replay import conftest as replay
+    from tests.replay.helpers import commit_all, manifest
+    from tests.replay.helpers import record as run_program
+
+    def record(root: Path) -> None:
+        with pytest.MonkeyPatch.context() as m:  # the environment of replay_tmp
+            m.setattr(tempfile, "tempdir", str(factory.mktemp("replay-work")))
+            m.setenv("PYTHON", sys.executable)
+            for var in ("KAUDIT_TEST_ORDER", "KAUDIT_RESUME_FROM", "KAUDIT_STOP_AT"):
+                m.delenv(var, raising=False)
+            for var in ("KAUDIT_OUT", "KAUDIT_SEED"):
+                m.delenv(var, raising=False)
+            for name in ("heat", "montecarlo", "train"):
+                (root / name).mkdir()
+                shutil.copy(replay.EXAMPLES / name / "run.py", root / name / "run.py")
+            programs = root / "programs"
+            programs.mkdir()
+            (programs / "noisy.py").write_text(replay.NOISY)
+            (programs / "order.py").write_text(replay.ORDER)
+            (programs / "seedless.py").write_text(replay.SEEDLESS)
+            (programs / "solver.sh").write_text(replay.SOLVER_SH)
+            (programs / "solve").write_text(replay.SOLVE_ANY_NAME)
+            (programs / "solve").chmod(0o755)
+            commit_all(root, "programs")
+            if heat or attested:
+                run_program(root, "heat", "run.py", "--steps", "30", "--every", "10", "--n", "32")
+            if attested:
+                run_dir = root / "heat" / "checkpoints" / "heat"
+                result = run_cli("replay", str(manifest(run_dir, 20)), "--attest")
+                assert result.exit_code == 0, result.output
+                assert (run_dir / "step-00000020.h5.replay.json").is_file()
+
+    name = "replay-programs" + ("-heat" if heat or attested else "") + ("-attested" * attested)
+    return recorded_project(name, factory, templates, record, into, mp)

@@ -40,7 +40,8 @@ from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy,
 from kronos_audit.errors import BisectError, Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
-from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.verifier import Verifier
 
 FORMAT = "kronos-audit/bisect/v1"
@@ -207,12 +208,16 @@ class BisectResult:
 # -- chains --------------------------------------------------------------------------------
 
 
-def head_manifest(path: Path | str) -> Manifest:
-    """The manifest named, or the newest (highest step) manifest in the run directory named."""
+def head_manifest(path: Path | str, cache: ManifestCache | None = None) -> Manifest:
+    """The manifest named, or the newest (highest step) manifest in the run directory named.
+
+    Read through ``cache`` when given: the walk back from the head reads the same
+    manifests, and a chain's verifier parses each once."""
     path = Path(path)
+    read = (cache or ManifestCache()).read
     if not path.is_dir() or (path / STEP_MANIFEST).is_file():
-        return read_manifest(resolve_target(path))
-    manifests = [read_manifest(p) for p in statements_in(path).manifests]
+        return read(resolve_target(path))
+    manifests = [read(p) for p in statements_in(path).manifests]
     if not manifests:
         raise BisectError(
             f"no manifest (*{MANIFEST_SUFFIX}) in this directory: name a run directory "
@@ -238,9 +243,10 @@ def read_chain(path: Path | str, verifier: Verifier | None = None, *, label: str
     Raises BisectError naming the manifest where the chain does not verify. ``label``
     (e.g. ``run A``) prefixes the messages.
     """
-    head = head_manifest(path)
+    cache = ManifestCache() if verifier is None else verifier.cache
+    head = head_manifest(path, cache)
     if verifier is None:
-        verifier = Verifier(find_project(head.path).require_initialized())
+        verifier = Verifier(find_project(head.path).require_initialized(), cache=cache)
     return _walk(head, verifier, label)
 
 
@@ -398,11 +404,15 @@ class _Verifiers:
     def __init__(self, trust: TrustOptions | None = None) -> None:
         self._by_root: dict[Path, Verifier] = {}
         self._trust = trust
+        self.cache = ManifestCache()
+        """Every manifest read, parsed once (the heads, the chains, the steps compared)."""
 
     def get(self, path: Path) -> Verifier:
         project = find_project(path).require_initialized()
         if project.root not in self._by_root:
-            self._by_root[project.root] = Verifier(project, load_keyring(project.root, self._trust))
+            self._by_root[project.root] = Verifier(
+                project, load_keyring(project.root, self._trust), cache=self.cache
+            )
         return self._by_root[project.root]
 
 
@@ -442,7 +452,7 @@ def bisect(
     verifiers = _Verifiers(trust)
     chains = []
     for given, label in ((Path(a), "run A"), (Path(b), "run B")):
-        head = head_manifest(given)
+        head = head_manifest(given, verifiers.cache)
         chains.append(_walk(head, verifiers.get(head.path), label))
     chain_a, chain_b = chains
     common = tuple(sorted(set(chain_a.steps) & set(chain_b.steps)))

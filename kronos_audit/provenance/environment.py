@@ -109,9 +109,11 @@ def _numpy_blas() -> dict[str, Any]:
 def _distributions() -> dict[str, str]:
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
+        # Parsed once: ``dist.version`` would parse the whole METADATA file again.
+        metadata = dist.metadata
+        name = metadata["Name"]
         if name:
-            found[name.lower().replace("_", "-")] = dist.version
+            found[name.lower().replace("_", "-")] = metadata["Version"]
     return dict(sorted(found.items()))
 
 

@@ -9,6 +9,7 @@ SVG charts, no request to anything.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import re
 from pathlib import Path
@@ -241,7 +242,11 @@ def render_markdown(report: Report) -> str:
 # -- HTML ------------------------------------------------------------------------------
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """The one template environment of a process: building it and compiling the page's
+    template cost more than rendering a report (jinja2 checks the template file is
+    unchanged each time it is asked for it)."""
     import jinja2
 
     env = jinja2.Environment(

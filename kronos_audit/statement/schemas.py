@@ -7,6 +7,7 @@ locally, by ``$id``; nothing is ever fetched.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from importlib import resources
@@ -54,6 +55,43 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     return validator
 
 
+_VALID_ENVIRONMENTS: dict[str, None] = {}
+"""The environment locks (their canonical JSON) of manifests that validated in this process:
+a run's manifests, and most manifests a process reads, carry the same lock, and checking
+its package list is most of the cost of checking a manifest."""
+
+_VALID_ENVIRONMENTS_KEPT = 64
+
+
+def _environment_key(document: Any) -> str | None:
+    """The canonical JSON of a manifest statement's environment lock, if it has one."""
+    try:
+        environment = document["predicate"]["environment"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    if not isinstance(environment, dict):
+        return None
+    try:
+        return json.dumps(environment, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+@functools.cache
+def _validator_for_a_valid_environment() -> jsonschema.protocols.Validator:
+    """The manifest schema with the environment lock's subschema ``true``: for a statement
+    whose lock is one that validated before. Nothing in the schema relates the lock to
+    another field, so this validator finds exactly the errors the full one would."""
+    s = copy.deepcopy(schema(MANIFEST_SCHEMA))
+    s["$id"] = s["$id"].removesuffix(".schema.json") + "-known-environment.schema.json"
+    s["$defs"]["predicate"]["properties"]["environment"] = True
+    cls = jsonschema.validators.validator_for(s)
+    validator: jsonschema.protocols.Validator = cls(
+        s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
+    )
+    return validator
+
+
 def validate(
     document: Any,
     path: Path | None = None,
@@ -62,12 +100,24 @@ def validate(
     what: str | None = None,
 ) -> None:
     """Raise ManifestError naming the first schema violation (deepest first) and where;
-    ``what`` names the document in the message when there is no path to name."""
+    ``what`` names the document in the message when there is no path to name.
+
+    A manifest statement whose environment lock is one already found valid in this
+    process is checked against the rest of the schema only (the same errors, found
+    without checking the lock's hundreds of package versions again)."""
     prefix = f"{what}: " if what else ""
+    validator = _validator(schema_name)
+    environment = _environment_key(document) if schema_name == MANIFEST_SCHEMA else None
+    if environment is not None and environment in _VALID_ENVIRONMENTS:
+        validator = _validator_for_a_valid_environment()
     try:
-        errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: e.path)
+        errors = sorted(validator.iter_errors(document), key=lambda e: e.path)
     except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
         raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
+    if not errors and environment is not None:
+        if len(_VALID_ENVIRONMENTS) >= _VALID_ENVIRONMENTS_KEPT:
+            _VALID_ENVIRONMENTS.clear()
+        _VALID_ENVIRONMENTS[environment] = None
     if errors:
         best = jsonschema.exceptions.best_match(errors)
         where = "/".join(str(p) for p in best.absolute_path) or "(top level)"

@@ -18,13 +18,11 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from tests.helpers import assert_bad_input as _assert_bad_input
 from tests.helpers import run_cli
-from tests.history.test_bisect import PLANTED, manifest, planted, solver
+from tests.history.test_bisect import PLANTED, key, manifest, project, runs, solver
 
-
-@pytest.fixture
-def runs(project: Project, key: SigningKey) -> tuple[Path, Path]:
-    """Run A, and run B perturbed by 1e-13 in /fields/v from step 23 on (40 steps)."""
-    return planted(project)
+__all__ = ["key", "project", "runs"]
+"""test_bisect's fixtures: ``runs`` (run A, and run B perturbed by 1e-13 in /fields/v from
+step 23 on, 40 steps) recorded once for the session, each test with its own copy."""
 
 
 def assert_bad_input(result: Result, *mentions: str) -> str:

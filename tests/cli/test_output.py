@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from kronos_audit.keys.home import generate_key, select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import configure_remote
-from tests.helpers import KAUDIT, git, write_checkpoint
+from tests.helpers import KAUDIT, git, recorded_project, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -67,18 +68,56 @@ def record(root: Path, seed: int, run_id: str) -> Path:
     return root / "heat" / "checkpoints" / LONG / run_id
 
 
+def record_runs(root: Path) -> None:
+    """Two runs of the heat example (seeds 1 and 2, run ids a and b), committed."""
+    (root / "heat").mkdir()
+    shutil.copy(EXAMPLES / "heat" / "run.py", root / "heat" / "run.py")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "the heat example")
+    record(root, 1, "a")
+    record(root, 2, "b")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "records")
+
+
+@pytest.fixture
+def project(
+    request: pytest.FixtureRequest,
+    project: Project,
+    tmp_path_factory: pytest.TempPathFactory,
+    repo_templates: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """conftest's ``project``; for a test that asks for ``runs``, its own copy of one in
+    which :func:`record_runs` ran once for the whole session (real runs, but once, not once
+    a test), KAUDIT_HOME the key directory of the key that signed them."""
+    if "runs" not in request.fixturenames:
+        return project
+    shutil.rmtree(project.root)
+    root = recorded_project(
+        "output-runs", tmp_path_factory, repo_templates, record_runs, project.root, monkeypatch
+    )
+    return find_project(root)
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest, project: Project) -> SigningKey:
+    """conftest's ``key`` (a key held by the user and trusted by ``project``); for a test
+    that asks for ``runs``, the one that signed them."""
+    if "runs" in request.fixturenames:
+        return select_key("tester")
+    k = generate_key("tester")
+    project.trust_store().add(k.private_key.public_key(), "tester")
+    return k
+
+
 @pytest.fixture
 def runs(project: Project, key: SigningKey, tmp_path: Path) -> tuple[Path, Path]:
     """Two recorded runs of the heat example (seeds differ), committed, with a DVC remote;
     paths relative to the repository root."""
     root = project.root
-    (root / "heat").mkdir()
-    shutil.copy(EXAMPLES / "heat" / "run.py", root / "heat" / "run.py")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "the heat example")
-    a, b = record(root, 1, "a"), record(root, 2, "b")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "records")
+    a = root / "heat" / "checkpoints" / LONG / "a"
+    b = root / "heat" / "checkpoints" / LONG / "b"
     remote = tmp_path / "remote"
     remote.mkdir()
     configure_remote(project, str(remote), "storage")

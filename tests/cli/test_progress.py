@@ -16,9 +16,9 @@ import pytest
 
 from kronos_audit._internal.progress import report, reporting
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import KAUDIT, git
+from tests.helpers import KAUDIT, git, recorded_project
 from tests.replay.helpers import commit_all, manifest, record
 
 HEAT = Path(__file__).resolve().parents[2] / "examples" / "heat" / "run.py"
@@ -62,15 +62,40 @@ def piped(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*KAUDIT, *args], cwd=cwd, capture_output=True, text=True, env=_env())
 
 
-@pytest.fixture
-def heat(project: Project, key: SigningKey) -> Path:
-    """A real run of the heat example (20 steps, a checkpoint every 10), committed."""
-    root = project.root
+def record_heat(root: Path) -> None:
+    """A real run of the heat example (20 steps, a checkpoint every 10), its program
+    committed."""
     (root / "heat").mkdir()
     shutil.copy(HEAT, root / "heat" / "run.py")
     commit_all(root, "heat")
     record(root, "heat", "run.py", "--steps", "20", "--every", "10", "--n", "16")
-    return root / "heat" / "checkpoints" / "heat"
+
+
+@pytest.fixture
+def project(
+    request: pytest.FixtureRequest,
+    project: Project,
+    tmp_path_factory: pytest.TempPathFactory,
+    repo_templates: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """conftest's ``project``; for a test that asks for ``heat``, its own copy of one in
+    which :func:`record_heat` ran once for the whole session (a real run, but one, not one
+    a test), KAUDIT_HOME the key directory of the key that signed it."""
+    if "heat" not in request.fixturenames:
+        return project
+    assert "key" not in request.fixturenames  # the recording's key is the user's
+    shutil.rmtree(project.root)
+    root = recorded_project(
+        "progress-heat", tmp_path_factory, repo_templates, record_heat, project.root, monkeypatch
+    )
+    return find_project(root)
+
+
+@pytest.fixture
+def heat(project: Project) -> Path:
+    """A real run of the heat example (20 steps, a checkpoint every 10), committed."""
+    return project.root / "heat" / "checkpoints" / "heat"
 
 
 def test_verify_shows_a_bar_on_a_terminal_only(project: Project, heat: Path) -> None:

@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import h5py
@@ -18,11 +19,11 @@ import kronos_audit as ka
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import BisectError, ManifestError
 from kronos_audit.history.bisect import Decision, bisect, first_true, read_chain
-from kronos_audit.keys.home import user_trust_dir
+from kronos_audit.keys.home import generate_key, select_key, user_trust_dir
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import signed_items
+from tests.helpers import recorded_project, signed_items
 
 PERTURBATION = 1e-13
 PLANTED = 23
@@ -68,6 +69,50 @@ def planted(project: Project) -> tuple[Path, Path]:
     return solver(project, "env-a"), solver(project, "env-b", perturb_from=PLANTED)
 
 
+@pytest.fixture
+def project(
+    request: pytest.FixtureRequest,
+    project: Project,
+    tmp_path_factory: pytest.TempPathFactory,
+    repo_templates: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """conftest's ``project``; for a test that asks for ``runs``, its own copy of one in
+    which the two planted runs were recorded once for the whole session (real runs, the
+    same as :func:`planted` makes, but 80 signed checkpoints once, not once a test), with
+    KAUDIT_HOME the key directory of the key that signed them."""
+    if "runs" not in request.fixturenames:
+        return project
+    shutil.rmtree(project.root)
+
+    def record(root: Path) -> None:
+        planted(find_project(root))
+
+    return find_project(
+        recorded_project(
+            "bisect-planted", tmp_path_factory, repo_templates, record, project.root, monkeypatch
+        )
+    )
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest, project: Project) -> SigningKey:
+    """conftest's ``key``: a key held by the user and trusted by ``project``; for a test
+    that asks for ``runs``, the one that signed them (the user's, trusted by the copy)."""
+    if "runs" in request.fixturenames:
+        return select_key("tester")
+    k = generate_key("tester")
+    project.trust_store().add(k.private_key.public_key(), "tester")
+    return k
+
+
+@pytest.fixture
+def runs(project: Project, key: SigningKey) -> tuple[Path, Path]:
+    """:func:`planted`'s two runs, in this test's own ``project``: run A, and run B
+    perturbed by 1e-13 in /fields/v from step 23 on (40 steps, each checkpointed)."""
+    return project.root / "checkpoints" / "env-a", project.root / "checkpoints" / "env-b"
+
+
 def max_comparisons(n: int) -> int:
     return math.ceil(math.log2(n)) + 2
 
@@ -81,8 +126,8 @@ def rewrite_payload(path: Path, change: object) -> None:
     path.write_text(json.dumps(envelope, indent=2))
 
 
-def test_the_planted_divergence_is_found_exactly(project: Project, key: SigningKey) -> None:
-    a, b = planted(project)
+def test_the_planted_divergence_is_found_exactly(runs: tuple[Path, Path]) -> None:
+    a, b = runs
     result = bisect(a, b)
     assert result.diverged
     assert result.first_divergent_step == PLANTED
@@ -107,10 +152,8 @@ def test_the_planted_divergence_is_found_exactly(project: Project, key: SigningK
     assert result.probe(40).hash_differences == ("/fields/u", "/fields/v")
 
 
-def test_run_directories_and_last_manifests_are_equivalent(
-    project: Project, key: SigningKey
-) -> None:
-    a, b = planted(project)
+def test_run_directories_and_last_manifests_are_equivalent(runs: tuple[Path, Path]) -> None:
+    a, b = runs
     by_dir = bisect(a, b)
     by_manifest = bisect(manifest(a, 40), manifest(b, 40))
     assert by_manifest.first_divergent_step == by_dir.first_divergent_step == PLANTED
@@ -124,8 +167,8 @@ def test_run_directories_and_last_manifests_are_equivalent(
     assert short.first_divergent_step == PLANTED
 
 
-def test_the_result_is_a_frozen_value(project: Project, key: SigningKey) -> None:
-    a, b = planted(project)
+def test_the_result_is_a_frozen_value(runs: tuple[Path, Path]) -> None:
+    a, b = runs
     result = bisect(a, b)
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.first_divergent_step = 1  # type: ignore[misc]
@@ -136,9 +179,9 @@ def test_the_result_is_a_frozen_value(project: Project, key: SigningKey) -> None
 
 
 def test_a_tolerance_that_absorbs_the_perturbation_finds_no_divergence(
-    project: Project, key: SigningKey
+    runs: tuple[Path, Path],
 ) -> None:
-    a, b = planted(project)
+    a, b = runs
     result = bisect(a, b, TolerancePolicy.from_options(rtol=1e-9))
     assert not result.diverged
     assert result.first_divergent_step is None
@@ -151,9 +194,9 @@ def test_a_tolerance_that_absorbs_the_perturbation_finds_no_divergence(
 
 
 def test_a_tolerance_too_tight_measures_the_data_and_still_finds_it(
-    project: Project, key: SigningKey
+    runs: tuple[Path, Path],
 ) -> None:
-    a, b = planted(project)
+    a, b = runs
     result = bisect(a, b, TolerancePolicy.from_options(rtol=1e-15))
     assert result.first_divergent_step == PLANTED
     assert result.last_agreeing_step == PLANTED - 1
@@ -203,10 +246,8 @@ def test_runs_with_no_common_step_are_bad_input(project: Project, key: SigningKe
     assert "2..5" in caught.value.message
 
 
-def test_a_tampered_manifest_in_a_chain_is_bad_input_naming_where(
-    project: Project, key: SigningKey
-) -> None:
-    a, b = planted(project)
+def test_a_tampered_manifest_in_a_chain_is_bad_input_naming_where(runs: tuple[Path, Path]) -> None:
+    a, b = runs
     rewrite_payload(manifest(b, 10), lambda p: p.update(seeds=[666]))
     with pytest.raises(BisectError, match="run B: the chain does not verify at step 11") as e:
         bisect(a, b)
@@ -216,16 +257,18 @@ def test_a_tampered_manifest_in_a_chain_is_bad_input_naming_where(
     assert (e.value.run, e.value.step) == ("env-b", 11)
 
 
-def test_a_deleted_link_is_bad_input(project: Project, key: SigningKey) -> None:
-    a, b = planted(project)
+def test_a_deleted_link_is_bad_input(runs: tuple[Path, Path]) -> None:
+    a, b = runs
     manifest(a, 5).unlink()
     with pytest.raises(BisectError, match="run A: the chain does not verify at step 6") as e:
         bisect(a, b)
     assert "is missing" in e.value.message
 
 
-def test_an_unsigned_or_untrusted_head_is_bad_input(project: Project, key: SigningKey) -> None:
-    a, b = planted(project)
+def test_an_unsigned_or_untrusted_head_is_bad_input(
+    project: Project, runs: tuple[Path, Path]
+) -> None:
+    a, b = runs
     head = manifest(b, 40)
     envelope = json.loads(head.read_text())
     head.write_text(json.dumps({**envelope, "signatures": []}))
@@ -240,10 +283,8 @@ def test_an_unsigned_or_untrusted_head_is_bad_input(project: Project, key: Signi
         bisect(a, b)
 
 
-def test_data_that_does_not_match_its_manifest_is_bad_input(
-    project: Project, key: SigningKey
-) -> None:
-    a, b = planted(project)
+def test_data_that_does_not_match_its_manifest_is_bad_input(runs: tuple[Path, Path]) -> None:
+    a, b = runs
     with h5py.File(b / f"step-{PLANTED:08d}.h5", "r+") as f:
         f["fields/u"][0, 0] += 1.0  # the signed hashes still say otherwise
     with pytest.raises(BisectError, match="does not match its signed manifest") as e:

@@ -19,16 +19,56 @@ from typing import Any
 import pytest
 
 from kronos_audit.checkpoint.layout import manifest_path_for
+from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.replay import ReplayError
 from kronos_audit.replay.handover import hand_over
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import configure_remote
-from tests.helpers import git, run_cli
+from tests.helpers import git, replay_repository, run_cli
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def repo(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    repo_templates: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
+    """conftest's ``repo``, this test's own copy of one recorded for the session: with the
+    ``heat`` run recorded in it when the test asks for that run (a real run, as the
+    conftest's fixture makes, but run once, not once a test)."""
+    return replay_repository(
+        tmp_path_factory,
+        repo_templates,
+        tmp_path / "repo",
+        monkeypatch,
+        heat="heat" in request.fixturenames,
+    )
+
+
+@pytest.fixture
+def heat(repo: Path) -> Path:
+    """The heat example run for 30 steps, a checkpoint every 10; returns the run directory."""
+    return repo / "heat" / "checkpoints" / "heat"
+
+
+@pytest.fixture
+def project(repo: Path) -> Project:
+    """The kaudit project ``repo`` is."""
+    return find_project(repo)
+
+
+@pytest.fixture
+def key(repo: Path) -> SigningKey:
+    """The user's key that signed the recorded runs, trusted by ``repo``."""
+    return select_key("tester")
+
 
 HOSTILE = ["ckpt;touch pwned;", "ckpt $(touch pwned) x"]
 """Run directory names a shell would parse as commands, were a path spliced into its code."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -24,12 +25,13 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.runtime.ranks import rank_seed
-from tests.helpers import KAUDIT, run_cli
+from tests.helpers import KAUDIT, recorded_once, run_cli
 from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec, mpirun
+from tests.replay.helpers import shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain, wait_for
 
 pytestmark = pytest.mark.slow
@@ -88,12 +90,53 @@ def steps_signed(run_dir: Path) -> list[int]:
     return sorted(int(p.parent.name[5:]) for p in run_dir.glob("step-*/index.jsonl.kaudit.json"))
 
 
-def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
-    project: Project, key: SigningKey
-) -> None:
+def three_ranks_to(
+    steps: int,
+    templates: tuple[Path, Path],
+    factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """A project of the test's own in which examples/heat_mpi ran on 3 ranks to ``steps``,
+    a step every 5, and KAUDIT_HOME the home of the key that signed it (trusted by the
+    project). The launch is made once for the session (recorded_once): the tests that
+    start from it change their copy, never the recording."""
+
+    def record(into: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            project, home = shared_project(mp, templates, factory)
+            heat_mpi(project, 3, "--steps", str(steps), "--every", "5")
+        shutil.move(project.root, into / "repo")
+        shutil.move(home, into / "home")
+
+    copy = recorded_once(f"heat-mpi-3-ranks-to-{steps}", factory, record)
+    monkeypatch.setenv("KAUDIT_HOME", str(copy / "home"))
+    return find_project(copy / "repo")
+
+
+@pytest.fixture
+def to_20(
+    repo_templates: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """examples/heat_mpi run on 3 ranks to step 20 (steps 5, 10, 15, 20 signed)."""
+    return three_ranks_to(20, repo_templates, tmp_path_factory, monkeypatch)
+
+
+@pytest.fixture
+def to_10(
+    repo_templates: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """examples/heat_mpi run on 3 ranks to step 10 (steps 5 and 10 signed)."""
+    return three_ranks_to(10, repo_templates, tmp_path_factory, monkeypatch)
+
+
+def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(to_20: Project) -> None:
+    project = to_20
     reference = serial(30)
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "20", "--every", "5")
     assert steps_signed(run_dir) == [5, 10, 15, 20]
     first = step_manifest(run_dir, 20)
     shards = first.record.shards
@@ -150,12 +193,10 @@ def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
 
 
-def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(
-    project: Project, key: SigningKey
-) -> None:
+def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(to_20: Project) -> None:
+    project = to_20
     reference = serial(30)
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "20", "--every", "5")
     bad = shard_path(step_directory(run_dir, 20), 1, 3)
     data = bytearray(bad.read_bytes())
     data[-100] ^= 0xFF  # one byte of rank 1's data, flipped (a new file: DVC's cache intact)
@@ -176,11 +217,9 @@ def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(
     )
 
 
-def test_a_missing_shard_falls_back_and_kaudit_verify_names_its_rank(
-    project: Project, key: SigningKey
-) -> None:
+def test_a_missing_shard_falls_back_and_kaudit_verify_names_its_rank(to_10: Project) -> None:
+    project = to_10
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "10", "--every", "5")
     result = run_cli("verify", str(run_dir), cwd=project.root)
     assert result.exit_code == 0, result.output
     shard_path(step_directory(run_dir, 10), 2, 3).unlink()
@@ -531,10 +570,10 @@ def test_blocks_that_are_not_an_array_split_abort_the_step_naming_the_array(
 
 
 def test_a_corrupt_step_redone_on_another_rank_count_leaves_only_its_own_shards(
-    project: Project, key: SigningKey
+    to_10: Project,
 ) -> None:
+    project = to_10
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "10", "--every", "5")
     bad = shard_path(step_directory(run_dir, 10), 1, 3)
     data = bytearray(bad.read_bytes())
     data[-100] ^= 0xFF

@@ -116,8 +116,11 @@ def _distributions() -> dict[str, str]:
         # The text ``dist.metadata`` parses, read as it does, but its headers alone, once:
         # ``dist.metadata["Name"]`` and ``dist.version`` each parsed the whole file, long
         # description included (some 0.1 s of CPU over a few hundred distributions, in
-        # every process that signs). The same headers, so the same name and version.
+        # every process that signs). The headers end at the first empty line, where the
+        # parser stops reading them: the same headers, so the same name and version.
         text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("")
+        if text and (end := text.find("\n\n")) >= 0:
+            text = text[: end + 1]
         headers = email.parser.Parser().parsestr(text, headersonly=True)  # type: ignore[arg-type]
         name = headers["Name"]
         if name:

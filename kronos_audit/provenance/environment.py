@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
+import importlib
 import os
 import platform
 import sys
@@ -107,6 +107,9 @@ def _numpy_blas() -> dict[str, Any]:
 
 
 def _distributions() -> dict[str, str]:
+    # Imported here (some 25 ms): only a process that records an environment lock pays.
+    import importlib.metadata
+
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         # Parsed once: ``dist.version`` would parse the whole METADATA file again.
@@ -164,6 +167,8 @@ def _jax_record(jax: Any) -> dict[str, Any]:
     devices: dict[str, int] = {}
     for device in jax.devices():
         devices[str(device.platform)] = devices.get(str(device.platform), 0) + 1
+    import importlib.metadata
+
     try:
         jaxlib = importlib.metadata.version("jaxlib")
     except importlib.metadata.PackageNotFoundError:

@@ -30,8 +30,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import lock_descriptor, unlock_descriptor
-
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import RunDirectory
@@ -107,6 +105,10 @@ class WriterLock:
             raise UsageError(
                 f"cannot open the run's writer lock: {e.strerror or e}", path=path
             ) from None
+        # Imported here (some 20 ms): only the process that takes the lock needs filelock,
+        # not every rank of a run.
+        from filelock import lock_descriptor
+
         try:
             # filelock's flock of a descriptor of ours (never its soft fallback, a marker
             # file that one killed process would leave to block every later writer).
@@ -145,6 +147,8 @@ class WriterLock:
             }
             write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
         except OSError as e:
+            from filelock import unlock_descriptor
+
             unlock_descriptor(fd)
             os.close(fd)
             raise UsageError(
@@ -158,6 +162,8 @@ class WriterLock:
         lock file would let a writer waiting on the old one and a new one both in)."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            from filelock import unlock_descriptor
+
             try:
                 unlock_descriptor(fd)
             finally:

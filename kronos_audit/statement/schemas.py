@@ -12,12 +12,16 @@ import functools
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import jsonschema
-from referencing import Registry, Resource
+from typing import TYPE_CHECKING, Any
 
 from kronos_audit.errors import ManifestError
+
+# jsonschema and referencing (some 90 ms of CPU to import) are imported by the first
+# validation: a process that reads or writes no statement (an MPI rank other than 0 of a
+# fresh run, `kaudit --help`) does not pay for them.
+if TYPE_CHECKING:
+    import jsonschema
+    from referencing import Registry
 
 MANIFEST_SCHEMA = "manifest-v1.schema.json"
 """A manifest's statement: the schema :func:`schema` and :func:`validate` take by default."""
@@ -34,6 +38,8 @@ def schema(name: str = MANIFEST_SCHEMA) -> dict[str, Any]:
 def _registry() -> Registry[Any]:
     """Every schema the project ships, by its $id: references between them (a replay result
     refers to the comparison schema) resolve locally, and nothing is ever fetched."""
+    from referencing import Registry, Resource
+
     registry: Registry[Any] = Registry()
     for entry in resources.files("kronos_audit").joinpath("schemas").iterdir():
         if entry.name.endswith(".schema.json"):
@@ -47,6 +53,8 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     # The shipped schemas are checked against their meta-schema by the tests
     # (tests/statement/test_schemas.py), not here: that check is of the package, not of the
     # document, and cost every process that reads a manifest some 30 ms.
+    import jsonschema
+
     s = schema(name)
     cls = jsonschema.validators.validator_for(s)
     validator: jsonschema.protocols.Validator = cls(
@@ -119,6 +127,8 @@ def validate(
             _VALID_ENVIRONMENTS.clear()
         _VALID_ENVIRONMENTS[environment] = None
     if errors:
+        import jsonschema
+
         best = jsonschema.exceptions.best_match(errors)
         where = "/".join(str(p) for p in best.absolute_path) or "(top level)"
         # jsonschema quotes the offending value whole, which may be megabytes: one line.

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from tests.helpers import run_cli
+from tests.helpers import recorded_once, run_cli
 from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec, mpirun
-from tests.replay.helpers import commit_all
+from tests.replay.helpers import commit_all, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain
 from tests.runtime.test_writer_lock import trusted
 
@@ -97,16 +98,33 @@ def outputs(cwd: Path, size: int) -> list[dict[str, Any]]:
     return docs
 
 
-def serial(project: Project, run_id: str, n: int) -> dict[str, Any]:
-    """The tally of the program run as one process, no launcher: the reference."""
-    subprocess.run(
-        [sys.executable, program(project), run_id, str(n)],
-        cwd=project.root,
-        check=True,
-        timeout=HANG_GUARD,
-    )
-    (doc,) = outputs(project.root, 1)
-    return {"x": doc["x"], "digest": doc["digest"]}
+@pytest.fixture
+def serial(
+    repo_templates: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[int], dict[str, Any]]:
+    """The tally of the program run on ``n`` batches as one process, no launcher: the
+    reference. The same in every project (the batches' generators are the seed's and the
+    batch's alone), so each ``n`` is run once for the session, in a project of its own."""
+
+    def reference(n: int) -> dict[str, Any]:
+        def record(into: Path) -> None:
+            with pytest.MonkeyPatch.context() as mp:
+                project, _home = shared_project(mp, repo_templates, tmp_path_factory)
+                subprocess.run(
+                    [sys.executable, program(project), "serial", str(n)],
+                    cwd=project.root,
+                    check=True,
+                    timeout=HANG_GUARD,
+                )
+                (doc,) = outputs(project.root, 1)
+            tally = {"x": doc["x"], "digest": doc["digest"]}
+            (into / "tally.json").write_text(json.dumps(tally), encoding="utf-8")
+
+        copy = recorded_once(f"batches-serial-{n}", tmp_path_factory, record)
+        tally: dict[str, Any] = json.loads((copy / "tally.json").read_text(encoding="utf-8"))
+        return tally
+
+    return reference
 
 
 def mc(project: Project, ranks: int, *args: str) -> list[dict[str, Any]]:
@@ -129,9 +147,9 @@ def ledger_of(run_dir: Path, step: int, rank: int, count: int) -> list[int]:
 
 
 def test_ten_batches_on_three_ranks_run_once_each_and_tally_as_one_process(
-    project: Project, key: SigningKey
+    project: Project, key: SigningKey, serial: Callable[[int], dict[str, Any]]
 ) -> None:
-    reference = serial(project, "serial", 10)
+    reference = serial(10)
     docs = mc(project, 3, "spread", "10")
     # Dealt round-robin, 4 + 3 + 3: each batch ran once, on one rank.
     assert [d["ran"] for d in docs] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
@@ -148,9 +166,12 @@ def test_ten_batches_on_three_ranks_run_once_each_and_tally_as_one_process(
 
 
 def test_a_rank_sigkilled_mid_run_costs_only_its_uncommitted_batches_on_two_ranks(
-    project: Project, key: SigningKey, tmp_path: Path
+    project: Project,
+    key: SigningKey,
+    tmp_path: Path,
+    serial: Callable[[int], dict[str, Any]],
 ) -> None:
-    reference = serial(project, "serial", 12)
+    reference = serial(12)
     run_dir = project.root / "checkpoints" / "killed"
     env = launcher_env()
     env["MC_KILL"] = "1:2"  # rank 1, before its third batch: rounds 1 and 2 are committed
@@ -180,9 +201,9 @@ def test_a_rank_sigkilled_mid_run_costs_only_its_uncommitted_batches_on_two_rank
 
 
 def test_a_shuffled_order_and_a_rank_left_without_batches_tally_as_one_process(
-    project: Project, key: SigningKey
+    project: Project, key: SigningKey, serial: Callable[[int], dict[str, Any]]
 ) -> None:
-    reference = serial(project, "serial", 10)
+    reference = serial(10)
     docs = mc(project, 3, "shuffled", "10", "5")
     assert sorted(i for d in docs for i in d["ran"]) == list(range(10))
     assert [sorted(d["ran"]) for d in docs] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
@@ -194,7 +215,7 @@ def test_a_shuffled_order_and_a_rank_left_without_batches_tally_as_one_process(
     assert [d["restored"] for d in more] == [list(range(10))] * 4
     assert [d["ran"] for d in more] == [[10], [11], [], []]
     assert [d["ledger"] for d in more] == [list(range(12))] * 4
-    assert tallies(more) == [serial(project, "serial12", 12)] * 4
+    assert tallies(more) == [serial(12)] * 4
     assert signed_steps(project.root / "checkpoints" / "shuffled")[-1] == 12
 
 

@@ -21,6 +21,7 @@ import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.checkpoint.shards import parse_index
 from kronos_audit.errors import ReplayError, Stage
+from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
@@ -135,10 +136,31 @@ def step_manifest(run_dir: Path, step: int) -> Path:
 
 
 @pytest.fixture
-def heat(repo: Path) -> Path:
-    """examples/heat_mpi on 3 ranks, 6 steps of a 25-row grid, a step every 2."""
-    launch(repo, 3, "heat_mpi/run.py", "--n", "25", "--steps", "6", "--every", "2")
-    return repo / "checkpoints" / "heat-mpi"
+def heat(
+    repo_templates: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Path:
+    """examples/heat_mpi on 3 ranks, 6 steps of a 25-row grid, a step every 2: its run
+    directory, in a copy of the project of the test's own (tests change its files), with
+    KAUDIT_HOME the home of the key that signed it (``select_key("tester")`` there). The
+    run is launched once for the session: every test here reads or replays it, none needs
+    a launch of its own."""
+
+    def record(into: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            project, home = shared_project(mp, repo_templates, tmp_path_factory)
+            root = project.root
+            (root / "heat_mpi").mkdir()
+            shutil.copy(EXAMPLES / "heat_mpi" / "run.py", root / "heat_mpi" / "run.py")
+            commit_all(root, "programs")
+            launch(root, 3, "heat_mpi/run.py", "--n", "25", "--steps", "6", "--every", "2")
+        shutil.move(root, into / "repo")
+        shutil.move(home, into / "home")
+
+    copy = recorded_once("replay-heat-mpi", tmp_path_factory, record)
+    monkeypatch.setenv("KAUDIT_HOME", str(copy / "home"))
+    return copy / "repo" / "checkpoints" / "heat-mpi"
 
 
 def replay_json(manifest: Path, *args: str) -> tuple[int, dict[str, Any]]:
@@ -268,9 +290,10 @@ def test_ranks_is_refused_for_a_checkpoint_in_one_file(project: Project, key: Si
 
 
 def test_a_launch_it_cannot_make_and_a_bad_tolerance_are_refused_before_anything_runs(
-    heat: Path, key: SigningKey, tmp_path: Path
+    heat: Path, tmp_path: Path
 ) -> None:
     target = step_manifest(heat, 4)
+    key = select_key("tester")  # the key that signed the run, trusted by its project
     bad_input(run_cli("replay", str(target), "--tol", "fields/u:rtol=x"), "rtol")
 
     def unknown(predicate: dict[str, Any]) -> None:

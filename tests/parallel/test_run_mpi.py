@@ -9,11 +9,14 @@ an uninterrupted 3-rank run" is checked as equal to the serial run's digest.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -22,17 +25,20 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
-from tests.helpers import KAUDIT, run_cli
+from kronos_audit.runtime.ranks import rank_seed
+from tests.helpers import KAUDIT, recorded_once, run_cli
 from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec, mpirun
+from tests.replay.helpers import shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain, wait_for
 
 pytestmark = pytest.mark.slow
 
 HEAT_MPI = str(EXAMPLES / "heat_mpi/run.py")
 GRID = ["--n", "25"]  # 25 rows: 9 + 8 + 8 on three ranks, 13 + 12 on two
+SEED = 1234  # the default --seed of examples/heat and examples/heat_mpi
 
 
 def heat_mpi(
@@ -44,25 +50,35 @@ def heat_mpi(
     return done
 
 
+def _heat_module() -> ModuleType:
+    """examples/heat/run.py as a module: its ``init`` and ``advance``, not its ``main``."""
+    spec = importlib.util.spec_from_file_location("examples_heat_run", EXAMPLES / "heat/run.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 _SERIAL: dict[int, dict[str, Any]] = {}
-"""The serial runs' results by step count: the same in every project, so run once each."""
+"""The serial runs' results by step count: the same in every project, so computed once each."""
 
 
-def serial(project: Project, steps: int) -> dict[str, Any]:
+def serial(steps: int) -> dict[str, Any]:
     """The final step and state digest of the serial heat example after ``steps`` steps:
-    the reference a run on any number of ranks must end bitwise equal to."""
+    the reference a run on any number of ranks must end bitwise equal to.
+
+    Computed in-process with examples/heat's own ``init`` and ``advance`` from the
+    generator its ``ka.Run`` hands it (``rank_seed(seed, 0)`` is the seed itself), the
+    same elementwise arithmetic as its ``main``: that the program itself prints this
+    digest, and heat_mpi's with it, is tests/parallel/test_heat_mpi.py's claim, run there
+    as a subprocess. Here it only spares a process and a checkpoint per reference."""
     if steps not in _SERIAL:
-        _SERIAL[steps] = run_plain(
-            project,
-            "heat/run.py",
-            *GRID,
-            "--steps",
-            str(steps),
-            "--every",
-            "1000",
-            "--run-id",
-            "serial",
-        )
+        heat = _heat_module()
+        state = heat.init(int(GRID[1]), np.random.default_rng(rank_seed(SEED, 0)))
+        for _ in range(steps):
+            state = heat.advance(state, alpha=0.2)
+        _SERIAL[steps] = {"step": int(state["iterations"]), "digest": ka.state_digest(state)}
     return _SERIAL[steps]
 
 
@@ -74,12 +90,53 @@ def steps_signed(run_dir: Path) -> list[int]:
     return sorted(int(p.parent.name[5:]) for p in run_dir.glob("step-*/index.jsonl.kaudit.json"))
 
 
-def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
-    project: Project, key: SigningKey
-) -> None:
-    reference = serial(project, 30)
+def three_ranks_to(
+    steps: int,
+    templates: tuple[Path, Path],
+    factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """A project of the test's own in which examples/heat_mpi ran on 3 ranks to ``steps``,
+    a step every 5, and KAUDIT_HOME the home of the key that signed it (trusted by the
+    project). The launch is made once for the session (recorded_once): the tests that
+    start from it change their copy, never the recording."""
+
+    def record(into: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            project, home = shared_project(mp, templates, factory)
+            heat_mpi(project, 3, "--steps", str(steps), "--every", "5")
+        shutil.move(project.root, into / "repo")
+        shutil.move(home, into / "home")
+
+    copy = recorded_once(f"heat-mpi-3-ranks-to-{steps}", factory, record)
+    monkeypatch.setenv("KAUDIT_HOME", str(copy / "home"))
+    return find_project(copy / "repo")
+
+
+@pytest.fixture
+def to_20(
+    repo_templates: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """examples/heat_mpi run on 3 ranks to step 20 (steps 5, 10, 15, 20 signed)."""
+    return three_ranks_to(20, repo_templates, tmp_path_factory, monkeypatch)
+
+
+@pytest.fixture
+def to_10(
+    repo_templates: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Project:
+    """examples/heat_mpi run on 3 ranks to step 10 (steps 5 and 10 signed)."""
+    return three_ranks_to(10, repo_templates, tmp_path_factory, monkeypatch)
+
+
+def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(to_20: Project) -> None:
+    project = to_20
+    reference = serial(30)
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "20", "--every", "5")
     assert steps_signed(run_dir) == [5, 10, 15, 20]
     first = step_manifest(run_dir, 20)
     shards = first.record.shards
@@ -126,24 +183,20 @@ def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(
         .endswith("step-00000020/index.jsonl.kaudit.json")
     )
     # And from the 2-rank step 30 on four ranks (7 + 6 + 6 + 6 rows), on to 40.
-    assert last_json(heat_mpi(project, 4, "--steps", "40", "--every", "5").stdout) == serial(
-        project, 40
-    )
+    assert last_json(heat_mpi(project, 4, "--steps", "40", "--every", "5").stdout) == serial(40)
     # And on one rank (no launcher): it carries on the sharded run, one shard a step.
     out = run_plain(project, "heat_mpi/run.py", *GRID, "--steps", "45", "--every", "5")
-    assert out == serial(project, 45)
+    assert out == serial(45)
     assert step_manifest(run_dir, 45).predicate["shards"]["count"] == 1
     results = ka.verify(run_dir)
     assert len(results) == 9
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
 
 
-def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(
-    project: Project, key: SigningKey
-) -> None:
-    reference = serial(project, 30)
+def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(to_20: Project) -> None:
+    project = to_20
+    reference = serial(30)
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "20", "--every", "5")
     bad = shard_path(step_directory(run_dir, 20), 1, 3)
     data = bytearray(bad.read_bytes())
     data[-100] ^= 0xFF  # one byte of rank 1's data, flipped (a new file: DVC's cache intact)
@@ -164,11 +217,9 @@ def test_a_corrupt_shard_on_one_rank_makes_every_rank_fall_back(
     )
 
 
-def test_a_missing_shard_falls_back_and_kaudit_verify_names_its_rank(
-    project: Project, key: SigningKey
-) -> None:
+def test_a_missing_shard_falls_back_and_kaudit_verify_names_its_rank(to_10: Project) -> None:
+    project = to_10
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "10", "--every", "5")
     result = run_cli("verify", str(run_dir), cwd=project.root)
     assert result.exit_code == 0, result.output
     shard_path(step_directory(run_dir, 10), 2, 3).unlink()
@@ -180,7 +231,7 @@ def test_a_missing_shard_falls_back_and_kaudit_verify_names_its_rank(
     assert "rank 2 of 3: missing" in result.output
     done = heat_mpi(project, 3, "--steps", "12", "--every", "5")
     assert "skipped (rank 2)" in done.stderr
-    assert last_json(done.stdout) == serial(project, 12)
+    assert last_json(done.stdout) == serial(12)
     # Step 10 was done again (from step 5) and is whole: the shard is back, verify passes.
     assert shard_path(step_directory(run_dir, 10), 2, 3).is_file()
     assert run_cli("verify", "--no-fetch", str(run_dir), cwd=project.root).exit_code == 0
@@ -245,7 +296,7 @@ def test_sigusr1_on_one_rank_checkpoints_every_rank_at_one_step_and_exits_75(
     assert all(r.ok for r in results), [r.failures for r in results if not r.ok]
     # It resumes there, bitwise.
     done = heat_mpi(project, 3, "--steps", str(saved + 3), "--every", "1000000")
-    assert last_json(done.stdout) == serial(project, saved + 3)
+    assert last_json(done.stdout) == serial(saved + 3)
 
 
 def test_one_rank_sigkilled_under_kaudit_run_completes_bitwise(
@@ -253,7 +304,7 @@ def test_one_rank_sigkilled_under_kaudit_run_completes_bitwise(
 ) -> None:
     wrapper, env = _wrapper(project)
     steps = 200  # the kill lands after step 20: some 18 checkpoints before the run would end
-    reference = serial(project, steps)
+    reference = serial(steps)
     run_dir = project.root / "checkpoints" / "heat-mpi"
     supervisor = subprocess.Popen(
         [
@@ -519,10 +570,10 @@ def test_blocks_that_are_not_an_array_split_abort_the_step_naming_the_array(
 
 
 def test_a_corrupt_step_redone_on_another_rank_count_leaves_only_its_own_shards(
-    project: Project, key: SigningKey
+    to_10: Project,
 ) -> None:
+    project = to_10
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    heat_mpi(project, 3, "--steps", "10", "--every", "5")
     bad = shard_path(step_directory(run_dir, 10), 1, 3)
     data = bytearray(bad.read_bytes())
     data[-100] ^= 0xFF
@@ -531,7 +582,7 @@ def test_a_corrupt_step_redone_on_another_rank_count_leaves_only_its_own_shards(
     os.replace(flipped, bad)
     done = heat_mpi(project, 2, "--steps", "10", "--every", "5")
     assert "step-00000010: skipped" in done.stderr  # back to step 5, step 10 redone on 2
-    assert last_json(done.stdout) == serial(project, 10)
+    assert last_json(done.stdout) == serial(10)
     names = sorted(p.name for p in step_directory(run_dir, 10).glob("rank-*"))
     assert names == [
         "rank-000000-of-000002.h5",
@@ -566,7 +617,7 @@ with open(f"out.{run.rank}.json", "w") as f:
 def test_generators_come_back_per_rank_and_a_joining_rank_gets_a_fresh_stream(
     project: Project, key: SigningKey
 ) -> None:
-    from kronos_audit.runtime.ranks import joining_seed, rank_seed
+    from kronos_audit.runtime.ranks import joining_seed
 
     program = project.root / "grow.py"
     program.write_text(textwrap.dedent(GROW))

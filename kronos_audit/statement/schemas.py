@@ -90,6 +90,8 @@ def _validator_for_a_valid_environment() -> jsonschema.protocols.Validator:
     """The manifest schema with the environment lock's subschema ``true``: for a statement
     whose lock is one that validated before. Nothing in the schema relates the lock to
     another field, so this validator finds exactly the errors the full one would."""
+    import jsonschema
+
     s = copy.deepcopy(schema(MANIFEST_SCHEMA))
     s["$id"] = s["$id"].removesuffix(".schema.json") + "-known-environment.schema.json"
     s["$defs"]["predicate"]["properties"]["environment"] = True

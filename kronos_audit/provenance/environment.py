@@ -109,9 +109,12 @@ def _numpy_blas() -> dict[str, Any]:
 def _distributions() -> dict[str, str]:
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
+        # Each access to ``dist.metadata`` (``dist.version`` too) parses the METADATA file
+        # again, some of them long: parsed once here, for both fields.
+        metadata = dist.metadata
+        name = metadata["Name"]
         if name:
-            found[name.lower().replace("_", "-")] = dist.version
+            found[name.lower().replace("_", "-")] = metadata["Version"]
     return dict(sorted(found.items()))
 
 

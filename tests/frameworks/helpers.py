@@ -8,7 +8,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from kronos_audit.keys.home import generate_key
 from kronos_audit.storage.setup import init_project
 from tests.helpers import KAUDIT, git, recorded_once
-from tests.runtime.test_faults import HANG_GUARD, last_json, newest_step, wait_for
+from tests.runtime.test_faults import HANG_GUARD, last_json, newest_step
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -128,10 +129,23 @@ def finish(supervisor: subprocess.Popen[str]) -> tuple[str, str]:
         supervisor.kill()
 
 
+def wait_gently(predicate: Callable[[], bool], what: str, every: float = 0.02) -> None:
+    """Until ``predicate()`` holds, asking every ``every`` seconds: for waits of seconds
+    (a program importing torch, then training) where the moment it holds need not be met
+    within a millisecond; a tighter loop takes the CPU the programs need. The deadline is
+    a hang guard only."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(every)
+
+
 def preempt_after_a_checkpoint(supervisor: subprocess.Popen[str], run_dir: Path) -> int:
     """Once the run has written a checkpoint, send `kaudit run` SIGTERM, as a scheduler
     preempting the job does (it forwards it to the program); the step it had reached."""
-    wait_for(lambda: newest_step(run_dir) > 0 or supervisor.poll() is not None, "a checkpoint")
+    # Any moment after the first checkpoint will do: the run has many steps left.
+    wait_gently(lambda: newest_step(run_dir) > 0 or supervisor.poll() is not None, "a checkpoint")
     assert supervisor.poll() is None, "the run ended before it could be preempted"
     supervisor.send_signal(signal.SIGTERM)
     return newest_step(run_dir)

@@ -194,13 +194,16 @@ def replay_repository(
     *,
     heat: bool = False,
     attested: bool = False,
+    then: tuple[str, Callable[[Path], object]] | None = None,
 ) -> Path:
     """tests/replay/conftest.py's ``repo`` (the examples and the test programs committed in
     a kaudit project) as :func:`recorded_project` makes one, at ``into``: with ``heat``,
     that module's ``heat`` run recorded in it too (30 steps, a checkpoint every 10, at
     heat/checkpoints/heat); with ``attested``, step 20 of that run also replayed with
-    ``--attest`` (tests/report/conftest.py's ``attested``). Each is recorded once for the
-    whole session, whichever module asks: the replay, gate and report tests share them."""
+    ``--attest`` (tests/report/conftest.py's ``attested``); with ``then`` (a name and a
+    function), the function run on the repository's root after those, in the same
+    environment. Each is recorded once for the whole session, whichever module asks: the
+    replay, gate and report tests share them."""
     import tempfile
 
     from tests.replay import conftest as replay
@@ -234,6 +237,10 @@ def replay_repository(
                 result = run_cli("replay", str(manifest(run_dir, 20)), "--attest")
                 assert result.exit_code == 0, result.output
                 assert (run_dir / "step-00000020.h5.replay.json").is_file()
+            if then is not None:
+                then[1](root)
 
     name = "replay-programs" + ("-heat" if heat or attested else "") + ("-attested" * attested)
+    if then is not None:
+        name += f"-{then[0]}"
     return recorded_project(name, factory, templates, record, into, mp)

@@ -43,13 +43,36 @@ def repo(
     """conftest's ``repo``, this test's own copy of one recorded for the session: with the
     ``heat`` run recorded in it when the test asks for that run (a real run, as the
     conftest's fixture makes, but run once, not once a test)."""
+    then = None
+    if "solver_run" in request.fixturenames:
+        name, form = request.node.callspec.params["name"], solver_form(request)
+
+        def solver(root: Path) -> None:
+            record_solver(root, name, form)
+
+        then = (f"solver-{HOSTILE.index(name)}-{form}", solver)
     return replay_repository(
         tmp_path_factory,
         repo_templates,
         tmp_path / "repo",
         monkeypatch,
         heat="heat" in request.fixturenames,
+        then=then,
     )
+
+
+def solver_form(request: pytest.FixtureRequest) -> str:
+    form: str = request.node.callspec.params.get("form", "whole")
+    return form
+
+
+@pytest.fixture
+def solver_run(request: pytest.FixtureRequest, repo: Path) -> Path:
+    """:func:`record_solver`'s run under the test's hostile ``name``, its command in the
+    test's ``form`` (whole arguments unless it names one): the run directory, in this
+    test's own copy of a repository where it was recorded once for the session."""
+    name: str = request.node.callspec.params["name"]
+    return repo / "programs" / name
 
 
 @pytest.fixture
@@ -164,9 +187,14 @@ def sha256(path: Path) -> str:
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_a_placeholder_spliced_into_a_shell_string_is_refused_and_nothing_runs(
-    repo: Path, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+    repo: Path,
+    solver_run: Path,
+    key: SigningKey,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
 ) -> None:
-    run_dir = record_solver(repo, name)
+    run_dir = solver_run
     witness = tmp_path / "witness"  # where the shell would run an injected `touch pwned`
     witness.mkdir()
     spliced = f"cd {shlex.quote(str(witness))}; python solve.py --resume {{resume_from}}"
@@ -189,9 +217,9 @@ def test_a_placeholder_spliced_into_a_shell_string_is_refused_and_nothing_runs(
 @pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("name", HOSTILE)
 def test_whole_arguments_and_option_values_replay_bitwise_under_a_hostile_name(
-    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, form: str
+    solver_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, form: str
 ) -> None:
-    run_dir = record_solver(repo, name, form)
+    run_dir = solver_run
     hostile_workdir(tmp_path, name, monkeypatch)
     for step in (5, 10):
         doc = replay_doc(manifest(run_dir, step))

@@ -11,52 +11,20 @@ from pathlib import Path
 import pytest
 
 from kronos_audit.gate import Segment, sample
-from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project, find_project
+from kronos_audit.project.repository import Project
 from tests.gate.helpers import gate_json, junit_cases, problems, set_gate
-from tests.helpers import assert_bad_input, git, replay_repository, run_cli
+from tests.helpers import assert_bad_input, git, run_cli
+from tests.replay import recorded
 from tests.replay.helpers import commit_all, manifest, record, resign
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture
-def repo(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    repo_templates: tuple[Path, Path],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Path:
-    """conftest's ``repo``, this test's own copy of one recorded for the session: with the
-    ``heat`` run recorded in it when the test asks for that run (a real run, as the
-    conftest's fixture makes, but run once, not once a test)."""
-    return replay_repository(
-        tmp_path_factory,
-        repo_templates,
-        tmp_path / "repo",
-        monkeypatch,
-        heat="heat" in request.fixturenames,
-    )
-
-
-@pytest.fixture
-def heat(repo: Path) -> Path:
-    """The heat example run for 30 steps, a checkpoint every 10; returns the run directory."""
-    return repo / "heat" / "checkpoints" / "heat"
-
-
-@pytest.fixture
-def project(repo: Path) -> Project:
-    """The kaudit project ``repo`` is."""
-    return find_project(repo)
-
-
-@pytest.fixture
-def key(repo: Path) -> SigningKey:
-    """The user's key that signed the recorded runs, trusted by ``repo``."""
-    return select_key("tester")
+# The fixtures over the repository recorded once for the session (tests/replay/recorded.py).
+heat = recorded.heat
+key = recorded.key
+project = recorded.project
+repo = recorded.repo
 
 
 HEAT = "heat/checkpoints/heat"

@@ -15,49 +15,22 @@ import h5py
 import numpy as np
 import pytest
 
-from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.statement.schemas import validate
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import git, replay_repository, run_cli
+from tests.helpers import git, run_cli
+from tests.replay import recorded
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture
-def repo(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    repo_templates: tuple[Path, Path],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Path:
-    """conftest's ``repo``, this test's own copy of one recorded for the session: with the
-    ``heat`` run recorded in it when the test asks for that run (a real run, as the
-    conftest's fixture makes, but run once, not once a test)."""
-    return replay_repository(
-        tmp_path_factory,
-        repo_templates,
-        tmp_path / "repo",
-        monkeypatch,
-        heat="heat" in request.fixturenames,
-    )
-
-
-@pytest.fixture
-def heat(repo: Path) -> Path:
-    """The heat example run for 30 steps, a checkpoint every 10; returns the run directory."""
-    return repo / "heat" / "checkpoints" / "heat"
-
-
-@pytest.fixture
-def key(repo: Path) -> SigningKey:
-    """The user's key that signed the recorded runs, trusted by ``repo``."""
-    return select_key("tester")
+# The fixtures over the repository recorded once for the session (tests/replay/recorded.py).
+heat = recorded.heat
+key = recorded.key
+repo = recorded.repo
 
 
 def replay_json(*args: str, exit_code: int = 0, cwd: Path | None = None) -> dict[str, Any]:

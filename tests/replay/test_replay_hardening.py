@@ -19,17 +19,22 @@ from typing import Any
 import pytest
 
 from kronos_audit.checkpoint.layout import manifest_path_for
-from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project, find_project
+from kronos_audit.project.repository import Project
 from kronos_audit.replay import ReplayError
 from kronos_audit.replay.handover import hand_over
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import configure_remote
 from tests.helpers import git, replay_repository, run_cli
+from tests.replay import recorded
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
 pytestmark = pytest.mark.slow
+
+# The fixtures over the repository recorded once for the session (tests/replay/recorded.py).
+heat = recorded.heat
+key = recorded.key
+project = recorded.project
 
 
 @pytest.fixture
@@ -73,24 +78,6 @@ def solver_run(request: pytest.FixtureRequest, repo: Path) -> Path:
     test's own copy of a repository where it was recorded once for the session."""
     name: str = request.node.callspec.params["name"]
     return repo / "programs" / name
-
-
-@pytest.fixture
-def heat(repo: Path) -> Path:
-    """The heat example run for 30 steps, a checkpoint every 10; returns the run directory."""
-    return repo / "heat" / "checkpoints" / "heat"
-
-
-@pytest.fixture
-def project(repo: Path) -> Project:
-    """The kaudit project ``repo`` is."""
-    return find_project(repo)
-
-
-@pytest.fixture
-def key(repo: Path) -> SigningKey:
-    """The user's key that signed the recorded runs, trusted by ``repo``."""
-    return select_key("tester")
 
 
 HOSTILE = ["ckpt;touch pwned;", "ckpt $(touch pwned) x"]

@@ -11,12 +11,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project, find_project
+from kronos_audit.project.repository import Project
 from kronos_audit.report import Verdict, build_report, render_html, render_markdown, report_json
-from tests.helpers import replay_repository, run_cli
+from tests.helpers import run_cli
+from tests.replay import recorded
 from tests.replay.helpers import manifest, resign
+
+# The fixtures over the repository recorded once for the session (tests/replay/recorded.py).
+heat = recorded.heat
+key = recorded.key
+project = recorded.project
+repo = recorded.repo
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "schemas" / "report-v1.schema.json").read_text()
@@ -24,50 +30,10 @@ SCHEMA = json.loads(
 
 
 @pytest.fixture
-def repo(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    repo_templates: tuple[Path, Path],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Path:
-    """The replay tests' ``repo``, this test's own copy of one recorded for the session:
-    with the ``heat`` run recorded in it when the test asks for that run, and its step 20
-    replayed with ``--attest`` when it asks for ``attested`` (real runs and a real replay,
-    as the conftest fixtures make them, but once, not once a test)."""
-    return replay_repository(
-        tmp_path_factory,
-        repo_templates,
-        tmp_path / "repo",
-        monkeypatch,
-        heat="heat" in request.fixturenames,
-        attested="attested" in request.fixturenames,
-    )
-
-
-@pytest.fixture
-def heat(repo: Path) -> Path:
-    """The heat example run for 30 steps, a checkpoint every 10; returns the run directory."""
-    return repo / "heat" / "checkpoints" / "heat"
-
-
-@pytest.fixture
 def attested(heat: Path) -> Path:
     """The heat run (steps 10, 20, 30) with step 20 replayed and attested; its directory."""
     assert (heat / "step-00000020.h5.replay.json").is_file()
     return heat
-
-
-@pytest.fixture
-def project(repo: Path) -> Project:
-    """The kaudit project ``repo`` is."""
-    return find_project(repo)
-
-
-@pytest.fixture
-def key(repo: Path) -> SigningKey:
-    """The user's key that signed the recorded runs, trusted by ``repo``."""
-    return select_key("tester")
 
 
 def test_three_formats_of_a_run_with_a_replay_attestation(attested: Path, tmp_path: Path) -> None:

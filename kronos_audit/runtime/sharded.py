@@ -37,7 +37,6 @@ records the git state, and sends the key's public half to the others, which veri
 from __future__ import annotations
 
 import hashlib
-import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -65,13 +64,10 @@ from kronos_audit.checkpoint.shards import (
 from kronos_audit.checkpoint.verified import open_verified
 from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
-from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan, read_block
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit, held_alike
@@ -89,6 +85,7 @@ from kronos_audit.runtime.sharded_steps import (
     step_manifest_problem,
     warn_unlike,
 )
+from kronos_audit.runtime.signer import load_signer, run_verifier
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
@@ -176,22 +173,14 @@ class ShardedPublisher(RunPublisher):
             if self.node_local:  # every rank tracks and pushes its own shard
                 self._cache = cache_settings(self._project)
             if self.rank == 0:
-                self._key = (
-                    self._key_arg
-                    if isinstance(self._key_arg, SigningKey)
-                    else select_key(self._key_arg)
+                signer = load_signer(
+                    self._project,
+                    self._key_arg,
+                    run_id=self.run_id,
+                    allow_secret_files=self.allow_secret_files,
                 )
-                self._git = git_state(
-                    self._project.root, allow_secret_files=self.allow_secret_files
-                )
-                note = patch_note(self._git)
-                if note is not None:
-                    logging.getLogger("kronos_audit.runtime").warning(
-                        "run %r: %s", self.run_id, note
-                    )
+                self._key, self._git, self._cache = signer.key, signer.git, signer.cache
                 public = self._key.private_key.public_key().public_bytes_raw()
-                # DVC's cache settings, once: tracking each step must not read them again.
-                self._cache = cache_settings(self._project)
                 try:
                     self._lock = WriterLock.acquire(self.directory)
                 except RunLocked as e:
@@ -248,11 +237,8 @@ class ShardedPublisher(RunPublisher):
         return self._project
 
     def verifier(self) -> Verifier:
-        project = self._opened()
         # As a single run's restore: an anchored signer, or this run's own key (rank 0's).
-        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
-        keyring.add(self._public, "run", Anchor.USER, "the key this run signs with")
-        return Verifier(project, keyring)
+        return run_verifier(self._opened(), self._public, "run")
 
     # -- listing and restore (collective, loop thread) -----------------------------------
 

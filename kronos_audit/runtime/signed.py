@@ -29,11 +29,8 @@ from kronos_audit.checkpoint.layout import (
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, Error, UsageError
-from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
-from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import FileCommit
@@ -55,6 +52,7 @@ from kronos_audit.runtime.resume_remote import (
     rollback_allowed,
 )
 from kronos_audit.runtime.retention import Retention, prune
+from kronos_audit.runtime.signer import load_signer, run_verifier
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
@@ -63,7 +61,7 @@ from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
-from kronos_audit.storage.tracking import cache_settings, track
+from kronos_audit.storage.tracking import track
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -124,19 +122,13 @@ class SignedPublisher(RunPublisher):
 
     def open(self) -> None:
         self._project = find_project(self.directory).require_initialized()
-        self._key = (
-            self._key_arg if isinstance(self._key_arg, SigningKey) else select_key(self._key_arg)
+        signer = load_signer(
+            self._project,
+            self._key_arg,
+            run_id=self.run_id,
+            allow_secret_files=self.allow_secret_files,
         )
-        # The code this process runs is what it loaded now, whatever the checkout
-        # becomes. Read before anything is written: a refused diff leaves nothing.
-        self._git = git_state(self._project.root, allow_secret_files=self.allow_secret_files)
-        # DVC's cache settings, read once from DVC's configuration (all its levels) and
-        # kept: tracking each checkpoint on the background path must not read them again,
-        # and a cache.dir refused (see cache_settings) stops the run before any step.
-        self._cache = cache_settings(self._project)
-        note = patch_note(self._git)
-        if note is not None:
-            log.warning("run %r: %s", self.run_id, note)
+        self._key, self._git, self._cache = signer.key, signer.git, signer.cache
         # One writer per run: held until close(), once the last commit is through. Taken
         # after the git state is recorded, so that the lock's git-ignore entry is not
         # part of it; before anything is written or removed.
@@ -157,17 +149,7 @@ class SignedPublisher(RunPublisher):
 
     def _verifier(self) -> Verifier:
         project, key = self._opened()
-        # Resuming certifies: the next checkpoint is signed with this run's key as the
-        # continuation of the one restored. So only an anchored signer counts, or this
-        # run's own key; a key only the work tree's trust store vouches for does not.
-        keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
-        keyring.add(
-            key.private_key.public_key(),
-            key.name,
-            Anchor.USER,
-            "the key this run signs with",
-        )
-        return Verifier(project, keyring)
+        return run_verifier(project, key.private_key.public_key(), key.name)
 
     def resume(self, *, stacklevel: int) -> Restored | None:
         """The newest checkpoint that verifies, signed by an anchored key or this run's

@@ -170,9 +170,7 @@ class ShardedPublisher(RunPublisher):
             if self.threaded:
                 require_threads(self.comm)
             self._project = find_project(self.directory).require_initialized()
-            if self.node_local:  # every rank tracks and pushes its own shard
-                self._cache = cache_settings(self._project)
-            if self.rank == 0:
+            if self.rank == 0:  # its signer holds DVC's cache settings too
                 signer = load_signer(
                     self._project,
                     self._key_arg,
@@ -189,6 +187,8 @@ class ShardedPublisher(RunPublisher):
                     self._newest = newest_manifest(self.directory)
                     for leftover in RunDirectory(self.directory).step_files(f"{TEMP_PREFIX}*"):
                         leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
+            elif self.node_local:  # every rank tracks and pushes its own shard
+                self._cache = cache_settings(self._project)
         except Exception as e:  # every rank must reach the collectives below, whatever happened
             problem = one_line_reason(e)
         # Rank 0's lock, told to every rank: each raises RunLocked (a SystemExit of status

@@ -17,18 +17,21 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 pip_install() {  # pip, without its notes about configured index locations that do not exist
     "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)
 }
+# uv where it can be had: the same versions from the same indexes as pip
+# (scripts/uv_install.py), in a third of the time (unpacked and byte-compiled in
+# parallel); else, or if uv fails, pip.
+uv_install() { "$VENV/bin/python" "$ROOT/scripts/uv_install.py" "$@"; }
+HAVE_UV=0
+"${PIP[@]}" uv 2>/dev/null && HAVE_UV=1
 # PyTorch's CPU build first: the package index's default torch is a CUDA build of several
 # GB. Take the CPU wheel pip's configured find-links hold (--no-index: nothing else), else
 # PyTorch's own CPU index; its dependencies come from the package index below.
 if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
-    "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
+    { [ "$HAVE_UV" -eq 1 ] && uv_install --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null; } \
+        || "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
         || pip_install --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
-# The rest through uv where it can be had: the same versions from the same indexes as pip
-# (scripts/uv_install.py), in a third of the time (unpacked and byte-compiled in
-# parallel); else, or if uv fails, through pip.
-if ! { "${PIP[@]}" uv 2>/dev/null \
-        && "$VENV/bin/python" "$ROOT/scripts/uv_install.py" -e "$ROOT[test,torch,jax,mpi]"; }; then
+if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -e "$ROOT[test,torch,jax,mpi]"; }; then
     pip_install -e "$ROOT[test,torch,jax,mpi]"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -62,41 +62,12 @@ SOCKET="$DIR/munge/munge.socket"
 # ---------------------------------------------------------------------------- install
 
 install() {
-    local missing=()
-    command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || missing+=(munge)
-    [ -x /usr/sbin/slurmctld ] || missing+=(slurmctld)
-    [ -x /usr/sbin/slurmd ] || missing+=(slurmd)
-    command -v sbatch >/dev/null 2>&1 || missing+=(slurm-client)
-    [ "${#missing[@]}" -eq 0 ] && return 0
-    command -v apt-get >/dev/null 2>&1 ||
-        die "missing ${missing[*]} and there is no apt-get: install Slurm and munge by hand"
-    local log policy=/usr/sbin/policy-rc.d made_policy=0
-    log="$(mktemp "${TMPDIR:-/tmp}/slurm-install.XXXXXX.log")"
-    # Debian's "start no service" switch while the packages install: their postinst would
-    # otherwise start a system munged and slurmd configured from /etc, which this cluster
-    # does not use. Removed again afterwards (only if this script put it there).
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\n# temporary, from kronos-audit scripts/slurm.sh\nexit 101\n' |
-            "${SUDO[@]}" tee "$policy" >/dev/null
-        "${SUDO[@]}" chmod 755 "$policy"
-        made_policy=1
-    fi
-    local status=0
-    {
-        DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq &&
-            DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-                --no-install-recommends "${missing[@]}"
-    } >"$log" 2>&1 || status=$?
-    [ "$made_policy" -eq 1 ] && "${SUDO[@]}" rm -f "$policy"
-    if [ "$status" -ne 0 ]; then
-        local why
-        why="$(grep -E '^(E|W):' "$log" | tail -n 1 || true)"
-        rm -f "$log"
-        die "apt-get install ${missing[*]} failed: ${why:-see apt-get output}"
-    fi
-    rm -f "$log"
-    [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null ||
-        die "installed ${missing[*]} but slurmctld, slurmd or sbatch is still missing"
+    # scripts/ensure-tools.sh: the one installer of the Debian packages the project runs,
+    # which lets no package start a service (their postinst would start a system munged
+    # and slurmd configured from /etc, which this cluster does not use).
+    local why
+    why="$(bash "$(dirname "${BASH_SOURCE[0]}")/ensure-tools.sh" munge slurmctld slurmd slurm-client 2>&1 >/dev/null)" ||
+        die "${why#ensure-tools: }"
 }
 
 # ---------------------------------------------------------------------- configuration

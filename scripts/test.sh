@@ -5,6 +5,14 @@
 # worker more than there are cores (pytest-xdist: a third of the suite's time is spent
 # waiting on the processes its tests start; KAUDIT_TEST_WORKERS=N for N workers, 0 for none)
 # and prints the 15 slowest tests.
+# The machine's programs the tests run (h5diff, chromium, sshd, Slurm) install from Debian's
+# packages in the background while the environment is set up: one apt run, off the path of
+# the tests, which would otherwise each wait for an install of their own. Its verdict is
+# printed before pytest starts; a test whose program is still missing says so itself.
+TOOLS_LOG="$(mktemp)"
+bash "$(dirname "$0")/ensure-tools.sh" >"$TOOLS_LOG" 2>&1 &
+TOOLS_PID=$!
+trap 'rm -f "$TOOLS_LOG"' EXIT
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
 PY_DIRS=(kronos_audit tests bench examples scripts)
@@ -14,12 +22,13 @@ MYPY_LOG="$(mktemp)"
 mypy >"$MYPY_LOG" 2>&1 &
 MYPY_PID=$!
 # a check that fails first stops mypy too, and leaves no log behind
-trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG"' EXIT
+trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG" "$TOOLS_LOG"' EXIT
 echo "== ruff"
 ruff format --check "${PY_DIRS[@]}"
 ruff check "${PY_DIRS[@]}"
 echo "== python blocks of README.md and docs/*.md (compile, ruff format)"
 python scripts/check_doc_code.py
+wait "$TOOLS_PID" || echo "== the tests' programs are not all installed: $(tail -n 1 "$TOOLS_LOG")"
 echo "== pytest"
 # The project's own modules byte-compiled once, here: where PYTHONDONTWRITEBYTECODE is set
 # (as on CI machines) every process the tests start (MPI ranks, kaudit, the examples) would compile them

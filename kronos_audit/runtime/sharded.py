@@ -85,11 +85,10 @@ from kronos_audit.runtime.sharded_steps import (
     step_manifest_problem,
     warn_unlike,
 )
-from kronos_audit.runtime.signer import load_signer, run_verifier
+from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
-from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
@@ -148,10 +147,10 @@ class ShardedPublisher(RunPublisher):
         self._key_arg = key
         self._commit_comm: Comm | None = None
         self._project: Project | None = None
-        self._key: SigningKey | None = None
+        self._signer: Signer | None = None  # rank 0's: the key, git state, DVC's cache
         self._public: Any = None
-        self._git: GitRecord | None = None
         self._parent: Path | None = None
+        # DVC's cache settings on the ranks that track (rank 0, or every rank node-local)
         self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._lock: WriterLock | None = None  # rank 0's, for every rank
         # Rank 0: the newest manifest in the directory as it last saw it (a commit signs
@@ -171,14 +170,14 @@ class ShardedPublisher(RunPublisher):
                 require_threads(self.comm)
             self._project = find_project(self.directory).require_initialized()
             if self.rank == 0:  # its signer holds DVC's cache settings too
-                signer = load_signer(
+                signer = self._signer = load_signer(
                     self._project,
                     self._key_arg,
                     run_id=self.run_id,
                     allow_secret_files=self.allow_secret_files,
                 )
-                self._key, self._git, self._cache = signer.key, signer.git, signer.cache
-                public = self._key.private_key.public_key().public_bytes_raw()
+                self._cache = signer.cache
+                public = signer.key.private_key.public_key().public_bytes_raw()
                 try:
                     self._lock = WriterLock.acquire(self.directory)
                 except RunLocked as e:
@@ -537,7 +536,8 @@ class ShardedPublisher(RunPublisher):
         """Rank 0, every rank's shard durable: sign the step manifest over the shards and
         track them; raises why not."""
         project = self._opened()
-        assert self._key is not None
+        signer = self._signer
+        assert signer is not None
         shards: list[Shard] = [v.record for v in votes]
         records = [shard.record for shard in shards]
         meta = dict(job.meta)
@@ -573,7 +573,7 @@ class ShardedPublisher(RunPublisher):
             directory,
             records,
             project=project,
-            key=self._key,
+            key=signer.key,
             run=self.run_id,
             step=job.step,
             layout=layout,
@@ -589,7 +589,7 @@ class ShardedPublisher(RunPublisher):
                 batches=meta.get("batches"),
                 pruned=doomed,
             ),
-            git=self._git,
+            git=signer.git,
         )
         # The index, and its Merkle tree (derived, unsigned, 64 bytes a shard: DVC's like
         # the data rather than git's, so a clone fetches it with the step).

@@ -52,12 +52,11 @@ from kronos_audit.runtime.resume_remote import (
     rollback_allowed,
 )
 from kronos_audit.runtime.retention import Retention, prune
-from kronos_audit.runtime.signer import load_signer, run_verifier
+from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
 from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest, read_manifest
-from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
@@ -95,10 +94,8 @@ class SignedPublisher(RunPublisher):
         self.allow_secret_files = allow_secret_files
         self._key_arg = key
         self._project: Project | None = None
-        self._key: SigningKey | None = None
-        self._git: GitRecord | None = None
+        self._signer: Signer | None = None  # the key, git state and DVC's cache settings
         self._storage: Storage | None = None
-        self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._run_files: RunFiles | None = None
         self._parent: Manifest | None = None
         # The newest manifest in the directory as this writer last saw it: a commit signs
@@ -122,13 +119,12 @@ class SignedPublisher(RunPublisher):
 
     def open(self) -> None:
         self._project = find_project(self.directory).require_initialized()
-        signer = load_signer(
+        self._signer = load_signer(
             self._project,
             self._key_arg,
             run_id=self.run_id,
             allow_secret_files=self.allow_secret_files,
         )
-        self._key, self._git, self._cache = signer.key, signer.git, signer.cache
         # One writer per run: held until close(), once the last commit is through. Taken
         # after the git state is recorded, so that the lock's git-ignore entry is not
         # part of it; before anything is written or removed.
@@ -142,13 +138,14 @@ class SignedPublisher(RunPublisher):
         if lock is not None:
             lock.release()
 
-    def _opened(self) -> tuple[Project, SigningKey]:
-        if self._project is None or self._key is None:
+    def _opened(self) -> tuple[Project, Signer]:
+        if self._project is None or self._signer is None:
             raise UsageError("use the Run inside a `with` block")
-        return self._project, self._key
+        return self._project, self._signer
 
     def _verifier(self) -> Verifier:
-        project, key = self._opened()
+        project, signer = self._opened()
+        key = signer.key
         return run_verifier(project, key.private_key.public_key(), key.name)
 
     def resume(self, *, stacklevel: int) -> Restored | None:
@@ -263,7 +260,7 @@ class SignedPublisher(RunPublisher):
         return None
 
     def publish(self, job: Job) -> None:
-        project, _ = self._opened()
+        project, signer = self._opened()
         # Where the run's lock cannot hold (some network filesystems), two writers may
         # have resumed from the same step: only one may sign a child of it. Checked before
         # the file replaces anything, and again just before signing.
@@ -286,7 +283,7 @@ class SignedPublisher(RunPublisher):
         digests = step.digests
         assert digests is not None
         assert digests.md5 is not None
-        cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+        cache_dir, _ = signer.cache  # read once, at open
         prune(project, self.directory, doomed, cache_dir=cache_dir)
         if self.push:
             item = FetchItem(step.final, digests.md5, digests.sha256, digests.size)
@@ -294,7 +291,7 @@ class SignedPublisher(RunPublisher):
 
     def _sign(self, job: Job, final: Path, digests: FileDigests, parent: int | None) -> list[int]:
         """Track and sign the checkpoint file in place; the steps its retention prunes."""
-        project, key = self._opened()
+        project, signer = self._opened()
         assert digests.md5 is not None
         track(
             project,
@@ -303,7 +300,7 @@ class SignedPublisher(RunPublisher):
             digests.size,
             owned=True,
             ignore_pattern="/" + CHECKPOINT_GLOB,
-            settings=self._cache,
+            settings=signer.cache,
         )
         # Retention is signed: the manifest that prunes names what it prunes, so a
         # verifier can tell data deleted on purpose from data deleted by anyone.
@@ -320,7 +317,7 @@ class SignedPublisher(RunPublisher):
             final,
             digests,
             project=project,
-            key=key,
+            key=signer.key,
             run=self.run_id,
             step=job.step,
             seeds=[self.seed],
@@ -329,7 +326,7 @@ class SignedPublisher(RunPublisher):
             cwd=Path.cwd(),
             attributes=self.attributes,
             record=record,
-            git=self._git,
+            git=signer.git,
         )
         self._newest = Newest(job.step, self._parent.path, self._parent.digest)
         return [p.step for p in doomed]

@@ -55,6 +55,10 @@ def test_the_rank_benchmark_launches_one_and_two_ranks_and_reports_against_the_r
         for key in ("raw_share", "sync", "async", "stall", "copyto"):
             assert row[key] > 0, row  # timings vary: measured and printed, not judged
     assert "baseline: one process writing+fsyncing the 2 MiB to one file" in out
+    # the node-local launch (ranks in clones of their own, meeting in the remote) on 2 ranks
+    assert "node_local" not in rows[0]
+    assert rows[1]["node_local"] > 0, rows[1]
+    assert "x pushed" in out
     assert [line.split()[0] for line in out.splitlines() if line[:5].strip().isdigit()] == [
         "1",
         "2",

@@ -9,6 +9,10 @@
 3. A chain of 3,000 checkpoints verified in place, then with its run directory moved
    (every parent found beside its child by digest, indexed once): the moved figure must
    stay about the in-place one (linear), not grow with the chain's square.
+4. A sharded step of the same global bytes (8 shards, as 8 ranks write them, signed as
+   rank 0 signs) verified on one thread (``jobs=1``) and on the default (a thread per core
+   this process may use), against ``sha256sum`` of the 8 files (one process) and one
+   OpenSSL sha256 pass over the same bytes: the threads hash the shards in parallel.
 
 Run: .venv/bin/python bench/bench_manifest.py [--gib 1.0]
 """
@@ -22,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -32,11 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import best_of, median_of, scratch_repo
 from kronos_audit.checkpoint.hashing import digest_file
+from kronos_audit.checkpoint.layout import shard_path, step_directory
+from kronos_audit.checkpoint.shards import ShardRecord
+from kronos_audit.checkpoint.writer import write_and_digest
 from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import find_project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state
-from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.signing.sign import sign_checkpoint, sign_sharded_step
+from kronos_audit.verification.verifier import Verifier, usable_cores
 
 
 def main() -> None:
@@ -144,6 +153,61 @@ def main() -> None:
         f"chain of {args.chain} checkpoints: verified in place {t_place:.2f} s "
         f"({t_place / args.chain * 1e3:.2f} ms each); moved {t_moved:.2f} s, "
         f"ratio moved/in place {t_moved / t_place:.2f}x (target: about 1x, linear)"
+    )
+
+    # --- 4. a sharded step, one thread and one per core -----------------------------
+    count = 8
+    directory = step_directory(repo / "checkpoints" / "sharded", 1)
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    records = [
+        ShardRecord.of(
+            rank,
+            count,
+            write_and_digest(
+                shard_path(directory, rank, count),
+                {"/u": rng.standard_normal(n // count)},
+                md5=True,
+            ),
+        )
+        for rank in range(count)
+    ]
+    sharded = sign_sharded_step(
+        directory, records, project=project, key=key, run="sharded", step=1, git=git
+    )
+    shards = [str(shard_path(directory, rank, count)) for rank in range(count)]
+
+    def shards_sum() -> None:
+        subprocess.run(["sha256sum", *shards], check=True, capture_output=True)
+
+    def shards_one_pass() -> None:
+        for shard in shards:
+            with open(shard, "rb") as f:
+                hashlib.file_digest(f, "sha256")
+
+    def verify_step(jobs: int | None) -> Callable[[], None]:
+        def run() -> None:
+            result = Verifier(project, jobs=jobs).verify(sharded.path)
+            assert result.ok, result.failures
+
+        return run
+
+    shards_sum()  # warm the page cache
+    t_sum = best_of(args.repeat, shards_sum)
+    t_one = best_of(args.repeat, shards_one_pass)
+    t_serial = best_of(args.repeat, verify_step(1))
+    t_threads = best_of(args.repeat, verify_step(None))
+    total = sum(r.size for r in records) / 1e9
+    print(f"sharded step: {count} shards, {total:.2f} GB in all")
+    print(f"  sha256sum of the shards    {t_sum:6.3f} s  baseline (one process)")
+    print(f"  sha256, one pass (OpenSSL) {t_one:6.3f} s")
+    print(
+        f"  verify, one thread         {t_serial:6.3f} s  ratio {t_serial / t_sum:.2f}x, "
+        f"{t_serial / t_one:.2f}x one pass"
+    )
+    print(
+        f"  {f'verify, {usable_cores()} threads':26} {t_threads:6.3f} s  ratio "
+        f"{t_threads / t_sum:.2f}x, {t_threads / t_one:.2f}x one pass"
     )
 
 

@@ -50,7 +50,7 @@ def verify_each(
     remote: str | None = None,
     verifiers: dict[Path, Verifier] | None = None,
     cache: ManifestCache | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
     the bad-input error.
@@ -62,8 +62,8 @@ def verify_each(
     With ``fetch``, a checkpoint that is not here is fetched from the DVC remote once its
     manifest's signature and place hold (data that then fails is never left visible).
     ``trust`` gives the anchors (see :mod:`kronos_audit.keys.anchors`). The newest checkpoint of
-    each run verified must have its data checked. ``jobs`` processes hash a sharded
-    step's shards.
+    each run verified must have its data checked. ``jobs`` threads hash a sharded step's
+    shards (None: the cores this process may use).
     """
     paths = expand_manifest_args(manifests)
     if cache is None:

@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -554,17 +556,41 @@ def test_jobs_give_the_same_answers(step: Manifest) -> None:
     shard = shard_path(step.path.parent, 2, 3)
     shard.write_bytes(shard.read_bytes()[::-1])
     outputs = {}
-    for jobs in ("1", "2"):
-        human = run_cli("verify", "--no-fetch", "--jobs", jobs, str(run_dir))
-        as_json = run_cli("verify", "--no-fetch", "--json", "-j", jobs, str(run_dir))
+    for jobs in ("1", "2", "3", None):  # None: the default, the cores this process may use
+        how = [] if jobs is None else ["--jobs", jobs]
+        human = run_cli("verify", "--no-fetch", *how, str(run_dir))
+        as_json = run_cli("verify", "--no-fetch", "--json", *how, str(run_dir))
         assert human.exit_code == as_json.exit_code == 1, human.output
         outputs[jobs] = (human.stdout, as_json.stdout)
-    assert outputs["1"] == outputs["2"]
+    assert outputs["1"] == outputs["2"] == outputs["3"] == outputs[None]
     text, _ = outputs["2"]
     assert "shards: shard of rank 0 of 3: missing" in text
     assert "shards: shard of rank 2 of 3: sha256 mismatch" in text
     bad = run_cli("verify", "--jobs", "0", str(run_dir))
     assert bad.exit_code == 2
+
+
+def test_a_program_without_a_main_guard_verifies_on_many_threads(step: Manifest) -> None:
+    # The shards are hashed on threads, not in a process pool: a program read from stdin
+    # (no file a spawned process could import, no `if __name__ == "__main__":`) verifies.
+    program = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from kronos_audit.project.repository import find_project\n"
+        "from kronos_audit.verification.verifier import Verifier\n"
+        "path = Path(sys.argv[1])\n"
+        "result = Verifier(find_project(path), jobs=3).verify(path)\n"
+        "print(result.ok, [c.name for c in result.failures])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-", str(step.path)],
+        input=program,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True []", done.stdout + done.stderr
 
 
 def test_a_missing_index_is_bad_input(step: Manifest) -> None:

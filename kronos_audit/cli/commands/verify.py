@@ -65,9 +65,9 @@ def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]
     "--jobs",
     "-j",
     type=click.IntRange(1, 256),
-    default=1,
-    show_default=True,
-    help="Processes that hash a sharded step's shards (same results whatever the number).",
+    default=None,
+    help="Threads that hash a sharded step's shards (default: the cores this process may "
+    "use; the same results whatever the number).",
 )
 @json_option("Print the results as JSON.")
 @click.pass_context
@@ -77,7 +77,7 @@ def verify(
     trust: TrustOptions,
     remote: str | None,
     no_fetch: bool,
-    jobs: int,
+    jobs: int | None,
     as_json: bool,
 ) -> None:
     """Check the signature, place, file digest, dataset hashes and parent chain of each

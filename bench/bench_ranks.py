@@ -110,7 +110,9 @@ copy of the bytes), and in the fourth measured faster than it (0.8-0.9x): at tha
 push is within the machine's noise.
 
 The weak-scaling target (at most 1.2x) is NOT met on this machine: 2.6-7.5x at 1 MiB a
-rank, 1.9-3.4x at 32 MiB a rank. It cannot be judged here: a commit is CPU-bound (each byte
+rank, 1.9-3.4x at 32 MiB a rank (two later runs on a quiet machine, with
+``OMPI_MCA_btl=^ofi``: 1.13x and 1.98x at 32 MiB on 2 ranks, 4.2x and 5.3x at 16 MiB on
+4). It cannot be judged here: a commit is CPU-bound (each byte
 hashed three times, on two threads on one rank), so one rank already uses both cores and
 two ranks of the same bytes need twice that CPU on the same two cores, shared with other
 work; a rank waiting in a collective busy-polls a core (Open MPI's default; with

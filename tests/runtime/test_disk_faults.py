@@ -235,7 +235,11 @@ def test_disk_full_keeps_the_last_checkpoint_and_the_restart_continues(
     full = (FAILS_AT - 1) * usage + PAGE + room
     subprocess.run(["rm", "-rf", str(checkpoints)], check=True)
     disk = tmpfs(checkpoints, full)
-    for mode in ("sync", "async"):
+    # Both modes for "big"; "many" in the loop's own thread only. In either mode the write
+    # runs the same code (the writer's: room check, HDF5, the temporary file taken back);
+    # what async adds, a failure in the background thread surfacing at the next step and
+    # the restart after it, "big" shows, whatever inside the write failed.
+    for mode in ("sync", "async") if layout == "big" else ("sync",):
         if mode == "async":  # the same disk, emptied and shrunk again
             subprocess.run(["rm", "-rf", *map(str, checkpoints.iterdir())], check=True)
             disk.remount(f"size={full}")

@@ -197,7 +197,31 @@ def _log_to_stderr(ctx: click.Context, debug: bool) -> None:
     ctx.call_on_close(restore)
 
 
-class KauditGroup(click.Group):
+class SuggestingGroup(click.Group):
+    """A click group that answers a mistyped command with the nearest names, as git and
+    DVC do (``kaudit verfy``: "No such command 'verfy'. Did you mean 'verify'?"), by
+    difflib's ratio with the cut-off click uses for a mistyped option."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as e:
+            name = args[0] if args else ""
+            names = self.list_commands(ctx)
+            if not name or name in names or e.ctx is not ctx:
+                raise
+            import difflib
+
+            near = difflib.get_close_matches(name, names, n=3)
+            if not near:
+                raise
+            which = repr(near[0]) if len(near) == 1 else "one of: " + ", ".join(map(repr, near))
+            raise click.UsageError(f"{e.message} Did you mean {which}?", ctx) from None
+
+
+class KauditGroup(SuggestingGroup):
     """A click group whose commands are imported when one is run (or its help is asked
     for), and which turns errors into one line (or one JSON object) and an exit code."""
 

@@ -164,6 +164,26 @@ def test_python_m_kronos_audit_is_kaudit() -> None:
     assert "No such command 'bogus'" in usage.stderr
 
 
+def test_a_mistyped_command_is_answered_with_the_nearest_names() -> None:
+    # the installed kaudit, as a user types it: one error line naming the nearest command
+    done = subprocess.run([*KAUDIT, "verfy", "run"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "Error: No such command 'verfy'. Did you mean 'verify'?" in done.stderr.splitlines()
+    # in a group of commands too, and with every name near enough
+    lst = run_cli("keys", "lst")
+    assert lst.exit_code == 2
+    assert "No such command 'lst'. Did you mean 'list'?" in lst.stderr
+    near = run_cli("keys", "genrate")
+    assert "Did you mean one of: 'generate', 'rotate'?" in near.stderr
+    # nothing near: no guess; and a command that exists is never second-guessed
+    far = run_cli("zzz")
+    assert far.exit_code == 2
+    assert "No such command 'zzz'." in far.stderr
+    assert "Did you mean" not in far.stderr
+    assert run_cli("keys", "list").exit_code == 0
+
+
 # -- shell completion ------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kronos_audit.cli._app import SuggestingGroup
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_options, warn
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, UsageError
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from kronos_audit.statement.dsse import KeyId
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def keys() -> None:
     """Signing keys you hold, and the keys verification trusts (and on whose word).
 

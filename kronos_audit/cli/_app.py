@@ -175,6 +175,9 @@ def _fail(
     ctx.exit(exit_code)
 
 
+_LOG_META = "kronos_audit.cli.log"
+
+
 def _log_to_stderr(ctx: click.Context, debug: bool) -> None:
     """kronos_audit's log on stderr (INFO, or DEBUG), for this invocation."""
     import logging
@@ -184,6 +187,10 @@ def _log_to_stderr(ctx: click.Context, debug: bool) -> None:
             return plain(super().format(record))  # names in log lines come from files too
 
     logger = logging.getLogger("kronos_audit")
+    if _LOG_META in ctx.meta:  # already on stderr (-v before the command, then after it)
+        logger.setLevel(logging.DEBUG if debug else logging.INFO)
+        return
+    ctx.meta[_LOG_META] = True  # shared by the invocation's contexts
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(PlainFormatter("kaudit: %(levelname)s: %(name)s: %(message)s"))
     old_level = logger.level
@@ -194,13 +201,62 @@ def _log_to_stderr(ctx: click.Context, debug: bool) -> None:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
 
-    ctx.call_on_close(restore)
+    # On the invocation's outermost context, which is always closed: a command's own may
+    # never be (its later option refused while its options are parsed).
+    ctx.find_root().call_on_close(restore)
+
+
+QUIET_HELP = "Results only: no hints, notes or progress."
+VERBOSE_HELP = "More detail: every check made, and kronos_audit's log on stderr (-vv: debug)."
+
+
+def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """-q or -v given after a command: as before it (``kaudit verify -v`` is ``kaudit -v
+    verify``; -v counts on from the group's), for this command's context."""
+    if not value or ctx.resilient_parsing:
+        return
+    now = ctx.find_object(Settings) or Settings()
+    quiet = param.name == "quiet"
+    if now.verbose if quiet else now.quiet:
+        raise click.UsageError("--quiet and --verbose exclude each other", ctx)
+    ctx.obj = Settings(-1) if quiet else Settings(max(now.verbosity, 0) + value)
+    if not quiet:
+        _log_to_stderr(ctx, debug=ctx.obj.verbosity > 1)
+
+
+def with_verbosity(command: click.Command) -> click.Command:
+    """``command`` taking -q and -v itself, as git's and DVC's commands do."""
+    if not any(p.name in ("quiet", "verbose") for p in command.params):
+        command.params += [
+            click.Option(
+                ["-q", "--quiet"],
+                is_flag=True,
+                expose_value=False,
+                callback=_verbosity,
+                help=QUIET_HELP,
+            ),
+            click.Option(
+                ["-v", "--verbose"],
+                count=True,
+                expose_value=False,
+                callback=_verbosity,
+                help=VERBOSE_HELP,
+            ),
+        ]
+    return command
 
 
 class SuggestingGroup(click.Group):
     """A click group that answers a mistyped command with the nearest names, as git and
     DVC do (``kaudit verfy``: "No such command 'verfy'. Did you mean 'verify'?"), by
-    difflib's ratio with the cut-off click uses for a mistyped option."""
+    difflib's ratio with the cut-off click uses for a mistyped option; each of its
+    commands takes -q and -v after its name too (:func:`with_verbosity`)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not isinstance(command, click.Group):
+            with_verbosity(command)
+        return command
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -241,7 +297,7 @@ class KauditGroup(SuggestingGroup):
             if not isinstance(command, click.Command):
                 raise TypeError(f"{spec.module}.{spec.attribute} is not a click command")
             self.add_command(command, cmd_name)
-        return self.commands.get(cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def _short_help(self, name: str, limit: int = 45) -> str:
         """What click would show for the command, from its registered help if it is not
@@ -301,13 +357,8 @@ class KauditGroup(SuggestingGroup):
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option("-q", "--quiet", is_flag=True, help="Results only: no hints, notes or progress.")
-@click.option(
-    "-v",
-    "--verbose",
-    count=True,
-    help="More detail: every check made, and kronos_audit's log on stderr (-vv: debug).",
-)
+@click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 @click.version_option(package_name="kronos-audit", prog_name="kaudit")
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, verbose: int) -> None:

@@ -332,10 +332,10 @@ def test_run_json_errors_go_to_stderr_with_its_summary() -> None:
 def test_quiet_leaves_out_hints(git_repo: Path) -> None:
     loud = run_cli("init", cwd=git_repo)
     assert "next: `kaudit keys generate`" in loud.stdout
-    quiet = run_cli("-q", "init", cwd=git_repo)
-    assert quiet.exit_code == 0
-    assert "kaudit repository at" in quiet.stdout  # the result stays
-    assert "next:" not in quiet.stdout
+    for quiet in (run_cli("-q", "init", cwd=git_repo), run_cli("init", "-q", cwd=git_repo)):
+        assert quiet.exit_code == 0  # before the command or after it, as git's -q
+        assert "kaudit repository at" in quiet.stdout  # the result stays
+        assert "next:" not in quiet.stdout
 
 
 def test_verbose_shows_every_check(project: Project, key: SigningKey, checkpoint: Path) -> None:
@@ -343,14 +343,20 @@ def test_verbose_shows_every_check(project: Project, key: SigningKey, checkpoint
     manifest = f"{checkpoint}.kaudit.json"
     normal = run_cli("verify", manifest)
     verbose = run_cli("-v", "verify", manifest)
-    assert normal.exit_code == verbose.exit_code == 0
+    after = run_cli("verify", "--verbose", manifest)
+    assert normal.exit_code == verbose.exit_code == after.exit_code == 0
     assert "file digest:" not in normal.stdout
     assert "      file digest: sha256 " in verbose.stdout
     assert "      datasets: all 5 dataset hashes match" in verbose.stdout
+    assert after.stdout == verbose.stdout
 
 
-def test_quiet_and_verbose_exclude_each_other() -> None:
-    result = run_cli("-q", "-v", "interval", "--mtbf", "1h", "--cost", "1m")
+@pytest.mark.parametrize(
+    "where",
+    [("-q", "-v", "interval"), ("-q", "interval", "-v"), ("interval", "-v", "--quiet")],
+)
+def test_quiet_and_verbose_exclude_each_other(where: tuple[str, ...]) -> None:
+    result = run_cli(*where, "--mtbf", "1h", "--cost", "1m")
     assert result.exit_code == 2
     assert "--quiet and --verbose exclude each other" in result.stderr
 
@@ -379,6 +385,11 @@ def test_verbose_puts_kronos_audits_log_on_stderr_as_text() -> None:
     assert "kaudit: INFO: kronos_audit.probe: copied \\x1b[31m into the cache" in info
     assert "debug detail" not in info
     assert "a debug detail" in run_cli("-vv", "log-probe").stderr
+    # after the command too; counted on from the group's, with one handler, not two
+    assert run_cli("log-probe", "-v").stderr == info
+    both = run_cli("-v", "log-probe", "-v").stderr
+    assert both.count("copied") == 1
+    assert "a debug detail" in both
     # the handler is gone after the command
     logger = logging.getLogger("kronos_audit")
     assert not [h for h in logger.handlers if isinstance(h, logging.StreamHandler)]

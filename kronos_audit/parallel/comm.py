@@ -103,6 +103,12 @@ class Comm(Protocol):
         """Every rank's ``obj`` in rank order, on every rank."""
         ...
 
+    def shift_left(self, obj: Any) -> Any:
+        """Send ``obj`` to the rank before this one (rank 0's goes nowhere); the next
+        rank's ``obj``, or None on the last rank. Neighbours only: one message a rank,
+        however many ranks there are (and so objects of a bounded size, up to a few MB)."""
+        ...
+
     def any(self, flag: bool) -> bool:
         """True on every rank when at least one rank passed True."""
         ...
@@ -207,6 +213,9 @@ class SingleProcess:
 
     def allgather(self, obj: Any) -> list[Any]:
         return [obj]
+
+    def shift_left(self, obj: Any) -> Any:
+        return None
 
     def any(self, flag: bool) -> bool:
         return bool(flag)

@@ -17,6 +17,8 @@ import numpy as np
 from kronos_audit.errors import UsageError
 from kronos_audit.parallel.comm import FixedRanks, Pending, check_root, int64, int64s
 
+_SHIFT = 7411  # the tag of shift_left's messages (on the run's own duplicate communicator)
+
 
 def missing_mpi4py(error: BaseException, variable: str | None = None) -> UsageError:
     """The one-line error for an MPI communicator without mpi4py; ``variable``: the MPI
@@ -100,6 +102,12 @@ class MPIComm(FixedRanks):
     def allgather(self, obj: Any) -> list[Any]:
         result: list[Any] = self._comm.allgather(obj)
         return result
+
+    def shift_left(self, obj: Any) -> Any:
+        null = self._MPI.PROC_NULL
+        left = self._rank - 1 if self._rank > 0 else null
+        right = self._rank + 1 if self._rank < self._size - 1 else null
+        return self._comm.sendrecv(obj, dest=left, sendtag=_SHIFT, source=right, recvtag=_SHIFT)
 
     def _reduce(self, values: list[int], op: Any) -> list[int]:
         send = np.array(values, dtype=np.int64)

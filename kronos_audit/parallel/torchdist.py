@@ -128,6 +128,21 @@ class TorchComm(FixedRanks):
         self._dist.all_gather_object(out, obj, group=self._group)
         return out
 
+    def shift_left(self, obj: Any) -> Any:
+        # Point to point, ordered by parity so that no two neighbours both send first.
+        left, right = self._rank - 1, self._rank + 1
+        box: list[Any] = [None]
+        for sending in (self._rank % 2 == 0, self._rank % 2 == 1):
+            if sending and left >= 0:
+                self._dist.send_object_list(
+                    [obj], dst=self._global(left), group=self._group, device=self._device
+                )
+            elif not sending and right < self._size:
+                self._dist.recv_object_list(
+                    box, src=self._global(right), group=self._group, device=self._device
+                )
+        return box[0]
+
     def _tensor(self, values: list[int]) -> Any:
         import torch
 

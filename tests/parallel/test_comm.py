@@ -26,6 +26,7 @@ out["bcast"] = c.bcast({"from": r, "items": [1, "x", None]}, root=1)
 out["gather0"] = c.gather({"r": r}, root=0)
 out["gather_last"] = c.gather(r * 10, root=c.size - 1)
 out["allgather"] = c.allgather(f"rank-{r}")
+out["shift"] = c.shift_left({"from": r, "bytes": bytes(r + 1).hex()})
 out["any_none"] = c.any(False)
 out["any_last"] = c.any(r == c.size - 1)
 out["min"] = c.min(10 - r)
@@ -117,6 +118,8 @@ def check_common(docs: list[dict[str, object]], size: int, name: str, kind: str)
         assert doc["gather0"] == ([{"r": i} for i in range(size)] if r == 0 else None)
         assert doc["gather_last"] == ([10 * i for i in range(size)] if r == size - 1 else None)
         assert doc["allgather"] == [f"rank-{i}" for i in range(size)]
+        right = None if r == size - 1 else {"from": r + 1, "bytes": bytes(r + 2).hex()}
+        assert doc["shift"] == right
         assert doc["any_none"] is False
         assert doc["any_last"] is True
         assert doc["min"] == 10 - (size - 1)

@@ -8,10 +8,8 @@ import hashlib
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +27,6 @@ from kronos_audit.checkpoint.layout import (
 )
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
-from kronos_audit.parallel.comm import Done, check_root, int64, int64s
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.retention import (
     Retention,
@@ -46,7 +43,7 @@ from kronos_audit.storage import (
     read_dvc_file,
 )
 from tests.helpers import git, run_cli
-from tests.runtime.test_faults import HANG_GUARD
+from tests.threadranks import ThreadRanks, on_ranks
 
 
 def run(project: Project, steps: int, *, same: bool = False, run_id: str = "r") -> Path:
@@ -205,101 +202,6 @@ def test_a_pruned_run_pulls_with_plain_dvc_in_a_fresh_clone_and_every_command_sa
 
 
 # -- sharded steps: a run on several ranks, in this process ---------------------------------
-
-
-class _Meeting:
-    """Where the threads of :class:`ThreadRanks` meet: one slot a rank, one barrier."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        # The timeout is a hang guard only: a rank that failed breaks the barrier.
-        self.barrier = threading.Barrier(size, timeout=HANG_GUARD)
-        self.slots: list[Any] = [None] * size
-
-
-class ThreadRanks:
-    """One rank of ``size`` ranks that are threads of this process: a
-    :class:`~kronos_audit.parallel.comm.Comm` whose collectives are an exchange at a
-    barrier. Test only: it lets a sharded run's real commit (every rank's shard, rank 0's
-    signature, DVC tracking, retention) run in-process; use it with ``asynchronous=False``
-    (one collective at a time per rank)."""
-
-    name = "threads"
-
-    def __init__(self, meeting: _Meeting, rank: int) -> None:
-        self._meeting = meeting
-        self.rank = rank
-        self.size = meeting.size
-
-    def _exchange(self, obj: Any) -> list[Any]:
-        m = self._meeting
-        m.slots[self.rank] = obj
-        m.barrier.wait()
-        out = list(m.slots)
-        m.barrier.wait()  # nobody writes the next round's slot before all have read
-        return out
-
-    def barrier(self) -> None:
-        self._exchange(None)
-
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self._exchange(obj)[check_root(root, self.size)]
-
-    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        got = self._exchange(obj)
-        return got if self.rank == check_root(root, self.size) else None
-
-    def allgather(self, obj: Any) -> list[Any]:
-        return self._exchange(obj)
-
-    def any(self, flag: bool) -> bool:
-        return any(self._exchange(bool(flag)))
-
-    def min(self, value: int) -> int:
-        return int(min(self._exchange(int64(value))))
-
-    def max(self, value: int) -> int:
-        return int(max(self._exchange(int64(value))))
-
-    def start_max(self, values: Sequence[int]) -> Done:
-        got = self._exchange(int64s(values))
-        return Done([max(column) for column in zip(*got, strict=True)])
-
-    def close(self) -> None:
-        pass
-
-
-def on_ranks(size: int, program: Callable[[ThreadRanks], Any]) -> list[Any]:
-    """``program(comm)`` on ``size`` ranks, one thread each; what each returned, in rank
-    order. The first rank's exception is raised (the others' barrier is broken)."""
-    meeting = _Meeting(size)
-    results: list[Any] = [None] * size
-    errors: list[BaseException | None] = [None] * size
-
-    def main(rank: int) -> None:
-        try:
-            results[rank] = program(ThreadRanks(meeting, rank))
-        except BaseException as e:  # handed to the test's thread, below
-            errors[rank] = e
-            meeting.barrier.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    first = next((e for e in errors if e is not None and not _broken(e)), None)
-    first = first or next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-    return results
-
-
-def _broken(e: BaseException) -> bool:
-    return isinstance(e, threading.BrokenBarrierError) or isinstance(
-        e.__cause__ or e.__context__, threading.BrokenBarrierError
-    )
-
 
 RANKS = 3
 LAYOUT = {"u": ka.Block(axis=0)}

@@ -31,7 +31,8 @@ from kronos_audit.runtime.retention import sharded_steps_with_data
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import cache_object_path, cache_settings, read_dvc_file
 from tests.helpers import run_cli, untrusted_key
-from tests.runtime.test_retention import RANKS, ThreadRanks, on_ranks, sharded_run
+from tests.runtime.test_retention import RANKS, sharded_run
+from tests.threadranks import ThreadRanks, on_ranks
 
 STEPS = 6
 

@@ -52,6 +52,7 @@ import numpy as np
 from kronos_audit.checkpoint.hashing import BLOCK as HASH_BLOCK
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest
 from kronos_audit.checkpoint.hdf5 import Flat, lay_out, pwrite_all
+from kronos_audit.checkpoint.treehash import LocalTree, stream_bytes
 from kronos_audit.errors import CheckpointError
 
 
@@ -96,23 +97,53 @@ def write_and_digest(path: Path, flat: Flat, *, md5: bool = False) -> FileDigest
     threads while this one writes and fsyncs them: each byte is hashed once per digest,
     and hashing overlaps the write instead of following it.
     """
+    return write_and_hash(path, flat, md5=md5)[0]
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Where one dataset of a shard sits in its global array's stream
+    (:mod:`~kronos_audit.checkpoint.treehash`)."""
+
+    axis: int
+    """The axis the global array is split along."""
+    offset: int
+    """The stream's byte at which this rank's block starts."""
+    length: int
+    """The stream's length in bytes."""
+    rank: int
+    """The rank writing it."""
+
+
+def write_and_hash(
+    path: Path, flat: Flat, *, md5: bool = False, trees: Mapping[str, TreeSpec] | None = None
+) -> tuple[FileDigests, dict[str, LocalTree]]:
+    """:func:`write_and_digest`, and for each dataset ``trees`` names its part of its
+    global array's tree (:class:`~kronos_audit.checkpoint.treehash.LocalTree`) instead of
+    its own digest, from the same memory on the same thread: each byte is hashed once for
+    the datasets, whichever digest it goes to."""
+    trees = trees or {}
     raw = lay_out(path, flat)
     size = path.stat().st_size
 
-    def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...]]:
+    def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...], dict[str, LocalTree]]:
         sha = _stream_digest(path, size, raw, "sha256")
-        datasets = sorted((array_digest(n, a) for n, a in flat.items()), key=lambda d: d.path)
-        return sha, tuple(datasets)
+        parts = {
+            n: LocalTree.of(stream_bytes(flat[n], t.axis), t.offset, t.length, rank=t.rank)
+            for n, t in trees.items()
+        }
+        own = (array_digest(n, a) for n, a in flat.items() if n not in trees)
+        return sha, tuple(sorted(own, key=lambda d: d.path)), parts
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
         pending = pool.submit(sha_and_datasets)
         pending_md5 = pool.submit(_stream_digest, path, size, raw, "md5") if md5 else None
         pwrite_all(path, raw)
-        sha, datasets = pending.result()
+        sha, datasets, parts = pending.result()
         md5_hex = pending_md5.result() if pending_md5 is not None else None
     if path.stat().st_size != size:
         raise CheckpointError("the file changed size while being written", path=path)
-    return FileDigests(sha, size, datasets, md5_hex)
+    return FileDigests(sha, size, datasets, md5_hex), parts
 
 
 # -- staging: the copy the loop pays for -----------------------------------------------------

@@ -11,7 +11,8 @@ is the :class:`StepCommit` a publisher hands over. In order, each phase said to 
    parent in hand (another writer of the run signed since), told to every rank before any
    piece replaces anything;
 3. all ranks: :meth:`StepCommit.place` their piece under its name, durably, and vote
-   (a :class:`Vote`: what was made durable, or why nothing was);
+   (a :class:`Vote`: what was made durable, or why nothing was), completed by what the
+   neighbouring ranks hold (:meth:`StepCommit.exchange`: the global arrays' digests);
 4. the coordinator, only when every vote is a durable piece: :meth:`StepCommit.sign`
    the step and track it; every rank then hears commit, or why not, and withdraws what
    it placed (:meth:`StepCommit.withdraw`) when not.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -39,11 +41,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
 from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_directory
 from kronos_audit.checkpoint.shards import ShardRecord
-from kronos_audit.checkpoint.writer import Job, write_and_digest
+from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
+from kronos_audit.checkpoint.writer import Job, TreeSpec, write_and_digest, write_and_hash
+from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
+from kronos_audit.parallel.layout import Block
 from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
@@ -87,6 +92,12 @@ class StepCommit(Protocol):
     def place(self, written: Any) -> Any:
         """All ranks: move the piece under its name, durably (wherever the format says a
         step's pieces meet); the :attr:`Vote.record`."""
+        ...
+
+    def exchange(self, comm: Comm, vote: Vote) -> Vote:
+        """All ranks, collective, once every rank has placed its piece or failed: complete
+        this rank's vote with what its neighbours hold (a failed vote stays failed, and
+        takes part all the same, or the others would hang)."""
         ...
 
     def sign(self, votes: Sequence[Vote]) -> None:
@@ -137,6 +148,7 @@ def commit(comm: Comm, step: StepCommit) -> None:
                 vote = Vote(comm.rank, reason=one_line_reason(e))
     finally:
         step.discard()
+    vote = step.exchange(comm, vote)
     votes: list[Vote] | None = comm.gather(vote)
     decision: str | None = None
     if votes is not None:  # the coordinator
@@ -211,6 +223,9 @@ class FileCommit:
         self.digests = written
         return written
 
+    def exchange(self, comm: Comm, vote: Vote) -> Vote:
+        return vote  # one file: nothing held elsewhere
+
     def sign(self, votes: Sequence[Vote]) -> None:
         if self._sign is not None:
             (vote,) = votes
@@ -238,6 +253,24 @@ class Shard:
     held: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """What each dataset it holds is (dtype, shape and the sha256 of its canonical
     bytes, in one line), by name: a value every rank holds alike is replicated."""
+    trees: Mapping[str, TreePart] = dataclasses.field(default_factory=dict)
+    """This rank's part of each Block array's global digest, by name."""
+    datasets: tuple[DatasetDigest, ...] = ()
+    """Rank 0 only: the digest of each dataset it holds itself (the replicated ones'
+    are the step's)."""
+
+
+@dataclass(frozen=True)
+class TreePart:
+    """One rank's part of a Block array's global digest
+    (:mod:`~kronos_audit.checkpoint.treehash`)."""
+
+    dtype: str
+    """The array's dtype, as a dataset digest names it."""
+    length: int
+    """The global stream's length in bytes."""
+    nodes: tuple[Node, ...]
+    """The tree's nodes over the chunks that start in this rank's block."""
 
 
 class ShardCommit:
@@ -262,16 +295,50 @@ class ShardCommit:
         self.rank, self.size = comm.rank, comm.size
         self.name = shard_name(comm.rank, comm.size)
         self.tmp = self.directory / f"{TEMP_PREFIX}{self.name}-{uuid.uuid4().hex[:8]}"
+        self._comm = comm
         self._refusal = refusal
         self._sign = sign
         self._md5 = md5
         self._durable = durable
+        declared: Mapping[str, Any] = job.meta.get("layout", {})
+        self._blocks = {
+            name: how.axis
+            for name, how in declared.items()
+            if isinstance(how, Block)
+            and name in job.staged
+            and hashable(np.asarray(job.staged[name]).dtype)
+        }
+        self._trees: dict[str, LocalTree] | None = None
+        self._specs: dict[str, TreeSpec] = {}
         self.shard: Shard | None = None
         """This rank's shard, once in place."""
 
     def write(self) -> FileDigests:
+        # First, before anything that can fail: every rank must reach this collective.
+        lengths = {n: int(np.shape(self.job.staged[n])[a]) for n, a in self._blocks.items()}
+        everyone: list[dict[str, int]] = self._comm.allgather(lengths)
+        self._specs = self._tree_specs(everyone)
         self.directory.mkdir(parents=True, exist_ok=True)
-        return write_and_digest(self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5)
+        written, self._trees = write_and_hash(
+            self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5, trees=self._specs
+        )
+        return written
+
+    def _tree_specs(self, everyone: Sequence[Mapping[str, int]]) -> dict[str, TreeSpec]:
+        """Where this rank's block of each Block array starts in its global stream, from
+        every rank's block length."""
+        specs: dict[str, TreeSpec] = {}
+        for name, axis in self._blocks.items():
+            if not all(name in e for e in everyone):
+                continue  # not a block on every rank: the commit will say what is wrong
+            array = np.asarray(self.job.staged[name])
+            row = array.dtype.itemsize * math.prod(
+                d for i, d in enumerate(array.shape) if i != axis
+            )
+            before = sum(e[name] for e in everyone[: self.rank])
+            total = sum(e[name] for e in everyone)
+            specs[name] = TreeSpec(axis, before * row, total * row, self.rank)
+        return specs
 
     def refusal(self) -> str | None:
         return self._refusal()
@@ -284,8 +351,29 @@ class ShardCommit:
         record = ShardRecord.of(self.rank, self.size, written)
         if self._durable is not None:  # durable somewhere else too, before the vote
             self._durable(self.directory / self.name, record)
-        self.shard = Shard(record, shapes, held)
+        own = tuple(written.datasets or ()) if self.rank == 0 else ()
+        self.shard = Shard(record, shapes, held, datasets=own)
         return self.shard
+
+    def exchange(self, comm: Comm, vote: Vote) -> Vote:
+        trees = self._trees if vote.durable else None
+        exchange(comm, trees)
+        if trees is None:
+            return vote
+        try:
+            parts = {
+                name: TreePart(
+                    dtype_name(np.asarray(self.job.staged[name]).dtype),
+                    self._specs[name].length,
+                    tuple(t.nodes()),
+                )
+                for name, t in trees.items()
+            }
+        except CheckpointError as e:
+            return Vote(self.rank, reason=one_line_reason(e))
+        assert self.shard is not None
+        self.shard = dataclasses.replace(self.shard, trees=parts)
+        return Vote(self.rank, record=self.shard)
 
     def sign(self, votes: Sequence[Vote]) -> None:
         self._sign(self.directory, votes)
@@ -333,6 +421,7 @@ __all__ = [
     "Shard",
     "ShardCommit",
     "StepCommit",
+    "TreePart",
     "Vote",
     "commit",
     "held_alike",

@@ -66,11 +66,18 @@ from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
-from kronos_audit.parallel.layout import Layout, Replicated, global_shape, plan, read_block
+from kronos_audit.parallel.layout import Layout, plan, read_block
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.command import recorded_command
-from kronos_audit.runtime.commit import NotCommitted, Shard, ShardCommit, Vote, commit, held_alike
+from kronos_audit.runtime.commit import (
+    NotCommitted,
+    Shard,
+    ShardCommit,
+    Vote,
+    commit,
+    held_alike,
+)
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import CheckpointSkipped, Restored, RunPublisher
 from kronos_audit.runtime.pushing import Pusher
@@ -80,6 +87,7 @@ from kronos_audit.runtime.sharded_remote import bring_from_remote
 from kronos_audit.runtime.sharded_steps import (
     OWN_GROUPS,
     Agreed,
+    layout_record,
     parse_layout,
     signed_shard,
     step_manifest_problem,
@@ -542,24 +550,8 @@ class ShardedPublisher(RunPublisher):
         records = [shard.record for shard in shards]
         meta = dict(job.meta)
         declared: Mapping[str, Layout] = meta.pop("layout", {})
-        layout: dict[str, Any] = {}
-        for name, how in declared.items():
-            key = name.removeprefix("/")
-            if isinstance(how, Replicated):
-                layout[key] = {"replicated": True}
-                continue
-            try:
-                shape = global_shape(
-                    [tuple(shard.shapes.get(name, ())) for shard in shards], how.axis
-                )
-            except UsageError as e:
-                raise UsageError(f"{key}: {e.message}") from None
-            layout[key] = {"block": how.axis, "shape": list(shape)}
-        alike, unlike = held_alike(shards, declared)
-        for name in alike:
-            # The same bytes on every rank: a restart on any rank count takes rank 0's.
-            layout[name.removeprefix("/")] = {"replicated": True}
-        fresh = [n for n in unlike if n not in self._warned]
+        layout = layout_record(shards, declared)
+        fresh = [n for n in held_alike(shards, declared)[1] if n not in self._warned]
         self._warned.update(fresh)
         warn_unlike(job.step, fresh, self.size)
         # Where the run's lock cannot hold, two writers may have resumed from the same

@@ -5,9 +5,11 @@ A sharded step counts only when its step manifest is signed by an anchored key o
 run's own, of this run and of the step its directory names, in its place
 (:func:`has_sharded_steps`); nothing else of it is read before that. ``layout=`` names
 top-level keys (or deeper ones, ``"fields/u"``) as split along an axis or replicated
-(:func:`expand_layout`); the step manifest's ``shards.layout`` record says so back, checked
-(:func:`parse_layout`). The commit and the agreed restore are
-:mod:`kronos_audit.runtime.sharded`'s.
+(:func:`expand_layout`); the step manifest's ``shards.layout`` record says so back
+(:func:`layout_record`), with each dataset's digest: a Block array's global digest
+(:mod:`~kronos_audit.checkpoint.treehash`, the same on any rank count), a replicated one's
+digest as rank 0 holds it. It is read back checked (:func:`parse_layout`). The commit and
+the agreed restore are :mod:`kronos_audit.runtime.sharded`'s.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ from kronos_audit.checkpoint.shards import (
     proven_line,
     read_index,
 )
+from kronos_audit.checkpoint.treehash import finish, join, leaf_count
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.parallel.layout import Block, Layout, Replicated
+from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape
 from kronos_audit.project.repository import find_project
+from kronos_audit.runtime.commit import Shard, held_alike
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.statement.manifest import Manifest
@@ -155,6 +159,44 @@ def expand_layout(
     return out
 
 
+def layout_record(shards: Sequence[Shard], declared: Mapping[str, Layout]) -> dict[str, Any]:
+    """The step manifest's ``shards.layout`` record from every rank's vote: each declared
+    dataset (and each one every rank holds alike, as replicated) with its digest."""
+    own = {d.path: d for d in shards[0].datasets}
+    layout: dict[str, Any] = {}
+
+    def replicated(name: str) -> dict[str, Any]:
+        d = own.get(name)
+        if d is None:
+            return {"replicated": True}
+        shape = None if d.shape is None else list(d.shape)
+        return {"replicated": True, "dtype": d.dtype, "shape": shape, "digest": d.sha256}
+
+    for name, how in declared.items():
+        key = name.removeprefix("/")
+        if isinstance(how, Replicated):
+            layout[key] = replicated(name)
+            continue
+        try:
+            shape = global_shape([tuple(shard.shapes.get(name, ())) for shard in shards], how.axis)
+        except UsageError as e:
+            raise UsageError(f"{key}: {e.message}") from None
+        entry: dict[str, Any] = {"block": how.axis, "shape": list(shape)}
+        parts = [shard.trees.get(name) for shard in shards]
+        first = parts[0]
+        if first is not None and all(
+            p is not None and (p.dtype, p.length) == (first.dtype, first.length) for p in parts
+        ):
+            nodes = [n for p in parts if p is not None for n in p.nodes]
+            root = join(nodes, leaf_count(first.length))
+            entry |= {"dtype": first.dtype, "digest": finish(root, first.dtype, shape, how.axis)}
+        layout[key] = entry
+    for name in held_alike(shards, declared)[0]:
+        # The same bytes on every rank: a restart on any rank count takes rank 0's.
+        layout[name.removeprefix("/")] = replicated(name)
+    return layout
+
+
 @dataclass(frozen=True)
 class Recorded:
     """One dataset's layout as a step manifest records it."""
@@ -163,6 +205,38 @@ class Recorded:
     """The axis it is split along; None when replicated."""
     shape: tuple[int, ...] | None
     """Its global shape (Block only)."""
+    dtype: str | None = None
+    """Its dtype, as a dataset digest names it; None when not recorded (a step written
+    before kaudit recorded digests, or a Block array of variable-length strings)."""
+    digest: str | None = None
+    """Its digest, when recorded: a Block array's global digest
+    (:mod:`~kronos_audit.checkpoint.treehash`), a replicated one's canonical sha256."""
+
+
+_HEX = frozenset("0123456789abcdef")
+_DTYPE_LIMIT = 1 << 16
+
+
+def _digest_fields(spec: Mapping[str, Any]) -> tuple[str | None, str | None] | None:
+    """``(dtype, digest)`` of a layout entry: both, or neither; None when malformed."""
+    dtype, digest = spec.get("dtype"), spec.get("digest")
+    if dtype is None and digest is None and "dtype" not in spec and "digest" not in spec:
+        return None, None
+    if (
+        isinstance(dtype, str)
+        and 0 < len(dtype) <= _DTYPE_LIMIT
+        and isinstance(digest, str)
+        and len(digest) == 64
+        and set(digest) <= _HEX
+    ):
+        return dtype, digest
+    return None
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    if isinstance(value, list | tuple) and all(type(d) is int and d >= 0 for d in value):
+        return tuple(value)
+    return None
 
 
 def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
@@ -176,19 +250,31 @@ def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
             raise CheckpointError(f"layout of {str(key)[:80]!r}: a reserved name")
         if not isinstance(spec, Mapping):
             raise CheckpointError(f"layout of {str(key)[:80]!r}: not a record")
-        if spec.get("replicated") is True and set(spec) == {"replicated"}:
-            out[name] = Recorded(None, None)
+        fields = _digest_fields(spec)
+        malformed = CheckpointError(f"layout of {str(key)[:80]!r}: malformed")
+        if fields is None:
+            raise malformed
+        dtype, digest = fields
+        if spec.get("replicated") is True:
+            shape = spec.get("shape")
+            if set(spec) == {"replicated"}:
+                out[name] = Recorded(None, None)
+            elif set(spec) == {"replicated", "dtype", "shape", "digest"} and (
+                shape is None or _shape(shape) is not None
+            ):
+                out[name] = Recorded(None, None if shape is None else _shape(shape), dtype, digest)
+            else:
+                raise malformed
             continue
-        axis, shape = spec.get("block"), spec.get("shape")
+        axis, shape = spec.get("block"), _shape(spec.get("shape"))
         if (
-            set(spec) != {"block", "shape"}
+            set(spec) - {"dtype", "digest"} != {"block", "shape"}
             or type(axis) is not int
-            or not isinstance(shape, list | tuple)
-            or not all(type(d) is int and d >= 0 for d in shape)
+            or shape is None
             or not 0 <= axis < len(shape)
         ):
-            raise CheckpointError(f"layout of {str(key)[:80]!r}: malformed")
-        out[name] = Recorded(axis, tuple(shape))
+            raise malformed
+        out[name] = Recorded(axis, shape, dtype, digest)
     return out
 
 
@@ -265,6 +351,7 @@ __all__ = [
     "UndeclaredLayout",
     "expand_layout",
     "has_sharded_steps",
+    "layout_record",
     "parse_layout",
     "signed_line",
     "signed_shard",

@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.hashing import array_digest
 from kronos_audit.checkpoint.layout import shard_path, step_directory
+from kronos_audit.checkpoint.treehash import global_digest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
@@ -143,17 +145,26 @@ def test_three_ranks_restarted_on_two_and_on_four_end_bitwise_the_same(to_20: Pr
     assert shards is not None
     assert shards.count == 3
     layout = first.predicate["shards"]["layout"]
-    assert dict(layout["fields/u"]) == {"block": 0, "shape": (25, 25)}
-    assert dict(layout["time"]) == {"replicated": True}
-    # Replicated arrays are in rank 0's shard only.
+    u, time = dict(layout["fields/u"]), dict(layout["time"])
+    assert (u["block"], u["shape"], u["dtype"]) == (0, (25, 25), "<f8")
+    assert (time["replicated"], time["shape"], time["dtype"]) == (True, (), "<f8")
+    # Replicated arrays are in rank 0's shard only; what the manifest records of each is
+    # what the shards hold, read back.
     import h5py
 
     directory = step_directory(run_dir, 20)
-    with h5py.File(shard_path(directory, 0, 3)) as f0, h5py.File(shard_path(directory, 1, 3)) as f1:
-        assert "time" in f0
-        assert "time" not in f1
-        assert f0["fields/u"].shape == (9, 25)
-        assert f1["fields/u"].shape == (8, 25)
+    files = [h5py.File(shard_path(directory, r, 3)) for r in range(3)]
+    try:
+        assert "time" in files[0]
+        assert "time" not in files[1]
+        assert files[0]["fields/u"].shape == (9, 25)
+        assert files[1]["fields/u"].shape == (8, 25)
+        whole = np.concatenate([f["fields/u"][()] for f in files])
+        assert u["digest"] == global_digest(whole, 0)
+        assert time["digest"] == array_digest("/time", files[0]["time"][()]).sha256
+    finally:
+        for f in files:
+            f.close()
     # What git sees of a step: the manifest and small .dvc files; the data (shards, index,
     # tree) is DVC's.
     seen = subprocess.run(

@@ -56,6 +56,18 @@ def test_a_recorded_layout_is_parsed_strictly() -> None:
     assert parse_layout(
         {"fields/u": {"block": 0, "shape": [4, 3]}, "time": {"replicated": True}}
     ) == {"/fields/u": Recorded(0, (4, 3)), "/time": Recorded(None, None)}
+    digest = "ab" * 32
+    assert parse_layout(
+        {
+            "u": {"block": 1, "shape": [4, 3], "dtype": "<f8", "digest": digest},
+            "t": {"replicated": True, "dtype": "<i8", "shape": [], "digest": digest},
+            "s": {"replicated": True, "dtype": "vlen-str", "shape": None, "digest": digest},
+        }
+    ) == {
+        "/u": Recorded(1, (4, 3), "<f8", digest),
+        "/t": Recorded(None, (), "<i8", digest),
+        "/s": Recorded(None, None, "vlen-str", digest),
+    }
 
 
 @pytest.mark.parametrize(
@@ -69,6 +81,16 @@ def test_a_recorded_layout_is_parsed_strictly() -> None:
         {"u": {"block": 0, "shape": [4], "extra": 1}},
         {"u": {"replicated": 1}},
         {"u": {"replicated": True, "block": 0}},
+        # a digest is 64 lower-case hex digits, always with its dtype
+        {"u": {"block": 0, "shape": [4], "dtype": "<f8", "digest": "AB" * 32}},
+        {"u": {"block": 0, "shape": [4], "dtype": "<f8", "digest": "ab" * 31}},
+        {"u": {"block": 0, "shape": [4], "digest": "ab" * 32}},
+        {"u": {"block": 0, "shape": [4], "dtype": "<f8"}},
+        {"u": {"block": 0, "shape": [4], "dtype": 8, "digest": "ab" * 32}},
+        {"u": {"block": 0, "shape": [4], "dtype": "", "digest": "ab" * 32}},
+        {"u": {"block": 0, "shape": [4], "dtype": "x" * 70_000, "digest": "ab" * 32}},
+        {"u": {"replicated": True, "digest": "ab" * 32, "dtype": "<f8"}},  # no shape
+        {"u": {"replicated": True, "digest": "ab" * 32, "dtype": "<f8", "shape": [-1]}},
         {"u": []},
         {"rng/numpy": {"replicated": True}},  # would hand rank 0's generators to every rank
         {"ledger": {"replicated": True}},

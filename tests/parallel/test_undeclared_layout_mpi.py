@@ -50,8 +50,8 @@ def test_values_alike_on_every_rank_are_replicated_and_restore_on_another_count(
     record = read_manifest(step_directory(run_dir, 4) / STEP_MANIFEST).record
     assert record.shards is not None
     layout = record.shards.layout
-    assert layout["t"] == {"replicated": True}
-    assert layout["n"] == {"replicated": True}
+    assert (layout["t"]["replicated"], layout["t"]["dtype"]) == (True, "<f8")
+    assert (layout["n"]["replicated"], layout["n"]["dtype"]) == (True, "<i8")
     assert layout["u"]["block"] == 0
 
     for f in project.root.glob("out.*.json"):

@@ -63,7 +63,9 @@ from kronos_audit.replay.interface import (
     Timings,
 )
 from kronos_audit.replay.sharded import (
+    compare_by_digests,
     compare_steps,
+    digests_recorded,
     find_step_output,
     hand_over_step,
     is_sharded,
@@ -72,7 +74,12 @@ from kronos_audit.replay.sharded import (
     launcher_name,
     ranks_for,
 )
-from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
+from kronos_audit.replay.verification import (
+    Verified,
+    fetch_recorded_data,
+    recorded_here,
+    verify_history,
+)
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.attestation import ManifestRef
@@ -241,10 +248,13 @@ def _run_and_compare(
         run_command(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
         if ranks is not None:
-            # A step signs its shards, not its datasets: the comparison reads the recorded
-            # data, fetched if it is not here and verified again only now, after the
-            # command ran (it must not find the answer, nor change it unseen).
-            fetch_recorded_data(verified.verifier, m)
+            # Bitwise, a step whose manifest signs every declared dataset's digest compares
+            # by them when its shards are not here. Otherwise the comparison reads the
+            # recorded data, fetched if it is not here and verified again only now, after
+            # the command ran (it must not find the answer, nor change it unseen).
+            by_digests = basis is Basis.HASHES and _by_digests(m)
+            if not by_digests:
+                fetch_recorded_data(verified.verifier, m)
             return _sharded_result(
                 verified,
                 command,
@@ -257,6 +267,7 @@ def _run_and_compare(
                 ranks,
                 clock,
                 workdir if keep else None,
+                by_digests,
             )
         if basis is Basis.DATA:  # only now: the command must not find the answer
             fetch_recorded_data(verified.verifier, m)
@@ -296,6 +307,15 @@ def _run_and_compare(
     )
 
 
+def _by_digests(m: Manifest) -> bool:
+    """Whether a bitwise replay of sharded step ``m`` compares by the digests its manifest
+    signs: it records one for every dataset it declares, and the recorded shards (or
+    their index) are not all here."""
+    shards = m.record.shards
+    assert shards is not None
+    return digests_recorded(shards.layout) and not recorded_here(m)
+
+
 def _sharded_result(
     verified: Verified,
     command: tuple[str, ...],
@@ -308,21 +328,25 @@ def _sharded_result(
     ranks: int,
     clock: _Clock,
     workdir: Path | None,
+    by_digests: bool = False,
 ) -> ReplayResult:
     """The step the ranks wrote against the recorded step, by ``policy`` (bitwise by the
-    data's digests for the empty one)."""
+    data's digests for the empty one), or by the digests the step manifest signs alone."""
     m, project, parent = verified.manifest, verified.project, verified.parent
     shards = m.record.shards
     assert shards is not None
     produced = find_step_output(instruction.out, m.step, ranks)
-    datasets, uncompared = compare_steps(
-        m.checkpoint_path.parent,
-        shards.count,
-        shards.layout,
-        produced,
-        m.subject_sha256,
-        policy if basis is Basis.DATA else None,
-    )
+    if by_digests:
+        datasets, uncompared = compare_by_digests(shards.layout, produced)
+    else:
+        datasets, uncompared = compare_steps(
+            m.checkpoint_path.parent,
+            shards.count,
+            shards.layout,
+            produced,
+            m.subject_sha256,
+            policy if basis is Basis.DATA else None,
+        )
     clock.lap("compare")
     return ReplayResult(
         manifest=_ref(project, m),

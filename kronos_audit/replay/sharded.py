@@ -22,7 +22,10 @@ The engine's steps are the same as for one checkpoint file; what differs is here
   compare), replicated ones (and kaudit's own ``/kaudit`` records) from rank 0 of each,
   and datasets without a layout (the per-rank generators and ledger) rank by rank when
   the counts are equal; with different counts those are not comparable, which is said,
-  not counted as a failure of the declared arrays.
+  not counted as a failure of the declared arrays;
+- :func:`compare_by_digests`: bitwise, by the digests the step manifest signs alone (each
+  Block array's global digest, the same on any rank count, and each replicated one's),
+  when the recorded shards are not here: nothing recorded is fetched.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from kronos_audit.checkpoint.hashing import (
 )
 from kronos_audit.checkpoint.layout import INDEX_NAME, shard_path, step_directory
 from kronos_audit.checkpoint.shards import ShardRecord, hash_shard, parse_index, read_index
+from kronos_audit.checkpoint.treehash import TreeHasher
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict, compare_datasets
 from kronos_audit.compare.engine import stream_comparison
@@ -433,6 +437,76 @@ def _global(step: _Step, name: str, recorded: Recorded) -> DatasetDigest:
     for _, chunk in _chunks(dsets, axis, shape, _rows_per_chunk(shape, dsets[0].dtype.itemsize)):
         h.update(chunk)
     return h.digest()
+
+
+def _tree_digest(step: _Step, name: str, axis: int) -> DatasetDigest:
+    """The global digest of Block dataset ``name`` of ``step``
+    (:mod:`~kronos_audit.checkpoint.treehash`), its blocks read in rank order along
+    ``axis``, in bounded slices."""
+    dsets, shape = _blocks(step, name, axis)
+    dtype = dsets[0].dtype
+    h = TreeHasher(dtype, shape, axis)
+    for d in dsets:
+        if d.dtype != dtype:
+            raise CheckpointError(f"{name}: the blocks' dtypes differ")
+        length = d.shape[axis]
+        moved = (d.shape[axis], *d.shape[:axis], *d.shape[axis + 1 :])
+        rows = _rows_per_chunk(moved, dtype.itemsize)
+        for first in range(0, length, rows):
+            part = np.asarray(d[(slice(None),) * axis + (slice(first, first + rows),)])
+            h.update(np.moveaxis(part, axis, 0) if axis else part)
+    return DatasetDigest(name, dtype_name(dtype), shape, h.hexdigest())
+
+
+def compare_by_digests(
+    layout_record: Mapping[str, Any], produced: StepOutput
+) -> tuple[list[DatasetReplay], list[str]]:
+    """The produced step against the recorded one by the digests its step manifest signs
+    alone, without the recorded data: each Block array's global digest (the same on any
+    rank count) and each replicated one's; the datasets of which no digest is recorded
+    (each rank's own, kaudit's, any without a layout) are named as not compared.
+    ReplayError (stage ``compare``) when a produced shard cannot be read."""
+    layout = parse_layout(layout_record)
+    count = len(produced.records)
+    recorded: list[DatasetDigest] = []
+    replayed: list[DatasetDigest] = []
+    try:
+        with ExitStack() as stack:
+            out = _Step(produced.directory, count, stack)
+            names = out.listing(0)
+            digested = {n: h for n, h in layout.items() if h.digest is not None}
+            for name, how in sorted(digested.items()):
+                assert how.digest is not None
+                recorded.append(DatasetDigest(name, how.dtype or "", how.shape, how.digest))
+                if name not in names:
+                    continue  # recorded, not produced: said so below
+                if how.block is not None:
+                    replayed.append(_tree_digest(out, name, how.block))
+                else:
+                    replayed.append(names[name])
+            unrecorded = sorted(n for n in names if n not in digested)
+    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+        reason = e.message if isinstance(e, CheckpointError) else str(e).splitlines()[0]
+        raise ReplayError(
+            f"cannot compare the sharded steps: {reason}",
+            path=produced.directory,
+            stage=Stage.COMPARE,
+        ) from None
+    uncompared = []
+    if unrecorded:
+        shown = ", ".join(unrecorded[:5]) + (", ..." if len(unrecorded) > 5 else "")
+        uncompared.append(
+            f"{len(unrecorded)} dataset(s) ({shown}): the step manifest records no digest of "
+            "them and the recorded shards are not here, so they were compared by nothing"
+        )
+    return compare_digests(recorded, replayed), uncompared
+
+
+def digests_recorded(layout_record: Mapping[str, Any]) -> bool:
+    """Whether the step manifest's layout records a digest of every dataset it names, so
+    that a bitwise replay can compare by them without the recorded data."""
+    layout = parse_layout(layout_record)
+    return bool(layout) and all(how.digest is not None for how in layout.values())
 
 
 def _compare_global(

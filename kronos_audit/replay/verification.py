@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.errors import Error, ReplayError, Stage
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
@@ -78,12 +79,24 @@ def verify_history(
         require(checked, "the parent manifest")
     # A tolerance's recorded data is fetched and read only after the command has run
     # (fetch_recorded_data): the command must not find the answer it is compared with.
-    if basis is Basis.HASHES and (m.checkpoint_path.exists() or verifier.pruned_by(m) is not None):
+    if basis is Basis.HASHES and (recorded_here(m) or verifier.pruned_by(m) is not None):
         checked = verifier.verify(m.path)
     else:
         checked = verifier.verify(m.path, data=False)
     require(checked, "the manifest")
     return Verified(m, project, parent, parent_fetched, verifier)
+
+
+def recorded_here(m: Manifest) -> bool:
+    """Whether the checkpoint ``m`` signs is here: its file, or for a sharded step its
+    index and every shard."""
+    if not m.checkpoint_path.exists():
+        return False
+    shards = m.record.shards
+    if shards is None:
+        return True
+    directory = m.checkpoint_path.parent
+    return all(shard_path(directory, r, shards.count).exists() for r in range(shards.count))
 
 
 def fetch_recorded_data(verifier: Verifier, m: Manifest) -> None:

@@ -25,7 +25,7 @@ from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
-from kronos_audit.replay.sharded import StepOutput, compare_steps
+from kronos_audit.replay.sharded import StepOutput, compare_by_digests, compare_steps
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, recorded_once, run_cli
 from tests.parallel.launch import launched, launcher_env, mpirun
@@ -213,6 +213,40 @@ def test_a_heat_mpi_step_replays_bitwise_on_the_recorded_ranks_and_on_two(heat: 
     assert paths["/fields/u"] == "IDENTICAL"
     assert not any("(rank" in p for p in paths)
     assert doc["uncompared"]
+
+
+def test_with_its_shards_gone_a_step_replays_on_two_ranks_by_its_signed_digests(
+    heat: Path,
+) -> None:
+    """The step manifest signs each declared array's digest (a Block array's is the
+    global array's, the same on any rank count): a bitwise replay on 2 ranks of a 3-rank
+    step whose shards are gone, from here and from any remote, compares by them."""
+    step = step_directory(heat, 4)
+    for r in range(3):
+        shard_path(step, r, 3).unlink()
+    status, doc = replay_json(step_manifest(heat, 4), "--ranks", "2")
+    assert (status, doc["outcome"], doc["ranks"]) == (0, "REPRODUCED", 2), doc
+    paths = {d["path"]: d["verdict"] for d in doc["datasets"]}
+    assert paths == {"/fields/u": "IDENTICAL", "/time": "IDENTICAL", "/iterations": "IDENTICAL"}
+    (said,) = doc["uncompared"]
+    assert "records no digest" in said
+    assert "rng" in said
+    assert not any(shard_path(step, r, 3).exists() for r in range(3))  # nothing fetched
+
+
+def test_by_digests_one_cell_of_a_block_differing_fails_that_array_alone(heat: Path) -> None:
+    step = step_directory(heat, 4)
+    m = ka.read_manifest(step_manifest(heat, 4))
+    assert m.record.shards is not None
+    copy = heat.parent / "copy" / step.name
+    shutil.copytree(step, copy)
+    records = parse_index((copy / "index.jsonl").read_bytes(), 3)
+    results, _ = compare_by_digests(m.record.shards.layout, StepOutput(copy, records, ""))
+    assert all(r.ok for r in results)
+    with h5py.File(shard_path(copy, 2, 3), "r+") as f:
+        f["fields/u"][0, 3] += 1e-12
+    results, _ = compare_by_digests(m.record.shards.layout, StepOutput(copy, records, ""))
+    assert [(r.path, r.verdict.value) for r in results if not r.ok] == [("/fields/u", "DIFFERENT")]
 
 
 def test_the_first_step_replays_from_the_start_on_one_rank(heat: Path) -> None:

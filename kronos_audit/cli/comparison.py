@@ -55,8 +55,13 @@ def _where(m: Mismatch) -> str:
     return safe(text)
 
 
+def _unread(d: DatasetComparison) -> bool:
+    """Decided without reading an element (two sharded steps' signed digests differ)."""
+    return d.verdict in _NO_ELEMENTS or (d.size == 0 and d.reason is not None)
+
+
 def _mismatches(d: DatasetComparison) -> str:
-    if d.verdict in _NO_ELEMENTS:
+    if _unread(d):
         return "-"
     return f"{d.mismatches} ({d.mismatch_percent:.3g}%)"
 
@@ -69,7 +74,9 @@ def dataset_details(d: DatasetComparison) -> list[str]:
     """Rich markup lines about one dataset: verdict, counts, rule, first and worst mismatch."""
     head = f"[bold]{safe(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
     facts = [] if d.reason is None else [safe(d.reason)]
-    if d.verdict in ("DIFFERENT", "WITHIN_TOLERANCE"):
+    if d.verdict == "DIFFERENT" and _unread(d):
+        facts.append(f"rule: {safe(d.rule)}")
+    elif d.verdict in ("DIFFERENT", "WITHIN_TOLERANCE"):
         facts.append(
             f"{d.mismatches} of {_plural(d.size, 'element')} fail, {d.differing} differ bitwise"
         )

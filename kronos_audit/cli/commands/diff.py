@@ -1,4 +1,5 @@
-"""`kaudit diff A.h5 B.h5`: compare two checkpoints dataset by dataset."""
+"""`kaudit diff A.h5 B.h5`: compare two checkpoints dataset by dataset (or two sharded
+steps, array by array, by their signed digests)."""
 
 from __future__ import annotations
 
@@ -37,16 +38,26 @@ def diff(
     [compare] in .kaudit/config.toml when the files are in a kaudit repository; options
     given here override them.
 
+    Two sharded steps (their directories or step manifests), written on any two rank
+    counts, compare without their data: bitwise by the digests their signed manifests
+    record of each array; with a tolerance, by the data of their shards.
+
     Exit 0 when every dataset is IDENTICAL or WITHIN_TOLERANCE, 1 otherwise, 2 for bad input.
 
     \b
     Example:
       kaudit diff recorded/step-3000.h5 rerun/step-3000.h5 --rtol 1e-12 --tol 'rng/*:exact'
+      kaudit diff on4/step-00000040 on2/step-00000040
     """
     from kronos_audit.compare import compare_files
+    from kronos_audit.replay.step_diff import diff_steps, step_manifest_of
 
     policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
-    result = compare_files(a, b, policy)
+    step_a, step_b = step_manifest_of(a), step_manifest_of(b)
+    if step_a is not None and step_b is not None:
+        result = diff_steps(step_a, step_b, policy)
+    else:
+        result = compare_files(a, b, policy)
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else str(project.config_path)

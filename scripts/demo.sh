@@ -182,5 +182,7 @@ echo "3 ranks, never stopped:   $(tail -n 1 heat-mpi-reference.out)"
 [ "$(tail -n 1 heat-mpi.out)" = "$(tail -n 1 heat-mpi-reference.out)" ] \
     || { echo "demo: the run resumed elsewhere differs from the uninterrupted one" >&2; exit 1; }
 echo "bitwise identical: resumed on another machine, on another rank count, from the remote"
+say "the two final steps, on 2 and on 3 ranks, compared by their signed digests alone"
+run kaudit diff checkpoints/heat-mpi/step-00000400 checkpoints/heat-mpi-uninterrupted/step-00000400
 
 printf '\nDemo finished; its project is in %s\n' "$WORK/project"

@@ -265,14 +265,18 @@ def _environment() -> jinja2.Environment:
 def render_html(report: Report) -> str:
     """The report as one self-contained HTML page."""
     template = _environment().get_template("report.html.j2")
+    # Each chart's caption names its run (and replay): no two captions on the page alike.
     runs = [
         {
+            "index": i,
             "run": run,
-            "timeline": charts.timeline(run.chain),
-            "sizes": charts.sizes(run.chain),
-            "errors": [charts.errors(r.datasets) if r.datasets else None for r in run.replays],
+            "timeline": charts.timeline(run.chain, run.run),
+            "sizes": charts.sizes(run.chain, run.run),
+            "errors": [
+                charts.errors(r.datasets, r.step) if r.datasets else None for r in run.replays
+            ],
         }
-        for run in report.runs
+        for i, run in enumerate(report.runs, 1)
     ]
     html: str = template.render(report=report, runs=runs)
     return html

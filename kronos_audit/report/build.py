@@ -3,6 +3,7 @@ and the signed replay attestations beside them."""
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import itertools
 import re
@@ -52,8 +53,15 @@ MAX_DATASETS = 50
 """Datasets listed at most per replay: the failing ones first."""
 MAX_REASONS = 10
 """Unreadable inputs named at most in the verdict (the report lists up to MAX_FAILURES)."""
-PAUSE_FACTOR = 5.0
-"""A wall-clock interval this many times the run's median is shown as a pause."""
+PAUSE_MEDIANS = 3.0
+"""A pause is longer than this many times the median of the run's other intervals..."""
+PAUSE_P90S = 2.0
+"""... and than this many times their 90th percentile (a long beat of the run's own
+cadence, say an evaluation every tenth checkpoint, recurs above it: no pause)..."""
+PAUSE_MIN_SECONDS = 1.0
+"""... and than this: a hiccup of milliseconds between fast checkpoints is no pause."""
+PAUSE_MIN_INTERVALS = 3
+"""Fewer intervals than this between checkpoints of one process tell no cadence."""
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -188,6 +196,35 @@ def _signers(results: Iterable[VerifyResult]) -> tuple[Signer, ...]:
     )
 
 
+def pauses(intervals: Sequence[float]) -> tuple[int, ...]:
+    """The indices of the ``intervals`` (seconds between a run's successive checkpoints,
+    restarts left out) that stand out from the run's own cadence: each longer than
+    :data:`PAUSE_MEDIANS` times the median of the other intervals, :data:`PAUSE_P90S`
+    times their 90th percentile, and :data:`PAUSE_MIN_SECONDS`.
+
+    An interval is judged against the others, not against a cadence it is part of, so one
+    pause in a short run stands out as well as in a long one; a long interval that recurs
+    in more than one interval in ten is a beat of the cadence, and jitter around a regular
+    interval never reaches three medians. Only positive intervals count (a clock that went
+    back tells no cadence), and fewer than :data:`PAUSE_MIN_INTERVALS` tell none: no
+    pause."""
+    positive = sorted(t for t in intervals if t > 0)
+    if len(positive) < PAUSE_MIN_INTERVALS:
+        return ()
+    floor = max(PAUSE_MIN_SECONDS, PAUSE_MEDIANS * statistics.median(positive[:-1]))
+    found = []
+    for i, t in enumerate(intervals):
+        if t <= floor:  # the others' median is at least that of all but the longest
+            continue
+        others = positive.copy()
+        others.pop(bisect.bisect_left(others, t))
+        median = statistics.median(others)
+        p90 = statistics.quantiles(others, n=10, method="inclusive")[-1]
+        if t > max(PAUSE_MIN_SECONDS, PAUSE_MEDIANS * median, PAUSE_P90S * p90):
+            found.append(i)
+    return tuple(found)
+
+
 def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
     times = [_time(m.record.created) for _, m in rows]
     known = [t for t in times if t is not None]
@@ -200,15 +237,18 @@ def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
                 m.step, m.record.created, seconds, m.record.size, m.record.restart_count, r.ok
             )
         )
-    intervals = [b.seconds - a.seconds for a, b in itertools.pairwise(points)]
-    positive = [i for i in intervals if i > 0]
-    usual = statistics.median(positive) if positive else 0.0
+    pairs = list(itertools.pairwise(points))
+    restarted = [(b.restart_count or 0) > (a.restart_count or 0) for a, b in pairs]
+    # the cadence is that of one process: the time a restart took is no part of it
+    ordinary = [i for i, r in enumerate(restarted) if not r]
+    paused = {
+        ordinary[j] for j in pauses([pairs[i][1].seconds - pairs[i][0].seconds for i in ordinary])
+    }
     gaps = []
-    for a, b, interval in zip(points, points[1:], intervals, strict=False):
-        if (b.restart_count or 0) > (a.restart_count or 0):
-            gaps.append(Gap(GapKind.RESTART, a.step, b.step, interval))
-        elif usual > 0 and interval > PAUSE_FACTOR * usual and len(positive) >= 3:
-            gaps.append(Gap(GapKind.PAUSE, a.step, b.step, interval))
+    for i, (a, b) in enumerate(pairs):
+        if restarted[i] or i in paused:
+            kind = GapKind.RESTART if restarted[i] else GapKind.PAUSE
+            gaps.append(Gap(kind, a.step, b.step, b.seconds - a.seconds))
     sizes = [p.size for p in points]
     created = sorted(p.created for p in points)
     return Chain(

@@ -144,7 +144,8 @@ class GapKind(enum.StrEnum):
     RESTART = "restart"
     """The restart count rose: the run was restarted (after a fault or a preemption)."""
     PAUSE = "pause"
-    """Much longer than the usual interval between checkpoints (a preemption, a queue)."""
+    """An interval that stands out from the run's own cadence (a preemption, a queue):
+    :func:`kronos_audit.report.build.pauses`."""
 
 
 @dataclass(frozen=True)

@@ -197,8 +197,8 @@ class Stage(enum.StrEnum):
 class ReplayError(Error):
     """The segment could not be replayed (exit 2): the history does not verify, the code or
     the data cannot be had, the environment was refused, or the command failed or produced
-    nothing. A replay that ran and disagrees is not an error: it is a :class:`ReplayResult`
-    whose verdict is NOT_REPRODUCED."""
+    nothing. A replay that ran and disagrees is not an error: it is a
+    :class:`~kronos_audit.replay.ReplayResult` whose verdict is NOT_REPRODUCED."""
 
     def __init__(self, message: str, *, path: Path | str | None = None, stage: Stage) -> None:
         super().__init__(message, path=path)

@@ -26,7 +26,8 @@ from kronos_audit.statement.manifest import Manifest
 
 Instruction = ReplayInstruction
 """What the replayed command is told: the protocol's one instruction type, written here as
-environment variables and placeholders, read back by the program's :class:`ka.Run`."""
+environment variables and placeholders, read back by the program's
+:class:`kronos_audit.Run`."""
 
 PYTHON_NAMES = frozenset({"python", "python3"})
 """A recorded argv starting with one of these runs with this interpreter (sys.executable)."""

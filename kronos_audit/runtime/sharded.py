@@ -647,7 +647,8 @@ def _walk(group: h5py.Group, prefix: str = "") -> Iterator[tuple[str, h5py.Datas
 
 
 def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Every dataset of ``f`` but those in ``skip``, as :func:`read_flat` gives them."""
+    """Every dataset of ``f`` but those in ``skip``, as
+    :func:`~kronos_audit.checkpoint.hdf5.read_flat` gives them."""
     return {n: _value(f, n) for n, _ in _walk(f) if n not in skip}
 
 

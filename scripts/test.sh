@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything into .venv, then run the whole suite: ruff (the code and the docs' Python
-# blocks), mypy (strict, over everything), pytest.
+# blocks), mypy (strict, over everything), the docs site's strict build, pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k verify`. pytest runs with one
 # worker more than there are cores (pytest-xdist: a third of the suite's time is spent
 # waiting on the processes its tests start; KAUDIT_TEST_WORKERS=N for N workers, 0 for none)
@@ -21,8 +21,15 @@ PY_DIRS=(kronos_audit tests bench examples scripts)
 MYPY_LOG="$(mktemp)"
 mypy >"$MYPY_LOG" 2>&1 &
 MYPY_PID=$!
-# a check that fails first stops mypy too, and leaves no log behind
-trap 'kill "$MYPY_PID" 2>/dev/null || true; rm -f "$MYPY_LOG" "$TOOLS_LOG"' EXIT
+# The docs site, built strictly (mkdocs.yml), the same way: a broken link or anchor between
+# the pages, or a docstring's cross-reference to nothing, fails. A few CPU-seconds.
+DOCS_LOG="$(mktemp)"
+DOCS_SITE="$(mktemp -d)"
+mkdocs build --strict --site-dir "$DOCS_SITE" >"$DOCS_LOG" 2>&1 &
+DOCS_PID=$!
+# a check that fails first stops mypy and the docs build too, and leaves no log behind
+trap 'kill "$MYPY_PID" "$DOCS_PID" 2>/dev/null || true
+rm -rf "$MYPY_LOG" "$DOCS_LOG" "$DOCS_SITE" "$TOOLS_LOG"' EXIT
 echo "== ruff"
 ruff format --check "${PY_DIRS[@]}"
 ruff check "${PY_DIRS[@]}"
@@ -39,11 +46,22 @@ python -m pytest -n "${KAUDIT_TEST_WORKERS:-$(($(nproc) + 1))}" --durations=15 "
 status=$?
 wait "$MYPY_PID"
 mypy_status=$?
+wait "$DOCS_PID"
+docs_status=$?
 set -e
 echo "== mypy --strict (pyproject's files: the package, tests, bench, examples, scripts)"
 cat "$MYPY_LOG"
+echo "== mkdocs build --strict (the docs site, its API reference from the docstrings)"
+if [ "$docs_status" -eq 0 ]; then
+    echo "docs site built, no warning"
+else
+    cat "$DOCS_LOG"
+fi
 if [ "$mypy_status" -ne 0 ]; then
     exit "$mypy_status"
+fi
+if [ "$docs_status" -ne 0 ]; then
+    exit "$docs_status"
 fi
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no test: nothing to fail" >&2

@@ -227,6 +227,24 @@ def manifests_named(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
     return project, found
 
 
+def repository_if_none(paths: tuple[Path, ...]) -> list[Path]:
+    """``paths``; none given: the kaudit repository holding the working directory (as a
+    path relative to it, so what is printed is too), for a command that then covers
+    every run in it, as ``status``, ``push``, ``log`` and ``gate`` do."""
+    import os
+
+    from kronos_audit.checkpoint.layout import statements_in
+    from kronos_audit.errors import UsageError
+    from kronos_audit.project.repository import find_project
+
+    if paths:
+        return list(paths)
+    project = find_project(Path.cwd()).require_initialized()
+    if not statements_in(project.root).manifests:
+        raise UsageError("no manifest (*.kaudit.json) in this repository", path=project.root)
+    return [Path(os.path.relpath(project.root))]
+
+
 # -- asking and warning ----------------------------------------------------------------
 
 

@@ -70,6 +70,11 @@ class Storage:
             self._repo = Repo(str(self.project.root))
         return self._repo
 
+    def has_default_remote(self) -> bool:
+        """Whether DVC has a default remote here (``core.remote``): where a command that
+        names none goes."""
+        return bool(self.repo.config["core"].get("remote"))
+
     def remote_name(self, name: str | None = None) -> str:
         chosen = name or self.repo.config["core"].get("remote")
         if not chosen:

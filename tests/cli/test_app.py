@@ -289,7 +289,7 @@ def test_with_json_an_error_is_one_json_object_on_stdout(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("args", "mention"),
     [
-        (["verify", "--json"], "Missing argument 'MANIFESTS...'"),  # a missing argument
+        (["replay", "--json"], "Missing argument 'MANIFEST'"),  # a missing argument
         (["status", "--json", "--bogus"], "No such option '--bogus'"),  # before --json is seen
         (["interval", "--json", "--mtbf", "soon", "--cost", "5m"], "'soon' is not a duration"),
         (["diff", "--json", "a.h5", "b.h5", "--rtol", "x"], "--rtol must be a number"),

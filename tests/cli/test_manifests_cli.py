@@ -397,6 +397,28 @@ def test_verify_json_reports_every_manifest(project: Project, key: SigningKey) -
     assert human.stdout.count("ok   ") == 3
 
 
+def test_verify_with_no_path_covers_every_run_of_the_repository(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    for run in ("a", "b/deeper"):
+        ckpt = write_checkpoint(project.root / "checkpoints" / run / "s1.h5")
+        assert snapshot_cli(ckpt, run=run.replace("/", "-")).exit_code == 0
+    named = run_cli("verify", "checkpoints", cwd=project.root)
+    every = run_cli("verify", cwd=project.root)  # as `status`, `push`, `log`, `gate`
+    assert every.exit_code == 0, every.output
+    assert every.stdout == named.stdout
+    assert every.stdout.count("ok   ") == 2
+    # from below the root, paths relative to where you are, as git prints them
+    below = run_cli("verify", "--json", cwd=project.root / "checkpoints" / "a")
+    assert [r["manifest"] for r in json.loads(below.stdout)["results"]] == [
+        "../../checkpoints/a/s1.h5.kaudit.json",
+        "../../checkpoints/b/deeper/s1.h5.kaudit.json",
+    ]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_bad_input(run_cli("verify", cwd=empty), str(empty))
+
+
 def test_verify_truncated_json(project: Project, key: SigningKey, checkpoint: Path) -> None:
     (m,) = snapshot(checkpoint, run="r", step=1)
     m.path.write_bytes(m.path.read_bytes()[:100])

@@ -106,3 +106,23 @@ def test_pull_json_counts_bad_input_among_results(run_dir: Path) -> None:
     assert error["path"] == str(broken)
     assert error["exit_code"] == 2
     assert "not valid JSON" in error["error"]
+
+
+def test_status_before_any_remote_shows_the_places_here(project: Project, key: SigningKey) -> None:
+    directory = project.root / "checkpoints" / "r"
+    for step in (1, 2):
+        ckpt = write_checkpoint(directory / f"step-{step}.h5", seed=step)
+        assert run_cli("snapshot", str(ckpt), "--run", "r", "--step", str(step)).exit_code == 0
+    (directory / "step-1.h5").unlink()
+    shown = run_cli("status", cwd=project.root)  # `kaudit init` with no --remote
+    assert shown.exit_code == 0, shown.output
+    assert shown.stderr == ""
+    assert "checkpoints/r/step-2.h5     2" in shown.stdout
+    assert "1 local, 1 missing\nno DVC remote yet: places here only" in shown.stdout
+    doc = as_json("status", str(directory))
+    assert places(doc) == {"step-1.h5": "missing", "step-2.h5": "local"}
+    assert doc["remote_asked"] is False
+    # a remote named is asked for, and one that is not there is bad input
+    named = run_cli("status", "--remote", "nowhere", cwd=project.root)
+    assert named.exit_code == 2
+    assert "no DVC remote named 'nowhere'" in named.stderr

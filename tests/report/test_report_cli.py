@@ -37,6 +37,23 @@ def test_format_option_overrides_the_extension(
     assert out.read_text().startswith("# kaudit report: PASS\n")
 
 
+def test_with_no_path_the_report_covers_every_run_of_the_repository(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    import kronos_audit as ka
+
+    snapshot_one(project, key)
+    other = write_checkpoint(project.root / "elsewhere" / "two" / "step-00000001.h5", seed=2)
+    ka.snapshot(other, run="two", step=1, key=key)
+    out = tmp_path / "report.json"
+    result = run_cli("report", "--out", str(out), "--json", cwd=project.root / "elsewhere")
+    assert result.exit_code == 0, result.output
+    assert sorted(json.loads(result.stdout)["reasons"]) == [
+        "run one: all 1 manifests verify, no replay attested",
+        "run two: all 1 manifests verify, no replay attested",
+    ]
+
+
 def test_an_unknown_extension_is_refused_before_anything(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:

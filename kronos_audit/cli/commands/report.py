@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli.options import json_option, trust_options
+from kronos_audit.cli.options import json_option, repository_if_none, trust_options
 from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
 
@@ -20,7 +20,7 @@ FORMATS = ("html", "md", "json")
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option(
     "--out",
     "out_path",
@@ -65,12 +65,12 @@ def report(
     chain, verification, replays.
 
     Every manifest (CKPT.kaudit.json) and replay attestation (CKPT.replay.json) under the
-    run directories or files named is verified as `kaudit verify` does it, with the same
-    trust options. The report opens with the verdict, then for each run: provenance
-    (commit, patch, signers and their anchors, environment), the checkpoint chain as a
-    timeline (restarts and pauses as gaps), the verification of every manifest (counts,
-    the failures and the newest), the attested replays per dataset with environment
-    drift, and the commands that reproduce it all.
+    run directories or files named (none: the whole repository) is verified as `kaudit
+    verify` does it, with the same trust options. The report opens with the verdict,
+    then for each run: provenance (commit, patch, signers and their anchors,
+    environment), the checkpoint chain as a timeline (restarts and pauses as gaps), the
+    verification of every manifest (counts, the failures and the newest), the attested
+    replays per dataset with environment drift, and the commands that reproduce it all.
 
     Exit 0 when the verdict is PASS, 1 when it is FAIL (the report is written either way),
     2 when nothing could be reported (no manifest, a bad option, an unwritable FILE).
@@ -86,7 +86,9 @@ def report(
     from kronos_audit.cli.progress import progress_bar
 
     with progress_bar():  # on a terminal only; never with -q or --json
-        result = build_report(list(paths), trust=trust, fetch=not no_fetch, newest=newest)
+        result = build_report(
+            repository_if_none(paths), trust=trust, fetch=not no_fetch, newest=newest
+        )
     write_report(result, out_path, chosen)
     if as_json:
         out.json(

@@ -53,6 +53,9 @@ def status_command(
     trust options (as for `kaudit verify`), records pruning it. Nothing else is verified:
     that is `kaudit verify`.
 
+    Before any DVC remote is set up (and without --remote), only the places here are
+    shown, as with --local-only: local, pruned, missing or corrupt.
+
     Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
 
     \b
@@ -60,9 +63,12 @@ def status_command(
       kaudit status checkpoints/heat --local-only
     """
     from kronos_audit.history.status import status
+    from kronos_audit.storage import Storage
 
     project, manifests = manifests_named(targets)
-    entries = status(project, manifests, remote, check_remote=not local_only, trust=trust)
+    # No remote yet (a new repository): what is here, as `git status` before any push.
+    ask = not local_only and (remote is not None or Storage(project).has_default_remote())
+    entries = status(project, manifests, remote, check_remote=ask, trust=trust)
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1
@@ -82,6 +88,7 @@ def status_command(
                     for e in entries
                 ],
                 "counts": dict(sorted(counts.items())),
+                "remote_asked": ask,
             }
         )
     else:
@@ -103,4 +110,6 @@ def status_command(
             ],
         )
         out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        if not ask and not local_only:
+            out.print("[dim]no DVC remote yet: places here only (`kaudit init --remote URL`)[/]")
     ctx.exit(ExitCode.CHECK_FAILED if corrupt else ExitCode.OK)

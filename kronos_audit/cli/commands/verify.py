@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kronos_audit.cli._app import error_json
-from kronos_audit.cli.options import json_option, trust_options, warn
+from kronos_audit.cli.options import json_option, repository_if_none, trust_options, warn
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, ExitCode
 
@@ -57,7 +57,7 @@ def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]
 
 
 @click.command()
-@click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("manifests", nargs=-1, type=click.Path(path_type=Path))
 @trust_options
 @click.option("--remote", help="DVC remote to fetch missing data from (default: the default).")
 @click.option("--no-fetch", is_flag=True, help="Do not fetch missing data from the DVC remote.")
@@ -89,6 +89,9 @@ def verify(
     store. A key that only the work tree's .kaudit/trusted-keys holds is "unanchored":
     it passes unless --require-anchor (implied by --trusted-key and --trust-ref).
 
+    MANIFESTS are manifests, checkpoints or run directories; none: every manifest and
+    attestation in the repository.
+
     Exit 0 when every check holds, 1 when any fails, 2 for bad input.
 
     \b
@@ -98,7 +101,7 @@ def verify(
     from kronos_audit.cli.progress import count_manifests, progress_bar
     from kronos_audit.verification.batch import trust_problems, verify_each
 
-    paths = list(manifests)
+    paths = repository_if_none(manifests)
     results: list[VerifyResult] = []
     errors: list[Error] = []
     if not as_json:

@@ -40,6 +40,8 @@ def isolate(mp: pytest.MonkeyPatch, make_dir: Callable[[str], Path]) -> Path:
     mp.setenv("GIT_COMMITTER_NAME", "Test")
     mp.setenv("GIT_COMMITTER_EMAIL", "test@example.com")
     mp.setenv("DVC_NO_ANALYTICS", "1")
+    for var in ("NO_COLOR", "FORCE_COLOR"):  # colour as the test asks, not as the machine's
+        mp.delenv(var, raising=False)
     for var in ("DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR"):
         mp.setenv(var, str(make_dir(var.lower())))
     return home

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 
 from kronos_audit.cli.options import JSON_META
-from kronos_audit.cli.output import Settings, fail_line, plain
-from kronos_audit.errors import Error, ExitCode
+from kronos_audit.cli.output import COLOR_CHOICES, ColorWhen, Settings, fail_line, plain
+from kronos_audit.errors import Error, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -206,26 +206,45 @@ def _log_to_stderr(ctx: click.Context, debug: bool) -> None:
     ctx.find_root().call_on_close(restore)
 
 
-QUIET_HELP = "Results only: no hints, notes or progress."
+QUIET_HELP = (
+    "Print nothing on success (as git's and DVC's -q): only errors and failed checks; "
+    "--json's output still."
+)
 VERBOSE_HELP = "More detail: every check made, and kronos_audit's log on stderr (-vv: debug)."
+COLOR_HELP = (
+    "Colour: auto (on a terminal, unless $NO_COLOR is set, or wherever $FORCE_COLOR is), "
+    "always or never."
+)
+
+
+def color_when(value: str) -> ColorWhen:
+    """``--color``'s value, or a one-line usage error (exit 2) naming the choices."""
+    for choice in COLOR_CHOICES:
+        if value == choice:
+            return choice
+    raise UsageError(f"--color must be one of auto, always, never; got {value!r}")
 
 
 def _verbosity(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-    """-q or -v given after a command: as before it (``kaudit verify -v`` is ``kaudit -v
-    verify``; -v counts on from the group's), for this command's context."""
+    """-q, -v or --color given after a command: as before it (``kaudit verify -v`` is
+    ``kaudit -v verify``; -v counts on from the group's), for this command's context."""
     if not value or ctx.resilient_parsing:
         return
     now = ctx.find_object(Settings) or Settings()
+    if param.name == "color":
+        ctx.obj = now._replace(color=color_when(value))
+        return
     quiet = param.name == "quiet"
     if now.verbose if quiet else now.quiet:
         raise click.UsageError("--quiet and --verbose exclude each other", ctx)
-    ctx.obj = Settings(-1) if quiet else Settings(max(now.verbosity, 0) + value)
+    ctx.obj = now._replace(verbosity=-1 if quiet else max(now.verbosity, 0) + value)
     if not quiet:
         _log_to_stderr(ctx, debug=ctx.obj.verbosity > 1)
 
 
 def with_verbosity(command: click.Command) -> click.Command:
-    """``command`` taking -q and -v itself, as git's and DVC's commands do."""
+    """``command`` taking -q, -v and --color itself, as git's and DVC's commands take
+    their -q and -v."""
     if not any(p.name in ("quiet", "verbose") for p in command.params):
         command.params += [
             click.Option(
@@ -242,6 +261,13 @@ def with_verbosity(command: click.Command) -> click.Command:
                 callback=_verbosity,
                 help=VERBOSE_HELP,
             ),
+            click.Option(
+                ["--color"],
+                metavar="WHEN",
+                expose_value=False,
+                callback=_verbosity,
+                help=COLOR_HELP,
+            ),
         ]
     return command
 
@@ -250,7 +276,7 @@ class SuggestingGroup(click.Group):
     """A click group that answers a mistyped command with the nearest names, as git and
     DVC do (``kaudit verfy``: "No such command 'verfy'. Did you mean 'verify'?"), by
     difflib's ratio with the cut-off click uses for a mistyped option; each of its
-    commands takes -q and -v after its name too (:func:`with_verbosity`)."""
+    commands takes -q, -v and --color after its name too (:func:`with_verbosity`)."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
@@ -359,9 +385,10 @@ class KauditGroup(SuggestingGroup):
 )
 @click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
 @click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
+@click.option("--color", "color", metavar="WHEN", default="auto", help=COLOR_HELP)
 @click.version_option(package_name="kronos-audit", prog_name="kaudit")
 @click.pass_context
-def cli(ctx: click.Context, quiet: bool, verbose: int) -> None:
+def cli(ctx: click.Context, quiet: bool, verbose: int, color: str) -> None:
     """Signed, verifiable, replayable checkpoints for long runs.
 
     Every command exits 0 on success, 1 when a check fails, 2 for bad input or usage.
@@ -376,6 +403,7 @@ def cli(ctx: click.Context, quiet: bool, verbose: int) -> None:
     """
     if quiet and verbose:
         raise click.UsageError("--quiet and --verbose exclude each other")
-    ctx.obj = Settings(-1 if quiet else verbose)
+    # Checked here, not by click.Choice: a bad value is one line, as any bad input is.
+    ctx.obj = Settings(-1 if quiet else verbose, color_when(color))
     if verbose:
         _log_to_stderr(ctx, debug=verbose > 1)

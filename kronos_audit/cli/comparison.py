@@ -129,4 +129,6 @@ def render_comparison(result: Comparison, project: Project | None) -> None:
     total = len(result.datasets)
     status = "[green]ok[/]" if result.ok else "[red]FAIL[/]"
     where = "" if project is None else f"  [dim](defaults from {safe(str(project.config_path))})[/]"
-    out.print(f"{status}: {total} datasets: {', '.join(parts) or 'none'}{where}")
+    out.print(
+        f"{status}: {total} datasets: {', '.join(parts) or 'none'}{where}", failure=not result.ok
+    )

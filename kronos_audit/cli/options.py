@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from kronos_audit.cli.output import plain
+from kronos_audit.cli.output import plain, settings
 
 if TYPE_CHECKING:
     from kronos_audit.compare import TolerancePolicy
@@ -249,8 +249,10 @@ def repository_if_none(paths: tuple[Path, ...]) -> list[Path]:
 
 
 def warn(message: str) -> None:
-    """One ``kaudit: warning:`` line on stderr (never markup, never control characters)."""
-    click.echo(f"kaudit: warning: {plain(message)}", err=True)
+    """One ``kaudit: warning:`` line on stderr (never markup, never control characters);
+    none with ``--quiet``, which prints nothing on success."""
+    if not settings().quiet:
+        click.echo(f"kaudit: warning: {plain(message)}", err=True)
 
 
 def ask_passphrase(name: str) -> str:

@@ -1,13 +1,19 @@
-"""What commands print: names made inert, the group's verbosity, and :class:`Output`,
-rich markup rendered by rich (imported when a command first prints, never for ``--help``).
+"""What commands print: names made inert, the group's options (verbosity, colour), and
+:class:`Output`, rich markup rendered by rich (imported when a command first prints, never
+for ``--help``).
+
+With ``--quiet`` a command that succeeds prints nothing at all, as ``git commit -q`` and
+``dvc pull -q``: only what says why it fails (a line printed with ``failure=True``, an
+error, ``--json``'s document when it was asked for) is printed.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Literal, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
 
 import click
 
@@ -51,11 +57,19 @@ def fail_line(message: str) -> None:
 # -- the group's options ---------------------------------------------------------------
 
 
+ColorWhen = Literal["auto", "always", "never"]
+COLOR_CHOICES: tuple[ColorWhen, ...] = ("auto", "always", "never")
+"""What ``--color`` takes, as git's ``--color``."""
+
+
 class Settings(NamedTuple):
     """The group's options, which every command honours."""
 
     verbosity: int = 0
-    """-1 with ``--quiet`` (results only), 0 by default, else how many ``--verbose``."""
+    """-1 with ``--quiet`` (nothing on success), 0 by default, else how many
+    ``--verbose``."""
+    color: ColorWhen = "auto"
+    """``--color``: always, never, or auto (:func:`use_color` decides)."""
 
     @property
     def quiet(self) -> bool:
@@ -73,6 +87,46 @@ def settings() -> Settings:
     return found if found is not None else Settings()
 
 
+def use_color(stream: IO[str]) -> bool:
+    """Whether what goes to ``stream`` has colour: the one decision every console kaudit
+    makes follows. ``--color=always`` or ``never`` decides; with ``auto`` (the default),
+    ``NO_COLOR`` (any non-empty value) turns colour off, then ``FORCE_COLOR`` (non-empty)
+    turns it on, else ``stream`` has colour when it is a terminal (no-color.org,
+    force-color.org, and git's ``--color``)."""
+    when = settings().color
+    if when != "auto":
+        return when == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
+
+
+def make_console(stream: IO[str], **options: Any) -> Console:
+    """A rich Console on ``stream``, in colour or not as :func:`use_color` decides (rich's
+    own reading of NO_COLOR, FORCE_COLOR and TERM overridden): without colour, plain text
+    with no ANSI code at all, on a terminal too."""
+    from rich.console import Console
+
+    isatty = getattr(stream, "isatty", None)
+    terminal = bool(isatty is not None and isatty())
+    colour = use_color(stream)
+    if colour:
+        # rich's detection on a terminal; into a pipe (forced), the 8 standard colours
+        system: Any = "auto" if terminal else "standard"
+    else:
+        system = None
+    return Console(
+        file=stream,
+        force_terminal=True if colour else None if terminal else False,
+        color_system=system,
+        no_color=not colour,
+        **options,
+    )
+
+
 # -- output ----------------------------------------------------------------------------
 
 
@@ -85,55 +139,45 @@ class Column(NamedTuple):
 
 class Output:
     """Where a command's report goes (stdout, or stderr for ``kaudit run``): rich markup
-    rendered in colour on a terminal, as plain text elsewhere (no ANSI codes, no box
-    drawing, no trailing spaces, and no line folded, so a key id or a path is never broken
-    where a script or a reader would look for it whole). A closed pipe ends the command
-    as rich's Console ends it: standard output to /dev/null, exit 1, not a word."""
+    rendered in colour on a terminal (or as :func:`use_color` decides), as plain text
+    elsewhere (no ANSI codes, no box drawing, no trailing spaces, and no line folded, so a
+    key id or a path is never broken where a script or a reader would look for it whole).
+    With ``--quiet``, only lines printed with ``failure=True`` and :meth:`json`. A closed
+    pipe ends the command as rich's Console ends it: standard output to /dev/null, exit 1,
+    not a word."""
 
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
-        self._console: tuple[IO[str], Console] | None = None
+        self._console: tuple[IO[str], bool, Console] | None = None
 
     @property
     def stream(self) -> IO[str]:
         return sys.stderr if self._stderr else sys.stdout
 
     @property
-    def is_terminal(self) -> bool:
-        isatty = getattr(self.stream, "isatty", None)
-        return bool(isatty is not None and isatty())
-
-    @property
     def console(self) -> Console:
         stream = self.stream  # CliRunner swaps the streams between invocations
-        if self._console is None or self._console[0] is not stream:
-            from rich.console import Console
-
-            terminal = self.is_terminal
-            console = Console(
-                file=stream,
-                # off a terminal: plain text whatever FORCE_COLOR or TERM say
-                force_terminal=None if terminal else False,
-                color_system="auto" if terminal else None,
+        colour = use_color(stream)  # and the settings: --color, NO_COLOR, FORCE_COLOR
+        if self._console is None or self._console[:2] != (stream, colour):
+            console = make_console(
+                stream,
                 highlight=False,
                 emoji=False,  # a name such as ":thumbs_up:" is printed as written
                 soft_wrap=True,  # never fold a line
             )
-            self._console = (stream, console)
-        return self._console[1]
+            self._console = (stream, colour, console)
+        return self._console[2]
 
-    def print(self, markup: str = "") -> None:
-        """One line of rich markup (every name in it through :func:`safe`)."""
-        self.console.print(markup)
-
-    def note(self, markup: str) -> None:
-        """A line that is not a result (a hint, a progress note): not with ``--quiet``."""
-        if not settings().quiet:
-            self.print(markup)
+    def print(self, markup: str = "", *, failure: bool = False) -> None:
+        """One line of rich markup (every name in it through :func:`safe`); with
+        ``--quiet`` only if it is a ``failure``: a line that says why the command exits
+        non-zero (a failed check, a verdict of failure)."""
+        if failure or not settings().quiet:
+            self.console.print(markup)
 
     def json(self, document: object) -> None:
         """``document`` as indented JSON (ASCII only: no control character reaches the
-        terminal raw)."""
+        terminal raw); with ``--quiet`` too, as ``--json`` asked for it."""
         import json
 
         click.echo(json.dumps(document, indent=2), err=self._stderr)
@@ -148,7 +192,10 @@ class Output:
         bold_rows: frozenset[int] = frozenset(),
     ) -> None:
         """``rows`` of rich markup cells under ``columns``, aligned with spaces: no box, no
-        folding; headers bold on a terminal; rows whose index is in ``bold_rows`` bold."""
+        folding; headers bold on a terminal; rows whose index is in ``bold_rows`` bold.
+        Nothing with ``--quiet``."""
+        if settings().quiet:
+            return
         from rich.text import Text
 
         widths = [Text(c.header).cell_len for c in columns]

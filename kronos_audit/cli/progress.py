@@ -21,7 +21,7 @@ import click
 
 from kronos_audit._internal.progress import reporting
 from kronos_audit.cli.options import JSON_META
-from kronos_audit.cli.output import fail_line, plain, settings
+from kronos_audit.cli.output import fail_line, make_console, plain, settings
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -90,7 +90,6 @@ def progress_bar() -> Iterator[Bar]:
     if not wanted():
         yield Bar(None)
         return
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -108,7 +107,7 @@ def progress_bar() -> Iterator[Bar]:
                 return DownloadColumn().render(task)
             return super().render(task)
 
-    console = Console(stderr=True, highlight=False, emoji=False)
+    console = make_console(sys.stderr, highlight=False, emoji=False)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

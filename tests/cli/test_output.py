@@ -35,7 +35,7 @@ def kaudit(*args: str, cwd: Path, code: int = 0) -> tuple[str, str]:
     done = subprocess.run(
         [*KAUDIT, *args],
         cwd=cwd,
-        env={**os.environ, "COLUMNS": "40", "FORCE_COLOR": "1"},  # neither may matter
+        env={**os.environ, "COLUMNS": "40"},  # a narrow screen must not matter
         capture_output=True,
         text=True,
         timeout=300,

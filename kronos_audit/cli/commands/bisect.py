@@ -133,4 +133,7 @@ def _render(result: BisectResult, project: Project | None) -> None:
         if result.last_agreeing_step is not None
         else "at the first common step"
     )
-    out.print(f"[red]DIVERGED[/] at step {first.step} ({after}): {safe(names)} ({safe(counted)})")
+    out.print(
+        f"[red]DIVERGED[/] at step {first.step} ({after}): {safe(names)} ({safe(counted)})",
+        failure=True,
+    )

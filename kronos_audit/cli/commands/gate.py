@@ -91,24 +91,23 @@ def _show_case(case: Case) -> None:
 
 
 def render(result: GateResult) -> None:
-    """The failures, the counts, and the verdict last (with --quiet: failures and verdict)."""
-    quiet = settings().quiet
+    """The failures, the counts, and the verdict last (with --quiet: nothing when the gate
+    passes, the failures and the verdict when it fails)."""
     for c in result.failures:
-        out.print(f"{_STATUS[c.status.value]} {c.kind.value} [bold]{safe(c.name)}[/]")
+        out.print(f"{_STATUS[c.status.value]} {c.kind.value} [bold]{safe(c.name)}[/]", failure=True)
         for d in c.details or (c.message,):
-            out.print(f"  {safe(d)}")
+            out.print(f"  {safe(d)}", failure=True)
     if result.trust_anchor is not None:
         anchor = result.trust_anchor
         out.print(f"trust ref: {safe(anchor.given)} resolved to {safe(anchor.describe())}")
-    if not quiet:
-        for p in result.problems:
-            out.print(f"[yellow]trust store entry skipped:[/] {safe(p)}")
-        counts = result.counts()
-        v, r = counts["verify"], counts["replay"]
-        out.print(
-            f"{v['passed']} of {sum(v.values())} manifests verified, "
-            f"{r['passed']} of {sum(r.values())} segments reproduced "
-            f"[dim](config: {safe(result.config.source)}; {result.seconds:.1f} s)[/]"
-        )
+    for p in result.problems:
+        out.print(f"[yellow]trust store entry skipped:[/] {safe(p)}")
+    counts = result.counts()
+    v, r = counts["verify"], counts["replay"]
+    out.print(
+        f"{v['passed']} of {sum(v.values())} manifests verified, "
+        f"{r['passed']} of {sum(r.values())} segments reproduced "
+        f"[dim](config: {safe(result.config.source)}; {result.seconds:.1f} s)[/]"
+    )
     verdict = "[green]PASSED[/]" if result.ok else "[red]FAILED[/]"
-    out.print(f"gate {verdict}")
+    out.print(f"gate {verdict}", failure=not result.ok)

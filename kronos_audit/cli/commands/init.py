@@ -52,4 +52,4 @@ def init(remote_url: str | None, remote_name: str) -> None:
             command = f"cd {shlex.quote(str(project.root))} && {command}"
         out.print(f"commit it with: {safe(command)}")
     if not signing.held_keys():
-        out.note("next: `kaudit keys generate` to make your signing key")
+        out.print("next: `kaudit keys generate` to make your signing key")

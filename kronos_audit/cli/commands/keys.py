@@ -14,7 +14,7 @@ import click
 
 from kronos_audit.cli._app import SuggestingGroup
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_options, warn
-from kronos_audit.cli.output import out, safe, settings
+from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.keys.keyfile import PASSPHRASE_ENV
 
@@ -88,7 +88,7 @@ def keys_generate(name: str, encrypt: bool) -> None:
     out.print(f"  private key  {safe(signing.key_dir() / (name + '.key'))} (mode 0600{encrypted})")
     out.print(f"  anchored in  {safe(signing.user_trust_dir())} (your user trust store)")
     if trust is None:
-        out.note("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
+        out.print("  not in a kaudit repository: run `kaudit keys trust` there to trust it")
     else:
         entry = trust.add(key.private_key.public_key(), name)
         out.print(f"  trusted in   {safe(entry.path)} (commit it; others anchor it themselves)")
@@ -139,7 +139,7 @@ def keys_list(as_json: bool, trust: TrustOptions) -> None:
     for k in held:
         out.print(f"  {safe(k.name)}  {k.key_id}")
     if not held:
-        out.print("  none" + ("" if settings().quiet else ": make one with `kaudit keys generate`"))
+        out.print("  none: make one with `kaudit keys generate`")
     where = "" if project else " (not in a kaudit repository)"
     out.print(f"keys verification trusts{where}:")
     for entries in describe(ring.keys.values()).values():
@@ -244,7 +244,7 @@ def keys_rotate(old: str, new_name: str) -> None:
     )
     out.print(f"key {safe(new_name)}: {new_key.key_id} (new; trusted in your user store and here)")
     out.print(f"revoked {safe(old)}: {old_key.key_id} from now on, in {safe(path)}")
-    out.note("commit .kaudit/ and give the new public key to those who anchor the old one")
+    out.print("commit .kaudit/ and give the new public key to those who anchor the old one")
 
 
 def _full_key_id(given: str, known: Mapping[KeyId, object]) -> KeyId:

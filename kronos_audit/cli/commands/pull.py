@@ -114,7 +114,8 @@ def pull(
             for c in outcome.failures:
                 out.print(
                     f"[red]FAIL[/] {safe(outcome.checkpoint)}: {safe(c.name)}: "
-                    f"{safe(c.detail)}{hint}"
+                    f"{safe(c.detail)}{hint}",
+                    failure=True,
                 )
     failed = sum(not r.ok for r in results)
     if as_json:

@@ -136,7 +136,7 @@ def push(
     for bad_input in bad.values():
         click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
     for path, why in [*refused.items(), *missing.items()]:
-        out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}")
+        out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}", failure=True)
     pushed = sum(not any(i.checkpoint in missing for i in group) for group in items.values())
     out.print(
         f"pushed {pushed} checkpoint(s): {uploaded} object(s) uploaded, "

@@ -17,7 +17,7 @@ from kronos_audit.cli.options import (
     tolerance_policy,
     trust_options,
 )
-from kronos_audit.cli.output import out, safe, settings
+from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -190,22 +190,21 @@ def _header(r: ReplayResult) -> None:
 
 def render(r: ReplayResult, attestation: Attestation | None) -> None:
     """The replay's header (code, command, drift, time), the datasets that are not
-    identical, and the verdict (with --quiet: the datasets and the verdict)."""
-    quiet = settings().quiet
-    if not quiet:
-        _header(r)
+    identical, and the verdict (with --quiet: nothing when it reproduced, the datasets and
+    the verdict when it did not)."""
+    _header(r)
+    failed = not r.ok
     shown = [d for d in r.datasets if d.verdict != "IDENTICAL"]
-    if shown and not quiet:
+    if shown:
         out.print()
     for d in shown:
         if d.comparison is not None:  # where, and by how much, as `kaudit diff` says it
             for line in dataset_details(d.comparison):
-                out.print(line)
+                out.print(line, failure=failed)
         else:
             head = f"[bold]{safe(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
-            out.print(head + (f": {safe(d.detail)}" if d.detail else ""))
-    if not quiet or shown:
-        out.print()
+            out.print(head + (f": {safe(d.detail)}" if d.detail else ""), failure=failed)
+    out.print(failure=failed and bool(shown))
     basis = (
         "against the recorded data"
         if r.basis != "hashes"
@@ -223,7 +222,7 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
         failing = [d.path for d in r.failures]
         if failing:
             what += " (" + ", ".join(failing) + ")"
-    out.print(f"{OUTCOME_STYLE[r.outcome]}: {safe(what)}  [dim]({basis})[/]")
+    out.print(f"{OUTCOME_STYLE[r.outcome]}: {safe(what)}  [dim]({basis})[/]", failure=failed)
     for note in r.uncompared:
         out.print(f"[yellow]not compared:[/] {safe(note)}")
     if r.workdir is not None:

@@ -102,7 +102,11 @@ def report(
         )
     else:
         style = "green" if result.ok else "red"
-        out.print(f"[bold {style}]{result.verdict.value}[/] report written to {safe(out_path)}")
+        failed = not result.ok  # with --quiet, a failing verdict and its reasons only
+        out.print(
+            f"[bold {style}]{result.verdict.value}[/] report written to {safe(out_path)}",
+            failure=failed,
+        )
         for reason in result.reasons:
-            out.note(f"  {safe(reason)}")
+            out.print(f"  {safe(reason)}", failure=failed)
     ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)

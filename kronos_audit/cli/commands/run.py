@@ -112,30 +112,31 @@ def _summary_json(result: SupervisorResult) -> dict[str, Any]:
 
 
 def _render_event(event: SupervisorEvent) -> None:
-    """Progress, as it happens (not with --quiet)."""
+    """Progress, as it happens (nothing with --quiet)."""
     from kronos_audit.runtime.supervisor import AttemptEnded, AttemptStarted, Restarting
 
     # The command may come from a script or a recorded manifest: printed as text (safe),
     # so no [bracket] in it is markup and no control sequence reaches the terminal.
     if isinstance(event, AttemptStarted):
         what = f": {safe(shlex.join(event.command))}" if event.restart_count == 0 else ""
-        err.note(f"kaudit: attempt {event.restart_count + 1}{what} (pid {event.pid})")
+        err.print(f"kaudit: attempt {event.restart_count + 1}{what} (pid {event.pid})")
     elif isinstance(event, AttemptEnded):
         a = event.attempt
         if not a.ok:
             verb = "ended" if a.preempted else "failed"
-            err.note(
+            err.print(
                 f"kaudit: attempt {a.restart_count + 1} {verb}: {a.cause} "
                 f"after {_seconds(a.duration)}"
             )
     elif isinstance(event, Restarting):
         when = "now" if event.delay == 0 else f"in {_seconds(event.delay)}"
-        err.note(f"kaudit: restarting {when} (restart {event.restart_count} of {event.retries})")
+        err.print(f"kaudit: restarting {when} (restart {event.restart_count} of {event.retries})")
 
 
 def _render_summary(result: SupervisorResult) -> None:
     from kronos_audit.runtime.supervisor import Ending
 
+    failed = result.exit_status != 0  # with --quiet: these lines only, and only then
     names = ("attempt", "started", "ran", "ended by", "resumed from", "reached", "redone")
     err.table(
         [Column(name, "left" if name == "ended by" else "right") for name in names],
@@ -156,22 +157,28 @@ def _render_summary(result: SupervisorResult) -> None:
     err.print(
         f"attempts {len(result.attempts)}, restarts {result.restarts}, "
         f"steps redone {result.steps_redone}, wall time {_seconds(result.wall_time)}, "
-        f"exit status {result.exit_status}"
+        f"exit status {result.exit_status}",
+        failure=failed,
     )
     if result.ending is Ending.RETRIES_EXHAUSTED:
         err.print(
             f"kaudit: retries exhausted: gave up after {result.restarts} "
             f"restart{'s' if result.restarts != 1 else ''} (--retries {result.retries}); "
-            f"last attempt ended by {result.attempts[-1].cause}"
+            f"last attempt ended by {result.attempts[-1].cause}",
+            failure=failed,
         )
     elif result.ending is Ending.REFUSED:
         err.print(
             f"kaudit: attempt {len(result.attempts)} exited 2: the command refused its input "
             "or its task (another process writing its run, as its line above says): not "
-            "restarted, a restart would be refused again"
+            "restarted, a restart would be refused again",
+            failure=failed,
         )
     elif result.ending is Ending.STOPPED and result.stop_signal is not None:
-        err.print(f"kaudit: received {result.stop_signal.name}: forwarded it and did not restart")
+        err.print(
+            f"kaudit: received {result.stop_signal.name}: forwarded it and did not restart",
+            failure=failed,
+        )
 
 
 def _seconds(s: float) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from kronos_audit.cli.output import err, plain, safe
+from kronos_audit.cli.output import err, plain, safe, settings
 from kronos_audit.errors import UsageError
 
 
@@ -86,7 +86,8 @@ def snapshot(
         allow_secret_files=allow_secret_files,
         force=force,
     )
-    for m in manifests:
-        click.echo(plain(m.path))
+    if not settings().quiet:  # as `git commit -q`: nothing on success
+        for m in manifests:
+            click.echo(plain(m.path))
     for note in manifests.notes:
-        err.note(f"kaudit: note: {safe(note)}")  # not with --quiet
+        err.print(f"kaudit: note: {safe(note)}")

@@ -14,7 +14,7 @@ from kronos_audit.cli.options import (
     manifests_named,
     trust_options,
 )
-from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.cli.output import Column, out, safe, settings
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -112,4 +112,11 @@ def status_command(
         out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         if not ask and not local_only:
             out.print("[dim]no DVC remote yet: places here only (`kaudit init --remote URL`)[/]")
+        for e in entries:  # with --quiet, what fails the command, and nothing else
+            if e.location.value == "corrupt" and settings().quiet:
+                out.print(
+                    f"[red]corrupt[/] {safe(project.relative(e.checkpoint))}: not the bytes "
+                    "its manifest signs",
+                    failure=True,
+                )
     ctx.exit(ExitCode.CHECK_FAILED if corrupt else ExitCode.OK)

@@ -21,6 +21,7 @@ def _print_result(r: VerifyResult) -> None:
     from kronos_audit.verification.results import CheckStatus
 
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
+    failed = not r.ok  # printed with --quiet too
     fetched = ", fetched from the DVC remote" if r.fetched else ""
     kind = "attestation, " if r.is_attestation else ""
     # The accepted signature's own words: who signed, which anchor trusted them, and any
@@ -29,10 +30,11 @@ def _print_result(r: VerifyResult) -> None:
     signer = "" if signed is None or not signed.ok else f"; {safe(signed.detail)}"
     out.print(
         f"{mark} {safe(r.manifest)}  [dim]({kind}run {safe(r.run)}, step {r.step}{fetched}"
-        f"{signer})[/]"
+        f"{signer})[/]",
+        failure=failed,
     )
     for c in r.failures:
-        out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}")
+        out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}", failure=True)
     verbose = settings().verbose
     for c in r.checks:
         if c.status is CheckStatus.SKIPPED:  # an UNVERIFIED one is shown above

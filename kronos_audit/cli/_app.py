@@ -128,6 +128,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "interval",
         "How often to checkpoint: Young's and Daly's intervals and the time each wastes.",
     ),
+    "completion": LazyCommand(
+        f"{_COMMANDS}.completion",
+        "completion",
+        "Print the shell completion script for SHELL (bash, zsh or fish).",
+    ),
 }
 
 

@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from kronos_audit.cli import cli
 from kronos_audit.cli._app import COMMANDS, KauditGroup
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from tests.helpers import KAUDIT, run_cli, write_checkpoint
+from tests.helpers import KAUDIT, assert_bad_input, run_cli, write_checkpoint
 
 HEAVY = ("h5py", "numpy", "jsonschema", "git", "dvc")
 """What no help, completion or plain `import kronos_audit` may import."""
@@ -216,7 +217,7 @@ def test_completion_of_subcommands_and_options() -> None:
     assert "--quiet" in complete("kaudit --")[0]
 
 
-def test_completion_script_for_bash() -> None:
+def test_completion_script_for_bash(tmp_path: Path) -> None:
     done = subprocess.run(
         KAUDIT, env={**os.environ, "_KAUDIT_COMPLETE": "bash_source"}, capture_output=True,
         text=True,
@@ -224,6 +225,38 @@ def test_completion_script_for_bash() -> None:
     assert done.returncode == 0, done.stderr
     assert "_KAUDIT_COMPLETE=bash_complete" in done.stdout
     assert "complete -o nosort -F _kaudit_completion kaudit" in done.stdout
+    # `kaudit completion bash` prints that same script, with -q too
+    for args in (("completion", "bash"), ("-q", "completion", "bash")):
+        printed = run_cli(*args)
+        assert printed.exit_code == 0, printed.output
+        assert printed.stdout == done.stdout
+    script = tmp_path / "kaudit.bash"
+    script.write_text(printed.stdout)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    # sourced in a real bash, it completes `kaudit ver` by asking the installed kaudit
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kaudit").write_text(f'#!/bin/sh\nexec {shlex.join(KAUDIT)} "$@"\n')
+    (bin_dir / "kaudit").chmod(0o755)
+    shell = subprocess.run(
+        ["bash", "-c", f'source {shlex.quote(str(script))}; COMP_WORDS=(kaudit ver); '
+         'COMP_CWORD=1; _kaudit_completion kaudit; printf "%s\\n" "${COMPREPLY[@]}"'],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.split() == ["verify"]
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_completion_scripts_for_zsh_and_fish(shell: str) -> None:
+    printed = run_cli("completion", shell)
+    assert printed.exit_code == 0, printed.output
+    assert f"_KAUDIT_COMPLETE={shell}_complete" in printed.stdout
+
+
+def test_completion_for_an_unknown_shell_names_the_shells() -> None:
+    assert_bad_input(run_cli("completion", "tcsh"), "'tcsh'", "bash, zsh, fish", no_stdout=True)
 
 
 # -- the registry and the help ---------------------------------------------------------

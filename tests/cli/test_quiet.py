@@ -16,8 +16,9 @@ from kronos_audit.storage import configure_remote
 from tests.helpers import assert_bad_input, run_cli, write_checkpoint
 
 # Their -q is pinned where their runs are made: tests/gate/test_gate.py (gate),
-# tests/cli/test_progress.py (replay, on a terminal).
-ELSEWHERE = {"gate", "replay"}
+# tests/cli/test_progress.py (replay, on a terminal). `completion` prints its script
+# with -q too: it is what was asked for, as --json's document is.
+ELSEWHERE = {"gate", "replay", "completion"}
 
 
 def two_runs(project: Project) -> tuple[Path, Path]:

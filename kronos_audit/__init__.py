@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     )
     from kronos_audit.errors import (
         BisectError as BisectError,
+        CampaignError as CampaignError,
         CheckpointError as CheckpointError,
         Error as Error,
         ManifestError as ManifestError,
@@ -80,6 +81,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "kronos_audit.compare.policy": ("ToleranceError",),
     "kronos_audit.errors": (
         "BisectError",
+        "CampaignError",
         "CheckpointError",
         "Error",
         "ManifestError",

@@ -148,6 +148,13 @@ class PushIncomplete(StorageError):
         """How many objects the push uploaded all the same."""
 
 
+class CampaignError(Error):
+    """A Monte Carlo campaign stopped (its engine broke, a batch raised, or a batch gave
+    two different results): what arrived before is recorded and checkpointed."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
 class TamperedData(Error):
     """Data fetched from a remote does not match its signed manifest."""
 

@@ -51,7 +51,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -73,6 +73,7 @@ from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
+from kronos_audit.runtime.campaign import Submitter, map_batches
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
@@ -393,6 +394,36 @@ class Run(RunRestore):
             # part in every round here, offering the state it restored.
             state = self._restored_state if self._restored_state is not None else {}
             self._keep_in_step(attempt, state, None)
+
+    def map_batches(
+        self,
+        fn: Callable[..., Any],
+        n: int,
+        *,
+        executor: Submitter | None = None,
+        **kwargs: Any,
+    ) -> Ledger:
+        """Call ``fn(rng, **kwargs)`` for every batch of ``range(n)`` not yet in the
+        ledger, ``rng`` the batch's own generator (a function of the run seed and the
+        index only, rebuilt where the batch runs), through ``executor``: any object with
+        :class:`concurrent.futures.Executor`'s ``submit`` (a ``ProcessPoolExecutor``,
+        Dask's ``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``), or this
+        process when None. Results are recorded as they arrive and checkpointed as the
+        run's policy says; returns the ledger, whose ``reduce`` folds them in index order,
+        bitwise a serial run's. When the executor breaks or a batch raises, every result
+        received is checkpointed and :class:`~kronos_audit.errors.CampaignError` says so
+        (see :mod:`kronos_audit.runtime.campaign`)."""
+        map_batches(self, fn, n, executor, kwargs)
+        return self.ledger
+
+    def _save_received(self) -> None:
+        """Checkpoint the ledger as it stands now, whatever the policy, and wait until it
+        is durable (a campaign that stopped keeps every result that arrived)."""
+        writer = self._require_open()
+        step = len(self.ledger)
+        if step != self._last_saved_step:
+            self._save(writer, step, *self._flatten({}, None))
+        writer.flush()
 
     def record(self, index: int, result: Any) -> None:
         """Put batch ``index``'s result into the ledger carried by every checkpoint. On

@@ -1,0 +1,171 @@
+"""Monte Carlo campaigns on the engine a user already runs: any object with
+:class:`concurrent.futures.Executor`'s ``submit`` (a ``ProcessPoolExecutor``, Dask's
+``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``), or none (this process).
+
+kronos-audit distributes nothing itself. :func:`map_batches` hands the engine one call a
+batch not yet in the run's ledger (:class:`BatchCall`: the user's function, the run
+seed, the index), which rebuilds the batch's own generator on the worker
+(:func:`~kronos_audit.runtime.batches.batch_rng`: a function of the seed and the index
+only) and calls ``fn(rng, **kwargs)``. Results are recorded as they arrive, in any order,
+and each is offered to the run's checkpoint policy; the tally, folded from the ledger in
+index order, is bitwise a serial run's however the work was scheduled.
+
+When the engine breaks (a ``BrokenProcessPool`` after a worker was killed) or a batch
+raises, no new batch is submitted; every result that arrived is recorded and
+checkpointed, and :class:`~kronos_audit.errors.CampaignError` says in one line what
+stopped it and how many batches are safe. Run again (``kaudit run`` does), only the
+missing batches run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from kronos_audit.errors import CampaignError, UsageError
+from kronos_audit.runtime.batches import batch_rng
+
+if TYPE_CHECKING:
+    from kronos_audit.runtime.run import Run
+
+IN_FLIGHT = 256
+"""Batches submitted and not yet received, at most: enough to keep any pool busy, few
+enough that a campaign of a million batches does not hold a million futures."""
+
+
+class Submitter(Protocol):
+    """What :func:`map_batches` needs of an executor: ``submit``, returning a future."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]: ...
+
+
+@dataclass(frozen=True)
+class BatchCall:
+    """One batch, as sent to a worker: picklable when ``fn`` and ``kwargs`` are."""
+
+    fn: Callable[..., Any]
+    seed: int
+    index: int
+    kwargs: Mapping[str, Any]
+
+    def __call__(self) -> Any:
+        return self.fn(batch_rng(self.seed, self.index), **self.kwargs)
+
+
+def _results(
+    calls: Iterator[BatchCall], executor: Submitter, stop: list[BaseException]
+) -> Iterator[tuple[int, Any]]:
+    """``(index, result)`` as the engine finishes them, at most :data:`IN_FLIGHT`
+    submitted ahead. On the first failure nothing more is submitted, what is in flight is
+    waited for, its results are still given, and the failure is put in ``stop``."""
+    pending: dict[cf.Future[Any], int] = {}
+
+    def fill() -> None:
+        while not stop and len(pending) < IN_FLIGHT:
+            call = next(calls, None)
+            if call is None:
+                return
+            try:
+                pending[executor.submit(call)] = call.index
+            except Exception as e:  # an executor already broken refuses to submit
+                stop.append(e)
+
+    fill()
+    while pending:
+        done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+        for future in sorted(done, key=pending.__getitem__):
+            index = pending.pop(future)
+            error = future.exception()
+            if error is None:
+                yield index, future.result()
+            elif not stop:
+                stop.append(_named(index, error))
+        fill()
+
+
+def _serial(calls: Iterator[BatchCall], stop: list[BaseException]) -> Iterator[tuple[int, Any]]:
+    """``(index, result)`` of each call, in this process, until one raises (put in
+    ``stop``)."""
+    for call in calls:
+        try:
+            result = call()
+        except Exception as e:  # the batch's failure: what came before is kept
+            stop.append(_BatchFailed(call.index, e))
+            return
+        yield call.index, result
+
+
+class _BatchFailed(Exception):
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(f"batch {index}: {_one_line(error)}")
+        self.index = index
+
+
+def _named(index: int, error: BaseException) -> BaseException:
+    if isinstance(error, cf.BrokenExecutor):
+        return error  # the engine's failure, not the batch's
+    return _BatchFailed(index, error)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0].rstrip('.')}" if text else type(error).__name__
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    x, y = np.asarray(a), np.asarray(b)
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def map_batches(
+    run: Run,
+    fn: Callable[..., Any],
+    n: int,
+    executor: Submitter | None,
+    kwargs: Mapping[str, Any],
+) -> None:
+    """:meth:`~kronos_audit.runtime.run.Run.map_batches`."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise UsageError(f"map_batches: n must be an int >= 0, got {n!r}")
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise UsageError(
+            "map_batches: executor must have concurrent.futures.Executor's submit "
+            f"(a ProcessPoolExecutor, client.get_executor()), not {type(executor).__name__}"
+        )
+    if executor is not None and run.size > 1:
+        raise UsageError(
+            "map_batches: an executor serves one process; on several ranks each rank runs "
+            "its share itself (executor=None), or run the program on one rank with the "
+            "executor spreading the work"
+        )
+    todo = [i for i, _ in run.batches(n)]
+    calls = (BatchCall(fn, run.seed, i, dict(kwargs)) for i in todo)
+    stop: list[BaseException] = []
+    received = _serial(calls, stop) if executor is None else _results(calls, executor, stop)
+    for index, result in received:
+        if index in run.ledger:
+            if not _same(run.ledger[index], result):
+                raise CampaignError(
+                    f"batch {index} completed twice with different results: its result "
+                    "depends on more than the run seed and its index (not reproducible)"
+                )
+            continue
+        run.record(index, result)
+        run.checkpoint(len(run.ledger), {})
+    if stop:
+        run._save_received()
+        done = len(run.ledger)
+        why = stop[0] if isinstance(stop[0], _BatchFailed) else _one_line(stop[0])
+        raise CampaignError(
+            f"the campaign stopped: {why}; {done} of {n} batches are recorded and "
+            f"checkpointed, and running it again runs only the {n - done} missing"
+        ) from stop[0]
+
+
+__all__ = ["IN_FLIGHT", "BatchCall", "Submitter", "map_batches"]

@@ -1,0 +1,215 @@
+"""run.map_batches on the engines users run, with the faults injected for real: a pool
+worker killed with SIGKILL (BrokenProcessPool), a Dask worker process killed mid-campaign,
+and the restart under `kaudit run`. Every tally is bitwise a serial run's."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.project.repository import Project
+from kronos_audit.runtime.batches import batch_rng
+from tests.helpers import KAUDIT
+
+SEED = 2024
+N = 24
+
+
+def batch(rng: np.random.Generator, samples: int, marks: str | None = None) -> dict[str, Any]:
+    """A batch of the pi example's kind; with ``marks``, each run leaves a file there."""
+    if marks is not None:
+        Path(marks, f"{rng.bit_generator.seed_seq.spawn_key[0]}.{os.getpid()}").touch()  # type: ignore[attr-defined]
+    x, y = rng.random(samples), rng.random(samples)
+    return {"hits": np.int64((x * x + y * y <= 1.0).sum()), "r2": np.float64((x * x).sum())}
+
+
+def add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: a[k] + b[k] for k in a}
+
+
+def serial_tally(n: int = N, samples: int = 500) -> dict[str, Any]:
+    """The tally of a serial run: every batch in index order, in this process."""
+    results = [batch(batch_rng(SEED, i), samples) for i in range(n)]
+    tally = results[0]
+    for r in results[1:]:
+        tally = add(tally, r)
+    return tally
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        np.asarray(a[k]).tobytes() == np.asarray(b[k]).tobytes() for k in a
+    )
+
+
+def campaign(project: Project, run_id: str, executor: Any, **kwargs: Any) -> dict[str, Any]:
+    with ka.Run(
+        run_id, root=project.root / "checkpoints", seed=SEED, every=ka.EverySteps(5)
+    ) as run:
+        run.restore()
+        ledger = run.map_batches(batch, N, executor=executor, samples=500, **kwargs)
+        tally: dict[str, Any] = ledger.reduce(add)
+        return tally
+
+
+def test_in_this_process_threads_and_processes_give_the_serial_tally(
+    project: Project, key: ka.SigningKey
+) -> None:
+    expected = serial_tally()
+    assert same(campaign(project, "here", None), expected)
+    with cf.ThreadPoolExecutor(3) as pool:
+        assert same(campaign(project, "threads", pool), expected)
+    with cf.ProcessPoolExecutor(2) as pool:
+        assert same(campaign(project, "processes", pool), expected)
+    # A finished campaign restarted runs nothing, and its ledger is the same.
+    with cf.ProcessPoolExecutor(1) as pool:
+        pool.shutdown()  # a submit would fail: nothing may be submitted
+        assert same(campaign(project, "processes", pool), expected)
+
+
+def test_an_object_without_submit_is_one_usage_error(project: Project, key: ka.SigningKey) -> None:
+    with (
+        ka.Run("r", root=project.root / "checkpoints", seed=1) as run,
+        pytest.raises(ka.UsageError) as e,
+    ):
+        run.map_batches(batch, 3, executor=object(), samples=1)  # type: ignore[arg-type]
+    assert "submit" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_batch_that_raises_stops_the_campaign_keeping_what_arrived(
+    project: Project, key: ka.SigningKey
+) -> None:
+    def bad(rng: np.random.Generator, samples: int) -> dict[str, Any]:
+        if rng.bit_generator.seed_seq.spawn_key[0] == 7:  # type: ignore[attr-defined]
+            raise ValueError("no such thing\nsecond line")
+        return batch(rng, samples)
+
+    with (
+        ka.Run("r", root=project.root / "checkpoints", seed=SEED, every=ka.Never()) as run,
+        pytest.raises(ka.CampaignError) as e,
+    ):
+        run.map_batches(bad, N, samples=500)
+    said = str(e.value)
+    assert said.startswith("the campaign stopped: batch 7: ValueError: no such thing;")
+    assert "7 of 24 batches are recorded and checkpointed" in said
+    assert "\n" not in said
+    # The policy took none, but the seven results are durable: a restart runs the rest.
+    with ka.Run("r", root=project.root / "checkpoints", seed=SEED, every=ka.Never()) as run:
+        assert run.restore() is not None
+        assert len(run.ledger) == 7
+        tally = run.map_batches(batch, N, samples=500).reduce(add)
+    assert same(tally, serial_tally())
+
+
+PROGRAM = """
+import concurrent.futures as cf, json, os, signal, sys
+from pathlib import Path
+import kronos_audit as ka
+from tests.runtime.test_campaign import N, SEED, add, batch
+
+marks = sys.argv[1]
+
+
+def killer(rng, samples, marks):
+    # The first attempt's pool loses a worker, killed for real, at batch 10.
+    if rng.bit_generator.seed_seq.spawn_key[0] == 10 and not Path(marks, "killed").exists():
+        Path(marks, "killed").touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return batch(rng, samples, marks)
+
+
+with ka.Run("pool", seed=SEED, every=ka.EverySteps(1)) as run:
+    run.restore()
+    with cf.ProcessPoolExecutor(2) as pool:
+        tally = run.map_batches(killer, N, executor=pool, samples=500, marks=marks).reduce(add)
+print(json.dumps({k: float(v) for k, v in tally.items()}))
+"""
+
+
+def test_a_killed_pool_worker_under_kaudit_run_reruns_only_the_missing_batches(
+    project: Project, key: ka.SigningKey, tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (project.root / "prog.py").write_text(textwrap.dedent(PROGRAM))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run(
+        [
+            *KAUDIT,
+            "run",
+            "--retries",
+            "2",
+            "--backoff",
+            "0",
+            "--",
+            sys.executable,
+            "prog.py",
+            str(marks),
+        ],
+        cwd=project.root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the campaign stopped: BrokenProcessPool" in done.stderr
+    assert "attempt 2" in done.stderr
+    tally = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tally == {k: float(v) for k, v in serial_tally().items()}
+    runs: dict[int, int] = {}
+    for mark in marks.glob("*.*"):
+        index = int(mark.name.split(".")[0])
+        runs[index] = runs.get(index, 0) + 1
+    assert sorted(runs) == list(range(N))
+    # Only the batches in flight when the pool broke ran twice: at most the pool's two
+    # workers' worth beyond those recorded, never the whole campaign again.
+    assert sum(runs.values()) - N <= 4, runs
+
+
+def test_a_dask_worker_killed_mid_campaign_is_rescheduled_and_every_batch_recorded_once(
+    project: Project, key: ka.SigningKey, tmp_path: Path
+) -> None:
+    distributed = pytest.importorskip("distributed")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        tally = _dask_campaign(project, client, marks)
+    assert same(tally, serial_tally())
+    assert (marks / "killed").exists()
+
+
+def _kill_once(rng: np.random.Generator, samples: int, marks: str) -> dict[str, Any]:
+    if rng.bit_generator.seed_seq.spawn_key[0] == 5 and not Path(marks, "killed").exists():  # type: ignore[attr-defined]
+        Path(marks, "killed").touch()
+        os.kill(os.getpid(), signal.SIGKILL)  # the worker process, for real
+    return batch(rng, samples)
+
+
+def _dask_campaign(project: Project, client: Any, marks: Path) -> dict[str, Any]:
+    with ka.Run(
+        "dask", root=project.root / "checkpoints", seed=SEED, every=ka.EverySteps(5)
+    ) as run:
+        run.restore()
+        ledger = run.map_batches(
+            _kill_once, N, executor=client.get_executor(), samples=500, marks=str(marks)
+        )
+        assert ledger.indices() == list(range(N))
+        tally: dict[str, Any] = ledger.reduce(add)
+        return tally

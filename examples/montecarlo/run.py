@@ -2,6 +2,8 @@
 
     python examples/montecarlo/run.py --batches 64 --samples 200000 [--shuffle 7]
     mpiexec -n 3 python examples/montecarlo/run.py --batches 64 --samples 200000
+    python examples/montecarlo/run.py --batches 64 --engine processes --workers 2
+    python examples/montecarlo/run.py --batches 64 --engine dask --workers 2
 
 Batch i draws from a generator derived from (seed, i) only, so after a crash only the
 missing batches run, in any order, and the final tally is bitwise identical to an
@@ -13,14 +15,23 @@ each batch run by one rank (``run.batches`` gives each rank its share); every ch
 gathers every rank's results, so the tally rank 0 prints, and the digest, are the one
 process's. Killed and started again, on the same number of ranks or another, only the
 batches no checkpoint holds run again.
+
+``--engine processes`` or ``--engine dask`` hands the batches to an engine instead, through
+``run.map_batches``: a ``ProcessPoolExecutor``, or a Dask cluster of worker processes on
+this machine (``pip install 'kronos-audit[dask]'``; on Slurm, a
+``dask_jobqueue.SLURMCluster`` in its place, see docs/campaigns.md). The tally is the same,
+bit for bit, however the engine scheduled the work.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
+import contextlib
 import json
 import random
-from typing import TypedDict
+from collections.abc import Iterator
+from typing import Any, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -58,6 +69,23 @@ def add(a: Tally, b: Tally) -> Tally:
     }
 
 
+@contextlib.contextmanager
+def engine(name: str, workers: int) -> Iterator[Any]:
+    """The executor ``--engine`` names, open for the campaign."""
+    if name == "processes":
+        with cf.ProcessPoolExecutor(workers) as pool:
+            yield pool
+    else:
+        from distributed import Client, LocalCluster
+
+        # distributed's constructors carry no annotations
+        cluster = LocalCluster(  # type: ignore[no-untyped-call]
+            n_workers=workers, threads_per_worker=1, dashboard_address=None
+        )
+        with cluster, Client(cluster) as client:  # type: ignore[no-untyped-call]
+            yield client.get_executor()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, default=64)
@@ -66,9 +94,14 @@ def main() -> None:
     p.add_argument("--shuffle", type=int, default=None, help="run batches in a seeded random order")
     p.add_argument("--root", default="checkpoints")
     p.add_argument("--run-id", default="pi")
+    p.add_argument("--engine", choices=["processes", "dask"], help="run.map_batches on it")
+    p.add_argument("--workers", type=int, default=2, help="the engine's worker processes")
     args = p.parse_args()
     with ka.Run(args.run_id, root=args.root, seed=args.seed, every=ka.EverySteps(1)) as run:
         run.restore()
+        if args.engine is not None:
+            with engine(args.engine, args.workers) as executor:
+                run.map_batches(batch, args.batches, executor=executor, samples=args.samples)
         todo = list(run.batches(args.batches))
         if args.shuffle is not None:
             random.Random(args.shuffle).shuffle(todo)

@@ -257,6 +257,10 @@ def test_montecarlo_interrupted_and_shuffled_give_the_same_tally(
     shuffled = run_plain(
         project, "montecarlo/run.py", *args, "--run-id", "shuffled", "--shuffle", "5"
     )
+    pooled = run_plain(
+        project, "montecarlo/run.py", *args, "--run-id", "pool", "--engine", "processes"
+    )
+    dask = run_plain(project, "montecarlo/run.py", *args, "--run-id", "dask", "--engine", "dask")
     supervisor = subprocess.Popen(
         [
             *KAUDIT,
@@ -286,6 +290,7 @@ def test_montecarlo_interrupted_and_shuffled_give_the_same_tally(
         supervisor.kill()
     assert supervisor.returncode == 0, stderr
     assert shuffled["digest"] == plain["digest"]
+    assert pooled["digest"] == dask["digest"] == plain["digest"]
     assert last_json(stdout)["digest"] == plain["digest"]
     assert last_json(stdout)["pi"] == plain["pi"]
 

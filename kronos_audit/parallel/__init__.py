@@ -46,6 +46,13 @@ def _is_torch_non_member(obj: Any) -> bool:
     return sentinel is not None and type(obj) is type(sentinel) and obj == sentinel
 
 
+def _in_shared_pool() -> bool:
+    """This process is the master of ``python -m mpi4py.futures``'s shared pool: the
+    other ranks of COMM_WORLD serve its executor (mpi4py sets its SharedPool for that)."""
+    core = sys.modules.get("mpi4py.futures._core")
+    return core is not None and getattr(core, "SharedPool", None) is not None
+
+
 def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Comm:
     """The communicator for this process.
 
@@ -56,6 +63,10 @@ def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Com
     ``COMM_WORLD``, torchrun -> ``TorchComm()`` on the default group (initialized with gloo
     if the program has not), nothing -> :class:`SingleProcess`. A missing mpi4py or torch
     is a :class:`~kronos_audit.errors.UsageError` naming the extra to install.
+
+    Under ``mpiexec -n N python -m mpi4py.futures prog.py`` only rank 0 runs the program;
+    the other ranks are the shared pool of its ``MPIPoolExecutor``'s workers, and take no
+    part in the run: the program is a :class:`SingleProcess`.
     """
     if comm is not None:
         if _is_mpi_comm(comm):
@@ -76,6 +87,8 @@ def detect(comm: Any = None, *, environ: Mapping[str, str] | None = None) -> Com
         )
     env = os.environ if environ is None else environ
     found = launcher(env)
+    if found == "mpi" and _in_shared_pool():
+        return SingleProcess()
     if found == "mpi":
         from kronos_audit.parallel.mpi import MPIComm
 

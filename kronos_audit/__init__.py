@@ -128,6 +128,8 @@ _MODULE_OF: dict[str, str] = {n: m for m, names in _EXPORTS.items() for n in nam
 
 __all__ = sorted(_MODULE_OF)
 __version__ = "0.1.0"
+"""The version, written here only: pyproject.toml reads it (``[tool.setuptools.dynamic]``)
+and so does ``kaudit --version``."""
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-# Sourced by demo.sh and test.sh: make .venv with kronos-audit (editable) and its test tools.
+# Sourced by demo.sh and test.sh: make .venv with kronos-audit (editable), linters, test tools.
 # Needs only Python 3.11+ and git; everything else comes from the package index.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,8 +31,8 @@ if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
         || "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
         || pip_install --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
-if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -e "$ROOT[test,torch,jax,mpi,docs,dask]"; }; then
-    pip_install -e "$ROOT[test,torch,jax,mpi,docs,dask]"
+if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -e "$ROOT[dev,test,torch,jax,mpi,docs,dask]"; }; then
+    pip_install -e "$ROOT[dev,test,torch,jax,mpi,docs,dask]"
 fi
 export PATH="$VENV/bin:$PATH"
 export DVC_NO_ANALYTICS=1

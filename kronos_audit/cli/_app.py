@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
+from kronos_audit import __version__
 from kronos_audit.cli.options import JSON_META
 from kronos_audit.cli.output import COLOR_CHOICES, ColorWhen, Settings, fail_line, plain
 from kronos_audit.errors import Error, ExitCode, UsageError
@@ -391,7 +392,7 @@ class KauditGroup(SuggestingGroup):
 @click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
 @click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 @click.option("--color", "color", metavar="WHEN", default="auto", help=COLOR_HELP)
-@click.version_option(package_name="kronos-audit", prog_name="kaudit")
+@click.version_option(__version__, prog_name="kaudit")
 @click.pass_context
 def cli(ctx: click.Context, quiet: bool, verbose: int, color: str) -> None:
     """Signed, verifiable, replayable checkpoints for long runs.

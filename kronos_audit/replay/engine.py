@@ -33,12 +33,12 @@ reproduced or not. The worktree and the temporary output are removed afterwards 
 
 from __future__ import annotations
 
-import importlib.metadata
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+from kronos_audit import __version__
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.checkpoint.layout import INDEX_NAME
 from kronos_audit.compare import TolerancePolicy
@@ -86,12 +86,8 @@ from kronos_audit.statement.attestation import ManifestRef
 from kronos_audit.statement.manifest import Manifest, Sha256, read_manifest
 from kronos_audit.verification.verifier import Verifier
 
-
-def _tool() -> str:
-    try:
-        return f"kronos-audit {importlib.metadata.version('kronos-audit')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "kronos-audit (not installed)"
+TOOL = f"kronos-audit {__version__}"
+"""What a replay record names as the tool that made it."""
 
 
 def _ref(project: Project, manifest: Manifest) -> ManifestRef:
@@ -302,7 +298,7 @@ def _run_and_compare(
         file_identical=digests.sha256 == m.subject_sha256,
         timings=clock.timings(),
         replayed_at=utc_now(),
-        tool=_tool(),
+        tool=TOOL,
         workdir=workdir if keep else None,
     )
 
@@ -368,7 +364,7 @@ def _sharded_result(
         file_identical=produced.index_sha256 == m.subject_sha256,
         timings=clock.timings(),
         replayed_at=utc_now(),
-        tool=_tool(),
+        tool=TOOL,
         workdir=workdir,
         ranks=ranks,
         launcher=launcher_name(m),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kronos_audit import __version__
 from kronos_audit._internal.progress import report
 from kronos_audit.checkpoint.layout import attested_manifest_for
 from kronos_audit.errors import Error
@@ -65,15 +66,6 @@ PAUSE_MIN_INTERVALS = 3
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _tool() -> str:
-    import importlib.metadata
-
-    try:
-        return f"kronos-audit {importlib.metadata.version('kronos-audit')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "kronos-audit (not installed)"
 
 
 def _time(text: str) -> dt.datetime | None:
@@ -509,7 +501,7 @@ def build_report(
         verdict=Verdict.PASS if ok else Verdict.FAIL,
         reasons=_reasons(runs, problems),
         generated_at=utc_now(),
-        tool=_tool(),
+        tool=f"kronos-audit {__version__}",
         trust=_trust_words(trust),
         runs=tuple(runs),
         problems=tuple(problems),

@@ -1,6 +1,6 @@
-"""The user's key home, ``$KAUDIT_HOME`` (default ``~/.config/kaudit``): the key pairs the
-user holds (``keys/``) and their own trust store (``trusted-keys/``); making a key pair,
-listing them, choosing the one that signs.
+"""The user's key home, ``$KAUDIT_HOME`` (default ``$XDG_CONFIG_HOME/kaudit`` or
+``~/.config/kaudit``): the key pairs the user holds (``keys/``) and their own trust store
+(``trusted-keys/``); making a key pair, listing them, choosing the one that signs.
 
 Private keys live here, never in a repository, readable by their owner only and
 optionally encrypted (``KAUDIT_KEY_PASSPHRASE``).
@@ -40,20 +40,40 @@ def enclosing_repository(path: Path) -> Path | None:
     return None
 
 
+def default_home() -> tuple[Path, str]:
+    """Where the key home is when ``KAUDIT_HOME`` is not set, and what said so.
+
+    ``$XDG_CONFIG_HOME/kaudit`` when ``XDG_CONFIG_HOME`` is an absolute path (the XDG Base
+    Directory specification ignores a relative one), else ``~/.config/kaudit``. Keys made
+    before kaudit followed ``XDG_CONFIG_HOME`` are in ``~/.config/kaudit``: while that
+    directory exists and ``$XDG_CONFIG_HOME/kaudit`` does not, it stays the home, so that
+    setting the variable never hides a user's keys and trust anchors.
+    """
+    legacy = Path.home() / ".config" / "kaudit"
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    if not os.path.isabs(xdg):
+        return legacy, "~/.config/kaudit, the default"
+    home = Path(xdg) / "kaudit"
+    if home != legacy and not home.exists() and legacy.is_dir():
+        return legacy, "~/.config/kaudit, kept while $XDG_CONFIG_HOME/kaudit does not exist"
+    return home, "$XDG_CONFIG_HOME/kaudit"
+
+
 def kaudit_home() -> Path:
-    """``$KAUDIT_HOME``, else ``~/.config/kaudit``: the user's keys and trust anchors.
+    """``$KAUDIT_HOME``, else :func:`default_home`: the user's keys and trust anchors.
 
     Refused inside a git repository: what lies there is content that others can change
     through the repository, so it can anchor nothing (and a private key there would be one
     ``git add`` away from being published).
     """
     env = os.environ.get("KAUDIT_HOME")
-    home = Path(env) if env else Path.home() / ".config" / "kaudit"
+    home, source = (Path(env), "KAUDIT_HOME") if env else default_home()
     repo = enclosing_repository(home)
     if repo is not None:
         raise SigningKeyError(
-            f"KAUDIT_HOME is inside the git repository {repo}: keys and trust anchors "
-            "must live outside any repository (set KAUDIT_HOME to another directory)",
+            f"the key home ({source}) is inside the git repository {repo}: keys and "
+            "trust anchors must live outside any repository (set KAUDIT_HOME to another "
+            "directory)",
             path=home,
         )
     return home

@@ -1,5 +1,5 @@
 """The environment lock: the machine, Python, packages and numerical settings that
-produced a checkpoint.
+produced a checkpoint, with the BLAS and OpenMP libraries loaded and their thread counts.
 
 The environment cannot change under a running process in any way that matters here, so it
 is captured once per process (:func:`environment`), and again only when the program has
@@ -104,6 +104,35 @@ def _numpy_blas() -> dict[str, Any]:
         "name": str(blas.get("name", "unknown")),
         "version": str(blas.get("version", "unknown")),
     }
+
+
+THREADPOOL_FIELDS = ("threading_layer", "architecture")
+"""What threadpoolctl says of a library beside its API, version and thread count, when it
+says it (OpenBLAS's threading layer and the CPU kernels it chose change results too)."""
+
+
+def loaded_threadpools() -> list[dict[str, Any]]:
+    """The BLAS and OpenMP libraries loaded in this process now, with their thread counts
+    (threadpoolctl): ``user_api`` (``blas``, ``openmp``), ``internal_api`` (``openblas``,
+    ``mkl``, ``blis``, ``openmp``), ``version``, ``num_threads``, ``library`` (the file's
+    name only: its directory may name the user's home) and :data:`THREADPOOL_FIELDS`."""
+    # Imported here: only a process that records an environment lock pays.
+    from threadpoolctl import threadpool_info
+
+    found = []
+    for info in threadpool_info():
+        record: dict[str, Any] = {
+            "user_api": str(info.get("user_api")),
+            "internal_api": str(info.get("internal_api")),
+            "version": None if info.get("version") is None else str(info["version"]),
+            "num_threads": int(info.get("num_threads") or 0),
+            "library": os.path.basename(str(info.get("filepath", ""))),
+        }
+        for name in THREADPOOL_FIELDS:
+            if info.get(name) is not None:
+                record[name] = str(info[name])
+        found.append(record)
+    return sorted(found, key=lambda r: (r["user_api"], r["internal_api"], r["library"]))
 
 
 def _distributions() -> dict[str, str]:
@@ -211,7 +240,8 @@ def environment_lock(frameworks: Iterable[str] = ()) -> dict[str, Any]:
             "libc": "-".join(platform.libc_ver()),
         },
         "cpu": {"model": _cpu_model(), "count": os.cpu_count() or 0},
-        "blas": _numpy_blas(),
+        "blas": _numpy_blas(),  # how numpy was built; imports numpy, so its BLAS is loaded
+        "threadpools": loaded_threadpools(),  # what is loaded: numpy's BLAS, OpenMP runtimes
         "variables": numeric_environment_variables(),
         "packages": _distributions(),
     }

@@ -114,6 +114,10 @@ class EnvironmentLock:
     """The frameworks the program had imported, by module name (``torch``, ``jax``), each
     a record of its versions and numeric settings; empty when it imported none (and in
     locks written before frameworks were recorded)."""
+    threadpools: tuple[Mapping[str, Any], ...] | None = None
+    """The BLAS and OpenMP libraries the process had loaded, each with ``user_api``,
+    ``internal_api``, ``version``, ``num_threads`` and ``library`` (a file name), as
+    threadpoolctl reports them; None in locks written before they were recorded."""
 
     # one entry of a section, as text: ``lock.cpu_model`` is ``str(lock.cpu["model"])``
     python_version = _Entry("python", "version")
@@ -148,11 +152,18 @@ class EnvironmentLock:
             frameworks=_read_only(
                 {str(k): _read_only(v) for k, v in (obj.get("frameworks") or {}).items()}
             ),
+            threadpools=(
+                None
+                if obj.get("threadpools") is None
+                else tuple(_read_only(pool) for pool in obj["threadpools"])
+            ),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
         """The lock as :func:`kronos_audit.provenance.environment` gives one."""
         obj = {name: thaw(section) for name, section in self.sections().items()}
+        if self.threadpools is not None:  # as the lock had it: the digest is over the lock
+            obj["threadpools"] = thaw(self.threadpools)
         if self.frameworks:  # absent, not empty, when none: the digest is over the lock
             obj["frameworks"] = thaw(self.frameworks)
         return {**obj, "digest": self.digest}

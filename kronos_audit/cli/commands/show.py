@@ -74,8 +74,8 @@ def show(manifest: Path, as_json: bool) -> None:
     rows.append(("blas", f"{_text(env.blas_name)} {_text(env.blas_version)}"))
     if env.threadpools is not None:  # locks before they were recorded have none
         pools = ", ".join(
-            f"{pool.get('internal_api')} {pool.get('version')} "
-            f"({pool.get('user_api')}, {pool.get('num_threads')} threads)"
+            " ".join(str(pool[k]) for k in ("internal_api", "version") if pool.get(k) is not None)
+            + f" ({pool.get('user_api')}, {pool.get('num_threads')} threads)"
             for pool in env.threadpools
         )
         rows.append(("threadpools", _text(pools or "none loaded")))

@@ -86,6 +86,21 @@ class RunLocked(UsageError, SystemExit):
         one kaudit wrote."""
 
 
+class StepAlreadyExists(UsageError):
+    """``run.checkpoint(step, ...)`` was offered a step at or before the newest one the run
+    holds (checkpointed, handed to the writer, or restored): a run's steps only grow, and a
+    step written twice, or out of order, would fork its signed chain."""
+
+    def __init__(
+        self, message: str, *, path: Path | str | None = None, step: int, newest: int
+    ) -> None:
+        super().__init__(message, path=path)
+        self.step = step
+        """The step offered."""
+        self.newest = newest
+        """The newest step the run holds."""
+
+
 class ProjectError(Error):
     """The repository is not set up for kronos-audit (not git, no `.kaudit/`)."""
 

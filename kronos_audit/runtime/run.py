@@ -66,6 +66,7 @@ from kronos_audit.errors import (
     CheckpointError,
     ExitCode,
     RunLocked,
+    StepAlreadyExists,
     UsageError,
 )
 from kronos_audit.keys.keyfile import SigningKey
@@ -231,6 +232,7 @@ class Run(RunRestore):
         self._prepared = False
         self.restored_from: Path | None = None
         """The checkpoint restore() took, if any."""
+        self._restored_step: int | None = None
 
     def _publisher(
         self,
@@ -448,8 +450,12 @@ class Run(RunRestore):
     ) -> bool:
         """Offer the state after ``step``; write it if the policy says so (it sees whether
         this is the final step and whether a preemption signal arrived). Returns whether a
-        checkpoint was taken. On a preemption signal it waits until the checkpoint is
-        durable and exits with ``preempt_exit``; if the policy took none, it warns
+        checkpoint was taken: False for a step the policy does not save. A step at or
+        before the newest one the run holds (the last checkpointed, or the one
+        :meth:`restore` resumed from) raises
+        :class:`~kronos_audit.errors.StepAlreadyExists` instead: steps only grow. On a
+        preemption signal it waits until the checkpoint is durable and exits with
+        ``preempt_exit``; if the policy took none, it warns
         (:class:`PreemptedWithoutCheckpoint`) and exits all the same.
 
         On several ranks every rank calls it with the same steps: rank 0's policy decides
@@ -503,6 +509,8 @@ class Run(RunRestore):
             final = step >= self._batches_total
         else:
             final = self._final is not None and step >= self._final
+            if failure is None:
+                failure = self._stale(step)
         if self._progress is not None:
             self._progress.reached(step)
         preempted = self._guard.requested
@@ -542,6 +550,28 @@ class Run(RunRestore):
             raise SystemExit(self.preempt_exit)
         return save
 
+    def _stale(self, step: int) -> StepAlreadyExists | None:
+        """The error for ``step`` if it is not after the newest step this run holds (the
+        last one handed to the writer, or the one restored); None when it is after it.
+        The same on every rank, which offer the same steps: each raises it together, at
+        the collective of :meth:`_decide_together`."""
+        newest = self._last_saved_step
+        if newest is None or step > newest:
+            return None
+        held = (
+            f"restored from {self.restored_from}"
+            if newest == self._restored_step
+            else "its newest checkpoint"
+        )
+        return StepAlreadyExists(
+            f"run.checkpoint(step={step}): run {self.run_id!r} already holds step {newest} "
+            f"({held}); each step must come after it (run.steps(n) gives the steps after "
+            "the restored one)",
+            path=self.directory,
+            step=step,
+            newest=newest,
+        )
+
     def _decide(self, writer: BackgroundWriter, step: int, preempted: bool, final: bool) -> bool:
         ctx = SaveContext(
             step=step,
@@ -553,7 +583,8 @@ class Run(RunRestore):
             preempted=preempted,
             final=final,
         )
-        # Never the same step twice (a restored step, or a step offered again).
+        # Never the same step twice: in a batches loop a round may offer the count of
+        # batches done again (elsewhere a step not after the newest is refused before).
         return step != self._last_saved_step and self.policy.should_save(ctx)
 
     def _decide_together(

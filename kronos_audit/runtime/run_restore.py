@@ -9,6 +9,7 @@ and each reads its own part of it, through the run's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import Progress
 from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import joining_seed
+
+log = logging.getLogger("kronos_audit.runtime")
 
 RNG_GROUP = rng.GROUP
 OWN_RECORDS = (RNG_GROUP, LEDGER_GROUP)
@@ -45,7 +48,9 @@ class RunRestore:
     _restored_state: State | None
     _restored_raw: dict[str, Any] | None
     _last_saved_step: int | None
+    _restored_step: int | None
     publisher: Publisher
+    run_id: str
     preempt_exit: int
     rank: int
     seed: int
@@ -65,8 +70,10 @@ class RunRestore:
         Checkpoints whose manifest is missing, unsigned (or signed by a key no anchor
         holds: only this run's own key or an anchored one counts), out of its place, or
         does not match the data are skipped with a :class:`CheckpointSkipped` warning.
-        The run resumes after the step restored. A second call returns the same state
-        (with ``like``: loads it into that template again).
+        The run resumes after the step restored, and says so in the log (INFO, logger
+        ``kronos_audit.runtime``: run, step, checkpoint); :meth:`checkpoint` then refuses
+        that step and any before it. A second call returns the same state (with ``like``:
+        loads it into that template again).
 
         ``like``, a template of the state (``{"model": model, "opt": opt}``): objects
         with ``state_dict()`` in it are loaded in place (``load_state_dict``) and returned
@@ -103,6 +110,7 @@ class RunRestore:
                     self.rng = np.random.default_rng(fresh)
                     rng.seed_all(fresh)
                 self._load_flat(self._split(found.datasets), found.where, found.step)
+                log.info("run %r: resumed from step %d, %s", self.run_id, found.step, found.where)
             if self._progress is not None:
                 self._progress.started(self.step)
         if like is None or self._restored_raw is None:
@@ -149,6 +157,7 @@ class RunRestore:
         self._restored_raw = raw
         self.step = step
         self._last_saved_step = step
+        self._restored_step = step
         self.restored_from = path
 
 

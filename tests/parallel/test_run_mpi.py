@@ -409,6 +409,10 @@ with ka.Run("api", seed=5, every=ka.EverySteps(2)) as run:
         out["c"] = float(state["c"])
         out["own"] = state["own"].tolist()
         out["step"] = run.step
+        try:  # the restored step again: every rank refuses it, together
+            run.checkpoint(6, state)
+        except ka.StepAlreadyExists as e:
+            out["stale"] = [e.step, e.newest]
 with open(f"out.{run.rank}.json", "w") as f:
     json.dump(out, f)
 """
@@ -426,6 +430,7 @@ def test_steps_latest_and_an_older_step_on_every_rank_and_a_key_without_layout(
         assert doc["step"] == 6
         assert doc["c"] == 6.0
         assert doc["own"] == [r]
+        assert doc["stale"] == [6, 6]
         rows = [(0, 3), (3, 5), (5, 7)][r]
         assert doc["at4"] == (np.arange(14.0).reshape(7, 2) + 4)[rows[0] : rows[1]].tolist()
     for f in project.root.glob("out.*.json"):

@@ -75,9 +75,7 @@ def stored(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 def test_the_recorded_digests_are_the_arrays_on_any_rank_count(
     project: Project, key: SigningKey
 ) -> None:
-    expected = {
-        name: global_digest(stored(array), axis) for name, (array, axis) in ARRAYS.items()
-    }
+    expected = {name: global_digest(stored(array), axis) for name, (array, axis) in ARRAYS.items()}
     assert len(set(expected.values())) == len(expected)
     for ranks in (2, 3, 4):
         directory = sharded_step(project, ranks)

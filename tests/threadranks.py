@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import kronos_audit as ka
 from kronos_audit.parallel.comm import Done, check_root, int64, int64s
 from tests.runtime.test_faults import HANG_GUARD
 
@@ -106,4 +108,18 @@ def on_ranks(size: int, program: Callable[[ThreadRanks], Any]) -> list[Any]:
 def _broken(e: BaseException) -> bool:
     return isinstance(e, threading.BrokenBarrierError) or isinstance(
         e.__cause__ or e.__context__, threading.BrokenBarrierError
+    )
+
+
+def thread_run(root: Path, run_id: str, comm: ThreadRanks, **options: Any) -> ka.Run:
+    """Run ``run_id`` of the project at ``root`` on thread rank ``comm``: a checkpoint
+    every step, written synchronously (one collective at a time per rank), seed 5."""
+    return ka.Run(
+        run_id,
+        root=root / "checkpoints",
+        seed=5,
+        every=ka.EverySteps(1),
+        comm=comm,
+        asynchronous=False,
+        **options,
     )

@@ -7,7 +7,6 @@ is bitwise a serial run's."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,15 +15,13 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.project.repository import Project
-from tests.helpers import KAUDIT
 from tests.parallel.launch import MPIEXEC, launcher_env
-from tests.runtime.test_campaign import N, serial_tally
-from tests.runtime.test_faults import HANG_GUARD
+from tests.runtime.test_campaign import N, serial_tally, under_kaudit_run
 
 pytestmark = pytest.mark.slow
 
 PROGRAM = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 from pathlib import Path
 from mpi4py.futures import MPIPoolExecutor
 import kronos_audit as ka
@@ -34,6 +31,12 @@ from tests.runtime.test_campaign import N, SEED, add, batch
 def killer(rng, samples, marks):
     # The first attempt loses a worker rank, killed for real, at batch 9.
     if rng.bit_generator.seed_seq.spawn_key[0] == 9 and marks.endswith("attempt-0"):
+        # once a checkpoint is durable (its manifest signed): the kill takes the whole
+        # job down, and the restart must have something to go on from
+        for _ in range(1200):
+            if any(Path("checkpoints", "mpi-pool").glob("*.kaudit.json")):
+                break
+            time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
     return batch(rng, samples, marks)
 
@@ -60,16 +63,8 @@ def test_a_killed_worker_rank_under_kaudit_run_reruns_only_the_missing_batches(
     marks = tmp_path / "marks"
     marks.mkdir()
     (project.root / "pool.py").write_text(textwrap.dedent(PROGRAM))
-    env = {**launcher_env(), "PYTHONPATH": str(Path(__file__).parents[2])}
     job = [str(MPIEXEC), "--oversubscribe", "-n", "3", sys.executable, "-m", "mpi4py.futures"]
-    done = subprocess.run(
-        [*KAUDIT, "run", "--retries", "2", "--backoff", "0", "--", *job, "pool.py", str(marks)],
-        cwd=project.root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-    )
+    done = under_kaudit_run([*job, "pool.py", str(marks)], project.root, launcher_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "attempt 2" in done.stderr
     tally = json.loads(done.stdout.strip().splitlines()[-1])

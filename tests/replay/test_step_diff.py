@@ -18,7 +18,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.layout import local_block
 from kronos_audit.project.repository import Project
 from tests.helpers import assert_bad_input, run_cli
-from tests.threadranks import ThreadRanks, on_ranks
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 LAYOUT: dict[str, ka.Block | ka.Replicated] = {
     "u": ka.Block(axis=0),
@@ -34,14 +34,7 @@ def step_on(project: Project, run_id: str, ranks: int, u: np.ndarray[Any, Any] =
     a replicated one: its step directory."""
 
     def program(comm: ThreadRanks) -> None:
-        with ka.Run(
-            run_id,
-            root=project.root / "checkpoints",
-            seed=5,
-            every=ka.EverySteps(1),
-            comm=comm,
-            asynchronous=False,
-        ) as run:
+        with thread_run(project.root, run_id, comm) as run:
             state = {
                 "u": local_block(u, LAYOUT["u"], ranks, comm.rank),
                 "v": local_block(V, LAYOUT["v"], ranks, comm.rank),

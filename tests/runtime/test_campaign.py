@@ -138,31 +138,28 @@ print(json.dumps({k: float(v) for k, v in tally.items()}))
 """
 
 
+def under_kaudit_run(
+    argv: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` supervised by the installed `kaudit run`, restarted up to twice, with the
+    repository's tests importable (the programs take their batch from here)."""
+    env = {**env, "PYTHONPATH": str(Path(__file__).parents[2])}
+    return subprocess.run(
+        [*KAUDIT, "run", "--retries", "2", "--backoff", "0", "--", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
 def test_a_killed_pool_worker_under_kaudit_run_reruns_only_the_missing_batches(
     project: Project, key: ka.SigningKey, tmp_path: Path
 ) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
     (project.root / "prog.py").write_text(textwrap.dedent(PROGRAM))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
-    done = subprocess.run(
-        [
-            *KAUDIT,
-            "run",
-            "--retries",
-            "2",
-            "--backoff",
-            "0",
-            "--",
-            sys.executable,
-            "prog.py",
-            str(marks),
-        ],
-        cwd=project.root,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = under_kaudit_run([sys.executable, "prog.py", str(marks)], project.root, dict(os.environ))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the campaign stopped: BrokenProcessPool" in done.stderr
     assert "attempt 2" in done.stderr

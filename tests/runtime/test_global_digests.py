@@ -21,7 +21,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.layout import local_block
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import read_manifest
-from tests.threadranks import ThreadRanks, on_ranks
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 _RNG = np.random.default_rng(3)
 ARRAYS: dict[str, tuple[np.ndarray[Any, Any], int]] = {
@@ -49,14 +49,7 @@ def sharded_step(project: Project, ranks: int) -> Path:
     """Step 1 of a run on ``ranks`` ranks holding every array of ARRAYS: its directory."""
 
     def program(comm: ThreadRanks) -> None:
-        with ka.Run(
-            f"on{ranks}",
-            root=project.root / "checkpoints",
-            seed=5,
-            every=ka.EverySteps(1),
-            comm=comm,
-            asynchronous=False,
-        ) as run:
+        with thread_run(project.root, f"on{ranks}", comm) as run:
             state = {
                 name: local_block(array, LAYOUT[name], ranks, comm.rank)
                 for name, (array, _) in ARRAYS.items()

@@ -43,7 +43,7 @@ from kronos_audit.storage import (
     read_dvc_file,
 )
 from tests.helpers import git, run_cli
-from tests.threadranks import ThreadRanks, on_ranks
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 
 def run(project: Project, steps: int, *, same: bool = False, run_id: str = "r") -> Path:
@@ -221,16 +221,7 @@ def sharded_run(
     shards hold the same bytes."""
 
     def program(comm: ThreadRanks) -> None:
-        with ka.Run(
-            run_id,
-            root=project.root / "checkpoints",
-            seed=5,
-            every=ka.EverySteps(1),
-            keep=keep,
-            keep_every=keep_every,
-            comm=comm,
-            asynchronous=False,
-        ) as r:
+        with thread_run(project.root, run_id, comm, keep=keep, keep_every=keep_every) as r:
             r.restore()  # the chain goes on from the newest step (none: a new one)
             for step in steps:
                 u = np.zeros(2) if same else r.rng.random(2)

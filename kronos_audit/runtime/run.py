@@ -405,16 +405,10 @@ class Run(RunRestore):
         executor: Submitter | None = None,
         **kwargs: Any,
     ) -> Ledger:
-        """Call ``fn(rng, **kwargs)`` for every batch of ``range(n)`` not yet in the
-        ledger, ``rng`` the batch's own generator (a function of the run seed and the
-        index only, rebuilt where the batch runs), through ``executor``: any object with
-        :class:`concurrent.futures.Executor`'s ``submit`` (a ``ProcessPoolExecutor``,
-        Dask's ``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``), or this
-        process when None. Results are recorded as they arrive and checkpointed as the
-        run's policy says; returns the ledger, whose ``reduce`` folds them in index order,
-        bitwise a serial run's. When the executor breaks or a batch raises, every result
-        received is checkpointed and :class:`~kronos_audit.errors.CampaignError` says so
-        (see :mod:`kronos_audit.runtime.campaign`)."""
+        """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
+        ``submit``; None: here), for every batch of ``range(n)`` not in the ledger, ``rng``
+        the batch's own generator; record the results as they arrive and return the
+        ledger. See :mod:`kronos_audit.runtime.campaign`."""
         map_batches(self, fn, n, executor, kwargs)
         return self.ledger
 

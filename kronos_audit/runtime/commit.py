@@ -308,6 +308,11 @@ class ShardCommit:
             and name in job.staged
             and hashable(np.asarray(job.staged[name]).dtype)
         }
+        self._extents = {
+            name: (int(np.shape(job.staged[name])[axis]), dtype_name(job.staged[name].dtype))
+            for name, axis in self._blocks.items()
+        }
+        """Each Block array's length along its axis and its dtype, as every rank hears."""
         self._trees: dict[str, LocalTree] | None = None
         self._specs: dict[str, TreeSpec] = {}
         self.shard: Shard | None = None
@@ -315,8 +320,7 @@ class ShardCommit:
 
     def write(self) -> FileDigests:
         # First, before anything that can fail: every rank must reach this collective.
-        lengths = {n: int(np.shape(self.job.staged[n])[a]) for n, a in self._blocks.items()}
-        everyone: list[dict[str, int]] = self._comm.allgather(lengths)
+        everyone: list[dict[str, tuple[int, str]]] = self._comm.allgather(self._extents)
         self._specs = self._tree_specs(everyone)
         self.directory.mkdir(parents=True, exist_ok=True)
         written, self._trees = write_and_hash(
@@ -324,19 +328,20 @@ class ShardCommit:
         )
         return written
 
-    def _tree_specs(self, everyone: Sequence[Mapping[str, int]]) -> dict[str, TreeSpec]:
+    def _tree_specs(self, everyone: Sequence[Mapping[str, tuple[int, str]]]) -> dict[str, TreeSpec]:
         """Where this rank's block of each Block array starts in its global stream, from
-        every rank's block length."""
+        every rank's block length; none for an array whose blocks are not of one dtype on
+        every rank (it gets no global digest, and the commit says what else is wrong)."""
         specs: dict[str, TreeSpec] = {}
         for name, axis in self._blocks.items():
-            if not all(name in e for e in everyone):
-                continue  # not a block on every rank: the commit will say what is wrong
+            if len({e.get(name, (0, ""))[1] for e in everyone}) != 1 or name not in everyone[0]:
+                continue
             array = np.asarray(self.job.staged[name])
             row = array.dtype.itemsize * math.prod(
                 d for i, d in enumerate(array.shape) if i != axis
             )
-            before = sum(e[name] for e in everyone[: self.rank])
-            total = sum(e[name] for e in everyone)
+            before = sum(e[name][0] for e in everyone[: self.rank])
+            total = sum(e[name][0] for e in everyone)
             specs[name] = TreeSpec(axis, before * row, total * row, self.rank)
         return specs
 

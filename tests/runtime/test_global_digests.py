@@ -85,3 +85,20 @@ def test_the_recorded_digests_are_the_arrays_on_any_rank_count(
         finally:
             for f in files:
                 f.close()
+
+
+def test_blocks_of_different_dtypes_get_no_global_digest(project: Project, key: SigningKey) -> None:
+    """A Block array held as float64 on one rank and float32 on another is no one global
+    array: the step records no digest of it, rather than one of bytes that mean nothing."""
+
+    def program(comm: ThreadRanks) -> None:
+        with thread_run(project.root, "mixed", comm) as run:
+            u = np.zeros(3, dtype=np.float32 if comm.rank == 1 else np.float64)
+            run.checkpoint(1, {"u": u, "v": np.zeros(3)}, layout={"u": ka.Block(), "v": ka.Block()})
+
+    on_ranks(2, program)
+    step = step_directory(project.root / "checkpoints" / "mixed", 1)
+    record = read_manifest(step / STEP_MANIFEST).record
+    assert record.shards is not None
+    assert "digest" not in record.shards.layout["u"]
+    assert record.shards.layout["v"]["digest"] == global_digest(np.zeros(6), 0)

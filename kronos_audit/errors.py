@@ -164,8 +164,8 @@ class PushIncomplete(StorageError):
 
 
 class CampaignError(Error):
-    """A Monte Carlo campaign stopped (its engine broke, a batch raised, or a batch gave
-    two different results): what arrived before is recorded and checkpointed."""
+    """A Monte Carlo campaign stopped (its engine broke, or a batch raised): what arrived
+    before is recorded and checkpointed."""
 
     exit_code = ExitCode.CHECK_FAILED
 

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 from kronos_audit.errors import CampaignError, UsageError
 from kronos_audit.runtime.batches import batch_rng
 
@@ -87,13 +85,19 @@ def _results(
         fill()
 
 
-def _serial(calls: Iterator[BatchCall], stop: list[BaseException]) -> Iterator[tuple[int, Any]]:
-    """``(index, result)`` of each call, in this process, until one raises (put in
-    ``stop``)."""
+def _serial(
+    calls: Iterator[BatchCall], stop: list[BaseException] | None
+) -> Iterator[tuple[int, Any]]:
+    """``(index, result)`` of each call, in this process, until one raises: put in
+    ``stop``, or raised as it is without one (on several ranks, where a checkpoint is
+    every rank's and one rank alone cannot take it: the launcher ends the job, and the
+    restart runs what no checkpoint holds)."""
     for call in calls:
         try:
             result = call()
         except Exception as e:  # the batch's failure: what came before is kept
+            if stop is None:
+                raise
             stop.append(_BatchFailed(call.index, e))
             return
         yield call.index, result
@@ -114,13 +118,6 @@ def _named(index: int, error: BaseException) -> BaseException:
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0].rstrip('.')}" if text else type(error).__name__
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    x, y = np.asarray(a), np.asarray(b)
-    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
 def map_batches(
@@ -147,15 +144,11 @@ def map_batches(
     todo = [i for i, _ in run.batches(n)]
     calls = (BatchCall(fn, run.seed, i, dict(kwargs)) for i in todo)
     stop: list[BaseException] = []
-    received = _serial(calls, stop) if executor is None else _results(calls, executor, stop)
+    if executor is not None:
+        received = _results(calls, executor, stop)
+    else:
+        received = _serial(calls, stop if run.size == 1 else None)
     for index, result in received:
-        if index in run.ledger:
-            if not _same(run.ledger[index], result):
-                raise CampaignError(
-                    f"batch {index} completed twice with different results: its result "
-                    "depends on more than the run seed and its index (not reproducible)"
-                )
-            continue
         run.record(index, result)
         run.checkpoint(len(run.ledger), {})
     if stop:

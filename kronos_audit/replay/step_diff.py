@@ -13,13 +13,14 @@ each Block array as the global array, as a replay compares them
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST
 from kronos_audit.checkpoint.shards import parse_index, read_index
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
-from kronos_audit.errors import UsageError
+from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
 from kronos_audit.replay.sharded import StepOutput, compare_steps
@@ -30,12 +31,14 @@ from kronos_audit.verification.verifier import Verifier
 _RULE = "signed digest (bitwise)"
 
 
-def _verified(path: Path, trust: TrustOptions | None) -> Manifest:
+def _verified(path: Path, trust: TrustOptions | None, *, data: bool) -> Manifest:
+    """The step manifest at ``path``, its signature and place verified (and with
+    ``data``, its index and every shard against them, as `kaudit verify` checks)."""
     m = read_manifest(path)
     if m.record.shards is None:
         raise UsageError(f"{path}: not a sharded step's manifest (diff compares files so)")
     project = find_project(m.path)
-    result = Verifier(project, load_keyring(project.root, trust)).verify(m.path, data=False)
+    result = Verifier(project, load_keyring(project.root, trust)).verify(m.path, data=data)
     if not result.ok:
         failed = result.failures[0]
         raise UsageError(
@@ -98,7 +101,10 @@ def _by_data(a: Manifest, b: Manifest, policy: TolerancePolicy) -> tuple[Dataset
     assert b.record.shards is not None
     count = b.record.shards.count
     index = b.checkpoint_path
-    records = parse_index(read_index(index, count), count, index)
+    data = read_index(index, count)
+    if hashlib.sha256(data).hexdigest() != b.subject_sha256:
+        raise CheckpointError("the shard index changed after it was verified", path=index)
+    records = parse_index(data, count, index)
     produced = StepOutput(index.parent, records, b.subject_sha256)
     results, _ = compare_steps(
         a.checkpoint_path.parent,
@@ -118,9 +124,10 @@ def diff_steps(
     array: bitwise by their signed digests, or with ``policy``'s tolerances by their data.
     UsageError (one line) when either manifest is not a sharded step's or does not
     verify; ReplayError when a tolerance needs a shard that cannot be read."""
-    ma, mb = _verified(a, trust), _verified(b, trust)
     policy = policy or TolerancePolicy()
     exact = policy == TolerancePolicy()
+    # By digests, the manifests alone; by data, every shard read is first verified too.
+    ma, mb = _verified(a, trust, data=not exact), _verified(b, trust, data=not exact)
     datasets = _by_digests(ma, mb) if exact else _by_data(ma, mb, policy)
     return Comparison(a=a, b=b, policy=policy, datasets=datasets)
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
 import kronos_audit as ka
@@ -100,3 +101,14 @@ def test_a_step_whose_manifest_does_not_verify_is_refused(
     moved = project.root / "checkpoints" / "on2" / "step-00000007"
     shutil.copytree(on2, moved)
     assert_bad_input(run_cli("diff", str(on3), str(moved)), "does not verify")
+
+
+def test_with_a_tolerance_a_shard_that_is_not_the_signed_one_is_refused(
+    project: Project, key: SigningKey
+) -> None:
+    on3, on2 = step_on(project, "on3", 3), step_on(project, "on2", 2)
+    with h5py.File(shard_path(on2, 1, 2), "r+") as f:
+        f["u"][0, 0] += 1.0  # the data a tolerance would read, no longer what is signed
+    assert_bad_input(run_cli("diff", str(on3), str(on2), "--rtol", "1e-9"), "does not verify")
+    # Bitwise, the signed digests decide without reading it, and they still agree.
+    assert run_cli("diff", str(on3), str(on2)).exit_code == 0

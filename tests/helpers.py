@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,33 @@ def run_cli(*args: str, cwd: Path | None = None) -> Result:
         return runner.invoke(cli, list(args), catch_exceptions=False)
     finally:
         os.chdir(old)
+
+
+def on_terminal(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    """What the installed ``kaudit ARGS`` writes to stdout when it is a (pseudo-)terminal
+    (TERM=xterm-256color and ``env`` over this environment); it must exit 0."""
+    primary, secondary = pty.openpty()
+    with subprocess.Popen(
+        [*KAUDIT, *args],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TERM": "xterm-256color", **(env or {})},
+    ) as proc:
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the other end closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(primary)
+        assert proc.wait(timeout=60) == 0, proc.stderr
+    return b"".join(chunks).decode()
 
 
 def assert_bad_input(result: Result, *mentions: str, no_stdout: bool = False) -> str:

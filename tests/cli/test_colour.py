@@ -6,12 +6,11 @@ colour and anything else is plain."""
 from __future__ import annotations
 
 import os
-import pty
 import subprocess
 
 import pytest
 
-from tests.helpers import KAUDIT, assert_bad_input, run_cli
+from tests.helpers import KAUDIT, assert_bad_input, on_terminal, run_cli
 
 # A table whose header is bold: an escape wherever there is colour.
 INTERVAL = ("interval", "--mtbf", "6h", "--cost", "5min")
@@ -49,33 +48,8 @@ def test_an_unknown_colour_choice_is_one_line(where: str) -> None:
     assert_bad_input(run_cli(*args), "--color", "auto, always, never", "'bogus'", no_stdout=True)
 
 
-def on_terminal(env: dict[str, str]) -> str:
-    """What the installed kaudit writes to stdout when it is a (pseudo-)terminal."""
-    primary, secondary = pty.openpty()
-    with subprocess.Popen(
-        [*KAUDIT, *INTERVAL],
-        stdin=subprocess.DEVNULL,
-        stdout=secondary,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "TERM": "xterm-256color", **env},
-    ) as proc:
-        os.close(secondary)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # EIO: the other end closed
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(primary)
-        assert proc.wait(timeout=60) == 0, proc.stderr
-    return b"".join(chunks).decode()
-
-
 def test_no_color_on_a_terminal_and_force_color_into_a_pipe() -> None:
-    shown = on_terminal({"NO_COLOR": "1"})
+    shown = on_terminal(*INTERVAL, env={"NO_COLOR": "1"})
     assert "checkpoint every" in shown
     assert ESC not in shown
     piped = subprocess.run(

@@ -6,7 +6,6 @@ or path broken in two, however narrow COLUMNS says the screen is; and, on a term
 from __future__ import annotations
 
 import os
-import pty
 import re
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from kronos_audit.keys.home import generate_key, select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import configure_remote
-from tests.helpers import KAUDIT, git, recorded_project, write_checkpoint
+from tests.helpers import KAUDIT, git, on_terminal, recorded_project, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -198,28 +197,7 @@ def test_on_a_terminal_colour_but_no_box_and_no_broken_path(
 ) -> None:
     root = project.root
     a, _ = runs
-    primary, secondary = pty.openpty()
-    with subprocess.Popen(
-        [*KAUDIT, "status", "--local-only", str(a)],
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        stdout=secondary,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "40"},
-    ) as proc:
-        os.close(secondary)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # EIO: the other end closed
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        assert proc.wait(timeout=60) == 0
-    os.close(primary)
-    text = b"".join(chunks).decode()
+    text = on_terminal("status", "--local-only", str(a), cwd=root, env={"COLUMNS": "40"})
     assert "\x1b[" in text  # colour, on a terminal
     assert not BOX_DRAWING.search(text)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text).replace("\r\n", "\n")

@@ -36,7 +36,7 @@ import importlib.util
 import shutil
 import sys
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -439,6 +439,31 @@ def _global(step: _Step, name: str, recorded: Recorded) -> DatasetDigest:
     return h.digest()
 
 
+@contextmanager
+def _compare_errors(path: Path) -> Iterator[None]:
+    """A shard that cannot be read while two steps are compared, as one ReplayError (stage
+    ``compare``) naming what and where."""
+    try:
+        yield
+    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+        if isinstance(e, CheckpointError):
+            reason = e.message if e.path is None else f"{e.path.name}: {e.message}"
+        else:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ReplayError(
+            f"cannot compare the sharded steps: {reason}", path=path, stage=Stage.COMPARE
+        ) from None
+    except MemoryError:
+        raise ReplayError(
+            "cannot compare the sharded steps: out of memory", path=path, stage=Stage.COMPARE
+        ) from None
+
+
+def _listed(names: list[str]) -> str:
+    """Up to five of ``names``, for a line."""
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
 def _tree_digest(step: _Step, name: str, axis: int) -> DatasetDigest:
     """The global digest of Block dataset ``name`` of ``step``
     (:mod:`~kronos_audit.checkpoint.treehash`), its blocks read in rank order along
@@ -470,34 +495,26 @@ def compare_by_digests(
     count = len(produced.records)
     recorded: list[DatasetDigest] = []
     replayed: list[DatasetDigest] = []
-    try:
-        with ExitStack() as stack:
-            out = _Step(produced.directory, count, stack)
-            names = out.listing(0)
-            digested = {n: h for n, h in layout.items() if h.digest is not None}
-            for name, how in sorted(digested.items()):
-                assert how.digest is not None
-                recorded.append(DatasetDigest(name, how.dtype or "", how.shape, how.digest))
-                if name not in names:
-                    continue  # recorded, not produced: said so below
-                if how.block is not None:
-                    replayed.append(_tree_digest(out, name, how.block))
-                else:
-                    replayed.append(names[name])
-            unrecorded = sorted(n for n in names if n not in digested)
-    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
-        reason = e.message if isinstance(e, CheckpointError) else str(e).splitlines()[0]
-        raise ReplayError(
-            f"cannot compare the sharded steps: {reason}",
-            path=produced.directory,
-            stage=Stage.COMPARE,
-        ) from None
+    with _compare_errors(produced.directory), ExitStack() as stack:
+        out = _Step(produced.directory, count, stack)
+        names = out.listing(0)
+        digested = {n: h for n, h in layout.items() if h.digest is not None}
+        for name, how in sorted(digested.items()):
+            assert how.digest is not None
+            recorded.append(DatasetDigest(name, how.dtype or "", how.shape, how.digest))
+            if name not in names:
+                continue  # recorded, not produced: said so below
+            if how.block is not None:
+                replayed.append(_tree_digest(out, name, how.block))
+            else:
+                replayed.append(names[name])
+        unrecorded = sorted(n for n in names if n not in digested)
     uncompared = []
     if unrecorded:
-        shown = ", ".join(unrecorded[:5]) + (", ..." if len(unrecorded) > 5 else "")
         uncompared.append(
-            f"{len(unrecorded)} dataset(s) ({shown}): the step manifest records no digest of "
-            "them and the recorded shards are not here, so they were compared by nothing"
+            f"{len(unrecorded)} dataset(s) ({_listed(unrecorded)}): the step manifest "
+            "records no digest of them and the recorded shards are not here, so they were "
+            "compared by nothing"
         )
     return compare_digests(recorded, replayed), uncompared
 
@@ -629,62 +646,44 @@ def compare_steps(
     policy = policy or TolerancePolicy()
     exact = policy == TolerancePolicy()
     uncompared: list[str] = []
-    try:
-        with ExitStack() as stack:
-            signed = (
-                None
-                if recorded_sha256 is None
-                else _signed_lines(recorded_dir, recorded_count, recorded_sha256)
+    with _compare_errors(recorded_dir), ExitStack() as stack:
+        signed = (
+            None
+            if recorded_sha256 is None
+            else _signed_lines(recorded_dir, recorded_count, recorded_sha256)
+        )
+        rec = _Step(recorded_dir, recorded_count, stack, signed)
+        out = _Step(produced.directory, count, stack)
+        per_rank = count == recorded_count
+        want, got = _entries(rec, layout, per_rank), _entries(out, layout, per_rank)
+        if exact:
+            results = compare_digests(
+                [_digest(rec, p, e) for p, e in want.items()],
+                [_digest(out, p, e) for p, e in got.items()],
             )
-            rec = _Step(recorded_dir, recorded_count, stack, signed)
-            out = _Step(produced.directory, count, stack)
-            per_rank = count == recorded_count
-            want, got = _entries(rec, layout, per_rank), _entries(out, layout, per_rank)
-            if exact:
-                results = compare_digests(
-                    [_digest(rec, p, e) for p, e in want.items()],
-                    [_digest(out, p, e) for p, e in got.items()],
-                )
-                # The digests decide; where they differ, the data says where and by how much.
-                results = [
-                    dataclasses.replace(r, comparison=_explain(rec, out, r.path, want, got))
-                    if r.verdict in (Verdict.DIFFERENT, Verdict.NOT_COMPARABLE)
-                    else r
-                    for r in results
-                ]
-            else:
-                results = []
-                for path in sorted({*want, *got}):
-                    if path in want and path in got:
-                        results.append(_compare_one(rec, out, path, want[path], got[path], policy))
-                    else:
-                        results += compare_digests(
-                            [_digest(rec, path, want[path])] if path in want else [],
-                            [_digest(out, path, got[path])] if path in got else [],
-                        )
-            if count != recorded_count:
-                own = sorted(n for n in {*rec.listing(0), *out.listing(0)} if _own(n))
-                if own:
-                    shown = ", ".join(own[:5]) + (", ..." if len(own) > 5 else "")
-                    uncompared.append(
-                        f"{len(own)} per-rank dataset(s) ({shown}): each rank's own, recorded "
-                        f"on {recorded_count} ranks and replayed on {count}, so not comparable "
-                        "rank by rank (not a failure of the arrays the layout declares)"
-                    )
-    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
-        if isinstance(e, CheckpointError):
-            reason = e.message if e.path is None else f"{e.path.name}: {e.message}"
+            # The digests decide; where they differ, the data says where and by how much.
+            results = [
+                dataclasses.replace(r, comparison=_explain(rec, out, r.path, want, got))
+                if r.verdict in (Verdict.DIFFERENT, Verdict.NOT_COMPARABLE)
+                else r
+                for r in results
+            ]
         else:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ReplayError(
-            f"cannot compare the sharded steps: {reason}",
-            path=recorded_dir,
-            stage=Stage.COMPARE,
-        ) from None
-    except MemoryError:
-        raise ReplayError(
-            "cannot compare the sharded steps: out of memory",
-            path=recorded_dir,
-            stage=Stage.COMPARE,
-        ) from None
+            results = []
+            for path in sorted({*want, *got}):
+                if path in want and path in got:
+                    results.append(_compare_one(rec, out, path, want[path], got[path], policy))
+                else:
+                    results += compare_digests(
+                        [_digest(rec, path, want[path])] if path in want else [],
+                        [_digest(out, path, got[path])] if path in got else [],
+                    )
+        if count != recorded_count:
+            own = sorted(n for n in {*rec.listing(0), *out.listing(0)} if _own(n))
+            if own:
+                uncompared.append(
+                    f"{len(own)} per-rank dataset(s) ({_listed(own)}): each rank's own, recorded "
+                    f"on {recorded_count} ranks and replayed on {count}, so not comparable "
+                    "rank by rank (not a failure of the arrays the layout declares)"
+                )
     return results, uncompared

@@ -250,14 +250,12 @@ class Shard:
     shapes: Mapping[str, tuple[int, ...]]
     """The shape of each dataset it holds, by name: the global shape of a Block array is
     assembled from every rank's."""
-    held: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """What each dataset it holds is (dtype, shape and the sha256 of its canonical
-    bytes, in one line), by name: a value every rank holds alike is replicated."""
+    held: Mapping[str, DatasetDigest] = dataclasses.field(default_factory=dict)
+    """The digest (dtype, shape, sha256 of the canonical bytes) of each dataset it holds
+    whole, by name: a value every rank holds alike is replicated, and rank 0's digests of
+    the replicated ones are the step's. Block arrays are not here, but in ``trees``."""
     trees: Mapping[str, TreePart] = dataclasses.field(default_factory=dict)
     """This rank's part of each Block array's global digest, by name."""
-    datasets: tuple[DatasetDigest, ...] = ()
-    """Rank 0 only: the digest of each dataset it holds itself (the replicated ones'
-    are the step's)."""
 
 
 @dataclass(frozen=True)
@@ -352,12 +350,11 @@ class ShardCommit:
         os.replace(self.tmp, self.directory / self.name)
         fsync_dir(self.directory)
         shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
-        held = {d.path: f"{d.dtype} {d.shape} {d.sha256}" for d in written.datasets or ()}
+        held = {d.path: d for d in written.datasets or ()}
         record = ShardRecord.of(self.rank, self.size, written)
         if self._durable is not None:  # durable somewhere else too, before the vote
             self._durable(self.directory / self.name, record)
-        own = tuple(written.datasets or ()) if self.rank == 0 else ()
-        self.shard = Shard(record, shapes, held, datasets=own)
+        self.shard = Shard(record, shapes, held)
         return self.shard
 
     def exchange(self, comm: Comm, vote: Vote) -> Vote:

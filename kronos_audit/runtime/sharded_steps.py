@@ -162,7 +162,7 @@ def expand_layout(
 def layout_record(shards: Sequence[Shard], declared: Mapping[str, Layout]) -> dict[str, Any]:
     """The step manifest's ``shards.layout`` record from every rank's vote: each declared
     dataset (and each one every rank holds alike, as replicated) with its digest."""
-    own = {d.path: d for d in shards[0].datasets}
+    own = shards[0].held
     layout: dict[str, Any] = {}
 
     def replicated(name: str) -> dict[str, Any]:

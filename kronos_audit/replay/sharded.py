@@ -628,6 +628,8 @@ def compare_steps(
     produced: StepOutput,
     recorded_sha256: str | None = None,
     policy: TolerancePolicy | None = None,
+    *,
+    produced_signed: bool = False,
 ) -> tuple[list[DatasetReplay], list[str]]:
     """The produced step against the recorded one: one result per dataset, by path (Block
     datasets as global arrays; replicated and ``/kaudit`` ones from rank 0; per-rank ones
@@ -640,7 +642,8 @@ def compare_steps(
     engine of ``kaudit diff``, its tolerance resolved by its path (a per-rank one's by its
     path in the shard), in bounded chunks. With ``recorded_sha256`` (the verified
     manifest's subject), each recorded shard is read only as the bytes the signed index
-    records for it."""
+    records for it; with ``produced_signed``, each produced shard too, as the index whose
+    sha256 is ``produced.index_sha256`` (a signed step's, as `kaudit diff` compares two)."""
     layout = parse_layout(layout_record)
     count = len(produced.records)
     policy = policy or TolerancePolicy()
@@ -653,7 +656,12 @@ def compare_steps(
             else _signed_lines(recorded_dir, recorded_count, recorded_sha256)
         )
         rec = _Step(recorded_dir, recorded_count, stack, signed)
-        out = _Step(produced.directory, count, stack)
+        out_signed = (
+            _signed_lines(produced.directory, count, produced.index_sha256)
+            if produced_signed
+            else None
+        )
+        out = _Step(produced.directory, count, stack, out_signed)
         per_rank = count == recorded_count
         want, got = _entries(rec, layout, per_rank), _entries(out, layout, per_rank)
         if exact:

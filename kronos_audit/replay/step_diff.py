@@ -33,18 +33,22 @@ _RULE = "signed digest (bitwise)"
 
 def _verified(path: Path, trust: TrustOptions | None, *, data: bool) -> Manifest:
     """The step manifest at ``path``, its signature and place verified (and with
-    ``data``, its index and every shard against them, as `kaudit verify` checks)."""
-    m = read_manifest(path)
-    if m.record.shards is None:
+    ``data``, its index and every shard against them, as `kaudit verify` checks): the
+    manifest as the verifier read it, so that what is compared is what was verified."""
+    path = path.absolute()
+    if read_manifest(path).record.shards is None:
         raise UsageError(f"{path}: not a sharded step's manifest (diff compares files so)")
-    project = find_project(m.path)
-    result = Verifier(project, load_keyring(project.root, trust)).verify(m.path, data=data)
+    project = find_project(path)
+    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=data)
     if not result.ok:
         failed = result.failures[0]
         raise UsageError(
             f"{path}: its step manifest does not verify ({failed.name}: {failed.detail}); "
             "the digests of an unverified step prove nothing"
         )
+    m = result.statement
+    if m is None or m.record.shards is None:  # replaced meanwhile by something else
+        raise UsageError(f"{path}: not a sharded step's manifest (diff compares files so)")
     return m
 
 
@@ -113,6 +117,7 @@ def _by_data(a: Manifest, b: Manifest, policy: TolerancePolicy) -> tuple[Dataset
         produced,
         a.subject_sha256,
         policy,
+        produced_signed=True,
     )
     return tuple(r.comparison for r in results if r.comparison is not None)
 

@@ -14,6 +14,9 @@ rank has to be told which batches are whose.
 from __future__ import annotations
 
 import functools
+import os
+import socket
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,9 +26,43 @@ import numpy as np
 from kronos_audit.checkpoint.hdf5 import a_type, flatten, unflatten
 from kronos_audit.errors import UsageError
 from kronos_audit.parallel.comm import Comm
+from kronos_audit.statement.predicate import Ran
 
 T = TypeVar("T")
 LEDGER_GROUP = "ledger"
+WORKER_LIMIT = 256
+"""Characters of a worker's name kept (the manifest schema's bound)."""
+
+
+def this_worker() -> str:
+    """Where this process runs, as a manifest names the worker of a batch: the address of
+    the Dask worker it is (when it is one), else ``host:pid``."""
+    distributed = sys.modules.get("distributed")  # imported by Dask's worker, never here
+    if distributed is not None:
+        try:
+            return str(distributed.get_worker().address)[:WORKER_LIMIT]
+        except ValueError:  # not in a Dask worker
+            pass
+    return f"{socket.gethostname()}:{os.getpid()}"[:WORKER_LIMIT]
+
+
+def ran_record(workers: Mapping[int, str]) -> tuple[Ran, ...]:
+    """Batch index -> worker, as the manifest records it: by worker (in the order they
+    first appear by index), each worker's indices as ranges."""
+    by_worker: dict[str, list[int]] = {}
+    for index in sorted(workers):
+        by_worker.setdefault(workers[index], []).append(index)
+    return tuple(Ran(w, _ranges(indices)) for w, indices in by_worker.items())
+
+
+def _ranges(indices: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    ranges: list[tuple[int, int]] = []
+    for i in indices:
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1] = (ranges[-1][0], i)
+        else:
+            ranges.append((i, i))
+    return tuple(ranges)
 
 
 def batch_rng(root_seed: int, index: int) -> np.random.Generator:
@@ -126,9 +163,9 @@ class Attempt:
         for r, results in enumerate(heard):
             if r == self.rank:
                 continue
-            for index, result in results.items():
+            for index, (result, worker) in results.items():
                 self._merged[r] += index not in ledger
-                ledger.record(index, result)
+                ledger.record(index, result, worker)
 
 
 def _frozen_copy(value: Any) -> Any:
@@ -154,6 +191,7 @@ class Ledger:
     def __init__(self) -> None:
         self._results: dict[int, Any] = {}
         self._layout: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = None
+        self._new: dict[int, str] = {}  # recorded since the last checkpoint: the worker
 
     @staticmethod
     def _fields(result: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -161,7 +199,9 @@ class Ledger:
             return flatten(result)
         return {"": np.asarray(result)}
 
-    def record(self, index: int, result: Any) -> None:
+    def record(self, index: int, result: Any, worker: str | None = None) -> None:
+        """Put batch ``index``'s result in, run by ``worker`` (None: this process), the
+        next checkpoint's to record (:meth:`take_new`); a result already in is replaced."""
         if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
             raise UsageError(f"batch index must be a non-negative integer, got {index!r}")
         if not isinstance(result, Mapping | np.ndarray | np.generic | int | float | bool):
@@ -178,7 +218,15 @@ class Ledger:
                 f"batch {index}: its result is shaped {_describe(layout)}, unlike the earlier "
                 f"results ({_describe(self._layout)}); every batch must return the same fields"
             )
+        if int(index) not in self._results:
+            self._new[int(index)] = worker[:WORKER_LIMIT] if worker else this_worker()
         self._results[int(index)] = frozen
+
+    def take_new(self) -> tuple[Ran, ...]:
+        """The batches recorded since the last call, by worker (what a checkpoint's
+        manifest records in ``batches.ran``), and forget them."""
+        new, self._new = self._new, {}
+        return ran_record(new)
 
     def __contains__(self, index: object) -> bool:
         return index in self._results
@@ -192,9 +240,11 @@ class Ledger:
     def indices(self) -> list[int]:
         return sorted(self._results)
 
-    def results(self, indices: Sequence[int]) -> dict[int, Any]:
-        """The results of ``indices``, by index (what another rank merges)."""
-        return {i: self._results[i] for i in indices}
+    def results(self, indices: Sequence[int]) -> dict[int, tuple[Any, str]]:
+        """The results of ``indices`` and their workers, by index (what another rank
+        merges)."""
+        here = this_worker()
+        return {i: (self._results[i], self._new.get(i, here)) for i in indices}
 
     def items(self) -> Iterator[tuple[int, Any]]:
         for i in self.indices():
@@ -238,6 +288,7 @@ class Ledger:
             else:
                 result = stacked[row]
             ledger.record(index, result)
+        ledger._new = {}  # restored: recorded by the checkpoints before
         return ledger
 
 

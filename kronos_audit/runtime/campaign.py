@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kronos_audit.errors import CampaignError, UsageError
-from kronos_audit.runtime.batches import batch_rng
+from kronos_audit.runtime.batches import batch_rng, this_worker
 
 if TYPE_CHECKING:
     from kronos_audit.runtime.run import Run
@@ -50,14 +50,15 @@ class BatchCall:
     index: int
     kwargs: Mapping[str, Any]
 
-    def __call__(self) -> Any:
-        return self.fn(batch_rng(self.seed, self.index), **self.kwargs)
+    def __call__(self) -> tuple[Any, str]:
+        """The batch's result, and the worker that ran it."""
+        return self.fn(batch_rng(self.seed, self.index), **self.kwargs), this_worker()
 
 
 def _results(
     calls: Iterator[BatchCall], executor: Submitter, stop: list[BaseException]
-) -> Iterator[tuple[int, Any]]:
-    """``(index, result)`` as the engine finishes them, at most :data:`IN_FLIGHT`
+) -> Iterator[tuple[int, Any, str | None]]:
+    """``(index, result, worker)`` as the engine finishes them, at most :data:`IN_FLIGHT`
     submitted ahead. On the first failure nothing more is submitted, what is in flight is
     waited for, its results are still given, and the failure is put in ``stop``."""
     pending: dict[cf.Future[Any], int] = {}
@@ -79,7 +80,7 @@ def _results(
             index = pending.pop(future)
             error = future.exception()
             if error is None:
-                yield index, future.result()
+                yield index, *future.result()
             elif not stop:
                 stop.append(_named(index, error))
         fill()
@@ -87,20 +88,20 @@ def _results(
 
 def _serial(
     calls: Iterator[BatchCall], stop: list[BaseException] | None
-) -> Iterator[tuple[int, Any]]:
-    """``(index, result)`` of each call, in this process, until one raises: put in
+) -> Iterator[tuple[int, Any, str | None]]:
+    """``(index, result, None)`` of each call, in this process, until one raises: put in
     ``stop``, or raised as it is without one (on several ranks, where a checkpoint is
     every rank's and one rank alone cannot take it: the launcher ends the job, and the
     restart runs what no checkpoint holds)."""
     for call in calls:
         try:
-            result = call()
+            result, _ = call()
         except Exception as e:  # the batch's failure: what came before is kept
             if stop is None:
                 raise
             stop.append(_BatchFailed(call.index, e))
             return
-        yield call.index, result
+        yield call.index, result, None
 
 
 class _BatchFailed(Exception):
@@ -127,7 +128,10 @@ def map_batches(
     executor: Submitter | None,
     kwargs: Mapping[str, Any],
 ) -> None:
-    """:meth:`~kronos_audit.runtime.run.Run.map_batches`."""
+    """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
+    ``submit``; None: in this process), for every batch of ``range(n)`` not in the run's
+    ledger, ``rng`` the batch's own generator; record each result as it arrives, with the
+    worker that ran it, and offer each to the run's checkpoint policy."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise UsageError(f"map_batches: n must be an int >= 0, got {n!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
@@ -148,8 +152,8 @@ def map_batches(
         received = _results(calls, executor, stop)
     else:
         received = _serial(calls, stop if run.size == 1 else None)
-    for index, result in received:
-        run.record(index, result)
+    for index, result, worker in received:
+        run.record(index, result, worker=worker)
         run.checkpoint(len(run.ledger), {})
     if stop:
         run._save_received()

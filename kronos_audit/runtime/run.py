@@ -405,10 +405,8 @@ class Run(RunRestore):
         executor: Submitter | None = None,
         **kwargs: Any,
     ) -> Ledger:
-        """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
-        ``submit``; None: here), for every batch of ``range(n)`` not in the ledger, ``rng``
-        the batch's own generator; record the results as they arrive and return the
-        ledger. See :mod:`kronos_audit.runtime.campaign`."""
+        """:func:`kronos_audit.runtime.campaign.map_batches`: ``fn(rng, **kwargs)`` of every
+        batch of ``range(n)`` not in the ledger, through ``executor``; returns the ledger."""
         map_batches(self, fn, n, executor, kwargs)
         return self.ledger
 
@@ -421,9 +419,10 @@ class Run(RunRestore):
             self._save(writer, step, *self._flatten({}, None))
         writer.flush()
 
-    def record(self, index: int, result: Any) -> None:
-        """Put batch ``index``'s result into the ledger carried by every checkpoint. On
-        several ranks, only batches :meth:`batches` gave this rank."""
+    def record(self, index: int, result: Any, *, worker: str | None = None) -> None:
+        """Put batch ``index``'s result into the ledger carried by every checkpoint, run by
+        ``worker`` (None: this process; the manifest records it). On several ranks, only
+        batches :meth:`batches` gave this rank."""
         attempt = self._attempt
         owner = None if attempt is None else attempt.split.owner(index)
         if owner is not None and owner != self.rank:
@@ -431,7 +430,7 @@ class Run(RunRestore):
                 f"batch {index} is rank {owner}'s in this run (run.batches spreads the "
                 f"batches over the ranks): rank {self.rank} may record only its own"
             )
-        self.ledger.record(index, result)
+        self.ledger.record(index, result, worker)
         if attempt is not None and owner is not None:
             attempt.recorded(index)
 
@@ -670,7 +669,8 @@ class Run(RunRestore):
         meta: dict[str, Any] = {"rng": {n: RngRecord.from_json_obj(r) for n, r in record.items()}}
         meta["layout"] = dict(layouts)  # a step of one file is the one rank's: none needed
         if self._batches_total is not None:
-            meta["batches"] = Batches(self._batches_total, len(self.ledger))
+            done, ran = len(self.ledger), self.ledger.take_new()
+            meta["batches"] = Batches(self._batches_total, done, ran)
         # Asynchronously, every rank hands the step over whatever failed meanwhile in the
         # background (that is told to all at the next collective): a rank that did not
         # would leave the others' commit of this step waiting for its vote. A synchronous

@@ -13,7 +13,7 @@ carry fields this version does not know, and a replay's drift report compares th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, NewType
@@ -190,6 +190,27 @@ class RngRecord:
 
 
 @dataclass(frozen=True)
+class Ran:
+    """Batches one worker ran that a checkpoint was the first to record."""
+
+    worker: str
+    """Where they ran: a Dask worker's address, or ``host:pid`` of the process."""
+    batches: tuple[tuple[int, int], ...]
+    """Their indices, as ranges ``(first, last)``, both included, in increasing order."""
+
+    def indices(self) -> Iterator[int]:
+        for first, last in self.batches:
+            yield from range(first, last + 1)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"worker": self.worker, "batches": [list(r) for r in self.batches]}
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> Ran:
+        return cls(str(obj["worker"]), tuple((int(a), int(b)) for a, b in obj["batches"]))
+
+
+@dataclass(frozen=True)
 class Batches:
     """Monte Carlo progress when the checkpoint was written."""
 
@@ -197,9 +218,20 @@ class Batches:
     """Batches in the job."""
     done: int
     """Batches recorded in this checkpoint's ledger."""
+    ran: tuple[Ran, ...] = ()
+    """The batches this checkpoint was the first of its chain to record, by the worker
+    that ran them (empty in manifests written before workers were recorded)."""
 
-    def to_json_obj(self) -> dict[str, int]:
-        return {"total": self.total, "done": self.done}
+    def to_json_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"total": self.total, "done": self.done}
+        if self.ran:
+            obj["ran"] = [r.to_json_obj() for r in self.ran]
+        return obj
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> Batches:
+        ran = tuple(Ran.from_json_obj(r) for r in obj.get("ran") or ())
+        return cls(int(obj["total"]), int(obj["done"]), ran)
 
 
 @dataclass(frozen=True)
@@ -391,9 +423,7 @@ class Predicate:
             command=None if command is None else tuple(str(a) for a in command),
             cwd=str(obj["cwd"]),
             restart_count=None if restart_count is None else int(restart_count),
-            batches=None
-            if batches is None
-            else Batches(int(batches["total"]), int(batches["done"])),
+            batches=None if batches is None else Batches.from_json_obj(batches),
             pruned=tuple(
                 PrunedEntry(int(e["step"]), Sha256(str(e["manifest"])))
                 for e in obj.get("pruned") or ()
@@ -444,6 +474,7 @@ __all__ = [
     "GitRecord",
     "Predicate",
     "PrunedEntry",
+    "Ran",
     "RngRecord",
     "SchedulerRecord",
     "Sha256",

@@ -162,7 +162,18 @@ def test_ten_batches_on_three_ranks_run_once_each_and_tally_as_one_process(
     assert ledger_of(run_dir, 6, 0, 3) == list(range(6))
     assert ledger_of(run_dir, 6, 2, 3) == list(range(6))  # every shard holds the union
     manifest = ka.read_manifest(step_directory(run_dir, 10) / "index.jsonl.kaudit.json")
-    assert manifest.predicate["batches"] == {"total": 10, "done": 10}
+    assert manifest.predicate["batches"]["total"] == manifest.predicate["batches"]["done"] == 10
+    # Rank 0 signs where each batch ran: each once along the chain, by its own rank.
+    worker_of: dict[int, str] = {}
+    for step in signed_steps(run_dir):
+        m = ka.read_manifest(step_directory(run_dir, step) / "index.jsonl.kaudit.json")
+        for ran in m.record.batches.ran:  # type: ignore[union-attr]
+            for i in ran.indices():
+                assert i not in worker_of
+                worker_of[i] = ran.worker
+    assert sorted(worker_of) == list(range(10))
+    by_rank = [{worker_of[i] for i in d["ran"]} for d in docs]
+    assert all(len(w) == 1 for w in by_rank) and len(set.union(*by_rank)) == 3
 
 
 def test_a_rank_sigkilled_mid_run_costs_only_its_uncommitted_batches_on_two_ranks(

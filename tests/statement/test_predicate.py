@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -26,6 +28,7 @@ from kronos_audit.statement.predicate import (
     GitRecord,
     Predicate,
     PrunedEntry,
+    Ran,
     RngRecord,
 )
 from tests.helpers import git, run_cli, write_checkpoint
@@ -122,7 +125,12 @@ def test_a_run_records_rng_restarts_batches_and_what_it_pruned(
     assert newest.rng["numpy"] == RngRecord("/rng/numpy", "PCG64")
     assert newest.rng["python"] == RngRecord("/rng/python", None)
     assert newest.restart_count == 0
-    assert newest.batches == Batches(total=4, done=4)
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    assert newest.batches == Batches(total=4, done=4, ran=(Ran(here, ((3, 3),)),))
+    # each batch is recorded by the first checkpoint of the chain that holds it
+    assert [manifests[s].record.batches.ran for s in (1, 2, 3)] == [  # type: ignore[union-attr]
+        (Ran(here, ((i, i),)),) for i in range(3)
+    ]
     assert newest.pruned == (PrunedEntry(2, manifests[2].digest),)
     assert manifests[3].record.pruned == (PrunedEntry(1, manifests[1].digest),)
     assert manifests[2].record.pruned == ()

@@ -46,6 +46,8 @@ MANIFEST_SUFFIX = ".kaudit.json"
 """A manifest is ``CKPT.kaudit.json``, beside the checkpoint ``CKPT`` it signs."""
 ATTESTATION_SUFFIX = ".replay.json"
 """A replay attestation is ``CKPT.replay.json``, beside the manifest ``CKPT.kaudit.json``."""
+CERTIFICATE_SUFFIX = ".campaign.json"
+"""A campaign's certificate is ``NAME.campaign.json``, beside its runs' directories."""
 CHECKPOINT_SUFFIX = ".h5"
 """A checkpoint is an HDF5 file, ``step-<N:08d>.h5``."""
 STEP_PREFIX = "step-"
@@ -410,12 +412,14 @@ def statements_in(directory: Path) -> Statements:
                 manifests.append(Path(top) / name)
             elif name.endswith(ATTESTATION_SUFFIX) and name != ATTESTATION_SUFFIX:
                 attestations.append(Path(top) / name)
+            elif name.endswith(CERTIFICATE_SUFFIX) and name != CERTIFICATE_SUFFIX:
+                attestations.append(Path(top) / name)  # a campaign's certificate
     return Statements(tuple(sorted(manifests)), tuple(sorted(attestations)))
 
 
 def is_statement(path: Path) -> bool:
     """Whether ``path`` is named as a manifest or an attestation."""
-    return path.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX))
+    return path.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX, CERTIFICATE_SUFFIX))
 
 
 def resolve_target(path: Path) -> Path:
@@ -476,6 +480,7 @@ def expand_targets(paths: Sequence[Path], *, attestations: bool = True) -> list[
 
 __all__ = [
     "ATTESTATION_SUFFIX",
+    "CERTIFICATE_SUFFIX",
     "CHECKPOINT_GLOB",
     "CHECKPOINT_SUFFIX",
     "INDEX_NAME",

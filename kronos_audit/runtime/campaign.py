@@ -131,7 +131,9 @@ def map_batches(
     """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
     ``submit``; None: in this process), for every batch of ``range(n)`` not in the run's
     ledger, ``rng`` the batch's own generator; record each result as it arrives, with the
-    worker that ran it, and offer each to the run's checkpoint policy."""
+    worker that ran it, and offer each to the run's checkpoint policy. Once every batch is
+    recorded and checkpointed, the run signs the campaign's completeness certificate
+    (:mod:`kronos_audit.runtime.certify`)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise UsageError(f"map_batches: n must be an int >= 0, got {n!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
@@ -155,6 +157,12 @@ def map_batches(
     for index, result, worker in received:
         run.record(index, result, worker=worker)
         run.checkpoint(len(run.ledger), {})
+    if not stop:
+        if len(run.ledger) == n and all(i in run.ledger for i in range(n)):
+            run._save_received()  # the last batch's checkpoint, durable
+            assert run.step is not None
+            run.publisher.certify(n, run.step)
+        return
     if stop:
         run._save_received()
         done = len(run.ledger)

@@ -25,7 +25,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kronos_audit.checkpoint.layout import (
     manifest_path_for,
@@ -39,6 +39,10 @@ from kronos_audit.runtime.commit import FileCommit, NotCommitted, commit
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.statement.manifest import read_manifest
+
+if TYPE_CHECKING:
+    from kronos_audit.keys.keyfile import SigningKey
+    from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 
@@ -146,6 +150,12 @@ class Publisher(Protocol):
         not committed."""
         ...
 
+    def certify(self, n: int, step: int) -> None:
+        """The campaign of ``n`` batches this run holds is finished, its last checkpoint
+        step ``step`` (durable): sign its certificate, on the rank that signs (see
+        :mod:`kronos_audit.runtime.certify`); nothing for an unsigned run."""
+        ...
+
 
 ONE_RANK = SingleProcess()
 """The world of a run on one rank, which its commits run on."""
@@ -196,6 +206,7 @@ class RunPublisher:
     the program's own policy and last step."""
 
     exits_after_final = False
+    run_id: str
 
     def __init__(self, directory: Path, pusher: Any) -> None:
         self._directory = directory
@@ -217,6 +228,19 @@ class RunPublisher:
 
     def last_step(self, asked: int) -> int:
         return asked
+
+    def certify(self, n: int, step: int) -> None:
+        signing = self._certifier(step)
+        if signing is not None:
+            from kronos_audit.runtime.certify import certify_run
+
+            verifier, key, manifest = signing
+            certify_run(verifier, key, self.run_id, manifest, n)
+
+    def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path] | None:
+        """What signs a certificate here: the verifier of the run's restores, its key,
+        and step ``step``'s manifest; None on a rank that does not sign."""
+        raise NotImplementedError
 
 
 class ReplayPublisher:
@@ -250,6 +274,9 @@ class ReplayPublisher:
 
     def last_step(self, asked: int) -> int:
         return min(asked, self.instruction.stop_at)
+
+    def certify(self, n: int, step: int) -> None:
+        pass  # a replay's checkpoint is compared, not signed
 
     def _point(self) -> ResumePoint | None:
         path = self.instruction.resume_from

@@ -243,6 +243,12 @@ class ShardedPublisher(RunPublisher):
             raise UsageError("use the Run inside a `with` block")
         return self._project
 
+    def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path] | None:
+        if self._signer is None:
+            return None  # not rank 0
+        manifest = RunDirectory(self.directory).step_manifest(step)
+        return self.verifier(), self._signer.key, manifest
+
     def verifier(self) -> Verifier:
         # As a single run's restore: an anchored signer, or this run's own key (rank 0's).
         return run_verifier(self._opened(), self._public, "run")

@@ -143,6 +143,9 @@ class SignedPublisher(RunPublisher):
             raise UsageError("use the Run inside a `with` block")
         return self._project, self._signer
 
+    def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path]:
+        return self._verifier(), self._opened()[1].key, RunDirectory(self.directory).manifest(step)
+
     def _verifier(self) -> Verifier:
         project, signer = self._opened()
         key = signer.key

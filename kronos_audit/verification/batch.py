@@ -7,10 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, MANIFEST_SUFFIX, expand_targets
+from kronos_audit.checkpoint.layout import (
+    ATTESTATION_SUFFIX,
+    CERTIFICATE_SUFFIX,
+    MANIFEST_SUFFIX,
+    expand_targets,
+)
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
+from kronos_audit.verification.campaign import verify_certificate
 from kronos_audit.verification.chain import ManifestCache, run_directory_of
 from kronos_audit.verification.results import VerifyResult
 from kronos_audit.verification.verifier import Verifier
@@ -89,6 +95,8 @@ def verify_each(
                 )
             if p.name.endswith(ATTESTATION_SUFFIX):
                 yield verifier.verify_attestation(p)
+            elif p.name.endswith(CERTIFICATE_SUFFIX):
+                yield verify_certificate(verifier, p)
             else:
                 yield verifier.verify(p, newest=p in newest)
         except Error as e:

@@ -146,7 +146,7 @@ class ChainReader:
         Siblings are indexed by digest once per directory, so a chain is linear."""
         recorded = manifest.record.parent_manifest
         if recorded is not None:
-            candidate = _inside(self.project.root, recorded)
+            candidate = inside(self.project.root, recorded)
             if candidate is not None:
                 try:
                     data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
@@ -203,7 +203,7 @@ class ChainReader:
         name = child.record.parent_manifest or "(not recorded)"
         path = self.locate_parent(child)
         if path is None:
-            recorded = _inside(self.project.root, name)
+            recorded = inside(self.project.root, name)
             if recorded is not None and recorded.is_file():
                 return Check.failed(
                     CheckName.PARENT_LINK,
@@ -219,7 +219,7 @@ class ChainReader:
         return verdict, parent if verdict.ok else None
 
 
-def _inside(root: Path, relative: str) -> Path | None:
+def inside(root: Path, relative: str) -> Path | None:
     """``root/relative`` if it stays inside ``root`` (a recorded locator may be hostile:
     ``../../dev/zero``, an absolute path)."""
     if not relative or PurePosixPath(relative).is_absolute() or "\0" in relative:

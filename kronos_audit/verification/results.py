@@ -39,6 +39,11 @@ class CheckName(enum.StrEnum):
     """An attestation records a reproduced outcome."""
     SHARD_INDEX = "shard index"
     """A sharded step's index is well formed and its lines give the signed Merkle root."""
+    BATCHES = "batches"
+    """A campaign certificate's batches are every batch of the campaign exactly once, each
+    with the result, worker and attempt its run's ledger and chain hold."""
+    TALLY = "tally"
+    """A campaign certificate's tally is the one summed again from the ledgers."""
     SHARDS = "shards"
     """Every shard of a sharded step (or the one a rank restores) has its recorded size
     and sha256; a failed one names the rank (``shard of rank 2 of 3: missing``)."""
@@ -76,6 +81,8 @@ class StatementKind(enum.StrEnum):
     """A checkpoint's manifest, ``CKPT.kaudit.json``."""
     ATTESTATION = "attestation"
     """A replay attestation, ``CKPT.replay.json``."""
+    CAMPAIGN = "campaign"
+    """A campaign certificate, ``NAME.campaign.json``."""
 
 
 @dataclass(frozen=True, init=False)

@@ -173,7 +173,8 @@ def test_ten_batches_on_three_ranks_run_once_each_and_tally_as_one_process(
                 worker_of[i] = ran.worker
     assert sorted(worker_of) == list(range(10))
     by_rank = [{worker_of[i] for i in d["ran"]} for d in docs]
-    assert all(len(w) == 1 for w in by_rank) and len(set.union(*by_rank)) == 3
+    assert all(len(w) == 1 for w in by_rank)
+    assert len(set.union(*by_rank)) == 3
 
 
 def test_a_rank_sigkilled_mid_run_costs_only_its_uncommitted_batches_on_two_ranks(

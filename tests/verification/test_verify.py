@@ -400,6 +400,8 @@ def test_check_names_print_and_serialise_as_before() -> None:
         "manifest",
         "outcome",
         "shard index",
+        "batches",
+        "tally",
         "shards",
     ]
     u = Check(CheckName.DATASET, False, "content differs", dataset="/fields/u")

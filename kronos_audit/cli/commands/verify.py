@@ -18,19 +18,22 @@ if TYPE_CHECKING:
 
 
 def _print_result(r: VerifyResult) -> None:
-    from kronos_audit.verification.results import CheckStatus
+    from kronos_audit.verification.results import CheckStatus, StatementKind
 
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
     failed = not r.ok  # printed with --quiet too
     fetched = ", fetched from the DVC remote" if r.fetched else ""
-    kind = "attestation, " if r.is_attestation else ""
+    if r.kind is StatementKind.CAMPAIGN:
+        what = f"campaign certificate, campaign {safe(r.run)}, {r.step} batches"
+    else:
+        kind = "attestation, " if r.is_attestation else ""
+        what = f"{kind}run {safe(r.run)}, step {r.step}"
     # The accepted signature's own words: who signed, which anchor trusted them, and any
     # revocation they were signed before.
     signed = r.signature_check
     signer = "" if signed is None or not signed.ok else f"; {safe(signed.detail)}"
     out.print(
-        f"{mark} {safe(r.manifest)}  [dim]({kind}run {safe(r.run)}, step {r.step}{fetched}"
-        f"{signer})[/]",
+        f"{mark} {safe(r.manifest)}  [dim]({what}{fetched}{signer})[/]",
         failure=failed,
     )
     for c in r.failures:
@@ -44,10 +47,14 @@ def _print_result(r: VerifyResult) -> None:
 
 
 def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]:
-    manifests = [r for r in results if not r.is_attestation]
+    from kronos_audit.verification.results import StatementKind
+
+    manifests = [r for r in results if r.kind is StatementKind.MANIFEST]
+    certificates = sum(r.kind is StatementKind.CAMPAIGN for r in results)
     return {
         "manifests": len(manifests),
-        "attestations": len(results) - len(manifests),
+        "attestations": len(results) - len(manifests) - certificates,
+        "certificates": certificates,
         "data_checked": sum(r.data_checked for r in manifests),
         "data_not_checked": sum(not r.data_checked for r in manifests),
         "unanchored": sum(
@@ -143,6 +150,8 @@ def verify(
             counted.append(f"not checked for {summary['data_not_checked']} (pruned)")
         if summary["attestations"]:
             counted.append(f"{summary['attestations']} attestation(s) verified")
+        if summary["certificates"]:
+            counted.append(f"{summary['certificates']} campaign certificate(s) verified")
         if summary["unanchored"]:
             counted.append(f"{summary['unanchored']} signed by unanchored keys")
         if summary["failed"]:

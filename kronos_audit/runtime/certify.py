@@ -1,0 +1,101 @@
+"""Signing a finished campaign's completeness certificate.
+
+When a campaign's last batch is recorded and checkpointed, the run reads its own last
+checkpoint back as a verifier would (:func:`~kronos_audit.verification.campaign.read_part`:
+the manifest verified, the ledger from the verified bytes, the chain's records of where
+each batch ran), builds the record
+(:func:`~kronos_audit.verification.campaign.campaign_record`) and signs it with the run's
+key, as ``NAME.campaign.json`` beside the run's directory. ``kaudit campaign NAME
+--certify`` does the same for a Slurm job array's tasks. What is signed is what the
+checkpoints hold, never what this process remembers: a verifier rebuilds the same record
+from the same files.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from kronos_audit import __version__
+from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit.errors import Error, ManifestError
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.signing.predicate import utc_now
+from kronos_audit.statement.campaign import (
+    Certificate,
+    certificate_path,
+    encode_statement,
+    read_certificate,
+)
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.verification.campaign import CampaignRefused, campaign_record, read_part
+from kronos_audit.verification.verifier import Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
+TOOL = f"kronos-audit {__version__}"
+
+
+class CertificateNotWritten(UserWarning):
+    """A campaign finished, but its checkpoints do not make a certificate (the message says
+    why): the tally stands; ``kaudit verify`` finds no certificate."""
+
+
+def certify(
+    verifier: Verifier,
+    key: SigningKey,
+    campaign: str,
+    manifests: Sequence[Path],
+    n: int,
+    *,
+    shares: Sequence[tuple[int, int] | None] | None = None,
+) -> Certificate:
+    """Sign and write the certificate of campaign ``campaign`` of ``n`` batches, whose
+    parts' last checkpoints are ``manifests`` (their run directories side by side).
+    CampaignRefused when they are not one complete, consistent campaign; ManifestError
+    when the certificate cannot be written."""
+    parts = [read_part(verifier, m) for m in manifests]
+    record = campaign_record(
+        campaign,
+        parts,
+        n,
+        project_root=verifier.project.root,
+        created=utc_now(),
+        tool=TOOL,
+        shares=shares,
+    )
+    envelope = sign_envelope(encode_statement(record), key)
+    root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)
+    path = certificate_path(root, campaign)
+    try:
+        write_atomic(path, encode_envelope(envelope))
+    except OSError as e:
+        raise ManifestError(
+            f"cannot write the campaign certificate: {e.strerror or e}", path=path
+        ) from None
+    return read_certificate(path)
+
+
+def _run_root(manifest: Path, sharded: bool) -> Path:
+    """The directory holding the run directories: above a checkpoint's manifest's run
+    directory, or a sharded step's step directory's."""
+    run_dir = manifest.parent.parent if sharded else manifest.parent
+    return run_dir.parent
+
+
+def certify_run(verifier: Verifier, key: SigningKey, campaign: str, manifest: Path, n: int) -> None:
+    """:func:`certify` of a run's own finished campaign, at its end: what stops it is said
+    in a :class:`CertificateNotWritten` warning, never raised (the campaign's results are
+    checkpointed and stand)."""
+    try:
+        cert = certify(verifier, key, campaign, [manifest], n)
+    except (CampaignRefused, Error) as e:
+        warnings.warn(
+            f"campaign {campaign!r}: no certificate: {e}", CertificateNotWritten, stacklevel=4
+        )
+        return
+    log.info("campaign %r: %d batches certified in %s", campaign, n, cert.path)
+
+
+__all__ = ["CertificateNotWritten", "certify", "certify_run"]

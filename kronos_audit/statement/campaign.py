@@ -1,0 +1,270 @@
+"""Campaign certificates as an outside verifier reads them: the file, its name, its schema.
+
+A campaign certificate is a DSSE envelope, signed like a manifest, whose payload is an
+in-toto Statement v1 (``schemas/campaign-v1.schema.json``):
+
+- ``subject``: the manifest of each part's last checkpoint (its file's sha256), named
+  relative to the repository root. A campaign has one part, its run; a Slurm job array's
+  has one a task (the runs ``NAME.task-K``);
+- ``predicateType``: :data:`PREDICATE_TYPE`;
+- ``predicate``: the campaign (its name, ``n``, the seed and how each batch's generator
+  derives from it), its parts, the code commit and the environment lock's digest, every
+  batch in index order with its result's digest, its worker and attempt, and the digest
+  of the tally (:data:`TALLY_RULE`).
+
+It is written beside the parts' run directories as ``NAME.campaign.json``
+(:func:`certificate_path`). This module reads it; :mod:`kronos_audit.runtime.certify`
+writes it and :mod:`kronos_audit.verification.campaign` verifies it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit.checkpoint.hashing import array_digest
+from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX
+from kronos_audit.errors import ManifestError
+from kronos_audit.statement.manifest import (
+    STATEMENT_TYPE,
+    Sha256,
+    SignedStatement,
+    parse_statement,
+    read_signed_file,
+)
+from kronos_audit.statement.schemas import validate
+
+PREDICATE_TYPE = "https://kronos-audit.dev/campaign/v1"
+SCHEMA_NAME = "campaign-v1.schema.json"
+SEED_DERIVATION = "numpy.random.default_rng(numpy.random.SeedSequence(seed, spawn_key=(index,)))"
+"""How batch ``index``'s generator derives from the run seed (and from nothing else)."""
+TALLY_RULE = "field-wise sum of the results in index order"
+"""What the certified tally is: ``a + b`` field by field, folded from batch 0 up."""
+
+
+def certificate_path(root: Path, campaign: str) -> Path:
+    """Where campaign ``campaign``'s certificate is, ``root`` holding its run directories."""
+    return root / f"{campaign}{CERTIFICATE_SUFFIX}"
+
+
+def _fields(result: Any) -> list[tuple[str, np.ndarray[Any, Any]]]:
+    if isinstance(result, Mapping):
+        out: list[tuple[str, np.ndarray[Any, Any]]] = []
+        for key in sorted(result, key=str):
+            out += [(f"/{key}{sub}", a) for sub, a in _fields(result[key])]
+        return out
+    return [("", np.asarray(result))]
+
+
+def result_digest(result: Any) -> Sha256:
+    """sha256 of a batch result (an array, a number, or a dict of them): over each field's
+    path and canonical dataset digest (dtype, shape, little-endian bytes), in path order;
+    so equal exactly when the results are bitwise equal, dtypes and shapes included."""
+    h = hashlib.sha256()
+    for path, array in _fields(result):
+        d = array_digest(path, array)
+        h.update(f"{d.path}\0{d.dtype}\0{d.shape}\0{d.sha256}\n".encode())
+    return Sha256(h.hexdigest())
+
+
+def tally(results: Iterable[Any]) -> Any:
+    """:data:`TALLY_RULE`: the results (in index order) summed field by field, in their
+    dtypes, as ``run.ledger.reduce(lambda a, b: a + b)`` sums arrays and numbers."""
+    acc: Any = None
+    for r in results:
+        acc = r if acc is None else _add(acc, r)
+    return acc
+
+
+def _add(a: Any, b: Any) -> Any:
+    if isinstance(a, Mapping):
+        return {k: _add(a[k], b[k]) for k in a}
+    with np.errstate(over="ignore"):  # integers wrap as numpy adds them: the rule is exact
+        return np.add(a, b)
+
+
+@dataclass(frozen=True)
+class CampaignBatch:
+    """One batch, as the certificate records it."""
+
+    index: int
+    result: Sha256
+    """:func:`result_digest` of its result."""
+    worker: str
+    """Where it ran (empty when the checkpoints did not record it)."""
+    attempt: int
+    """The job's restart count plus one when the checkpoint that first recorded it was
+    written."""
+    part: int
+    """The part whose ledger holds it."""
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "result": self.result,
+            "worker": self.worker,
+            "attempt": self.attempt,
+            "part": self.part,
+        }
+
+
+@dataclass(frozen=True)
+class CampaignPart:
+    """One run of the campaign, by its last checkpoint."""
+
+    run: str
+    step: int
+    manifest: str
+    """Its last checkpoint's manifest, relative to the repository root (POSIX)."""
+    sha256: Sha256
+    """sha256 of that manifest file."""
+    task: int | None = None
+    """Its Slurm array task, for a job array's campaign."""
+    tasks: int | None = None
+    """The array's task count."""
+
+
+@dataclass(frozen=True)
+class CampaignRecord:
+    """The predicate of a certificate, typed."""
+
+    campaign: str
+    n: int
+    seed: int
+    parts: tuple[CampaignPart, ...]
+    commit: str
+    dirty: bool
+    environment: Sha256
+    batches: tuple[CampaignBatch, ...]
+    tally: Sha256
+    created: str
+    tool: str
+    seed_derivation: str = SEED_DERIVATION
+
+    def to_json_obj(self) -> dict[str, Any]:
+        parts = []
+        for p in self.parts:
+            part: dict[str, Any] = {"run": p.run, "step": p.step}
+            if p.task is not None:
+                part.update(task=p.task, tasks=p.tasks)
+            parts.append(part)
+        return {
+            "campaign": self.campaign,
+            "n": self.n,
+            "seed": self.seed,
+            "seed_derivation": self.seed_derivation,
+            "parts": parts,
+            "code": {"commit": self.commit, "dirty": self.dirty},
+            "environment": self.environment,
+            "batches": [b.to_json_obj() for b in self.batches],
+            "tally": {"rule": TALLY_RULE, "sha256": self.tally},
+            "created": self.created,
+            "tool": self.tool,
+        }
+
+    @classmethod
+    def from_statement(cls, statement: Mapping[str, Any]) -> CampaignRecord:
+        """The record of a schema-valid statement."""
+        p = statement["predicate"]
+        subjects = statement["subject"]
+        if len(subjects) != len(p["parts"]):
+            raise ValueError(f"{len(subjects)} subjects for {len(p['parts'])} parts")
+        parts = tuple(
+            CampaignPart(
+                run=str(part["run"]),
+                step=int(part["step"]),
+                manifest=str(subject["name"]),
+                sha256=Sha256(str(subject["digest"]["sha256"])),
+                task=None if part.get("task") is None else int(part["task"]),
+                tasks=None if part.get("tasks") is None else int(part["tasks"]),
+            )
+            for part, subject in zip(p["parts"], subjects, strict=True)
+        )
+        return cls(
+            campaign=str(p["campaign"]),
+            n=int(p["n"]),
+            seed=int(p["seed"]),
+            seed_derivation=str(p["seed_derivation"]),
+            parts=parts,
+            commit=str(p["code"]["commit"]),
+            dirty=bool(p["code"]["dirty"]),
+            environment=Sha256(str(p["environment"])),
+            batches=tuple(
+                CampaignBatch(
+                    int(b["index"]),
+                    Sha256(str(b["result"])),
+                    str(b["worker"]),
+                    int(b["attempt"]),
+                    int(b["part"]),
+                )
+                for b in p["batches"]
+            ),
+            tally=Sha256(str(p["tally"]["sha256"])),
+            created=str(p["created"]),
+            tool=str(p["tool"]),
+        )
+
+
+def build_statement(record: CampaignRecord) -> dict[str, Any]:
+    """The in-toto Statement a certificate of ``record`` signs."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": p.manifest, "digest": {"sha256": p.sha256}} for p in record.parts],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": record.to_json_obj(),
+    }
+
+
+def encode_statement(record: CampaignRecord) -> bytes:
+    """The payload a certificate signs: its statement's canonical JSON, schema-checked."""
+    statement = build_statement(record)
+    validate(statement, schema_name=SCHEMA_NAME, what="campaign certificate")
+    return canonical_json(statement)
+
+
+@dataclass(frozen=True)
+class Certificate(SignedStatement):
+    """A certificate read from disk, its statement schema-valid."""
+
+    record: CampaignRecord
+    """The predicate, typed: parsed once, when it was read."""
+
+
+def read_certificate(path: Path | str) -> Certificate:
+    """Read and schema-check a certificate; ManifestError naming it for anything else. Its
+    signature and everything it says are checked by
+    :func:`kronos_audit.verification.campaign.verify_certificate` (``kaudit verify``)."""
+    path = Path(path)
+    what = "campaign certificate"
+    envelope, statement = parse_statement(read_signed_file(path, what), path, what)
+    validate(statement, path, schema_name=SCHEMA_NAME, what=what)
+    try:
+        record = CampaignRecord.from_statement(statement)
+    except ValueError as e:
+        raise ManifestError(f"not a {what}: {e}", path=path) from None
+    return Certificate(path, envelope, statement, record)
+
+
+__all__ = [
+    "CERTIFICATE_SUFFIX",
+    "PREDICATE_TYPE",
+    "SCHEMA_NAME",
+    "SEED_DERIVATION",
+    "TALLY_RULE",
+    "CampaignBatch",
+    "CampaignPart",
+    "CampaignRecord",
+    "Certificate",
+    "build_statement",
+    "certificate_path",
+    "encode_statement",
+    "read_certificate",
+    "result_digest",
+    "tally",
+]

@@ -1,0 +1,354 @@
+"""What a finished campaign's checkpoints prove, and verifying a campaign certificate.
+
+A campaign's parts are runs (one, or a Slurm job array's one a task), each read at its
+last checkpoint (:func:`read_part`): the manifest verified as ``kaudit verify`` does
+(signature, place, data, chain), the ledger read only from the bytes that were verified,
+and the chain walked back, each manifest's ``batches.ran`` saying which batches it was
+the first to record and where they ran. :func:`campaign_record` folds the parts into the
+record a certificate signs, refusing a campaign that is not complete or whose records
+disagree; :func:`verify_certificate` builds that record again from the checkpoints the
+certificate names and compares it with what was signed, field by field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.hdf5 import unflatten
+from kronos_audit.checkpoint.shards import NoProof, proven_line
+from kronos_audit.checkpoint.verified import Signed, read_verified, verified
+from kronos_audit.errors import CheckpointError, Error
+from kronos_audit.statement.campaign import (
+    SEED_DERIVATION,
+    CampaignBatch,
+    CampaignPart,
+    CampaignRecord,
+    read_certificate,
+    result_digest,
+    tally,
+)
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.verification import steps
+from kronos_audit.verification.chain import inside
+from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
+from kronos_audit.verification.verifier import Verifier
+
+
+class CampaignRefused(Exception):
+    """The checkpoints do not make a complete, consistent campaign (the message says why,
+    in one line)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One run of a campaign, read at its last checkpoint."""
+
+    result: VerifyResult
+    """Its manifest's verification."""
+    ledger: Mapping[int, Any]
+    """Batch index -> result, from the verified bytes."""
+    origins: Mapping[int, tuple[str, int]]
+    """Batch index -> (worker, attempt), from the verified chain."""
+
+    @property
+    def manifest(self) -> Manifest:
+        assert self.result.statement is not None
+        return self.result.statement
+
+
+def read_part(verifier: Verifier, manifest_path: Path | str) -> Part:
+    """The run whose last checkpoint ``manifest_path`` is: verified, its ledger and the
+    workers of its batches read. CampaignRefused when it does not verify."""
+    result = verifier.verify(manifest_path, newest=True)
+    if not result.ok:
+        failed = result.failures[0]
+        raise CampaignRefused(f"{result.manifest}: {failed.name}: {failed.detail}")
+    assert result.statement is not None
+    m = result.statement
+    return Part(result, _ledger(m), _origins(verifier, m))
+
+
+def _ledger(m: Manifest) -> dict[int, Any]:
+    """The ledger of the checkpoint ``m`` signs, read from the bytes that were verified (a
+    sharded step's from rank 0's shard, which holds every rank's results)."""
+    shards = m.record.shards
+    try:
+        if shards is None:
+            signed = Signed(m.record.size, m.subject_sha256, m.datasets)
+            with verified(m.checkpoint_path, signed) as opened:
+                flat = read_verified(opened, signed, "/ledger") if "ledger" in opened.h5() else {}
+        else:
+            try:
+                line = proven_line(m.checkpoint_path.parent, 0, shards.count, shards.root)
+            except NoProof:
+                raise CampaignRefused(
+                    f"{m.path}: the step's Merkle tree is not here to prove rank 0's shard"
+                ) from None
+            shard = m.checkpoint_path.parent / line.name
+            signed = Signed(line.size, line.sha256)
+            with verified(shard, signed) as opened:
+                flat = read_verified(opened, signed, "/ledger") if "ledger" in opened.h5() else {}
+    except CheckpointError as e:
+        raise CampaignRefused(str(e)) from None
+    if not flat:
+        return {}
+    group = unflatten(flat)
+    try:
+        index = [int(i) for i in group["index"].tolist()]
+        stacked = group["results"]
+        rows: list[Any]
+        if isinstance(stacked, Mapping):
+            fields = _flat(stacked)
+            rows = [unflatten({k: v[row] for k, v in fields.items()}) for row in range(len(index))]
+        else:
+            rows = [stacked[row] for row in range(len(index))]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        raise CampaignRefused(f"{m.checkpoint_path}: its ledger is not well formed") from None
+    if len(set(index)) != len(index):
+        raise CampaignRefused(f"{m.checkpoint_path}: its ledger holds a batch twice")
+    return dict(zip(index, rows, strict=True))
+
+
+def _flat(group: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in group.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}/{k}"))
+        else:
+            out[f"{prefix}/{k}"] = v
+    return out
+
+
+def _origins(verifier: Verifier, last: Manifest) -> dict[int, tuple[str, int]]:
+    """Batch index -> (worker, attempt) over the chain that ends at ``last`` (verified):
+    each batch from the one manifest that was the first to record it."""
+    origins: dict[int, tuple[str, int]] = {}
+    current: Manifest | None = last
+    while current is not None:
+        record = current.record.batches
+        attempt = (current.record.restart_count or 0) + 1
+        for ran in record.ran if record is not None else ():
+            for i in ran.indices():
+                if i in origins:
+                    raise CampaignRefused(
+                        f"{current.path}: batch {i} is recorded as new by two checkpoints "
+                        "of the chain"
+                    )
+                origins[i] = (ran.worker, attempt)
+        if current.parent is None:
+            break
+        check, current = verifier.link(current)
+        if not check.ok:
+            raise CampaignRefused(f"{last.path}: {check.detail}")
+    return origins
+
+
+def campaign_record(
+    campaign: str,
+    parts: Sequence[Part],
+    n: int,
+    *,
+    project_root: Path,
+    created: str,
+    tool: str,
+    shares: Sequence[tuple[int, int] | None] | None = None,
+) -> CampaignRecord:
+    """The record a certificate of these parts signs. CampaignRefused, one line, when they
+    are not one complete campaign: a batch missing or in two parts, a batch outside its
+    part's share (``shares``: each part's (task, tasks), or None), results or workers the
+    ledgers and chains do not both hold, parts of other seeds, code or environments."""
+    if not parts:
+        raise CampaignRefused(f"campaign {campaign!r}: no run holds it")
+    first = parts[0].manifest.record
+    if shares is None and (len(parts) != 1 or first.batches is None or first.batches.total != n):
+        raise CampaignRefused(
+            f"campaign {campaign!r}: its run's checkpoints are not of a campaign of {n} batches"
+        )
+    seeds = {p.manifest.record.seeds[:1] for p in parts}
+    if len(seeds) != 1 or not first.seeds:
+        raise CampaignRefused(f"campaign {campaign!r}: its parts record different seeds")
+    for what, values in (
+        ("code commits", {p.manifest.record.git.commit for p in parts}),
+        ("environment locks", {p.manifest.record.environment.digest for p in parts}),
+    ):
+        if len(values) != 1:
+            raise CampaignRefused(f"campaign {campaign!r}: its parts record different {what}")
+    batches: list[CampaignBatch] = []
+    results: dict[int, Any] = {}
+    for k, part in enumerate(parts):
+        m = part.manifest
+        if set(part.ledger) != set(part.origins):
+            odd = sorted(set(part.ledger) ^ set(part.origins))[0]
+            raise CampaignRefused(
+                f"{m.path}: batch {odd} is in the ledger or the chain's records, not both"
+            )
+        share = shares[k] if shares is not None else None
+        for i, result in part.ledger.items():
+            if i in results:
+                raise CampaignRefused(f"campaign {campaign!r}: batch {i} is in two parts")
+            if share is not None and i % share[1] != share[0]:
+                raise CampaignRefused(
+                    f"{m.path}: batch {i} is not in task {share[0]}'s share of {share[1]}"
+                )
+            results[i] = result
+            worker, attempt = part.origins[i]
+            batches.append(CampaignBatch(i, result_digest(result), worker, attempt, k))
+    missing = sorted(set(range(n)) - set(results))
+    if missing or len(results) != n:
+        raise CampaignRefused(
+            f"campaign {campaign!r} is not complete: {len(missing)} of {n} batches missing "
+            f"(the first: {missing[0] if missing else n})"
+        )
+    batches.sort(key=lambda b: b.index)
+    return CampaignRecord(
+        campaign=campaign,
+        n=n,
+        seed=first.seeds[0],
+        seed_derivation=SEED_DERIVATION,
+        parts=tuple(
+            CampaignPart(
+                p.manifest.run,
+                p.manifest.step,
+                p.manifest.path.resolve().relative_to(project_root.resolve()).as_posix(),
+                p.manifest.digest,
+                *(shares[k] if shares is not None and shares[k] is not None else (None, None)),  # type: ignore[misc]
+            )
+            for k, p in enumerate(parts)
+        ),
+        commit=first.git.commit,
+        dirty=first.git.dirty,
+        environment=first.environment.digest,
+        batches=tuple(batches),
+        tally=result_digest(tally(results[i] for i in range(n))),
+        created=created,
+        tool=tool,
+    )
+
+
+def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
+    """Every check of the certificate at ``path``: (C1) its signature; (C2) each subject is
+    a manifest inside the repository with the certified sha256, and verifies; (C3) the
+    record built again from those checkpoints (every batch exactly once, each result's
+    digest from the ledger, each worker and attempt from the chain, the tally summed again
+    from the ledger) is the one signed."""
+    cert = read_certificate(path)
+    record = cert.record
+    signed = verifier.keys.check(cert.envelope, record.created)
+    checks = [steps.signature_check(signed)]
+    parts: list[Part] = []
+    problem: str | None = None
+    for p in record.parts:
+        where = inside(verifier.project.root, p.manifest)
+        if where is None:
+            problem = f"{p.manifest}: not a path inside the repository"
+            break
+        try:
+            data = read_regular(where, MANIFEST_LIMIT, follow_symlinks=False)
+        except UnsafeFile as e:
+            problem = f"{p.manifest}: {e.reason}"
+            break
+        if hashlib.sha256(data).hexdigest() != p.sha256:
+            problem = f"{p.manifest}: not the certified manifest (its sha256 differs)"
+            break
+        try:
+            part = read_part(verifier, where)
+        except (CampaignRefused, Error) as e:
+            problem = str(e)
+            break
+        if part.manifest.digest != p.sha256 or (part.manifest.run, part.manifest.step) != (
+            p.run,
+            p.step,
+        ):
+            problem = f"{p.manifest}: changed while it was read"
+            break
+        parts.append(part)
+    if problem is None:
+        checks.append(
+            Check.passed(CheckName.MANIFEST, f"{len(parts)} part(s), each manifest verifies")
+        )
+        shares = [None if p.task is None else (p.task, p.tasks or 0) for p in record.parts]
+        try:
+            rebuilt = campaign_record(
+                record.campaign,
+                parts,
+                record.n,
+                project_root=verifier.project.root,
+                created=record.created,
+                tool=record.tool,
+                shares=None if all(s is None for s in shares) else shares,
+            )
+        except CampaignRefused as e:
+            checks.append(Check.failed(CheckName.BATCHES, str(e)))
+        else:
+            checks += _compare(record, rebuilt)
+    else:
+        checks.append(Check.failed(CheckName.MANIFEST, problem))
+    first = record.parts[0]
+    return VerifyResult(
+        cert.path,
+        Path(first.manifest),
+        record.campaign,
+        record.n,
+        tuple(checks),
+        signer=signed.signer,
+        kind=StatementKind.CAMPAIGN,
+    )
+
+
+def _compare(signed: CampaignRecord, rebuilt: CampaignRecord) -> list[Check]:
+    """The signed record against the one the checkpoints give, in words."""
+    if signed.seed_derivation != rebuilt.seed_derivation or signed.seed != rebuilt.seed:
+        return [Check.failed(CheckName.BATCHES, "the seed or its derivation differs")]
+    if (signed.commit, signed.dirty, signed.environment) != (
+        rebuilt.commit,
+        rebuilt.dirty,
+        rebuilt.environment,
+    ):
+        return [Check.failed(CheckName.BATCHES, "the code or environment lock differs")]
+    if signed.n != rebuilt.n or len(signed.batches) != len(rebuilt.batches):
+        return [
+            Check.failed(
+                CheckName.BATCHES,
+                f"certifies {len(signed.batches)} batches of {signed.n}; the checkpoints "
+                f"hold {len(rebuilt.batches)} of {rebuilt.n}",
+            )
+        ]
+    for a, b in zip(signed.batches, rebuilt.batches, strict=True):
+        if a != b:
+            what = next(
+                f
+                for f in ("index", "result", "worker", "attempt", "part")
+                if getattr(a, f) != getattr(b, f)
+            )
+            return [
+                Check.failed(
+                    CheckName.BATCHES,
+                    f"batch {b.index}: its {what} is not the one the checkpoints hold",
+                )
+            ]
+    checks = [
+        Check.passed(
+            CheckName.BATCHES,
+            f"{signed.n} batches, each exactly once, results and workers as the ledgers "
+            "and chains hold them",
+        )
+    ]
+    if signed.tally != rebuilt.tally:
+        checks.append(Check.failed(CheckName.TALLY, "the tally summed from the ledgers differs"))
+    else:
+        checks.append(Check.passed(CheckName.TALLY, "summed again from the ledgers, bitwise"))
+    return checks
+
+
+__all__ = [
+    "CampaignRefused",
+    "Part",
+    "campaign_record",
+    "read_part",
+    "verify_certificate",
+]

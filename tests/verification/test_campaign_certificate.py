@@ -1,0 +1,213 @@
+"""The completeness certificate of a finished campaign: signed by the run when its last
+batch is checkpointed, and verified by `kaudit verify` by building it again from the
+checkpoints it names. Tried as an attacker would: an edited certificate, one signed by
+another key, one signed by the trusted key that claims what the checkpoints do not hold
+(a batch twice, a batch missing, another worker, another tally), a subject outside the
+repository, a manifest swapped."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import dataclasses
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit.project.repository import Project
+from kronos_audit.runtime.certify import certify
+from kronos_audit.statement.campaign import (
+    CampaignRecord,
+    encode_statement,
+    read_certificate,
+    result_digest,
+    tally,
+)
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.verification.campaign import CampaignRefused
+from kronos_audit.verification.verifier import Verifier
+from tests.helpers import run_cli
+
+SEED = 11
+N = 10
+
+
+def batch(rng: np.random.Generator, samples: int, fail_at: int = -1) -> dict[str, Any]:
+    i = rng.bit_generator.seed_seq.spawn_key[0]  # type: ignore[attr-defined]
+    if i == fail_at:
+        raise RuntimeError(f"batch {i} lost its node")
+    x = rng.random(samples)
+    return {"hits": np.int64((x < 0.5).sum()), "sum": np.float64(x.sum())}
+
+
+def campaign(project: Project, executor: Any = None, **kwargs: Any) -> ka.Run:
+    with ka.Run("mc", root=project.root / "checkpoints", seed=SEED, every=ka.EverySteps(4)) as run:
+        run.restore()
+        run.map_batches(batch, N, executor=executor, samples=64, **kwargs)
+    return run
+
+
+def payload(path: Path) -> dict[str, Any]:
+    envelope = json.loads(path.read_bytes())
+    statement: dict[str, Any] = json.loads(base64.b64decode(envelope["payload"]))
+    return statement
+
+
+def failures(path: Path) -> list[str]:
+    """`kaudit verify PATH`: exit 1, and the failed checks as `name: detail`."""
+    result = run_cli("verify", "--json", str(path))
+    assert result.exit_code == 1, result.output
+    (r,) = json.loads(result.output)["results"]
+    return [f"{c['check']}: {c['detail']}" for c in r["checks"] if not c["ok"]]
+
+
+def resign(project: Project, key: ka.SigningKey, record: CampaignRecord) -> Path:
+    """What a trusted signer with a bug (or a stolen key) could sign: ``record`` as is."""
+    path = project.root / "checkpoints" / "mc.campaign.json"
+    path.write_bytes(encode_envelope(sign_envelope(encode_statement(record), key)))
+    return path
+
+
+def test_a_finished_campaign_is_certified_and_verifies(
+    project: Project, key: ka.SigningKey
+) -> None:
+    with cf.ProcessPoolExecutor(2) as pool:
+        workers = {pool.submit(os.getpid).result() for _ in range(8)}
+        campaign(project, pool)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    ok = run_cli("verify", str(cert))
+    assert ok.exit_code == 0, ok.output
+    assert "campaign certificate, campaign mc, 10 batches" in ok.output
+    record = read_certificate(cert).record
+    assert [b.index for b in record.batches] == list(range(N))
+    # Each batch's result, as a serial run computes it, and the pool's workers, not us.
+    expected = [batch(ka.runtime.batch_rng(SEED, i), 64) for i in range(N)]
+    assert [b.result for b in record.batches] == [result_digest(r) for r in expected]
+    ran_on = {b.worker for b in record.batches}
+    assert ran_on <= {f"{socket.gethostname()}:{pid}" for pid in workers}, ran_on
+    assert f"{socket.gethostname()}:{os.getpid()}" not in ran_on
+    assert {b.attempt for b in record.batches} == {1}
+    assert record.tally == result_digest(tally(expected))
+    assert record.parts[0].manifest == "checkpoints/mc/step-00000010.h5.kaudit.json"
+    # `kaudit verify` with no path finds it with the run's manifests.
+    everything = run_cli("verify", cwd=project.root)
+    assert everything.exit_code == 0, everything.output
+    assert "1 campaign certificate(s) verified" in everything.output
+
+
+def test_a_campaign_restarted_certifies_each_batch_with_the_attempt_that_ran_it(
+    project: Project, key: ka.SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ka.CampaignError, match="batch 6"):
+        campaign(project, fail_at=6)
+    assert not (project.root / "checkpoints" / "mc.campaign.json").exists()  # not complete
+    monkeypatch.setenv("KAUDIT_RESTART_COUNT", "1")  # as `kaudit run` restarts it
+    campaign(project)
+    record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
+    assert [b.attempt for b in record.batches] == [1] * 6 + [2] * 4
+    assert run_cli("verify", str(project.root / "checkpoints" / "mc.campaign.json")).exit_code == 0
+
+
+def test_an_edited_or_foreign_signed_certificate_fails_its_signature(
+    project: Project, key: ka.SigningKey, mallory: ka.SigningKey
+) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    original = cert.read_bytes()
+    statement = payload(cert)
+    statement["predicate"]["batches"][3]["worker"] = "elsewhere:1"
+    envelope = json.loads(original)
+    envelope["payload"] = base64.b64encode(canonical_json(statement)).decode()
+    cert.write_text(json.dumps(envelope))
+    assert any(f.startswith("signature:") for f in failures(cert))
+    record = read_certificate(cert).record
+    resign(project, mallory, record)
+    assert any(f.startswith("signature:") for f in failures(cert))
+
+
+@pytest.mark.parametrize(
+    "lie",
+    ["a batch twice", "a batch missing", "another result", "another worker", "another tally"],
+)
+def test_a_trusted_signature_over_what_the_checkpoints_do_not_hold_fails(
+    project: Project, key: ka.SigningKey, lie: str
+) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    record = read_certificate(cert).record
+    batches = list(record.batches)
+    if lie == "a batch twice":
+        batches[4] = dataclasses.replace(batches[3])
+    elif lie == "a batch missing":
+        del batches[4]
+    elif lie == "another result":
+        batches[2] = dataclasses.replace(batches[2], result=batches[1].result)
+    elif lie == "another worker":
+        batches[2] = dataclasses.replace(batches[2], worker="gpu7:1")
+    lied = dataclasses.replace(
+        record,
+        batches=tuple(batches),
+        tally=batches[0].result if lie == "another tally" else record.tally,
+    )
+    resign(project, key, lied)
+    (failed,) = failures(cert)
+    assert failed.startswith("tally:" if lie == "another tally" else "batches:"), failed
+
+
+def test_a_subject_outside_the_repository_or_swapped_is_refused(
+    project: Project, key: ka.SigningKey
+) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    record = read_certificate(cert).record
+    outside = dataclasses.replace(
+        record,
+        parts=(dataclasses.replace(record.parts[0], manifest="../../../etc/passwd"),),
+    )
+    resign(project, key, outside)
+    (failed,) = failures(cert)
+    assert failed == "manifest: ../../../etc/passwd: not a path inside the repository"
+    resign(project, key, record)
+    manifest = project.root / record.parts[0].manifest
+    manifest.write_bytes(manifest.read_bytes() + b" ")
+    (failed,) = failures(cert)
+    assert "not the certified manifest" in failed
+
+
+def test_an_incomplete_campaign_is_not_certified(project: Project, key: ka.SigningKey) -> None:
+    with pytest.raises(ka.CampaignError):
+        campaign(project, fail_at=3)
+    run_dir = project.root / "checkpoints" / "mc"
+    last = sorted(run_dir.glob("*.kaudit.json"))[-1]
+    verifier = Verifier(project)
+    with pytest.raises(CampaignRefused, match=r"not of a campaign of 3 batches|not complete"):
+        certify(verifier, key, "mc", [last], 3)
+    with pytest.raises(CampaignRefused, match="not complete"):
+        certify(verifier, key, "mc", [last], N)
+    assert not (project.root / "checkpoints" / "mc.campaign.json").exists()
+
+
+def test_a_certificate_that_is_not_one_is_one_line_and_exit_2(
+    project: Project, key: ka.SigningKey
+) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    shutil.copy(cert, project.root / "saved.json")
+    cert.write_text("{not json")
+    bad = run_cli("verify", str(cert))
+    assert bad.exit_code == 2
+    assert bad.output.count("\n") == 1
+    assert "mc.campaign.json: not valid JSON" in bad.output
+    cert.unlink()
+    cert.symlink_to(project.root / "saved.json")
+    linked = run_cli("verify", str(cert))
+    assert linked.exit_code == 2
+    assert "symbolic link" in linked.output, linked.output

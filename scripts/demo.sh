@@ -200,4 +200,7 @@ echo "one process:   $(cat pi-serial.out)"
     || { echo "demo: the campaign on Dask differs from the serial one" >&2; exit 1; }
 echo "bitwise identical: the engine scheduled the batches, the tally folds them in index order"
 
+say "the finished campaign's certificate: every batch once, its result, its worker, the tally"
+run kaudit verify checkpoints/pi-dask.campaign.json --trusted-key "$WORK/demo.pub"
+
 printf '\nDemo finished; its project is in %s\n' "$WORK/project"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
@@ -28,6 +28,7 @@ from kronos_audit.statement.campaign import (
     CampaignBatch,
     CampaignPart,
     CampaignRecord,
+    certificate_path,
     read_certificate,
     result_digest,
     tally,
@@ -239,7 +240,7 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
     cert = read_certificate(path)
     record = cert.record
     signed = verifier.keys.check(cert.envelope, record.created)
-    checks = [steps.signature_check(signed)]
+    checks = [steps.signature_check(signed), _place(cert.path, record, verifier.project.root)]
     parts: list[Part] = []
     problem: str | None = None
     for p in record.parts:
@@ -298,6 +299,31 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
         signer=signed.signer,
         kind=StatementKind.CAMPAIGN,
     )
+
+
+def _place(path: Path, record: CampaignRecord, root: Path) -> Check:
+    """The certificate is where it was signed for: ``NAME.campaign.json`` of its own
+    campaign, beside the run directories of its parts, each part a run of that campaign
+    (the campaign's run itself, or ``NAME.task-K``)."""
+    expected = certificate_path(path.parent, record.campaign).name
+    if path.name != expected:
+        return Check.failed(
+            CheckName.PLACE, f"certifies campaign {record.campaign!r}: its name is {expected}"
+        )
+    for p in record.parts:
+        if p.run != record.campaign and not p.run.startswith(record.campaign + ".task-"):
+            return Check.failed(
+                CheckName.PLACE, f"part {p.run!r} is not a run of campaign {record.campaign!r}"
+            )
+        run_dir = PurePosixPath(p.manifest).parent
+        if run_dir.name.startswith("step-"):
+            run_dir = run_dir.parent  # a sharded step's manifest, in its step directory
+        here = path.parent.resolve()
+        if (root / run_dir).resolve() != here / p.run:
+            return Check.failed(
+                CheckName.PLACE, f"part {p.run!r}: its manifest {p.manifest} is not beside it"
+            )
+    return Check.passed(CheckName.PLACE, "beside the run directories of its parts")
 
 
 def _compare(signed: CampaignRecord, rebuilt: CampaignRecord) -> list[Check]:

@@ -80,8 +80,8 @@ def test_a_finished_campaign_is_certified_and_verifies(
     project: Project, key: ka.SigningKey
 ) -> None:
     with cf.ProcessPoolExecutor(2) as pool:
-        workers = {pool.submit(os.getpid).result() for _ in range(8)}
         campaign(project, pool)
+        workers = set(pool._processes)  # the pool's worker processes, by pid
     cert = project.root / "checkpoints" / "mc.campaign.json"
     ok = run_cli("verify", str(cert))
     assert ok.exit_code == 0, ok.output
@@ -173,13 +173,30 @@ def test_a_subject_outside_the_repository_or_swapped_is_refused(
         parts=(dataclasses.replace(record.parts[0], manifest="../../../etc/passwd"),),
     )
     resign(project, key, outside)
-    (failed,) = failures(cert)
-    assert failed == "manifest: ../../../etc/passwd: not a path inside the repository"
+    assert failures(cert) == [
+        "place: part 'mc': its manifest ../../../etc/passwd is not beside it",
+        "manifest: ../../../etc/passwd: not a path inside the repository",
+    ]
     resign(project, key, record)
     manifest = project.root / record.parts[0].manifest
     manifest.write_bytes(manifest.read_bytes() + b" ")
     (failed,) = failures(cert)
     assert "not the certified manifest" in failed
+
+
+def test_a_certificate_moved_or_renamed_fails_its_place(
+    project: Project, key: ka.SigningKey
+) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    renamed = cert.rename(cert.with_name("other.campaign.json"))
+    assert failures(renamed) == ["place: certifies campaign 'mc': its name is mc.campaign.json"]
+    (project.root / "elsewhere").mkdir()
+    moved = renamed.rename(project.root / "elsewhere" / "mc.campaign.json")
+    assert failures(moved) == [
+        "place: part 'mc': its manifest checkpoints/mc/step-00000010.h5.kaudit.json "
+        "is not beside it"
+    ]
 
 
 def test_an_incomplete_campaign_is_not_certified(project: Project, key: ka.SigningKey) -> None:

@@ -23,13 +23,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kronos_audit.checkpoint.hdf5 import a_type, flatten, unflatten
+from kronos_audit.checkpoint.hdf5 import a_type, flatten
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP, rows
 from kronos_audit.errors import UsageError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.statement.predicate import Ran
 
 T = TypeVar("T")
-LEDGER_GROUP = "ledger"
 WORKER_LIMIT = 256
 """Characters of a worker's name kept (the manifest schema's bound)."""
 
@@ -279,14 +279,7 @@ class Ledger:
     def from_state(cls, group: Mapping[str, Any]) -> Ledger:
         """Rebuild from the ``ledger`` group of a restored checkpoint."""
         ledger = cls()
-        if not group:
-            return ledger
-        stacked = group["results"]
-        for row, index in enumerate(np.asarray(group["index"]).tolist()):
-            if isinstance(stacked, Mapping):
-                result: Any = unflatten({k: v[row] for k, v in flatten(stacked).items()})
-            else:
-                result = stacked[row]
+        for index, result in rows(group):
             ledger.record(index, result)
         ledger._new = {}  # restored: recorded by the checkpoints before
         return ledger

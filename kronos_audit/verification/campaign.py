@@ -20,6 +20,7 @@ from typing import Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import unflatten
+from kronos_audit.checkpoint.ledger import rows
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
@@ -98,31 +99,14 @@ def _ledger(m: Manifest) -> dict[int, Any]:
         raise CampaignRefused(str(e)) from None
     if not flat:
         return {}
-    group = unflatten(flat)
     try:
-        index = [int(i) for i in group["index"].tolist()]
-        stacked = group["results"]
-        rows: list[Any]
-        if isinstance(stacked, Mapping):
-            fields = _flat(stacked)
-            rows = [unflatten({k: v[row] for k, v in fields.items()}) for row in range(len(index))]
-        else:
-            rows = [stacked[row] for row in range(len(index))]
+        ledger = list(rows(unflatten(flat)))
     except (KeyError, IndexError, TypeError, AttributeError, ValueError):
         raise CampaignRefused(f"{m.checkpoint_path}: its ledger is not well formed") from None
+    index = [i for i, _ in ledger]
     if len(set(index)) != len(index):
         raise CampaignRefused(f"{m.checkpoint_path}: its ledger holds a batch twice")
-    return dict(zip(index, rows, strict=True))
-
-
-def _flat(group: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in group.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}/{k}"))
-        else:
-            out[f"{prefix}/{k}"] = v
-    return out
+    return dict(ledger)
 
 
 def _origins(verifier: Verifier, last: Manifest) -> dict[int, tuple[str, int]]:

@@ -35,6 +35,7 @@ from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.verification.campaign import CampaignRefused
 from kronos_audit.verification.verifier import Verifier
 from tests.helpers import run_cli
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 SEED = 11
 N = 10
@@ -228,3 +229,22 @@ def test_a_certificate_that_is_not_one_is_one_line_and_exit_2(
     linked = run_cli("verify", str(cert))
     assert linked.exit_code == 2
     assert "symbolic link" in linked.output, linked.output
+
+
+def test_a_campaign_on_three_ranks_is_certified_from_rank_0s_shard(
+    project: Project, key: ka.SigningKey
+) -> None:
+    def program(comm: ThreadRanks) -> None:
+        with thread_run(project.root, "mc", comm) as run:
+            run.restore()
+            run.map_batches(batch, N, samples=64)
+
+    on_ranks(3, program)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    ok = run_cli("verify", str(cert))
+    assert ok.exit_code == 0, ok.output
+    record = read_certificate(cert).record
+    assert record.parts[0].manifest == "checkpoints/mc/step-00000010/index.jsonl.kaudit.json"
+    expected = [batch(ka.runtime.batch_rng(5, i), 64) for i in range(N)]
+    assert [b.result for b in record.batches] == [result_digest(r) for r in expected]
+    assert record.tally == result_digest(tally(expected))

@@ -43,13 +43,13 @@ import numpy as np
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
 from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_directory
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
 from kronos_audit.checkpoint.writer import Job, TreeSpec, write_and_digest, write_and_hash
 from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Block
-from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.storage.tracking import dvc_file_for

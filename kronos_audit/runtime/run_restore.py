@@ -19,10 +19,11 @@ import numpy as np
 from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.hdf5 import State, unflatten
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.writer import BackgroundWriter
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime import rng
-from kronos_audit.runtime.batches import LEDGER_GROUP, Ledger
+from kronos_audit.runtime.batches import Ledger
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import Progress
 from kronos_audit.runtime.publish import Publisher

@@ -57,6 +57,7 @@ from kronos_audit.checkpoint.layout import (
     shard_path,
     step_directory,
 )
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import (
     MAX_SHARDS,
     ShardRecord,
@@ -68,7 +69,6 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Layout, plan, read_block
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.runtime.batches import LEDGER_GROUP
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import (
     NotCommitted,

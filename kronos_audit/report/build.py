@@ -22,6 +22,7 @@ from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustedKey, TrustOptions
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.report.model import (
+    Campaign,
     Chain,
     ChainPoint,
     CodeVersion,
@@ -44,7 +45,7 @@ from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.batch import expand_manifest_args, trust_problems, verify_each
 from kronos_audit.verification.chain import ManifestCache
-from kronos_audit.verification.results import VerifyResult
+from kronos_audit.verification.results import StatementKind, VerifyResult
 
 NEWEST = 10
 """Manifests listed by default beside the failures: the newest of each run."""
@@ -143,6 +144,7 @@ class _Group:
     project: Project | None
     manifests: list[tuple[VerifyResult, Manifest | None]] = field(default_factory=list)
     attestations: list[VerifyResult] = field(default_factory=list)
+    campaign: VerifyResult | None = None
 
     def name(self, path: Path) -> str:
         return self.project.relative(path) if self.project is not None else str(path)
@@ -377,6 +379,7 @@ def _run_report(
     verified = sum(r.ok for r in group.attestations)
     verification = _verification(group, newest, max_failures)
     ok = verification.failed == 0 and verified == len(group.attestations)
+    ok = ok and (group.campaign is None or group.campaign.ok)
     return RunReport(
         run=group.run,
         directory=group.name(group.directory),
@@ -390,6 +393,24 @@ def _run_report(
         replays_total=len(group.attestations),
         replays_verified=verified,
         reproduce=_reproduce(group, rows, trust),
+        campaign=None if group.campaign is None else _campaign(group, group.campaign),
+    )
+
+
+def _campaign(group: _Group, r: VerifyResult) -> Campaign:
+    """The certificate ``r`` verified, as the report shows it: the record read and checked
+    then, never the file read again."""
+    assert r.certificate is not None
+    record = r.certificate.record
+    attempts = Counter(b.attempt for b in record.batches)
+    workers = Counter(b.worker or "(not recorded)" for b in record.batches)
+    return Campaign(
+        certificate=group.name(r.manifest),
+        verified=r.ok,
+        failures=tuple(f"{c.name}: {c.detail}" for c in r.failures),
+        n=record.n,
+        attempts=tuple(sorted(attempts.items())),
+        workers=tuple(sorted(workers.items(), key=lambda wc: (-wc[1], wc[0]))),
     )
 
 
@@ -455,7 +476,10 @@ def build_report(
 
     def group_of(r: VerifyResult) -> _Group:
         directory = r.manifest.parent
-        key = (directory.resolve(), r.run)
+        if r.certificate is not None:
+            # a campaign's certificate is beside its run's directory: it is that run's
+            directory = directory / r.certificate.record.parts[0].run
+        key = (directory.resolve(), r.run if r.certificate is None else directory.name)
         if key not in groups:
             if directory not in projects:
                 try:
@@ -473,6 +497,9 @@ def build_report(
             problems.append(Problem(where, outcome.message))
             continue
         group = group_of(outcome)
+        if outcome.kind is StatementKind.CAMPAIGN:
+            group.campaign = outcome
+            continue
         if outcome.is_attestation:
             group.attestations.append(outcome)
             continue

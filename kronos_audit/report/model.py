@@ -391,6 +391,40 @@ class Replay:
 
 
 @dataclass(frozen=True)
+class Campaign:
+    """A Monte Carlo campaign's certificate, as the report shows it."""
+
+    certificate: str
+    """Its file, relative to the repository."""
+    verified: bool
+    """``kaudit verify`` accepts it."""
+    failures: tuple[str, ...]
+    """Its failed checks, ``name: detail``."""
+    n: int
+    """Batches certified."""
+    attempts: tuple[tuple[int, int], ...]
+    """(attempt, batches it ran), by attempt: an attempt above 1 ran after a restart."""
+    workers: tuple[tuple[str, int], ...]
+    """(worker, batches it ran), most first."""
+
+    @property
+    def rerun(self) -> int:
+        """Batches run after a restart (by an attempt above 1)."""
+        return sum(count for attempt, count in self.attempts if attempt > 1)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "certificate": self.certificate,
+            "verified": self.verified,
+            "failures": list(self.failures),
+            "n": self.n,
+            "attempts": [{"attempt": a, "batches": c} for a, c in self.attempts],
+            "workers": [{"worker": w, "batches": c} for w, c in self.workers],
+            "rerun": self.rerun,
+        }
+
+
+@dataclass(frozen=True)
 class RunReport:
     """One run (one run id in one directory)."""
 
@@ -419,9 +453,13 @@ class RunReport:
     """Those that verify (signed, bound to their manifest, reproduced)."""
     reproduce: tuple[str, ...]
     """Commands that check the report's claims again."""
+    campaign: Campaign | None = None
+    """The run's campaign certificate, when it has one."""
 
     def to_json_obj(self) -> dict[str, Any]:
+        extra = {} if self.campaign is None else {"campaign": self.campaign.to_json_obj()}
         return {
+            **extra,
             "run": self.run,
             "directory": self.directory,
             "ok": self.ok,

@@ -167,6 +167,22 @@ def _md_run(run: RunReport) -> list[str]:
         for r in v.newest:
             result = "ok" if r.ok else "**FAIL**"
             lines.append(f"| {_code(r.manifest)} | {r.step} | {result} | {md(r.signer or '-')} |")
+    if run.campaign is not None:
+        cert = run.campaign
+        status = "verified" if cert.verified else "**does not verify**"
+        lines += [
+            "",
+            "### Campaign",
+            "",
+            f"Certificate {_code(cert.certificate)}: {status}; {cert.n} batches, each exactly "
+            f"once; {cert.rerun} run again after a restart.",
+            "",
+        ]
+        lines += [f"- FAIL {md(f)}" for f in cert.failures]
+        lines += ["| attempt | batches |", "| --- | --- |"]
+        lines += [f"| {a} | {n} |" for a, n in cert.attempts]
+        lines += ["", "| worker | batches |", "| --- | --- |"]
+        lines += [f"| {_code(w)} | {n} |" for w, n in cert.workers]
     lines += ["", "### Replays", ""]
     if not run.replays_total:
         lines.append("No replay attestation (`CKPT.replay.json`) found.")

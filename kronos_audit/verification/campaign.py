@@ -282,6 +282,7 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
         tuple(checks),
         signer=signed.signer,
         kind=StatementKind.CAMPAIGN,
+        certificate=cert,
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit.keys.anchors import TrustedKey
+from kronos_audit.statement.campaign import Certificate
 from kronos_audit.statement.manifest import Manifest
 
 
@@ -190,6 +191,8 @@ class VerifyResult:
     statement: Manifest | None = field(default=None, compare=False, repr=False)
     """The manifest exactly as parsed and checked here (None for an attestation): what a
     restore uses, never the file read again by name."""
+    certificate: Certificate | None = field(default=None, compare=False, repr=False)
+    """For a campaign certificate, the one read and checked here: what a report shows."""
 
     @property
     def ok(self) -> bool:

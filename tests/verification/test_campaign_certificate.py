@@ -23,6 +23,7 @@ import pytest
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.project.repository import Project
+from kronos_audit.report import build_report, render_html, render_markdown, report_json
 from kronos_audit.runtime.certify import certify
 from kronos_audit.statement.campaign import (
     CampaignRecord,
@@ -248,3 +249,34 @@ def test_a_campaign_on_three_ranks_is_certified_from_rank_0s_shard(
     expected = [batch(ka.runtime.batch_rng(5, i), 64) for i in range(N)]
     assert [b.result for b in record.batches] == [result_digest(r) for r in expected]
     assert record.tally == result_digest(tally(expected))
+
+
+def test_the_report_shows_the_campaign_its_restart_and_workers(
+    project: Project, key: ka.SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ka.CampaignError):
+        campaign(project, fail_at=6)
+    monkeypatch.setenv("KAUDIT_RESTART_COUNT", "1")
+    campaign(project)
+    report = build_report([project.root / "checkpoints"])
+    (run,) = report_json(report)["runs"]
+    here = f"{socket.gethostname()}:{os.getpid()}"
+    assert run["ok"] is True
+    assert run["campaign"] == {
+        "certificate": "checkpoints/mc.campaign.json",
+        "verified": True,
+        "failures": [],
+        "n": N,
+        "attempts": [{"attempt": 1, "batches": 6}, {"attempt": 2, "batches": 4}],
+        "workers": [{"worker": here, "batches": N}],
+        "rerun": 4,
+    }
+    assert "4 run again after a restart" in render_markdown(report)
+    assert "<h3>Campaign</h3>" in render_html(report)
+    # A certificate that does not verify fails the run's report.
+    record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
+    resign(project, key, dataclasses.replace(record, tally=record.batches[0].result))
+    failed = build_report([project.root / "checkpoints"])
+    (run,) = report_json(failed)["runs"]
+    assert run["ok"] is False
+    assert run["campaign"]["failures"] == ["tally: the tally summed from the ledgers differs"]

@@ -87,3 +87,17 @@ def test_the_cli_benchmark_times_every_start_up_against_its_baselines(
     # timings vary: each goal judged and printed, not asserted
     assert out.count("goal <= ") == 1  # --help; verify's goal is retired
     assert out.count("met)") == 1
+
+
+def test_the_campaign_benchmark_runs_map_batches_beside_the_bare_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_campaign
+
+    result = bench_campaign.main(["--quick"])
+    out = capsys.readouterr().out
+    assert "baseline: bare engine map + gather" in out
+    assert result["ratio"] > 0  # timings vary: measured and printed, not judged
+    assert [r["batches"] for r in result["ledger"]] == [100, 2_000]
+    small, large = result["ledger"]
+    assert large["bytes"] > small["bytes"]  # the ledger's size grows with what it holds

@@ -98,8 +98,8 @@ def verify(
     store. A key that only the work tree's .kaudit/trusted-keys holds is "unanchored":
     it passes unless --require-anchor (implied by --trusted-key and --trust-ref).
 
-    MANIFESTS are manifests, checkpoints or run directories; none: every manifest and
-    attestation in the repository.
+    MANIFESTS are manifests, checkpoints, run directories, replay attestations or
+    campaign certificates (NAME.campaign.json); none: every one in the repository.
 
     Exit 0 when every check holds, 1 when any fails, 2 for bad input.
 

@@ -163,14 +163,13 @@ def map_batches(
             assert run.step is not None
             run.publisher.certify(n, run.step)
         return
-    if stop:
-        run._save_received()
-        done = len(run.ledger)
-        why = stop[0] if isinstance(stop[0], _BatchFailed) else _one_line(stop[0])
-        raise CampaignError(
-            f"the campaign stopped: {why}; {done} of {n} batches are recorded and "
-            f"checkpointed, and running it again runs only the {n - done} missing"
-        ) from stop[0]
+    run._save_received()
+    done = len(run.ledger)
+    why = stop[0] if isinstance(stop[0], _BatchFailed) else _one_line(stop[0])
+    raise CampaignError(
+        f"the campaign stopped: {why}; {done} of {n} batches are recorded and "
+        f"checkpointed, and running it again runs only the {n - done} missing"
+    ) from stop[0]
 
 
 __all__ = ["IN_FLIGHT", "BatchCall", "Submitter", "map_batches"]

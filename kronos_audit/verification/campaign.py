@@ -24,11 +24,13 @@ from kronos_audit.checkpoint.ledger import rows
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
+from kronos_audit.keys.anchors import TrustedKey
 from kronos_audit.statement.campaign import (
     SEED_DERIVATION,
     CampaignBatch,
     CampaignPart,
     CampaignRecord,
+    Certificate,
     certificate_path,
     read_certificate,
     result_digest,
@@ -227,6 +229,14 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
     checks = [steps.signature_check(signed), _place(cert.path, record, verifier.project.root)]
     parts: list[Part] = []
     problem: str | None = None
+    if not (checks[0].ok and checks[1].ok):
+        # Nothing an unsigned or misplaced certificate names is read, let alone fetched.
+        checks.append(
+            Check.unverified(
+                CheckName.MANIFEST, "not read: the certificate's signature or place does not hold"
+            )
+        )
+        return _result(cert, checks, signed.signer)
     for p in record.parts:
         where = inside(verifier.project.root, p.manifest)
         if where is None:
@@ -273,14 +283,18 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
             checks += _compare(record, rebuilt)
     else:
         checks.append(Check.failed(CheckName.MANIFEST, problem))
-    first = record.parts[0]
+    return _result(cert, checks, signed.signer)
+
+
+def _result(cert: Certificate, checks: list[Check], signer: TrustedKey | None) -> VerifyResult:
+    record = cert.record
     return VerifyResult(
         cert.path,
-        Path(first.manifest),
+        Path(record.parts[0].manifest),
         record.campaign,
         record.n,
         tuple(checks),
-        signer=signed.signer,
+        signer=signer,
         kind=StatementKind.CAMPAIGN,
         certificate=cert,
     )

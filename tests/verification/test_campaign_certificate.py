@@ -129,10 +129,13 @@ def test_an_edited_or_foreign_signed_certificate_fails_its_signature(
     envelope = json.loads(original)
     envelope["payload"] = base64.b64encode(canonical_json(statement)).decode()
     cert.write_text(json.dumps(envelope))
-    assert any(f.startswith("signature:") for f in failures(cert))
+    unread = "manifest: not read: the certificate's signature or place does not hold"
+    assert failures(cert) == [failures(cert)[0], unread]
+    assert failures(cert)[0].startswith("signature:")
     record = read_certificate(cert).record
     resign(project, mallory, record)
-    assert any(f.startswith("signature:") for f in failures(cert))
+    assert failures(cert)[0].startswith("signature:")
+    assert failures(cert)[1] == unread
 
 
 @pytest.mark.parametrize(
@@ -177,7 +180,7 @@ def test_a_subject_outside_the_repository_or_swapped_is_refused(
     resign(project, key, outside)
     assert failures(cert) == [
         "place: part 'mc': its manifest ../../../etc/passwd is not beside it",
-        "manifest: ../../../etc/passwd: not a path inside the repository",
+        "manifest: not read: the certificate's signature or place does not hold",
     ]
     resign(project, key, record)
     manifest = project.root / record.parts[0].manifest
@@ -192,13 +195,13 @@ def test_a_certificate_moved_or_renamed_fails_its_place(
     campaign(project)
     cert = project.root / "checkpoints" / "mc.campaign.json"
     renamed = cert.rename(cert.with_name("other.campaign.json"))
-    assert failures(renamed) == ["place: certifies campaign 'mc': its name is mc.campaign.json"]
+    assert failures(renamed)[0] == "place: certifies campaign 'mc': its name is mc.campaign.json"
     (project.root / "elsewhere").mkdir()
     moved = renamed.rename(project.root / "elsewhere" / "mc.campaign.json")
-    assert failures(moved) == [
+    assert failures(moved)[0] == (
         "place: part 'mc': its manifest checkpoints/mc/step-00000010.h5.kaudit.json "
         "is not beside it"
-    ]
+    )
 
 
 def test_an_incomplete_campaign_is_not_certified(project: Project, key: ka.SigningKey) -> None:

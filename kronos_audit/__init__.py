@@ -46,6 +46,10 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         Block as Block,
         Replicated as Replicated,
     )
+    from kronos_audit.runtime.array import (
+        ArrayTask as ArrayTask,
+        campaign_ledger as campaign_ledger,
+    )
     from kronos_audit.runtime.batches import Ledger as Ledger
     from kronos_audit.runtime.policy import (
         AnyOf as AnyOf,
@@ -100,6 +104,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Block",
         "Replicated",
     ),
+    "kronos_audit.runtime.array": ("ArrayTask", "campaign_ledger"),
     "kronos_audit.runtime.batches": ("Ledger",),
     "kronos_audit.runtime.policy": (
         "AnyOf",

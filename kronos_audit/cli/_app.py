@@ -88,6 +88,12 @@ COMMANDS: dict[str, LazyCommand] = {
         "Where each checkpoint (RUN_DIR, CKPT or MANIFEST...; default: all) is: local / "
         "pushed / remote-only / pruned / missing / corrupt.",
     ),
+    "campaign": LazyCommand(
+        f"{_COMMANDS}.campaign",
+        "campaign",
+        "A job array's campaign: each task's batches done and missing, the sbatch line "
+        "that resubmits the missing, its completeness certificate.",
+    ),
     "run": LazyCommand(
         f"{_COMMANDS}.run",
         "run_command",

@@ -48,8 +48,6 @@ def certify(
     campaign: str,
     manifests: Sequence[Path],
     n: int,
-    *,
-    shares: Sequence[tuple[int, int] | None] | None = None,
 ) -> Certificate:
     """Sign and write the certificate of campaign ``campaign`` of ``n`` batches, whose
     parts' last checkpoints are ``manifests`` (their run directories side by side).
@@ -63,7 +61,6 @@ def certify(
         project_root=verifier.project.root,
         created=utc_now(),
         tool=TOOL,
-        shares=shares,
     )
     envelope = sign_envelope(encode_statement(record), key)
     root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)

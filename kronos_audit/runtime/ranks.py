@@ -8,9 +8,29 @@ so a rank's problem is said in one bounded line (:func:`one_line_reason`) and ga
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kronos_audit.errors import Error, UsageError
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.runtime.rng import derived_seed
+
+
+@dataclass(frozen=True)
+class LoopVote:
+    """One rank's word at a step of the loop, heard by every rank (``run.checkpoint``)."""
+
+    step: int
+    """The step the rank offered."""
+    preempted: bool
+    """A preemption signal reached the rank."""
+    save: bool | None
+    """Rank 0's policy's verdict (None on the other ranks, and when it could not ask)."""
+    failure: str | None
+    """Why the rank cannot go on (a background write failed, the state cannot be
+    stored), in one line; None when it can."""
+    policy_failure: str | None
+    """Rank 0: why its save policy could not decide; None when it did."""
+
 
 _RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses
 
@@ -93,6 +113,7 @@ def one_line_reason(e: BaseException) -> str:
 
 
 __all__ = [
+    "LoopVote",
     "dup",
     "joining_seed",
     "one_line_reason",

@@ -52,7 +52,6 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -73,13 +72,14 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.runtime import rng
+from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
 from kronos_audit.runtime.publish import Publisher, ReplayPublisher
-from kronos_audit.runtime.ranks import one_line_reason, rank_seed
+from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
 from kronos_audit.runtime.retention import Retention
 from kronos_audit.runtime.run_restore import RunRestore
 from kronos_audit.runtime.sharded import ShardedPublisher
@@ -87,24 +87,6 @@ from kronos_audit.runtime.sharded_replay import ShardedReplayPublisher
 from kronos_audit.runtime.sharded_steps import expand_layout, has_sharded_steps
 from kronos_audit.runtime.signed import SignedPublisher
 from kronos_audit.statement.predicate import Batches, RngRecord
-
-
-@dataclass(frozen=True)
-class LoopVote:
-    """One rank's word at a step of the loop, heard by every rank (``run.checkpoint``)."""
-
-    step: int
-    """The step the rank offered."""
-    preempted: bool
-    """A preemption signal reached the rank."""
-    save: bool | None
-    """Rank 0's policy's verdict (None on the other ranks, and when it could not ask)."""
-    failure: str | None
-    """Why the rank cannot go on (a background write failed, the state cannot be
-    stored), in one line; None when it can."""
-    policy_failure: str | None
-    """Rank 0: why its save policy could not decide; None when it did."""
-
 
 LOCAL_DIR_ENV = "KAUDIT_LOCAL_DIR"
 """Set per node: the directory, on that node's own storage and inside a clone of the
@@ -134,6 +116,11 @@ class Run(RunRestore):
     it raises :class:`~kronos_audit.errors.RollbackRefused` naming both steps, unless
     ``allow_rollback`` (or ``KAUDIT_ALLOW_ROLLBACK=1``) accepts it, which a log warning
     then says.
+
+    ``task`` (:class:`~kronos_audit.runtime.array.ArrayTask`, ``ArrayTask.from_slurm()``
+    in a Slurm job array) makes the run one task of campaign ``run_id``: its own run
+    ``RUN_ID.task-K``, doing the batches of its share (``seed`` is then required: every
+    task must draw from the same one).
     """
 
     def __init__(
@@ -155,6 +142,7 @@ class Run(RunRestore):
         command: Sequence[str] | None = None,
         allow_rollback: bool = False,
         local_dir: str | Path | None = None,
+        task: ArrayTask | None = None,
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
@@ -172,6 +160,9 @@ class Run(RunRestore):
             raise UsageError(str(e)) from None
         if seed is None and self.replay is not None:
             seed = self.replay.seed  # the recorded seed, for a program that fixes none
+        run_id = task_run_id(run_id, task, seed)
+        self.task = task
+        """The job-array task this run is (None: the run does the whole campaign)."""
         self._owns_comm = comm is None
         self._stop_next = False  # some rank was asked to stop: every rank stops at the next call
         self._agreed_exit = False
@@ -228,6 +219,7 @@ class Run(RunRestore):
         self._last_time = time.monotonic()
         self._final: int | None = None
         self._batches_total: int | None = None
+        self._batches_n = 0  # run.batches(n)'s n: the campaign's batches, every task's
         self._attempt: Attempt | None = None  # where run.batches(n) is, on this rank
         self._prepared = False
         self.restored_from: Path | None = None
@@ -377,13 +369,15 @@ class Run(RunRestore):
         that keep it in step with ranks that have more, and when it returns
         :attr:`ledger` holds every rank's results."""
         self.restore()
+        self._batches_n = n
+        self._loop_starts()
+        share = batch_share(self.task, n, self.ledger.indices())
         # A replay redoes the batches after its parent's, in index order, up to the count
         # it stops at; a run that finished batches out of order replays only if that
         # order was the index order.
-        self._batches_total = self.publisher.last_step(n)
-        self._loop_starts()
+        self._batches_total = self.publisher.last_step(len(share))
         # The same on every rank: the restored ledger is the union of every rank's results.
-        todo = [i for i in range(n) if i not in self.ledger]
+        todo = [i for i in share if i not in self.ledger]
         todo = todo[: max(0, self._batches_total - len(self.ledger))]
         attempt = self._attempt = Attempt(Split.of(todo, self.size), self.rank)
         for i in attempt.mine:
@@ -423,6 +417,8 @@ class Run(RunRestore):
         """Put batch ``index``'s result into the ledger carried by every checkpoint, run by
         ``worker`` (None: this process; the manifest records it). On several ranks, only
         batches :meth:`batches` gave this rank."""
+        if self.task is not None and not self.task.holds(index):
+            raise UsageError(f"batch {index} is not in array task {self.task.task}'s share")
         attempt = self._attempt
         owner = None if attempt is None else attempt.split.owner(index)
         if owner is not None and owner != self.rank:
@@ -670,7 +666,8 @@ class Run(RunRestore):
         meta["layout"] = dict(layouts)  # a step of one file is the one rank's: none needed
         if self._batches_total is not None:
             done, ran = len(self.ledger), self.ledger.take_new()
-            meta["batches"] = Batches(self._batches_total, done, ran)
+            share = None if self.task is None else self.task.share(self._batches_n)
+            meta["batches"] = Batches(self._batches_total, done, ran, share)
         # Asynchronously, every rank hands the step over whatever failed meanwhile in the
         # background (that is told to all at the next collective): a rank that did not
         # would leave the others' commit of this step waiting for its vote. A synchronous

@@ -41,6 +41,11 @@ from kronos_audit.statement.manifest import (
 from kronos_audit.statement.schemas import validate
 
 PREDICATE_TYPE = "https://kronos-audit.dev/campaign/v1"
+TASK_SUFFIX = ".task-"
+"""Between a campaign's name and a task's number in a job-array task's run id."""
+TASKS_ENV = "KAUDIT_ARRAY_TASKS"
+"""The whole array's size, for its tasks resubmitted on their own (whose
+``SLURM_ARRAY_TASK_COUNT`` counts only the resubmitted ones)."""
 SCHEMA_NAME = "campaign-v1.schema.json"
 SEED_DERIVATION = "numpy.random.default_rng(numpy.random.SeedSequence(seed, spawn_key=(index,)))"
 """How batch ``index``'s generator derives from the run seed (and from nothing else)."""
@@ -251,12 +256,23 @@ def read_certificate(path: Path | str) -> Certificate:
     return Certificate(path, envelope, statement, record)
 
 
+def task_of(run_id: str, campaign: str) -> int | None:
+    """The task number of run ``run_id`` when it is a task of ``campaign``, else None."""
+    prefix = campaign + TASK_SUFFIX
+    rest = run_id[len(prefix) :] if run_id.startswith(prefix) else ""
+    if not rest.isdigit() or (len(rest) > 1 and rest[0] == "0") or len(rest) > 9:
+        return None
+    return int(rest)
+
+
 __all__ = [
     "CERTIFICATE_SUFFIX",
     "PREDICATE_TYPE",
     "SCHEMA_NAME",
     "SEED_DERIVATION",
     "TALLY_RULE",
+    "TASKS_ENV",
+    "TASK_SUFFIX",
     "CampaignBatch",
     "CampaignPart",
     "CampaignRecord",
@@ -267,4 +283,5 @@ __all__ = [
     "read_certificate",
     "result_digest",
     "tally",
+    "task_of",
 ]

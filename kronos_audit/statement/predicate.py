@@ -211,27 +211,60 @@ class Ran:
 
 
 @dataclass(frozen=True)
+class Share:
+    """The part of a campaign one task of a job array does: the batches ``i`` of
+    ``range(of)`` with ``i % tasks == task``."""
+
+    task: int
+    tasks: int
+    of: int
+    """The campaign's batches, all tasks together."""
+    script: str | None = None
+    """The batch script the array runs (as Slurm recorded it), for resubmitting tasks."""
+
+    def size(self) -> int:
+        """How many batches the share holds."""
+        return len(range(self.task, self.of, self.tasks))
+
+    def to_json_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"task": self.task, "tasks": self.tasks, "of": self.of}
+        if self.script is not None:
+            obj["script"] = self.script
+        return obj
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> Share:
+        script = None if obj.get("script") is None else str(obj["script"])
+        return cls(int(obj["task"]), int(obj["tasks"]), int(obj["of"]), script)
+
+
+@dataclass(frozen=True)
 class Batches:
     """Monte Carlo progress when the checkpoint was written."""
 
     total: int
-    """Batches in the job."""
+    """Batches this run does: the campaign's, or its task's share of them."""
     done: int
     """Batches recorded in this checkpoint's ledger."""
     ran: tuple[Ran, ...] = ()
     """The batches this checkpoint was the first of its chain to record, by the worker
     that ran them (empty in manifests written before workers were recorded)."""
+    share: Share | None = None
+    """The run is one task of a job array, doing this share of the campaign."""
 
     def to_json_obj(self) -> dict[str, Any]:
         obj: dict[str, Any] = {"total": self.total, "done": self.done}
         if self.ran:
             obj["ran"] = [r.to_json_obj() for r in self.ran]
+        if self.share is not None:
+            obj["share"] = self.share.to_json_obj()
         return obj
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Batches:
         ran = tuple(Ran.from_json_obj(r) for r in obj.get("ran") or ())
-        return cls(int(obj["total"]), int(obj["done"]), ran)
+        share = Share.from_json_obj(obj["share"]) if obj.get("share") is not None else None
+        return cls(int(obj["total"]), int(obj["done"]), ran, share)
 
 
 @dataclass(frozen=True)
@@ -479,4 +512,5 @@ __all__ = [
     "SchedulerRecord",
     "Sha256",
     "ShardSet",
+    "Share",
 ]

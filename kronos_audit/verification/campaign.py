@@ -35,8 +35,10 @@ from kronos_audit.statement.campaign import (
     read_certificate,
     result_digest,
     tally,
+    task_of,
 )
 from kronos_audit.statement.manifest import Manifest
+from kronos_audit.statement.predicate import Share
 from kronos_audit.verification import steps
 from kronos_audit.verification.chain import inside
 from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
@@ -74,7 +76,8 @@ def read_part(verifier: Verifier, manifest_path: Path | str) -> Part:
         raise CampaignRefused(f"{result.manifest}: {failed.name}: {failed.detail}")
     assert result.statement is not None
     m = result.statement
-    return Part(result, _ledger(m), _origins(verifier, m))
+    ledger = _ledger(m)
+    return Part(result, ledger, _origins(verifier, m, len(ledger)))
 
 
 def _ledger(m: Manifest) -> dict[int, Any]:
@@ -111,15 +114,22 @@ def _ledger(m: Manifest) -> dict[int, Any]:
     return dict(ledger)
 
 
-def _origins(verifier: Verifier, last: Manifest) -> dict[int, tuple[str, int]]:
+def _origins(verifier: Verifier, last: Manifest, limit: int) -> dict[int, tuple[str, int]]:
     """Batch index -> (worker, attempt) over the chain that ends at ``last`` (verified):
-    each batch from the one manifest that was the first to record it."""
+    each batch from the one manifest that was the first to record it. The chain may name
+    at most ``limit`` batches (the ledger's), which bounds the work a hostile range such
+    as ``[0, 10**18]`` could ask for."""
     origins: dict[int, tuple[str, int]] = {}
     current: Manifest | None = last
     while current is not None:
         record = current.record.batches
         attempt = (current.record.restart_count or 0) + 1
         for ran in record.ran if record is not None else ():
+            named = sum(last_i - first_i + 1 for first_i, last_i in ran.batches)
+            if any(b < a for a, b in ran.batches) or len(origins) + named > limit:
+                raise CampaignRefused(
+                    f"{current.path}: its chain records more batches than its ledger holds"
+                )
             for i in ran.indices():
                 if i in origins:
                     raise CampaignRefused(
@@ -143,19 +153,15 @@ def campaign_record(
     project_root: Path,
     created: str,
     tool: str,
-    shares: Sequence[tuple[int, int] | None] | None = None,
 ) -> CampaignRecord:
     """The record a certificate of these parts signs. CampaignRefused, one line, when they
-    are not one complete campaign: a batch missing or in two parts, a batch outside its
-    part's share (``shares``: each part's (task, tasks), or None), results or workers the
-    ledgers and chains do not both hold, parts of other seeds, code or environments."""
+    are not one complete campaign: a batch missing or in two parts, a batch outside the
+    share its part's manifests sign, results or workers the ledgers and chains do not
+    both hold, parts of other seeds, code or environments."""
     if not parts:
         raise CampaignRefused(f"campaign {campaign!r}: no run holds it")
     first = parts[0].manifest.record
-    if shares is None and (len(parts) != 1 or first.batches is None or first.batches.total != n):
-        raise CampaignRefused(
-            f"campaign {campaign!r}: its run's checkpoints are not of a campaign of {n} batches"
-        )
+    shares = _shares(campaign, parts, n)
     seeds = {p.manifest.record.seeds[:1] for p in parts}
     if len(seeds) != 1 or not first.seeds:
         raise CampaignRefused(f"campaign {campaign!r}: its parts record different seeds")
@@ -174,13 +180,13 @@ def campaign_record(
             raise CampaignRefused(
                 f"{m.path}: batch {odd} is in the ledger or the chain's records, not both"
             )
-        share = shares[k] if shares is not None else None
+        share = shares[k]
         for i, result in part.ledger.items():
             if i in results:
                 raise CampaignRefused(f"campaign {campaign!r}: batch {i} is in two parts")
-            if share is not None and i % share[1] != share[0]:
+            if share is not None and i % share.tasks != share.task:
                 raise CampaignRefused(
-                    f"{m.path}: batch {i} is not in task {share[0]}'s share of {share[1]}"
+                    f"{m.path}: batch {i} is not in task {share.task}'s share of {share.tasks}"
                 )
             results[i] = result
             worker, attempt = part.origins[i]
@@ -203,7 +209,7 @@ def campaign_record(
                 p.manifest.step,
                 p.manifest.path.resolve().relative_to(project_root.resolve()).as_posix(),
                 p.manifest.digest,
-                *(shares[k] if shares is not None and shares[k] is not None else (None, None)),  # type: ignore[misc]
+                *_task(shares[k]),
             )
             for k, p in enumerate(parts)
         ),
@@ -215,6 +221,43 @@ def campaign_record(
         created=created,
         tool=tool,
     )
+
+
+def _shares(campaign: str, parts: Sequence[Part], n: int) -> list[Share | None]:
+    """Each part's share, as its last manifest signs it: none for a campaign of one run
+    (which then holds all ``n``), one per part for a job array's tasks, each task of the
+    same array at most once and named for its task."""
+    shares = [
+        None if p.manifest.record.batches is None else p.manifest.record.batches.share
+        for p in parts
+    ]
+    if all(s is None for s in shares):
+        record = parts[0].manifest.record.batches
+        if len(parts) != 1 or record is None or record.total != n:
+            raise CampaignRefused(
+                f"campaign {campaign!r}: its run's checkpoints are not of a campaign of {n} batches"
+            )
+        return list(shares)
+    seen: set[int] = set()
+    for part, share in zip(parts, shares, strict=True):
+        m = part.manifest
+        if share is None:
+            raise CampaignRefused(f"{m.path}: not an array task, beside array tasks")
+        if (share.tasks, share.of) != (shares[0].tasks, n):  # type: ignore[union-attr]
+            raise CampaignRefused(
+                f"{m.path}: a task of {share.tasks} of {share.of} batches, not of this "
+                f"campaign's array"
+            )
+        if not share.task < share.tasks or share.task in seen:
+            raise CampaignRefused(f"{m.path}: task {share.task} is not one task of the array")
+        seen.add(share.task)
+        if task_of(m.run, campaign) != share.task:
+            raise CampaignRefused(f"{m.path}: run {m.run!r} is not task {share.task}'s")
+    return list(shares)
+
+
+def _task(share: Share | None) -> tuple[int | None, int | None]:
+    return (None, None) if share is None else (share.task, share.tasks)
 
 
 def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
@@ -266,7 +309,6 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
         checks.append(
             Check.passed(CheckName.MANIFEST, f"{len(parts)} part(s), each manifest verifies")
         )
-        shares = [None if p.task is None else (p.task, p.tasks or 0) for p in record.parts]
         try:
             rebuilt = campaign_record(
                 record.campaign,
@@ -275,7 +317,6 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
                 project_root=verifier.project.root,
                 created=record.created,
                 tool=record.tool,
-                shares=None if all(s is None for s in shares) else shares,
             )
         except CampaignRefused as e:
             checks.append(Check.failed(CheckName.BATCHES, str(e)))
@@ -335,6 +376,14 @@ def _compare(signed: CampaignRecord, rebuilt: CampaignRecord) -> list[Check]:
         rebuilt.environment,
     ):
         return [Check.failed(CheckName.BATCHES, "the code or environment lock differs")]
+    for signed_part, part in zip(signed.parts, rebuilt.parts, strict=True):
+        if signed_part != part:
+            return [
+                Check.failed(
+                    CheckName.BATCHES,
+                    f"part {part.run!r}: its task or step is not the one its manifests sign",
+                )
+            ]
     if signed.n != rebuilt.n or len(signed.batches) != len(rebuilt.batches):
         return [
             Check.failed(

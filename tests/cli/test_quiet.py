@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import kronos_audit as ka
 from kronos_audit.cli._app import COMMANDS
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
@@ -36,10 +37,20 @@ def two_runs(project: Project) -> tuple[Path, Path]:
     return made[0], made[1]
 
 
+def array_campaign(project: Project) -> None:
+    """Campaign mc, done by the two tasks of a job array."""
+    for task in range(2):
+        with ka.Run(
+            "mc", root=project.root / "checkpoints", seed=3, task=ka.ArrayTask(task, 2)
+        ) as run:
+            run.map_batches(lambda rng: rng.random(), 4)
+
+
 def test_every_command_that_succeeds_prints_nothing(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
     r, s = two_runs(project)
+    array_campaign(project)
     configure_remote(project, str(tmp_path / "remote"), "storage")
     first = str(r / "step-1.h5")
     runs = [
@@ -58,6 +69,7 @@ def test_every_command_that_succeeds_prints_nothing(
         ("pull", "-q", str(r)),
         ("interval", "-q", "--mtbf", "6h", "--cost", "5min"),
         ("run", "-q", "--", sys.executable, "-c", "pass"),
+        ("campaign", "-q", "mc"),
     ]
     for args in runs:
         result = run_cli(*args, cwd=project.root)

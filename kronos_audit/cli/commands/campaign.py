@@ -1,0 +1,178 @@
+"""`kaudit campaign`: a job array's campaign, task by task; the line that resubmits the
+missing tasks; its completeness certificate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kronos_audit.cli.options import ask_passphrase, json_option, trust_options
+from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.errors import CampaignError, ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustOptions
+    from kronos_audit.verification.array import ArrayCampaign, TaskState
+
+SHOWN = 5
+"""Missing batches named per task; the rest are counted."""
+
+
+def _missing_text(indices: list[int]) -> str:
+    named = ", ".join(str(i) for i in indices[:SHOWN])
+    return named + (f", ... ({len(indices)})" if len(indices) > SHOWN else "")
+
+
+def _state(s: TaskState, array: ArrayCampaign) -> str:
+    if s.problem is not None:
+        return "does not verify"
+    if s.part is None:
+        return "not started"
+    return "done" if not s.missing(array.n, array.tasks) else "partial"
+
+
+def _task_json(s: TaskState, array: ArrayCampaign) -> dict[str, Any]:
+    share = len(range(s.task, array.n, array.tasks))
+    return {
+        "task": s.task,
+        "run": s.run,
+        "state": _state(s, array),
+        "done": s.done,
+        "share": share,
+        "missing": s.missing(array.n, array.tasks),
+        "manifest": None if s.part is None else str(s.part.manifest.path),
+        "problem": s.problem,
+    }
+
+
+@click.command("campaign")
+@click.argument("name")
+@click.option(
+    "--root",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("checkpoints"),
+    show_default=True,
+    help="The directory holding the tasks' run directories (as Run(root=...)).",
+)
+@click.option(
+    "--script",
+    help="The batch script the resubmit line names (default: the one Slurm recorded).",
+)
+@click.option(
+    "--certify",
+    is_flag=True,
+    help="Sign the campaign's completeness certificate (ROOT/NAME.campaign.json).",
+)
+@click.option("--key", help="Signing key for --certify (default: $KAUDIT_KEY, else the only one).")
+@trust_options
+@json_option("Print the campaign's tasks as JSON.")
+@click.pass_context
+def campaign(
+    ctx: click.Context,
+    name: str,
+    root: Path,
+    script: str | None,
+    certify: bool,
+    key: str | None,
+    trust: TrustOptions,
+    as_json: bool,
+) -> None:
+    """A job array's campaign: each task's batches done and missing, the sbatch line
+    that resubmits the missing, its completeness certificate.
+
+    Task K of campaign NAME is the run ROOT/NAME.task-K (ka.Run("NAME",
+    task=ka.ArrayTask.from_slurm())), read at its last checkpoint once that verifies
+    under the trust options (as for `kaudit verify`). The line printed runs the
+    incomplete tasks again, with the array's size exported (KAUDIT_ARRAY_TASKS). With
+    --certify, once every batch is in, sign ROOT/NAME.campaign.json, the certificate that
+    each batch ran exactly once (`kaudit verify` checks it).
+
+    Exit 0 when every batch is in (and, with --certify, certified), 1 while some are
+    missing, 2 for bad input.
+
+    \b
+    Example:
+      kaudit campaign pi --root checkpoints --certify
+    """
+    from kronos_audit.keys.anchors import load_keyring
+    from kronos_audit.keys.home import select_key
+    from kronos_audit.project.repository import find_project
+    from kronos_audit.runtime.certify import certify as sign_certificate
+    from kronos_audit.verification.array import NoSuchCampaign, read_array
+    from kronos_audit.verification.campaign import CampaignRefused
+    from kronos_audit.verification.verifier import Verifier
+
+    if key is not None and not certify:
+        raise UsageError("--key names the key that signs the certificate: add --certify")
+    project = find_project(root if root.is_dir() else Path.cwd())
+    signing_key = select_key(key, passphrase=ask_passphrase) if certify else None
+    verifier = Verifier(project, load_keyring(project.root, trust))
+    try:
+        array = read_array(verifier, root, name)
+    except NoSuchCampaign as e:
+        raise UsageError(str(e)) from None
+    except CampaignRefused as e:
+        raise CampaignError(str(e)) from None
+    line = array.resubmit(script)
+    certificate = None
+    if signing_key is not None and line is None:
+        manifests = [p.manifest.path for p in array.parts()]
+        try:
+            certificate = sign_certificate(verifier, signing_key, name, manifests, array.n)
+        except CampaignRefused as e:
+            raise CampaignError(str(e)) from None
+    if as_json:
+        out.json(
+            {
+                "ok": line is None,
+                "campaign": name,
+                "tasks": array.tasks,
+                "n": array.n,
+                "done": array.done,
+                "resubmit": line,
+                "certificate": None if certificate is None else str(certificate.path),
+                "strays": list(array.strays),
+                "parts": [_task_json(s, array) for s in array.states],
+            }
+        )
+    else:
+        _print(array, line)
+        if certificate is not None:
+            out.print(f"certified: {safe(project.relative(certificate.path))}")
+        elif certify:
+            out.print("[red]not certified[/]: batches are missing", failure=True)
+    ctx.exit(ExitCode.OK if line is None else ExitCode.CHECK_FAILED)
+
+
+def _print(array: ArrayCampaign, line: str | None) -> None:
+    rows = []
+    for s in array.states:
+        missing = s.missing(array.n, array.tasks)
+        share = len(range(s.task, array.n, array.tasks))
+        state = _state(s, array)
+        colour = {"done": "green", "partial": "yellow"}.get(state, "red")
+        rows.append(
+            (
+                str(s.task),
+                f"[{colour}]{state}[/]",
+                f"{s.done}/{share}",
+                safe(_missing_text(missing)) if missing else "",
+            )
+        )
+    out.table(
+        [Column("task", "right"), Column("state"), Column("done", "right"), Column("missing")],
+        rows,
+    )
+    for s in array.states:
+        if s.problem is not None:
+            out.print(f"[red]task {s.task}[/]: {safe(s.problem)}", failure=True)
+    for stray in array.strays:
+        out.print(f"[yellow]{safe(stray)}[/]: not a task of this array of {array.tasks}")
+    out.print(
+        f"campaign {safe(array.campaign)}: {array.done} of {array.n} batches in "
+        f"{array.tasks} task(s)"
+    )
+    if line is not None:
+        out.print(f"resubmit the incomplete tasks: {safe(line)}", failure=True)

@@ -203,4 +203,23 @@ echo "bitwise identical: the engine scheduled the batches, the tally folds them 
 say "the finished campaign's certificate: every batch once, its result, its worker, the tally"
 run kaudit verify checkpoints/pi-dask.campaign.json --trusted-key "$WORK/demo.pub"
 
+say "the campaign as a Slurm job array of 4 tasks, each its own run doing its share; run here one after another with Slurm's environment, and task 2 lost before it ran"
+PI_ARRAY=(python pi.py --batches 32 --samples 100000 --run-id pi-array --array)
+for task in 0 1 3; do
+    run env SLURM_ARRAY_TASK_ID=$task SLURM_ARRAY_TASK_COUNT=4 "${PI_ARRAY[@]}"
+done
+show kaudit campaign pi-array --script pi-array.sbatch
+kaudit campaign pi-array --script pi-array.sbatch || echo "(exit $?: batches are missing)"
+say "task 2 again, as that sbatch line runs it; then every batch is in, and certified"
+run env SLURM_ARRAY_TASK_ID=2 SLURM_ARRAY_TASK_COUNT=1 KAUDIT_ARRAY_TASKS=4 "${PI_ARRAY[@]}"
+run kaudit campaign pi-array --certify
+run kaudit verify checkpoints/pi-array.campaign.json --trusted-key "$WORK/demo.pub"
+show python pi.py --batches 32 --run-id pi-array --merge
+python pi.py --batches 32 --run-id pi-array --merge > pi-array.out
+echo "4 array tasks: $(cat pi-array.out)"
+echo "one process:   $(cat pi-serial.out)"
+[ "$(cat pi-array.out)" = "$(cat pi-serial.out)" ] \
+    || { echo "demo: the job array's tally differs from the serial one" >&2; exit 1; }
+echo "bitwise identical: the tasks' ledgers, merged, fold in index order"
+
 printf '\nDemo finished; its project is in %s\n' "$WORK/project"

@@ -4,6 +4,8 @@
     mpiexec -n 3 python examples/montecarlo/run.py --batches 64 --samples 200000
     python examples/montecarlo/run.py --batches 64 --engine processes --workers 2
     python examples/montecarlo/run.py --batches 64 --engine dask --workers 2
+    sbatch examples/montecarlo/array.sbatch      # --array: one share a Slurm array task
+    python examples/montecarlo/run.py --batches 64 --merge   # the array's tally
 
 Batch i draws from a generator derived from (seed, i) only, so after a crash only the
 missing batches run, in any order, and the final tally is bitwise identical to an
@@ -21,6 +23,11 @@ batches no checkpoint holds run again.
 this machine (``pip install 'kronos-audit[dask]'``; on Slurm, a
 ``dask_jobqueue.SLURMCluster`` in its place, see docs/campaigns.md). The tally is the same,
 bit for bit, however the engine scheduled the work.
+
+``--array`` makes each task of a Slurm job array (``array.sbatch``) a run of its own,
+``pi.task-K``, doing the batches ``i % tasks == K``; ``kaudit campaign pi`` then says
+which are missing and the ``sbatch`` line that runs their tasks again, and ``--merge``
+prints the tally of every task's ledger, the same digest as one process's.
 """
 
 from __future__ import annotations
@@ -96,8 +103,18 @@ def main() -> None:
     p.add_argument("--run-id", default="pi")
     p.add_argument("--engine", choices=["processes", "dask"], help="run.map_batches on it")
     p.add_argument("--workers", type=int, default=2, help="the engine's worker processes")
+    p.add_argument("--array", action="store_true", help="this Slurm array task's share")
+    p.add_argument("--merge", action="store_true", help="print the array tasks' tally")
     args = p.parse_args()
-    with ka.Run(args.run_id, root=args.root, seed=args.seed, every=ka.EverySteps(1)) as run:
+    if args.merge:
+        merged: Tally = ka.campaign_ledger(args.run_id, args.root).reduce(add)
+        report(args.batches, merged)
+        return
+    task = ka.ArrayTask.from_slurm() if args.array else None
+    if args.array and task is None:
+        p.error("--array runs as a task of a Slurm job array (sbatch --array=0-N)")
+    every = ka.EverySteps(1)
+    with ka.Run(args.run_id, root=args.root, seed=args.seed, every=every, task=task) as run:
         run.restore()
         if args.engine is not None:
             with engine(args.engine, args.workers) as executor:
@@ -109,9 +126,13 @@ def main() -> None:
             run.record(i, batch(rng, args.samples))
             run.checkpoint(i, {})
         tally: Tally = run.ledger.reduce(add)
-    pi = 4.0 * float(tally["hits"]) / float(tally["samples"])
     if run.rank == 0:  # every rank holds the tally: one line is enough
-        print(json.dumps({"batches": len(run.ledger), "pi": pi, "digest": ka.state_digest(tally)}))
+        report(len(run.ledger), tally)
+
+
+def report(batches: int, tally: Tally) -> None:
+    pi = 4.0 * float(tally["hits"]) / float(tally["samples"])
+    print(json.dumps({"batches": batches, "pi": pi, "digest": ka.state_digest(tally)}))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ run, ``pi.task-K`` beside the others, doing the batches ``i`` with ``i % tasks =
 into a ledger of its own. The share is signed in every manifest of the task
 (``batches.share``); ``kaudit campaign pi`` reads the tasks back, says which batches are
 missing and the ``sbatch`` line that resubmits their tasks, merges the ledgers
-(:func:`kronos_audit.runtime.merge.campaign_ledger`) and signs the certificate.
+(:func:`campaign_ledger`) and signs the certificate.
 
 A resubmission of some tasks (``sbatch --array=3,5``) gives them ``SLURM_ARRAY_TASK_COUNT``
 2: the array's size comes from ``KAUDIT_ARRAY_TASKS`` when it is set, which the printed

@@ -257,6 +257,7 @@ def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
         restarts=max((p.restart_count or 0 for p in points), default=0),
         gaps=tuple(gaps),
         points=tuple(points),
+        batches=any(m.record.batches is not None for _, m in rows),
     )
 
 
@@ -404,6 +405,10 @@ def _campaign(group: _Group, r: VerifyResult) -> Campaign:
     record = r.certificate.record
     attempts = Counter(b.attempt for b in record.batches)
     workers = Counter(b.worker or "(not recorded)" for b in record.batches)
+    last: dict[int, int] = {}  # part -> its last attempt, the one that finished it
+    for b in record.batches:
+        last[b.part] = max(last.get(b.part, 0), b.attempt)
+    lost = Counter(b.worker or "(not recorded)" for b in record.batches if b.attempt < last[b.part])
     return Campaign(
         certificate=group.name(r.manifest),
         verified=r.ok,
@@ -411,6 +416,7 @@ def _campaign(group: _Group, r: VerifyResult) -> Campaign:
         n=record.n,
         attempts=tuple(sorted(attempts.items())),
         workers=tuple(sorted(workers.items(), key=lambda wc: (-wc[1], wc[0]))),
+        lost=tuple(sorted(lost.items(), key=lambda wc: (-wc[1], wc[0]))),
     )
 
 
@@ -479,14 +485,15 @@ def build_report(
         if r.certificate is not None:
             # a campaign's certificate is beside its run's directory: it is that run's
             directory = directory / r.certificate.record.parts[0].run
-        key = (directory.resolve(), r.run if r.certificate is None else directory.name)
+        run = r.run if r.certificate is None else directory.name
+        key = (directory.resolve(), run)
         if key not in groups:
             if directory not in projects:
                 try:
                     projects[directory] = find_project(directory)
                 except Error:
                     projects[directory] = None
-            groups[key] = _Group(directory, r.run, projects[directory])
+            groups[key] = _Group(directory, run, projects[directory])
         return groups[key]
 
     total = _count(targets)

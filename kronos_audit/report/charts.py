@@ -257,7 +257,8 @@ def _xy(x: float, y: float) -> str:
 def timeline(chain: Chain, run: str = "") -> LineChart:
     """Step against wall-clock time: a restart breaks the line and shades the gap, a pause
     (:func:`kronos_audit.report.build.pauses`: an interval that stands out from the run's
-    cadence) is shaded, a failed manifest is marked. ``run`` names the run in the caption."""
+    cadence) is shaded, a failed manifest is marked. ``run`` names the run in the caption.
+    A campaign's steps are its batches done: its chart is batches over time."""
     points = chain.points
     t_hi = max((p.seconds for p in points), default=0.0)
     x = _axis(0.0, t_hi or 1.0, LEFT, WIDTH - RIGHT, unit=_time_unit(t_hi or 1.0))
@@ -291,14 +292,19 @@ def timeline(chain: Chain, run: str = "") -> LineChart:
         if not p.ok
     )
     return LineChart(
-        title=_of_run("Step against wall-clock time", run),
+        title=_of_run(
+            "Batches done against wall-clock time"
+            if chain.batches
+            else "Step against wall-clock time",
+            run,
+        ),
         lines=tuple(lines),
         bands=tuple(bands),
         dots=dots,
         x_ticks=x.ticks,
         y_ticks=y.ticks,
         x_label="wall-clock time since the first checkpoint",
-        y_label="step",
+        y_label="batches done" if chain.batches else "step",
     )
 
 

@@ -196,6 +196,8 @@ class Chain:
     """Restarts and pauses, in order."""
     points: tuple[ChainPoint, ...]
     """Every checkpoint, by step: drawn, never listed."""
+    batches: bool = False
+    """The steps are Monte Carlo batches done: the checkpoints carry a ledger."""
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
@@ -208,6 +210,7 @@ class Chain:
             "min_bytes": self.min_bytes,
             "max_bytes": self.max_bytes,
             "restarts": self.restarts,
+            "batches": self.batches,
             "gaps": [g.to_json_obj() for g in self.gaps],
             "points": [p.to_json_obj() for p in self.points],
         }
@@ -406,6 +409,10 @@ class Campaign:
     """(attempt, batches it ran), by attempt: an attempt above 1 ran after a restart."""
     workers: tuple[tuple[str, int], ...]
     """(worker, batches it ran), most first."""
+    lost: tuple[tuple[str, int], ...] = ()
+    """(worker, batches it had recorded) of each worker whose attempt ended before its
+    part of the campaign did: the job stopped there (a worker or node lost, a
+    preemption), and a restart ran the rest."""
 
     @property
     def rerun(self) -> int:
@@ -421,6 +428,7 @@ class Campaign:
             "attempts": [{"attempt": a, "batches": c} for a, c in self.attempts],
             "workers": [{"worker": w, "batches": c} for w, c in self.workers],
             "rerun": self.rerun,
+            "workers_lost": [{"worker": w, "batches": c} for w, c in self.lost],
         }
 
 

@@ -183,6 +183,18 @@ def _md_run(run: RunReport) -> list[str]:
         lines += [f"| {a} | {n} |" for a, n in cert.attempts]
         lines += ["", "| worker | batches |", "| --- | --- |"]
         lines += [f"| {_code(w)} | {n} |" for w, n in cert.workers]
+        if cert.lost:
+            lines += [
+                "",
+                f"Workers lost: {len(cert.lost)}, whose attempt ended before their part of the "
+                "campaign did (the batches they had recorded were kept; a restart ran the rest).",
+                "",
+                "| worker lost | batches it had recorded |",
+                "| --- | --- |",
+            ]
+            lines += [f"| {_code(w)} | {n} |" for w, n in cert.lost]
+        else:
+            lines += ["", "No worker lost."]
     lines += ["", "### Replays", ""]
     if not run.replays_total:
         lines.append("No replay attestation (`CKPT.replay.json`) found.")

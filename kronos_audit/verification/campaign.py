@@ -38,7 +38,7 @@ from kronos_audit.statement.campaign import (
     task_of,
 )
 from kronos_audit.statement.manifest import Manifest
-from kronos_audit.statement.predicate import Share
+from kronos_audit.statement.predicate import Ran, Share
 from kronos_audit.verification import steps
 from kronos_audit.verification.chain import inside
 from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
@@ -118,30 +118,42 @@ def _origins(verifier: Verifier, last: Manifest, limit: int) -> dict[int, tuple[
     """Batch index -> (worker, attempt) over the chain that ends at ``last`` (verified):
     each batch from the one manifest that was the first to record it. The chain may name
     at most ``limit`` batches (the ledger's), which bounds the work a hostile range such
-    as ``[0, 10**18]`` could ask for."""
-    origins: dict[int, tuple[str, int]] = {}
+    as ``[0, 10**18]`` could ask for.
+
+    The attempt is 1 at the chain's start and one more each time, going forward, the
+    restart count changes (``kaudit run``, a Slurm requeue, torchrun restarted it) or the
+    Slurm job does (a job-array task resubmitted is a new job, its restart count 0)."""
+    segments: list[tuple[int, int | None, Path, tuple[Ran, ...]]] = []
+    named = 0
     current: Manifest | None = last
     while current is not None:
-        record = current.record.batches
-        attempt = (current.record.restart_count or 0) + 1
-        for ran in record.ran if record is not None else ():
-            named = sum(last_i - first_i + 1 for first_i, last_i in ran.batches)
-            if any(b < a for a, b in ran.batches) or len(origins) + named > limit:
-                raise CampaignRefused(
-                    f"{current.path}: its chain records more batches than its ledger holds"
-                )
-            for i in ran.indices():
-                if i in origins:
-                    raise CampaignRefused(
-                        f"{current.path}: batch {i} is recorded as new by two checkpoints "
-                        "of the chain"
-                    )
-                origins[i] = (ran.worker, attempt)
+        record = current.record
+        ran = () if record.batches is None else record.batches.ran
+        named += sum(b - a + 1 for r in ran for a, b in r.batches)
+        if any(b < a for r in ran for a, b in r.batches) or named > limit:
+            raise CampaignRefused(
+                f"{current.path}: its chain records more batches than its ledger holds"
+            )
+        job = None if record.scheduler is None else record.scheduler.job_id
+        segments.append((record.restart_count or 0, job, current.path, ran))
         if current.parent is None:
             break
         check, current = verifier.link(current)
         if not check.ok:
             raise CampaignRefused(f"{last.path}: {check.detail}")
+    origins: dict[int, tuple[str, int]] = {}
+    attempt, before = 0, None
+    for restarts, job, path, ran in reversed(segments):  # from the chain's start
+        if before is None or (restarts, job) != before:
+            attempt += 1
+        before = (restarts, job)
+        for r in ran:
+            for i in r.indices():
+                if i in origins:
+                    raise CampaignRefused(
+                        f"{path}: batch {i} is recorded as new by two checkpoints of the chain"
+                    )
+                origins[i] = (r.worker, attempt)
     return origins
 
 

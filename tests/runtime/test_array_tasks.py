@@ -17,6 +17,7 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.project.repository import Project
+from kronos_audit.report import build_report, report_json
 from kronos_audit.statement.campaign import encode_statement, read_certificate, result_digest, tally
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import read_manifest
@@ -89,8 +90,9 @@ def test_an_array_task_needs_a_seed_and_records_only_its_share(
 
 
 def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
-    project: Project, key: ka.SigningKey
+    project: Project, key: ka.SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "100")  # each task a Slurm job, as sbatch makes them
     for k in (0, 1):
         task(project, k)
     with pytest.raises(ka.CampaignError, match="batch 10"):
@@ -121,7 +123,8 @@ def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
     assert "not certified" in shown.output
     assert not (project.root / "checkpoints" / "mc.campaign.json").exists()
 
-    # The line's tasks run again: task 2 resumes and does only batch 10.
+    # The line's tasks run again, a new Slurm job: task 2 resumes and does only batch 10.
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
     again = task(project, 2)
     assert again.restored_from is not None
     task(project, 3)
@@ -143,6 +146,16 @@ def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
         (f"mc.task-{k}", k, TASKS) for k in range(TASKS)
     ]
     assert [b.part for b in record.batches] == [i % TASKS for i in range(N)]
+    # Task 2's resubmission is its second attempt; what its first had recorded was kept.
+    assert [b.attempt for b in record.batches] == [2 if i == 10 else 1 for i in range(N)]
+    (shown,) = [
+        r
+        for r in report_json(build_report([project.root / "checkpoints"]))["runs"]
+        if "campaign" in r
+    ]
+    assert shown["run"] == "mc.task-0"
+    assert shown["campaign"]["rerun"] == 1
+    assert [w["batches"] for w in shown["campaign"]["workers_lost"]] == [2]
     assert record.tally == result_digest(tally(serial))
 
 

@@ -273,9 +273,15 @@ def test_the_report_shows_the_campaign_its_restart_and_workers(
         "attempts": [{"attempt": 1, "batches": 6}, {"attempt": 2, "batches": 4}],
         "workers": [{"worker": here, "batches": N}],
         "rerun": 4,
+        # the first attempt stopped at batch 6: what it had recorded was kept
+        "workers_lost": [{"worker": here, "batches": 6}],
     }
+    assert run["chain"]["batches"] is True
     assert "4 run again after a restart" in render_markdown(report)
-    assert "<h3>Campaign</h3>" in render_html(report)
+    assert "Workers lost: 1" in render_markdown(report)
+    html = render_html(report)
+    assert "<h3>Campaign</h3>" in html
+    assert "Batches done against wall-clock time, run mc" in html
     # A certificate that does not verify fails the run's report.
     record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
     resign(project, key, dataclasses.replace(record, tally=record.batches[0].result))

@@ -11,13 +11,16 @@
    of three scalars, as a tally would have), per batch; linear means the two per-batch
    figures are about equal. The file's size is set against the results' raw bytes.
 
-Measured on the 2-core machine (while a test suite ran beside it: the figures are noisy):
-1,000 batches of 10 ms, bare engine 19.4 s wall and 3.1 s of client CPU, map_batches
-25.4 s (1.31x: the target is missed) and 9.1 s. The client's extra CPU is about 6 ms a
-batch: Dask's executor submits each batch as its own task, where ``client.map`` sends
-them in one message, and each result is recorded and offered to the policy. The ledger's
-checkpoint: 52 ms for 1,000 batches (57 B a batch), 1.29 s for 100,000 (32 B a batch,
-1.34x the raw results): linear, with a fixed cost that dominates small ledgers.
+Measured on the 2-core machine, idle, two runs: 1,000 batches of 10 ms, bare engine
+7.19 s and 8.27 s wall (1.92 s and 2.25 s of client CPU), map_batches 7.59 s and 8.85 s
+(1.06x and 1.07x: the target is met) with 2.55 s and 2.94 s. The figure includes the
+run's start (the environment lock, the git state), its three checkpoints and the signed
+certificate. On a Dask client, map_batches sends the batches in windows through
+``client.map`` and fetches what finished in one ``gather`` a look: driven through the
+executor's ``submit`` and ``as_completed``, one message and one round trip a batch, the
+same campaign took 1.44x. The ledger's checkpoint: 18 ms for 1,000 batches (57 B a
+batch), 0.58 s for 100,000 (32 B a batch, 1.34x the raw results): linear, with a fixed
+cost that dominates small ledgers.
 
 Run: .venv/bin/python bench/bench_campaign.py [--quick]
 ``--quick`` (the smoke test's) runs 100 batches of about 1 ms on a thread pool instead of

@@ -20,6 +20,9 @@ missing batches run.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
+import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,6 +33,10 @@ from kronos_audit.runtime.batches import batch_rng, this_worker
 if TYPE_CHECKING:
     from kronos_audit.runtime.run import Run
 
+POLL = 0.05
+"""Seconds between two looks at a Dask campaign's futures: what finished meanwhile is
+fetched in one ``gather`` (one round trip to the client's event loop a look, not a
+result), and recorded at most this late."""
 IN_FLIGHT = 256
 """Batches submitted and not yet received, at most: enough to keep any pool busy, few
 enough that a campaign of a million batches does not hold a million futures."""
@@ -86,6 +93,86 @@ def _results(
         fill()
 
 
+@dataclass(frozen=True)
+class BatchRunner:
+    """Batches of one campaign, as sent to a Dask worker once per ``client.map``: called
+    with an index, the batch's result and the worker that ran it."""
+
+    fn: Callable[..., Any]
+    seed: int
+    kwargs: Mapping[str, Any]
+
+    def __call__(self, index: int) -> tuple[Any, str]:
+        return BatchCall(self.fn, self.seed, index, self.kwargs)()
+
+
+def dask_client(executor: object) -> tuple[Any, Mapping[str, Any]] | None:
+    """The ``distributed.Client`` behind ``executor`` (the client itself, or its
+    ``get_executor()``) and the keyword arguments that executor submits with; None for
+    any other executor. Never imports Dask: a program that uses it has."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    if isinstance(executor, distributed.Client):
+        return executor, {}
+    wrapped = getattr(executor, "_client", None)
+    if isinstance(executor, distributed.cfexecutor.ClientExecutor) and isinstance(
+        wrapped, distributed.Client
+    ):
+        return wrapped, dict(getattr(executor, "_kwargs", {}))
+    return None
+
+
+def _dask_results(
+    todo: Iterator[int],
+    runner: BatchRunner,
+    client: Any,
+    options: Mapping[str, Any],
+    stop: list[BaseException],
+) -> Iterator[tuple[int, Any, str | None]]:
+    """As :func:`_results`, on a Dask client directly: the batches go out in windows of
+    up to :data:`IN_FLIGHT` through one ``client.map`` each (one message a window, not one
+    a batch as ``submit`` sends), topped up when half have come back; the results are
+    received as they complete, those finished together in one ``gather``."""
+    pending: dict[Any, int] = {}
+
+    def fill() -> None:
+        if stop or len(pending) > IN_FLIGHT // 2:
+            return
+        window = list(itertools.islice(todo, IN_FLIGHT - len(pending)))
+        if not window:
+            return
+        try:
+            futures = client.map(runner, window, pure=False, **options)
+        except Exception as e:  # a client that is closed refuses to submit
+            stop.append(e)
+            return
+        pending.update(zip(futures, window, strict=True))
+
+    fill()
+    while pending:
+        # A future's state is kept by the client's event loop: reading it costs nothing.
+        # Fetching a result does (a round trip to that loop, a few ms of client CPU): the
+        # results that finished since the last look come in one gather.
+        time.sleep(POLL)
+        done = [f for f in pending if f.done()]
+        finished = [f for f in done if f.status == "finished"]
+        values = client.gather(finished) if finished else []
+        for future, value in zip(finished, values, strict=True):
+            yield pending.pop(future), *value
+        for future in done:
+            if future not in pending:
+                continue
+            index = pending.pop(future)
+            if not stop:
+                try:
+                    error = future.exception()
+                except BaseException as e:  # a future cancelled (the client closed) says so
+                    error = e
+                stop.append(_named(index, error or RuntimeError(f"Dask ended it {future.status}")))
+        fill()
+
+
 def _serial(
     calls: Iterator[BatchCall], stop: list[BaseException] | None
 ) -> Iterator[tuple[int, Any, str | None]]:
@@ -129,7 +216,8 @@ def map_batches(
     kwargs: Mapping[str, Any],
 ) -> None:
     """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
-    ``submit``; None: in this process), for every batch of ``range(n)`` not in the run's
+    ``submit``; None: in this process; a Dask client or its ``get_executor()`` is
+    driven through ``client.map``), for every batch of ``range(n)`` not in the run's
     ledger, ``rng`` the batch's own generator; record each result as it arrives, with the
     worker that ran it, and offer each to the run's checkpoint policy. Once every batch is
     recorded and checkpointed, the run signs the campaign's completeness certificate
@@ -150,7 +238,11 @@ def map_batches(
     todo = [i for i, _ in run.batches(n)]
     calls = (BatchCall(fn, run.seed, i, dict(kwargs)) for i in todo)
     stop: list[BaseException] = []
-    if executor is not None:
+    dask = dask_client(executor)
+    if dask is not None:
+        runner = BatchRunner(fn, run.seed, dict(kwargs))
+        received = _dask_results(iter(todo), runner, *dask, stop)
+    elif executor is not None:
         received = _results(calls, executor, stop)
     else:
         received = _serial(calls, stop if run.size == 1 else None)
@@ -172,4 +264,4 @@ def map_batches(
     ) from stop[0]
 
 
-__all__ = ["IN_FLIGHT", "BatchCall", "Submitter", "map_batches"]
+__all__ = ["IN_FLIGHT", "BatchCall", "BatchRunner", "Submitter", "dask_client", "map_batches"]

@@ -24,10 +24,8 @@ from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.campaign import (
-    Certificate,
     certificate_path,
     encode_statement,
-    read_certificate,
 )
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.verification.campaign import CampaignRefused, campaign_record, read_part
@@ -48,11 +46,12 @@ def certify(
     campaign: str,
     manifests: Sequence[Path],
     n: int,
-) -> Certificate:
+) -> Path:
     """Sign and write the certificate of campaign ``campaign`` of ``n`` batches, whose
     parts' last checkpoints are ``manifests`` (their run directories side by side).
     CampaignRefused when they are not one complete, consistent campaign; ManifestError
-    when the certificate cannot be written."""
+    when the certificate cannot be written. Returns where it was written (not read back: its
+    statement was validated against the schema before it was signed)."""
     parts = [read_part(verifier, m) for m in manifests]
     record = campaign_record(
         campaign,
@@ -71,7 +70,7 @@ def certify(
         raise ManifestError(
             f"cannot write the campaign certificate: {e.strerror or e}", path=path
         ) from None
-    return read_certificate(path)
+    return path
 
 
 def _run_root(manifest: Path, sharded: bool) -> Path:
@@ -86,13 +85,13 @@ def certify_run(verifier: Verifier, key: SigningKey, campaign: str, manifest: Pa
     in a :class:`CertificateNotWritten` warning, never raised (the campaign's results are
     checkpointed and stand)."""
     try:
-        cert = certify(verifier, key, campaign, [manifest], n)
+        path = certify(verifier, key, campaign, [manifest], n)
     except (CampaignRefused, Error) as e:
         warnings.warn(
             f"campaign {campaign!r}: no certificate: {e}", CertificateNotWritten, stacklevel=4
         )
         return
-    log.info("campaign %r: %d batches certified in %s", campaign, n, cert.path)
+    log.info("campaign %r: %d batches certified in %s", campaign, n, path)
 
 
 __all__ = ["CertificateNotWritten", "certify", "certify_run"]

@@ -210,3 +210,29 @@ def _dask_campaign(project: Project, client: Any, marks: Path) -> dict[str, Any]
         assert ledger.indices() == list(range(N))
         tally: dict[str, Any] = ledger.reduce(add)
         return tally
+
+
+def _raises_at_7(rng: np.random.Generator, samples: int) -> dict[str, Any]:
+    if rng.bit_generator.seed_seq.spawn_key[0] == 7:  # type: ignore[attr-defined]
+        raise ValueError("the detector returned no data")
+    return batch(rng, samples)
+
+
+def test_a_dask_client_itself_serves_and_a_failing_batch_stops_the_campaign(
+    project: Project, key: ka.SigningKey
+) -> None:
+    """The client, not only its executor, is an engine; a batch that raises on a worker
+    stops the campaign with one line naming it, what arrived before checkpointed."""
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        assert same(campaign(project, "client", client), serial_tally())
+        with ka.Run("fails", root=project.root / "checkpoints", seed=SEED) as run:
+            with pytest.raises(ka.CampaignError, match=r"batch 7: ValueError: the detector"):
+                run.map_batches(_raises_at_7, N, executor=client, samples=500)
+            assert 7 not in run.ledger
+            assert run.step == len(run.ledger)  # what arrived is checkpointed

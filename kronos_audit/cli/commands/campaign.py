@@ -132,7 +132,7 @@ def campaign(
                 "n": array.n,
                 "done": array.done,
                 "resubmit": line,
-                "certificate": None if certificate is None else str(certificate.path),
+                "certificate": None if certificate is None else str(certificate),
                 "strays": list(array.strays),
                 "parts": [_task_json(s, array) for s in array.states],
             }
@@ -140,7 +140,7 @@ def campaign(
     else:
         _print(array, line)
         if certificate is not None:
-            out.print(f"certified: {safe(project.relative(certificate.path))}")
+            out.print(f"certified: {safe(project.relative(certificate))}")
         elif certify:
             out.print("[red]not certified[/]: batches are missing", failure=True)
     ctx.exit(ExitCode.OK if line is None else ExitCode.CHECK_FAILED)

@@ -20,6 +20,7 @@ from typing import Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import unflatten
+from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME, shard_name
 from kronos_audit.checkpoint.ledger import rows
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
@@ -69,8 +70,17 @@ class Part:
 
 def read_part(verifier: Verifier, manifest_path: Path | str) -> Part:
     """The run whose last checkpoint ``manifest_path`` is: verified, its ledger and the
-    workers of its batches read. CampaignRefused when it does not verify."""
-    result = verifier.verify(manifest_path, newest=True)
+    workers of its batches read. CampaignRefused when it does not verify.
+
+    A sharded step whose index, tree and rank 0's shard are here is verified without the
+    other shards (signature, place and chain): the ledger is in rank 0's shard, which
+    :func:`_ledger` proves against the signed Merkle root, and the other ranks' shards
+    hold no batch. With node-local storage they are not on the node that signs; ``kaudit
+    verify`` of the run checks them all. Otherwise the step is verified whole, fetched
+    from the DVC remote when it is not here."""
+    result = verifier.verify(
+        manifest_path, data=not _ledger_here(verifier, manifest_path), newest=True
+    )
     if not result.ok:
         failed = result.failures[0]
         raise CampaignRefused(f"{result.manifest}: {failed.name}: {failed.detail}")
@@ -78,6 +88,18 @@ def read_part(verifier: Verifier, manifest_path: Path | str) -> Part:
     m = result.statement
     ledger = _ledger(m)
     return Part(result, ledger, _origins(verifier, m, len(ledger)))
+
+
+def _ledger_here(verifier: Verifier, manifest_path: Path | str) -> bool:
+    """The manifest is a sharded step's, and what proves its ledger is here."""
+    m = verifier.cache.read(manifest_path)
+    shards = m.record.shards
+    if shards is None:
+        return False
+    step = m.checkpoint_path.parent
+    return all(
+        (step / name).is_file() for name in (INDEX_NAME, TREE_NAME, shard_name(0, shards.count))
+    )
 
 
 def _ledger(m: Manifest) -> dict[int, Any]:

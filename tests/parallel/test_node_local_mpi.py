@@ -52,11 +52,29 @@ with open(f"out.{run.rank}.json", "w") as f:
 """
 
 
+# A Monte Carlo campaign, its batches dealt over the ranks, each rank's node its own.
+CAMPAIGN = """
+import json
+import numpy as np
+import kronos_audit as ka
+
+def batch(rng):
+    return {"x": np.float64(rng.random()), "n": np.int64(1)}
+
+with ka.Run("mc", seed=4, every=ka.EverySteps(2), push=True) as run:
+    run.restore()
+    ledger = run.map_batches(batch, 7)
+with open(f"out.{run.rank}.json", "w") as f:
+    json.dump({"rank": run.rank, "batches": ledger.indices()}, f)
+"""
+
+
 def cloned_nodes(project: Project, remote: Path, base: Path, count: int) -> list[Path]:
-    """The program and a DVC directory remote at ``remote`` committed, and ``count``
+    """The programs and a DVC directory remote at ``remote`` committed, and ``count``
     clones of the project under ``base``, one a node: their directories."""
     configure_remote(project, str(remote))
     (project.root / "far.py").write_text(textwrap.dedent(PROGRAM))
+    (project.root / "mc.py").write_text(textwrap.dedent(CAMPAIGN))
     git(project.root, "add", "-A")
     git(project.root, "commit", "-q", "-m", "program and remote")
     base.mkdir()
@@ -66,17 +84,24 @@ def cloned_nodes(project: Project, remote: Path, base: Path, count: int) -> list
     return nodes
 
 
-def launch_on_nodes(nodes: list[Path], *argv: str) -> subprocess.CompletedProcess[str]:
+def launch_on_nodes(
+    nodes: list[Path], *argv: str, program: str = "far.py"
+) -> subprocess.CompletedProcess[str]:
     """The program on one rank per node directory, each started in its own (mpiexec's
     rank number picks it), with KAUDIT_LOCAL_DIR there, run to its end."""
     script = (
         'node="$NODES_BASE/$(sed -n "$((OMPI_COMM_WORLD_RANK + 1))p" "$NODES_LIST")"; '
-        'cd "$node" && KAUDIT_LOCAL_DIR="$node/checkpoints" exec "$PYTHON" far.py "$@"'
+        'cd "$node" && KAUDIT_LOCAL_DIR="$node/checkpoints" exec "$PYTHON" "$PROGRAM" "$@"'
     )
     listing = nodes[0].parent / f"nodes-{len(nodes)}.txt"
     listing.write_text("".join(f"{n.name}\n" for n in nodes))
     env = launch.launcher_env()
-    env.update(NODES_BASE=str(nodes[0].parent), NODES_LIST=str(listing), PYTHON=sys.executable)
+    env.update(
+        NODES_BASE=str(nodes[0].parent),
+        NODES_LIST=str(listing),
+        PYTHON=sys.executable,
+        PROGRAM=program,
+    )
     argv_ = [
         str(MPIEXEC),
         "--oversubscribe",
@@ -91,9 +116,10 @@ def launch_on_nodes(nodes: list[Path], *argv: str) -> subprocess.CompletedProces
     return launch.launched(argv_, nodes[0].parent, env)
 
 
-def on_nodes(nodes: list[Path], *argv: str) -> list[dict[str, Any]]:
+def on_nodes(nodes: list[Path], *argv: str, program: str = "far.py") -> list[dict[str, Any]]:
     """:func:`launch_on_nodes` to a zero exit, and what each rank wrote."""
-    done = launch_on_nodes(nodes, *argv)
+    done = launch_on_nodes(nodes, *argv, program=program)
+    assert "CertificateNotWritten" not in done.stderr, done.stderr
     assert done.returncode == 0, done.stdout + done.stderr
     docs = [json.loads((n / f"out.{r}.json").read_text()) for r, n in enumerate(nodes)]
     assert [d["rank"] for d in docs] == list(range(len(nodes)))
@@ -161,3 +187,20 @@ def test_a_step_commits_only_once_every_shard_is_in_the_remote(
     assert done.stderr.count("the checkpoint of step 2 was not committed: rank 0:") == 2
     step = step_directory(nodes[0] / "checkpoints" / "far", 2)
     assert not (step / STEP_MANIFEST).exists()  # nothing signed
+
+
+def test_a_campaign_on_nodes_with_no_directory_in_common_is_certified_where_it_signs(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    nodes = cloned_nodes(project, tmp_path / "remote", tmp_path / "nodes", 2)
+    docs = on_nodes(nodes, program="mc.py")
+    assert [d["batches"] for d in docs] == [list(range(7))] * 2  # every rank's ledger whole
+    # Rank 0's node holds the chain, its own shards and none of rank 1's: the ledger is in
+    # rank 0's shard, proven against the signed root, and the certificate is signed there.
+    cert = nodes[0] / "checkpoints" / "mc.campaign.json"
+    assert not (nodes[1] / "checkpoints" / "mc.campaign.json").exists()
+    owner = tmp_path / "owner.pub"
+    owner.write_bytes(public_pem(key.private_key.public_key()))
+    verified = run_cli("verify", "--trusted-key", str(owner), str(cert), cwd=nodes[0])
+    assert verified.exit_code == 0, verified.output
+    assert "campaign certificate, campaign mc, 7 batches" in verified.output

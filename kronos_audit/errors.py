@@ -170,6 +170,18 @@ class CampaignError(Error):
     exit_code = ExitCode.CHECK_FAILED
 
 
+class BatchNotReproducible(CampaignError):
+    """A batch completed twice with different results: its result depends on more than the
+    run seed and its index (the message names the batch); the first result stands."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(
+            f"batch {index} completed twice with different results: it is not reproducible "
+            "from the run seed and its index (the first result is kept)"
+        )
+        self.index = index
+
+
 class TamperedData(Error):
     """Data fetched from a remote does not match its signed manifest."""
 

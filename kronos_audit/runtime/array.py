@@ -137,7 +137,7 @@ def campaign_ledger(
     from kronos_audit.keys.anchors import TrustOptions, load_keyring
     from kronos_audit.project.repository import find_project
     from kronos_audit.verification.array import read_array
-    from kronos_audit.verification.campaign import CampaignRefused
+    from kronos_audit.verification.campaign import CampaignRefused, campaign_record
     from kronos_audit.verification.verifier import Verifier
 
     where = Path(root)
@@ -154,6 +154,12 @@ def campaign_ledger(
             f"campaign {campaign!r}: {missing} of {array.n} batches missing, in "
             f"{len(array.incomplete)} task(s); run them again: {array.resubmit()}"
         )
+    try:  # every batch in exactly one task, each in the share its manifests sign
+        campaign_record(
+            campaign, array.parts(), array.n, project_root=project.root, created="", tool=""
+        )
+    except CampaignRefused as e:
+        raise CampaignError(str(e)) from None
     ledger = Ledger()
     for part in array.parts():
         for index, result in part.ledger.items():

@@ -25,7 +25,7 @@ import numpy as np
 
 from kronos_audit.checkpoint.hdf5 import a_type, flatten
 from kronos_audit.checkpoint.ledger import LEDGER_GROUP, rows
-from kronos_audit.errors import UsageError
+from kronos_audit.errors import BatchNotReproducible, UsageError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.statement.predicate import Ran
 
@@ -201,7 +201,9 @@ class Ledger:
 
     def record(self, index: int, result: Any, worker: str | None = None) -> None:
         """Put batch ``index``'s result in, run by ``worker`` (None: this process), the
-        next checkpoint's to record (:meth:`take_new`); a result already in is replaced."""
+        next checkpoint's to record (:meth:`take_new`). A batch that completes again (an
+        engine that ran it twice) must give the same result, bit for bit: another raises
+        :class:`~kronos_audit.errors.BatchNotReproducible`, and the first stands."""
         if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
             raise UsageError(f"batch index must be a non-negative integer, got {index!r}")
         if not isinstance(result, Mapping | np.ndarray | np.generic | int | float | bool):
@@ -218,8 +220,12 @@ class Ledger:
                 f"batch {index}: its result is shaped {_describe(layout)}, unlike the earlier "
                 f"results ({_describe(self._layout)}); every batch must return the same fields"
             )
-        if int(index) not in self._results:
-            self._new[int(index)] = worker[:WORKER_LIMIT] if worker else this_worker()
+        before = self._results.get(int(index))
+        if before is not None:
+            if not _same(before, frozen):
+                raise BatchNotReproducible(int(index))
+            return
+        self._new[int(index)] = worker[:WORKER_LIMIT] if worker else this_worker()
         self._results[int(index)] = frozen
 
     def take_new(self) -> tuple[Ran, ...]:
@@ -283,6 +289,12 @@ class Ledger:
             ledger.record(index, result)
         ledger._new = {}  # restored: recorded by the checkpoints before
         return ledger
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two results of one layout hold the same bits."""
+    fa, fb = Ledger._fields(a), Ledger._fields(b)
+    return fa.keys() == fb.keys() and all(fa[k].tobytes() == fb[k].tobytes() for k in fa)
 
 
 def _describe(layout: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]]) -> str:

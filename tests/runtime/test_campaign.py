@@ -236,3 +236,20 @@ def test_a_dask_client_itself_serves_and_a_failing_batch_stops_the_campaign(
                 run.map_batches(_raises_at_7, N, executor=client, samples=500)
             assert 7 not in run.ledger
             assert run.step == len(run.ledger)  # what arrived is checkpointed
+
+
+def test_a_batch_completed_twice_must_give_the_same_result(
+    project: Project, key: ka.SigningKey
+) -> None:
+    """An engine may run a batch twice (a worker lost after it finished): the same bits
+    are one record; other bits are a reproducibility failure naming the batch."""
+    with ka.Run("twice", root=project.root / "checkpoints", seed=SEED) as run:
+        first = batch(batch_rng(SEED, 3), 500)
+        run.record(3, first, worker="a:1")
+        run.record(3, dict(first), worker="b:2")  # the same bits, from elsewhere
+        assert len(run.ledger) == 1
+        other = {**first, "r2": first["r2"] + 1e-12}
+        with pytest.raises(ka.CampaignError, match="batch 3 completed twice with different"):
+            run.record(3, other)
+        assert run.ledger[3]["r2"] == first["r2"]  # the first stands
+        assert run.ledger.take_new()[0].worker == "a:1"

@@ -2,7 +2,7 @@
 kronos-audit wrote, which this one must still verify, restore and replay. On a fresh clone
 of this repository, with nothing but what is committed, the data fetched from the DVC
 remote that ships inside it: `kaudit gate` (its [gate] from the committed config, its trust
-from HEAD's git objects) verifies every manifest, attestation and certificate and replays
+from the git objects of the commit checked out) verifies every manifest, attestation and certificate and replays
 the newest segment of each run; then every run is restored with `ka.Run`."""
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def test_every_version_of_the_corpus_is_gated() -> None:
 def test_the_gate_verifies_and_replays_the_corpus_from_a_fresh_clone(clone: Path) -> None:
     newest = clone / "corpus" / "v1" / "heat" / "step-00000040.h5"
     assert not newest.exists()  # the bytes are not committed: the gate fetches them
+    head = git(clone, "rev-parse", "HEAD").strip()  # the commit checked out, in full
     gate = subprocess.run(
-        [*KAUDIT, "gate", "--trust-ref", "HEAD", "--json"],
+        [*KAUDIT, "gate", "--trust-ref", head, "--json"],
         cwd=clone,
         capture_output=True,
         text=True,

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kronos_audit.checkpoint.layout import STEP_MANIFEST
+
 
 @dataclass(frozen=True, order=True)
 class Segment:
@@ -22,6 +24,12 @@ class Segment:
     """Its manifest."""
 
 
+def _run_directory(manifest: Path) -> Path:
+    """The run directory of a checkpoint's manifest, or of a sharded step's (which is in
+    its step's own directory, ``step-N/index.jsonl.kaudit.json``)."""
+    return manifest.parent.parent if manifest.name == STEP_MANIFEST else manifest.parent
+
+
 def _rng(seed: int, run: str) -> random.Random:
     # one stream per run, so adding a run does not change another run's sample
     digest = hashlib.sha256(f"{seed}\0{run}".encode()).digest()
@@ -33,7 +41,7 @@ def sample(segments: Iterable[Segment], per_run: int, seed: int) -> tuple[Segmen
     ``seed``; the same input and seed give the same sample. Sorted by run and step."""
     by_run: dict[tuple[str, str], list[Segment]] = {}
     for s in segments:  # a run is its id in its directory
-        by_run.setdefault((s.run, s.manifest.parent.as_posix()), []).append(s)
+        by_run.setdefault((s.run, _run_directory(s.manifest).as_posix()), []).append(s)
     chosen: list[Segment] = []
     if per_run <= 0:
         return ()

@@ -176,6 +176,11 @@ def test_sampling_is_reproducible_from_the_seed_and_includes_the_newest() -> Non
     assert sample(run_a, 4, seed=11) == tuple(s for s in first if s.run == "a")  # per run
     assert sample(run_a, 0, seed=1) == ()
     assert len(sample(run_b, 100, seed=1)) == len(run_b)
+    # A sharded run's steps are one run, each step's manifest in its own directory.
+    sharded = [
+        Segment("m", s, Path(f"m/step-{s:08d}/index.jsonl.kaudit.json")) for s in (10, 20, 30)
+    ]
+    assert [s.step for s in sample(sharded, 1, seed=3)] == [30]
 
 
 def test_a_sample_of_segments_from_the_configured_seed(heat: Path, repo: Path) -> None:

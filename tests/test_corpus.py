@@ -72,7 +72,9 @@ def test_the_gate_verifies_and_replays_the_corpus_from_a_fresh_clone(clone: Path
 
 def test_every_run_of_the_corpus_restores(clone: Path) -> None:
     # A run restores with the key it would sign with: the user's own, whoever signed before.
-    made = subprocess.run([*KAUDIT, "keys", "generate", "-q"], capture_output=True, text=True)
+    made = subprocess.run(
+        [*KAUDIT, "keys", "generate", "-q"], cwd=clone, capture_output=True, text=True
+    )
     assert made.returncode == 0, made.stderr
     trusted = subprocess.run(
         [*KAUDIT, "keys", "trust", "--user", ".kaudit/trusted-keys/kronos-audit-corpus.pub"],
@@ -91,6 +93,6 @@ def test_every_run_of_the_corpus_restores(clone: Path) -> None:
             assert r.step == step, run
             assert state is not None, run
             if run == "heat-mpi":  # two ranks' blocks, re-cut for this one process
-                assert np.asarray(state["u"]).shape == (16, 16)
+                assert np.asarray(state["fields"]["u"]).shape == (16, 16)
             if run == "pi":
                 assert r.ledger.indices() == list(range(8))

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from kronos_audit._internal import git
 from kronos_audit._internal.progress import report
-from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, MANIFEST_SUFFIX
+from kronos_audit.checkpoint.layout import is_statement
 from kronos_audit.errors import Error
 from kronos_audit.gate.config import GateConfig, GateConfigError, load_config
 from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
@@ -41,7 +41,8 @@ class Uncovered:
 
 
 def _is_statement(name: str) -> bool:
-    return name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX))
+    """A manifest, a replay attestation or a campaign certificate, by its name."""
+    return is_statement(Path(name))
 
 
 def _walk(root: Path, top: Path) -> tuple[list[Path], list[Uncovered]]:

@@ -289,3 +289,21 @@ def test_the_report_shows_the_campaign_its_restart_and_workers(
     (run,) = report_json(failed)["runs"]
     assert run["ok"] is False
     assert run["campaign"]["failures"] == ["tally: the tally summed from the ledgers differs"]
+
+
+def test_the_gate_covers_a_campaign_certificate(project: Project, key: ka.SigningKey) -> None:
+    """`kaudit gate` verifies a certificate with the run's manifests: a change that breaks
+    it fails the gate."""
+    campaign(project)
+    config = project.root / ".kaudit" / "config.toml"
+    config.write_text(config.read_text() + "\n[gate]\nsegments = 0\n")  # verify only
+    passed = run_cli("gate", "--json", cwd=project.root)
+    assert passed.exit_code == 0, passed.output
+    names = [c["name"] for c in json.loads(passed.output)["cases"]]
+    assert "checkpoints/mc.campaign.json" in names
+    record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
+    resign(project, key, dataclasses.replace(record, tally=record.batches[0].result))
+    failed = run_cli("gate", "--json", cwd=project.root)
+    assert failed.exit_code == 1, failed.output
+    (broken,) = [c for c in json.loads(failed.output)["cases"] if not c["ok"]]
+    assert broken["name"] == "checkpoints/mc.campaign.json"

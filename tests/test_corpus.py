@@ -39,6 +39,13 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
+def test_the_repository_trusts_the_corpus_key_alone() -> None:
+    """What the repository's own trust store holds is the corpus key: a key a test made
+    (`kaudit keys generate` run here) must never be committed beside it."""
+    trusted = git(ROOT, "ls-files", ".kaudit/trusted-keys").split()
+    assert trusted == [".kaudit/trusted-keys/kronos-audit-corpus.pub"]
+
+
 def test_every_version_of_the_corpus_is_gated() -> None:
     gated = (ROOT / ".kaudit" / "config.toml").read_text()
     assert VERSIONS, "no corpus version"

@@ -75,6 +75,10 @@ class ArrayCampaign:
     def done(self) -> int:
         return sum(s.done for s in self.states)
 
+    def share(self, task: int) -> int:
+        """How many batches task ``task``'s share holds."""
+        return len(range(task, self.n, self.tasks))
+
     def parts(self) -> list[Part]:
         """The parts a certificate signs: the tasks that hold batches."""
         return [s.part for s in self.states if s.part is not None and s.part.ledger]

@@ -34,7 +34,7 @@ def _state(s: TaskState, array: ArrayCampaign) -> str:
 
 
 def _task_json(s: TaskState, array: ArrayCampaign) -> dict[str, Any]:
-    share = len(range(s.task, array.n, array.tasks))
+    share = array.share(s.task)
     return {
         "task": s.task,
         "run": s.run,
@@ -150,7 +150,7 @@ def _print(array: ArrayCampaign, line: str | None) -> None:
     rows = []
     for s in array.states:
         missing = s.missing(array.n, array.tasks)
-        share = len(range(s.task, array.n, array.tasks))
+        share = array.share(s.task)
         state = _state(s, array)
         colour = {"done": "green", "partial": "yellow"}.get(state, "red")
         rows.append(

@@ -1,33 +1,59 @@
-"""The git command, run one way: every git kaudit reads or changes goes through here.
+"""git, reached one way: every git kaudit reads or changes goes through here, on GitPython.
 
-Each call runs ``git -C ROOT ...`` with standard input closed and a fixed environment:
-no pager, no prompt (``GIT_TERMINAL_PROMPT=0``), messages in English (``LC_ALL=C``, so the
-first line of git's stderr can be shown as it is), no optional index writes
+Commands run through GitPython's ``Git`` command object as ``git -C ROOT ...``, with
+standard input closed and these settings on top of the process's environment: no pager,
+no prompt (``GIT_TERMINAL_PROMPT=0``), messages in English (``LC_ALL=C``, so the first
+line of git's stderr can be shown as it is), no optional index writes
 (``GIT_OPTIONAL_LOCKS=0``: a status never competes with the user's own git for
 ``index.lock``), object ids meaning those objects (``GIT_NO_REPLACE_OBJECTS=1``: a
 ``refs/replace/`` entry cannot stand another tree in for a signed commit or a trust ref),
-and none of the variables that point git at another repository than the one named (git's
-own list, ``git rev-parse --local-env-vars``: a hook's ``GIT_DIR`` or ``GIT_INDEX_FILE``
-must not redirect a snapshot). The user's configuration is read as git reads it, except
+no configuration handed down by a parent git (``GIT_CONFIG_PARAMETERS``,
+``GIT_CONFIG_COUNT``) and no alternate object stores named by the environment.
+
+The variables that point git at another repository than the one named (git's own list,
+``git rev-parse --local-env-vars``: a hook's ``GIT_DIR`` or ``GIT_INDEX_FILE``) must not
+redirect a snapshot. GitPython can add and replace variables but never remove one, so
+when the environment holds any of them each is replaced by the value for the repository
+at ROOT, found from ROOT's own ``.git``; git then takes that repository as given and
+skips its ownership check (``safe.directory``), so kaudit makes it: a repository another
+user owns is refused there. The user's configuration is read as git reads it, except
 where it could make a recorded patch something other than a patch (colour, an external
-diff, a textconv filter, other prefixes): :func:`diff_head` turns those off.
+diff, a textconv filter, other prefixes): :func:`diff_head` turns those off; and a
+replay's worktree is checked out and patched with no hook and no filter driver the
+configuration defines (:func:`worktree_add`, :func:`apply`).
+
+Objects at a commit (the trust store, the gate's configuration, the manifests a remote
+resume looks for) are read from git's object store through GitPython's object database,
+one persistent ``git cat-file`` per :func:`objects` block, never from the work tree.
 
 Every ref and path given to git comes after ``--end-of-options`` or ``--``, so none is
-read as an option. A failure raises :class:`GitError` with git's first error line.
+read as an option; GitPython's own guard against unsafe options and protocols is never
+waived. A failure raises :class:`GitError` with git's first error line.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from kronos_audit.errors import Error
 
+_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+if TYPE_CHECKING:
+    import git as gitpython
+
 # `git rev-parse --local-env-vars` (git 2.39): what git itself clears before it works in
-# another repository (a submodule). GIT_NO_REPLACE_OBJECTS is set again below.
+# another repository (a submodule). GitPython cannot clear one: each is set below, to a
+# value that means "none" where git has one (_FIXED), else to this repository's own
+# (_LOCATING). GIT_CONFIG alone is left as it is: only `git config` reads it, as the one
+# file to read, and no value means "the usual files".
 _LOCAL_REPO_VARIABLES = (
     "GIT_ALTERNATE_OBJECT_DIRECTORIES",
     "GIT_CONFIG",
@@ -46,8 +72,18 @@ _LOCAL_REPO_VARIABLES = (
     "GIT_SHALLOW_FILE",
     "GIT_COMMON_DIR",
 )
-# Variables that change what `git diff` writes: an external diff program, context lines.
-_DIFF_VARIABLES = ("GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS")
+# The ones that locate the repository: when the environment holds one, all are set to
+# the repository at ROOT (see _located).
+_LOCATING = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_COMMON_DIR",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_GRAFT_FILE",
+    "GIT_SHALLOW_FILE",
+    "GIT_IMPLICIT_WORK_TREE",
+)
 
 _FIXED = {
     "GIT_TERMINAL_PROMPT": "0",
@@ -57,6 +93,15 @@ _FIXED = {
     "LANGUAGE": "C",
     "GIT_OPTIONAL_LOCKS": "0",
     "GIT_NO_REPLACE_OBJECTS": "1",
+    # The values git reads as "none": no inherited -c settings, no alternate object
+    # stores, no prefix; no external diff program and no context-line override.
+    "GIT_CONFIG_PARAMETERS": "",
+    "GIT_CONFIG_COUNT": "0",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES": "",
+    "GIT_PREFIX": "",
+    "GIT_REPLACE_REF_BASE": "refs/replace/",
+    "GIT_EXTERNAL_DIFF": "",
+    "GIT_DIFF_OPTS": "",
 }
 
 # What `git diff` must not do to a patch that replay re-applies: colour it (color.ui =
@@ -89,18 +134,130 @@ class NoWorkTree(GitError):
     """The directory is in a git repository that has no work tree there (a bare one)."""
 
 
-def environment() -> dict[str, str]:
-    """The environment every git command runs with (see the module's docstring)."""
-    dropped = (*_LOCAL_REPO_VARIABLES, *_DIFF_VARIABLES)
-    env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update(_FIXED)
+def _gitpython(root: Path | str | None) -> ModuleType:
+    """GitPython, imported on first use: it runs ``git version`` as it loads and refuses
+    to load without git."""
+    try:
+        import git as gitpython
+    except ImportError as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), str(e))
+        raise GitError(f"cannot run git: {first.strip()}", path=root, returncode=-1) from None
+    return gitpython
+
+
+# -- the environment -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Location:
+    """Where a repository's parts are, as its own ``.git`` says."""
+
+    work_tree: Path | None
+    git_dir: Path
+    common_dir: Path
+
+
+def _located(start: Path) -> _Location:
+    """The repository ``start`` is in, found from the directories alone (a ``.git``
+    directory or file, or a git directory itself), for when the environment names
+    another: git's own search would follow the environment."""
+    here = start.absolute()
+    while not here.is_dir() and here != here.parent:
+        here = here.parent
+    for d in (here, *here.parents):
+        dotgit = d / ".git"
+        git_dir: Path | None = None
+        if dotgit.is_dir():
+            git_dir, work = dotgit, d
+        elif dotgit.is_file():
+            try:
+                line = dotgit.read_text(encoding="utf-8", errors="surrogateescape")[:4096]
+            except OSError:
+                line = ""
+            target = line.strip().removeprefix("gitdir:").strip()
+            if line.startswith("gitdir:") and target:
+                git_dir, work = (d / target).resolve(), d
+        elif d.name == ".git" and (d / "HEAD").is_file():
+            git_dir, work = d, d.parent
+        elif (d / "HEAD").is_file() and (d / "objects").is_dir() and (d / "refs").is_dir():
+            raise NoWorkTree("a bare git repository has no work tree", path=start, returncode=0)
+        if git_dir is not None:
+            common = git_dir
+            try:
+                named = (git_dir / "commondir").read_text(encoding="utf-8").strip()
+                common = (git_dir / named).resolve()
+            except (OSError, UnicodeDecodeError):
+                pass
+            return _Location(work.resolve(), git_dir.resolve(), common)
+    raise NotARepository(
+        "fatal: not a git repository (or any of the parent directories): .git",
+        path=start,
+        returncode=128,
+    )
+
+
+def _owned(location: _Location, root: Path) -> None:
+    """Refuse a repository another user owns, as git's ownership check would (git does
+    not check a repository the environment names; for root run through sudo, the sudo
+    user's own repositories are accepted, as git accepts them)."""
+    me = {os.geteuid()}
+    if os.geteuid() == 0 and os.environ.get("SUDO_UID", "").isdigit():
+        me.add(int(os.environ["SUDO_UID"]))
+    for part in (location.work_tree, location.git_dir):
+        if part is not None and part.stat().st_uid not in me:
+            raise GitError(
+                f"{part} is owned by another user, and the environment names a git "
+                "repository (GIT_DIR or the like): kaudit does not run git there",
+                path=root,
+                returncode=-1,
+            )
+
+
+def environment(root: Path | None = None) -> dict[str, str]:
+    """The variables every git command at ``root`` runs with on top of the process's
+    environment (see the module's docstring)."""
+    env = dict(_FIXED)
+    if root is not None and any(name in os.environ for name in _LOCATING):
+        location = _located(root)
+        _owned(location, root)
+        common = location.common_dir
+        env.update(
+            GIT_DIR=str(location.git_dir),
+            GIT_COMMON_DIR=str(common),
+            GIT_INDEX_FILE=str(location.git_dir / "index"),
+            GIT_OBJECT_DIRECTORY=str(common / "objects"),
+            GIT_GRAFT_FILE=str(common / "info" / "grafts"),
+            GIT_SHALLOW_FILE=str(common / "shallow"),
+        )
+        if location.work_tree is not None:
+            env.update(GIT_WORK_TREE=str(location.work_tree), GIT_IMPLICIT_WORK_TREE="1")
     return env
 
 
-def _first_line(stderr: bytes) -> str | None:
+def _with_config(settings: Mapping[str, str]) -> dict[str, str]:
+    """``git -c KEY=VALUE`` for each setting, as environment variables (git's
+    ``GIT_CONFIG_COUNT``): what the command line could carry, without an option."""
+    env = {"GIT_CONFIG_COUNT": str(len(settings))}
+    for i, (key, value) in enumerate(settings.items()):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+# -- running a command ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Done:
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+
+def _first_line(stderr: str) -> str | None:
     """git's first error line (``fatal:``, ``error:``), else its first line: some
     commands tell their progress there first (``Preparing worktree ...``)."""
-    lines = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines()]
+    lines = [line.strip() for line in stderr.splitlines()]
     lines = [line for line in lines if line]
     errors = [line for line in lines if line.startswith(("fatal: ", "error: "))]
     return next(iter(errors or lines), None)
@@ -110,25 +267,34 @@ def _completed(
     root: Path,
     args: Sequence[str],
     *,
-    options: Sequence[str] = (),
-    extra_env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[bytes]:
-    env = environment()
+    config: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    located: bool = True,
+) -> _Done:
+    gitpython = _gitpython(root)
+    env = environment(root) if located else dict(_FIXED)
+    if config:
+        env.update(_with_config(config))
     if extra_env:
         env.update(extra_env)
+    command = gitpython.Git(root)
     try:
-        return subprocess.run(
-            ["git", *options, "-C", str(root), *args],
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
+        code, out, err = command.execute(
+            [command.GIT_PYTHON_GIT_EXECUTABLE, "-C", str(root), *args],
+            with_extended_output=True,
+            with_exceptions=False,
+            stdout_as_string=False,
+            strip_newline_in_stdout=False,
             env=env,
-            check=False,
         )
-    except OSError as e:
-        raise GitError(f"cannot run git: {e.strerror or e}", path=root, returncode=-1) from None
+    except gitpython.GitCommandNotFound as e:
+        cause = getattr(e, "_cause", None) or e.stderr or e
+        reason = getattr(cause, "strerror", None) or str(cause).strip()
+        raise GitError(f"cannot run git: {reason}", path=root, returncode=-1) from None
+    return _Done(code, out or b"", err if isinstance(err, str) else os.fsdecode(err or b""))
 
 
-def _error(root: Path, args: Sequence[str], done: subprocess.CompletedProcess[bytes]) -> GitError:
+def _error(root: Path, args: Sequence[str], done: _Done) -> GitError:
     line = _first_line(done.stderr)
     if line is None:
         line = f"git {args[0]} exited with status {done.returncode} and no message"
@@ -165,13 +331,20 @@ def toplevel(start: Path) -> Path:
     check is waived for this one command): finding where a work tree starts reads the
     repository's configuration but runs nothing it names, and verifying someone else's
     checkout must keep working. The commands that could run something the configuration
-    names (status, diff, ls-files, a checkout) are still refused by git there. As
-    before, the search crosses file systems (checkpoints may sit on another mount).
+    names (status, diff, ls-files, a checkout) are still refused there. As before, the
+    search crosses file systems (checkpoints may sit on another mount). When the
+    environment names a repository (a hook's ``GIT_DIR``), the work tree is the one
+    ``start``'s own ``.git`` names.
     """
+    if any(name in os.environ for name in _LOCATING):
+        location = _located(start)
+        if location.work_tree is None:
+            raise NoWorkTree("a bare git repository has no work tree", path=start, returncode=0)
+        return location.work_tree
     args = ("rev-parse", "--show-toplevel")
     discovery = {"GIT_DISCOVERY_ACROSS_FILESYSTEM": "1"}
-    waived = ("-c", "safe.directory=*")
-    done = _completed(start, args, options=waived, extra_env=discovery)
+    waived = {"safe.directory": "*"}
+    done = _completed(start, args, config=waived, extra_env=discovery, located=False)
     if done.returncode == 0:
         return Path(os.fsdecode(done.stdout.rstrip(b"\n"))).resolve()
     error = _error(start, args, done)
@@ -181,8 +354,9 @@ def toplevel(start: Path) -> Path:
     probe = _completed(
         start,
         ("rev-parse", "--is-bare-repository", "--absolute-git-dir"),
-        options=waived,
+        config=waived,
         extra_env=discovery,
+        located=False,
     )
     if probe.returncode != 0:
         raise error
@@ -284,7 +458,7 @@ def remote_url(root: Path) -> str | None:
 
 @dataclass(frozen=True)
 class TreeEntry:
-    """One line of ``git ls-tree --long``."""
+    """One entry of a tree, as ``git ls-tree --long`` lists it."""
 
     mode: str
     """The entry's mode: ``100644``, ``100755``, ``120000`` (a link), ``160000``..."""
@@ -298,25 +472,106 @@ class TreeEntry:
     """The path from the top of the tree (bytes that are not UTF-8 replaced)."""
 
 
-def ls_tree(root: Path, commit: str, directory: str, *, limit: int) -> list[TreeEntry]:
-    """The entries of ``directory`` at ``commit``, at most ``limit`` of them."""
-    listing = run(root, "ls-tree", "-z", "--long", "--end-of-options", commit, f"{directory}/")
-    entries = []
-    for record in listing.split(b"\0")[:limit]:
-        if not record:
-            continue
-        meta, _, raw_path = record.partition(b"\t")
-        mode, kind, oid, size = meta.decode("ascii").split()
-        entries.append(
-            TreeEntry(
-                mode,
-                kind,
-                oid,
-                int(size) if size.isdigit() else None,
-                raw_path.decode("utf-8", "replace"),
+_KINDS = {"blob": "blob", "tree": "tree", "submodule": "commit"}
+
+
+class Objects:
+    """The objects of one repository, read through GitPython's object database: one
+    persistent ``git cat-file`` answers every read (see :func:`objects`)."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._repo: gitpython.Repo | None = None
+
+    def _opened(self) -> gitpython.Repo:
+        if self._repo is None:
+            gitpython = _gitpython(self._root)
+            git_dir = Path(text(self._root, "rev-parse", "--absolute-git-dir").rstrip("\n"))
+            try:
+                repo = gitpython.Repo(git_dir, expand_vars=False)
+            except Exception as e:  # whatever GitPython raises on a repository it cannot open
+                raise self._failed("the repository", e) from None
+            repo.git.update_environment(**environment(self._root))
+            self._repo = repo
+        return self._repo
+
+    def close(self) -> None:
+        """End the ``git cat-file`` processes."""
+        if self._repo is not None:
+            self._repo.close()
+            self._repo = None
+
+    def _failed(self, what: str, e: BaseException) -> GitError:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return GitError(f"cannot read {what}: {detail}", path=self._root, returncode=128)
+
+    def _check_id(self, oid: str) -> None:
+        if not _OBJECT_ID.match(oid):
+            raise GitError(f"not a full object id: {oid!r}", path=self._root, returncode=128)
+
+    def tree(self, commit: str, directory: str, *, limit: int) -> list[TreeEntry]:
+        """The entries of ``directory`` at ``commit`` (a full commit id), at most
+        ``limit`` of them; none when the commit has no such directory."""
+        self._check_id(commit)
+        repo = self._opened()
+        gitpython = _gitpython(self._root)
+        try:
+            top = gitpython.Commit(repo, bytes.fromhex(commit)).tree
+            try:
+                found = top / directory if directory not in ("", ".") else top
+            except KeyError:
+                return []
+            if found.type != "tree":
+                return []
+            entries: list[TreeEntry] = []
+            for item in found:
+                if len(entries) >= limit:
+                    break
+                kind = _KINDS.get(item.type, item.type)
+                entries.append(
+                    TreeEntry(
+                        f"{item.mode:06o}",
+                        kind,
+                        item.hexsha,
+                        repo.odb.info(item.binsha).size if kind == "blob" else None,
+                        item.path.encode(errors="surrogateescape").decode("utf-8", "replace"),
+                    )
+                )
+            return entries
+        except Exception as e:  # a malformed or missing object, whatever GitPython raises
+            raise self._failed(f"{directory or '.'}/ at {commit[:12]}", e) from None
+
+    def blob(self, oid: str, *, limit: int) -> bytes:
+        """The content of the blob ``oid``, as stored (no filter, no textconv); GitError
+        when it is not a blob of at most ``limit`` bytes."""
+        self._check_id(oid)
+        repo = self._opened()
+        try:
+            info = repo.odb.info(bytes.fromhex(oid))
+        except Exception as e:
+            raise self._failed(f"object {oid[:12]}", e) from None
+        if info.type != b"blob" or info.size > limit:
+            raise GitError(
+                f"object {oid[:12]} is not a blob of at most {limit} bytes",
+                path=self._root,
+                returncode=128,
             )
-        )
-    return entries
+        try:
+            data: bytes = repo.odb.stream(bytes.fromhex(oid)).read()
+        except Exception as e:
+            raise self._failed(f"object {oid[:12]}", e) from None
+        return data
+
+
+@contextmanager
+def objects(root: Path) -> Iterator[Objects]:
+    """The objects of the repository at ``root`` (its work tree's top), one persistent
+    ``git cat-file`` for the block, started at the first read and ended with the block."""
+    store = Objects(root)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def ls_tree_paths(root: Path, commit: str) -> list[str]:
@@ -328,17 +583,36 @@ def ls_tree_paths(root: Path, commit: str) -> list[str]:
     return [os.fsdecode(name) for name in listing.split(b"\0") if name]
 
 
-def cat_blob(root: Path, oid: str) -> bytes:
-    """The content of the blob ``oid``, as stored (no filter, no textconv)."""
-    return run(root, "cat-file", "blob", "--end-of-options", oid)
-
-
 # -- work trees ----------------------------------------------------------------------------
 
 
+def _inert(root: Path) -> dict[str, str]:
+    """Settings under which a checkout or a patch runs nothing the configuration names:
+    no hook, no filter driver (each ``filter.NAME`` the configuration defines emptied:
+    git skips a driver with no command), no file-system monitor."""
+    settings = {"core.hooksPath": os.devnull, "core.fsmonitor": "false"}
+    done = _completed(root, ("config", "-z", "--name-only", "--get-regexp", r"^filter\."))
+    if done.returncode not in (0, 1):
+        raise _error(root, ("config",), done)
+    for key in os.fsdecode(done.stdout).split("\0"):
+        name, dot, _ = key.removeprefix("filter.").rpartition(".")
+        if key.startswith("filter.") and dot:
+            for part in ("smudge", "clean", "process"):
+                settings[f"filter.{name}.{part}"] = ""
+            settings[f"filter.{name}.required"] = "false"
+    return settings
+
+
+def _run_inert(root: Path, config_root: Path, *args: str) -> None:
+    done = _completed(root, args, config=_inert(config_root))
+    if done.returncode != 0:
+        raise _error(root, args, done)
+
+
 def worktree_add(root: Path, dest: Path, commit: str) -> None:
-    """A detached worktree of ``root`` at ``commit`` in ``dest``."""
-    run(root, "worktree", "add", "--detach", "--end-of-options", str(dest), commit)
+    """A detached worktree of ``root`` at ``commit`` in ``dest``, checked out with no
+    hook and no filter (see :func:`_inert`)."""
+    _run_inert(root, root, "worktree", "add", "--detach", "--end-of-options", str(dest), commit)
 
 
 def worktree_remove(root: Path, dest: Path) -> None:
@@ -352,5 +626,6 @@ def worktree_prune(root: Path) -> None:
 
 
 def apply(tree: Path, patch: Path) -> None:
-    """Apply the patch file ``patch`` to the work tree ``tree`` (not to its index)."""
-    run(tree, "apply", "--whitespace=nowarn", "--", str(patch))
+    """Apply the patch file ``patch`` to the work tree ``tree`` (not to its index), with
+    no hook and no filter (see :func:`_inert`)."""
+    _run_inert(tree, tree, "apply", "--whitespace=nowarn", "--", str(patch))

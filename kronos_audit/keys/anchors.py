@@ -456,26 +456,25 @@ def read_tree_files(
 ) -> tuple[list[tuple[str, bytes]], list[str]]:
     """The regular files ``directory/*suffix`` as they are at ``commit`` (name, bytes),
     read from git's object store; and the entries skipped (symlinks, submodules, too big)."""
-    try:
-        listing = git.ls_tree(root, commit, directory, limit=_REF_LIMIT)
-    except git.GitError:
-        return [], []
     files: list[tuple[str, bytes]] = []
     skipped: list[str] = []
-    for entry in listing:
-        if not entry.path.endswith(suffix):
-            continue
-        where = f"{commit[:12]}:{entry.path}"
-        if entry.kind != "blob" or entry.mode not in ("100644", "100755"):
-            skipped.append(f"{where}: not a regular file at the ref (mode {entry.mode}): skipped")
-            continue
-        if entry.size is None or entry.size > KEY_LIMIT:
-            skipped.append(f"{where}: larger than {KEY_LIMIT} bytes: skipped")
-            continue
-        try:
-            files.append((entry.path, git.cat_blob(root, entry.oid)))
-        except git.GitError:
-            continue
+    try:
+        with git.objects(root) as store:
+            for entry in store.tree(commit, directory, limit=_REF_LIMIT):
+                if not entry.path.endswith(suffix):
+                    continue
+                where = f"{commit[:12]}:{entry.path}"
+                if entry.kind != "blob" or entry.mode not in ("100644", "100755"):
+                    skipped.append(
+                        f"{where}: not a regular file at the ref (mode {entry.mode}): skipped"
+                    )
+                    continue
+                if entry.size is None or entry.size > KEY_LIMIT:
+                    skipped.append(f"{where}: larger than {KEY_LIMIT} bytes: skipped")
+                    continue
+                files.append((entry.path, store.blob(entry.oid, limit=KEY_LIMIT)))
+    except git.GitError:
+        return [], []
     return files, skipped
 
 

@@ -154,48 +154,51 @@ def newest_known(
     if trust_ref:
         refs.append(trust_ref)
     best: Known | None = None
-    for ref in refs:
-        try:
-            commit = (
-                git.commit_of(project.root, ref)
-                if ref == "HEAD"
-                else resolve_ref(project.root, ref).commit  # one ref, never git's guess
-            )
-            if commit is None:
-                continue  # no commit yet
-            entries = git.ls_tree(project.root, commit, relative, limit=runs.LIST_LIMIT)
-        except git.GitError as e:
-            raise StorageError(
-                f"{ref}: cannot list the run's committed manifests: {e.message}"
-            ) from None
-        candidates = sorted(
-            (
-                (step, e)
-                for e in entries
-                if (step := step_of_manifest_name(PurePosixPath(e.path).name)) is not None
-                and e.kind == "blob"
-                and e.mode in ("100644", "100755")
-                and e.size is not None
-                and e.size <= MANIFEST_LIMIT
-                and (best is None or step > best.step)
-            ),
-            key=lambda c: c[0],
-            reverse=True,
-        )
-        for step, entry in candidates[:TRY_LIMIT]:
-            name = PurePosixPath(entry.path).name
+    with git.objects(project.root) as store:
+        for ref in refs:
             try:
-                manifest = parse_manifest(git.cat_blob(project.root, entry.oid), directory / name)
-            except Error:
-                continue
-            if (
-                manifest.run == run_id
-                and manifest.step == step
-                and verifier.signature(manifest).ok
-                and place_check(project, manifest).ok
-            ):
-                best = Known(step, f"{ref}:{entry.path}")
-                break
+                commit = (
+                    git.commit_of(project.root, ref)
+                    if ref == "HEAD"
+                    else resolve_ref(project.root, ref).commit  # one ref, never git's guess
+                )
+                if commit is None:
+                    continue  # no commit yet
+                entries = store.tree(commit, relative, limit=runs.LIST_LIMIT)
+            except git.GitError as e:
+                raise StorageError(
+                    f"{ref}: cannot list the run's committed manifests: {e.message}"
+                ) from None
+            candidates = sorted(
+                (
+                    (step, e)
+                    for e in entries
+                    if (step := step_of_manifest_name(PurePosixPath(e.path).name)) is not None
+                    and e.kind == "blob"
+                    and e.mode in ("100644", "100755")
+                    and e.size is not None
+                    and e.size <= MANIFEST_LIMIT
+                    and (best is None or step > best.step)
+                ),
+                key=lambda c: c[0],
+                reverse=True,
+            )
+            for step, entry in candidates[:TRY_LIMIT]:
+                name = PurePosixPath(entry.path).name
+                try:
+                    manifest = parse_manifest(
+                        store.blob(entry.oid, limit=MANIFEST_LIMIT), directory / name
+                    )
+                except Error:
+                    continue
+                if (
+                    manifest.run == run_id
+                    and manifest.step == step
+                    and verifier.signature(manifest).ok
+                    and place_check(project, manifest).ok
+                ):
+                    best = Known(step, f"{ref}:{entry.path}")
+                    break
     return best
 
 

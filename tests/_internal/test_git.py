@@ -1,5 +1,5 @@
-"""The git command, run one way (kronos_audit._internal.git), and finding the work tree
-(kronos_audit.project.repository.find_project) with it: real repositories, real git."""
+"""git, reached one way (kronos_audit._internal.git, on GitPython), and finding the work
+tree (kronos_audit.project.repository.find_project) with it: real repositories, real git."""
 
 from __future__ import annotations
 
@@ -133,26 +133,76 @@ def test_output_is_byte_for_byte(git_repo: Path) -> None:
     (git_repo / "blob.bin").write_bytes(data)
     run_git(git_repo, "add", "blob.bin")
     oid = run_git(git_repo, "rev-parse", ":blob.bin").strip()
-    assert git.cat_blob(git_repo, oid) == data
+    with git.objects(git_repo) as store:
+        assert store.blob(oid, limit=len(data)) == data
+        with pytest.raises(git.GitError, match="not a blob of at most 3 bytes"):
+            store.blob(oid, limit=3)
     assert git.run(git_repo, "cat-file", "blob", oid) == data
 
 
-def test_the_environment_is_fixed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GIT_DIR", "/elsewhere")
+def test_the_environment_is_fixed(git_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_EXTERNAL_DIFF", "/bin/false")
     monkeypatch.setenv("GIT_PAGER", "less")
-    monkeypatch.setenv("KAUDIT_UNRELATED", "kept")
-    env = git.environment()
-    assert "GIT_DIR" not in env
-    assert "GIT_EXTERNAL_DIFF" not in env
+    monkeypatch.setenv("GIT_CONFIG_PARAMETERS", "'core.hooksPath'='/tmp'")
+    env = git.environment(git_repo)
+    assert env["GIT_EXTERNAL_DIFF"] == ""
     assert env["GIT_PAGER"] == "cat"
     assert env["GIT_TERMINAL_PROMPT"] == "0"
     assert env["GIT_NO_REPLACE_OBJECTS"] == "1"
+    assert env["GIT_CONFIG_PARAMETERS"] == ""
     assert env["LC_ALL"] == "C"
-    assert env["KAUDIT_UNRELATED"] == "kept"
-    # git's own list of the variables that name a repository is the one dropped here.
+    assert "GIT_DIR" not in env  # the environment names no repository: git finds it
+    monkeypatch.setenv("GIT_DIR", "/elsewhere")
+    monkeypatch.setenv("GIT_INDEX_FILE", "/elsewhere/index")
+    env = git.environment(git_repo / "sub")
+    assert env["GIT_DIR"] == str(git_repo.resolve() / ".git")
+    assert env["GIT_WORK_TREE"] == str(git_repo.resolve())
+    assert env["GIT_INDEX_FILE"] == str(git_repo.resolve() / ".git" / "index")
+    # Each of git's own variables that name a repository is set (GitPython cannot drop
+    # one) to "none" or to this repository's own; GIT_CONFIG alone only `git config` reads.
     listed = run_git(Path.cwd(), "rev-parse", "--local-env-vars").split()
-    assert set(listed) <= {*git._LOCAL_REPO_VARIABLES, "GIT_NO_REPLACE_OBJECTS"}
+    assert set(listed) - set(env) <= {"GIT_CONFIG", "GIT_INTERNAL_SUPER_PREFIX"}
+    assert set(listed) <= set(git._LOCAL_REPO_VARIABLES)
+
+
+def test_a_linked_worktrees_hook_environment_does_not_redirect(
+    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What git exports to a pre-commit hook in a linked worktree (an absolute GIT_DIR
+    and GIT_INDEX_FILE) names that worktree, not the repository kaudit was asked about."""
+    linked = tmp_path / "linked"
+    run_git(git_repo, "worktree", "add", "-q", "-b", "side", str(linked))
+    (linked / "solver.py").write_text("print('side')\n")
+    run_git(linked, "commit", "-q", "-am", "side")
+    gitdir = run_git(linked, "rev-parse", "--absolute-git-dir").strip()
+    main_head = head(git_repo)
+    monkeypatch.setenv("GIT_DIR", gitdir)
+    monkeypatch.setenv("GIT_INDEX_FILE", f"{gitdir}/index")
+    monkeypatch.setenv("GIT_PREFIX", "")
+    assert git.toplevel(git_repo / ".git") == git_repo.resolve()
+    assert git.commit_of(git_repo, "HEAD") == main_head
+    assert "# branch.head main" in git.status(git_repo, ".").splitlines()
+    assert git.toplevel(linked) == linked.resolve()
+    assert "# branch.head side" in git.status(linked, ".").splitlines()
+    with git.objects(git_repo) as store:
+        (entry,) = [e for e in store.tree(main_head, "", limit=10) if e.path == "solver.py"]
+        assert store.blob(entry.oid, limit=100) == b"print('solve')\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a repository away needs root")
+def test_a_named_repository_another_user_owns_is_refused(
+    git_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git skips its ownership check for a repository the environment names; the layer
+    makes it, so a hook's GIT_DIR cannot open another user's configuration to git."""
+    os.chown(git_repo, 65534, 65534)
+    os.chown(git_repo / ".git", 65534, 65534)
+    with pytest.raises(git.GitError, match="dubious ownership"):
+        git.status(git_repo, ".")
+    monkeypatch.setenv("GIT_DIR", str(git_repo / ".git"))
+    with pytest.raises(git.GitError, match="owned by another user"):
+        git.status(git_repo, ".")
+    assert git.toplevel(git_repo) == git_repo.resolve()  # finding it runs nothing
 
 
 # -- refs and paths are never options ------------------------------------------------------
@@ -177,8 +227,8 @@ def test_refs_and_paths_that_look_like_options_are_names(git_repo: Path, tmp_pat
     git.worktree_remove(git_repo, Path("-n"))
     assert not (git_repo / "-n").exists()
 
-    with pytest.raises(git.GitError):
-        git.cat_blob(git_repo, "--batch-all-objects")
+    with git.objects(git_repo) as store, pytest.raises(git.GitError, match="not a full object id"):
+        store.blob("--batch-all-objects", limit=100)
 
 
 def test_a_trust_ref_that_looks_like_an_option_is_refused(git_repo: Path) -> None:
@@ -228,16 +278,76 @@ def test_ls_tree_reads_entries_with_their_kinds_and_sizes(git_repo: Path) -> Non
     (d / "sub" / "b").write_text("b\n")
     run_git(git_repo, "add", "d")
     run_git(git_repo, "commit", "-q", "-m", "d")
-    entries = {e.path: e for e in git.ls_tree(git_repo, head(git_repo), "d", limit=100)}
-    assert set(entries) == {"d/a.txt", "d/link", "d/sub"}
-    assert (entries["d/a.txt"].mode, entries["d/a.txt"].kind) == ("100644", "blob")
-    assert entries["d/a.txt"].size == 5
-    assert git.cat_blob(git_repo, entries["d/a.txt"].oid) == b"12345"
-    assert entries["d/link"].mode == "120000"
-    assert (entries["d/sub"].kind, entries["d/sub"].size) == ("tree", None)
-    assert len(git.ls_tree(git_repo, head(git_repo), "d", limit=2)) == 2
-    with pytest.raises(git.GitError):
-        git.ls_tree(git_repo, "0" * 40, "d", limit=100)
+    with git.objects(git_repo) as store:
+        entries = {e.path: e for e in store.tree(head(git_repo), "d", limit=100)}
+        assert set(entries) == {"d/a.txt", "d/link", "d/sub"}
+        assert (entries["d/a.txt"].mode, entries["d/a.txt"].kind) == ("100644", "blob")
+        assert entries["d/a.txt"].size == 5
+        assert store.blob(entries["d/a.txt"].oid, limit=5) == b"12345"
+        assert entries["d/link"].mode == "120000"
+        assert (entries["d/sub"].kind, entries["d/sub"].size) == ("tree", None)
+        assert {e.path for e in store.tree(head(git_repo), "d/sub", limit=100)} == {"d/sub/b"}
+        assert len(store.tree(head(git_repo), "d", limit=2)) == 2
+        assert store.tree(head(git_repo), "nowhere", limit=100) == []
+        assert store.tree(head(git_repo), "d/a.txt", limit=100) == []  # not a directory
+        with pytest.raises(git.GitError, match="cannot read d/ at 000000000000"):
+            store.tree("0" * 40, "d", limit=100)
+        with pytest.raises(git.GitError, match="not a blob"):
+            store.blob(entries["d/sub"].oid, limit=100)
+
+
+def test_objects_are_read_by_one_persistent_git_process(
+    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = git_repo / "many"
+    d.mkdir()
+    for i in range(20):
+        (d / f"{i}.pub").write_text(f"key {i}\n")
+    run_git(git_repo, "add", "many")
+    run_git(git_repo, "commit", "-q", "-m", "many")
+    commit = head(git_repo)
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("GIT_TRACE", str(trace))
+    with git.objects(git_repo) as store:
+        read = [store.blob(e.oid, limit=100) for e in store.tree(commit, "many", limit=100)]
+    assert sorted(read) == sorted(f"key {i}\n".encode() for i in range(20))
+    started = [
+        line for line in trace.read_text().splitlines() if "trace: built-in: git cat-file" in line
+    ]
+    # one process for the objects' contents, one for their types and sizes
+    assert len(started) == 2, started
+
+
+def test_a_worktree_runs_no_hook_and_no_filter(git_repo: Path, tmp_path: Path) -> None:
+    """A replay checks a recorded commit out: its .gitattributes (content from a
+    manifest's commit) must not get a filter the configuration defines to run, nor a
+    checkout hook; and the patch is applied the same way."""
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    run_git(git_repo, "config", "filter.pump.smudge", f"touch {ran}/smudge; cat")
+    run_git(git_repo, "config", "filter.pump.clean", f"touch {ran}/clean; cat")
+    run_git(git_repo, "config", "filter.pump.required", "true")
+    hook = git_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}/hook\n")
+    hook.chmod(0o755)
+    (git_repo / ".gitattributes").write_text("*.py filter=pump\n")
+    run_git(git_repo, "add", ".gitattributes")
+    run_git(git_repo, "commit", "-q", "-m", "attributes")
+    for made in ran.iterdir():
+        made.unlink()
+    (git_repo / "solver.py").write_text("print('patched')\n")
+    patch = tmp_path / "p.patch"
+    patch.write_bytes(git.diff_head(git_repo, "--binary", pathspecs=(".",)))
+    for made in ran.iterdir():
+        made.unlink()  # the user's own diff: their own configuration
+    dest = tmp_path / "wt"
+    git.worktree_add(git_repo, dest, head(git_repo))
+    git.apply(dest, patch)
+    assert (dest / "solver.py").read_text() == "print('patched')\n"
+    assert sorted(p.name for p in ran.iterdir()) == []
+    git.worktree_remove(git_repo, dest)
+    run_git(git_repo, "worktree", "add", "-q", "--detach", str(dest))  # git's own way runs them
+    assert sorted(p.name for p in ran.iterdir()) == ["hook", "smudge"]
 
 
 def test_status_and_is_ignored(git_repo: Path) -> None:

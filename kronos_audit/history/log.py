@@ -5,14 +5,15 @@ Each manifest is read once, with the bounded reader
 (:class:`kronos_audit.verification.chain.ManifestCache`);
 only the newest manifest of each run has its signature checked, and no checkpoint is hashed:
 this is a summary, not a verification (that is ``kaudit verify``). Where each checkpoint's
-data is: here (the file is present), pruned (a signed retention record in its run directory
-prunes it), or, when the DVC remote is asked, in the remote or missing.
+data is, in the words of ``kaudit status``
+(:class:`~kronos_audit.checkpoint.location.Location`, placed by
+:func:`kronos_audit.history.status.locate` without hashing): ``local`` (the file is here),
+``pruned`` (a signed retention record in its run directory prunes it) or ``missing``; when
+the DVC remote is asked, ``pushed`` (here and in the remote) and ``remote-only`` too.
 """
 
 from __future__ import annotations
 
-import enum
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,27 +21,14 @@ from types import MappingProxyType
 from typing import Any
 
 from kronos_audit.checkpoint.layout import expand_targets, statements_in
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.errors import Error
+from kronos_audit.history.status import locate, pruned_of
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.verifier import Verifier
-
-
-class DataLocation(enum.StrEnum):
-    """Where one checkpoint's data is, as far as ``kaudit log`` looks."""
-
-    LOCAL = "local"
-    """The checkpoint file is here (not hashed: ``kaudit verify`` checks it)."""
-    PRUNED = "pruned"
-    """Not here, and a signed retention record of a later step prunes it."""
-    REMOTE = "remote"
-    """Not here, and in the DVC remote (asked only with ``remote=True``)."""
-    ABSENT = "absent"
-    """Not here, not pruned, and the remote was not asked."""
-    MISSING = "missing"
-    """Not here, not pruned, and not in the DVC remote either."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +74,8 @@ class RunLog:
     """When the newest manifest was made (its ``created``, ISO 8601)."""
     signer: Signer
     """Who signed the newest manifest."""
-    locations: Mapping[DataLocation, int] = field(default_factory=lambda: MappingProxyType({}))
-    """How many of its checkpoints are where."""
+    locations: Mapping[Location, int] = field(default_factory=lambda: MappingProxyType({}))
+    """How many of its checkpoints are where (never ``corrupt``: nothing is hashed)."""
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
@@ -137,21 +125,6 @@ def find_manifests(project: Project, targets: Sequence[Path] = ()) -> list[Path]
     return sorted(set(found))
 
 
-def _remote_locations(
-    project: Project, manifests: Sequence[Manifest], remote: str | None
-) -> dict[Path, DataLocation]:
-    """Which of these (absent) checkpoints the DVC remote holds: one query for all."""
-    from kronos_audit.history.status import Location, locate
-
-    entries = locate(project, manifests, remote)
-    return {
-        e.manifest: DataLocation.REMOTE
-        if e.location is Location.REMOTE_ONLY
-        else DataLocation.MISSING
-        for e in entries
-    }
-
-
 def run_log(
     project: Project,
     targets: Sequence[Path] = (),
@@ -165,8 +138,9 @@ def run_log(
 
     Reads every manifest once (linear in their number); checks only the signature of each
     run's newest manifest; hashes nothing. With ``remote``, the DVC remote is asked (once)
-    which absent, unpruned checkpoints it holds. ``progress(phase, done, total)`` is told
-    how far reading has got.
+    which unpruned checkpoints it holds: those here are then ``pushed`` or ``local``, those
+    not here ``remote-only`` or ``missing``; without it, every checkpoint not here and not
+    pruned is ``missing``. ``progress(phase, done, total)`` is told how far reading has got.
     """
     paths = find_manifests(project, targets)
     cache = ManifestCache()
@@ -185,19 +159,16 @@ def run_log(
         if progress is not None:
             progress("reading manifests", i + 1, len(paths))
 
-    where: dict[Path, DataLocation] = {}
-    ask: list[Manifest] = []
-    for chain in groups.values():
-        for m in chain:
-            if os.path.exists(m.checkpoint_path):
-                where[m.path] = DataLocation.LOCAL
-            elif verifier.pruned_by(m) is not None:
-                where[m.path] = DataLocation.PRUNED
-            else:
-                where[m.path] = DataLocation.ABSENT
-                ask.append(m)
-    if remote and ask:
-        where.update(_remote_locations(project, ask, remote_name))
+    every = [m for chain in groups.values() for m in chain]
+    entries = locate(
+        project,
+        every,
+        remote_name,
+        check_remote=remote and bool(every),
+        pruned=pruned_of(verifier, every),
+        hash_local=False,
+    )
+    where = {e.manifest: e.location for e in entries}
 
     runs = []
     for (directory, run), chain in groups.items():
@@ -205,7 +176,7 @@ def run_log(
         newest = chain[-1]
         signed = verifier.signature(newest)
         key = signed.signer
-        counts = dict.fromkeys(DataLocation, 0)
+        counts = dict.fromkeys(Location, 0)
         for m in chain:
             counts[where[m.path]] += 1
         runs.append(

@@ -11,6 +11,7 @@ data. ``kaudit verify`` checks the rest.
 
 Storage is asked only what the remote holds (:meth:`Storage.remote_sizes`, by the md5
 each manifest records); reading the manifests and the retention records is done here.
+``kaudit log`` places its checkpoints with the same :func:`locate`, hashing nothing.
 """
 
 from __future__ import annotations
@@ -19,34 +20,18 @@ import hashlib
 import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
-from kronos_audit.storage.remote import Storage
-from kronos_audit.storage.steps import step_items
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.verifier import Verifier
 
-
-class Location(Enum):
-    """Where a checkpoint's data is, as ``kaudit status`` shows it."""
-
-    LOCAL = "local"
-    """Here and valid, not (fully) in the remote."""
-    PUSHED = "pushed"
-    """Here and valid, and in the remote."""
-    REMOTE_ONLY = "remote-only"
-    """Not here; in the remote."""
-    PRUNED = "pruned"
-    """Not here, deleted on purpose: a signed retention record prunes it (the remote is
-    not asked)."""
-    MISSING = "missing"
-    """Neither here nor in the remote, and not pruned."""
-    CORRUPT = "corrupt"
-    """Here, but not the bytes its manifest signs."""
+if TYPE_CHECKING:
+    from kronos_audit.storage.fetch import FetchItem
 
 
 @dataclass(frozen=True)
@@ -80,17 +65,22 @@ def status(
     prunes it (see the module's docstring)."""
     cache = ManifestCache()
     read = [cache.read(m) for m in manifests]
-    verifier: Verifier | None = None
     pruned: set[Path] = set()
-    for m in read:
-        if not os.path.exists(m.checkpoint_path):
-            if verifier is None:
-                verifier = Verifier(
-                    project, load_keyring(project.root, trust), fetch=False, cache=cache
-                )
-            if verifier.pruned_by(m) is not None:
-                pruned.add(m.path)
+    if any(not os.path.exists(m.checkpoint_path) for m in read):
+        # the keyring is read only when there is a retention record to check
+        verifier = Verifier(project, load_keyring(project.root, trust), fetch=False, cache=cache)
+        pruned = pruned_of(verifier, read)
     return locate(project, read, remote, check_remote=check_remote, pruned=pruned)
+
+
+def pruned_of(verifier: Verifier, manifests: Sequence[Manifest]) -> set[Path]:
+    """The manifests whose checkpoint is not here and is pruned by a signed retention
+    record that ``verifier``'s keyring accepts (:meth:`Verifier.pruned_by`)."""
+    return {
+        m.path
+        for m in manifests
+        if not os.path.exists(m.checkpoint_path) and verifier.pruned_by(m) is not None
+    }
 
 
 def locate(
@@ -100,16 +90,23 @@ def locate(
     *,
     check_remote: bool = True,
     pruned: Collection[Path] = frozenset(),
+    hash_local: bool = True,
 ) -> list[StatusEntry]:
     """Classify the checkpoint each manifest records, by what it records (md5, sha256,
     size); the remote is asked once for all of them, not about those pruned. ``pruned``
     names the manifests whose absent checkpoint a signed retention record prunes (the
-    caller checked that record)."""
+    caller checked that record). Without ``hash_local`` a checkpoint here is taken as
+    valid unread (never ``corrupt``), as ``kaudit log`` shows it."""
     sizes: dict[str, int | None] = {}
-    # Every object of each step (a sharded step's index and shards, as its signed index
-    # names them): a step is in the remote only when all of them are.
-    objects = {m.path: step_items(m) or [] for m in manifests}
+    objects: dict[Path, list[FetchItem]] = {}
     if check_remote:
+        # Only asking the remote needs storage (and, when it asks, DVC).
+        from kronos_audit.storage.remote import Storage
+        from kronos_audit.storage.steps import step_items
+
+        # Every object of each step (a sharded step's index and shards, as its signed
+        # index names them): a step is in the remote only when all of them are.
+        objects = {m.path: step_items(m) or [] for m in manifests}
         ask = [
             i.md5
             for m in manifests
@@ -120,11 +117,10 @@ def locate(
     entries = []
     for m in manifests:
         size, checkpoint = m.record.size, m.checkpoint_path
-        wanted = objects[m.path]
+        wanted = objects.get(m.path, [])
         in_remote = bool(wanted) and all(sizes.get(i.md5) == i.size for i in wanted)
         if checkpoint.exists():
-            with open(checkpoint, "rb") as f:
-                ok = hashlib.file_digest(f, "sha256").hexdigest() == m.subject_sha256
+            ok = not hash_local or _digest(checkpoint) == m.subject_sha256
             location = (
                 Location.CORRUPT if not ok else Location.PUSHED if in_remote else Location.LOCAL
             )
@@ -134,3 +130,8 @@ def locate(
             location = Location.REMOTE_ONLY if in_remote else Location.MISSING
         entries.append(StatusEntry(m.path, checkpoint, m.step, location, size))
     return entries
+
+
+def _digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -268,6 +268,7 @@ def _row(group: _Group, r: VerifyResult) -> ManifestRow:
         r.ok,
         _signer_label(r.signer),
         r.data_checked,
+        None if r.data is None else r.data.value,
         _failures(r),
     )
 

@@ -243,6 +243,10 @@ class ManifestRow:
     """Key id (short) and name of the signer; None when no signature was accepted."""
     data_checked: bool
     """The checkpoint's bytes were hashed against the signed digests."""
+    data: str | None
+    """Where its data is, as the verification found it, in ``kaudit status``'s words
+    (:class:`~kronos_audit.checkpoint.location.Location`): local, corrupt, pruned or
+    missing; None where it was not looked at."""
     failures: tuple[Failure, ...]
     """The checks that failed."""
 
@@ -253,6 +257,7 @@ class ManifestRow:
             "ok": self.ok,
             "signer": self.signer,
             "data_checked": self.data_checked,
+            "data": self.data,
             "failures": [f.to_json_obj() for f in self.failures],
         }
 

@@ -161,12 +161,15 @@ def _md_run(run: RunReport) -> list[str]:
             "",
             "Newest:",
             "",
-            "| manifest | step | result | signer |",
-            "| --- | --- | --- | --- |",
+            "| manifest | step | result | signer | data |",
+            "| --- | --- | --- | --- | --- |",
         ]
         for r in v.newest:
             result = "ok" if r.ok else "**FAIL**"
-            lines.append(f"| {_code(r.manifest)} | {r.step} | {result} | {md(r.signer or '-')} |")
+            lines.append(
+                f"| {_code(r.manifest)} | {r.step} | {result} | {md(r.signer or '-')} "
+                f"| {r.data or '-'} |"
+            )
     if run.campaign is not None:
         cert = run.campaign
         status = "verified" if cert.verified else "**does not verify**"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.keys.anchors import TrustedKey
 from kronos_audit.statement.campaign import Certificate
 from kronos_audit.statement.manifest import Manifest
@@ -184,6 +185,13 @@ class VerifyResult:
     """In the order made."""
     fetched: bool = False
     """The checkpoint was fetched from the DVC remote for this verification."""
+    data: Location | None = None
+    """Where its data is, as this verification found it, in ``kaudit status``'s words:
+    ``local`` (its bytes here, or fetched, are the signed ones), ``corrupt`` (they are not,
+    or those fetched were refused), ``pruned`` (a signed retention record prunes it) or
+    ``missing`` (not here, and not fetched: its manifest does not verify). None where the
+    data was not looked at: not asked for, a sharded step's index not read (its manifest
+    does not verify), an attestation or a campaign certificate."""
     signer: TrustedKey | None = None
     """The key whose signature was accepted (or refused as unanchored or revoked)."""
     kind: StatementKind = StatementKind.MANIFEST
@@ -245,6 +253,7 @@ class VerifyResult:
             "ok": self.ok,
             "signer": None if self.signer is None else self.signer.to_json_obj(),
             "data_checked": self.data_checked,
+            "data": None if self.data is None else self.data.value,
             "checks": [c.to_json_obj() for c in self.checks],
             "fetched": self.fetched,
         }

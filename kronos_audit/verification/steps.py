@@ -4,7 +4,8 @@ Nothing here opens, reads, stats, resolves, fetches or hashes a file. Each funct
 handed what the driver (:mod:`kronos_audit.verification.verifier`) read or computed (a
 signature's verdict, a checkpoint's name relative to its repository, a digest, the bytes
 of a shard index, a shard's hash) and returns the :class:`Check` that docs/security.md's
-"The steps of a verification" says it yields. The steps, in the order they are made:
+"The steps of a verification" says it yields (:func:`data_found` reads the content checks
+made for where the data is). The steps, in the order they are made:
 
 - (1) signature: a key the verifier's anchors accept signed the manifest;
 - (2) place: the checkpoint is under the name and in the run directory signed;
@@ -25,6 +26,7 @@ from pathlib import PurePosixPath
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import INDEX_NAME, named_step, step_directory_name
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import ShardRecord, describe
 from kronos_audit.keys.anchors import SignerCheck
 from kronos_audit.statement.attestation import Attestation
@@ -236,6 +238,21 @@ def datasets(
     if unreadable is not None:
         return [Check.failed(CheckName.DATASETS, unreadable)]
     return compare_datasets(manifest.datasets, found)
+
+
+_BYTES = (CheckName.FILE_DIGEST, CheckName.SHARD_INDEX, CheckName.SHARDS)
+"""The checks of a checkpoint's bytes (a sharded step's: its index and its shards)."""
+
+
+def data_found(checks: Sequence[Check]) -> Location | None:
+    """(4) Where the content checks say the data is: ``corrupt`` when a check of its bytes
+    failed (a shard gone counts: the step here is not the signed one), ``local`` when they
+    were made and held, None when none was made. The dataset checks do not count: with
+    the signed digest, the bytes are the signed ones whatever the manifest says of them."""
+    made = [c for c in checks if c.kind in _BYTES and c.status.made]
+    if any(not c.ok for c in made):
+        return Location.CORRUPT
+    return Location.LOCAL if made else None
 
 
 def index_digest(sha256: str, manifest: Manifest, *, say_digest: bool = True) -> Check:

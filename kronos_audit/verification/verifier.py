@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.hashing import diagnose, digest_open, open_file
 from kronos_audit.checkpoint.layout import shard_name
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
     NoProof,
@@ -83,7 +84,7 @@ class Verifier(ChainReader):
         place = place_check(self.project, manifest)
         checks = [signature, place]
         # (3) fetch, (4) content
-        content, fetched = self._data(
+        content, fetched, where = self._data(
             manifest, data=data, newest=newest, trusted=steps.may_read_named(signature, place)
         )
         checks += content
@@ -96,27 +97,30 @@ class Verifier(ChainReader):
             manifest.step,
             tuple(checks),
             fetched=fetched,
+            data=where,
             signer=signed.signer,
             statement=manifest,
         )
 
     def _data(
         self, manifest: Manifest, *, data: bool, newest: bool, trusted: bool
-    ) -> tuple[list[Check], bool]:
-        """(3) and (4): the checks of the data, and whether any was fetched. ``trusted``:
-        (1) and (2) hold."""
+    ) -> tuple[list[Check], bool, Location | None]:
+        """(3) and (4): the checks of the data, whether any was fetched, and where the
+        data was found (None: not looked at). ``trusted``: (1) and (2) hold."""
         if not data:
-            return [steps.not_asked()], False
+            return [steps.not_asked()], False, None
         sharded = manifest.record.shards is not None
         here = os.path.exists(manifest.checkpoint_path)
         if not here:
             pruner = self.pruned_by(manifest)
             if pruner is not None:
-                return [steps.pruned(manifest, self._name(manifest, pruner), newest=newest)], False
+                name = self._name(manifest, pruner)
+                return [steps.pruned(manifest, name, newest=newest)], False, Location.PRUNED
         if not trusted and (sharded or not here):
             # The one gate: nothing a manifest names is fetched, and no step's index read,
             # before its signature and place hold.
-            return [steps.not_fetched(manifest, here=here)], False
+            where = None if here else Location.MISSING
+            return [steps.not_fetched(manifest, here=here)], False, where
         fetched = False
         if not here:
             if not self.fetch or manifest.subject_md5 is None:
@@ -127,11 +131,12 @@ class Verifier(ChainReader):
             try:
                 self.fetch_data(manifest)
             except TamperedData as e:
-                return [steps.fetch_refused(manifest, e.message)], fetched
+                return [steps.fetch_refused(manifest, e.message)], fetched, Location.CORRUPT
         if sharded:
             step_checks, shards_fetched = self._sharded_content(manifest)
-            return step_checks, fetched or shards_fetched
-        return self._content(manifest), fetched
+            return step_checks, fetched or shards_fetched, steps.data_found(step_checks)
+        content = self._content(manifest)
+        return content, fetched, steps.data_found(content)
 
     @staticmethod
     def _name(manifest: Manifest, pruner: Path) -> str:
@@ -281,10 +286,12 @@ class Verifier(ChainReader):
         directory = manifest.checkpoint_path.parent
         fetched = False
         pruner = None
+        where: Location | None = None
         if not os.path.lexists(manifest.checkpoint_path):
             pruner = self.pruned_by(manifest)
         if pruner is not None:  # (4) its data is gone on purpose: nothing to restore
             checks.append(steps.pruned_for_rank(self._name(manifest, pruner)))
+            where = Location.PRUNED
         elif not steps.may_read_named(signature, place):  # (3)
             checks.append(steps.not_fetched(manifest, here=True))
         else:  # (4) its line, then its shard
@@ -312,6 +319,7 @@ class Verifier(ChainReader):
                     self._fetch_shards(manifest, [record])
                     fetched = True
                 checks += self._shard_checks(directory, [record], shards.count)
+            where = steps.data_found(checks)
         if chain:  # (5)
             checks.append(self._parent(manifest))
         return VerifyResult(
@@ -321,6 +329,7 @@ class Verifier(ChainReader):
             manifest.step,
             tuple(checks),
             fetched=fetched,
+            data=where,
             signer=signed.signer,
             statement=manifest,
         )

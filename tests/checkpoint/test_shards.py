@@ -26,6 +26,7 @@ from kronos_audit.checkpoint.layout import (
     shard_path,
     step_directory,
 )
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
     NoProof,
@@ -280,8 +281,11 @@ def test_one_rank_reads_only_its_own_line_and_shard(step: Manifest) -> None:
     assert result.checks[2].detail == "line 2 of 3 proven against the Merkle root"
     assert result.checks[3].detail == "shard of rank 1 of 3: size and sha256 match"
     assert result.checkpoint == shard_path(directory, 1, 3)
+    assert result.data is Location.LOCAL  # its own shard, as the rank found it
     # The same step, verified whole, fails on everything rank 1 did not read.
-    assert [c.name for c in verifier.verify(step.path).failures] == ["file digest"]
+    whole = verifier.verify(step.path)
+    assert [c.name for c in whole.failures] == ["file digest"]
+    assert whole.data is Location.CORRUPT
     assert not verifier.verify_rank(step.path, 2).ok  # its own line is the altered one
 
 
@@ -293,7 +297,10 @@ def test_one_rank_finds_its_own_shard_corrupt(step: Manifest) -> None:
     verifier = Verifier(_project_of(step.path))
     result = verifier.verify_rank(step.path, 2)
     assert [c.detail[:38] for c in result.failures] == ["shard of rank 2 of 3: sha256 mismatch "]
-    assert verifier.verify_rank(step.path, 0).ok
+    assert result.data is Location.CORRUPT
+    other = verifier.verify_rank(step.path, 0)
+    assert other.ok
+    assert other.data is Location.LOCAL
     with pytest.raises(UsageError, match="no rank 3 in a step of 3 shards"):
         verifier.verify_rank(step.path, 3)
 

@@ -286,10 +286,10 @@ def test_every_help_has_an_example(command: tuple[str, ...]) -> None:
 
 
 def test_values_spelled_out_for_a_fast_help_match_the_library() -> None:
+    from kronos_audit.checkpoint.location import Location
     from kronos_audit.cli import comparison
-    from kronos_audit.cli.commands import replay, report, status
+    from kronos_audit.cli.commands import log, replay, report, status
     from kronos_audit.compare import Verdict
-    from kronos_audit.history.status import Location
     from kronos_audit.replay import EnvMode, Outcome
     from kronos_audit.report.render import ReportFormat
 
@@ -297,7 +297,7 @@ def test_values_spelled_out_for_a_fast_help_match_the_library() -> None:
     assert tuple(m.value for m in EnvMode) == replay.ENV_MODES
     assert set(replay.OUTCOME_STYLE) == {o.value for o in Outcome}
     assert set(comparison.STYLE) == set(comparison.SUMMARY_WORDS) == {v.value for v in Verdict}
-    assert set(status._COLOURS) == {loc.value for loc in Location}
+    assert set(status._COLOURS) == set(log._DATA_STYLE) == {loc.value for loc in Location}
 
 
 # -- errors as JSON --------------------------------------------------------------------
@@ -477,8 +477,9 @@ def test_verify_of_a_present_checkpoint_imports_only_what_it_needs(
     assert "data checked for 1" in done.stdout
     modules = set(json.loads(done.stderr.rpartition("MODULES ")[2]))
     # What verifying needs: HDF5 and numpy (the dataset hashes), the schema, Ed25519, and
-    # the git command (the repository, whose trust store and place checks it reads).
-    needed = {"h5py", "numpy", "jsonschema", "cryptography", "kronos_audit._internal.git"}
+    # the git layer on GitPython (the repository, whose trust store and place checks it
+    # reads).
+    needed = {"h5py", "numpy", "jsonschema", "cryptography", "kronos_audit._internal.git", "git"}
     assert needed <= modules, needed - modules
 
     def under(*packages: str) -> set[str]:
@@ -486,13 +487,12 @@ def test_verify_of_a_present_checkpoint_imports_only_what_it_needs(
 
     # Nothing of DVC (a present checkpoint is never fetched), of comparison, replay, the
     # run loop or signing; none of the modules that run git for another purpose
-    # (provenance's git state, replay's worktree, storage's credentials check), nor
-    # gitpython; and no scan of the installed distributions.
+    # (provenance's git state, replay's worktree, storage's credentials check); and no
+    # scan of the installed distributions.
     assert not under(
         "dvc",
         "dvc_data",
         "dvc_objects",
-        "git",
         "importlib.metadata",
         "tomllib",
         "kronos_audit.storage",

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.history.log import DataLocation, run_log
+from kronos_audit.checkpoint.location import Location
+from kronos_audit.history.log import run_log
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
@@ -96,8 +97,9 @@ def test_remote_asked_only_with_the_flag(project: Project, key: SigningKey, tmp_
     assert run_cli("push", str(run_dir)).exit_code == 0
     Storage(project).discard(run_dir / "step-00000002.h5")
     (run_dir / "step-00000003.h5").unlink()  # never pushed again: gone from here only
-    assert log_json(str(run_dir))["runs"][0]["data"] == {"local": 1, "absent": 2}
-    assert log_json(str(run_dir), "--remote")["runs"][0]["data"] == {"local": 1, "remote": 2}
+    # without the remote: not here and not pruned is missing; --remote tells remote-only
+    assert log_json(str(run_dir))["runs"][0]["data"] == {"local": 1, "missing": 2}
+    assert log_json(str(run_dir), "--remote")["runs"][0]["data"] == {"pushed": 1, "remote-only": 2}
 
 
 def test_library_reads_each_manifest_once_and_reports_bad_ones(
@@ -109,7 +111,7 @@ def test_library_reads_each_manifest_once_and_reports_bad_ones(
     seen: list[tuple[str, int, int]] = []
     log = run_log(project, [run_dir], progress=lambda *a: seen.append(a))
     assert [r.count for r in log.runs] == [3]
-    assert log.runs[0].locations[DataLocation.LOCAL] == 3
+    assert log.runs[0].locations[Location.LOCAL] == 3
     assert [e.path for e in log.problems] == [bad]
     assert seen[-1] == ("reading manifests", 4, 4)
     result = run_cli("log", str(run_dir))

@@ -186,14 +186,24 @@ def test_a_pruned_run_pulls_with_plain_dvc_in_a_fresh_clone_and_every_command_sa
     for result in json.loads(verified.stdout)["results"]:
         (digest,) = [c for c in result["checks"] if c["check"] == "file digest"]
         assert ("pruned" in digest["detail"]) == (result["step"] in pruned), result
+        assert result["data"] == ("pruned" if result["step"] in pruned else "local"), result
     logged = json.loads(run_cli("log", str(here), "--json", *trust).stdout)
     assert logged["runs"][0]["data"] == {"local": 2, "pruned": 3}
+    asked = json.loads(run_cli("log", str(here), "--json", "--remote", *trust).stdout)
+    assert asked["runs"][0]["data"] == doc["counts"]  # the remote asked: as status says
     out = tmp_path / "report.json"
     reported = run_cli("report", str(here), "--out", str(out), "--no-fetch", *trust)
     assert reported.exit_code == 0, reported.output
     (run_report,) = json.loads(out.read_text())["runs"]
     assert run_report["verification"]["pruned"] == 3
     assert run_report["verification"]["data_checked"] == 2
+    assert [r["data"] for r in run_report["verification"]["newest"]] == [
+        "local",
+        "local",
+        "pruned",
+        "pruned",
+        "pruned",
+    ]
     markdown = tmp_path / "report.md"
     assert run_cli("report", str(here), "--out", str(markdown), *trust).exit_code == 0
     assert "2 checkpoints' data hashed, 3 pruned (signed retention record)." in (

@@ -331,8 +331,10 @@ def test_a_sharded_run_that_pruned_verifies_and_every_command_says_pruned(
             f"data pruned by retention (signed record in {pruner_name(step + 2)}): not checked"
         )
         assert not by_step[step]["data_checked"]
+        assert by_step[step]["data"] == "pruned"
     for step in KEPT:
         assert by_step[step]["data_checked"]
+        assert by_step[step]["data"] == "local"
         assert [c["check"] for c in by_step[step]["checks"] if c["check"] == "shards"]
 
     logged = json.loads(run_cli("log", str(run_dir), "--json", *trust).stdout)

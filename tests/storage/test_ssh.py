@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.history.status import Location, status
+from kronos_audit.checkpoint.location import Location
+from kronos_audit.history.status import status
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import configure_remote

@@ -21,6 +21,7 @@ import pytest
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.checkpoint.location import Location
 from kronos_audit.errors import CheckpointError, ManifestError, StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
@@ -461,6 +462,7 @@ def test_the_result_says_what_its_checks_found(
     assert not good.is_attestation
     assert good.data_checked
     assert not good.data_corrupt
+    assert good.data is Location.LOCAL
     signature = good.signature_check
     assert signature is not None
     assert signature.ok
@@ -473,6 +475,7 @@ def test_the_result_says_what_its_checks_found(
     (bad,) = verify(m.path)
     assert bad.data_checked
     assert bad.data_corrupt
+    assert bad.data is Location.CORRUPT
     file_digest = bad.check(CheckName.FILE_DIGEST)
     assert file_digest is not None
     assert not file_digest.ok
@@ -481,10 +484,24 @@ def test_the_result_says_what_its_checks_found(
     unread = Verifier(project).verify(m.path, data=False)
     assert not unread.data_checked
     assert not unread.data_corrupt
+    assert unread.data is None  # not looked at
     skipped = unread.check(CheckName.FILE_DIGEST)
     assert skipped is not None
     assert skipped.skipped
     assert skipped.ok
+
+
+def test_data_not_fetched_for_a_manifest_that_does_not_verify_is_missing(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    (m,) = snapshot(checkpoint, run="r", step=1, key=untrusted_key("mallory"))
+    checkpoint.unlink()
+    (result,) = verify(m.path)
+    digest = result.check(CheckName.FILE_DIGEST)
+    assert digest is not None
+    assert digest.status is CheckStatus.UNVERIFIED
+    assert result.data is Location.MISSING
+    assert result.to_json_obj()["data"] == "missing"
 
 
 CHECK_NAMES = frozenset(c.value for c in CheckName)

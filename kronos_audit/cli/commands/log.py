@@ -17,12 +17,14 @@ if TYPE_CHECKING:
     from kronos_audit.history.log import RunLog
     from kronos_audit.keys.anchors import TrustOptions
 
+# How `log` colours each place (by its value: the enum lives in the library).
 _DATA_STYLE = {
     "local": "green",
-    "remote": "cyan",
+    "pushed": "green",
+    "remote-only": "cyan",
     "pruned": "dim",
-    "absent": "yellow",
     "missing": "red",
+    "corrupt": "red",
 }
 
 
@@ -47,7 +49,7 @@ def _signer(r: RunLog) -> str:
     "--remote",
     "ask_remote",
     is_flag=True,
-    help="Ask the DVC remote which checkpoints that are not here it holds.",
+    help="Ask the DVC remote too: tells pushed from local, and remote-only from missing.",
 )
 @click.option("--remote-name", metavar="NAME", help="DVC remote (default: the default remote).")
 @trust_options
@@ -65,9 +67,11 @@ def log(
 
     Per run, newest first: run id, step range, checkpoint count, newest step, commit,
     who signed the newest manifest (its signature alone is checked: no data is hashed;
-    `kaudit verify` verifies), when, and where the data is: local (the file is here),
-    pruned (a signed retention record prunes it), remote (with --remote: in the DVC
-    remote), absent (not here, remote not asked) or missing.
+    `kaudit verify` verifies), when, and where the data is, in the words of `kaudit
+    status`: local (the file is here), pruned (a signed retention record prunes it) or
+    missing (neither). With --remote the DVC remote is asked too: a checkpoint here and
+    in the remote is pushed, and one not here is remote-only or missing (without
+    --remote, missing does not tell the two apart).
 
     Exit 2 if a manifest could not be read (the other runs are still shown).
 

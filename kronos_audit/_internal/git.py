@@ -589,8 +589,13 @@ def ls_tree_paths(root: Path, commit: str) -> list[str]:
 def _inert(root: Path) -> dict[str, str]:
     """Settings under which a checkout or a patch runs nothing the configuration names:
     no hook, no filter driver (each ``filter.NAME`` the configuration defines emptied:
-    git skips a driver with no command), no file-system monitor."""
-    settings = {"core.hooksPath": os.devnull, "core.fsmonitor": "false"}
+    git skips a driver with no command), no file-system monitor, no descent into
+    submodules."""
+    settings = {
+        "core.hooksPath": os.devnull,
+        "core.fsmonitor": "false",
+        "submodule.recurse": "false",
+    }
     done = _completed(root, ("config", "-z", "--name-only", "--get-regexp", r"^filter\."))
     if done.returncode not in (0, 1):
         raise _error(root, ("config",), done)

@@ -227,6 +227,20 @@ def manifests_named(targets: tuple[Path, ...]) -> tuple[Project, list[Path]]:
     return project, found
 
 
+def json_paths(*starts: Path) -> Callable[[Path], str]:
+    """How every ``--json`` names a file: a POSIX path relative to the top of the
+    repository the command works in (the one holding the first of ``starts``, or the
+    working directory), absolute when outside it, wherever the command was run from and
+    however the path was given; as the report, the gate and the manifests name them."""
+    from kronos_audit.errors import Error
+    from kronos_audit.project.repository import find_project
+
+    try:
+        return find_project(starts[0] if starts else Path.cwd()).relative
+    except Error:
+        return lambda path: (Path(path).parent.resolve() / Path(path).name).as_posix()
+
+
 def repository_if_none(paths: tuple[Path, ...]) -> list[Path]:
     """``paths``; none given: the kaudit repository holding the working directory (as a
     path relative to it, so what is printed is too), for a command that then covers

@@ -80,9 +80,9 @@ class Chain:
                 return m
         raise KeyError(step)
 
-    def to_json_obj(self) -> dict[str, Any]:
+    def to_json_obj(self, path: Callable[[Path], str] = str) -> dict[str, Any]:
         return {
-            "head": str(self.head),
+            "head": path(self.head),
             "run": self.run,
             "checkpoints": len(self.manifests),
             "steps": list(self.steps),
@@ -116,13 +116,13 @@ class StepComparison:
             return tuple(d.path for d in self.comparison.failures)
         return () if self.agrees else self.hash_differences
 
-    def to_json_obj(self) -> dict[str, Any]:
+    def to_json_obj(self, path: Callable[[Path], str] = str) -> dict[str, Any]:
         return {
             "step": self.step,
             "agrees": self.agrees,
             "decided_by": self.decided_by.value,
-            "a": str(self.a),
-            "b": str(self.b),
+            "a": path(self.a),
+            "b": path(self.b),
             "hash_differences": list(self.hash_differences),
             "failures": list(self.failures),
             "comparison": None if self.comparison is None else self.comparison.to_json_obj(),
@@ -186,7 +186,8 @@ class BisectResult:
             return ()
         return first.comparison.failures
 
-    def to_json_obj(self) -> dict[str, Any]:
+    def to_json_obj(self, path: Callable[[Path], str] = str) -> dict[str, Any]:
+        """As JSON, each file named by ``path`` (the CLI's: relative to the repository)."""
         first = self.first_divergence
         return {
             "format": FORMAT,
@@ -199,9 +200,9 @@ class BisectResult:
             "data_comparisons": self.data_comparisons,
             "common_steps": list(self.common_steps),
             "policy": self.policy.to_json_obj(),
-            "a": self.a.to_json_obj(),
-            "b": self.b.to_json_obj(),
-            "probes": [p.to_json_obj() for p in self.probes],
+            "a": self.a.to_json_obj(path),
+            "b": self.b.to_json_obj(path),
+            "probes": [p.to_json_obj(path) for p in self.probes],
         }
 
 

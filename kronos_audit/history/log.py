@@ -77,14 +77,15 @@ class RunLog:
     locations: Mapping[Location, int] = field(default_factory=lambda: MappingProxyType({}))
     """How many of its checkpoints are where (never ``corrupt``: nothing is hashed)."""
 
-    def to_json_obj(self) -> dict[str, Any]:
+    def to_json_obj(self, path: Callable[[Path], str] = str) -> dict[str, Any]:
+        """As JSON, each file named by ``path`` (the CLI's: relative to the repository)."""
         return {
             "run": self.run,
-            "directory": str(self.directory),
+            "directory": path(self.directory),
             "first_step": self.first_step,
             "newest_step": self.newest_step,
             "count": self.count,
-            "newest": str(self.newest),
+            "newest": path(self.newest),
             "commit": self.commit,
             "dirty": self.dirty,
             "created": self.created,

@@ -9,6 +9,7 @@ never fetched). The detail says, in words, what was found or why it was not made
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,11 +244,12 @@ class VerifyResult:
             for c in self.checks
         )
 
-    def to_json_obj(self) -> dict[str, Any]:
+    def to_json_obj(self, path: Callable[[Path], str] = str) -> dict[str, Any]:
+        """As JSON, each file named by ``path`` (the CLI's: relative to the repository)."""
         return {
             "kind": self.kind.value,
-            "manifest": str(self.manifest),
-            "checkpoint": str(self.checkpoint),
+            "manifest": path(self.manifest),
+            "checkpoint": path(self.checkpoint),
             "run": self.run,
             "step": self.step,
             "ok": self.ok,

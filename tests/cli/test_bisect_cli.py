@@ -15,7 +15,7 @@ import pytest
 from click.testing import Result
 
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import Project
+from kronos_audit.project.repository import Project, find_project
 from tests.helpers import assert_bad_input as _assert_bad_input
 from tests.helpers import run_cli
 from tests.history.test_bisect import PLANTED, key, manifest, project, runs, solver
@@ -77,7 +77,8 @@ def test_json_has_everything(runs: tuple[Path, Path]) -> None:
     assert doc["common_steps"] == list(range(1, 41))
     assert doc["policy"] == {"default": None, "rules": []}
     assert doc["a"]["run"] == "env-a"
-    assert doc["b"]["head"] == str(manifest(b, 40))
+    assert doc["b"]["head"] == find_project(b).relative(manifest(b, 40))
+    assert not doc["b"]["head"].startswith("/")
     assert doc["b"]["checkpoints"] == 40
     by_step = {p["step"]: p for p in doc["probes"]}
     assert by_step[PLANTED]["agrees"] is False

@@ -193,7 +193,7 @@ def test_json_with_config(project: Project) -> None:
     r = run_cli("diff", str(a), str(a), "--json")
     doc = json.loads(r.stdout)
     validate(doc, schema_name="comparison-v1.schema.json")
-    assert doc["config"] == str(project.config_path)
+    assert doc["config"] == ".kaudit/config.toml"
     assert doc["policy"]["default"]["atol"] == 1e-9
 
 

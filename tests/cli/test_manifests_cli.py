@@ -385,7 +385,7 @@ def test_verify_json_reports_every_manifest(project: Project, key: SigningKey) -
     assert report["summary"]["data_checked"] == 3
     assert report["ok"] is True
     assert report["errors"] == []
-    assert [r["manifest"] for r in report["results"]] == [str(p) for p in paths]
+    assert [r["manifest"] for r in report["results"]] == [project.relative(p) for p in paths]
     assert [r["step"] for r in report["results"]] == [1, 2, 3]
     for r in report["results"]:
         assert r["ok"] is True
@@ -408,11 +408,14 @@ def test_verify_with_no_path_covers_every_run_of_the_repository(
     assert every.exit_code == 0, every.output
     assert every.stdout == named.stdout
     assert every.stdout.count("ok   ") == 2
-    # from below the root, paths relative to where you are, as git prints them
+    # from below the root: the text relative to where you are, the JSON to the root, as
+    # git's porcelain formats
+    below = run_cli("verify", cwd=project.root / "checkpoints" / "a")
+    assert "ok   ../../checkpoints/b/deeper/s1.h5.kaudit.json" in below.stdout
     below = run_cli("verify", "--json", cwd=project.root / "checkpoints" / "a")
     assert [r["manifest"] for r in json.loads(below.stdout)["results"]] == [
-        "../../checkpoints/a/s1.h5.kaudit.json",
-        "../../checkpoints/b/deeper/s1.h5.kaudit.json",
+        "checkpoints/a/s1.h5.kaudit.json",
+        "checkpoints/b/deeper/s1.h5.kaudit.json",
     ]
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -48,14 +48,14 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
     (first, _) = doc["checkpoints"]
     assert first["step"] == 1
     assert first["size"] == (run_dir / "step-1.h5").stat().st_size
-    assert first["manifest"] == str(run_dir / "step-1.h5.kaudit.json")
+    assert first["manifest"] == project.relative(run_dir / "step-1.h5.kaudit.json")
 
     pushed = as_json("push", str(run_dir))
     assert pushed == {
         "ok": True,
         "failed": [],
         "errors": [],
-        "pushed": [str(run_dir / "step-1.h5"), str(run_dir / "step-2.h5")],
+        "pushed": ["checkpoints/r/step-1.h5", "checkpoints/r/step-2.h5"],
         "uploaded": 2,
         "manifests": 2,
         "not_here": [],
@@ -72,7 +72,7 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
     assert places(as_json("status", str(run_dir))) == {"step-1.h5": "pushed", "step-2.h5": "pushed"}
 
     Storage(project).discard(run_dir / "step-2.h5")
-    assert as_json("push", str(run_dir))["not_here"] == [str(run_dir / "step-2.h5")]
+    assert as_json("push", str(run_dir))["not_here"] == ["checkpoints/r/step-2.h5"]
     assert places(as_json("status", str(run_dir)))["step-2.h5"] == "remote-only"
 
     pulled = as_json("pull", str(run_dir))

@@ -78,9 +78,13 @@ def test_a_checkpoint_stands_for_its_manifest(attested: Path, repo: Path, tmp_pa
         result = run_cli(*args, cwd=repo)
         assert result.exit_code == 0, (args, result.output)
     verified = json.loads(run_cli("verify", str(checkpoint), "--json").stdout)
-    assert [r["manifest"] for r in verified["results"]] == [str(manifest(attested, 20))]
+    assert [r["manifest"] for r in verified["results"]] == [
+        manifest(attested, 20).relative_to(repo.resolve()).as_posix()
+    ]
     status = json.loads(run_cli("status", str(checkpoint), "--json").stdout)
-    assert [c["manifest"] for c in status["checkpoints"]] == [str(manifest(attested, 20))]
+    assert [c["manifest"] for c in status["checkpoints"]] == [
+        manifest(attested, 20).relative_to(repo.resolve()).as_posix()
+    ]
 
 
 def test_a_file_with_no_manifest_beside_it_is_one_line_and_nothing_is_written(
@@ -146,7 +150,9 @@ def test_a_sharded_step_directory_stands_for_its_step_manifest(
     assert json.loads(shown.stdout)["predicate"]["step"] == 5
     verified = run_cli("verify", str(directory), "--json")
     assert verified.exit_code == 0, verified.output
-    assert [r["manifest"] for r in json.loads(verified.stdout)["results"]] == [str(step.path)]
+    assert [r["manifest"] for r in json.loads(verified.stdout)["results"]] == [
+        project.relative(step.path)
+    ]
     status = run_cli("status", str(directory), "--local-only", "--json")
     assert status.exit_code == 0, status.output
     assert [c["step"] for c in json.loads(status.stdout)["checkpoints"]] == [5]

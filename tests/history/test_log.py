@@ -47,8 +47,8 @@ def test_every_run_of_the_repository(project: Project, key: SigningKey) -> None:
     assert set(by_run) == {"heat", "kept"}
     h = by_run["heat"]
     assert (h["first_step"], h["newest_step"], h["count"]) == (1, 4, 4)
-    assert h["directory"] == str(heat)
-    assert h["newest"] == str(heat / "step-00000004.h5.kaudit.json")
+    assert h["directory"] == project.relative(heat)
+    assert h["newest"] == "checkpoints/heat/step-00000004.h5.kaudit.json"
     newest = ka.read_manifest(heat / "step-00000004.h5.kaudit.json")
     assert h["commit"] == newest.record.git.commit
     assert h["created"] == newest.record.created
@@ -59,7 +59,7 @@ def test_every_run_of_the_repository(project: Project, key: SigningKey) -> None:
     k = by_run["kept"]
     assert (k["first_step"], k["newest_step"], k["count"]) == (1, 5, 5)
     assert k["data"] == {"local": 2, "pruned": 3}
-    assert k["directory"] == str(pruned)
+    assert k["directory"] == project.relative(pruned)
 
 
 def test_text_names_signer_and_places_plainly(project: Project, key: SigningKey) -> None:
@@ -147,5 +147,5 @@ def test_a_sharded_run_is_one_run_of_its_steps(project: Project, key: SigningKey
         2,
         2,
     )
-    assert heat["directory"] == str(project.root / "checkpoints" / "heat")
+    assert heat["directory"] == "checkpoints/heat"
     assert heat["data"] == {"local": 2}

@@ -10,6 +10,7 @@ import click
 from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import (
     json_option,
+    json_paths,
     tolerance_options,
     tolerance_policy,
     trust_options,
@@ -61,8 +62,8 @@ def bisect_command(
     policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
     result = bisect(a, b, policy, trust=trust)
     if as_json:
-        doc = result.to_json_obj()
-        doc["config"] = None if project is None else str(project.config_path)
+        doc = result.to_json_obj(json_paths(a, b))
+        doc["config"] = None if project is None else project.relative(project.config_path)
         out.json(doc)
     else:
         _render(result, project)

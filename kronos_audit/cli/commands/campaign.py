@@ -3,6 +3,7 @@ missing tasks; its completeness certificate."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ def _state(s: TaskState, array: ArrayCampaign) -> str:
     return "done" if not s.missing(array.n, array.tasks) else "partial"
 
 
-def _task_json(s: TaskState, array: ArrayCampaign) -> dict[str, Any]:
+def _task_json(s: TaskState, array: ArrayCampaign, path: Callable[[Path], str]) -> dict[str, Any]:
     share = array.share(s.task)
     return {
         "task": s.task,
@@ -42,7 +43,7 @@ def _task_json(s: TaskState, array: ArrayCampaign) -> dict[str, Any]:
         "done": s.done,
         "share": share,
         "missing": s.missing(array.n, array.tasks),
-        "manifest": None if s.part is None else str(s.part.manifest.path),
+        "manifest": None if s.part is None else path(s.part.manifest.path),
         "problem": s.problem,
     }
 
@@ -132,9 +133,9 @@ def campaign(
                 "n": array.n,
                 "done": array.done,
                 "resubmit": line,
-                "certificate": None if certificate is None else str(certificate),
+                "certificate": None if certificate is None else project.relative(certificate),
                 "strays": list(array.strays),
-                "parts": [_task_json(s, array) for s in array.states],
+                "parts": [_task_json(s, array, project.relative) for s in array.states],
             }
         )
     else:

@@ -60,7 +60,7 @@ def diff(
         result = compare_files(a, b, policy)
     if as_json:
         doc = result.to_json_obj()
-        doc["config"] = None if project is None else str(project.config_path)
+        doc["config"] = None if project is None else project.relative(project.config_path)
         out.json(doc)
     else:
         render_comparison(result, project)

@@ -95,7 +95,7 @@ def log(
     if as_json:
         out.json(
             {
-                "runs": [r.to_json_obj() for r in result.runs],
+                "runs": [r.to_json_obj(project.relative) for r in result.runs],
                 "errors": [error_json(e) for e in result.problems],
             }
         )

@@ -65,7 +65,8 @@ def pull(
     from kronos_audit.verification.batch import trust_problems, verify_each
     from kronos_audit.verification.results import VerifyResult
 
-    _, manifests = manifests_named(targets)
+    project, manifests = manifests_named(targets)
+    where = project.relative
     if not as_json:
         for problem in trust_problems(manifests, trust):
             warn(problem)
@@ -124,8 +125,8 @@ def pull(
                 "ok": not errors and not failed,
                 "results": [
                     {
-                        "checkpoint": str(r.checkpoint),
-                        "manifest": str(r.manifest),
+                        "checkpoint": where(r.checkpoint),
+                        "manifest": where(r.manifest),
                         "ok": r.ok,
                         "fetched": r.fetched,
                         "failures": [{"name": c.name, "detail": c.detail} for c in r.failures],

@@ -120,15 +120,19 @@ def push(
             {
                 "ok": ok,
                 "pushed": [
-                    str(group[0].checkpoint)
+                    project.relative(group[0].checkpoint)
                     for group in items.values()
                     if not any(i.checkpoint in missing for i in group)
                 ],
                 "uploaded": uploaded,
                 "manifests": sent,
-                "not_here": [str(verifier.cache.read(m).checkpoint_path) for m in absent],
-                "failed": [{"path": str(p), "detail": why} for p, why in refused.items()]
-                + [{"path": str(p), "detail": why} for p, why in missing.items()],
+                "not_here": [
+                    project.relative(verifier.cache.read(m).checkpoint_path) for m in absent
+                ],
+                "failed": [
+                    {"path": project.relative(p), "detail": why}
+                    for p, why in [*refused.items(), *missing.items()]
+                ],
                 "errors": [error_json(e) for e in bad.values()],
             }
         )

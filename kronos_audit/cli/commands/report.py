@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kronos_audit.cli.options import json_option, repository_if_none, trust_options
+from kronos_audit.cli.options import json_option, json_paths, repository_if_none, trust_options
 from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
 
@@ -86,14 +86,13 @@ def report(
     from kronos_audit.cli.progress import progress_bar
 
     with progress_bar():  # on a terminal only; never with -q or --json
-        result = build_report(
-            repository_if_none(paths), trust=trust, fetch=not no_fetch, newest=newest
-        )
+        targets = repository_if_none(paths)
+        result = build_report(targets, trust=trust, fetch=not no_fetch, newest=newest)
     write_report(result, out_path, chosen)
     if as_json:
         out.json(
             {
-                "out": str(out_path),
+                "out": json_paths(*targets)(out_path),
                 "format": chosen.value,
                 "verdict": result.verdict.value,
                 "ok": result.ok,

@@ -79,8 +79,8 @@ def status_command(
                 "ok": not corrupt,
                 "checkpoints": [
                     {
-                        "checkpoint": str(e.checkpoint),
-                        "manifest": str(e.manifest),
+                        "checkpoint": project.relative(e.checkpoint),
+                        "manifest": project.relative(e.manifest),
                         "step": e.step,
                         "size": e.size,
                         "location": e.location.value,

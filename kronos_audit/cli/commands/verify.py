@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 import click
 
 from kronos_audit.cli._app import error_json
-from kronos_audit.cli.options import json_option, repository_if_none, trust_options, warn
+from kronos_audit.cli.options import (
+    json_option,
+    json_paths,
+    repository_if_none,
+    trust_options,
+    warn,
+)
 from kronos_audit.cli.output import out, safe, settings
 from kronos_audit.errors import Error, ExitCode
 
@@ -135,7 +141,7 @@ def verify(
             {
                 "ok": not errors and all(r.ok for r in results),
                 "summary": summary,
-                "results": [r.to_json_obj() for r in results],
+                "results": [r.to_json_obj(json_paths(*paths)) for r in results],
                 "errors": [error_json(e) for e in errors],
             }
         )

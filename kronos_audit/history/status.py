@@ -9,8 +9,9 @@ signature verifies under the trust anchors (as ``kaudit log`` and ``kaudit verif
 decide it); a record anyone could have written does not turn deleted data into pruned
 data. ``kaudit verify`` checks the rest.
 
-Storage is asked only what the remote holds (:meth:`Storage.remote_sizes`, by the md5
-each manifest records); reading the manifests and the retention records is done here.
+Storage is asked only what the remote holds
+(:meth:`~kronos_audit.storage.remote.Storage.remote_sizes`, by the md5 each manifest
+records); reading the manifests and the retention records is done here.
 ``kaudit log`` places its checkpoints with the same :func:`locate`, hashing nothing.
 """
 

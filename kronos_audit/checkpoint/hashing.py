@@ -30,7 +30,7 @@ import io
 import mmap
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,14 +61,24 @@ class DatasetDigest:
     """Shape; None for an HDF5 empty (null dataspace) dataset."""
     sha256: str
     """sha256 of the canonical bytes."""
+    extent: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
+    """``(offset, length)`` of the file's bytes that are the dataset's canonical bytes (a
+    contiguous little-endian dataset), when known; None otherwise. Not part of the
+    identity: it says where the bytes are, not what they are. A verifier hashes these
+    ranges beside the file's sha256, before HDF5 is parsed, and takes such a hash only
+    for a dataset HDF5 then places at exactly that extent (:func:`digest_open`)."""
 
-    def to_json_obj(self) -> dict[str, Any]:
-        return {
+    def to_json_obj(self, *, extent: bool = False) -> dict[str, Any]:
+        """As JSON; with ``extent`` (a manifest's entry) its extent too, when known."""
+        obj: dict[str, Any] = {
             "path": self.path,
             "dtype": self.dtype,
             "shape": None if self.shape is None else list(self.shape),
             "sha256": self.sha256,
         }
+        if extent and self.extent is not None:
+            obj["extent"] = list(self.extent)
+        return obj
 
 
 @dataclass(frozen=True)
@@ -206,7 +216,11 @@ def _blocks(dset: h5py.Dataset) -> Iterator[np.ndarray[Any, Any]]:
         yield out
 
 
-def _dataset_digest(dset: h5py.Dataset, view: memoryview | None) -> DatasetDigest:
+def _dataset_digest(
+    dset: h5py.Dataset,
+    view: memoryview | None,
+    known: Mapping[tuple[int, int], str] | None = None,
+) -> DatasetDigest:
     name = dset.name
     if dset.shape is None:  # null dataspace: no elements at all
         return DatasetDigest(name, dtype_name(dset.dtype), None, hashlib.sha256().hexdigest())
@@ -218,10 +232,15 @@ def _dataset_digest(dset: h5py.Dataset, view: memoryview | None) -> DatasetDiges
         return DatasetDigest(name, kind, tuple(dset.shape), h.hexdigest())
     extent = _raw_extent(dset) if view is not None else None
     if extent is not None and view is not None:
-        offset, length = extent
-        for start in range(offset, offset + length, BLOCK):
-            h.update(view[start : min(start + BLOCK, offset + length)])
-    elif dset.size:
+        hashed = None if known is None else known.get(extent)
+        if hashed is None:
+            offset, length = extent
+            for start in range(offset, offset + length, BLOCK):
+                h.update(view[start : min(start + BLOCK, offset + length)])
+            hashed = h.hexdigest()
+        shape = tuple(dset.shape)
+        return DatasetDigest(name, dtype_name(dset.dtype), shape, hashed, extent=extent)
+    if dset.size:
         canon = canonical_dtype(dset.dtype)
         for block in _blocks(dset):
             h.update(canonical_bytes(block, canon))
@@ -451,24 +470,60 @@ def digest_open(
     if expect_sha256 is None:
         return _digest_mapped(opened, md5)
     view = opened.view()
-    pending_md5 = None
-    if md5:
+    extents = disjoint_extents((d.extent for d in recorded or ()), opened.size)
+    if opened.size < SMALL_FILE or not opened.hdf5:
+        extents = []
+    pending_md5 = pending_extents = None
+    if md5 or extents:
         from concurrent.futures import ThreadPoolExecutor
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kaudit-hash")
-        pending_md5 = pool.submit(_whole, view, "md5")
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash")
+        if md5:
+            pending_md5 = pool.submit(_whole, view, "md5")
+        if extents:
+            pending_extents = pool.submit(_hash_extents, view, extents)
     try:
         sha = _whole(view, "sha256", progress=opened.size >= SMALL_FILE)
     finally:
         md5_hex = pending_md5.result() if pending_md5 is not None else None
-        if pending_md5 is not None:
+        known = pending_extents.result() if pending_extents is not None else None
+        if pending_md5 is not None or pending_extents is not None:
             pool.shutdown()
-    datasets, unreadable = diagnose(opened, None if sha == expect_sha256 else recorded or ())
+    if sha != expect_sha256:
+        datasets, unreadable = diagnose(opened, recorded or ())
+    else:
+        datasets, unreadable = diagnose(opened, None, known=known)
     return FileDigests(sha, opened.size, datasets, md5_hex, unreadable=unreadable)
 
 
+def disjoint_extents(extents: Iterable[tuple[int, int] | None], size: int) -> list[tuple[int, int]]:
+    """Those of ``extents`` (a manifest's, which anyone may have written) that lie inside a
+    file of ``size`` bytes, without one overlapping another: at most ``size`` bytes to
+    hash however many a manifest names (aliases of one dataset share one extent)."""
+    kept: list[tuple[int, int]] = []
+    end = 0
+    for offset, length in sorted({e for e in extents if e is not None}):
+        if offset >= end and length > 0 and offset + length <= size:
+            kept.append((offset, length))
+            end = offset + length
+    return kept
+
+
+def _hash_extents(view: memoryview, extents: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    out = {}
+    for offset, length in extents:
+        h = hashlib.sha256()
+        for start in range(offset, offset + length, BLOCK):
+            h.update(view[start : min(start + BLOCK, offset + length)])
+        out[(offset, length)] = h.hexdigest()
+    return out
+
+
 def diagnose(
-    opened: OpenFile, recorded: tuple[DatasetDigest, ...] | None
+    opened: OpenFile,
+    recorded: tuple[DatasetDigest, ...] | None,
+    *,
+    known: Mapping[tuple[int, int], str] | None = None,
 ) -> tuple[tuple[DatasetDigest, ...] | None, str | None]:
     """``(datasets, unreadable)`` of an open file, never raising: its dataset digests
     (None if it is not HDF5, or cannot be parsed, read or covered, with the reason in
@@ -480,7 +535,7 @@ def diagnose(
         if not opened.hdf5:
             return None, None
         bound = None if recorded is None else {d.path: d for d in recorded}
-        return _datasets_of(opened, opened.view(), bound), None
+        return _datasets_of(opened, opened.view(), bound, known=known), None
     except CheckpointError as e:
         return None, e.message
     except MemoryError:
@@ -525,9 +580,11 @@ def _datasets_of(
     view: memoryview,
     bound: dict[str, DatasetDigest] | None = None,
     objects: dict[Any, tuple[h5py.Dataset, list[str]]] | None = None,
+    known: Mapping[tuple[int, int], str] | None = None,
 ) -> tuple[DatasetDigest, ...]:
     """Every dataset's digest under each of its names; with ``bound``, only those with a
-    name recorded there at the same dtype and shape are hashed (the others unhashed)."""
+    name recorded there at the same dtype and shape are hashed (the others unhashed);
+    ``known``: the sha256 of file extents already hashed (see :func:`digest_open`)."""
     out: list[DatasetDigest] = []
     for d, names in (_listing(opened) if objects is None else objects).values():
         try:
@@ -536,7 +593,7 @@ def _datasets_of(
                 kind = vlen_kind(d.dtype)
                 digest = DatasetDigest(d.name, kind or dtype_name(d.dtype), shape, "")
             else:
-                digest = _dataset_digest(d, view)
+                digest = _dataset_digest(d, view, known)
         except (OSError, RuntimeError, ValueError, TypeError) as e:
             raise CheckpointError(
                 f"cannot read dataset {names[0]} ({_h5_reason(e)})",

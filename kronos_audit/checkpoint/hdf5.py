@@ -166,12 +166,17 @@ def check_room(path: Path, flat: Flat) -> None:
 def lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
     """Create the file with h5py: metadata and small datasets written, space for the large
     ones allocated; return (offset, array) for each large one, by offset."""
+    return [(offset, array) for offset, _, array in lay_out_named(path, flat)]
+
+
+def lay_out_named(path: Path, flat: Flat) -> list[tuple[int, str, np.ndarray[Any, Any]]]:
+    """:func:`lay_out`, each large array with its path: (offset, path, array)."""
     check_room(path, flat)
-    raw: list[tuple[int, np.ndarray[Any, Any]]] = []
+    raw: list[tuple[int, str, np.ndarray[Any, Any]]] = []
     with h5py.File(path, "w") as f:
         for name, array in flat.items():
             if _raw_writable(array):
-                raw.append((_create_allocated(f, name, array), array))
+                raw.append((_create_allocated(f, name, array), name, array))
             else:
                 f.create_dataset(name, data=array)
     return sorted(raw, key=lambda r: r[0])

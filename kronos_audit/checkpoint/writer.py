@@ -32,6 +32,7 @@ kept: the first is raised, and each later one is named in a note on it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import math
@@ -51,7 +52,7 @@ import numpy as np
 
 from kronos_audit.checkpoint.hashing import BLOCK as HASH_BLOCK
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest
-from kronos_audit.checkpoint.hdf5 import Flat, lay_out, pwrite_all
+from kronos_audit.checkpoint.hdf5 import Flat, lay_out_named, pwrite_all
 from kronos_audit.checkpoint.treehash import LocalTree, stream_bytes
 from kronos_audit.errors import CheckpointError
 
@@ -123,8 +124,20 @@ def write_and_hash(
     its own digest, from the same memory on the same thread: each byte is hashed once for
     the datasets, whichever digest it goes to."""
     trees = trees or {}
-    raw = lay_out(path, flat)
+    named = lay_out_named(path, flat)
+    raw = [(offset, array) for offset, _, array in named]
     size = path.stat().st_size
+    # Where each large little-endian array's bytes are in the file: they are its
+    # canonical bytes, which a verifier can hash there beside the file's sha256.
+    extents = {
+        name: (offset, array.nbytes)
+        for offset, name, array in named
+        if array.dtype.newbyteorder("<") == array.dtype
+    }
+
+    def digest(name: str, array: np.ndarray[Any, Any]) -> DatasetDigest:
+        found = array_digest(name, array)
+        return dataclasses.replace(found, extent=extents[name]) if name in extents else found
 
     def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...], dict[str, LocalTree]]:
         sha = _stream_digest(path, size, raw, "sha256")
@@ -132,7 +145,7 @@ def write_and_hash(
             n: LocalTree.of(stream_bytes(flat[n], t.axis), t.offset, t.length, rank=t.rank)
             for n, t in trees.items()
         }
-        own = (array_digest(n, a) for n, a in flat.items() if n not in trees)
+        own = (digest(n, a) for n, a in flat.items() if n not in trees)
         return sha, tuple(sorted(own, key=lambda d: d.path)), parts
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:

@@ -364,11 +364,13 @@ class ShardSet:
 
 def _dataset(obj: Mapping[str, Any]) -> DatasetDigest:
     shape = obj["shape"]
+    extent = obj.get("extent")
     return DatasetDigest(
         str(obj["path"]),
         str(obj["dtype"]),
         None if shape is None else tuple(int(n) for n in shape),
         str(obj["sha256"]),
+        extent=None if extent is None else (int(extent[0]), int(extent[1])),
     )
 
 
@@ -480,7 +482,9 @@ class Predicate:
             "git": self.git.to_json_obj(),
             "environment": self.environment.to_json_obj(),
             "seeds": list(self.seeds),
-            "datasets": None if self.datasets is None else [d.to_json_obj() for d in self.datasets],
+            "datasets": None
+            if self.datasets is None
+            else [d.to_json_obj(extent=True) for d in self.datasets],
             "attributes": thaw(self.attributes),
             "command": None if self.command is None else list(self.command),
             "cwd": self.cwd,

@@ -168,9 +168,9 @@ def test_a_big_file_takes_the_threaded_path_and_hashes_right(
     read_through_h5py: set[str] = set()
     dataset_digest, blocks = hashing._dataset_digest, hashing._blocks
 
-    def spy_digest(dset: h5py.Dataset, view: memoryview | None) -> DatasetDigest:
+    def spy_digest(dset: h5py.Dataset, view: memoryview | None, known: Any = None) -> DatasetDigest:
         threads.add(threading.current_thread().name)
-        return dataset_digest(dset, view)
+        return dataset_digest(dset, view, known)
 
     def spy_blocks(dset: h5py.Dataset) -> Any:
         read_through_h5py.add(dset.name)

@@ -101,9 +101,9 @@ def test_an_alias_is_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     hashed: list[str] = []
     dataset_digest = hashing._dataset_digest
 
-    def spy(dset: h5py.Dataset, view: memoryview | None) -> DatasetDigest:
+    def spy(dset: h5py.Dataset, view: memoryview | None, known: Any = None) -> DatasetDigest:
         hashed.append(dset.name)
-        return dataset_digest(dset, view)
+        return dataset_digest(dset, view, known)
 
     monkeypatch.setattr(hashing, "_dataset_digest", spy)
     assert sorted(by_path(digest_file(path))) == ["/a", "/b", "/c", "/g/d"]

@@ -188,7 +188,7 @@ def test_a_checkpoint_signs_the_predicate_the_dict_literal_signed(
         "git": GIT.to_json_obj(),
         "environment": environment(),
         "seeds": [7, 8],
-        "datasets": [d.to_json_obj() for d in digests.datasets],
+        "datasets": [d.to_json_obj(extent=True) for d in digests.datasets],
         "attributes": dict(attributes),
         "command": ["python", "sim.py", "3"],
         "cwd": "ck",

@@ -295,3 +295,89 @@ def test_where_warming_writes_into_the_pages_a_copy_waits_for_it(
     writer.close()
     with h5py.File(tmp_path / "step-1.h5") as f:
         assert (f["/u"][()] == 1).all()  # not one zero from the warming
+
+
+# -- around the page cache -------------------------------------------------------------------
+
+
+def _aligned(n: int, dtype: str) -> np.ndarray:
+    """An array of ``n`` elements in page-aligned memory (its own mapping), filled."""
+    import mmap
+
+    buf = mmap.mmap(-1, n * np.dtype(dtype).itemsize)
+    a = np.frombuffer(buf, dtype=dtype)
+    a[:] = np.arange(n) % 251
+    return a
+
+
+def _unaligned(n: int) -> np.ndarray:
+    """A contiguous float64 array whose memory starts 8 bytes past a page."""
+    raw = np.zeros(n * 8 + 4096 + 8, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 4096 + 8
+    a = raw[start : start + n * 8].view(np.float64)
+    a[:] = np.linspace(-1.0, 1.0, n)
+    return a
+
+
+def direct_state() -> dict[str, np.ndarray]:
+    return {
+        "aligned": _aligned(2**17, "<f8"),  # whole blocks from its own memory
+        "unaligned": _unaligned(2**17 + 3),  # through the bounce buffer, a partial block
+        "tail": _aligned(70_001, "<i4"),  # aligned memory, a last partial block
+        "big_endian": np.arange(2**15, dtype=">f8"),
+        "small": np.arange(10.0),
+    }
+
+
+def test_writing_around_the_page_cache_gives_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The O_DIRECT path (aligned memory, the bounce buffer, partial last blocks) writes
+    the file byte for byte as the buffered path does, and its digests are the file's."""
+    from kronos_audit.checkpoint import hdf5
+
+    flat = flatten(direct_state())
+    direct = tmp_path / "direct.h5"
+    made = write_and_digest(direct, flat, md5=True)
+    assert made == digest_file(direct, md5=True)
+    monkeypatch.setattr(hdf5, "_open_direct", lambda path: None)
+    buffered = tmp_path / "buffered.h5"
+    write_and_digest(buffered, flat, md5=True)
+    assert direct.read_bytes() == buffered.read_bytes()
+    with h5py.File(direct) as f:
+        for name, a in flat.items():
+            assert np.array_equal(f[name][()], a), name
+            if a.nbytes >= RAW_MIN_BYTES:
+                assert f[name].id.get_offset() % hdf5.DIRECT_ALIGN == 0, name
+
+
+def test_a_direct_write_the_file_system_refuses_is_made_through_the_cache(
+    tmp_path: Path, tmpfs: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system may open O_DIRECT and then refuse the write (EINVAL): the writer
+    writes those bytes through the cache, and the file is the same."""
+    import errno
+    import fcntl
+    import os
+
+    flat = flatten(direct_state())
+    expected = tmp_path / "expected.h5"
+    write_and_digest(expected, flat, md5=True)
+    pwrite = os.pwrite
+    refused = []
+
+    def refusing(fd: int, data: object, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return pwrite(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "pwrite", refusing)  # the os module hdf5 writes through
+    where = tmp_path / "tmpfs"
+    tmpfs(where, 64 * 1024 * 1024)  # and on a tmpfs, whether it takes direct writes or not
+    path = where / "c.h5"
+    made = write_and_digest(path, flat, md5=True)
+    assert refused  # the direct write was tried, refused once, then not again
+    assert len(refused) == 1
+    assert made == digest_file(path, md5=True)
+    assert path.read_bytes() == expected.read_bytes()

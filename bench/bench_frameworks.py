@@ -36,19 +36,19 @@ stall at most 2x the copyto; extra memory at most 1.1x the state; total wall-tim
 within 1 percentage point of DCP's; CPU added per checkpoint at most 1.3x DCP's.
 
 On the 2-core reference VM, quiet, 256 MiB, 800 steps of about 50 ms, a checkpoint every
-5 s, two runs each (``--seconds 40``): stall sum kaudit 405 ms (0.90% of the loop, mean
-1.06x the copyto) against DCP's 500 ms (1.13%); extra memory 1.03x the state (DCP 1.01x,
-Orbax 2.4-2.8x); wall time added kaudit +16.6% (+13.6..+19.6%), DCP +14.9% (+12.9..+16.8%),
-Orbax +13.6% (+8.1..+19.2%); CPU per checkpoint kaudit 1.42 s (1.06..1.77), DCP 1.17 s
-(1.12..1.21): 1.22x. Five of the six goals pass; the wall-time one misses by 0.7 points
-(1.7 against 1), inside the runs' own spread (6 points for kaudit, 4 for DCP). Where the
-CPU goes says why: alone, a kaudit checkpoint costs 1.50 CPU-s and DCP's 0.63, and of the
-0.87 s between them 0.73 s are the three hashes, which DCP does not make (it records no
-content hash) and which no scheduling removes (sha256 twice at about 1.6 GB/s and md5 at
-about 0.8 GB/s on one core here); beside the loop kaudit costs it less than alone (its
-writes go from warm staging memory while the loop runs), DCP 0.54 s a checkpoint more. On
-two cores that a torch loop keeps busy, those 0.73 CPU-s a checkpoint are about the 1.7
-points. Under load from other processes every figure grows, the stalls by up to 2x.
+5 s, two runs each (``--seconds 40``), all six goals pass: stall sum kaudit 395 ms (0.88% of
+the loop, mean 1.05x the copyto) against DCP's 494 ms (1.07%); extra memory 1.03x the
+state (DCP 1.01x, Orbax 2.6-2.7x); wall time added kaudit +10.4% (+10.2..+10.6%), DCP
++14.1% (+13.9..+14.3%), Orbax +7.7% (+6.9..+8.5%); CPU per checkpoint kaudit 1.03 s
+(0.98..1.08), DCP 1.29 s (1.26..1.33): 0.80x. Where the CPU goes: alone, a kaudit
+checkpoint costs 0.84 CPU-s, of which 0.79 are the three hashes DCP does not make (it
+records no content hash; sha256 twice at about 1.6 GB/s, md5 at about 0.8 GB/s on one
+core here); DCP's costs 0.93, most of it its write into the page cache: on this VM a new
+file's cached pages are fresh memory (a raw write+fsync of the state, earlier files kept,
+0.46 CPU-s), which kaudit's large arrays bypass (``O_DIRECT``, see
+:func:`kronos_audit.checkpoint.hdf5.pwrite_all`). Before that change the same run gave
+kaudit +16.6% wall and 1.42 CPU-s a checkpoint (1.22x DCP's), and alone 1.50 CPU-s. Under
+load from other processes every figure grows, the stalls by up to 2x.
 
 The whole run takes about 10 minutes with the defaults (``--seconds 60``: about 14).
 
@@ -437,18 +437,18 @@ def run_hashes_alone(p: Params, scratch: Path) -> Result:
 
 
 def run_write_alone(p: Params, scratch: Path) -> Result:
-    """One raw write and fsync of the state's bytes, into a new file each time."""
+    """One raw write and fsync of the state's bytes, into a new file each time, the
+    earlier ones kept (as checkpoints are: a new file's pages in the cache are then fresh
+    memory, which on a virtual machine costs more than the write)."""
     state, _ = _torch_state(p)
     arrays = [t.numpy() for t in state.values()]
 
     def save(step: int) -> None:
-        path = scratch / f"raw-{step}"
-        with open(path, "wb") as f:
+        with open(scratch / f"raw-{step}", "wb") as f:
             for a in arrays:
                 f.write(a.data)
             f.flush()
             os.fsync(f.fileno())
-        path.unlink()
 
     return _alone("write", save)
 

@@ -240,7 +240,10 @@ def _loop(
         step += 1
         work(reps, step)
         c0 = time.perf_counter()
-        took = save(step, c0 - last >= p.every)
+        # Due every ``p.every`` seconds; and at the last step if none was taken yet (a
+        # --quick loop on a loaded machine may be shorter than the interval), for all alike.
+        final = bool(p.steps) and step == p.steps and not stalls
+        took = save(step, c0 - last >= p.every or final)
         c1 = time.perf_counter()
         total += c1 - c0
         if took:

@@ -249,9 +249,14 @@ def _with_config(settings: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class _Done:
+    """What one git command did."""
+
     returncode: int
+    """Its exit status."""
     stdout: bytes
+    """Its standard output, byte for byte."""
     stderr: str
+    """Its standard error, as GitPython decoded it."""
 
 
 def _first_line(stderr: str) -> str | None:

@@ -78,9 +78,11 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
     pulled = as_json("pull", str(run_dir))
     assert pulled["ok"] is True
     assert pulled["errors"] == []
-    assert [(Path(r["checkpoint"]).name, r["ok"], r["fetched"]) for r in pulled["results"]] == [
-        ("step-1.h5", True, False),
-        ("step-2.h5", True, True),
+    assert [
+        (Path(r["checkpoint"]).name, r["ok"], r["fetched"], r["data"]) for r in pulled["results"]
+    ] == [
+        ("step-1.h5", True, False, "local"),
+        ("step-2.h5", True, True, "local"),  # fetched, and its bytes the signed ones
     ]
     assert (run_dir / "step-2.h5").exists()
 

@@ -129,6 +129,7 @@ def pull(
                         "manifest": where(r.manifest),
                         "ok": r.ok,
                         "fetched": r.fetched,
+                        "data": None if r.data is None else r.data.value,
                         "failures": [{"name": c.name, "detail": c.detail} for c in r.failures],
                     }
                     for r in results

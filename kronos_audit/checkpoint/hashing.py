@@ -234,10 +234,7 @@ def _dataset_digest(
     if extent is not None and view is not None:
         hashed = None if known is None else known.get(extent)
         if hashed is None:
-            offset, length = extent
-            for start in range(offset, offset + length, BLOCK):
-                h.update(view[start : min(start + BLOCK, offset + length)])
-            hashed = h.hexdigest()
+            hashed = _range_sha256(view, *extent)
         shape = tuple(dset.shape)
         return DatasetDigest(name, dtype_name(dset.dtype), shape, hashed, extent=extent)
     if dset.size:
@@ -470,9 +467,11 @@ def digest_open(
     if expect_sha256 is None:
         return _digest_mapped(opened, md5)
     view = opened.view()
-    extents = disjoint_extents((d.extent for d in recorded or ()), opened.size)
-    if opened.size < SMALL_FILE or not opened.hdf5:
-        extents = []
+    extents = (
+        disjoint_extents((d.extent for d in recorded or ()), opened.size)
+        if opened.size >= SMALL_FILE and opened.hdf5
+        else []
+    )
     pending_md5 = pending_extents = None
     if md5 or extents:
         from concurrent.futures import ThreadPoolExecutor
@@ -509,14 +508,16 @@ def disjoint_extents(extents: Iterable[tuple[int, int] | None], size: int) -> li
     return kept
 
 
+def _range_sha256(view: memoryview, offset: int, length: int) -> str:
+    """The sha256 of ``length`` bytes of ``view`` from ``offset``, in blocks."""
+    h = hashlib.sha256()
+    for start in range(offset, offset + length, BLOCK):
+        h.update(view[start : min(start + BLOCK, offset + length)])
+    return h.hexdigest()
+
+
 def _hash_extents(view: memoryview, extents: list[tuple[int, int]]) -> dict[tuple[int, int], str]:
-    out = {}
-    for offset, length in extents:
-        h = hashlib.sha256()
-        for start in range(offset, offset + length, BLOCK):
-            h.update(view[start : min(start + BLOCK, offset + length)])
-        out[(offset, length)] = h.hexdigest()
-    return out
+    return {extent: _range_sha256(view, *extent) for extent in extents}
 
 
 def diagnose(

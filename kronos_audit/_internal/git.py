@@ -152,15 +152,20 @@ def _gitpython(root: Path | str | None) -> ModuleType:
 class _Location:
     """Where a repository's parts are, as its own ``.git`` says."""
 
-    work_tree: Path | None
+    work_tree: Path
+    """The top of its work tree."""
     git_dir: Path
+    """Its git directory (a linked worktree's own, under the common one)."""
     common_dir: Path
+    """The git directory holding its objects, refs and configuration."""
 
 
 def _located(start: Path) -> _Location:
     """The repository ``start`` is in, found from the directories alone (a ``.git``
     directory or file, or a git directory itself), for when the environment names
-    another: git's own search would follow the environment."""
+    another: git's own search would follow the environment. NoWorkTree in a bare
+    repository; NotARepository outside any, or where a ``.git`` file names no
+    directory."""
     here = start.absolute()
     while not here.is_dir() and here != here.parent:
         here = here.parent
@@ -171,12 +176,18 @@ def _located(start: Path) -> _Location:
             git_dir, work = dotgit, d
         elif dotgit.is_file():
             try:
-                line = dotgit.read_text(encoding="utf-8", errors="surrogateescape")[:4096]
+                with open(dotgit, "rb") as f:  # a gitfile is one short line: read no more
+                    line = f.read(4096).decode("utf-8", "surrogateescape")
             except OSError:
                 line = ""
             target = line.strip().removeprefix("gitdir:").strip()
-            if line.startswith("gitdir:") and target:
-                git_dir, work = (d / target).resolve(), d
+            if not line.startswith("gitdir:") or not target or not (d / target).is_dir():
+                raise NotARepository(
+                    f"fatal: not a git repository: {dotgit} names no git directory",
+                    path=start,
+                    returncode=128,
+                )
+            git_dir, work = (d / target).resolve(), d
         elif d.name == ".git" and (d / "HEAD").is_file():
             git_dir, work = d, d.parent
         elif (d / "HEAD").is_file() and (d / "objects").is_dir() and (d / "refs").is_dir():
@@ -204,7 +215,7 @@ def _owned(location: _Location, root: Path) -> None:
     if os.geteuid() == 0 and os.environ.get("SUDO_UID", "").isdigit():
         me.add(int(os.environ["SUDO_UID"]))
     for part in (location.work_tree, location.git_dir):
-        if part is not None and part.stat().st_uid not in me:
+        if part.stat().st_uid not in me:
             raise GitError(
                 f"{part} is owned by another user, and the environment names a git "
                 "repository (GIT_DIR or the like): kaudit does not run git there",
@@ -228,9 +239,9 @@ def environment(root: Path | None = None) -> dict[str, str]:
             GIT_OBJECT_DIRECTORY=str(common / "objects"),
             GIT_GRAFT_FILE=str(common / "info" / "grafts"),
             GIT_SHALLOW_FILE=str(common / "shallow"),
+            GIT_WORK_TREE=str(location.work_tree),
+            GIT_IMPLICIT_WORK_TREE="1",
         )
-        if location.work_tree is not None:
-            env.update(GIT_WORK_TREE=str(location.work_tree), GIT_IMPLICIT_WORK_TREE="1")
     return env
 
 
@@ -342,10 +353,7 @@ def toplevel(start: Path) -> Path:
     ``start``'s own ``.git`` names.
     """
     if any(name in os.environ for name in _LOCATING):
-        location = _located(start)
-        if location.work_tree is None:
-            raise NoWorkTree("a bare git repository has no work tree", path=start, returncode=0)
-        return location.work_tree
+        return _located(start).work_tree  # NoWorkTree in a bare repository
     args = ("rev-parse", "--show-toplevel")
     discovery = {"GIT_DISCOVERY_ACROSS_FILESYSTEM": "1"}
     waived = {"safe.directory": "*"}

@@ -189,6 +189,21 @@ def test_a_linked_worktrees_hook_environment_does_not_redirect(
         assert store.blob(entry.oid, limit=100) == b"print('solve')\n"
 
 
+def test_with_a_hook_environment_a_gitfile_naming_nothing_is_no_repository(
+    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where kaudit finds the repository itself (a hook's GIT_DIR is set), a ``.git``
+    file that names no directory is refused in one line, as git refuses it."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / ".git").write_text("gitdir: ../nowhere\n")
+    monkeypatch.setenv("GIT_DIR", str(git_repo / ".git"))
+    with pytest.raises(git.NotARepository, match=r"broken/\.git names no git directory"):
+        git.toplevel(broken)
+    with pytest.raises(git.NotARepository, match="names no git directory"):
+        git.status(broken, ".")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a repository away needs root")
 def test_a_named_repository_another_user_owns_is_refused(
     git_repo: Path, monkeypatch: pytest.MonkeyPatch

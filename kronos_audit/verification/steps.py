@@ -147,10 +147,16 @@ def not_asked() -> Check:
     return Check.skip(CheckName.FILE_DIGEST, "data not checked: the recorded hashes are used")
 
 
-def pruned(manifest: Manifest, pruner: str, *, newest: bool) -> Check:
+def pruned(manifest: Manifest, pruner: str, *, newest: bool, restore: bool = False) -> Check:
     """(4) not made: a signed retention record in the manifest ``pruner`` prunes the data.
-    Passes, unless this is the newest checkpoint of its run verified: its data must be
-    checked, pruned or not."""
+    Passes, unless this is the newest checkpoint of its run verified (its data must be
+    checked, pruned or not) or (``restore``) what a restore reads: nothing to restore from."""
+    if restore:
+        return Check.unverified(
+            CheckName.FILE_DIGEST,
+            f"data pruned by retention (signed record in {pruner}): nothing to restore from",
+            pruned=True,
+        )
     if newest:
         return Check.unverified(
             CheckName.FILE_DIGEST,
@@ -161,17 +167,6 @@ def pruned(manifest: Manifest, pruner: str, *, newest: bool) -> Check:
     return Check.skip(
         CheckName.FILE_DIGEST,
         f"data pruned by retention (signed record in {pruner}): not checked",
-        pruned=True,
-    )
-
-
-def pruned_for_rank(pruner: str) -> Check:
-    """(4) not made, for a rank's restore: a signed retention record in the manifest
-    ``pruner`` prunes the step's data, so there is nothing to restore from. Fails (the
-    restore passes over the step), and says it was pruned."""
-    return Check.unverified(
-        CheckName.FILE_DIGEST,
-        f"data pruned by retention (signed record in {pruner}): nothing to restore from",
         pruned=True,
     )
 
@@ -293,8 +288,15 @@ def shards_checks(
         detail = f"shard of rank {records[0].rank} of {count}: size and sha256 match"
     else:
         total = sum(r.size for r in records)
-        detail = f"all {count} shards match (size and sha256, {total:,} bytes)"
+        what = f"all {count}" if len(records) == count else f"{len(records)} of {count}"
+        detail = f"{what} shards match (size and sha256, {total:,} bytes)"
     return [Check.passed(CheckName.SHARDS, detail)]
+
+
+def proven_lines(ranks: Sequence[int], count: int) -> Check:
+    """(4) the index lines of ``ranks`` (of ``count``) proven against the signed Merkle root."""
+    what = f"line {ranks[0] + 1}" if len(ranks) == 1 else f"{len(ranks)} lines"
+    return Check.passed(CheckName.SHARD_INDEX, f"{what} of {count} proven against the Merkle root")
 
 
 # -- (5) chain -----------------------------------------------------------------------------

@@ -3,7 +3,8 @@ a sharded step's shards), in the order docs/security.md's "The steps of a verifi
 gives, each step decided by :mod:`kronos_audit.verification.steps`.
 
 Steps (1) signature and (2) place are checked before anything the manifest names is
-fetched or a step's index read, in one place (:meth:`Verifier.verify`, through
+fetched or a step's index read, in one place for a whole step and for what some of its
+ranks read at restore (:meth:`Verifier.verify`, through
 :func:`~kronos_audit.verification.steps.may_read_named`; :meth:`Verifier.fetch_data`
 refuses on its own for its other callers). A checkpoint's data is then fetched, if it is
 not here, by the md5 the signed manifest records, to the checkpoint's own path, and
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.hashing import diagnose, digest_open, open_file
-from kronos_audit.checkpoint.layout import shard_name
+from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
@@ -70,29 +71,45 @@ class Verifier(ChainReader):
     _storage: Storage | None = field(default=None, init=False)
 
     def verify(
-        self, manifest_path: Path | str, *, data: bool = True, newest: bool = False
+        self,
+        manifest_path: Path | str,
+        *,
+        ranks: Sequence[int] | None = None,
+        data: bool = True,
+        newest: bool = False,
+        chain: bool = True,
     ) -> VerifyResult:
-        """Every check of one manifest. With ``data=False`` the checkpoint's bytes are
-        neither needed nor checked (signature, place and chain only; the recorded hashes
-        stand, as a bitwise replay uses them): the file-digest check is reported as
-        skipped. ``newest`` says this is the newest checkpoint of its run being verified:
-        its data must be checked, pruned or not."""
+        """Every check of one manifest's step or, with ``ranks``, of what those ranks read
+        at restore (:meth:`_ranks_content`; a step of one checkpoint file is a world of one:
+        rank 0 is the file; data pruned by retention fails: nothing to restore from; a rank
+        not in the step is a UsageError; the result's ``checkpoint`` is one rank's shard).
+        With ``data=False`` the checkpoint's bytes are neither needed nor checked (the
+        recorded hashes stand, as a bitwise replay uses them): the file-digest check is
+        reported as skipped. ``newest`` says this is the newest checkpoint of its run being
+        verified: its data must be checked, pruned or not. ``chain=False``: no (5)."""
         manifest = self.cache.read(manifest_path)
+        shards = manifest.record.shards
+        if ranks is not None:
+            ranks = _world_ranks(ranks, None if shards is None else shards.count)
         # (1) signature and (2) place: of the manifest alone, nothing it names read yet.
         signed = self.signature(manifest)
         signature = steps.signature_check(signed)
         place = place_check(self.project, manifest)
         checks = [signature, place]
         # (3) fetch, (4) content
+        trusted = steps.may_read_named(signature, place)
         content, fetched, where = self._data(
-            manifest, data=data, newest=newest, trusted=steps.may_read_named(signature, place)
+            manifest, ranks, data=data, newest=newest, trusted=trusted
         )
         checks += content
-        # (5) chain
-        checks.append(self._parent(manifest))
+        if chain:  # (5)
+            checks.append(self._parent(manifest))
+        checkpoint = manifest.checkpoint_path
+        if shards is not None and ranks is not None and len(ranks) == 1:
+            checkpoint = shard_path(checkpoint.parent, ranks[0], shards.count)
         return VerifyResult(
             manifest.path,
-            manifest.checkpoint_path,
+            checkpoint,
             manifest.run,
             manifest.step,
             tuple(checks),
@@ -102,20 +119,32 @@ class Verifier(ChainReader):
             statement=manifest,
         )
 
+    def verify_rank(
+        self, manifest_path: Path | str, rank: int, *, chain: bool = True
+    ) -> VerifyResult:
+        """What one rank reads at restore: :meth:`verify` with ``ranks=[rank]``."""
+        return self.verify(manifest_path, ranks=[rank], chain=chain)
+
     def _data(
-        self, manifest: Manifest, *, data: bool, newest: bool, trusted: bool
+        self, manifest: Manifest, ranks: list[int] | None, data: bool, newest: bool, trusted: bool
     ) -> tuple[list[Check], bool, Location | None]:
-        """(3) and (4): the checks of the data, whether any was fetched, and where the
-        data was found (None: not looked at). ``trusted``: (1) and (2) hold."""
+        """(3) and (4): the checks of the data (what ``ranks`` read, unless None), whether
+        any was fetched, and where the data was found (None: not looked at). ``trusted``:
+        (1) and (2) hold."""
         if not data:
             return [steps.not_asked()], False, None
         sharded = manifest.record.shards is not None
-        here = os.path.exists(manifest.checkpoint_path)
+        # Ranks of a sharded step read their lines through the tree file: a link in the
+        # index's name is there for them, and an index not here is not yet missing data.
+        of_ranks = sharded and ranks is not None
+        here = (os.path.lexists if of_ranks else os.path.exists)(manifest.checkpoint_path)
         if not here:
             pruner = self.pruned_by(manifest)
             if pruner is not None:
                 name = self._name(manifest, pruner)
-                return [steps.pruned(manifest, name, newest=newest)], False, Location.PRUNED
+                check = steps.pruned(manifest, name, newest=newest, restore=ranks is not None)
+                return [check], False, Location.PRUNED
+        here = here or of_ranks
         if not trusted and (sharded or not here):
             # The one gate: nothing a manifest names is fetched, and no step's index read,
             # before its signature and place hold.
@@ -132,11 +161,14 @@ class Verifier(ChainReader):
                 self.fetch_data(manifest)
             except TamperedData as e:
                 return [steps.fetch_refused(manifest, e.message)], fetched, Location.CORRUPT
-        if sharded:
-            step_checks, shards_fetched = self._sharded_content(manifest)
-            return step_checks, fetched or shards_fetched, steps.data_found(step_checks)
-        content = self._content(manifest)
-        return content, fetched, steps.data_found(content)
+        if of_ranks:
+            assert ranks is not None
+            content, more = self._ranks_content(manifest, ranks)
+        elif sharded:
+            content, more = self._sharded_content(manifest)
+        else:
+            content, more = self._content(manifest), False
+        return content, fetched or more, steps.data_found(content)
 
     @staticmethod
     def _name(manifest: Manifest, pruner: Path) -> str:
@@ -222,136 +254,61 @@ class Verifier(ChainReader):
         fetching. Return them and whether anything was fetched."""
         shards = manifest.record.shards
         assert shards is not None
-        index = manifest.checkpoint_path
-        try:
-            data = read_index(index, shards.count)
-        except CheckpointError as e:
-            return [Check.failed(CheckName.FILE_DIGEST, e.message)], False
-        digest = steps.index_digest(hashlib.sha256(data).hexdigest(), manifest)
-        if not digest.ok:
+        data, digest = _signed_index(manifest)
+        if data is None:
             return [digest], False
         out = [digest]
         try:
-            records = parse_index(data, shards.count, index)
+            records = parse_index(data, shards.count, manifest.checkpoint_path)
         except CheckpointError as e:
             return [*out, Check.failed(CheckName.SHARD_INDEX, e.message)], False
         out.append(steps.merkle_root(merkle_root(data, shards.count), manifest))
         if not out[-1].ok:
             return out, False
-        fetched = False
-        if self.fetch:
-            missing = [r for r in records if not os.path.lexists(index.parent / r.name)]
-            if missing:
-                self._fetch_shards(manifest, missing)
-                fetched = True
-        out += self._shard_checks(index.parent, records, shards.count)
-        return out, fetched
+        shard_checks, fetched = self._shards(manifest.checkpoint_path.parent, records, shards.count)
+        return out + shard_checks, fetched
 
-    def _shard_checks(
-        self, directory: Path, records: Sequence[ShardRecord], count: int
-    ) -> list[Check]:
-        return steps.shards_checks(records, hash_shards(directory, records, self.jobs), count)
-
-    def _fetch_shards(self, manifest: Manifest, records: Sequence[ShardRecord]) -> None:
-        """(3) Fetch these shards of a verified step by the md5s its verified index
-        records, each to its own name in the step directory. One that cannot be fetched
-        stays missing, and its check says so."""
-        from kronos_audit.storage.fetch import FetchItem
-
-        directory = manifest.checkpoint_path.parent
-        self._dvc().fetch_many(
-            [FetchItem(directory / r.name, r.md5, r.sha256, r.size) for r in records],
-            self.remote,
-        )
-
-    def verify_rank(
-        self, manifest_path: Path | str, rank: int, *, chain: bool = True
-    ) -> VerifyResult:
-        """What one rank pays at restore: the step manifest's signature and place, its own
-        line of the index (proven against the signed Merkle root with log2(n) nodes of the
-        tree file; the whole index, hashed, only when the tree cannot give the proof), its
-        own shard's size and sha256, and (with ``chain``) the parent chain. No other
-        rank's shard is read. The result's ``checkpoint`` is the rank's shard."""
-        manifest = self.cache.read(manifest_path)
-        shards = manifest.record.shards
-        if shards is None:
-            raise CheckpointError("not a sharded step's manifest", path=manifest.path)
-        if not 0 <= rank < shards.count:
-            raise UsageError(f"no rank {rank} in a step of {shards.count} shards")
-        # (1) signature and (2) place
-        signed = self.signature(manifest)
-        signature = steps.signature_check(signed)
-        place = place_check(self.project, manifest)
-        checks = [signature, place]
-        directory = manifest.checkpoint_path.parent
-        fetched = False
-        pruner = None
-        where: Location | None = None
-        if not os.path.lexists(manifest.checkpoint_path):
-            pruner = self.pruned_by(manifest)
-        if pruner is not None:  # (4) its data is gone on purpose: nothing to restore
-            checks.append(steps.pruned_for_rank(self._name(manifest, pruner)))
-            where = Location.PRUNED
-        elif not steps.may_read_named(signature, place):  # (3)
-            checks.append(steps.not_fetched(manifest, here=True))
-        else:  # (4) its line, then its shard
-            record: ShardRecord | None
-            try:
-                record = proven_line(directory, rank, shards.count, shards.root)
-                checks.append(
-                    Check.passed(
-                        CheckName.SHARD_INDEX,
-                        f"line {rank + 1} of {shards.count} proven against the Merkle root",
-                    )
-                )
-            except NoProof:
-                # The tree file is missing or not the signer's: the whole index instead.
-                if self.fetch and not os.path.lexists(manifest.checkpoint_path):
-                    self.fetch_data(manifest)
-                    fetched = True
-                record, step_checks = self._line_from_index(manifest, rank)
-                checks += step_checks
-            except CheckpointError as e:  # proven, but not a well-formed line
-                record = None
-                checks.append(Check.failed(CheckName.SHARD_INDEX, e.message))
-            if record is not None:
-                if self.fetch and not os.path.lexists(directory / record.name):
-                    self._fetch_shards(manifest, [record])
-                    fetched = True
-                checks += self._shard_checks(directory, [record], shards.count)
-            where = steps.data_found(checks)
-        if chain:  # (5)
-            checks.append(self._parent(manifest))
-        return VerifyResult(
-            manifest.path,
-            directory / shard_name(rank, shards.count),
-            manifest.run,
-            manifest.step,
-            tuple(checks),
-            fetched=fetched,
-            data=where,
-            signer=signed.signer,
-            statement=manifest,
-        )
-
-    def _line_from_index(
-        self, manifest: Manifest, rank: int
-    ) -> tuple[ShardRecord | None, list[Check]]:
-        """(4) ``rank``'s line of the whole index, hashed against the signed subject."""
+    def _ranks_content(self, manifest: Manifest, ranks: Sequence[int]) -> tuple[list[Check], bool]:
+        """(4) What ``ranks`` of a sharded step whose manifest passes (1) and (2) read: each
+        one's line, proven against the signed Merkle root with log2(n) nodes of the tree
+        file (the whole index, hashed, only when the tree cannot give the proof), then its
+        own shard; no other rank's. Return the checks and whether anything was fetched."""
         shards = manifest.record.shards
         assert shards is not None
+        directory = manifest.checkpoint_path.parent
+        fetched = False
+        records: list[ShardRecord] = []
         try:
-            data = read_index(manifest.checkpoint_path, shards.count)
-        except CheckpointError as e:
-            return None, [Check.failed(CheckName.FILE_DIGEST, e.message)]
-        digest = steps.index_digest(hashlib.sha256(data).hexdigest(), manifest, say_digest=False)
-        if not digest.ok:
-            return None, [digest]
-        line = data[rank * LINE_WIDTH : (rank + 1) * LINE_WIDTH]
-        try:
-            return parse_line(line, rank, shards.count, manifest.checkpoint_path), [digest]
-        except CheckpointError as e:
-            return None, [digest, Check.failed(CheckName.SHARD_INDEX, e.message)]
+            records = [proven_line(directory, r, shards.count, shards.root) for r in ranks]
+            checks = [steps.proven_lines(ranks, shards.count)]
+        except NoProof:
+            # The tree file is missing or not the signer's: the whole index instead.
+            if self.fetch and not os.path.lexists(manifest.checkpoint_path):
+                self.fetch_data(manifest)
+                fetched = True
+            records, checks = _lines_from_index(manifest, ranks)
+        except CheckpointError as e:  # proven, but not a well-formed line
+            checks = [Check.failed(CheckName.SHARD_INDEX, e.message)]
+        if not records:
+            return checks, fetched
+        shard_checks, shards_fetched = self._shards(directory, records, shards.count)
+        return checks + shard_checks, fetched or shards_fetched
+
+    def _shards(
+        self, directory: Path, records: Sequence[ShardRecord], count: int
+    ) -> tuple[list[Check], bool]:
+        """(4) The shards of these verified records of ``count``: size and sha256; when
+        fetching, missing ones are fetched first by their md5s (one not fetched stays so)."""
+        missing = [r for r in records if self.fetch and not os.path.lexists(directory / r.name)]
+        if missing:
+            from kronos_audit.storage.fetch import FetchItem
+
+            self._dvc().fetch_many(
+                [FetchItem(directory / r.name, r.md5, r.sha256, r.size) for r in missing],
+                self.remote,
+            )
+        answers = hash_shards(directory, records, self.jobs)
+        return steps.shards_checks(records, answers, count), bool(missing)
 
     # -- replay attestations ---------------------------------------------------------
 
@@ -362,6 +319,46 @@ class Verifier(ChainReader):
         and it must record a reproduced outcome
         (:func:`kronos_audit.verification.attestation.verify_attestation`)."""
         return attestation.verify_attestation(self, path)
+
+
+def _world_ranks(ranks: Sequence[int], shards: int | None) -> list[int]:
+    """``ranks`` sorted, each once; UsageError unless there are some, each a rank of a step
+    of ``shards`` shards or of one checkpoint file (None: a world of one)."""
+    bad = [r for r in ranks if not 0 <= r < (1 if shards is None else shards)]
+    if bad or not ranks:
+        world = f"{shards} shards" if shards is not None else "one checkpoint file (a world of 1)"
+        raise UsageError(f"no rank {bad[0]} in a step of {world}" if bad else "no rank to verify")
+    return sorted(set(ranks))
+
+
+def _signed_index(manifest: Manifest, *, say_digest: bool = True) -> tuple[bytes | None, Check]:
+    """(4) A sharded step's index and its sha256's check against the signed subject; None
+    for bytes that are not the signed ones (nothing they name is read)."""
+    shards = manifest.record.shards
+    assert shards is not None
+    try:
+        data = read_index(manifest.checkpoint_path, shards.count)
+    except CheckpointError as e:
+        return None, Check.failed(CheckName.FILE_DIGEST, e.message)
+    digest = steps.index_digest(hashlib.sha256(data).hexdigest(), manifest, say_digest=say_digest)
+    return (data if digest.ok else None), digest
+
+
+def _lines_from_index(
+    manifest: Manifest, ranks: Sequence[int]
+) -> tuple[list[ShardRecord], list[Check]]:
+    """(4) ``ranks``' lines of the whole index, hashed against the signed subject."""
+    shards = manifest.record.shards
+    assert shards is not None
+    data, digest = _signed_index(manifest, say_digest=False)
+    if data is None:
+        return [], [digest]
+    lines = [(r, data[r * LINE_WIDTH : (r + 1) * LINE_WIDTH]) for r in ranks]
+    index = manifest.checkpoint_path
+    try:
+        return [parse_line(line, r, shards.count, index) for r, line in lines], [digest]
+    except CheckpointError as e:
+        return [], [digest, Check.failed(CheckName.SHARD_INDEX, e.message)]
 
 
 def usable_cores() -> int:

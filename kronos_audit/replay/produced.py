@@ -1,0 +1,112 @@
+"""What the replayed command wrote, and its comparison with the recorded checkpoint.
+
+A checkpoint in one file is a world of one: what its command writes is one file
+(:meth:`Produced.file`), where the ranks of a sharded step write a step directory, a shard
+each and rank 0 its index (:meth:`Produced.step`). Both are named, hashed and sized alike
+in the result and compared by :meth:`Produced.compare`, dataset by dataset; the format
+decides only how the datasets are read (:func:`~kronos_audit.replay.comparison.compare_output`
+for a file, :mod:`~kronos_audit.replay.sharded` for the shards of a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kronos_audit.checkpoint.hashing import FileDigests, digest_file
+from kronos_audit.checkpoint.layout import INDEX_NAME
+from kronos_audit.compare import TolerancePolicy
+from kronos_audit.errors import CheckpointError, ReplayError, Stage
+from kronos_audit.replay.command import find_output
+from kronos_audit.replay.comparison import compare_output
+from kronos_audit.replay.interface import Basis, DatasetReplay
+from kronos_audit.replay.sharded import (
+    StepOutput,
+    compare_by_digests,
+    compare_steps,
+    digests_recorded,
+    find_step_output,
+)
+from kronos_audit.replay.verification import recorded_here
+from kronos_audit.statement.manifest import Manifest, Sha256
+
+
+def by_signed_digests(m: Manifest, basis: Basis) -> bool:
+    """Whether a replay of ``m`` compares by the dataset digests its manifest signs alone,
+    the recorded data not needed: bitwise, for a checkpoint in one file; for a sharded
+    step, bitwise when its manifest signs a digest of every dataset it declares and the
+    recorded shards (or their index) are not all here."""
+    shards = m.record.shards
+    if basis is not Basis.HASHES:
+        return False
+    return shards is None or (digests_recorded(shards.layout) and not recorded_here(m))
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What the replayed command wrote: a checkpoint file, or a sharded step."""
+
+    name: str
+    """As the result names it: the file's name, or ``step-<N:08d>/`` and the index's."""
+    sha256: Sha256
+    """sha256 of the file, or of the step's shard index (what a manifest signs)."""
+    size: int
+    """Bytes of the file, or of all the step's shards."""
+    path: Path
+    """The file, or the step directory."""
+    written: FileDigests | StepOutput
+    """The file's digests (its datasets' canonical ones), or the step its ranks wrote."""
+
+    @classmethod
+    def find(cls, out: Path, step: int, ranks: int | None) -> Produced:
+        """What the command wrote into ``out``: a file, or with ``ranks`` a sharded step."""
+        return cls.file(out, step) if ranks is None else cls.step(out, step, ranks)
+
+    @classmethod
+    def file(cls, out: Path, step: int) -> Produced:
+        """The checkpoint file (:func:`~kronos_audit.replay.command.find_output`), hashed."""
+        path = find_output(out, step)
+        try:
+            digests = digest_file(path)
+        except CheckpointError as e:
+            raise ReplayError(
+                f"the checkpoint the command wrote is unreadable: {e.message}",
+                path=path,
+                stage=Stage.OUTPUT,
+            ) from None
+        return cls(path.name, Sha256(digests.sha256), digests.size, path, digests)
+
+    @classmethod
+    def step(cls, out: Path, step: int, ranks: int) -> Produced:
+        """The step the ``ranks`` ranks wrote, its shards checked against its index
+        (:func:`~kronos_audit.replay.sharded.find_step_output`)."""
+        found = find_step_output(out, step, ranks)
+        return cls(
+            f"{found.directory.name}/{INDEX_NAME}",
+            Sha256(found.index_sha256),
+            sum(r.size for r in found.records),
+            found.directory,
+            found,
+        )
+
+    def compare(
+        self, m: Manifest, policy: TolerancePolicy, basis: Basis, *, by_digests: bool
+    ) -> tuple[list[DatasetReplay], list[str]]:
+        """One result per dataset against the checkpoint ``m`` records, by ``policy``
+        (bitwise by the digests for the empty one), or with ``by_digests``
+        (:func:`by_signed_digests`) by the digests ``m`` signs alone; and the datasets
+        that could not be compared, in words."""
+        if not isinstance(self.written, StepOutput):
+            return compare_output(m, self.path, self.written, policy, basis), []
+        shards = m.record.shards
+        assert shards is not None
+        if by_digests:
+            return compare_by_digests(shards.layout, self.written)
+        return compare_steps(
+            m.checkpoint_path.parent,
+            shards.count,
+            shards.layout,
+            self.written,
+            m.subject_sha256,
+            policy if basis is Basis.DATA else None,
+        )

@@ -4,19 +4,15 @@
 whoever runs it; what differs is asked of its :class:`Publisher`, whose every method is
 said to be called by "all ranks" (collective: every rank, in the same order) or by one.
 A single process is a world of one rank: its publisher commits each step with the same
-two-phase protocol as a world of many (:mod:`kronos_audit.runtime.commit`); what differs
-is the format of a step, one checkpoint file here, a directory of shards on several ranks
-(:mod:`kronos_audit.runtime.sharded`, :mod:`kronos_audit.runtime.sharded_replay`).
+two-phase protocol as a world of many (:mod:`kronos_audit.runtime.commit`). There are two
+publishers, each written once for any world: the signed run's
+(:mod:`kronos_audit.runtime.signed`) and the replay's (:mod:`kronos_audit.runtime.replaying`);
+what differs below them is the format of a step, one checkpoint file
+(:mod:`kronos_audit.runtime.file_steps`) or a directory of one shard per rank
+(:mod:`kronos_audit.runtime.sharded`).
 
-This module holds the protocol and a step as one checkpoint file (:class:`FileCommit`,
-:func:`read_file_step`), which two publishers write:
-
-- :class:`~kronos_audit.runtime.signed.SignedPublisher`, a normal run on one rank: signed,
-  DVC-tracked, chained checkpoint files;
-- :class:`ReplayPublisher`, a run under ``kaudit replay`` (its
-  :class:`~kronos_audit.runtime.protocol.ReplayInstruction` in the environment): resume
-  from the checkpoint the replay names, stop at its step N whatever the program's policy,
-  write that one checkpoint unsigned into the replay's directory for comparison, and exit.
+This module holds the protocol, what a restore hands the loop, and a step as one
+checkpoint file read back (:func:`read_file_step`).
 """
 
 from __future__ import annotations
@@ -27,18 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kronos_audit.checkpoint.layout import (
-    manifest_path_for,
-    step_of,
-)
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import Job
-from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.errors import CheckpointError, Error
 from kronos_audit.parallel.comm import SingleProcess
-from kronos_audit.runtime.commit import FileCommit, NotCommitted, commit
-from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
-from kronos_audit.runtime.protocol import ReplayInstruction
-from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.runtime.policy import SavePolicy
 
 if TYPE_CHECKING:
     from kronos_audit.keys.keyfile import SigningKey
@@ -186,19 +175,6 @@ def read_file_step(point: ResumePoint) -> Restored:
     return Restored(point.step, point.path, 1, flat)
 
 
-def commit_file(commit_: FileCommit) -> None:
-    """Commit a checkpoint file on this one rank; a CheckpointError naming the step and
-    the reason the user can act on (raised from the failure itself) when it was not."""
-    try:
-        commit(ONE_RANK, commit_)
-    except NotCommitted as e:
-        reason = e.reason if e.own is None else file_failure(e.own)
-        raise CheckpointError(
-            f"writing the checkpoint of step {commit_.job.step} failed: {reason}",
-            path=commit_.final,
-        ) from e.own
-
-
 class RunPublisher:
     """What a signed run's publisher holds whatever its step format (a checkpoint file on
     one rank, a directory of shards on several): its directory, its pushes (``pusher``:
@@ -243,92 +219,12 @@ class RunPublisher:
         raise NotImplementedError
 
 
-class ReplayPublisher:
-    """A run under ``kaudit replay``: one unsigned checkpoint, of the step the replay
-    compares, in the directory it gave; then the process exits."""
-
-    exits_after_final = True
-
-    def __init__(self, instruction: ReplayInstruction) -> None:
-        self.instruction = instruction
-        self.threaded = True
-
-    @property
-    def directory(self) -> Path:
-        return self.instruction.out
-
-    @property
-    def push_failures(self) -> list[str]:
-        return []  # a replay's checkpoint is compared, never stored
-
-    def open(self) -> None:
-        # Nothing is signed or tracked: no project, key or lock is needed.
-        self.directory.mkdir(parents=True, exist_ok=True)
-
-    def close(self, *, clean: bool) -> None:
-        pass
-
-    def policy(self, asked: SavePolicy) -> SavePolicy:
-        # The replay's instruction, whatever the program asked for: write step N only.
-        return AtFinalStep()
-
-    def last_step(self, asked: int) -> int:
-        return min(asked, self.instruction.stop_at)
-
-    def certify(self, n: int, step: int) -> None:
-        pass  # a replay's checkpoint is compared, not signed
-
-    def _point(self) -> ResumePoint | None:
-        path = self.instruction.resume_from
-        if path is None:
-            return None
-        manifest = manifest_path_for(path)
-        if manifest.exists():
-            return ResumePoint(path, read_manifest(manifest).step)
-        step = step_of(path)
-        if step is None:
-            raise UsageError(
-                "the checkpoint to resume from has neither a manifest beside it nor a "
-                "step-<N>.h5 name",
-                path=path,
-            )
-        return ResumePoint(path, step)
-
-    def resume(self, *, stacklevel: int) -> Restored | None:
-        point = self._point()
-        return None if point is None else read_file_step(point)
-
-    def latest(self, *, stacklevel: int) -> int | None:
-        point = self._point()
-        return None if point is None else point.step
-
-    def at(self, step: int) -> Restored:
-        point = self._point()
-        if point is None or point.step != step:
-            only = "none" if point is None else f"only step {point.step}"
-            raise CheckpointError(
-                f"step {step}: under kaudit replay the program may read the checkpoint the "
-                f"replay resumes from ({only})"
-            )
-        return read_file_step(point)
-
-    def steps(self) -> list[int]:
-        point = self._point()
-        return [] if point is None else [point.step]
-
-    def publish(self, job: Job) -> None:
-        # For comparison only: not signed, not tracked.
-        commit_file(FileCommit(job, self.directory, md5=False))
-
-
 __all__ = [
     "CheckpointSkipped",
     "Publisher",
-    "ReplayPublisher",
     "Restored",
     "ResumePoint",
     "RunPublisher",
-    "commit_file",
     "file_failure",
     "read_file_step",
 ]

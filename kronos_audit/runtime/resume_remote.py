@@ -32,6 +32,7 @@ from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
+    INDEX_NAME,
     STEP_MANIFEST,
     TREE_NAME,
     checkpoint_name,
@@ -141,11 +142,12 @@ def rollback_allowed(asked: bool) -> bool:
 def newest_known(
     project: Project, directory: Path, run_id: str, verifier: Verifier
 ) -> Known | None:
-    """The newest step of run ``run_id`` whose manifest is committed in the run's
-    directory at HEAD (and at ``$KAUDIT_TRUST_REF`` when set), read with git from its
-    object store whatever the work tree holds: its data need not be here. A committed
-    manifest counts only once its signature (a signer ``verifier`` accepts), run, step and
-    place hold; at most :data:`TRY_LIMIT` per ref, newest first, are read."""
+    """The newest step of run ``run_id`` whose manifest (a checkpoint's, or a sharded
+    step's in its directory) is committed in the run's directory at HEAD (and at
+    ``$KAUDIT_TRUST_REF`` when set), read with git from its object store whatever the work
+    tree holds: its data need not be here. A committed manifest counts only once its
+    signature (a signer ``verifier`` accepts), run, step and place hold; at most
+    :data:`TRY_LIMIT` per ref, newest first, are read."""
     relative = project.relative(directory)
     if relative.startswith("/"):
         return None  # the run's directory is not in the repository: git knows nothing
@@ -173,11 +175,7 @@ def newest_known(
                 (
                     (step, e)
                     for e in entries
-                    if (step := step_of_manifest_name(PurePosixPath(e.path).name)) is not None
-                    and e.kind == "blob"
-                    and e.mode in ("100644", "100755")
-                    and e.size is not None
-                    and e.size <= MANIFEST_LIMIT
+                    if (step := _committed_step(e)) is not None
                     and (best is None or step > best.step)
                 ),
                 key=lambda c: c[0],
@@ -185,6 +183,16 @@ def newest_known(
             )
             for step, entry in candidates[:TRY_LIMIT]:
                 name = PurePosixPath(entry.path).name
+                if entry.kind == "tree":  # a sharded step: its manifest is inside
+                    inside = store.tree(commit, entry.path, limit=runs.LIST_LIMIT)
+                    found = [
+                        e
+                        for e in inside
+                        if PurePosixPath(e.path).name == STEP_MANIFEST and _blob(e)
+                    ]
+                    if not found:
+                        continue
+                    entry, name = found[0], f"{name}/{STEP_MANIFEST}"
                 try:
                     manifest = parse_manifest(
                         store.blob(entry.oid, limit=MANIFEST_LIMIT), directory / name
@@ -200,6 +208,25 @@ def newest_known(
                     best = Known(step, f"{ref}:{entry.path}")
                     break
     return best
+
+
+def _blob(e: git.TreeEntry) -> bool:
+    """A regular file of at most a manifest's size."""
+    return (
+        e.kind == "blob"
+        and e.mode in ("100644", "100755")
+        and e.size is not None
+        and e.size <= MANIFEST_LIMIT
+    )
+
+
+def _committed_step(e: git.TreeEntry) -> int | None:
+    """The step of a committed run directory's entry: a checkpoint's manifest, or a
+    sharded step's directory (its manifest is looked for inside); None for anything else."""
+    name = PurePosixPath(e.path).name
+    if e.kind == "tree":
+        return step_of_directory(name)
+    return step_of_manifest_name(name) if _blob(e) else None
 
 
 def refuse_rollback(
@@ -463,10 +490,13 @@ class RemoteResume:
         acted on, the index fetched by the signed md5 and checked against the signed
         sha256, its Merkle tree rebuilt. Its shards are left to the ranks that read them."""
         manifest_path = self.directory / step_directory_name(step) / STEP_MANIFEST
-        if os.path.lexists(manifest_path):
-            raise _Skip(f"a manifest of step {step} is here and is not valid: left as it is")
+        if os.path.lexists(manifest_path.parent / INDEX_NAME):
+            # Judged here already (not valid, or it would have been taken): left alone.
+            raise _Skip(f"a shard index of step {step} is here and is not valid: left as it is")
         manifest, data, verifier, md5 = self._signed(step, entry, manifest_path, sharded=True)
         index = manifest.checkpoint_path
+        # Its manifest may be here already (committed in git, a clone's): the same only.
+        to_write = [] if self._local_state(manifest_path, data) else [(manifest_path, data)]
 
         def fetch() -> None:
             if not os.path.lexists(index):
@@ -478,7 +508,7 @@ class RemoteResume:
                     raise _Skip(f"shard index not fetched: {e.message}") from None
             self._tree(index, manifest)
 
-        self._bring([(manifest_path, data), *self._chain(verifier, manifest, by_name)], fetch)
+        self._bring([*to_write, *self._chain(verifier, manifest, by_name)], fetch)
         return Found(index, step)
 
     def _tree(self, index: Path, manifest: Manifest) -> None:

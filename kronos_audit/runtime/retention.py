@@ -112,6 +112,17 @@ def sharded_steps_with_data(directory: Path) -> list[int]:
     return [s for s, m in RunDirectory(directory).step_manifests() if _step_data(m.parent)]
 
 
+def sharded_steps_here(directory: Path) -> list[int]:
+    """The sharded steps in ``directory`` with a step manifest and any of their data
+    files themselves here (the index, the tree or a shard), ascending: not a step whose
+    ``.dvc`` files alone are here (a clone's, committed in git, its data in the remote)."""
+    return [
+        s
+        for s, m in RunDirectory(directory).step_manifests()
+        if any(not p.name.endswith(_DVC) for p in _step_data(m.parent))
+    ]
+
+
 def _step_data(step_dir: Path) -> list[Path]:
     """The data files of the sharded step directory ``step_dir`` (and their ``.dvc``
     files), in the order :func:`prune` deletes them: each ``.dvc`` file just before its

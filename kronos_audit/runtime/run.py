@@ -75,17 +75,17 @@ from kronos_audit.runtime import rng
 from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
+from kronos_audit.runtime.file_steps import FilePublisher
 from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
-from kronos_audit.runtime.publish import Publisher, ReplayPublisher
+from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
+from kronos_audit.runtime.replaying import FileReplayPublisher, ShardedReplayPublisher
 from kronos_audit.runtime.retention import Retention
 from kronos_audit.runtime.run_restore import RunRestore
 from kronos_audit.runtime.sharded import ShardedPublisher
-from kronos_audit.runtime.sharded_replay import ShardedReplayPublisher
 from kronos_audit.runtime.sharded_steps import expand_layout, has_sharded_steps
-from kronos_audit.runtime.signed import SignedPublisher
 from kronos_audit.statement.predicate import Batches, RngRecord
 
 LOCAL_DIR_ENV = "KAUDIT_LOCAL_DIR"
@@ -243,37 +243,30 @@ class Run(RunRestore):
         several; one rank continuing a run written on several writes as it was written
         (sharded steps of one shard), so its chain and layouts carry on."""
         if self.replay is not None:
-            if self.size > 1 or self.replay.sharded:
-                return ShardedReplayPublisher(self.run_id, self.replay, self.comm, seed=self.seed)
-            return ReplayPublisher(self.replay)
-        if (
+            replaying = (
+                ShardedReplayPublisher
+                if self.size > 1 or self.replay.sharded
+                else FileReplayPublisher
+            )
+            return replaying(self.run_id, self.replay, self.comm, seed=self.seed)
+        sharded = (
             self.size > 1
             or self.node_local
-            or has_sharded_steps(directory, self.run_id, key, stacklevel=3)
-        ):
-            return ShardedPublisher(
-                self.run_id,
-                directory,
-                self.comm,
-                seed=self.seed,
-                key=key,
-                attributes=attributes or {},
-                allow_secret_files=allow_secret_files,
-                command=command,
-                retention=self.retention,
-                push=push,
-                node_local=self.node_local,
-            )
-        return SignedPublisher(
+            or has_sharded_steps(directory, self.run_id, key, stacklevel=3, remote=push)
+        )
+        publisher = ShardedPublisher if sharded else FilePublisher
+        return publisher(
             self.run_id,
             directory,
+            self.comm,
             seed=self.seed,
             key=key,
             attributes=attributes or {},
-            retention=self.retention,
-            push=push,
             allow_secret_files=allow_secret_files,
             command=command,
+            retention=self.retention,
+            push=push,
+            node_local=self.node_local,
             allow_rollback=allow_rollback,
         )
 

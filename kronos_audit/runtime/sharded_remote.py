@@ -2,10 +2,10 @@
 
 When a run pushes (``Run(push=True)``), the remote holds every object of each step and
 its step manifest (:mod:`kronos_audit.runtime.pushing`). A restore on several ranks then
-looks there too, collectively, before it agrees on the step to take:
+looks there too, collectively, once the ranks have agreed on the newest step valid here:
 
 1. rank 0 lists the run's remote directory and brings the newest step manifest newer
-   than every step here (its signature, run, step and place checked first), its chain's
+   than that one (its signature, run, step and place checked first), its chain's
    manifests and its shard index, checked against the signed digest
    (:meth:`~kronos_audit.runtime.resume_remote.RemoteResume.newest` with ``sharded``);
 2. every rank works out which old shards it reads of that step (its own, or with another
@@ -14,8 +14,8 @@ looks there too, collectively, before it agrees on the step to take:
    root with log2(n) nodes of the tree rank 0 rebuilt from the index): a shard several
    ranks read is fetched by the lowest of them only, so no two ranks write one name (the
    run directory is shared);
-3. the restore's agreement then verifies, on every rank, what it reads, as for a step
-   written here: a fetch that failed makes the ranks fall back to an older step.
+3. the ranks then agree on it as on a step written here, each verifying what it reads:
+   a fetch that failed leaves the step valid here the one taken.
 
 So what one rank reads and fetches does not grow with the rank count: its shards, log2(n)
 nodes of the tree, the manifests of the chain (rank 0 alone fetches the index, once).
@@ -33,7 +33,6 @@ from kronos_audit.runtime.resume_remote import RemoteResume
 from kronos_audit.runtime.sharded_steps import Agreed, parse_layout, signed_line
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage.fetch import FetchItem
-from kronos_audit.storage.runs import RunFiles
 
 if TYPE_CHECKING:
     from kronos_audit.runtime.sharded import ShardedPublisher
@@ -41,31 +40,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("kronos_audit.runtime")
 
 
-def bring_from_remote(publisher: ShardedPublisher, *, stacklevel: int) -> int | None:
+def bring_from_remote(
+    publisher: ShardedPublisher, above: int | None, *, stacklevel: int
+) -> int | None:
     """All ranks: bring the newest step in the run's remote directory that is newer than
-    every step here, and each rank the shards it reads of it; the step, or None when the
-    remote has none newer (or could not be looked at: then the restore goes on from the
-    steps here, as a single process's does)."""
+    ``above`` (the newest step valid here), and each rank the shards it reads of it; the
+    step, or None when the remote has none newer (or could not be looked at: then the
+    restore goes on from the steps here, as a single process's does)."""
     comm = publisher.comm
     taken: int | None = None
     # Node-local, no rank sees another's directory: each brings the manifests itself.
     if comm.rank == 0 or publisher.node_local:
         try:
-            here = publisher.local_steps()
             project = publisher.project()
             storage = publisher.storage()
             remote = RemoteResume(
                 project,
                 storage,
-                RunFiles(storage, publisher.run_id),
+                publisher.run_files(),
                 publisher.directory,
                 publisher.verifier,
                 lambda verifier, path: None,  # each rank verifies what it reads, in agree()
                 _skipped(),
             )
-            found = remote.newest(
-                here[-1] if here else None, stacklevel=stacklevel + 1, sharded=True
-            )
+            found = remote.newest(above, stacklevel=stacklevel + 1, sharded=True)
             taken = None if found is None else found.step
         except Exception as e:  # every rank must hear rank 0, whatever happened
             log.warning("run %r: the DVC remote was not looked at: %s", publisher.run_id, e)

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit.checkpoint.layout import RunDirectory
+from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit.checkpoint.layout import RunDirectory, step_of_remote_step_manifest
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
     NoProof,
@@ -43,7 +44,7 @@ from kronos_audit.project.repository import find_project
 from kronos_audit.runtime.commit import Shard, held_alike
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.rng import GROUP as RNG_GROUP
-from kronos_audit.statement.manifest import Manifest
+from kronos_audit.statement.manifest import Manifest, parse_manifest
 from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.verifier import Verifier
 
@@ -55,17 +56,25 @@ OWN_GROUPS = (RNG_GROUP, _LEDGER)
 
 
 def has_sharded_steps(
-    directory: Path, run_id: str, key: str | SigningKey | None, *, stacklevel: int
+    directory: Path,
+    run_id: str,
+    key: str | SigningKey | None,
+    *,
+    stacklevel: int,
+    remote: bool = False,
 ) -> bool:
     """Whether ``directory`` (run ``run_id``'s) holds a sharded step that counts: its step
     manifest signed by an anchored key or the run's own (``key``), of this run and of the
-    step its directory names, in its place. Nothing else of it is read. Every candidate
-    that does not count is named, with why, in a CheckpointSkipped warning: an unsigned
-    file dropped in a run's directory decides nothing, not even the run's layout."""
+    step its directory names, in its place. Nothing else of it is read. With ``remote``
+    (the run pushes) and none here, the step manifests in the run's DVC remote directory
+    are asked the same (a machine resuming a run that another wrote on several ranks).
+    Every candidate that does not count is named, with why, in a CheckpointSkipped
+    warning: an unsigned file dropped in a run's directory decides nothing, not even the
+    run's layout."""
     from kronos_audit.runtime.publish import CheckpointSkipped
 
     candidates = RunDirectory(directory).step_manifests()
-    if not candidates:
+    if not candidates and not remote:
         return False
     verifier: Verifier | None = None
     problem: str | None = None
@@ -80,20 +89,60 @@ def has_sharded_steps(
         verifier = Verifier(project, keyring)
     except Error as e:
         problem = f"cannot be verified: {one_line_reason(e)}"
-    found = False
+    if not candidates:
+        return verifier is not None and _in_remote(verifier, directory, run_id, stacklevel + 1)
     for step, path in reversed(candidates):
         reason = (
             problem if verifier is None else step_manifest_problem(verifier, path, run_id, step)
         )
         if reason is None:
-            found = True
-            break
+            return True
         warnings.warn(
             f"{path}: not counted as a sharded step: {reason}",
             CheckpointSkipped,
             stacklevel=stacklevel,
         )
-    return found
+    return False
+
+
+def _in_remote(verifier: Verifier, directory: Path, run_id: str, stacklevel: int) -> bool:
+    """Whether the run's DVC remote directory holds a sharded step manifest that counts
+    (:func:`has_sharded_steps`), of the newest few; a remote that cannot be listed holds
+    none (the restore says so when it looks there)."""
+    from kronos_audit.runtime.publish import CheckpointSkipped
+    from kronos_audit.runtime.resume_remote import TRY_LIMIT
+    from kronos_audit.storage.remote import Storage  # only a run that pushes asks
+    from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
+
+    try:
+        files = RunFiles(Storage(verifier.project), run_id)
+        listing = files.list()
+    except Error:
+        return False
+    named = sorted(
+        (
+            (step, e.name)
+            for e in listing.entries
+            if (step := step_of_remote_step_manifest(e.name)) is not None
+        ),
+        reverse=True,
+    )
+    for step, name in named[:TRY_LIMIT]:
+        try:
+            path = RunDirectory(directory).step_manifest(step)
+            reason = manifest_problem(
+                verifier, parse_manifest(files.get(name, MANIFEST_LIMIT), path), run_id, step
+            )
+        except (Error, RemoteFileRefused) as e:
+            reason = one_line_reason(e)
+        if reason is None:
+            return True
+        warnings.warn(
+            f"{files.where}/{name} (in the DVC remote): not counted as a sharded step: {reason}",
+            CheckpointSkipped,
+            stacklevel=stacklevel,
+        )
+    return False
 
 
 def step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
@@ -103,6 +152,12 @@ def step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int
         manifest = verifier.cache.read(path)
     except Error as e:
         return one_line_reason(e)
+    return manifest_problem(verifier, manifest, run_id, step)
+
+
+def manifest_problem(verifier: Verifier, manifest: Manifest, run_id: str, step: int) -> str | None:
+    """What is wrong with ``manifest`` as the step manifest of step ``step`` of run
+    ``run_id`` (None: nothing): its signature and place first, then its fields."""
     signed = verifier.signature(manifest)
     if not signed.ok:
         return f"signature: {signed.detail}"
@@ -293,6 +348,9 @@ class Agreed:
     signed: dict[int, Signed] = field(default_factory=dict)
     """Old rank -> the size and sha256 its verified index line signs for its shard: the
     shards this rank reads are read only as these bytes."""
+    verified: Manifest | None = None
+    """The manifest as it was verified (the next step is chained to it without reading
+    it again); None when only its path is known."""
 
 
 def signed_line(manifest: Manifest, rank: int) -> ShardRecord:

@@ -1,310 +1,499 @@
-"""A normal run on one rank: signed, DVC-tracked, chained checkpoint files.
+"""A signed run on any number of ranks: the one publisher of signed, chained steps.
 
-:class:`SignedPublisher` is the :class:`~kronos_audit.runtime.publish.Publisher` of a run
-whose world is one rank: checkpoints in ``<root>/<run>/``, each tracked by DVC, signed with
-a manifest chained to the previous one, old ones pruned by signed retention, optionally
-pushed (data, then manifest: see :mod:`~kronos_audit.runtime.resume_remote`); restore
-takes the newest that verifies, here or, when pushing, in the DVC remote. Each step is
-committed by the same two-phase protocol as a step of many ranks
-(:mod:`kronos_audit.runtime.commit`), as one file.
+A single process is a world of one rank. :class:`SignedPublisher` is written once for
+every world: it opens the run (the project on every rank, the signing key, git state and
+the run's writer lock on rank 0, the key's public half sent to every rank), restores the
+newest step valid on every rank (here, then newer ones in the DVC remote, never older than
+the newest step git knows of), commits each step by the two-phase protocol of
+:mod:`kronos_audit.runtime.commit` (each rank's piece durable, rank 0 signs the manifest
+chained to the previous step's, retention's data pruned, signed), and pushes it. Every
+method is said to be called by "all ranks" (collective) or by rank 0 alone, as
+:class:`~kronos_audit.runtime.publish.Publisher` says.
+
+What differs is only the format of a step, given by a subclass: one checkpoint file on one
+rank (:class:`~kronos_audit.runtime.file_steps.FilePublisher`: h5py opens it as it is), or
+a directory of one shard per rank (:class:`~kronos_audit.runtime.sharded.ShardedPublisher`):
+how a step is listed, verified by a rank, read back, committed, signed and tracked, and
+brought from the remote.
 """
 
 from __future__ import annotations
 
-import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX
-from kronos_audit.checkpoint.hashing import FileDigests
-from kronos_audit.checkpoint.layout import (
-    CHECKPOINT_GLOB,
-    RunDirectory,
-    checkpoint_name,
-    manifest_path_for,
-    step_of,
-)
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job
-from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.parallel.comm import Comm
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
-from kronos_audit.runtime.commit import FileCommit
+from kronos_audit.runtime.commit import NotCommitted, StepCommit, commit
 from kronos_audit.runtime.protocol import restart_count
-from kronos_audit.runtime.publish import (
-    ONE_RANK,
-    CheckpointSkipped,
-    Restored,
-    ResumePoint,
-    RunPublisher,
-    commit_file,
-    read_file_step,
-)
+from kronos_audit.runtime.publish import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
 from kronos_audit.runtime.pushing import Pusher
+from kronos_audit.runtime.ranks import dup, one_line_reason, require_threads
 from kronos_audit.runtime.resume_remote import (
-    RemoteResume,
+    Known,
     newest_known,
     refuse_rollback,
     rollback_allowed,
 )
 from kronos_audit.runtime.retention import Retention, prune
+from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
-from kronos_audit.runtime.writer_lock import Newest, WriterLock, check_newest, newest_manifest
+from kronos_audit.runtime.writer_lock import (
+    Newest,
+    WriterLock,
+    check_newest,
+    manifests_after,
+    newest_manifest,
+)
 from kronos_audit.signing.predicate import RunRecord
-from kronos_audit.signing.sign import sign_checkpoint
-from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import cache_settings
 from kronos_audit.verification.verifier import Verifier
-
-log = logging.getLogger("kronos_audit.runtime")
 
 
 class SignedPublisher(RunPublisher):
-    """A normal run: signed, DVC-tracked, chained checkpoints in ``directory``."""
+    """A normal run on ``comm`` (one rank by default): signed, DVC-tracked, chained steps
+    in ``directory``, in the step format of the subclass."""
 
     def __init__(
         self,
         run_id: str,
         directory: Path,
+        comm: Comm = ONE_RANK,
         *,
         seed: int,
         key: str | SigningKey | None,
         attributes: Mapping[str, Any],
-        retention: Retention,
-        push: bool,
         allow_secret_files: bool,
         command: Sequence[str] | None = None,
+        retention: Retention | None = None,
+        push: bool = False,
+        node_local: bool = False,
         allow_rollback: bool = False,
     ) -> None:
+        self.retention = retention or Retention()
+        """Which steps keep their data (``keep``, ``keep_every``): rank 0 prunes."""
+        self.push = push or node_local
+        """Push each step to the DVC remote in the background: each rank its piece, rank 0
+        the rest and, once every rank's objects are there, the step's manifest."""
+        self.node_local = node_local
+        """No directory is shared by the ranks: each writes its piece into a directory of
+        its own node's, and the DVC remote is the meeting point (a rank votes its piece
+        only once it is in the remote)."""
+        self._storage: Storage | None = None
+        self._run_files: RunFiles | None = None
+        super().__init__(directory, Pusher(self.storage, self.run_files))
         self.command = recorded_command(command)
         """What the manifests record as the command to re-run (credentials scrubbed)."""
         self.run_id = run_id
+        self.comm = comm
+        """The program's communicator (the loop thread's collectives)."""
+        self.rank = comm.rank
+        self.size = comm.size
         self.seed = seed
-        self.allow_rollback = allow_rollback
         self.attributes = dict(attributes)
-        self.retention = retention
-        self.push = push
         self.allow_secret_files = allow_secret_files
+        self.allow_rollback = allow_rollback
         self._key_arg = key
+        self._commit_comm: Comm | None = None
         self._project: Project | None = None
-        self._signer: Signer | None = None  # the key, git state and DVC's cache settings
-        self._storage: Storage | None = None
-        self._run_files: RunFiles | None = None
-        self._parent: Manifest | None = None
-        # The newest manifest in the directory as this writer last saw it: a commit signs
-        # only while it is still the newest (no other writer signed meanwhile).
+        self._signer: Signer | None = None  # rank 0's: the key, git state, DVC's cache
+        self._public: Any = None  # the run key's public half, and its name, on every rank
+        self._public_name = "run"
+        self._parent: Path | Manifest | None = None  # the step the next one is chained to
+        self._parent_step: int | None = None
+        # DVC's cache settings on the ranks that track (rank 0, or every rank node-local)
+        self._cache: tuple[Path, tuple[str, ...]] | None = None
+        self._lock: WriterLock | None = None  # rank 0's, for every rank
+        # Rank 0: the newest manifest in the directory as it last saw it (a commit signs
+        # only while it is still the newest: no other writer signed meanwhile).
         self._newest: Newest | None = None
-        # Each checkpoint pushed once committed, what failed retried with the next.
-        super().__init__(
-            directory,
-            Pusher(
-                lambda: self._storage_for(self._opened()[0]),
-                lambda: self._files(self._opened()[0]),
-            ),
-        )
-        # What each checkpoint found valid was verified as (by its verified manifest):
-        # a restore reads exactly those bytes, never what its name holds later.
-        self._signed: dict[Path, Signed] = {}
-        # And the manifest itself, as verified: a restore chains the next checkpoint to
-        # it without reading (and schema-checking) the file again.
-        self._verified: dict[Path, Manifest] = {}
-        self._lock: WriterLock | None = None
+        self._passed_over: frozenset[Newest] = frozenset()
+        self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+
+    # -- the format of a step: each subclass's --------------------------------------------
+
+    def local_steps(self) -> list[int]:
+        """The steps with a manifest and data here, sorted (unverified; not collective)."""
+        raise NotImplementedError
+
+    def _candidates(self) -> list[int]:
+        """Rank 0: the steps a restore tries, sorted (unverified)."""
+        return self.local_steps()
+
+    def _manifest(self, step: int) -> Path:
+        """Step ``step``'s manifest."""
+        raise NotImplementedError
+
+    def _where(self, step: int) -> Path:
+        """What a warning or error about step ``step`` names (its file or directory)."""
+        raise NotImplementedError
+
+    def _leftovers(self) -> Iterable[Path]:
+        """Rank 0, at open: what a crash mid-write left (never part of a valid step)."""
+        raise NotImplementedError
+
+    def _plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
+        """Why step ``step`` (its manifest ``manifest``) is no candidate before anything
+        it names is read (None: it is), and the step as a restore plans it, nothing of it
+        verified yet (the old ranks' pieces :meth:`reads` names come from its fields)."""
+        raise NotImplementedError
+
+    def reads(self, agreed: Agreed) -> list[int]:
+        """The old ranks whose pieces this rank reads to restore ``agreed``."""
+        raise NotImplementedError
+
+    def _signed_piece(self, verified: Manifest, old: int) -> Signed:
+        """What ``verified`` signs of old rank ``old``'s piece: a restore reads it only
+        as these bytes."""
+        raise NotImplementedError
+
+    def load(self, agreed: Agreed) -> dict[str, Any]:
+        """All ranks: this rank's datasets of ``agreed``, read only as the bytes that were
+        verified (CheckpointError on every rank when one cannot read them)."""
+        raise NotImplementedError
+
+    def _from_remote(self, above: int | None, *, stacklevel: int) -> Agreed | None:
+        """All ranks, when the run pushes: the newest step in the DVC remote newer than
+        ``above`` that is valid on every rank, brought here; None when there is none."""
+        raise NotImplementedError
+
+    def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
+        """This rank's commit of ``job`` in the format (its ``sign`` calls
+        :meth:`_signed_step` on rank 0)."""
+        raise NotImplementedError
+
+    def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
+        """The error every rank raises when ``step`` was not committed."""
+        raise NotImplementedError
+
+    def _sign(self, job: Job, piece: Any, record: RunRecord) -> Manifest:
+        """Rank 0, every piece durable: sign and track the step (``piece``: the format's
+        record of what was written); the signed manifest."""
+        raise NotImplementedError
+
+    def _pushed(self, step: StepCommit) -> tuple[Path, list[FetchItem]]:
+        """A committed step's manifest and this rank's objects of it to push."""
+        raise NotImplementedError
+
+    # -- open and close (collective) ------------------------------------------------------
 
     def open(self) -> None:
-        self._project = find_project(self.directory).require_initialized()
-        self._signer = load_signer(
-            self._project,
-            self._key_arg,
-            run_id=self.run_id,
-            allow_secret_files=self.allow_secret_files,
-        )
-        # One writer per run: held until close(), once the last commit is through. Taken
-        # after the git state is recorded, so that the lock's git-ignore entry is not
-        # part of it; before anything is written or removed.
-        self._lock = WriterLock.acquire(self.directory)
-        self._newest = newest_manifest(self.directory)
-        for leftover in self.directory.glob(TEMP_PREFIX + "*"):
-            leftover.unlink(missing_ok=True)  # a crash mid-write; never a valid checkpoint
+        """All ranks: the commit communicator; the project on every rank; the key, git
+        state and the run's writer lock on rank 0, its public key sent to every rank. What
+        stops it is raised on every rank: a rank's own error as it is, another rank's
+        named (UsageError); :class:`~kronos_audit.errors.RunLocked` on every rank when
+        another process holds the lock."""
+        own: BaseException | None = None
+        held: tuple[str, str, LockHolder | None] | None = None
+        public: tuple[bytes, str] | None = None
+        try:
+            if self.threaded:
+                require_threads(self.comm)
+            self._project = find_project(self.directory).require_initialized()
+            if self.rank == 0:  # its signer holds DVC's cache settings too
+                signer = self._signer = load_signer(
+                    self._project,
+                    self._key_arg,
+                    run_id=self.run_id,
+                    allow_secret_files=self.allow_secret_files,
+                )
+                self._cache = signer.cache
+                key = signer.key
+                public = (key.private_key.public_key().public_bytes_raw(), key.name)
+                # One writer per run: held until close(), once the last commit is
+                # through. Taken after the git state is recorded (the lock's git-ignore
+                # entry is not part of it), before anything is written or removed.
+                try:
+                    self._lock = WriterLock.acquire(self.directory)
+                except RunLocked as e:
+                    held = (e.message, str(e.path), e.holder)
+                else:
+                    self._newest = newest_manifest(self.directory)
+                    for leftover in self._leftovers():
+                        leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
+            elif self.node_local:  # every rank tracks and pushes its own piece
+                self._cache = cache_settings(self._project)
+        except Exception as e:  # every rank must reach the collectives below, whatever happened
+            own = e
+        # Rank 0's lock, told to every rank: each raises RunLocked (a SystemExit of status
+        # 2) together, so the job ends at once, as a second writer, on every rank.
+        held = self.comm.bcast(held)
+        if held is not None:
+            message, path, holder = held
+            raise RunLocked(message, path=path, holder=holder)
+        try:
+            self._together(own)
+        except BaseException:
+            self.release_lock()
+            raise
+        self._commit_comm = dup(self.comm)  # on every rank, or (above) on none
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    def close(self, *, clean: bool) -> None:
+        raw, self._public_name = self.comm.bcast(public)
+        self._public = Ed25519PublicKey.from_public_bytes(raw)
+
+    def _together(self, own: BaseException | None) -> None:
+        """All ranks: raise, on every rank, what went wrong on any: a rank's own exception
+        as it is, another's as a UsageError naming that rank."""
+        problems = self.comm.allgather(None if own is None else one_line_reason(own))
+        if own is not None:
+            raise own
+        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+        if bad is not None:
+            raise UsageError(f"rank {bad[0]}: {bad[1]}")
+
+    def release_lock(self) -> None:
+        """Let the run's next writer in (rank 0; nothing on the others)."""
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
 
-    def _opened(self) -> tuple[Project, Signer]:
-        if self._project is None or self._signer is None:
+    def close(self, *, clean: bool) -> None:
+        """All ranks: release the commit communicator and (rank 0) the run's writer lock.
+        ``clean``: every rank is closing (the run ended without error), so a
+        torch.distributed group can be taken down together; after an error nothing
+        collective is attempted (the other ranks may never come)."""
+        self.release_lock()
+        comm, self._commit_comm = self._commit_comm, None
+        if comm is None or comm.size == 1:
+            return
+        comm.close()
+        if clean and comm.name == "torch.distributed":
+            import torch.distributed as dist
+
+            # A gloo group left to the interpreter's exit can abort the process
+            # ("terminate called without an active exception").
+            comm.barrier()
+            dist.destroy_process_group(getattr(comm, "group", None))
+
+    def _opened(self) -> Project:
+        if self._project is None:
             raise UsageError("use the Run inside a `with` block")
-        return self._project, self._signer
+        return self._project
 
-    def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path]:
-        return self._verifier(), self._opened()[1].key, RunDirectory(self.directory).manifest(step)
+    def project(self) -> Project:
+        """The project the run is in (once open)."""
+        return self._opened()
 
-    def _verifier(self) -> Verifier:
-        project, signer = self._opened()
-        key = signer.key
-        return run_verifier(project, key.private_key.public_key(), key.name)
+    def storage(self) -> Storage:
+        """The project's DVC storage (made when first needed)."""
+        if self._storage is None:
+            self._storage = Storage(self._opened())
+        return self._storage
+
+    def run_files(self) -> RunFiles:
+        """The run's directory in the DVC remote (made when first needed)."""
+        if self._run_files is None:
+            self._run_files = RunFiles(self.storage(), self.run_id)
+        return self._run_files
+
+    def verifier(self) -> Verifier:
+        """What a restore verifies with: an anchored signer, or this run's own key (the
+        one rank 0 signs with)."""
+        return run_verifier(self._opened(), self._public, self._public_name)
+
+    def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path] | None:
+        if self._signer is None:
+            return None  # not rank 0
+        return self.verifier(), self._signer.key, self._manifest(step)
+
+    # -- listing and restore (collective, loop thread) -----------------------------------
+
+    def steps(self) -> list[int]:
+        """All ranks: rank 0's :meth:`local_steps`."""
+        steps: list[int] = self.comm.bcast(self.local_steps() if self.rank == 0 else None)
+        return steps
+
+    def _problem(self, verifier: Verifier, step: int) -> tuple[str | None, Agreed | None]:
+        """What is wrong, for this rank, with step ``step`` (None: nothing), and the step
+        as this rank verified what it reads of it: each old rank's piece it reads
+        (:meth:`reads`), by :meth:`Verifier.verify
+        <kronos_audit.verification.verifier.Verifier.verify>` of those ranks (the chain
+        once)."""
+        manifest = self._manifest(step)
+        try:
+            reason, agreed = self._plan(verifier, step, manifest)
+            if reason is not None:
+                return reason, None
+            first = True
+            for old in self.reads(agreed):
+                result = verifier.verify(manifest, ranks=[old], chain=first)
+                first = False
+                if not result.ok:
+                    return "; ".join(f"{c.name}: {c.detail}" for c in result.failures), None
+                if result.run != self.run_id:
+                    return f"belongs to run {result.run!r}", None
+                if result.step != step:
+                    return f"its manifest signs step {result.step}, not step {step}", None
+                verified = result.statement
+                planned = agreed.verified
+                if verified is None or planned is None or verified.digest != planned.digest:
+                    return "its manifest changed while it was verified", None
+                agreed.signed[old] = self._signed_piece(verified, old)
+        except Exception as e:  # a rank that stopped here alone would hang the others
+            return one_line_reason(e), None
+        return None, agreed
+
+    def agree(self, steps: list[int], *, stacklevel: int) -> Agreed | None:
+        """All ranks: the first of ``steps`` valid on every rank; each rank that found one
+        invalid warns why (a :class:`CheckpointSkipped`)."""
+        verifier = self.verifier()
+        for step in steps:
+            problem, agreed = self._problem(verifier, step)
+            problems = self.comm.allgather(problem)
+            if all(p is None for p in problems):
+                assert agreed is not None
+                return agreed
+            if problem is not None:
+                who = f" (rank {self.rank})" if self.size > 1 else ""
+                warnings.warn(
+                    f"{self._where(step)}: skipped{who}: {problem}",
+                    CheckpointSkipped,
+                    stacklevel=stacklevel,
+                )
+        return None
 
     def resume(self, *, stacklevel: int) -> Restored | None:
-        """The newest checkpoint that verifies, signed by an anchored key or this run's
-        own; the ones passed over are named in a :class:`CheckpointSkipped` warning.
+        """All ranks: the newest step valid on every rank, read back; it becomes the
+        parent of the next."""
+        agreed = self.resume_agreed(stacklevel=stacklevel + 1)
+        if agreed is None:
+            return None
+        restored = self._restored(agreed)
+        self._parent = agreed.verified or agreed.manifest
+        self._parent_step = agreed.step
+        return restored
 
-        When the run pushes, the manifests in the DVC remote count too: one newer than
-        every valid local checkpoint that verifies is brought here (its chain's manifests
-        and its data) and taken.
-
-        Never older than the newest step whose manifest is committed in git (see
+    def resume_agreed(self, *, stacklevel: int) -> Agreed | None:
+        """All ranks: the newest step valid on every rank, unread: the newest here, or
+        (when the run pushes) a newer one the DVC remote holds, brought here. Never older
+        than the newest step whose manifest is committed in git (see
         :func:`~kronos_audit.runtime.resume_remote.newest_known`): that is a
-        RollbackRefused, unless the rollback is accepted (``allow_rollback``)."""
-        point = self._newest_valid(stacklevel=stacklevel + 1)
+        RollbackRefused on every rank, unless the rollback is accepted
+        (``allow_rollback``)."""
+        steps = self.comm.bcast(self._candidates() if self.rank == 0 else None)
+        agreed = self.agree(list(reversed(steps)), stacklevel=stacklevel + 1)
         if self.push:
-            found = self._remote_resume().newest(
-                None if point is None else point.step, stacklevel=stacklevel
+            newer = self._from_remote(
+                None if agreed is None else agreed.step, stacklevel=stacklevel + 1
             )
-            if found is not None:
-                point = ResumePoint(
-                    found.checkpoint, found.step, self._signed.get(found.checkpoint)
-                )
-        project, _ = self._opened()
+            agreed = newer or agreed
+        # What git knows of the run, asked of rank 0 and told to every rank, each of which
+        # then refuses a rollback together (RollbackRefused on every rank).
+        own: BaseException | None = None
+        known: Known | None = None
+        if self.rank == 0:
+            try:
+                known = newest_known(self._opened(), self.directory, self.run_id, self.verifier())
+            except Exception as e:  # every rank must hear rank 0's word, whatever happened
+                own = e
+        self._together(own)
         refuse_rollback(
             self.run_id,
-            newest_known(project, self.directory, self.run_id, self._verifier()),
-            None if point is None else point.step,
+            self.comm.bcast(known),
+            None if agreed is None else agreed.step,
             allowed=rollback_allowed(self.allow_rollback),
             path=self.directory,
         )
-        self._newest = newest_manifest(self.directory)  # with what a remote resume brought
-        if point is None:
-            return None
-        restored = read_file_step(point)
-        verified = self._verified.get(point.path)
-        self._parent = (
-            verified if verified is not None else read_manifest(manifest_path_for(point.path))
-        )
-        return restored
+        if self.rank == 0:
+            # The manifests of the steps after the one taken (not valid, their data gone,
+            # or a rollback accepted) are done again; until each is replaced, the newest
+            # manifest the next commit must find is the newest other one, with what a
+            # remote resume brought.
+            self._passed_over = manifests_after(
+                self.directory, None if agreed is None else agreed.step
+            )
+            self._newest = newest_manifest(self.directory, passed_over=self._passed_over)
+        return agreed
 
     def latest(self, *, stacklevel: int) -> int | None:
-        point = self._newest_valid(stacklevel=stacklevel + 1)
-        return None if point is None else point.step
-
-    def _newest_valid(self, *, stacklevel: int) -> ResumePoint | None:
-        verifier = self._verifier()
-        candidates = RunDirectory(self.directory).checkpoints()
-        for step, path in reversed(candidates):
-            reason = self._invalid(verifier, path)
-            if reason is not None:
-                warnings.warn(
-                    f"{path}: skipped: {reason}", CheckpointSkipped, stacklevel=stacklevel + 1
-                )
-                continue
-            return ResumePoint(path, step, self._signed.get(path))
-        return None
-
-    def _storage_for(self, project: Project) -> Storage:
-        if self._storage is None:
-            self._storage = Storage(project)
-        return self._storage
-
-    def _files(self, project: Project) -> RunFiles:
-        if self._run_files is None:
-            self._run_files = RunFiles(self._storage_for(project), self.run_id)
-        return self._run_files
-
-    def _remote_resume(self) -> RemoteResume:
-        project, _ = self._opened()
-        return RemoteResume(
-            project,
-            self._storage_for(project),
-            self._files(project),
-            self.directory,
-            self._verifier,
-            self._invalid,
-            CheckpointSkipped,
-        )
+        steps = self.comm.bcast(self._candidates() if self.rank == 0 else None)
+        agreed = self.agree(list(reversed(steps)), stacklevel=stacklevel + 1)
+        return None if agreed is None else agreed.step
 
     def at(self, step: int) -> Restored:
-        path = self.directory / checkpoint_name(step)
-        if not path.is_file():
-            raise CheckpointError(f"step {step}: no such checkpoint in the run", path=path)
-        reason = self._invalid(self._verifier(), path)
-        if reason is not None:
-            raise CheckpointError(f"step {step}: not valid: {reason}", path=path)
-        return read_file_step(ResumePoint(path, step, self._signed.get(path)))
+        """All ranks: step ``step``, agreed valid on every rank and read back, or
+        CheckpointError on every rank."""
+        where = self._where(step)
+        if step not in self.comm.bcast(self._candidates() if self.rank == 0 else None):
+            raise CheckpointError(f"step {step}: no such checkpoint in the run", path=where)
+        verifier = self.verifier()
+        problem, agreed = self._problem(verifier, step)
+        problems = self.comm.allgather(problem)
+        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
+        if bad is not None:
+            who = f" on rank {bad[0]}" if self.size > 1 else ""
+            raise CheckpointError(f"step {step}: not valid{who}: {bad[1]}", path=where)
+        assert agreed is not None
+        return self._restored(agreed)
 
-    def steps(self) -> list[int]:
-        return RunDirectory(self.directory).signed_checkpoint_steps()
+    def _restored(self, agreed: Agreed) -> Restored:
+        return Restored(agreed.step, self._where(agreed.step), agreed.count, self.load(agreed))
 
-    def _invalid(self, verifier: Verifier, path: Path) -> str | None:
-        manifest_path = manifest_path_for(path)
-        if not manifest_path.exists():
-            return "no manifest (unsigned, or the write was interrupted)"
-        try:
-            result = verifier.verify(manifest_path)
-        except Error as e:
-            return str(e)
-        if not result.ok:
-            return "; ".join(f"{c.name}: {c.detail}" for c in result.failures)
-        if result.run != self.run_id:
-            return f"belongs to run {result.run!r}"
-        if result.step != step_of(path):
-            return f"its manifest signs step {result.step}, not the step its name says"
-        manifest = result.statement
-        assert manifest is not None  # a manifest's result always carries it
-        self._signed[path] = Signed(
-            manifest.record.size, manifest.subject_sha256, manifest.datasets
-        )
-        self._verified[path] = manifest
-        return None
+    # -- commit (collective, writer thread) ----------------------------------------------
 
     def publish(self, job: Job) -> None:
-        project, signer = self._opened()
-        # Where the run's lock cannot hold (some network filesystems), two writers may
-        # have resumed from the same step: only one may sign a child of it. Checked before
-        # the file replaces anything, and again just before signing.
-        parent = None if self._parent is None else self._parent.step
-
-        def refusal() -> str | None:
-            try:
-                check_newest(self.directory, self._newest, step=job.step, parent=parent)
-            except Error as e:
-                return e.message
-            return None
-
-        doomed: list[int] = []
-
-        def sign(final: Path, digests: FileDigests) -> None:
-            doomed.extend(self._sign(job, final, digests, parent))
-
-        step = FileCommit(job, self.directory, md5=True, refusal=refusal, sign=sign)
-        commit_file(step)
-        digests = step.digests
-        assert digests is not None
-        assert digests.md5 is not None
-        cache_dir, _ = signer.cache  # read once, at open
-        prune(project, self.directory, doomed, cache_dir=cache_dir)
+        """All ranks: commit this rank's piece of ``job``
+        (:func:`~kronos_audit.runtime.commit.commit`): written durably, voted, and (rank
+        0) signed and tracked when every rank's piece is durable; CheckpointError on every
+        rank otherwise. Then the data the step's signed retention record names goes, and
+        the step is pushed."""
+        comm = self._commit_comm
+        if comm is None:
+            raise UsageError("use the Run inside a `with` block")
+        step = self._step_commit(job, comm)
+        try:
+            commit(comm, step)
+        except NotCommitted as e:
+            raise self._not_committed(step, e) from e.own
+        # Rank 0's pruning (a failure here is rank 0's, told to every rank at the loop's
+        # next collective: the step stays committed). Node-local, each rank's own pieces
+        # of the pruned steps are on its node.
+        doomed, self._to_prune = self._to_prune, []
+        if self.node_local:
+            doomed = comm.bcast(doomed)
+        if doomed:
+            cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+            prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
         if self.push:
-            item = FetchItem(step.final, digests.md5, digests.sha256, digests.size)
-            self._pusher.push(ONE_RANK, manifest_path_for(step.final), [item])
+            manifest, items = self._pushed(step)
+            self._pusher.push(comm, manifest, items)
 
-    def _sign(self, job: Job, final: Path, digests: FileDigests, parent: int | None) -> list[int]:
-        """Track and sign the checkpoint file in place; the steps its retention prunes."""
-        project, signer = self._opened()
-        assert digests.md5 is not None
-        track(
-            project,
-            final,
-            digests.md5,
-            digests.size,
-            owned=True,
-            ignore_pattern="/" + CHECKPOINT_GLOB,
-            settings=signer.cache,
-        )
+    def refusal(self, step: int) -> str | None:
+        """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
+        has signed a step of this run since this one last looked, where the run's lock
+        cannot hold: some network filesystems), or None."""
+        try:
+            check_newest(
+                self.directory,
+                self._newest,
+                step=step,
+                parent=self._parent_step,
+                passed_over=self._passed_over,
+            )
+        except Exception as e:  # every rank must hear rank 0's word, whatever happened
+            return one_line_reason(e)
+        return None
+
+    def _signed_step(self, job: Job, piece: Any) -> None:
+        """Rank 0, every rank's piece durable: sign the step over them (checked again
+        that no other writer signed meanwhile), track it, and note what its signed
+        retention record prunes once it is committed. Raises why not."""
+        refusal = self.refusal(job.step)
+        if refusal is not None:
+            raise CheckpointError(refusal)
         # Retention is signed: the manifest that prunes names what it prunes, so a
         # verifier can tell data deleted on purpose from data deleted by anyone.
         doomed = self.retention.doomed(self.directory, job.step)
@@ -315,24 +504,28 @@ class SignedPublisher(RunPublisher):
             scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
             pruned=doomed,
         )
-        check_newest(self.directory, self._newest, step=job.step, parent=parent)
-        self._parent = sign_checkpoint(
-            final,
-            digests,
-            project=project,
-            key=signer.key,
-            run=self.run_id,
-            step=job.step,
-            seeds=[self.seed],
-            parent=self._parent,
-            command=list(self.command),
-            cwd=Path.cwd(),
-            attributes=self.attributes,
-            record=record,
-            git=signer.git,
-        )
-        self._newest = Newest(job.step, self._parent.path, self._parent.digest)
-        return [p.step for p in doomed]
+        manifest = self._sign(job, piece, record)
+        self._parent, self._parent_step = manifest, job.step
+        self._newest = Newest(job.step, manifest.path, manifest.digest)
+        self._to_prune = [p.step for p in doomed]
+
+    def _signing(self) -> tuple[Project, Signer]:
+        project = self._opened()
+        if self._signer is None:
+            raise UsageError("only rank 0 signs")
+        return project, self._signer
+
+    def _manifest_fields(self, job: Job) -> dict[str, Any]:
+        """What every step's manifest records of the run besides its data."""
+        return {
+            "run": self.run_id,
+            "step": job.step,
+            "seeds": [self.seed],
+            "parent": self._parent,
+            "command": list(self.command),
+            "cwd": Path.cwd(),
+            "attributes": self.attributes,
+        }
 
 
 __all__ = ["SignedPublisher"]

@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,34 +186,56 @@ class Newest:
     """The sha256 of its bytes (a manifest's digest), or why they could not be read."""
 
 
-def newest_manifest(directory: Path) -> Newest | None:
+def newest_manifest(directory: Path, *, passed_over: Collection[Newest] = ()) -> Newest | None:
     """The manifest of the highest step in ``directory`` (a checkpoint's,
-    ``step-<N>.h5.kaudit.json``, or a sharded step's, ``step-<N>/index.jsonl.kaudit.json``);
-    None when there is none. A directory listing and one small bounded read: no checkpoint
-    is read or hashed, and the manifest is not verified (only compared)."""
+    ``step-<N>.h5.kaudit.json``, or a sharded step's, ``step-<N>/index.jsonl.kaudit.json``)
+    that is not one of ``passed_over`` as it was then (the same bytes); None when there is
+    none. A directory listing and a small bounded read a manifest: no checkpoint is read or
+    hashed, and no manifest is verified (only compared)."""
     found: list[tuple[int, str, Path]] = []
     run = RunDirectory(directory)
     found.extend((step, path.name, path) for step, path in run.canonical_manifests())
     found.extend((step, path.parent.name, path) for step, path in run.step_manifests())
-    if not found:
-        return None
-    step, _, path = max(found)
+    for step, _, path in sorted(found, reverse=True):
+        newest = Newest(step, path, _sha256(path))
+        if newest not in passed_over:
+            return newest
+    return None
+
+
+def manifests_after(directory: Path, step: int | None) -> frozenset[Newest]:
+    """The manifests in ``directory`` of steps after ``step`` (None: every one), as they
+    are now: those a restore passed over (not valid, their data gone, or refused as a
+    rollback), which the steps done again replace one by one."""
+    run = RunDirectory(directory)
+    found = [*run.canonical_manifests(), *run.step_manifests()]
+    return frozenset(
+        Newest(s, path, _sha256(path)) for s, path in found if step is None or s > step
+    )
+
+
+def _sha256(path: Path) -> str:
     try:
-        sha256 = hashlib.sha256(read_signed_file(path)).hexdigest()
+        return hashlib.sha256(read_signed_file(path)).hexdigest()
     except Error as e:
-        sha256 = f"unreadable: {e.message}"
-    return Newest(step, path, sha256)
+        return f"unreadable: {e.message}"
 
 
 def check_newest(
-    directory: Path, expected: Newest | None, *, step: int, parent: int | None
+    directory: Path,
+    expected: Newest | None,
+    *,
+    step: int,
+    parent: int | None,
+    passed_over: Collection[Newest] = (),
 ) -> None:
     """Refuse (CheckpointError, one line naming both steps) to sign ``step`` over its
-    parent step ``parent`` unless the newest manifest in ``directory`` is still
-    ``expected``, the one this writer last saw there (its own last signed one, or the
-    newest when it read the run): else another writer has signed a step of this run since,
-    and signing would give the chain a second child."""
-    now = newest_manifest(directory)
+    parent step ``parent`` unless the newest manifest in ``directory`` (but those its
+    restore ``passed_over``, unchanged) is still ``expected``, the one this writer last saw
+    there (its own last signed one, or the newest when it read the run): else another
+    writer has signed a step of this run since, and signing would give the chain a second
+    child."""
+    now = newest_manifest(directory, passed_over=passed_over)
     if now == expected:
         return
     over = "a new chain" if parent is None else f"step {parent}"
@@ -237,6 +260,7 @@ __all__ = [
     "WriterLock",
     "WriterLockUnavailable",
     "check_newest",
+    "manifests_after",
     "newest_manifest",
     "read_holder",
 ]

@@ -11,7 +11,7 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime import signed
+from kronos_audit.signing import predicate
 from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import run_cli
 
@@ -28,7 +28,8 @@ def test_the_next_checkpoint_chains_to_the_manifest_the_restore_verified(
     def no_second_read(path: object) -> None:
         raise AssertionError(f"{path}: read again after the restore verified it")
 
-    monkeypatch.setattr(signed, "read_manifest", no_second_read)
+    # Where a parent given by its path would be read (and parsed) again.
+    monkeypatch.setattr(predicate, "read_manifest", no_second_read)
     with ka.Run("chain", root=root, seed=1, every=ka.EverySteps(1)) as run:
         state = run.restore()
         assert state is not None

@@ -26,6 +26,7 @@ from kronos_audit.storage import Storage
 from kronos_audit.storage import runs as runs_module
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 from tests.helpers import git, run_cli, untrusted_key
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
 
@@ -353,3 +354,35 @@ def test_push_manifests_completes_what_a_run_did_not_push(
     manifests = sorted(run_dir(project.root).glob("*.kaudit.json"))
     assert resume_remote.push_manifests(Storage(project), manifests) == 3
     assert sorted(p.name for p in remote_dir(remote).iterdir()) == [m.name for m in manifests]
+
+
+def test_one_process_resumes_from_the_remote_a_run_written_on_several_ranks(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    """A fresh clone with no run directory, one process: the run's sharded steps in the
+    remote are found and the newest taken, re-cut for one rank, and the run goes on."""
+
+    def ranks(comm: ThreadRanks) -> np.ndarray:
+        with thread_run(project.root, RUN, comm, push=True) as run:
+            u = np.arange(8.0).reshape(2, 4) + 10 * comm.rank
+            for step in run.steps(4):
+                u = u + 1
+                run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+            assert run.push_failures == []
+        return u
+
+    written = np.concatenate(on_ranks(2, ranks))
+    clone = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    assert not run_dir(clone).exists()  # nothing of the run but the remote
+    with ka.Run(RUN, root=clone / "checkpoints", seed=5, every=ka.EverySteps(1), push=True) as run:
+        state = run.restore()
+        assert state is not None
+        assert run.step == 4
+        np.testing.assert_array_equal(state["u"], written)  # both ranks' blocks, as one
+        for step in run.steps(6):
+            run.checkpoint(step, {"u": np.asarray(state["u"]) + step})
+    assert run.push_failures == []
+    assert (run_dir(clone) / "step-00000006" / "index.jsonl.kaudit.json").is_file()
+    done = run_cli("verify", str(run_dir(clone)), "--allow-unanchored", cwd=clone)
+    assert done.exit_code == 0, done.output

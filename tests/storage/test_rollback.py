@@ -10,8 +10,11 @@ import base64
 import contextlib
 import json
 import logging
+import warnings
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 import kronos_audit as ka
@@ -19,8 +22,9 @@ from kronos_audit.errors import RollbackRefused
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.publish import CheckpointSkipped
-from tests.helpers import git
+from tests.helpers import git, run_cli
 from tests.storage.test_resume_remote import RUN, heat, manifest_name, remote_dir, run_dir
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +137,101 @@ def test_an_unsigned_committed_manifest_claims_nothing(
     clone = tmp_path / "elsewhere"
     git(tmp_path, "clone", "-q", str(project.root), str(clone))
     assert resume(clone) == 2
+
+
+# -- a run on several ranks: sharded steps, their manifests committed in git ------------
+
+
+def sharded_heat(root: Path, stop: int, comm: ThreadRanks, **options: Any) -> int | None:
+    """Up to ``stop`` of a 6-step run on thread ranks, pushing, resuming if it can; the
+    step it restored from."""
+    with thread_run(root, RUN, comm, push=True, **options) as run:
+        state = run.restore() or {"u": np.full((2, 4), float(comm.rank))}
+        restored = run.step
+        for step in run.steps(6):
+            state = {"u": 0.5 * state["u"] + 1.0}
+            run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
+            if step == stop:
+                break
+        assert run.push_failures == []
+        return restored
+
+
+def sharded_clone(project: Project, tmp_path: Path) -> Path:
+    on_ranks(2, lambda comm: sharded_heat(project.root, 4, comm))
+    git(project.root, "add", "checkpoints")
+    git(project.root, "commit", "-q", "-m", f"run {RUN}: 4 sharded steps")
+    clone = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    step4 = run_dir(clone) / "step-00000004"
+    assert (step4 / "index.jsonl.kaudit.json").is_file()  # the manifests travel with git
+    assert not list(step4.glob("rank-*.h5"))  # the data does not
+    return clone
+
+
+def test_a_sharded_run_resumes_in_a_clone_that_holds_its_committed_manifests(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    clone = sharded_clone(project, tmp_path)
+    # Each step's committed manifest (and .dvc files) is here, its data only in the remote.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointSkipped)
+        restored = on_ranks(2, lambda comm: sharded_heat(clone, 5, comm))
+    assert restored == [4, 4]
+    done = run_cli("verify", str(run_dir(clone)), "--allow-unanchored", cwd=clone)
+    assert done.exit_code == 0, done.output
+
+
+def test_lost_newer_sharded_steps_are_a_refused_rollback_on_every_rank(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    clone = sharded_clone(project, tmp_path)
+    for step in (3, 4):  # gone from the remote: their manifests there
+        (remote_dir(remote) / f"step-{step:08d}.index.jsonl.kaudit.json").unlink()
+    refused: list[RollbackRefused] = []
+
+    def resume(comm: ThreadRanks) -> int | None:
+        try:
+            return sharded_heat(clone, 5, comm)
+        except RollbackRefused as e:
+            refused.append(e)
+            return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointSkipped)
+        assert on_ranks(2, resume) == [None, None]
+        assert len(refused) == 2  # on every rank, together
+        for e in refused:
+            assert (e.known, e.available) == (4, 2)
+            assert f"HEAD:checkpoints/{RUN}/step-00000004/index.jsonl.kaudit.json" in e.message
+        assert on_ranks(2, lambda comm: sharded_heat(clone, 5, comm, allow_rollback=True)) == [
+            2,
+            2,
+        ]
+
+
+def test_an_accepted_rollback_does_the_lost_steps_again_and_goes_on(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    committed_run(project, remote, 4)
+    lose(project, remote, range(3, 5))
+    clone = fresh_clone(project, tmp_path)
+    # Steps 3 and 4's committed manifests are here, their data nowhere: each is signed
+    # again in turn, and the one not yet replaced is no other writer's.
+    with ka.Run(
+        RUN,
+        root=clone / "checkpoints",
+        seed=5,
+        every=ka.EverySteps(1),
+        push=True,
+        allow_rollback=True,
+    ) as run:
+        state = run.restore()
+        assert state is not None
+        assert run.step == 2
+        for step in run.steps(6):
+            run.checkpoint(step, {"u": np.asarray(state["u"]) + step})
+    assert run.push_failures == []
+    done = run_cli("verify", str(run_dir(clone)), "--allow-unanchored", cwd=clone)
+    assert done.exit_code == 0, done.output
+    assert ka.read_manifest(run_dir(clone) / manifest_name(6)).step == 6

@@ -1,0 +1,161 @@
+"""A step as one checkpoint file: the format of a run on one rank.
+
+:class:`FilePublisher` is the :class:`~kronos_audit.runtime.signed.SignedPublisher` of a
+world of one rank: each step is ``<root>/<run>/step-<N>.h5`` (h5py opens it as it is),
+tracked by DVC, its manifest beside it; pushed data first, then manifest (see
+:mod:`~kronos_audit.runtime.resume_remote`); a restore takes the newest that verifies, here
+or, when pushing, in the DVC remote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal.fsutil import TEMP_PREFIX
+from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.layout import (
+    CHECKPOINT_GLOB,
+    RunDirectory,
+    checkpoint_name,
+    manifest_path_for,
+    step_of,
+)
+from kronos_audit.checkpoint.verified import Signed
+from kronos_audit.checkpoint.writer import Job
+from kronos_audit.errors import CheckpointError
+from kronos_audit.parallel.comm import Comm
+from kronos_audit.runtime.commit import FileCommit, NotCommitted, StepCommit
+from kronos_audit.runtime.publish import (
+    CheckpointSkipped,
+    ResumePoint,
+    file_failure,
+    read_file_step,
+)
+from kronos_audit.runtime.resume_remote import RemoteResume
+from kronos_audit.runtime.sharded_steps import Agreed
+from kronos_audit.runtime.signed import SignedPublisher
+from kronos_audit.signing.predicate import RunRecord
+from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.tracking import track
+from kronos_audit.verification.verifier import Verifier
+
+
+class FilePublisher(SignedPublisher):
+    """A normal run on one rank: signed, DVC-tracked, chained checkpoint files."""
+
+    def local_steps(self) -> list[int]:
+        return RunDirectory(self.directory).signed_checkpoint_steps()
+
+    def _candidates(self) -> list[int]:
+        # Every checkpoint file, signed or not: one without a manifest is named as skipped.
+        return [step for step, _ in RunDirectory(self.directory).checkpoints()]
+
+    def _where(self, step: int) -> Path:
+        return self.directory / checkpoint_name(step)
+
+    def _manifest(self, step: int) -> Path:
+        return RunDirectory(self.directory).manifest(step)
+
+    def _leftovers(self) -> Iterable[Path]:
+        return self.directory.glob(TEMP_PREFIX + "*")
+
+    def _plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
+        planned = Agreed(step, manifest, 1, {})
+        if not manifest.exists():
+            return "no manifest (unsigned, or the write was interrupted)", planned
+        return None, Agreed(step, manifest, 1, {}, verified=verifier.cache.read(manifest))
+
+    def reads(self, agreed: Agreed) -> list[int]:
+        return [0]  # the file
+
+    def _signed_piece(self, verified: Manifest, old: int) -> Signed:
+        return Signed(verified.record.size, verified.subject_sha256, verified.datasets)
+
+    def load(self, agreed: Agreed) -> dict[str, Any]:
+        point = ResumePoint(self._where(agreed.step), agreed.step, agreed.signed.get(0))
+        return read_file_step(point).datasets
+
+    def _from_remote(self, above: int | None, *, stacklevel: int) -> Agreed | None:
+        """One manifest in the DVC remote newer than every valid local checkpoint that
+        verifies is brought here (its chain's manifests and its data) and taken."""
+        taken: dict[Path, Agreed] = {}
+
+        def invalid(verifier: Verifier, path: Path) -> str | None:
+            step = step_of(path)
+            assert step is not None
+            problem, agreed = self._problem(verifier, step)
+            if agreed is not None:
+                taken[path] = agreed
+            return problem
+
+        remote = RemoteResume(
+            self._opened(),
+            self.storage(),
+            self.run_files(),
+            self.directory,
+            self.verifier,
+            invalid,
+            CheckpointSkipped,
+        )
+        found = remote.newest(above, stacklevel=stacklevel)
+        return None if found is None else taken[found.checkpoint]
+
+    def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
+        def sign(final: Path, digests: FileDigests) -> None:
+            self._signed_step(job, digests)
+
+        return FileCommit(
+            job,
+            self.directory,
+            md5=True,
+            refusal=lambda: self.refusal(job.step),
+            sign=sign,
+        )
+
+    def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
+        assert isinstance(step, FileCommit)
+        reason = e.reason if e.own is None else file_failure(e.own)
+        return CheckpointError(
+            f"writing the checkpoint of step {step.job.step} failed: {reason}",
+            path=step.final,
+        )
+
+    def _sign(self, job: Job, piece: Any, record: RunRecord) -> Manifest:
+        """Track and sign the checkpoint file in place."""
+        project, signer = self._signing()
+        digests: FileDigests = piece
+        assert digests.md5 is not None
+        final = self._where(job.step)
+        track(
+            project,
+            final,
+            digests.md5,
+            digests.size,
+            owned=True,
+            ignore_pattern="/" + CHECKPOINT_GLOB,
+            settings=signer.cache,
+        )
+        return sign_checkpoint(
+            final,
+            digests,
+            project=project,
+            key=signer.key,
+            record=record,
+            git=signer.git,
+            **self._manifest_fields(job),
+        )
+
+    def _pushed(self, step: StepCommit) -> tuple[Path, list[FetchItem]]:
+        assert isinstance(step, FileCommit)
+        digests = step.digests
+        assert digests is not None
+        assert digests.md5 is not None
+        item = FetchItem(step.final, digests.md5, digests.sha256, digests.size)
+        return manifest_path_for(step.final), [item]
+
+
+__all__ = ["FilePublisher"]

@@ -185,6 +185,30 @@ echo "bitwise identical: resumed on another machine, on another rank count, from
 say "the two final steps, on 2 and on 3 ranks, compared by their signed digests alone"
 run kaudit diff checkpoints/heat-mpi/step-00000400 checkpoints/heat-mpi-uninterrupted/step-00000400
 
+say "PyTorch data-parallel: the same training on 2 torchrun workers, pushing every step"
+cd "$WORK/project"
+show torchrun --standalone --nproc_per_node 2 torch_train.py --steps 200 --every 50 --hidden 32 --push --run-id torch-dp
+torchrun --standalone --nproc_per_node 2 torch_train.py --steps 200 --every 50 --hidden 32 \
+    --push --run-id torch-dp > torch-dp.out 2> torch-dp.err \
+    || { cat torch-dp.err >&2; exit 1; }
+run kaudit status checkpoints/torch-dp
+say "another machine, one process: it finds the 2 workers' sharded steps in the remote and takes the newest"
+run cd "$WORK/elsewhere"
+show python torch_train.py --steps 200 --every 50 --hidden 32 --push --run-id torch-dp
+python torch_train.py --steps 200 --every 50 --hidden 32 --push --run-id torch-dp > torch-dp-one.out
+run kaudit verify checkpoints/torch-dp --trusted-key "$WORK/demo.pub"
+say "and one process computing each gradient in the same 2 pieces, never on 2 workers"
+show python torch_train.py --steps 200 --every 50 --hidden 32 --split 2 --run-id torch-dp-split
+python torch_train.py --steps 200 --every 50 --hidden 32 --split 2 --run-id torch-dp-split \
+    > torch-dp-split.out
+echo "2 workers:                 $(tail -n 1 "$WORK/project/torch-dp.out")"
+echo "resumed on one process:    $(tail -n 1 torch-dp-one.out)"
+echo "one process, split 2:      $(tail -n 1 torch-dp-split.out)"
+[ "$(tail -n 1 "$WORK/project/torch-dp.out")" = "$(tail -n 1 torch-dp-one.out)" ] \
+    && [ "$(tail -n 1 torch-dp-one.out)" = "$(tail -n 1 torch-dp-split.out)" ] \
+    || { echo "demo: the data-parallel training differs between worker counts" >&2; exit 1; }
+echo "bitwise identical: one world of 2 workers or of 1 process, the same run and the same bits"
+
 say "Monte Carlo on a Dask cluster of 2 worker processes, and in one process: one tally"
 cd "$WORK/project"
 cp "$ROOT/examples/montecarlo/run.py" pi.py

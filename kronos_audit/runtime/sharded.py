@@ -30,6 +30,7 @@ a replay's ranks publish through :mod:`kronos_audit.runtime.replaying`.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -63,7 +64,7 @@ from kronos_audit.runtime.commit import (
     Vote,
     held_alike,
 )
-from kronos_audit.runtime.publish import Restored
+from kronos_audit.runtime.publish import CheckpointSkipped, Restored
 from kronos_audit.runtime.ranks import one_line_reason, raise_if_any_failed
 from kronos_audit.runtime.retention import sharded_steps_here, sharded_steps_with_data
 from kronos_audit.runtime.sharded_remote import bring_from_remote
@@ -111,6 +112,18 @@ class ShardedPublisher(SignedPublisher):
 
     def _where(self, step: int) -> Path:
         return step_directory(self.directory, step)
+
+    def _other_format(self, *, stacklevel: int) -> None:
+        files = RunDirectory(self.directory).signed_checkpoint_steps()
+        if files:
+            warnings.warn(
+                f"{self.directory}: {len(files)} checkpoint file(s) of this run (steps "
+                f"{files[0]} to {files[-1]}) were written by one process and record no "
+                f"layout, which a run on {self.size} ranks would need to restore them: it "
+                "starts afresh (continue it on one process, or as a new run)",
+                CheckpointSkipped,
+                stacklevel=stacklevel,
+            )
 
     def _manifest(self, step: int) -> Path:
         return RunDirectory(self.directory).step_manifest(step)

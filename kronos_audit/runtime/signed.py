@@ -169,6 +169,10 @@ class SignedPublisher(RunPublisher):
         ``above`` that is valid on every rank, brought here; None when there is none."""
         raise NotImplementedError
 
+    def _other_format(self, *, stacklevel: int) -> None:
+        """Rank 0, when a restore found nothing to take: warn of the run's steps here in
+        the other format, which this one cannot restore (nothing by default)."""
+
     def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
         """This rank's commit of ``job`` in the format (its ``sign`` calls
         :meth:`_signed_step` on rank 0)."""
@@ -390,6 +394,8 @@ class SignedPublisher(RunPublisher):
                 None if agreed is None else agreed.step, stacklevel=stacklevel + 1
             )
             agreed = newer or agreed
+        if agreed is None and self.rank == 0:
+            self._other_format(stacklevel=stacklevel + 1)
         # What git knows of the run, asked of rank 0 and told to every rank, each of which
         # then refuses a rollback together (RollbackRefused on every rank).
         own: BaseException | None = None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,8 @@ from kronos_audit.errors import CheckpointError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import ReplayInstruction
+from kronos_audit.runtime.publish import CheckpointSkipped
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 
 def objects(seed: int) -> dict[str, Any]:
@@ -186,3 +189,22 @@ def test_under_a_replay_only_the_resume_step_can_be_read(
         assert old["sched"]["last_epoch"] == 2
         with pytest.raises(CheckpointError, match=r"^step 4: under kaudit replay .*only step 2"):
             run.restore(step=4)
+
+
+def test_a_run_on_several_ranks_names_the_files_one_process_wrote_it_cannot_restore(
+    project: Project, key: SigningKey
+) -> None:
+    with ka.Run("mixed", root=project.root / "checkpoints", every=ka.EverySteps(1)) as run:
+        for step in run.steps(3):
+            run.checkpoint(step, {"u": np.full(4, float(step))})
+
+    def on_two(comm: ThreadRanks) -> int | None:
+        with thread_run(project.root, "mixed", comm) as run:
+            run.restore()
+            return run.step
+
+    # Not silently afresh: the three files are named, and why they cannot be taken.
+    with pytest.warns(
+        CheckpointSkipped, match=r"3 checkpoint file\(s\) of this run \(steps 1 to 3\).*2 ranks"
+    ):
+        assert on_ranks(2, on_two) == [None, None]

@@ -15,6 +15,7 @@ system files count as they do for DVC), once per run. Only setting DVC up
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -130,9 +131,15 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     created the checkpoint (``owned``). A file kaudit did not create (``kaudit snapshot``)
     is never changed: a hard link to it keeps its mode, and ``symlink``, which would move
     it into the cache, is skipped.
+
+    An object already there under that md5 is not taken on trust: unless it is the
+    checkpoint itself (linked before), it is replaced by the checkpoint's bytes, which the
+    caller knows to be that md5's (hashed as they were written, or fetched and checked). A
+    corrupt or planted object would otherwise be what a push uploads and a fetch links.
     """
-    if obj.exists():
-        return "present"  # same md5: the cache has these bytes already
+    with contextlib.suppress(OSError):
+        if os.path.samefile(checkpoint, obj):
+            return "present"  # the checkpoint is the cache object already
     try:
         obj.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a full or read-only cache: say so, and which

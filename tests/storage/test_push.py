@@ -24,7 +24,7 @@ from kronos_audit.storage import (
     dvc_file_for,
     write_dvc_file,
 )
-from tests.helpers import run_cli, signed_items, untrusted_key
+from tests.helpers import run_cli, signed_items, untrusted_key, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -175,7 +175,7 @@ def test_push_names_an_object_left_missing_and_exits_1(
     assert list(caught.value.missing) == [ckpt]
 
 
-def test_a_run_whose_object_does_not_reach_the_remote_lists_it_as_a_push_failure(
+def test_a_damaged_cache_object_is_not_what_a_later_run_pushes(
     project: Project, key: SigningKey, remote: Path
 ) -> None:
     def still(name: str, *, push: bool) -> ka.Run:
@@ -189,18 +189,18 @@ def test_a_run_whose_object_does_not_reach_the_remote_lists_it_as_a_push_failure
     first = project.root / "checkpoints" / "first" / "step-00000001.h5"
     md5 = md5_of(first)
     # DVC's cache object damaged in place (it is the checkpoint's inode), then a second
-    # run writes the same bytes: the cache already "has" them, and DVC refuses to upload
-    # a corrupted object (its warning), so the object never reaches the remote.
+    # run writes the same bytes: the object under their md5 is replaced by the bytes the
+    # second run just wrote and hashed, and those are what reach the remote.
     corrupt_in_place(first)
     run = still("second", push=True)
     second = project.root / "checkpoints" / "second" / "step-00000001.h5"
     assert md5_of(second) == md5
-    assert not remote_object(remote, md5).exists()
-    (failure,) = run.push_failures
-    assert "step-00000001.h5" in failure
-    assert f"the object {md5} was not uploaded" in failure
-    # Its manifest stayed here (retried with the next checkpoint, or by `kaudit push`).
-    assert not (remote / "kaudit" / "runs" / "second").exists()
+    assert run.push_failures == []
+    assert remote_object(remote, md5).read_bytes() == second.read_bytes()
+    assert hashlib.md5(second.read_bytes()).hexdigest() == md5
+    # The first run's damaged file is its own now, and fails its check where it is.
+    (result,) = ka.verify(Path(str(first) + ".kaudit.json"), fetch=False)
+    assert not result.ok
 
 
 def test_an_edited_dvc_file_never_costs_another_checkpoints_remote_copy(
@@ -325,9 +325,10 @@ def test_force_never_writes_into_a_cache_object_another_checkpoint_shares(
     assert md5_of(one) == md5_of(two)
     good = one.read_bytes()
     assert run_cli("push", str(run_dir), "--trusted-key", anchor).exit_code == 0
-    # `two` brought back from DVC's cache: a hard link to the object `one` is linked to.
-    two.unlink()
-    assert run_cli("pull", str(two) + ".kaudit.json", "--trusted-key", anchor).exit_code == 0
+    # Both brought back from DVC's cache: each a hard link to the one object.
+    for ckpt in (one, two):
+        ckpt.unlink()
+        assert run_cli("pull", str(ckpt) + ".kaudit.json", "--trusted-key", anchor).exit_code == 0
     cache_obj = cache_object_path(cache_settings(project)[0], md5_of(one))
     assert os.stat(one).st_ino == os.stat(two).st_ino == os.stat(cache_obj).st_ino
 
@@ -352,3 +353,25 @@ def test_force_never_writes_into_a_cache_object_another_checkpoint_shares(
     assert again.exit_code == 0, again.output
     assert two.read_bytes() == good
     assert dvc_file_for(two).exists()
+
+
+def test_a_planted_cache_object_is_replaced_by_the_signed_bytes_not_pushed(
+    project: Project, key: SigningKey, remote: Path, anchor: str
+) -> None:
+    ckpt = write_checkpoint(project.root / "data" / "step-00000001.h5", seed=3)
+    data = ckpt.read_bytes()
+    md5 = hashlib.md5(data).hexdigest()
+    # Someone put other bytes of the same size into DVC's cache under the md5 this file
+    # will be tracked by (a corrupt object, or a planted one).
+    cache_dir, _ = cache_settings(project)
+    planted = cache_object_path(cache_dir, md5)
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(bytes(len(data)))
+    planted.chmod(0o444)
+    done = run_cli("snapshot", str(ckpt), "--run", "r", "--step", "1", cwd=project.root)
+    assert done.exit_code == 0, done.output
+    assert planted.read_bytes() == data  # the signed bytes, not what was there
+    pushed = run_cli("push", str(ckpt.parent), "--trusted-key", anchor, cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    assert remote_object(remote, md5).read_bytes() == data
+    assert ckpt.read_bytes() == data  # the user's file untouched

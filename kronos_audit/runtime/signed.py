@@ -46,14 +46,14 @@ from kronos_audit.runtime.resume_remote import (
 from kronos_audit.runtime.retention import Retention, prune
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
-from kronos_audit.runtime.writer_lock import (
+from kronos_audit.signing.predicate import RunRecord
+from kronos_audit.signing.writer_lock import (
     Newest,
     WriterLock,
     check_newest,
     manifests_after,
     newest_manifest,
 )
-from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage

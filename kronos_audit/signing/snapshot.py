@@ -9,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.hashing import digest_file
-from kronos_audit.checkpoint.layout import manifest_path_for, named_step
+from kronos_audit.checkpoint.hashing import FileDigests, digest_file
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, manifest_path_for, named_step
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.project.repository import find_project
+from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, git_tracked, patch_note
 from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.signing.writer_lock import WriterLock, newest_manifest
 from kronos_audit.statement.manifest import Manifest, publish_manifest, read_manifest
+from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage import track
 
 
@@ -152,6 +154,74 @@ def snapshot(
     # Read once, before anything is written: a refused diff (a secret-looking file) must
     # leave no .dvc file, ignore entry or manifest behind.
     git_info = git_state(project.root, allow_secret_files=allow_secret_files)
+    # Taken after the git state is read (its lock file's ignore entry is not part of it).
+    lock = None if parent_manifest is None else _extending(parent_manifest, paths, force=force)
+    try:
+        return _sign_all(
+            hashed,
+            project,
+            signing_key,
+            git_info,
+            run=run,
+            step=step,
+            seeds=seeds,
+            parent=parent_manifest,
+            command=command,
+            cwd=cwd,
+            attributes=attributes,
+        )
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _extending(parent: Manifest, paths: Sequence[Path], *, force: bool) -> WriterLock | None:
+    """The run's writer lock, held while its chain is extended from ``parent``, once the
+    parent is checked to be the run's newest manifest (or, with ``force``, the manifest
+    being signed again is): a Run writing the run meanwhile, or another snapshot, is
+    RunLocked, and a parent with a newer step beside it would get a second child (a fork).
+    None when the parent is in no run's directory (no ``step-<N>`` manifest there)."""
+    sharded = parent.record.shards is not None and parent.path.name == STEP_MANIFEST
+    run_dir = parent.path.parent.parent if sharded else parent.path.parent
+    if newest_manifest(run_dir) is None:
+        return None
+    lock = WriterLock.acquire(run_dir)
+    try:
+        newest = newest_manifest(run_dir)
+        allowed = {parent.path.resolve()}
+        if force:
+            allowed |= {manifest_path_for(p).resolve() for p in paths}
+        if newest is not None and (
+            newest.path.resolve() not in allowed
+            or (newest.path.resolve() == parent.path.resolve() and newest.sha256 != parent.digest)
+        ):
+            raise UsageError(
+                f"refused to extend run {parent.run!r} from step {parent.step}: its newest "
+                f"manifest is now {newest.path.name} (step {newest.step}), so step "
+                f"{parent.step} would get a second child; give --parent the newest manifest",
+                path=newest.path,
+            )
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _sign_all(
+    hashed: Sequence[tuple[Path, FileDigests]],
+    project: Project,
+    signing_key: SigningKey,
+    git_info: GitRecord,
+    *,
+    run: str,
+    step: int,
+    seeds: Sequence[int],
+    parent: Manifest | None,
+    command: Sequence[str] | None,
+    cwd: Path | None,
+    attributes: Mapping[str, Any] | None,
+) -> Snapshots:
+    """Sign each hashed checkpoint, then track it and write its manifest."""
     # Every manifest is made and checked as a reader would check it (schema, JSON a reader
     # accepts) before anything is written: a refusal leaves no .dvc file, ignore entry,
     # cache object or manifest behind.
@@ -167,7 +237,7 @@ def snapshot(
                 run=run,
                 step=step,
                 seeds=seeds,
-                parent=parent_manifest,
+                parent=parent,
                 command=command,
                 cwd=cwd,
                 attributes=attributes,

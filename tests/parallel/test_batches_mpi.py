@@ -29,7 +29,7 @@ from tests.parallel import launch
 from tests.parallel.launch import launcher_env, mpiexec, mpirun
 from tests.replay.helpers import commit_all, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain
-from tests.runtime.test_writer_lock import trusted
+from tests.signing.test_writer_lock import trusted
 
 pytestmark = pytest.mark.slow
 

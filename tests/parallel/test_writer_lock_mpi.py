@@ -11,11 +11,11 @@ import pytest
 
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
+from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import run_cli
 from tests.parallel.launch import mpirun
-from tests.runtime.test_writer_lock import Writer, listing, trusted
+from tests.signing.test_writer_lock import Writer, listing, trusted
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_two_ranks_over_a_held_run_fail_on_every_rank_with_exit_2(
 def test_a_two_rank_commit_that_would_fork_the_chain_is_refused_on_every_rank(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
-    # As tests/runtime/test_writer_lock.py's fork test, with sharded steps: the lock file
+    # As tests/signing/test_writer_lock.py's fork test, with sharded steps: the lock file
     # is removed under a 2-rank writer that holds it, and a second 2-rank writer signs.
     first = Writer(project, tmp_path, "first", "3", "1", ranks=2)
     first.wait_paused()  # step 1 signed by both ranks' votes

@@ -23,7 +23,7 @@ import pytest
 from kronos_audit.checkpoint.hdf5 import METADATA_MARGIN
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
+from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from tests.conftest import Tmpfs
 from tests.helpers import recorded_once, run_cli
 

@@ -25,7 +25,7 @@ import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
-from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
+from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from tests.helpers import KAUDIT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

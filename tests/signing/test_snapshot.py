@@ -9,10 +9,19 @@ import stat
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import kronos_audit as ka
 from kronos_audit.checkpoint.layout import manifest_path_for
-from kronos_audit.errors import CheckpointError, Error, ProjectError, SigningKeyError, UsageError
+from kronos_audit.errors import (
+    CheckpointError,
+    Error,
+    ProjectError,
+    RunLocked,
+    SigningKeyError,
+    UsageError,
+)
 from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
@@ -473,3 +482,27 @@ def test_the_cli_notes_a_non_hdf5_checkpoint_on_stderr(project: Project, key: Si
     quiet = run_cli("-q", *snapshot_cli(blob, 0), "--force")
     assert quiet.exit_code == 0, quiet.output
     assert quiet.stderr == ""
+
+
+def test_extending_a_run_takes_its_writer_lock_and_its_newest_manifest_only(
+    project: Project, key: SigningKey
+) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("r", root=root, seed=1, every=ka.EverySteps(1)) as run:
+        for step in run.steps(3):
+            run.checkpoint(step, {"u": np.full(4, float(step))})
+    run_dir = root / "r"
+    newest = run_dir / "step-00000003.h5.kaudit.json"
+    extra = write_checkpoint(run_dir / "step-00000004.h5", seed=4)
+    # While a Run writes the run, a snapshot extending its chain is a second writer.
+    with ka.Run("r", root=root, seed=1, every=ka.EverySteps(1)), pytest.raises(RunLocked):
+        snapshot(extra, run="r", step=4, parent=newest)
+    # An older step as the parent would give it a second child: the chain would fork.
+    with pytest.raises(UsageError, match="step 2 would get a second child") as forked:
+        snapshot(extra, run="r", step=4, parent=run_dir / "step-00000002.h5.kaudit.json")
+    assert forked.value.exit_code == 2
+    assert not (run_dir / "step-00000004.h5.kaudit.json").exists()
+    (m,) = snapshot(extra, run="r", step=4, parent=newest)
+    assert m.parent == hashlib.sha256(newest.read_bytes()).hexdigest()
+    done = run_cli("verify", str(run_dir), "--allow-unanchored", cwd=project.root)
+    assert done.exit_code == 0, done.output

@@ -21,7 +21,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime import resume_remote
 from kronos_audit.runtime.publish import CheckpointSkipped
-from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
+from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.storage import Storage
 from kronos_audit.storage import runs as runs_module
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles

@@ -1,6 +1,7 @@
 """One writer per run: the OS lock a run's directory is written under.
 
-A :class:`~kronos_audit.runtime.run.Run` that signs checkpoints holds an exclusive
+Whoever extends a run's chain holds it: ``kaudit snapshot --parent`` while it signs, and a
+:class:`~kronos_audit.runtime.run.Run` that signs checkpoints, which holds an exclusive
 ``flock`` on ``<run directory>/.kaudit-writer.lock`` from entering the ``with`` block until
 its last background commit is done (on a multi-rank run, rank 0 holds it for all). A
 second writer of the same run, on this host or another sharing the filesystem, is refused

@@ -24,7 +24,7 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.writer_lock import HOLDER_NAME, LOCK_NAME
+from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.statement.manifest import read_manifest
 from tests.helpers import KAUDIT, git, run_cli
 from tests.parallel.launch import launcher_env, mpiexec

@@ -197,8 +197,9 @@ Node-local, two runs on a quiet machine, ``--mib 64 --ranks 1 2 4 --checkpoints 
     4      191-193 ms    5.0-5.1x  11.1-11.5x 0.76-0.80x
 
 With no directory in common the step still costs what a pushed one does, or less: each
-rank's commit includes the push of its shard (the vote waits for it), and each rank
-DVC-tracks its own shard, where on a shared directory rank 0 tracks every shard. Why it
+rank's commit includes the push of its shard (the vote waits for it); each rank
+DVC-tracks its own shard (on a shared directory too, since rank 0 stopped tracking every
+shard). Why it
 came out a quarter cheaper than the pushed commit on one rank too (there the pushed case
 is the single-file path, node-local the sharded one) was not taken apart.
 

@@ -37,9 +37,10 @@ for the one real shard and the real index and tree:
   fallback: the whole index read, hashed and parsed, then hashed again). Bytes are what
   the rank depends on, each file counted once.
 
-Besides, rank 0's commit tracks every shard, the index and the tree with DVC (a cache
-link, a git-ignore entry, a ``.dvc`` file each): measured on 32 real files, the median per
-file times n + 2, an extrapolation that assumes (as measured) a flat cost per file.
+Besides, DVC tracking (a cache link, a git-ignore entry, a ``.dvc`` file each): measured
+on 32 real files, the median per file. Each rank tracks its own shard before it votes, and
+rank 0 the index and the tree besides: 1 file a rank and 3 on rank 0, whatever n. (Rank 0
+once tracked every shard, n + 2 files: 2.7 s a step at 1,000 ranks, 267 s at 100,000.)
 
 Figures of a run on the shared 2-core machine (best of 3; ms, ratios), load 3-4
 (``--repeat 3``; ``--quick`` gives the same shape at 100 and 1,000 ranks):
@@ -48,7 +49,7 @@ Figures of a run on the shared 2-core machine (best of 3; ms, ratios), load 3-4
     1,000    6,071       256,000     64,032     15.9  1.0    2.14  1.00   118     2.05   1.0
     100,000  6,091       25,600,000  6,400,192  903   56.8   1.94  0.91   117     46.3   22.6
 
-    rank 0 tracking: 2.7 ms a file, so 2.7 s a step at 1,000 ranks, 267 s at 100,000
+    DVC tracking: 2.7 ms a file: 2.7 ms a rank, 8 ms on rank 0, at any rank count
 
     ranks    rank pushes B  ms    rank 0 pushes B  ms    rank 0 brings B  ms
     1,000    6,144          10.0  332,247          14.5  262,071          12.3
@@ -62,8 +63,8 @@ One rank's verification stays at about 2 ms from 1,000 to 100,000 ranks; its fix
 (reading and schema-checking the manifest, one Ed25519 signature) is what makes it some
 120 times the sha256 of a 6 KiB shard, and stays the same whatever the shard's size. The
 whole-index fallback grows with n (46 ms at 100,000 ranks), and so does signing (rank 0
-writes n lines and 2n tree nodes: 0.9 s at 100,000 ranks, once per step). So does rank
-0's DVC tracking, far more: some 3 ms a file, minutes a step at 100,000 ranks.
+writes n lines and 2n tree nodes: 0.9 s at 100,000 ranks, once per step). DVC tracking
+does not: each rank tracks its own shard, some 3 ms, and rank 0 two files more.
 
 What a rank pushes does not grow with n (its shard, 10 ms, DVC's fixed cost); rank 0's
 push grows with the index and tree (32 MB at 100,000 ranks, 27 ms to a local directory).
@@ -287,7 +288,7 @@ def remote_figures(
 
 
 TRACKED = 32
-"""Files tracked with DVC to measure what tracking one shard costs rank 0's commit."""
+"""Files tracked with DVC to measure what tracking one shard costs a rank's commit."""
 
 
 def tracking_per_file(repo: Path) -> float:
@@ -436,10 +437,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "whole-index ms: the same with the whole index hashed instead (the fallback)"
     )
     print(
-        "rank 0's commit also tracks every shard, the index and the tree with DVC: "
-        f"{per_file * 1e3:.1f} ms a file (median of {TRACKED} tracked),\nso "
-        + ", ".join(f"{per_file * (r['ranks'] + 2):,.1f} s a step at {r['ranks']:,}" for r in rows)
-        + " ranks (n + 2 files, extrapolated)"
+        "DVC tracking: each rank its own shard before it votes, rank 0 the index and the "
+        f"tree besides: {per_file * 1e3:.1f} ms a file (median of {TRACKED} tracked),\nso "
+        f"{per_file * 1e3:.1f} ms a rank and {3 * per_file * 1e3:.1f} ms on rank 0 at "
+        + " and at ".join(f"{r['ranks']:,}" for r in rows)
+        + " ranks alike"
     )
     print(
         f"\n{'ranks':>8} {'rank pushes B':>13} {'ms':>7} {'rank 0 pushes B':>15} {'ms':>7} "

@@ -273,9 +273,11 @@ class TreePart:
 
 class ShardCommit:
     """One step's commit on one rank of several, as that rank's shard in the step's
-    directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only. A shard
-    left in place when the step was not committed stays: no step without its manifest is
-    valid, and committing the step again replaces it."""
+    directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only; ``durable``,
+    on every rank once its shard is in place and before it votes (its DVC tracking, and
+    node-local its push). A shard left in place when the step was not committed stays,
+    its ``.dvc`` file does not: no step without its manifest is valid, and committing the
+    step again replaces it."""
 
     def __init__(
         self,
@@ -381,7 +383,12 @@ class ShardCommit:
         self._sign(self.directory, votes)
 
     def withdraw(self) -> None:
-        pass
+        # The shard stays (committing the step again replaces it); what ``durable`` made
+        # of it for DVC does not: no step is tracked without its manifest. (Its cache
+        # object stays, unreferenced, for DVC's garbage collection.)
+        if self.shard is not None and self._durable is not None:
+            with contextlib.suppress(OSError):
+                dvc_file_for(self.directory / self.name).unlink(missing_ok=True)
 
     def discard(self) -> None:
         # Gone already when placed; on a read-only disk, the next writer's open removes it.

@@ -6,10 +6,11 @@ retention, push) whose step N of an n-rank run is the directory ``<root>/<run>/s
 of :mod:`kronos_audit.checkpoint.shards`: one shard per rank, the shard index, its Merkle
 tree, and ONE manifest signed by rank 0. Here is what that format asks:
 
-**Commit.** Each rank writes, fsyncs and renames its shard, hashing it as it writes, and
-votes its :class:`~kronos_audit.checkpoint.shards.ShardRecord`; rank 0, when every shard is
-durable, signs the step manifest over them and tracks the index, the tree and the shards
-with DVC (node-local, each rank tracks and pushes its own before it votes).
+**Commit.** Each rank writes, fsyncs and renames its shard, hashing it as it writes,
+tracks it with DVC (node-local, also pushes it), and votes its
+:class:`~kronos_audit.checkpoint.shards.ShardRecord`; rank 0, when every shard is durable,
+signs the step manifest over them and tracks the index and the tree: what rank 0 does
+does not grow with the rank count but for the index and its tree.
 
 **Restore.** For each candidate step every rank verifies what it will read (its own shard,
 rank 0's for replicated arrays, and with another rank count the old shards its block comes
@@ -281,7 +282,7 @@ class ShardedPublisher(SignedPublisher):
             comm,
             refusal=lambda: self.refusal(job.step),
             sign=lambda directory, votes: self._signed_step(job, votes),
-            durable=self._in_remote if self.node_local else None,
+            durable=self._track_own,
         )
 
     def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
@@ -301,10 +302,15 @@ class ShardedPublisher(SignedPublisher):
         items += self._step_items if self.rank == 0 else []
         return step.directory / STEP_MANIFEST, items
 
-    def _in_remote(self, shard: Path, record: ShardRecord) -> None:
-        """Node-local: make this rank's shard durable in the DVC remote before it votes
-        (tracked here, pushed, confirmed there at its signed size): with no directory
-        shared by the ranks, the remote is where a step's shards meet."""
+    def _track_own(self, shard: Path, record: ShardRecord) -> None:
+        """Every rank, before it votes: track its own shard with DVC (a cache link and a
+        ``.dvc`` file), so that rank 0's commit tracks the index and tree alone, whatever
+        the rank count. Node-local, also make it durable in the DVC remote (pushed,
+        confirmed there at its signed size): with no directory shared by the ranks, the
+        remote is where a step's shards meet."""
+        # Every rank adds the same ignore line to the step directory's new .gitignore,
+        # each by an atomic replace of the same bytes; rank 0 adds its own lines only once
+        # every rank has voted.
         track(
             self._opened(),
             shard,
@@ -314,10 +320,11 @@ class ShardedPublisher(SignedPublisher):
             ignore_pattern="/rank-*.h5",
             settings=self._cache,
         )
-        self.storage().push([FetchItem(shard, record.md5, record.sha256, record.size)])
+        if self.node_local:
+            self.storage().push([FetchItem(shard, record.md5, record.sha256, record.size)])
 
     def _sign(self, job: Job, piece: Any, record: RunRecord) -> Manifest:
-        """Sign the step manifest over every rank's shard and track them."""
+        """Sign the step manifest over every rank's shard; track the index and tree."""
         project, signer = self._signing()
         votes: Sequence[Vote] = piece
         shards: list[Shard] = [v.record for v in votes]
@@ -356,18 +363,7 @@ class ShardedPublisher(SignedPublisher):
             )
             sha256 = hashlib.sha256(data).hexdigest()
             self._step_items.append(FetchItem(directory / name, md5, sha256, len(data)))
-        for shard_record in records:
-            if self.node_local and shard_record.rank != 0:
-                continue  # on its own node, tracked there, and in the remote
-            track(
-                project,
-                directory / shard_record.name,
-                shard_record.md5,
-                shard_record.size,
-                owned=True,
-                ignore_pattern="/rank-*.h5",
-                settings=self._cache,
-            )
+        # The shards are tracked already, each by its own rank before it voted.
         _drop_other_counts(directory, len(records))
         return manifest
 

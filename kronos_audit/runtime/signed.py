@@ -227,7 +227,7 @@ class SignedPublisher(RunPublisher):
                     self._newest = newest_manifest(self.directory)
                     for leftover in self._leftovers():
                         leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
-            elif self.node_local:  # every rank tracks and pushes its own piece
+            else:  # every rank tracks its own piece (and, node-local, pushes it)
                 self._cache = cache_settings(self._project)
         except Exception as e:  # every rank must reach the collectives below, whatever happened
             own = e

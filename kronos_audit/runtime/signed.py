@@ -113,7 +113,7 @@ class SignedPublisher(RunPublisher):
         self._public_name = "run"
         self._parent: Path | Manifest | None = None  # the step the next one is chained to
         self._parent_step: int | None = None
-        # DVC's cache settings on the ranks that track (rank 0, or every rank node-local)
+        # DVC's cache settings, read once at open (every rank tracks its own piece)
         self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._lock: WriterLock | None = None  # rank 0's, for every rank
         # Rank 0: the newest manifest in the directory as it last saw it (a commit signs

@@ -10,7 +10,7 @@ from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
 from kronos_audit.checkpoint.hashing import FileDigests, digest_file
-from kronos_audit.checkpoint.layout import STEP_MANIFEST, manifest_path_for, named_step
+from kronos_audit.checkpoint.layout import manifest_path_for, named_step
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
@@ -181,8 +181,7 @@ def _extending(parent: Manifest, paths: Sequence[Path], *, force: bool) -> Write
     being signed again is): a Run writing the run meanwhile, or another snapshot, is
     RunLocked, and a parent with a newer step beside it would get a second child (a fork).
     None when the parent is in no run's directory (no ``step-<N>`` manifest there)."""
-    sharded = parent.record.shards is not None and parent.path.name == STEP_MANIFEST
-    run_dir = parent.path.parent.parent if sharded else parent.path.parent
+    run_dir = parent.run_directory
     if newest_manifest(run_dir) is None:
         return None
     lock = WriterLock.acquire(run_dir)

@@ -27,7 +27,7 @@ from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hashing import DatasetDigest
-from kronos_audit.checkpoint.layout import checkpoint_path_for
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, checkpoint_path_for
 from kronos_audit.errors import ManifestError
 from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, encode_envelope, parse_envelope
 from kronos_audit.statement.predicate import Predicate
@@ -137,6 +137,14 @@ class Manifest(SignedStatement):
     @property
     def checkpoint_path(self) -> Path:
         return checkpoint_path_for(self.path)
+
+    @property
+    def run_directory(self) -> Path:
+        """The run directory this manifest is in: a checkpoint's manifest is in it, a
+        sharded step's (``step-<N>/index.jsonl.kaudit.json``) in its step directory there."""
+        if self.record.shards is not None and self.path.name == STEP_MANIFEST:
+            return self.path.parent.parent
+        return self.path.parent
 
     @property
     def datasets(self) -> tuple[DatasetDigest, ...] | None:

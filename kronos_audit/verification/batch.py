@@ -17,7 +17,7 @@ from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.verification.campaign import verify_certificate
-from kronos_audit.verification.chain import ManifestCache, run_directory_of
+from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.results import VerifyResult
 from kronos_audit.verification.verifier import Verifier
 
@@ -32,7 +32,7 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
 
 def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
     """The manifest of the highest step of each (run directory, run) among ``paths``
-    (:func:`~kronos_audit.verification.chain.run_directory_of`: a sharded step's manifest
+    (:attr:`~kronos_audit.statement.manifest.Manifest.run_directory`: a sharded step's manifest
     counts in its run's directory, with the run's other steps)."""
     best: dict[tuple[Path, str], tuple[int, Path]] = {}
     for p in paths:
@@ -42,7 +42,7 @@ def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
             m = cache.read(p)
         except Error:
             continue  # reported when it is verified
-        group = (run_directory_of(m).resolve(), m.run)  # a sharded step's: the run's too
+        group = (m.run_directory.resolve(), m.run)  # a sharded step's: the run's too
         if group not in best or m.step > best[group][0]:
             best[group] = (m.step, p)
     return {p for _, p in best.values()}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, STEP_MANIFEST, RunDirectory
+from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, RunDirectory
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.anchors import Keyring, SignerCheck, load_keyring
 from kronos_audit.project.repository import Project
@@ -40,15 +40,6 @@ class ManifestCache:
         if known is None:
             known = self._by_digest[digest] = parse_manifest(data, path)
         return known if known.path == path else dataclasses.replace(known, path=path)
-
-
-def run_directory_of(manifest: Manifest) -> Path:
-    """The run directory ``manifest`` is in: a checkpoint's manifest is in it, a sharded
-    step's (``step-<N>/index.jsonl.kaudit.json``) in its step directory there."""
-    path = manifest.path
-    if manifest.record.shards is not None and path.name == STEP_MANIFEST:
-        return path.parent.parent
-    return path.parent
 
 
 def place_check(project: Project, manifest: Manifest) -> Check:
@@ -113,10 +104,10 @@ class ChainReader:
     def pruned_by(self, manifest: Manifest) -> Path | None:
         """(4) A later manifest of the same run, in the same run directory and signed by a
         key the keyring accepts, whose retention record prunes this checkpoint; else None.
-        Its run directory's manifests are searched, a checkpoint's beside it and every
-        sharded step's in its step directory (:func:`run_directory_of`): a run may have
-        single-file steps and then sharded ones, and either may prune the other."""
-        run_dir = run_directory_of(manifest)
+        Its run directory's manifests are searched (its manifest's ``run_directory``), a
+        checkpoint's beside it and every sharded step's in its step directory: a run may
+        have single-file steps and then sharded ones, and either may prune the other."""
+        run_dir = manifest.run_directory
         directory = self._directory(run_dir)
         if directory.pruned is None:
             directory.pruned = {}

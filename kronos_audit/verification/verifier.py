@@ -43,7 +43,7 @@ from kronos_audit.checkpoint.shards import (
 from kronos_audit.errors import CheckpointError, StorageError, TamperedData, UsageError
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification import attestation, steps
-from kronos_audit.verification.chain import ChainReader, place_check, run_directory_of
+from kronos_audit.verification.chain import ChainReader, place_check
 from kronos_audit.verification.results import Check, CheckName, VerifyResult
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class Verifier(ChainReader):
         """The pruning manifest as its run directory names it: ``step-<N>.h5.kaudit.json``
         beside a checkpoint, ``step-<N>/index.jsonl.kaudit.json`` for a sharded step."""
         try:
-            return pruner.relative_to(run_directory_of(manifest)).as_posix()
+            return pruner.relative_to(manifest.run_directory).as_posix()
         except ValueError:
             return pruner.name
 

@@ -93,11 +93,24 @@ def raise_if_any_failed(comm: Comm, problem: str | None, error: type[Error]) -> 
     rank raises ``error`` with the first such rank's, naming that rank (a rank's own
     problem without its number). Every rank reaches this collective whatever happened on
     it, so no rank goes on, or stops, alone."""
-    problems = comm.allgather(problem)
+    _raise_first(comm.allgather(problem), comm.rank, error)
+
+
+def raise_if_any_raised(comm: Comm, own: BaseException | None, error: type[Error]) -> None:
+    """:func:`raise_if_any_failed` for a rank's own exception ``own`` (None: it had none):
+    that rank raises it as it is (its type and fields kept), every other rank ``error``
+    naming the first rank that had one."""
+    problems = comm.allgather(None if own is None else one_line_reason(own))
+    if own is not None:
+        raise own
+    _raise_first(problems, comm.rank, error)
+
+
+def _raise_first(problems: list[str | None], rank: int, error: type[Error]) -> None:
     bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
     if bad is not None:
         r, p = bad
-        raise error(p if r == comm.rank else f"rank {r}: {p}")
+        raise error(p if r == rank else f"rank {r}: {p}")
 
 
 def one_line_reason(e: BaseException) -> str:
@@ -118,6 +131,7 @@ __all__ = [
     "joining_seed",
     "one_line_reason",
     "raise_if_any_failed",
+    "raise_if_any_raised",
     "rank_seed",
     "require_threads",
 ]

@@ -36,7 +36,7 @@ from kronos_audit.runtime.commit import NotCommitted, StepCommit, commit
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
 from kronos_audit.runtime.pushing import Pusher
-from kronos_audit.runtime.ranks import dup, one_line_reason, require_threads
+from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_raised, require_threads
 from kronos_audit.runtime.resume_remote import (
     Known,
     newest_known,
@@ -238,7 +238,7 @@ class SignedPublisher(RunPublisher):
             message, path, holder = held
             raise RunLocked(message, path=path, holder=holder)
         try:
-            self._together(own)
+            raise_if_any_raised(self.comm, own, UsageError)
         except BaseException:
             self.release_lock()
             raise
@@ -247,16 +247,6 @@ class SignedPublisher(RunPublisher):
 
         raw, self._public_name = self.comm.bcast(public)
         self._public = Ed25519PublicKey.from_public_bytes(raw)
-
-    def _together(self, own: BaseException | None) -> None:
-        """All ranks: raise, on every rank, what went wrong on any: a rank's own exception
-        as it is, another's as a UsageError naming that rank."""
-        problems = self.comm.allgather(None if own is None else one_line_reason(own))
-        if own is not None:
-            raise own
-        bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
-        if bad is not None:
-            raise UsageError(f"rank {bad[0]}: {bad[1]}")
 
     def release_lock(self) -> None:
         """Let the run's next writer in (rank 0; nothing on the others)."""
@@ -405,7 +395,7 @@ class SignedPublisher(RunPublisher):
                 known = newest_known(self._opened(), self.directory, self.run_id, self.verifier())
             except Exception as e:  # every rank must hear rank 0's word, whatever happened
                 own = e
-        self._together(own)
+        raise_if_any_raised(self.comm, own, UsageError)
         refuse_rollback(
             self.run_id,
             self.comm.bcast(known),

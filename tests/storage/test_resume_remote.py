@@ -386,3 +386,23 @@ def test_one_process_resumes_from_the_remote_a_run_written_on_several_ranks(
     assert (run_dir(clone) / "step-00000006" / "index.jsonl.kaudit.json").is_file()
     done = run_cli("verify", str(run_dir(clone)), "--allow-unanchored", cwd=clone)
     assert done.exit_code == 0, done.output
+
+
+def test_an_unsigned_step_manifest_in_the_remote_decides_no_format(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    """A file dropped in the run's remote directory under a sharded step's name is read
+    bounded, not counted (named in a warning), and the run writes checkpoint files."""
+    planted = remote_dir(remote) / "step-00000004.index.jsonl.kaudit.json"
+    planted.parent.mkdir(parents=True)
+    planted.write_text('{"payloadType": "x", "payload": "", "signatures": []}')
+    with pytest.warns(CheckpointSkipped, match="not counted as a sharded step"):
+        run = ka.Run(
+            RUN, root=project.root / "checkpoints", seed=5, every=ka.EverySteps(1), push=True
+        )
+    with run:
+        assert run.restore() is None
+        for step in run.steps(1):
+            run.checkpoint(step, {"u": np.zeros(4)})
+    assert (run_dir(project.root) / "step-00000001.h5.kaudit.json").is_file()
+    assert not (run_dir(project.root) / "step-00000001").exists()

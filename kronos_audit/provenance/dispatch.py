@@ -9,7 +9,8 @@ vector ISA (``--xla_cpu_max_isa``), and all of them a thread count, which orders
 reductions. Two machines that pick differently compute different bits from the same code
 and packages; the same choices give the same bits. So a run can be recorded **portable**:
 every one of those choices pinned to a level that every x86-64-v3 CPU has (AVX2 and FMA,
-Intel and AMD alike), and a replay pins the same, whatever CPU it runs on.
+Intel and AMD alike; MKL to its vendor-neutral ``COMPATIBLE`` branch, the only one it
+keeps the same on both), and a replay pins the same, whatever CPU it runs on.
 
 Each library reads its variable once, when it first loads or first computes: the pins must
 be in the environment before the program starts (``kaudit run --portable``, which sets them
@@ -254,7 +255,10 @@ def portable_variables(threads: int | None = None) -> dict[str, str]:
             )
         pins |= {
             "ATEN_CPU_CAPABILITY": "avx2",
-            "MKL_CBWR": "AVX2,STRICT",
+            # MKL's only branch that is the same on Intel and AMD: its AVX2 branch exists on
+            # Intel CPUs alone (elsewhere MKL takes AUTO, the CPU's own). Its SSE2 code
+            # costs matrix products about 1.5-2x here; the rest keeps AVX2.
+            "MKL_CBWR": "COMPATIBLE",
             "ONEDNN_MAX_CPU_ISA": "AVX2",
             "DNNL_MAX_CPU_ISA": "AVX2",
             "OPENBLAS_CORETYPE": "Haswell",

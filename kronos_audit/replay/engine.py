@@ -135,14 +135,16 @@ def _judged(m: Manifest, before: EnvironmentReport, out: Path) -> EnvironmentRep
         if e.missing:
             return before
         raise ReplayError(
-            f"the replayed program's environment lock: {e.reason}", path=path, stage=Stage.OUTPUT
+            f"the environment lock the replayed program left ({ENVIRONMENT_FILE}) {e.reason}",
+            path=m.path,
+            stage=Stage.OUTPUT,
         ) from None
     try:
         lock = EnvironmentLock.from_json_obj(strictjson.loads(data.decode("utf-8")))
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         raise ReplayError(
-            "the replayed program's environment lock is not an environment lock",
-            path=path,
+            f"the environment lock the replayed program left ({ENVIRONMENT_FILE}) is not one",
+            path=m.path,
             stage=Stage.OUTPUT,
         ) from None
     return environment_report(m.record.environment, before.mode, lock.to_json_obj(), program=True)

@@ -82,6 +82,11 @@ FRAMEWORK_SETTINGS: frozenset[tuple[str, str]] = frozenset(
 process, which compares, sees only their defaults)."""
 
 
+RECORDED_SINCE: frozenset[tuple[str, str]] = frozenset({("torch", "cpu_capability")})
+"""(framework, field) pairs that locks record since a later version: absent from a recorded
+lock, they are noted, not drift (the lock did not know them)."""
+
+
 def current_environment(frameworks: Iterable[str] = ()) -> dict[str, Any]:
     """This process's environment lock, read now (the cached one may predate a change
     of the numeric variables made in the same process), describing ``frameworks`` (those
@@ -185,7 +190,9 @@ def _framework_differences(
         for key in sorted(set(a_fields) | set(b_fields)):
             a, b = a_fields.get(key), b_fields.get(key)
             if a != b:
-                drift = program or (framework, key[0]) not in FRAMEWORK_SETTINGS
+                # a field the recorded lock lacks was not recorded then: noted
+                since = a is None and (framework, key[0]) in RECORDED_SINCE
+                drift = (program or (framework, key[0]) not in FRAMEWORK_SETTINGS) and not since
                 found.append(Difference("frameworks", ".".join((framework, *key)), a, b, drift))
     return found
 

@@ -154,3 +154,46 @@ def test_a_recorded_pin_that_is_not_a_plain_setting_is_refused(mlp: Path, key: S
     assert result.exit_code == 2, result.output
     assert "the recorded XLA_FLAGS is not a plain setting" in result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("leaves", "says"),
+    [
+        ("", None),  # a program that records no lock: judged on the replaying process
+        (
+            'mkfifo "$3/.kaudit-environment.json"',
+            "program left (.kaudit-environment.json) is a FIFO",
+        ),
+        (
+            'echo "{}" > "$3/.kaudit-environment.json"',
+            "program left (.kaudit-environment.json) is not one",
+        ),
+        (
+            'ln -s /etc/passwd "$3/.kaudit-environment.json"',
+            "program left (.kaudit-environment.json) is a symbolic link",
+        ),
+    ],
+)
+def test_the_lock_a_replayed_program_leaves_is_read_with_care(
+    repo: Path, leaves: str, says: str | None
+) -> None:
+    cwd = repo / "programs"
+    (cwd / "leaves.sh").write_text(f'bash solver.sh "$1" "$2" "$3"\n{leaves}\n')
+    commit_all(repo, "a solver that leaves a lock of its own")
+    out = "checkpoints/leaves"
+    subprocess.run(["bash", "solver.sh", "", "5", out], cwd=cwd, check=True)
+    made = run_cli(
+        "snapshot", f"{out}/step-00000005.h5", "--run", "leaves", "--step", "5",
+        "--command", "bash leaves.sh {resume_from} {stop_at} {out}", cwd=cwd,
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    target = cwd / out / "step-00000005.h5.kaudit.json"
+    if says is None:
+        doc = _replay(target, exit_code=0)
+        assert doc["environment"]["judged_on"] == "replayer"
+        return
+    result = run_cli("replay", str(target))
+    assert result.exit_code == 2, result.output
+    assert says in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output

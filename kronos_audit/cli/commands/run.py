@@ -68,7 +68,7 @@ def run_command(
     COMMAND; after SIGTERM, SIGINT or SIGUSR1 it is not restarted.
 
     With --portable, COMMAND starts with the variables that pin the libraries' CPU kernels
-    and thread counts (KAUDIT_DISPATCH=portable, ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=AVX2,STRICT,
+    and thread counts (KAUDIT_DISPATCH=portable, ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE,
     ...; see docs/replay.md): its manifests record them, and `kaudit replay` sets the same,
     so a segment replays bitwise on another CPU, Intel or AMD.
 

@@ -58,13 +58,15 @@ DISPATCH_VARIABLES = (
     "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA",
     "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",  # set on some machines beside the core type: given as recorded
     "NPY_DISABLE_CPU_FEATURES",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
     "XLA_FLAGS",
 )
-"""Every variable the portable dispatch sets: a replay of a portable run gives the command
+"""Every variable the portable dispatch decides (it sets all but ``OPENBLAS_L2_SIZE``,
+which some machines set beside the core type): a replay of a portable run gives the command
 each one as recorded, and removes those the recording did not have."""
 
 _VALUE = re.compile(r"[A-Za-z0-9_.,= -]{1,512}")

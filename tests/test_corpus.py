@@ -102,13 +102,13 @@ def test_the_gate_verifies_and_replays_the_corpus_from_a_fresh_clone(clone: Path
             assert case["message"].startswith("REPRODUCED: "), case
             assert "tolerance" not in case["message"], case
     verified = {c["name"] for c in cases if c["kind"] != "replay"}
-    for version in VERSIONS:
+    for v in VERSIONS:
         for name in (
-            "heat-mpi/step-00000040",
-            "heat/step-00000040.h5.replay.json",
-            "pi.campaign.json",
+            f"{run_id(v, 'heat-mpi')}/step-00000040",
+            f"{run_id(v, 'heat')}/step-00000040.h5.replay.json",
+            f"{run_id(v, 'pi')}.campaign.json",
         ):
-            assert any(f"corpus/{version}/{name}" in v for v in verified), (name, verified)
+            assert any(f"corpus/{v}/{name}" in c for c in verified), (name, verified)
     assert all(c["ok"] for c in cases), [c for c in cases if not c["ok"]]
     assert doc["config"]["tolerances"][0]["pattern"] == "corpus/v1/torch-train"
 
@@ -133,7 +133,12 @@ def test_every_run_of_the_corpus_restores(clone: Path) -> None:
             text=True,
         )
         assert trusted.returncode == 0, trusted.stderr
-    pulled = subprocess.run([*KAUDIT, "pull", "corpus"], cwd=clone, capture_output=True, text=True)
+    pulled = subprocess.run(
+        [*KAUDIT, "pull", *(f"corpus/{v}" for v in VERSIONS)],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+    )
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     for version, (name, step) in ((v, r) for v in VERSIONS for r in RUNS.items()):
         run = run_id(version, name)

@@ -26,7 +26,9 @@ from tests.helpers import run_cli, write_checkpoint
 from tests.sshd import unused_port
 
 # the console script pip installed beside this interpreter: the entry point users run
-KAUDIT = Path(sys.executable).with_name("kaudit")
+KAUDIT = [str(Path(sys.executable).with_name("kaudit"))]
+# the click group alone, as a program that embeds it runs it (not through main())
+EMBEDDED = [sys.executable, "-c", "from kronos_audit.cli import cli; cli(prog_name='kaudit')"]
 
 SITECUSTOMIZE = """\
 import sys
@@ -81,9 +83,11 @@ def unreachable_push(
     return project.root, env
 
 
-def kaudit(where: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def kaudit(
+    where: Path, env: dict[str, str], *args: str, entry: list[str] = KAUDIT
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(KAUDIT), *args],
+        [*entry, *args],
         cwd=where,
         env=env,
         capture_output=True,
@@ -93,12 +97,16 @@ def kaudit(where: Path, env: dict[str, str], *args: str) -> subprocess.Completed
     )
 
 
-@pytest.mark.parametrize("verbosity", [["-q"], []], ids=["quiet", "default"])
+@pytest.mark.parametrize(
+    ("entry", "verbosity"),
+    [(KAUDIT, ["-q"]), (KAUDIT, []), (EMBEDDED, ["-q"])],
+    ids=["quiet", "default", "embedded-group"],
+)
 def test_a_dependencys_warning_is_not_shown(
-    unreachable_push: tuple[Path, dict[str, str]], verbosity: list[str]
+    unreachable_push: tuple[Path, dict[str, str]], entry: list[str], verbosity: list[str]
 ) -> None:
     where, env = unreachable_push
-    push = kaudit(where, env, *verbosity, "push")
+    push = kaudit(where, env, *verbosity, "push", entry=entry)
     assert push.returncode == 2, push.stderr
     lines = push.stderr.splitlines()
     # kaudit's own warning, as Python shows it (file:line: category: message, source line)

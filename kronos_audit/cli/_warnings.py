@@ -24,7 +24,8 @@ LOGGER = "kronos_audit.cli.warnings"
 # kronos_audit/: where the package's own modules are
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-ShowWarning = Callable[[Any, type[Warning], str, int, "TextIO | None", "str | None"], None]
+# warnings.showwarning's signature (message, category, filename, lineno, file, line)
+ShowWarning = Callable[[Any, type[Warning], str, int, TextIO | None, str | None], None]
 
 
 def is_kaudits(category: type[Warning], filename: str) -> bool:

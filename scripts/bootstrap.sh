@@ -16,7 +16,11 @@ VENV="$ROOT/.venv"
 # uv and with pip alike, so every machine gets the same environment.
 LOCK="$ROOT/constraints.txt"
 # the CPU build of PyTorch installed for the examples and tests: the release the lock pins
-TORCH_CPU="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$LOCK")"
+TORCH_CPU="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$LOCK" 2>/dev/null || true)"
+if [ -z "$TORCH_CPU" ]; then
+    echo "$LOCK: no torch==VERSION line; restore it from git, or run: bash scripts/lock.sh" >&2
+    exit 2
+fi
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 pip_install() {  # pip, without its notes about configured index locations that do not exist
     "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from kronos_audit._internal.safeio import UnsafeFile, read_owned
 from kronos_audit.errors import Error
 
 _OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -195,9 +196,11 @@ def _located(start: Path) -> _Location:
         if git_dir is not None:
             common = git_dir
             try:
-                named = (git_dir / "commondir").read_text(encoding="utf-8").strip()
-                common = (git_dir / named).resolve()
-            except (OSError, UnicodeDecodeError):
+                # Git writes it as a one-line regular file: never a link, FIFO or more.
+                named = read_owned(git_dir / "commondir", 4096)
+                if named is not None:
+                    common = (git_dir / named.decode("utf-8").strip()).resolve()
+            except (OSError, UnicodeDecodeError, UnsafeFile):
                 pass
             return _Location(work.resolve(), git_dir.resolve(), common)
     raise NotARepository(

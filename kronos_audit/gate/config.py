@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kronos_audit._internal import git
+from kronos_audit._internal.safeio import UnsafeFile, read_owned
 from kronos_audit.compare import Tolerance, ToleranceError, TolerancePolicy, ToleranceRule
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import PinnedRef, read_tree_files, resolve_ref
@@ -224,10 +225,10 @@ def load_config(project: Project, trust_ref: str | PinnedRef | None = None) -> G
             given = trust_ref if isinstance(trust_ref, str) else trust_ref.given
             raise GateConfigError(f"--trust-ref {given}: {e.message}") from None
     where = project.relative(project.config_path)
-    if not project.config_path.is_file():
-        return GateConfig(source=f"default (no {where})")
     try:
-        data = project.config_path.read_bytes()
-    except OSError as e:
-        raise GateConfigError(f"unreadable config: {e.strerror}", path=where) from None
+        data = read_owned(project.config_path)
+    except UnsafeFile as e:
+        raise GateConfigError(f"unreadable config: {e.reason}", path=where) from None
+    if data is None:
+        return GateConfig(source=f"default (no {where})")
     return parse_config(_parse_toml(data, where), where)

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.location import Location
+from kronos_audit.checkpoint.shards import read_index
+from kronos_audit.checkpoint.verified import Signed, holds_signed
+from kronos_audit.errors import CheckpointError
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
@@ -121,7 +124,7 @@ def locate(
         wanted = objects.get(m.path, [])
         in_remote = bool(wanted) and all(sizes.get(i.md5) == i.size for i in wanted)
         if checkpoint.exists():
-            ok = not hash_local or _digest(checkpoint) == m.subject_sha256
+            ok = not hash_local or _intact(m)
             location = (
                 Location.CORRUPT if not ok else Location.PUSHED if in_remote else Location.LOCAL
             )
@@ -133,6 +136,17 @@ def locate(
     return entries
 
 
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _intact(m: Manifest) -> bool:
+    """Whether the checkpoint (a sharded step's index) here is the signed one: a regular
+    file of the signed size, read within that bound (a FIFO or /dev/zero at its name is
+    corrupt, never waited on or read for ever)."""
+    shards = m.record.shards
+    if shards is not None:
+        try:
+            data = read_index(m.checkpoint_path, shards.count)
+        except CheckpointError:
+            return False
+        return hashlib.sha256(data).hexdigest() == m.subject_sha256
+    # DVC's link into its cache (cache.type = symlink) is followed, as verify follows it.
+    signed = Signed(m.record.size, m.subject_sha256)
+    return holds_signed(m.checkpoint_path, signed, follow_symlinks=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal import git
+from kronos_audit._internal.safeio import UnsafeFile, read_owned
 from kronos_audit.errors import ProjectError
 from kronos_audit.keys.store import TrustStore
 
@@ -48,11 +49,16 @@ class Project:
     def config(self) -> dict[str, Any]:
         import tomllib  # not on verification's path
 
-        if not self.config_path.exists():
+        # Never through a link, a FIFO or unbounded: anyone may have committed it.
+        try:
+            data = read_owned(self.config_path)
+        except UnsafeFile as e:
+            raise ProjectError(f"unreadable config: {e.reason}", path=self.config_path) from None
+        if data is None:
             return {}
         try:
-            return tomllib.loads(self.config_path.read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            return tomllib.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             raise ProjectError(f"unreadable config: {e}", path=self.config_path) from None
 
     def relative(self, path: Path) -> str:

@@ -35,9 +35,16 @@ from pathlib import Path
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import RunDirectory
-from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
+from kronos_audit.errors import (
+    CheckpointError,
+    Error,
+    LockHolder,
+    RunLocked,
+    StorageError,
+    UsageError,
+)
 from kronos_audit.statement.manifest import read_signed_file
-from kronos_audit.storage.tracking import ensure_ignored
+from kronos_audit.storage.tracking import check_gitignore, ensure_ignored
 
 LOCK_NAME = ".kaudit-writer.lock"
 """The lock file's name in a run's directory."""
@@ -98,6 +105,9 @@ class WriterLock:
                 f"cannot create the run's directory: {e.strerror or e}", path=directory
             ) from None
         path = directory / LOCK_NAME
+        # A .gitignore kaudit may not edit (a link, a FIFO) is refused before anything
+        # is created here, not after the lock file is left behind.
+        check_gitignore(directory)
         try:
             # Read-only: an flock needs no write access, and a file system holding nothing
             # open for writing between checkpoints can still be remounted read-only.
@@ -148,11 +158,13 @@ class WriterLock:
                 "since": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             }
             write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
-        except OSError as e:
+        except (OSError, StorageError) as e:
             from filelock import unlock_descriptor
 
             unlock_descriptor(fd)
             os.close(fd)
+            if isinstance(e, StorageError):
+                raise  # the run directory's .gitignore, refused: it says where and why
             raise UsageError(
                 f"cannot write the run's lock holder file: {e.strerror or e}",
                 path=directory / HOLDER_NAME,

@@ -42,6 +42,7 @@ from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one, local
 from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
+    check_dvc_config,
     dvc_file_for,
     read_dvc_file,
 )
@@ -64,6 +65,7 @@ class Storage:
                 raise StorageError(
                     "DVC is not set up here: run `kaudit init`", path=self.project.root
                 )
+            check_dvc_config(self.project)
             load_dvc()
             from dvc.repo import Repo
 
@@ -479,6 +481,7 @@ def configure_remote(project: Project, url: str, name: str = "storage") -> None:
     directory, say) takes none of them, since DVC's schema would refuse them. Nothing is
     changed unless the whole configuration validates afterwards.
     """
+    check_dvc_config(project)
     load_dvc()
     from dvc.repo import Repo
 

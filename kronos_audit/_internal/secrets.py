@@ -272,7 +272,8 @@ class ScrubbedCommand:
 
 def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
     """``argv`` without credentials, by the rules git remotes get (:func:`split_credentials`)
-    and option names: a URL's userinfo password or token and secret query parameters; the
+    and option names: a URL's userinfo password or token and secret query parameters,
+    wherever the URL sits in an argument (``--data=https://bob:pw@host/set``); the
     value of an option whose name says token, key, secret or password (``--api-key=V``,
     ``--token V``, ``db.password=V``); an argument that is a well-known token (``ghp_...``).
     Everything else is kept as it is."""
@@ -296,7 +297,14 @@ def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
         elif _TOKEN_PREFIX.match(arg) and " " not in arg and len(arg) >= 16:
             out.append(REDACTED)
             said.append(f"argument {i} (a token)")
-        elif "://" in arg or "@" in arg:
+        elif "://" in arg:
+            # Wherever a URL sits in the argument (`--data=https://bob:pw@host/set`,
+            # `a,https://...`), its credentials go, as a git remote's do.
+            shown = _URL_IN_TEXT.sub(lambda u: split_credentials(u.group(0)).shown, arg)
+            out.append(shown)
+            if shown != arg:
+                said.append(f"argument {i} (a URL's credentials)")
+        elif "@" in arg:
             split = split_credentials(arg)
             if split.has_secret:
                 out.append(split.shown)

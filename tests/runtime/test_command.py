@@ -124,3 +124,27 @@ def test_manifest_bytes_hold_no_secret_of_a_url(tmp_path: Path) -> None:
     scrubbed = scrub_command(["https://user:pa%40ss@h/x"])
     assert "pa%40ss" not in " ".join(scrubbed.argv)
     assert "pa@ss" not in " ".join(scrubbed.argv)
+
+
+def test_a_url_inside_an_options_value_is_recorded_without_its_credentials(
+    project: Project, key: SigningKey
+) -> None:
+    done = _run(
+        project,
+        "argv",
+        f"--data=https://bob:{SECRETS[1]}@data.example.org/set",
+        f"sources=s3://bucket/a,https://{SECRETS[3]}@mirror.example.org/b",
+        "--out=s3://bucket/results",
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = project.root / "checkpoints" / "train" / "step-00000001.h5.kaudit.json"
+    assert list(ka.read_manifest(manifest).predicate["command"])[3:] == [
+        "--data=https://***:***@data.example.org/set",
+        "sources=s3://bucket/a,https://***@mirror.example.org/b",
+        "--out=s3://bucket/results",  # no credential: kept as it is
+    ]
+    payload = base64.b64decode(json.loads(manifest.read_text())["payload"])
+    for secret in (SECRETS[1], SECRETS[3]):
+        assert secret.encode() not in payload, secret
+        assert secret not in done.stderr
+    assert "argument 3 (a URL's credentials)" in done.stderr

@@ -237,3 +237,14 @@ def test_status_does_not_hash_a_checkpoint_of_another_size(
     done = kaudit(project.root, "status", "--local-only")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "corrupt" in done.stdout
+
+
+def test_diff_refuses_a_fifo_without_waiting(project: Project, tmp_path: Path) -> None:
+    a = write_checkpoint(tmp_path / "a.h5", seed=1)
+    fifo = tmp_path / "b.h5"
+    os.mkfifo(fifo)
+    done = kaudit(project.root, "diff", str(a), str(fifo))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert str(fifo) in done.stderr
+    assert "not a regular file" in done.stderr

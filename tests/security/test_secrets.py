@@ -389,6 +389,27 @@ def test_a_patch_that_adds_a_secret_line_is_refused_whatever_the_file_is_called(
     assert list((project.root / ".kaudit" / "patches").iterdir()) == []
 
 
+def test_code_that_reads_a_secret_is_recorded_as_before(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    code = (
+        "import os\n"
+        'token = os.environ["API_TOKEN"]\n'
+        "password = prompt()\n"
+        "api_key: str\n"
+        "max_tokens = 4096\n"
+        "secret_key: str | None = None\n"
+    )
+    (project.root / "solver.py").write_text(code)
+    (project.root / "run.sh").write_text("TOKEN=$CI_TOKEN\nexport PASSWORD=${DB_PASSWORD}\n")
+    git(project.root, "add", "run.sh")
+    result = run_cli("snapshot", str(checkpoint), "--run", "run1", "--step", "1")
+    assert result.exit_code == 0, result.output
+    g = read_manifest(manifest_path_for(checkpoint)).predicate["git"]
+    patch = project.root / ".kaudit" / "patches" / f"{g['patch_sha256']}.patch"
+    assert b"max_tokens = 4096" in patch.read_bytes()
+
+
 def test_a_patch_recorded_with_a_secret_is_never_pushed(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:

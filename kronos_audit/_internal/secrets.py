@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 REDACTED = "***"
@@ -259,6 +260,24 @@ def _secret_option(name: str) -> bool:
     return any(w in _SECRET_OPTION_WORDS for w in words if w)
 
 
+def _scrub_urls_in(text: str) -> str:
+    """``text`` with each URL in it, wherever it sits (``--data=https://bob:pw@host/set``,
+    ``a,https://...``), shown without its credentials, as a git remote is."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda u: split_credentials(u.group(0)).shown, text)
+
+
+def scrub_urls(argv: Sequence[str]) -> ScrubbedCommand:
+    """``argv`` with only the credentials of the URLs in its arguments replaced by ``***``
+    (a userinfo password or token, credential-named query parameters): what every
+    recorded command gets, a command a program declares included, since no replay is
+    worth a password signed into a manifest for ever."""
+    out = [_scrub_urls_in(str(a)) for a in argv]
+    said = [f"argument {i} (a URL's credentials)" for i, a in enumerate(argv) if out[i] != a]
+    return ScrubbedCommand(tuple(out), tuple(said))
+
+
 @dataclass(frozen=True)
 class ScrubbedCommand:
     """A command line with its credential-looking arguments replaced by ``***``."""
@@ -298,9 +317,7 @@ def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
             out.append(REDACTED)
             said.append(f"argument {i} (a token)")
         elif "://" in arg:
-            # Wherever a URL sits in the argument (`--data=https://bob:pw@host/set`,
-            # `a,https://...`), its credentials go, as a git remote's do.
-            shown = _URL_IN_TEXT.sub(lambda u: split_credentials(u.group(0)).shown, arg)
+            shown = _scrub_urls_in(arg)
             out.append(shown)
             if shown != arg:
                 said.append(f"argument {i} (a URL's credentials)")

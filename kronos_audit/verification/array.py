@@ -6,6 +6,12 @@ reads a campaign's part (:func:`~kronos_audit.verification.campaign.read_part`: 
 manifest verified, the ledger from the verified bytes); the array's size, the campaign's
 number of batches and the batch script come from the shares those manifests sign. What
 ``kaudit campaign`` shows, resubmits and certifies is this, never a file's word alone.
+
+A task's last checkpoint is the newest one whose manifest's signature and place hold: a
+file that only has a manifest's name (empty, unsigned, signed by a key no anchor holds,
+copied from another step or run) decides nothing. It is named as ignored, and the task is
+judged by the signed manifests below it, so one stray file can neither hide a finished
+task's batches nor keep a resubmitted task from counting.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from kronos_audit.errors import Error
 from kronos_audit.statement.campaign import TASK_SUFFIX, TASKS_ENV, task_of
 from kronos_audit.statement.predicate import Share
 from kronos_audit.verification.campaign import CampaignRefused, Part, read_part
+from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.verifier import Verifier
 
 
@@ -37,6 +44,9 @@ class TaskState:
     """Its last checkpoint, verified (None: it has none, or it does not verify)."""
     problem: str | None = None
     """Why its last checkpoint could not be taken (None: it has none, or it was)."""
+    ignored: tuple[str, ...] = ()
+    """Manifests newer than its last checkpoint that decide nothing, each as ``PATH: why``
+    (not a manifest, or its signature or place does not hold), newest first."""
 
     @property
     def share(self) -> Share | None:
@@ -158,19 +168,48 @@ def read_array(verifier: Verifier, root: Path, campaign: str) -> ArrayCampaign:
 
 
 def _read_task(verifier: Verifier, task: int, directory: Path) -> TaskState:
+    """Task ``task`` at its newest checkpoint whose manifest's signature and place hold;
+    every newer file named as a manifest is ignored, and said so."""
     run = RunDirectory(directory)
-    manifests = run.canonical_manifests() + run.step_manifests()
-    if not manifests:
-        return TaskState(task, directory.name, None)
-    _, newest = max(manifests, key=lambda found: found[0])
+    found = sorted(run.canonical_manifests() + run.step_manifests(), reverse=True)
+    ignored: list[str] = []
+    for _, path in found:
+        why = _undecided(verifier, path)
+        if why is not None:
+            ignored.append(f"{verifier.project.relative(path)}: {why}")
+            continue
+        try:
+            part = read_part(verifier, path)
+        except (CampaignRefused, Error) as e:
+            return TaskState(task, directory.name, None, str(e), tuple(ignored))
+        batches = part.manifest.record.batches
+        if batches is None or batches.share is None:
+            return TaskState(
+                task,
+                directory.name,
+                None,
+                "its checkpoints are not an array task's",
+                tuple(ignored),
+            )
+        return TaskState(task, directory.name, part, ignored=tuple(ignored))
+    return TaskState(task, directory.name, None, ignored=tuple(ignored))
+
+
+def _undecided(verifier: Verifier, path: Path) -> str | None:
+    """Why the manifest at ``path`` cannot decide its task's state (it is not a manifest,
+    or its signature or place does not hold), or None when it can: only the manifest
+    itself is read, nothing it names."""
     try:
-        part = read_part(verifier, newest)
-    except (CampaignRefused, Error) as e:
-        return TaskState(task, directory.name, None, str(e))
-    share = None if part.manifest.record.batches is None else part.manifest.record.batches.share
-    if share is None:
-        return TaskState(task, directory.name, None, "its checkpoints are not an array task's")
-    return TaskState(task, directory.name, part)
+        manifest = verifier.cache.read(path)
+    except Error as e:
+        return e.message
+    signed = verifier.signature(manifest)
+    if not signed.ok:
+        return f"signature: {signed.detail}"
+    place = place_check(verifier.project, manifest)
+    if not place.ok:
+        return f"place: {place.detail}"
+    return None
 
 
 __all__ = ["ArrayCampaign", "NoSuchCampaign", "TaskState", "array_spec", "read_array"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
 from typing import Any
 
 import numpy as np
@@ -178,6 +179,40 @@ def test_a_certificate_that_gives_a_part_another_task_than_it_signs_fails(
     assert failed == [
         "batches: part 'mc.task-1': its task or step is not the one its manifests sign"
     ]
+
+
+def test_files_named_as_newer_manifests_decide_nothing_and_are_named_ignored(
+    project: Project, key: ka.SigningKey
+) -> None:
+    for k in range(TASKS):
+        task(project, k)
+    run_dir = project.root / "checkpoints" / "mc.task-1"
+    (newest,) = sorted(run_dir.glob("step-*.h5.kaudit.json"))[-1:]
+    # An empty file, and task 1's own signed manifest copied to a later step's name: neither
+    # is a checkpoint of step 98 or 99, and neither may hide the batches task 1 signed.
+    (run_dir / "step-00000099.h5.kaudit.json").write_bytes(b"")
+    shutil.copy(newest, run_dir / "step-00000098.h5.kaudit.json")
+
+    code, doc = campaign_json(project)
+    assert code == 0, doc
+    part = doc["parts"][1]
+    assert (part["state"], part["missing"]) == ("done", [])
+    assert part["manifest"] == project.relative(newest)
+    assert [why.split(": ")[0] for why in part["ignored"]] == [
+        "checkpoints/mc.task-1/step-00000099.h5.kaudit.json",
+        "checkpoints/mc.task-1/step-00000098.h5.kaudit.json",
+    ]
+    assert "place: the file is named for step 98" in part["ignored"][1]
+    assert all(not p["ignored"] for k, p in enumerate(doc["parts"]) if k != 1)
+
+    certified = run_cli("campaign", "mc", "--certify", cwd=project.root)
+    assert certified.exit_code == 0, certified.output
+    assert "task 1: ignored checkpoints/mc.task-1/step-00000099.h5.kaudit.json" in (
+        certified.output
+    )
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    assert run_cli("verify", str(cert), cwd=project.root).exit_code == 0
+    assert ka.campaign_ledger("mc", project.root / "checkpoints").indices() == list(range(N))
 
 
 def test_a_task_resumed_as_a_task_of_another_array_size_is_refused(

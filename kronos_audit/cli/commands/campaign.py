@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from kronos_audit.verification.array import ArrayCampaign, TaskState
 
 SHOWN = 5
-"""Missing batches named per task; the rest are counted."""
+"""Missing batches, and manifests ignored, named per task; the rest are counted."""
 
 
 def _missing_text(indices: list[int]) -> str:
@@ -45,6 +45,7 @@ def _task_json(s: TaskState, array: ArrayCampaign, path: Callable[[Path], str]) 
         "missing": s.missing(array.n, array.tasks),
         "manifest": None if s.part is None else path(s.part.manifest.path),
         "problem": s.problem,
+        "ignored": list(s.ignored),
     }
 
 
@@ -85,7 +86,9 @@ def campaign(
 
     Task K of campaign NAME is the run ROOT/NAME.task-K (ka.Run("NAME",
     task=ka.ArrayTask.from_slurm())), read at its last checkpoint once that verifies
-    under the trust options (as for `kaudit verify`). The line printed runs the
+    under the trust options (as for `kaudit verify`): the newest whose manifest's
+    signature and place hold; newer files named as manifests are listed as ignored.
+    The line printed runs the
     incomplete tasks again, with the array's size exported (KAUDIT_ARRAY_TASKS). With
     --certify, once every batch is in, sign ROOT/NAME.campaign.json, the certificate that
     each batch ran exactly once (`kaudit verify` checks it).
@@ -169,6 +172,10 @@ def _print(array: ArrayCampaign, line: str | None) -> None:
     for s in array.states:
         if s.problem is not None:
             out.print(f"[red]task {s.task}[/]: {safe(s.problem)}", failure=True)
+        for why in s.ignored[:SHOWN]:
+            out.print(f"[yellow]task {s.task}[/]: ignored {safe(why)}")
+        if len(s.ignored) > SHOWN:
+            out.print(f"[yellow]task {s.task}[/]: {len(s.ignored) - SHOWN} more ignored")
     for stray in array.strays:
         out.print(f"[yellow]{safe(stray)}[/]: not a task of this array of {array.tasks}")
     out.print(

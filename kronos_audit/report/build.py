@@ -401,8 +401,11 @@ def _run_report(
 
 def _campaign(group: _Group, r: VerifyResult) -> Campaign:
     """The certificate ``r`` verified, as the report shows it: the record read and checked
-    then, never the file read again."""
-    assert r.certificate is not None
+    then, never the file read again (none when its signature does not hold: then only its
+    failures)."""
+    failures = tuple(f"{c.name}: {c.detail}" for c in r.failures)
+    if r.certificate is None:
+        return Campaign(group.name(r.manifest), r.ok, failures, 0, (), ())
     record = r.certificate.record
     attempts = Counter(b.attempt for b in record.batches)
     workers = Counter(b.worker or "(not recorded)" for b in record.batches)
@@ -413,7 +416,7 @@ def _campaign(group: _Group, r: VerifyResult) -> Campaign:
     return Campaign(
         certificate=group.name(r.manifest),
         verified=r.ok,
-        failures=tuple(f"{c.name}: {c.detail}" for c in r.failures),
+        failures=failures,
         n=record.n,
         attempts=tuple(sorted(attempts.items())),
         workers=tuple(sorted(workers.items(), key=lambda wc: (-wc[1], wc[0]))),
@@ -483,10 +486,12 @@ def build_report(
 
     def group_of(r: VerifyResult) -> _Group:
         directory = r.manifest.parent
-        if r.certificate is not None:
-            # a campaign's certificate is beside its run's directory: it is that run's
-            directory = directory / r.certificate.record.parts[0].run
-        run = r.run if r.certificate is None else directory.name
+        if r.kind is StatementKind.CAMPAIGN:
+            # a campaign's certificate is beside its run's directory: it is that run's (one
+            # whose signature does not hold is not read: the run its name says)
+            cert = r.certificate
+            directory = directory / (r.run if cert is None else cert.record.parts[0].run)
+        run = directory.name if r.kind is StatementKind.CAMPAIGN else r.run
         key = (directory.resolve(), run)
         if key not in groups:
             if directory not in projects:

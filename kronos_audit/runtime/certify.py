@@ -20,10 +20,12 @@ from pathlib import Path
 
 from kronos_audit import __version__
 from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.campaign import (
+    MAX_BATCHES,
     certificate_path,
     encode_statement,
 )
@@ -46,13 +48,24 @@ def certify(
     campaign: str,
     manifests: Sequence[Path],
     n: int,
+    *,
+    whole: bool = True,
 ) -> Path:
     """Sign and write the certificate of campaign ``campaign`` of ``n`` batches, whose
     parts' last checkpoints are ``manifests`` (their run directories side by side).
     CampaignRefused when they are not one complete, consistent campaign; ManifestError
     when the certificate cannot be written. Returns where it was written (not read back: its
-    statement was validated against the schema before it was signed)."""
-    parts = [read_part(verifier, m) for m in manifests]
+    statement was validated against the schema before it was signed).
+
+    Each part is verified ``whole`` (:func:`~kronos_audit.verification.campaign.read_part`),
+    every shard of a sharded step, as ``kaudit verify`` will verify the certificate; a run
+    certifying its own last step at its end, where other ranks' shards may be on other
+    nodes, passes ``whole=False``."""
+    if n > MAX_BATCHES:
+        raise CampaignRefused(
+            f"campaign {campaign!r}: {n:,} batches; a certificate records at most {MAX_BATCHES:,}"
+        )
+    parts = [read_part(verifier, m, whole=whole) for m in manifests]
     record = campaign_record(
         campaign,
         parts,
@@ -61,11 +74,16 @@ def certify(
         created=utc_now(),
         tool=TOOL,
     )
-    envelope = sign_envelope(encode_statement(record), key)
+    data = encode_envelope(sign_envelope(encode_statement(record), key))
+    if len(data) > MANIFEST_LIMIT:  # what no verifier would read is not signed
+        raise CampaignRefused(
+            f"campaign {campaign!r}: its certificate would be {len(data):,} bytes, more than "
+            f"the {MANIFEST_LIMIT:,} a verifier reads"
+        )
     root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)
     path = certificate_path(root, campaign)
     try:
-        write_atomic(path, encode_envelope(envelope))
+        write_atomic(path, data)
     except OSError as e:
         raise ManifestError(
             f"cannot write the campaign certificate: {e.strerror or e}", path=path
@@ -85,7 +103,9 @@ def certify_run(verifier: Verifier, key: SigningKey, campaign: str, manifest: Pa
     in a :class:`CertificateNotWritten` warning, never raised (the campaign's results are
     checkpointed and stand)."""
     try:
-        path = certify(verifier, key, campaign, [manifest], n)
+        # Its own step, just written and signed here: each rank hashed its shard as it
+        # wrote it, and with node-local storage the other ranks' shards are not here.
+        path = certify(verifier, key, campaign, [manifest], n, whole=False)
     except (CampaignRefused, Error) as e:
         warnings.warn(
             f"campaign {campaign!r}: no certificate: {e}", CertificateNotWritten, stacklevel=4

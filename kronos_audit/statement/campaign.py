@@ -31,11 +31,13 @@ from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.checkpoint.hashing import array_digest
 from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX
 from kronos_audit.errors import ManifestError
+from kronos_audit.statement.dsse import Envelope
 from kronos_audit.statement.manifest import (
     STATEMENT_TYPE,
     Sha256,
     SignedStatement,
-    parse_statement,
+    load_json,
+    parse_signed_envelope,
     read_signed_file,
 )
 from kronos_audit.statement.schemas import validate
@@ -49,6 +51,13 @@ TASKS_ENV = "KAUDIT_ARRAY_TASKS"
 SCHEMA_NAME = "campaign-v1.schema.json"
 SEED_DERIVATION = "numpy.random.default_rng(numpy.random.SeedSequence(seed, spawn_key=(index,)))"
 """How batch ``index``'s generator derives from the run seed (and from nothing else)."""
+MAX_BATCHES = 200_000
+"""Most batches a certificate records (the schema's bound on ``n`` and on ``batches``).
+One entry a batch, about 200 bytes with a worker named ``host:pid``: such a certificate
+fits within the bound every signed file is read with
+(:data:`~kronos_audit._internal.safeio.MANIFEST_LIMIT`, 64 MiB), and
+:func:`~kronos_audit.runtime.certify.certify` refuses to sign one that does not."""
+WHAT = "campaign certificate"
 TALLY_RULE = "field-wise sum of the results in index order"
 """What the certified tally is: ``a + b`` field by field, folded from batch 0 up."""
 
@@ -241,19 +250,37 @@ class Certificate(SignedStatement):
     """The predicate, typed: parsed once, when it was read."""
 
 
-def read_certificate(path: Path | str) -> Certificate:
-    """Read and schema-check a certificate; ManifestError naming it for anything else. Its
-    signature and everything it says are checked by
-    :func:`kronos_audit.verification.campaign.verify_certificate` (``kaudit verify``)."""
+def read_envelope(path: Path | str) -> Envelope:
+    """The DSSE envelope of the certificate file at ``path``, its statement not yet read:
+    a regular file of at most :data:`~kronos_audit._internal.safeio.MANIFEST_LIMIT` bytes,
+    never through a symbolic link (as a manifest). Its signature is checked before
+    :func:`parse_certificate` reads the statement: the schema check of a certificate's
+    every batch is the costly part, and is only done for one a trusted key signed.
+    ManifestError naming it for anything else."""
     path = Path(path)
-    what = "campaign certificate"
-    envelope, statement = parse_statement(read_signed_file(path, what), path, what)
-    validate(statement, path, schema_name=SCHEMA_NAME, what=what)
+    return parse_signed_envelope(read_signed_file(path, WHAT), path, WHAT)
+
+
+def parse_certificate(path: Path | str, envelope: Envelope) -> Certificate:
+    """The certificate whose envelope (:func:`read_envelope`) was read from ``path``: its
+    statement decoded and schema-checked; ManifestError naming it for anything else."""
+    path = Path(path)
+    statement = load_json(envelope.payload, path, "payload")
+    validate(statement, path, schema_name=SCHEMA_NAME, what=WHAT)
     try:
         record = CampaignRecord.from_statement(statement)
     except ValueError as e:
-        raise ManifestError(f"not a {what}: {e}", path=path) from None
+        raise ManifestError(f"not a {WHAT}: {e}", path=path) from None
     return Certificate(path, envelope, statement, record)
+
+
+def read_certificate(path: Path | str) -> Certificate:
+    """Read and schema-check a certificate (:func:`read_envelope`, then
+    :func:`parse_certificate`, its signature not checked); ManifestError naming it for
+    anything else. Its signature and everything it says are checked by
+    :func:`kronos_audit.verification.campaign.verify_certificate` (``kaudit verify``),
+    which checks the signature before the schema."""
+    return parse_certificate(path, read_envelope(path))
 
 
 def task_of(run_id: str, campaign: str) -> int | None:
@@ -267,6 +294,7 @@ def task_of(run_id: str, campaign: str) -> int | None:
 
 __all__ = [
     "CERTIFICATE_SUFFIX",
+    "MAX_BATCHES",
     "PREDICATE_TYPE",
     "SCHEMA_NAME",
     "SEED_DERIVATION",
@@ -280,7 +308,9 @@ __all__ = [
     "build_statement",
     "certificate_path",
     "encode_statement",
+    "parse_certificate",
     "read_certificate",
+    "read_envelope",
     "result_digest",
     "tally",
     "task_of",

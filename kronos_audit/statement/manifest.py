@@ -170,9 +170,10 @@ def load_json(data: bytes, path: Path, where: str = "") -> Any:
         raise ManifestError(f"{at}{e}", path=path) from None
 
 
-def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[Envelope, Any]:
-    """The DSSE envelope and its decoded in-toto Statement (not yet schema-checked) from
-    a file's bytes; ManifestError naming ``what`` for anything else."""
+def parse_signed_envelope(data: bytes, path: Path, what: str = "manifest") -> Envelope:
+    """The DSSE envelope of an in-toto Statement from a file's bytes, its payload not yet
+    decoded (so that a signature can be checked before the statement is read);
+    ManifestError naming ``what`` for anything else."""
     envelope = parse_envelope(load_json(data, path), path)
     if envelope.payload_type != PAYLOAD_TYPE:
         raise ManifestError(
@@ -180,6 +181,13 @@ def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[En
             f"expected {PAYLOAD_TYPE!r}",
             path=path,
         )
+    return envelope
+
+
+def parse_statement(data: bytes, path: Path, what: str = "manifest") -> tuple[Envelope, Any]:
+    """The DSSE envelope and its decoded in-toto Statement (not yet schema-checked) from
+    a file's bytes; ManifestError naming ``what`` for anything else."""
+    envelope = parse_signed_envelope(data, path, what)
     statement = load_json(envelope.payload, path, "payload")
     return envelope, statement
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import unflatten
-from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME, shard_name
+from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX, INDEX_NAME, TREE_NAME, shard_name
 from kronos_audit.checkpoint.ledger import rows
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
-from kronos_audit.keys.anchors import TrustedKey
+from kronos_audit.keys.anchors import SignerCheck, TrustedKey
 from kronos_audit.statement.campaign import (
     SEED_DERIVATION,
     CampaignBatch,
@@ -33,7 +33,8 @@ from kronos_audit.statement.campaign import (
     CampaignRecord,
     Certificate,
     certificate_path,
-    read_certificate,
+    parse_certificate,
+    read_envelope,
     result_digest,
     tally,
     task_of,
@@ -68,19 +69,20 @@ class Part:
         return self.result.statement
 
 
-def read_part(verifier: Verifier, manifest_path: Path | str) -> Part:
+def read_part(verifier: Verifier, manifest_path: Path | str, *, whole: bool = False) -> Part:
     """The run whose last checkpoint ``manifest_path`` is: verified, its ledger and the
     workers of its batches read. CampaignRefused when it does not verify.
 
-    A sharded step whose index, tree and rank 0's shard are here is verified without the
-    other shards (signature, place and chain): the ledger is in rank 0's shard, which
-    :func:`_ledger` proves against the signed Merkle root, and the other ranks' shards
-    hold no batch. With node-local storage they are not on the node that signs; ``kaudit
-    verify`` of the run checks them all. Otherwise the step is verified whole, fetched
-    from the DVC remote when it is not here."""
-    result = verifier.verify(
-        manifest_path, data=not _ledger_here(verifier, manifest_path), newest=True
-    )
+    With ``whole`` (what a certificate is verified and signed with) the step is verified
+    as ``kaudit verify`` does, every byte: a sharded step's index and every rank's shard,
+    fetched from the DVC remote when they are not here. Without, a sharded step whose
+    index, tree and rank 0's shard are here is verified without the other shards
+    (signature, place and chain): the ledger is in rank 0's shard, which :func:`_ledger`
+    proves against the signed Merkle root, and the other ranks' shards hold no batch.
+    That is how a run reads its own step back where only rank 0's shards are (node-local
+    storage), and how ``kaudit campaign`` shows a task's state."""
+    partial = not whole and _ledger_here(verifier, manifest_path)
+    result = verifier.verify(manifest_path, data=not partial, newest=True)
     if not result.ok:
         failed = result.failures[0]
         raise CampaignRefused(f"{result.manifest}: {failed.name}: {failed.detail}")
@@ -296,12 +298,21 @@ def _task(share: Share | None) -> tuple[int | None, int | None]:
 
 def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
     """Every check of the certificate at ``path``: (C1) its signature; (C2) each subject is
-    a manifest inside the repository with the certified sha256, and verifies; (C3) the
+    a manifest inside the repository with the certified sha256, and verifies whole (every
+    shard of a sharded step, fetched when the verifier fetches); (C3) the
     record built again from those checkpoints (every batch exactly once, each result's
     digest from the ledger, each worker and attempt from the chain, the tally summed again
     from the ledger) is the one signed."""
-    cert = read_certificate(path)
+    path = Path(path)
+    envelope = read_envelope(path)
+    # The signature first, over the payload's bytes alone: nothing of an unsigned
+    # certificate is decoded or schema-checked (the costly part, one entry a batch).
+    first = verifier.keys.check(envelope, None)
+    if not first.ok and not _revoked(verifier, first):
+        return _unread(path, steps.signature_check(first))
+    cert = parse_certificate(path, envelope)
     record = cert.record
+    # Again at the time it says it was signed: a revoked key's earlier signatures hold.
     signed = verifier.keys.check(cert.envelope, record.created)
     checks = [steps.signature_check(signed), _place(cert.path, record, verifier.project.root)]
     parts: list[Part] = []
@@ -328,7 +339,7 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
             problem = f"{p.manifest}: not the certified manifest (its sha256 differs)"
             break
         try:
-            part = read_part(verifier, where)
+            part = read_part(verifier, where, whole=True)
         except (CampaignRefused, Error) as e:
             problem = str(e)
             break
@@ -359,6 +370,30 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
     else:
         checks.append(Check.failed(CheckName.MANIFEST, problem))
     return _result(cert, checks, signed.signer)
+
+
+def _revoked(verifier: Verifier, refused: SignerCheck) -> bool:
+    """The signature was refused only for want of the time it was made: its key is
+    revoked, and whether from before or after is said by the statement."""
+    return refused.signer is not None and refused.signer.key_id in verifier.keys.revocations
+
+
+def _unread(path: Path, signature: Check) -> VerifyResult:
+    """The result of a certificate whose signature does not hold: named by its file (the
+    campaign its name says, no batches), its statement never read."""
+    return VerifyResult(
+        path,
+        path,
+        path.name.removesuffix(CERTIFICATE_SUFFIX),
+        0,
+        (
+            signature,
+            Check.unverified(
+                CheckName.MANIFEST, "not read: the certificate's signature or place does not hold"
+            ),
+        ),
+        kind=StatementKind.CAMPAIGN,
+    )
 
 
 def _result(cert: Certificate, checks: list[Check], signer: TrustedKey | None) -> VerifyResult:

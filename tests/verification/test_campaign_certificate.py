@@ -22,10 +22,13 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, render_html, render_markdown, report_json
 from kronos_audit.runtime.certify import certify
 from kronos_audit.statement.campaign import (
+    MAX_BATCHES,
     CampaignRecord,
     encode_statement,
     read_certificate,
@@ -235,6 +238,48 @@ def test_a_certificate_that_is_not_one_is_one_line_and_exit_2(
     assert "symbolic link" in linked.output, linked.output
 
 
+def test_an_unsigned_certificate_is_refused_before_its_statement_is_read(
+    project: Project, key: ka.SigningKey, mallory: ka.SigningKey
+) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    statement = payload(cert)
+    # What no schema accepts (a batch entry that is not one), many times over, signed by
+    # the attacker: the signature is what refuses it, and the statement is never decoded.
+    statement["predicate"]["batches"] = [{"index": "x" * 64}] * 5_000
+    cert.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), mallory)))
+    failed = failures(cert)
+    assert failed[0].startswith("signature: signed by a key no trust anchor holds"), failed
+    assert failed[1:] == ["manifest: not read: the certificate's signature or place does not hold"]
+    # The report says the same of the campaign's run, and reads nothing more of it.
+    (run,) = report_json(build_report([project.root / "checkpoints"]))["runs"]
+    assert run["ok"] is False
+    assert run["campaign"]["failures"] == failed
+
+
+def test_a_certificate_is_bounded_in_batches_and_size(project: Project, key: ka.SigningKey) -> None:
+    campaign(project)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    statement = payload(cert)
+    statement["predicate"]["n"] = MAX_BATCHES + 1
+    cert.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), key)))
+    too_many = run_cli("verify", str(cert))
+    assert too_many.exit_code == 2, too_many.output
+    assert too_many.output.count("\n") == 1
+    assert "mc.campaign.json" in too_many.output
+    assert str(MAX_BATCHES) in too_many.output.replace(",", ""), too_many.output
+    # A file larger than any signed file kaudit reads is refused by its size, unread.
+    with cert.open("r+b") as f:
+        f.truncate(MANIFEST_LIMIT + 1)
+    too_large = run_cli("verify", str(cert))
+    assert too_large.exit_code == 2, too_large.output
+    assert "more than the 67,108,864 allowed" in too_large.output, too_large.output
+    verifier = Verifier(project)
+    last = project.root / "checkpoints" / "mc" / "step-00000010.h5.kaudit.json"
+    with pytest.raises(CampaignRefused, match="at most 200,000"):
+        certify(verifier, key, "mc", [last], MAX_BATCHES + 1)
+
+
 def test_a_campaign_on_three_ranks_is_certified_from_rank_0s_shard(
     project: Project, key: ka.SigningKey
 ) -> None:
@@ -252,6 +297,29 @@ def test_a_campaign_on_three_ranks_is_certified_from_rank_0s_shard(
     expected = [batch(ka.runtime.batch_rng(5, i), 64) for i in range(N)]
     assert [b.result for b in record.batches] == [result_digest(r) for r in expected]
     assert record.tally == result_digest(tally(expected))
+
+
+def test_a_certified_sharded_step_is_verified_whole_every_shard(
+    project: Project, key: ka.SigningKey
+) -> None:
+    def program(comm: ThreadRanks) -> None:
+        with thread_run(project.root, "mc", comm) as run:
+            run.restore()
+            run.map_batches(batch, N, samples=64)
+
+    on_ranks(3, program)
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    step = project.root / "checkpoints" / "mc" / "step-00000010"
+    shard = shard_path(step, 1, 3)
+    # Rank 1's shard holds no batch, but the certificate names the step, and the step is
+    # every rank's shard: another file of the same size in its place fails the certificate.
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.unlink()
+    shard.write_bytes(bytes(data))
+    (failed,) = failures(cert)
+    assert failed.startswith("manifest: "), failed
+    assert "shards: shard of rank 1 of 3: sha256 mismatch" in failed, failed
 
 
 def test_the_report_shows_the_campaign_its_restart_and_workers(

@@ -96,6 +96,10 @@ class FileDigests:
     unreadable: str | None = None
     """Why ``datasets`` is None for an HDF5 file whose digest is not the signed one (a
     diagnostic of :func:`digest_open`); None otherwise."""
+    inode: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
+    """(device, inode) of the file the writer hashed and wrote (None: not made by the
+    writer): what its temporary name must still hold when it is moved into place
+    (:func:`~kronos_audit.checkpoint.writer.check_placed`)."""
 
 
 def canonical_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:

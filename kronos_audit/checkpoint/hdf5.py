@@ -17,6 +17,7 @@ every other type (tensors, lists, int keys ...) with a record of the structure.
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import resource
@@ -170,20 +171,40 @@ def check_room(path: Path, flat: Flat) -> None:
         )
 
 
-def lay_out(path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
-    """Create the file with h5py: metadata and small datasets written, space for the large
-    ones allocated; return (offset, array) for each large one, by offset."""
-    return [(offset, array) for offset, _, array in lay_out_named(path, flat)]
+def create_file(path: Path, *, exclusive: bool = True) -> int:
+    """A read-write descriptor of a new file at ``path``, created here: never through a
+    symbolic link and, ``exclusive``, never an existing file (else one is emptied). The
+    writer lays out, hashes and writes the file through this descriptor alone
+    (:func:`lay_out_named`, :func:`pwrite_all`): a file another writer renames over the
+    name meanwhile is neither read nor written, so it cannot end up in what is signed.
+    Raises OSError."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_EXCL if exclusive else os.O_TRUNC
+    # An OSError as h5py's own create raised it: the writer's callers say what it means.
+    return os.open(path, flags, 0o666)
 
 
-def lay_out_named(path: Path, flat: Flat) -> list[tuple[int, str, np.ndarray[Any, Any]]]:
+def lay_out(fd: int, path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
+    """Lay the file open at ``fd`` (``path``, for messages) out with h5py: metadata and
+    small datasets written, space for the large ones allocated; return (offset, array) for
+    each large one, by offset."""
+    return [(offset, array) for offset, _, array in lay_out_named(fd, path, flat)]
+
+
+def lay_out_named(fd: int, path: Path, flat: Flat) -> list[tuple[int, str, np.ndarray[Any, Any]]]:
     """:func:`lay_out`, each large array with its path: (offset, path, array)."""
     check_room(path, flat)
     raw: list[tuple[int, str, np.ndarray[Any, Any]]] = []
     # Large arrays start at a multiple of DIRECT_ALIGN, so that pwrite_all can write them
     # around the page cache.
     aligned = {"alignment_threshold": RAW_MIN_BYTES, "alignment_interval": DIRECT_ALIGN}
-    with h5py.File(path, "w", **aligned) as f:
+    # HDF5 writes through the descriptor the file was created with (h5py's file-object
+    # driver), never by its name. Unbuffered: what HDF5 wrote is in the file as soon as
+    # it closes, for the hashing that reads it back with pread.
+    with (
+        io.FileIO(fd, "r+", closefd=False) as handle,
+        h5py.File(handle, "w", **aligned) as f,
+    ):
         for name, array in flat.items():
             if _raw_writable(array):
                 raw.append((_create_allocated(f, name, array), name, array))
@@ -198,7 +219,7 @@ def _pwrite(fd: int, data: memoryview, offset: int) -> None:
         written += os.pwrite(fd, data[written:], offset + written)
 
 
-def _open_direct(path: Path) -> int | None:
+def _open_direct(path: Path | str) -> int | None:
     """A second descriptor of ``path`` that writes around the page cache (``O_DIRECT``);
     None where the file system has none (tmpfs, some network file systems)."""
     flag = getattr(os, "O_DIRECT", 0)
@@ -207,9 +228,16 @@ def _open_direct(path: Path) -> int | None:
     try:
         return os.open(path, os.O_WRONLY | flag)
     except OSError as e:
-        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOENT):
             return None
         raise
+
+
+def _direct_of(fd: int) -> int | None:
+    """:func:`_open_direct` of the file open at ``fd``, never of a name: Linux's
+    ``/proc/self/fd/N`` opens the very file the descriptor holds, wherever its name now
+    points; None without it."""
+    return _open_direct(f"/proc/self/fd/{fd}")
 
 
 class _Direct:
@@ -263,8 +291,9 @@ def _address(data: memoryview) -> int:
     return int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
 
 
-def pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
-    """Write each large array of :func:`lay_out` at its offset, then fsync the file.
+def pwrite_all(fd: int, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
+    """Write each large array of :func:`lay_out` at its offset into the file open at
+    ``fd``, then fsync it.
 
     The arrays' aligned bytes go around the page cache (``O_DIRECT``, where the file
     system has it): a checkpoint is written once and read rarely, and on hosts that give
@@ -272,8 +301,7 @@ def pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
     memory, several times dearer to fill than the disk write itself. What is not aligned
     (an array's last partial block), and every byte where there is no direct write, goes
     through the cache; the fsync makes both durable."""
-    fd = os.open(path, os.O_WRONLY)
-    direct = _Direct(_open_direct(path))
+    direct = _Direct(_direct_of(fd))
     try:
         for offset, array in raw:
             data = array.reshape(-1).view(np.uint8).data
@@ -283,12 +311,16 @@ def pwrite_all(path: Path, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
         os.fsync(fd)
     finally:
         direct.close()
-        os.close(fd)
 
 
 def write_hdf5(path: Path, flat: Flat) -> None:
-    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself)."""
-    pwrite_all(path, lay_out(path, flat))
+    """Write ``/path -> array`` to a new HDF5 file and fsync it (not atomic by itself;
+    an existing file at ``path`` is replaced, a symbolic link refused)."""
+    fd = create_file(path, exclusive=False)
+    try:
+        pwrite_all(fd, lay_out(fd, path, flat))
+    finally:
+        os.close(fd)
 
 
 def _value(dset: h5py.Dataset) -> Any:

@@ -52,39 +52,36 @@ import numpy as np
 
 from kronos_audit.checkpoint.hashing import BLOCK as HASH_BLOCK
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest
-from kronos_audit.checkpoint.hdf5 import Flat, lay_out_named, pwrite_all
+from kronos_audit.checkpoint.hdf5 import Flat, create_file, lay_out_named, pwrite_all
 from kronos_audit.checkpoint.treehash import LocalTree, stream_bytes
 from kronos_audit.errors import CheckpointError
 
 
 def _segments(
-    path: Path, size: int, raw: list[tuple[int, np.ndarray[Any, Any]]]
+    fd: int, path: Path, size: int, raw: list[tuple[int, np.ndarray[Any, Any]]]
 ) -> Iterator[bytes | memoryview]:
-    """The file's bytes in order: what h5py wrote, read back; the large arrays, from memory."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        pos = 0
-        for offset, array in [*raw, (size, None)]:
-            while pos < offset:  # metadata and small datasets, already on disk
-                chunk = os.pread(fd, min(HASH_BLOCK, offset - pos), pos)
-                if not chunk:
-                    raise CheckpointError("the file is shorter than HDF5 laid it out", path=path)
-                yield chunk
-                pos += len(chunk)
-            if array is not None:
-                data = array.reshape(-1).view(np.uint8).data
-                for start in range(0, len(data), HASH_BLOCK):
-                    yield data[start : start + HASH_BLOCK]
-                pos = offset + array.nbytes
-    finally:
-        os.close(fd)
+    """The file's bytes in order: what h5py wrote, read back through the descriptor it
+    wrote with (``path`` names it in messages only); the large arrays, from memory."""
+    pos = 0
+    for offset, array in [*raw, (size, None)]:
+        while pos < offset:  # metadata and small datasets, already on disk
+            chunk = os.pread(fd, min(HASH_BLOCK, offset - pos), pos)
+            if not chunk:
+                raise CheckpointError("the file is shorter than HDF5 laid it out", path=path)
+            yield chunk
+            pos += len(chunk)
+        if array is not None:
+            data = array.reshape(-1).view(np.uint8).data
+            for start in range(0, len(data), HASH_BLOCK):
+                yield data[start : start + HASH_BLOCK]
+            pos = offset + array.nbytes
 
 
 def _stream_digest(
-    path: Path, size: int, raw: list[tuple[int, np.ndarray[Any, Any]]], algorithm: str
+    fd: int, path: Path, size: int, raw: list[tuple[int, np.ndarray[Any, Any]]], algorithm: str
 ) -> str:
     h = hashlib.new(algorithm)
-    for segment in _segments(path, size, raw):
+    for segment in _segments(fd, path, size, raw):
         h.update(segment)
     return h.hexdigest()
 
@@ -124,9 +121,23 @@ def write_and_hash(
     its own digest, from the same memory on the same thread: each byte is hashed once for
     the datasets, whichever digest it goes to."""
     trees = trees or {}
-    named = lay_out_named(path, flat)
+    # One descriptor, from the file's creation to its fsync: HDF5 lays it out, the hashing
+    # reads HDF5's bytes back and the arrays are written, all through it. Opening the
+    # name again would read or write whatever another writer of the directory renamed
+    # over it meanwhile, and sign that.
+    fd = create_file(path)
+    try:
+        return _write_and_hash(fd, path, flat, md5, trees)
+    finally:
+        os.close(fd)
+
+
+def _write_and_hash(
+    fd: int, path: Path, flat: Flat, md5: bool, trees: Mapping[str, TreeSpec]
+) -> tuple[FileDigests, dict[str, LocalTree]]:
+    named = lay_out_named(fd, path, flat)
     raw = [(offset, array) for offset, _, array in named]
-    size = path.stat().st_size
+    size = os.fstat(fd).st_size
     # Where each large little-endian array's bytes are in the file: they are its
     # canonical bytes, which a verifier can hash there beside the file's sha256.
     extents = {
@@ -140,7 +151,7 @@ def write_and_hash(
         return dataclasses.replace(found, extent=extents[name]) if name in extents else found
 
     def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...], dict[str, LocalTree]]:
-        sha = _stream_digest(path, size, raw, "sha256")
+        sha = _stream_digest(fd, path, size, raw, "sha256")
         parts = {
             n: LocalTree.of(stream_bytes(flat[n], t.axis), t.offset, t.length, rank=t.rank)
             for n, t in trees.items()
@@ -150,13 +161,30 @@ def write_and_hash(
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
         pending = pool.submit(sha_and_datasets)
-        pending_md5 = pool.submit(_stream_digest, path, size, raw, "md5") if md5 else None
-        pwrite_all(path, raw)
+        pending_md5 = pool.submit(_stream_digest, fd, path, size, raw, "md5") if md5 else None
+        pwrite_all(fd, raw)
         sha, datasets, parts = pending.result()
         md5_hex = pending_md5.result() if pending_md5 is not None else None
-    if path.stat().st_size != size:
+    st = os.fstat(fd)
+    if st.st_size != size:
         raise CheckpointError("the file changed size while being written", path=path)
-    return FileDigests(sha, size, datasets, md5_hex), parts
+    return FileDigests(sha, size, datasets, md5_hex, inode=(st.st_dev, st.st_ino)), parts
+
+
+def check_placed(path: Path, written: FileDigests) -> None:
+    """The file now at ``path``, moved there by name from its temporary one, is the file
+    the writer hashed and wrote (:attr:`FileDigests.inode`): CheckpointError when another
+    file was renamed over the temporary name meanwhile, so that it is never signed."""
+    if written.inode is None:
+        return
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise CheckpointError(f"cannot read it once placed: {e.strerror or e}", path=path) from None
+    if (st.st_dev, st.st_ino) != written.inode:
+        raise CheckpointError(
+            "another file was renamed over it while it was written: not signed", path=path
+        )
 
 
 # -- staging: the copy the loop pays for -----------------------------------------------------

@@ -46,7 +46,13 @@ from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_dir
 from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
-from kronos_audit.checkpoint.writer import Job, TreeSpec, write_and_digest, write_and_hash
+from kronos_audit.checkpoint.writer import (
+    Job,
+    TreeSpec,
+    check_placed,
+    write_and_digest,
+    write_and_hash,
+)
 from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Block
@@ -219,6 +225,7 @@ class FileCommit:
     def place(self, written: FileDigests) -> FileDigests:
         os.replace(self.tmp, self.final)
         self._placed = True
+        check_placed(self.final, written)
         fsync_dir(self.final.parent)
         self.digests = written
         return written
@@ -350,6 +357,7 @@ class ShardCommit:
 
     def place(self, written: FileDigests) -> Shard:
         os.replace(self.tmp, self.directory / self.name)
+        check_placed(self.directory / self.name, written)
         fsync_dir(self.directory)
         shapes = {n: tuple(np.shape(a)) for n, a in self.job.staged.items()}
         held = {d.path: d for d in written.datasets or ()}

@@ -120,12 +120,12 @@ def test_every_background_failure_is_kept_the_first_raised_the_others_noted(
     handed_over.set()
     with pytest.raises(FileNotFoundError) as info:
         writer.flush()
-    assert str(info.value).endswith("step-1'")
+    assert str(info.value).endswith("step-1/c.h5'")
     first, second = info.value.__notes__  # the two later ones, in order
     assert first.startswith("kaudit: a later background failure too: FileNotFoundError: ")
-    assert first.endswith("step-2'")
+    assert first.endswith("step-2/c.h5'")
     assert second.startswith("kaudit: a later background failure too: FileNotFoundError: ")
-    assert second.endswith("step-3'")
+    assert second.endswith("step-3/c.h5'")
     writer.flush()  # all three were raised: nothing is raised twice
     (missing / "step-4").mkdir(parents=True)
     writer.submit(4, {"/u": np.zeros(4)}, {}, {})

@@ -16,6 +16,7 @@ every other type (tensors, lists, int keys ...) with a record of the structure.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import mmap
@@ -198,19 +199,35 @@ def lay_out_named(fd: int, path: Path, flat: Flat) -> list[tuple[int, str, np.nd
     # Large arrays start at a multiple of DIRECT_ALIGN, so that pwrite_all can write them
     # around the page cache.
     aligned = {"alignment_threshold": RAW_MIN_BYTES, "alignment_interval": DIRECT_ALIGN}
-    # HDF5 writes through the descriptor the file was created with (h5py's file-object
-    # driver), never by its name. Unbuffered: what HDF5 wrote is in the file as soon as
-    # it closes, for the hashing that reads it back with pread.
-    with (
-        io.FileIO(fd, "r+", closefd=False) as handle,
-        h5py.File(handle, "w", **aligned) as f,
-    ):
+    # HDF5 writes into the file the descriptor holds, never into whatever the name holds:
+    # it opens /proc/self/fd/N, which is that file wherever its name now points (HDF5's
+    # own C driver, as fast as opening the name); without /proc, through the descriptor
+    # itself (h5py's file-object driver: each of HDF5's reads and writes a Python call).
+    # Unbuffered either way: what HDF5 wrote is in the file once it closes, for the
+    # hashing that reads it back with pread.
+    with contextlib.ExitStack() as stack:
+        proc = _proc_fd(fd)
+        target: str | io.FileIO = (
+            proc if proc is not None else stack.enter_context(io.FileIO(fd, "r+", closefd=False))
+        )
+        f = stack.enter_context(h5py.File(target, "w", **aligned))
         for name, array in flat.items():
             if _raw_writable(array):
                 raw.append((_create_allocated(f, name, array), name, array))
             else:
                 f.create_dataset(name, data=array)
     return sorted(raw, key=lambda r: r[0])
+
+
+def _proc_fd(fd: int) -> str | None:
+    """``/proc/self/fd/N`` for descriptor ``fd`` when it names that very file (Linux's
+    /proc mounted), else None."""
+    proc = f"/proc/self/fd/{fd}"
+    try:
+        same = os.path.samestat(os.stat(proc), os.fstat(fd))
+    except OSError:
+        return None
+    return proc if same else None
 
 
 def _pwrite(fd: int, data: memoryview, offset: int) -> None:
@@ -237,7 +254,8 @@ def _direct_of(fd: int) -> int | None:
     """:func:`_open_direct` of the file open at ``fd``, never of a name: Linux's
     ``/proc/self/fd/N`` opens the very file the descriptor holds, wherever its name now
     points; None without it."""
-    return _open_direct(f"/proc/self/fd/{fd}")
+    proc = _proc_fd(fd)
+    return None if proc is None else _open_direct(proc)
 
 
 class _Direct:

@@ -2,7 +2,9 @@
 descriptor that created its temporary file: another writer of the run directory who
 renames a file of their own over the temporary name in the meantime gets nothing of it
 signed. The rename is made at the moment the window opens (once HDF5 has laid the file
-out), with a real file, by a real rename."""
+out), with a real file, by a real rename. HDF5 reaches the file through
+``/proc/self/fd/N`` where Linux has it, through the descriptor itself (h5py's file-object
+driver) where not: both are tried."""
 
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ from tests.helpers import run_cli
 RUN = "heat"
 
 
+@pytest.mark.parametrize("through", ["/proc/self/fd", "file object"])
 def test_a_file_renamed_over_the_temporary_one_is_never_signed(
-    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch, through: str
 ) -> None:
+    if through == "file object":  # as where /proc is not mounted: h5py's file-object driver
+        monkeypatch.setattr(hdf5, "_proc_fd", lambda fd: None)
     laid_out = hdf5.lay_out_named
     swapped: list[Path] = []
     before: dict[Path, bytes] = {}

@@ -250,6 +250,8 @@ def test_an_unsigned_certificate_is_refused_before_its_statement_is_read(
     cert.write_bytes(encode_envelope(sign_envelope(canonical_json(statement), mallory)))
     failed = failures(cert)
     assert failed[0].startswith("signature: signed by a key no trust anchor holds"), failed
+    shown = run_cli("verify", str(cert))
+    assert "(campaign certificate, campaign mc, not read)" in shown.output, shown.output
     assert failed[1:] == ["manifest: not read: the certificate's signature or place does not hold"]
     # The report says the same of the campaign's run, and reads nothing more of it.
     (run,) = report_json(build_report([project.root / "checkpoints"]))["runs"]

@@ -30,7 +30,9 @@ def _print_result(r: VerifyResult) -> None:
     failed = not r.ok  # printed with --quiet too
     fetched = ", fetched from the DVC remote" if r.fetched else ""
     if r.kind is StatementKind.CAMPAIGN:
-        what = f"campaign certificate, campaign {safe(r.run)}, {r.step} batches"
+        # One whose signature does not hold was not read: its name says the campaign.
+        read = f"{r.step} batches" if r.certificate is not None else "not read"
+        what = f"campaign certificate, campaign {safe(r.run)}, {read}"
     else:
         kind = "attestation, " if r.is_attestation else ""
         what = f"{kind}run {safe(r.run)}, step {r.step}"

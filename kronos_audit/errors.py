@@ -163,6 +163,20 @@ class PushIncomplete(StorageError):
         """How many objects the push uploaded all the same."""
 
 
+class ChainForked(StorageError):
+    """A run's chain in the DVC remote is not the one a push would extend: another writer
+    (another machine, or a job requeued elsewhere while the first still ran) pushed its
+    own steps of the run. Nothing of the other chain was replaced; the step stays here,
+    not pushed (a failed check: exit 1)."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+    def __init__(self, message: str, *, path: Path | str | None = None, step: int) -> None:
+        super().__init__(message, path=path)
+        self.step = step
+        """The step that was not pushed."""
+
+
 class CampaignError(Error):
     """A Monte Carlo campaign stopped (its engine broke, or a batch raised): what arrived
     before is recorded and checkpointed."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from kronos_audit.verification.verifier import Verifier
 
 if TYPE_CHECKING:
     from kronos_audit.storage.fetch import FetchItem
+    from kronos_audit.verification.remote_chain import RemoteChain
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ def status(
     *,
     check_remote: bool = True,
     trust: TrustOptions | None = None,
+    chains: Mapping[str, RemoteChain] | None = None,
 ) -> list[StatusEntry]:
     """Classify each manifest's checkpoint; the remote is asked once for all of them.
 
@@ -71,7 +73,7 @@ def status(
         # the keyring is read only when there is a retention record to check
         verifier = Verifier(project, load_keyring(project.root, trust), fetch=False, cache=cache)
         pruned = pruned_of(verifier, read)
-    return locate(project, read, remote, check_remote=check_remote, pruned=pruned)
+    return locate(project, read, remote, check_remote=check_remote, pruned=pruned, chains=chains)
 
 
 def pruned_of(verifier: Verifier, manifests: Sequence[Manifest]) -> set[Path]:
@@ -92,18 +94,23 @@ def locate(
     check_remote: bool = True,
     pruned: Collection[Path] = frozenset(),
     hash_local: bool = True,
+    chains: Mapping[str, RemoteChain] | None = None,
 ) -> list[StatusEntry]:
     """Classify the checkpoint each manifest records, by what it records (md5, sha256,
     size); the remote is asked once for all of them, not about those pruned. ``pruned``
     names the manifests whose absent checkpoint a signed retention record prunes (the
     caller checked that record). Without ``hash_local`` a checkpoint here is taken as
-    valid unread (never ``corrupt``), as ``kaudit log`` shows it."""
+    valid unread (never ``corrupt``), as ``kaudit log`` shows it. A step is not in the
+    remote, whatever data is there, when its run's remote directory holds another
+    manifest of that step (``chains``: as the caller read them, else read here)."""
     sizes: dict[str, int | None] = {}
+    others: set[Path] = set()
     objects: dict[Path, list[FetchItem]] = {}
     if check_remote:
         # Only asking the remote needs storage (and, when it asks, DVC).
         from kronos_audit.storage.remote import Storage
         from kronos_audit.storage.steps import step_items
+        from kronos_audit.verification.remote_chain import other_chains, remote_chains
 
         # Every object of each step (a sharded step's index and shards, as its signed
         # index names them): a step is in the remote only when all of them are.
@@ -114,12 +121,22 @@ def locate(
             if not (m.path in pruned and not m.checkpoint_path.exists())
             for i in objects[m.path]
         ]
-        sizes = Storage(project).remote_sizes(ask, remote)
+        storage = Storage(project)
+        sizes = storage.remote_sizes(ask, remote)
+        if chains is None:
+            chains = remote_chains(storage, {m.run for m in manifests}, remote)
+        # Another chain's manifest of the step there (a second writer of the run pushed
+        # first): the remote does not hold this step, whatever data went.
+        others = other_chains(chains, manifests)
     entries = []
     for m in manifests:
         size, checkpoint = m.record.size, m.checkpoint_path
         wanted = objects.get(m.path, [])
-        in_remote = bool(wanted) and all(sizes.get(i.md5) == i.size for i in wanted)
+        in_remote = (
+            bool(wanted)
+            and all(sizes.get(i.md5) == i.size for i in wanted)
+            and m.path not in others
+        )
         if checkpoint.exists():
             ok = not hash_local or _digest(checkpoint) == m.subject_sha256
             location = (

@@ -37,7 +37,6 @@ from kronos_audit.checkpoint.layout import (
     TREE_NAME,
     checkpoint_name,
     manifest_path_for,
-    remote_manifest_name,
     step_directory_name,
     step_of_directory,
     step_of_manifest_name,
@@ -54,6 +53,7 @@ from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
 from kronos_audit.storage.tracking import track
 from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.remote_chain import push_linked
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -66,10 +66,13 @@ of manifests that do not verify must not make a restore download them all."""
 def push_manifest(files: RunFiles, manifest: Path) -> None:
     """Put a run's local manifest in its remote directory, under its remote name
     (:func:`~kronos_audit.checkpoint.layout.remote_manifest_name`), after the
-    uncommitted patch it records (:func:`push_patch`)."""
+    uncommitted patch it records (:func:`push_patch`), only if it extends the run's chain
+    there (:func:`~kronos_audit.verification.remote_chain.push_linked`): ChainForked,
+    naming both chains' steps and writers, when the remote holds another chain."""
     data = read_signed_file(manifest)
-    push_patch(files, parse_manifest(data, manifest))
-    files.put(remote_manifest_name(manifest), data)
+    parsed = parse_manifest(data, manifest)
+    push_patch(files, parsed)
+    push_linked(files, manifest, data, parsed)
 
 
 def push_patch(files: RunFiles, manifest: Manifest) -> bool:

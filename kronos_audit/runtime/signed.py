@@ -46,7 +46,7 @@ from kronos_audit.runtime.resume_remote import (
 from kronos_audit.runtime.retention import Retention, prune
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
-from kronos_audit.signing.predicate import RunRecord
+from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
 from kronos_audit.signing.writer_lock import (
     Newest,
     WriterLock,
@@ -121,6 +121,8 @@ class SignedPublisher(RunPublisher):
         self._newest: Newest | None = None
         self._passed_over: frozenset[Newest] = frozenset()
         self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+        # Signed into every manifest: on two machines writing this run, who wrote which.
+        self._writer = this_writer(utc_now())
 
     # -- the format of a step: each subclass's --------------------------------------------
 
@@ -498,6 +500,7 @@ class SignedPublisher(RunPublisher):
             restart_count=restart_count(),
             batches=job.meta.get("batches"),
             scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
+            writer=self._writer,
             pruned=doomed,
         )
         manifest = self._sign(job, piece, record)

@@ -56,7 +56,12 @@ def status_command(
     Before any DVC remote is set up (and without --remote), only the places here are
     shown, as with --local-only: local, pruned, missing or corrupt.
 
-    Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
+    A step whose run's DVC remote holds another manifest of it (another chain of the run,
+    pushed by a second writer) is not pushed there, whatever data went. A step with two
+    children among the run's manifests in the remote is a fork, named in one line.
+
+    Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs), or the
+    run's chain forks in the remote.
 
     \b
     Example:
@@ -68,15 +73,24 @@ def status_command(
     project, manifests = manifests_named(targets)
     # No remote yet (a new repository): what is here, as `git status` before any push.
     ask = not local_only and (remote is not None or Storage(project).has_default_remote())
-    entries = status(project, manifests, remote, check_remote=ask, trust=trust)
+    chains = None
+    if ask:  # every manifest of each run there, read once: this step's, and any fork
+        from kronos_audit.statement.manifest import read_manifest
+        from kronos_audit.verification.remote_chain import remote_chains
+
+        runs = [read_manifest(m).run for m in manifests]
+        chains = remote_chains(Storage(project), runs, remote)
+    entries = status(project, manifests, remote, check_remote=ask, trust=trust, chains=chains)
+    forks = [f.describe(run) for run, c in (chains or {}).items() for f in c.forks()]
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1
     corrupt = counts.get("corrupt", 0)
+    failed = bool(corrupt or forks)
     if as_json:
         out.json(
             {
-                "ok": not corrupt,
+                "ok": not failed,
                 "checkpoints": [
                     {
                         "checkpoint": project.relative(e.checkpoint),
@@ -89,6 +103,7 @@ def status_command(
                 ],
                 "counts": dict(sorted(counts.items())),
                 "remote_asked": ask,
+                "forks": forks,
             }
         )
     else:
@@ -119,4 +134,6 @@ def status_command(
                     "its manifest signs",
                     failure=True,
                 )
-    ctx.exit(ExitCode.CHECK_FAILED if corrupt else ExitCode.OK)
+        for fork in forks:
+            out.print(f"[red]FORK[/] {safe(fork)}", failure=True)
+    ctx.exit(ExitCode.CHECK_FAILED if failed else ExitCode.OK)

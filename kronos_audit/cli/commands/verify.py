@@ -135,14 +135,16 @@ def verify(
                 results.append(outcome)
                 if not as_json:
                     _print_result(outcome)
+    forks = [] if no_fetch else _remote_forks(results, trust, remote, quiet=as_json)
     summary = _summary(results, errors)
     if as_json:
         out.json(
             {
-                "ok": not errors and all(r.ok for r in results),
+                "ok": not errors and not forks and all(r.ok for r in results),
                 "summary": summary,
                 "results": [r.to_json_obj(json_paths(*paths)) for r in results],
                 "errors": [error_json(e) for e in errors],
+                "forks": forks,
             }
         )
     elif results:
@@ -163,8 +165,35 @@ def verify(
         if summary["failed"]:
             counted.append(f"[red]{summary['failed']} failed[/]")
         out.print(", ".join(counted))
+    if not as_json:
+        for fork in forks:
+            out.print(f"[red]FORK[/] {safe(fork)}", failure=True)
     # Bad input (2) outranks a failed check (1); tampered data fetched is a failed check.
     codes = [e.exit_code for e in errors] + [
         ExitCode.OK if r.ok else ExitCode.CHECK_FAILED for r in results
     ]
+    if forks:
+        codes.append(ExitCode.CHECK_FAILED)
     ctx.exit(max(codes, default=ExitCode.OK))
+
+
+def _remote_forks(
+    results: list[VerifyResult], trust: TrustOptions, remote: str | None, *, quiet: bool
+) -> list[str]:
+    """Each fork of the verified runs' chains in the DVC remote (two signed children of
+    one step there); a remote that cannot be read is warned about, and judged no further."""
+    from kronos_audit.keys.anchors import load_keyring
+    from kronos_audit.project.repository import find_project
+    from kronos_audit.verification.remote_chain import signed_forks
+    from kronos_audit.verification.results import StatementKind
+
+    runs = [r.run for r in results if r.kind is StatementKind.MANIFEST]
+    if not runs:
+        return []
+    try:
+        project = find_project(results[0].manifest.parent)
+        return signed_forks(project, runs, load_keyring(project.root, trust), remote)
+    except Error as e:
+        if not quiet:
+            warn(f"the run's chain in the DVC remote was not checked for forks: {e}")
+        return []

@@ -1,0 +1,255 @@
+"""One chain per run across machines: two clones of one repository run the same run id
+with ``push=True`` against one DVC remote (a local directory; and over SSH), interleaved.
+The later pusher fails in one line naming both steps and both writers, the remote keeps
+the first chain's manifests as they were, and ``kaudit status`` / ``kaudit verify`` say
+which steps are not pushed and report a remote chain with two children of one step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project, find_project
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.storage import Storage
+from kronos_audit.storage.runs import RunFiles
+from tests.helpers import git, run_cli
+from tests.sshd import SSHRemote
+
+pytestmark = pytest.mark.slow
+
+HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
+RUN = "heat"
+
+# Checkpoints every HEAT_EVERY steps up to argv[1], pushing each; at HEAT_WAIT_AT it
+# waits, its checkpoints pushed, until the file HEAT_GO appears (the test interleaves the
+# two clones with it). Prints what each failed push said, one line each.
+PROGRAM = textwrap.dedent(
+    """\
+    import os, sys, time
+    import kronos_audit as ka
+
+    every = int(os.environ.get("HEAT_EVERY", "1"))
+    wait_at = int(os.environ.get("HEAT_WAIT_AT", "0"))
+    with ka.Run("heat", root="checkpoints", seed=7, every=ka.EverySteps(every), push=True) as run:
+        state = run.restore() or {"u": run.rng.random((8, 8))}
+        print("resumed", run.step, flush=True)
+        for step in run.steps(int(sys.argv[1])):
+            state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((8, 8))}
+            run.checkpoint(step, state)
+            if step == wait_at:
+                run.latest_step()  # durable, and pushed: pushing is part of the write
+                print("waiting", step, flush=True)
+                while not os.path.exists(os.environ["HEAT_GO"]):
+                    time.sleep(0.05)
+    for failure in run.push_failures:
+        print("push failed:", failure, flush=True)
+    """
+)
+
+
+def name(step: int) -> str:
+    return f"step-{step:08d}.h5.kaudit.json"
+
+
+class Clone:
+    """One clone of the project (a machine), running the program as a real process."""
+
+    def __init__(self, project: Project, path: Path) -> None:
+        git(path.parent, "clone", "-q", str(project.root), str(path))
+        self.path = path
+        self.proc: subprocess.Popen[str] | None = None
+        self.go = path.parent / f"{path.name}.go"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path / "checkpoints" / RUN
+
+    def manifest(self, step: int) -> Manifest:
+        return ka.read_manifest(self.run_dir / name(step))
+
+    def start(self, steps: int, *, wait_at: int = 0, every: int = 1) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "heat_job.py", str(steps)],
+            cwd=self.path,
+            env={
+                **os.environ,
+                "HEAT_WAIT_AT": str(wait_at),
+                "HEAT_EVERY": str(every),
+                "HEAT_GO": str(self.go),
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def wait_for(self, line: str) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + HANG_GUARD
+        got = ""
+        while got != line + "\n" and time.monotonic() < deadline:
+            got = self.proc.stdout.readline()
+            if not got and self.proc.poll() is not None:
+                break
+        assert got == line + "\n", self.proc.stderr.read() if self.proc.stderr else ""
+
+    def finish(self) -> str:
+        assert self.proc is not None
+        self.go.touch()
+        try:
+            stdout, stderr = self.proc.communicate(timeout=HANG_GUARD)
+        finally:
+            self.proc.kill()
+        assert self.proc.returncode == 0, stderr
+        return stdout
+
+
+def remote_manifests(files: RunFiles) -> dict[str, bytes]:
+    from kronos_audit.verification.remote_chain import read_remote_chain
+
+    chain = read_remote_chain(files)
+    return {m.name: files.get(m.name, 1 << 20) for m in chain.manifests}
+
+
+def status_of(clone: Clone) -> dict[int, str]:
+    result = run_cli("status", str(clone.run_dir), "--json", cwd=clone.path)
+    assert result.exit_code == 0, result.output
+    return {c["step"]: c["location"] for c in json.loads(result.output)["checkpoints"]}
+
+
+def two_writers(
+    project: Project, tmp_path: Path, configure: Callable[[Path], None] | None = None
+) -> tuple[Clone, Clone, str]:
+    """Clone A runs steps 1-4 and waits; clone B, another machine, resumes from A's
+    step 4 out of the remote and runs 5-8, pushing them; then A goes on to 5-8."""
+    (project.root / "heat_job.py").write_text(PROGRAM)
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "heat job")
+    a, b = Clone(project, tmp_path / "node-a"), Clone(project, tmp_path / "node-b")
+    if configure is not None:
+        configure(a.path)
+        configure(b.path)
+    a.start(8, wait_at=4)
+    a.wait_for("waiting 4")
+    b.start(8)
+    out_b = b.finish()
+    assert "resumed 4" in out_b
+    assert "push failed" not in out_b, out_b
+    out_a = a.finish()
+    return a, b, out_a
+
+
+def check_refused(a: Clone, b: Clone, out_a: str) -> None:
+    """A's pushes of 5-8 failed, each in one line naming both chains' steps and writers."""
+    failures = [line for line in out_a.splitlines() if line.startswith("push failed:")]
+    assert len(failures) == 4, out_a  # steps 5, 6, 7 and 8 each retried step 5 first
+    first = failures[0]
+    a5, b5 = a.manifest(5), b.manifest(5)
+    assert a5.record.writer is not None
+    assert b5.record.writer is not None
+    assert a5.record.writer.started != b5.record.writer.started
+    assert a5.record.writer.pid != b5.record.writer.pid
+    assert "step 5 of run 'heat' not pushed" in first
+    assert b5.record.writer.describe() in first  # the other chain's writer
+    assert a5.record.writer.describe() in first  # and this one's
+    assert first.count("over step 4") == 2  # both steps, each over its parent
+
+
+def test_the_later_pusher_fails_naming_both_and_the_remote_keeps_the_first_chain(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    a, b, out_a = two_writers(project, tmp_path)
+    check_refused(a, b, out_a)
+
+    files = RunFiles(Storage(find_project(b.path)), RUN)
+    there = remote_manifests(files)
+    # The first chain's manifests, byte for byte: A's 1-4, B's 5-8; none of A's 5-8.
+    assert sorted(there) == [name(s) for s in range(1, 9)]
+    for step in range(1, 9):
+        assert there[name(step)] == (b.run_dir / name(step)).read_bytes()
+    for step in range(5, 9):
+        assert there[name(step)] != (a.run_dir / name(step)).read_bytes()
+
+    # A's status: its own 5-8 are not in the remote (their data went, another chain's
+    # manifests hold those steps); B's are all pushed.
+    assert status_of(a) == dict.fromkeys(range(1, 5), "pushed") | dict.fromkeys(
+        range(5, 9), "local"
+    )
+    # B's: the data of the step it resumed from and after here, the rest in the remote.
+    assert status_of(b) == dict.fromkeys(range(1, 4), "remote-only") | dict.fromkeys(
+        range(4, 9), "pushed"
+    )
+
+    # `kaudit push` of A's forked local chain: refused, one line, nothing replaced.
+    result = run_cli("push", str(a.run_dir), cwd=a.path)
+    assert result.exit_code == 1, result.output
+    assert "step 5 of run 'heat' not pushed: the DVC remote holds another chain" in result.output
+    assert remote_manifests(files) == there
+
+
+def test_a_fork_in_the_remote_is_reported_by_status_and_verify(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    # B checkpoints every 2 steps: its step 6 is a child of A's step 4, as A's 5 would be.
+    (project.root / "heat_job.py").write_text(PROGRAM)
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "heat job")
+    a, b = Clone(project, tmp_path / "node-a"), Clone(project, tmp_path / "node-b")
+    a.start(6, wait_at=4)
+    a.wait_for("waiting 4")
+    b.start(8, every=2)
+    assert "push failed" not in b.finish()
+    out_a = a.finish()
+    failures = [line for line in out_a.splitlines() if line.startswith("push failed:")]
+    assert failures, out_a
+    assert "step 5 of run 'heat' not pushed" in failures[0]
+    assert b.manifest(6).record.writer.describe() in failures[0]  # type: ignore[union-attr]
+    files = RunFiles(Storage(find_project(a.path)), RUN)
+    assert sorted(remote_manifests(files)) == [name(s) for s in (1, 2, 3, 4, 6, 8)]
+
+    # A remote where the check could not hold (a remote without create-only writes, or an
+    # older kaudit): A's step 5 is there beside B's 6, both children of step 4.
+    files.put(name(5), (a.run_dir / name(5)).read_bytes())
+    for clone in (a, b):
+        status = run_cli("status", str(clone.run_dir), cwd=clone.path)
+        assert status.exit_code == 1, status.output
+        assert "run 'heat' forks in the DVC remote: step 4 has 2 children there" in status.output
+        verify = run_cli("verify", str(clone.run_dir), cwd=clone.path)
+        assert verify.exit_code == 1, verify.output
+        assert "forks in the DVC remote: step 4 has 2 children" in verify.output
+    writer = a.manifest(5).record.writer
+    assert writer is not None
+    assert writer.describe() in " ".join(status.output.split())
+
+
+def test_two_writers_over_ssh(
+    project: Project,
+    key: SigningKey,
+    ssh_remote: SSHRemote,
+    ssh_remote_dir: str,
+    tmp_path: Path,
+) -> None:
+    ssh_remote.configure_dvc(project.root, "storage", ssh_remote_dir)
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "ssh remote")
+
+    def configure(path: Path) -> None:
+        ssh_remote.configure_dvc(path, "storage", ssh_remote_dir)  # the key file: local
+
+    a, b, out_a = two_writers(project, tmp_path, configure)
+    check_refused(a, b, out_a)
+    runs = ssh_remote.local_path(ssh_remote_dir) / "kaudit" / "runs" / RUN
+    for step in range(1, 9):
+        assert (runs / name(step)).read_bytes() == (b.run_dir / name(step)).read_bytes()

@@ -43,7 +43,7 @@ from kronos_audit.checkpoint.layout import (
     step_of_remote_step_manifest,
 )
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
-from kronos_audit.errors import Error, RollbackRefused, StorageError
+from kronos_audit.errors import ChainForked, Error, RollbackRefused, StorageError
 from kronos_audit.keys.anchors import resolve_ref
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
@@ -104,19 +104,44 @@ def push_patch(files: RunFiles, manifest: Manifest) -> bool:
     return files.put_once(patch_name(digest), data)
 
 
-def push_manifests(storage: Storage, manifests: list[Path], remote: str | None = None) -> int:
+def push_manifests(
+    storage: Storage,
+    manifests: list[Path],
+    remote: str | None = None,
+    *,
+    refused: dict[Path, str] | None = None,
+) -> int:
     """Put each manifest in its run's directory in the remote (the run its signed
-    statement names), oldest step first, as ``Run(push=True)`` does; return how many.
-    For a ``kaudit push`` that completes what a run's background push could not."""
+    statement names), oldest step first, as ``Run(push=True)`` does; return how many
+    went. For a ``kaudit push`` that completes what a run's background push could not.
+
+    A manifest the remote's chain refuses (ChainForked: another chain of the run is
+    there) is raised, or, given ``refused``, recorded there with the one line why, and
+    so is each later manifest of its run (its chain goes no further); other runs go on.
+    """
     by_run: dict[str, list[tuple[int, Path]]] = {}
     for path in manifests:
         manifest = parse_manifest(read_signed_file(path), path)
         by_run.setdefault(manifest.run, []).append((manifest.step, path))
+    sent = 0
     for run_id, entries in by_run.items():
         files = RunFiles(storage, run_id, remote)
+        stopped: ChainForked | None = None
         for _, path in sorted(entries):
-            push_manifest(files, path)
-    return sum(len(e) for e in by_run.values())
+            if stopped is not None:
+                assert refused is not None
+                refused[path] = f"not pushed: its chain's step {stopped.step} was refused"
+                continue
+            try:
+                push_manifest(files, path)
+            except ChainForked as e:
+                if refused is None:
+                    raise
+                refused[path] = e.message
+                stopped = e
+                continue
+            sent += 1
+    return sent
 
 
 ALLOW_ROLLBACK_ENV = "KAUDIT_ALLOW_ROLLBACK"

@@ -11,20 +11,25 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.errors import ChainForked
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
+from kronos_audit.runtime.resume_remote import push_manifest
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import Storage
 from kronos_audit.storage.runs import RunFiles
 from tests.helpers import git, run_cli
 from tests.sshd import SSHRemote
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
 
@@ -196,6 +201,7 @@ def test_the_later_pusher_fails_naming_both_and_the_remote_keeps_the_first_chain
     result = run_cli("push", str(a.run_dir), cwd=a.path)
     assert result.exit_code == 1, result.output
     assert "step 5 of run 'heat' not pushed: the DVC remote holds another chain" in result.output
+    assert result.output.count("not pushed: its chain's step 5 was refused") == 3  # 6, 7, 8
     assert remote_manifests(files) == there
 
 
@@ -253,3 +259,103 @@ def test_two_writers_over_ssh(
     runs = ssh_remote.local_path(ssh_remote_dir) / "kaudit" / "runs" / RUN
     for step in range(1, 9):
         assert (runs / name(step)).read_bytes() == (b.run_dir / name(step)).read_bytes()
+
+
+def heat_in_process(root: Path, stop: int, *, every: int = 1, push: bool = True) -> list[str]:
+    """Steps up to ``stop`` of the run in this process, resuming if it can; the push
+    failures it reports."""
+    with ka.Run(RUN, root=root, seed=5, every=ka.EverySteps(every), push=push) as run:
+        state = run.restore() or {"u": run.rng.random((8, 8))}
+        for step in run.steps(8):
+            state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((8, 8))}
+            run.checkpoint(step, state)
+            if step == stop:
+                break
+    return list(run.push_failures)
+
+
+class Racing(RunFiles):
+    """The run's remote directory as a second writer races this one: right before this
+    one writes, the other's manifest lands (as on a remote where the look and the write
+    cannot be one operation)."""
+
+    def __init__(self, storage: Storage, other: tuple[str, bytes]) -> None:
+        super().__init__(storage, RUN)
+        self.other = other
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        self.put(*self.other)
+        return super().put_new(name, data)
+
+
+def test_a_sibling_that_lands_while_pushing_takes_the_push_back(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    heat_in_process(project.root / "checkpoints", 4)
+    clone = tmp_path / "node-b"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    heat_in_process(project.root / "checkpoints", 5, push=False)  # A: 5 over its 4
+    heat_in_process(clone / "checkpoints", 6, every=2)  # B: 6 over A's 4, from the remote
+    b6 = clone / "checkpoints" / RUN / name(6)
+    a5 = project.root / "checkpoints" / RUN / name(5)
+    there = remote / "kaudit" / "runs" / RUN
+    (there / name(6)).unlink()  # not landed yet: it does while A pushes
+    assert ka.read_manifest(b6).parent == ka.read_manifest(a5).parent
+
+    storage = Storage(project)
+    with pytest.raises(ChainForked, match=r"step 5 of run 'heat' not pushed") as raised:
+        push_manifest(Racing(storage, (name(6), b6.read_bytes())), a5)
+    assert "its step 6" in raised.value.message
+    assert "over step 4" in raised.value.message
+    assert sorted(p.name for p in there.iterdir()) == [name(s) for s in (1, 2, 3, 4, 6)]
+    assert (there / name(6)).read_bytes() == b6.read_bytes()  # the other's, untouched
+
+
+def test_sharded_steps_of_two_writers_on_two_ranks_each(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    go_on = threading.Event()
+
+    def writer(root: Path, wait_at: int = 0) -> Callable[[ThreadRanks], list[str]]:
+        def ranks(comm: ThreadRanks) -> list[str]:
+            with thread_run(root, RUN, comm, push=True) as run:
+                state = run.restore()
+                u = np.asarray(state["u"]) if state else np.arange(8.0).reshape(2, 4)
+                for step in run.steps(6):
+                    u = u + 1
+                    run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+                    if step == wait_at:  # pushed (synchronous): B's turn
+                        assert go_on.wait(HANG_GUARD)
+            return list(run.push_failures)
+
+        return ranks
+
+    clone = tmp_path / "node-b"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    a_failures: list[list[str]] = []
+    a = threading.Thread(target=lambda: a_failures.extend(on_ranks(2, writer(project.root, 4))))
+    a.start()
+    try:
+        there = remote / "kaudit" / "runs" / RUN
+        deadline = time.monotonic() + HANG_GUARD
+        while not (there / "step-00000004.index.jsonl.kaudit.json").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert on_ranks(2, writer(clone)) == [[], []]  # B: resumed from A's 4 in the remote
+    finally:
+        go_on.set()
+        a.join(HANG_GUARD)
+    failures = a_failures[0]  # rank 0's: it pushes the manifests
+    assert failures
+    assert "step 5 of run 'heat' not pushed: the DVC remote holds another chain" in failures[0]
+
+    def step_manifest(repo: Path, step: int) -> Path:
+        return repo / "checkpoints" / RUN / f"step-{step:08d}" / "index.jsonl.kaudit.json"
+
+    b5 = ka.read_manifest(step_manifest(clone, 5)).record.writer
+    assert b5 is not None
+    assert b5.describe() in failures[0]
+    names = [f"step-{s:08d}.index.jsonl.kaudit.json" for s in range(1, 7)]
+    assert sorted(p.name for p in there.iterdir()) == names
+    for step in (5, 6):
+        assert (there / names[step - 1]).read_bytes() == step_manifest(clone, step).read_bytes()

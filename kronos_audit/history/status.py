@@ -124,7 +124,8 @@ def locate(
         storage = Storage(project)
         sizes = storage.remote_sizes(ask, remote)
         if chains is None:
-            chains = remote_chains(storage, {m.run for m in manifests}, remote)
+            # Unreadable (an HTTP remote cannot list): judged by the data alone.
+            chains = remote_chains(storage, {m.run for m in manifests}, remote, problems=[])
         # Another chain's manifest of the step there (a second writer of the run pushed
         # first): the remote does not hold this step, whatever data went.
         others = other_chains(chains, manifests)

@@ -49,6 +49,9 @@ class Pusher:
         # chain's link missing there would cut the chain a node resuming elsewhere reads).
         self._unpushed_data: list[FetchItem] = []
         self._unpushed_manifests: list[Path] = []
+        self.passed_over: dict[str, str] = {}
+        """Rank 0: the remote manifests this run's restore passed over (name: digest),
+        which its own steps of the same names replace (an abandoned branch, no chain)."""
 
     def push(self, comm: Comm, manifest: Path, items: Sequence[FetchItem]) -> None:
         """All ranks, on the writer's thread, once the step whose manifest is ``manifest``
@@ -79,7 +82,7 @@ class Pusher:
             pending = self._unpushed_manifests[0]
             try:
                 if pending.exists():
-                    push_manifest(files, pending)
+                    push_manifest(files, pending, self.passed_over)
             except ChainForked as e:
                 # Not for `kaudit push` to complete: another chain holds the remote.
                 self.failures.append(e.message)

@@ -23,7 +23,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -63,16 +63,19 @@ TRY_LIMIT = 16
 of manifests that do not verify must not make a restore download them all."""
 
 
-def push_manifest(files: RunFiles, manifest: Path) -> None:
+def push_manifest(
+    files: RunFiles, manifest: Path, passed_over: Mapping[str, str] | None = None
+) -> None:
     """Put a run's local manifest in its remote directory, under its remote name
     (:func:`~kronos_audit.checkpoint.layout.remote_manifest_name`), after the
     uncommitted patch it records (:func:`push_patch`), only if it extends the run's chain
     there (:func:`~kronos_audit.verification.remote_chain.push_linked`): ChainForked,
-    naming both chains' steps and writers, when the remote holds another chain."""
+    naming both chains' steps and writers, when the remote holds another chain (not
+    counting the remote manifests a restore here ``passed_over``: name, digest)."""
     data = read_signed_file(manifest)
     parsed = parse_manifest(data, manifest)
     push_patch(files, parsed)
-    push_linked(files, manifest, data, parsed)
+    push_linked(files, manifest, data, parsed, passed_over)
 
 
 def push_patch(files: RunFiles, manifest: Manifest) -> bool:
@@ -321,6 +324,10 @@ class RemoteResume:
         self._verifier = verifier
         self._invalid = invalid
         self._skipped = skipped  # the category a local checkpoint passed over is warned in
+        self.passed_over: dict[str, str] = {}
+        """The remote manifests passed over, as read (name: sha256 of its bytes): an
+        abandoned branch, which this run's own steps of the same names replace there."""
+        self._read: tuple[str, str] | None = None  # the last candidate read, and its digest
 
     def newest(self, above: int | None, *, stacklevel: int, sharded: bool = False) -> Found | None:
         """The newest remote checkpoint of a step after ``above`` (None: any) that
@@ -374,6 +381,8 @@ class RemoteResume:
             try:
                 found = take(step, entry, by_name)
             except _Skip as e:
+                if self._read is not None and self._read[0] == entry.name:
+                    self.passed_over[entry.name] = self._read[1]
                 warnings.warn(
                     f"{self.files.where}/{entry.name} (in the DVC remote): skipped: {e}",
                     self._skipped,
@@ -425,6 +434,7 @@ class RemoteResume:
         signature first, then its run, its step (and kind), its place, and the md5 its
         data is fetched by. The manifest, its bytes, the verifier and that md5."""
         data = self._get(entry, entry.name)
+        self._read = (entry.name, hashlib.sha256(data).hexdigest())
         manifest = self._parse(data, path)
         verifier = self._verifier()
         # The signature first: nothing else an unsigned file says is repeated.

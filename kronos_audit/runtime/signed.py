@@ -175,6 +175,12 @@ class SignedPublisher(RunPublisher):
         """Rank 0, when a restore found nothing to take: warn of the run's steps here in
         the other format, which this one cannot restore (nothing by default)."""
 
+    def remote_passed_over(self, manifests: Mapping[str, str]) -> None:
+        """The remote manifests (name: digest) a restore here passed over: the pushes of
+        this run's own steps replace them there (an abandoned branch, not a chain)."""
+        if isinstance(self._pusher, Pusher):
+            self._pusher.passed_over.update(manifests)
+
     def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
         """This rank's commit of ``job`` in the format (its ``sign`` calls
         :meth:`_signed_step` on rank 0)."""

@@ -190,13 +190,24 @@ def read_remote_chain(files: RunFiles) -> RemoteChain:
 
 
 def remote_chains(
-    storage: Storage, run_ids: Iterable[str], remote: str | None = None
+    storage: Storage,
+    run_ids: Iterable[str],
+    remote: str | None = None,
+    *,
+    problems: list[str] | None = None,
 ) -> dict[str, RemoteChain]:
-    """:func:`read_remote_chain` of each run."""
-    return {
-        run_id: read_remote_chain(RunFiles(storage, run_id, remote))
-        for run_id in dict.fromkeys(run_ids)
-    }
+    """:func:`read_remote_chain` of each run. Given ``problems``, a run whose remote
+    directory cannot be read (the remote is down, or cannot list: HTTP) is left out and
+    why is added there, instead of raising StorageError."""
+    chains: dict[str, RemoteChain] = {}
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            chains[run_id] = read_remote_chain(RunFiles(storage, run_id, remote))
+        except StorageError as e:
+            if problems is None:
+                raise
+            problems.append(f"run {run_id!r}: its manifests in the DVC remote: {e.message}")
+    return chains
 
 
 def signed_forks(
@@ -224,7 +235,13 @@ def signed_forks(
 # -- a push -------------------------------------------------------------------------------
 
 
-def push_linked(files: RunFiles, path: Path, data: bytes, manifest: Manifest) -> bool:
+def push_linked(
+    files: RunFiles,
+    path: Path,
+    data: bytes,
+    manifest: Manifest,
+    passed_over: Mapping[str, str] | None = None,
+) -> bool:
     """Put ``manifest`` (read from ``path`` as ``data``) in its run's remote directory
     under its remote name, if it extends the chain there; return whether it was written
     now (False: those very bytes were there already).
@@ -234,50 +251,71 @@ def push_linked(files: RunFiles, path: Path, data: bytes, manifest: Manifest) ->
     ChainForked (exit 1) when the remote holds another chain: one line naming both steps
     and both writers; nothing there is written over, and a manifest this call wrote is
     taken back. StorageError when the step's parent (a manifest here, the remote newer)
-    is simply not pushed yet, or the remote cannot be read or written."""
+    is simply not pushed yet, or the remote cannot be read or written.
+
+    ``passed_over``: the remote manifests (name: digest of their bytes) this writer's
+    restore judged not valid and passed over (their data gone, not the signed bytes ...):
+    an abandoned branch, not a chain; each counts for nothing while it still holds those
+    bytes, and the step of the same name replaces it."""
     name = remote_manifest_name(path)
-    _before(files, path, name, data, manifest)
-    if not files.put_new(name, data):
+    abandoned = dict(passed_over or {})
+    if _before(files, path, name, data, manifest, abandoned):
+        files.put(name, data)  # over a manifest judged not valid, as it was judged
+    elif not files.put_new(name, data):
         # It appeared between the look and the write: the same bytes only.
         there = _read(files, manifest.step, name)
         if there is not None and there.digest == manifest.digest:
             return False
         raise _forked(files, manifest, there, path)
     try:
-        _after(files, path, name, manifest)
+        _after(files, path, name, manifest, abandoned)
     except ChainForked:
         files.remove_if(name, data)  # ours, taken back: the other chain stays as it was
         raise
     return True
 
 
-def _before(files: RunFiles, path: Path, name: str, data: bytes, manifest: Manifest) -> None:
-    """Refuse unless ``manifest`` extends the chain the remote holds now."""
+def _before(
+    files: RunFiles,
+    path: Path,
+    name: str,
+    data: bytes,
+    manifest: Manifest,
+    abandoned: Mapping[str, str],
+) -> bool:
+    """Refuse unless ``manifest`` extends the chain the remote holds now; whether its
+    name holds an ``abandoned`` manifest, to be replaced."""
     named = _named(files.list())
+    replace = False
     if any(n == name for _, n in named):
         there = _read(files, manifest.step, name)
         if there is not None and there.digest == manifest.digest:
-            return  # pushed before (a push retried): put_new leaves it as it is
-        raise _forked(files, manifest, there, path)
+            return False  # pushed before (a push retried): put_new leaves it as it is
+        if there is None or abandoned.get(name) != there.digest:
+            raise _forked(files, manifest, there, path)
+        replace = True
+    named = [(s, n) for s, n in named if n != name]
     if not named:
-        return  # nothing of the run there yet
+        return replace  # nothing of the run there yet
     newer = [(s, n) for s, n in named if s > manifest.step]
-    if newer:
-        # The remote went past this step without it: only its own descendants may be there.
-        _descendants_only(files, manifest, newer, path)
-        return
+    # The remote went past this step without it: only its own descendants (a link the
+    # remote lacked) or an abandoned branch may be there.
+    if _descendants_only(files, manifest, newer, path, abandoned):
+        return replace
     newest = next(
         (
             m
             for step, n in named[:READ_LIMIT]
-            if (m := _read(files, step, n)) is not None
+            if step < manifest.step
+            and (m := _read(files, step, n)) is not None
             and m.manifest is not None
             and m.manifest.run == manifest.run  # a misplaced one is nobody's chain
+            and abandoned.get(n) != m.digest
         ),
         None,
     )
     if newest is None or newest.digest == manifest.parent:
-        return
+        return replace
     if _is_ancestor(path, manifest, newest):
         raise StorageError(
             f"step {manifest.step} of run {manifest.run!r} not pushed: its parent is not in "
@@ -288,7 +326,9 @@ def _before(files: RunFiles, path: Path, name: str, data: bytes, manifest: Manif
     raise _forked(files, manifest, newest, path)
 
 
-def _after(files: RunFiles, path: Path, name: str, manifest: Manifest) -> None:
+def _after(
+    files: RunFiles, path: Path, name: str, manifest: Manifest, abandoned: Mapping[str, str]
+) -> None:
     """Once written: no manifest of another chain may have appeared after the parent."""
     parent_step = _parent_step(manifest)
     others = [
@@ -296,25 +336,33 @@ def _after(files: RunFiles, path: Path, name: str, manifest: Manifest) -> None:
         for s, n in _named(files.list())
         if n != name and (parent_step is None or s > parent_step)
     ]
-    _descendants_only(files, manifest, others, path)
+    _descendants_only(files, manifest, others, path, abandoned)
 
 
 def _descendants_only(
-    files: RunFiles, manifest: Manifest, named: list[tuple[int, str]], path: Path
-) -> None:
+    files: RunFiles,
+    manifest: Manifest,
+    named: list[tuple[int, str]],
+    path: Path,
+    abandoned: Mapping[str, str],
+) -> bool:
     """ChainForked unless every manifest ``named`` (newest first) descends from
-    ``manifest``: walking the parents from the oldest of them up reaches it."""
+    ``manifest`` (walking the parents from the oldest of them up reaches it) or is an
+    ``abandoned`` one, unchanged; whether any descends from it."""
     read: dict[str, RemoteManifest] = {}
     for step, name in sorted(named)[:READ_LIMIT]:
         other = _read(files, step, name)
         if other is None or other.manifest is None:
             continue  # not a manifest: nobody's chain
+        if abandoned.get(name) == other.digest:
+            continue  # judged not valid by this writer's restore: no chain
         if other.manifest.run != manifest.run:
             continue  # misplaced: a resume passes it over too
-        read[other.digest] = other
         if other.parent == manifest.digest or other.parent in read:
+            read[other.digest] = other
             continue  # a child of this step, or of one that is
         raise _forked(files, manifest, other, path)
+    return bool(read)
 
 
 def _is_ancestor(path: Path, manifest: Manifest, older: RemoteManifest) -> bool:

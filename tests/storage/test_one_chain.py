@@ -359,3 +359,26 @@ def test_sharded_steps_of_two_writers_on_two_ranks_each(
     assert sorted(p.name for p in there.iterdir()) == names
     for step in (5, 6):
         assert (there / names[step - 1]).read_bytes() == step_manifest(clone, step).read_bytes()
+
+
+def test_a_remote_step_restore_passed_over_is_replaced_by_the_steps_done_again(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    """Not another chain: a manifest whose data the remote lost is passed over by the
+    restore elsewhere, and the step done again there replaces it in the remote."""
+    assert heat_in_process(project.root / "checkpoints", 4) == []
+    lost = ka.read_manifest(project.root / "checkpoints" / RUN / name(4)).subject_md5
+    assert lost is not None
+    (remote / "files" / "md5" / lost[:2] / lost[2:]).unlink()
+    clone = tmp_path / "node-b"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    with pytest.warns(ka.CheckpointSkipped, match="data not fetched"):
+        assert heat_in_process(clone / "checkpoints", 6) == []
+    there = remote / "kaudit" / "runs" / RUN
+    for step in range(4, 7):
+        mine = clone / "checkpoints" / RUN / name(step)
+        assert (there / name(step)).read_bytes() == mine.read_bytes()
+    assert (
+        ka.read_manifest(there / name(4)).digest
+        != ka.read_manifest(project.root / "checkpoints" / RUN / name(4)).digest
+    )

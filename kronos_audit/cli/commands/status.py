@@ -13,6 +13,7 @@ from kronos_audit.cli.options import (
     json_option,
     manifests_named,
     trust_options,
+    warn,
 )
 from kronos_audit.cli.output import Column, out, safe, settings
 from kronos_audit.errors import ExitCode
@@ -79,7 +80,10 @@ def status_command(
         from kronos_audit.verification.remote_chain import remote_chains
 
         runs = [read_manifest(m).run for m in manifests]
-        chains = remote_chains(Storage(project), runs, remote)
+        problems: list[str] = []
+        chains = remote_chains(Storage(project), runs, remote, problems=problems)
+        for problem in problems if not as_json else ():
+            warn(f"{problem}: not checked for another chain of the run")
     entries = status(project, manifests, remote, check_remote=ask, trust=trust, chains=chains)
     forks = [f.describe(run) for run, c in (chains or {}).items() for f in c.forks()]
     counts: dict[str, int] = {}

@@ -259,7 +259,7 @@ def push_linked(
     bytes, and the step of the same name replaces it."""
     name = remote_manifest_name(path)
     abandoned = dict(passed_over or {})
-    if _before(files, path, name, data, manifest, abandoned):
+    if _before(files, path, name, manifest, abandoned):
         files.put(name, data)  # over a manifest judged not valid, as it was judged
     elif not files.put_new(name, data):
         # It appeared between the look and the write: the same bytes only.
@@ -276,12 +276,7 @@ def push_linked(
 
 
 def _before(
-    files: RunFiles,
-    path: Path,
-    name: str,
-    data: bytes,
-    manifest: Manifest,
-    abandoned: Mapping[str, str],
+    files: RunFiles, path: Path, name: str, manifest: Manifest, abandoned: Mapping[str, str]
 ) -> bool:
     """Refuse unless ``manifest`` extends the chain the remote holds now; whether its
     name holds an ``abandoned`` manifest, to be replaced."""
@@ -316,7 +311,7 @@ def _before(
     )
     if newest is None or newest.digest == manifest.parent:
         return replace
-    if _is_ancestor(path, manifest, newest):
+    if _is_ancestor(manifest, newest):
         raise StorageError(
             f"step {manifest.step} of run {manifest.run!r} not pushed: its parent is not in "
             f"the DVC remote yet (the remote's newest is step {newest.step}, an earlier step "
@@ -365,7 +360,7 @@ def _descendants_only(
     return bool(read)
 
 
-def _is_ancestor(path: Path, manifest: Manifest, older: RemoteManifest) -> bool:
+def _is_ancestor(manifest: Manifest, older: RemoteManifest) -> bool:
     """Whether ``older`` is a link of ``manifest``'s own chain, walking the local parents
     (each read bounded and checked against the digest its child signs)."""
     child = manifest
@@ -375,7 +370,7 @@ def _is_ancestor(path: Path, manifest: Manifest, older: RemoteManifest) -> bool:
         step = _parent_step(child)
         if step is None or step < older.step:
             return False
-        parent_path = _local_parent(path, manifest, child.record.parent_manifest)
+        parent_path = _local_parent(manifest, child.record.parent_manifest)
         try:
             data = read_signed_file(parent_path)
         except Error:
@@ -389,9 +384,9 @@ def _is_ancestor(path: Path, manifest: Manifest, older: RemoteManifest) -> bool:
     return False
 
 
-def _local_parent(path: Path, manifest: Manifest, recorded: str) -> Path:
+def _local_parent(manifest: Manifest, recorded: str) -> Path:
     """Where the parent recorded as ``recorded`` (relative to the repository root) is
-    here: beside ``path`` in the run's directory (a sharded step's, in its directory)."""
+    here: in ``manifest``'s run directory (a sharded step's, in its step's directory)."""
     link = PurePosixPath(recorded)
     directory = manifest.run_directory
     if link.name == STEP_MANIFEST:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.errors import ChainForked
+from kronos_audit.errors import ChainForked, StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.resume_remote import push_manifest
@@ -197,6 +197,11 @@ def test_the_later_pusher_fails_naming_both_and_the_remote_keeps_the_first_chain
         range(4, 9), "pushed"
     )
 
+    shown = run_cli("show", str(a.run_dir / name(5)), cwd=a.path)
+    writer = a.manifest(5).record.writer
+    assert writer is not None
+    assert writer.describe() in " ".join(shown.output.split())
+
     # `kaudit push` of A's forked local chain: refused, one line, nothing replaced.
     result = run_cli("push", str(a.run_dir), cwd=a.path)
     assert result.exit_code == 1, result.output
@@ -232,7 +237,9 @@ def test_a_fork_in_the_remote_is_reported_by_status_and_verify(
         status = run_cli("status", str(clone.run_dir), cwd=clone.path)
         assert status.exit_code == 1, status.output
         assert "run 'heat' forks in the DVC remote: step 4 has 2 children there" in status.output
-        verify = run_cli("verify", str(clone.run_dir), cwd=clone.path)
+        # A's data is all here: told the remote, verify reads it; B's fetches anyway.
+        told = ["--remote", "storage"] if clone is a else []
+        verify = run_cli("verify", str(clone.run_dir), *told, cwd=clone.path)
         assert verify.exit_code == 1, verify.output
         assert "forks in the DVC remote: step 4 has 2 children" in verify.output
     writer = a.manifest(5).record.writer
@@ -382,3 +389,19 @@ def test_a_remote_step_restore_passed_over_is_replaced_by_the_steps_done_again(
         ka.read_manifest(there / name(4)).digest
         != ka.read_manifest(project.root / "checkpoints" / RUN / name(4)).digest
     )
+
+
+def test_a_step_whose_parent_is_not_pushed_yet_is_not_called_a_fork(
+    project: Project, key: SigningKey, remote: Path
+) -> None:
+    assert heat_in_process(project.root / "checkpoints", 3, push=False) == []
+    here = project.root / "checkpoints" / RUN
+    files = RunFiles(Storage(project), RUN)
+    push_manifest(files, here / name(1))
+    with pytest.raises(StorageError, match="its parent is not in the DVC remote yet") as raised:
+        push_manifest(files, here / name(3))
+    assert not isinstance(raised.value, ChainForked)
+    push_manifest(files, here / name(2))
+    push_manifest(files, here / name(3))
+    there = remote / "kaudit" / "runs" / RUN
+    assert sorted(p.name for p in there.iterdir()) == [name(s) for s in (1, 2, 3)]

@@ -101,6 +101,8 @@ def show(manifest: Path, as_json: bool) -> None:
                 ),
             )
         )
+    if p.writer is not None:
+        rows.append(("writer", _text(p.writer.describe())))
     if p.shards is not None:
         rows.append(
             (

@@ -107,6 +107,10 @@ def verify(
     MANIFESTS are manifests, checkpoints, run directories, replay attestations or
     campaign certificates (NAME.campaign.json); none: every one in the repository.
 
+    Where it reads the DVC remote (it fetched data, or --remote names one), the runs'
+    manifests there are read too: a step with two signed children (two chains of one
+    run) is a FORK line, and fails.
+
     Exit 0 when every check holds, 1 when any fails, 2 for bad input.
 
     \b
@@ -135,7 +139,10 @@ def verify(
                 results.append(outcome)
                 if not as_json:
                     _print_result(outcome)
-    forks = [] if no_fetch else _remote_forks(results, trust, remote, quiet=as_json)
+    # The run's chain in the remote, where this verify reads the remote anyway (it
+    # fetched data) or was given one: a present chain needs no DVC at all.
+    asked = remote is not None or any(r.fetched for r in results)
+    forks = _remote_forks(results, trust, remote, quiet=as_json) if asked and not no_fetch else []
     summary = _summary(results, errors)
     if as_json:
         out.json(
@@ -144,8 +151,8 @@ def verify(
                 "summary": summary,
                 "results": [r.to_json_obj(json_paths(*paths)) for r in results],
                 "errors": [error_json(e) for e in errors],
-                "forks": forks,
             }
+            | ({"forks": forks} if forks else {})
         )
     elif results:
         counted = []

@@ -300,7 +300,13 @@ class Found:
 
 
 class _Skip(Exception):
-    """This remote candidate is not taken; the message says why."""
+    """This remote candidate is not taken; the message says why. ``other_chain``: it is
+    a link of another chain of the run (not of the chain here, or its parent there not
+    the one it signs): a fork, never an abandoned branch a push may replace."""
+
+    def __init__(self, message: str, *, other_chain: bool = False) -> None:
+        super().__init__(message)
+        self.other_chain = other_chain
 
 
 class RemoteResume:
@@ -325,8 +331,9 @@ class RemoteResume:
         self._invalid = invalid
         self._skipped = skipped  # the category a local checkpoint passed over is warned in
         self.passed_over: dict[str, str] = {}
-        """The remote manifests passed over, as read (name: sha256 of its bytes): an
-        abandoned branch, which this run's own steps of the same names replace there."""
+        """The remote manifests passed over, as read (name: sha256 of its bytes), as not
+        valid (not as another chain's link: a fork stays a fork): an abandoned branch,
+        which this run's own steps of the same names replace there."""
         self._read: tuple[str, str] | None = None  # the last candidate read, and its digest
 
     def newest(self, above: int | None, *, stacklevel: int, sharded: bool = False) -> Found | None:
@@ -381,7 +388,7 @@ class RemoteResume:
             try:
                 found = take(step, entry, by_name)
             except _Skip as e:
-                if self._read is not None and self._read[0] == entry.name:
+                if not e.other_chain and self._read is not None and self._read[0] == entry.name:
                     self.passed_over[entry.name] = self._read[1]
                 warnings.warn(
                     f"{self.files.where}/{entry.name} (in the DVC remote): skipped: {e}",
@@ -424,7 +431,7 @@ class RemoteResume:
         except UnsafeFile:
             here = None
         if here != data:
-            raise _Skip(f"a different {path.name} is here: left as it is")
+            raise _Skip(f"a different {path.name} is here: left as it is", other_chain=True)
         return True
 
     def _signed(
@@ -597,7 +604,10 @@ class RemoteResume:
                 raise _Skip(f"its chain's link {recorded!r} is not an earlier manifest of the run")
             data = self._get(by_name.get(name), name)
             if hashlib.sha256(data).hexdigest() != child.parent:
-                raise _Skip(f"its chain's {name} in the remote is not the one its child signs")
+                raise _Skip(
+                    f"its chain's {name} in the remote is not the one its child signs",
+                    other_chain=True,
+                )
             parent = self._parse(data, path)
             signed = verifier.signature(parent)
             if not signed.ok:

@@ -273,11 +273,9 @@ def heat_in_process(root: Path, stop: int, *, every: int = 1, push: bool = True)
     failures it reports."""
     with ka.Run(RUN, root=root, seed=5, every=ka.EverySteps(every), push=push) as run:
         state = run.restore() or {"u": run.rng.random((8, 8))}
-        for step in run.steps(8):
+        for step in run.steps(stop):
             state = {"u": 0.5 * state["u"] + 0.5 * run.rng.random((8, 8))}
             run.checkpoint(step, state)
-            if step == stop:
-                break
     return list(run.push_failures)
 
 
@@ -405,3 +403,33 @@ def test_a_step_whose_parent_is_not_pushed_yet_is_not_called_a_fork(
     push_manifest(files, here / name(3))
     there = remote / "kaudit" / "runs" / RUN
     assert sorted(p.name for p in there.iterdir()) == [name(s) for s in (1, 2, 3)]
+
+
+def test_a_fresh_machine_does_not_replace_another_chain_it_passed_over(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    """A remote an older kaudit left forked (A's 1-4, B's 5-8, A's 9-10 over A's own 8): a
+    fresh machine resumes from B's 8, passing A's 9-10 over as another chain's, and its
+    own 9-10 are refused, not written over A's."""
+    a = project.root / "checkpoints"
+    assert heat_in_process(a, 4) == []
+    b = tmp_path / "node-b"
+    git(tmp_path, "clone", "-q", str(project.root), str(b))
+    assert heat_in_process(b / "checkpoints", 8) == []  # from A's 4 in the remote
+    assert heat_in_process(a, 10, push=False) == []  # A's own 5-10, over its own 4
+    files = RunFiles(Storage(project), RUN)
+    for step in (9, 10):
+        files.put(name(step), (a / RUN / name(step)).read_bytes())  # as an older kaudit did
+
+    c = tmp_path / "node-c"
+    git(tmp_path, "clone", "-q", str(project.root), str(c))
+    with pytest.warns(ka.CheckpointSkipped, match="is not the one its child signs"):
+        failures = heat_in_process(c / "checkpoints", 10)
+    assert failures
+    assert "step 9 of run 'heat' not pushed: the DVC remote holds another chain" in failures[0]
+    there = remote / "kaudit" / "runs" / RUN
+    for step in (9, 10):
+        assert (there / name(step)).read_bytes() == (a / RUN / name(step)).read_bytes()
+    assert ka.read_manifest(c / "checkpoints" / RUN / name(9)).parent == (
+        ka.read_manifest(b / "checkpoints" / RUN / name(8)).digest
+    )

@@ -317,7 +317,7 @@ class WriterRecord:
     pid: int
     """Its process id there."""
     started: str
-    """When its run started (entered the ``with`` block), UTC, RFC 3339."""
+    """When its run started (its ``ka.Run`` was made), UTC, RFC 3339."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> WriterRecord:

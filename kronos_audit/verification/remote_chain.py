@@ -84,19 +84,24 @@ class Fork:
     """A step of a run with more than one child in the remote (or more than one first
     manifest): two chains of one run."""
 
+    parent_digest: str | None
+    """The digest of the manifest the chains part at; None when each starts the run."""
     parent: RemoteManifest | None
-    """The step the chains part at; None when two chains each start the run."""
+    """That manifest, when the remote holds it."""
     children: tuple[RemoteManifest, ...]
     """Its children there, by step."""
 
     def describe(self, run_id: str) -> str:
         """One line naming the step and each child, with its writer."""
-        at = "two first steps" if self.parent is None else f"step {self.parent.step}"
         children = ", ".join(_inert(c.describe()) for c in self.children)
-        return (
-            f"run {run_id!r} forks in the DVC remote: {at} has {len(self.children)} "
-            f"children there: {children}"
-        )
+        n = len(self.children)
+        if self.parent_digest is None:
+            what = f"{n} first steps there"
+        elif self.parent is None:
+            what = f"a manifest not there (sha256 {self.parent_digest[:16]}) has {n} children"
+        else:
+            what = f"step {self.parent.step} has {n} children there"
+        return f"run {run_id!r} forks in the DVC remote: {what}: {children}"
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class RemoteChain:
         for m in taken:
             children.setdefault(m.parent, []).append(m)
         return [
-            Fork(None if parent is None else by_digest.get(parent), tuple(kids))
+            Fork(parent, None if parent is None else by_digest.get(parent), tuple(kids))
             for parent, kids in children.items()
             if len(kids) > 1
         ]

@@ -21,7 +21,7 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.errors import ChainForked, StorageError
-from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.resume_remote import push_manifest
 from kronos_audit.statement.manifest import Manifest
@@ -433,3 +433,33 @@ def test_a_fresh_machine_does_not_replace_another_chain_it_passed_over(
     assert ka.read_manifest(c / "checkpoints" / RUN / name(9)).parent == (
         ka.read_manifest(b / "checkpoints" / RUN / name(8)).digest
     )
+
+
+def test_a_child_no_trusted_signer_made_forks_nothing(
+    project: Project, key: SigningKey, mallory: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    """Whoever can write to the remote can drop a signed-looking first step of the run
+    there (the attacker's own key): status and verify count only trusted signers' links."""
+    assert heat_in_process(project.root / "checkpoints", 4) == []
+    other = tmp_path / "attacker"
+    git(tmp_path, "clone", "-q", str(project.root), str(other))
+    with ka.Run(RUN, root=other / "checkpoints", seed=5, key=mallory) as run:
+        for step in run.steps(5):
+            if step == 5:
+                run.checkpoint(step, {"u": np.zeros(4)})
+    planted = ka.read_manifest(other / "checkpoints" / RUN / name(5))
+    assert planted.parent is None  # a second first step of the run
+    RunFiles(Storage(project), RUN).put(name(5), planted.path.read_bytes())
+
+    here = str(project.root / "checkpoints" / RUN)
+    status = run_cli("status", here)
+    assert status.exit_code == 0, status.output
+    assert "FORK" not in status.output
+    verify = run_cli("verify", here, "--remote", "storage")
+    assert verify.exit_code == 0, verify.output
+    assert "FORK" not in verify.output
+    # Trusted, the same file is a fork: two first steps.
+    (tmp_path / "mallory.pub").write_bytes(public_pem(mallory.private_key.public_key()))
+    status = run_cli("status", here, "--trusted-key", str(tmp_path / "mallory.pub"))
+    assert status.exit_code == 1, status.output
+    assert "run 'heat' forks in the DVC remote: 2 first steps there" in status.output

@@ -59,7 +59,8 @@ def status_command(
 
     A step whose run's DVC remote holds another manifest of it (another chain of the run,
     pushed by a second writer) is not pushed there, whatever data went. A step with two
-    children among the run's manifests in the remote is a fork, named in one line.
+    children among the run's manifests in the remote (signed by signers the trust options
+    accept) is a fork, named in one line.
 
     Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs), or the
     run's chain forks in the remote.
@@ -85,7 +86,17 @@ def status_command(
         for problem in problems if not as_json else ():
             warn(f"{problem}: not checked for another chain of the run")
     entries = status(project, manifests, remote, check_remote=ask, trust=trust, chains=chains)
-    forks = [f.describe(run) for run, c in (chains or {}).items() for f in c.forks()]
+    forks: list[str] = []
+    if chains:  # only manifests a trusted signer signed fork a chain: a dropped file cannot
+        from kronos_audit.keys.anchors import load_keyring
+        from kronos_audit.verification.verifier import Verifier
+
+        verifier = Verifier(project, load_keyring(project.root, trust), fetch=False)
+        forks = [
+            f.describe(run)
+            for run, c in chains.items()
+            for f in c.forks(lambda m: verifier.signature(m).ok)
+        ]
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1

@@ -209,6 +209,17 @@ def test_the_later_pusher_fails_naming_both_and_the_remote_keeps_the_first_chain
     assert result.output.count("not pushed: its chain's step 5 was refused") == 3  # 6, 7, 8
     assert remote_manifests(files) == there
 
+    # A started again goes on from its own step 8: its 9 and 10 are refused too, not put
+    # over B's chain.
+    a.go.unlink()
+    a.start(10)
+    out = a.finish()
+    failures = [line for line in out.splitlines() if line.startswith("push failed:")]
+    assert len(failures) == 2, out
+    assert "step 9 of run 'heat' not pushed" in failures[0]
+    assert b.manifest(8).record.writer.describe() in failures[0]  # type: ignore[union-attr]
+    assert remote_manifests(files) == there
+
 
 def test_a_fork_in_the_remote_is_reported_by_status_and_verify(
     project: Project, key: SigningKey, remote: Path, tmp_path: Path

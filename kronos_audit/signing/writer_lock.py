@@ -8,9 +8,17 @@ second writer of the same run, on this host or another sharing the filesystem, i
 with :class:`~kronos_audit.errors.RunLocked`, naming the holder as the small holder file
 beside the lock (``.kaudit-writer.holder``) says: host, pid, since when.
 
-The kernel drops an ``flock`` with the process that held it, however it died (SIGKILL
-included), so a stale lock never blocks: the holder file stays behind, and the next writer
-takes the lock and rewrites it. Neither name ends in ``.kaudit.json`` or ``.replay.json``
+The kernel drops an ``flock`` when the last descriptor of the open file that holds it is
+closed, and a dying process's descriptors are closed however it died (SIGKILL included), so
+a stale lock never blocks: the holder file stays behind, and the next writer takes the lock
+and rewrites it. That holds only while no other process has a copy of the descriptor, so
+none ever gets one: it is close-on-exec (a child that runs a program, as ``subprocess``,
+spawn and forkserver pools and Dask's nannies start them, never has it), and a child forked
+without exec (a fork pool's worker, ``os.fork``) closes it before it runs anything else
+(``os.register_at_fork``). Otherwise a pool's workers, orphaned by a driver killed with
+SIGKILL, would keep the lock for ever and every restart of the run would be refused. A
+child never unlocks it either: the lock belongs to the open file the parent shares with
+it, so the child only closes its copy. Neither name ends in ``.kaudit.json`` or ``.replay.json``
 nor starts with ``step-``, so no walker of a run's directory takes them for a checkpoint
 or a manifest; both are git-ignored beside the checkpoints.
 
@@ -21,13 +29,16 @@ run's newest manifest (:func:`check_newest`) keeps the chain from forking.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import hashlib
 import json
 import os
 import socket
+import threading
 import warnings
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,13 +95,57 @@ def read_holder(directory: Path) -> LockHolder | None:
     )
 
 
+# -- no child keeps the lock ------------------------------------------------------------
+
+# Held from the open of a lock's descriptor until it is known to the fork hooks, and across
+# every os.fork(): a thread that forks while another opens a lock waits, so no child gets a
+# descriptor the hook in the child does not know of.
+_opening = threading.Lock()
+_held: weakref.WeakSet[WriterLock] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    _opening.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _opening.release()
+
+
+def _after_fork_in_child() -> None:
+    global _opening
+    _opening = threading.Lock()  # the parent's is held, by a thread the child has not
+    for lock in list(_held):
+        lock._forget()
+    _held.clear()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
+
+
 class WriterLock:
-    """The writer lock of one run directory, held by this process (see the module)."""
+    """The writer lock of one run directory, held by this process (see the module); a
+    process forked from the holder does not hold it."""
 
     def __init__(self, directory: Path, fd: int | None) -> None:
         self.directory = directory
         """The run's directory."""
         self._fd = fd
+        self._pid = os.getpid()
+        if fd is not None:
+            _held.add(self)
+
+    def _forget(self) -> None:
+        """In a forked child: close this process's copy of the descriptor, unlocking
+        nothing (the lock is the parent's, on the open file they share)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     @classmethod
     def acquire(cls, directory: Path) -> WriterLock:
@@ -112,7 +167,9 @@ class WriterLock:
             # Read-only: an flock needs no write access, and a file system holding nothing
             # open for writing between checkpoints can still be remounted read-only.
             flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path, flags, 0o644)
+            with _opening:  # no fork until the hooks know of it (below)
+                fd = os.open(path, flags, 0o644)
+                lock = cls(directory, fd)
         except OSError as e:
             raise UsageError(
                 f"cannot open the run's writer lock: {e.strerror or e}", path=path
@@ -126,7 +183,7 @@ class WriterLock:
             # file that one killed process would leave to block every later writer).
             locked = lock_descriptor(fd, blocking=False)
         except OSError as e:
-            os.close(fd)
+            lock._close(unlock=False)
             if e.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
                 raise UsageError(
                     f"cannot take the run's writer lock: {e.strerror or e}", path=path
@@ -140,7 +197,7 @@ class WriterLock:
             )
             return cls(directory, None)
         if not locked:
-            os.close(fd)
+            lock._close(unlock=False)
             holder = read_holder(directory)
             who = "a holder unknown" if holder is None else holder.describe()
             raise RunLocked(
@@ -159,29 +216,33 @@ class WriterLock:
             }
             write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
         except (OSError, StorageError) as e:
-            from filelock import unlock_descriptor
-
-            unlock_descriptor(fd)
-            os.close(fd)
+            lock._close(unlock=True)
             if isinstance(e, StorageError):
                 raise  # the run directory's .gitignore, refused: it says where and why
             raise UsageError(
                 f"cannot write the run's lock holder file: {e.strerror or e}",
                 path=directory / HOLDER_NAME,
             ) from None
-        return cls(directory, fd)
+        return lock
 
     def release(self) -> None:
         """Let the next writer in (the lock file and the holder file stay: removing the
-        lock file would let a writer waiting on the old one and a new one both in)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            from filelock import unlock_descriptor
+        lock file would let a writer waiting on the old one and a new one both in).
+        Nothing in a process forked from the holder: the lock is not its own."""
+        self._close(unlock=True)
 
-            try:
+    def _close(self, *, unlock: bool) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None or os.getpid() != self._pid:
+            return  # a child forked by a way the fork hooks did not see: not its lock
+        try:
+            if unlock:
+                from filelock import unlock_descriptor
+
                 unlock_descriptor(fd)
-            finally:
-                os.close(fd)
+        finally:
+            _held.discard(self)
+            os.close(fd)
 
 
 # -- the chain never forks ---------------------------------------------------------------

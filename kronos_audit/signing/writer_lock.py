@@ -95,6 +95,90 @@ def read_holder(directory: Path) -> LockHolder | None:
     )
 
 
+# -- a writer gone, its lock held ---------------------------------------------------------
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` of this host started (clock ticks after boot, the 22nd field of
+    ``/proc/<pid>/stat``); None when there is no such process, or only its zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # the name before it may hold anything
+    if len(fields) < 20 or fields[0] in (b"Z", b"X") or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _writer_gone(directory: Path) -> bool:
+    """Whether the holder file names a writer that is certainly gone: one of this host,
+    since its last boot and in this pid namespace, whose pid no longer names the process
+    that started then. A writer elsewhere, or a file without these fields (from an older
+    version), is never judged."""
+    try:
+        data = json.loads(
+            read_regular(directory / HOLDER_NAME, _HOLDER_LIMIT, follow_symlinks=False)
+        )
+    except (UnsafeFile, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    pid, start = data.get("pid"), data.get("start")
+    boot, namespace = _boot_id(), _pid_namespace()
+    return (
+        boot is not None
+        and namespace is not None
+        and data.get("host") == socket.gethostname()
+        and data.get("boot") == boot
+        and data.get("pidns") == namespace
+        and type(pid) is int
+        and type(start) is int
+        and _process_start(pid) != start
+    )
+
+
+def _holding(locked: os.stat_result) -> list[int]:
+    """The processes of this host (those this user may look into) that have the file
+    ``locked`` open, this one excepted."""
+    found = []
+    try:
+        processes = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+    for name in processes:
+        if int(name) == os.getpid():
+            continue
+        try:
+            with os.scandir(f"/proc/{name}/fd") as fds:
+                for fd in fds:
+                    try:
+                        st = os.stat(fd.path)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) == (locked.st_dev, locked.st_ino):
+                        found.append(int(name))
+                        break
+        except OSError:
+            continue
+    return sorted(found)
+
+
 # -- no child keeps the lock ------------------------------------------------------------
 
 # Held from the open of a lock's descriptor until it is known to the fork hooks, and across
@@ -197,15 +281,24 @@ class WriterLock:
             )
             return cls(directory, None)
         if not locked:
+            locked_file = os.fstat(fd)
             lock._close(unlock=False)
             holder = read_holder(directory)
             who = "a holder unknown" if holder is None else holder.describe()
-            raise RunLocked(
-                f"another process is writing this run ({who}): a run has one writer at a "
-                "time; wait for it to end, or stop it, then start again",
-                path=directory,
-                holder=holder,
-            )
+            if _writer_gone(directory):
+                left = _holding(locked_file)
+                pids = ", ".join(map(str, left[:8])) + (", ..." if len(left) > 8 else "")
+                message = (
+                    f"this run's writer ({who}) is gone, but processes it left still hold "
+                    f"its lock open ({'pid ' + pids if left else 'none this user can see'})"
+                    ": stop them, then start again"
+                )
+            else:
+                message = (
+                    f"another process is writing this run ({who}): a run has one writer at "
+                    "a time; wait for it to end, or stop it, then start again"
+                )
+            raise RunLocked(message, path=directory, holder=holder)
         try:
             for name in (LOCK_NAME, HOLDER_NAME):
                 ensure_ignored(directory, "/" + name)
@@ -213,6 +306,11 @@ class WriterLock:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "since": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                # With the host and pid, these name this process for good (a pid is
+                # reused; a pid means something only in its own namespace, since boot).
+                "boot": _boot_id(),
+                "pidns": _pid_namespace(),
+                "start": _process_start(os.getpid()),
             }
             write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
         except (OSError, StorageError) as e:

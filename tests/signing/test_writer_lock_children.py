@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -223,14 +224,15 @@ def test_a_driver_killed_with_sigkill_does_not_block_its_restart(
 
 
 # A program that forks a child of its own (no pool) while it holds the run; the child
-# outlives it.
+# outlives it. argv: the pids file; "os" (os.fork) or "native" (libc's fork called directly,
+# as native code may: no Python fork hook runs in that child).
 FORKER = """
-import json, os, sys, time
+import ctypes, os, sys, time
 
 import kronos_audit as ka
 
 with ka.Run("r", root="checkpoints", seed=3) as run:
-    child = os.fork()
+    child = os.fork() if sys.argv[2] == "os" else ctypes.PyDLL(None).fork()
     if child == 0:
         time.sleep(3600)
         os._exit(0)
@@ -240,28 +242,84 @@ with ka.Run("r", root="checkpoints", seed=3) as run:
 """
 
 
+def forker(project: Project, tmp_path: Path, children: Children, how: str, name: str) -> Launched:
+    program = tmp_path / "forker.py"
+    program.write_text(FORKER)
+    return Launched(
+        [sys.executable, str(program), str(children.path), how], project.root, tmp_path / name
+    )
+
+
 def test_a_forked_child_holds_neither_the_lock_nor_blocks_a_second_writer(
     project: Project, key: SigningKey, tmp_path: Path, children: Children
 ) -> None:
-    program = tmp_path / "forker.py"
-    program.write_text(FORKER)
-    argv = [sys.executable, str(program), str(children.path)]
-    holder = Launched(argv, project.root, tmp_path / "holder")
+    holder = forker(project, tmp_path, children, "os", "holder")
     wait_for(lambda: holder.proc.poll() is not None or children.read(), "the child")
     (child,) = children.read()
 
     # While the parent lives, the run is still its own: a second writer is refused.
-    second = Launched(argv, project.root, tmp_path / "second")
+    second = forker(project, tmp_path, children, "os", "second")
     status, _ = second.finish()
     assert status == 2, second.stderr()
-    assert f"pid {holder.pid}," in second.stderr()
+    assert (
+        f"another process is writing this run (host {socket.gethostname()}, pid {holder.pid},"
+        in second.stderr()
+    )
 
     holder.proc.send_signal(signal.SIGKILL)
     assert holder.finish()[0] == -signal.SIGKILL
     assert children.alive() == [child]
-    third = Launched(argv, project.root, tmp_path / "third")
+    third = forker(project, tmp_path, children, "os", "third")
     status, _ = third.finish()
     assert status == 0, third.stderr()
+
+
+def test_a_lock_kept_by_a_child_of_a_gone_writer_is_refused_naming_that_child(
+    project: Project, key: SigningKey, tmp_path: Path, children: Children
+) -> None:
+    # What no hook can see: native code forking without exec. The run is still refused
+    # (the lock is held), but the line says the writer is gone and which processes to stop.
+    holder = forker(project, tmp_path, children, "native", "holder")
+    wait_for(lambda: holder.proc.poll() is not None or children.read(), "the child")
+    (child,) = children.read()
+    holder.proc.send_signal(signal.SIGKILL)
+    assert holder.finish()[0] == -signal.SIGKILL
+
+    second = forker(project, tmp_path, children, "os", "second")
+    status, _ = second.finish()
+
+    assert status == 2, second.stderr()
+    (line,) = second.stderr().splitlines()
+    assert f"this run's writer (host {socket.gethostname()}, pid {holder.pid}, since " in line
+    assert f"is gone, but processes it left still hold its lock open (pid {child}):" in line
+    children.kill()
+    third = forker(project, tmp_path, children, "os", "third")
+    assert third.finish()[0] == 0, third.stderr()
+
+
+def test_a_writer_on_another_host_or_boot_is_never_judged_gone(
+    project: Project, key: SigningKey, tmp_path: Path, children: Children
+) -> None:
+    # Its pid means nothing here: a holder file naming another host (or this host before
+    # its last boot, or another pid namespace) and a pid no process has is still a writer.
+    run_dir = project.root / "checkpoints" / "r"
+    holder = forker(project, tmp_path, children, "os", "holder")
+    wait_for(lambda: holder.proc.poll() is not None or children.read(), "the child")
+    real = json.loads((run_dir / HOLDER_NAME).read_text())
+    assert real["start"] == start_time(holder.pid)
+    gone = 2**22 + 1  # above pid_max's default: no process has it
+    for forged in ({"host": "node17"}, {"boot": "another boot"}, {"pidns": "pid:[1]"}):
+        (run_dir / HOLDER_NAME).write_text(json.dumps(real | {"pid": gone} | forged))
+        second = forker(project, tmp_path, children, "os", "second")
+        status, _ = second.finish()
+        assert status == 2, second.stderr()
+        assert "another process is writing this run" in second.stderr(), forged
+    (run_dir / HOLDER_NAME).write_text(json.dumps(real | {"pid": gone}))
+    status, _ = (second := forker(project, tmp_path, children, "os", "second")).finish()
+    assert status == 2
+    assert "is gone, but processes it left still hold its lock open (pid " in second.stderr()
+    holder.say("\n")
+    assert holder.finish()[0] == 0, holder.stderr()
 
 
 def test_a_steps_file_is_laid_out_without_an_hdf5_lock(tmp_path: Path) -> None:

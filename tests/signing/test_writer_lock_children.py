@@ -221,6 +221,11 @@ def test_a_driver_killed_with_sigkill_does_not_block_its_restart(
     # The children the driver left were still there all along: they held nothing.
     if engine != "dask":
         assert set(children.alive()) == set(orphans)
+        # And they are stopped as any process is, with SIGTERM: none kept the run's
+        # preemption handler, which only sets a flag a loop of the driver's would read.
+        for pid in orphans:
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not children.alive(), "the orphans to end on SIGTERM")
 
 
 # A program that forks a child of its own (no pool) while it holds the run; the child

@@ -18,9 +18,18 @@ without exec (a fork pool's worker, ``os.fork``) closes it before it runs anythi
 (``os.register_at_fork``). Otherwise a pool's workers, orphaned by a driver killed with
 SIGKILL, would keep the lock for ever and every restart of the run would be refused. A
 child never unlocks it either: the lock belongs to the open file the parent shares with
-it, so the child only closes its copy. Neither name ends in ``.kaudit.json`` or ``.replay.json``
-nor starts with ``step-``, so no walker of a run's directory takes them for a checkpoint
-or a manifest; both are git-ignored beside the checkpoints.
+it, so the child only closes its copy.
+
+A child forked by native code (no hook runs there) can still keep it. The holder file
+also names the writer's process for good on its host (boot, pid namespace, start time),
+so a refusal tells a writer that is certainly gone from one still at work, and names the
+processes that still hold the lock open; the lock itself is never taken from them (no
+judgement of a holder's liveness is as sure as the kernel's lock, and a writer on another
+host cannot be judged at all).
+
+Neither name ends in ``.kaudit.json`` or ``.replay.json`` nor starts with ``step-``, so no
+walker of a run's directory takes them for a checkpoint or a manifest; both are
+git-ignored beside the checkpoints.
 
 Where the filesystem has no ``flock`` (some network filesystems) the run goes on with a
 :class:`WriterLockUnavailable` warning, and the commit's own check that it signs over the
@@ -60,7 +69,8 @@ from kronos_audit.storage.tracking import check_gitignore, ensure_ignored
 LOCK_NAME = ".kaudit-writer.lock"
 """The lock file's name in a run's directory."""
 HOLDER_NAME = ".kaudit-writer.holder"
-"""The holder file's name beside it: who took the lock (JSON: host, pid, since)."""
+"""The holder file's name beside it: who took the lock (JSON: host, pid, since; and boot,
+pidns, start: what names that process for good on its host)."""
 _HOLDER_LIMIT = 1024  # bytes read of a holder file: anyone could have written it
 _FIELD_LIMIT = 100  # characters kept of each of its fields
 

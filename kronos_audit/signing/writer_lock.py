@@ -86,16 +86,26 @@ def _inert(value: object) -> str:
     return text if len(text) <= _FIELD_LIMIT else text[: _FIELD_LIMIT - 3] + "..."
 
 
-def read_holder(directory: Path) -> LockHolder | None:
-    """Who the holder file in ``directory`` says holds the lock; None when it is missing
-    or not what :class:`WriterLock` writes. Read bounded, never through a link."""
+def _holder_record(directory: Path) -> dict[str, object] | None:
+    """The holder file in ``directory`` as JSON; None when it is missing or not an object.
+    Read bounded, never through a link."""
     try:
         data = json.loads(
             read_regular(directory / HOLDER_NAME, _HOLDER_LIMIT, follow_symlinks=False)
         )
     except (UnsafeFile, ValueError):
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def read_holder(directory: Path) -> LockHolder | None:
+    """Who the holder file in ``directory`` says holds the lock; None when it is missing
+    or not what :class:`WriterLock` writes. Read bounded, never through a link."""
+    return _holder_from(_holder_record(directory))
+
+
+def _holder_from(data: dict[str, object] | None) -> LockHolder | None:
+    if data is None:
         return None
     pid = data.get("pid")
     return LockHolder(
@@ -136,18 +146,12 @@ def _pid_namespace() -> str | None:
         return None
 
 
-def _writer_gone(directory: Path) -> bool:
-    """Whether the holder file names a writer that is certainly gone: one of this host,
-    since its last boot and in this pid namespace, whose pid no longer names the process
-    that started then. A writer elsewhere, or a file without these fields (from an older
-    version), is never judged."""
-    try:
-        data = json.loads(
-            read_regular(directory / HOLDER_NAME, _HOLDER_LIMIT, follow_symlinks=False)
-        )
-    except (UnsafeFile, ValueError):
-        return False
-    if not isinstance(data, dict):
+def _writer_gone(data: dict[str, object] | None) -> bool:
+    """Whether the holder record ``data`` names a writer that is certainly gone: one of
+    this host, since its last boot and in this pid namespace, whose pid no longer names
+    the process that started then. A writer elsewhere, or a record without these fields
+    (from an older version), is never judged."""
+    if data is None:
         return False
     pid, start = data.get("pid"), data.get("start")
     boot, namespace = _boot_id(), _pid_namespace()
@@ -293,15 +297,16 @@ class WriterLock:
         if not locked:
             locked_file = os.fstat(fd)
             lock._close(unlock=False)
-            holder = read_holder(directory)
+            record = _holder_record(directory)
+            holder = _holder_from(record)
             who = "a holder unknown" if holder is None else holder.describe()
-            if _writer_gone(directory):
+            if _writer_gone(record):
                 left = _holding(locked_file)
                 pids = ", ".join(map(str, left[:8])) + (", ..." if len(left) > 8 else "")
                 message = (
-                    f"this run's writer ({who}) is gone, but processes it left still hold "
+                    f"this run's writer ({who}) is gone, but other processes still hold "
                     f"its lock open ({'pid ' + pids if left else 'none this user can see'})"
-                    ": stop them, then start again"
+                    ": stop them (most likely what it started), then start again"
                 )
             else:
                 message = (

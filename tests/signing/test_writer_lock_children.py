@@ -296,7 +296,7 @@ def test_a_lock_kept_by_a_child_of_a_gone_writer_is_refused_naming_that_child(
     assert status == 2, second.stderr()
     (line,) = second.stderr().splitlines()
     assert f"this run's writer (host {socket.gethostname()}, pid {holder.pid}, since " in line
-    assert f"is gone, but processes it left still hold its lock open (pid {child}):" in line
+    assert f"is gone, but other processes still hold its lock open (pid {child}):" in line
     children.kill()
     third = forker(project, tmp_path, children, "os", "third")
     assert third.finish()[0] == 0, third.stderr()
@@ -322,7 +322,7 @@ def test_a_writer_on_another_host_or_boot_is_never_judged_gone(
     (run_dir / HOLDER_NAME).write_text(json.dumps(real | {"pid": gone}))
     status, _ = (second := forker(project, tmp_path, children, "os", "second")).finish()
     assert status == 2
-    assert "is gone, but processes it left still hold its lock open (pid " in second.stderr()
+    assert "is gone, but other processes still hold its lock open (pid " in second.stderr()
     holder.say("\n")
     assert holder.finish()[0] == 0, holder.stderr()
 

@@ -197,8 +197,9 @@ def _holding(locked: os.stat_result) -> list[int]:
 
 # Held from the open of a lock's descriptor until it is known to the fork hooks, and across
 # every os.fork(): a thread that forks while another opens a lock waits, so no child gets a
-# descriptor the hook in the child does not know of.
-_opening = threading.Lock()
+# descriptor the hook in the child does not know of. Reentrant: a signal handler that forks
+# on the thread opening a lock must not wait for itself.
+_opening = threading.RLock()
 _held: weakref.WeakSet[WriterLock] = weakref.WeakSet()
 
 
@@ -212,7 +213,7 @@ def _after_fork_in_parent() -> None:
 
 def _after_fork_in_child() -> None:
     global _opening
-    _opening = threading.Lock()  # the parent's is held, by a thread the child has not
+    _opening = threading.RLock()  # the parent's is held, by a thread the child may not have
     for lock in list(_held):
         lock._forget()
     _held.clear()

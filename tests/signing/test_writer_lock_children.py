@@ -1,7 +1,8 @@
 """A driver killed with SIGKILL never blocks its restart, whatever children it left: pools of
 every start method, Dask's local cluster, a program the user's code started. Real
 processes, a real SIGKILL of the driver, the children still alive when the run starts
-again; and a child never takes the run's lock, nor an HDF5 lock on a step's file, with it.
+again (but Dask's, which may leave once their scheduler is gone), and stopped by SIGTERM
+afterwards; a child never takes the run's lock, nor an HDF5 lock on a step's file, with it.
 
 Each child's pid is written to a file (by the child itself, or by the driver for a program
 it started), so the test can wait until the children exist, check they outlived the
@@ -47,9 +48,9 @@ from concurrent.futures import ProcessPoolExecutor
 import kronos_audit as ka
 
 
-def batch(rng, pids, pause):
-    with open(pids, "a") as f:
-        f.write(f"{os.getpid()}\\n")
+def batch(rng, pids, pause, nanny=False):
+    with open(pids, "a") as f:  # a Dask worker's nanny too, for the test to stop at the end
+        f.write(f"{os.getpid()} {os.getppid() if nanny else ''}\\n")
     time.sleep(pause)
     return {"x": float(rng.random())}
 
@@ -73,7 +74,7 @@ if __name__ == "__main__":
                 ) as cluster,
                 distributed.Client(cluster) as client,
             ):
-                run.map_batches(batch, N, executor=client, pids=pids, pause=pause)
+                run.map_batches(batch, N, executor=client, pids=pids, pause=pause, nanny=True)
         elif engine == "subprocess":
             # The user's own long-lived helper, started while the run holds its lock.
             helper = subprocess.Popen(

@@ -105,6 +105,12 @@ class ProjectError(Error):
     """The repository is not set up for kronos-audit (not git, no `.kaudit/`)."""
 
 
+class ForeignRepository(ProjectError):
+    """Content below the repository the user stands in claims to be another repository
+    (a ``.git`` or a ``.kaudit`` in a run directory or a checkout, a submodule, a
+    worktree): refused, never followed (see docs/security.md, the repository boundary)."""
+
+
 class SigningKeyError(Error):
     """A signing key is missing, ambiguous or unreadable."""
 

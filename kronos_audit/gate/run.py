@@ -279,7 +279,7 @@ def _verify(
     segments: list[Segment] = []
     started = time.perf_counter()
     report(VERIFY_PHASE, 0, len(paths))
-    for outcome in verify_each(paths, trust=trust, verifiers=verifiers):
+    for outcome in verify_each(paths, trust=trust, verifiers=verifiers, standing=project.root):
         now = time.perf_counter()
         if isinstance(outcome, Error):
             case = _error_case(project, CaseKind.VERIFY, outcome, now - started)
@@ -384,7 +384,7 @@ def gate(
     """
     started = time.perf_counter()
     trust = trust or TrustOptions()
-    project = find_project(repository).require_initialized()
+    project = find_project(repository, standing=repository).require_initialized()
     # One resolution of --trust-ref for the whole gate: the configuration, the trust
     # store, the revocations and every replay's verification read the same commit.
     trust = trust.pin(project.root)

@@ -252,3 +252,56 @@ def test_a_genuine_submodule_is_verified_only_standing_in_it(
     inside = run_cli("verify", "--no-fetch", "--trust-ref", TRUST_REF, run, cwd=sub)
     assert inside.exit_code == 0, inside.output
     assert f"anchor: --trust-ref {TRUST_REF} at {commit}:" in inside.stdout
+
+
+def test_a_submodules_objects_are_its_own_wherever_one_stands_in_it(
+    genuine: Project,
+    key: SigningKey,
+    repo_templates: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    # A submodule's git directory names its work tree relatively (core.worktree =
+    # ../../../lib); read from the process's directory instead of the git directory's,
+    # that named another repository: here one at tmp_path/lib, which holds none of it.
+    upstream = _project_copy(repo_templates[1], tmp_path / "upstream" / "lib")
+    upstream.trust_store().add(key.private_key.public_key(), "tester")
+    ckpt = write_checkpoint(upstream.root / "checkpoints" / "r" / "step-00000001.h5", 1)
+    snapshot(ckpt, run="r", step=1, key=key)
+    git(upstream.root, "add", "-A")
+    git(upstream.root, "commit", "-q", "-m", "a run")
+    root = genuine.root
+    git(
+        root,
+        "-c",
+        "protocol.file.allow=always",
+        "submodule",
+        "-q",
+        "add",
+        str(upstream.root),
+        "lib",
+    )
+    sub = root / "lib"
+    shutil.copy2(ckpt, sub / "checkpoints" / "r")
+    _project_copy(repo_templates[0], tmp_path / "lib")  # another repository, where it pointed
+    commit = git(sub, "rev-parse", TRUST_REF).strip()
+    inside = run_cli("verify", "--no-fetch", "--trust-ref", TRUST_REF, "r", cwd=sub / "checkpoints")
+    assert inside.exit_code == 0, inside.output
+    assert f"anchor: --trust-ref {TRUST_REF} at {commit}:" in inside.stdout
+
+
+def test_a_trust_store_that_cannot_be_read_at_the_ref_is_said_not_taken_for_empty(
+    genuine: Project, key: SigningKey
+) -> None:
+    root = genuine.root
+    ckpt = write_checkpoint(root / "checkpoints" / "heat" / "step-00000001.h5", 1)
+    snapshot(ckpt, run="heat", step=1, key=key)
+    tree = git(root, "rev-parse", f"{TRUST_REF}:.kaudit/trusted-keys").strip()
+    loose = root / ".git" / "objects" / tree[:2] / tree[2:]
+    assert loose.is_file()
+    loose.unlink()  # the ref resolves; the store it holds cannot be read
+    line = assert_bad_input(
+        run_cli("verify", "--trust-ref", TRUST_REF, "checkpoints/heat", cwd=root),
+        "cannot read",
+        ".kaudit/trusted-keys",
+    )
+    assert "no trust anchor" not in line

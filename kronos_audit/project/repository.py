@@ -139,10 +139,14 @@ class Standpoint:
 
 
 def _claim_message(top: Path, d: Path, name: str) -> str:
-    what = "a kaudit project" if name == KAUDIT_DIR else "another git repository"
+    if name == KAUDIT_DIR:
+        return (
+            f"a kaudit project inside {top}, the one you stand in: kaudit does not follow "
+            f"it (the project's settings are {top / KAUDIT_DIR})"
+        )
     return (
-        f"{what} inside {top}, the one you stand in: kaudit does not follow it "
-        f"(for a genuine submodule or worktree, run kaudit from {d})"
+        f"another git repository inside {top}, the one you stand in: kaudit does not "
+        f"follow it (for a genuine submodule or worktree, run kaudit from {d})"
     )
 
 

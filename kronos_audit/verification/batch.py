@@ -140,7 +140,10 @@ def verify(
     trust: TrustOptions | None = None,
     fetch: bool = True,
 ) -> tuple[VerifyResult, ...]:
-    """Verify manifests; raise on bad input, return a result (possibly failed) for each."""
+    """Verify manifests; raise on bad input, return a result (possibly failed) for each.
+
+    They are verified as content of the repository the working directory is in (see
+    :func:`verify_each`): one that claims to be another raises ForeignRepository."""
     paths = [Path(manifests)] if isinstance(manifests, str | Path) else [Path(m) for m in manifests]
     results = []
     for outcome in verify_each(paths, trust=trust, fetch=fetch):

@@ -101,9 +101,9 @@ class Standpoint:
     repository unpacked into a checkout, is used only by standing in it.
     """
 
-    where: Path
+    where: Path | None
     """The directory stood in (resolved): the working directory, or the directory a
-    program names (``ka.Run``'s ``root``)."""
+    program names (``ka.Run``'s ``root``); None when it no longer exists."""
     top: Path | None
     """The top of the git work tree holding :attr:`where`; None outside any."""
 
@@ -153,7 +153,10 @@ def _claim_message(top: Path, d: Path, name: str) -> str:
 def standpoint(where: Path | str | None = None) -> Standpoint:
     """Where the user stands: ``where`` (default: the working directory) and the git work
     tree holding it (a submodule's or a linked worktree's own when ``where`` is in one)."""
-    resolved = _existing_directory(Path.cwd() if where is None else Path(where).resolve())
+    try:
+        resolved = _existing_directory(Path.cwd() if where is None else Path(where).resolve())
+    except OSError:  # a working directory since removed: nowhere to stand
+        return Standpoint(None, None)
     try:
         top: Path | None = git.toplevel(resolved)
     except git.GitError:

@@ -181,7 +181,10 @@ def replay(
     """
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
-    project = find_project(m.path).require_initialized()
+    # A verifier lent by the caller (the gate) stands in its repository; else the user
+    # stands in the working directory's.
+    standing = verifier.project.root if verifier is not None else None
+    project = find_project(m.path, standing=standing).require_initialized()
     command = m.record.command
     if not command:
         raise ReplayError(

@@ -305,3 +305,33 @@ def test_a_trust_store_that_cannot_be_read_at_the_ref_is_said_not_taken_for_empt
         ".kaudit/trusted-keys",
     )
     assert "no trust anchor" not in line
+
+
+def test_a_submodule_named_as_the_gates_repository_is_gated_in_it_replays_included(
+    genuine: Project,
+    key: SigningKey,
+    repo_templates: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    # The submodule's own run, recorded by a program committed in it.
+    lib = _project_copy(repo_templates[1], tmp_path / "upstream" / "lib")
+    lib.trust_store().add(key.private_key.public_key(), "tester")
+    (lib.root / "victim.py").write_text(PROGRAM)
+    git(lib.root, "add", "-A")
+    git(lib.root, "commit", "-q", "-m", "the program")
+    recorded = _program(lib.root, 2)
+    assert recorded.returncode == 0, recorded.stderr
+    git(lib.root, "add", "-A")
+    git(lib.root, "commit", "-q", "-m", "a run")
+    root = genuine.root
+    git(root, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(lib.root), "lib")
+    sub = root / "lib"
+    for h5 in (lib.root / "checkpoints" / "victim").glob("*.h5"):  # DVC's data, not git's
+        shutil.copy2(h5, sub / "checkpoints" / "victim")
+    done = run_cli("gate", "--json", "--trust-ref", TRUST_REF, "lib", cwd=root)
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    assert doc["trust_ref_resolved"]["commit"] == git(sub, "rev-parse", TRUST_REF).strip()
+    replays = [c for c in doc["cases"] if c["kind"] == "replay"]
+    assert len(replays) == 1, doc["cases"]
+    assert replays[0]["ok"], replays

@@ -270,7 +270,7 @@ def test_environment_drift_is_reported_and_refused_when_strict(
     )
     monkeypatch.delenv("OMP_NUM_THREADS")
     removed = replay_json(target)["environment"]["drift"]
-    assert [(d["name"], d["change"]) for d in removed][0] == ("OMP_NUM_THREADS", "removed")
+    assert next((d["name"], d["change"]) for d in removed) == ("OMP_NUM_THREADS", "removed")
 
 
 def test_a_changed_package_in_the_recorded_lock_is_drift(heat: Path, key: SigningKey) -> None:

@@ -21,6 +21,25 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def mkdir_durable(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each new one's entry made durable
+    (its parent fsynced once it is there): a power cut cannot take a directory whose
+    files were made durable inside it. One that is there already is left as it is."""
+    directory = Path(directory)
+    if directory.is_dir():
+        return
+    missing = [directory]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    for new in reversed(missing):
+        try:
+            new.mkdir()
+        except FileExistsError:
+            if not new.is_dir():
+                raise
+        fsync_dir(new.parent)
+
+
 @contextlib.contextmanager
 def atomic_output(path: Path, mode: int = 0o644, *, overwrite: bool = True) -> Iterator[IO[bytes]]:
     """Yield a binary file that replaces ``path`` only if the block finishes.

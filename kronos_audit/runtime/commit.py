@@ -40,9 +40,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
-from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_directory
+from kronos_audit.checkpoint.layout import (
+    INDEX_NAME,
+    TREE_NAME,
+    checkpoint_name,
+    shard_name,
+    step_directory,
+)
 from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
@@ -220,6 +226,9 @@ class FileCommit:
         os.replace(self.tmp, self.final)
         self._placed = True
         fsync_dir(self.final.parent)
+        # The run directory's own name too (made at open, by the writer lock): a power
+        # cut must not take the directory a signed step stands in.
+        fsync_dir(self.final.parent.parent)
         self.digests = written
         return written
 
@@ -317,12 +326,17 @@ class ShardCommit:
         self._specs: dict[str, TreeSpec] = {}
         self.shard: Shard | None = None
         """This rank's shard, once in place."""
+        self._signing = False
 
     def write(self) -> FileDigests:
         # First, before anything that can fail: every rank must reach this collective.
         everyone: list[dict[str, tuple[int, str]]] = self._comm.allgather(self._extents)
         self._specs = self._tree_specs(everyone)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Its name made durable in the run directory, and the run directory's in its
+        # parent: a power cut must not take a step directory whose manifest is signed.
+        mkdir_durable(self.directory)
+        if self.rank == 0:
+            fsync_dir(self.directory.parent.parent)
         written, self._trees = write_and_hash(
             self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5, trees=self._specs
         )
@@ -380,15 +394,21 @@ class ShardCommit:
         return Vote(self.rank, record=self.shard)
 
     def sign(self, votes: Sequence[Vote]) -> None:
+        self._signing = True  # the index and tree are this commit's from here on
         self._sign(self.directory, votes)
 
     def withdraw(self) -> None:
         # The shard stays (committing the step again replaces it); what ``durable`` made
         # of it for DVC does not: no step is tracked without its manifest. (Its cache
-        # object stays, unreferenced, for DVC's garbage collection.)
-        if self.shard is not None and self._durable is not None:
-            with contextlib.suppress(OSError):
-                dvc_file_for(self.directory / self.name).unlink(missing_ok=True)
+        # object stays, unreferenced, for DVC's garbage collection.) Rank 0's index and
+        # tree, tracked before the manifest was to be written, likewise.
+        doomed = [self.directory / self.name] if self.shard is not None else []
+        if self._signing:
+            doomed += [self.directory / INDEX_NAME, self.directory / TREE_NAME]
+        if self._durable is not None:
+            for path in doomed:
+                with contextlib.suppress(OSError):
+                    dvc_file_for(path).unlink(missing_ok=True)
 
     def discard(self) -> None:
         # Gone already when placed; on a read-only disk, the next writer's open removes it.

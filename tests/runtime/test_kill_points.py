@@ -1,0 +1,206 @@
+"""A commit killed with SIGKILL before and after every rename, link and mkdir it makes.
+
+The program below commits step 1, then arms a Python audit hook (``sys.addaudithook``: the
+events ``os.rename`` (``os.replace`` too), ``os.link``, ``os.symlink`` and ``os.mkdir``
+that CPython raises before each call) and commits step 2; the hook kills its own process
+with SIGKILL just before the armed event numbered ``kill_at`` happens, or, past the last
+one, once the commit has returned. A first run records every event (nothing killed); then
+one run is killed at each of them. On one process (a checkpoint file) and on two ranks (a
+sharded step: each rank's shard, rank 0's index, tree and manifest).
+
+After each kill, step 2 is either absent (no manifest: never valid, redone by the next
+run) or fully tracked: every object its manifest signs (and the index's tree) is in DVC's
+cache as the signed bytes, its ``.dvc`` file names them, and ``kaudit push`` of the run
+sends the step as it is, with nothing to repair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.storage.fetch import FetchItem, local_mismatch
+from kronos_audit.storage.remote import configure_remote
+from kronos_audit.storage.steps import step_items
+from kronos_audit.storage.tracking import cache_object_path, dvc_file_for, read_dvc_file
+from tests.helpers import git, run_cli
+
+pytestmark = pytest.mark.slow
+
+HANG_GUARD = 300.0  # seconds; only stops a broken test from hanging CI, never a timing claim
+RUN = "kp"
+TESTS_ROOT = Path(__file__).resolve().parents[2]
+
+PROGRAM = """
+import os, signal, sys, threading
+from pathlib import Path
+import numpy as np
+import kronos_audit as ka
+
+ranks, kill_at, log_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+root = os.path.realpath(os.getcwd())
+log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+armed = False
+count = 0
+guard = threading.Lock()
+EVENTS = {"os.rename": 1, "os.link": 1, "os.symlink": 1, "os.mkdir": 0}
+
+
+def kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hook(event, args):
+    global count
+    if not armed or event not in EVENTS:
+        return
+    target = os.path.realpath(os.fsdecode(args[EVENTS[event]]))
+    if not target.startswith(root + os.sep) or os.sep + ".git" + os.sep in target:
+        return
+    with guard:
+        if count == kill_at:
+            kill()  # before this event: the ones counted so far are done, no more
+        os.write(log, f"{event} {os.path.relpath(target, root)}\\n".encode())
+        count += 1
+
+
+sys.addaudithook(hook)
+
+
+def state(rank):
+    return {"u": np.arange(64.0).reshape(8, 8) + rank}
+
+
+def steps(run, rank):
+    global armed
+    run.restore()
+    run.checkpoint(1, state(rank), **layout)
+    if rank == 0:
+        armed = True  # before step 2's commit: every rank meets rank 0 in it
+    run.checkpoint(2, state(rank + 10), **layout)
+    if rank == 0:
+        armed = False
+        if count == kill_at:
+            kill()  # once the commit has returned
+
+
+if ranks == 1:
+    layout = {}
+    options = {"seed": 5, "every": ka.EverySteps(1), "asynchronous": False}
+    with ka.Run("kp", root="checkpoints", **options) as run:
+        steps(run, 0)
+else:
+    from tests.threadranks import on_ranks, thread_run
+
+    layout = {"layout": {"u": ka.Block(axis=0)}}
+
+    def program(comm):
+        with thread_run(Path.cwd(), "kp", comm) as run:
+            steps(run, comm.rank)
+
+    on_ranks(ranks, program)
+print("done")
+"""
+
+
+def start(repo: Path, ranks: int, kill_at: int, log: Path) -> subprocess.CompletedProcess[str]:
+    program = repo / "kp.py"
+    program.write_text(PROGRAM)
+    env = {**os.environ, "PYTHONPATH": str(TESTS_ROOT)}
+    return subprocess.run(
+        [sys.executable, str(program), str(ranks), str(kill_at), str(log)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+    )
+
+
+def step_manifest(repo: Path, ranks: int) -> Path:
+    """Step 2's manifest: a checkpoint file's, or a sharded step's."""
+    run = repo / "checkpoints" / RUN
+    if ranks == 1:
+        return run / "step-00000002.h5.kaudit.json"
+    return run / "step-00000002" / f"{INDEX_NAME}.kaudit.json"
+
+
+def untracked(repo: Path, manifest_path: Path) -> list[str]:
+    """What of the step ``manifest_path`` signs DVC does not hold here as signed: each
+    object not in DVC's cache as the signed bytes, each ``.dvc`` file that does not name
+    them; for a sharded step the index's tree too."""
+    manifest = read_manifest(manifest_path)
+    items = step_items(manifest)
+    assert items is not None, f"{manifest_path}: its data is not here as signed"
+    tree = manifest.checkpoint_path.with_name(TREE_NAME)
+    if manifest.record.shards is not None:
+        data = tree.read_bytes()
+        items.append(
+            FetchItem(
+                tree,
+                hashlib.md5(data, usedforsecurity=False).hexdigest(),
+                hashlib.sha256(data).hexdigest(),
+                len(data),
+            )
+        )
+    cache = repo / ".dvc" / "cache"
+    wrong = []
+    for item in items:
+        problem = local_mismatch(cache_object_path(cache, item.md5), item)
+        if problem is not None:
+            wrong.append(f"{item.checkpoint.name}: DVC's cache object: {problem}")
+        if read_dvc_file(dvc_file_for(item.checkpoint)) != (item.md5, item.size):
+            wrong.append(f"{item.checkpoint.name}: its .dvc file does not name it")
+    return wrong
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["file", "sharded"])
+def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
+    project: Project, key: SigningKey, tmp_path: Path, ranks: int
+) -> None:
+    configure_remote(project, str(tmp_path / "remote"))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    recorded = tmp_path / "recorded.log"
+    whole = tmp_path / "whole"
+    shutil.copytree(project.root, whole, symlinks=True)
+    done = start(whole, ranks, -1, recorded)
+    assert done.returncode == 0, done.stderr
+    events = recorded.read_text().splitlines()
+    manifest = step_manifest(whole, ranks)
+    signed = f"os.rename {manifest.relative_to(whole)}"
+    # The manifest's rename is the step's last event: everything it signs came before.
+    assert signed in events, events
+    if ranks > 1:
+        assert f"os.mkdir {manifest.parent.relative_to(whole)}" in events
+    outcomes: dict[str, int] = {"absent": 0, "tracked": 0}
+    for kill_at in range(len(events) + 1):
+        repo = tmp_path / f"k{kill_at}"
+        shutil.copytree(project.root, repo, symlinks=True)
+        log = tmp_path / f"k{kill_at}.log"
+        killed = start(repo, ranks, kill_at, log)
+        where = f"killed before {events[kill_at]!r}" if kill_at < len(events) else "killed after"
+        assert killed.returncode == -9, f"{where}: {killed.returncode}: {killed.stderr}"
+        manifest = step_manifest(repo, ranks)
+        if not manifest.exists():
+            outcomes["absent"] += 1  # never valid: the next run does it again
+            continue
+        outcomes["tracked"] += 1
+        problems = untracked(repo, manifest)
+        assert problems == [], f"{where}: step 2 is signed but {problems}"
+        pushed = run_cli("push", str(repo / "checkpoints" / RUN), cwd=repo)
+        assert pushed.exit_code == 0, f"{where}: {pushed.output}"
+        assert "repaired" not in pushed.output, f"{where}: {pushed.output}"
+    # Both outcomes happened: the kills landed before and after the manifest's rename.
+    assert outcomes["absent"] >= 1, outcomes
+    assert outcomes["tracked"] >= 1, outcomes

@@ -40,6 +40,20 @@ def mkdir_durable(directory: Path) -> None:
         fsync_dir(new.parent)
 
 
+def fsync_ancestors(directory: Path, top: Path) -> None:
+    """fsync every directory above ``directory`` up to ``top`` (included): each holds the
+    name of the next, so a power cut cannot take ``directory`` from under what was made
+    durable in it, however its parents were made (by anyone, long ago or just now).
+    Nothing when ``directory`` is not under ``top``."""
+    directory, top = Path(directory).resolve(), Path(top).resolve()
+    if not directory.is_relative_to(top):
+        return
+    for parent in directory.parents:
+        fsync_dir(parent)
+        if parent == top:
+            return
+
+
 @contextlib.contextmanager
 def atomic_output(path: Path, mode: int = 0o644, *, overwrite: bool = True) -> Iterator[IO[bytes]]:
     """Yield a binary file that replaces ``path`` only if the block finishes.

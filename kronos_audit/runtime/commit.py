@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_ancestors, fsync_dir, mkdir_durable
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
@@ -195,8 +195,10 @@ def _withdraw(final: Path) -> None:
 class FileCommit:
     """One step's commit on one rank, as a checkpoint file: written under a temporary name
     in the run's directory, moved into place, then signed (``sign``: None for a file that
-    is only compared). A file that stands under a checkpoint's name when its step was not
-    committed is taken back with its ``.dvc`` file: no file may stand there unsigned."""
+    is only compared); ``top``: the directory (the project's) up to which the names of the
+    run's directory and its parents are made durable with it. A file that stands under a
+    checkpoint's name when its step was not committed is taken back with its ``.dvc``
+    file: no file may stand there unsigned."""
 
     def __init__(
         self,
@@ -206,9 +208,11 @@ class FileCommit:
         md5: bool,
         refusal: Callable[[], str | None] = lambda: None,
         sign: Callable[[Path, FileDigests], None] | None = None,
+        top: Path | None = None,
     ) -> None:
         self.job = job
         self.final = directory / checkpoint_name(job.step)
+        self._top = top
         self.tmp = directory / f"{TEMP_PREFIX}{self.final.name}-{uuid.uuid4().hex[:8]}"
         self._md5 = md5
         self._refusal = refusal
@@ -226,9 +230,10 @@ class FileCommit:
         os.replace(self.tmp, self.final)
         self._placed = True
         fsync_dir(self.final.parent)
-        # The run directory's own name too (made at open, by the writer lock): a power
-        # cut must not take the directory a signed step stands in.
-        fsync_dir(self.final.parent.parent)
+        if self._top is not None:
+            # The run directory's own name too, and its parents' (made at open, by the
+            # writer lock): a power cut must not take the directory a signed step is in.
+            fsync_ancestors(self.final.parent, self._top)
         self.digests = written
         return written
 
@@ -284,9 +289,10 @@ class ShardCommit:
     """One step's commit on one rank of several, as that rank's shard in the step's
     directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only; ``durable``,
     on every rank once its shard is in place and before it votes (its DVC tracking, and
-    node-local its push). A shard left in place when the step was not committed stays,
-    its ``.dvc`` file does not: no step without its manifest is valid, and committing the
-    step again replaces it."""
+    node-local its push); ``top``, as :class:`FileCommit`'s (rank 0's run directory). A
+    shard left in place when the step was not committed stays, its ``.dvc`` file does
+    not: no step without its manifest is valid, and committing the step again replaces
+    it."""
 
     def __init__(
         self,
@@ -298,6 +304,7 @@ class ShardCommit:
         sign: Callable[[Path, Sequence[Vote]], None],
         md5: bool = True,
         durable: Callable[[Path, ShardRecord], None] | None = None,
+        top: Path | None = None,
     ) -> None:
         self.job = job
         self.directory = step_directory(run_directory, job.step)
@@ -309,6 +316,7 @@ class ShardCommit:
         self._sign = sign
         self._md5 = md5
         self._durable = durable
+        self._top = top
         declared: Mapping[str, Any] = job.meta.get("layout", {})
         self._blocks = {
             name: how.axis
@@ -335,8 +343,8 @@ class ShardCommit:
         # Its name made durable in the run directory, and the run directory's in its
         # parent: a power cut must not take a step directory whose manifest is signed.
         mkdir_durable(self.directory)
-        if self.rank == 0:
-            fsync_dir(self.directory.parent.parent)
+        if self.rank == 0 and self._top is not None:
+            fsync_ancestors(self.directory.parent, self._top)
         written, self._trees = write_and_hash(
             self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5, trees=self._specs
         )

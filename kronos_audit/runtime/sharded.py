@@ -287,6 +287,7 @@ class ShardedPublisher(SignedPublisher):
             refusal=lambda: self.refusal(job.step),
             sign=lambda directory, votes: self._signed_step(job, votes),
             durable=self._track_own,
+            top=self._opened().root,
         )
 
     def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:

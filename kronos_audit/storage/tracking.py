@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.fsutil import fsync_dir, mkdir_durable, write_atomic
 from kronos_audit._internal.safeio import (
     KEY_LIMIT,
     UnsafeFile,
@@ -154,6 +154,8 @@ def cache_object_path(cache_dir: Path, md5: str) -> Path:
 def _reflink(src: Path, dst: Path) -> None:
     with open(src, "rb") as s, open(dst, "wb") as d:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        # The clone's extents are the new file's metadata: durable only once it is synced.
+        os.fsync(d.fileno())
 
 
 def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
@@ -169,12 +171,16 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     checkpoint itself (linked before), it is replaced by the checkpoint's bytes, which the
     caller knows to be that md5's (hashed as they were written, or fetched and checked). A
     corrupt or planted object would otherwise be what a push uploads and a fetch links.
+
+    Returns once the object is durable: its bytes synced (a copy, a reflink), then its
+    name (and a new fan-out directory's) by an fsync of the directory that holds it, so a
+    manifest written afterwards never outlives, across a power cut, the object it signs.
     """
     with contextlib.suppress(OSError):
         if os.path.samefile(checkpoint, obj):
             return "present"  # the checkpoint is the cache object already
     try:
-        obj.parent.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(obj.parent)
     except OSError as e:  # a full or read-only cache: say so, and which
         raise _cache_failed(checkpoint, obj, e) from None
     tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -188,6 +194,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 if not owned:
                     # The link shares the user's inode: a chmod would change their file.
                     os.replace(tmp, obj)
+                    _durable_names(obj.parent)
                     return kind
             elif kind == "symlink":
                 if not owned:
@@ -196,7 +203,9 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
                 os.replace(tmp, obj)
+                _durable_names(obj.parent)
                 checkpoint.symlink_to(obj)
+                _durable_names(checkpoint.parent)
                 return kind
             elif kind == "copy":
                 shutil.copyfile(checkpoint, tmp)
@@ -214,6 +223,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _cache_failed(checkpoint, obj, e) from None
+        _durable_names(obj.parent)
         return kind
     why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     last = "" if failed is None else f": {failed.strerror or failed}"
@@ -221,6 +231,19 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}{last}",
         path=checkpoint,
     )
+
+
+def _durable_names(directory: Path) -> None:
+    """fsync ``directory`` after a rename or link into it. A StorageError (not an
+    OSError, which would make the caller try the next link type) when it fails: the
+    name may not survive a power cut, so nothing may be signed over it."""
+    try:
+        fsync_dir(directory)
+    except OSError as e:
+        raise StorageError(
+            f"cannot make DVC's cache durable: fsync of {directory}: {e.strerror or e}",
+            path=directory,
+        ) from None
 
 
 def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:

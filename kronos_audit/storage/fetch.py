@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable
 from kronos_audit.errors import StorageError, TamperedData
 from kronos_audit.storage._dvc import dvc_error, object_path
 from kronos_audit.storage.tracking import (
@@ -418,6 +418,50 @@ def local_mismatch(path: Path, item: FetchItem) -> str | None:
         except _SourceFailed as e:
             return f"it cannot be read: {dvc_error(e.error)}"
     return got.mismatch(item)
+
+
+def cache_from_checkpoint(item: FetchItem, obj: Path) -> str | None:
+    """Put the checkpoint's own bytes into DVC's cache as ``obj`` (the object of
+    ``item.md5``) once they are verified to be the signed ones; None when they are there
+    (durably: synced, renamed into place, the directory synced), else why not, in words.
+
+    What is checked is what goes in: the checkpoint (a symbolic link is not followed) is
+    read once, hashed as it is copied into a private temporary beside the object, and only
+    when its size, sha256 and md5 are the signed ones is the temporary renamed into place.
+    """
+    try:
+        fd = _open_regular(item.checkpoint, follow_symlinks=False)
+    except FileNotFoundError:
+        return "it is not here"
+    except _NotRegular as e:
+        return str(e)
+    except OSError as e:
+        return f"it cannot be read: {e.strerror or e}"
+    with os.fdopen(fd, "rb", buffering=0) as src:
+        try:
+            mkdir_durable(obj.parent)
+            out_fd, name = tempfile.mkstemp(prefix=f".{obj.name}.", suffix=".tmp", dir=obj.parent)
+        except OSError as e:
+            return f"DVC's cache cannot be written: {e.strerror or e}"
+        tmp = Path(name)
+        try:
+            with os.fdopen(out_fd, "wb") as out:
+                got = _read_hashing(src.read, out, item.size)
+                out.flush()
+                os.fchmod(out.fileno(), 0o444)
+                os.fsync(out.fileno())
+            problem = got.mismatch(item)
+            if problem is not None:
+                return problem
+            os.replace(tmp, obj)
+            fsync_dir(obj.parent)
+        except _SourceFailed as e:
+            return f"it cannot be read: {dvc_error(e.error)}"
+        except OSError as e:
+            return f"DVC's cache cannot be written: {e.strerror or e}"
+        finally:
+            tmp.unlink(missing_ok=True)
+    return None
 
 
 def fetch_one(

@@ -38,16 +38,31 @@ from kronos_audit.storage._dvc import (
     remote_odb,
     transfer_failures,
 )
-from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one, local_mismatch
+from kronos_audit.storage.fetch import (
+    FetchItem,
+    RemoteSource,
+    cache_from_checkpoint,
+    fetch_one,
+    local_mismatch,
+)
 from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
     check_dvc_config,
     dvc_file_for,
+    ensure_ignored,
     read_dvc_file,
+    write_dvc_file,
 )
 
 log = logging.getLogger("kronos_audit.storage")
+
+REPAIRED = (
+    "signed but not in DVC's cache here: put there from its bytes here, verified against "
+    "the signed size, sha256 and md5"
+)
+"""What is said of a checkpoint whose cache object :meth:`Storage.repair_tracking` put
+back."""
 
 
 class Storage:
@@ -156,6 +171,8 @@ class Storage:
         cache_dir, _ = self.cache_settings()
         name = self.remote_name(remote)
         self._dvc_cache_is(cache_dir)
+        for item, how in self.repair_tracking(unique):
+            log.warning("%s: %s", item.checkpoint, how)
         odb = self._odb(name)
         by_md5: dict[str, list[FetchItem]] = {}
         for item in unique:
@@ -236,6 +253,49 @@ class Storage:
                 uploaded=len(transferred),
             )
         return len(transferred)
+
+    def repair_tracking(self, items: Iterable[FetchItem]) -> list[tuple[FetchItem, str]]:
+        """Track again each signed checkpoint here that DVC does not hold (its cache
+        object gone or of another size than signed, its ``.dvc`` file missing or naming
+        other data: a step signed by an older kaudit before it was tracked, a cache object
+        lost): its own bytes, verified against the signed size, sha256 and md5, go into
+        DVC's cache (:func:`~kronos_audit.storage.fetch.cache_from_checkpoint`), and its
+        ``.dvc`` file (and git-ignore entry) is written as the signed md5 and size say.
+        Returns each item repaired with what was done, in words; one whose bytes here
+        are not the signed ones is left as it is (the push then says it is not in the
+        remote). Nothing is read for an item DVC holds at its signed size."""
+        cache_dir, _ = self.cache_settings()
+        repaired: list[tuple[FetchItem, str]] = []
+        for item in dict.fromkeys(items):
+            if not os.path.lexists(item.checkpoint):
+                continue  # pruned, or never brought here: nothing to track
+            obj = cache_object_path(cache_dir, item.md5)
+            try:
+                st = os.lstat(obj)
+                held = stat.S_ISREG(st.st_mode) and st.st_size == item.size
+            except OSError:
+                held = False
+            entry = read_dvc_file(dvc_file_for(item.checkpoint))
+            if held and entry == (item.md5, item.size):
+                continue
+            how = "its .dvc file did not name the signed data: written again"
+            if not held:
+                problem = cache_from_checkpoint(item, obj)
+                if problem is not None:
+                    log.debug("%s: not put into DVC's cache: %s", item.checkpoint, problem)
+                    continue
+                how = REPAIRED
+            if entry != (item.md5, item.size):
+                try:
+                    if entry is None:
+                        ensure_ignored(item.checkpoint.parent, f"/{item.checkpoint.name}")
+                    write_dvc_file(item.checkpoint, item.md5, item.size)
+                except OSError as e:
+                    raise StorageError(
+                        f"cannot write its .dvc file: {e.strerror or e}", path=item.checkpoint
+                    ) from None
+            repaired.append((item, how))
+        return repaired
 
     def discard(self, checkpoint: Path) -> None:
         """Remove a checkpoint that failed verification from the work tree and the cache,

@@ -59,6 +59,7 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
         "uploaded": 2,
         "manifests": 2,
         "not_here": [],
+        "repaired": [],
     }
     # the manifests travel with the data, where a run on another machine finds them
     beside = tmp_path / "remote" / "kaudit" / "runs" / "r"

@@ -25,7 +25,7 @@ from kronos_audit.storage import (
     dvc_file_for,
     write_dvc_file,
 )
-from tests.helpers import run_cli, signed_items, untrusted_key, write_checkpoint
+from tests.helpers import git, run_cli, signed_items, untrusted_key, write_checkpoint
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
@@ -205,7 +205,7 @@ def test_a_lost_cache_object_is_put_back_by_push_from_the_verified_checkpoint(
 
 
 def test_a_sharded_step_signed_before_it_was_tracked_is_repaired_by_push(
-    project: Project, key: SigningKey, remote: Path, anchor: str
+    project: Project, key: SigningKey, remote: Path, anchor: str, tmp_path: Path
 ) -> None:
     """What a kill between a step manifest's rename and the tracking of its index left
     (as kaudit once committed): the index signed, but neither in DVC's cache nor named by
@@ -245,6 +245,14 @@ def test_a_sharded_step_signed_before_it_was_tracked_is_repaired_by_push(
     again = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
     assert again.exit_code == 0, again.output
     assert "repaired" not in again.stdout
+    # A fresh clone verifies it from the remote, as the DVC files in git say.
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "the run")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    checked = run_cli("verify", str(clone / RUN), "--trusted-key", anchor, cwd=clone)
+    assert checked.exit_code == 0, checked.output
+    assert "fetched" in checked.stdout
 
 
 def test_a_damaged_cache_object_is_not_what_a_later_run_pushes(

@@ -420,48 +420,85 @@ def local_mismatch(path: Path, item: FetchItem) -> str | None:
     return got.mismatch(item)
 
 
-def cache_from_checkpoint(item: FetchItem, obj: Path) -> str | None:
+def cache_from_checkpoint(item: FetchItem, obj: Path, types: Sequence[str]) -> str | None:
     """Put the checkpoint's own bytes into DVC's cache as ``obj`` (the object of
     ``item.md5``) once they are verified to be the signed ones; None when they are there
     (durably: synced, renamed into place, the directory synced), else why not, in words.
 
-    What is checked is what goes in: the checkpoint (a symbolic link is not followed) is
-    read once, hashed as it is copied into a private temporary beside the object, and only
-    when its size, sha256 and md5 are the signed ones is the temporary renamed into place.
+    What is checked is what goes in: a private name in the cache's directory is given the
+    checkpoint's bytes the way ``types`` (DVC's ``cache.type``) allows (a hard link, a
+    reflink, else a copy hashed as it is made), the bytes are hashed through that name,
+    and only when their size, sha256 and md5 are the signed ones is it renamed into
+    place. A symbolic link is not followed; the checkpoint's own mode is left as it is.
     """
     try:
-        fd = _open_regular(item.checkpoint, follow_symlinks=False)
+        os.close(_open_regular(item.checkpoint, follow_symlinks=False))
+        mkdir_durable(obj.parent)
     except FileNotFoundError:
         return "it is not here"
     except _NotRegular as e:
         return str(e)
     except OSError as e:
-        return f"it cannot be read: {e.strerror or e}"
-    with os.fdopen(fd, "rb", buffering=0) as src:
-        try:
-            mkdir_durable(obj.parent)
-            out_fd, name = tempfile.mkstemp(prefix=f".{obj.name}.", suffix=".tmp", dir=obj.parent)
-        except OSError as e:
-            return f"DVC's cache cannot be written: {e.strerror or e}"
-        tmp = Path(name)
-        try:
-            with os.fdopen(out_fd, "wb") as out:
-                got = _read_hashing(src.read, out, item.size)
-                out.flush()
-                os.fchmod(out.fileno(), 0o444)
-                os.fsync(out.fileno())
-            problem = got.mismatch(item)
-            if problem is not None:
-                return problem
-            os.replace(tmp, obj)
-            fsync_dir(obj.parent)
-        except _SourceFailed as e:
-            return f"it cannot be read: {dvc_error(e.error)}"
-        except OSError as e:
-            return f"DVC's cache cannot be written: {e.strerror or e}"
-        finally:
-            tmp.unlink(missing_ok=True)
+        return f"it cannot be read, or DVC's cache written: {e.strerror or e}"
+    tmp = obj.parent / f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        got = _stage_into_cache(item, tmp, types)
+        problem = got.mismatch(item)
+        if problem is not None:
+            return problem
+        os.replace(tmp, obj)
+        fsync_dir(obj.parent)
+    except _NotRegular as e:
+        return str(e)
+    except _SourceFailed as e:
+        return f"it cannot be read: {dvc_error(e.error)}"
+    except OSError as e:
+        return f"DVC's cache cannot be written: {e.strerror or e}"
+    finally:
+        tmp.unlink(missing_ok=True)
     return None
+
+
+def _stage_into_cache(item: FetchItem, tmp: Path, types: Sequence[str]) -> _Read:
+    """Give ``tmp`` (a new name in DVC's cache) the checkpoint's bytes, synced, and what
+    reading them through ``tmp`` saw: a hard link or a reflink where ``types`` allow (read
+    back through it), else a copy (read-only) checked as it is made."""
+    for kind in types:
+        if kind == "copy":
+            break
+        try:
+            if kind == "hardlink":
+                os.link(item.checkpoint, tmp, follow_symlinks=False)
+            elif kind == "reflink":
+                src = _open_regular(item.checkpoint, follow_symlinks=False)
+                try:
+                    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+                    try:
+                        fcntl.ioctl(out, FICLONE, src)
+                    finally:
+                        os.close(out)
+                finally:
+                    os.close(src)
+            else:
+                continue
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            continue  # not on this file system: the next kind
+        try:
+            return _read_back(tmp, item)
+        except OSError as e:
+            raise _SourceFailed(e) from e
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    with os.fdopen(out, "wb") as f:
+        try:
+            src_file = os.fdopen(_open_regular(item.checkpoint, follow_symlinks=False), "rb", 0)
+        except OSError as e:
+            raise _SourceFailed(e) from e
+        with src_file:
+            got = _read_hashing(src_file.read, f, item.size)
+        f.flush()
+        os.fsync(f.fileno())
+    return got
 
 
 def fetch_one(

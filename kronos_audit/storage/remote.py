@@ -264,7 +264,7 @@ class Storage:
         Returns each item repaired with what was done, in words; one whose bytes here
         are not the signed ones is left as it is (the push then says it is not in the
         remote). Nothing is read for an item DVC holds at its signed size."""
-        cache_dir, _ = self.cache_settings()
+        cache_dir, types = self.cache_settings()
         repaired: list[tuple[FetchItem, str]] = []
         for item in dict.fromkeys(items):
             if not os.path.lexists(item.checkpoint):
@@ -280,7 +280,7 @@ class Storage:
                 continue
             how = "its .dvc file did not name the signed data: written again"
             if not held:
-                problem = cache_from_checkpoint(item, obj)
+                problem = cache_from_checkpoint(item, obj, types)
                 if problem is not None:
                     log.debug("%s: not put into DVC's cache: %s", item.checkpoint, problem)
                     continue

@@ -181,11 +181,14 @@ def test_push_names_an_object_left_missing_and_exits_1(
     assert list(caught.value.missing) == [ckpt]
 
 
+@pytest.mark.parametrize("cache_type", [None, "copy"], ids=["links", "copy"])
 def test_a_lost_cache_object_is_put_back_by_push_from_the_verified_checkpoint(
-    project: Project, key: SigningKey, remote: Path, anchor: str
+    project: Project, key: SigningKey, remote: Path, anchor: str, cache_type: str | None
 ) -> None:
     """A signed checkpoint whose object DVC's cache lost: push hashes the checkpoint here,
     finds the signed bytes, puts them back into the cache, says so, and pushes them."""
+    if cache_type is not None:
+        dvc(project.root, "config", "--local", "cache.type", cache_type)
     heat_run(project)
     ckpt = project.root / STEP_10
     md5 = md5_of(ckpt)
@@ -198,10 +201,35 @@ def test_a_lost_cache_object_is_put_back_by_push_from_the_verified_checkpoint(
     assert "verified against the signed size, sha256 and md5" in line
     assert obj.read_bytes() == ckpt.read_bytes()
     assert hashlib.md5(obj.read_bytes()).hexdigest() == md5
+    assert obj.stat().st_mode & 0o222 == 0  # read-only, as DVC keeps its cache
+    if cache_type == "copy":
+        assert not os.path.samefile(obj, ckpt)
     assert remote_object(remote, md5).read_bytes() == ckpt.read_bytes()
     again = run_cli("push", str(project.root / RUN), "--trusted-key", anchor, "--json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["repaired"] == []
+
+
+def test_push_puts_back_nothing_through_a_symbolic_link(
+    project: Project, key: SigningKey, remote: Path, anchor: str, tmp_path: Path
+) -> None:
+    """The checkpoint swapped for a symbolic link to the signed bytes elsewhere: a link is
+    never followed into DVC's cache, even to the right bytes; the push names it missing."""
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    md5 = md5_of(ckpt)
+    obj = cache_object_path(cache_settings(project)[0], md5)
+    obj.unlink()
+    elsewhere = tmp_path / "elsewhere.h5"
+    elsewhere.write_bytes(ckpt.read_bytes())
+    ckpt.unlink()
+    ckpt.symlink_to(elsewhere)
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 1, result.output
+    assert "repaired" not in result.stdout
+    assert f"the object {md5} was not uploaded" in result.stdout
+    assert not obj.exists()
+    assert not remote_object(remote, md5).exists()
 
 
 def test_a_sharded_step_signed_before_it_was_tracked_is_repaired_by_push(

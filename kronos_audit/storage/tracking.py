@@ -178,7 +178,11 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     """
     with contextlib.suppress(OSError):
         if os.path.samefile(checkpoint, obj):
-            return "present"  # the checkpoint is the cache object already
+            # The checkpoint is the cache object already; made durable again, for a
+            # process killed before it synced the name leaves it only in the page cache.
+            _durable_names(obj.parent)
+            _durable_names(obj.parent.parent)
+            return "present"
     try:
         mkdir_durable(obj.parent)
     except OSError as e:  # a full or read-only cache: say so, and which

@@ -100,7 +100,9 @@ def push(
         if items:
             # A step signed but not tracked (signed by an older kaudit before it was
             # tracked, or its cache object lost) is tracked again from its verified bytes
-            # here, and said: DVC pushes only what its cache holds.
+            # here, and said: DVC pushes only what its cache holds. Only once there is a
+            # remote to push to (none: exit 2, nothing changed here).
+            storage.remote_name(remote)
             repaired = storage.repair_tracking([i for group in items.values() for i in group])
             try:
                 uploaded = storage.push([i for group in items.values() for i in group], remote)

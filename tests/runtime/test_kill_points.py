@@ -11,7 +11,8 @@ sharded step: each rank's shard, rank 0's index, tree and manifest).
 After each kill, step 2 is either absent (no manifest: never valid, redone by the next
 run) or fully tracked: every object its manifest signs (and the index's tree) is in DVC's
 cache as the signed bytes, its ``.dvc`` file names them, and ``kaudit push`` of the run
-sends the step as it is, with nothing to repair.
+sends the step as it is, with nothing to repair. And a sharded step whose manifest cannot
+be written leaves nothing tracked.
 """
 
 from __future__ import annotations
@@ -23,23 +24,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import kronos_audit as ka
 from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME
+from kronos_audit.errors import CheckpointError, ManifestError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.runtime import sharded
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.storage.fetch import FetchItem, local_mismatch
 from kronos_audit.storage.remote import configure_remote
 from kronos_audit.storage.steps import step_items
 from kronos_audit.storage.tracking import cache_object_path, dvc_file_for, read_dvc_file
 from tests.helpers import git, run_cli
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
 
 HANG_GUARD = 300.0  # seconds; only stops a broken test from hanging CI, never a timing claim
 RUN = "kp"
 TESTS_ROOT = Path(__file__).resolve().parents[2]
+SHARDS_DVC = ["rank-000000-of-000002.h5.dvc", "rank-000001-of-000002.h5.dvc"]
 
 PROGRAM = """
 import os, signal, sys, threading
@@ -204,3 +211,32 @@ def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
     # Both outcomes happened: the kills landed before and after the manifest's rename.
     assert outcomes["absent"] >= 1, outcomes
     assert outcomes["tracked"] >= 1, outcomes
+
+
+def test_a_sharded_step_whose_manifest_cannot_be_written_is_tracked_by_nothing(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 tracks the index and tree before it writes the manifest: when the manifest
+    cannot be written (the disk fills up at that instant: the fault is injected where the
+    manifest is written), the commit fails on every rank, and neither a shard nor the
+    index nor the tree is left with a .dvc file."""
+
+    def disk_full(manifest: Manifest) -> Manifest:
+        raise ManifestError("cannot write manifest: No space left on device", path=manifest.path)
+
+    def ranks(comm: ThreadRanks) -> None:
+        with thread_run(project.root, RUN, comm) as run:
+            u = np.arange(16.0).reshape(4, 4) + comm.rank
+            run.checkpoint(1, {"u": u}, layout={"u": ka.Block(axis=0)})
+            if comm.rank == 0:
+                monkeypatch.setattr(sharded, "publish_manifest", disk_full)
+            with pytest.raises(CheckpointError, match="No space left on device"):
+                run.checkpoint(2, {"u": u + 1}, layout={"u": ka.Block(axis=0)})
+
+    on_ranks(2, ranks)
+    step = project.root / "checkpoints" / RUN / "step-00000002"
+    assert (step / INDEX_NAME).is_file()  # written and tracked, then not signed
+    assert not (step / f"{INDEX_NAME}.kaudit.json").exists()
+    assert sorted(p.name for p in step.glob("*.dvc")) == []
+    done = sorted(p.name for p in step.with_name("step-00000001").glob("*.dvc"))
+    assert done == [f"{INDEX_NAME}.dvc", f"{TREE_NAME}.dvc", *SHARDS_DVC]

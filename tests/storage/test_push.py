@@ -210,6 +210,18 @@ def test_a_lost_cache_object_is_put_back_by_push_from_the_verified_checkpoint(
     assert json.loads(again.stdout)["repaired"] == []
 
 
+def test_push_without_a_remote_repairs_nothing(
+    project: Project, key: SigningKey, anchor: str
+) -> None:
+    heat_run(project)
+    obj = cache_object_path(cache_settings(project)[0], md5_of(project.root / STEP_10))
+    obj.unlink()
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 2, result.output
+    assert "no DVC remote" in result.output
+    assert not obj.exists()  # nothing changed here
+
+
 def test_push_puts_back_nothing_through_a_symbolic_link(
     project: Project, key: SigningKey, remote: Path, anchor: str, tmp_path: Path
 ) -> None:

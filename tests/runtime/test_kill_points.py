@@ -5,8 +5,10 @@ events ``os.rename`` (``os.replace`` too), ``os.link``, ``os.symlink`` and ``os.
 that CPython raises before each call) and commits step 2; the hook kills its own process
 with SIGKILL just before the armed event numbered ``kill_at`` happens, or, past the last
 one, once the commit has returned. A first run records every event (nothing killed); then
-one run is killed at each of them. On one process (a checkpoint file) and on two ranks (a
-sharded step: each rank's shard, rank 0's index, tree and manifest).
+one run is killed at each of them. On one process (a checkpoint file), on two ranks that
+are threads of one process (a sharded step: each rank's shard, rank 0's index, tree and
+manifest; the kill takes every rank), and on two MPI processes under mpiexec (rank 0's
+events, rank 0 killed: mpiexec then ends the other wherever it is).
 
 After each kill, step 2 is either absent (no manifest: never valid, redone by the next
 run) or fully tracked: every object its manifest signs (and the index's tree) is in DVC's
@@ -18,7 +20,6 @@ be written leaves nothing tracked.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from kronos_audit.storage.remote import configure_remote
 from kronos_audit.storage.steps import step_items
 from kronos_audit.storage.tracking import cache_object_path, dvc_file_for, read_dvc_file
 from tests.helpers import git, run_cli
+from tests.parallel.launch import launcher_env, mpiexec
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
@@ -54,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import kronos_audit as ka
 
-ranks, kill_at, log_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+mode, kill_at, log_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 root = os.path.realpath(os.getcwd())
 log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 armed = False
@@ -101,43 +103,45 @@ def steps(run, rank):
             kill()  # once the commit has returned
 
 
-if ranks == 1:
-    layout = {}
-    options = {"seed": 5, "every": ka.EverySteps(1), "asynchronous": False}
-    with ka.Run("kp", root="checkpoints", **options) as run:
-        steps(run, 0)
-else:
+layout = {} if mode == "file" else {"layout": {"u": ka.Block(axis=0)}}
+if mode == "threads":
     from tests.threadranks import on_ranks, thread_run
-
-    layout = {"layout": {"u": ka.Block(axis=0)}}
 
     def program(comm):
         with thread_run(Path.cwd(), "kp", comm) as run:
             steps(run, comm.rank)
 
-    on_ranks(ranks, program)
+    on_ranks(2, program)
+else:  # one process, or each rank a process of its own under mpiexec
+    options = {"seed": 5, "every": ka.EverySteps(1), "asynchronous": False}
+    with ka.Run("kp", root="checkpoints", **options) as run:
+        steps(run, run.rank)
 print("done")
 """
 
 
-def start(repo: Path, ranks: int, kill_at: int, log: Path) -> subprocess.CompletedProcess[str]:
+def start(repo: Path, mode: str, kill_at: int, log: Path) -> subprocess.CompletedProcess[str]:
+    """The program, in ``mode``: ``file`` (one process), ``threads`` (two thread ranks) or
+    ``mpi`` (two processes under mpiexec; rank 0's are the events, and rank 0 is killed:
+    mpiexec then ends the other)."""
     program = repo / "kp.py"
     program.write_text(PROGRAM)
-    env = {**os.environ, "PYTHONPATH": str(TESTS_ROOT)}
+    argv = [str(program), mode, str(kill_at), str(log)]
+    command = mpiexec(2, *argv) if mode == "mpi" else [sys.executable, *argv]
     return subprocess.run(
-        [sys.executable, str(program), str(ranks), str(kill_at), str(log)],
+        command,
         cwd=repo,
-        env=env,
+        env={**launcher_env(), "PYTHONPATH": str(TESTS_ROOT)},
         capture_output=True,
         text=True,
         timeout=HANG_GUARD,
     )
 
 
-def step_manifest(repo: Path, ranks: int) -> Path:
+def step_manifest(repo: Path, mode: str) -> Path:
     """Step 2's manifest: a checkpoint file's, or a sharded step's."""
     run = repo / "checkpoints" / RUN
-    if ranks == 1:
+    if mode == "file":
         return run / "step-00000002.h5.kaudit.json"
     return run / "step-00000002" / f"{INDEX_NAME}.kaudit.json"
 
@@ -171,9 +175,9 @@ def untracked(repo: Path, manifest_path: Path) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("ranks", [1, 2], ids=["file", "sharded"])
+@pytest.mark.parametrize("mode", ["file", "threads", "mpi"])
 def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
-    project: Project, key: SigningKey, tmp_path: Path, ranks: int
+    project: Project, key: SigningKey, tmp_path: Path, mode: str
 ) -> None:
     configure_remote(project, str(tmp_path / "remote"))
     git(project.root, "add", "-A")
@@ -181,24 +185,27 @@ def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
     recorded = tmp_path / "recorded.log"
     whole = tmp_path / "whole"
     shutil.copytree(project.root, whole, symlinks=True)
-    done = start(whole, ranks, -1, recorded)
+    done = start(whole, mode, -1, recorded)
     assert done.returncode == 0, done.stderr
     events = recorded.read_text().splitlines()
-    manifest = step_manifest(whole, ranks)
+    manifest = step_manifest(whole, mode)
     signed = f"os.rename {manifest.relative_to(whole)}"
     # The manifest's rename is the step's last event: everything it signs came before.
     assert signed in events, events
-    if ranks > 1:
+    if mode != "file":
         assert f"os.mkdir {manifest.parent.relative_to(whole)}" in events
     outcomes: dict[str, int] = {"absent": 0, "tracked": 0}
     for kill_at in range(len(events) + 1):
         repo = tmp_path / f"k{kill_at}"
         shutil.copytree(project.root, repo, symlinks=True)
         log = tmp_path / f"k{kill_at}.log"
-        killed = start(repo, ranks, kill_at, log)
+        killed = start(repo, mode, kill_at, log)
         where = f"killed before {events[kill_at]!r}" if kill_at < len(events) else "killed after"
-        assert killed.returncode == -9, f"{where}: {killed.returncode}: {killed.stderr}"
-        manifest = step_manifest(repo, ranks)
+        # SIGKILL, or (mpiexec) the job ended for it; never the program's own end.
+        assert killed.returncode != 0, f"{where}: {killed.stdout}"
+        assert mode == "mpi" or killed.returncode == -9, f"{where}: {killed.stderr}"
+        assert mode == "mpi" or "done" not in killed.stdout, where  # (rank 1 may end)
+        manifest = step_manifest(repo, mode)
         if not manifest.exists():
             outcomes["absent"] += 1  # never valid: the next run does it again
             continue

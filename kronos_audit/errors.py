@@ -147,6 +147,11 @@ class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
 
 
+class RemoteUnreachable(StorageError):
+    """A DVC remote could not be read at all (server down, no network, a path that cannot
+    be listed): what was asked of it is unknown, not absent."""
+
+
 class PushIncomplete(StorageError):
     """A push ran, and afterwards the remote does not hold every object the pushed
     manifests sign, at its signed size (a failed check: exit 1). ``missing`` names each

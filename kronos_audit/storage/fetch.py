@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable
-from kronos_audit.errors import StorageError, TamperedData
+from kronos_audit.errors import RemoteUnreachable, StorageError, TamperedData
 from kronos_audit.storage._dvc import dvc_error, object_path
 from kronos_audit.storage.tracking import (
     FICLONE,
@@ -320,22 +321,25 @@ class RemoteSource:
         self.name = name or "default"
         self._requested = name
         self._odb: Any = None
-        self._failed: str | None = None
+        self._failed: StorageError | None = None
+        """Why the remote was given up on (its kind kept: unreachable, or not set up)."""
 
     def _get_odb(self, checkpoint: Path) -> Any:
         if self._failed is not None:
-            raise StorageError(self._failed, path=checkpoint)
+            raise type(self._failed)(self._failed.message, path=checkpoint)
         if self._odb is None:
             try:
                 self.name, self._odb = self._open_remote(self._requested)
             except StorageError as e:
-                self._failed = e.message
-                raise StorageError(e.message, path=checkpoint) from None
+                self._failed = e
+                raise type(e)(e.message, path=checkpoint) from None
         return self._odb
 
     def _unreachable(self, error: Exception, checkpoint: Path) -> StorageError:
-        self._failed = f"the DVC remote {self.name!r} is unreachable: {dvc_error(error)}"
-        return StorageError(self._failed, path=checkpoint)
+        self._failed = RemoteUnreachable(
+            f"the DVC remote {self.name!r} is unreachable: {dvc_error(error)}", path=checkpoint
+        )
+        return self._failed
 
     def _open(self, odb: Any, md5: str) -> IO[bytes]:
         path = object_path(odb, md5)
@@ -369,6 +373,19 @@ class RemoteSource:
         finally:
             with contextlib.suppress(Exception):
                 src.close()
+
+
+def read_object(item: FetchItem, remote: RemoteSource) -> bytes:
+    """The object ``item`` names, read from ``remote`` into memory (at most one byte more
+    than its signed size) and returned only when it is the signed bytes (size, sha256,
+    md5). Raises TamperedData when it is not, RemoteUnreachable when the remote cannot be
+    read, and StorageError when it is not there."""
+    buffer = io.BytesIO()
+    got = remote.read_into(item, buffer)
+    problem = got.mismatch(item)
+    if problem is not None:
+        raise _tampered(item, problem)
+    return buffer.getvalue()
 
 
 def _tampered(item: FetchItem, problem: str) -> TamperedData:

@@ -20,13 +20,13 @@ import logging
 import os
 import stat
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal import git
 from kronos_audit._internal.secrets import SplitURL, is_secret_param, redact, split_credentials
-from kronos_audit.errors import Error, PushIncomplete, StorageError
+from kronos_audit.errors import Error, PushIncomplete, RemoteUnreachable, StorageError
 from kronos_audit.project.repository import Project
 from kronos_audit.storage._dvc import (
     dvc_error,
@@ -44,6 +44,7 @@ from kronos_audit.storage.fetch import (
     cache_from_checkpoint,
     fetch_one,
     local_mismatch,
+    read_object,
 )
 from kronos_audit.storage.tracking import (
     cache_object_path,
@@ -114,8 +115,12 @@ class Storage:
             raise StorageError(f"remote: {dvc_error(e)}", path=self.project.root) from None
 
     def remote_sizes(self, md5s: Iterable[str], remote: str | None = None) -> dict[str, int | None]:
-        """Size of each object in the remote, None where it is absent."""
-        odb = self._odb(remote)
+        """Size of each object in the remote, None where it is absent.
+
+        Raises RemoteUnreachable when the remote cannot be asked (a server down, a path
+        that cannot be read), StorageError when no such remote is configured."""
+        name = self.remote_name(remote)
+        odb = self._odb(name)
         found: dict[str, int | None] = {}
         for md5 in set(md5s):
             try:
@@ -123,8 +128,9 @@ class Storage:
             except FileNotFoundError:
                 found[md5] = None
             except Exception as e:
-                raise StorageError(
-                    f"remote unreachable: {dvc_error(e)}", path=self.project.root
+                raise RemoteUnreachable(
+                    f"the DVC remote {name!r} is unreachable: {dvc_error(e)}",
+                    path=self.project.root,
                 ) from None
         return found
 
@@ -356,6 +362,15 @@ class Storage:
             except Error as e:
                 failed[item.checkpoint] = e
         return failed
+
+    def remote_reader(self, remote: str | None = None) -> Callable[[FetchItem], bytes]:
+        """A reader of small objects (a shard index) from the remote, opened once for all
+        of them: each read returns an object's bytes only when they are the signed ones
+        (:func:`~kronos_audit.storage.fetch.read_object`: TamperedData otherwise,
+        RemoteUnreachable once the remote proves unreachable, StorageError when the object
+        is not there)."""
+        source = RemoteSource(self._open_remote, remote)
+        return lambda item: read_object(item, source)
 
     def _open_remote(self, name: str | None) -> tuple[str, Any]:
         chosen = self.remote_name(name)

@@ -6,12 +6,13 @@ the objects verified manifests sign, by md5, never what a ``.dvc`` file says (se
 :mod:`kronos_audit.storage.fetch`); a push is confirmed afterwards: every object it was
 given must then be in the remote at its signed size.
 
-DVC's push over SSH writes objects in place, so a push killed midway can leave a
-truncated object under its final name, which DVC would then take as pushed. kaudit
-compares each remote object's size with the signed one and deletes one of another size
-before pushing again, once the local bytes that replace it are verified: a partial or
-tampered object is never taken as valid, and none is deleted for bytes that are not
-the signed ones.
+DVC uploads each object under a temporary name and renames it; a push killed midway
+leaves that temporary, which a later push removes once it is provably stale, and two
+pushes on one machine upload an object once (:mod:`~kronos_audit.storage.uploads`). An
+object truncated under its final name all the same (an older plugin, or tampering) is
+not taken as pushed: kaudit compares each remote object's size with the signed one and
+deletes one of another size before pushing again, once the local bytes that replace it
+are verified; none is deleted for bytes that are not the signed ones.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from kronos_audit.storage.tracking import (
     read_dvc_file,
     write_dvc_file,
 )
+from kronos_audit.storage.uploads import PushLocks, remove_stale_uploads
 
 log = logging.getLogger("kronos_audit.storage")
 
@@ -217,12 +219,15 @@ class Storage:
         to_push = [
             m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
         ]
+        # Beside every object of this push, whether it is uploaded now or was before: the
+        # upload a killed push left is found stale only later, once no longer written to.
+        remove_stale_uploads(odb, by_md5)
         reasons: list[str] = []
         try:
             # DVC's line for each file it fails to upload is kept back: why (a full or
             # read-only remote) goes into the one line said for each checkpoint.
             with quiet_dvc(), transfer_failures() as reasons:
-                transferred, failed = push_objects(self.repo, to_push, name)
+                transferred, failed = self._upload(odb, to_push, name)
         except Exception as e:
             why = f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
             raise StorageError(
@@ -302,6 +307,36 @@ class Storage:
                     ) from None
             repaired.append((item, how))
         return repaired
+
+    def _upload(self, odb: Any, md5s: Sequence[str], name: str) -> tuple[set[str], set[str]]:
+        """Upload ``md5s`` with DVC; the md5s transferred and those that failed. An object
+        another push on this machine is uploading is left to it and waited for (bounded),
+        after this push's own uploads, then uploaded only if it is still not there (see
+        :mod:`~kronos_audit.storage.uploads`)."""
+        transferred: set[str] = set()
+        failed: set[str] = set()
+        with PushLocks(self._remote_identity(name)) as locks:
+            mine = locks.take(md5s)
+            if mine:
+                transferred, failed = push_objects(self.repo, mine, name)
+            locks.release(mine)  # before waiting: two pushes never wait for each other
+            theirs = [m for m in md5s if m not in set(mine)]
+            if theirs:
+                log.info("%d object(s) being uploaded by another push: waiting", len(theirs))
+                locks.wait(theirs)
+                there = self.remote_sizes(theirs, name)
+                again = [m for m in theirs if there[m] is None]
+                if again:
+                    more, more_failed = push_objects(self.repo, again, name)
+                    transferred |= more
+                    failed |= more_failed
+        return transferred, failed
+
+    def _remote_identity(self, name: str) -> str:
+        """What tells one remote from another for the push locks: its URL, user and port
+        as configured here (no secret)."""
+        config = self.repo.config["remote"][name]
+        return "\0".join(str(config.get(k, "")) for k in ("url", "user", "port"))
 
     def discard(self, checkpoint: Path) -> None:
         """Remove a checkpoint that failed verification from the work tree and the cache,

@@ -334,7 +334,8 @@ class Storage:
 
     def _remote_identity(self, name: str) -> str:
         """What tells one remote from another for the push locks: its URL, user and port
-        as configured here (no secret)."""
+        as configured here (only ever hashed into a lock's name: a token in the URL is
+        never written)."""
         config = self.repo.config["remote"][name]
         return "\0".join(str(config.get(k, "")) for k in ("url", "user", "port"))
 

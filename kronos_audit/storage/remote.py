@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -56,7 +57,12 @@ from kronos_audit.storage.tracking import (
     read_dvc_file,
     write_dvc_file,
 )
-from kronos_audit.storage.uploads import PushLocks, remove_stale_uploads
+from kronos_audit.storage.uploads import (
+    LOCKS_AT_ONCE,
+    UPLOAD_WAIT,
+    PushLocks,
+    remove_stale_uploads,
+)
 
 log = logging.getLogger("kronos_audit.storage")
 
@@ -312,24 +318,32 @@ class Storage:
         """Upload ``md5s`` with DVC; the md5s transferred and those that failed. An object
         another push on this machine is uploading is left to it and waited for (bounded),
         after this push's own uploads, then uploaded only if it is still not there (see
-        :mod:`~kronos_audit.storage.uploads`)."""
+        :mod:`~kronos_audit.storage.uploads`). At most :data:`LOCKS_AT_ONCE` locks are held
+        at a time: a push of a million objects opens no million files."""
         transferred: set[str] = set()
         failed: set[str] = set()
+
+        def upload(chunk: list[str]) -> None:
+            if chunk:
+                done, not_done = push_objects(self.repo, chunk, name)
+                transferred.update(done)
+                failed.update(not_done)
+
+        theirs: list[str] = []
         with PushLocks(self._remote_identity(name)) as locks:
-            mine = locks.take(md5s)
-            if mine:
-                transferred, failed = push_objects(self.repo, mine, name)
-            locks.release(mine)  # before waiting: two pushes never wait for each other
-            theirs = [m for m in md5s if m not in set(mine)]
+            for chunk in _batches(md5s):
+                mine = locks.take(chunk)
+                theirs += [m for m in chunk if m not in set(mine)]
+                upload(mine)
+                locks.release(mine)  # before any wait: two pushes never wait for each other
             if theirs:
                 log.info("%d object(s) being uploaded by another push: waiting", len(theirs))
-                locks.wait(theirs)
-                there = self.remote_sizes(theirs, name)
-                again = [m for m in theirs if there[m] is None]
-                if again:
-                    more, more_failed = push_objects(self.repo, again, name)
-                    transferred |= more
-                    failed |= more_failed
+            deadline = time.monotonic() + UPLOAD_WAIT
+            for chunk in _batches(theirs):
+                locks.wait(chunk, deadline)
+                there = self.remote_sizes(chunk, name)
+                upload([m for m in chunk if there[m] is None])
+                locks.release(chunk)
         return transferred, failed
 
     def _remote_identity(self, name: str) -> str:
@@ -411,6 +425,10 @@ class Storage:
     def _open_remote(self, name: str | None) -> tuple[str, Any]:
         chosen = self.remote_name(name)
         return chosen, self._odb(chosen)
+
+
+def _batches(md5s: Sequence[str]) -> list[list[str]]:
+    return [list(md5s[i : i + LOCKS_AT_ONCE]) for i in range(0, len(md5s), LOCKS_AT_ONCE)]
 
 
 # Remote types whose credentials DVC takes as options of their own (`dvc remote modify

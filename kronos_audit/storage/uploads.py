@@ -49,6 +49,8 @@ STALE_UPLOAD_AGE = 3600.0
 UPLOAD_WAIT = 600.0
 """Seconds a push waits, at most, for an object that another push on this machine is
 uploading, before it uploads it itself."""
+LOCKS_AT_ONCE = 256
+"""Objects a push locks and uploads at a time (a descriptor each, while it holds them)."""
 _POLL = 0.1
 """Seconds between two tries of a lock another push holds."""
 
@@ -201,10 +203,9 @@ class PushLocks:
         those this push may upload now (all of them when locks cannot be had here)."""
         return [m for m in md5s if self._try(m) is not False]
 
-    def wait(self, md5s: Iterable[str], timeout: float = UPLOAD_WAIT) -> None:
-        """Wait until no other push holds the locks of ``md5s`` (taking each), at most
-        ``timeout`` seconds in all; past that, go on without them."""
-        deadline = time.monotonic() + timeout
+    def wait(self, md5s: Iterable[str], deadline: float) -> None:
+        """Wait until no other push holds the locks of ``md5s`` (taking each), until
+        ``deadline`` (``time.monotonic()``) at most; past that, go on without them."""
         for md5 in md5s:
             while self._try(md5) is False:
                 if time.monotonic() >= deadline:
@@ -233,6 +234,7 @@ class PushLocks:
 
 __all__ = [
     "DVC_TEMPORARY",
+    "LOCKS_AT_ONCE",
     "STALE_UPLOAD_AGE",
     "UPLOAD_WAIT",
     "PushLocks",

@@ -155,7 +155,7 @@ def test_a_push_killed_holding_a_lock_frees_it_though_its_forked_child_lives(
         with PushLocks("remote", tmp_path) as other:
             assert other.take(["0" * 32]) == []  # held: the push is uploading it
             holder.send_signal(signal.SIGSTOP)  # hung, holding it
-            other.wait(["0" * 32], timeout=0.5)  # bounded: a hung holder never blocks
+            other.wait(["0" * 32], time.monotonic() + 0.5)  # bounded: a hang never blocks
             assert other.take(["0" * 32]) == []  # (not taken: uploaded unlocked, then)
             holder.send_signal(signal.SIGCONT)
         holder.send_signal(signal.SIGKILL)  # the push, killed for real; its child lives on

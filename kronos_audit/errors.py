@@ -105,6 +105,12 @@ class ProjectError(Error):
     """The repository is not set up for kronos-audit (not git, no `.kaudit/`)."""
 
 
+class ForeignRepository(ProjectError):
+    """Content below the repository the user stands in claims to be another repository
+    (a ``.git`` or a ``.kaudit`` in a run directory or a checkout, a submodule, a
+    worktree): refused, never followed (see docs/security.md, the repository boundary)."""
+
+
 class SigningKeyError(Error):
     """A signing key is missing, ambiguous or unreadable."""
 
@@ -139,6 +145,11 @@ class RollbackRefused(CheckpointError):
 
 class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
+
+
+class RemoteUnreachable(StorageError):
+    """A DVC remote could not be read at all (server down, no network, a path that cannot
+    be listed): what was asked of it is unknown, not absent."""
 
 
 class PushIncomplete(StorageError):

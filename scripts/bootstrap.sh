@@ -12,7 +12,15 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
     "$PYTHON" -m venv "$ROOT/.venv"
 fi
 VENV="$ROOT/.venv"
-TORCH_CPU="${KAUDIT_TORCH_VERSION:-2.13.0}"  # the CPU build installed for the examples and tests
+# The lock (scripts/lock.sh writes it): every version installed below is the one it pins, with
+# uv and with pip alike, so every machine gets the same environment.
+LOCK="$ROOT/constraints.txt"
+# the CPU build of PyTorch installed for the examples and tests: the release the lock pins
+TORCH_CPU="$(sed -n 's/^torch==\([^ ;]*\).*/\1/p' "$LOCK" 2>/dev/null || true)"
+if [ -z "$TORCH_CPU" ]; then
+    echo "$LOCK: no torch==VERSION line; restore it from git, or run: bash scripts/lock.sh" >&2
+    exit 2
+fi
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 pip_install() {  # pip, without its notes about configured index locations that do not exist
     "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)
@@ -22,17 +30,19 @@ pip_install() {  # pip, without its notes about configured index locations that 
 # parallel); else, or if uv fails, pip.
 uv_install() { "$VENV/bin/python" "$ROOT/scripts/uv_install.py" "$@"; }
 HAVE_UV=0
-"${PIP[@]}" uv 2>/dev/null && HAVE_UV=1
+"${PIP[@]}" -c "$LOCK" uv 2>/dev/null && HAVE_UV=1
 # PyTorch's CPU build first: the package index's default torch is a CUDA build of several
 # GB. Take the CPU wheel pip's configured find-links hold (--no-index: nothing else), else
-# PyTorch's own CPU index; its dependencies come from the package index below.
-if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+# PyTorch's own CPU index; its dependencies come from the package index below. Another
+# release than the lock's is replaced here, as the CPU build, not by the index's below.
+if ! "$VENV/bin/python" -c "import sys, torch
+sys.exit(torch.__version__.split('+')[0] != '$TORCH_CPU')" 2>/dev/null; then
     { [ "$HAVE_UV" -eq 1 ] && uv_install --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null; } \
         || "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
         || pip_install --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
-if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -e "$ROOT[dev,test,torch,jax,mpi,docs,dask]"; }; then
-    pip_install -e "$ROOT[dev,test,torch,jax,mpi,docs,dask]"
+if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -c "$LOCK" -e "$ROOT[dev,test,torch,jax,mpi,docs,dask]"; }; then
+    pip_install -c "$LOCK" -e "$ROOT[dev,test,torch,jax,mpi,docs,dask]"
 fi
 export PATH="$VENV/bin:$PATH"
 export DVC_NO_ANALYTICS=1

@@ -138,10 +138,12 @@ say "the killed-and-resumed run against the uninterrupted one, dataset by datase
 run kaudit diff checkpoints/heat/step-00003000.h5 checkpoints/heat-uninterrupted/step-00003000.h5
 
 say "PyTorch: an MLP on the digits, AdamW and a cosine schedule, preempted once under kaudit run"
+say "(--portable: the CPU's kernels pinned, so a replay on another CPU computes the same bits)"
 cp "$ROOT/examples/torch_train/run.py" torch_train.py
 git add torch_train.py && git commit -q -m "torch training"
-show kaudit run --retries 3 --backoff 0 -- python torch_train.py --steps 600 --every 50
-kaudit run --retries 3 --backoff 0 -- python torch_train.py --steps 600 --every 50 > torch.out &
+show kaudit run --portable --retries 3 --backoff 0 -- python torch_train.py --steps 600 --every 50
+kaudit run --portable --retries 3 --backoff 0 -- python torch_train.py --steps 600 --every 50 \
+    > torch.out &
 supervisor=$!
 until ls checkpoints/torch-train/step-*.h5.kaudit.json >/dev/null 2>&1; do sleep 0.05; done
 trainer=$(pgrep -P "$supervisor" -f torch_train.py | head -n 1)
@@ -151,13 +153,18 @@ wait "$supervisor"
 cat torch.out
 run kaudit verify checkpoints/torch-train
 say "the same training, never interrupted"
-show python torch_train.py --steps 600 --every 50 --run-id torch-uninterrupted
-python torch_train.py --steps 600 --every 50 --run-id torch-uninterrupted > torch-reference.out
+show kaudit run --portable -- python torch_train.py --steps 600 --every 50 --run-id torch-uninterrupted
+kaudit run --portable --retries 0 -- python torch_train.py --steps 600 --every 50 \
+    --run-id torch-uninterrupted > torch-reference.out 2>/dev/null
 echo "preempted and resumed: $(tail -n 1 torch.out)"
 echo "never interrupted:     $(tail -n 1 torch-reference.out)"
 [ "$(tail -n 1 torch.out)" = "$(tail -n 1 torch-reference.out)" ] \
     || { echo "demo: the resumed training differs from the uninterrupted one" >&2; exit 1; }
 echo "bitwise identical: model, optimizer, schedule and torch's generator all restored"
+say "another CPU, by proxy: replay the last segment where other kernels and one thread are asked for"
+say "(the run was recorded portable: the replay gives the command the recorded pins)"
+run env ATEN_CPU_CAPABILITY=default MKL_CBWR=AUTO OMP_NUM_THREADS=1 \
+    kaudit replay checkpoints/torch-train/step-00000600.h5.kaudit.json
 
 say "many ranks: the heat solver on 3 MPI ranks, each pushing its strip of every step"
 cd "$WORK/project" && export KAUDIT_HOME="$WORK/home"

@@ -6,6 +6,9 @@ index, not the first index that has the package. Exits 3 without installing anyt
 pip has a setting uv would not honour the same way; the caller then uses pip.
 
     python scripts/uv_install.py -e '.[test]'
+
+With `compile` first, runs `uv pip compile` with the rest from the same indexes instead
+(scripts/lock.sh, which writes the lock, constraints.txt).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ IGNORED = {
     "no-cache-dir",
 }
 CANNOT = 3
+# Not for a lock, which is for every machine: find-links hold this machine's own builds (the
+# CPU wheel of torch, whose local label +cpu no index has, would fork the universal resolution
+# per platform), and pip's constraint is this machine's cap, not a pin of the project's.
+NOT_FOR_A_LOCK = ("UV_FIND_LINKS", "UV_CONSTRAINT")
 
 
 def uv_environment() -> dict[str, str] | None:
@@ -61,10 +68,13 @@ def main(args: list[str]) -> int:
     uv = Path(sys.executable).with_name("uv")
     if not uv.is_file():
         return CANNOT
+    environment = {**os.environ, **settings}
+    if args[:1] == ["compile"]:
+        for name in NOT_FOR_A_LOCK:
+            environment.pop(name, None)
+        return subprocess.run([str(uv), "pip", *args], env=environment).returncode
     command = [str(uv), "pip", "install", "--quiet", "--python", sys.executable]
-    return subprocess.run(
-        [*command, "--compile-bytecode", *args], env={**os.environ, **settings}
-    ).returncode
+    return subprocess.run([*command, "--compile-bytecode", *args], env=environment).returncode
 
 
 if __name__ == "__main__":

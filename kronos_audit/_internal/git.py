@@ -42,6 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from kronos_audit._internal.safeio import UnsafeFile, read_owned
 from kronos_audit.errors import Error
 
 _OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
@@ -195,9 +196,11 @@ def _located(start: Path) -> _Location:
         if git_dir is not None:
             common = git_dir
             try:
-                named = (git_dir / "commondir").read_text(encoding="utf-8").strip()
-                common = (git_dir / named).resolve()
-            except (OSError, UnicodeDecodeError):
+                # Git writes it as a one-line regular file: never a link, FIFO or more.
+                named = read_owned(git_dir / "commondir", 4096)
+                if named is not None:
+                    common = (git_dir / named.decode("utf-8").strip()).resolve()
+            except (OSError, UnicodeDecodeError, UnsafeFile):
                 pass
             return _Location(work.resolve(), git_dir.resolve(), common)
     raise NotARepository(
@@ -502,6 +505,15 @@ class Objects:
             git_dir = Path(text(self._root, "rev-parse", "--absolute-git-dir").rstrip("\n"))
             try:
                 repo = gitpython.Repo(git_dir, expand_vars=False)
+                # GitPython takes a relative core.worktree (a submodule's, such as
+                # ../../../lib) from the process's working directory, not from the git
+                # directory, and runs its `git cat-file` there: in another repository, or
+                # in none and then wherever the process stands. Objects need no work
+                # tree: the command runs at this repository's own top.
+                repo.git = gitpython.Git(self._root)
+                repo.odb = gitpython.GitCmdObjectDB(
+                    os.path.join(repo.common_dir, "objects"), repo.git
+                )
             except Exception as e:  # whatever GitPython raises on a repository it cannot open
                 raise self._failed("the repository", e) from None
             repo.git.update_environment(**environment(self._root))

@@ -6,6 +6,14 @@ hostile: a FIFO that blocks ``open()`` forever, ``/dev/zero`` that never ends, a
 to somewhere else, a sparse file of 20 GB. :func:`read_regular` opens without blocking,
 checks what it opened (not what the name pointed at a moment earlier) and reads at most
 ``limit`` bytes.
+
+The small files kaudit edits among content it does not own (a run directory's
+``.gitignore``, ``.dvc`` files, DVC's local config, ``.kaudit/config.toml``, the writer
+lock's holder file, git's ``commondir``) are read with :func:`read_owned`: never through a
+symbolic link (a ``.gitignore`` linked to ``../../.env`` would copy the owner's secrets
+into a tracked file), a regular file only, within :data:`TEXT_LIMIT`. They are written
+back with :func:`kronos_audit._internal.fsutil.write_atomic` (a new file renamed over the
+name: a link there is replaced, never written through).
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ MANIFEST_LIMIT = 64 * 1024 * 1024
 """Largest manifest or attestation read (about 200,000 datasets' hashes)."""
 KEY_LIMIT = 64 * 1024
 """Largest public key, revocation or trust store entry read."""
+TEXT_LIMIT = 1024 * 1024
+"""Largest small text file kaudit edits or reads among content it does not own
+(``.gitignore``, DVC's configuration, ``.kaudit/config.toml``, git's ``commondir``)."""
 
 
 class UnsafeFile(Exception):
@@ -97,6 +108,30 @@ def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) 
         raise UnsafeFile(path, f"cannot read it: {e.strerror or e}") from None
     finally:
         os.close(fd)
+
+
+def read_owned(path: Path | str, limit: int = TEXT_LIMIT) -> bytes | None:
+    """The bytes of ``path``, a small file kaudit reads or rewrites among content it does
+    not own, or None when nothing has that name.
+
+    :func:`read_regular` never following a symbolic link: raises :class:`UnsafeFile` for a
+    link (even one to a regular file: what it points at is not this file, and rewriting
+    it would either write through it or copy the target's content), a FIFO, a device, a
+    directory, a file larger than ``limit`` or an unreadable one.
+    """
+    try:
+        return read_regular(path, limit, follow_symlinks=False)
+    except UnsafeFile as e:
+        if e.missing:
+            return None
+        raise
+
+
+def check_owned(path: Path | str, limit: int = TEXT_LIMIT) -> None:
+    """Raise :class:`UnsafeFile` unless ``path`` is missing or a regular file (not a
+    symbolic link) of at most ``limit`` bytes: for a file another program (DVC, git)
+    is about to read or rewrite on kaudit's behalf, following links as it does."""
+    read_owned(path, limit)
 
 
 def is_regular(path: Path, *, follow_symlinks: bool = True) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 REDACTED = "***"
@@ -28,6 +29,11 @@ _TOKEN_PREFIX = re.compile(
 # What a login name looks like (POSIX portable user names, at most 32 characters).
 # Tokens are longer or carry characters that names do not.
 _USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
+
+# A URL inside a longer text (an option's value, a line of a file): from its scheme to a
+# space, a quote or the next URL's scheme (`a=https://u:p@h/x,https://v:q@h2/y` is two).
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
+_URL_IN_TEXT = re.compile(_SCHEME + r"(?:(?!" + _SCHEME + r")[^\s\"'<>`])+")
 
 # Query-string (or fragment) parameter names that carry a credential: `token`,
 # `access_token`, `private_token`, `X-Amz-Signature`, `X-Amz-Credential`,
@@ -254,6 +260,24 @@ def _secret_option(name: str) -> bool:
     return any(w in _SECRET_OPTION_WORDS for w in words if w)
 
 
+def _scrub_urls_in(text: str) -> str:
+    """``text`` with each URL in it, wherever it sits (``--data=https://bob:pw@host/set``,
+    ``a,https://...``), shown without its credentials, as a git remote is."""
+    if "://" not in text:
+        return text
+    return _URL_IN_TEXT.sub(lambda u: split_credentials(u.group(0)).shown, text)
+
+
+def scrub_urls(argv: Sequence[str]) -> ScrubbedCommand:
+    """``argv`` with only the credentials of the URLs in its arguments replaced by ``***``
+    (a userinfo password or token, credential-named query parameters): what every
+    recorded command gets, a command a program declares included, since no replay is
+    worth a password signed into a manifest for ever."""
+    out = [_scrub_urls_in(str(a)) for a in argv]
+    said = [f"argument {i} (a URL's credentials)" for i, a in enumerate(argv) if out[i] != a]
+    return ScrubbedCommand(tuple(out), tuple(said))
+
+
 @dataclass(frozen=True)
 class ScrubbedCommand:
     """A command line with its credential-looking arguments replaced by ``***``."""
@@ -267,7 +291,8 @@ class ScrubbedCommand:
 
 def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
     """``argv`` without credentials, by the rules git remotes get (:func:`split_credentials`)
-    and option names: a URL's userinfo password or token and secret query parameters; the
+    and option names: a URL's userinfo password or token and secret query parameters,
+    wherever the URL sits in an argument (``--data=https://bob:pw@host/set``); the
     value of an option whose name says token, key, secret or password (``--api-key=V``,
     ``--token V``, ``db.password=V``); an argument that is a well-known token (``ghp_...``).
     Everything else is kept as it is."""
@@ -291,7 +316,12 @@ def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
         elif _TOKEN_PREFIX.match(arg) and " " not in arg and len(arg) >= 16:
             out.append(REDACTED)
             said.append(f"argument {i} (a token)")
-        elif "://" in arg or "@" in arg:
+        elif "://" in arg:
+            shown = _scrub_urls_in(arg)
+            out.append(shown)
+            if shown != arg:
+                said.append(f"argument {i} (a URL's credentials)")
+        elif "@" in arg:
             split = split_credentials(arg)
             if split.has_secret:
                 out.append(split.shown)
@@ -301,3 +331,118 @@ def scrub_command(argv: list[str] | tuple[str, ...]) -> ScrubbedCommand:
         else:
             out.append(arg)
     return ScrubbedCommand(tuple(out), tuple(said))
+
+
+# -- secrets in the content of a recorded patch ------------------------------------------
+
+# Tokens whose format says what they are, wherever they sit in a line: GitHub, GitLab,
+# Slack, AWS access key ids, Hugging Face, npm, PyPI, Google API keys, Stripe live keys.
+_TOKEN_IN_TEXT = re.compile(
+    r"(?<![A-Za-z0-9_])("
+    r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,}|"
+    r"gl(?:pat|ptt|dt)-[A-Za-z0-9_-]{20,}|xox[abeprs]-[A-Za-z0-9-]{10,}|"
+    r"(?:AKIA|ASIA)[0-9A-Z]{16}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}|"
+    r"pypi-AgE[A-Za-z0-9_-]{50,}|AIza[0-9A-Za-z_-]{35}|sk_live_[0-9A-Za-z]{20,}"
+    r")"
+)
+# A private key in any of the usual armours (PEM, OpenSSH, PuTTY).
+_PRIVATE_KEY_TEXT = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|PuTTY-User-Key-File-|"
+    r"\"private_key\"\s*:\s*\"-----BEGIN"
+)
+# `NAME=value`, `export NAME=value` (a dotenv or shell line), `name = value` (an INI file,
+# as ~/.aws/credentials), `NAME: value` (YAML): the name says credential, the value is
+# written out (not `$VAR`, `${VAR}`, `<placeholder>`, empty, or a short word).
+_ASSIGNMENT = re.compile(
+    r"^\s*(?:export\s+)?[\"']?(?P<name>[A-Za-z_][A-Za-z0-9_.-]{0,63})[\"']?"
+    r"\s*(?P<op>=|:)\s*(?P<value>\S.*?)\s*$"
+)
+_PLACEHOLDER = re.compile(r"^[\"']?(\$|<|\{\{|%\(|\*\*\*|x{3,}|\.\.\.|changeme|none|null)", re.I)
+# Names that are credentials whatever their words: the cloud providers' own.
+_CLOUD_NAMES = frozenset(
+    {
+        "aws_secret_access_key", "aws_session_token", "aws_security_token",
+        "azure_client_secret", "azure_storage_key", "azure_storage_connection_string",
+        "google_api_key", "gcp_service_account_key", "client_secret", "private_key",
+        "private_key_id",
+    }
+)  # fmt: skip
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def secret_text_reason(line: str) -> str | None:
+    """Why one line of text looks like it holds a secret, in words that do not repeat it,
+    or None: a well-known token format, a private key's armour, a URL with a password or
+    token, or an assignment (``KEY=value`` of a dotenv file, ``key = value`` of an INI
+    file such as ``~/.aws/credentials``) whose name says credential and whose value is
+    written out."""
+    if (m := _TOKEN_IN_TEXT.search(line)) is not None:
+        return f"a token ({m.group(1)[:4]}...)"
+    if _PRIVATE_KEY_TEXT.search(line):
+        return "a private key"
+    for url in _URL_IN_TEXT.findall(line):
+        split = split_credentials(url)
+        if split.password or (split.user and _is_token_user(split.user)):
+            return "a URL with a password or token"
+    m = _ASSIGNMENT.match(line)
+    if m is None:
+        return None
+    name, value = m.group("name"), m.group("value").strip("\"'")
+    if len(value) < 8 or " " in value or _PLACEHOLDER.match(m.group("value")):
+        return None
+    spaced = m.group("op") == ":" or line[: m.start("op")].endswith((" ", "\t"))
+    code_like = _IDENTIFIER.fullmatch(value) and not any(c.isdigit() for c in value)
+    if spaced and (code_like or any(c in value for c in "()[]")):
+        # `token = os.environ["T"]`, `key: str`, `password = prompt()`: code that reads
+        # or types a secret, not the secret (a dotenv line has no space before its `=`).
+        return None
+    lowered = name.lower().replace("-", "_").replace(".", "_")
+    if lowered in _CLOUD_NAMES or _secret_option(name):
+        return f"a line {name}{m.group('op')}..."
+    return None
+
+
+@dataclass(frozen=True)
+class SecretInPatch:
+    """Where a patch adds what looks like a secret (the secret itself is not kept)."""
+
+    path: str
+    """The repository-relative name of the file the line is added to."""
+    line: int
+    """The line's number in that file, as the patch adds it."""
+    reason: str
+    """What it looks like (:func:`secret_text_reason`)."""
+
+
+def secret_in_patch(patch: bytes) -> SecretInPatch | None:
+    """The first line a git patch (``git diff``) adds that looks like a secret, or None.
+
+    Only added lines of text hunks are read (a deleted secret is published by nothing
+    new; a binary patch's base85 is not text), whatever the file is called: a secret
+    copied into ``.gitignore`` is refused as surely as one in ``.env``."""
+    path = "?"
+    number = 0
+    in_hunk = False
+    for raw in patch.split(b"\n"):
+        if raw.startswith(b"diff --git "):
+            in_hunk = False
+            continue
+        if not in_hunk and raw.startswith(b"+++ "):
+            target = raw[4:].decode("utf-8", "replace")
+            path = target[2:] if target.startswith("b/") else target
+            continue
+        if raw.startswith(b"@@ "):
+            in_hunk = True
+            m = re.match(rb"@@ -\d+(?:,\d+)? \+(\d+)", raw)
+            number = int(m.group(1)) if m else 0
+            continue
+        if not in_hunk:
+            continue
+        if raw.startswith(b"+"):
+            reason = secret_text_reason(raw[1:].decode("utf-8", "replace"))
+            if reason is not None:
+                return SecretInPatch(path, number, reason)
+            number += 1
+        elif raw.startswith(b" "):
+            number += 1
+    return None

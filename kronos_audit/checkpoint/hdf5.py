@@ -183,7 +183,11 @@ def lay_out_named(path: Path, flat: Flat) -> list[tuple[int, str, np.ndarray[Any
     # Large arrays start at a multiple of DIRECT_ALIGN, so that pwrite_all can write them
     # around the page cache.
     aligned = {"alignment_threshold": RAW_MIN_BYTES, "alignment_interval": DIRECT_ALIGN}
-    with h5py.File(path, "w", **aligned) as f:
+    # No HDF5 file lock (an flock): the file is this writer's own until it is renamed into
+    # place, so the lock keeps no one out, and a child forked while it is held would keep
+    # it on what becomes the step's file, refusing every reader that locks (h5py's default)
+    # for as long as that child lives.
+    with h5py.File(path, "w", locking=False, **aligned) as f:
         for name, array in flat.items():
             if _raw_writable(array):
                 raw.append((_create_allocated(f, name, array), name, array))

@@ -83,6 +83,24 @@ def open_verified(path: Path | str, signed: Signed) -> OpenFile:
     return opened
 
 
+def holds_signed(path: Path | str, signed: Signed, *, follow_symlinks: bool = False) -> bool:
+    """Whether ``path`` is a regular file holding exactly the ``signed`` bytes, for a
+    command that only reports it (``kaudit status``).
+
+    Checked as :func:`open_verified` checks (opened once without waiting on a FIFO, a
+    regular file only, the size compared with the signed one before a byte is read, then
+    the sha256 through that descriptor), without keeping a copy: False for a missing,
+    unreadable, non-regular, resized or changed file. ``follow_symlinks``: a checkpoint
+    that is DVC's link into its cache (``cache.type = symlink``) is read where it points,
+    as ``kaudit verify`` reads it.
+    """
+    try:
+        with open_file(path, follow_symlinks=follow_symlinks) as opened:
+            return opened.size == signed.size and opened.sha256(progress=False) == signed.sha256
+    except CheckpointError:
+        return False
+
+
 @contextmanager
 def verified(path: Path | str, signed: Signed) -> Iterator[OpenFile]:
     """:func:`open_verified` as a context manager."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import click
 
 from kronos_audit import __version__
+from kronos_audit.cli._warnings import third_party_warnings_to_log
 from kronos_audit.cli.options import JSON_META
 from kronos_audit.cli.output import COLOR_CHOICES, ColorWhen, Settings, fail_line, plain
 from kronos_audit.errors import Error, ExitCode, UsageError
@@ -373,6 +374,12 @@ class KauditGroup(SuggestingGroup):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        # Another package's warnings go to the log (-v), not to the user (kaudit's own are
+        # shown): also where the group is invoked in-process, not through main().
+        with third_party_warnings_to_log():
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except Error as e:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import h5py
 
-from kronos_audit.checkpoint.hashing import is_hdf5
+from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.compare.blocks import BLOCK_BYTES, dataset_shape
 from kronos_audit.compare.engine import compare_datasets
 from kronos_audit.compare.interface import Comparison, DatasetComparison, Verdict
@@ -64,22 +64,12 @@ def compare_open(
 
 @contextmanager
 def _open(path: Path) -> Iterator[h5py.File]:
-    try:
-        if path.is_dir():
-            raise CheckpointError("is a directory, not a checkpoint file", path=path)
-        hdf5 = is_hdf5(path)
-    except FileNotFoundError:
-        raise CheckpointError("checkpoint file not found", path=path) from None
-    except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=path) from None
-    if not hdf5:
-        raise CheckpointError("not an HDF5 file", path=path)
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise CheckpointError(f"not a readable HDF5 file ({_reason(e)})", path=path) from None
-    with f:
-        yield f
+    """``path``'s HDF5 content, read through one descriptor: a regular file only (a FIFO
+    is refused, never waited on; DVC's link into its cache is followed, as verify does)."""
+    with open_file(path) as opened:
+        if not opened.hdf5:
+            raise CheckpointError("not an HDF5 file", path=path)
+        yield opened.h5()
 
 
 def _datasets(f: h5py.File, path: Path) -> dict[str, h5py.Dataset]:

@@ -11,6 +11,10 @@
     rtol = 1e-12                    # tolerances as in [compare]: rtol, atol, ulp ...
     tol = ["fields/*:rtol=1e-9"]    # ... and PATTERN:SPEC rules, the first match wins
 
+    [gate.tolerance."corpus/v1/torch-train"]   # one run (a directory glob) judged apart:
+    rtol = 1e-5                                # its own tolerances, in place of the above,
+    why = "recorded with the native CPU dispatch"   # and why, which the gate prints
+
 Under ``--trust-ref REF`` the section is read as it is at REF, from git's object store, so
 a change under review cannot weaken its own gate; REF is resolved to one fully qualified
 ref and its commit once, and the section read at that commit.
@@ -21,10 +25,11 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kronos_audit._internal import git
+from kronos_audit._internal.safeio import UnsafeFile, read_owned
 from kronos_audit.compare import Tolerance, ToleranceError, TolerancePolicy, ToleranceRule
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import PinnedRef, read_tree_files, resolve_ref
@@ -33,7 +38,31 @@ from kronos_audit.replay import EnvMode
 
 SECTION = "gate"
 CONFIG_NAME = "config.toml"
-KEYS = ("runs", "segments", "seed", "env", "signers", "rtol", "atol", "ulp", "tol")
+KEYS = ("runs", "segments", "seed", "env", "signers", "rtol", "atol", "ulp", "tol", "tolerance")
+RUN_TOLERANCE_KEYS = ("rtol", "atol", "ulp", "tol", "why")
+
+
+@dataclass(frozen=True)
+class RunTolerance:
+    """A run the gate judges with its own tolerances, and why (``[gate.tolerance.PATTERN]``)."""
+
+    pattern: str
+    """The run directories it covers: a glob relative to the repository root, as in
+    ``runs``; it covers a manifest whose run directory (or one of its parents) matches."""
+    policy: TolerancePolicy
+    """Its tolerances, in place of the section's."""
+    why: str
+    """The reason, printed beside every verdict it decides: a tolerance is a claim about
+    the run that a reader must be able to weigh."""
+
+    def describe(self) -> str:
+        """``PATTERN (rtol=1e-05, fields/*:atol=0.001): WHY``, on one line."""
+        p = self.policy
+        specs = ([] if p.default is None else [p.default.spec]) + [str(r) for r in p.rules]
+        return f"{self.pattern} ({', '.join(specs)}): {self.why}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "policy": self.policy.to_json_obj(), "why": self.why}
 
 
 class GateConfigError(Error):
@@ -60,9 +89,12 @@ class GateConfig:
     have signed each manifest; empty: any signer the trust anchors accept."""
     source: str = "default"
     """Where it was read: ``default`` (no section), a file, or ``REF:.kaudit/config.toml``."""
+    tolerances: tuple[RunTolerance, ...] = ()
+    """Runs judged with their own tolerances, the first matching pattern deciding."""
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
+            "tolerances": [t.to_json_obj() for t in self.tolerances],
             "runs": list(self.runs),
             "segments": self.segments,
             "seed": self.seed,
@@ -87,19 +119,49 @@ def _whole(table: Mapping[str, Any], key: str, default: int, where: str) -> int:
     return value
 
 
-def _policy(table: Mapping[str, Any], where: str) -> TolerancePolicy:
+def _policy(table: Mapping[str, Any], where: str, label: str = "[gate]") -> TolerancePolicy:
     try:
         values = {k: table[k] for k in ("rtol", "atol", "ulp") if k in table}
         default = Tolerance(**values) if values else None
         rules = tuple(
-            ToleranceRule.parse(text, origin="[gate]", where=f"[gate] tol[{i}] {text!r}")
+            ToleranceRule.parse(text, origin=label, where=f"{label} tol[{i}] {text!r}")
             for i, text in enumerate(_strings(table, "tol", where))
         )
     except ToleranceError as e:
         raise GateConfigError(e.message, path=where) from None
     except TypeError:
-        raise GateConfigError("[gate] rtol, atol and ulp must be numbers", path=where) from None
+        raise GateConfigError(f"{label} rtol, atol and ulp must be numbers", path=where) from None
     return TolerancePolicy(rules, default)
+
+
+def _run_tolerances(table: Mapping[str, Any], where: str) -> tuple[RunTolerance, ...]:
+    runs = table.get("tolerance", {})
+    if not isinstance(runs, Mapping):
+        raise GateConfigError('[gate.tolerance] must be a table of "RUN_GLOB" tables', path=where)
+    found = []
+    for pattern, spec in runs.items():
+        label = f"[gate.tolerance.{pattern!r}]"
+        pure = PurePosixPath(pattern)
+        if not pattern or pure.is_absolute() or ".." in pure.parts:
+            raise GateConfigError(f"{label}: must name runs inside the repository", path=where)
+        if not isinstance(spec, Mapping):
+            raise GateConfigError(f"{label} must be a table", path=where)
+        unknown = sorted(set(spec) - set(RUN_TOLERANCE_KEYS))
+        if unknown:
+            raise GateConfigError(
+                f"{label}: unknown key {unknown[0]!r} (expected {', '.join(RUN_TOLERANCE_KEYS)})",
+                path=where,
+            )
+        why = spec.get("why")
+        if not isinstance(why, str) or not why.strip():
+            raise GateConfigError(
+                f'{label}: why = "..." must say why it has a tolerance', path=where
+            )
+        policy = _policy(spec, where, label)
+        if policy == TolerancePolicy():
+            raise GateConfigError(f"{label}: no tolerance (rtol, atol, ulp or tol)", path=where)
+        found.append(RunTolerance(pattern, policy, why.strip()))
+    return tuple(found)
 
 
 def parse_config(document: Mapping[str, Any], where: str) -> GateConfig:
@@ -126,6 +188,7 @@ def parse_config(document: Mapping[str, Any], where: str) -> GateConfig:
         env=EnvMode(env),
         signers=_strings(table, "signers", where),
         source=where,
+        tolerances=_run_tolerances(table, where),
     )
 
 
@@ -162,10 +225,10 @@ def load_config(project: Project, trust_ref: str | PinnedRef | None = None) -> G
             given = trust_ref if isinstance(trust_ref, str) else trust_ref.given
             raise GateConfigError(f"--trust-ref {given}: {e.message}") from None
     where = project.relative(project.config_path)
-    if not project.config_path.is_file():
-        return GateConfig(source=f"default (no {where})")
     try:
-        data = project.config_path.read_bytes()
-    except OSError as e:
-        raise GateConfigError(f"unreadable config: {e.strerror}", path=where) from None
+        data = read_owned(project.config_path)
+    except UnsafeFile as e:
+        raise GateConfigError(f"unreadable config: {e.reason}", path=where) from None
+    if data is None:
+        return GateConfig(source=f"default (no {where})")
     return parse_config(_parse_toml(data, where), where)

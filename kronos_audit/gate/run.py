@@ -13,9 +13,9 @@ from kronos_audit._internal import git
 from kronos_audit._internal.progress import report
 from kronos_audit.checkpoint.layout import is_statement
 from kronos_audit.errors import Error
-from kronos_audit.gate.config import GateConfig, GateConfigError, load_config
+from kronos_audit.gate.config import GateConfig, GateConfigError, RunTolerance, load_config
 from kronos_audit.gate.result import Case, CaseKind, CaseStatus, GateResult
-from kronos_audit.gate.sampling import Segment, sample
+from kronos_audit.gate.sampling import Segment, run_directory, sample
 from kronos_audit.keys.anchors import PinnedRef, TrustedKey, TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.verification.batch import verify_each
@@ -279,7 +279,7 @@ def _verify(
     segments: list[Segment] = []
     started = time.perf_counter()
     report(VERIFY_PHASE, 0, len(paths))
-    for outcome in verify_each(paths, trust=trust, verifiers=verifiers):
+    for outcome in verify_each(paths, trust=trust, verifiers=verifiers, standing=project.root):
         now = time.perf_counter()
         if isinstance(outcome, Error):
             case = _error_case(project, CaseKind.VERIFY, outcome, now - started)
@@ -295,6 +295,16 @@ def _verify(
     return cases, segments
 
 
+def tolerance_for(project: Project, config: GateConfig, segment: Segment) -> RunTolerance | None:
+    """The ``[gate.tolerance]`` entry that judges ``segment``'s run, the first whose
+    pattern matches its run directory (or a parent of it); None: the section's policy."""
+    parts = PurePosixPath(project.relative(run_directory(segment.manifest))).parts
+    for entry in config.tolerances:
+        if _matches(parts, PurePosixPath(entry.pattern).parts):
+            return entry
+    return None
+
+
 def _replay_case(
     project: Project,
     segment: Segment,
@@ -305,13 +315,15 @@ def _replay_case(
     from kronos_audit.replay import replay  # the replay engine only when a segment runs
 
     name = project.relative(segment.manifest)
+    special = tolerance_for(project, config, segment)
+    judged = "" if special is None else f"; judged with a tolerance: {special.describe()}"
     started = time.perf_counter()
     try:
         # The gate's own verifier: the history it verified a moment ago is not checked
         # again link by link for every segment (linear, not chain length x segments).
         r = replay(
             segment.manifest,
-            policy=config.policy,
+            policy=config.policy if special is None else special.policy,
             env=config.env,
             trust=trust,
             verifier=verifier,
@@ -324,7 +336,7 @@ def _replay_case(
     seconds = time.perf_counter() - started
     outcome = r.outcome.value.replace("_", " ")
     if r.ok:
-        message = f"{outcome}: {len(r.datasets)} datasets ({r.basis.value})"
+        message = f"{outcome}: {len(r.datasets)} datasets ({r.basis.value}){judged}"
         return Case(
             CaseKind.REPLAY,
             name,
@@ -338,8 +350,10 @@ def _replay_case(
     details = tuple(
         f"{d.path}: {d.verdict.value}" + (f": {d.detail}" if d.detail else "") for d in r.failures
     ) or ("the produced file's digest differs (not HDF5)",)
+    if r.cause is not None:
+        details = (f"why: {r.cause}", *details)
     failing = ", ".join(d.path for d in r.failures) or "file digest"
-    message = f"{outcome}: {failing}"
+    message = f"{outcome}: {failing}{judged}"
     return Case(
         CaseKind.REPLAY,
         name,
@@ -370,7 +384,7 @@ def gate(
     """
     started = time.perf_counter()
     trust = trust or TrustOptions()
-    project = find_project(repository).require_initialized()
+    project = find_project(repository, standing=repository).require_initialized()
     # One resolution of --trust-ref for the whole gate: the configuration, the trust
     # store, the revocations and every replay's verification read the same commit.
     trust = trust.pin(project.root)

@@ -24,7 +24,7 @@ class Segment:
     """Its manifest."""
 
 
-def _run_directory(manifest: Path) -> Path:
+def run_directory(manifest: Path) -> Path:
     """The run directory of a checkpoint's manifest, or of a sharded step's (which is in
     its step's own directory, ``step-N/index.jsonl.kaudit.json``)."""
     return manifest.parent.parent if manifest.name == STEP_MANIFEST else manifest.parent
@@ -41,7 +41,7 @@ def sample(segments: Iterable[Segment], per_run: int, seed: int) -> tuple[Segmen
     ``seed``; the same input and seed give the same sample. Sorted by run and step."""
     by_run: dict[tuple[str, str], list[Segment]] = {}
     for s in segments:  # a run is its id in its directory
-        by_run.setdefault((s.run, _run_directory(s.manifest).as_posix()), []).append(s)
+        by_run.setdefault((s.run, run_directory(s.manifest).as_posix()), []).append(s)
     chosen: list[Segment] = []
     if per_run <= 0:
         return ()

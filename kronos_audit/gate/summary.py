@@ -47,6 +47,9 @@ def render_markdown(result: GateResult) -> str:
         f"{result.config.segments} segment(s) per run, seed {result.config.seed}, "
         f"environment {result.config.env.value}; {result.seconds:.1f} s."
     )
+    if result.config.tolerances:
+        lines += ["", "Runs judged with a tolerance, and why:", ""]
+        lines += [f"- {md_text(t.describe())}" for t in result.config.tolerances]
     failures = result.failures
     if failures:
         lines += ["", "## Failures", ""]

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.location import Location
+from kronos_audit.checkpoint.shards import read_index
+from kronos_audit.checkpoint.verified import Signed, holds_signed
+from kronos_audit.errors import CheckpointError, RemoteUnreachable
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
@@ -52,6 +55,18 @@ class StatusEntry:
     """Recorded size in bytes."""
 
 
+@dataclass(frozen=True)
+class StatusReport:
+    """Where each checkpoint is, and whether the remote could be asked."""
+
+    entries: tuple[StatusEntry, ...]
+    """Each manifest's checkpoint, in the order the manifests were given."""
+    remote_unreachable: RemoteUnreachable | None
+    """Why the remote could not be read, when it was to be asked and could not: then
+    ``entries`` are the places known here only, as without asking the remote (``local``
+    for a checkpoint here, ``missing`` for one neither here nor pruned)."""
+
+
 def status(
     project: Project,
     manifests: Sequence[Path],
@@ -65,7 +80,30 @@ def status(
 
     Every manifest is read (and must be valid) before the remote is asked. A checkpoint
     not here is pruned when a signed retention record that ``trust``'s anchors accept
-    prunes it (see the module's docstring)."""
+    prunes it (see the module's docstring). Raises
+    :class:`~kronos_audit.errors.RemoteUnreachable` when the remote cannot be read
+    (:func:`status_report` answers from what is here instead)."""
+    report = status_report(
+        project, manifests, remote, check_remote=check_remote, trust=trust, chains=chains
+    )
+    if report.remote_unreachable is not None:
+        raise report.remote_unreachable
+    return list(report.entries)
+
+
+def status_report(
+    project: Project,
+    manifests: Sequence[Path],
+    remote: str | None = None,
+    *,
+    check_remote: bool = True,
+    trust: TrustOptions | None = None,
+    chains: Mapping[str, RemoteChain] | None = None,
+) -> StatusReport:
+    """As :func:`status`, but a remote that cannot be read does not fail it: the places
+    known here are given, with why the remote was not heard
+    (:attr:`StatusReport.remote_unreachable`). A remote that is not configured, or a
+    manifest that is not valid, still raises."""
     cache = ManifestCache()
     read = [cache.read(m) for m in manifests]
     pruned: set[Path] = set()
@@ -73,7 +111,15 @@ def status(
         # the keyring is read only when there is a retention record to check
         verifier = Verifier(project, load_keyring(project.root, trust), fetch=False, cache=cache)
         pruned = pruned_of(verifier, read)
-    return locate(project, read, remote, check_remote=check_remote, pruned=pruned, chains=chains)
+    try:
+        entries = locate(
+            project, read, remote, check_remote=check_remote, pruned=pruned, chains=chains
+        )
+    except RemoteUnreachable as e:
+        # Asked before anything is hashed here (see locate): nothing is done twice.
+        entries = locate(project, read, remote, check_remote=False, pruned=pruned)
+        return StatusReport(tuple(entries), e)
+    return StatusReport(tuple(entries), None)
 
 
 def pruned_of(verifier: Verifier, manifests: Sequence[Manifest]) -> set[Path]:
@@ -113,16 +159,14 @@ def locate(
         from kronos_audit.verification.remote_chain import other_chains, remote_chains
 
         # Every object of each step (a sharded step's index and shards, as its signed
-        # index names them): a step is in the remote only when all of them are.
-        objects = {m.path: step_items(m) or [] for m in manifests}
-        ask = [
-            i.md5
-            for m in manifests
-            if not (m.path in pruned and not m.checkpoint_path.exists())
-            for i in objects[m.path]
-        ]
+        # index names them): a step is in the remote only when all of them are. A
+        # sharded step not here (its manifests brought back by a restore, its data left
+        # in the remote) is told by its index in the remote: small, read and checked.
         storage = Storage(project)
-        sizes = storage.remote_sizes(ask, remote)
+        read = storage.remote_reader(remote)
+        asked = [m for m in manifests if not (m.path in pruned and not m.checkpoint_path.exists())]
+        objects = {m.path: step_items(m, read) or [] for m in asked}
+        sizes = storage.remote_sizes([i.md5 for m in asked for i in objects[m.path]], remote)
         if chains is None:
             # Unreadable (an HTTP remote cannot list): judged by the data alone.
             chains = remote_chains(storage, {m.run for m in manifests}, remote, problems=[])
@@ -139,7 +183,7 @@ def locate(
             and m.path not in others
         )
         if checkpoint.exists():
-            ok = not hash_local or _digest(checkpoint) == m.subject_sha256
+            ok = not hash_local or _intact(m)
             location = (
                 Location.CORRUPT if not ok else Location.PUSHED if in_remote else Location.LOCAL
             )
@@ -151,6 +195,17 @@ def locate(
     return entries
 
 
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _intact(m: Manifest) -> bool:
+    """Whether the checkpoint (a sharded step's index) here is the signed one: a regular
+    file of the signed size, read within that bound (a FIFO or /dev/zero at its name is
+    corrupt, never waited on or read for ever)."""
+    shards = m.record.shards
+    if shards is not None:
+        try:
+            data = read_index(m.checkpoint_path, shards.count)
+        except CheckpointError:
+            return False
+        return hashlib.sha256(data).hexdigest() == m.subject_sha256
+    # DVC's link into its cache (cache.type = symlink) is followed, as verify follows it.
+    signed = Signed(m.record.size, m.subject_sha256)
+    return holds_signed(m.checkpoint_path, signed, follow_symlinks=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.secrets import strip_credentials as strip_credentials
+from kronos_audit.provenance.dispatch import cpu_record
 
 # Variables that change what numerical code computes (thread counts change reduction
 # orders; hash seeds change iteration orders; TF32/cuBLAS settings change rounding).
@@ -53,6 +54,15 @@ NUMERIC_ENV_NAMES = frozenset(
         "OPENBLAS_NUM_THREADS",
         "OPENBLAS_CORETYPE",
         "OPENBLAS_L2_SIZE",
+        # the CPU kernels torch and oneDNN choose (kronos_audit.provenance.dispatch)
+        "ATEN_CPU_CAPABILITY",
+        "ONEDNN_MAX_CPU_ISA",
+        "DNNL_MAX_CPU_ISA",
+        "ONEDNN_DEFAULT_FPMATH_MODE",
+        "DNNL_DEFAULT_FPMATH_MODE",
+        "MKL_DEBUG_CPU_TYPE",
+        # kaudit's own: the dispatch was pinned portable before the program started
+        "KAUDIT_DISPATCH",
         "BLIS_NUM_THREADS",
         "GOTO_NUM_THREADS",
         "VECLIB_MAXIMUM_THREADS",
@@ -79,17 +89,6 @@ NUMERIC_ENV_NAMES = frozenset(
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
     }
 )
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(("model name", "Model", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _numpy_blas() -> dict[str, Any]:
@@ -178,8 +177,15 @@ def _torch_record(torch: Any) -> dict[str, Any]:
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         "float32_matmul_precision": str(torch.get_float32_matmul_precision()),
         "num_threads": int(torch.get_num_threads()),
+        # the vector width ATen's kernels were chosen for (ATEN_CPU_CAPABILITY caps it)
+        "cpu_capability": _cpu_capability(torch),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
     }
+
+
+def _cpu_capability(torch: Any) -> str | None:
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return None if get is None else str(get())
 
 
 def _cudnn_version(torch: Any) -> int | None:
@@ -227,6 +233,7 @@ def environment_lock(frameworks: Iterable[str] = ()) -> dict[str, Any]:
     is not already; one that cannot be imported is left out. The ``frameworks`` section is
     present only when it names one.
     """
+    blas = _numpy_blas()  # how numpy was built; imports numpy, so its BLAS is loaded
     env: dict[str, Any] = {
         "python": {
             "version": platform.python_version(),
@@ -239,8 +246,8 @@ def environment_lock(frameworks: Iterable[str] = ()) -> dict[str, Any]:
             "machine": platform.machine(),
             "libc": "-".join(platform.libc_ver()),
         },
-        "cpu": {"model": _cpu_model(), "count": os.cpu_count() or 0},
-        "blas": _numpy_blas(),  # how numpy was built; imports numpy, so its BLAS is loaded
+        "cpu": cpu_record(),  # model, vendor, ISA level, features, dispatch, numpy's SIMD
+        "blas": blas,
         "threadpools": loaded_threadpools(),  # what is loaded: numpy's BLAS, OpenMP runtimes
         "variables": numeric_environment_variables(),
         "packages": _distributions(),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
-from kronos_audit._internal.secrets import secret_file_reason
+from kronos_audit._internal.safeio import is_regular
+from kronos_audit._internal.secrets import secret_file_reason, secret_in_patch
 from kronos_audit._internal.secrets import strip_credentials as strip_credentials
 from kronos_audit.errors import ProjectError, UsageError
 from kronos_audit.statement.predicate import GitRecord, Sha256
@@ -100,11 +101,30 @@ def _refuse_secret_files(repo_root: Path) -> None:
     )
 
 
+def _refuse_secret_content(repo_root: Path, patch: bytes) -> None:
+    """Raise UsageError when a line the patch adds looks like a secret, whatever its file
+    is called (:func:`kronos_audit._internal.secrets.secret_in_patch`): a dotenv line, a
+    cloud credential, a token or a private key copied into ``.gitignore`` or a script
+    would otherwise be recorded, committed and pushed. The message names the file and
+    line, never the secret."""
+    found = secret_in_patch(patch)
+    if found is None:
+        return
+    raise UsageError(
+        f"line {found.line} looks like a secret ({found.reason}) and a snapshot would copy "
+        "it into a patch recorded under .kaudit/patches: remove it or commit the file "
+        "without it, or, if it holds no secret, pass --allow-secret-files "
+        "(allow_secret_files=True in the Python API)",
+        path=repo_root / found.path,
+    )
+
+
 def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitRecord:
     """Read HEAD, branch, remote and the uncommitted diff; store the diff content-addressed.
 
     Raises UsageError, before anything is written, when the diff would carry a file that
-    looks like a secret, unless ``allow_secret_files``.
+    looks like a secret (by its name, or a line it adds: see :func:`_refuse_secret_content`),
+    unless ``allow_secret_files``.
     """
     try:
         status = git.status(repo_root, ".", *RECORD_PATHSPECS)
@@ -135,9 +155,13 @@ def git_state(repo_root: Path, *, allow_secret_files: bool = False) -> GitRecord
             patch = git.diff_head(repo_root, "--binary", pathspecs=(".", *RECORD_PATHSPECS))
         except git.GitError as e:
             raise ProjectError(f"cannot read git state: {e.message}", path=repo_root) from None
+        if not allow_secret_files:
+            _refuse_secret_content(repo_root, patch)
         patch_sha256 = hashlib.sha256(patch).hexdigest()
         target = patch_path(repo_root, patch_sha256)
-        if not target.exists():
+        # A name planted there (a link to another file, a FIFO) is not a recorded patch:
+        # replaced by the bytes just hashed, never taken for them.
+        if not is_regular(target, follow_symlinks=False):
             target.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(target, patch)
     try:

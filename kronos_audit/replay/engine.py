@@ -41,10 +41,13 @@ import time
 from pathlib import Path
 
 from kronos_audit import __version__
+from kronos_audit._internal import strictjson
+from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.project.repository import Project, find_project
+from kronos_audit.provenance.dispatch import replay_pins
 from kronos_audit.replay.command import Instruction, check_placeholders, command_line, run_command
 from kronos_audit.replay.environment import environment_report
 from kronos_audit.replay.handover import PARENT_DIR, hand_over, hand_over_step
@@ -53,9 +56,11 @@ from kronos_audit.replay.launch import launch, launcher_defaults, launcher_name,
 from kronos_audit.replay.produced import Produced, by_signed_digests
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
+from kronos_audit.runtime.protocol import ENVIRONMENT_FILE
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.attestation import ManifestRef
 from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.statement.predicate import EnvironmentLock
 from kronos_audit.verification.verifier import Verifier
 
 TOOL = f"kronos-audit {__version__}"
@@ -89,9 +94,19 @@ class _Clock:
         return Timings(**self.laps, total=time.perf_counter() - self.started)
 
 
-def _environment(m: Manifest, env: EnvMode, ranks: int | None) -> EnvironmentReport:
+def _pins(m: Manifest) -> dict[str, str | None]:
+    """What the command is given of the recorded CPU dispatch (a portable run's pins)."""
+    try:
+        return replay_pins(m.record.environment.variables)
+    except ValueError as e:
+        raise ReplayError(str(e), path=m.path, stage=Stage.ENVIRONMENT) from None
+
+
+def _environment(
+    m: Manifest, env: EnvMode, ranks: int | None, pins: dict[str, str | None]
+) -> EnvironmentReport:
     report = environment_report(
-        m.record.environment, env, launcher_defaults=launcher_defaults(m, ranks)
+        m.record.environment, env, launcher_defaults=launcher_defaults(m, ranks), pins=pins
     )
     if env is EnvMode.STRICT and report.drift:
         n = len(report.drift)
@@ -103,6 +118,36 @@ def _environment(m: Manifest, env: EnvMode, ranks: int | None) -> EnvironmentRep
             stage=Stage.ENVIRONMENT,
         )
     return report
+
+
+ENVIRONMENT_FILE_LIMIT = 4 << 20
+"""Bytes of the environment lock a replayed program leaves: a lock is some tens of KB."""
+
+
+def _judged(m: Manifest, before: EnvironmentReport, out: Path) -> EnvironmentReport:
+    """Drift judged on what the replayed program ran with: the environment lock it left
+    in ``out`` (a Python program using kaudit's API does), else ``before`` (this process's,
+    with what the command was given)."""
+    path = out / ENVIRONMENT_FILE
+    try:
+        data = read_regular(path, ENVIRONMENT_FILE_LIMIT, follow_symlinks=False)
+    except UnsafeFile as e:
+        if e.missing:
+            return before
+        raise ReplayError(
+            f"the environment lock the replayed program left ({ENVIRONMENT_FILE}) {e.reason}",
+            path=m.path,
+            stage=Stage.OUTPUT,
+        ) from None
+    try:
+        lock = EnvironmentLock.from_json_obj(strictjson.loads(data.decode("utf-8")))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise ReplayError(
+            f"the environment lock the replayed program left ({ENVIRONMENT_FILE}) is not one",
+            path=m.path,
+            stage=Stage.OUTPUT,
+        ) from None
+    return environment_report(m.record.environment, before.mode, lock.to_json_obj(), program=True)
 
 
 def replay(
@@ -136,7 +181,10 @@ def replay(
     """
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
-    project = find_project(m.path).require_initialized()
+    # A verifier lent by the caller (the gate) stands in its repository; else the user
+    # stands in the working directory's.
+    standing = verifier.project.root if verifier is not None else None
+    project = find_project(m.path, standing=standing).require_initialized()
     command = m.record.command
     if not command:
         raise ReplayError(
@@ -159,12 +207,13 @@ def replay(
     verified = verify_history(project, m, basis, trust, verifier)
     check_placeholders(command, path=m.path)  # before anything runs
     clock.lap("verify")
-    report = _environment(m, env, ranks)
+    pins = _pins(m)
+    report = _environment(m, env, ranks, pins)
     clock.lap("environment")
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:
         return _run_and_compare(
-            verified, command, report, policy, basis, workdir, keep_workdir, clock, ranks
+            verified, command, report, policy, basis, workdir, keep_workdir, clock, ranks, pins
         )
     except ReplayError as e:
         if keep_workdir:
@@ -185,6 +234,7 @@ def _run_and_compare(
     keep: bool,
     clock: _Clock,
     ranks: int | None = None,
+    pins: dict[str, str | None] | None = None,
 ) -> ReplayResult:
     """Hand the parent over, run the command (on ``ranks`` ranks for a sharded step; a
     checkpoint in one file is a world of one, started with no launcher), and compare
@@ -200,6 +250,7 @@ def _run_and_compare(
         out=workdir / "out",
         seed=seeds[0] if seeds else None,
         sharded=ranks is not None,
+        pins=pins or {},
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:
@@ -215,6 +266,7 @@ def _run_and_compare(
         )
         argv = launch(m, argv, ranks, logs=workdir / "launcher")
         run_command(argv, run_dir, instruction, workdir, m)
+        report = _judged(m, report, instruction.out)
         clock.lap("command")
         # Unless the digests the manifest signs decide alone, the comparison reads the
         # recorded data, fetched if it is not here and verified again only now, after the

@@ -10,13 +10,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import stat
 from pathlib import Path
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import INDEX_NAME, manifest_path_for
-from kronos_audit.checkpoint.shards import hash_shard, parse_index, read_index
+from kronos_audit.checkpoint.shards import LINE_WIDTH, hash_shard, parse_index, read_index
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.statement.manifest import Manifest
 
@@ -39,7 +38,7 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
     checkpoint = dest / parent.checkpoint_path.name
     try:
         dest.mkdir(mode=0o700)
-        _copy(parent.checkpoint_path, checkpoint)
+        _copy(parent.checkpoint_path, checkpoint, parent.record.size)
         with open(checkpoint, "rb") as f:
             copied = hashlib.file_digest(f, "sha256").hexdigest()
         if copied != parent.subject_sha256:
@@ -79,7 +78,7 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
     try:
         dest.mkdir(mode=0o700)
         step_dir.mkdir(mode=0o700)
-        _copy(parent.checkpoint_path, index)
+        _copy(parent.checkpoint_path, index, shards.count * LINE_WIDTH)
         data = read_index(index, shards.count)
         if hashlib.sha256(data).hexdigest() != parent.subject_sha256:
             raise _copy_refused(
@@ -89,7 +88,7 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
         records = parse_index(data, shards.count, index)
         for record in records:
             copy = step_dir / record.name
-            _copy(parent.checkpoint_path.parent / record.name, copy)
+            _copy(parent.checkpoint_path.parent / record.name, copy, record.size)
             problem, sha = hash_shard(str(copy), record.size)
             if problem is not None or sha != record.sha256:
                 raise _copy_refused(
@@ -130,15 +129,23 @@ def _copy_refused(message: str, path: Path) -> ReplayError:
     return ReplayError(message, path=path, stage=Stage.DATA)
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """A new read-only file ``dst`` holding the bytes of the regular file ``src``."""
+def _copy(src: Path, dst: Path, size: int) -> None:
+    """A new read-only file ``dst`` holding the bytes of the regular file ``src``, which
+    must be ``size`` bytes (the signed size, or an index's for its shard count): a file of
+    another size is refused before a byte is copied, and no more than ``size`` bytes are
+    ever copied (a file that grows while it is read fills no disk; its copy fails the
+    digest check).
+    A checkpoint that is DVC's link into its cache is read where it points."""
     fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO cannot block
     try:
-        if not stat.S_ISREG(os.fstat(fin).st_mode):
+        st = os.fstat(fin)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size != size:
+            raise OSError(errno.EFBIG, f"is {st.st_size:,} bytes, not the {size:,} signed")
         fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
-            _copy_bytes(fin, fout)
+            _copy_bytes(fin, fout, st.st_size)
             os.fchmod(fout, 0o400)  # an input, not a scratch file
         finally:
             os.close(fout)
@@ -146,10 +153,15 @@ def _copy(src: Path, dst: Path) -> None:
         os.close(fin)
 
 
-def _copy_bytes(fin: int, fout: int) -> None:
+def _copy_bytes(fin: int, fout: int, size: int) -> None:
+    """Copy at most ``size`` bytes from the start of ``fin`` to ``fout``."""
     try:  # in the kernel: no round trip through user memory, and a reflink where it can
-        while os.copy_file_range(fin, fout, _COPY_CHUNK) > 0:
-            pass
+        done = 0
+        while done < size:
+            n = os.copy_file_range(fin, fout, min(_COPY_CHUNK, size - done))
+            if n == 0:
+                break
+            done += n
         return
     except OSError as e:
         if e.errno not in _NO_KERNEL_COPY:
@@ -157,8 +169,15 @@ def _copy_bytes(fin: int, fout: int) -> None:
     os.lseek(fin, 0, os.SEEK_SET)
     os.lseek(fout, 0, os.SEEK_SET)
     os.ftruncate(fout, 0)
-    with open(fin, "rb", closefd=False) as r, open(fout, "wb", closefd=False) as w:
-        shutil.copyfileobj(r, w, 8 * 1024 * 1024)
+    left = size
+    while left > 0:
+        chunk = os.read(fin, min(left, 8 * 1024 * 1024))
+        if not chunk:
+            break
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fout, view) :]
+        left -= len(chunk)
 
 
 def _write_new(path: Path, data: bytes) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict
 from kronos_audit.compare.interface import PerDataset
+from kronos_audit.provenance.dispatch import DISPATCH_VARIABLES
 from kronos_audit.statement.attestation import ManifestRef, Outcome
 from kronos_audit.statement.manifest import Sha256
 
@@ -99,6 +100,55 @@ class Difference:
         }
 
 
+class JudgedOn(enum.StrEnum):
+    """Whose environment a replay's drift report compares with the recorded lock."""
+
+    PROGRAM = "program"
+    """The lock the replayed program recorded itself: what it actually ran with (its
+    threads, its frameworks' settings, the kernels its libraries chose)."""
+    REPLAYER = "replayer"
+    """The replaying process's, with the variables the command is given: the replayed
+    program recorded none (it is not a Python program using kaudit's API)."""
+
+
+_THREAD_VARIABLES = frozenset(
+    {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS"}
+)
+
+
+def _kind(d: Difference) -> str:
+    """What a drift is about: ``dispatch`` (the CPU's kernels), ``threads``, ``packages``,
+    or ``environment`` (the rest)."""
+    name = d.name
+    if d.section == "cpu":
+        return "threads" if name == "count" else "dispatch"
+    if d.section == "variables":
+        if name in _THREAD_VARIABLES:
+            return "threads"
+        return "dispatch" if name in DISPATCH_VARIABLES else "environment"
+    if d.section == "threadpools":
+        return "threads" if name.endswith(".num_threads") else "dispatch"
+    if d.section == "frameworks":
+        if name.endswith(".num_threads"):
+            return "threads"
+        return "dispatch" if name.endswith(".cpu_capability") else "environment"
+    return "packages" if d.section == "packages" else "environment"
+
+
+_WAYS_OUT = {
+    "dispatch": "replay on a matching CPU, record with a portable dispatch (kaudit run --portable)",
+    "threads": "replay with the recorded thread counts",
+    "packages": "install the recorded packages",
+    "environment": "replay in the recorded environment",
+}
+_CHANGED = {
+    "dispatch": "the CPU dispatch changed",
+    "threads": "the thread counts changed",
+    "packages": "the packages changed",
+    "environment": "the environment changed",
+}
+
+
 @dataclass(frozen=True)
 class EnvironmentReport:
     """This machine's environment against the recorded lock."""
@@ -111,6 +161,35 @@ class EnvironmentReport:
     """The digest of this machine's lock (same fields, same canonical JSON)."""
     differences: tuple[Difference, ...]
     """Every difference, drift or note, by section then name."""
+    judged_on: JudgedOn = JudgedOn.REPLAYER
+    """Whose lock was compared with the recorded one."""
+    kernels: tuple[str, str] = ("", "")
+    """The CPU kernels of each side in words, recorded then compared (``AVX512 on Intel(R)
+    Xeon(R)``: torch's capability, else the ISA level, on the CPU's model)."""
+
+    def cause(self) -> str | None:
+        """The drift that can explain different bits, in one clause with the ways out
+        (``the CPU dispatch changed (AVX512 on Intel Xeon -> AVX2 on AMD EPYC): replay on a
+        matching CPU, ...``); None without drift."""
+        by_kind: dict[str, list[Difference]] = {}
+        for d in self.drift:
+            by_kind.setdefault(_kind(d), []).append(d)
+        if not by_kind:
+            return None
+        kinds = [k for k in _CHANGED if k in by_kind]
+        parts = []
+        for kind in kinds:
+            found = by_kind[kind]
+            a, b = self.kernels
+            if kind == "dispatch" and a != b:
+                what = f"{a} -> {b}"
+            else:
+                what = "; ".join(str(d) for d in found[:2])
+                if len(found) > 2:
+                    what += f"; {len(found) - 2} more"
+            parts.append(f"{_CHANGED[kind]} ({what})")
+        ways = [_WAYS_OUT[k] for k in kinds]
+        return " and ".join(parts) + ": " + ", ".join(ways) + ", or compare with a tolerance"
 
     @property
     def drift(self) -> tuple[Difference, ...]:
@@ -127,6 +206,7 @@ class EnvironmentReport:
             "mode": self.mode.value,
             "recorded_digest": self.recorded_digest,
             "current_digest": self.current_digest,
+            "judged_on": self.judged_on.value,
             "drift": [d.to_json_obj() for d in self.drift],
             "notes": [d.to_json_obj() for d in self.notes],
         }
@@ -263,11 +343,30 @@ class ReplayResult(PerDataset[DatasetReplay]):
     def ok(self) -> bool:
         return self.outcome.ok
 
+    @property
+    def cause(self) -> str | None:
+        """Why a segment that was NOT REPRODUCED may have computed other bits, in one line:
+        what differs, the drift that can explain it and the ways out (None when it
+        reproduced, or nothing drifted)."""
+        if self.ok:
+            return None
+        why = self.environment.cause()
+        if why is None:
+            return None
+        n = len(self.failures)
+        what = (
+            f"{n} dataset{'s differ' if n != 1 else ' differs'}"
+            if self.datasets
+            else "the file digest differs"
+        )
+        return f"{what}; {why}"
+
     def to_json_obj(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "outcome": self.outcome.value,
             "ok": self.ok,
+            "cause": self.cause,
             "manifest": self.manifest.to_json_obj(),
             "parent": None
             if self.parent is None

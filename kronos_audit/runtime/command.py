@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kronos_audit._internal.secrets import scrub_command
+from kronos_audit._internal.secrets import scrub_command, scrub_urls
 from kronos_audit.errors import UsageError
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -22,12 +22,22 @@ log = logging.getLogger("kronos_audit.runtime")
 
 def recorded_command(declared: Sequence[str] | None = None) -> tuple[str, ...]:
     """What a manifest records as the command that re-runs the segment: ``declared``
-    (``Run(command=...)``) as it is, else ``python`` and this process's ``sys.argv`` with
-    every credential-looking argument replaced by ``***`` (said once, as a warning)."""
+    (``Run(command=...)``) as it is but for the credentials of URLs in it, else ``python``
+    and this process's ``sys.argv`` with every credential-looking argument replaced by
+    ``***`` (said once, as a warning)."""
     if declared is not None:
         if isinstance(declared, str) or not all(isinstance(a, str) for a in declared):
             raise UsageError("command must be a list of strings (an argv, not one string)")
-        return tuple(declared)  # the program's own word, also where a rule errs
+        # The program's own word, also where a rule on option names errs; but not a
+        # URL's password, which the manifest would sign and keep for ever.
+        urls = scrub_urls(declared)
+        if urls.scrubbed:
+            log.warning(
+                "the declared command carried a URL's credentials (%s): they are recorded "
+                "as ***; read them from the environment at run time",
+                ", ".join(urls.scrubbed),
+            )
+        return urls.argv
     scrubbed = scrub_command(["python", *sys.argv])
     if scrubbed.scrubbed:
         log.warning(

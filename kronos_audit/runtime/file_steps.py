@@ -115,6 +115,7 @@ class FilePublisher(SignedPublisher):
             md5=True,
             refusal=lambda: self.refusal(job.step),
             sign=sign,
+            top=self._opened().root,
         )
 
     def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:

@@ -11,7 +11,11 @@ Environment variables set for the program:
 - ``KAUDIT_RESUME_FROM``, ``KAUDIT_STOP_AT``, ``KAUDIT_OUT`` (and ``KAUDIT_SEED``, and
   ``KAUDIT_REPLAY_SHARDED`` for a multi-rank run's step): a replay's instruction "resume
   from this checkpoint (none: from the start), stop at step N, write to this directory"
-  (:class:`ReplayInstruction`).
+  (:class:`ReplayInstruction`). A replay of a run recorded with the portable CPU dispatch
+  also sets the recorded dispatch variables (:mod:`kronos_audit.provenance.dispatch`).
+
+A program under a replay writes the environment lock it ran with beside the checkpoint of
+step N, as :data:`ENVIRONMENT_FILE` in ``KAUDIT_OUT``: the replay judges drift on it.
 
 Exit status :data:`PREEMPTED_EXIT` (75, BSD's EX_TEMPFAIL) means "checkpointed on a
 preemption signal; start me again".
@@ -23,10 +27,11 @@ import mmap
 import os
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kronos_audit.errors import ExitCode
+from kronos_audit.provenance.dispatch import apply_pins
 
 PREEMPTED_EXIT = ExitCode.PREEMPTED
 RESTART_COUNT_ENV = "KAUDIT_RESTART_COUNT"
@@ -37,6 +42,9 @@ PROGRESS_ENV = "KAUDIT_PROGRESS"
 RESUME_FROM_ENV = "KAUDIT_RESUME_FROM"
 STOP_AT_ENV = "KAUDIT_STOP_AT"
 OUT_ENV = "KAUDIT_OUT"
+ENVIRONMENT_FILE = ".kaudit-environment.json"
+"""Where, in the replay's output directory, the replayed program leaves the environment
+lock it ran with (a dot-file: not taken for the checkpoint)."""
 
 _LAYOUT = struct.Struct("<qq")  # last step reached, step resumed from (-1: fresh start)
 NOTHING = -1
@@ -140,6 +148,10 @@ class ReplayInstruction:
     sharded: bool = False
     """The step replayed is a multi-rank run's: every rank (however many) writes its shard
     of step N into ``{out}/step-<N:08d>/``, and ``resume_from`` is a step directory."""
+    pins: Mapping[str, str | None] = field(default_factory=dict)
+    """Variables the replay sets for the command (None: removes): a portable run's recorded
+    CPU dispatch (:func:`kronos_audit.provenance.dispatch.replay_pins`). Not read back by
+    :meth:`from_env`: they are the environment itself."""
 
     @classmethod
     def from_env(cls) -> ReplayInstruction | None:
@@ -179,7 +191,7 @@ class ReplayInstruction:
             env[SHARDED_ENV] = "1"
         else:
             env.pop(SHARDED_ENV, None)
-        return env
+        return apply_pins(env, self.pins)
 
     def placeholders(self) -> dict[str, str]:
         """The same instruction for a command line that is not Python: each placeholder's

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     STEP_MANIFEST,
@@ -29,10 +31,11 @@ from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.parallel.comm import Comm
+from kronos_audit.provenance.environment import environment
 from kronos_audit.runtime.commit import FileCommit, ShardCommit, StepCommit, Vote
 from kronos_audit.runtime.file_steps import FilePublisher
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
-from kronos_audit.runtime.protocol import ReplayInstruction
+from kronos_audit.runtime.protocol import ENVIRONMENT_FILE, ReplayInstruction
 from kronos_audit.runtime.publish import ONE_RANK, Restored
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
 from kronos_audit.runtime.sharded import ShardedPublisher
@@ -115,6 +118,15 @@ class Replaying(SignedPublisher):
 
     def resume_agreed(self, *, stacklevel: int) -> Agreed | None:
         return self.agree(self.steps(), stacklevel=stacklevel + 1)
+
+    def publish(self, job: Job) -> None:
+        """All ranks: commit step N as a signed run would, unsigned; then rank 0 leaves the
+        environment lock this program ran with beside it, for the replay to judge drift on
+        (:data:`~kronos_audit.runtime.protocol.ENVIRONMENT_FILE`)."""
+        super().publish(job)
+        if self.rank == 0:
+            lock = canonical_json(environment())
+            write_atomic(self.directory / ENVIRONMENT_FILE, lock)
 
     def at(self, step: int) -> Restored:
         """The handed-over step, when it is ``step``: the one step a replay's program may

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit._internal.secrets import secret_in_patch
 from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
     INDEX_NAME,
@@ -84,9 +85,9 @@ def push_patch(files: RunFiles, manifest: Manifest) -> bool:
     lacks it can fetch it; return whether it was sent (once per ``files``).
 
     What is sent is exactly the bytes whose sha256 the manifest records: a local patch
-    that is not (altered) is refused with StorageError, and nothing is sent. One that is
-    not here (a clone where it was never committed) is logged and skipped: the remote
-    may hold it from where the run ran."""
+    that is not (altered), or that adds what looks like a secret, is refused with
+    StorageError, and nothing is sent. One that is not here (a clone where it was never
+    committed) is logged and skipped: the remote may hold it from where the run ran."""
     digest = manifest.record.git.patch_sha256
     if digest is None:
         return False
@@ -103,6 +104,14 @@ def push_patch(files: RunFiles, manifest: Manifest) -> bool:
     if hashlib.sha256(data).hexdigest() != digest:
         raise StorageError(
             "the patch is not the one its manifest records (altered): not sent", path=path
+        )
+    found = secret_in_patch(data)
+    if found is not None:
+        # Recorded with allow_secret_files, or by another tool: still never sent away.
+        raise StorageError(
+            f"the recorded patch adds what looks like a secret to {found.path} (line "
+            f"{found.line}: {found.reason}): not sent to the DVC remote",
+            path=path,
         )
     return files.put_once(patch_name(digest), data)
 

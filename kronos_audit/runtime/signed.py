@@ -213,7 +213,11 @@ class SignedPublisher(RunPublisher):
         try:
             if self.threaded:
                 require_threads(self.comm)
-            self._project = find_project(self.directory).require_initialized()
+            # The repository is the one holding the root the program gave (the run's
+            # directory's parent), never one that the run directory claims to be.
+            self._project = find_project(
+                self.directory, standing=self.directory.parent
+            ).require_initialized()
             if self.rank == 0:  # its signer holds DVC's cache settings too
                 signer = self._signer = load_signer(
                     self._project,

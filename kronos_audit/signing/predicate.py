@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypedDict
 
+from kronos_audit._internal.secrets import scrub_urls
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.errors import UsageError
 from kronos_audit.project.repository import Project
@@ -150,7 +151,9 @@ def build_predicate(
         rng=record.rng,
         datasets=datasets,
         attributes=MappingProxyType(dict(attributes or {})),
-        command=None if command is None else tuple(str(a) for a in command),
+        # Whoever gave it (sys.argv, a declared command, --command), a URL's password
+        # is never signed: the manifest is kept and copied for ever.
+        command=None if command is None else scrub_urls([str(a) for a in command]).argv,
         cwd=project.relative(Path(cwd) if cwd is not None else Path(os.getcwd())),
         restart_count=record.restart_count,
         batches=record.batches,

@@ -26,8 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.fsutil import write_atomic
-from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
+from kronos_audit._internal.fsutil import fsync_dir, mkdir_durable, write_atomic
+from kronos_audit._internal.safeio import (
+    KEY_LIMIT,
+    UnsafeFile,
+    check_owned,
+    read_owned,
+    read_regular,
+)
 from kronos_audit.errors import ProjectError, StorageError
 from kronos_audit.project.repository import Project
 from kronos_audit.storage._dvc import dvc_error, load_dvc, quiet_dvc
@@ -46,11 +52,38 @@ def dvc_file_for(checkpoint: Path) -> Path:
     return checkpoint.with_name(checkpoint.name + DVC_SUFFIX)
 
 
+DVC_CONFIG_FILES = ("config", "config.local")
+"""DVC's repository-level configuration files in ``.dvc/``: read (and, for ``config.local``,
+written) by DVC on kaudit's behalf."""
+
+
+def check_dvc_config(project: Project) -> None:
+    """StorageError unless each of DVC's configuration files in the repository
+    (:data:`DVC_CONFIG_FILES`) is missing or a regular file (not a symbolic link) of at
+    most :data:`~kronos_audit._internal.safeio.TEXT_LIMIT` bytes.
+
+    DVC opens them by name, following links and without a bound: a ``config.local``
+    linked to ``../.env`` would be parsed (its lines shown in DVC's errors) and rewritten
+    with credentials by ``kaudit init --remote``, and a FIFO there would block every
+    command. Checked before each time kaudit lets DVC load its configuration."""
+    for name in DVC_CONFIG_FILES:
+        path = project.root / ".dvc" / name
+        try:
+            check_owned(path)
+        except UnsafeFile as e:
+            raise StorageError(
+                f"{e.reason}: DVC's configuration is read here only from a regular file "
+                "(never through a link); replace it with a plain file",
+                path=path,
+            ) from None
+
+
 def _dvc_config(project: Project) -> Any:
     """DVC's configuration for this repository as DVC itself loads it: the system, global,
     repository (``.dvc/config``, tracked) and local (``.dvc/config.local``) files merged in
     DVC's order, paths resolved against the file each comes from. Importing ``dvc.config``
     costs tens of milliseconds, not the second ``dvc.repo`` costs."""
+    check_dvc_config(project)
     load_dvc()
     from dvc.config import Config
 
@@ -121,6 +154,8 @@ def cache_object_path(cache_dir: Path, md5: str) -> Path:
 def _reflink(src: Path, dst: Path) -> None:
     with open(src, "rb") as s, open(dst, "wb") as d:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        # The clone's extents are the new file's metadata: durable only once it is synced.
+        os.fsync(d.fileno())
 
 
 def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
@@ -136,12 +171,20 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     checkpoint itself (linked before), it is replaced by the checkpoint's bytes, which the
     caller knows to be that md5's (hashed as they were written, or fetched and checked). A
     corrupt or planted object would otherwise be what a push uploads and a fetch links.
+
+    Returns once the object is durable: its bytes synced (a copy, a reflink), then its
+    name (and a new fan-out directory's) by an fsync of the directory that holds it, so a
+    manifest written afterwards never outlives, across a power cut, the object it signs.
     """
     with contextlib.suppress(OSError):
         if os.path.samefile(checkpoint, obj):
-            return "present"  # the checkpoint is the cache object already
+            # The checkpoint is the cache object already; made durable again, for a
+            # process killed before it synced the name leaves it only in the page cache.
+            _durable_names(obj.parent)
+            _durable_names(obj.parent.parent)
+            return "present"
     try:
-        obj.parent.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(obj.parent)
     except OSError as e:  # a full or read-only cache: say so, and which
         raise _cache_failed(checkpoint, obj, e) from None
     tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -155,6 +198,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 if not owned:
                     # The link shares the user's inode: a chmod would change their file.
                     os.replace(tmp, obj)
+                    _durable_names(obj.parent)
                     return kind
             elif kind == "symlink":
                 if not owned:
@@ -163,7 +207,9 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
                 os.replace(tmp, obj)
+                _durable_names(obj.parent)
                 checkpoint.symlink_to(obj)
+                _durable_names(checkpoint.parent)
                 return kind
             elif kind == "copy":
                 shutil.copyfile(checkpoint, tmp)
@@ -181,6 +227,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _cache_failed(checkpoint, obj, e) from None
+        _durable_names(obj.parent)
         return kind
     why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     last = "" if failed is None else f": {failed.strerror or failed}"
@@ -190,6 +237,19 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     )
 
 
+def _durable_names(directory: Path) -> None:
+    """fsync ``directory`` after a rename or link into it. A StorageError (not an
+    OSError, which would make the caller try the next link type) when it fails: the
+    name may not survive a power cut, so nothing may be signed over it."""
+    try:
+        fsync_dir(directory)
+    except OSError as e:
+        raise StorageError(
+            f"cannot make DVC's cache durable: fsync of {directory}: {e.strerror or e}",
+            path=directory,
+        ) from None
+
+
 def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:
     return StorageError(
         f"cannot put the checkpoint into DVC's cache at {obj.parent}: {e.strerror or e}",
@@ -197,13 +257,38 @@ def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:
     )
 
 
-def ensure_ignored(directory: Path, pattern: str) -> None:
-    """Add ``pattern`` to ``directory/.gitignore`` unless it is there."""
-    gitignore = directory / ".gitignore"
+def _read_gitignore(gitignore: Path) -> str:
+    """``gitignore``'s text ("" when there is none), read never through a symbolic link:
+    anyone with write access to the repository may have committed one to ``../../.env``,
+    and rewriting it would copy the owner's secrets into a tracked file."""
     try:
-        text = gitignore.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = ""
+        data = read_owned(gitignore)
+    except UnsafeFile as e:
+        raise StorageError(
+            f"{e.reason}: kaudit edits a run directory's .gitignore only as a regular "
+            "file (never through a link); remove it, or replace it with a plain file",
+            path=gitignore,
+        ) from None
+    try:
+        return "" if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StorageError("is not UTF-8 text: not edited", path=gitignore) from None
+
+
+def check_gitignore(directory: Path) -> None:
+    """StorageError unless ``directory/.gitignore`` is missing or a file kaudit may edit
+    (see :func:`ensure_ignored`): to refuse before anything else is written there."""
+    _read_gitignore(directory / ".gitignore")
+
+
+def ensure_ignored(directory: Path, pattern: str) -> None:
+    """Add ``pattern`` to ``directory/.gitignore`` unless it is there.
+
+    StorageError, nothing written, when the ``.gitignore`` there is a symbolic link, not a
+    regular file (a FIFO is never waited on) or larger than
+    :data:`~kronos_audit._internal.safeio.TEXT_LIMIT`."""
+    gitignore = directory / ".gitignore"
+    text = _read_gitignore(gitignore)
     if pattern in text.splitlines():
         return
     if text and not text.endswith("\n"):
@@ -212,12 +297,10 @@ def ensure_ignored(directory: Path, pattern: str) -> None:
 
 
 def forget_ignored(directory: Path, patterns: Sequence[str]) -> None:
-    """Remove these exact lines from ``directory/.gitignore`` (none there: nothing changes)."""
+    """Remove these exact lines from ``directory/.gitignore`` (none there: nothing changes).
+    Refused as :func:`ensure_ignored` refuses."""
     gitignore = directory / ".gitignore"
-    try:
-        lines = gitignore.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return
+    lines = _read_gitignore(gitignore).splitlines()
     kept = [line for line in lines if line not in set(patterns)]
     if kept != lines:
         write_atomic(gitignore, "".join(line + "\n" for line in kept).encode())
@@ -240,11 +323,12 @@ def write_dvc_file(checkpoint: Path, md5: str, size: int) -> Path:
 
 def read_dvc_file(path: Path) -> tuple[str, int] | None:
     """(md5, size) from a single-output ``.dvc`` file, or None if it is not one (or is not
-    a small regular file: anyone may have written it, so never a FIFO or /dev/zero)."""
+    a small regular file: anyone may have written it, so never a FIFO, /dev/zero or a
+    symbolic link to another run's ``.dvc`` file)."""
     md5: str | None = None
     size: int | None = None
     try:
-        lines = read_regular(path, KEY_LIMIT).decode("utf-8").splitlines()
+        lines = read_regular(path, KEY_LIMIT, follow_symlinks=False).decode("utf-8").splitlines()
     except (UnsafeFile, UnicodeDecodeError):
         return None
     for line in lines:
@@ -274,6 +358,7 @@ def track(
     ``owned``: kaudit created the checkpoint, so it may make it read-only or move it into
     the cache (see :func:`link_into_cache`); otherwise the user's file is left as it is.
     """
+    check_gitignore(checkpoint.parent)  # refused before the cache gets anything
     cache_dir, types = settings if settings is not None else cache_settings(project)
     how = link_into_cache(checkpoint, cache_object_path(cache_dir, md5), types, owned=owned)
     if how == "copy":
@@ -286,6 +371,7 @@ def configure_cache_links(project: Project) -> bool:
     """Set ``cache.type`` so checkpoints enter the cache by link, unless one is set."""
     if _dvc_config(project)["cache"].get("type"):
         return False  # chosen already, at some level: the user's or the repository's
+    check_dvc_config(project)
     load_dvc()
     from dvc.repo import Repo
 

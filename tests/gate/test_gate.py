@@ -162,6 +162,43 @@ def test_the_markdown_summary_is_appended_to_github_step_summary(
     assert "step-00000010.h5.kaudit.json" in failed
 
 
+def test_a_run_judged_with_its_own_tolerance_says_so_and_why(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record(repo, "programs", "order.py", "10")
+    order = "programs/checkpoints/order"
+    why = "sums its terms in an order the environment chooses"
+    set_gate(repo, f'segments = 1\n[gate.tolerance."{order}"]\nrtol = 1e-9\nwhy = "{why}"')
+    commit_all(repo, "the order run, judged with a tolerance")
+    monkeypatch.setenv("KAUDIT_TEST_ORDER", "reverse")  # the replay sums backwards
+    doc = gate_json(repo, "--trust-ref", "main")
+    (case,) = [c for c in doc["cases"] if c["kind"] == "replay"]
+    assert case["message"].startswith("REPRODUCED WITHIN TOLERANCE: ")
+    assert case["message"].endswith(
+        f"; judged with a tolerance: {order} (rtol=1e-09,atol=0): {why}"
+    )
+    assert doc["config"]["tolerances"] == [
+        {
+            "pattern": order,
+            "policy": {"default": {"rtol": 1e-9, "atol": 0.0, "ulp": None}, "rules": []},
+            "why": why,
+        }
+    ]
+    text = run_cli("gate", "--trust-ref", "main", cwd=repo)
+    assert text.exit_code == 0, text.output
+    assert f"judged with a tolerance: {order} (rtol=1e-09,atol=0): {why}" in text.stdout
+    # The tolerance is the protected ref's: removed in the work tree, it still judges...
+    set_gate(repo, "segments = 1")
+    assert gate_json(repo, "--trust-ref", "main")["ok"]
+    # ...and without it the run is judged bitwise, and fails.
+    doc = gate_json(repo, exit_code=1)
+    assert [f["message"] for f in doc["failures"]] == ["NOT REPRODUCED: /total"]
+    # A tolerance added in the work tree alone does not pass a protected gate.
+    commit_all(repo, "no tolerance")
+    set_gate(repo, f'segments = 1\n[gate.tolerance."{order}"]\nrtol = 1e-3\nwhy = "x"')
+    gate_json(repo, "--trust-ref", "main", exit_code=1)
+
+
 def test_sampling_is_reproducible_from_the_seed_and_includes_the_newest() -> None:
     run_a = [Segment("a", s, Path(f"a/step-{s}.kaudit.json")) for s in range(1, 101)]
     run_b = [Segment("b", s, Path(f"b/step-{s}.kaudit.json")) for s in range(5, 50, 5)]
@@ -215,6 +252,14 @@ def test_bad_configuration_is_one_line(heat: Path, repo: Path) -> None:
     assert_bad_input(run_cli("gate", cwd=repo), "[gate] tol[0]")
     set_gate(repo, "colour = 1")
     assert_bad_input(run_cli("gate", cwd=repo), "unknown key 'colour'")
+    set_gate(repo, '[gate.tolerance."heat/*"]\nrtol = 1e-9')
+    assert_bad_input(run_cli("gate", cwd=repo), "[gate.tolerance.'heat/*']: why")
+    set_gate(repo, '[gate.tolerance."heat/*"]\nwhy = "because"')
+    assert_bad_input(run_cli("gate", cwd=repo), "no tolerance")
+    set_gate(repo, '[gate.tolerance."../elsewhere"]\nrtol = 1e-9\nwhy = "because"')
+    assert_bad_input(run_cli("gate", cwd=repo), "inside the repository")
+    set_gate(repo, '[gate.tolerance."heat/*"]\natol = 1e-9\nwhy = "x"\nskip = true')
+    assert_bad_input(run_cli("gate", cwd=repo), "unknown key 'skip'")
     set_gate(repo, "")
     assert_bad_input(run_cli("gate", "--trust-ref", "no-such-branch", cwd=repo), "no-such-branch")
     result = run_cli("gate", "--json", "--trust-ref", "no-such-branch", cwd=repo)

@@ -233,9 +233,14 @@ def test_environment_drift_is_reported_and_refused_when_strict(
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     warned = run_cli("replay", target)
     assert warned.exit_code == 0, warned.output
-    assert "drift from the recorded lock, 1 difference" in warned.stdout
+    # judged on what the replayed program ran with: the variable, and the thread count
+    # its BLAS took from it
+    assert "drift from the recorded lock, 2 differences (as the replayed program ran)" in (
+        warned.stdout
+    )
     assert "OMP_NUM_THREADS 1 -> 2" in warned.stdout
     doc = replay_json(target)
+    assert doc["environment"]["judged_on"] == "program"
     assert doc["environment"]["drift"] == [
         {
             "section": "variables",
@@ -244,7 +249,15 @@ def test_environment_drift_is_reported_and_refused_when_strict(
             "recorded": "1",
             "current": "2",
             "drift": True,
-        }
+        },
+        {
+            "section": "threadpools",
+            "name": "openblas.num_threads",
+            "change": "changed",
+            "recorded": "1",
+            "current": "2",
+            "drift": True,
+        },
     ]
     assert doc["environment"]["recorded_digest"] != doc["environment"]["current_digest"]
     refused = run_cli("replay", target, "--env", "strict")
@@ -257,7 +270,7 @@ def test_environment_drift_is_reported_and_refused_when_strict(
     )
     monkeypatch.delenv("OMP_NUM_THREADS")
     removed = replay_json(target)["environment"]["drift"]
-    assert [(d["name"], d["change"]) for d in removed] == [("OMP_NUM_THREADS", "removed")]
+    assert next((d["name"], d["change"]) for d in removed) == ("OMP_NUM_THREADS", "removed")
 
 
 def test_a_changed_package_in_the_recorded_lock_is_drift(heat: Path, key: SigningKey) -> None:

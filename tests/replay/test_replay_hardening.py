@@ -409,3 +409,18 @@ def test_a_parent_manifest_changed_after_verification_is_not_handed_over(
     path.write_bytes(path.read_bytes() + b"\n")
     with pytest.raises(ReplayError, match="parent manifest changed after it was verified"):
         hand_over(parent, tmp_path / "a")
+
+
+def test_a_parent_of_another_size_is_refused_before_a_byte_is_copied(
+    checkpoint: Path, key: SigningKey, tmp_path: Path
+) -> None:
+    assert run_cli("snapshot", str(checkpoint), "--run", "run1", "--step", "1").exit_code == 0
+    parent = read_manifest(manifest_path_for(checkpoint))
+    checkpoint.chmod(0o644)
+    with open(checkpoint, "ab") as f:  # grown after verification
+        f.truncate(checkpoint.stat().st_size + (64 << 20))
+    dest = tmp_path / "a"
+    with pytest.raises(ReplayError, match=r"not the [\d,]+ signed") as info:
+        hand_over(parent, dest)
+    assert info.value.stage == "data"
+    assert not (dest / checkpoint.name).exists()  # nothing copied, not even a part

@@ -8,13 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kronos_audit as ka
 from kronos_audit._internal.secrets import scrub_command
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
+from tests.helpers import run_cli, write_checkpoint
 
 PROGRAM = """
 import sys
@@ -124,3 +127,62 @@ def test_manifest_bytes_hold_no_secret_of_a_url(tmp_path: Path) -> None:
     scrubbed = scrub_command(["https://user:pa%40ss@h/x"])
     assert "pa%40ss" not in " ".join(scrubbed.argv)
     assert "pa@ss" not in " ".join(scrubbed.argv)
+
+
+def test_a_url_inside_an_options_value_is_recorded_without_its_credentials(
+    project: Project, key: SigningKey
+) -> None:
+    done = _run(
+        project,
+        "argv",
+        f"--data=https://bob:{SECRETS[1]}@data.example.org/set",
+        f"sources=s3://bucket/a,https://{SECRETS[3]}@mirror.example.org/b",
+        "--out=s3://bucket/results",
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = project.root / "checkpoints" / "train" / "step-00000001.h5.kaudit.json"
+    assert list(ka.read_manifest(manifest).predicate["command"])[3:] == [
+        "--data=https://***:***@data.example.org/set",
+        "sources=s3://bucket/a,https://***@mirror.example.org/b",
+        "--out=s3://bucket/results",  # no credential: kept as it is
+    ]
+    payload = base64.b64decode(json.loads(manifest.read_text())["payload"])
+    for secret in (SECRETS[1], SECRETS[3]):
+        assert secret.encode() not in payload, secret
+        assert secret not in done.stderr
+    assert "argument 3 (a URL's credentials)" in done.stderr
+
+
+def test_a_declared_command_is_recorded_without_a_urls_credentials(
+    project: Project, key: SigningKey, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = project.root / "checkpoints"
+    declared = ["python", "train.py", f"--data=https://bob:{SECRETS[1]}@data.example/set"]
+    with ka.Run("d", root=root, seed=1, asynchronous=False, command=declared) as run:
+        for step in run.steps(1):
+            run.checkpoint(step, {"w": np.arange(4.0)})
+    m = ka.read_manifest(root / "d" / "step-00000001.h5.kaudit.json")
+    assert list(m.predicate["command"]) == [
+        "python",
+        "train.py",
+        "--data=https://***:***@data.example/set",
+    ]
+    assert "URL's credentials" in caplog.text
+    assert SECRETS[1] not in caplog.text
+
+    checkpoint = write_checkpoint(project.root / "snap" / "step-00000001.h5")
+    result = run_cli(
+        "snapshot",
+        str(checkpoint),
+        "--run",
+        "snap",
+        "--step",
+        "1",
+        "--command",
+        f"python fit.py --remote https://alice:{SECRETS[1]}@host.example/x",
+    )
+    assert result.exit_code == 0, result.output
+    recorded = ka.read_manifest(manifest_path_for(checkpoint)).predicate["command"]
+    assert list(recorded)[-1] == "https://***:***@host.example/x"
+    payload = json.loads(manifest_path_for(checkpoint).read_text())["payload"]
+    assert SECRETS[1].encode() not in base64.b64decode(payload)

@@ -23,6 +23,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.storage.remote import configure_remote
 from tests.helpers import assert_bad_input, git, run_cli
 
 SECRET = "s3cr3t-Tok3n"
@@ -345,3 +346,89 @@ def test_the_signed_manifest_holds_no_secret_from_the_environment(
     statement = read_manifest(manifest_path_for(checkpoint)).statement
     assert SECRET not in repr(statement)
     assert os.environ["CUBLAS_API_KEY"] == SECRET  # it was there to be taken
+
+
+# -- secrets in the content of the recorded patch ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "line"),
+    [
+        (".gitignore", f"AWS_SECRET_ACCESS_KEY={SECRET}-wJalrXUtnFEMI"),  # a dotenv line
+        ("deploy/aws.ini", f"aws_secret_access_key = {SECRET}/K7MDENG"),  # ~/.aws/credentials
+        ("scripts/ci.sh", f"export GITHUB_TOKEN=ghp_{SECRET}0123456789abcdefghijklmn"),
+        ("notes.md", f"see xoxb-1234567890-{SECRET}"),  # a Slack token anywhere
+        ("conf/db.yaml", f"url: postgres://app:{SECRET}@db.internal/prod"),
+    ],
+)
+def test_a_patch_that_adds_a_secret_line_is_refused_whatever_the_file_is_called(
+    project: Project, key: SigningKey, checkpoint: Path, name: str, line: str
+) -> None:
+    path = project.root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# committed\n")
+    git(project.root, "add", name)
+    git(project.root, "commit", "-q", "-m", "a tracked file")
+    path.write_text(f"# committed\n{line}\n")  # the secret, one line below
+
+    result = run_cli("snapshot", str(checkpoint), "--run", "run1", "--step", "1")
+    message = assert_bad_input(
+        result, str(path), "line 2", "looks like a secret", "--allow-secret-files", no_stdout=True
+    )
+    assert SECRET not in message
+    nothing_written(project, checkpoint)
+
+    root = project.root / "checkpoints"
+    with (
+        pytest.raises(UsageError, match="allow_secret_files=True") as info,
+        ka.Run("sim", root=root, seed=1, asynchronous=False),
+    ):
+        pass
+    assert info.value.path == path
+    assert not (root / "sim").exists()
+    assert list((project.root / ".kaudit" / "patches").iterdir()) == []
+
+
+def test_code_that_reads_a_secret_is_recorded_as_before(
+    project: Project, key: SigningKey, checkpoint: Path
+) -> None:
+    code = (
+        "import os\n"
+        'token = os.environ["API_TOKEN"]\n'
+        "password = prompt()\n"
+        "api_key: str\n"
+        "max_tokens = 4096\n"
+        "secret_key: str | None = None\n"
+    )
+    (project.root / "solver.py").write_text(code)
+    (project.root / "run.sh").write_text("TOKEN=$CI_TOKEN\nexport PASSWORD=${DB_PASSWORD}\n")
+    git(project.root, "add", "run.sh")
+    result = run_cli("snapshot", str(checkpoint), "--run", "run1", "--step", "1")
+    assert result.exit_code == 0, result.output
+    g = read_manifest(manifest_path_for(checkpoint)).predicate["git"]
+    patch = project.root / ".kaudit" / "patches" / f"{g['patch_sha256']}.patch"
+    assert b"max_tokens = 4096" in patch.read_bytes()
+
+
+def test_a_patch_recorded_with_a_secret_is_never_pushed(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote"
+    configure_remote(project, str(remote))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    (project.root / "solver.py").write_text(f"print('solve')\nAPI_TOKEN={SECRET}-0123456789\n")
+    root = project.root / "checkpoints"
+    with ka.Run("sim", root=root, seed=1, asynchronous=False, allow_secret_files=True) as run:
+        for step in run.steps(1):
+            run.checkpoint(step, {"u": np.zeros(4)})  # recorded, as asked
+    assert list((project.root / ".kaudit" / "patches").iterdir())
+
+    result = run_cli("push", str(root / "sim"), cwd=project.root)
+    assert result.exit_code != 0, result.output
+    assert "looks like a secret" in result.stderr
+    assert "solver.py" in result.stderr
+    assert SECRET not in result.output
+    for path in remote.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path

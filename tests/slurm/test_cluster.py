@@ -19,12 +19,25 @@ def slurm(conf: Path, *args: str) -> str:
     ).stdout
 
 
+def slurmd_cpus() -> int:
+    """This host's CPUs as slurmd counts them (``slurmd -C``: the CPUs its cgroup allows,
+    which a container may hold to fewer than the machine has)."""
+    node = subprocess.run(
+        ["/usr/sbin/slurmd", "-C"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    (cpus,) = [field.removeprefix("CPUs=") for field in node if field.startswith("CPUs=")]
+    return int(cpus)
+
+
 def test_the_partition_is_this_host_with_its_cpus_and_memory(slurm_conf: Path) -> None:
     shown = slurm(slurm_conf, "sinfo", "--noheader", "--Node", "--format=%P %c %m %T")
     (line,) = shown.splitlines()  # one node
     partition, cpus, memory, state = line.split()
     assert partition == "debug*"  # the default partition
-    assert int(cpus) == os.cpu_count()
+    # whatever the host's core count, and however it is counted: slurmd's own count, which
+    # is at most the machine's (os.cpu_count() counts CPUs a cgroup may keep from slurmd)
+    assert int(cpus) == slurmd_cpus()
+    assert 1 <= int(cpus) <= (os.cpu_count() or 1)
     mem_total_kib = next(
         int(row.split()[1])
         for row in Path("/proc/meminfo").read_text().splitlines()

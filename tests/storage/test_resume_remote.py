@@ -406,3 +406,50 @@ def test_an_unsigned_step_manifest_in_the_remote_decides_no_format(
             run.checkpoint(step, {"u": np.zeros(4)})
     assert (run_dir(project.root) / "step-00000001.h5.kaudit.json").is_file()
     assert not (run_dir(project.root) / "step-00000001").exists()
+
+
+def test_status_of_sharded_steps_brought_back_from_the_remote(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    """A sharded run resumed elsewhere brings its chain's manifests, not their data:
+    status says those steps are in the remote (remote-only), asking it by their index."""
+
+    def ranks(root: Path, steps: int) -> None:
+        def program(comm: ThreadRanks) -> None:
+            with thread_run(root, RUN, comm, push=True) as run:
+                state = run.restore()
+                u = np.arange(8.0).reshape(2, 4) if state is None else state["u"]
+                for step in run.steps(steps):
+                    u = u + 1
+                    run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+                assert run.push_failures == []
+
+        on_ranks(2, program)
+
+    ranks(project.root, 3)
+    clone = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    ranks(clone, 4)
+    here = run_dir(clone)
+    # Steps 1 and 2 came back as their manifests alone; 3 (resumed from) with its data.
+    assert not (here / "step-00000001" / "index.jsonl").exists()
+    assert (here / "step-00000003" / "index.jsonl").exists()
+    result = run_cli("status", "--json", str(here), cwd=clone)
+    assert result.exit_code == 0, result.output
+    where = {
+        Path(c["checkpoint"]).parent.name: c["location"]
+        for c in json.loads(result.stdout)["checkpoints"]
+    }
+    assert where == {
+        "step-00000001": "remote-only",
+        "step-00000002": "remote-only",
+        "step-00000003": "pushed",
+        "step-00000004": "pushed",
+    }
+    # One shard gone from the remote: that step is not (fully) there, so it is missing.
+    index = (project.root / "checkpoints" / RUN / "step-00000001" / "index.jsonl").read_bytes()
+    md5 = json.loads(index.splitlines()[1])["md5"]
+    (remote / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+    result = run_cli("status", "--json", str(here), cwd=clone)
+    places = [c["location"] for c in json.loads(result.stdout)["checkpoints"]]
+    assert places == ["missing", "remote-only", "pushed", "pushed"]

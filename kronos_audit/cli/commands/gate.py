@@ -102,6 +102,8 @@ def render(result: GateResult) -> None:
         out.print(f"trust ref: {safe(anchor.given)} resolved to {safe(anchor.describe())}")
     for p in result.problems:
         out.print(f"[yellow]trust store entry skipped:[/] {safe(p)}")
+    for t in result.config.tolerances:
+        out.print(f"[cyan]judged with a tolerance:[/] {safe(t.describe())}")
     counts = result.counts()
     v, r = counts["verify"], counts["replay"]
     out.print(

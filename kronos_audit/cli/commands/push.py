@@ -97,9 +97,16 @@ def push(
     missing: dict[Path, str] = {}
     uploaded = 0
     sent = 0
+    repaired: list[tuple[FetchItem, str]] = []
     with progress_bar() as bar:
         bar.update(f"pushing {len(items)} checkpoint(s)", 0, 0)
         if items:
+            # A step signed but not tracked (signed by an older kaudit before it was
+            # tracked, or its cache object lost) is tracked again from its verified bytes
+            # here, and said: DVC pushes only what its cache holds. Only once there is a
+            # remote to push to (none: exit 2, nothing changed here).
+            storage.remote_name(remote)
+            repaired = storage.repair_tracking([i for group in items.values() for i in group])
             try:
                 uploaded = storage.push([i for group in items.values() for i in group], remote)
             except PushIncomplete as e:
@@ -130,6 +137,10 @@ def push(
                     if m not in refused and not any(i.checkpoint in missing for i in group)
                 ],
                 "uploaded": uploaded,
+                "repaired": [
+                    {"path": project.relative(item.checkpoint), "detail": how}
+                    for item, how in repaired
+                ],
                 "manifests": sent,
                 "not_here": [
                     project.relative(verifier.cache.read(m).checkpoint_path) for m in absent
@@ -144,6 +155,8 @@ def push(
         ctx.exit(code)
     for bad_input in bad.values():
         click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
+    for item, how in repaired:
+        out.print(f"[yellow]repaired[/] {safe(project.relative(item.checkpoint))}: {safe(how)}")
     for path, why in [*refused.items(), *missing.items()]:
         out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}", failure=True)
     pushed = sum(

@@ -168,16 +168,22 @@ def _header(r: ReplayResult) -> None:
         _row("ranks", f"{r.ranks}, {how}")
     env = r.environment
     if env.mode != "ignore":  # an EnvMode
+        whose = (
+            "as the replayed program ran"
+            if env.judged_on == "program"  # a JudgedOn
+            else "as this process gave the command"
+        )
         if env.drift:
             n = len(env.drift)
             _row(
                 "environment",
-                f"[yellow]drift from the recorded lock, {n} difference{'s' if n != 1 else ''}:[/]",
+                f"[yellow]drift from the recorded lock, {n} difference{'s' if n != 1 else ''} "
+                f"({whose}):[/]",
             )
             for d in env.drift:
                 _row("", f"[yellow]{safe(str(d))}[/]")
         else:
-            _row("environment", "[green]no drift[/] from the recorded lock")
+            _row("environment", f"[green]no drift[/] from the recorded lock ({whose})")
         if env.notes:
             _row("", "[dim]not drift: " + safe("; ".join(str(d) for d in env.notes)) + "[/]")
     t = r.timings
@@ -223,6 +229,8 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
         if failing:
             what += " (" + ", ".join(failing) + ")"
     out.print(f"{OUTCOME_STYLE[r.outcome]}: {safe(what)}  [dim]({basis})[/]", failure=failed)
+    if r.cause is not None:
+        out.print(f"[yellow]why:[/] {safe(r.cause)}", failure=failed)
     for note in r.uncompared:
         out.print(f"[yellow]not compared:[/] {safe(note)}")
     if r.workdir is not None:

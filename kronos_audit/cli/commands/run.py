@@ -41,6 +41,13 @@ if TYPE_CHECKING:
     show_default=True,
     help="Cap on the doubling wait, in seconds.",
 )
+@click.option(
+    "--portable",
+    is_flag=True,
+    help="Pin the CPU's floating-point dispatch (torch, MKL, oneDNN, OpenBLAS, numpy and XLA "
+    "kernels; thread counts) to what every x86-64-v3 CPU has, so a replay on another CPU "
+    "computes the same bits.",
+)
 @json_option("Print the summary as one JSON line on stderr, and nothing else.", stderr=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -49,6 +56,7 @@ def run_command(
     retries: int,
     backoff: float,
     max_backoff: float,
+    portable: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -59,6 +67,11 @@ def run_command(
     is not restarted. SIGTERM, SIGINT, SIGUSR1, SIGUSR2 and SIGHUP are forwarded to
     COMMAND; after SIGTERM, SIGINT or SIGUSR1 it is not restarted.
 
+    With --portable, COMMAND starts with the variables that pin the libraries' CPU kernels
+    and thread counts (KAUDIT_DISPATCH=portable, ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE,
+    ...; see docs/replay.md): its manifests record them, and `kaudit replay` sets the same,
+    so a segment replays bitwise on another CPU, Intel or AMD.
+
     Exit status: COMMAND's last status (128+S if killed by signal S); 2 if it cannot be
     started.
 
@@ -66,13 +79,25 @@ def run_command(
     Example:
       kaudit run --retries 5 -- python heat.py --steps 3000
     """
+    import os
+
     from kronos_audit.runtime.supervisor import Backoff, supervise
 
+    env = None
+    if portable:
+        from kronos_audit.errors import UsageError
+        from kronos_audit.provenance.dispatch import DispatchError, portable_variables
+
+        try:
+            env = {**os.environ, **portable_variables()}
+        except DispatchError as e:
+            raise UsageError(str(e)) from None
     result = supervise(
         command,
         retries=retries,
         backoff=Backoff(initial=backoff, maximum=max_backoff),
         on_event=None if as_json else _render_event,
+        env=env,
     )
     if as_json:
         click.echo(json.dumps(_summary_json(result)), err=True)

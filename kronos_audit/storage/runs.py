@@ -84,6 +84,7 @@ class RunFiles:
         self.run_id = run_id
         self._requested = remote
         self._fs: Any = None
+        self._is_local = False
         self._dir = ""
         self._put: set[str] = set()
 
@@ -100,6 +101,11 @@ class RunFiles:
             try:
                 with quiet_dvc():
                     fs, root = remote_root(self.storage.repo, name)
+                    # Asked here, where a failure is the remote's: an SSH filesystem
+                    # connects when its underlying filesystem is first touched.
+                    self._is_local = getattr(fs, "protocol", None) == "local" or (
+                        "file" in _protocols(fs)
+                    )
             except Exception as e:  # DVC's errors are many: name it and stop
                 raise StorageError(
                     f"remote: {dvc_error(e)}", path=self.storage.project.root
@@ -108,7 +114,7 @@ class RunFiles:
         return self._fs, self._dir
 
     def _local(self, fs: Any) -> bool:
-        return getattr(fs, "protocol", None) == "local" or "file" in _protocols(fs)
+        return self._is_local
 
     def _error(self, what: str, e: Exception) -> StorageError:
         return StorageError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import time
@@ -221,6 +222,10 @@ def _signer_matches(signer: TrustedKey, wanted: str) -> bool:
 
 
 def _verify_case(project: Project, r: VerifyResult, config: GateConfig, seconds: float) -> Case:
+    return dataclasses.replace(_verified(project, r, config, seconds), comparison=r.comparison)
+
+
+def _verified(project: Project, r: VerifyResult, config: GateConfig, seconds: float) -> Case:
     name = project.relative(r.manifest)
     if not r.ok:
         details = tuple(f"{c.name}: {c.detail}" for c in r.failures)

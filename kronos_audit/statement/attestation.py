@@ -25,6 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kronos_audit.compare.policy import (
+    PolicySource,
+    Settings,
+    Tolerance,
+    ToleranceError,
+    TolerancePolicy,
+    ToleranceRule,
+    policy_text,
+)
+from kronos_audit.errors import ManifestError
 from kronos_audit.statement.manifest import (
     Sha256,
     SignedStatement,
@@ -95,6 +105,83 @@ class ManifestRef:
         }
 
 
+def _tolerance(obj: Mapping[str, Any] | None) -> Tolerance | None:
+    if obj is None:
+        return None
+    ulp = obj["ulp"]
+    return Tolerance(float(obj["rtol"]), float(obj["atol"]), None if ulp is None else int(ulp))
+
+
+SHOWN_DATASETS = 8
+"""Datasets judged with a tolerance that :meth:`AttestedComparison.lines` names one by one."""
+
+
+@dataclass(frozen=True)
+class AttestedComparison:
+    """The comparison an attestation records: the tolerances its verdict was reached with,
+    each dataset's, and where they came from."""
+
+    policy: TolerancePolicy
+    """The tolerances asked for; the empty policy is bitwise."""
+    basis: str
+    """``hashes`` (bitwise against the recorded hashes) or ``data``."""
+    source: PolicySource | None
+    """Where the policy came from; None in an attestation written before it was recorded."""
+    datasets: tuple[tuple[str, Tolerance | None, str], ...] | None
+    """Each dataset's path, tolerance (None: bitwise) and the rule that gave it; None in
+    an attestation written before they were recorded."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> AttestedComparison:
+        """The comparison a schema-valid replay result records."""
+        policy = obj["policy"]
+        try:
+            parsed = TolerancePolicy(
+                tuple(
+                    ToleranceRule(str(r["pattern"]), _tolerance(r["tolerance"]), str(r["origin"]))
+                    for r in policy["rules"]
+                ),
+                _tolerance(policy["default"]),
+            )
+        except ToleranceError as e:
+            raise ValueError(f"the recorded policy: {e.message}") from None
+        recorded = obj.get("tolerances")
+        if recorded is None:
+            return cls(parsed, str(obj["basis"]), None, None)
+        return cls(
+            parsed,
+            str(obj["basis"]),
+            PolicySource.from_json_obj(recorded["source"]),
+            tuple(
+                (str(d["path"]), _tolerance(d["tolerance"]), str(d["rule"]))
+                for d in recorded["datasets"]
+            ),
+        )
+
+    @property
+    def bitwise(self) -> bool:
+        """No tolerance applied to any dataset."""
+        return self.policy == TolerancePolicy()
+
+    def summary(self) -> str:
+        """The policy and where it came from, in one line."""
+        if self.source is None:
+            return f"{policy_text(self.policy)} (where it came from is not recorded)"
+        return f"{policy_text(self.policy)} (from {self.source.describe()})"
+
+    def lines(self) -> list[str]:
+        """The summary, then each dataset judged with a tolerance and the rule that gave
+        it (at most :data:`SHOWN_DATASETS`, then how many more)."""
+        out = [self.summary()]
+        if self.source is not None and self.source.settings is Settings.WORK_TREE:
+            out[0] += ": the work tree's config, which any commit can change"
+        loose = [d for d in self.datasets or () if d[1] is not None]
+        out += [f"{path}: {tol.spec} ({rule})" for path, tol, rule in loose[:SHOWN_DATASETS] if tol]
+        if len(loose) > SHOWN_DATASETS:
+            out.append(f"{len(loose) - SHOWN_DATASETS} more datasets judged with a tolerance")
+        return out
+
+
 @dataclass(frozen=True)
 class AttestedReplay:
     """What an attestation's predicate (a replay result) says, typed: the parts read back.
@@ -117,6 +204,8 @@ class AttestedReplay:
     """RFC 3339 UTC time the replay finished: the time its signature is judged at."""
     tool: str
     """``kronos-audit X.Y.Z``: what replayed it."""
+    comparison: AttestedComparison
+    """The tolerances the verdict was reached with, and where they came from."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> AttestedReplay:
@@ -133,6 +222,7 @@ class AttestedReplay:
             patch_sha256=None if patch is None else Sha256(str(patch)),
             replayed_at=str(obj["replayed_at"]),
             tool=str(obj["tool"]),
+            comparison=AttestedComparison.from_json_obj(obj),
         )
 
 
@@ -160,9 +250,11 @@ class Attestation(SignedStatement):
 
 def attestation_of(path: Path, envelope: Envelope, statement: Any) -> Attestation:
     """The attestation at ``path`` of a schema-valid ``statement`` in ``envelope``."""
-    return Attestation(
-        path, envelope, statement, AttestedReplay.from_json_obj(statement["predicate"])
-    )
+    try:
+        replay = AttestedReplay.from_json_obj(statement["predicate"])
+    except (ValueError, ToleranceError) as e:
+        raise ManifestError(f"not an attestation: {e}", path=path) from None
+    return Attestation(path, envelope, statement, replay)
 
 
 def read_attestation(path: Path | str) -> Attestation:

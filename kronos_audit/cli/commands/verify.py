@@ -44,6 +44,10 @@ def _print_result(r: VerifyResult) -> None:
     )
     for c in r.failures:
         out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}", failure=True)
+    # What an attested verdict was reached with: its tolerances and where they came from.
+    for i, line in enumerate(r.comparison):
+        lead = "      compared: " if i == 0 else "        "
+        out.print(f"{lead}{safe(line)}", failure=failed)
     verbose = settings().verbose
     for c in r.checks:
         if c.status is CheckStatus.SKIPPED:  # an UNVERIFIED one is shown above

@@ -137,7 +137,7 @@ class KauditChecks:
                 lines.append(line)
             if not result.datasets:
                 lines.append("the file digest differs (not HDF5)")
-            lines.append(f"tolerances from {source.describe()}")
+            lines.append(f"tolerances: {source.describe()}")
             if trust_ref is None and work_tree_tolerances(project):
                 lines.append(
                     "[compare] of the work tree's .kaudit/config.toml is not read by a test: "

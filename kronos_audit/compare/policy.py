@@ -320,15 +320,16 @@ class PolicySource:
     a program's arguments), in front of the configuration's."""
 
     def describe(self) -> str:
-        """In words, for output: ``the command line and [compare] at REF:.kaudit/config.toml``."""
+        """Where the tolerances came from, in words that stand alone in parentheses:
+        ``given on the command line, over [compare] at REF at COMMIT:.kaudit/config.toml``."""
         where = {
             Settings.NONE: None,
             Settings.TRUST_REF: f"[compare] at {self.config}",
-            Settings.WORK_TREE: f"[compare] of the work tree's {self.config} (not a trust ref)",
+            Settings.WORK_TREE: f"[compare] of the work tree's {self.config}, not a trust ref",
         }[self.settings]
         if where is None:
-            return "the command line" if self.given else "none given (bitwise)"
-        return f"the command line and {where}" if self.given else where
+            return "given on the command line" if self.given else "no tolerance given or configured"
+        return f"given on the command line, over {where}" if self.given else where
 
     def to_json_obj(self) -> dict[str, Any]:
         return {"settings": self.settings.value, "config": self.config, "given": self.given}

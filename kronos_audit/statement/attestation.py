@@ -167,7 +167,7 @@ class AttestedComparison:
         """The policy and where it came from, in one line."""
         if self.source is None:
             return f"{policy_text(self.policy)} (where it came from is not recorded)"
-        return f"{policy_text(self.policy)} (from {self.source.describe()})"
+        return f"{policy_text(self.policy)} ({self.source.describe()})"
 
     def lines(self) -> list[str]:
         """The summary, then each dataset judged with a tolerance and the rule that gave

@@ -97,7 +97,7 @@ def _render(result: BisectResult, source: PolicySource) -> None:
     out.print(
         f"{len(common)} common steps ({common[0]}..{common[-1]}); "
         f"tolerance: {safe(policy_text(result.policy))} "
-        f"[dim](from {safe(source.describe())})[/]"
+        f"[dim]({safe(source.describe())})[/]"
     )
     out.print("compared: " + ", ".join(_probe_text(p) for p in result.probes))
     out.print()

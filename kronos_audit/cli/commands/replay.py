@@ -214,7 +214,7 @@ def _tolerances(r: ReplayResult) -> str:
     from kronos_audit.compare.policy import policy_text
 
     source = r.policy_source
-    text = f"{safe(policy_text(r.policy))}  [dim](from {safe(source.describe())})[/]"
+    text = f"{safe(policy_text(r.policy))}  [dim]({safe(source.describe())})[/]"
     return f"[yellow]{text}[/]" if source.settings == "work-tree" else text  # a Settings
 
 

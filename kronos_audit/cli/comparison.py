@@ -127,7 +127,10 @@ def render_comparison(result: Comparison, source: PolicySource) -> None:
     parts = [f"{n} {SUMMARY_WORDS[v]}" for v, n in counts.items() if n]
     total = len(result.datasets)
     status = "[green]ok[/]" if result.ok else "[red]FAIL[/]"
-    where = f"  [dim](tolerances: {safe(source.describe())})[/]"
+    # Where the configured tolerances were read, when some were: the reader weighs them.
+    where = (
+        "" if source.settings == "none" else f"  [dim](tolerances: {safe(source.describe())})[/]"
+    )
     out.print(
         f"{status}: {total} datasets: {', '.join(parts) or 'none'}{where}", failure=not result.ok
     )

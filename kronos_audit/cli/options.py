@@ -180,6 +180,16 @@ def config_project(*paths: Path) -> Project | None:
     return None
 
 
+def pinned_trust(trust: TrustOptions, *paths: Path) -> TrustOptions:
+    """``trust`` with its ``--trust-ref`` resolved once in the kaudit repository holding
+    the first of ``paths`` that is in one (unchanged without a ref or a repository), so
+    that everything the command reads at the ref is read at one commit."""
+    if trust.trust_ref is None:
+        return trust
+    project = config_project(*paths)
+    return trust if project is None else trust.pin(project.root)
+
+
 def tolerance_policy(
     rtol: str | None,
     atol: str | None,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,9 +50,9 @@ def commit_config(repo: Path, text: str, message: str) -> None:
     commit_all(repo, message)
 
 
-def tolerances(predicate: dict[str, object]) -> dict[str, object]:
+def tolerances(predicate: Mapping[str, Any]) -> Mapping[str, Any]:
     recorded = predicate["tolerances"]
-    assert isinstance(recorded, dict)
+    assert isinstance(recorded, Mapping)
     return recorded
 
 

@@ -11,6 +11,7 @@ from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import (
     json_option,
     json_paths,
+    pinned_trust,
     tolerance_options,
     tolerance_policy,
     trust_options,
@@ -62,6 +63,7 @@ def bisect_command(
 
     # [compare] at --trust-ref when one is given, else the work tree's, said beside the
     # tolerance: never a silent loosening by a committed config.
+    trust = pinned_trust(trust, a, b)  # one commit for [compare] and the chains' anchors
     policy, source, project = tolerance_policy(rtol, atol, ulp, tol, a, b, trust=trust)
     result = bisect(a, b, policy, trust=trust)
     if as_json:

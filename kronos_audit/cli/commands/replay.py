@@ -13,6 +13,7 @@ from kronos_audit.cli.comparison import STYLE, SUMMARY_WORDS, dataset_details
 from kronos_audit.cli.options import (
     ask_passphrase,
     json_option,
+    pinned_trust,
     tolerance_options,
     tolerance_policy,
     trust_options,
@@ -122,6 +123,8 @@ def replay(
         raise UsageError("--key names the key that signs the attestation: add --attest")
     # A signed verdict depends only on signed or given settings: with --attest, [compare]
     # is read only at --trust-ref, never from the work tree (without either, bitwise).
+    # --trust-ref resolved once: [compare] and the history are read at one commit.
+    trust = pinned_trust(trust, manifest)
     policy, source, project = tolerance_policy(
         rtol, atol, ulp, tol, manifest, trust=trust, work_tree=not attest
     )

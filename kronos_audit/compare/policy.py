@@ -285,7 +285,10 @@ class TolerancePolicy:
 
     @classmethod
     def from_config(cls, project: Project) -> TolerancePolicy:
-        """The ``[compare]`` section of the project's ``.kaudit/config.toml`` (exact if none)."""
+        """The ``[compare]`` section of the project's ``.kaudit/config.toml`` in the work
+        tree (exact if none): for an unsigned, interactive comparison only. What is signed
+        or gates reads it at a trust ref
+        (:func:`kronos_audit.project.settings.compare_settings`)."""
         table = project.config().get(CONFIG_SECTION)
         if table is None:
             return cls()

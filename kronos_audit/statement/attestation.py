@@ -25,16 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kronos_audit.compare.policy import (
-    PolicySource,
-    Settings,
-    Tolerance,
-    ToleranceError,
-    TolerancePolicy,
-    ToleranceRule,
-    policy_text,
-)
-from kronos_audit.errors import ManifestError
+from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.statement.manifest import (
     Sha256,
     SignedStatement,
@@ -44,6 +35,7 @@ from kronos_audit.statement.manifest import (
 from kronos_audit.statement.schemas import validate
 
 if TYPE_CHECKING:
+    from kronos_audit.compare.policy import PolicySource, Tolerance, TolerancePolicy
     from kronos_audit.statement.dsse import Envelope
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
@@ -106,6 +98,8 @@ class ManifestRef:
 
 
 def _tolerance(obj: Mapping[str, Any] | None) -> Tolerance | None:
+    from kronos_audit.compare.policy import Tolerance
+
     if obj is None:
         return None
     ulp = obj["ulp"]
@@ -134,6 +128,15 @@ class AttestedComparison:
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> AttestedComparison:
         """The comparison a schema-valid replay result records."""
+        # Imported here, when an attestation is read: verifying a manifest needs none of
+        # the comparison package.
+        from kronos_audit.compare.policy import (
+            PolicySource,
+            ToleranceError,
+            TolerancePolicy,
+            ToleranceRule,
+        )
+
         policy = obj["policy"]
         try:
             parsed = TolerancePolicy(
@@ -161,10 +164,12 @@ class AttestedComparison:
     @property
     def bitwise(self) -> bool:
         """No tolerance applied to any dataset."""
-        return self.policy == TolerancePolicy()
+        return self.policy.default is None and all(r.tolerance is None for r in self.policy.rules)
 
     def summary(self) -> str:
         """The policy and where it came from, in one line."""
+        from kronos_audit.compare.policy import policy_text
+
         if self.source is None:
             return f"{policy_text(self.policy)} (where it came from is not recorded)"
         return f"{policy_text(self.policy)} ({self.source.describe()})"
@@ -173,7 +178,7 @@ class AttestedComparison:
         """The summary, then each dataset judged with a tolerance and the rule that gave
         it (at most :data:`SHOWN_DATASETS`, then how many more)."""
         out = [self.summary()]
-        if self.source is not None and self.source.settings is Settings.WORK_TREE:
+        if self.source is not None and self.source.settings == "work-tree":  # a Settings
             out[0] += ": the work tree's config, which any commit can change"
         loose = [d for d in self.datasets or () if d[1] is not None]
         out += [f"{path}: {tol.spec} ({rule})" for path, tol, rule in loose[:SHOWN_DATASETS] if tol]
@@ -252,7 +257,7 @@ def attestation_of(path: Path, envelope: Envelope, statement: Any) -> Attestatio
     """The attestation at ``path`` of a schema-valid ``statement`` in ``envelope``."""
     try:
         replay = AttestedReplay.from_json_obj(statement["predicate"])
-    except (ValueError, ToleranceError) as e:
+    except (ValueError, UsageError) as e:  # a ToleranceError is a UsageError
         raise ManifestError(f"not an attestation: {e}", path=path) from None
     return Attestation(path, envelope, statement, replay)
 

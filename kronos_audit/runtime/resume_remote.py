@@ -48,11 +48,13 @@ from kronos_audit.errors import ChainForked, Error, RollbackRefused, StorageErro
 from kronos_audit.keys.anchors import resolve_ref
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
+from kronos_audit.runtime.retention import claimed
 from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 from kronos_audit.storage import runs
+from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import dvc_file_for, track
 from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.remote_chain import push_linked
 from kronos_audit.verification.verifier import Verifier
@@ -520,7 +522,13 @@ class RemoteResume:
             except Error as e:
                 reason = e.message
             if reason is not None:
-                self.storage.discard(checkpoint)
+                # By the md5 just fetched and checked (the signed one), never the .dvc
+                # file here (a clone's, anyone's to edit); kept while a checkpoint beside
+                # it names the same bytes.
+                item = FetchItem(checkpoint, md5, manifest.subject_sha256, manifest.record.size)
+                own = {manifest_path, dvc_file_for(checkpoint)}  # this step's own word
+                kept = claimed(self.directory.parent, {md5}, own)
+                self.storage.discard(item, kept=kept)
                 raise _Skip(reason)
 
         self._bring(to_write, fetch)

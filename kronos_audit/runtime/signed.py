@@ -43,7 +43,7 @@ from kronos_audit.runtime.resume_remote import (
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import Retention, prune
+from kronos_audit.runtime.retention import Retention, prune, signed_objects
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
 from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
@@ -470,14 +470,25 @@ class SignedPublisher(RunPublisher):
         # next collective: the step stays committed). Node-local, each rank's own pieces
         # of the pruned steps are on its node.
         doomed, self._to_prune = self._to_prune, []
+        # What leaves DVC's cache is what the doomed steps' verified manifests sign,
+        # never what a .dvc file beside them says (anyone may edit one): rank 0's word,
+        # which reads them, for every rank that prunes.
+        objects = self._signed_objects(doomed)
         if self.node_local:
-            doomed = comm.bcast(doomed)
+            doomed, objects = comm.bcast((doomed, objects))
         if doomed:
             cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
-            prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
+            prune(self._opened(), self.directory, doomed, objects, cache_dir=cache_dir)
         if self.push:
             manifest, items = self._pushed(step)
             self._pusher.push(comm, manifest, items)
+
+    def _signed_objects(self, doomed: Sequence[int]) -> tuple[FetchItem, ...]:
+        """Rank 0: the DVC objects the manifests of steps ``doomed`` sign, each manifest
+        verified first (:func:`~kronos_audit.runtime.retention.signed_objects`)."""
+        if not doomed:
+            return ()
+        return signed_objects(self.verifier(), self.run_id, self.directory, doomed)
 
     def refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer

@@ -22,7 +22,7 @@ import os
 import stat
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from kronos_audit.storage.tracking import (
     dvc_file_for,
     ensure_ignored,
     read_dvc_file,
+    remove_cache_object,
     write_dvc_file,
 )
 from kronos_audit.storage.uploads import (
@@ -353,14 +354,15 @@ class Storage:
         config = self.repo.config["remote"][name]
         return "\0".join(str(config.get(k, "")) for k in ("url", "user", "port"))
 
-    def discard(self, checkpoint: Path) -> None:
-        """Remove a checkpoint that failed verification from the work tree and the cache,
-        so that nothing takes it for valid later."""
-        entry = read_dvc_file(dvc_file_for(checkpoint))
-        checkpoint.unlink(missing_ok=True)
-        if entry is not None:
+    def discard(self, item: FetchItem, *, kept: Container[str] = frozenset()) -> None:
+        """Remove a checkpoint that failed verification from the work tree, and from DVC's
+        cache the object its verified manifest signs (``item``: its md5 and size, never
+        what a ``.dvc`` file says), so that nothing takes it for valid later. The object
+        stays when ``kept`` holds its md5: another checkpoint still names the same bytes."""
+        item.checkpoint.unlink(missing_ok=True)
+        if item.md5 not in kept:
             cache_dir, _ = self.cache_settings()
-            cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
+            remove_cache_object(cache_dir, item.md5, item.size)
 
     def fetch(
         self,

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -149,6 +150,28 @@ def cache_settings(project: Project) -> tuple[Path, tuple[str, ...]]:
 
 def cache_object_path(cache_dir: Path, md5: str) -> Path:
     return cache_dir / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def remove_cache_object(cache_dir: Path, md5: str, size: int) -> bool:
+    """Unlink DVC's cache object ``md5`` if it is a regular file of ``size`` bytes; return
+    whether it was. ``md5`` and ``size`` are what a verified manifest signs (never what a
+    ``.dvc`` file or a name says): the caller has checked that no other checkpoint still
+    names the object. An object of another size is not the signed bytes and is left for
+    ``dvc gc``; a symbolic link or directory there is never followed."""
+    if not MD5_PATTERN.fullmatch(md5):
+        return False
+    obj = cache_object_path(cache_dir, md5)
+    try:
+        st = obj.lstat()
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return False
+    try:
+        obj.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _reflink(src: Path, dst: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import run_cli, write_checkpoint
+from tests.helpers import discard, run_cli, write_checkpoint
 from tests.sshd import unused_port
 
 
@@ -73,7 +73,7 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
     ).read_bytes()
     assert places(as_json("status", str(run_dir))) == {"step-1.h5": "pushed", "step-2.h5": "pushed"}
 
-    Storage(project).discard(run_dir / "step-2.h5")
+    discard(Storage(project), run_dir / "step-2.h5")
     assert as_json("push", str(run_dir))["not_here"] == ["checkpoints/r/step-2.h5"]
     assert places(as_json("status", str(run_dir)))["step-2.h5"] == "remote-only"
 

@@ -21,7 +21,7 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.statement.schemas import validate
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import git, run_cli
+from tests.helpers import discard, git, run_cli
 from tests.replay import recorded
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
@@ -436,7 +436,7 @@ def test_a_manifest_that_does_not_verify_is_not_replayed(heat: Path, repo: Path)
 def test_parent_data_missing_from_every_remote_is_one_line(
     heat: Path, repo: Path, tmp_path: Path
 ) -> None:
-    Storage(Project(repo)).discard(heat / "step-00000010.h5")  # never pushed, now gone
+    discard(Storage(Project(repo)), heat / "step-00000010.h5")  # never pushed, now gone
     bad_input(run_cli("replay", str(manifest(heat, 20))), "step-00000010.h5", "no DVC remote")
     configure_remote(Project(repo), str(tmp_path / "empty-remote"))
     bad_input(
@@ -448,7 +448,7 @@ def test_parent_data_missing_from_every_remote_is_one_line(
 def test_recorded_data_missing_everywhere_refuses_a_tolerance_replay(
     heat: Path, repo: Path
 ) -> None:
-    Storage(Project(repo)).discard(heat / "step-00000020.h5")
+    discard(Storage(Project(repo)), heat / "step-00000020.h5")
     assert replay_json(str(manifest(heat, 20)))["outcome"] == "REPRODUCED"  # hashes suffice
     bad_input(
         run_cli("replay", str(manifest(heat, 20)), "--rtol", "1e-9"),

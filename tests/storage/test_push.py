@@ -25,7 +25,7 @@ from kronos_audit.storage import (
     dvc_file_for,
     write_dvc_file,
 )
-from tests.helpers import git, run_cli, signed_items, untrusted_key, write_checkpoint
+from tests.helpers import discard, git, run_cli, signed_items, untrusted_key, write_checkpoint
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
@@ -331,7 +331,7 @@ def test_an_edited_dvc_file_never_costs_another_checkpoints_remote_copy(
     b_bytes = b.read_bytes()
     assert run_cli("push", str(project.root / RUN), "--trusted-key", anchor).exit_code == 0
     # b now lives in the remote only.
-    Storage(project).discard(b)
+    discard(Storage(project), b)
     # a's .dvc file edited to b's md5 with another size: a push that trusted it would
     # take b's remote object for a short push of a, and delete it.
     write_dvc_file(a, md5_of(b), a.stat().st_size + 1)

@@ -16,13 +16,15 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.errors import StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime import resume_remote
 from kronos_audit.runtime.publish import CheckpointSkipped
 from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
-from kronos_audit.storage import Storage
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.storage import Storage, cache_object_path, cache_settings, write_dvc_file
 from kronos_audit.storage import runs as runs_module
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 from tests.helpers import git, run_cli, untrusted_key
@@ -277,6 +279,35 @@ def test_a_manifest_whose_data_was_altered_is_skipped(
     os.chmod(obj, 0o644)
     obj.write_bytes(bytes(data))
     expect_step_2(clone, "not the signed data")
+
+
+def test_a_fetched_step_that_fails_verification_discards_only_its_signed_object(
+    project: Project, key: SigningKey, pushed: Path, clone: Path
+) -> None:
+    # Step 3 signed again by the run's own key with one dataset digest that its data does
+    # not give: its data is fetched by the signed md5, then fails verification and goes.
+    recorded = ka.read_manifest(run_dir(project.root) / manifest_name(3))
+    statement = json.loads(recorded.envelope.payload)
+    statement["predicate"]["datasets"][0]["sha256"] = "0" * 64
+    (pushed / manifest_name(3)).write_bytes(
+        encode_envelope(sign_envelope(canonical_json(statement), key))
+    )
+    # Another run in the clone, and step 3's .dvc file there (anyone may commit one)
+    # naming that run's newest object instead of step 3's.
+    with ka.Run("other", root=clone / "checkpoints", seed=9, every=ka.EverySteps(1)) as other:
+        for step in other.steps(2):
+            other.checkpoint(step, {"u": other.rng.random(4)})
+    newest = ka.read_manifest(clone / "checkpoints" / "other" / manifest_name(2))
+    victim = newest.subject_md5
+    assert victim is not None
+    assert victim != recorded.subject_md5
+    run_dir(clone).mkdir(parents=True)
+    write_dvc_file(run_dir(clone) / "step-00000003.h5", victim, newest.record.size)
+    expect_step_2(clone, "content hash .* differs from the recorded")
+    cache_dir, _ = cache_settings(find_project(clone))
+    assert cache_object_path(cache_dir, victim).exists()  # the other run's data stays
+    assert recorded.subject_md5 is not None
+    assert not cache_object_path(cache_dir, recorded.subject_md5).exists()  # discarded
 
 
 def test_a_broken_chain_is_skipped(pushed: Path, clone: Path) -> None:

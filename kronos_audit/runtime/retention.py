@@ -8,6 +8,11 @@ and DVC's tracking of it (``.dvc`` file, cache object). Manifests are never dele
 the chain still verifies, and a verifier can tell data deleted on purpose from data
 deleted by anyone (see docs/security.md).
 
+Nothing leaves DVC's cache on an unsigned word: the objects that go are those the pruned
+steps' manifests sign, each verified first (:func:`signed_objects`), never what a ``.dvc``
+file names, and an object stays while any checkpoint of a run directory beside this one
+still names it (:func:`claimed`).
+
 A run's steps are single files (``step-<N:08d>.h5``) or sharded steps (the directory
 ``step-<N:08d>/``: one shard a rank, the shard index, its Merkle tree, and the step
 manifest signed by rank 0), and a run may have both: steps written on one process, then

@@ -6,6 +6,10 @@ ranks), real DVC cache and remote, the real CLI."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,7 @@ import kronos_audit as ka
 from kronos_audit.checkpoint.layout import INDEX_NAME, RunDirectory, checkpoint_name
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
+from kronos_audit.runtime.retention import signed_objects
 from kronos_audit.storage import (
     cache_object_path,
     cache_settings,
@@ -21,8 +26,10 @@ from kronos_audit.storage import (
     dvc_file_for,
     read_dvc_file,
 )
-from tests.helpers import run_cli
-from tests.runtime.test_retention import sharded_run, step_md5s
+from kronos_audit.verification.verifier import Verifier
+from tests.helpers import git, run_cli
+from tests.runtime.test_retention import LAYOUT, RANKS, sharded_run, step_md5s
+from tests.threadranks import ThreadRanks, on_ranks
 
 
 def one_file_run(
@@ -89,6 +96,30 @@ def test_an_edited_dvc_file_does_not_make_a_prune_delete_another_runs_object(
     pushes(project, tmp_path, r2)
 
 
+def test_with_symlinked_cache_links_another_runs_data_survives_an_edited_dvc_file(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    # Linked by symlink, the cache object is the checkpoint's only copy.
+    git(project.root, "config", "-f", ".dvc/config", "cache.type", "symlink")
+    r2 = one_file_run(project, "r2", range(1, 3))
+    victim = signed_md5(r2, 2)
+    root = project.root / "checkpoints"
+    r1 = root / "r1"
+    every = ka.EverySteps(1)
+    with ka.Run("r1", root=root, seed=1, every=every, keep=2, asynchronous=False) as r:
+        for step in r.steps(3):
+            if step == 3:  # written, not yet pruned: its .dvc file edited meanwhile
+                own = signed_md5(r1, 1)
+                edit_dvc_md5(dvc_file_for(r1 / checkpoint_name(1)), victim)
+            r.checkpoint(step, {"u": r.rng.random(4)})
+    assert not (r1 / checkpoint_name(1)).exists()  # pruned: keep=2 keeps 2 and 3
+    cache_dir, _ = cache_settings(project)
+    assert not cache_object_path(cache_dir, own).exists()
+    assert (r2 / checkpoint_name(2)).is_symlink()
+    assert hashlib.md5((r2 / checkpoint_name(2)).read_bytes()).hexdigest() == victim
+    pushes(project, tmp_path, r2)
+
+
 def test_a_prune_keeps_an_object_another_run_beside_it_still_names(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
@@ -105,20 +136,88 @@ def test_a_prune_keeps_an_object_another_run_beside_it_still_names(
     pushes(project, tmp_path, r2)
 
 
+def sharded(
+    project: Project, run_id: str, steps: Iterable[int], *, seed: int, keep: int | None = None
+) -> Path:
+    """A real run on RANKS thread ranks, resumed from its newest sharded step if any, one
+    sharded step a checkpoint; two runs of one seed write the same shards."""
+
+    def program(comm: ThreadRanks) -> None:
+        root = project.root / "checkpoints"
+        every = ka.EverySteps(1)
+        with ka.Run(
+            run_id, root=root, seed=seed, every=every, comm=comm, asynchronous=False, keep=keep
+        ) as r:
+            r.restore()
+            for step in steps:
+                r.checkpoint(step, {"u": r.rng.random(2)}, layout=LAYOUT)
+
+    on_ranks(RANKS, program)
+    return project.root / "checkpoints" / run_id
+
+
 def test_an_edited_shard_dvc_file_does_not_make_a_prune_delete_another_runs_object(
     project: Project, key: SigningKey, tmp_path: Path
 ) -> None:
-    r1 = sharded_run(project, range(1, 3), run_id="r1")
-    r2 = sharded_run(project, range(1, 3), run_id="r2")
+    r1 = sharded(project, "r1", range(1, 3), seed=1)
+    r2 = sharded(project, "r2", range(1, 3), seed=2)
     cache_dir, _ = cache_settings(project)
     victims = step_md5s(r2, 2)
     own = step_md5s(r1, 1)
-    assert not own & victims
+    assert not (step_md5s(r1, 1) | step_md5s(r1, 2)) & (step_md5s(r2, 1) | victims)
     step1 = RunDirectory(r1).step_directory(1)
     for dvc_file, victim in zip(sorted(step1.glob("*.dvc")), sorted(victims), strict=True):
         edit_dvc_md5(dvc_file, victim)
-    sharded_run(project, [3], run_id="r1", keep=1)  # prunes r1's steps 1 and 2
+    sharded(project, "r1", [3], seed=1, keep=1)  # prunes r1's steps 1 and 2
     assert not (step1 / INDEX_NAME).exists()
     assert all(cache_object_path(cache_dir, m).exists() for m in victims)
-    assert not any(cache_object_path(cache_dir, m).exists() for m in own)
+    assert not any(cache_object_path(cache_dir, m).exists() for m in own)  # index, tree too
     pushes(project, tmp_path, r2)
+
+
+def test_a_sharded_prune_keeps_the_objects_another_run_beside_it_still_names(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    r1 = sharded(project, "r1", range(1, 3), seed=5)
+    r2 = sharded(project, "r2", [1], seed=5)
+    shared = step_md5s(r1, 1) & step_md5s(r2, 1)
+    assert len(shared) >= RANKS  # one seed: the same shards in both runs
+    sharded(project, "r1", [3], seed=5, keep=1)  # prunes r1's steps 1 and 2
+    assert not shared & step_md5s(r1, 3)
+    cache_dir, _ = cache_settings(project)
+    assert all(cache_object_path(cache_dir, m).exists() for m in shared)
+    pushes(project, tmp_path, r2)
+
+
+def test_only_a_verified_manifest_names_the_objects_a_prune_deletes(
+    project: Project, key: SigningKey
+) -> None:
+    r1 = one_file_run(project, "r1", range(1, 3))
+    (item,) = signed_objects(Verifier(project), "r1", r1, [1])
+    assert item.md5 == signed_md5(r1, 1)
+    assert item.size == (r1 / checkpoint_name(1)).stat().st_size
+    assert signed_objects(Verifier(project), "r2", r1, [1]) == ()  # not this run's
+    manifest = RunDirectory(r1).manifest(1)
+    envelope = json.loads(manifest.read_bytes())
+    envelope["signatures"][0]["sig"] = envelope["signatures"][0]["sig"][::-1]
+    manifest.write_text(json.dumps(envelope))
+    assert signed_objects(Verifier(project), "r1", r1, [1]) == ()  # its word is nothing
+    # A manifest moved to another step's name is not that step's.
+    RunDirectory(r1).manifest(2).replace(RunDirectory(r1).manifest(3))
+    assert signed_objects(Verifier(project), "r1", r1, [3]) == ()
+
+
+def test_a_sharded_steps_objects_are_its_signed_index_shards_and_tree(
+    project: Project, key: SigningKey
+) -> None:
+    r1 = sharded_run(project, range(1, 3), run_id="r1")
+    objects = signed_objects(Verifier(project), "r1", r1, [1])
+    assert {o.md5 for o in objects} == step_md5s(r1, 1)  # what DVC tracks, every file
+    assert len(objects) == RANKS + 2
+    index = RunDirectory(r1).step_index(1)
+    data = bytearray(index.read_bytes())
+    data[-2] ^= 1  # no longer the signed index: it says nothing of the shards
+    os.chmod(index, 0o644)
+    index.unlink()
+    index.write_bytes(bytes(data))
+    assert signed_objects(Verifier(project), "r1", r1, [1]) == ()

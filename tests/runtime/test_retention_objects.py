@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -176,17 +177,22 @@ def test_an_edited_shard_dvc_file_does_not_make_a_prune_delete_another_runs_obje
 
 
 def test_a_sharded_prune_keeps_the_objects_another_run_beside_it_still_names(
-    project: Project, key: SigningKey, tmp_path: Path
+    project: Project, key: SigningKey
 ) -> None:
     r1 = sharded(project, "r1", range(1, 3), seed=5)
-    r2 = sharded(project, "r2", [1], seed=5)
-    shared = step_md5s(r1, 1) & step_md5s(r2, 1)
-    assert len(shared) >= RANKS  # one seed: the same shards in both runs
+    # A copy of r1's first step beside it (a fork, cp -r): its files name the same objects.
+    fork = project.root / "checkpoints" / "fork"
+    fork.mkdir()
+    shutil.copytree(RunDirectory(r1).step_directory(1), RunDirectory(fork).step_directory(1))
+    shared = step_md5s(fork, 1)
+    assert len(shared) == RANKS + 2
+    second = step_md5s(r1, 2)
     sharded(project, "r1", [3], seed=5, keep=1)  # prunes r1's steps 1 and 2
+    assert not (RunDirectory(r1).step_directory(1) / INDEX_NAME).exists()
     assert not shared & step_md5s(r1, 3)
     cache_dir, _ = cache_settings(project)
     assert all(cache_object_path(cache_dir, m).exists() for m in shared)
-    pushes(project, tmp_path, r2)
+    assert not any(cache_object_path(cache_dir, m).exists() for m in second)
 
 
 def test_only_a_verified_manifest_names_the_objects_a_prune_deletes(

@@ -209,6 +209,8 @@ def _signed_step_objects(
     if items is None or shards is None:
         return items or []
     index = manifest.checkpoint_path
+    # Read again, bounded: the tree is taken from these bytes only if they give the
+    # signed root, which binds every line, so they are the signed index's either way.
     levels = merkle_levels(read_index(index, shards.count), shards.count)
     if levels[-1][0].hex() != shards.root:
         return items

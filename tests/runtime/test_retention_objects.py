@@ -137,6 +137,25 @@ def test_a_prune_keeps_an_object_another_run_beside_it_still_names(
     pushes(project, tmp_path, r2)
 
 
+def test_hostile_files_beside_the_run_neither_hang_nor_stop_a_prune(
+    project: Project, key: SigningKey
+) -> None:
+    r1 = one_file_run(project, "r1", range(1, 3))
+    own = signed_md5(r1, 1)
+    other = project.root / "checkpoints" / "other"
+    other.mkdir()
+    os.mkfifo(other / "step-00000001.h5.dvc")  # never waited on
+    # A link to r1's pruned step's manifest, which names r1's object: not followed.
+    (other / "step-00000002.h5").write_bytes(b"")
+    (other / "step-00000002.h5.kaudit.json").symlink_to(RunDirectory(r1).manifest(1))
+    (other / "step-00000003.h5").write_bytes(b"")
+    (other / "step-00000003.h5.kaudit.json").write_bytes(b"not an envelope")
+    one_file_run(project, "r1", range(3, 4), keep=1)
+    cache_dir, _ = cache_settings(project)
+    assert not (r1 / checkpoint_name(1)).exists()
+    assert not cache_object_path(cache_dir, own).exists()
+
+
 def sharded(
     project: Project, run_id: str, steps: Iterable[int], *, seed: int, keep: int | None = None
 ) -> Path:

@@ -214,6 +214,46 @@ def test_a_sharded_prune_keeps_the_objects_another_run_beside_it_still_names(
     assert not any(cache_object_path(cache_dir, m).exists() for m in second)
 
 
+def test_on_node_local_ranks_each_rank_deletes_only_what_rank_0_verified(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    # Each rank keeps its files on its own node (local_dir=): the step manifest and index
+    # are rank 0's alone, so every rank prunes by the objects rank 0 read from them.
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    configure_remote(project, str(remote), "storage")
+    victim_run = one_file_run(project, "victim", range(1, 2))
+    victim = signed_md5(victim_run, 1)
+    pruned: dict[int, set[str]] = {}
+
+    def program(comm: ThreadRanks) -> None:
+        local = project.root / f"node{comm.rank}"
+        every = ka.EverySteps(1)
+        root = project.root / "checkpoints"
+        with ka.Run(
+            "nl", root=root, local_dir=local, push=True, seed=3, every=every, comm=comm,
+            asynchronous=False, keep=1,
+        ) as r:  # fmt: skip
+            for step in range(1, 3):
+                if step == 2:  # step 1, written, goes with this commit
+                    step1 = RunDirectory(local / "nl").step_directory(1)
+                    pruned[comm.rank] = step_md5s(local / "nl", 1) - {victim}
+                    if comm.rank == 1:
+                        (shard,) = step1.glob("rank-*.dvc")
+                        edit_dvc_md5(shard, victim)
+                r.checkpoint(step, {"u": r.rng.random(2)}, layout=LAYOUT)
+
+    on_ranks(RANKS, program)
+    cache_dir, _ = cache_settings(project)
+    assert cache_object_path(cache_dir, victim).exists()
+    assert all(pruned[r] for r in range(RANKS))
+    for rank in range(RANKS):
+        assert not list(
+            RunDirectory(project.root / f"node{rank}" / "nl").step_directory(1).glob("rank-*")
+        )
+        assert not any(cache_object_path(cache_dir, m).exists() for m in pruned[rank])
+
+
 def test_only_a_verified_manifest_names_the_objects_a_prune_deletes(
     project: Project, key: SigningKey
 ) -> None:

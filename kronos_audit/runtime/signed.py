@@ -19,6 +19,7 @@ brought from the remote.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -60,6 +61,8 @@ from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings
 from kronos_audit.verification.verifier import Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
 
 
 class SignedPublisher(RunPublisher):
@@ -488,7 +491,14 @@ class SignedPublisher(RunPublisher):
         verified first (:func:`~kronos_audit.runtime.retention.signed_objects`)."""
         if not doomed:
             return ()
-        return signed_objects(self.verifier(), self.run_id, self.directory, doomed)
+        try:
+            return signed_objects(self.verifier(), self.run_id, self.directory, doomed)
+        except Exception as e:  # every rank must reach the broadcast: then nothing goes
+            log.warning(
+                "pruning deletes no cache object this time (left for `dvc gc`): %s",
+                one_line_reason(e),
+            )
+            return ()
 
     def refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer

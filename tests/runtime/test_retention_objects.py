@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import kronos_audit as ka
 from kronos_audit.checkpoint.layout import INDEX_NAME, RunDirectory, checkpoint_name
@@ -286,3 +287,26 @@ def test_a_sharded_steps_objects_are_its_signed_index_shards_and_tree(
     index.unlink()
     index.write_bytes(bytes(data))
     assert signed_objects(Verifier(project), "r1", r1, [1]) == ()
+
+
+def test_a_prune_that_cannot_verify_deletes_no_cache_object_and_the_run_goes_on(
+    project: Project,
+    key: SigningKey,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root = project.root / "checkpoints"
+    r1 = root / "r1"
+    every = ka.EverySteps(1)
+    with ka.Run("r1", root=root, seed=1, every=every, keep=2, asynchronous=False) as r:
+        for step in r.steps(3):
+            if step == 3:  # the trust anchors cannot be read any more: nothing verifies
+                own = signed_md5(r1, 1)
+                monkeypatch.setenv("KAUDIT_TRUSTED_KEYS", str(tmp_path / "gone"))
+            r.checkpoint(step, {"u": r.rng.random(4)})
+    assert not (r1 / checkpoint_name(1)).exists()  # pruned, as signed
+    cache_dir, _ = cache_settings(project)
+    assert cache_object_path(cache_dir, own).exists()  # left for `dvc gc`
+    assert "pruning deletes no cache object this time" in caplog.text
+    assert "cannot read public key" in caplog.text

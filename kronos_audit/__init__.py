@@ -62,9 +62,9 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         SaveContext as SaveContext,
         SavePolicy as SavePolicy,
     )
+    from kronos_audit.provenance.dispatch import DispatchNotPinned as DispatchNotPinned
     from kronos_audit.runtime.publish import CheckpointSkipped as CheckpointSkipped
     from kronos_audit.runtime.run import (
-        DispatchNotPinned as DispatchNotPinned,
         PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
         Run as Run,
     )
@@ -119,7 +119,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SavePolicy",
     ),
     "kronos_audit.runtime.publish": ("CheckpointSkipped",),
-    "kronos_audit.runtime.run": ("DispatchNotPinned", "PreemptedWithoutCheckpoint", "Run"),
+    "kronos_audit.provenance.dispatch": ("DispatchNotPinned",),
+    "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
     "kronos_audit.runtime.supervisor": ("CommandStartError",),
     "kronos_audit.signing.snapshot": ("snapshot",),
     "kronos_audit.statement.manifest": (

@@ -105,6 +105,12 @@ class ProjectError(Error):
     """The repository is not set up for kronos-audit (not git, no `.kaudit/`)."""
 
 
+class ForeignRepository(ProjectError):
+    """Content below the repository the user stands in claims to be another repository
+    (a ``.git`` or a ``.kaudit`` in a run directory or a checkout, a submodule, a
+    worktree): refused, never followed (see docs/security.md, the repository boundary)."""
+
+
 class SigningKeyError(Error):
     """A signing key is missing, ambiguous or unreadable."""
 
@@ -141,6 +147,11 @@ class StorageError(Error):
     """DVC, its cache or a remote could not do what was asked."""
 
 
+class RemoteUnreachable(StorageError):
+    """A DVC remote could not be read at all (server down, no network, a path that cannot
+    be listed): what was asked of it is unknown, not absent."""
+
+
 class PushIncomplete(StorageError):
     """A push ran, and afterwards the remote does not hold every object the pushed
     manifests sign, at its signed size (a failed check: exit 1). ``missing`` names each
@@ -161,6 +172,20 @@ class PushIncomplete(StorageError):
         """Each checkpoint whose object is not in the remote after the push, and why."""
         self.uploaded = uploaded
         """How many objects the push uploaded all the same."""
+
+
+class ChainForked(StorageError):
+    """A run's chain in the DVC remote is not the one a push would extend: another writer
+    (another machine, or a job requeued elsewhere while the first still ran) pushed its
+    own steps of the run. Nothing of the other chain was replaced; the step stays here,
+    not pushed (a failed check: exit 1)."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+    def __init__(self, message: str, *, path: Path | str | None = None, step: int) -> None:
+        super().__init__(message, path=path)
+        self.step = step
+        """The step that was not pushed."""
 
 
 class CampaignError(Error):

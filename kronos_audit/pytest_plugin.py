@@ -105,18 +105,26 @@ class KauditChecks:
     ) -> ReplayResult:
         """The segment that produced ``manifest``'s checkpoint replays and agrees with
         it: bitwise, or within the tolerances given (``tol``: ``PATTERN:SPEC`` as for
-        ``kaudit replay --tol``; the rest from ``[compare]`` in .kaudit/config.toml), as
-        ``kaudit replay`` would say. Returns the result."""
+        ``kaudit replay --tol``), as ``kaudit replay`` would say. Returns the result.
+
+        A test gates a change, so the change cannot loosen it: ``[compare]`` of
+        .kaudit/config.toml is read only as it is at ``trust_ref`` (from git's object
+        store), never from the work tree; without ``trust_ref`` only the tolerances
+        given here apply."""
         __tracebackhide__ = True
-        from kronos_audit.compare import TolerancePolicy
+        from kronos_audit.compare import PolicySource, TolerancePolicy
         from kronos_audit.project.repository import find_project
+        from kronos_audit.project.settings import compare_settings, work_tree_tolerances
         from kronos_audit.replay import replay
 
         path = Path(manifest)
-        base = TolerancePolicy.from_config(find_project(path))
+        project = find_project(path).require_initialized()
+        trust = _trust(trusted_keys, trust_ref, require_anchor, allow_unanchored).pin(project.root)
+        base, source = compare_settings(project, trust.pinned, work_tree=False)
         policy = TolerancePolicy.from_options(rtol=rtol, atol=atol, ulp=ulp, tol=tol, base=base)
-        trust = _trust(trusted_keys, trust_ref, require_anchor, allow_unanchored)
-        result = replay(path, policy=policy, trust=trust)
+        given = bool(tol) or rtol is not None or atol is not None or ulp is not None
+        source = PolicySource(source.settings, source.config, given)
+        result = replay(path, policy=policy, policy_source=source, trust=trust)
         if not result.ok:
             lines = []
             for d in result.failures:
@@ -129,6 +137,12 @@ class KauditChecks:
                 lines.append(line)
             if not result.datasets:
                 lines.append("the file digest differs (not HDF5)")
+            lines.append(f"tolerances: {source.describe()}")
+            if trust_ref is None and work_tree_tolerances(project):
+                lines.append(
+                    "[compare] of the work tree's .kaudit/config.toml is not read by a test: "
+                    "pass the tolerances, or trust_ref= to read it at a protected ref"
+                )
             raise AssertionError(
                 f"kaudit: the segment of {path} (run {result.manifest.run}, step "
                 f"{result.manifest.step}) did not reproduce ({result.outcome.value}):\n  "

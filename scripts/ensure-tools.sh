@@ -3,6 +3,7 @@
 #   hdf5-tools      h5diff, the reference for `kaudit diff`'s verdicts
 #   chromium        the headless browser that opens `kaudit report`'s HTML
 #   openssh-server  sshd, run privately on 127.0.0.1 by the storage tests (tests/sshd.py)
+#   strace          records the system calls of a commit (tests/runtime/test_commit_syscalls.py)
 #   munge slurmctld slurmd slurm-client
 #                   the single-node Slurm cluster of scripts/slurm.sh
 #
@@ -26,12 +27,13 @@ declare -A PROVIDES=(
     [hdf5-tools]=h5diff
     [chromium]=chromium
     [openssh-server]=/usr/sbin/sshd
+    [strace]=strace
     [munge]=/usr/sbin/munged
     [slurmctld]=/usr/sbin/slurmctld
     [slurmd]=/usr/sbin/slurmd
     [slurm-client]=sbatch
 )
-ALL=(hdf5-tools chromium openssh-server munge slurmctld slurmd slurm-client)
+ALL=(hdf5-tools chromium openssh-server strace munge slurmctld slurmd slurm-client)
 WANTED=("$@")
 [ "${#WANTED[@]}" -eq 0 ] && WANTED=("${ALL[@]}")
 for package in "${WANTED[@]}"; do

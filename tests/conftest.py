@@ -53,6 +53,7 @@ LONG_FIRST = (
     "tests/slurm/",
     "tests/runtime/test_disk_faults.py",
     "tests/runtime/test_faults.py",
+    "tests/runtime/test_kill_points.py",
     "tests/test_bench_smoke.py",
     "tests/storage/test_resume_elsewhere.py",
     "tests/storage/test_ssh.py",

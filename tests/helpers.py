@@ -24,6 +24,7 @@ from kronos_audit.cli import cli
 from kronos_audit.keys.home import generate_key, user_trust_dir
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.remote import Storage
 
 KAUDIT = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 """The installed `kaudit`, as a subprocess of this interpreter."""
@@ -149,6 +150,13 @@ def signed_items(checkpoints: list[Path]) -> list[FetchItem]:
         assert m.subject_md5 is not None
         items.append(FetchItem(c, m.subject_md5, m.subject_sha256, m.record.size))
     return items
+
+
+def discard(storage: Storage, checkpoint: Path) -> None:
+    """`Storage.discard` of a checkpoint by what its manifest (beside it, the test's own)
+    signs: gone from the work tree and DVC's cache."""
+    (item,) = signed_items([checkpoint])
+    storage.discard(item)
 
 
 def recorded_once(

@@ -21,6 +21,39 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def mkdir_durable(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each new one's entry made durable
+    (its parent fsynced once it is there): a power cut cannot take a directory whose
+    files were made durable inside it. One that is there already is left as it is."""
+    directory = Path(directory)
+    if directory.is_dir():
+        return
+    missing = [directory]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    for new in reversed(missing):
+        try:
+            new.mkdir()
+        except FileExistsError:
+            if not new.is_dir():
+                raise
+        fsync_dir(new.parent)
+
+
+def fsync_ancestors(directory: Path, top: Path) -> None:
+    """fsync every directory above ``directory`` up to ``top`` (included): each holds the
+    name of the next, so a power cut cannot take ``directory`` from under what was made
+    durable in it, however its parents were made (by anyone, long ago or just now).
+    Nothing when ``directory`` is not under ``top``."""
+    directory, top = Path(directory).resolve(), Path(top).resolve()
+    if not directory.is_relative_to(top):
+        return
+    for parent in directory.parents:
+        fsync_dir(parent)
+        if parent == top:
+            return
+
+
 @contextlib.contextmanager
 def atomic_output(path: Path, mode: int = 0o644, *, overwrite: bool = True) -> Iterator[IO[bytes]]:
     """Yield a binary file that replaces ``path`` only if the block finishes.

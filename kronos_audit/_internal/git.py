@@ -505,6 +505,15 @@ class Objects:
             git_dir = Path(text(self._root, "rev-parse", "--absolute-git-dir").rstrip("\n"))
             try:
                 repo = gitpython.Repo(git_dir, expand_vars=False)
+                # GitPython takes a relative core.worktree (a submodule's, such as
+                # ../../../lib) from the process's working directory, not from the git
+                # directory, and runs its `git cat-file` there: in another repository, or
+                # in none and then wherever the process stands. Objects need no work
+                # tree: the command runs at this repository's own top.
+                repo.git = gitpython.Git(self._root)
+                repo.odb = gitpython.GitCmdObjectDB(
+                    os.path.join(repo.common_dir, "objects"), repo.git
+                )
             except Exception as e:  # whatever GitPython raises on a repository it cannot open
                 raise self._failed("the repository", e) from None
             repo.git.update_environment(**environment(self._root))

@@ -205,12 +205,16 @@ def lay_out_named(fd: int, path: Path, flat: Flat) -> list[tuple[int, str, np.nd
     # itself (h5py's file-object driver: each of HDF5's reads and writes a Python call).
     # Unbuffered either way: what HDF5 wrote is in the file once it closes, for the
     # hashing that reads it back with pread.
+    # No HDF5 file lock (an flock): the file is this writer's own until it is renamed into
+    # place, so the lock keeps no one out, and a child forked while it is held would keep
+    # it on what becomes the step's file, refusing every reader that locks (h5py's default)
+    # for as long as that child lives.
     with contextlib.ExitStack() as stack:
         proc = _proc_fd(fd)
         target: str | io.FileIO = (
             proc if proc is not None else stack.enter_context(io.FileIO(fd, "r+", closefd=False))
         )
-        f = stack.enter_context(h5py.File(target, "w", **aligned))
+        f = stack.enter_context(h5py.File(target, "w", locking=False, **aligned))
         for name, array in flat.items():
             if _raw_writable(array):
                 raw.append((_create_allocated(f, name, array), name, array))

@@ -26,7 +26,7 @@ class Location(enum.StrEnum):
     not asked)."""
     MISSING = "missing"
     """Neither here nor in the remote, and not pruned (or not here, not pruned, and the
-    remote was not asked)."""
+    remote was not asked, or could not be read)."""
     CORRUPT = "corrupt"
     """Here (or fetched, by ``kaudit verify``), but not the bytes its manifest signs."""
 

@@ -70,7 +70,8 @@ COMMANDS: dict[str, LazyCommand] = {
     "show": LazyCommand(
         f"{_COMMANDS}.show",
         "show",
-        "Summarise a manifest (without verifying it: see `kaudit verify`).",
+        "Summarise a manifest, or a replay attestation (without verifying it: see "
+        "`kaudit verify`).",
     ),
     "push": LazyCommand(
         f"{_COMMANDS}.push",

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 from kronos_audit.cli.output import Column, out, safe
 
 if TYPE_CHECKING:
-    from kronos_audit.compare import Comparison, DatasetComparison, Mismatch
-    from kronos_audit.project.repository import Project
+    from kronos_audit.compare import Comparison, DatasetComparison, Mismatch, PolicySource
 
 # By verdict (a StrEnum, so its members look these up): the library is imported only
 # when a comparison is made, not to show a command's help.
@@ -94,7 +93,7 @@ def dataset_details(d: DatasetComparison) -> list[str]:
     return lines
 
 
-def render_comparison(result: Comparison, project: Project | None) -> None:
+def render_comparison(result: Comparison, source: PolicySource) -> None:
     """The table of non-identical datasets, their details, and the summary line."""
     shown = [d for d in result.datasets if d.verdict != "IDENTICAL"]
     if shown:
@@ -128,7 +127,10 @@ def render_comparison(result: Comparison, project: Project | None) -> None:
     parts = [f"{n} {SUMMARY_WORDS[v]}" for v, n in counts.items() if n]
     total = len(result.datasets)
     status = "[green]ok[/]" if result.ok else "[red]FAIL[/]"
-    where = "" if project is None else f"  [dim](defaults from {safe(str(project.config_path))})[/]"
+    # Where the configured tolerances were read, when some were: the reader weighs them.
+    where = (
+        "" if source.settings == "none" else f"  [dim](tolerances: {safe(source.describe())})[/]"
+    )
     out.print(
         f"{status}: {total} datasets: {', '.join(parts) or 'none'}{where}", failure=not result.ok
     )

@@ -19,7 +19,7 @@ import click
 from kronos_audit.cli.output import plain, settings
 
 if TYPE_CHECKING:
-    from kronos_audit.compare import TolerancePolicy
+    from kronos_audit.compare import PolicySource, TolerancePolicy
     from kronos_audit.keys.anchors import TrustOptions
     from kronos_audit.project.repository import Project
 
@@ -180,26 +180,48 @@ def config_project(*paths: Path) -> Project | None:
     return None
 
 
+def pinned_trust(trust: TrustOptions, *paths: Path) -> TrustOptions:
+    """``trust`` with its ``--trust-ref`` resolved once in the kaudit repository holding
+    the first of ``paths`` that is in one (unchanged without a ref or a repository), so
+    that everything the command reads at the ref is read at one commit."""
+    if trust.trust_ref is None:
+        return trust
+    project = config_project(*paths)
+    return trust if project is None else trust.pin(project.root)
+
+
 def tolerance_policy(
     rtol: str | None,
     atol: str | None,
     ulp: str | None,
     tol: tuple[str, ...],
     *paths: Path,
-) -> tuple[TolerancePolicy, Project | None]:
+    trust: TrustOptions | None = None,
+    work_tree: bool = True,
+) -> tuple[TolerancePolicy, PolicySource, Project | None]:
     """The policy the tolerance options ask for, layered over the [compare] config of the
-    kaudit repository holding the first of ``paths`` that is in one; and that repository."""
-    from kronos_audit.compare import TolerancePolicy
+    kaudit repository holding the first of ``paths`` that is in one; where it came from;
+    and that repository.
+
+    The config is read as it is at ``trust``'s trust ref when there is one (never the work
+    tree); else the work tree's when ``work_tree`` (an unsigned, interactive comparison,
+    which prints where its tolerances came from); else none is read."""
+    from kronos_audit.compare import PolicySource, TolerancePolicy
+    from kronos_audit.project.settings import compare_settings
 
     r = _number("--rtol", rtol)
     t = _number("--atol", atol)
     u = _number("--ulp", ulp, whole=True)
     project = config_project(*paths)
-    base = TolerancePolicy.from_config(project) if project is not None else None
+    pinned = None
+    if project is not None and trust is not None and trust.trust_ref is not None:
+        pinned = trust.pin(project.root).pinned
+    base, source = compare_settings(project, pinned, work_tree=work_tree)
     policy = TolerancePolicy.from_options(
         rtol=r, atol=t, ulp=None if u is None else int(u), tol=tol, base=base
     )
-    return policy, project
+    given = bool(tol) or r is not None or t is not None or u is not None
+    return policy, PolicySource(source.settings, source.config, given), project
 
 
 # -- storage ---------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from kronos_audit.compare.interface import (
 from kronos_audit.compare.kinds import DataKind
 from kronos_audit.compare.plan import data_kind
 from kronos_audit.compare.policy import (
+    PolicySource,
+    Settings,
     Tolerance,
     ToleranceError,
     TolerancePolicy,
@@ -38,6 +40,8 @@ __all__ = [
     "DataKind",
     "DatasetComparison",
     "Mismatch",
+    "PolicySource",
+    "Settings",
     "Tolerance",
     "ToleranceError",
     "TolerancePolicy",

@@ -11,6 +11,7 @@ names them. Strings, bytes, compound and opaque data always compare exactly.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -245,7 +246,9 @@ class TolerancePolicy:
         return cls(rules, default)
 
     @classmethod
-    def from_mapping(cls, table: Mapping[str, Any], *, path: Path | None = None) -> TolerancePolicy:
+    def from_mapping(
+        cls, table: Mapping[str, Any], *, path: Path | str | None = None
+    ) -> TolerancePolicy:
         """The policy a ``[compare]`` table describes (keys rtol, atol, ulp, tol)."""
         section = f"[{CONFIG_SECTION}]"
         if not isinstance(table, Mapping):
@@ -282,8 +285,70 @@ class TolerancePolicy:
 
     @classmethod
     def from_config(cls, project: Project) -> TolerancePolicy:
-        """The ``[compare]`` section of the project's ``.kaudit/config.toml`` (exact if none)."""
+        """The ``[compare]`` section of the project's ``.kaudit/config.toml`` in the work
+        tree (exact if none): for an unsigned, interactive comparison only. What is signed
+        or gates reads it at a trust ref
+        (:func:`kronos_audit.project.settings.compare_settings`)."""
         table = project.config().get(CONFIG_SECTION)
         if table is None:
             return cls()
         return cls.from_mapping(table, path=project.config_path)
+
+
+class Settings(enum.StrEnum):
+    """Where a ``[compare]`` section a policy is layered over was read."""
+
+    NONE = "none"
+    """No configuration was read: only the tolerances given (none given: bitwise)."""
+    TRUST_REF = "trust-ref"
+    """``.kaudit/config.toml`` as it is at a trust ref, read from git's object store: a
+    change under review cannot loosen it."""
+    WORK_TREE = "work-tree"
+    """The work tree's ``.kaudit/config.toml``: anyone who can commit can change it, so it
+    decides only an unsigned, interactive comparison, which says so."""
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a :class:`TolerancePolicy` came from: what a signed verdict records beside it
+    so that a reader can weigh its tolerances."""
+
+    settings: Settings = Settings.NONE
+    """Which configuration the policy is layered over."""
+    config: str | None = None
+    """Where that configuration was read (``refs/heads/main at COMMIT:.kaudit/config.toml``,
+    ``.kaudit/config.toml``); None with :attr:`Settings.NONE`."""
+    given: bool = False
+    """Tolerances were given explicitly (``--rtol``, ``--atol``, ``--ulp``, ``--tol``, or
+    a program's arguments), in front of the configuration's."""
+
+    def describe(self) -> str:
+        """Where the tolerances came from, in words that stand alone in parentheses:
+        ``given on the command line, over [compare] at REF at COMMIT:.kaudit/config.toml``."""
+        where = {
+            Settings.NONE: None,
+            Settings.TRUST_REF: f"[compare] at {self.config}",
+            Settings.WORK_TREE: f"[compare] of the work tree's {self.config}, not a trust ref",
+        }[self.settings]
+        if where is None:
+            return "given on the command line" if self.given else "no tolerance given or configured"
+        return f"given on the command line, over {where}" if self.given else where
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"settings": self.settings.value, "config": self.config, "given": self.given}
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> PolicySource:
+        """The source a schema-valid ``tolerances.source`` object records."""
+        config = obj["config"]
+        return cls(
+            Settings(obj["settings"]), None if config is None else str(config), bool(obj["given"])
+        )
+
+
+def policy_text(policy: TolerancePolicy) -> str:
+    """A policy in one line: its rules in order, then the default for float data."""
+    parts = [f"{r.origin} {r}" for r in policy.rules]
+    rest = "exact (bitwise)" if policy.default is None else f"float data {policy.default.spec}"
+    parts.append(f"otherwise {rest}" if parts else rest)
+    return "; ".join(parts)

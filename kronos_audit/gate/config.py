@@ -31,9 +31,10 @@ from typing import Any
 from kronos_audit._internal import git
 from kronos_audit._internal.safeio import UnsafeFile, read_owned
 from kronos_audit.compare import Tolerance, ToleranceError, TolerancePolicy, ToleranceRule
-from kronos_audit.errors import Error
-from kronos_audit.keys.anchors import PinnedRef, read_tree_files, resolve_ref
-from kronos_audit.project.repository import KAUDIT_DIR, Project
+from kronos_audit.errors import Error, ProjectError
+from kronos_audit.keys.anchors import PinnedRef, resolve_ref
+from kronos_audit.project import settings
+from kronos_audit.project.repository import Project
 from kronos_audit.replay import EnvMode
 
 SECTION = "gate"
@@ -204,16 +205,13 @@ def config_at_ref(root: Path, ref: str | PinnedRef) -> GateConfig:
     git's object store (never the work tree) at the one commit ``ref`` resolves to
     (:func:`kronos_audit.keys.anchors.resolve_ref`)."""
     pinned = resolve_ref(root, ref) if isinstance(ref, str) else ref
-    commit = pinned.commit
-    files, skipped = read_tree_files(root, commit, KAUDIT_DIR, CONFIG_NAME)
-    wanted = f"{KAUDIT_DIR}/{CONFIG_NAME}"
-    where = f"{pinned.describe()}:{wanted}"
-    if any(s.startswith(f"{commit[:12]}:{wanted}:") for s in skipped):
-        raise GateConfigError("not a regular file of at most 64 KiB at the ref", path=where)
-    for path, data in files:
-        if path == wanted:
-            return parse_config(_parse_toml(data, where), where)
-    return GateConfig(source=f"default (no {wanted} at {pinned.describe()})")
+    try:
+        document, where = settings.config_at_ref(root, pinned)
+    except ProjectError as e:
+        raise GateConfigError(e.message, path=e.path) from None
+    if document is None:
+        return GateConfig(source=f"default (no {settings.CONFIG_PATH} at {pinned.describe()})")
+    return parse_config(document, where)
 
 
 def load_config(project: Project, trust_ref: str | PinnedRef | None = None) -> GateConfig:

@@ -52,6 +52,9 @@ class Case:
     """Every failed check (or dataset), one line each."""
     seconds: float = 0.0
     """Time the check took."""
+    comparison: tuple[str, ...] = ()
+    """For a replay attestation verified, the comparison it records: its tolerances and
+    where they came from, then each dataset judged with a tolerance."""
 
     @property
     def ok(self) -> bool:
@@ -68,6 +71,7 @@ class Case:
             "message": self.message,
             "details": list(self.details),
             "seconds": round(self.seconds, 6),
+            **({"comparison": list(self.comparison)} if self.comparison else {}),
         }
 
 

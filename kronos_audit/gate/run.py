@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import time
@@ -221,6 +222,10 @@ def _signer_matches(signer: TrustedKey, wanted: str) -> bool:
 
 
 def _verify_case(project: Project, r: VerifyResult, config: GateConfig, seconds: float) -> Case:
+    return dataclasses.replace(_verified(project, r, config, seconds), comparison=r.comparison)
+
+
+def _verified(project: Project, r: VerifyResult, config: GateConfig, seconds: float) -> Case:
     name = project.relative(r.manifest)
     if not r.ok:
         details = tuple(f"{c.name}: {c.detail}" for c in r.failures)
@@ -279,7 +284,7 @@ def _verify(
     segments: list[Segment] = []
     started = time.perf_counter()
     report(VERIFY_PHASE, 0, len(paths))
-    for outcome in verify_each(paths, trust=trust, verifiers=verifiers):
+    for outcome in verify_each(paths, trust=trust, verifiers=verifiers, standing=project.root):
         now = time.perf_counter()
         if isinstance(outcome, Error):
             case = _error_case(project, CaseKind.VERIFY, outcome, now - started)
@@ -384,7 +389,7 @@ def gate(
     """
     started = time.perf_counter()
     trust = trust or TrustOptions()
-    project = find_project(repository).require_initialized()
+    project = find_project(repository, standing=repository).require_initialized()
     # One resolution of --trust-ref for the whole gate: the configuration, the trust
     # store, the revocations and every replay's verification read the same commit.
     trust = trust.pin(project.root)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import read_index
 from kronos_audit.checkpoint.verified import Signed, holds_signed
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, RemoteUnreachable
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
@@ -36,6 +36,7 @@ from kronos_audit.verification.verifier import Verifier
 
 if TYPE_CHECKING:
     from kronos_audit.storage.fetch import FetchItem
+    from kronos_audit.verification.remote_chain import RemoteChain
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,18 @@ class StatusEntry:
     """Recorded size in bytes."""
 
 
+@dataclass(frozen=True)
+class StatusReport:
+    """Where each checkpoint is, and whether the remote could be asked."""
+
+    entries: tuple[StatusEntry, ...]
+    """Each manifest's checkpoint, in the order the manifests were given."""
+    remote_unreachable: RemoteUnreachable | None
+    """Why the remote could not be read, when it was to be asked and could not: then
+    ``entries`` are the places known here only, as without asking the remote (``local``
+    for a checkpoint here, ``missing`` for one neither here nor pruned)."""
+
+
 def status(
     project: Project,
     manifests: Sequence[Path],
@@ -61,12 +74,36 @@ def status(
     *,
     check_remote: bool = True,
     trust: TrustOptions | None = None,
+    chains: Mapping[str, RemoteChain] | None = None,
 ) -> list[StatusEntry]:
     """Classify each manifest's checkpoint; the remote is asked once for all of them.
 
     Every manifest is read (and must be valid) before the remote is asked. A checkpoint
     not here is pruned when a signed retention record that ``trust``'s anchors accept
-    prunes it (see the module's docstring)."""
+    prunes it (see the module's docstring). Raises
+    :class:`~kronos_audit.errors.RemoteUnreachable` when the remote cannot be read
+    (:func:`status_report` answers from what is here instead)."""
+    report = status_report(
+        project, manifests, remote, check_remote=check_remote, trust=trust, chains=chains
+    )
+    if report.remote_unreachable is not None:
+        raise report.remote_unreachable
+    return list(report.entries)
+
+
+def status_report(
+    project: Project,
+    manifests: Sequence[Path],
+    remote: str | None = None,
+    *,
+    check_remote: bool = True,
+    trust: TrustOptions | None = None,
+    chains: Mapping[str, RemoteChain] | None = None,
+) -> StatusReport:
+    """As :func:`status`, but a remote that cannot be read does not fail it: the places
+    known here are given, with why the remote was not heard
+    (:attr:`StatusReport.remote_unreachable`). A remote that is not configured, or a
+    manifest that is not valid, still raises."""
     cache = ManifestCache()
     read = [cache.read(m) for m in manifests]
     pruned: set[Path] = set()
@@ -74,7 +111,15 @@ def status(
         # the keyring is read only when there is a retention record to check
         verifier = Verifier(project, load_keyring(project.root, trust), fetch=False, cache=cache)
         pruned = pruned_of(verifier, read)
-    return locate(project, read, remote, check_remote=check_remote, pruned=pruned)
+    try:
+        entries = locate(
+            project, read, remote, check_remote=check_remote, pruned=pruned, chains=chains
+        )
+    except RemoteUnreachable as e:
+        # Asked before anything is hashed here (see locate): nothing is done twice.
+        entries = locate(project, read, remote, check_remote=False, pruned=pruned)
+        return StatusReport(tuple(entries), e)
+    return StatusReport(tuple(entries), None)
 
 
 def pruned_of(verifier: Verifier, manifests: Sequence[Manifest]) -> set[Path]:
@@ -95,34 +140,48 @@ def locate(
     check_remote: bool = True,
     pruned: Collection[Path] = frozenset(),
     hash_local: bool = True,
+    chains: Mapping[str, RemoteChain] | None = None,
 ) -> list[StatusEntry]:
     """Classify the checkpoint each manifest records, by what it records (md5, sha256,
     size); the remote is asked once for all of them, not about those pruned. ``pruned``
     names the manifests whose absent checkpoint a signed retention record prunes (the
     caller checked that record). Without ``hash_local`` a checkpoint here is taken as
-    valid unread (never ``corrupt``), as ``kaudit log`` shows it."""
+    valid unread (never ``corrupt``), as ``kaudit log`` shows it. A step is not in the
+    remote, whatever data is there, when its run's remote directory holds another
+    manifest of that step (``chains``: as the caller read them, else read here)."""
     sizes: dict[str, int | None] = {}
+    others: set[Path] = set()
     objects: dict[Path, list[FetchItem]] = {}
     if check_remote:
         # Only asking the remote needs storage (and, when it asks, DVC).
         from kronos_audit.storage.remote import Storage
         from kronos_audit.storage.steps import step_items
+        from kronos_audit.verification.remote_chain import other_chains, remote_chains
 
         # Every object of each step (a sharded step's index and shards, as its signed
-        # index names them): a step is in the remote only when all of them are.
-        objects = {m.path: step_items(m) or [] for m in manifests}
-        ask = [
-            i.md5
-            for m in manifests
-            if not (m.path in pruned and not m.checkpoint_path.exists())
-            for i in objects[m.path]
-        ]
-        sizes = Storage(project).remote_sizes(ask, remote)
+        # index names them): a step is in the remote only when all of them are. A
+        # sharded step not here (its manifests brought back by a restore, its data left
+        # in the remote) is told by its index in the remote: small, read and checked.
+        storage = Storage(project)
+        read = storage.remote_reader(remote)
+        asked = [m for m in manifests if not (m.path in pruned and not m.checkpoint_path.exists())]
+        objects = {m.path: step_items(m, read) or [] for m in asked}
+        sizes = storage.remote_sizes([i.md5 for m in asked for i in objects[m.path]], remote)
+        if chains is None:
+            # Unreadable (an HTTP remote cannot list): judged by the data alone.
+            chains = remote_chains(storage, {m.run for m in manifests}, remote, problems=[])
+        # Another chain's manifest of the step there (a second writer of the run pushed
+        # first): the remote does not hold this step, whatever data went.
+        others = other_chains(chains, manifests)
     entries = []
     for m in manifests:
         size, checkpoint = m.record.size, m.checkpoint_path
         wanted = objects.get(m.path, [])
-        in_remote = bool(wanted) and all(sizes.get(i.md5) == i.size for i in wanted)
+        in_remote = (
+            bool(wanted)
+            and all(sizes.get(i.md5) == i.size for i in wanted)
+            and m.path not in others
+        )
         if checkpoint.exists():
             ok = not hash_local or _intact(m)
             location = (

@@ -455,26 +455,27 @@ def read_tree_files(
     root: Path, commit: str, directory: str, suffix: str
 ) -> tuple[list[tuple[str, bytes]], list[str]]:
     """The regular files ``directory/*suffix`` as they are at ``commit`` (name, bytes),
-    read from git's object store; and the entries skipped (symlinks, submodules, too big)."""
+    read from git's object store; and the entries skipped (symlinks, submodules, too big).
+
+    Nothing when the commit has no such directory; GitError (one line) when the objects
+    cannot be read: an unreadable store, revocation list or configuration at a trust ref
+    is never taken for an empty one."""
     files: list[tuple[str, bytes]] = []
     skipped: list[str] = []
-    try:
-        with git.objects(root) as store:
-            for entry in store.tree(commit, directory, limit=_REF_LIMIT):
-                if not entry.path.endswith(suffix):
-                    continue
-                where = f"{commit[:12]}:{entry.path}"
-                if entry.kind != "blob" or entry.mode not in ("100644", "100755"):
-                    skipped.append(
-                        f"{where}: not a regular file at the ref (mode {entry.mode}): skipped"
-                    )
-                    continue
-                if entry.size is None or entry.size > KEY_LIMIT:
-                    skipped.append(f"{where}: larger than {KEY_LIMIT} bytes: skipped")
-                    continue
-                files.append((entry.path, store.blob(entry.oid, limit=KEY_LIMIT)))
-    except git.GitError:
-        return [], []
+    with git.objects(root) as store:
+        for entry in store.tree(commit, directory, limit=_REF_LIMIT):
+            if not entry.path.endswith(suffix):
+                continue
+            where = f"{commit[:12]}:{entry.path}"
+            if entry.kind != "blob" or entry.mode not in ("100644", "100755"):
+                skipped.append(
+                    f"{where}: not a regular file at the ref (mode {entry.mode}): skipped"
+                )
+                continue
+            if entry.size is None or entry.size > KEY_LIMIT:
+                skipped.append(f"{where}: larger than {KEY_LIMIT} bytes: skipped")
+                continue
+            files.append((entry.path, store.blob(entry.oid, limit=KEY_LIMIT)))
     return files, skipped
 
 

@@ -32,6 +32,7 @@ import os
 import platform
 import re
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -233,6 +234,12 @@ def _jaxlib_knows_max_isa() -> bool:
     return parts >= [0, 4, 31]
 
 
+class DispatchNotPinned(UserWarning):
+    """``Run(..., dispatch="portable")`` was asked for after some library had chosen its
+    CPU kernels (numpy's SIMD loops and OpenBLAS's core type when numpy is imported): the
+    run's children are pinned, its own bits stay this CPU's."""
+
+
 class DispatchError(ValueError):
     """The portable dispatch cannot be had here (a CPU below x86-64-v3)."""
 
@@ -324,12 +331,15 @@ def pin_here(dispatch: Dispatch) -> list[str]:
         chosen.append(f"numpy's SIMD loops ({simd})")
     wanted_core = pins.get("OPENBLAS_CORETYPE")
     if wanted_core is not None and "numpy" in sys.modules:
-        from kronos_audit.provenance.environment import loaded_threadpools
+        from threadpoolctl import threadpool_info
 
-        for pool in loaded_threadpools():
-            arch = pool.get("architecture")
-            if pool["internal_api"] == "openblas" and arch and arch.lower() != wanted_core.lower():
-                chosen.append(f"OpenBLAS's {arch} kernels ({pool['library']})")
+        for pool in threadpool_info():
+            arch = str(pool.get("architecture") or "")
+            if pool.get("internal_api") == "openblas" and arch.lower() not in (
+                "",
+                wanted_core.lower(),
+            ):
+                chosen.append(f"OpenBLAS's {arch} kernels")
     torch = sys.modules.get("torch")
     wanted_cap = pins.get("ATEN_CPU_CAPABILITY")
     if torch is not None and wanted_cap is not None:
@@ -337,3 +347,32 @@ def pin_here(dispatch: Dispatch) -> list[str]:
         if capability.lower() != wanted_cap:
             chosen.append(f"torch's {capability} kernels")
     return chosen
+
+
+def pin_dispatch(asked: str) -> Dispatch:
+    """What ``Run(..., dispatch=asked)`` does: :func:`pin_here`, a
+    :class:`DispatchNotPinned` warning naming each library that had already chosen, and a
+    one-line UsageError for a dispatch it does not know or cannot have here."""
+    from kronos_audit.errors import UsageError
+
+    try:
+        dispatch = Dispatch(asked)
+    except ValueError:
+        raise UsageError(f"dispatch must be 'native' or 'portable', got {asked!r}") from None
+    try:
+        chosen = pin_here(dispatch)
+    except DispatchError as e:
+        raise UsageError(str(e)) from None
+    if chosen:
+        warnings.warn(
+            DispatchNotPinned(
+                "the portable dispatch was asked for after "
+                + ", ".join(chosen)
+                + " had been chosen for this CPU: this run's bits stay this CPU's; start it "
+                "under `kaudit run --portable` (or with the variables it sets in the "
+                "environment before Python starts) to record a run that replays bitwise on "
+                "another CPU"
+            ),
+            stacklevel=3,
+        )
+    return dispatch

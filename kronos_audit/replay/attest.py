@@ -12,7 +12,8 @@ from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
-from kronos_audit.errors import ManifestError
+from kronos_audit.compare import Settings
+from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.replay.interface import ReplayResult
 from kronos_audit.statement.attestation import (
@@ -43,7 +44,18 @@ def build_statement(result: ReplayResult) -> dict[str, Any]:
 
 
 def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Attestation:
-    """Sign ``result`` with ``key`` and write the attestation atomically to ``path``."""
+    """Sign ``result`` with ``key`` and write the attestation atomically to ``path``.
+
+    A signed verdict depends only on signed or given settings: a result whose tolerances
+    were read from the work tree's ``.kaudit/config.toml`` (which any commit can change)
+    is refused with UsageError; give the tolerances, or read them at a trust ref."""
+    if result.policy_source.settings is Settings.WORK_TREE:
+        raise UsageError(
+            "an attestation's tolerances come from the command line or from [compare] at a "
+            f"trust ref, not from the work tree's {result.policy_source.config}: give them "
+            "(--rtol, --atol, --ulp, --tol) or --trust-ref REF",
+            path=path,
+        )
     statement = build_statement(result)
     validate(statement, schema_name=SCHEMA_NAME, what="attestation")
     envelope = sign_envelope(canonical_json(statement), key)

@@ -35,6 +35,7 @@ reproduced or not. The worktree and the temporary output are removed afterwards 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -43,10 +44,11 @@ from pathlib import Path
 from kronos_audit import __version__
 from kronos_audit._internal import strictjson
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
-from kronos_audit.compare import TolerancePolicy
+from kronos_audit.compare import PolicySource, TolerancePolicy
 from kronos_audit.errors import ReplayError, Stage
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.project.repository import Project, find_project
+from kronos_audit.project.settings import compare_settings
 from kronos_audit.provenance.dispatch import replay_pins
 from kronos_audit.replay.command import Instruction, check_placeholders, command_line, run_command
 from kronos_audit.replay.environment import environment_report
@@ -154,6 +156,7 @@ def replay(
     manifest: Path | str,
     *,
     policy: TolerancePolicy | None = None,
+    policy_source: PolicySource | None = None,
     env: EnvMode = EnvMode.WARN,
     keep_workdir: bool = False,
     trust: TrustOptions | None = None,
@@ -168,7 +171,10 @@ def replay(
     already checked.
 
     ``policy`` None takes the tolerances from ``[compare]`` in the repository's
-    ``.kaudit/config.toml`` (bitwise when there is none). The empty policy compares
+    ``.kaudit/config.toml`` (bitwise when there is none): as it is at ``trust``'s trust
+    ref when there is one, else the work tree's, which the result then records (and
+    which no attestation accepts). ``policy_source`` says where a ``policy`` given came
+    from (None: given by the caller); the result records it. The empty policy compares
     bitwise against the recorded dataset hashes, so the recorded checkpoint need not be
     here; any tolerance compares against the recorded data, fetched from the DVC remote
     when it is not here. Raises :class:`ReplayError` (exit 2) when the segment cannot be
@@ -181,7 +187,10 @@ def replay(
     """
     clock = _Clock()
     m = read_manifest(Path(manifest).absolute())
-    project = find_project(m.path).require_initialized()
+    # A verifier lent by the caller (the gate) stands in its repository; else the user
+    # stands in the working directory's.
+    standing = verifier.project.root if verifier is not None else None
+    project = find_project(m.path, standing=standing).require_initialized()
     command = m.record.command
     if not command:
         raise ReplayError(
@@ -189,8 +198,14 @@ def replay(
             path=m.path,
             stage=Stage.VERIFY,
         )
+    if trust is not None:
+        # One resolution of --trust-ref: the tolerances and the history read one commit.
+        trust = trust.pin(project.root)
     if policy is None:
-        policy = TolerancePolicy.from_config(project)
+        pinned = None if trust is None else trust.pinned
+        policy, policy_source = compare_settings(project, pinned, work_tree=True)
+    elif policy_source is None:
+        policy_source = PolicySource(given=policy != TolerancePolicy())
     basis = Basis.for_policy(policy)
     if m.record.shards is not None:
         ranks = ranks_for(m, ranks)
@@ -209,9 +224,10 @@ def replay(
     clock.lap("environment")
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:
-        return _run_and_compare(
+        result = _run_and_compare(
             verified, command, report, policy, basis, workdir, keep_workdir, clock, ranks, pins
         )
+        return dataclasses.replace(result, policy_source=policy_source)
     except ReplayError as e:
         if keep_workdir:
             e.message += f" (work directory kept: {workdir})"

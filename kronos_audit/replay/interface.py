@@ -9,12 +9,18 @@ applies, WITHIN_TOLERANCE of the recorded data.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kronos_audit.checkpoint.hashing import DatasetDigest
-from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict
+from kronos_audit.compare import (
+    DatasetComparison,
+    PolicySource,
+    Tolerance,
+    TolerancePolicy,
+    Verdict,
+)
 from kronos_audit.compare.interface import PerDataset
 from kronos_audit.provenance.dispatch import DISPATCH_VARIABLES
 from kronos_audit.statement.attestation import ManifestRef, Outcome
@@ -235,6 +241,15 @@ class DatasetReplay:
     def ok(self) -> bool:
         return self.verdict.ok
 
+    def tolerance(self, basis: Basis) -> tuple[Tolerance | None, str]:
+        """The tolerance this dataset was judged with (None: bitwise), and the rule that
+        gave it."""
+        if basis is Basis.HASHES:
+            return None, "bitwise (the recorded hashes)"
+        if self.comparison is None:
+            return None, "not compared"
+        return self.comparison.tolerance, self.comparison.rule
+
     def to_json_obj(self) -> dict[str, Any]:
         return {
             "path": self.path,
@@ -328,6 +343,24 @@ class ReplayResult(PerDataset[DatasetReplay]):
     uncompared: tuple[str, ...] = ()
     """Datasets that could not be compared, in words (a multi-rank step replayed on another
     rank count: each rank's own generators and ledger); not counted in the outcome."""
+    policy_source: PolicySource = field(default_factory=PolicySource)
+    """Where :attr:`policy` came from: given, read at a trust ref, or the work tree's
+    config (never for a signed result)."""
+
+    def tolerances_json(self) -> dict[str, Any]:
+        """The comparison made, as an attestation records it: where the policy came from,
+        and each dataset's tolerance (null: bitwise) and the rule that gave it."""
+        rows = []
+        for d in self.datasets:
+            tolerance, rule = d.tolerance(self.basis)
+            rows.append(
+                {
+                    "path": d.path,
+                    "tolerance": None if tolerance is None else tolerance.to_json_obj(),
+                    "rule": rule,
+                }
+            )
+        return {"source": self.policy_source.to_json_obj(), "datasets": rows}
 
     @property
     def outcome(self) -> Outcome:
@@ -380,6 +413,7 @@ class ReplayResult(PerDataset[DatasetReplay]):
             },
             "environment": self.environment.to_json_obj(),
             "policy": self.policy.to_json_obj(),
+            "tolerances": self.tolerances_json(),
             "basis": self.basis.value,
             "produced": {
                 "name": self.produced,

@@ -334,6 +334,7 @@ def _replay(group: _Group, r: VerifyResult) -> Replay:
         env_mode=str(environment.get("mode", "warn")),
         datasets=_datasets(predicate),
         drift=drift,
+        comparison=tuple(replay.comparison.lines()),
     )
 
 

@@ -378,9 +378,13 @@ class Replay:
     """Per dataset."""
     drift: tuple[Drift, ...]
     """Environment drift between the recorded run and the replay."""
+    comparison: tuple[str, ...] = ()
+    """The comparison the attestation records, in words: its tolerances and where they
+    came from, then each dataset judged with a tolerance."""
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
+            "comparison": list(self.comparison),
             "attestation": self.attestation,
             "manifest": self.manifest,
             "step": self.step,

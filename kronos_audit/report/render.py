@@ -217,6 +217,8 @@ def _md_run(run: RunReport) -> list[str]:
         )
         for f in rep.failures:
             lines.append(f"  - FAIL {md(f.check)}: {md(f.detail)}")
+        for i, said in enumerate(rep.comparison):
+            lines.append(f"  - compared: {md(said)}" if i == 0 else f"    - {md(said)}")
         if rep.datasets:
             lines += [
                 "",

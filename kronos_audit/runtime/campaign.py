@@ -157,20 +157,53 @@ def _dask_results(
         time.sleep(POLL)
         done = [f for f in pending if f.done()]
         finished = [f for f in done if f.status == "finished"]
-        values = client.gather(finished) if finished else []
-        for future, value in zip(finished, values, strict=True):
+        try:
+            values = client.gather(finished) if finished else []
+        except Exception as e:  # the scheduler, or the workers holding them, went away
+            values = None
+            if not stop:
+                stop.append(_dask_engine_failure(client, e))
+        for future, value in zip(finished, values, strict=True) if values is not None else ():
             yield pending.pop(future), *value
         for future in done:
             if future not in pending:
                 continue
             index = pending.pop(future)
             if not stop:
-                try:
-                    error = future.exception()
-                except BaseException as e:  # a future cancelled (the client closed) says so
-                    error = e
-                stop.append(_named(index, error or RuntimeError(f"Dask ended it {future.status}")))
+                stop.append(_dask_failure(client, index, future))
         fill()
+
+
+def _dask_failure(client: Any, index: int, future: Any) -> BaseException:
+    """Why batch ``index``'s future ended without a result: the batch's own error when
+    it raised on a worker; else (Dask cancelled it) the engine's failure, never the
+    batch's."""
+    if future.status == "error":
+        try:
+            error = future.exception()
+        except BaseException as e:  # the client went away while asking
+            error = e
+        return _named(index, error or RuntimeError(f"Dask ended it {future.status}"))
+    reason = str(future.status)
+    if reason == "cancelled":  # done, so asking does not wait
+        try:
+            future.result()
+        except BaseException as e:  # it raises why: Dask's reason, where it gives one
+            reason = str(getattr(e, "reason", None) or reason)
+    return _dask_engine_failure(client, None, reason=reason, index=index)
+
+
+def _dask_engine_failure(
+    client: Any, error: BaseException | None, *, reason: str | None = None, index: int | None = None
+) -> BaseException:
+    """The engine's failure, never a batch's: results that could not be fetched (``error``:
+    the scheduler or the workers holding them gone), or a batch's future that Dask
+    cancelled (``index``, Dask's ``reason``)."""
+    why = reason or (_one_line(error) if error is not None else "unknown")
+    status = str(getattr(client, "status", "unknown"))
+    if index is not None and status == "running" and why != "scheduler-connection-lost":
+        return _EngineLost(f"Dask cancelled batch {index} ({why}), which did not fail itself")
+    return _EngineLost(f"the Dask engine was lost (client {status}; Dask: {why}); no batch failed")
 
 
 def _serial(
@@ -195,6 +228,10 @@ class _BatchFailed(Exception):
     def __init__(self, index: int, error: BaseException) -> None:
         super().__init__(f"batch {index}: {_one_line(error)}")
         self.index = index
+
+
+class _EngineLost(Exception):
+    """The engine (not a batch) failed: its message says how."""
 
 
 def _named(index: int, error: BaseException) -> BaseException:
@@ -257,7 +294,7 @@ def map_batches(
         return
     run._save_received()
     done = len(run.ledger)
-    why = stop[0] if isinstance(stop[0], _BatchFailed) else _one_line(stop[0])
+    why = stop[0] if isinstance(stop[0], _BatchFailed | _EngineLost) else _one_line(stop[0])
     raise CampaignError(
         f"the campaign stopped: {why}; {done} of {n} batches are recorded and "
         f"checkpointed, and running it again runs only the {n - done} missing"

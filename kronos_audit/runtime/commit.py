@@ -40,9 +40,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_ancestors, fsync_dir, mkdir_durable
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
-from kronos_audit.checkpoint.layout import checkpoint_name, shard_name, step_directory
+from kronos_audit.checkpoint.layout import (
+    INDEX_NAME,
+    TREE_NAME,
+    checkpoint_name,
+    shard_name,
+    step_directory,
+)
 from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
@@ -195,8 +201,10 @@ def _withdraw(final: Path) -> None:
 class FileCommit:
     """One step's commit on one rank, as a checkpoint file: written under a temporary name
     in the run's directory, moved into place, then signed (``sign``: None for a file that
-    is only compared). A file that stands under a checkpoint's name when its step was not
-    committed is taken back with its ``.dvc`` file: no file may stand there unsigned."""
+    is only compared); ``top``: the directory (the project's) up to which the names of the
+    run's directory and its parents are made durable with it. A file that stands under a
+    checkpoint's name when its step was not committed is taken back with its ``.dvc``
+    file: no file may stand there unsigned."""
 
     def __init__(
         self,
@@ -206,9 +214,11 @@ class FileCommit:
         md5: bool,
         refusal: Callable[[], str | None] = lambda: None,
         sign: Callable[[Path, FileDigests], None] | None = None,
+        top: Path | None = None,
     ) -> None:
         self.job = job
         self.final = directory / checkpoint_name(job.step)
+        self._top = top
         self.tmp = directory / f"{TEMP_PREFIX}{self.final.name}-{uuid.uuid4().hex[:8]}"
         self._md5 = md5
         self._refusal = refusal
@@ -227,6 +237,10 @@ class FileCommit:
         self._placed = True
         check_placed(self.final, written)
         fsync_dir(self.final.parent)
+        if self._top is not None:
+            # The run directory's own name too, and its parents' (made at open, by the
+            # writer lock): a power cut must not take the directory a signed step is in.
+            fsync_ancestors(self.final.parent, self._top)
         self.digests = written
         return written
 
@@ -282,9 +296,10 @@ class ShardCommit:
     """One step's commit on one rank of several, as that rank's shard in the step's
     directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only; ``durable``,
     on every rank once its shard is in place and before it votes (its DVC tracking, and
-    node-local its push). A shard left in place when the step was not committed stays,
-    its ``.dvc`` file does not: no step without its manifest is valid, and committing the
-    step again replaces it."""
+    node-local its push); ``top``, as :class:`FileCommit`'s (rank 0's run directory). A
+    shard left in place when the step was not committed stays, its ``.dvc`` file does
+    not: no step without its manifest is valid, and committing the step again replaces
+    it."""
 
     def __init__(
         self,
@@ -296,6 +311,7 @@ class ShardCommit:
         sign: Callable[[Path, Sequence[Vote]], None],
         md5: bool = True,
         durable: Callable[[Path, ShardRecord], None] | None = None,
+        top: Path | None = None,
     ) -> None:
         self.job = job
         self.directory = step_directory(run_directory, job.step)
@@ -307,6 +323,7 @@ class ShardCommit:
         self._sign = sign
         self._md5 = md5
         self._durable = durable
+        self._top = top
         declared: Mapping[str, Any] = job.meta.get("layout", {})
         self._blocks = {
             name: how.axis
@@ -324,12 +341,17 @@ class ShardCommit:
         self._specs: dict[str, TreeSpec] = {}
         self.shard: Shard | None = None
         """This rank's shard, once in place."""
+        self._signing = False
 
     def write(self) -> FileDigests:
         # First, before anything that can fail: every rank must reach this collective.
         everyone: list[dict[str, tuple[int, str]]] = self._comm.allgather(self._extents)
         self._specs = self._tree_specs(everyone)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Its name made durable in the run directory, and the run directory's in its
+        # parent: a power cut must not take a step directory whose manifest is signed.
+        mkdir_durable(self.directory)
+        if self.rank == 0 and self._top is not None:
+            fsync_ancestors(self.directory.parent, self._top)
         written, self._trees = write_and_hash(
             self.tmp, {**self.job.staged, **self.job.extra}, md5=self._md5, trees=self._specs
         )
@@ -388,15 +410,21 @@ class ShardCommit:
         return Vote(self.rank, record=self.shard)
 
     def sign(self, votes: Sequence[Vote]) -> None:
+        self._signing = True  # the index and tree are this commit's from here on
         self._sign(self.directory, votes)
 
     def withdraw(self) -> None:
         # The shard stays (committing the step again replaces it); what ``durable`` made
         # of it for DVC does not: no step is tracked without its manifest. (Its cache
-        # object stays, unreferenced, for DVC's garbage collection.)
-        if self.shard is not None and self._durable is not None:
-            with contextlib.suppress(OSError):
-                dvc_file_for(self.directory / self.name).unlink(missing_ok=True)
+        # object stays, unreferenced, for DVC's garbage collection.) Rank 0's index and
+        # tree, tracked before the manifest was to be written, likewise.
+        doomed = [self.directory / self.name] if self.shard is not None else []
+        if self._signing:
+            doomed += [self.directory / INDEX_NAME, self.directory / TREE_NAME]
+        if self._durable is not None:
+            for path in doomed:
+                with contextlib.suppress(OSError):
+                    dvc_file_for(path).unlink(missing_ok=True)
 
     def discard(self) -> None:
         # Gone already when placed; on a read-only disk, the next writer's open removes it.

@@ -102,6 +102,7 @@ class FilePublisher(SignedPublisher):
             CheckpointSkipped,
         )
         found = remote.newest(above, stacklevel=stacklevel)
+        self.remote_passed_over(remote.passed_over)
         return None if found is None else taken[found.checkpoint]
 
     def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
@@ -114,6 +115,7 @@ class FilePublisher(SignedPublisher):
             md5=True,
             refusal=lambda: self.refusal(job.step),
             sign=sign,
+            top=self._opened().root,
         )
 
     def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:

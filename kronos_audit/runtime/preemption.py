@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
@@ -39,8 +40,27 @@ class PreemptionGuard:
             return
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handle)
+        _installed.append(self)
 
     def uninstall(self) -> None:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous.clear()
+        if self in _installed:
+            _installed.remove(self)
+
+
+_installed: list[PreemptionGuard] = []
+"""The guards whose handlers are in place in this process, oldest first."""
+
+
+def _uninstall_in_child() -> None:
+    # A child forked without exec (a fork pool's worker) would keep handlers that only set
+    # a flag no loop of its own reads: it would ignore SIGTERM, and outlive a driver killed
+    # with SIGKILL that nobody could then stop but with SIGKILL. It gets back the handlers
+    # that were in place before the run (its fork-time thread is its main thread).
+    for guard in reversed(_installed):
+        guard.uninstall()
+
+
+os.register_at_fork(after_in_child=_uninstall_in_child)

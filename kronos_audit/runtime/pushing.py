@@ -8,6 +8,11 @@ directory (:class:`~kronos_audit.storage.runs.RunFiles`): a manifest there whose
 not would only be passed over by a node resuming elsewhere. So a step counts as pushed
 only when every object of it is in the remote.
 
+A manifest goes only onto the run's chain in the remote: one whose parent is not the
+remote's newest manifest of the run (another writer of the run pushed its own steps) is
+refused, in one line naming both chains (:mod:`kronos_audit.verification.remote_chain`),
+and stays here, not pushed; so do the steps after it.
+
 A failure does not stop the run: the step is safe here, ``kaudit status`` shows it as not
 pushed, ``kaudit push`` completes it, and the next step's push retries what failed, on
 every rank (each keeps its own objects that did not go, rank 0 the manifests).
@@ -19,7 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kronos_audit.errors import Error
+from kronos_audit.errors import ChainForked, Error
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.resume_remote import push_manifest
@@ -44,6 +49,9 @@ class Pusher:
         # chain's link missing there would cut the chain a node resuming elsewhere reads).
         self._unpushed_data: list[FetchItem] = []
         self._unpushed_manifests: list[Path] = []
+        self.passed_over: dict[str, str] = {}
+        """Rank 0: the remote manifests this run's restore passed over (name: digest),
+        which its own steps of the same names replace (an abandoned branch, no chain)."""
 
     def push(self, comm: Comm, manifest: Path, items: Sequence[FetchItem]) -> None:
         """All ranks, on the writer's thread, once the step whose manifest is ``manifest``
@@ -74,7 +82,12 @@ class Pusher:
             pending = self._unpushed_manifests[0]
             try:
                 if pending.exists():
-                    push_manifest(files, pending)
+                    push_manifest(files, pending, self.passed_over)
+            except ChainForked as e:
+                # Not for `kaudit push` to complete: another chain holds the remote.
+                self.failures.append(e.message)
+                log.warning("push of %s refused: %s", pending.name, e.message)
+                return
             except Error as e:
                 self._failed(pending, str(e))
                 return

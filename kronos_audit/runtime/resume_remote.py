@@ -23,7 +23,7 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -38,23 +38,25 @@ from kronos_audit.checkpoint.layout import (
     TREE_NAME,
     checkpoint_name,
     manifest_path_for,
-    remote_manifest_name,
     step_directory_name,
     step_of_directory,
     step_of_manifest_name,
     step_of_remote_step_manifest,
 )
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
-from kronos_audit.errors import Error, RollbackRefused, StorageError
+from kronos_audit.errors import ChainForked, Error, RollbackRefused, StorageError
 from kronos_audit.keys.anchors import resolve_ref
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
+from kronos_audit.runtime.retention import claimed
 from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 from kronos_audit.storage import runs
+from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
-from kronos_audit.storage.tracking import track
+from kronos_audit.storage.tracking import dvc_file_for, track
 from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.remote_chain import push_linked
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -64,13 +66,19 @@ TRY_LIMIT = 16
 of manifests that do not verify must not make a restore download them all."""
 
 
-def push_manifest(files: RunFiles, manifest: Path) -> None:
+def push_manifest(
+    files: RunFiles, manifest: Path, passed_over: Mapping[str, str] | None = None
+) -> None:
     """Put a run's local manifest in its remote directory, under its remote name
     (:func:`~kronos_audit.checkpoint.layout.remote_manifest_name`), after the
-    uncommitted patch it records (:func:`push_patch`)."""
+    uncommitted patch it records (:func:`push_patch`), only if it extends the run's chain
+    there (:func:`~kronos_audit.verification.remote_chain.push_linked`): ChainForked,
+    naming both chains' steps and writers, when the remote holds another chain (not
+    counting the remote manifests a restore here ``passed_over``: name, digest)."""
     data = read_signed_file(manifest)
-    push_patch(files, parse_manifest(data, manifest))
-    files.put(remote_manifest_name(manifest), data)
+    parsed = parse_manifest(data, manifest)
+    push_patch(files, parsed)
+    push_linked(files, manifest, data, parsed, passed_over)
 
 
 def push_patch(files: RunFiles, manifest: Manifest) -> bool:
@@ -110,19 +118,44 @@ def push_patch(files: RunFiles, manifest: Manifest) -> bool:
     return files.put_once(patch_name(digest), data)
 
 
-def push_manifests(storage: Storage, manifests: list[Path], remote: str | None = None) -> int:
+def push_manifests(
+    storage: Storage,
+    manifests: list[Path],
+    remote: str | None = None,
+    *,
+    refused: dict[Path, str] | None = None,
+) -> int:
     """Put each manifest in its run's directory in the remote (the run its signed
-    statement names), oldest step first, as ``Run(push=True)`` does; return how many.
-    For a ``kaudit push`` that completes what a run's background push could not."""
+    statement names), oldest step first, as ``Run(push=True)`` does; return how many
+    went. For a ``kaudit push`` that completes what a run's background push could not.
+
+    A manifest the remote's chain refuses (ChainForked: another chain of the run is
+    there) is raised, or, given ``refused``, recorded there with the one line why, and
+    so is each later manifest of its run (its chain goes no further); other runs go on.
+    """
     by_run: dict[str, list[tuple[int, Path]]] = {}
     for path in manifests:
         manifest = parse_manifest(read_signed_file(path), path)
         by_run.setdefault(manifest.run, []).append((manifest.step, path))
+    sent = 0
     for run_id, entries in by_run.items():
         files = RunFiles(storage, run_id, remote)
+        stopped: ChainForked | None = None
         for _, path in sorted(entries):
-            push_manifest(files, path)
-    return sum(len(e) for e in by_run.values())
+            if stopped is not None:
+                assert refused is not None
+                refused[path] = f"not pushed: its chain's step {stopped.step} was refused"
+                continue
+            try:
+                push_manifest(files, path)
+            except ChainForked as e:
+                if refused is None:
+                    raise
+                refused[path] = e.message
+                stopped = e
+                continue
+            sent += 1
+    return sent
 
 
 ALLOW_ROLLBACK_ENV = "KAUDIT_ALLOW_ROLLBACK"
@@ -278,7 +311,13 @@ class Found:
 
 
 class _Skip(Exception):
-    """This remote candidate is not taken; the message says why."""
+    """This remote candidate is not taken; the message says why. ``other_chain``: it is
+    a link of another chain of the run (not of the chain here, or its parent there not
+    the one it signs): a fork, never an abandoned branch a push may replace."""
+
+    def __init__(self, message: str, *, other_chain: bool = False) -> None:
+        super().__init__(message)
+        self.other_chain = other_chain
 
 
 class RemoteResume:
@@ -302,6 +341,11 @@ class RemoteResume:
         self._verifier = verifier
         self._invalid = invalid
         self._skipped = skipped  # the category a local checkpoint passed over is warned in
+        self.passed_over: dict[str, str] = {}
+        """The remote manifests passed over, as read (name: sha256 of its bytes), as not
+        valid (not as another chain's link: a fork stays a fork): an abandoned branch,
+        which this run's own steps of the same names replace there."""
+        self._read: tuple[str, str] | None = None  # the last candidate read, and its digest
 
     def newest(self, above: int | None, *, stacklevel: int, sharded: bool = False) -> Found | None:
         """The newest remote checkpoint of a step after ``above`` (None: any) that
@@ -355,6 +399,8 @@ class RemoteResume:
             try:
                 found = take(step, entry, by_name)
             except _Skip as e:
+                if not e.other_chain and self._read is not None and self._read[0] == entry.name:
+                    self.passed_over[entry.name] = self._read[1]
                 warnings.warn(
                     f"{self.files.where}/{entry.name} (in the DVC remote): skipped: {e}",
                     self._skipped,
@@ -396,7 +442,7 @@ class RemoteResume:
         except UnsafeFile:
             here = None
         if here != data:
-            raise _Skip(f"a different {path.name} is here: left as it is")
+            raise _Skip(f"a different {path.name} is here: left as it is", other_chain=True)
         return True
 
     def _signed(
@@ -406,6 +452,7 @@ class RemoteResume:
         signature first, then its run, its step (and kind), its place, and the md5 its
         data is fetched by. The manifest, its bytes, the verifier and that md5."""
         data = self._get(entry, entry.name)
+        self._read = (entry.name, hashlib.sha256(data).hexdigest())
         manifest = self._parse(data, path)
         verifier = self._verifier()
         # The signature first: nothing else an unsigned file says is repeated.
@@ -475,7 +522,13 @@ class RemoteResume:
             except Error as e:
                 reason = e.message
             if reason is not None:
-                self.storage.discard(checkpoint)
+                # By the md5 just fetched and checked (the signed one), never the .dvc
+                # file here (a clone's, anyone's to edit); kept while a checkpoint beside
+                # it names the same bytes.
+                item = FetchItem(checkpoint, md5, manifest.subject_sha256, manifest.record.size)
+                own = {manifest_path, dvc_file_for(checkpoint)}  # this step's own word
+                kept = claimed(self.directory.parent, {md5}, own)
+                self.storage.discard(item, kept=kept)
                 raise _Skip(reason)
 
         self._bring(to_write, fetch)
@@ -568,7 +621,10 @@ class RemoteResume:
                 raise _Skip(f"its chain's link {recorded!r} is not an earlier manifest of the run")
             data = self._get(by_name.get(name), name)
             if hashlib.sha256(data).hexdigest() != child.parent:
-                raise _Skip(f"its chain's {name} in the remote is not the one its child signs")
+                raise _Skip(
+                    f"its chain's {name} in the remote is not the one its child signs",
+                    other_chain=True,
+                )
             parent = self._parse(data, path)
             signed = verifier.signature(parent)
             if not signed.ok:

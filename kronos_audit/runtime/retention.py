@@ -8,6 +8,11 @@ and DVC's tracking of it (``.dvc`` file, cache object). Manifests are never dele
 the chain still verifies, and a verifier can tell data deleted on purpose from data
 deleted by anyone (see docs/security.md).
 
+Nothing leaves DVC's cache on an unsigned word: the objects that go are those the pruned
+steps' manifests sign, each verified first (:func:`signed_objects`), never what a ``.dvc``
+file names, and an object stays while any checkpoint of a run directory beside this one
+still names it (:func:`claimed`).
+
 A run's steps are single files (``step-<N:08d>.h5``) or sharded steps (the directory
 ``step-<N:08d>/``: one shard a rank, the shard index, its Merkle tree, and the step
 manifest signed by rank 0), and a run may have both: steps written on one process, then
@@ -17,15 +22,21 @@ is its index, tree and shards (each with its ``.dvc`` file); the step manifest s
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
-from collections.abc import Iterable, Sequence
+import json
+import os
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit._internal.safeio import KEY_LIMIT, MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
+    MANIFEST_SUFFIX,
+    STEP_MANIFEST,
     TREE_NAME,
     NameKind,
     RunDirectory,
@@ -33,17 +44,22 @@ from kronos_audit.checkpoint.layout import (
     checkpoint_steps,
     parse_name,
     step_directory,
+    step_of_directory,
 )
-from kronos_audit.errors import UsageError
+from kronos_audit.checkpoint.shards import merkle_levels, read_index
+from kronos_audit.errors import Error, UsageError
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
+from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.steps import step_items
 from kronos_audit.storage.tracking import (
-    cache_object_path,
     cache_settings,
     dvc_file_for,
     forget_ignored,
-    read_dvc_file,
+    remove_cache_object,
 )
+from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.verifier import Verifier
 
 _DVC = ".dvc"
 # A sharded step's data, in the order prune deletes it: the index first, so that a prune
@@ -148,84 +164,204 @@ def _step_data(step_dir: Path) -> list[Path]:
     return found
 
 
-def _step_md5s(step_dir: Path) -> set[str]:
-    """The md5s the ``.dvc`` files in the sharded step directory ``step_dir`` record."""
-    return {
-        e[0]
-        for p in _step_data(step_dir)
-        if p.name.endswith(_DVC) and (e := read_dvc_file(p)) is not None
-    }
-
-
 def pruned_record(doomed: Iterable[PrunedEntry]) -> list[dict[str, Any]]:
     """The predicate's ``pruned`` list: what the signing manifest says it deletes."""
     return [p.to_json_obj() for p in doomed]
+
+
+def signed_objects(
+    verifier: Verifier, run_id: str, directory: Path, steps: Iterable[int]
+) -> tuple[FetchItem, ...]:
+    """The DVC objects that the manifests of ``steps`` (of run ``run_id``, in its directory
+    ``directory``) sign, each manifest checked before a word of it is used: its signature
+    by a signer ``verifier`` trusts, its place, its run and its step. A checkpoint file's
+    data; a sharded step's index (the signed subject), each shard as that index names it
+    (only when its sha256 is the signed one) and its Merkle tree, rebuilt from that index
+    (only when it gives the signed root). This, never a ``.dvc`` file, is what
+    :func:`prune` may delete from DVC's cache: a step whose manifest does not hold (or a
+    sharded step whose signed index is not here) names nothing, and whatever of it is in
+    the cache is left there for ``dvc gc``."""
+    run = RunDirectory(directory)
+    found: list[FetchItem] = []
+    for step in steps:
+        for path, sharded in ((run.manifest(step), False), (run.step_manifest(step), True)):
+            if not os.path.lexists(path):
+                continue
+            try:
+                found += _signed_step_objects(verifier, run_id, path, step, sharded=sharded)
+            except Error:
+                continue  # its word counts for nothing: its objects stay in the cache
+    return tuple(found)
+
+
+def _signed_step_objects(
+    verifier: Verifier, run_id: str, path: Path, step: int, *, sharded: bool
+) -> list[FetchItem]:
+    manifest = verifier.cache.read(path)
+    if not verifier.signature(manifest).ok or not place_check(verifier.project, manifest).ok:
+        return []
+    if manifest.run != run_id or manifest.step != step:
+        return []
+    if (manifest.record.shards is not None) != sharded:
+        return []
+    items = step_items(manifest)  # a sharded step's index: read here, believed if signed
+    shards = manifest.record.shards
+    if items is None or shards is None:
+        return items or []
+    index = manifest.checkpoint_path
+    # Read again, bounded: the tree is taken from these bytes only if they give the
+    # signed root, which binds every line, so they are the signed index's either way.
+    levels = merkle_levels(read_index(index, shards.count), shards.count)
+    if levels[-1][0].hex() != shards.root:
+        return items
+    tree = b"".join(b"".join(level) for level in levels)
+    md5 = hashlib.md5(tree, usedforsecurity=False).hexdigest()
+    sha256 = hashlib.sha256(tree).hexdigest()
+    return [*items, FetchItem(index.parent / TREE_NAME, md5, sha256, len(tree))]
 
 
 def prune(
     project: Project,
     directory: Path,
     doomed: Sequence[int],
+    objects: Sequence[FetchItem],
     *,
     cache_dir: Path | None = None,
 ) -> None:
     """Delete the checkpoints of steps ``doomed`` in ``directory`` from DVC: their data,
-    their ``.dvc`` files and any git-ignore entry of their own, and DVC's cache object of
-    the data unless a checkpoint still here holds the same bytes. So DVC stays consistent
-    (a plain ``dvc pull`` in a fresh clone, ``dvc status``: nothing missing), and the
-    signed retention record of the manifest that pruned them is what says they went.
-    Their manifests stay, so the chain verifies. A sharded step loses its index, tree and
-    shards (of any rank count), their ``.dvc`` files and its step directory's git-ignore
-    entries; its directory keeps the step manifest. ``cache_dir``: DVC's cache directory
-    when the caller resolved it already (a run does once, at open), else read from DVC."""
+    their ``.dvc`` files and any git-ignore entry of their own, and DVC's cache objects of
+    them. So DVC stays consistent (a plain ``dvc pull`` in a fresh clone, ``dvc status``:
+    nothing missing), and the signed retention record of the manifest that pruned them is
+    what says they went. Their manifests stay, so the chain verifies. A sharded step loses
+    its index, tree and shards (of any rank count), their ``.dvc`` files and its step
+    directory's git-ignore entries; its directory keeps the step manifest.
+
+    The cache objects deleted are ``objects`` only (:func:`signed_objects` of the doomed
+    steps: the md5 and size their verified manifests sign), never one a ``.dvc`` file
+    names, and never one that any other checkpoint still names (:func:`claimed`: of this
+    run or of another run directory beside it). ``cache_dir``: DVC's cache directory when
+    the caller resolved it already (a run does once, at open), else read from DVC."""
     if not doomed:
         return
     if cache_dir is None:
         cache_dir, _ = cache_settings(project)
-    gone = set(doomed)
-    run = RunDirectory(directory)
-    # Two steps can hold identical bytes (one md5, one cache object): keep an object
-    # that a checkpoint still here points at, in either format.
-    kept_md5s = {
-        e[0]
-        for s in set(checkpoint_steps(directory)) - gone
-        if (e := read_dvc_file(dvc_file_for(run.checkpoint(s))))
-    }
-    for s, m in run.step_manifests():
-        if s not in gone:
-            kept_md5s |= _step_md5s(m.parent)
     for s in doomed:
-        _prune_file(directory / checkpoint_name(s), kept_md5s, cache_dir)
-        _prune_step(step_directory(directory, s), kept_md5s, cache_dir)
+        _prune_file(directory / checkpoint_name(s))
+        _prune_step(step_directory(directory, s))
     # A run ignores its checkpoints by one pattern (/step-*.h5); an entry naming one
     # checkpoint alone (``kaudit snapshot`` writes those) goes with it.
     forget_ignored(directory, [f"/{checkpoint_name(s)}" for s in doomed])
+    # Asked once the doomed steps' own files are gone (their manifests, which stay, name
+    # what goes): two checkpoints can hold identical bytes, one md5, one cache object.
+    run = RunDirectory(directory)
+    unread = {p for s in doomed for p in (run.manifest(s), run.step_manifest(s))}
+    wanted = {o.md5 for o in objects}
+    kept = claimed(directory.parent, wanted, unread) if wanted else set()
+    for o in dict.fromkeys(objects):
+        if o.md5 not in kept:
+            remove_cache_object(cache_dir, o.md5, o.size)  # the space freed for real
 
 
-def _prune_file(path: Path, kept_md5s: set[str], cache_dir: Path) -> None:
-    dvc_file = dvc_file_for(path)
-    entry = read_dvc_file(dvc_file)
+def claimed(root: Path, md5s: Collection[str], unread: Collection[Path] = ()) -> set[str]:
+    """Which of ``md5s`` some checkpoint in a run directory under ``root`` still names:
+    in a ``.dvc`` file, a shard index, or the manifest (its payload) of a checkpoint still
+    here (its data or its ``.dvc`` file: a pruned step's manifest names data that went),
+    of any run directory that is a direct child of ``root`` (a run's own directory,
+    ``root/<run>``, is one of them). ``unread``: files not asked (the manifests of the
+    steps being pruned).
+
+    Keeping is the safe side, so nothing here need be verified: a file that mentions an
+    md5 anywhere keeps the object (at worst a hostile file keeps bytes that ``dvc gc``
+    frees); a file that cannot be read (a link, not a regular file, too large) names
+    nothing. Only run directories beside this one are asked, one level of step directories
+    deep: not checkpoints elsewhere in the repository (``kaudit snapshot`` of a file
+    outside the run root), nor other clones or work trees sharing DVC's cache."""
+    wanted = {m.encode() for m in md5s}
+    found: set[bytes] = set()
+    skip = set(unread)
+    for path, limit in _claiming_files(root):
+        if path in skip:
+            continue
+        try:
+            data = read_regular(path, limit, follow_symlinks=False)
+        except UnsafeFile:
+            continue
+        if path.name.endswith(MANIFEST_SUFFIX):
+            data = _payload(data)
+        found |= {m for m in wanted - found if m in data}
+        if found == wanted:
+            break
+    return {m.decode() for m in found}
+
+
+_CLAIM_INDEX_LIMIT = 64 * 1024 * 1024
+"""The largest shard index read for :func:`claimed` (a quarter of a million shards)."""
+
+
+def _claiming_files(root: Path) -> Iterator[tuple[Path, int]]:
+    """Each file of a run directory under ``root`` that may name a cache object, with the
+    bound it is read with. Never through a symbolic link, never into a hidden directory."""
+    for run_dir in _subdirectories(root):
+        for entry in _entries(run_dir):
+            if entry.name.endswith(_DVC) and not entry.is_dir(follow_symlinks=False):
+                yield Path(entry.path), KEY_LIMIT
+            elif entry.name.endswith(MANIFEST_SUFFIX) and not entry.is_dir(follow_symlinks=False):
+                data = run_dir / entry.name.removesuffix(MANIFEST_SUFFIX)
+                if os.path.lexists(data) or os.path.lexists(dvc_file_for(data)):
+                    yield Path(entry.path), MANIFEST_LIMIT
+            elif step_of_directory(entry.name) is not None and entry.is_dir(follow_symlinks=False):
+                step_dir = Path(entry.path)
+                has_data = bool(_step_data(step_dir))
+                for inner in _entries(step_dir):
+                    if inner.name.endswith(_DVC):
+                        yield Path(inner.path), KEY_LIMIT
+                    elif inner.name == STEP_MANIFEST and has_data:
+                        yield Path(inner.path), MANIFEST_LIMIT
+                    elif inner.name == INDEX_NAME:
+                        yield Path(inner.path), _CLAIM_INDEX_LIMIT
+
+
+def _subdirectories(root: Path) -> list[Path]:
+    return [
+        Path(e.path)
+        for e in _entries(root)
+        if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+    ]
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _payload(data: bytes) -> bytes:
+    """A manifest's DSSE payload, decoded (what its md5s are written in); the bytes as
+    they are when they are not an envelope."""
+    try:
+        envelope = json.loads(data)
+        return base64.b64decode(envelope["payload"], validate=True)
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        return data
+
+
+def _prune_file(path: Path) -> None:
     # The .dvc file first: interrupted after it, the data is still here and the next
     # checkpoint prunes it again (its cache object then stays, for `dvc gc`); a .dvc
     # file left naming data that is gone would break every `dvc pull` of the repository.
-    dvc_file.unlink(missing_ok=True)
+    dvc_file_for(path).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
-    if entry is not None and entry[0] not in kept_md5s:
-        # Free the space for real: the cache holds the same bytes.
-        cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
 
 
-def _prune_step(step_dir: Path, kept_md5s: set[str], cache_dir: Path) -> None:
+def _prune_step(step_dir: Path) -> None:
     """A sharded step's data, as :func:`_prune_file` deletes a file's (each ``.dvc`` file
     before its data), the index first; then the step directory's git-ignore entries."""
     if step_dir.is_symlink() or not step_dir.is_dir():
         return
-    files = _step_data(step_dir)
-    for path in files:
-        entry = read_dvc_file(path) if path.name.endswith(_DVC) else None
+    for path in _step_data(step_dir):
         path.unlink(missing_ok=True)
-        if entry is not None and entry[0] not in kept_md5s:
-            cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
     forget_ignored(step_dir, _STEP_IGNORED)
     gitignore = step_dir / ".gitignore"
     try:
@@ -235,4 +371,11 @@ def _prune_step(step_dir: Path, kept_md5s: set[str], cache_dir: Path) -> None:
         pass
 
 
-__all__ = ["Retention", "prune", "pruned_record", "sharded_steps_with_data"]
+__all__ = [
+    "Retention",
+    "claimed",
+    "prune",
+    "pruned_record",
+    "sharded_steps_with_data",
+    "signed_objects",
+]

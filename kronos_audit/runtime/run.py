@@ -71,7 +71,7 @@ from kronos_audit.errors import (
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
-from kronos_audit.provenance.dispatch import Dispatch, DispatchError, pin_here
+from kronos_audit.provenance.dispatch import pin_dispatch
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
@@ -100,36 +100,6 @@ class PreemptedWithoutCheckpoint(UserWarning):
     checkpoint is lost, and a restart resumes from that one (or from the start)."""
 
 
-class DispatchNotPinned(UserWarning):
-    """``Run(..., dispatch="portable")`` was asked for after some library had chosen its
-    CPU kernels (numpy's SIMD loops and OpenBLAS's core type when numpy is imported): the
-    run's children are pinned, its own bits stay this CPU's."""
-
-
-def _pin_dispatch(asked: str) -> Dispatch:
-    try:
-        dispatch = Dispatch(asked)
-    except ValueError:
-        raise UsageError(f"dispatch must be 'native' or 'portable', got {asked!r}") from None
-    try:
-        chosen = pin_here(dispatch)
-    except DispatchError as e:
-        raise UsageError(str(e)) from None
-    if chosen:
-        warnings.warn(
-            DispatchNotPinned(
-                "the portable dispatch was asked for after "
-                + ", ".join(chosen)
-                + " had been chosen for this CPU: this run's bits stay this CPU's; start it "
-                "under `kaudit run --portable` (or with the variables it sets in the "
-                "environment before Python starts) to record a run that replays bitwise on "
-                "another CPU"
-            ),
-            stacklevel=3,
-        )
-    return dispatch
-
-
 class Run(RunRestore):
     """One logical job: a chain of checkpoints in ``<root>/<run_id>/``.
 
@@ -153,13 +123,10 @@ class Run(RunRestore):
     ``RUN_ID.task-K``, doing the batches of its share (``seed`` is then required: every
     task must draw from the same one).
 
-    ``dispatch="portable"`` pins the CPU kernels of torch, MKL, oneDNN, OpenBLAS, numpy and
-    XLA, and the thread counts, to what every x86-64-v3 CPU has
-    (:mod:`kronos_audit.provenance.dispatch`), so that a replay on another CPU, which pins
-    the same, computes the same bits. Libraries choose when they load, so the pins take
-    full effect only when the process starts with them: run the program under ``kaudit run
-    --portable``; here they reach what has not chosen yet and the run's children, and a
-    :class:`DispatchNotPinned` warning names what had.
+    ``dispatch="portable"`` pins the CPU kernels and thread counts to what every x86-64-v3
+    CPU has (:mod:`kronos_audit.provenance.dispatch`), for replays bitwise on another CPU;
+    libraries already loaded have chosen (a warning names them): start the program under
+    ``kaudit run --portable`` for the pins to reach them too.
     """
 
     def __init__(
@@ -186,7 +153,7 @@ class Run(RunRestore):
     ) -> None:
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
-        self.dispatch = _pin_dispatch(dispatch)
+        self.dispatch = pin_dispatch(dispatch)
         """How this run's CPU kernels are chosen: ``native`` or ``portable``."""
         self.retention = Retention(keep, keep_every)
         """Which checkpoints keep their data (``keep``, ``keep_every``)."""

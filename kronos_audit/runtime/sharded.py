@@ -9,8 +9,9 @@ tree, and ONE manifest signed by rank 0. Here is what that format asks:
 **Commit.** Each rank writes, fsyncs and renames its shard, hashing it as it writes,
 tracks it with DVC (node-local, also pushes it), and votes its
 :class:`~kronos_audit.checkpoint.shards.ShardRecord`; rank 0, when every shard is durable,
-signs the step manifest over them and tracks the index and the tree: what rank 0 does
-does not grow with the rank count but for the index and its tree.
+signs the step manifest over them, tracks the index and the tree, and only then writes
+the manifest: nothing is signed on disk before DVC's cache durably holds it. What rank 0
+does does not grow with the rank count but for the index and its tree.
 
 **Restore.** For each candidate step every rank verifies what it will read (its own shard,
 rank 0's for replicated arrays, and with another rank count the old shards its block comes
@@ -31,6 +32,7 @@ a replay's ranks publish through :mod:`kronos_audit.runtime.replaying`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
@@ -81,10 +83,12 @@ from kronos_audit.runtime.sharded_steps import (
 from kronos_audit.runtime.signed import SignedPublisher
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
-from kronos_audit.statement.manifest import Manifest
+from kronos_audit.statement.manifest import Manifest, publish_manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.tracking import track
 from kronos_audit.verification.verifier import Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
 
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that
@@ -283,6 +287,7 @@ class ShardedPublisher(SignedPublisher):
             refusal=lambda: self.refusal(job.step),
             sign=lambda directory, votes: self._signed_step(job, votes),
             durable=self._track_own,
+            top=self._opened().root,
         )
 
     def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
@@ -335,6 +340,8 @@ class ShardedPublisher(SignedPublisher):
         self._warned.update(fresh)
         warn_unlike(job.step, fresh, self.size)
         directory = step_directory(self.directory, job.step)
+        # Signed, but not written yet: what it signs is tracked first (below), so a crash
+        # in between leaves no manifest whose data DVC's cache does not hold.
         manifest = sign_sharded_step(
             directory,
             records,
@@ -344,6 +351,7 @@ class ShardedPublisher(SignedPublisher):
             launcher=self.comm.name if self.comm.name in LAUNCHERS else None,
             record=record,
             git=signer.git,
+            write=False,
             **self._manifest_fields(job),
         )
         # The index, and its Merkle tree (derived, unsigned, 64 bytes a shard: DVC's like
@@ -363,8 +371,13 @@ class ShardedPublisher(SignedPublisher):
             )
             sha256 = hashlib.sha256(data).hexdigest()
             self._step_items.append(FetchItem(directory / name, md5, sha256, len(data)))
-        # The shards are tracked already, each by its own rank before it voted.
-        _drop_other_counts(directory, len(records))
+        # The shards are tracked already, each by its own rank before it voted: every
+        # object of the step is durable in DVC's cache, so the manifest goes in place.
+        publish_manifest(manifest)
+        try:
+            _drop_other_counts(directory, len(records))
+        except OSError as e:  # the step is signed: leftovers of no valid step only
+            log.warning("%s: shards of another rank count left: %s", directory, e.strerror or e)
         return manifest
 
 

@@ -64,6 +64,7 @@ def bring_from_remote(
                 _skipped(),
             )
             found = remote.newest(above, stacklevel=stacklevel + 1, sharded=True)
+            publisher.remote_passed_over(remote.passed_over)
             taken = None if found is None else found.step
         except Exception as e:  # every rank must hear rank 0, whatever happened
             log.warning("run %r: the DVC remote was not looked at: %s", publisher.run_id, e)

@@ -79,7 +79,7 @@ def has_sharded_steps(
     verifier: Verifier | None = None
     problem: str | None = None
     try:
-        project = find_project(directory)
+        project = find_project(directory, standing=directory.parent)  # as the run's
         keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
         try:
             own = key if isinstance(key, SigningKey) else select_key(key)

@@ -19,6 +19,7 @@ brought from the remote.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -43,10 +44,10 @@ from kronos_audit.runtime.resume_remote import (
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import Retention, prune
+from kronos_audit.runtime.retention import Retention, prune, signed_objects
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
-from kronos_audit.signing.predicate import RunRecord
+from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
 from kronos_audit.signing.writer_lock import (
     Newest,
     WriterLock,
@@ -60,6 +61,8 @@ from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings
 from kronos_audit.verification.verifier import Verifier
+
+log = logging.getLogger("kronos_audit.runtime")
 
 
 class SignedPublisher(RunPublisher):
@@ -121,6 +124,8 @@ class SignedPublisher(RunPublisher):
         self._newest: Newest | None = None
         self._passed_over: frozenset[Newest] = frozenset()
         self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+        # Signed into every manifest: on two machines writing this run, who wrote which.
+        self._writer = this_writer(utc_now())
 
     # -- the format of a step: each subclass's --------------------------------------------
 
@@ -173,6 +178,12 @@ class SignedPublisher(RunPublisher):
         """Rank 0, when a restore found nothing to take: warn of the run's steps here in
         the other format, which this one cannot restore (nothing by default)."""
 
+    def remote_passed_over(self, manifests: Mapping[str, str]) -> None:
+        """The remote manifests (name: digest) a restore here passed over: the pushes of
+        this run's own steps replace them there (an abandoned branch, not a chain)."""
+        if isinstance(self._pusher, Pusher):
+            self._pusher.passed_over.update(manifests)
+
     def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
         """This rank's commit of ``job`` in the format (its ``sign`` calls
         :meth:`_signed_step` on rank 0)."""
@@ -205,7 +216,11 @@ class SignedPublisher(RunPublisher):
         try:
             if self.threaded:
                 require_threads(self.comm)
-            self._project = find_project(self.directory).require_initialized()
+            # The repository is the one holding the root the program gave (the run's
+            # directory's parent), never one that the run directory claims to be.
+            self._project = find_project(
+                self.directory, standing=self.directory.parent
+            ).require_initialized()
             if self.rank == 0:  # its signer holds DVC's cache settings too
                 signer = self._signer = load_signer(
                     self._project,
@@ -458,14 +473,32 @@ class SignedPublisher(RunPublisher):
         # next collective: the step stays committed). Node-local, each rank's own pieces
         # of the pruned steps are on its node.
         doomed, self._to_prune = self._to_prune, []
+        # What leaves DVC's cache is what the doomed steps' verified manifests sign,
+        # never what a .dvc file beside them says (anyone may edit one): rank 0's word,
+        # which reads them, for every rank that prunes.
+        objects = self._signed_objects(doomed)
         if self.node_local:
-            doomed = comm.bcast(doomed)
+            doomed, objects = comm.bcast((doomed, objects))
         if doomed:
             cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
-            prune(self._opened(), self.directory, doomed, cache_dir=cache_dir)
+            prune(self._opened(), self.directory, doomed, objects, cache_dir=cache_dir)
         if self.push:
             manifest, items = self._pushed(step)
             self._pusher.push(comm, manifest, items)
+
+    def _signed_objects(self, doomed: Sequence[int]) -> tuple[FetchItem, ...]:
+        """Rank 0: the DVC objects the manifests of steps ``doomed`` sign, each manifest
+        verified first (:func:`~kronos_audit.runtime.retention.signed_objects`)."""
+        if not doomed:
+            return ()
+        try:
+            return signed_objects(self.verifier(), self.run_id, self.directory, doomed)
+        except Exception as e:  # every rank must reach the broadcast: then nothing goes
+            log.warning(
+                "pruning deletes no cache object this time (left for `dvc gc`): %s",
+                one_line_reason(e),
+            )
+            return ()
 
     def refusal(self, step: int) -> str | None:
         """Rank 0: why ``step`` must not be signed over the parent in hand (another writer
@@ -498,6 +531,7 @@ class SignedPublisher(RunPublisher):
             restart_count=restart_count(),
             batches=job.meta.get("batches"),
             scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
+            writer=self._writer,
             pruned=doomed,
         )
         manifest = self._sign(job, piece, record)

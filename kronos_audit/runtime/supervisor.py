@@ -130,9 +130,10 @@ class Attempt:
     resumed_from: int | None
     """The step it reported resuming from, or None (fresh start, or nothing reported)."""
     steps_redone: int | None
-    """Steps this attempt had to redo: the previous attempt's last step minus the step
-    this one resumed from (0 for a fresh start that reported steps), when both are known;
-    None otherwise, and for the first attempt."""
+    """Steps this attempt had to redo: the last step reached by the newest earlier
+    attempt that reported one (an attempt that died before reporting reached none) minus
+    the step this one resumed from (0 for a fresh start that reported steps), when both
+    are known; None otherwise, and for the first attempt."""
     forwarded: tuple[Signals, ...]
     """Signals the supervisor forwarded to it, in order."""
 
@@ -295,7 +296,7 @@ def supervise(
             except _StoppedBeforeStart:
                 ending = Ending.STOPPED
                 break
-            attempt = _with_steps_redone(attempt, attempts[-1] if attempts else None)
+            attempt = _with_steps_redone(attempt, attempts)
             attempts.append(attempt)
             emit(AttemptEnded(attempt))
             if attempt.ok:
@@ -378,7 +379,11 @@ def _run_attempt(
     )
 
 
-def _with_steps_redone(attempt: Attempt, previous: Attempt | None) -> Attempt:
+def _with_steps_redone(attempt: Attempt, earlier: Sequence[Attempt]) -> Attempt:
+    # Lost work is measured from the newest step any earlier attempt reached: one that
+    # died before it reported anything (killed while importing, or restoring) reached no
+    # step, and what the attempt before it had reached is still to be redone.
+    previous = next((a for a in reversed(earlier) if a.last_step is not None), None)
     if previous is None or previous.last_step is None:
         return attempt
     if attempt.resumed_from is not None:

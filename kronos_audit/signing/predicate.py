@@ -4,14 +4,15 @@ in one file or for a sharded step, gives the typed
 
 What the predicate records beyond the checkpoint's digests is read here: the git state
 (unless given), the environment lock, the working directory, the time. What a run adds to
-it (RNG states, restarts, Monte Carlo progress, the batch job, what retention deleted) is
-a :class:`RunRecord`; a snapshot adds none of it.
+it (RNG states, restarts, Monte Carlo progress, the batch job, the process that signs,
+what retention deleted) is a :class:`RunRecord`; a snapshot adds none of it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from kronos_audit.statement.predicate import (
     SchedulerRecord,
     Sha256,
     ShardSet,
+    WriterRecord,
 )
 
 ParentLink = tuple[Sha256 | None, str | None]
@@ -45,6 +47,13 @@ relative to the repository root; both None for the first checkpoint of a chain."
 def utc_now() -> str:
     """RFC 3339 UTC timestamp with microseconds, e.g. ``2026-11-29T08:00:00.123456Z``."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def this_writer(started: str) -> WriterRecord:
+    """This process as the writer of a run that started at ``started``: its host name
+    (printable ASCII, as the schema bounds it) and process id."""
+    host = "".join(c if "!" <= c <= "~" else "?" for c in socket.gethostname())[:255]
+    return WriterRecord(host=host or "unknown", pid=os.getpid(), started=started)
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class RunRecord:
     """The batch job that wrote the checkpoint."""
     pruned: tuple[PrunedEntry, ...] = ()
     """Checkpoints whose data retention deletes when this one is signed."""
+    writer: WriterRecord | None = None
+    """The process that signs it."""
 
 
 class RunFacts(TypedDict, total=False):
@@ -149,7 +160,15 @@ def build_predicate(
         pruned=record.pruned,
         shards=shards,
         scheduler=record.scheduler,
+        writer=record.writer,
     )
 
 
-__all__ = ["ParentLink", "RunRecord", "build_predicate", "parent_link", "utc_now"]
+__all__ = [
+    "ParentLink",
+    "RunRecord",
+    "build_predicate",
+    "parent_link",
+    "this_writer",
+    "utc_now",
+]

@@ -8,11 +8,28 @@ second writer of the same run, on this host or another sharing the filesystem, i
 with :class:`~kronos_audit.errors.RunLocked`, naming the holder as the small holder file
 beside the lock (``.kaudit-writer.holder``) says: host, pid, since when.
 
-The kernel drops an ``flock`` with the process that held it, however it died (SIGKILL
-included), so a stale lock never blocks: the holder file stays behind, and the next writer
-takes the lock and rewrites it. Neither name ends in ``.kaudit.json`` or ``.replay.json``
-nor starts with ``step-``, so no walker of a run's directory takes them for a checkpoint
-or a manifest; both are git-ignored beside the checkpoints.
+The kernel drops an ``flock`` when the last descriptor of the open file that holds it is
+closed, and a dying process's descriptors are closed however it died (SIGKILL included), so
+a stale lock never blocks: the holder file stays behind, and the next writer takes the lock
+and rewrites it. That holds only while no other process has a copy of the descriptor, so
+none ever gets one: it is close-on-exec (a child that runs a program, as ``subprocess``,
+spawn and forkserver pools and Dask's nannies start them, never has it), and a child forked
+without exec (a fork pool's worker, ``os.fork``) closes it before it runs anything else
+(``os.register_at_fork``). Otherwise a pool's workers, orphaned by a driver killed with
+SIGKILL, would keep the lock for ever and every restart of the run would be refused. A
+child never unlocks it either: the lock belongs to the open file the parent shares with
+it, so the child only closes its copy.
+
+A child forked by native code (no hook runs there) can still keep it. The holder file
+also names the writer's process for good on its host (boot, pid namespace, start time),
+so a refusal tells a writer that is certainly gone from one still at work, and names the
+processes that still hold the lock open; the lock itself is never taken from them (no
+judgement of a holder's liveness is as sure as the kernel's lock, and a writer on another
+host cannot be judged at all).
+
+Neither name ends in ``.kaudit.json`` or ``.replay.json`` nor starts with ``step-``, so no
+walker of a run's directory takes them for a checkpoint or a manifest; both are
+git-ignored beside the checkpoints.
 
 Where the filesystem has no ``flock`` (some network filesystems) the run goes on with a
 :class:`WriterLockUnavailable` warning, and the commit's own check that it signs over the
@@ -21,13 +38,16 @@ run's newest manifest (:func:`check_newest`) keeps the chain from forking.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import hashlib
 import json
 import os
 import socket
+import threading
 import warnings
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +69,8 @@ from kronos_audit.storage.tracking import check_gitignore, ensure_ignored
 LOCK_NAME = ".kaudit-writer.lock"
 """The lock file's name in a run's directory."""
 HOLDER_NAME = ".kaudit-writer.holder"
-"""The holder file's name beside it: who took the lock (JSON: host, pid, since)."""
+"""The holder file's name beside it: who took the lock (JSON: host, pid, since; and boot,
+pidns, start: what names that process for good on its host)."""
 _HOLDER_LIMIT = 1024  # bytes read of a holder file: anyone could have written it
 _FIELD_LIMIT = 100  # characters kept of each of its fields
 
@@ -65,16 +86,26 @@ def _inert(value: object) -> str:
     return text if len(text) <= _FIELD_LIMIT else text[: _FIELD_LIMIT - 3] + "..."
 
 
-def read_holder(directory: Path) -> LockHolder | None:
-    """Who the holder file in ``directory`` says holds the lock; None when it is missing
-    or not what :class:`WriterLock` writes. Read bounded, never through a link."""
+def _holder_record(directory: Path) -> dict[str, object] | None:
+    """The holder file in ``directory`` as JSON; None when it is missing or not an object.
+    Read bounded, never through a link."""
     try:
         data = json.loads(
             read_regular(directory / HOLDER_NAME, _HOLDER_LIMIT, follow_symlinks=False)
         )
     except (UnsafeFile, ValueError):
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def read_holder(directory: Path) -> LockHolder | None:
+    """Who the holder file in ``directory`` says holds the lock; None when it is missing
+    or not what :class:`WriterLock` writes. Read bounded, never through a link."""
+    return _holder_from(_holder_record(directory))
+
+
+def _holder_from(data: dict[str, object] | None) -> LockHolder | None:
+    if data is None:
         return None
     pid = data.get("pid")
     return LockHolder(
@@ -84,13 +115,136 @@ def read_holder(directory: Path) -> LockHolder | None:
     )
 
 
+# -- a writer gone, its lock held ---------------------------------------------------------
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` of this host started (clock ticks after boot, the 22nd field of
+    ``/proc/<pid>/stat``); None when there is no such process, or only its zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # the name before it may hold anything
+    if len(fields) < 20 or fields[0] in (b"Z", b"X") or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _writer_gone(data: dict[str, object] | None) -> bool:
+    """Whether the holder record ``data`` names a writer that is certainly gone: one of
+    this host, since its last boot and in this pid namespace, whose pid no longer names
+    the process that started then. A writer elsewhere, or a record without these fields
+    (from an older version), is never judged."""
+    if data is None:
+        return False
+    pid, start = data.get("pid"), data.get("start")
+    boot, namespace = _boot_id(), _pid_namespace()
+    return (
+        boot is not None
+        and namespace is not None
+        and data.get("host") == socket.gethostname()
+        and data.get("boot") == boot
+        and data.get("pidns") == namespace
+        and type(pid) is int
+        and type(start) is int
+        and _process_start(pid) != start
+    )
+
+
+def _holding(locked: os.stat_result) -> list[int]:
+    """The processes of this host (those this user may look into) that have the file
+    ``locked`` open, this one excepted."""
+    found = []
+    try:
+        processes = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+    for name in processes:
+        if int(name) == os.getpid():
+            continue
+        try:
+            with os.scandir(f"/proc/{name}/fd") as fds:
+                for fd in fds:
+                    try:
+                        st = os.stat(fd.path)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) == (locked.st_dev, locked.st_ino):
+                        found.append(int(name))
+                        break
+        except OSError:
+            continue
+    return sorted(found)
+
+
+# -- no child keeps the lock ------------------------------------------------------------
+
+# Held from the open of a lock's descriptor until it is known to the fork hooks, and across
+# every os.fork(): a thread that forks while another opens a lock waits, so no child gets a
+# descriptor the hook in the child does not know of. Reentrant: a signal handler that forks
+# on the thread opening a lock must not wait for itself.
+_opening = threading.RLock()
+_held: weakref.WeakSet[WriterLock] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    _opening.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _opening.release()
+
+
+def _after_fork_in_child() -> None:
+    global _opening
+    _opening = threading.RLock()  # the parent's is held, by a thread the child may not have
+    for lock in list(_held):
+        lock._forget()
+    _held.clear()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
+
+
 class WriterLock:
-    """The writer lock of one run directory, held by this process (see the module)."""
+    """The writer lock of one run directory, held by this process (see the module); a
+    process forked from the holder does not hold it."""
 
     def __init__(self, directory: Path, fd: int | None) -> None:
         self.directory = directory
         """The run's directory."""
         self._fd = fd
+        self._pid = os.getpid()
+        if fd is not None:
+            _held.add(self)
+
+    def _forget(self) -> None:
+        """In a forked child: close this process's copy of the descriptor, unlocking
+        nothing (the lock is the parent's, on the open file they share)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     @classmethod
     def acquire(cls, directory: Path) -> WriterLock:
@@ -112,7 +266,9 @@ class WriterLock:
             # Read-only: an flock needs no write access, and a file system holding nothing
             # open for writing between checkpoints can still be remounted read-only.
             flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path, flags, 0o644)
+            with _opening:  # no fork until the hooks know of it (below)
+                fd = os.open(path, flags, 0o644)
+                lock = cls(directory, fd)
         except OSError as e:
             raise UsageError(
                 f"cannot open the run's writer lock: {e.strerror or e}", path=path
@@ -126,7 +282,7 @@ class WriterLock:
             # file that one killed process would leave to block every later writer).
             locked = lock_descriptor(fd, blocking=False)
         except OSError as e:
-            os.close(fd)
+            lock._close(unlock=False)
             if e.errno not in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP):
                 raise UsageError(
                     f"cannot take the run's writer lock: {e.strerror or e}", path=path
@@ -140,15 +296,25 @@ class WriterLock:
             )
             return cls(directory, None)
         if not locked:
-            os.close(fd)
-            holder = read_holder(directory)
+            locked_file = os.fstat(fd)
+            lock._close(unlock=False)
+            record = _holder_record(directory)
+            holder = _holder_from(record)
             who = "a holder unknown" if holder is None else holder.describe()
-            raise RunLocked(
-                f"another process is writing this run ({who}): a run has one writer at a "
-                "time; wait for it to end, or stop it, then start again",
-                path=directory,
-                holder=holder,
-            )
+            if _writer_gone(record):
+                left = _holding(locked_file)
+                pids = ", ".join(map(str, left[:8])) + (", ..." if len(left) > 8 else "")
+                message = (
+                    f"this run's writer ({who}) is gone, but other processes still hold "
+                    f"its lock open ({'pid ' + pids if left else 'none this user can see'})"
+                    ": stop them (most likely what it started), then start again"
+                )
+            else:
+                message = (
+                    f"another process is writing this run ({who}): a run has one writer at "
+                    "a time; wait for it to end, or stop it, then start again"
+                )
+            raise RunLocked(message, path=directory, holder=holder)
         try:
             for name in (LOCK_NAME, HOLDER_NAME):
                 ensure_ignored(directory, "/" + name)
@@ -156,32 +322,41 @@ class WriterLock:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "since": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                # With the host and pid, these name this process for good (a pid is
+                # reused; a pid means something only in its own namespace, since boot).
+                "boot": _boot_id(),
+                "pidns": _pid_namespace(),
+                "start": _process_start(os.getpid()),
             }
             write_atomic(directory / HOLDER_NAME, json.dumps(record).encode())
         except (OSError, StorageError) as e:
-            from filelock import unlock_descriptor
-
-            unlock_descriptor(fd)
-            os.close(fd)
+            lock._close(unlock=True)
             if isinstance(e, StorageError):
                 raise  # the run directory's .gitignore, refused: it says where and why
             raise UsageError(
                 f"cannot write the run's lock holder file: {e.strerror or e}",
                 path=directory / HOLDER_NAME,
             ) from None
-        return cls(directory, fd)
+        return lock
 
     def release(self) -> None:
         """Let the next writer in (the lock file and the holder file stay: removing the
-        lock file would let a writer waiting on the old one and a new one both in)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            from filelock import unlock_descriptor
+        lock file would let a writer waiting on the old one and a new one both in).
+        Nothing in a process forked from the holder: the lock is not its own."""
+        self._close(unlock=True)
 
-            try:
+    def _close(self, *, unlock: bool) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None or os.getpid() != self._pid:
+            return  # a child forked by a way the fork hooks did not see: not its lock
+        try:
+            if unlock:
+                from filelock import unlock_descriptor
+
                 unlock_descriptor(fd)
-            finally:
-                os.close(fd)
+        finally:
+            _held.discard(self)
+            os.close(fd)
 
 
 # -- the chain never forks ---------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.statement.manifest import (
     Sha256,
     SignedStatement,
@@ -34,6 +35,7 @@ from kronos_audit.statement.manifest import (
 from kronos_audit.statement.schemas import validate
 
 if TYPE_CHECKING:
+    from kronos_audit.compare.policy import PolicySource, Tolerance, TolerancePolicy
     from kronos_audit.statement.dsse import Envelope
 
 PREDICATE_TYPE = "https://kronos-audit.dev/replay/v1"
@@ -95,6 +97,96 @@ class ManifestRef:
         }
 
 
+def _tolerance(obj: Mapping[str, Any] | None) -> Tolerance | None:
+    from kronos_audit.compare.policy import Tolerance
+
+    if obj is None:
+        return None
+    ulp = obj["ulp"]
+    return Tolerance(float(obj["rtol"]), float(obj["atol"]), None if ulp is None else int(ulp))
+
+
+SHOWN_DATASETS = 8
+"""Datasets judged with a tolerance that :meth:`AttestedComparison.lines` names one by one."""
+
+
+@dataclass(frozen=True)
+class AttestedComparison:
+    """The comparison an attestation records: the tolerances its verdict was reached with,
+    each dataset's, and where they came from."""
+
+    policy: TolerancePolicy
+    """The tolerances asked for; the empty policy is bitwise."""
+    basis: str
+    """``hashes`` (bitwise against the recorded hashes) or ``data``."""
+    source: PolicySource | None
+    """Where the policy came from; None in an attestation written before it was recorded."""
+    datasets: tuple[tuple[str, Tolerance | None, str], ...] | None
+    """Each dataset's path, tolerance (None: bitwise) and the rule that gave it; None in
+    an attestation written before they were recorded."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> AttestedComparison:
+        """The comparison a schema-valid replay result records."""
+        # Imported here, when an attestation is read: verifying a manifest needs none of
+        # the comparison package.
+        from kronos_audit.compare.policy import (
+            PolicySource,
+            ToleranceError,
+            TolerancePolicy,
+            ToleranceRule,
+        )
+
+        policy = obj["policy"]
+        try:
+            parsed = TolerancePolicy(
+                tuple(
+                    ToleranceRule(str(r["pattern"]), _tolerance(r["tolerance"]), str(r["origin"]))
+                    for r in policy["rules"]
+                ),
+                _tolerance(policy["default"]),
+            )
+        except ToleranceError as e:
+            raise ValueError(f"the recorded policy: {e.message}") from None
+        recorded = obj.get("tolerances")
+        if recorded is None:
+            return cls(parsed, str(obj["basis"]), None, None)
+        return cls(
+            parsed,
+            str(obj["basis"]),
+            PolicySource.from_json_obj(recorded["source"]),
+            tuple(
+                (str(d["path"]), _tolerance(d["tolerance"]), str(d["rule"]))
+                for d in recorded["datasets"]
+            ),
+        )
+
+    @property
+    def bitwise(self) -> bool:
+        """No tolerance applied to any dataset."""
+        return self.policy.default is None and all(r.tolerance is None for r in self.policy.rules)
+
+    def summary(self) -> str:
+        """The policy and where it came from, in one line."""
+        from kronos_audit.compare.policy import policy_text
+
+        if self.source is None:
+            return f"{policy_text(self.policy)} (where it came from is not recorded)"
+        return f"{policy_text(self.policy)} ({self.source.describe()})"
+
+    def lines(self) -> list[str]:
+        """The summary, then each dataset judged with a tolerance and the rule that gave
+        it (at most :data:`SHOWN_DATASETS`, then how many more)."""
+        out = [self.summary()]
+        if self.source is not None and self.source.settings == "work-tree":  # a Settings
+            out[0] += ": the work tree's config, which any commit can change"
+        loose = [d for d in self.datasets or () if d[1] is not None]
+        out += [f"{path}: {tol.spec} ({rule})" for path, tol, rule in loose[:SHOWN_DATASETS] if tol]
+        if len(loose) > SHOWN_DATASETS:
+            out.append(f"{len(loose) - SHOWN_DATASETS} more datasets judged with a tolerance")
+        return out
+
+
 @dataclass(frozen=True)
 class AttestedReplay:
     """What an attestation's predicate (a replay result) says, typed: the parts read back.
@@ -117,6 +209,8 @@ class AttestedReplay:
     """RFC 3339 UTC time the replay finished: the time its signature is judged at."""
     tool: str
     """``kronos-audit X.Y.Z``: what replayed it."""
+    comparison: AttestedComparison
+    """The tolerances the verdict was reached with, and where they came from."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> AttestedReplay:
@@ -133,6 +227,7 @@ class AttestedReplay:
             patch_sha256=None if patch is None else Sha256(str(patch)),
             replayed_at=str(obj["replayed_at"]),
             tool=str(obj["tool"]),
+            comparison=AttestedComparison.from_json_obj(obj),
         )
 
 
@@ -160,9 +255,11 @@ class Attestation(SignedStatement):
 
 def attestation_of(path: Path, envelope: Envelope, statement: Any) -> Attestation:
     """The attestation at ``path`` of a schema-valid ``statement`` in ``envelope``."""
-    return Attestation(
-        path, envelope, statement, AttestedReplay.from_json_obj(statement["predicate"])
-    )
+    try:
+        replay = AttestedReplay.from_json_obj(statement["predicate"])
+    except (ValueError, UsageError) as e:  # a ToleranceError is a UsageError
+        raise ManifestError(f"not an attestation: {e}", path=path) from None
+    return Attestation(path, envelope, statement, replay)
 
 
 def read_attestation(path: Path | str) -> Attestation:

@@ -307,6 +307,31 @@ class SchedulerRecord:
 
 
 @dataclass(frozen=True)
+class WriterRecord:
+    """The process that signed a checkpoint: on two machines writing one run (a job
+    requeued elsewhere while its old allocation still runs), what tells their chains apart.
+    """
+
+    host: str
+    """Its host name."""
+    pid: int
+    """Its process id there."""
+    started: str
+    """When its run started (its ``ka.Run`` was made), UTC, RFC 3339."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> WriterRecord:
+        return cls(host=str(obj["host"]), pid=int(obj["pid"]), started=str(obj["started"]))
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid, "started": self.started}
+
+    def describe(self) -> str:
+        """``host h (pid p), run started t``."""
+        return f"host {self.host} (pid {self.pid}), run started {self.started}"
+
+
+@dataclass(frozen=True)
 class PrunedEntry:
     """A checkpoint of the same run whose data retention deleted when this one was written
     (signed here, so a verifier can tell data deleted on purpose from data deleted by
@@ -427,6 +452,9 @@ class Predicate:
     checkpoint in one file."""
     scheduler: SchedulerRecord | None = None
     """The batch job that wrote it (None when it ran under no scheduler)."""
+    writer: WriterRecord | None = None
+    """The process that signed it (None in a snapshot's, and in manifests written before
+    it was recorded)."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
@@ -467,6 +495,7 @@ class Predicate:
             scheduler=None
             if obj.get("scheduler") is None
             else SchedulerRecord.from_json_obj(obj["scheduler"]),
+            writer=None if obj.get("writer") is None else WriterRecord.from_json_obj(obj["writer"]),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -501,6 +530,8 @@ class Predicate:
             obj["shards"] = self.shards.to_json_obj()
         if self.scheduler is not None:
             obj["scheduler"] = self.scheduler.to_json_obj()
+        if self.writer is not None:
+            obj["writer"] = self.writer.to_json_obj()
         return obj
 
 
@@ -517,4 +548,5 @@ __all__ = [
     "Sha256",
     "ShardSet",
     "Share",
+    "WriterRecord",
 ]

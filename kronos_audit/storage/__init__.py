@@ -33,6 +33,7 @@ from kronos_audit.storage.tracking import (
     init_dvc,
     link_into_cache,
     read_dvc_file,
+    remove_cache_object,
     track,
     write_dvc_file,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "init_dvc",
     "link_into_cache",
     "read_dvc_file",
+    "remove_cache_object",
     "track",
     "write_dvc_file",
 ]

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import re
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
-from kronos_audit.errors import StorageError, TamperedData
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable
+from kronos_audit.errors import RemoteUnreachable, StorageError, TamperedData
 from kronos_audit.storage._dvc import dvc_error, object_path
 from kronos_audit.storage.tracking import (
     FICLONE,
@@ -320,22 +321,25 @@ class RemoteSource:
         self.name = name or "default"
         self._requested = name
         self._odb: Any = None
-        self._failed: str | None = None
+        self._failed: StorageError | None = None
+        """Why the remote was given up on (its kind kept: unreachable, or not set up)."""
 
     def _get_odb(self, checkpoint: Path) -> Any:
         if self._failed is not None:
-            raise StorageError(self._failed, path=checkpoint)
+            raise type(self._failed)(self._failed.message, path=checkpoint)
         if self._odb is None:
             try:
                 self.name, self._odb = self._open_remote(self._requested)
             except StorageError as e:
-                self._failed = e.message
-                raise StorageError(e.message, path=checkpoint) from None
+                self._failed = e
+                raise type(e)(e.message, path=checkpoint) from None
         return self._odb
 
     def _unreachable(self, error: Exception, checkpoint: Path) -> StorageError:
-        self._failed = f"the DVC remote {self.name!r} is unreachable: {dvc_error(error)}"
-        return StorageError(self._failed, path=checkpoint)
+        self._failed = RemoteUnreachable(
+            f"the DVC remote {self.name!r} is unreachable: {dvc_error(error)}", path=checkpoint
+        )
+        return self._failed
 
     def _open(self, odb: Any, md5: str) -> IO[bytes]:
         path = object_path(odb, md5)
@@ -369,6 +373,19 @@ class RemoteSource:
         finally:
             with contextlib.suppress(Exception):
                 src.close()
+
+
+def read_object(item: FetchItem, remote: RemoteSource) -> bytes:
+    """The object ``item`` names, read from ``remote`` into memory (at most one byte more
+    than its signed size) and returned only when it is the signed bytes (size, sha256,
+    md5). Raises TamperedData when it is not, RemoteUnreachable when the remote cannot be
+    read, and StorageError when it is not there."""
+    buffer = io.BytesIO()
+    got = remote.read_into(item, buffer)
+    problem = got.mismatch(item)
+    if problem is not None:
+        raise _tampered(item, problem)
+    return buffer.getvalue()
 
 
 def _tampered(item: FetchItem, problem: str) -> TamperedData:
@@ -418,6 +435,87 @@ def local_mismatch(path: Path, item: FetchItem) -> str | None:
         except _SourceFailed as e:
             return f"it cannot be read: {dvc_error(e.error)}"
     return got.mismatch(item)
+
+
+def cache_from_checkpoint(item: FetchItem, obj: Path, types: Sequence[str]) -> str | None:
+    """Put the checkpoint's own bytes into DVC's cache as ``obj`` (the object of
+    ``item.md5``) once they are verified to be the signed ones; None when they are there
+    (durably: synced, renamed into place, the directory synced), else why not, in words.
+
+    What is checked is what goes in: a private name in the cache's directory is given the
+    checkpoint's bytes the way ``types`` (DVC's ``cache.type``) allows (a hard link, a
+    reflink, else a copy hashed as it is made), the bytes are hashed through that name,
+    and only when their size, sha256 and md5 are the signed ones is it renamed into
+    place. A symbolic link is not followed; the checkpoint's own mode is left as it is.
+    """
+    try:
+        os.close(_open_regular(item.checkpoint, follow_symlinks=False))
+        mkdir_durable(obj.parent)
+    except FileNotFoundError:
+        return "it is not here"
+    except _NotRegular as e:
+        return str(e)
+    except OSError as e:
+        return f"it cannot be read, or DVC's cache written: {e.strerror or e}"
+    tmp = obj.parent / f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        got = _stage_into_cache(item, tmp, types)
+        problem = got.mismatch(item)
+        if problem is not None:
+            return problem
+        os.replace(tmp, obj)
+        fsync_dir(obj.parent)
+    except _NotRegular as e:
+        return str(e)
+    except _SourceFailed as e:
+        return f"it cannot be read: {dvc_error(e.error)}"
+    except OSError as e:
+        return f"DVC's cache cannot be written: {e.strerror or e}"
+    finally:
+        tmp.unlink(missing_ok=True)
+    return None
+
+
+def _stage_into_cache(item: FetchItem, tmp: Path, types: Sequence[str]) -> _Read:
+    """Give ``tmp`` (a new name in DVC's cache) the checkpoint's bytes, synced, and what
+    reading them through ``tmp`` saw: a hard link or a reflink where ``types`` allow (read
+    back through it), else a copy (read-only) checked as it is made."""
+    for kind in types:
+        if kind == "copy":
+            break
+        try:
+            if kind == "hardlink":
+                os.link(item.checkpoint, tmp, follow_symlinks=False)
+            elif kind == "reflink":
+                src = _open_regular(item.checkpoint, follow_symlinks=False)
+                try:
+                    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+                    try:
+                        fcntl.ioctl(out, FICLONE, src)
+                    finally:
+                        os.close(out)
+                finally:
+                    os.close(src)
+            else:
+                continue
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            continue  # not on this file system: the next kind
+        try:
+            return _read_back(tmp, item)
+        except OSError as e:
+            raise _SourceFailed(e) from e
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    with os.fdopen(out, "wb") as f:
+        try:
+            src_file = os.fdopen(_open_regular(item.checkpoint, follow_symlinks=False), "rb", 0)
+        except OSError as e:
+            raise _SourceFailed(e) from e
+        with src_file:
+            got = _read_hashing(src_file.read, f, item.size)
+        f.flush()
+        os.fsync(f.fileno())
+    return got
 
 
 def fetch_one(

@@ -6,12 +6,13 @@ the objects verified manifests sign, by md5, never what a ``.dvc`` file says (se
 :mod:`kronos_audit.storage.fetch`); a push is confirmed afterwards: every object it was
 given must then be in the remote at its signed size.
 
-DVC's push over SSH writes objects in place, so a push killed midway can leave a
-truncated object under its final name, which DVC would then take as pushed. kaudit
-compares each remote object's size with the signed one and deletes one of another size
-before pushing again, once the local bytes that replace it are verified: a partial or
-tampered object is never taken as valid, and none is deleted for bytes that are not
-the signed ones.
+DVC uploads each object under a temporary name and renames it; a push killed midway
+leaves that temporary, which a later push removes once it is provably stale, and two
+pushes on one machine upload an object once (:mod:`~kronos_audit.storage.uploads`). An
+object truncated under its final name all the same (an older plugin, or tampering) is
+not taken as pushed: kaudit compares each remote object's size with the signed one and
+deletes one of another size before pushing again, once the local bytes that replace it
+are verified; none is deleted for bytes that are not the signed ones.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal import git
 from kronos_audit._internal.secrets import SplitURL, is_secret_param, redact, split_credentials
-from kronos_audit.errors import Error, PushIncomplete, StorageError
+from kronos_audit.errors import Error, PushIncomplete, RemoteUnreachable, StorageError
 from kronos_audit.project.repository import Project
 from kronos_audit.storage._dvc import (
     dvc_error,
@@ -38,16 +40,39 @@ from kronos_audit.storage._dvc import (
     remote_odb,
     transfer_failures,
 )
-from kronos_audit.storage.fetch import FetchItem, RemoteSource, fetch_one, local_mismatch
+from kronos_audit.storage.fetch import (
+    FetchItem,
+    RemoteSource,
+    cache_from_checkpoint,
+    fetch_one,
+    local_mismatch,
+    read_object,
+)
 from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
     check_dvc_config,
     dvc_file_for,
+    ensure_ignored,
     read_dvc_file,
+    remove_cache_object,
+    write_dvc_file,
+)
+from kronos_audit.storage.uploads import (
+    LOCKS_AT_ONCE,
+    UPLOAD_WAIT,
+    PushLocks,
+    remove_stale_uploads,
 )
 
 log = logging.getLogger("kronos_audit.storage")
+
+REPAIRED = (
+    "signed but not in DVC's cache here: put there from its bytes here, verified against "
+    "the signed size, sha256 and md5"
+)
+"""What is said of a checkpoint whose cache object :meth:`Storage.repair_tracking` put
+back."""
 
 
 class Storage:
@@ -99,8 +124,12 @@ class Storage:
             raise StorageError(f"remote: {dvc_error(e)}", path=self.project.root) from None
 
     def remote_sizes(self, md5s: Iterable[str], remote: str | None = None) -> dict[str, int | None]:
-        """Size of each object in the remote, None where it is absent."""
-        odb = self._odb(remote)
+        """Size of each object in the remote, None where it is absent.
+
+        Raises RemoteUnreachable when the remote cannot be asked (a server down, a path
+        that cannot be read), StorageError when no such remote is configured."""
+        name = self.remote_name(remote)
+        odb = self._odb(name)
         found: dict[str, int | None] = {}
         for md5 in set(md5s):
             try:
@@ -108,8 +137,9 @@ class Storage:
             except FileNotFoundError:
                 found[md5] = None
             except Exception as e:
-                raise StorageError(
-                    f"remote unreachable: {dvc_error(e)}", path=self.project.root
+                raise RemoteUnreachable(
+                    f"the DVC remote {name!r} is unreachable: {dvc_error(e)}",
+                    path=self.project.root,
                 ) from None
         return found
 
@@ -156,6 +186,8 @@ class Storage:
         cache_dir, _ = self.cache_settings()
         name = self.remote_name(remote)
         self._dvc_cache_is(cache_dir)
+        for item, how in self.repair_tracking(unique):
+            log.warning("%s: %s", item.checkpoint, how)
         odb = self._odb(name)
         by_md5: dict[str, list[FetchItem]] = {}
         for item in unique:
@@ -194,12 +226,15 @@ class Storage:
         to_push = [
             m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
         ]
+        # Beside every object of this push, whether it is uploaded now or was before: the
+        # upload a killed push left is found stale only later, once no longer written to.
+        remove_stale_uploads(odb, by_md5)
         reasons: list[str] = []
         try:
             # DVC's line for each file it fails to upload is kept back: why (a full or
             # read-only remote) goes into the one line said for each checkpoint.
             with quiet_dvc(), transfer_failures() as reasons:
-                transferred, failed = push_objects(self.repo, to_push, name)
+                transferred, failed = self._upload(odb, to_push, name)
         except Exception as e:
             why = f": {'; '.join(dict.fromkeys(reasons))}" if reasons else ""
             raise StorageError(
@@ -237,14 +272,97 @@ class Storage:
             )
         return len(transferred)
 
-    def discard(self, checkpoint: Path) -> None:
-        """Remove a checkpoint that failed verification from the work tree and the cache,
-        so that nothing takes it for valid later."""
-        entry = read_dvc_file(dvc_file_for(checkpoint))
-        checkpoint.unlink(missing_ok=True)
-        if entry is not None:
+    def repair_tracking(self, items: Iterable[FetchItem]) -> list[tuple[FetchItem, str]]:
+        """Track again each signed checkpoint here that DVC does not hold (its cache
+        object gone or of another size than signed, its ``.dvc`` file missing or naming
+        other data: a step signed by an older kaudit before it was tracked, a cache object
+        lost): its own bytes, verified against the signed size, sha256 and md5, go into
+        DVC's cache (:func:`~kronos_audit.storage.fetch.cache_from_checkpoint`), and its
+        ``.dvc`` file (and git-ignore entry) is written as the signed md5 and size say.
+        Returns each item repaired with what was done, in words; one whose bytes here
+        are not the signed ones is left as it is (the push then says it is not in the
+        remote). Nothing is read for an item DVC holds at its signed size."""
+        cache_dir, types = self.cache_settings()
+        repaired: list[tuple[FetchItem, str]] = []
+        for item in dict.fromkeys(items):
+            if not os.path.lexists(item.checkpoint):
+                continue  # pruned, or never brought here: nothing to track
+            obj = cache_object_path(cache_dir, item.md5)
+            try:
+                st = os.lstat(obj)
+                held = stat.S_ISREG(st.st_mode) and st.st_size == item.size
+            except OSError:
+                held = False
+            entry = read_dvc_file(dvc_file_for(item.checkpoint))
+            if held and entry == (item.md5, item.size):
+                continue
+            how = "its .dvc file did not name the signed data: written again"
+            if not held:
+                problem = cache_from_checkpoint(item, obj, types)
+                if problem is not None:
+                    log.debug("%s: not put into DVC's cache: %s", item.checkpoint, problem)
+                    continue
+                how = REPAIRED
+            if entry != (item.md5, item.size):
+                try:
+                    if entry is None:
+                        ensure_ignored(item.checkpoint.parent, f"/{item.checkpoint.name}")
+                    write_dvc_file(item.checkpoint, item.md5, item.size)
+                except OSError as e:
+                    raise StorageError(
+                        f"cannot write its .dvc file: {e.strerror or e}", path=item.checkpoint
+                    ) from None
+            repaired.append((item, how))
+        return repaired
+
+    def _upload(self, odb: Any, md5s: Sequence[str], name: str) -> tuple[set[str], set[str]]:
+        """Upload ``md5s`` with DVC; the md5s transferred and those that failed. An object
+        another push on this machine is uploading is left to it and waited for (bounded),
+        after this push's own uploads, then uploaded only if it is still not there (see
+        :mod:`~kronos_audit.storage.uploads`). At most :data:`LOCKS_AT_ONCE` locks are held
+        at a time: a push of a million objects opens no million files."""
+        transferred: set[str] = set()
+        failed: set[str] = set()
+
+        def upload(chunk: list[str]) -> None:
+            if chunk:
+                done, not_done = push_objects(self.repo, chunk, name)
+                transferred.update(done)
+                failed.update(not_done)
+
+        theirs: list[str] = []
+        with PushLocks(self._remote_identity(name)) as locks:
+            for chunk in _batches(md5s):
+                mine = locks.take(chunk)
+                theirs += [m for m in chunk if m not in set(mine)]
+                upload(mine)
+                locks.release(mine)  # before any wait: two pushes never wait for each other
+            if theirs:
+                log.info("%d object(s) being uploaded by another push: waiting", len(theirs))
+            deadline = time.monotonic() + UPLOAD_WAIT
+            for chunk in _batches(theirs):
+                locks.wait(chunk, deadline)
+                there = self.remote_sizes(chunk, name)
+                upload([m for m in chunk if there[m] is None])
+                locks.release(chunk)
+        return transferred, failed
+
+    def _remote_identity(self, name: str) -> str:
+        """What tells one remote from another for the push locks: its URL, user and port
+        as configured here (only ever hashed into a lock's name: a token in the URL is
+        never written)."""
+        config = self.repo.config["remote"][name]
+        return "\0".join(str(config.get(k, "")) for k in ("url", "user", "port"))
+
+    def discard(self, item: FetchItem, *, kept: Container[str] = frozenset()) -> None:
+        """Remove a checkpoint that failed verification from the work tree, and from DVC's
+        cache the object its verified manifest signs (``item``: its md5 and size, never
+        what a ``.dvc`` file says), so that nothing takes it for valid later. The object
+        stays when ``kept`` holds its md5: another checkpoint still names the same bytes."""
+        item.checkpoint.unlink(missing_ok=True)
+        if item.md5 not in kept:
             cache_dir, _ = self.cache_settings()
-            cache_object_path(cache_dir, entry[0]).unlink(missing_ok=True)
+            remove_cache_object(cache_dir, item.md5, item.size)
 
     def fetch(
         self,
@@ -297,9 +415,22 @@ class Storage:
                 failed[item.checkpoint] = e
         return failed
 
+    def remote_reader(self, remote: str | None = None) -> Callable[[FetchItem], bytes]:
+        """A reader of small objects (a shard index) from the remote, opened once for all
+        of them: each read returns an object's bytes only when they are the signed ones
+        (:func:`~kronos_audit.storage.fetch.read_object`: TamperedData otherwise,
+        RemoteUnreachable once the remote proves unreachable, StorageError when the object
+        is not there)."""
+        source = RemoteSource(self._open_remote, remote)
+        return lambda item: read_object(item, source)
+
     def _open_remote(self, name: str | None) -> tuple[str, Any]:
         chosen = self.remote_name(name)
         return chosen, self._odb(chosen)
+
+
+def _batches(md5s: Sequence[str]) -> list[list[str]]:
+    return [list(md5s[i : i + LOCKS_AT_ONCE]) for i in range(0, len(md5s), LOCKS_AT_ONCE)]
 
 
 # Remote types whose credentials DVC takes as options of their own (`dvc remote modify

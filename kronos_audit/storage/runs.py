@@ -20,9 +20,10 @@ import os
 import stat
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.fsutil import TEMP_PREFIX
+from kronos_audit._internal.fsutil import TEMP_PREFIX, write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.errors import StorageError
 from kronos_audit.storage._dvc import dvc_error, quiet_dvc, remote_root
@@ -83,6 +84,7 @@ class RunFiles:
         self.run_id = run_id
         self._requested = remote
         self._fs: Any = None
+        self._is_local = False
         self._dir = ""
         self._put: set[str] = set()
 
@@ -99,6 +101,11 @@ class RunFiles:
             try:
                 with quiet_dvc():
                     fs, root = remote_root(self.storage.repo, name)
+                    # Asked here, where a failure is the remote's: an SSH filesystem
+                    # connects when its underlying filesystem is first touched.
+                    self._is_local = getattr(fs, "protocol", None) == "local" or (
+                        "file" in _protocols(fs)
+                    )
             except Exception as e:  # DVC's errors are many: name it and stop
                 raise StorageError(
                     f"remote: {dvc_error(e)}", path=self.storage.project.root
@@ -107,7 +114,7 @@ class RunFiles:
         return self._fs, self._dir
 
     def _local(self, fs: Any) -> bool:
-        return getattr(fs, "protocol", None) == "local" or "file" in _protocols(fs)
+        return self._is_local
 
     def _error(self, what: str, e: Exception) -> StorageError:
         return StorageError(
@@ -134,6 +141,54 @@ class RunFiles:
             with contextlib.suppress(Exception):
                 fs.rm_file(tmp)
             raise self._error(f"cannot write {name} to", e) from None
+
+    def put_new(self, name: str, data: bytes) -> bool:
+        """Put ``data`` as ``name`` in the run's remote directory unless a file of that
+        name is there; return whether it was put. Never replaces anything.
+
+        On a local directory remote the check and the write are one operation: a complete
+        temporary is hard-linked to the name, which fails if it exists. On other remotes
+        the name is asked first and then put as :meth:`put` puts it, so a writer racing
+        between the two is not kept out: the caller checks afterwards."""
+        _check_name(name)
+        fs, directory = self._open()
+        if not self._local(fs):
+            try:
+                with quiet_dvc():
+                    there = fs.exists(fs.join(directory, name))
+            except Exception as e:
+                raise self._error(f"cannot look for {name} in", e) from None
+            if there:
+                return False
+            self.put(name, data)
+            return True
+        target = Path(directory) / name
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(target, data, overwrite=False)  # a hard link: create-only
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise self._error(f"cannot write {name} to", e) from None
+        return True
+
+    def remove_if(self, name: str, data: bytes) -> bool:
+        """Remove ``name`` from the run's remote directory if it holds exactly ``data``
+        (what this writer put there); return whether it did. Anything else is left."""
+        try:
+            if self.get(name, len(data)) != data:
+                return False
+        except RemoteFileRefused:
+            return False
+        fs, directory = self._open()
+        try:
+            with quiet_dvc():
+                fs.rm_file(fs.join(directory, name))
+        except FileNotFoundError:
+            return False
+        except Exception as e:
+            raise self._error(f"cannot remove {name} from", e) from None
+        return True
 
     def put_once(self, name: str, data: bytes) -> bool:
         """:meth:`put` unless this object put ``name`` already; return whether it did.

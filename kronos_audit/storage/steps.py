@@ -10,19 +10,30 @@ lines believed (a hostile index must not send, or count as pushed, other objects
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Callable
 
 from kronos_audit.checkpoint.layout import shard_path
-from kronos_audit.checkpoint.shards import parse_index, read_index
-from kronos_audit.errors import CheckpointError
+from kronos_audit.checkpoint.shards import LINE_WIDTH, parse_index, read_index
+from kronos_audit.errors import CheckpointError, Error, RemoteUnreachable
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
 
 
-def step_items(manifest: Manifest) -> list[FetchItem] | None:
+def step_items(
+    manifest: Manifest, remote: Callable[[FetchItem], bytes] | None = None
+) -> list[FetchItem] | None:
     """The objects of ``manifest``'s step (read, signature checked by the caller): its
     checkpoint file; for a sharded step, its index and each shard the index names. None
     when a sharded step's index is not here to say which shards it has (or it is not the
-    signed index), or the manifest records no md5 to address its data by."""
+    signed index), or the manifest records no md5 to address its data by.
+
+    With ``remote`` (:meth:`~kronos_audit.storage.remote.Storage.remote_reader`), a
+    sharded step whose index is not here (a step whose manifests a restore brought from
+    the remote, its data left there) has its index read from the remote instead, by the
+    signed md5, bounded by the size its shard count takes, and believed only as the
+    signed bytes; None when the remote does not hold it so. RemoteUnreachable still
+    raises: that the remote could not be asked is not an answer."""
     if manifest.subject_md5 is None:
         return None
     subject = FetchItem(
@@ -35,10 +46,20 @@ def step_items(manifest: Manifest) -> list[FetchItem] | None:
     if shards is None:
         return [subject]
     index = manifest.checkpoint_path
-    try:
-        data = read_index(index, shards.count)
-    except CheckpointError:
-        return None
+    if remote is not None and not os.path.lexists(index):
+        if manifest.record.size != shards.count * LINE_WIDTH:
+            return None  # no index of this many shards: nothing is read for it
+        try:
+            data = remote(subject)
+        except RemoteUnreachable:
+            raise
+        except Error:  # not in the remote, or not the signed bytes there
+            return None
+    else:
+        try:
+            data = read_index(index, shards.count)
+        except CheckpointError:
+            return None
     if hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
         return None
     lines = parse_index(data, shards.count, index)

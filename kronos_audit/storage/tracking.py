@@ -21,12 +21,13 @@ import logging
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.fsutil import fsync_dir, mkdir_durable, write_atomic
 from kronos_audit._internal.safeio import (
     KEY_LIMIT,
     UnsafeFile,
@@ -151,9 +152,33 @@ def cache_object_path(cache_dir: Path, md5: str) -> Path:
     return cache_dir / "files" / "md5" / md5[:2] / md5[2:]
 
 
+def remove_cache_object(cache_dir: Path, md5: str, size: int) -> bool:
+    """Unlink DVC's cache object ``md5`` if it is a regular file of ``size`` bytes; return
+    whether it was. ``md5`` and ``size`` are what a verified manifest signs (never what a
+    ``.dvc`` file or a name says): the caller has checked that no other checkpoint still
+    names the object. An object of another size is not the signed bytes and is left for
+    ``dvc gc``; a symbolic link or directory there is never followed."""
+    if not MD5_PATTERN.fullmatch(md5):
+        return False
+    obj = cache_object_path(cache_dir, md5)
+    try:
+        st = obj.lstat()
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        return False
+    try:
+        obj.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _reflink(src: Path, dst: Path) -> None:
     with open(src, "rb") as s, open(dst, "wb") as d:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+        # The clone's extents are the new file's metadata: durable only once it is synced.
+        os.fsync(d.fileno())
 
 
 def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
@@ -169,12 +194,20 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     checkpoint itself (linked before), it is replaced by the checkpoint's bytes, which the
     caller knows to be that md5's (hashed as they were written, or fetched and checked). A
     corrupt or planted object would otherwise be what a push uploads and a fetch links.
+
+    Returns once the object is durable: its bytes synced (a copy, a reflink), then its
+    name (and a new fan-out directory's) by an fsync of the directory that holds it, so a
+    manifest written afterwards never outlives, across a power cut, the object it signs.
     """
     with contextlib.suppress(OSError):
         if os.path.samefile(checkpoint, obj):
-            return "present"  # the checkpoint is the cache object already
+            # The checkpoint is the cache object already; made durable again, for a
+            # process killed before it synced the name leaves it only in the page cache.
+            _durable_names(obj.parent)
+            _durable_names(obj.parent.parent)
+            return "present"
     try:
-        obj.parent.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(obj.parent)
     except OSError as e:  # a full or read-only cache: say so, and which
         raise _cache_failed(checkpoint, obj, e) from None
     tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -188,6 +221,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 if not owned:
                     # The link shares the user's inode: a chmod would change their file.
                     os.replace(tmp, obj)
+                    _durable_names(obj.parent)
                     return kind
             elif kind == "symlink":
                 if not owned:
@@ -196,7 +230,9 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
                 os.replace(tmp, obj)
+                _durable_names(obj.parent)
                 checkpoint.symlink_to(obj)
+                _durable_names(checkpoint.parent)
                 return kind
             elif kind == "copy":
                 shutil.copyfile(checkpoint, tmp)
@@ -214,6 +250,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _cache_failed(checkpoint, obj, e) from None
+        _durable_names(obj.parent)
         return kind
     why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     last = "" if failed is None else f": {failed.strerror or failed}"
@@ -221,6 +258,19 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}{last}",
         path=checkpoint,
     )
+
+
+def _durable_names(directory: Path) -> None:
+    """fsync ``directory`` after a rename or link into it. A StorageError (not an
+    OSError, which would make the caller try the next link type) when it fails: the
+    name may not survive a power cut, so nothing may be signed over it."""
+    try:
+        fsync_dir(directory)
+    except OSError as e:
+        raise StorageError(
+            f"cannot make DVC's cache durable: fsync of {directory}: {e.strerror or e}",
+            path=directory,
+        ) from None
 
 
 def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:

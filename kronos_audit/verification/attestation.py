@@ -69,4 +69,5 @@ def verify_attestation(reader: ChainReader, path: Path | str) -> VerifyResult:
         tuple(checks),
         signer=signed.signer,
         kind=StatementKind.ATTESTATION,
+        comparison=tuple(replay.comparison.lines()),
     )

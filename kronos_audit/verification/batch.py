@@ -13,9 +13,9 @@ from kronos_audit.checkpoint.layout import (
     MANIFEST_SUFFIX,
     expand_targets,
 )
-from kronos_audit.errors import Error
+from kronos_audit.errors import Error, ForeignRepository
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
-from kronos_audit.project.repository import Project, find_project
+from kronos_audit.project.repository import Project, standpoint
 from kronos_audit.verification.campaign import verify_certificate
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.results import VerifyResult
@@ -57,6 +57,7 @@ def verify_each(
     verifiers: dict[Path, Verifier] | None = None,
     cache: ManifestCache | None = None,
     jobs: int | None = None,
+    standing: Path | None = None,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
     the bad-input error.
@@ -70,19 +71,34 @@ def verify_each(
     ``trust`` gives the anchors (see :mod:`kronos_audit.keys.anchors`). The newest checkpoint of
     each run verified must have its data checked. ``jobs`` threads hash a sharded step's
     shards (None: the cores this process may use).
+
+    Each belongs to the repository stood in (``standing``, default: the working
+    directory; see :class:`~kronos_audit.project.repository.Standpoint`), found before
+    anything is read: content that claims to be another repository raises
+    :class:`~kronos_audit.errors.ForeignRepository` before any manifest is verified.
     """
     paths = expand_manifest_args(manifests)
+    stood = standpoint(standing)
+    projects: dict[Path, Project | Error] = {}  # by directory: finding the repository costs
+    for p in paths:
+        if p.parent not in projects:
+            try:
+                projects[p.parent] = stood.project_of(p)
+            except ForeignRepository:
+                raise
+            except Error as e:
+                projects[p.parent] = e  # this path's own error, yielded in its turn
     if cache is None:
         cache = ManifestCache()
     newest = _newest(paths, cache)
     if verifiers is None:
         verifiers = {}
-    projects: dict[Path, Project] = {}  # by directory: finding the repository costs
     for p in paths:
+        project = projects[p.parent]
+        if isinstance(project, Error):
+            yield project
+            continue
         try:
-            project = projects.get(p.parent)
-            if project is None:
-                project = projects[p.parent] = find_project(p)
             verifier = verifiers.get(project.root)
             if verifier is None:
                 verifier = verifiers[project.root] = Verifier(
@@ -106,9 +122,10 @@ def verify_each(
 def trust_problems(manifests: list[Path], trust: TrustOptions | None = None) -> list[str]:
     """What was skipped reading the trust anchors of the repositories these are in."""
     roots: dict[Path, None] = {}
+    stood = standpoint()
     for p in manifests:
         try:
-            roots.setdefault(find_project(p).root, None)
+            roots.setdefault(stood.project_of(p).root, None)
         except Error:
             continue
     problems: list[str] = []
@@ -123,7 +140,10 @@ def verify(
     trust: TrustOptions | None = None,
     fetch: bool = True,
 ) -> tuple[VerifyResult, ...]:
-    """Verify manifests; raise on bad input, return a result (possibly failed) for each."""
+    """Verify manifests; raise on bad input, return a result (possibly failed) for each.
+
+    They are verified as content of the repository the working directory is in (see
+    :func:`verify_each`): one that claims to be another raises ForeignRepository."""
     paths = [Path(manifests)] if isinstance(manifests, str | Path) else [Path(m) for m in manifests]
     results = []
     for outcome in verify_each(paths, trust=trust, fetch=fetch):

@@ -202,6 +202,10 @@ class VerifyResult:
     restore uses, never the file read again by name."""
     certificate: Certificate | None = field(default=None, compare=False, repr=False)
     """For a campaign certificate, the one read and checked here: what a report shows."""
+    comparison: tuple[str, ...] = ()
+    """For an attestation, the comparison it records, in words: the tolerances, where they
+    came from, then each dataset judged with a tolerance (see
+    :meth:`kronos_audit.statement.attestation.AttestedComparison.lines`)."""
 
     @property
     def ok(self) -> bool:
@@ -258,4 +262,5 @@ class VerifyResult:
             "data": None if self.data is None else self.data.value,
             "checks": [c.to_json_obj() for c in self.checks],
             "fetched": self.fetched,
+            **({"comparison": list(self.comparison)} if self.is_attestation else {}),
         }

@@ -19,7 +19,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.verification.batch import verify
 from kronos_audit.verification.verifier import Verifier
-from tests.helpers import run_cli
+from tests.helpers import discard, run_cli
 
 WORDS = {loc.value for loc in Location}
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "report-v1.schema.json"
@@ -113,7 +113,7 @@ def test_with_the_remote_asked_log_says_what_status_says(
     remote.mkdir()
     configure_remote(project, str(remote), "storage")
     assert run_cli("push", str(run_dir)).exit_code == 0
-    Storage(project).discard(run_dir / checkpoint_name(2))  # remote-only
+    discard(Storage(project), run_dir / checkpoint_name(2))  # remote-only
     (run_dir / checkpoint_name(3)).unlink()  # remote-only
     (logged,) = json_of("log", "--json", "--remote", str(run_dir), code=0)["runs"]
     status = json_of("status", "--json", str(run_dir), code=0)

@@ -133,7 +133,7 @@ def test_config_tolerances_apply_and_options_override(project: Project) -> None:
     config(project, 'rtol = 1e-12\ntol = ["weights:atol=1"]\n')
     r = run_cli("diff", "checkpoints/a.h5", "checkpoints/b.h5", cwd=project.root)
     assert r.exit_code == 0, r.output
-    assert "defaults from" in r.stdout
+    assert "(tolerances: [compare] of the work tree's .kaudit/config.toml" in r.stdout
     assert "config.toml" in r.stdout
     assert "rule: config weights:rtol=0,atol=1" in r.stdout
     assert "rule: global rtol=1e-12,atol=0" in r.stdout

@@ -18,7 +18,7 @@ from kronos_audit._internal.progress import report, reporting
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import KAUDIT, git, recorded_project
+from tests.helpers import KAUDIT, discard, git, recorded_project
 from tests.replay.helpers import commit_all, manifest, record
 
 HEAT = Path(__file__).resolve().parents[2] / "examples" / "heat" / "run.py"
@@ -146,7 +146,7 @@ def test_push_and_pull_show_their_bars_on_a_terminal_only(
     assert code == 0, terminal
     assert "pushing 2 checkpoint(s)" in terminal
     assert stdout.startswith("pushed 2 checkpoint(s)")
-    Storage(project).discard(heat / "step-00000020.h5")
+    discard(Storage(project), heat / "step-00000020.h5")
     code, stdout, terminal = on_pty("pull", str(heat), cwd=project.root)
     assert code == 0, terminal
     assert "pulling and checking" in terminal

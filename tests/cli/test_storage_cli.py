@@ -13,7 +13,8 @@ import pytest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import run_cli, write_checkpoint
+from tests.helpers import discard, run_cli, write_checkpoint
+from tests.sshd import unused_port
 
 
 @pytest.fixture
@@ -59,6 +60,7 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
         "uploaded": 2,
         "manifests": 2,
         "not_here": [],
+        "repaired": [],
     }
     # the manifests travel with the data, where a run on another machine finds them
     beside = tmp_path / "remote" / "kaudit" / "runs" / "r"
@@ -71,7 +73,7 @@ def test_status_push_and_pull_as_json(project: Project, run_dir: Path, tmp_path:
     ).read_bytes()
     assert places(as_json("status", str(run_dir))) == {"step-1.h5": "pushed", "step-2.h5": "pushed"}
 
-    Storage(project).discard(run_dir / "step-2.h5")
+    discard(Storage(project), run_dir / "step-2.h5")
     assert as_json("push", str(run_dir))["not_here"] == ["checkpoints/r/step-2.h5"]
     assert places(as_json("status", str(run_dir)))["step-2.h5"] == "remote-only"
 
@@ -128,3 +130,51 @@ def test_status_before_any_remote_shows_the_places_here(project: Project, key: S
     named = run_cli("status", "--remote", "nowhere", cwd=project.root)
     assert named.exit_code == 2
     assert "no DVC remote named 'nowhere'" in named.stderr
+
+
+def test_status_with_the_remote_down_shows_the_places_here_and_says_so_once(
+    project: Project, run_dir: Path
+) -> None:
+    (run_dir / "step-1.h5").unlink()  # not here: the remote was never heard, so missing
+    configure_remote(project, f"ssh://127.0.0.1:{unused_port()}/nowhere")  # nothing listens
+    shown = run_cli("status", str(run_dir))
+    assert shown.exit_code == 0, shown.output
+    assert "1 local, 1 missing" in shown.stdout
+    (line,) = shown.stderr.splitlines()  # one line, naming the remote and why
+    assert line.startswith("kaudit: warning: the DVC remote 'storage' is unreachable: ")
+    assert line.endswith(": places here only (a checkpoint not here is missing)")
+    assert "Traceback" not in shown.output
+
+    doc = as_json("status", str(run_dir))
+    assert places(doc) == {"step-1.h5": "missing", "step-2.h5": "local"}
+    assert doc["remote_asked"] is True
+    assert doc["remote_unreachable"].startswith("the DVC remote 'storage' is unreachable: ")
+
+    # asked to check the remote, an unreadable one is an error: one line, exit 2
+    required = run_cli("status", "--require-remote", str(run_dir))
+    assert required.exit_code == 2
+    (line,) = required.stderr.splitlines()
+    assert line.startswith("kaudit: error: ")
+    assert "the DVC remote 'storage' is unreachable" in line
+    assert required.stdout == ""
+
+
+def test_status_with_a_remote_path_that_cannot_be_read(
+    project: Project, run_dir: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the remote's parent should be")
+    configure_remote(project, str(blocker / "remote"))
+    doc = as_json("status", str(run_dir))
+    assert places(doc) == {"step-1.h5": "local", "step-2.h5": "local"}
+    assert "is unreachable" in doc["remote_unreachable"]
+    assert run_cli("status", "--require-remote", str(run_dir)).exit_code == 2
+    # a remote there and reachable: nothing to say
+    configure_remote(project, str(tmp_path / "remote"))
+    assert as_json("status", "--require-remote", str(run_dir))["remote_unreachable"] is None
+
+
+def test_status_require_remote_and_local_only_contradict(run_dir: Path) -> None:
+    result = run_cli("status", "--local-only", "--require-remote", str(run_dir))
+    assert result.exit_code == 2
+    assert "contradict" in result.stderr

@@ -178,6 +178,32 @@ def test_summary_counts_steps_redone(tmp_path: Path) -> None:
     assert "attempts 2, restarts 1, steps redone 5" in result.stderr
 
 
+def test_an_attempt_killed_before_it_reports_leaves_no_redone_step_out(tmp_path: Path) -> None:
+    """Attempt 1 reaches step 9 and fails; attempt 2 is killed with SIGKILL before it
+    reports anything; attempt 3 resumes from step 4: 5 steps were redone."""
+    cmd = program(
+        tmp_path,
+        """
+        from kronos_audit.runtime.protocol import Progress
+
+        if N == 1:
+            log("starting", os.getpid())
+            time.sleep(600)  # still starting when the test kills it
+        progress = Progress.from_env()
+        progress.started(None if N == 0 else 4)
+        progress.reached(9 if N == 0 else 12)
+        sys.exit(1 if N == 0 else 0)
+        """,
+    )
+    proc = start_kaudit(tmp_path, "run", "--backoff", "0", "--", *cmd)
+    wait_until("attempt 2 to start", lambda: logged(tmp_path, "starting"), proc, tmp_path)
+    os.kill(int(logged(tmp_path, "starting")[0]), signal.SIGKILL)
+    assert finish(proc) == 0, stderr_of(tmp_path)
+    err = stderr_of(tmp_path)
+    assert "attempt 2 failed: SIGKILL" in err
+    assert "attempts 3, restarts 2, steps redone 5" in err
+
+
 def test_command_options_are_passed_through(tmp_path: Path) -> None:
     cmd = program(tmp_path, "log('argv', sys.argv[2:])")
     result = run_cli("run", "--", *cmd, "--retries", "9", "-h", "[red]x[/]")

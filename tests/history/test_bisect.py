@@ -23,7 +23,7 @@ from kronos_audit.keys.home import generate_key, select_key, user_trust_dir
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import recorded_project, signed_items
+from tests.helpers import discard, recorded_project, signed_items
 
 PERTURBATION = 1e-13
 PLANTED = 23
@@ -362,7 +362,7 @@ def test_data_not_here_is_fetched_from_the_dvc_remote(
     assert len(checkpoints) == 80
     storage.push(signed_items(checkpoints))
     for c in checkpoints:
-        storage.discard(c)
+        discard(storage, c)
     assert not any(c.exists() for c in checkpoints)
 
     result = bisect(a, b)

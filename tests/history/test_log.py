@@ -15,7 +15,7 @@ from kronos_audit.history.log import run_log
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import run_cli, untrusted_key, write_checkpoint
+from tests.helpers import discard, run_cli, untrusted_key, write_checkpoint
 
 
 def run(project: Project, name: str, steps: int, *, keep: int | None = None) -> Path:
@@ -95,7 +95,7 @@ def test_remote_asked_only_with_the_flag(project: Project, key: SigningKey, tmp_
     remote.mkdir()
     configure_remote(project, str(remote), "storage")
     assert run_cli("push", str(run_dir)).exit_code == 0
-    Storage(project).discard(run_dir / "step-00000002.h5")
+    discard(Storage(project), run_dir / "step-00000002.h5")
     (run_dir / "step-00000003.h5").unlink()  # never pushed again: gone from here only
     # without the remote: not here and not pruned is missing; --remote tells remote-only
     assert log_json(str(run_dir))["runs"][0]["data"] == {"local": 1, "missing": 2}

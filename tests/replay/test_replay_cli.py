@@ -21,7 +21,7 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.statement.schemas import validate
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import git, run_cli
+from tests.helpers import discard, git, run_cli
 from tests.replay import recorded
 from tests.replay.helpers import bad_input, commit_all, manifest, record, resign, worktrees
 
@@ -233,9 +233,14 @@ def test_environment_drift_is_reported_and_refused_when_strict(
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     warned = run_cli("replay", target)
     assert warned.exit_code == 0, warned.output
-    assert "drift from the recorded lock, 1 difference" in warned.stdout
+    # judged on what the replayed program ran with: the variable, and the thread count
+    # its BLAS took from it
+    assert "drift from the recorded lock, 2 differences (as the replayed program ran)" in (
+        warned.stdout
+    )
     assert "OMP_NUM_THREADS 1 -> 2" in warned.stdout
     doc = replay_json(target)
+    assert doc["environment"]["judged_on"] == "program"
     assert doc["environment"]["drift"] == [
         {
             "section": "variables",
@@ -244,7 +249,15 @@ def test_environment_drift_is_reported_and_refused_when_strict(
             "recorded": "1",
             "current": "2",
             "drift": True,
-        }
+        },
+        {
+            "section": "threadpools",
+            "name": "openblas.num_threads",
+            "change": "changed",
+            "recorded": "1",
+            "current": "2",
+            "drift": True,
+        },
     ]
     assert doc["environment"]["recorded_digest"] != doc["environment"]["current_digest"]
     refused = run_cli("replay", target, "--env", "strict")
@@ -257,7 +270,7 @@ def test_environment_drift_is_reported_and_refused_when_strict(
     )
     monkeypatch.delenv("OMP_NUM_THREADS")
     removed = replay_json(target)["environment"]["drift"]
-    assert [(d["name"], d["change"]) for d in removed] == [("OMP_NUM_THREADS", "removed")]
+    assert next((d["name"], d["change"]) for d in removed) == ("OMP_NUM_THREADS", "removed")
 
 
 def test_a_changed_package_in_the_recorded_lock_is_drift(heat: Path, key: SigningKey) -> None:
@@ -423,7 +436,7 @@ def test_a_manifest_that_does_not_verify_is_not_replayed(heat: Path, repo: Path)
 def test_parent_data_missing_from_every_remote_is_one_line(
     heat: Path, repo: Path, tmp_path: Path
 ) -> None:
-    Storage(Project(repo)).discard(heat / "step-00000010.h5")  # never pushed, now gone
+    discard(Storage(Project(repo)), heat / "step-00000010.h5")  # never pushed, now gone
     bad_input(run_cli("replay", str(manifest(heat, 20))), "step-00000010.h5", "no DVC remote")
     configure_remote(Project(repo), str(tmp_path / "empty-remote"))
     bad_input(
@@ -435,7 +448,7 @@ def test_parent_data_missing_from_every_remote_is_one_line(
 def test_recorded_data_missing_everywhere_refuses_a_tolerance_replay(
     heat: Path, repo: Path
 ) -> None:
-    Storage(Project(repo)).discard(heat / "step-00000020.h5")
+    discard(Storage(Project(repo)), heat / "step-00000020.h5")
     assert replay_json(str(manifest(heat, 20)))["outcome"] == "REPRODUCED"  # hashes suffice
     bad_input(
         run_cli("replay", str(manifest(heat, 20)), "--rtol", "1e-9"),

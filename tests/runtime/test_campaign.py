@@ -5,12 +5,16 @@ and the restart under `kaudit run`. Every tally is bitwise a serial run's."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from kronos_audit.runtime.batches import batch_rng
 from tests.helpers import KAUDIT
 
 SEED = 2024
+HANG_GUARD = 60  # seconds; only stops a broken test from hanging, never a time limit
 N = 24
 
 
@@ -236,6 +241,72 @@ def test_a_dask_client_itself_serves_and_a_failing_batch_stops_the_campaign(
                 run.map_batches(_raises_at_7, N, executor=client, samples=500)
             assert 7 not in run.ledger
             assert run.step == len(run.ledger)  # what arrived is checkpointed
+
+
+def _kills_the_scheduler(rng: np.random.Generator, samples: int, scheduler: int) -> Any:
+    if rng.bit_generator.seed_seq.spawn_key[0] == 10:  # type: ignore[attr-defined]
+        os.kill(scheduler, signal.SIGKILL)  # the scheduler's process, for real
+        time.sleep(HANG_GUARD)  # never reports: its worker is cut off (and ended) too
+    return batch(rng, samples)
+
+
+@contextlib.contextmanager
+def _dask_process(*args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m distributed.cli.ARGS`` as a process of its own, killed on leaving."""
+    # A worker imports this module to run a batch: from this checkout.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with subprocess.Popen(
+        [sys.executable, "-m", f"distributed.cli.{args[0]}", *args[1:], "--no-dashboard"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
+        try:
+            yield proc
+        finally:
+            proc.kill()
+
+
+def test_a_lost_dask_scheduler_is_the_engines_failure_not_a_batchs(
+    project: Project, key: ka.SigningKey, tmp_path: Path
+) -> None:
+    """The scheduler's process killed with SIGKILL mid-campaign: Dask cancels every
+    future; the campaign stops saying the engine was lost, blaming no batch, and what
+    arrived before is checkpointed."""
+    distributed = pytest.importorskip("distributed")
+    where = tmp_path / "scheduler.json"
+    file = ("--scheduler-file", str(where))
+    with (
+        _dask_process("dask_scheduler", "--port", "0", *file) as scheduler,
+        _dask_process("dask_worker", "--nworkers", "1", "--nthreads", "1", *file),
+    ):
+        deadline = time.monotonic() + HANG_GUARD
+        while not where.exists():
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.05)
+        client = distributed.Client(scheduler_file=str(where), timeout=HANG_GUARD)
+        try:
+            client.wait_for_workers(1, timeout=HANG_GUARD)
+            with ka.Run("lost", root=project.root / "checkpoints", seed=SEED) as run:
+                with pytest.raises(ka.CampaignError) as stopped:
+                    run.map_batches(
+                        _kills_the_scheduler,
+                        N,
+                        executor=client,
+                        samples=500,
+                        scheduler=scheduler.pid,
+                    )
+                recorded = len(run.ledger)
+                assert 10 not in run.ledger
+                assert run.step == recorded  # what arrived is checkpointed
+        finally:
+            client.close(timeout=5)
+    message = str(stopped.value)
+    assert scheduler.returncode == -signal.SIGKILL
+    assert message.startswith("the campaign stopped: the Dask engine was lost (client ")
+    assert "no batch failed" in message
+    assert re.search(r"batch \d", message) is None, message  # no batch is blamed
+    assert f"{recorded} of {N} batches are recorded and checkpointed" in message
 
 
 def test_a_batch_completed_twice_must_give_the_same_result(

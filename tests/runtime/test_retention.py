@@ -34,6 +34,7 @@ from kronos_audit.runtime.retention import (
     prune,
     pruned_record,
     sharded_steps_with_data,
+    signed_objects,
 )
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
 from kronos_audit.storage import (
@@ -43,6 +44,7 @@ from kronos_audit.storage import (
     dvc_file_for,
     read_dvc_file,
 )
+from kronos_audit.verification.verifier import Verifier
 from tests.helpers import git, run_cli
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
@@ -54,6 +56,13 @@ def run(project: Project, steps: int, *, same: bool = False, run_id: str = "r") 
         for step in r.steps(steps):
             r.checkpoint(step, {"u": np.zeros(4) if same else r.rng.random(4)})
     return project.root / "checkpoints" / run_id
+
+
+def prune_signed(project: Project, run_dir: Path, steps: list[int]) -> None:
+    """:func:`prune` as a run calls it: the cache objects that go are those the doomed
+    steps' verified manifests sign."""
+    objects = signed_objects(Verifier(project), run_dir.name, run_dir, steps)
+    prune(project, run_dir, steps, objects)
 
 
 def manifest_sha256(run_dir: Path, step: int) -> str:
@@ -97,7 +106,7 @@ def test_prune_deletes_the_data_and_its_cache_object_and_keeps_the_manifests(
     cache_dir, _ = cache_settings(project)
     md5s = {s: read_dvc_file(dvc_file_for(run_dir / checkpoint_name(s))) for s in (1, 2, 3)}
     (run_dir / ".gitignore").write_text(f"/step-*.h5\n/{checkpoint_name(1)}\n/other.h5\n")
-    prune(project, run_dir, [1, 2])
+    prune_signed(project, run_dir, [1, 2])
     assert sorted(p.name for p in run_dir.glob("*.h5")) == [checkpoint_name(3)]
     # DVC stays consistent: the pruned checkpoints' .dvc files and own ignore entries go
     assert sorted(p.name for p in run_dir.glob("*.dvc")) == [checkpoint_name(3) + ".dvc"]
@@ -117,11 +126,11 @@ def test_prune_keeps_a_cache_object_a_kept_checkpoint_shares(
     assert len(entries) == 1
     (entry,) = entries
     assert entry is not None
-    prune(project, run_dir, [1, 2])
+    prune_signed(project, run_dir, [1, 2])
     assert cache_object_path(cache_dir, entry[0]).exists()  # step 3 still needs it
-    prune(project, run_dir, [3])
+    prune_signed(project, run_dir, [3])
     assert not cache_object_path(cache_dir, entry[0]).exists()
-    prune(project, run_dir, [])  # nothing doomed: nothing happens
+    prune_signed(project, run_dir, [])  # nothing doomed: nothing happens
 
 
 def dvc(cwd: Path, *args: str) -> str:
@@ -299,7 +308,7 @@ def test_prune_deletes_a_sharded_steps_data_and_tracking_and_keeps_its_manifest(
     assert all(len(m) == RANKS + 2 for m in md5s.values())
     gitignore = step_directory(run_dir, 2) / ".gitignore"
     gitignore.write_text(gitignore.read_text() + "/notes.txt\n")  # the user's own line
-    prune(project, run_dir, [1, 2])
+    prune_signed(project, run_dir, [1, 2])
     # The manifests stay (the chain verifies); DVC's tracking and the cache objects go.
     assert step_data(run_dir, 1) == []
     assert step_data(run_dir, 2) == [".gitignore"]
@@ -313,7 +322,7 @@ def test_prune_deletes_a_sharded_steps_data_and_tracking_and_keeps_its_manifest(
     # No signed record prunes them here (prune alone was called): step 3's chain holds.
     (result,) = ka.verify(RunDirectory(run_dir).step_manifest(3), fetch=False)
     assert result.ok, result.failures
-    prune(project, run_dir, [1, 2])  # again: nothing left to do, nothing fails
+    prune_signed(project, run_dir, [1, 2])  # again: nothing left to do, nothing fails
     # DVC stays consistent: no .dvc file names data that is gone.
     status = dvc(project.root, "status")
     assert "deleted" not in status
@@ -329,7 +338,7 @@ def test_prune_keeps_cache_objects_a_kept_sharded_step_shares(
     shared = step_md5s(run_dir, 1) & step_md5s(run_dir, 3)
     assert shared  # the same shards (and so index and tree) in every step
     own = step_md5s(run_dir, 1) - shared
-    prune(project, run_dir, [1, 2])
+    prune_signed(project, run_dir, [1, 2])
     assert all(cache_object_path(cache_dir, md5).exists() for md5 in shared)
     assert not any(cache_object_path(cache_dir, md5).exists() for md5 in own)
 

@@ -24,7 +24,7 @@ from kronos_audit.storage import (
     configure_remote,
     dvc_file_for,
 )
-from tests.helpers import git, run_cli, signed_items, write_checkpoint
+from tests.helpers import discard, git, run_cli, signed_items, write_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,7 @@ def test_status_walks_through_every_location(
     assert where() == [Location.LOCAL, Location.LOCAL]
     Storage(project).push(signed_items([run_dir / "step-00000010.h5"]))
     assert where() == [Location.PUSHED, Location.LOCAL]
-    Storage(project).discard(run_dir / "step-00000010.h5")
+    discard(Storage(project), run_dir / "step-00000010.h5")
     assert where() == [Location.REMOTE_ONLY, Location.LOCAL]
     md5 = ka.read_manifest(manifests[0]).subject_md5
     assert md5 is not None
@@ -205,7 +205,7 @@ def test_a_tampered_remote_object_is_caught_at_pull(
     data = bytearray(obj.read_bytes())
     data[-100] ^= 0xFF
     obj.write_bytes(bytes(data))
-    Storage(project).discard(ckpt)
+    discard(Storage(project), ckpt)
     result = run_cli("pull", str(run_dir))
     assert result.exit_code == 1, result.output  # a failed check, not bad input
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("FAIL")]
@@ -223,7 +223,7 @@ def test_pull_restores_and_verifies(project: Project, key: SigningKey, remote: P
     pushed = run_cli("push", cwd=project.root)
     assert pushed.exit_code == 0, pushed.output
     before = path.read_bytes()
-    Storage(project).discard(path)
+    discard(Storage(project), path)
     result = run_cli("pull", str(path) + ".kaudit.json")
     assert result.exit_code == 0, result.output
     assert path.read_bytes() == before
@@ -234,7 +234,7 @@ def test_verify_reports_what_cannot_be_fetched(
     project: Project, key: SigningKey, remote: Path
 ) -> None:
     run_dir = heat_run(project, steps=10)
-    Storage(project).discard(run_dir / "step-00000010.h5")  # never pushed, now gone
+    discard(Storage(project), run_dir / "step-00000010.h5")  # never pushed, now gone
     result = run_cli("verify", str(run_dir))
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()

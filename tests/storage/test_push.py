@@ -5,6 +5,7 @@ Real DVC, a real directory remote, real runs."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,8 @@ from kronos_audit.storage import (
     dvc_file_for,
     write_dvc_file,
 )
-from tests.helpers import run_cli, signed_items, untrusted_key, write_checkpoint
+from tests.helpers import discard, git, run_cli, signed_items, untrusted_key, write_checkpoint
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 pytestmark = pytest.mark.slow
 
@@ -151,19 +153,23 @@ def test_push_names_an_object_left_missing_and_exits_1(
 ) -> None:
     heat_run(project)
     ckpt = project.root / STEP_10
+    md5 = md5_of(ckpt)
     cache_dir, _ = cache_settings(project)
-    cache_object_path(cache_dir, md5_of(ckpt)).unlink()  # DVC has nothing to upload
+    cache_object_path(cache_dir, md5).unlink()  # DVC has nothing to upload
+    corrupt_in_place(ckpt)  # and the checkpoint here is not the signed bytes to put back
     result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
     assert result.exit_code == 1, result.output
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("FAIL")]
     assert "step-00000010.h5" in line
-    assert f"the object {md5_of(ckpt)} was not uploaded" in line
+    assert f"the object {md5} was not uploaded" in line
+    assert "repaired" not in result.stdout
+    assert not cache_object_path(cache_dir, md5).exists()  # nothing unverified went in
     # DVC's own warning is not swallowed (kaudit quiets only DVC's INFO chatter).
     assert any(
         r.name.startswith("dvc") and r.levelname == "WARNING" and "do not exist" in r.getMessage()
         for r in caplog.records
     )
-    assert not remote_object(remote, md5_of(ckpt)).exists()
+    assert not remote_object(remote, md5).exists()
     assert remote_object(remote, md5_of(project.root / STEP_20)).exists()  # the other went
     # Its manifest stays here: a manifest in the remote without its data is no checkpoint.
     beside = remote / "kaudit" / "runs" / "heat"
@@ -173,6 +179,120 @@ def test_push_names_an_object_left_missing_and_exits_1(
         Storage(project).push(signed_items([ckpt]))
     assert caught.value.exit_code == 1
     assert list(caught.value.missing) == [ckpt]
+
+
+@pytest.mark.parametrize("cache_type", [None, "copy"], ids=["links", "copy"])
+def test_a_lost_cache_object_is_put_back_by_push_from_the_verified_checkpoint(
+    project: Project, key: SigningKey, remote: Path, anchor: str, cache_type: str | None
+) -> None:
+    """A signed checkpoint whose object DVC's cache lost: push hashes the checkpoint here,
+    finds the signed bytes, puts them back into the cache, says so, and pushes them."""
+    if cache_type is not None:
+        dvc(project.root, "config", "--local", "cache.type", cache_type)
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    md5 = md5_of(ckpt)
+    obj = cache_object_path(cache_settings(project)[0], md5)
+    obj.unlink()
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("repaired")]
+    assert "step-00000010.h5" in line
+    assert "verified against the signed size, sha256 and md5" in line
+    assert obj.read_bytes() == ckpt.read_bytes()
+    assert hashlib.md5(obj.read_bytes()).hexdigest() == md5
+    assert obj.stat().st_mode & 0o222 == 0  # read-only, as DVC keeps its cache
+    if cache_type == "copy":
+        assert not os.path.samefile(obj, ckpt)
+    assert remote_object(remote, md5).read_bytes() == ckpt.read_bytes()
+    again = run_cli("push", str(project.root / RUN), "--trusted-key", anchor, "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["repaired"] == []
+
+
+def test_push_without_a_remote_repairs_nothing(
+    project: Project, key: SigningKey, anchor: str
+) -> None:
+    heat_run(project)
+    obj = cache_object_path(cache_settings(project)[0], md5_of(project.root / STEP_10))
+    obj.unlink()
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 2, result.output
+    assert "no DVC remote" in result.output
+    assert not obj.exists()  # nothing changed here
+
+
+def test_push_puts_back_nothing_through_a_symbolic_link(
+    project: Project, key: SigningKey, remote: Path, anchor: str, tmp_path: Path
+) -> None:
+    """The checkpoint swapped for a symbolic link to the signed bytes elsewhere: a link is
+    never followed into DVC's cache, even to the right bytes; the push names it missing."""
+    heat_run(project)
+    ckpt = project.root / STEP_10
+    md5 = md5_of(ckpt)
+    obj = cache_object_path(cache_settings(project)[0], md5)
+    obj.unlink()
+    elsewhere = tmp_path / "elsewhere.h5"
+    elsewhere.write_bytes(ckpt.read_bytes())
+    ckpt.unlink()
+    ckpt.symlink_to(elsewhere)
+    result = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert result.exit_code == 1, result.output
+    assert "repaired" not in result.stdout
+    assert f"the object {md5} was not uploaded" in result.stdout
+    assert not obj.exists()
+    assert not remote_object(remote, md5).exists()
+
+
+def test_a_sharded_step_signed_before_it_was_tracked_is_repaired_by_push(
+    project: Project, key: SigningKey, remote: Path, anchor: str, tmp_path: Path
+) -> None:
+    """What a kill between a step manifest's rename and the tracking of its index left
+    (as kaudit once committed): the index signed, but neither in DVC's cache nor named by
+    a .dvc file; and a shard's cache object lost. status says local; push puts each back
+    from the verified bytes here, says so, and pushes the step."""
+
+    def ranks(comm: ThreadRanks) -> None:
+        with thread_run(project.root, "heat", comm) as run:
+            for step in run.steps(2):
+                u = np.arange(16.0).reshape(4, 4) + step + 100 * comm.rank
+                run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+
+    on_ranks(2, ranks)
+    step = project.root / RUN / "step-00000001"
+    cache_dir, _ = cache_settings(project)
+    index, shard = step / "index.jsonl", step / "rank-000001-of-000002.h5"
+    lost = {p: hashlib.md5(p.read_bytes()).hexdigest() for p in (index, shard)}
+    for md5 in lost.values():
+        cache_object_path(cache_dir, md5).unlink()
+    dvc_file_for(index).unlink()
+    first = run_cli("push", str(project.root / RUN), "--trusted-key", anchor, "--json")
+    assert first.exit_code == 0, first.output
+    repaired = json.loads(first.stdout)["repaired"]
+    assert sorted(r["path"] for r in repaired) == sorted(
+        project.relative(p) for p in (index, shard)
+    )
+    for path, md5 in lost.items():
+        assert cache_object_path(cache_dir, md5).read_bytes() == path.read_bytes()
+        assert remote_object(remote, md5).read_bytes() == path.read_bytes()
+    assert dvc_file_for(index).read_text() == (
+        f"outs:\n- md5: {lost[index]}\n  size: {index.stat().st_size}\n  hash: md5\n"
+        "  path: index.jsonl\n"
+    )
+    status = run_cli("status", str(project.root / RUN), "--json")
+    assert status.exit_code == 0, status.output
+    assert {e["location"] for e in json.loads(status.stdout)["checkpoints"]} == {"pushed"}
+    again = run_cli("push", str(project.root / RUN), "--trusted-key", anchor)
+    assert again.exit_code == 0, again.output
+    assert "repaired" not in again.stdout
+    # A fresh clone verifies it from the remote, as the DVC files in git say.
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "the run")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    checked = run_cli("verify", str(clone / RUN), "--trusted-key", anchor, cwd=clone)
+    assert checked.exit_code == 0, checked.output
+    assert "fetched" in checked.stdout
 
 
 def test_a_damaged_cache_object_is_not_what_a_later_run_pushes(
@@ -211,7 +331,7 @@ def test_an_edited_dvc_file_never_costs_another_checkpoints_remote_copy(
     b_bytes = b.read_bytes()
     assert run_cli("push", str(project.root / RUN), "--trusted-key", anchor).exit_code == 0
     # b now lives in the remote only.
-    Storage(project).discard(b)
+    discard(Storage(project), b)
     # a's .dvc file edited to b's md5 with another size: a push that trusted it would
     # take b's remote object for a short push of a, and delete it.
     write_dvc_file(a, md5_of(b), a.stat().st_size + 1)

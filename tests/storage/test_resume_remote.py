@@ -16,13 +16,15 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit._internal.canonical import canonical_json
 from kronos_audit.errors import StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime import resume_remote
 from kronos_audit.runtime.publish import CheckpointSkipped
 from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
-from kronos_audit.storage import Storage
+from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.storage import Storage, cache_object_path, cache_settings, write_dvc_file
 from kronos_audit.storage import runs as runs_module
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 from tests.helpers import git, run_cli, untrusted_key
@@ -279,6 +281,35 @@ def test_a_manifest_whose_data_was_altered_is_skipped(
     expect_step_2(clone, "not the signed data")
 
 
+def test_a_fetched_step_that_fails_verification_discards_only_its_signed_object(
+    project: Project, key: SigningKey, pushed: Path, clone: Path
+) -> None:
+    # Step 3 signed again by the run's own key with one dataset digest that its data does
+    # not give: its data is fetched by the signed md5, then fails verification and goes.
+    recorded = ka.read_manifest(run_dir(project.root) / manifest_name(3))
+    statement = json.loads(recorded.envelope.payload)
+    statement["predicate"]["datasets"][0]["sha256"] = "0" * 64
+    (pushed / manifest_name(3)).write_bytes(
+        encode_envelope(sign_envelope(canonical_json(statement), key))
+    )
+    # Another run in the clone, and step 3's .dvc file there (anyone may commit one)
+    # naming that run's newest object instead of step 3's.
+    with ka.Run("other", root=clone / "checkpoints", seed=9, every=ka.EverySteps(1)) as other:
+        for step in other.steps(2):
+            other.checkpoint(step, {"u": other.rng.random(4)})
+    newest = ka.read_manifest(clone / "checkpoints" / "other" / manifest_name(2))
+    victim = newest.subject_md5
+    assert victim is not None
+    assert victim != recorded.subject_md5
+    run_dir(clone).mkdir(parents=True)
+    write_dvc_file(run_dir(clone) / "step-00000003.h5", victim, newest.record.size)
+    expect_step_2(clone, "content hash .* differs from the recorded")
+    cache_dir, _ = cache_settings(find_project(clone))
+    assert cache_object_path(cache_dir, victim).exists()  # the other run's data stays
+    assert recorded.subject_md5 is not None
+    assert not cache_object_path(cache_dir, recorded.subject_md5).exists()  # discarded
+
+
 def test_a_broken_chain_is_skipped(pushed: Path, clone: Path) -> None:
     # Step 3 verifies on its own, but the step 2 its chain needs was altered in the remote:
     # step 3 is passed over, and so is step 2, and step 1 is taken.
@@ -406,3 +437,50 @@ def test_an_unsigned_step_manifest_in_the_remote_decides_no_format(
             run.checkpoint(step, {"u": np.zeros(4)})
     assert (run_dir(project.root) / "step-00000001.h5.kaudit.json").is_file()
     assert not (run_dir(project.root) / "step-00000001").exists()
+
+
+def test_status_of_sharded_steps_brought_back_from_the_remote(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    """A sharded run resumed elsewhere brings its chain's manifests, not their data:
+    status says those steps are in the remote (remote-only), asking it by their index."""
+
+    def ranks(root: Path, steps: int) -> None:
+        def program(comm: ThreadRanks) -> None:
+            with thread_run(root, RUN, comm, push=True) as run:
+                state = run.restore()
+                u = np.arange(8.0).reshape(2, 4) if state is None else state["u"]
+                for step in run.steps(steps):
+                    u = u + 1
+                    run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+                assert run.push_failures == []
+
+        on_ranks(2, program)
+
+    ranks(project.root, 3)
+    clone = tmp_path / "elsewhere"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    ranks(clone, 4)
+    here = run_dir(clone)
+    # Steps 1 and 2 came back as their manifests alone; 3 (resumed from) with its data.
+    assert not (here / "step-00000001" / "index.jsonl").exists()
+    assert (here / "step-00000003" / "index.jsonl").exists()
+    result = run_cli("status", "--json", str(here), cwd=clone)
+    assert result.exit_code == 0, result.output
+    where = {
+        Path(c["checkpoint"]).parent.name: c["location"]
+        for c in json.loads(result.stdout)["checkpoints"]
+    }
+    assert where == {
+        "step-00000001": "remote-only",
+        "step-00000002": "remote-only",
+        "step-00000003": "pushed",
+        "step-00000004": "pushed",
+    }
+    # One shard gone from the remote: that step is not (fully) there, so it is missing.
+    index = (project.root / "checkpoints" / RUN / "step-00000001" / "index.jsonl").read_bytes()
+    md5 = json.loads(index.splitlines()[1])["md5"]
+    (remote / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+    result = run_cli("status", "--json", str(here), cwd=clone)
+    places = [c["location"] for c in json.loads(result.stdout)["checkpoints"]]
+    assert places == ["missing", "remote-only", "pushed", "pushed"]

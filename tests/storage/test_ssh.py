@@ -17,10 +17,12 @@ from kronos_audit.history.status import status
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import configure_remote
+from kronos_audit.storage.uploads import DVC_TEMPORARY, STALE_UPLOAD_AGE
 from tests.helpers import KAUDIT, git, run_cli
 from tests.sshd import SSHRemote, unused_port
 
 pytestmark = pytest.mark.slow
+HANG_GUARD = 120  # seconds; only stops a broken test from hanging, never a time limit
 
 
 def run_with_state(project: Project, n: int, steps: int = 2) -> Path:
@@ -112,3 +114,56 @@ def test_unreachable_ssh_remote_then_recovered(
     ssh_remote.configure_dvc(project.root, "storage", ssh_remote_dir)  # the server is back
     assert run_cli("push", str(run_dir)).exit_code == 0
     assert [e.location for e in status(project, manifests)] == [Location.PUSHED]
+
+
+def test_the_partial_upload_a_killed_push_leaves_is_removed_once_stale(
+    project: Project, key: SigningKey, ssh_remote: SSHRemote, ssh_remote_dir: str
+) -> None:
+    """dvc-ssh uploads under a temporary name: a push killed with SIGKILL leaves it. A
+    later push leaves it while it may still be written to, and removes it once stale."""
+    ssh_remote.configure_dvc(project.root, "storage", ssh_remote_dir)
+    run_dir = run_with_state(project, 10_000_000, steps=1)  # 80 MB: a second to upload
+    ckpt = run_dir / "step-00000001.h5"
+    md5 = ka.read_manifest(ckpt.with_name(ckpt.name + ".kaudit.json")).subject_md5
+    assert md5 is not None
+    directory = ssh_remote.local_path(ssh_remote_dir) / "files" / "md5" / md5[:2]
+
+    def temporaries() -> list[Path]:
+        if not directory.is_dir():
+            return []
+        return [p for p in directory.iterdir() if DVC_TEMPORARY.fullmatch(p.name)]
+
+    def push() -> subprocess.CompletedProcess[str]:
+        # A process of its own, as a user runs it: the server's deprecation warnings are
+        # not this test's errors.
+        return subprocess.run(
+            [*KAUDIT, "push", str(run_dir)],
+            cwd=project.root,
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD,
+        )
+
+    killed = subprocess.Popen([*KAUDIT, "push", str(run_dir)], cwd=project.root)
+    deadline = time.monotonic() + HANG_GUARD
+    while not any(p.stat().st_size for p in temporaries()) and killed.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    (left,) = temporaries()
+    assert not (directory / md5[2:]).exists(), "the push was not caught midway"
+
+    done = push()
+    assert done.returncode == 0, done.stderr
+    assert (directory / md5[2:]).read_bytes() == ckpt.read_bytes()
+    assert temporaries() == [left]  # written to a moment ago: maybe an upload in progress
+
+    then = time.time() - STALE_UPLOAD_AGE - 60  # no write since: no upload is behind it
+    os.utime(left, (then, then))
+    done = push()
+    assert done.returncode == 0, done.stderr
+    assert temporaries() == []
+    assert "removed a partial upload left in the DVC remote by a push killed midway" in (
+        done.stderr
+    )

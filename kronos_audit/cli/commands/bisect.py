@@ -11,6 +11,7 @@ from kronos_audit.cli.comparison import render_comparison
 from kronos_audit.cli.options import (
     json_option,
     json_paths,
+    pinned_trust,
     tolerance_options,
     tolerance_policy,
     trust_options,
@@ -19,10 +20,9 @@ from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
-    from kronos_audit.compare import TolerancePolicy
+    from kronos_audit.compare import PolicySource
     from kronos_audit.history.bisect import BisectResult, Chain, StepComparison
     from kronos_audit.keys.anchors import TrustOptions
-    from kronos_audit.project.repository import Project
 
 
 @click.command("bisect")
@@ -48,8 +48,10 @@ def bisect_command(
     A and B are each a run's directory or the manifest of its last checkpoint. Both chains
     are verified (signatures and parent links), then the steps both runs checkpointed are
     bisected, comparing checkpoints as `kaudit diff` does, with the same tolerance options
-    and [compare] defaults. Assumes that runs which have diverged stay diverged. Recorded
-    hashes decide a step when they can; data not here is fetched from the DVC remote.
+    and [compare] defaults: read as they are at --trust-ref when it is given, else from the
+    work tree's .kaudit/config.toml; the output says which. Assumes that runs which have
+    diverged stay diverged. Recorded hashes decide a step when they can; data not here is
+    fetched from the DVC remote.
 
     Exit 0 when the runs never diverge, 1 when they do, 2 for bad input.
 
@@ -59,14 +61,18 @@ def bisect_command(
     """
     from kronos_audit.history.bisect import bisect
 
-    policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
+    # [compare] at --trust-ref when one is given, else the work tree's, said beside the
+    # tolerance: never a silent loosening by a committed config.
+    trust = pinned_trust(trust, a, b)  # one commit for [compare] and the chains' anchors
+    policy, source, project = tolerance_policy(rtol, atol, ulp, tol, a, b, trust=trust)
     result = bisect(a, b, policy, trust=trust)
     if as_json:
         doc = result.to_json_obj(json_paths(a, b))
         doc["config"] = None if project is None else project.relative(project.config_path)
+        doc["tolerance_source"] = source.to_json_obj()
         out.json(doc)
     else:
-        _render(result, project)
+        _render(result, source)
     ctx.exit(ExitCode.CHECK_FAILED if result.diverged else ExitCode.OK)
 
 
@@ -78,26 +84,22 @@ def _chain_line(label: str, chain: Chain) -> str:
     )
 
 
-def _policy_text(policy: TolerancePolicy) -> str:
-    parts = [f"--tol {r}" if r.origin == "--tol" else f"config {r}" for r in policy.rules]
-    rest = "exact (bitwise)" if policy.default is None else f"float data {policy.default.spec}"
-    parts.append(f"otherwise {rest}" if parts else rest)
-    return "; ".join(parts)
-
-
 def _probe_text(p: StepComparison) -> str:
     mark = "[green]agrees[/]" if p.agrees else "[red]differs[/]"
     how = "hashes" if p.decided_by == "hashes" else "data"  # a Decision
     return f"{p.step} {mark} [dim]({how})[/]"
 
 
-def _render(result: BisectResult, project: Project | None) -> None:
+def _render(result: BisectResult, source: PolicySource) -> None:
+    from kronos_audit.compare.policy import policy_text
+
     out.print(_chain_line("A", result.a))
     out.print(_chain_line("B", result.b))
     common = result.common_steps
     out.print(
         f"{len(common)} common steps ({common[0]}..{common[-1]}); "
-        f"tolerance: {safe(_policy_text(result.policy))}"
+        f"tolerance: {safe(policy_text(result.policy))} "
+        f"[dim]({safe(source.describe())})[/]"
     )
     out.print("compared: " + ", ".join(_probe_text(p) for p in result.probes))
     out.print()
@@ -121,7 +123,7 @@ def _render(result: BisectResult, project: Project | None) -> None:
         )
     )
     if first.comparison is not None:
-        render_comparison(first.comparison, project)
+        render_comparison(first.comparison, source)
     else:
         out.print(
             "its data was pruned by retention: the recorded hashes differ for "

@@ -52,7 +52,7 @@ def diff(
     from kronos_audit.compare import compare_files
     from kronos_audit.replay.step_diff import diff_steps, step_manifest_of
 
-    policy, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
+    policy, source, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
     step_a, step_b = step_manifest_of(a), step_manifest_of(b)
     if step_a is not None and step_b is not None:
         result = diff_steps(step_a, step_b, policy)
@@ -61,7 +61,8 @@ def diff(
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else project.relative(project.config_path)
+        doc["tolerance_source"] = source.to_json_obj()
         out.json(doc)
     else:
-        render_comparison(result, project)
+        render_comparison(result, source)
     ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)

@@ -97,6 +97,11 @@ def render(result: GateResult) -> None:
         out.print(f"{_STATUS[c.status.value]} {c.kind.value} [bold]{safe(c.name)}[/]", failure=True)
         for d in c.details or (c.message,):
             out.print(f"  {safe(d)}", failure=True)
+    # Every attested verdict with the tolerances it was reached with, failed or passed.
+    for c in result.cases:
+        for i, line in enumerate(c.comparison):
+            head = f"attestation [bold]{safe(c.name)}[/] compared: " if i == 0 else "  "
+            out.print(f"{head}{safe(line)}", failure=not c.ok)
     if result.trust_anchor is not None:
         anchor = result.trust_anchor
         out.print(f"trust ref: {safe(anchor.given)} resolved to {safe(anchor.describe())}")

@@ -39,8 +39,11 @@ def push(
 
     Each manifest's signature and place are verified first; the data goes by the md5 and
     size the manifest signs (.dvc files are not consulted), and is confirmed in the remote
-    afterwards. Exit 1 if a manifest does not verify (it is not pushed) or an object is
-    not in the remote after the push, 2 for bad input.
+    afterwards. A manifest goes only onto its run's chain in the remote: where another
+    chain of the run is there (a second writer pushed its own steps), it is refused,
+    naming both steps and both writers, and nothing there is replaced. Exit 1 if a
+    manifest does not verify or is refused (it is not pushed) or an object is not in the
+    remote after the push, 2 for bad input.
 
     \b
     Example:
@@ -94,9 +97,16 @@ def push(
     missing: dict[Path, str] = {}
     uploaded = 0
     sent = 0
+    repaired: list[tuple[FetchItem, str]] = []
     with progress_bar() as bar:
         bar.update(f"pushing {len(items)} checkpoint(s)", 0, 0)
         if items:
+            # A step signed but not tracked (signed by an older kaudit before it was
+            # tracked, or its cache object lost) is tracked again from its verified bytes
+            # here, and said: DVC pushes only what its cache holds. Only once there is a
+            # remote to push to (none: exit 2, nothing changed here).
+            storage.remote_name(remote)
+            repaired = storage.repair_tracking([i for group in items.values() for i in group])
             try:
                 uploaded = storage.push([i for group in items.values() for i in group], remote)
             except PushIncomplete as e:
@@ -112,7 +122,9 @@ def push(
             and m not in bad
             and (m not in items or not any(i.checkpoint in missing for i in items[m]))
         ]
-        sent = push_manifests(storage, to_send, remote) if to_send else 0
+        # One that another chain of its run in the remote refuses stays here (and the
+        # rest of its chain with it): named below, nothing there replaced.
+        sent = push_manifests(storage, to_send, remote, refused=refused) if to_send else 0
     ok = not refused and not missing and not bad
     code = ExitCode.BAD_INPUT if bad else ExitCode.OK if ok else ExitCode.CHECK_FAILED
     if as_json:
@@ -121,10 +133,14 @@ def push(
                 "ok": ok,
                 "pushed": [
                     project.relative(group[0].checkpoint)
-                    for group in items.values()
-                    if not any(i.checkpoint in missing for i in group)
+                    for m, group in items.items()
+                    if m not in refused and not any(i.checkpoint in missing for i in group)
                 ],
                 "uploaded": uploaded,
+                "repaired": [
+                    {"path": project.relative(item.checkpoint), "detail": how}
+                    for item, how in repaired
+                ],
                 "manifests": sent,
                 "not_here": [
                     project.relative(verifier.cache.read(m).checkpoint_path) for m in absent
@@ -139,9 +155,14 @@ def push(
         ctx.exit(code)
     for bad_input in bad.values():
         click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
+    for item, how in repaired:
+        out.print(f"[yellow]repaired[/] {safe(project.relative(item.checkpoint))}: {safe(how)}")
     for path, why in [*refused.items(), *missing.items()]:
         out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}", failure=True)
-    pushed = sum(not any(i.checkpoint in missing for i in group) for group in items.values())
+    pushed = sum(
+        m not in refused and not any(i.checkpoint in missing for i in group)
+        for m, group in items.items()
+    )
     out.print(
         f"pushed {pushed} checkpoint(s): {uploaded} object(s) uploaded, "
         f"the rest were in the remote already (each confirmed there, by its signed md5 and "

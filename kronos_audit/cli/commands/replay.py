@@ -13,9 +13,11 @@ from kronos_audit.cli.comparison import STYLE, SUMMARY_WORDS, dataset_details
 from kronos_audit.cli.options import (
     ask_passphrase,
     json_option,
+    pinned_trust,
     tolerance_options,
     tolerance_policy,
     trust_options,
+    warn,
 )
 from kronos_audit.cli.output import out, safe
 from kronos_audit.errors import ExitCode, UsageError
@@ -89,7 +91,10 @@ def replay(
     if missing) and stopping at the manifest's step; its checkpoint is compared with the
     recorded one. Bitwise by default, against the recorded dataset hashes; with a
     tolerance (options as for `kaudit diff`, defaults from [compare] in
-    .kaudit/config.toml), against the recorded data.
+    .kaudit/config.toml), against the recorded data. [compare] is read as it is at
+    --trust-ref when one is given; else from the work tree, except with --attest: a signed
+    verdict takes its tolerances from the command line or the trust ref only (bitwise
+    without either). The output and the attestation say where they came from.
 
     The history is verified with the same trust anchors as `kaudit verify`; --attest
     certifies, so it requires every signer on the way to be anchored (as --require-anchor).
@@ -109,13 +114,25 @@ def replay(
     from kronos_audit.checkpoint.layout import resolve_target
     from kronos_audit.cli.progress import progress_bar, replay_output
     from kronos_audit.keys.home import select_key
+    from kronos_audit.project.settings import work_tree_tolerances
     from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
     from kronos_audit.replay import replay as run_replay
 
     manifest = resolve_target(manifest)  # a checkpoint or step directory: its manifest
     if key is not None and not attest:
         raise UsageError("--key names the key that signs the attestation: add --attest")
-    policy, _ = tolerance_policy(rtol, atol, ulp, tol, manifest)
+    # A signed verdict depends only on signed or given settings: with --attest, [compare]
+    # is read only at --trust-ref, never from the work tree (without either, bitwise).
+    # --trust-ref resolved once: [compare] and the history are read at one commit.
+    trust = pinned_trust(trust, manifest)
+    policy, source, project = tolerance_policy(
+        rtol, atol, ulp, tol, manifest, trust=trust, work_tree=not attest
+    )
+    if attest and trust.trust_ref is None and work_tree_tolerances(project):
+        warn(
+            "[compare] of the work tree's .kaudit/config.toml is not used for a signed "
+            "verdict: give the tolerances (--rtol, --atol, --ulp, --tol) or --trust-ref REF"
+        )
     trust = dataclasses.replace(trust, require_anchor=True) if attest else trust
     # A missing or unreadable key stops us before the run.
     signing_key = select_key(key, passphrase=ask_passphrase) if attest else None
@@ -124,6 +141,7 @@ def replay(
         result = run_replay(
             manifest,
             policy=policy,
+            policy_source=source,
             env=EnvMode(env_mode),
             keep_workdir=keep_workdir,
             trust=trust,
@@ -186,12 +204,21 @@ def _header(r: ReplayResult) -> None:
             _row("environment", f"[green]no drift[/] from the recorded lock ({whose})")
         if env.notes:
             _row("", "[dim]not drift: " + safe("; ".join(str(d) for d in env.notes)) + "[/]")
+    _row("tolerances", _tolerances(r))
     t = r.timings
     _row(
         "time",
         f"command {_seconds(t.command)}, total {_seconds(t.total)} "
         f"(verify {_seconds(t.verify)}, code {_seconds(t.code)}, compare {_seconds(t.compare)})",
     )
+
+
+def _tolerances(r: ReplayResult) -> str:
+    from kronos_audit.compare.policy import policy_text
+
+    source = r.policy_source
+    text = f"{safe(policy_text(r.policy))}  [dim]({safe(source.describe())})[/]"
+    return f"[yellow]{text}[/]" if source.settings == "work-tree" else text  # a Settings
 
 
 def render(r: ReplayResult, attestation: Attestation | None) -> None:

@@ -23,16 +23,25 @@ if TYPE_CHECKING:
 @click.argument("manifest", type=click.Path(path_type=Path))
 @json_option("Print the decoded statement as JSON.")
 def show(manifest: Path, as_json: bool) -> None:
-    """Summarise a manifest (without verifying it: see `kaudit verify`).
+    """Summarise a manifest, or a replay attestation (without verifying it: see
+    `kaudit verify`).
+
+    An attestation is shown with the comparison it records: the tolerances its verdict
+    was reached with, where they came from, and each dataset judged with a tolerance.
 
     \b
     Example:
       kaudit show checkpoints/heat/step-00000200.h5.kaudit.json
+      kaudit show checkpoints/heat/step-00000200.h5.replay.json
     """
-    from kronos_audit.checkpoint.layout import resolve_target
+    from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, resolve_target
     from kronos_audit.statement.manifest import read_manifest
 
-    m = read_manifest(resolve_target(manifest))
+    target = resolve_target(manifest)
+    if target.name.endswith(ATTESTATION_SUFFIX):
+        _show_attestation(target, as_json)
+        return
+    m = read_manifest(target)
     if as_json:
         # ensure_ascii: control characters in names come out as \u escapes, never raw.
         click.echo(json.dumps(thaw(m.statement), indent=2, sort_keys=True, ensure_ascii=True))
@@ -101,6 +110,8 @@ def show(manifest: Path, as_json: bool) -> None:
                 ),
             )
         )
+    if p.writer is not None:
+        rows.append(("writer", _text(p.writer.describe())))
     if p.shards is not None:
         rows.append(
             (
@@ -135,6 +146,34 @@ def show(manifest: Path, as_json: bool) -> None:
         out.print("a sharded step: its index and every shard are covered by `kaudit verify`")
     else:
         out.print("not HDF5: covered by the file digest only")
+
+
+def _show_attestation(path: Path, as_json: bool) -> None:
+    """An attestation's verdict and the comparison it records, unverified."""
+    from kronos_audit.statement.attestation import read_attestation
+
+    a = read_attestation(path)
+    if as_json:
+        click.echo(json.dumps(thaw(a.statement), indent=2, sort_keys=True, ensure_ascii=True))
+        return
+    r = a.replay
+    patch = f" + patch {_text(r.patch_sha256)}" if r.patch_sha256 else ""
+    parent = "the start" if r.parent is None else f"step {_text(r.parent.step)}"
+    rows: list[tuple[str, str]] = [
+        ("attestation", _text(a.path)),
+        ("attests", f"{_text(r.manifest.path)} ({_text(r.manifest.sha256)})"),
+        ("run / step", f"{_text(r.manifest.run)} / {_text(r.manifest.step)}"),
+        ("outcome", _text(r.outcome.value)),
+        ("replayed", f"{_text(r.replayed_at)} from {parent} by {_text(r.tool)}"),
+        ("code", f"{_text(r.commit)}{patch}"),
+    ]
+    lines = r.comparison.lines()
+    rows.append(("compared", _text(lines[0])))
+    rows += [("", _text(line)) for line in lines[1:]]
+    signers = ", ".join(_text(s.keyid or "(no keyid)") for s in a.envelope.signatures)
+    rows.append(("signed by", signers))
+    for label, value in rows:
+        out.print(f"[bold]{label:<13}[/]{value}".rstrip())
 
 
 def _rank_change(m: Manifest, count: int) -> str:

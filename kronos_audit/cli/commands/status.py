@@ -13,6 +13,7 @@ from kronos_audit.cli.options import (
     json_option,
     manifests_named,
     trust_options,
+    warn,
 )
 from kronos_audit.cli.output import Column, out, safe, settings
 from kronos_audit.errors import ExitCode
@@ -35,6 +36,11 @@ _COLOURS = {
 @click.argument("targets", nargs=-1, type=click.Path(path_type=Path))
 @REMOTE_OPTION
 @click.option("--local-only", is_flag=True, help="Do not ask the remote.")
+@click.option(
+    "--require-remote",
+    is_flag=True,
+    help="Fail (exit 2) if the remote cannot be read, instead of showing the places here.",
+)
 @trust_options
 @json_option("Print each checkpoint's place as JSON.")
 @click.pass_context
@@ -43,6 +49,7 @@ def status_command(
     targets: tuple[Path, ...],
     remote: str | None,
     local_only: bool,
+    require_remote: bool,
     trust: TrustOptions,
     as_json: bool,
 ) -> None:
@@ -56,27 +63,68 @@ def status_command(
     Before any DVC remote is set up (and without --remote), only the places here are
     shown, as with --local-only: local, pruned, missing or corrupt.
 
-    Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs).
+    A remote that cannot be read (a server down, no network) does not fail the command:
+    the places here are shown, and one warning line says the remote was not heard. With
+    --require-remote that is an error (exit 2).
+
+    A step whose run's DVC remote holds another manifest of it (another chain of the run,
+    pushed by a second writer) is not pushed there, whatever data went. A step with two
+    children among the run's manifests in the remote (signed by signers the trust options
+    accept) is a fork, named in one line.
+
+    Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs), or the
+    run's chain forks in the remote.
 
     \b
     Example:
       kaudit status checkpoints/heat --local-only
     """
-    from kronos_audit.history.status import status
+    from kronos_audit.history.status import status_report
     from kronos_audit.storage import Storage
 
+    if local_only and require_remote:
+        raise click.UsageError("--local-only and --require-remote contradict each other")
     project, manifests = manifests_named(targets)
     # No remote yet (a new repository): what is here, as `git status` before any push.
-    ask = not local_only and (remote is not None or Storage(project).has_default_remote())
-    entries = status(project, manifests, remote, check_remote=ask, trust=trust)
+    ask = not local_only and (
+        remote is not None or require_remote or Storage(project).has_default_remote()
+    )
+    chains = None
+    problems: list[str] = []
+    if ask:  # every manifest of each run there, read once: this step's, and any fork
+        from kronos_audit.statement.manifest import read_manifest
+        from kronos_audit.verification.remote_chain import remote_chains
+
+        runs = [read_manifest(m).run for m in manifests]
+        chains = remote_chains(Storage(project), runs, remote, problems=problems)
+    report = status_report(project, manifests, remote, check_remote=ask, trust=trust, chains=chains)
+    unreachable = report.remote_unreachable
+    if unreachable is not None and require_remote:
+        raise unreachable
+    if unreachable is None:  # an unreachable remote is said once, below
+        for problem in problems if not as_json else ():
+            warn(f"{problem}: not checked for another chain of the run")
+    entries = report.entries
+    forks: list[str] = []
+    if chains:  # only manifests a trusted signer signed fork a chain: a dropped file cannot
+        from kronos_audit.keys.anchors import load_keyring
+        from kronos_audit.verification.verifier import Verifier
+
+        verifier = Verifier(project, load_keyring(project.root, trust), fetch=False)
+        forks = [
+            f.describe(run)
+            for run, c in chains.items()
+            for f in c.forks(lambda m: verifier.signature(m).ok)
+        ]
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1
     corrupt = counts.get("corrupt", 0)
+    failed = bool(corrupt or forks)
     if as_json:
         out.json(
             {
-                "ok": not corrupt,
+                "ok": not failed,
                 "checkpoints": [
                     {
                         "checkpoint": project.relative(e.checkpoint),
@@ -89,6 +137,8 @@ def status_command(
                 ],
                 "counts": dict(sorted(counts.items())),
                 "remote_asked": ask,
+                "remote_unreachable": None if unreachable is None else unreachable.message,
+                "forks": forks,
             }
         )
     else:
@@ -112,6 +162,8 @@ def status_command(
         out.print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         if not ask and not local_only:
             out.print("[dim]no DVC remote yet: places here only (`kaudit init --remote URL`)[/]")
+        if unreachable is not None:
+            warn(f"{unreachable.message}: places here only (a checkpoint not here is missing)")
         for e in entries:  # with --quiet, what fails the command, and nothing else
             if e.location.value == "corrupt" and settings().quiet:
                 out.print(
@@ -119,4 +171,6 @@ def status_command(
                     "its manifest signs",
                     failure=True,
                 )
-    ctx.exit(ExitCode.CHECK_FAILED if corrupt else ExitCode.OK)
+        for fork in forks:
+            out.print(f"[red]FORK[/] {safe(fork)}", failure=True)
+    ctx.exit(ExitCode.CHECK_FAILED if failed else ExitCode.OK)

@@ -46,6 +46,10 @@ def _print_result(r: VerifyResult) -> None:
     )
     for c in r.failures:
         out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}", failure=True)
+    # What an attested verdict was reached with: its tolerances and where they came from.
+    for i, line in enumerate(r.comparison):
+        lead = "      compared: " if i == 0 else "        "
+        out.print(f"{lead}{safe(line)}", failure=failed)
     verbose = settings().verbose
     for c in r.checks:
         if c.status is CheckStatus.SKIPPED:  # an UNVERIFIED one is shown above
@@ -109,6 +113,10 @@ def verify(
     MANIFESTS are manifests, checkpoints, run directories, replay attestations or
     campaign certificates (NAME.campaign.json); none: every one in the repository.
 
+    Where it reads the DVC remote (it fetched data, or --remote names one), the runs'
+    manifests there are read too: a step with two signed children (two chains of one
+    run) is a FORK line, and fails.
+
     Exit 0 when every check holds, 1 when any fails, 2 for bad input.
 
     \b
@@ -137,15 +145,20 @@ def verify(
                 results.append(outcome)
                 if not as_json:
                     _print_result(outcome)
+    # The run's chain in the remote, where this verify reads the remote anyway (it
+    # fetched data) or was given one: a present chain needs no DVC at all.
+    asked = remote is not None or any(r.fetched for r in results)
+    forks = _remote_forks(results, trust, remote, quiet=as_json) if asked and not no_fetch else []
     summary = _summary(results, errors)
     if as_json:
         out.json(
             {
-                "ok": not errors and all(r.ok for r in results),
+                "ok": not errors and not forks and all(r.ok for r in results),
                 "summary": summary,
                 "results": [r.to_json_obj(json_paths(*paths)) for r in results],
                 "errors": [error_json(e) for e in errors],
             }
+            | ({"forks": forks} if forks else {})
         )
     elif results:
         counted = []
@@ -165,8 +178,35 @@ def verify(
         if summary["failed"]:
             counted.append(f"[red]{summary['failed']} failed[/]")
         out.print(", ".join(counted))
+    if not as_json:
+        for fork in forks:
+            out.print(f"[red]FORK[/] {safe(fork)}", failure=True)
     # Bad input (2) outranks a failed check (1); tampered data fetched is a failed check.
     codes = [e.exit_code for e in errors] + [
         ExitCode.OK if r.ok else ExitCode.CHECK_FAILED for r in results
     ]
+    if forks:
+        codes.append(ExitCode.CHECK_FAILED)
     ctx.exit(max(codes, default=ExitCode.OK))
+
+
+def _remote_forks(
+    results: list[VerifyResult], trust: TrustOptions, remote: str | None, *, quiet: bool
+) -> list[str]:
+    """Each fork of the verified runs' chains in the DVC remote (two signed children of
+    one step there); a remote that cannot be read is warned about, and judged no further."""
+    from kronos_audit.keys.anchors import load_keyring
+    from kronos_audit.project.repository import find_project
+    from kronos_audit.verification.remote_chain import signed_forks
+    from kronos_audit.verification.results import StatementKind
+
+    runs = [r.run for r in results if r.kind is StatementKind.MANIFEST]
+    if not runs:
+        return []
+    try:
+        project = find_project(results[0].manifest.parent)
+        return signed_forks(project, runs, load_keyring(project.root, trust), remote)
+    except Error as e:
+        if not quiet:
+            warn(f"the run's chain in the DVC remote was not checked for forks: {e}")
+        return []

@@ -116,7 +116,10 @@ def differences(
                 unknown = section == "cpu" and (a is None or b is None)
                 drift = (section, name) not in NOTED_ONLY and not unknown
                 found.append(Difference(section, name, a, b, drift))
-    found.extend(_threadpool_differences(recorded.get("threadpools"), current.get("threadpools")))
+    if program:  # this process loads only numpy's BLAS, not what the program loads
+        found.extend(
+            _threadpool_differences(recorded.get("threadpools"), current.get("threadpools"))
+        )
     found.extend(
         _framework_differences(
             recorded.get("frameworks") or {}, current.get("frameworks") or {}, program=program
@@ -145,8 +148,9 @@ def _pools(pools: Any) -> dict[str, str | None]:
 
 def _threadpool_differences(recorded: Any, current: Any) -> list[Difference]:
     """The BLAS and OpenMP libraries loaded, field by field: their kernels (OpenBLAS's
-    ``architecture``) and thread counts decide bits. Compared only when both locks list
-    them (locks written before they were recorded do not)."""
+    ``architecture``) and thread counts decide bits. Compared only on the replayed
+    program's own lock, and when both locks list them (locks written before they were
+    recorded do not)."""
     if recorded is None or current is None:
         return []
     a, b = _pools(recorded), _pools(current)

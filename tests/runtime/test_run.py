@@ -226,7 +226,11 @@ def test_replay_instruction_resumes_stops_and_writes_there(
         with pytest.raises(SystemExit) as stopped:
             simulate(root, 30)  # asks for 30 steps; the replay stops it at 20
         assert stopped.value.code == 0
-        assert [p.name for p in out.iterdir()] == ["step-00000020.h5"]  # one file, unsigned
+        # one file, unsigned, and the environment lock the program ran with
+        assert sorted(p.name for p in out.iterdir()) == [
+            ".kaudit-environment.json",
+            "step-00000020.h5",
+        ]
         produced = digest_file(out / "step-00000020.h5")
         assert produced.datasets == recorded.datasets  # bitwise the recorded step 20
     assert steps_on_disk(root / "sim") == [10, 20, 30]  # the run's own directory untouched
@@ -356,7 +360,11 @@ def test_a_replay_writes_its_step_whatever_the_programs_policy(
         with pytest.raises(SystemExit) as stopped:
             loop(root, 12, policy, run_id="rec")
         assert stopped.value.code == 0
-        assert [p.name for p in out.iterdir()] == ["step-00000008.h5"]  # step N, and only it
+        # step N, and only it (beside the environment lock the program ran with)
+        assert sorted(p.name for p in out.iterdir()) == [
+            ".kaudit-environment.json",
+            "step-00000008.h5",
+        ]
         assert digest_file(out / "step-00000008.h5").datasets == recorded.datasets
     assert steps_on_disk(root / "rec") == [4, 8, 12]
 

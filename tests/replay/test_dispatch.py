@@ -8,7 +8,6 @@ the one-machine proxy for a replay on another vendor's CPU: the same variables d
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,11 +55,10 @@ PERTURBED = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "OMP_NU
 """What the replaying process's environment asks for: other kernels, another thread count."""
 
 
-def _kaudit(repo: Path, *args: str, env: dict[str, str] | None = None) -> None:
+def _kaudit(repo: Path, *args: str, cwd: str = "programs") -> None:
     done = subprocess.run(
         [sys.executable, "-m", "kronos_audit", *args],
-        cwd=repo / "programs",
-        env={**os.environ, **(env or {})},
+        cwd=repo / cwd,
         capture_output=True,
         text=True,
     )
@@ -142,15 +140,16 @@ def test_a_portable_run_replays_bitwise_under_other_kernels(
     assert _replay(manifest(mlp, 5), exit_code=0)["outcome"] == "REPRODUCED"
 
 
-def test_a_recorded_pin_that_is_not_a_plain_setting_is_refused(mlp: Path, key: SigningKey) -> None:
-    repo = mlp.parents[2]
-    _kaudit(repo, "run", "--portable", "--retries", "0", "--", sys.executable, "mlp.py", "5")
+def test_a_recorded_pin_that_is_not_a_plain_setting_is_refused(repo: Path, key: SigningKey) -> None:
+    heat = ("run.py", "--steps", "5", "--every", "5", "--n", "8")
+    _kaudit(repo, "run", "--portable", "--retries", "0", "--", sys.executable, *heat, cwd="heat")
+    target = manifest(repo / "heat" / "checkpoints" / "heat", 5)
 
     def hostile(predicate: dict[str, Any]) -> None:
         predicate["environment"]["variables"]["XLA_FLAGS"] = "--xla_dump_to=/tmp/x; rm -rf ~"
 
-    resign(manifest(mlp, 5), key, hostile)
-    result = run_cli("replay", str(manifest(mlp, 5)))
+    resign(target, key, hostile)
+    result = run_cli("replay", str(target))
     assert result.exit_code == 2, result.output
     assert "the recorded XLA_FLAGS is not a plain setting" in result.stderr
     assert "Traceback" not in result.output

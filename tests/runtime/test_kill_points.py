@@ -200,7 +200,13 @@ def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
     outcomes: dict[str, int] = {"absent": 0, "tracked": 0}
     # Before each event, then after the commit (AFTER, not a count: two thread ranks may
     # make an event more than the recorded run, both racing to make the step directory).
-    for kill_at in [*range(len(events)), AFTER]:
+    # Under mpiexec, from rank 0's first event on the index: the events before (its shard
+    # written, the votes) are the same code as the thread ranks', killed at each above,
+    # and a job of two processes per kill is the dearest run of the suite.
+    first = 0
+    if mode == "mpi":
+        first = next(i for i, e in enumerate(events) if INDEX_NAME in e.rsplit("/", 1)[-1])
+    for kill_at in [*range(first, len(events)), AFTER]:
         repo = tmp_path / f"k{kill_at}"
         shutil.copytree(project.root, repo, symlinks=True)
         log = tmp_path / f"k{kill_at}.log"
@@ -217,9 +223,12 @@ def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
         outcomes["tracked"] += 1
         problems = untracked(repo, manifest)
         assert problems == [], f"{where}: step 2 is signed but {problems}"
-        pushed = run_cli("push", str(repo / "checkpoints" / RUN), cwd=repo)
-        assert pushed.exit_code == 0, f"{where}: {pushed.output}"
-        assert "repaired" not in pushed.output, f"{where}: {pushed.output}"
+        if outcomes["tracked"] == 1 or kill_at == AFTER:
+            # What untracked() checked is what a push needs; pushed for real once the
+            # step is first found signed, and once its commit has returned.
+            pushed = run_cli("push", str(repo / "checkpoints" / RUN), cwd=repo)
+            assert pushed.exit_code == 0, f"{where}: {pushed.output}"
+            assert "repaired" not in pushed.output, f"{where}: {pushed.output}"
     # Both outcomes happened: the kills landed before and after the manifest's rename.
     assert outcomes["absent"] >= 1, outcomes
     assert outcomes["tracked"] >= 1, outcomes

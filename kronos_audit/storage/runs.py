@@ -113,9 +113,6 @@ class RunFiles:
             self._fs, self._dir = fs, fs.join(root, *RUNS_DIR, self.run_id)
         return self._fs, self._dir
 
-    def _local(self, fs: Any) -> bool:
-        return self._is_local
-
     def _error(self, what: str, e: Exception) -> StorageError:
         return StorageError(
             f"{what} {self._dir} in the DVC remote: {dvc_error(e)}",
@@ -152,7 +149,7 @@ class RunFiles:
         between the two is not kept out: the caller checks afterwards."""
         _check_name(name)
         fs, directory = self._open()
-        if not self._local(fs):
+        if not self._is_local:
             try:
                 with quiet_dvc():
                     there = fs.exists(fs.join(directory, name))
@@ -204,7 +201,7 @@ class RunFiles:
         """The entries of the run's remote directory (none if it does not exist), at most
         :data:`LIST_LIMIT`; StorageError if the remote cannot be listed."""
         fs, directory = self._open()
-        if self._local(fs):
+        if self._is_local:
             return self._list_local(directory)
         try:
             with quiet_dvc():
@@ -257,7 +254,7 @@ class RunFiles:
         _check_name(name)
         fs, directory = self._open()
         path = fs.join(directory, name)
-        if self._local(fs):
+        if self._is_local:
             try:
                 return read_regular(path, limit, follow_symlinks=False)
             except UnsafeFile as e:

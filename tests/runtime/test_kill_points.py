@@ -225,7 +225,9 @@ def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
         assert problems == [], f"{where}: step 2 is signed but {problems}"
         if outcomes["tracked"] == 1 or kill_at == AFTER:
             # What untracked() checked is what a push needs; pushed for real once the
-            # step is first found signed, and once its commit has returned.
+            # step is first found signed, and once its commit has returned. Each copy is
+            # a chain of its own (its own run start): each push goes to an empty remote.
+            shutil.rmtree(tmp_path / "remote", ignore_errors=True)
             pushed = run_cli("push", str(repo / "checkpoints" / RUN), cwd=repo)
             assert pushed.exit_code == 0, f"{where}: {pushed.output}"
             assert "repaired" not in pushed.output, f"{where}: {pushed.output}"

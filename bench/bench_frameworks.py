@@ -53,7 +53,8 @@ load from other processes every figure grows, the stalls by up to 2x.
 The whole run takes about 10 minutes with the defaults (``--seconds 60``: about 14).
 
 Run: .venv/bin/python bench/bench_frameworks.py [--seconds 60] [--mib 256] [--every 5]
-     .venv/bin/python bench/bench_frameworks.py --quick   (a few seconds, a small state)
+     .venv/bin/python bench/bench_frameworks.py --quick   (a few seconds, a small state;
+       every contender in one process: it checks the benchmark runs, its figures mean little)
 """
 
 from __future__ import annotations
@@ -517,14 +518,22 @@ RUNNERS: dict[str, Callable[[Params, Path], Result]] = {
 
 def measure(name: str, p: Params) -> Result:
     """Run one contender in a fresh subprocess; return what it measured."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"kaudit-bench-{name}-"))
+    (result,) = measure_together([name], p)
+    return result
+
+
+def measure_together(names: list[str], p: Params) -> list[Result]:
+    """Run contenders one after another in one fresh subprocess; return what each
+    measured. One name a process for figures worth reading (each starts from the same
+    clean state); many at once for ``--quick``, which checks that every contender still
+    runs and is reported, and pays one interpreter start, not one per contender."""
+    scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-"))
     try:
         out = subprocess.run(
             [
                 sys.executable,
                 str(Path(__file__).resolve()),
-                "--contender",
-                name,
+                *(arg for name in names for arg in ("--contender", name)),
                 "--params",
                 json.dumps(asdict(p)),
                 "--scratch",
@@ -536,11 +545,11 @@ def measure(name: str, p: Params) -> Result:
             env={**os.environ, "DVC_NO_ANALYTICS": "1", "JAX_PLATFORMS": "cpu"},
         ).stdout
     except subprocess.CalledProcessError as e:
-        raise SystemExit(f"the {name} contender failed:\n{e.stderr}") from None
+        raise SystemExit(f"the {' and '.join(names)} contender failed:\n{e.stderr}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    fields = json.loads(out.splitlines()[-1])
-    return Result(**fields)
+    lines = out.splitlines()[-len(names) :]
+    return [Result(**json.loads(line)) for line in lines]
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -697,13 +706,18 @@ def main(argv: list[str] | None = None) -> list[tuple[str, bool]] | None:
     parser.add_argument("--step-ms", type=float, default=50.0, help="work per step")
     parser.add_argument("--runs", type=int, default=2, help="runs of every contender")
     parser.add_argument("--quick", action="store_true", help="a few seconds, a small state")
-    parser.add_argument("--contender", choices=list(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--contender", action="append", choices=list(RUNNERS), help=argparse.SUPPRESS
+    )
     parser.add_argument("--params", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.contender:  # one contender, in its subprocess
-        result = RUNNERS[args.contender](Params(**json.loads(args.params)), Path(args.scratch))
-        print(json.dumps(asdict(result)))
+    if args.contender:  # contenders, in their subprocess, one after another
+        for i, name in enumerate(args.contender):
+            scratch = Path(args.scratch) / str(i)
+            scratch.mkdir()
+            result = RUNNERS[name](Params(**json.loads(args.params)), scratch)
+            print(json.dumps(asdict(result)), flush=True)
         return None
     if args.quick:
         # A loop longer than the interval: each contender checkpoints at least once.
@@ -712,11 +726,14 @@ def main(argv: list[str] | None = None) -> list[tuple[str, bool]] | None:
         p = Params(seconds=args.seconds, mib=args.mib, every=args.every, step_ms=args.step_ms)
     reps = measure(CALIBRATE, p).steps
     p = dataclasses.replace(p, reps=reps, steps=max(1, round(p.seconds * 1e3 / p.step_ms)))
-    runs = [
-        {name: measure(name, p) for name in CONTENDERS}
-        for _ in range(1 if args.quick else args.runs)
-    ]
-    alone = {name: measure(name, p) for name in ALONE_RUNNERS}
+    if args.quick:  # every contender still runs and is reported: one process for all
+        names = [*CONTENDERS, *ALONE_RUNNERS]
+        measured = dict(zip(names, measure_together(names, p), strict=True))
+        runs = [{name: measured[name] for name in CONTENDERS}]
+        alone = {name: measured[name] for name in ALONE_RUNNERS}
+    else:
+        runs = [{name: measure(name, p) for name in CONTENDERS} for _ in range(args.runs)]
+        alone = {name: measure(name, p) for name in ALONE_RUNNERS}
     return report(p, runs, alone)
 
 

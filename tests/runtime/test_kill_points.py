@@ -5,7 +5,9 @@ events ``os.rename`` (``os.replace`` too), ``os.link``, ``os.symlink`` and ``os.
 that CPython raises before each call) and commits step 2; the hook kills its own process
 with SIGKILL just before the armed event numbered ``kill_at`` happens, or, when there is
 no such event (``AFTER``), once the commit has returned. A first run records every event
-(nothing killed); then one run is killed at each of them. On one process (a checkpoint
+(nothing killed); then one run is killed before each kind of event at its first and last
+occurrence (the same code made for the next file is the same kill) and before every event
+of a kind of its own. On one process (a checkpoint
 file), on two ranks that are threads of one process (a sharded step: each rank's shard,
 rank 0's index, tree and manifest; the kill takes every rank), and on two MPI processes
 under mpiexec (rank 0's events, rank 0 killed: mpiexec then ends the other wherever it
@@ -178,6 +180,35 @@ def untracked(repo: Path, manifest_path: Path) -> list[str]:
     return wrong
 
 
+def kind(event: str) -> str:
+    """What code makes ``event``: the same for every file it is made for (a cache object's
+    directory, temporary link and rename; a ``.dvc`` file; a rank's shard; a git-ignore
+    entry), the path itself otherwise."""
+    name, path = event.split(" ", 1)
+    base = path.rsplit("/", 1)[-1]
+    if path.startswith(".dvc/cache/"):
+        return f"{name} cache {'temporary' if base.endswith('.tmp') else 'object'}"
+    if base.endswith(".dvc"):
+        return f"{name} .dvc file"
+    if base == ".gitignore":
+        return f"{name} git-ignore entry"
+    if base.startswith("rank-"):
+        return f"{name} shard"
+    return event
+
+
+def kill_points(events: list[str], first: int) -> list[int]:
+    """The events from ``first`` on to kill before: each kind of event (:func:`kind`) at
+    its first and its last occurrence, and every event of a kind of its own. The same
+    code made for the next file is the same kill, which leaves one more file done."""
+    kinds = [kind(e) for e in events]
+    return [
+        i
+        for i in range(first, len(events))
+        if kinds[i] not in kinds[first:i] or kinds[i] not in kinds[i + 1 :]
+    ]
+
+
 @pytest.mark.parametrize("mode", ["file", "threads", "mpi"])
 def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
     project: Project, key: SigningKey, tmp_path: Path, mode: str
@@ -206,7 +237,7 @@ def test_a_commit_killed_anywhere_leaves_its_step_absent_or_tracked(
     first = 0
     if mode == "mpi":
         first = next(i for i, e in enumerate(events) if INDEX_NAME in e.rsplit("/", 1)[-1])
-    for kill_at in [*range(first, len(events)), AFTER]:
+    for kill_at in [*kill_points(events, first), AFTER]:
         repo = tmp_path / f"k{kill_at}"
         shutil.copytree(project.root, repo, symlinks=True)
         log = tmp_path / f"k{kill_at}.log"

@@ -27,6 +27,9 @@ class DiffKind(enum.StrEnum):
     """Another dtype or shape than recorded."""
     CONTENT = "content"
     """Same dtype and shape, another canonical sha256."""
+    ATTRIBUTES = "attributes"
+    """Same data, but other attributes that change what a reader computes from it (CF's
+    ``scale_factor``, ...); only when the record has them."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,20 @@ def diff_digests(
             kind = DiffKind.SHAPE
         elif got.sha256 != want.sha256:
             kind = DiffKind.CONTENT
+        elif want.attributes is not None and changed_attributes(want, got):
+            kind = DiffKind.ATTRIBUTES
         else:
             kind = DiffKind.SAME
         diffs.append(DigestDiff(want.path, kind, want, got))
     diffs.extend(DigestDiff(p, DiffKind.EXTRA, None, found[p]) for p in sorted(found))
     return diffs
+
+
+def changed_attributes(recorded: DatasetDigest, actual: DatasetDigest) -> list[str]:
+    """The names of the attributes ``actual`` has otherwise than ``recorded`` records them
+    (changed, added or removed), sorted; none when ``recorded`` has no record of them."""
+    if recorded.attributes is None:
+        return []
+    want = {a.path: a for a in recorded.attributes}
+    got = {a.path: a for a in actual.attributes or ()}
+    return sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))

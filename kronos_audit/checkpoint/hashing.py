@@ -67,6 +67,11 @@ class DatasetDigest:
     identity: it says where the bytes are, not what they are. A verifier hashes these
     ranges beside the file's sha256, before HDF5 is parsed, and takes such a hash only
     for a dataset HDF5 then places at exactly that extent (:func:`digest_open`)."""
+    attributes: tuple[DatasetDigest, ...] | None = None
+    """The attributes that change what a reader computes from the data (CF's
+    ``scale_factor``, ``add_offset``, ``_FillValue``, ...), each a digest named by the
+    attribute, sorted by name; None when they were not read (a manifest that predates
+    them, or a format that has none) (:mod:`kronos_audit.checkpoint.formats.cf`)."""
 
     def to_json_obj(self, *, extent: bool = False) -> dict[str, Any]:
         """As JSON; with ``extent`` (a manifest's entry) its extent too, when known."""
@@ -78,6 +83,15 @@ class DatasetDigest:
         }
         if extent and self.extent is not None:
             obj["extent"] = list(self.extent)
+        if self.attributes:
+            obj["attributes"] = {
+                a.path: {
+                    "dtype": a.dtype,
+                    "shape": None if a.shape is None else list(a.shape),
+                    "sha256": a.sha256,
+                }
+                for a in self.attributes
+            }
         return obj
 
 
@@ -96,6 +110,9 @@ class FileDigests:
     unreadable: str | None = None
     """Why ``datasets`` is None for an HDF5 file whose digest is not the signed one (a
     diagnostic of :func:`digest_open`); None otherwise."""
+    format: str | None = None
+    """The format its tensors were read as (:mod:`kronos_audit.checkpoint.formats`), when
+    a format reader chose it; None otherwise (then ``datasets`` are HDF5's, or None)."""
     inode: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
     """(device, inode) of the file the writer hashed and wrote (None: not made by the
     writer): what its temporary name must still hold when it is moved into place

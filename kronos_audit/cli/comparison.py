@@ -123,6 +123,8 @@ def render_comparison(result: Comparison, source: PolicySource) -> None:
             for line in dataset_details(d):
                 out.print(line)
         out.print()
+    for note in result.notes:
+        out.print(f"note: {safe(note)}")
     counts = result.counts()
     parts = [f"{n} {SUMMARY_WORDS[v]}" for v, n in counts.items() if n]
     total = len(result.datasets)

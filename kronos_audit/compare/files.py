@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
 
-from kronos_audit.checkpoint.hashing import open_file
+from kronos_audit.checkpoint.formats.cf import packed, reader_attributes
+from kronos_audit.checkpoint.hashing import OpenFile, open_file
 from kronos_audit.compare.blocks import BLOCK_BYTES, dataset_shape
 from kronos_audit.compare.engine import compare_datasets
 from kronos_audit.compare.interface import Comparison, DatasetComparison, Verdict
 from kronos_audit.compare.plan import data_kind, describe_dtype
 from kronos_audit.compare.policy import TolerancePolicy
+from kronos_audit.compare.tensors import compare_tensors
 from kronos_audit.errors import CheckpointError
 
 
@@ -28,13 +28,39 @@ def compare_files(
 
     Datasets are matched by path; each gets a :class:`DatasetComparison`. Data is read
     in blocks of ``block_bytes`` per side, so files of any size compare in bounded memory.
-    Attributes and the group layout are not compared, only datasets.
-    Raises CheckpointError for a missing, unreadable or non-HDF5 file, or a dataset that
-    cannot be read (naming the file and the dataset).
+    Attributes and the group layout are not compared, only datasets; but files that are
+    not both plain HDF5 (safetensors, npz, npy, a torch DCP directory, or HDF5 with
+    CF-packed variables, compared unpacked) are compared tensor by tensor
+    (:func:`~kronos_audit.compare.tensors.compare_tensors`), across formats too.
+    Raises CheckpointError for a missing or unreadable file, one with no tensors kaudit
+    reads, or a dataset that cannot be read (naming the file and the dataset).
     """
     a, b = Path(a), Path(b)
-    with _open(a) as fa, _open(b) as fb:
-        return compare_open(fa, fb, a, b, policy, block_bytes=block_bytes)
+    if _is_dcp(a) or _is_dcp(b):
+        return compare_tensors(a, b, policy)
+    with open_file(a) as oa, open_file(b) as ob:
+        if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
+            return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
+    return compare_tensors(a, b, policy)
+
+
+def _is_dcp(path: Path) -> bool:
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+def _packed(opened: OpenFile) -> bool:
+    """Whether any dataset is CF-packed (a reader computes other values than stored)."""
+    found = []
+
+    def visit(_: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset) and packed(reader_attributes(obj, opened.path)):
+            found.append(obj.name)
+
+    try:
+        opened.h5().visititems(visit)
+    except (OSError, RuntimeError, KeyError) as e:
+        raise CheckpointError(f"corrupt HDF5 structure ({_reason(e)})", path=opened.path) from None
+    return bool(found)
 
 
 def compare_open(
@@ -60,16 +86,6 @@ def compare_open(
         else:
             results.append(_compare_one(in_a[name], in_b[name], a, b, policy, block_bytes))
     return Comparison(a, b, policy, tuple(results))
-
-
-@contextmanager
-def _open(path: Path) -> Iterator[h5py.File]:
-    """``path``'s HDF5 content, read through one descriptor: a regular file only (a FIFO
-    is refused, never waited on; DVC's link into its cache is followed, as verify does)."""
-    with open_file(path) as opened:
-        if not opened.hdf5:
-            raise CheckpointError("not an HDF5 file", path=path)
-        yield opened.h5()
 
 
 def _datasets(f: h5py.File, path: Path) -> dict[str, h5py.Dataset]:

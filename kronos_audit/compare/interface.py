@@ -216,6 +216,9 @@ class Comparison(PerDataset[DatasetComparison]):
     """The tolerances asked for."""
     datasets: tuple[DatasetComparison, ...]
     """One result per dataset path found in either file."""
+    notes: tuple[str, ...] = ()
+    """How what was compared differs from the stored bytes, when it does (CF-packed
+    variables compared unpacked; formats compared across), one line each."""
 
     @property
     def ok(self) -> bool:
@@ -223,7 +226,8 @@ class Comparison(PerDataset[DatasetComparison]):
         return all(d.ok for d in self.datasets)
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        extra: dict[str, Any] = {"notes": list(self.notes)} if self.notes else {}
+        return extra | {
             "format": FORMAT,
             "a": str(self.a),
             "b": str(self.b),

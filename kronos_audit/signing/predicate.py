@@ -125,14 +125,16 @@ def build_predicate(
     created: str | None = None,
     record: RunRecord | None = None,
     shards: ShardSet | None = None,
+    format: str | None = None,
 ) -> Predicate:
     """The predicate of a checkpoint of ``size`` bytes (``datasets`` its per-dataset
     digests, None when it is not HDF5), or of a sharded step (``shards``; then ``size`` is
     its index's and ``datasets`` None).
 
-    ``created`` defaults to now, ``cwd`` to the working directory. Without ``git`` the git
-    state is read now, refusing a diff that carries a secret-looking file unless
-    ``allow_secret_files``.
+    ``format`` is the format its datasets were read as (None: HDF5 or bytes, as before
+    formats were recorded). ``created`` defaults to now, ``cwd`` to the working
+    directory. Without ``git`` the git state is read now, refusing a diff that carries a
+    secret-looking file unless ``allow_secret_files``.
     """
     record = record or RunRecord()
     parent_digest, parent_name = parent
@@ -161,6 +163,7 @@ def build_predicate(
         shards=shards,
         scheduler=record.scheduler,
         writer=record.writer,
+        format=format,
     )
 
 

@@ -65,6 +65,7 @@ def sign_checkpoint(
         parent=link,
         size=digests.size,
         datasets=digests.datasets,
+        format=digests.format,
         **facts,
     )
     manifest = _signed(project, key, checkpoint, digests.sha256, digests.md5, predicate)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.hashing import FileDigests, digest_file
+from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
+from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.home import select_key
@@ -32,17 +33,26 @@ class Snapshots(tuple[Manifest, ...]):
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """One line per checkpoint that is not an HDF5 file: its manifest signs the file's
-        digest only, with no per-dataset hashes, so a comparison or a replay of it can
-        say only "identical" or "different", never which data differ; and one line when
-        the tree was dirty, naming the recorded patch a replay elsewhere needs."""
+        """One line per checkpoint with no tensors kaudit reads (a pickle, or a format it
+        does not know): its manifest signs the file's digest only, with no per-tensor
+        hashes, so a comparison or a replay of it can say only "identical" or "different",
+        never which data differ; and one line when the tree was dirty, naming the
+        recorded patch a replay elsewhere needs."""
         patch = patch_note(self[0].record.git) if self else None
         return tuple(
-            f"{m.checkpoint_path}: not an HDF5 file: only its file digest is covered "
-            "(no per-dataset hashes)"
+            f"{m.checkpoint_path}: {_uncovered(m.record.format)}"
             for m in self
             if m.datasets is None
         ) + (() if patch is None else (patch,))
+
+
+def _uncovered(fmt: str | None) -> str:
+    if fmt == Format.PICKLE:
+        return PICKLE_NOTE
+    return (
+        "no format kaudit reads tensors from: only its file digest is covered "
+        "(no per-tensor hashes)"
+    )
 
 
 def _check_checkpoint_file(path: Path) -> None:

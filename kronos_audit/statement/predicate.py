@@ -387,15 +387,32 @@ class ShardSet:
         return obj
 
 
-def _dataset(obj: Mapping[str, Any]) -> DatasetDigest:
+def _dataset(obj: Mapping[str, Any], *, with_attributes: bool) -> DatasetDigest:
     shape = obj["shape"]
     extent = obj.get("extent")
+    attributes = obj.get("attributes")
     return DatasetDigest(
         str(obj["path"]),
         str(obj["dtype"]),
         None if shape is None else tuple(int(n) for n in shape),
         str(obj["sha256"]),
         extent=None if extent is None else (int(extent[0]), int(extent[1])),
+        # A manifest that records its format read the attributes: none recorded means
+        # none there (an attribute added since is a change). One that predates them
+        # says nothing of them.
+        attributes=_attributes(attributes) if attributes or with_attributes else None,
+    )
+
+
+def _attributes(obj: Mapping[str, Any] | None) -> tuple[DatasetDigest, ...]:
+    return tuple(
+        DatasetDigest(
+            str(name),
+            str(a["dtype"]),
+            None if a["shape"] is None else tuple(int(n) for n in a["shape"]),
+            str(a["sha256"]),
+        )
+        for name, a in sorted((obj or {}).items())
     )
 
 
@@ -455,6 +472,11 @@ class Predicate:
     writer: WriterRecord | None = None
     """The process that signed it (None in a snapshot's, and in manifests written before
     it was recorded)."""
+    format: str | None = None
+    """The checkpoint's format as its reader was chosen (``hdf5``, ``safetensors``,
+    ``npz``, ``npy``, ``dcp``, ``pickle``, ``bytes``;
+    :class:`~kronos_audit.checkpoint.formats.Format`): what ``datasets`` were read as.
+    None in manifests written before it was recorded (then HDF5 or bytes, by content)."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
@@ -466,6 +488,7 @@ class Predicate:
         batches = obj.get("batches")
         restart_count = obj.get("restart_count")
         shards = obj.get("shards")
+        fmt = obj.get("format")
         return cls(
             run=str(obj["run"]),
             step=int(obj["step"]),
@@ -481,7 +504,9 @@ class Predicate:
             rng=MappingProxyType(
                 {str(k): RngRecord.from_json_obj(v) for k, v in (obj.get("rng") or {}).items()}
             ),
-            datasets=None if datasets is None else tuple(_dataset(d) for d in datasets),
+            datasets=None
+            if datasets is None
+            else tuple(_dataset(d, with_attributes=fmt == "hdf5") for d in datasets),
             attributes=_read_only(obj["attributes"]),
             command=None if command is None else tuple(str(a) for a in command),
             cwd=str(obj["cwd"]),
@@ -496,6 +521,7 @@ class Predicate:
             if obj.get("scheduler") is None
             else SchedulerRecord.from_json_obj(obj["scheduler"]),
             writer=None if obj.get("writer") is None else WriterRecord.from_json_obj(obj["writer"]),
+            format=None if fmt is None else str(fmt),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -532,6 +558,8 @@ class Predicate:
             obj["scheduler"] = self.scheduler.to_json_obj()
         if self.writer is not None:
             obj["writer"] = self.writer.to_json_obj()
+        if self.format is not None:
+            obj["format"] = self.format
         return obj
 
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
-from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, diff_digests
+from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, changed_attributes, diff_digests
+from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import INDEX_NAME, named_step, step_directory_name
 from kronos_audit.checkpoint.location import Location
@@ -190,11 +191,17 @@ def file_digest(sha256: str, manifest: Manifest) -> Check:
 
 
 def compare_datasets(
-    recorded: tuple[DatasetDigest, ...] | None, actual: tuple[DatasetDigest, ...] | None
+    recorded: tuple[DatasetDigest, ...] | None,
+    actual: tuple[DatasetDigest, ...] | None,
+    fmt: str | None = None,
 ) -> list[Check]:
-    """(4) datasets: one check per dataset that differs; one passing ``datasets`` check
-    when none does."""
+    """(4) datasets: one check per dataset (tensor) that differs; one passing ``datasets``
+    check when none does. ``fmt``: the signed format, when recorded."""
     if recorded is None and actual is None:
+        if fmt == Format.PICKLE:
+            return [Check.passed(CheckName.DATASETS, PICKLE_NOTE)]
+        if fmt is not None:
+            return [Check.passed(CheckName.DATASETS, f"{fmt}: the file digest covers it")]
         return [Check.passed(CheckName.DATASETS, "not HDF5: the file digest covers it")]
     if recorded is None or actual is None:
         what = "an HDF5 file" if actual is not None else "not an HDF5 file"
@@ -217,6 +224,9 @@ def _dataset_problem(d: DigestDiff) -> str:
         return "missing from the checkpoint"
     if want is None:
         return "in the checkpoint but not in the manifest"
+    if d.kind is DiffKind.ATTRIBUTES:
+        names = ", ".join(changed_attributes(want, got))
+        return f"attributes that change its values differ from the recorded: {names}"
     if d.kind is DiffKind.SHAPE:
         return (
             f"is {got.dtype}{list(got.shape or [])}, recorded {want.dtype}{list(want.shape or [])}"
@@ -232,7 +242,7 @@ def datasets(
     input."""
     if unreadable is not None:
         return [Check.failed(CheckName.DATASETS, unreadable)]
-    return compare_datasets(manifest.datasets, found)
+    return compare_datasets(manifest.datasets, found, manifest.record.format)
 
 
 _BYTES = (CheckName.FILE_DIGEST, CheckName.SHARD_INDEX, CheckName.SHARDS)

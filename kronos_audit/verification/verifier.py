@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kronos_audit.checkpoint.hashing import diagnose, digest_open, open_file
+from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_signed
+from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import (
@@ -236,10 +237,16 @@ class Verifier(ChainReader):
                 checks = [steps.size_refused(opened.size, manifest)]
                 if opened.size > 2 * recorded_size + DIAGNOSE_SLACK:
                     return checks
-                found, unreadable = diagnose(opened, manifest.datasets or ())
+                found, unreadable = diagnose_signed(
+                    opened, manifest.record.format, manifest.datasets or ()
+                )
             else:
-                digests = digest_open(
-                    opened, expect_sha256=manifest.subject_sha256, recorded=manifest.datasets
+                # Read as the signed format says, never as the file now looks.
+                digests = digest_signed(
+                    opened,
+                    manifest.record.format,
+                    expect_sha256=manifest.subject_sha256,
+                    recorded=manifest.datasets,
                 )
                 found, unreadable = digests.datasets, digests.unreadable
                 checks = [steps.file_digest(digests.sha256, manifest)]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.formats import PICKLE_NOTE
 from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import (
     CheckpointError,
@@ -453,7 +454,7 @@ def test_the_cli_refuses_to_sign_again_in_one_line_and_forces(
     assert read_manifest(manifest_path_for(checkpoint)).predicate["seeds"] == (9,)
 
 
-def test_a_non_hdf5_checkpoint_is_said_to_be_covered_by_its_file_digest_only(
+def test_a_pickle_checkpoint_is_said_to_be_covered_by_its_file_digest_only(
     project: Project, key: SigningKey
 ) -> None:
     blob = project.root / "ck" / "model.pt"
@@ -462,23 +463,18 @@ def test_a_non_hdf5_checkpoint_is_said_to_be_covered_by_its_file_digest_only(
     h5 = write_checkpoint(project.root / "ck" / "state.h5")
     done = snapshot([h5, blob], run="r", step=0)
     assert [m.path for m in done] == [manifest_path_for(h5), manifest_path_for(blob)]
-    assert done.notes == (
-        f"{blob}: not an HDF5 file: only its file digest is covered (no per-dataset hashes)",
-    )
+    assert done.notes == (f"{blob}: {PICKLE_NOTE}",)
     assert snapshot(write_checkpoint(project.root / "ck" / "other.h5"), run="r", step=0).notes == ()
 
 
-def test_the_cli_notes_a_non_hdf5_checkpoint_on_stderr(project: Project, key: SigningKey) -> None:
+def test_the_cli_notes_a_pickle_checkpoint_on_stderr(project: Project, key: SigningKey) -> None:
     blob = project.root / "ck" / "model.pt"
     blob.parent.mkdir()
     blob.write_bytes(b"weights" * 1000)
     result = run_cli(*snapshot_cli(blob, 0))
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{manifest_path_for(blob)}\n"  # the result alone
-    assert result.stderr == (
-        f"kaudit: note: {blob}: not an HDF5 file: only its file digest is covered "
-        "(no per-dataset hashes)\n"
-    )
+    assert result.stderr == f"kaudit: note: {blob}: {PICKLE_NOTE}\n"
     quiet = run_cli("-q", *snapshot_cli(blob, 0), "--force")
     assert quiet.exit_code == 0, quiet.output
     assert quiet.stderr == ""

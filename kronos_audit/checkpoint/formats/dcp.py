@@ -1,0 +1,429 @@
+"""torch distributed checkpoints (DCP): a directory of ``.metadata`` and ``__R_N.distcp``
+files, read without torch and without unpickling anything untrusted.
+
+``.metadata`` is a pickle of torch's ``Metadata``: every tensor by fully qualified name
+with its global size and chunks, and where each chunk's bytes lie (file, offset, length).
+It is parsed by :class:`MetadataUnpickler`, which builds inert stand-ins for DCP's own
+metadata classes and refuses every other global (``os.system``, ``builtins.eval``...): no
+code of the file's choosing runs. Still, call :func:`read_metadata` only on bytes whose
+digest a verified signature covers (a snapshot signs its own directory; verify hashes the
+file against the signed digest first): that is the precondition for reading it at all.
+
+Each chunk is a ``torch.save`` zip inside its byte range: ``data.pkl`` (a call of
+``torch._utils._rebuild_tensor_v2`` on a storage, read by the same kind of restricted
+unpickler) and the storage's raw little-endian bytes. Chunks are assembled into the global
+tensor, which must be tiled exactly, and digested as its canonical bytes: so a state saved
+on one rank and on two has one digest per tensor, equal to that of the same array in any
+other format. A non-tensor item (DCP's bytes items: ``torch.save`` of a Python value) is
+digested by its pickle stream, never unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import re
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kronos_audit.checkpoint.formats.common import (
+    BFLOAT16,
+    BytesReader,
+    exotic_as_float32,
+    storage_dtype,
+    tensor_path,
+)
+from kronos_audit.checkpoint.formats.interface import Format, Tensor
+from kronos_audit.checkpoint.hashing import DatasetDigest, canonical_bytes, open_file
+from kronos_audit.errors import CheckpointError
+
+METADATA = ".metadata"
+MAX_METADATA = 64 * 1024 * 1024
+"""The largest ``.metadata`` read, in bytes."""
+MAX_DATA_PKL = 1024 * 1024
+"""The largest ``data.pkl`` of one chunk read: it describes one tensor."""
+DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
+"""The only names a chunk's file may have: nothing outside the directory."""
+PICKLE_ITEM = "pickle"
+"""The dtype name of a non-tensor item: digested by its pickle stream, never unpickled."""
+
+DTYPES: Mapping[str, str] = {
+    "float32": "<f4",
+    "float64": "<f8",
+    "float16": "<f2",
+    "bfloat16": BFLOAT16,
+    "int64": "<i8",
+    "int32": "<i4",
+    "int16": "<i2",
+    "int8": "|i1",
+    "uint8": "|u1",
+    "bool": "|b1",
+    "complex64": "<c8",
+    "complex128": "<c16",
+}
+"""torch dtypes kaudit reads, by name, and their canonical names."""
+STORAGES: Mapping[str, str] = {
+    "FloatStorage": "float32",
+    "DoubleStorage": "float64",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128",
+}
+
+
+class _Record:
+    """An inert stand-in for one of DCP's metadata classes: its state, nothing more."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            state = {**(state[0] or {}), **state[1]}  # (dict, slots)
+        if isinstance(state, dict):
+            self.__dict__.update({str(k): v for k, v in state.items()})
+        else:
+            self.state = state  # TensorProperties: (dtype, layout, ...)
+
+
+def _stand_in(name: str) -> type:
+    return type(name, (_Record,), {})
+
+
+_METADATA_CLASSES = {
+    name: _stand_in(name)
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "MetadataIndex",
+    )
+}
+_StorageInfo = _stand_in("_StorageInfo")
+
+
+def _dtype(name: str) -> Any:
+    def make() -> str:
+        return name
+
+    return make
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Reads a DCP ``.metadata`` pickle into stand-ins: only DCP's metadata classes,
+    ``torch.Size``, torch's dtypes and layouts and a path are allowed as globals, each
+    mapped to something inert; any other global is refused (UnpicklingError)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.distributed.checkpoint.metadata":
+            if name in _METADATA_CLASSES:
+                return _METADATA_CLASSES[name]
+            if name == "_MEM_FORMAT_ENCODING":
+                return lambda value: value
+        if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
+            return _StorageInfo
+        if module == "torch" and name == "Size":
+            return tuple
+        if module == "torch" and name in DTYPES:
+            return _DtypeName(name)
+        if module == "torch.serialization" and name == "_get_layout":
+            return str
+        if module == "pathlib" and name in ("PosixPath", "PurePosixPath", "Path"):
+            return lambda *parts: "/".join(str(p) for p in parts)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("persistent ids are not allowed in DCP metadata")
+
+
+class _DtypeName(str):
+    """A torch dtype, read as its name (torch pickles a dtype as the global itself)."""
+
+
+class _ChunkUnpickler(pickle.Unpickler):
+    """Reads one chunk's ``data.pkl``: ``_rebuild_tensor_v2`` of a storage, nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuild
+        if module == "torch" and name in STORAGES:
+            return _DtypeName(STORAGES[name])
+        if module == "collections" and name == "OrderedDict":
+            return dict
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a DCP chunk")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError("a DCP chunk's storage id is malformed")
+        _, kind, key, _, numel = pid
+        if not (isinstance(kind, _DtypeName) and isinstance(key, str) and isinstance(numel, int)):
+            raise pickle.UnpicklingError("a DCP chunk's storage id is malformed")
+        return ("storage", str(kind), key, numel)
+
+
+def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> Any:
+    return ("tensor", storage, offset, tuple(size), tuple(stride))
+
+
+def read_metadata(data: bytes, where: Path | str) -> Any:
+    """A DCP ``.metadata``'s content, as stand-ins (see the module docstring). Precondition:
+    ``data``'s digest is covered by a verified signature, or ``data`` is about to be signed
+    by its owner. CheckpointError for a pickle that is malformed or names another global."""
+    try:
+        return MetadataUnpickler(io.BytesIO(data)).load()
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+    ) as e:
+        raise CheckpointError(f"DCP metadata refused: {e}", path=where) from None
+    except RecursionError:
+        raise CheckpointError("DCP metadata refused: nested too deep", path=where) from None
+
+
+def is_dcp(path: Path) -> bool:
+    """Whether ``path`` is a directory holding a DCP ``.metadata`` file."""
+    return path.is_dir() and (path / METADATA).is_file()
+
+
+class _Files:
+    """The directory's chunk files, each opened once (never through a link) and mapped."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._open: dict[str, Any] = {}
+
+    def view(self, name: str) -> memoryview:
+        if not DATA_FILE.fullmatch(name):
+            raise CheckpointError(
+                f"DCP metadata names file {name[:80]!r}: not a .distcp file of the directory",
+                path=self.root,
+            )
+        if name not in self._open:
+            self._open[name] = open_file(self.root / name, follow_symlinks=False)
+        view: memoryview = self._open[name].view()
+        return view
+
+    def close(self) -> None:
+        for opened in self._open.values():
+            opened.close()
+
+
+def _chunk(view: memoryview, where: Path, fqn: str) -> tuple[str, np.ndarray[Any, Any]] | bytes:
+    """One saved item's bytes: a tensor chunk as (dtype name, raw array), or a non-tensor
+    item as its pickle stream (a bytes item)."""
+    try:
+        zf = zipfile.ZipFile(BytesReader(view))
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+        return bytes(view)  # a raw bytes item
+    with zf:
+        names = {n.split("/", 1)[-1]: n for n in zf.namelist()}
+        if "data.pkl" not in names:
+            raise CheckpointError(
+                f"DCP item {fqn!r}: a torch.save zip without data.pkl", path=where, dataset=fqn
+            )
+        info = zf.getinfo(names["data.pkl"])
+        if info.file_size > MAX_DATA_PKL:
+            raise CheckpointError(f"DCP item {fqn!r}: data.pkl too large", path=where, dataset=fqn)
+        pkl = zf.read(info)
+        if not any(n.startswith("data/") for n in names):
+            return pkl  # a Python value: its pickle stream, never unpickled
+        if "byteorder" in names and zf.read(names["byteorder"]).strip() != b"little":
+            raise CheckpointError(
+                f"DCP item {fqn!r}: big-endian data is not read", path=where, dataset=fqn
+            )
+        try:
+            spec = _ChunkUnpickler(io.BytesIO(pkl)).load()
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            AttributeError,
+            IndexError,
+        ) as e:
+            raise CheckpointError(
+                f"DCP item {fqn!r} refused: {e}", path=where, dataset=fqn
+            ) from None
+        if not (isinstance(spec, tuple) and spec[0] == "tensor" and isinstance(spec[1], tuple)):
+            raise CheckpointError(f"DCP item {fqn!r}: not one tensor", path=where, dataset=fqn)
+        _, (_, torch_dtype, key, numel), offset, size, stride = spec
+        member = names.get(f"data/{key}")
+        if member is None:
+            raise CheckpointError(
+                f"DCP item {fqn!r}: its storage is missing", path=where, dataset=fqn
+            )
+        name = DTYPES[torch_dtype]
+        raw_dtype = storage_dtype(name) if name == BFLOAT16 else np.dtype(name)
+        raw = zf.read(member)
+    if len(raw) != numel * raw_dtype.itemsize:
+        raise CheckpointError(
+            f"DCP item {fqn!r}: storage of the wrong size", path=where, dataset=fqn
+        )
+    storage = np.frombuffer(raw, raw_dtype)
+    reach = (
+        offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+        if all(size)
+        else offset - 1
+    )
+    if offset < 0 or any(s < 0 for s in stride) or reach >= numel:
+        raise CheckpointError(
+            f"DCP item {fqn!r}: its view lies outside its storage", path=where, dataset=fqn
+        )
+    strides = tuple(s * raw_dtype.itemsize for s in stride)
+    arr = np.lib.stride_tricks.as_strided(storage[offset:], shape=size, strides=strides)
+    return name, np.ascontiguousarray(arr)
+
+
+def _load(root: Path) -> tuple[dict[str, DatasetDigest], dict[str, np.ndarray[Any, Any]]]:
+    """Every item's digest and every tensor's global raw array, by fully qualified name."""
+    meta_path = root / METADATA
+    with open_file(meta_path, follow_symlinks=False) as opened:
+        if opened.size > MAX_METADATA:
+            raise CheckpointError(f"DCP metadata of {opened.size:,} bytes refused", path=meta_path)
+        md = read_metadata(bytes(opened.view()), meta_path)
+    try:
+        items = dict(md.state_dict_metadata)
+        storage = dict(md.storage_data)
+    except (AttributeError, TypeError, ValueError):
+        raise CheckpointError("DCP metadata is not a Metadata record", path=meta_path) from None
+    files = _Files(root)
+    digests: dict[str, DatasetDigest] = {}
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    try:
+        by_fqn: dict[str, list[tuple[Any, Any]]] = {}
+        for index, info in storage.items():
+            if getattr(info, "transform_descriptors", None):
+                raise CheckpointError("DCP stream transforms are not read", path=meta_path)
+            by_fqn.setdefault(str(index.fqn), []).append((index, info))
+        for fqn, item in items.items():
+            fqn = str(fqn)
+            parts = by_fqn.get(fqn, [])
+            path = tensor_path(fqn)
+            if type(item).__name__ == "BytesStorageMetadata":
+                if len(parts) != 1:
+                    raise CheckpointError(
+                        f"DCP item {fqn!r} is stored {len(parts)} times",
+                        path=meta_path,
+                        dataset=fqn,
+                    )
+                got = _chunk(_range(files, parts[0][1], meta_path, fqn), meta_path, fqn)
+                data = got if isinstance(got, bytes) else canonical_bytes(got[1], got[1].dtype)
+                digests[fqn] = DatasetDigest(
+                    path, PICKLE_ITEM, None, hashlib.sha256(data).hexdigest()
+                )
+                continue
+            name, glob = _assemble(item, parts, files, meta_path, fqn)
+            h = hashlib.sha256(canonical_bytes(glob, glob.dtype)) if glob.size else hashlib.sha256()
+            digests[fqn] = DatasetDigest(path, name, tuple(glob.shape), h.hexdigest())
+            arrays[fqn] = exotic_as_float32(name, glob) if name == BFLOAT16 else glob
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"DCP metadata is malformed ({e})", path=meta_path) from None
+    finally:
+        files.close()
+    return digests, arrays
+
+
+def _range(files: _Files, info: Any, where: Path, fqn: str) -> memoryview:
+    view = files.view(str(info.relative_path))
+    offset, length = int(info.offset), int(info.length)
+    if offset < 0 or length < 0 or offset + length > len(view):
+        raise CheckpointError(
+            f"DCP item {fqn!r} lies outside {info.relative_path}", path=where, dataset=fqn
+        )
+    return view[offset : offset + length]
+
+
+def _assemble(
+    item: Any, parts: list[tuple[Any, Any]], files: _Files, where: Path, fqn: str
+) -> tuple[str, np.ndarray[Any, Any]]:
+    state = item.properties.state if hasattr(item.properties, "state") else (item.properties.dtype,)
+    torch_dtype = str(state[0])
+    if torch_dtype not in DTYPES:
+        raise CheckpointError(
+            f"DCP tensor {fqn!r}: dtype {torch_dtype[:40]} is not read", path=where, dataset=fqn
+        )
+    name = DTYPES[torch_dtype]
+    raw_dtype = storage_dtype(name) if name == BFLOAT16 else np.dtype(name)
+    shape = tuple(int(n) for n in item.size)
+    if any(n < 0 for n in shape):
+        raise CheckpointError(f"DCP tensor {fqn!r}: negative size", path=where, dataset=fqn)
+    glob = np.zeros(shape, raw_dtype)
+    covered = np.zeros(shape, np.uint8)
+    for index, info in parts:
+        got = _chunk(_range(files, info, where, fqn), where, fqn)
+        if isinstance(got, bytes) or got[0] != name:
+            raise CheckpointError(
+                f"DCP tensor {fqn!r}: a chunk of another kind", path=where, dataset=fqn
+            )
+        chunk = got[1]
+        start = tuple(int(o) for o in (index.offset or (0,) * len(shape)))
+        if len(start) != len(shape) or chunk.ndim != len(shape):
+            raise CheckpointError(
+                f"DCP tensor {fqn!r}: a chunk of another rank", path=where, dataset=fqn
+            )
+        if any(o < 0 or o + n > s for o, n, s in zip(start, chunk.shape, shape, strict=True)):
+            raise CheckpointError(
+                f"DCP tensor {fqn!r}: a chunk outside its size", path=where, dataset=fqn
+            )
+        region = tuple(slice(o, o + n) for o, n in zip(start, chunk.shape, strict=True))
+        glob[region] = chunk
+        covered[region] += 1
+    if covered.size and not np.all(covered == 1):
+        raise CheckpointError(
+            f"DCP tensor {fqn!r}: its chunks do not cover it exactly once", path=where, dataset=fqn
+        )
+    return name, glob
+
+
+def tensors_of_directory(path: Path | str) -> tuple[Format, tuple[DatasetDigest, ...]] | None:
+    """A DCP directory's format and its items' digests by global name, sorted; None when
+    ``path`` is no DCP directory (no ``.metadata``). CheckpointError for one kaudit cannot
+    read or cover (naming the item). See :func:`read_metadata` for its precondition."""
+    root = Path(path)
+    if not is_dcp(root):
+        return None
+    digests, _ = _load(root)
+    return Format.DCP, tuple(sorted(digests.values(), key=lambda d: d.path))
+
+
+def dcp_tensors(path: Path) -> Mapping[str, Tensor]:
+    """A DCP directory's tensors by path (bfloat16 read as float32), for a comparison."""
+    if not is_dcp(path):
+        raise CheckpointError("is a directory, not a checkpoint file (no DCP .metadata)", path=path)
+    _, arrays = _load(path)
+    return {
+        tensor_path(fqn): Tensor(tensor_path(fqn), _constant(arr)) for fqn, arr in arrays.items()
+    }
+
+
+def _constant(arr: np.ndarray[Any, Any]) -> Callable[[], np.ndarray[Any, Any]]:
+    return lambda: arr
+
+
+__all__ = [
+    "METADATA",
+    "MetadataUnpickler",
+    "dcp_tensors",
+    "is_dcp",
+    "read_metadata",
+    "tensors_of_directory",
+]

@@ -67,11 +67,13 @@ class DatasetDigest:
     identity: it says where the bytes are, not what they are. A verifier hashes these
     ranges beside the file's sha256, before HDF5 is parsed, and takes such a hash only
     for a dataset HDF5 then places at exactly that extent (:func:`digest_open`)."""
-    attributes: tuple[DatasetDigest, ...] | None = None
+    attributes: tuple[DatasetDigest, ...] | None = dataclasses.field(default=None, compare=False)
     """The attributes that change what a reader computes from the data (CF's
     ``scale_factor``, ``add_offset``, ``_FillValue``, ...), each a digest named by the
     attribute, sorted by name; None when they were not read (a manifest that predates
-    them, or a format that has none) (:mod:`kronos_audit.checkpoint.formats.cf`)."""
+    them, or a format that has none) (:mod:`kronos_audit.checkpoint.formats.cf`). Not
+    part of the identity of the data: compared on their own
+    (:func:`~kronos_audit.checkpoint.digests.diff_digests`)."""
 
     def to_json_obj(self, *, extent: bool = False) -> dict[str, Any]:
         """As JSON; with ``extent`` (a manifest's entry) its extent too, when known."""

@@ -58,6 +58,8 @@ def show(manifest: Path, as_json: bool) -> None:
         ("run / step", f"{_text(m.run)} / {_text(m.step)}"),
         ("created", _text(p.created)),
     ]
+    if p.format is not None:
+        rows.append(("format", _text(p.format)))
     parent = (
         f"{_text(p.parent_manifest, 'location not recorded')} ({_text(p.parent)})"
         if p.parent is not None
@@ -140,10 +142,14 @@ def show(manifest: Path, as_json: bool) -> None:
                 )
                 for ds in m.datasets
             ],
-            title=f"{len(m.datasets)} datasets",
+            title=f"{len(m.datasets)} {'datasets' if p.format in (None, 'hdf5') else 'tensors'}",
         )
     elif p.shards is not None:
         out.print("a sharded step: its index and every shard are covered by `kaudit verify`")
+    elif p.format == "pickle":
+        out.print(
+            "[yellow]a pickle[/]: covered by the file digest only; ok does not mean safe to load"
+        )
     else:
         out.print("not HDF5: covered by the file digest only")
 

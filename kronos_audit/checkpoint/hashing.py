@@ -418,6 +418,10 @@ class OpenFile:
             os.close(self._fd)
             self._fd = -1
 
+    def fileno(self) -> int:
+        """Its descriptor (for ``fstat``: which file this is)."""
+        return self._fd
+
     def __enter__(self) -> OpenFile:
         return self
 

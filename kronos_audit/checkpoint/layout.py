@@ -425,13 +425,16 @@ def is_statement(path: Path) -> bool:
 def resolve_target(path: Path) -> Path:
     """The manifest (or attestation) ``path`` names: a manifest or attestation as named;
     for a checkpoint, the manifest beside it (``CKPT.kaudit.json``, also when the data is
-    gone: pruned, or not pulled); for a sharded step's directory, its step manifest.
+    gone: pruned, or not pulled); for a directory step, the manifest beside it
+    (``DIR.kaudit.json``); for a sharded step's directory, its step manifest.
 
     ManifestError (naming the path) for a file or directory with no manifest there, or
     for a name that is nothing here. Anything else that is not a regular file (a device,
     a FIFO) is returned as named, for the bounded reader to refuse without opening it."""
     if is_statement(path):
         return path  # its reader says if it cannot be read
+    if path.is_dir() and manifest_path_for(path).is_file():
+        return manifest_path_for(path)  # a directory step: its manifest is beside it
     if path.is_dir():
         step = path / STEP_MANIFEST
         if step.is_file():
@@ -464,7 +467,7 @@ def expand_targets(paths: Sequence[Path], *, attestations: bool = True) -> list[
     it, or a name with no manifest (see :func:`resolve_target`)."""
     out: list[Path] = []
     for p in paths:
-        if p.is_dir():  # a run's directory, or a sharded step's
+        if p.is_dir() and not manifest_path_for(p).is_file():  # a run's, a sharded step's
             found = statements_in(p)
             if not found.manifests:
                 raise ManifestError(f"no manifest (*{MANIFEST_SUFFIX}) in this directory", path=p)

@@ -201,7 +201,13 @@ def merkle_levels(data: bytes, count: int) -> list[list[bytes]]:
     sha256(0x00 || line) of each line, each level above sha256(0x01 || left || right) of
     pairs, and a level's odd last node moves up unchanged; the last level is the root.
     The count is signed, so the tree's shape is too."""
-    level = [leaf(data[r * LINE_WIDTH : (r + 1) * LINE_WIDTH]) for r in range(count)]
+    return tree_levels([leaf(data[r * LINE_WIDTH : (r + 1) * LINE_WIDTH]) for r in range(count)])
+
+
+def tree_levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
+    """Every level of the Merkle tree over ``leaves`` (each a :func:`leaf`), leaves first,
+    the root last: the one tree of a sharded step's index and a directory step's files."""
+    level = list(leaves)
     levels = [level]
     while len(level) > 1:
         level = [
@@ -349,11 +355,13 @@ __all__ = [
     "describe",
     "encode_index",
     "hash_shard",
+    "leaf",
     "merkle_root",
     "parse_index",
     "parse_line",
     "proven_line",
     "read_index",
     "shard_problem",
+    "tree_levels",
     "write_index",
 ]

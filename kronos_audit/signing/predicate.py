@@ -28,6 +28,7 @@ from kronos_audit.provenance.gitstate import git_state
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.statement.predicate import (
     Batches,
+    DirectorySet,
     EnvironmentLock,
     GitRecord,
     Predicate,
@@ -126,10 +127,12 @@ def build_predicate(
     record: RunRecord | None = None,
     shards: ShardSet | None = None,
     format: str | None = None,
+    directory: DirectorySet | None = None,
 ) -> Predicate:
     """The predicate of a checkpoint of ``size`` bytes (``datasets`` its per-dataset
     digests, None when it is not HDF5), or of a sharded step (``shards``; then ``size`` is
-    its index's and ``datasets`` None).
+    its index's and ``datasets`` None), or of a directory step (``directory``; then
+    ``size`` is its files' total and ``datasets`` those of tensors spanning files).
 
     ``format`` is the format its datasets were read as (None: HDF5 or bytes, as before
     formats were recorded). ``created`` defaults to now, ``cwd`` to the working
@@ -161,6 +164,7 @@ def build_predicate(
         batches=record.batches,
         pruned=record.pruned,
         shards=shards,
+        directory=directory,
         scheduler=record.scheduler,
         writer=record.writer,
         format=format,

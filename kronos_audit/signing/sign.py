@@ -1,5 +1,5 @@
-"""Signing a checkpoint: the manifest of one checkpoint, or of one sharded step, whose
-digests are known.
+"""Signing a checkpoint: the manifest of one checkpoint, of one sharded step, or of one
+directory step, whose digests are known.
 
 One way, in order: the predicate is built (:func:`kronos_audit.signing.predicate.build_predicate`),
 the statement about the checkpoint encoded (:mod:`kronos_audit.statement.manifest`), signed
@@ -17,7 +17,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Unpack
 
-from kronos_audit.checkpoint.hashing import FileDigests
+from kronos_audit.checkpoint.directory import FileEntry, dvc_listing, encode_index, index_root
+from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step, step_directory_name
 from kronos_audit.checkpoint.shards import ShardRecord, write_index
 from kronos_audit.errors import UsageError
@@ -31,7 +32,7 @@ from kronos_audit.statement.manifest import (
     parse_manifest,
     publish_manifest,
 )
-from kronos_audit.statement.predicate import Predicate, Sha256, ShardSet
+from kronos_audit.statement.predicate import DirectorySet, Predicate, Sha256, ShardSet
 
 
 def sign_checkpoint(
@@ -160,4 +161,53 @@ def sign_sharded_step(
     return publish_manifest(manifest) if write else manifest
 
 
-__all__ = ["sign_checkpoint", "sign_sharded_step"]
+def sign_directory_step(
+    directory: Path,
+    files: Sequence[FileEntry],
+    *,
+    project: Project,
+    key: SigningKey,
+    run: str,
+    step: int,
+    parent: Path | Manifest | None = None,
+    datasets: tuple[DatasetDigest, ...] | None = None,
+    write: bool = True,
+    **facts: Unpack[RunFacts],
+) -> Manifest:
+    """The manifest of a directory step (:mod:`kronos_audit.checkpoint.directory`), beside
+    ``directory`` as ``DIR.kaudit.json``: its subject is the file index of ``files``
+    (:func:`~kronos_audit.checkpoint.directory.hash_directory`, in path order; its md5 is
+    DVC's address of the directory's listing), its predicate a checkpoint's with a
+    ``directory`` record (count, bytes, Merkle root, every file). ``datasets`` are the
+    tensors of a format whose tensors span files (None: each file's own cover it).
+    Nothing is written inside the directory; with ``write`` False, nothing at all."""
+    link = parent_link(parent, run, step, project)
+    files = tuple(files)
+    data = encode_index(files)
+    predicate = build_predicate(
+        project=project,
+        run=run,
+        step=step,
+        parent=link,
+        size=sum(f.size for f in files),
+        datasets=datasets,
+        **facts,
+        directory=DirectorySet(
+            count=len(files),
+            bytes=sum(f.size for f in files),
+            root=Sha256(index_root(files)),
+            files=files,
+        ),
+    )
+    manifest = _signed(
+        project,
+        key,
+        directory,
+        hashlib.sha256(data).hexdigest(),
+        hashlib.md5(dvc_listing(files), usedforsecurity=False).hexdigest(),
+        predicate,
+    )
+    return publish_manifest(manifest) if write else manifest
+
+
+__all__ = ["sign_checkpoint", "sign_directory_step", "sign_sharded_step"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
+from kronos_audit.checkpoint.directory import FileEntry, hash_directory
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
@@ -17,11 +18,13 @@ from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, git_tracked, patch_note
-from kronos_audit.signing.sign import sign_checkpoint
+from kronos_audit.signing.predicate import RunFacts
+from kronos_audit.signing.sign import sign_checkpoint, sign_directory_step
 from kronos_audit.signing.writer_lock import WriterLock, newest_manifest
 from kronos_audit.statement.manifest import Manifest, publish_manifest, read_manifest
 from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage import track
+from kronos_audit.storage.directories import track_directory
 
 
 class Snapshots(tuple[Manifest, ...]):
@@ -42,7 +45,7 @@ class Snapshots(tuple[Manifest, ...]):
         return tuple(
             f"{m.checkpoint_path}: {_uncovered(m.record.format)}"
             for m in self
-            if m.datasets is None
+            if m.datasets is None and m.record.directory is None
         ) + (() if patch is None else (patch,))
 
 
@@ -70,11 +73,19 @@ def _check_checkpoint_file(path: Path) -> None:
         raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=path) from None
     if stat.S_ISLNK(mode):
         raise CheckpointError(
-            "is a symbolic link: snapshot signs a regular file, not what a link points at",
+            "is a symbolic link: snapshot signs a regular file or a directory, not what a "
+            "link points at",
             path=path,
         )
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         raise CheckpointError(f"is {file_kind(mode)}, not a regular file", path=path)
+
+
+def _digest(path: Path) -> FileDigests | tuple[FileEntry, ...]:
+    """A file's digests, or a directory step's files, each hashed (nothing written)."""
+    if path.is_dir() and not path.is_symlink():
+        return hash_directory(path)
+    return digest_file(path, md5=True, follow_symlinks=False)
 
 
 def _check_unsigned(path: Path) -> None:
@@ -160,7 +171,7 @@ def snapshot(
         # Restore and verify go by the name: a step-N.h5 signed as another step would let
         # one checkpoint pass for another.
         _check_step_name(p, step)
-    hashed = [(p, digest_file(p, md5=True, follow_symlinks=False)) for p in paths]
+    hashed = [(p, _digest(p)) for p in paths]
     # Read once, before anything is written: a refused diff (a secret-looking file) must
     # leave no .dvc file, ignore entry or manifest behind.
     git_info = git_state(project.root, allow_secret_files=allow_secret_files)
@@ -217,7 +228,7 @@ def _extending(parent: Manifest, paths: Sequence[Path], *, force: bool) -> Write
 
 
 def _sign_all(
-    hashed: Sequence[tuple[Path, FileDigests]],
+    hashed: Sequence[tuple[Path, FileDigests | tuple[FileEntry, ...]]],
     project: Project,
     signing_key: SigningKey,
     git_info: GitRecord,
@@ -236,7 +247,22 @@ def _sign_all(
     # cache object or manifest behind.
     prepared = []
     for p, d in hashed:
-        assert d.md5 is not None
+        facts = RunFacts(seeds=seeds, command=command, cwd=cwd, attributes=attributes, git=git_info)
+        if isinstance(d, tuple):
+            prepared.append(
+                sign_directory_step(
+                    p,
+                    d,
+                    project=project,
+                    key=signing_key,
+                    run=run,
+                    step=step,
+                    parent=parent,
+                    write=False,
+                    **facts,
+                )
+            )
+            continue
         prepared.append(
             sign_checkpoint(
                 p,
@@ -245,18 +271,17 @@ def _sign_all(
                 key=signing_key,
                 run=run,
                 step=step,
-                seeds=seeds,
                 parent=parent,
-                command=command,
-                cwd=cwd,
-                attributes=attributes,
-                git=git_info,
                 write=False,
+                **facts,
             )
         )
     manifests = []
     for (p, d), manifest in zip(hashed, prepared, strict=True):
-        assert d.md5 is not None
-        track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
+        if isinstance(d, tuple):
+            track_directory(project, p, d)  # the user's files: left as they are
+        else:
+            assert d.md5 is not None
+            track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
         manifests.append(publish_manifest(manifest))
     return Snapshots(manifests)

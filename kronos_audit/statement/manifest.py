@@ -26,6 +26,7 @@ from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit.checkpoint.directory import dvc_listing, encode_index, entry_problem, index_root
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, checkpoint_path_for
 from kronos_audit.errors import ManifestError
@@ -223,13 +224,49 @@ def parse_manifest(data: bytes, path: Path) -> Manifest:
     envelope, statement = parse_statement(data, path)
     validate(statement, path)
     frozen = freeze(statement)
-    return Manifest(
+    manifest = Manifest(
         path=path,
         envelope=envelope,
         statement=frozen,
         digest=Sha256(hashlib.sha256(data).hexdigest()),
         record=Predicate.from_json_obj(frozen["predicate"]),
     )
+    if manifest.record.directory is not None:
+        problem = directory_problem(manifest)
+        if problem is not None:
+            raise ManifestError(f"directory step: {problem}", path=path)
+    return manifest
+
+
+def directory_problem(manifest: Manifest) -> str | None:
+    """What makes a directory step's record disagree with itself, or None: a file's path
+    that leaves the directory or comes twice or out of order, a count, byte total or
+    Merkle root that is not its files', a subject that is not their index. Checked when
+    read, so every reader may take the files as a consistent listing (their bytes are
+    another matter: verify hashes them)."""
+    record = manifest.record
+    d = record.directory
+    assert d is not None
+    previous = None
+    for entry in d.files:
+        problem = entry_problem(entry)
+        if problem is not None:
+            return problem
+        if previous is not None and entry.path <= previous:
+            return f"{clip(entry.path)!r} is out of path order or listed twice"
+        previous = entry.path
+    if d.count != len(d.files) or d.bytes != sum(f.size for f in d.files):
+        return "its file count or byte total is not its files'"
+    if record.size != d.bytes or record.shards is not None:
+        return "its size is not its files' total, or it is also a sharded step"
+    if hashlib.sha256(encode_index(d.files)).hexdigest() != manifest.subject_sha256:
+        return "its subject's sha256 is not its file index's"
+    if index_root(d.files) != d.root:
+        return "its Merkle root is not its file index's"
+    md5 = hashlib.md5(dvc_listing(d.files), usedforsecurity=False).hexdigest()
+    if manifest.subject_md5 not in (None, md5):
+        return "its subject's md5 is not its DVC listing's"
+    return None
 
 
 def read_manifest(path: Path | str) -> Manifest:

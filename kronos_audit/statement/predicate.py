@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, NewType
 
 from kronos_audit._internal.frozen import thaw
+from kronos_audit.checkpoint.directory import FileEntry
 from kronos_audit.checkpoint.hashing import DatasetDigest
 
 Sha256 = NewType("Sha256", str)
@@ -387,6 +388,49 @@ class ShardSet:
         return obj
 
 
+@dataclass(frozen=True)
+class DirectorySet:
+    """A directory step's files, as its manifest records them (the subject is their index;
+    see :mod:`kronos_audit.checkpoint.directory`)."""
+
+    count: int
+    """Files: the index has exactly this many lines."""
+    bytes: int
+    """The files' sizes added up."""
+    root: Sha256
+    """Merkle root over the index's lines."""
+    files: tuple[FileEntry, ...]
+    """Every file, in path order."""
+
+    @classmethod
+    def from_json_obj(cls, obj: Mapping[str, Any]) -> DirectorySet:
+        return cls(
+            count=int(obj["count"]),
+            bytes=int(obj["bytes"]),
+            root=Sha256(str(obj["root"])),
+            files=tuple(
+                FileEntry(
+                    str(f["path"]),
+                    int(f["size"]),
+                    str(f["sha256"]),
+                    str(f["md5"]),
+                    None
+                    if f.get("datasets") is None
+                    else tuple(_dataset(d, with_attributes=False) for d in f["datasets"]),
+                )
+                for f in obj["files"]
+            ),
+        )
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "bytes": self.bytes,
+            "root": self.root,
+            "files": [f.to_json_obj() for f in self.files],
+        }
+
+
 def _dataset(obj: Mapping[str, Any], *, with_attributes: bool) -> DatasetDigest:
     shape = obj["shape"]
     extent = obj.get("extent")
@@ -477,6 +521,8 @@ class Predicate:
     ``npz``, ``npy``, ``dcp``, ``pickle``, ``bytes``;
     :class:`~kronos_audit.checkpoint.formats.Format`): what ``datasets`` were read as.
     None in manifests written before it was recorded (then HDF5 or bytes, by content)."""
+    directory: DirectorySet | None = None
+    """For a directory step, its files (the subject is then their index); None otherwise."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
@@ -522,6 +568,9 @@ class Predicate:
             else SchedulerRecord.from_json_obj(obj["scheduler"]),
             writer=None if obj.get("writer") is None else WriterRecord.from_json_obj(obj["writer"]),
             format=None if fmt is None else str(fmt),
+            directory=None
+            if obj.get("directory") is None
+            else DirectorySet.from_json_obj(obj["directory"]),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -560,12 +609,15 @@ class Predicate:
             obj["writer"] = self.writer.to_json_obj()
         if self.format is not None:
             obj["format"] = self.format
+        if self.directory is not None:
+            obj["directory"] = self.directory.to_json_obj()
         return obj
 
 
 __all__ = [
     "ENVIRONMENT_SECTIONS",
     "Batches",
+    "DirectorySet",
     "EnvironmentLock",
     "GitRecord",
     "Predicate",

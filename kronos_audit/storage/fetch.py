@@ -58,6 +58,9 @@ class FetchItem:
     """The signed file digest the fetched bytes must have, 64 lower-case hex digits."""
     size: int
     """The recorded size in bytes."""
+    member: bool = False
+    """A file of a directory step: DVC tracks it through its directory's ``.dvc`` file,
+    so it never gets one of its own (nothing is written inside a tool's directory)."""
 
     def __post_init__(self) -> None:
         # The md5 becomes a path in the cache and the remote: only hex digits may.

@@ -293,7 +293,12 @@ class Storage:
                 held = stat.S_ISREG(st.st_mode) and st.st_size == item.size
             except OSError:
                 held = False
-            entry = read_dvc_file(dvc_file_for(item.checkpoint))
+            # A directory step's file is tracked by its directory's .dvc file, never its own.
+            entry = (
+                (item.md5, item.size)
+                if item.member
+                else read_dvc_file(dvc_file_for(item.checkpoint))
+            )
             if held and entry == (item.md5, item.size):
                 continue
             how = "its .dvc file did not name the signed data: written again"

@@ -1,7 +1,9 @@
 """Every object of a signed step in DVC: what pushing a step, and asking whether it is
 pushed, must cover.
 
-A checkpoint file is one object (its manifest signs its md5). A sharded step is its shard
+A checkpoint file is one object (its manifest signs its md5). A directory step is one
+object per file its manifest lists (and DVC's listing of them, pushed on its own). A
+sharded step is its shard
 index (the signed subject) and one object per shard, each named by its line of that
 index: the index is read here, bounded, and only when its sha256 is the signed one are its
 lines believed (a hostile index must not send, or count as pushed, other objects).
@@ -42,6 +44,14 @@ def step_items(
         manifest.subject_sha256,
         manifest.record.size,
     )
+    directory = manifest.record.directory
+    if directory is not None:
+        # Its listing (the signed subject's md5, ``<md5>.dir``) goes separately: it is no
+        # file (see kronos_audit.storage.directories.push_listings).
+        root = manifest.checkpoint_path
+        return [
+            FetchItem(root / f.path, f.md5, f.sha256, f.size, member=True) for f in directory.files
+        ]
     shards = manifest.record.shards
     if shards is None:
         return [subject]

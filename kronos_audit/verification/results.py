@@ -50,6 +50,10 @@ class CheckName(enum.StrEnum):
     SHARDS = "shards"
     """Every shard of a sharded step (or the one a rank restores) has its recorded size
     and sha256; a failed one names the rank (``shard of rank 2 of 3: missing``)."""
+    FILES = "files"
+    """Every file of a directory step is there with its recorded size and sha256, and no
+    other is; a failed one names one file (``added: extra.bin``, ``missing: .metadata``,
+    ``changed: __0_0.distcp``, ``link.bin: is a symbolic link``)."""
 
 
 class CheckStatus(enum.Enum):

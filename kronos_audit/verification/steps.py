@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, changed_attributes, diff_digests
+from kronos_audit.checkpoint.directory import FileEntry
 from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import INDEX_NAME, named_step, step_directory_name
@@ -127,6 +128,8 @@ def not_fetched(manifest: Manifest, *, here: bool) -> Check:
     failure."""
     if manifest.record.shards is not None and here:
         return Check.unverified(CheckName.SHARDS, "not read: the step manifest does not verify")
+    if manifest.record.directory is not None and here:
+        return Check.unverified(CheckName.FILES, "not read: the step manifest does not verify")
     what = "shard index" if manifest.record.shards is not None else "checkpoint"
     return Check.unverified(
         CheckName.FILE_DIGEST, f"{what} not here, and not fetched: its manifest does not verify"
@@ -245,7 +248,7 @@ def datasets(
     return compare_datasets(manifest.datasets, found, manifest.record.format)
 
 
-_BYTES = (CheckName.FILE_DIGEST, CheckName.SHARD_INDEX, CheckName.SHARDS)
+_BYTES = (CheckName.FILE_DIGEST, CheckName.SHARD_INDEX, CheckName.SHARDS, CheckName.FILES)
 """The checks of a checkpoint's bytes (a sharded step's: its index and its shards)."""
 
 
@@ -260,17 +263,19 @@ def data_found(checks: Sequence[Check]) -> Location | None:
     return Location.LOCAL if made else None
 
 
-def index_digest(sha256: str, manifest: Manifest, *, say_digest: bool = True) -> Check:
-    """(4) a sharded step's index: its sha256 against the signed subject. Nothing an
-    index names is read unless it is the signed one."""
+def index_digest(
+    sha256: str, manifest: Manifest, *, say_digest: bool = True, what: str = "shard index"
+) -> Check:
+    """(4) a sharded step's index (a directory step's file index): its sha256 against the
+    signed subject. Nothing an index names is read unless it is the signed one."""
     if sha256 != manifest.subject_sha256:
         return Check.failed(
             CheckName.FILE_DIGEST,
-            f"shard index sha256 {sha256[:16]}... differs from the recorded "
+            f"{what} sha256 {sha256[:16]}... differs from the recorded "
             f"{manifest.subject_sha256[:16]}...",
         )
     said = f" {sha256[:16]}..." if say_digest else ""
-    return Check.passed(CheckName.FILE_DIGEST, f"shard index sha256{said} matches")
+    return Check.passed(CheckName.FILE_DIGEST, f"{what} sha256{said} matches")
 
 
 def merkle_root(root: str, manifest: Manifest) -> Check:
@@ -307,6 +312,43 @@ def proven_lines(ranks: Sequence[int], count: int) -> Check:
     """(4) the index lines of ``ranks`` (of ``count``) proven against the signed Merkle root."""
     what = f"line {ranks[0] + 1}" if len(ranks) == 1 else f"{len(ranks)} lines"
     return Check.passed(CheckName.SHARD_INDEX, f"{what} of {count} proven against the Merkle root")
+
+
+def directory_checks(
+    signed: Sequence[FileEntry],
+    found: Sequence[str],
+    refused: Sequence[str],
+    answers: dict[str, tuple[str | None, str]],
+) -> list[Check]:
+    """(4) a directory step: one failed check per file added (``found`` here but not
+    ``signed``), missing, changed (its answer: a problem read, or a sha256 that is not the
+    signed one) and per thing a step may not hold (``refused``, already in words); one
+    passing check when none is."""
+    recorded = {f.path for f in signed}
+    failed = [Check.failed(CheckName.FILES, problem) for problem in refused]
+    failed += [Check.failed(CheckName.FILES, f"added: {p}") for p in found if p not in recorded]
+    for f in signed:
+        problem, sha = answers.get(f.path, ("missing", ""))
+        if problem == "missing":
+            failed.append(Check.failed(CheckName.FILES, f"missing: {f.path}"))
+        elif problem is not None:
+            failed.append(Check.failed(CheckName.FILES, f"changed: {f.path} ({problem})"))
+        elif sha != f.sha256:
+            failed.append(
+                Check.failed(
+                    CheckName.FILES,
+                    f"changed: {f.path} (sha256 {sha[:16]}... differs from the recorded "
+                    f"{f.sha256[:16]}...)",
+                )
+            )
+    if failed:
+        return failed
+    total = sum(f.size for f in signed)
+    return [
+        Check.passed(
+            CheckName.FILES, f"all {len(signed)} files match (size and sha256, {total:,} bytes)"
+        )
+    ]
 
 
 # -- (5) chain -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kronos_audit.checkpoint.directory import check_files, make_tree, scan
 from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_signed
 from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.checkpoint.layout import shard_path
@@ -135,6 +136,7 @@ class Verifier(ChainReader):
         if not data:
             return [steps.not_asked()], False, None
         sharded = manifest.record.shards is not None
+        directory = manifest.record.directory is not None
         # Ranks of a sharded step read their lines through the tree file: a link in the
         # index's name is there for them, and an index not here is not yet missing data.
         of_ranks = sharded and ranks is not None
@@ -146,7 +148,7 @@ class Verifier(ChainReader):
                 check = steps.pruned(manifest, name, newest=newest, restore=ranks is not None)
                 return [check], False, Location.PRUNED
         here = here or of_ranks
-        if not trusted and (sharded or not here):
+        if not trusted and (sharded or directory or not here):
             # The one gate: nothing a manifest names is fetched, and no step's index read,
             # before its signature and place hold.
             where = None if here else Location.MISSING
@@ -167,6 +169,8 @@ class Verifier(ChainReader):
             content, more = self._ranks_content(manifest, ranks)
         elif sharded:
             content, more = self._sharded_content(manifest)
+        elif directory:
+            content, more = self._directory_content(manifest), False
         else:
             content, more = self._content(manifest), False
         return content, fetched or more, steps.data_found(content)
@@ -183,8 +187,9 @@ class Verifier(ChainReader):
     def fetch_data(self, manifest: Manifest) -> None:
         """(3) Fetch ``manifest``'s checkpoint from the DVC remote: only once its signature
         and place hold, only the object whose md5 it signs, only to its own path, checked
-        against the signed sha256 before it becomes visible. Raises TamperedData (exit 1)
-        or StorageError (exit 2)."""
+        against the signed sha256 before it becomes visible (a directory step: each signed
+        file, by its own md5 and sha256). Raises TamperedData (exit 1) or StorageError
+        (exit 2)."""
         signed = self.signature(manifest)
         place = place_check(self.project, manifest)
         if not signed.ok or not place.ok:
@@ -197,6 +202,19 @@ class Verifier(ChainReader):
                 "not here, and its manifest records no DVC md5 to fetch it by",
                 path=manifest.checkpoint_path,
             )
+        record = manifest.record.directory
+        if record is not None:
+            from kronos_audit.storage.fetch import FetchItem
+
+            root = manifest.checkpoint_path
+            make_tree(root, record.files)
+            failed = self._dvc().fetch_many(
+                [FetchItem(root / f.path, f.md5, f.sha256, f.size) for f in record.files],
+                self.remote,
+            )
+            if failed:
+                raise next(iter(failed.values()))  # it names its file
+            return
         self._dvc().fetch(
             manifest.checkpoint_path,
             md5=manifest.subject_md5,
@@ -251,6 +269,23 @@ class Verifier(ChainReader):
                 found, unreadable = digests.datasets, digests.unreadable
                 checks = [steps.file_digest(digests.sha256, manifest)]
         return checks + steps.datasets(manifest, found, unreadable)
+
+    # -- directory steps: every file listed in the signed manifest -----------------
+
+    def _directory_content(self, manifest: Manifest) -> list[Check]:
+        """(4) A directory step whose manifest passes (1) and (2) (its listing agrees with
+        its subject and root: checked when it was read): every file here against the
+        signed listing, by size and sha256, naming each added, missing or changed, and
+        each thing no step may hold (a link, a FIFO)."""
+        record = manifest.record.directory
+        assert record is not None
+        root = manifest.checkpoint_path
+        found = scan(root)
+        answers = check_files(root, found, record.files)
+        return [
+            steps.index_digest(manifest.subject_sha256, manifest, what="file index"),
+            *steps.directory_checks(record.files, list(found.files), found.problems, answers),
+        ]
 
     # -- sharded steps: an index, a Merkle root, one shard per rank -------------------
 

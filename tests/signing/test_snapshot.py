@@ -266,10 +266,10 @@ def test_a_symlinked_checkpoint_is_refused(project: Project, key: SigningKey) ->
     assert real.stat().st_mode == mode
 
 
-def test_a_directory_is_refused(project: Project, key: SigningKey) -> None:
+def test_an_empty_directory_is_refused(project: Project, key: SigningKey) -> None:
     folder = project.root / "ck" / "s.h5"
     folder.mkdir(parents=True)
-    assert_bad_input(run_cli(*snapshot_cli(folder)), str(folder), "is a directory")
+    assert_bad_input(run_cli(*snapshot_cli(folder)), str(folder), "holds no file")
     nothing_written(folder)
 
 

@@ -404,6 +404,7 @@ def test_check_names_print_and_serialise_as_before() -> None:
         "batches",
         "tally",
         "shards",
+        "files",
     ]
     u = Check(CheckName.DATASET, False, "content differs", dataset="/fields/u")
     assert u.name == "dataset /fields/u"

@@ -1,5 +1,5 @@
 """`kaudit diff A.h5 B.h5`: compare two checkpoints dataset by dataset (or two sharded
-steps, array by array, by their signed digests)."""
+steps, array by array, or two directory steps, file by file, by their signed digests)."""
 
 from __future__ import annotations
 
@@ -42,20 +42,29 @@ def diff(
     counts, compare without their data: bitwise by the digests their signed manifests
     record of each array; with a tolerance, by the data of their shards.
 
+    Two directory steps (their directories or manifests, DIR.kaudit.json) compare file by
+    file by their signed digests, naming each file added, missing or changed, and tensor
+    by tensor where both record per-tensor digests.
+
     Exit 0 when every dataset is IDENTICAL or WITHIN_TOLERANCE, 1 otherwise, 2 for bad input.
 
     \b
     Example:
       kaudit diff recorded/step-3000.h5 rerun/step-3000.h5 --rtol 1e-12 --tol 'rng/*:exact'
       kaudit diff on4/step-00000040 on2/step-00000040
+      kaudit diff dcp/step-100 dcp/step-200
     """
     from kronos_audit.compare import compare_files
+    from kronos_audit.replay.directory_diff import diff_directories, directory_manifest_of
     from kronos_audit.replay.step_diff import diff_steps, step_manifest_of
 
     policy, source, project = tolerance_policy(rtol, atol, ulp, tol, a, b)
     step_a, step_b = step_manifest_of(a), step_manifest_of(b)
+    dir_a, dir_b = directory_manifest_of(a), directory_manifest_of(b)
     if step_a is not None and step_b is not None:
         result = diff_steps(step_a, step_b, policy)
+    elif dir_a is not None and dir_b is not None:
+        result = diff_directories(dir_a, dir_b, policy)
     else:
         result = compare_files(a, b, policy)
     if as_json:

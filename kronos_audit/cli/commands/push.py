@@ -54,6 +54,7 @@ def push(
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.runtime.resume_remote import push_manifests
     from kronos_audit.storage import FetchItem, Storage
+    from kronos_audit.storage.directories import push_listings
     from kronos_audit.storage.steps import step_items
     from kronos_audit.verification.chain import place_check
     from kronos_audit.verification.verifier import Verifier
@@ -111,6 +112,16 @@ def push(
                 uploaded = storage.push([i for group in items.values() for i in group], remote)
             except PushIncomplete as e:
                 missing, uploaded = e.missing, e.uploaded
+            # A directory step's listing, once its files are there: what `dvc pull` reads.
+            listed = {
+                verifier.cache.read(m).checkpoint_path: m
+                for m, group in items.items()
+                if not any(i.checkpoint in missing for i in group)
+            }
+            unlisted = push_listings(
+                storage, [verifier.cache.read(m) for m in listed.values()], remote
+            )
+            refused.update({listed[path]: why for path, why in unlisted.items()})
         # The manifests travel with their data, after it, as Run(push=True) sends them:
         # a run resumes on another machine from the remote (docs/storage.md). All of
         # them whose data is there (or pruned), those of pruned checkpoints too: they are

@@ -1,0 +1,311 @@
+"""The directory step: another tool's checkpoint directory signed as one step.
+
+A tool that owns its directory (torch DCP's ``.metadata`` and ``__0_0.distcp``, a Hugging
+Face ``checkpoint-N/``, an Orbax step) breaks on a file it did not write, so nothing is
+written inside it: its manifest is ``DIR.kaudit.json`` beside ``DIR/``. The sharded step's
+machinery (:mod:`kronos_audit.checkpoint.shards`) signs it:
+
+- the **file index** is one line per file, in the order of its path (as DVC sorts a
+  directory's listing), each the canonical JSON of ``{"md5", "path", "sha256", "size"}``
+  and a newline; ``path`` is the file's POSIX path relative to the directory. The index is
+  the manifest's subject (its sha256); the manifest's predicate records it whole
+  (``directory.files``, each entry with optional per-tensor ``datasets``), so a verifier
+  needs nothing but the manifest to name a file added, missing or changed;
+- the **Merkle root** over the index's lines (:func:`~kronos_audit.checkpoint.shards.leaf`
+  of each line, the sharded step's tree) and the file count are in the predicate too;
+- **DVC** tracks the directory as one output, as ``dvc add DIR`` would: each file's
+  object in the cache, the listing object ``<md5>.dir`` (:func:`dvc_listing`), and
+  ``DIR.dvc`` naming it, so a plain ``dvc pull`` restores the directory.
+
+Dot-files are files like any other (DCP's ``.metadata`` is what ``dcp.load`` reads first).
+What a reader could be steered by is refused, at snapshot and at verify: a symbolic link
+(in or out of the directory), a FIFO, socket or device, a second name of one file (a hard
+link inside the step), a directory of another file system mounted inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.safeio import file_kind
+from kronos_audit.checkpoint.hashing import DatasetDigest, OpenFile, digest_open, open_file
+from kronos_audit.checkpoint.shards import leaf, tree_levels
+from kronos_audit.errors import CheckpointError
+
+MAX_FILES = 1_000_000
+"""Most files a directory step may hold (the schema's bound on the signed count)."""
+MAX_DEPTH = 64
+"""Deepest directory nesting walked inside a step."""
+MAX_PATH = 4096
+"""Longest relative path of a file in a step, in UTF-8 bytes."""
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a directory step, as the manifest records it."""
+
+    path: str
+    """Its POSIX path relative to the directory (``.metadata``, ``model/weights.bin``)."""
+    size: int
+    """Bytes."""
+    sha256: str
+    """sha256 of its bytes (64 lower-case hex digits)."""
+    md5: str
+    """md5 of its bytes: DVC's address for it (32 lower-case hex digits)."""
+    datasets: tuple[DatasetDigest, ...] | None = None
+    """Its per-tensor (per-dataset) digests, when a reader of its format gave them; None
+    when only its file digest covers it."""
+
+    def record(self) -> dict[str, Any]:
+        """Its index record: what its line holds."""
+        return {"md5": self.md5, "path": self.path, "sha256": self.sha256, "size": self.size}
+
+    def line(self) -> bytes:
+        """Its index line: canonical JSON, a newline last."""
+        return canonical_json(self.record()) + b"\n"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        obj = self.record()
+        if self.datasets is not None:
+            obj["datasets"] = [d.to_json_obj(extent=True) for d in self.datasets]
+        return obj
+
+
+def encode_index(files: Sequence[FileEntry]) -> bytes:
+    """The file index of ``files`` (already in path order): the signed subject's bytes."""
+    return b"".join(f.line() for f in files)
+
+
+def index_root(files: Sequence[FileEntry]) -> str:
+    """The Merkle root (hex) over the index's lines."""
+    if not files:
+        return leaf(b"").hex()  # an empty directory: the tree of one empty leaf
+    return tree_levels([leaf(f.line()) for f in files])[-1][0].hex()
+
+
+def dvc_listing(files: Sequence[FileEntry]) -> bytes:
+    """The bytes of DVC's ``.dir`` object for these files, exactly as DVC writes it
+    (``dvc_data``'s ``Tree.as_bytes``: its entries sorted by relative path, ``json.dumps``
+    with sorted keys): its md5 is the directory's address in DVC's cache and remote."""
+    entries = sorted(({"md5": f.md5, "relpath": f.path} for f in files), key=lambda e: e["relpath"])
+    return json.dumps(entries, sort_keys=True).encode("utf-8")
+
+
+def path_problem(path: object) -> str | None:
+    """What is wrong with ``path`` as a signed file's relative path (anyone may have
+    written a manifest: it must not point a verifier or a fetch out of the directory),
+    or None."""
+    if not isinstance(path, str) or not path:
+        return "a file's path is empty or not text"
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
+        return f"a file's path is longer than {MAX_PATH} bytes"
+    if path.startswith("/") or "\0" in path:
+        return f"{path[:80]!r} is not a relative path"
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts) or len(parts) > MAX_DEPTH:
+        return f"{path[:80]!r} is not a plain relative path (no '.', '..' or empty part)"
+    return None
+
+
+def entry_problem(entry: FileEntry) -> str | None:
+    """What is wrong with a signed file entry, or None."""
+    problem = path_problem(entry.path)
+    if problem is not None:
+        return problem
+    if not (len(entry.sha256) == 64 and set(entry.sha256) <= _HEX):
+        return f"{entry.path[:80]!r}: sha256 is not 64 lower-case hex digits"
+    if not (len(entry.md5) == 32 and set(entry.md5) <= _HEX):
+        return f"{entry.path[:80]!r}: md5 is not 32 lower-case hex digits"
+    return None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What is in a directory, walked without following anything."""
+
+    files: dict[str, tuple[int, int, int]]
+    """Each regular file by relative path: ``(size, device, inode)`` as the walk saw it."""
+    problems: tuple[str, ...]
+    """One line for each thing no step may hold (``weights.bin: is a symbolic link``)."""
+
+
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result | None, str | None]]:
+    """``(relative path, lstat, problem)`` of everything under ``root``, depth first;
+    directories are entered, never through a link, never onto another file system."""
+    root_dev = os.lstat(root).st_dev
+    stack: list[tuple[Path, str, int]] = [(root, "", 0)]
+    while stack:
+        directory, prefix, depth = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            yield prefix.rstrip("/") or ".", None, f"cannot list it: {e.strerror or e}"
+            continue
+        for entry in entries:
+            rel = prefix + entry.name
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                yield rel.encode("utf-8", "replace").decode(), None, "its name is not UTF-8"
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as e:
+                yield rel, None, f"cannot read it: {e.strerror or e}"
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if st.st_dev != root_dev:
+                    yield rel, None, "is another file system mounted inside the step"
+                elif depth + 1 >= MAX_DEPTH:
+                    yield rel, None, f"is nested deeper than {MAX_DEPTH} directories"
+                else:
+                    stack.append((Path(entry.path), rel + "/", depth + 1))
+            elif stat.S_ISLNK(st.st_mode):
+                yield rel, None, "is a symbolic link: a step holds regular files only"
+            elif not stat.S_ISREG(st.st_mode):
+                yield rel, None, f"is {file_kind(st.st_mode)}, not a regular file"
+            else:
+                yield rel, st, None
+
+
+def scan(directory: Path) -> Found:
+    """Every regular file under ``directory`` and every thing a step may not hold.
+
+    CheckpointError when ``directory`` is not a directory (a link to one is not) or has
+    more than :data:`MAX_FILES` entries."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise CheckpointError("checkpoint directory not found", path=directory) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read it: {e.strerror or e}", path=directory) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"is {file_kind(st.st_mode)}, not a directory", path=directory)
+    files: dict[str, tuple[int, int, int]] = {}
+    seen: dict[tuple[int, int], str] = {}
+    problems: list[str] = []
+    for rel, lst, problem in _walk(directory):
+        if len(files) + len(problems) >= MAX_FILES:
+            raise CheckpointError(f"holds more than {MAX_FILES:,} files", path=directory)
+        if problem is not None or lst is None:
+            problems.append(f"{rel}: {problem}")
+            continue
+        other = seen.get((lst.st_dev, lst.st_ino))
+        if other is not None:
+            # Two names of one file: one changed through the other, unseen by its entry.
+            problems.append(f"{rel}: is a hard link to {other}, in the same step")
+            continue
+        seen[(lst.st_dev, lst.st_ino)] = rel
+        files[rel] = (lst.st_size, lst.st_dev, lst.st_ino)
+    return Found(dict(sorted(files.items())), tuple(problems))
+
+
+def tensor_digests(path: str, opened: OpenFile) -> tuple[DatasetDigest, ...] | None:
+    """The per-tensor digests of the file ``path`` (relative to its step) opened as
+    ``opened``, from a reader of its format, or None when no reader knows it (its file
+    digest covers it). The one place a format reader registry plugs in: it must read only
+    through ``opened`` (the bytes that are hashed) and unpickle nothing. HDF5 files get
+    their per-dataset digests before this is asked."""
+    del path, opened
+    return None
+
+
+def _same_file(opened: OpenFile, fd_stat: os.stat_result, seen: tuple[int, int, int]) -> bool:
+    return (fd_stat.st_size, fd_stat.st_dev, fd_stat.st_ino) == seen and opened.size == seen[0]
+
+
+def hash_directory(directory: Path) -> tuple[FileEntry, ...]:
+    """Every file of ``directory`` hashed, in path order: size, sha256, md5, and per-tensor
+    digests (HDF5's datasets, or :func:`tensor_digests`). Each file is read once, through
+    one descriptor (never a link), and must be the file the walk saw. CheckpointError
+    naming the first thing a step may not hold, or a file that changed while read."""
+    found = scan(directory)
+    if found.problems:
+        more = f" (and {len(found.problems) - 1} more)" if len(found.problems) > 1 else ""
+        raise CheckpointError(f"{found.problems[0]}{more}", path=directory)
+    if not found.files:
+        # A tool's save that wrote nothing is no step to restore from.
+        raise CheckpointError("holds no file: an empty directory is no step", path=directory)
+    out: list[FileEntry] = []
+    for rel, seen in found.files.items():
+        with open_file(directory / rel, follow_symlinks=False) as opened:
+            if not _same_file(opened, os.fstat(opened.fileno()), seen):
+                raise CheckpointError(f"{rel}: changed while the step was read", path=directory)
+            digests = digest_open(opened, md5=True)
+            datasets = digests.datasets
+            if datasets is None:
+                datasets = tensor_digests(rel, opened)
+        assert digests.md5 is not None
+        out.append(FileEntry(rel, digests.size, digests.sha256, digests.md5, datasets))
+    return tuple(out)
+
+
+def make_tree(directory: Path, files: Sequence[FileEntry]) -> None:
+    """Make ``directory`` and the subdirectories ``files`` are in, for a fetch to put them
+    there. CheckpointError when one is there as anything but a directory (a symbolic link
+    there would send the fetched files elsewhere)."""
+    wanted = {directory}
+    for f in files:
+        wanted.update((directory / f.path).parents)
+    for d in sorted(p for p in wanted if p == directory or directory in p.parents):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise CheckpointError(f"cannot make it: {e.strerror or e}", path=d) from None
+        if not stat.S_ISDIR(os.lstat(d).st_mode):
+            raise CheckpointError("is not a directory: nothing fetched into it", path=d)
+
+
+def check_files(
+    directory: Path, found: Found, signed: Sequence[FileEntry]
+) -> dict[str, tuple[str | None, str]]:
+    """For each ``signed`` file that ``found`` (:func:`scan` of ``directory``) holds:
+    ``(problem, sha256)``, the problem in words (``is 10 bytes, the manifest records 12``,
+    ``replaced while read``) or None and the sha256 of its bytes. A file of another size
+    than signed is not read; each is read through one descriptor, never a link, and must
+    be the file the scan saw. Files ``found`` holds that are not signed are not read."""
+    answers: dict[str, tuple[str | None, str]] = {}
+    for f in signed:
+        seen = found.files.get(f.path)
+        if seen is None:
+            continue
+        if seen[0] != f.size:
+            answers[f.path] = (f"is {seen[0]:,} bytes, the manifest records {f.size:,}", "")
+            continue
+        try:
+            with open_file(directory / f.path, follow_symlinks=False) as opened:
+                if not _same_file(opened, os.fstat(opened.fileno()), seen):
+                    answers[f.path] = ("replaced while read", "")
+                    continue
+                answers[f.path] = (None, opened.sha256(progress=False))
+        except CheckpointError as e:
+            answers[f.path] = (e.message, "")
+    return answers
+
+
+__all__ = [
+    "MAX_FILES",
+    "FileEntry",
+    "Found",
+    "check_files",
+    "dvc_listing",
+    "encode_index",
+    "entry_problem",
+    "hash_directory",
+    "index_root",
+    "make_tree",
+    "path_problem",
+    "scan",
+    "tensor_digests",
+]

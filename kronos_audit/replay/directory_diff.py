@@ -1,0 +1,141 @@
+"""`kaudit diff` of two directory steps: file by file, and tensor by tensor where the signed
+manifests hold per-tensor digests, by those digests alone.
+
+Each manifest is verified first (signature and place: a digest in a manifest nobody vouches
+for proves nothing). A file of one step missing from the other is ONLY_IN_A or ONLY_IN_B; a
+file in both with the same sha256 is IDENTICAL; one whose bytes differ is compared by its
+per-tensor digests when both record them (each tensor named ``FILE/TENSOR``), or is
+DIFFERENT as a whole. A tolerance needs the data of both: the HDF5 files in both steps are
+then compared dataset by dataset, once each step's files are verified against its manifest;
+any other file that differs stays DIFFERENT (no reader gives its tensors yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from kronos_audit.checkpoint.directory import FileEntry
+from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.checkpoint.layout import manifest_path_for
+from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
+from kronos_audit.compare.files import compare_files
+from kronos_audit.errors import UsageError
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import find_project
+from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.verification.verifier import Verifier
+
+_RULE = "signed digest (bitwise)"
+
+
+def directory_manifest_of(path: Path) -> Path | None:
+    """The manifest of the directory step ``path`` names (the directory, or its manifest
+    ``DIR.kaudit.json``), or None when it names none."""
+    if path.is_dir():
+        beside = manifest_path_for(path)
+        return beside if beside.is_file() else None
+    if path.name.endswith(".kaudit.json") and path.is_file():
+        return path if read_manifest(path).record.directory is not None else None
+    return None
+
+
+def _verified(path: Path, trust: TrustOptions | None, *, data: bool) -> Manifest:
+    path = path.absolute()
+    project = find_project(path)
+    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=data)
+    if not result.ok:
+        failed = result.failures[0]
+        raise UsageError(
+            f"{path}: it does not verify ({failed.name}: {failed.detail}); the digests of "
+            "an unverified step prove nothing"
+        )
+    m = result.statement
+    if m is None or m.record.directory is None:  # replaced meanwhile by something else
+        raise UsageError(f"{path}: not a directory step's manifest")
+    return m
+
+
+def _result(
+    path: str, verdict: Verdict, reason: str | None = None, *, a: object = None, b: object = None
+) -> DatasetComparison:
+    da = a if isinstance(a, DatasetDigest) else None
+    db = b if isinstance(b, DatasetDigest) else None
+    return DatasetComparison(
+        path,
+        verdict,
+        None if da is None else da.dtype,
+        None if db is None else db.dtype,
+        None if da is None else da.shape,
+        None if db is None else db.shape,
+        None,
+        _RULE,
+        reason,
+    )
+
+
+def _tensors(
+    name: str, a: tuple[DatasetDigest, ...], b: tuple[DatasetDigest, ...]
+) -> list[DatasetComparison]:
+    """The tensors of one file in both steps, by their signed digests."""
+    in_a = {d.path: d for d in a}
+    in_b = {d.path: d for d in b}
+    out: list[DatasetComparison] = []
+    for t in sorted({*in_a, *in_b}):
+        ta, tb = in_a.get(t), in_b.get(t)
+        path = f"{name}/{t.lstrip('/')}"
+        if tb is None:
+            out.append(_result(path, Verdict.ONLY_IN_A, a=ta))
+        elif ta is None:
+            out.append(_result(path, Verdict.ONLY_IN_B, b=tb))
+        elif (ta.dtype, ta.shape) != (tb.dtype, tb.shape):
+            out.append(_result(path, Verdict.NOT_COMPARABLE, "dtype or shape differ", a=ta, b=tb))
+        elif ta.sha256 == tb.sha256:
+            out.append(_result(path, Verdict.IDENTICAL, a=ta, b=tb))
+        else:
+            out.append(_result(path, Verdict.DIFFERENT, "the signed digests differ", a=ta, b=tb))
+    return out
+
+
+def _file(
+    fa: FileEntry | None, fb: FileEntry | None, a: Manifest, b: Manifest, policy: TolerancePolicy
+) -> list[DatasetComparison]:
+    if fb is None:
+        assert fa is not None
+        return [_result(fa.path, Verdict.ONLY_IN_A)]
+    if fa is None:
+        return [_result(fb.path, Verdict.ONLY_IN_B)]
+    if fa.sha256 == fb.sha256:
+        return [_result(fa.path, Verdict.IDENTICAL)]
+    if fa.datasets is None or fb.datasets is None:
+        return [_result(fa.path, Verdict.DIFFERENT, "the files' sha256 differ")]
+    if policy == TolerancePolicy():
+        return _tensors(fa.path, fa.datasets, fb.datasets)
+    compared = compare_files(a.checkpoint_path / fa.path, b.checkpoint_path / fb.path, policy)
+    return [
+        dataclasses.replace(d, path=f"{fa.path}/{d.path.lstrip('/')}") for d in compared.datasets
+    ]
+
+
+def diff_directories(
+    a: Path, b: Path, policy: TolerancePolicy | None = None, trust: TrustOptions | None = None
+) -> Comparison:
+    """Directory step B (its manifest, ``b``) against reference step A, file by file and
+    tensor by tensor (see the module's docstring). UsageError (one line) when either
+    manifest does not verify (with a tolerance: its files too)."""
+    policy = policy or TolerancePolicy()
+    exact = policy == TolerancePolicy()
+    ma, mb = _verified(a, trust, data=not exact), _verified(b, trust, data=not exact)
+    assert ma.record.directory is not None
+    assert mb.record.directory is not None
+    in_a = {f.path: f for f in ma.record.directory.files}
+    in_b = {f.path: f for f in mb.record.directory.files}
+    datasets = [
+        d
+        for name in sorted({*in_a, *in_b})
+        for d in _file(in_a.get(name), in_b.get(name), ma, mb, policy)
+    ]
+    return Comparison(a=a, b=b, policy=policy, datasets=tuple(datasets))
+
+
+__all__ = ["diff_directories", "directory_manifest_of"]

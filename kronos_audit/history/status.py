@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kronos_audit.checkpoint.directory import check_files, dvc_listing, scan
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import read_index
 from kronos_audit.checkpoint.verified import Signed, holds_signed
@@ -32,6 +33,7 @@ from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.steps import directory_checks
 from kronos_audit.verification.verifier import Verifier
 
 if TYPE_CHECKING:
@@ -150,6 +152,7 @@ def locate(
     remote, whatever data is there, when its run's remote directory holds another
     manifest of that step (``chains``: as the caller read them, else read here)."""
     sizes: dict[str, int | None] = {}
+    listings: dict[Path, tuple[str, int]] = {}
     others: set[Path] = set()
     objects: dict[Path, list[FetchItem]] = {}
     if check_remote:
@@ -166,7 +169,12 @@ def locate(
         read = storage.remote_reader(remote)
         asked = [m for m in manifests if not (m.path in pruned and not m.checkpoint_path.exists())]
         objects = {m.path: step_items(m, read) or [] for m in asked}
-        sizes = storage.remote_sizes([i.md5 for m in asked for i in objects[m.path]], remote)
+        # A directory step's listing too (``<md5>.dir``): what a plain `dvc pull` reads.
+        listings = {m.path: listing_of(m) for m in asked if m.record.directory is not None}
+        sizes = storage.remote_sizes(
+            [i.md5 for m in asked for i in objects[m.path]] + [oid for oid, _ in listings.values()],
+            remote,
+        )
         if chains is None:
             # Unreadable (an HTTP remote cannot list): judged by the data alone.
             chains = remote_chains(storage, {m.run for m in manifests}, remote, problems=[])
@@ -177,9 +185,11 @@ def locate(
     for m in manifests:
         size, checkpoint = m.record.size, m.checkpoint_path
         wanted = objects.get(m.path, [])
+        listing = listings.get(m.path)
         in_remote = (
-            bool(wanted)
+            (bool(wanted) or listing is not None)
             and all(sizes.get(i.md5) == i.size for i in wanted)
+            and (listing is None or sizes.get(listing[0]) == listing[1])
             and m.path not in others
         )
         if checkpoint.exists():
@@ -195,10 +205,27 @@ def locate(
     return entries
 
 
+def listing_of(m: Manifest) -> tuple[str, int]:
+    """A directory step's DVC listing: its object id (``<md5>.dir``) and size."""
+    directory = m.record.directory
+    assert directory is not None
+    return f"{m.subject_md5}.dir", len(dvc_listing(directory.files))
+
+
 def _intact(m: Manifest) -> bool:
-    """Whether the checkpoint (a sharded step's index) here is the signed one: a regular
+    """Whether the checkpoint (a sharded step's index, a directory step's every file and
+    nothing else) here is the signed one: a regular
     file of the signed size, read within that bound (a FIFO or /dev/zero at its name is
     corrupt, never waited on or read for ever)."""
+    directory = m.record.directory
+    if directory is not None:
+        try:
+            found = scan(m.checkpoint_path)
+        except CheckpointError:
+            return False
+        answers = check_files(m.checkpoint_path, found, directory.files)
+        checks = directory_checks(directory.files, list(found.files), found.problems, answers)
+        return all(c.ok for c in checks)
     shards = m.record.shards
     if shards is not None:
         try:

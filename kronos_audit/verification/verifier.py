@@ -214,6 +214,10 @@ class Verifier(ChainReader):
             )
             if failed:
                 raise next(iter(failed.values()))  # it names its file
+            from kronos_audit.storage.directories import write_listing
+
+            # DVC's listing of the signed files, so DVC finds the directory in its cache.
+            write_listing(self._dvc().cache_settings()[0], record.files)
             return
         self._dvc().fetch(
             manifest.checkpoint_path,

@@ -57,6 +57,19 @@ PY
 say "verify must now fail, exit 1, naming what changed"
 expect 1 kaudit verify checkpoints/diffusion
 
+say "another tool's checkpoint directory (as torch DCP writes one) signed as one step, from beside it"
+mkdir -p checkpoints/dcp/step-100
+printf 'tensor map\n' > checkpoints/dcp/step-100/.metadata
+head -c 4096 /dev/urandom > checkpoints/dcp/step-100/__0_0.distcp
+run kaudit snapshot checkpoints/dcp/step-100 --run dcp --step 100
+run cat checkpoints/dcp/step-100.dvc
+run kaudit verify checkpoints/dcp/step-100
+say "a file added and one changed inside it: verify names each, exit 1"
+printf 'stray\n' > checkpoints/dcp/step-100/notes.txt
+rm checkpoints/dcp/step-100/.metadata  # a new file, as a tool that writes anew does
+printf 'other tensor map\n' > checkpoints/dcp/step-100/.metadata
+expect 1 kaudit verify checkpoints/dcp/step-100
+
 say "a long run that survives a fault: kill -9 the solver mid-run, kaudit run restarts it"
 cp "$ROOT/examples/heat/run.py" heat.py
 git add heat.py && git commit -q -m "heat solver"

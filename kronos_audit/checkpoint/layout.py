@@ -422,6 +422,16 @@ def is_statement(path: Path) -> bool:
     return path.name.endswith((MANIFEST_SUFFIX, ATTESTATION_SUFFIX, CERTIFICATE_SUFFIX))
 
 
+def directory_step_manifest(path: Path) -> Path | None:
+    """The manifest beside the directory ``path`` (``DIR.kaudit.json``) when there is one:
+    ``path`` is then a directory step. None for anything else (``.`` and ``..`` name no
+    step: a user there means the directory itself)."""
+    if path.name in ("", ".", "..") or not path.is_dir():
+        return None
+    beside = manifest_path_for(path)
+    return beside if beside.is_file() else None
+
+
 def resolve_target(path: Path) -> Path:
     """The manifest (or attestation) ``path`` names: a manifest or attestation as named;
     for a checkpoint, the manifest beside it (``CKPT.kaudit.json``, also when the data is
@@ -433,8 +443,9 @@ def resolve_target(path: Path) -> Path:
     a FIFO) is returned as named, for the bounded reader to refuse without opening it."""
     if is_statement(path):
         return path  # its reader says if it cannot be read
-    if path.is_dir() and manifest_path_for(path).is_file():
-        return manifest_path_for(path)  # a directory step: its manifest is beside it
+    beside_dir = directory_step_manifest(path)
+    if beside_dir is not None:
+        return beside_dir  # a directory step: its manifest is beside it
     if path.is_dir():
         step = path / STEP_MANIFEST
         if step.is_file():
@@ -467,7 +478,7 @@ def expand_targets(paths: Sequence[Path], *, attestations: bool = True) -> list[
     it, or a name with no manifest (see :func:`resolve_target`)."""
     out: list[Path] = []
     for p in paths:
-        if p.is_dir() and not manifest_path_for(p).is_file():  # a run's, a sharded step's
+        if p.is_dir() and directory_step_manifest(p) is None:  # a run's, a sharded step's
             found = statements_in(p)
             if not found.manifests:
                 raise ManifestError(f"no manifest (*{MANIFEST_SUFFIX}) in this directory", path=p)
@@ -501,6 +512,7 @@ __all__ = [
     "checkpoint_name",
     "checkpoint_path_for",
     "checkpoint_steps",
+    "directory_step_manifest",
     "expand_targets",
     "is_statement",
     "manifest_path_for",

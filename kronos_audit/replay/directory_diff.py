@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kronos_audit.checkpoint.directory import FileEntry
 from kronos_audit.checkpoint.hashing import DatasetDigest
-from kronos_audit.checkpoint.layout import manifest_path_for
+from kronos_audit.checkpoint.layout import directory_step_manifest
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
 from kronos_audit.compare.files import compare_files
 from kronos_audit.errors import UsageError
@@ -33,8 +33,7 @@ def directory_manifest_of(path: Path) -> Path | None:
     """The manifest of the directory step ``path`` names (the directory, or its manifest
     ``DIR.kaudit.json``), or None when it names none."""
     if path.is_dir():
-        beside = manifest_path_for(path)
-        return beside if beside.is_file() else None
+        return directory_step_manifest(path)
     if path.name.endswith(".kaudit.json") and path.is_file():
         return path if read_manifest(path).record.directory is not None else None
     return None

@@ -236,6 +236,11 @@ def test_directory_steps_chain_and_log_shows_them(project: Project, key: Signing
     assert "run dcp" in log.output
     assert "checkpoints 2 (steps 1..2), newest step 2" in log.output
     assert "data        2 local" in log.output
+    report = run_cli("report", str(project.root / "ckpt"), "--out", str(project.root / "r.md"))
+    assert report.exit_code == 0, report.output
+    text = (project.root / "r.md").read_text()
+    assert "# kaudit report: PASS" in text
+    assert "ckpt/step-2.kaudit.json" in text
     diff = run_cli("diff", str(first), str(second))
     assert diff.exit_code == 1, diff.output
     assert "__0_0.distcp" in diff.output

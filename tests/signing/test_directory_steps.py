@@ -97,6 +97,12 @@ def test_a_directory_is_signed_as_one_step_from_beside_it(
     assert json.loads(status.stdout) == {}
     (result,) = verify(m.path)
     assert result.ok, result.failures
+    shown = run_cli("show", str(m.path))
+    assert shown.exit_code == 0, shown.output
+    assert "directory    3 files" in shown.output
+    assert "a directory step of 3 files" in shown.output
+    assert ".metadata" in shown.output
+    assert "not HDF5" not in shown.output
 
 
 def test_verify_names_each_file_added_missing_or_changed(project: Project, key: SigningKey) -> None:
@@ -145,6 +151,10 @@ def test_links_and_special_files_are_refused_at_snapshot_and_at_verify(
     with pytest.raises(CheckpointError, match="inner: is a symbolic link"):
         ka.snapshot(step, run="r", step=3)
     (step / "inner").unlink()
+    os.mkfifo(step / "extra" / "pipe")  # never opened: a FIFO would block the read
+    with pytest.raises(CheckpointError, match="extra/pipe: is a FIFO, not a regular file"):
+        ka.snapshot(step, run="r", step=3)
+    (step / "extra" / "pipe").unlink()
     outside = project.root / "elsewhere"
     dcp_like(outside)
     os.symlink(outside, project.root / "ckpt" / "step-4")

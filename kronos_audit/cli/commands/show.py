@@ -125,6 +125,14 @@ def show(manifest: Path, as_json: bool) -> None:
                 ),
             )
         )
+    if p.directory is not None:
+        rows.append(
+            (
+                "directory",
+                f"{p.directory.count} files, {p.directory.bytes:,} bytes; Merkle root "
+                f"{p.directory.root[:16]}...",
+            )
+        )
     signers = ", ".join(_text(s.keyid or "(no keyid)") for s in m.envelope.signatures)
     rows.append(("signed by", signers))
     # One line per field, the value whole: a long path or digest is never folded.
@@ -149,6 +157,20 @@ def show(manifest: Path, as_json: bool) -> None:
     elif p.format == "pickle":
         out.print(
             "[yellow]a pickle[/]: covered by the file digest only; ok does not mean safe to load"
+        )
+    elif p.directory is not None:
+        out.table(
+            [Column("file"), Column("size"), Column("sha256"), Column("tensors")],
+            [
+                (
+                    _text(f.path),
+                    f"{f.size:,}",
+                    _text(f.sha256[:16] + "..."),
+                    "file digest" if f.datasets is None else str(len(f.datasets)),
+                )
+                for f in p.directory.files
+            ],
+            title=f"a directory step of {p.directory.count} files",
         )
     else:
         out.print("not HDF5: covered by the file digest only")

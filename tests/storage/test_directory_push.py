@@ -14,7 +14,7 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.storage import dvc_file_for
+from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for
 from tests.helpers import git, run_cli
 from tests.signing.test_directory_steps import dcp_like, tree
 
@@ -99,3 +99,26 @@ def test_kaudit_pull_follows_the_signed_listing_not_a_dvc_file(
     assert checked.exit_code == 1, checked.output
     assert "changed: __0_0.distcp" in checked.output
     assert "changed: .metadata" in checked.output
+
+
+def test_a_prune_beside_a_directory_step_keeps_the_objects_it_names(
+    project: Project, key: SigningKey
+) -> None:
+    from tests.runtime.test_retention_objects import one_file_run, signed_md5
+
+    # A directory step beside a run holds a copy of the run's first checkpoint: DVC has
+    # one object for those bytes, which only the two manifests name.
+    run_dir = one_file_run(project, "heat", range(1, 2))
+    md5 = signed_md5(run_dir, 1)
+    step = project.root / "checkpoints" / "dcp" / "step-1"
+    step.mkdir(parents=True)
+    (step / "state.h5").write_bytes((run_dir / "step-00000001.h5").read_bytes())
+    (m,) = ka.snapshot(step, run="dcp", step=1)
+    assert m.record.directory is not None
+    assert m.record.directory.files[0].md5 == md5
+    # Retention prunes the heat run's step 1: the object stays, the directory step names it.
+    one_file_run(project, "heat", range(2, 4), keep=1)
+    assert not (run_dir / "step-00000001.h5").exists()
+    cache_dir, _ = cache_settings(project)
+    assert cache_object_path(cache_dir, md5).is_file()
+    assert run_cli("verify", str(step)).exit_code == 0

@@ -32,6 +32,7 @@ from kronos_audit.storage.tracking import (
     dvc_file_for,
     ensure_ignored,
     link_into_cache,
+    sync_names,
 )
 
 if TYPE_CHECKING:
@@ -128,8 +129,11 @@ def track_directory(
     left as they are (never moved into the cache). Returns the ``.dvc`` file's path."""
     check_gitignore(directory.parent)  # refused before the cache gets anything
     cache_dir, types = settings if settings is not None else cache_settings(project)
+    unsynced: set[Path] = set()
     for f in files:
-        link_into_cache(directory / f.path, cache_object_path(cache_dir, f.md5), types, owned=False)
+        obj = cache_object_path(cache_dir, f.md5)
+        link_into_cache(directory / f.path, obj, types, owned=False, unsynced=unsynced)
+    sync_names(unsynced)  # each fan-out directory once, not once per file
     md5 = write_listing(cache_dir, files)
     ensure_ignored(directory.parent, f"/{directory.name}")
     return write_directory_dvc_file(directory, md5, sum(f.size for f in files), len(files))

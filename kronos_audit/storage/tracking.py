@@ -181,7 +181,14 @@ def _reflink(src: Path, dst: Path) -> None:
         os.fsync(d.fileno())
 
 
-def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned: bool) -> str:
+def link_into_cache(
+    checkpoint: Path,
+    obj: Path,
+    types: Sequence[str],
+    *,
+    owned: bool,
+    unsynced: set[Path] | None = None,
+) -> str:
     """Make ``obj`` (a cache object) hold the checkpoint's bytes; return how.
 
     Tries ``types`` in order; only ``copy`` copies the data. The object ends read-only, as
@@ -198,13 +205,23 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
     Returns once the object is durable: its bytes synced (a copy, a reflink), then its
     name (and a new fan-out directory's) by an fsync of the directory that holds it, so a
     manifest written afterwards never outlives, across a power cut, the object it signs.
+    With ``unsynced``, the directories whose names must be synced are added to it instead,
+    for a caller that links many objects to sync each directory once
+    (:func:`sync_names`) before it signs over them.
     """
+
+    def durable(directory: Path) -> None:
+        if unsynced is None:
+            _durable_names(directory)
+        else:
+            unsynced.add(directory)
+
     with contextlib.suppress(OSError):
         if os.path.samefile(checkpoint, obj):
             # The checkpoint is the cache object already; made durable again, for a
             # process killed before it synced the name leaves it only in the page cache.
-            _durable_names(obj.parent)
-            _durable_names(obj.parent.parent)
+            durable(obj.parent)
+            durable(obj.parent.parent)
             return "present"
     try:
         mkdir_durable(obj.parent)
@@ -221,7 +238,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 if not owned:
                     # The link shares the user's inode: a chmod would change their file.
                     os.replace(tmp, obj)
-                    _durable_names(obj.parent)
+                    durable(obj.parent)
                     return kind
             elif kind == "symlink":
                 if not owned:
@@ -230,9 +247,9 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
                 os.replace(tmp, obj)
-                _durable_names(obj.parent)
+                durable(obj.parent)
                 checkpoint.symlink_to(obj)
-                _durable_names(checkpoint.parent)
+                durable(checkpoint.parent)
                 return kind
             elif kind == "copy":
                 shutil.copyfile(checkpoint, tmp)
@@ -250,7 +267,7 @@ def link_into_cache(checkpoint: Path, obj: Path, types: Sequence[str], *, owned:
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise _cache_failed(checkpoint, obj, e) from None
-        _durable_names(obj.parent)
+        durable(obj.parent)
         return kind
     why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     last = "" if failed is None else f": {failed.strerror or failed}"
@@ -271,6 +288,13 @@ def _durable_names(directory: Path) -> None:
             f"cannot make DVC's cache durable: fsync of {directory}: {e.strerror or e}",
             path=directory,
         ) from None
+
+
+def sync_names(directories: set[Path]) -> None:
+    """fsync each of ``directories`` (what :func:`link_into_cache` left in ``unsynced``),
+    deepest first: then every object linked is durable under its name."""
+    for directory in sorted(directories, key=lambda d: len(d.parts), reverse=True):
+        _durable_names(directory)
 
 
 def _cache_failed(checkpoint: Path, obj: Path, e: OSError) -> StorageError:

@@ -19,8 +19,9 @@ machinery (:mod:`kronos_audit.checkpoint.shards`) signs it:
 
 Dot-files are files like any other (DCP's ``.metadata`` is what ``dcp.load`` reads first).
 What a reader could be steered by is refused, at snapshot and at verify: a symbolic link
-(in or out of the directory), a FIFO, socket or device, a second name of one file (a hard
-link inside the step), a directory of another file system mounted inside it.
+(in or out of the directory), a FIFO, socket or device, a directory of another file system
+mounted inside it; and at snapshot, a second name of one file (a hard link inside the
+step; DVC's checkout by hard link makes those of equal files, so verify hashes each name).
 """
 
 from __future__ import annotations
@@ -177,8 +178,12 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result | None, str | None]]
                 yield rel, st, None
 
 
-def scan(directory: Path) -> Found:
+def scan(directory: Path, *, shared: bool = False) -> Found:
     """Every regular file under ``directory`` and every thing a step may not hold.
+
+    Two names of one file are refused unless ``shared``: a step to sign must not hold
+    them (one would change through the other), but DVC's checkout by hard link gives two
+    files of equal bytes one inode, so a verifier, which hashes each name, allows them.
 
     CheckpointError when ``directory`` is not a directory (a link to one is not) or has
     more than :data:`MAX_FILES` entries."""
@@ -200,11 +205,11 @@ def scan(directory: Path) -> Found:
             problems.append(f"{rel}: {problem}")
             continue
         other = seen.get((lst.st_dev, lst.st_ino))
-        if other is not None:
+        if other is not None and not shared:
             # Two names of one file: one changed through the other, unseen by its entry.
             problems.append(f"{rel}: is a hard link to {other}, in the same step")
             continue
-        seen[(lst.st_dev, lst.st_ino)] = rel
+        seen.setdefault((lst.st_dev, lst.st_ino), rel)
         files[rel] = (lst.st_size, lst.st_dev, lst.st_ino)
     return Found(dict(sorted(files.items())), tuple(problems))
 

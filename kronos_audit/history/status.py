@@ -220,7 +220,7 @@ def _intact(m: Manifest) -> bool:
     directory = m.record.directory
     if directory is not None:
         try:
-            found = scan(m.checkpoint_path)
+            found = scan(m.checkpoint_path, shared=True)
         except CheckpointError:
             return False
         answers = check_files(m.checkpoint_path, found, directory.files)

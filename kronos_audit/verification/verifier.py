@@ -284,7 +284,7 @@ class Verifier(ChainReader):
         record = manifest.record.directory
         assert record is not None
         root = manifest.checkpoint_path
-        found = scan(root)
+        found = scan(root, shared=True)
         answers = check_files(root, found, record.files)
         return [
             steps.index_digest(manifest.subject_sha256, manifest, what="file index"),

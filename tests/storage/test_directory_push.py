@@ -5,6 +5,7 @@ DVC, a real directory remote, real git clones."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def anchor(key: SigningKey, tmp_path: Path) -> str:
 def pushed_steps(project: Project) -> tuple[Path, Path]:
     """Two chained directory steps, signed, committed and pushed."""
     first = dcp_like(project.root / "dcp" / "step-1", seed=1)
+    # Two files of equal bytes: one DVC object, which a checkout by hard link gives both.
+    (first / "__1_0.distcp").write_bytes((first / "__0_0.distcp").read_bytes())
     second = dcp_like(project.root / "dcp" / "step-2", seed=2)
     (m1,) = ka.snapshot(first, run="dcp", step=1)
     ka.snapshot(second, run="dcp", step=2, parent=m1.path)
@@ -60,6 +63,9 @@ def test_push_then_a_plain_dvc_pull_in_a_fresh_clone_restores_and_verifies(
     assert "2 remote-only" in gone.output, gone.output
     pulled = dvc(clone, "pull")
     assert pulled.returncode == 0, pulled.stderr
+    shared = clone / "dcp" / "step-1"
+    same = os.stat(shared / "__0_0.distcp").st_ino == os.stat(shared / "__1_0.distcp").st_ino
+    assert same == (os.stat(shared / "__0_0.distcp").st_nlink > 1)  # linked, or copies
     for step in (first, second):
         # Every file, the dot-file DCP reads first included.
         assert tree(clone / "dcp" / step.name) == tree(step)

@@ -36,6 +36,7 @@ from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import file_kind
+from kronos_audit.checkpoint.formats import REGISTRY, Format, tensors_of_directory
 from kronos_audit.checkpoint.hashing import DatasetDigest, OpenFile, digest_open, open_file
 from kronos_audit.checkpoint.shards import leaf, tree_levels
 from kronos_audit.errors import CheckpointError
@@ -216,12 +217,25 @@ def scan(directory: Path, *, shared: bool = False) -> Found:
 
 def tensor_digests(path: str, opened: OpenFile) -> tuple[DatasetDigest, ...] | None:
     """The per-tensor digests of the file ``path`` (relative to its step) opened as
-    ``opened``, from a reader of its format, or None when no reader knows it (its file
-    digest covers it). The one place a format reader registry plugs in: it must read only
-    through ``opened`` (the bytes that are hashed) and unpickle nothing. HDF5 files get
-    their per-dataset digests before this is asked."""
-    del path, opened
-    return None
+    ``opened``, from the format reader its content chooses
+    (:data:`~kronos_audit.checkpoint.formats.REGISTRY`: safetensors, npz, npy), or None when
+    no reader gives tensors (a pickle, bytes: its file digest covers it). Read only through
+    ``opened``, the bytes that are hashed; nothing is unpickled. HDF5 files get their
+    per-dataset digests before this is asked."""
+    del path  # the reader is chosen by content (and by the name ``opened`` carries)
+    reader = REGISTRY.sniff(opened)
+    if reader.format is Format.HDF5 or not reader.format.has_tensors:
+        return None
+    return reader.digests(opened)
+
+
+def directory_tensors(directory: Path) -> tuple[str, tuple[DatasetDigest, ...]] | None:
+    """The format and the tensors of a directory whose tensors span its files (torch DCP:
+    by global name, from ``.metadata`` and the ``.distcp`` files), or None for any other
+    directory. Only for a directory whose files were just hashed to be signed (DCP's
+    ``.metadata`` is parsed by a restricted unpickler, and only so)."""
+    found = tensors_of_directory(directory)
+    return None if found is None else (found[0].value, found[1])
 
 
 def _same_file(opened: OpenFile, fd_stat: os.stat_result, seen: tuple[int, int, int]) -> bool:
@@ -304,6 +318,7 @@ __all__ = [
     "FileEntry",
     "Found",
     "check_files",
+    "directory_tensors",
     "dvc_listing",
     "encode_index",
     "entry_problem",

@@ -7,7 +7,9 @@ file in both with the same sha256 is IDENTICAL; one whose bytes differ is compar
 per-tensor digests when both record them (each tensor named ``FILE/TENSOR``), or is
 DIFFERENT as a whole. A tolerance needs the data of both: the HDF5 files in both steps are
 then compared dataset by dataset, once each step's files are verified against its manifest;
-any other file that differs stays DIFFERENT (no reader gives its tensors yet).
+any other file that differs stays DIFFERENT. Two steps whose tensors span their files
+(torch DCP) compare those tensors by global name, and the files that hold them not byte by
+byte.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import dataclasses
 from pathlib import Path
 
 from kronos_audit.checkpoint.directory import FileEntry
+from kronos_audit.checkpoint.formats.dcp import DATA_FILE, METADATA
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import directory_step_manifest
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
@@ -82,7 +85,7 @@ def _tensors(
     out: list[DatasetComparison] = []
     for t in sorted({*in_a, *in_b}):
         ta, tb = in_a.get(t), in_b.get(t)
-        path = f"{name}/{t.lstrip('/')}"
+        path = f"{name}/{t.lstrip('/')}" if name else t
         if tb is None:
             out.append(_result(path, Verdict.ONLY_IN_A, a=ta))
         elif ta is None:
@@ -129,12 +132,24 @@ def diff_directories(
     assert mb.record.directory is not None
     in_a = {f.path: f for f in ma.record.directory.files}
     in_b = {f.path: f for f in mb.record.directory.files}
-    datasets = [
+    datasets: list[DatasetComparison] = []
+    if ma.datasets is not None and mb.datasets is not None:
+        # Tensors that span files (DCP): compared by global name, and the files that hold
+        # them not byte by byte (DCP's .metadata embeds a save's own ids).
+        datasets += _tensors("", ma.datasets, mb.datasets)
+        in_a = {p: f for p, f in in_a.items() if not _spanned(p)}
+        in_b = {p: f for p, f in in_b.items() if not _spanned(p)}
+    datasets += [
         d
         for name in sorted({*in_a, *in_b})
         for d in _file(in_a.get(name), in_b.get(name), ma, mb, policy)
     ]
     return Comparison(a=a, b=b, policy=policy, datasets=tuple(datasets))
+
+
+def _spanned(path: str) -> bool:
+    """Whether ``path`` is one of the files DCP spreads its tensors over."""
+    return path == METADATA or DATA_FILE.fullmatch(path) is not None
 
 
 __all__ = ["diff_directories", "directory_manifest_of"]

@@ -171,6 +171,7 @@ def sign_directory_step(
     step: int,
     parent: Path | Manifest | None = None,
     datasets: tuple[DatasetDigest, ...] | None = None,
+    format: str | None = None,
     write: bool = True,
     **facts: Unpack[RunFacts],
 ) -> Manifest:
@@ -179,7 +180,8 @@ def sign_directory_step(
     (:func:`~kronos_audit.checkpoint.directory.hash_directory`, in path order; its md5 is
     DVC's address of the directory's listing), its predicate a checkpoint's with a
     ``directory`` record (count, bytes, Merkle root, every file). ``datasets`` are the
-    tensors of a format whose tensors span files (None: each file's own cover it).
+    tensors of a format whose tensors span files, ``format`` that format (``dcp``; None:
+    each file's own digests cover it).
     Nothing is written inside the directory; with ``write`` False, nothing at all."""
     link = parent_link(parent, run, step, project)
     files = tuple(files)
@@ -191,6 +193,7 @@ def sign_directory_step(
         parent=link,
         size=sum(f.size for f in files),
         datasets=datasets,
+        format=format,
         **facts,
         directory=DirectorySet(
             count=len(files),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.directory import FileEntry, hash_directory
+from kronos_audit.checkpoint.directory import FileEntry, directory_tensors, hash_directory
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
@@ -249,10 +249,13 @@ def _sign_all(
     for p, d in hashed:
         facts = RunFacts(seeds=seeds, command=command, cwd=cwd, attributes=attributes, git=git_info)
         if isinstance(d, tuple):
+            spanning = directory_tensors(p)  # DCP: tensors by global name, across files
             prepared.append(
                 sign_directory_step(
                     p,
                     d,
+                    datasets=None if spanning is None else spanning[1],
+                    format=None if spanning is None else spanning[0],
                     project=project,
                     key=signing_key,
                     run=run,

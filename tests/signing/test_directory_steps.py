@@ -26,10 +26,10 @@ from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoi
 
 
 def dcp_like(directory: Path, seed: int = 0) -> Path:
-    """A directory as torch DCP writes one: a dot-file, a data file, and (for depth) a
+    """A directory as a tool writes one: a dot-file, a data file, and (for depth) a
     subdirectory holding an HDF5 file."""
     (directory / "extra").mkdir(parents=True)
-    (directory / ".metadata").write_bytes(b"metadata %d" % seed)
+    (directory / ".tool_state").write_bytes(b"state %d" % seed)
     (directory / "__0_0.distcp").write_bytes(bytes(range(256)) * (4 + seed))
     write_checkpoint(directory / "extra" / "state.h5", seed=seed, n=8)
     return directory
@@ -54,7 +54,8 @@ def test_a_directory_is_signed_as_one_step_from_beside_it(
     assert tree(step) == before
     record = m.record.directory
     assert record is not None
-    assert [f.path for f in record.files] == [".metadata", "__0_0.distcp", "extra/state.h5"]
+    assert [f.path for f in record.files] == [".tool_state", "__0_0.distcp", "extra/state.h5"]
+    assert m.datasets is None  # no tensors spanning files: not a DCP directory
     for f in record.files:
         data = (step / f.path).read_bytes()
         assert (f.size, f.sha256, f.md5) == (
@@ -66,7 +67,7 @@ def test_a_directory_is_signed_as_one_step_from_beside_it(
     assert record.bytes == m.record.size == sum(len(b) for _, b in before)
     # The HDF5 file inside keeps its per-dataset digests; the others only their file's.
     by_path = {f.path: f for f in record.files}
-    assert by_path[".metadata"].datasets is None
+    assert by_path[".tool_state"].datasets is None
     h5 = by_path["extra/state.h5"].datasets
     assert h5 is not None
     assert "/fields/u" in {d.path for d in h5}
@@ -101,14 +102,14 @@ def test_a_directory_is_signed_as_one_step_from_beside_it(
     assert shown.exit_code == 0, shown.output
     assert "directory    3 files" in shown.output
     assert "a directory step of 3 files" in shown.output
-    assert ".metadata" in shown.output
+    assert ".tool_state" in shown.output
     assert "not HDF5" not in shown.output
 
 
 def test_verify_names_each_file_added_missing_or_changed(project: Project, key: SigningKey) -> None:
     step = dcp_like(project.root / "ckpt" / "step-3")
     ka.snapshot(step, run="dcp", step=3)
-    (step / ".metadata").unlink()
+    (step / ".tool_state").unlink()
     (step / "extra" / "new.bin").write_bytes(b"new")
     shard = step / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
@@ -118,7 +119,7 @@ def test_verify_names_each_file_added_missing_or_changed(project: Project, key: 
     done = run_cli("verify", str(step))
     assert done.exit_code == 1, done.output
     lines = done.output.splitlines()
-    assert any("files: missing: .metadata" in line for line in lines), done.output
+    assert any("files: missing: .tool_state" in line for line in lines), done.output
     assert any("files: added: extra/new.bin" in line for line in lines), done.output
     assert any("files: changed: __0_0.distcp (sha256" in line for line in lines), done.output
     # By its manifest too, and a size change is named without hashing.
@@ -143,8 +144,8 @@ def test_links_and_special_files_are_refused_at_snapshot_and_at_verify(
     assert not manifest_path_for(step).exists()
     assert not dvc_file_for(step).exists()
     (step / "out.bin").unlink()
-    os.link(step / ".metadata", step / "twin")  # a hard link inside the step
-    with pytest.raises(CheckpointError, match=r"twin: is a hard link to \.metadata"):
+    os.link(step / ".tool_state", step / "twin")  # a hard link inside the step
+    with pytest.raises(CheckpointError, match=r"twin: is a hard link to \.tool_state"):
         ka.snapshot(step, run="r", step=3)
     (step / "twin").unlink()
     os.symlink(step / "extra", step / "inner")  # a link to a directory inside it
@@ -254,5 +255,5 @@ def test_directory_steps_chain_and_log_shows_them(project: Project, key: Signing
     diff = run_cli("diff", str(first), str(second))
     assert diff.exit_code == 1, diff.output
     assert "__0_0.distcp" in diff.output
-    assert ".metadata" in diff.output
+    assert ".tool_state" in diff.output
     assert "extra/state.h5" in diff.output

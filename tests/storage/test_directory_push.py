@@ -69,7 +69,7 @@ def test_push_then_a_plain_dvc_pull_in_a_fresh_clone_restores_and_verifies(
     for step in (first, second):
         # Every file, the dot-file DCP reads first included.
         assert tree(clone / "dcp" / step.name) == tree(step)
-        assert (clone / "dcp" / step.name / ".metadata").is_file()
+        assert (clone / "dcp" / step.name / ".tool_state").is_file()
     checked = run_cli("verify", str(clone / "dcp"), "--trusted-key", anchor, cwd=clone)
     assert checked.exit_code == 0, checked.output
     assert "2 manifest(s) verified, data checked for 2" in checked.output
@@ -104,7 +104,7 @@ def test_kaudit_pull_follows_the_signed_listing_not_a_dvc_file(
     checked = run_cli("verify", str(restored), "--trusted-key", anchor, cwd=clone)
     assert checked.exit_code == 1, checked.output
     assert "changed: __0_0.distcp" in checked.output
-    assert "changed: .metadata" in checked.output
+    assert "changed: .tool_state" in checked.output
 
 
 def test_a_prune_beside_a_directory_step_keeps_the_objects_it_names(

@@ -505,12 +505,23 @@ def test_show_json_prints_the_statement(
 
 
 def test_show_of_a_non_hdf5_checkpoint(project: Project, key: SigningKey) -> None:
-    blob = project.root / "model.pt"
+    blob = project.root / "model.raw"
     blob.write_bytes(b"\x00" * 100)
     (m,) = snapshot(blob, run="r", step=0)
     result = run_cli("show", str(m.path))
     assert result.exit_code == 0
-    assert "not HDF5" in result.stdout
+    assert "not HDF5: covered by the file digest only" in result.stdout
+
+
+def test_show_of_a_pickle_says_ok_is_not_safe_to_load(project: Project, key: SigningKey) -> None:
+    blob = project.root / "model.pt"  # by its name; kaudit never unpickles it
+    blob.write_bytes(b"\x00" * 100)
+    (m,) = snapshot(blob, run="r", step=0)
+    result = run_cli("show", str(m.path))
+    assert result.exit_code == 0
+    assert "a pickle: covered by the file digest only; ok does not mean safe to load" in (
+        " ".join(result.stdout.split())
+    )
 
 
 def test_show_bad_input(tmp_path: Path) -> None:

@@ -398,6 +398,23 @@ def commit_of(root: Path, rev: str) -> str | None:
     raise _error(root, args, done)
 
 
+def symbolic_full_name(root: Path, rev: str) -> str:
+    """The full name of the ref ``rev`` names (``@{u}``, ``main@{upstream}`` and ``@{push}``:
+    ``refs/remotes/origin/main``), as git resolves it.
+
+    Raises GitError with git's own reason when it names no ref (no upstream configured, no
+    such branch, a detached HEAD) or git fails otherwise.
+    """
+    args = ("rev-parse", "--symbolic-full-name", "--verify", "--end-of-options", rev)
+    done = _completed(root, args)
+    name = os.fsdecode(done.stdout).strip()
+    if done.returncode == 0 and name.startswith("refs/"):
+        return name
+    if done.returncode == 0:
+        raise GitError(f"{rev} names no ref", path=root, returncode=0)
+    raise _error(root, args, done)
+
+
 def refs_named(root: Path, names: Sequence[str]) -> dict[str, str]:
     """Those of ``names`` (full ref names, ``refs/...``) that exist, each with the id of
     the object it points at (a symbolic ref's target's), read once with ``git

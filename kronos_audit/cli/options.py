@@ -100,7 +100,8 @@ def trust_options(command: Callable[..., R]) -> Callable[..., R]:
         metavar="REF",
         help="Trust the repository's .kaudit/trusted-keys only as it is at this git ref "
         "(the protected base branch in CI), read with git, not from the work tree. A short "
-        "name must name exactly one ref (else give refs/...); a commit id only in full.",
+        "name must name exactly one ref (else give refs/...); HEAD, @{u} and a full commit "
+        "id resolve as in git, and the commit read is printed.",
     )(f)
     return click.option(
         "--trusted-key",

@@ -137,6 +137,8 @@ class TrustedKey:
         if self.anchor is Anchor.USER:
             return f"anchor: user trust store ({self.source})"
         if self.anchor is Anchor.TRUST_REF and self.ref is not None:
+            if self.source.startswith(f"{self.ref}:"):  # a commit id (given, or HEAD's)
+                return f"anchor: {self.anchor.value} commit {self.source}"
             return f"anchor: {self.anchor.value} {self.ref} at {self.source}"
         return f"anchor: {self.anchor.value} {self.source}"
 
@@ -400,6 +402,9 @@ _SHORT_NAME_RULES = (
     "refs/remotes/{}/HEAD",
 )
 _FULL_OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+# BRANCH@{upstream} and BRANCH@{push} (gitrevisions(7)), BRANCH empty for the current one:
+# git's configuration says which one ref each names.
+_UPSTREAM = re.compile(r"^[^\s@{}~^:?*\[\\]*@\{(?:u|upstream|push)\}$", re.IGNORECASE)
 
 
 def resolve_ref(root: Path, ref: str) -> PinnedRef:
@@ -412,6 +417,9 @@ def resolve_ref(root: Path, ref: str) -> PinnedRef:
     one must exist: git would silently prefer a pushed tag ``origin/main`` to the
     remote-tracking branch, so two candidates are refused, never ranked. A full commit id
     (40 or 64 hex digits) is taken as that commit; an abbreviated one is not a ref.
+    ``HEAD`` is the commit checked out now, pinned as that commit id (the name moves with
+    every checkout). ``@{u}`` (``@{upstream}``, ``@{push}``, ``BRANCH@{u}``) is the one
+    ref git's configuration names for it (``refs/remotes/origin/main``).
     Raises UsageError for anything else.
     """
     if not ref or ref.startswith("-") or any(c in ref for c in "\0\n"):
@@ -423,9 +431,17 @@ def resolve_ref(root: Path, ref: str) -> PinnedRef:
             if commit is None:
                 raise UsageError(f"--trust-ref {ref}: no such commit in this repository", path=root)
             return PinnedRef(ref, commit, commit, where)
-        candidates = (
-            [ref] if ref.startswith("refs/") else [r.format(ref) for r in _SHORT_NAME_RULES]
-        )
+        if ref == "HEAD":
+            commit = git.commit_of(root, ref)
+            if commit is None:
+                raise UsageError("--trust-ref HEAD: this repository has no commit yet", path=root)
+            return PinnedRef(ref, commit, commit, where)
+        if _UPSTREAM.match(ref):
+            candidates = [git.symbolic_full_name(root, ref)]
+        elif ref.startswith("refs/"):
+            candidates = [ref]
+        else:
+            candidates = [r.format(ref) for r in _SHORT_NAME_RULES]
         found = git.refs_named(root, candidates)
         if len(found) > 1:
             raise UsageError(
@@ -435,7 +451,7 @@ def resolve_ref(root: Path, ref: str) -> PinnedRef:
                 path=root,
             )
         if not found:
-            looked = "" if ref.startswith("refs/") else f" (looked for {', '.join(candidates)})"
+            looked = "" if len(candidates) == 1 else f" (looked for {', '.join(candidates)})"
             raise UsageError(
                 f"--trust-ref {ref}: no such ref in this repository{looked}; "
                 "a commit id must be given in full",

@@ -137,3 +137,34 @@ def test_a_full_ref_must_exist_as_it_is(attacked: tuple[Path, str, str]) -> None
     # refs/remotes/origin is a prefix of a ref, not a ref
     assert_bad_input(run_cli("gate", "--trust-ref", "refs/remotes/origin", cwd=root), "no such ref")
     assert_bad_input(run_cli("gate", "--trust-ref", "refs/remotes/*/main", cwd=root), "no such ref")
+
+
+def test_head_resolves_to_the_commit_checked_out_and_prints_its_id(
+    attacked: tuple[Path, str, str],
+) -> None:
+    root, _, evil = attacked
+    doc = gate_json(root, "--trust-ref", "HEAD", exit_code=0)  # HEAD trusts mallory: the user's word
+    assert doc["trust_ref_resolved"] == {"given": "HEAD", "ref": evil, "commit": evil}
+    forged = root / "checkpoints" / "forged" / "step-00000001.h5.kaudit.json"
+    done = run_cli("verify", "--trust-ref", "HEAD", str(forged), cwd=root)
+    assert done.exit_code == 0, done.output
+    assert f"anchor: --trust-ref commit {evil}:.kaudit/trusted-keys/mallory.pub" in done.stdout
+    assert "HEAD" not in done.stdout  # the commit read, never the name that moves
+
+
+def test_the_upstream_resolves_through_gits_configuration_even_beside_a_lookalike_tag(
+    attacked: tuple[Path, str, str],
+) -> None:
+    root, genuine, _ = attacked
+    git(root, "branch", "-q", "--set-upstream-to=refs/remotes/origin/main", "change")
+    full = "refs/remotes/origin/main"
+    for given in ("@{u}", "change@{upstream}"):
+        doc = gate_json(root, "--trust-ref", given, exit_code=1)
+        assert doc["trust_ref_resolved"] == {"given": given, "ref": full, "commit": genuine}
+        assert [f["name"] for f in doc["failures"]] == [
+            "checkpoints/forged/step-00000001.h5.kaudit.json"
+        ]
+    git(root, "checkout", "-q", "--detach")
+    assert_bad_input(run_cli("gate", "--trust-ref", "@{u}", cwd=root), "--trust-ref @{u}")
+    git(root, "checkout", "-q", "main")
+    assert_bad_input(run_cli("gate", "--trust-ref", "@{u}", cwd=root), "no upstream")

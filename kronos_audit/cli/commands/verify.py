@@ -108,7 +108,8 @@ def verify(
     A signature counts when a key an anchor vouches for made it: --trusted-key FILE,
     $KAUDIT_TRUSTED_KEYS, the repository's store at --trust-ref REF, or your user trust
     store. A key that only the work tree's .kaudit/trusted-keys holds is "unanchored":
-    it passes unless --require-anchor (implied by --trusted-key and --trust-ref).
+    it fails unless --allow-unanchored (or allow_unanchored in your own config, which
+    --require-anchor overrides).
 
     MANIFESTS are manifests, checkpoints, run directories, replay attestations or
     campaign certificates (NAME.campaign.json); none: every one in the repository.

@@ -29,6 +29,14 @@ COMMANDS = (
 )
 """What the tutorial tells the reader to type, in its order, and what this test does."""
 
+INSTALL = (
+    "pip install -c kronos-audit/constraints.txt ./kronos-audit",
+    "python -m build --wheel kronos-audit",
+    "pip install kronos-audit",
+)
+"""How the tutorial installs kronos-audit: from a clone (what this test's environment is),
+from a wheel built there, and from the index once it is published."""
+
 
 def walk(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -51,6 +59,10 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     text = TUTORIAL.read_text(encoding="utf-8")
     for command in COMMANDS:
         assert f"\n{command}\n" in text, f"the tutorial no longer says {command!r}"
+    for command in INSTALL:
+        assert f"\n{command}" in text, f"the tutorial no longer says {command!r}"
+    assert text.index(INSTALL[0]) < text.index(f"\n{INSTALL[-1]}\n")  # the clone first
+    assert (TUTORIAL.parents[1] / "constraints.txt").is_file()  # the file it names
     program, check = python_blocks(TUTORIAL)  # every Python block of the page, each run here
 
     project = tmp_path / "walk"

@@ -142,24 +142,39 @@ class AnyOf(_Combinable):
 
 @dataclass(frozen=True)
 class EverySteps(_Interval):
-    """Saves every ``n`` steps: when ``step - last_step >= n``; also at the final step and
-    on preemption (``final=False``, ``on_preemption=False`` to opt out).
+    """Saves at every multiple of ``n`` (steps n, 2n, 3n, ...; where the steps jump, at the
+    first step past each multiple); also at the final step and on preemption
+    (``final=False``, ``on_preemption=False`` to opt out).
 
-    From a fresh start (no checkpoint yet) it counts from step 0, so it saves at steps
-    n, 2n, 3n, ...; after a restore from step s it saves at s + n, s + 2n, ...
+    The multiples hold across restarts, as Orbax's and Lightning's step policies do: a run
+    preempted at step 123 of ``EverySteps(20)`` checkpoints 123 (the extra one the signal
+    asked for), resumes from it and saves at 140, 160, ..., the same steps as a run that
+    never stopped, so two runs of one job share their steps (``kaudit bisect`` compares
+    them). With ``since_last=True`` it saves ``n`` steps after the last checkpoint
+    instead (``step - last_step >= n``: after a restore from step s, at s + n, s + 2n, ...).
     """
 
     n: int
     """Steps between checkpoints (a positive integer)."""
+    since_last: bool = field(default=False, kw_only=True)
+    """Count ``n`` from the last checkpoint (written or restored) rather than save at the
+    multiples of ``n``."""
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n <= 0:
             raise UsageError(f"EverySteps: n must be a positive integer, got {self.n!r}")
+        if not isinstance(self.since_last, bool):
+            raise UsageError(
+                f"EverySteps: since_last must be True or False, got {self.since_last!r}"
+            )
         super().__post_init__()
 
     def due(self, ctx: SaveContext) -> bool:
         since = 0 if ctx.last_step is None else ctx.last_step
-        return ctx.step - since >= self.n
+        if self.since_last:
+            return ctx.step - since >= self.n
+        # A multiple of n lies in (since, step]: the step reached it or went past it.
+        return ctx.step // self.n > since // self.n
 
 
 @dataclass(frozen=True)

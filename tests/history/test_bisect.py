@@ -8,7 +8,9 @@ import base64
 import dataclasses
 import json
 import math
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import h5py
@@ -235,6 +237,38 @@ def test_runs_with_different_cadences_use_only_common_steps(
     assert result.last_agreeing_step == 18
     assert {p.step for p in result.probes} <= set(result.common_steps)
     assert result.comparisons <= max_comparisons(7)
+
+
+def preemptible(project: Project, run_id: str, *, preempt_at: int | None = None) -> Path:
+    """20 steps under ``EverySteps(5)``; with ``preempt_at``, the scheduler's preemption
+    signal (SIGUSR1, sent to this process) arrives at that step, the run checkpoints it and
+    exits 75, and is started again: it resumes from that checkpoint."""
+    root = project.root / "checkpoints"
+    for attempt in range(2):
+        try:
+            with ka.Run(run_id, root=root, seed=7, every=ka.EverySteps(5)) as run:
+                state = run.restore()
+                x = np.zeros(4) if state is None else state["x"]
+                for step in run.steps(20):
+                    x = 0.5 * x + run.rng.random(4)
+                    if step == preempt_at and attempt == 0:
+                        os.kill(os.getpid(), signal.SIGUSR1)
+                    run.checkpoint(step, {"x": x})
+            return root / run_id
+        except SystemExit as e:
+            assert e.code == 75 and attempt == 0
+    raise AssertionError("the resumed run was preempted again")
+
+
+def test_a_preempted_run_shares_every_step_with_an_uninterrupted_one(
+    project: Project, key: SigningKey
+) -> None:
+    a = preemptible(project, "uninterrupted")
+    b = preemptible(project, "preempted", preempt_at=13)
+    result = bisect(a, b)
+    assert result.b.steps == (5, 10, 13, 15, 20)  # 13 taken on the signal, then 15 as in A
+    assert result.common_steps == result.a.steps == (5, 10, 15, 20)
+    assert not result.diverged
 
 
 def test_runs_with_no_common_step_are_bad_input(project: Project, key: SigningKey) -> None:

@@ -41,6 +41,15 @@ def saves_at(policy: SavePolicy, steps: range, **changes: object) -> list[int]:
     return [s for s in steps if policy.should_save(ctx(step=s, **changes))]
 
 
+def loop(policy: SavePolicy, steps: list[int], last_step: int | None = None) -> list[int]:
+    """The steps a run loop offering ``steps`` saves, each save moving ``last_step``."""
+    saved = []
+    for s in steps:
+        if policy.should_save(ctx(step=s, last_step=last_step)):
+            saved.append(last_step := s)
+    return saved
+
+
 def test_every_steps_from_a_fresh_start_saves_at_multiples_of_n() -> None:
     p = EverySteps(5)
     assert saves_at(p, range(1, 5)) == []
@@ -49,9 +58,24 @@ def test_every_steps_from_a_fresh_start_saves_at_multiples_of_n() -> None:
     assert saves_at(p, range(6, 11), last_step=5) == [10]
 
 
-def test_every_steps_after_a_restore_counts_from_the_restored_step() -> None:
+def test_every_steps_after_a_restore_keeps_to_the_multiples_of_n() -> None:
+    # Restored from step 7 (a checkpoint taken on preemption): the next is 10, as in a run
+    # that never stopped, not 12.
     p = EverySteps(5)
-    assert saves_at(p, range(8, 13), last_step=7) == [12]  # not 10
+    assert loop(p, list(range(8, 23)), last_step=7) == [10, 15, 20]
+    # Steps that jump past a multiple save at the first step past it.
+    assert loop(p, [3, 6, 9, 12, 15]) == [6, 12, 15]
+
+
+def test_every_steps_since_last_counts_from_the_restored_step() -> None:
+    p = EverySteps(5, since_last=True)
+    assert loop(p, list(range(8, 23)), last_step=7) == [12, 17, 22]
+    assert loop(p, list(range(1, 11))) == [5, 10]  # from a fresh start as the aligned one
+
+
+def test_every_steps_since_last_must_be_a_bool() -> None:
+    with pytest.raises(UsageError, match="since_last"):
+        EverySteps(5, since_last=1)  # type: ignore[arg-type]
 
 
 def test_every_step() -> None:

@@ -26,6 +26,10 @@ class ExitCode(enum.IntEnum):
     key): never restarted by `kaudit run`."""
     PREEMPTED = 75
     """Checkpointed on a preemption signal, to be requeued (BSD's EX_TEMPFAIL)."""
+    INTERRUPTED = 130
+    """A command stopped by SIGINT (Ctrl-C): 128 + 2, as a shell reports it."""
+    TERMINATED = 143
+    """A command stopped by SIGTERM: 128 + 15, as a shell reports it."""
 
 
 class Error(Exception):

@@ -12,7 +12,11 @@ in :class:`KauditGroup` alone. What commands print is :mod:`kronos_audit.cli.out
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
@@ -317,6 +321,39 @@ class SuggestingGroup(click.Group):
             raise click.UsageError(f"{e.message} Did you mean {which}?", ctx) from None
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised in the command as Ctrl-C's KeyboardInterrupt is, so that the same
+    clean-up runs (temporary files taken back, a child process stopped) and the command
+    ends with one line and 128 + the signal's number, as Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        """The signal's number."""
+
+
+_INTERRUPT_EXIT = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED}
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Interrupted` in the main thread (where
+    Python runs signal handlers); its handler before is back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 class KauditGroup(SuggestingGroup):
     """A click group whose commands are imported when one is run (or its help is asked
     for), and which turns errors into one line (or one JSON object) and an exit code."""
@@ -377,7 +414,7 @@ class KauditGroup(SuggestingGroup):
     def invoke(self, ctx: click.Context) -> Any:
         # Another package's warnings go to the log (-v), not to the user (kaudit's own are
         # shown): also where the group is invoked in-process, not through main().
-        with third_party_warnings_to_log():
+        with third_party_warnings_to_log(), _sigterm_interrupts():
             return self._invoke(ctx)
 
     def _invoke(self, ctx: click.Context) -> Any:
@@ -395,6 +432,13 @@ class KauditGroup(SuggestingGroup):
             if _json_stream(ctx) is None:
                 raise  # click shows its usage message
             _fail(ctx, e.format_message(), None, e.exit_code, type(e).__name__, "")
+        except KeyboardInterrupt as e:
+            # Ctrl-C or SIGTERM: the clean-up ran as the exception left; say how far the
+            # command had got (a progress note), and exit as a shell reports the signal.
+            signum = signal.Signals(getattr(e, "signum", signal.SIGINT))
+            during = "; ".join(getattr(e, "__notes__", ()))
+            message = f"interrupted by {signum.name}" + (f" while {during}" if during else "")
+            _fail(ctx, message, None, _INTERRUPT_EXIT[signum], "Interrupted", message)
         return None
 
 

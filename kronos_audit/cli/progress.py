@@ -47,6 +47,17 @@ class Bar:
         self._progress = progress
         self._tasks: dict[str, TaskID] = {}
         self._lock = threading.Lock()
+        self._first: tuple[str, int, int] | None = None  # the command's own phase, as it stands
+
+    def how_far(self) -> str | None:
+        """Where the first phase reported stands (``verifying manifests, 37 of 98 done``),
+        shown or not: what an interrupted command had done."""
+        if self._first is None:
+            return None
+        phase, done, total = self._first
+        if total:
+            return f"{phase}, {done} of {total} done"
+        return f"{phase}, {done} done" if done else phase
 
     @property
     def active(self) -> bool:
@@ -54,6 +65,8 @@ class Bar:
 
     def update(self, phase: str, done: int, total: int) -> None:
         """``phase`` is at ``done`` of ``total`` (0: unknown, a pulsing bar)."""
+        if self._first is None or self._first[0] == phase:
+            self._first = (phase, done, total)
         if self._progress is None:
             return
         with self._lock:
@@ -86,9 +99,14 @@ class Bar:
 
 @contextmanager
 def progress_bar() -> Iterator[Bar]:
-    """A :class:`Bar` for the block, listening to the library's progress reports."""
+    """A :class:`Bar` for the block, listening to the library's progress reports. An
+    interrupt (Ctrl-C, or SIGTERM: :class:`kronos_audit.cli._app.Interrupted`) leaves
+    the block with a note saying how far its first phase had got, which the interrupt's
+    one line then says."""
     if not wanted():
-        yield Bar(None)
+        bar = Bar(None)
+        with _noting_how_far(bar), reporting(bar.update):
+            yield bar
         return
     from rich.progress import (
         BarColumn,
@@ -121,8 +139,19 @@ def progress_bar() -> Iterator[Bar]:
         redirect_stderr=False,  # click writes past rich's proxy: errors go by Bar.error
     )
     bar = Bar(progress)
-    with progress, reporting(bar.update):
+    with _noting_how_far(bar), progress, reporting(bar.update):
         yield bar
+
+
+@contextmanager
+def _noting_how_far(bar: Bar) -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        where = bar.how_far()
+        if where is not None and not getattr(e, "__notes__", None):  # the innermost bar's
+            e.add_note(where)
+        raise
 
 
 def count_manifests(paths: list[Path]) -> int:

@@ -637,6 +637,8 @@ def test_exit_numbers_are_written_only_in_exit_code() -> None:
         ("CHECK_FAILED", 1),
         ("BAD_INPUT", 2),
         ("PREEMPTED", 75),
+        ("INTERRUPTED", 130),
+        ("TERMINATED", 143),
     ]
     package = Path(ka.__file__).parent
 

@@ -134,10 +134,10 @@ def verify(
         for problem in trust_problems(paths, trust):
             warn(problem)
     with progress_bar() as bar:
-        total = count_manifests(paths) if bar.active else 0
+        total = count_manifests(paths)  # also what an interrupted verify says it had done
+        bar.update("verifying manifests", 0, total)
         outcomes = verify_each(paths, fetch=not no_fetch, trust=trust, remote=remote, jobs=jobs)
         for done, outcome in enumerate(outcomes, 1):
-            bar.update("verifying manifests", done, total)
             if isinstance(outcome, Error):
                 errors.append(outcome)
                 if not as_json:
@@ -146,6 +146,7 @@ def verify(
                 results.append(outcome)
                 if not as_json:
                     _print_result(outcome)
+            bar.update("verifying manifests", done, total)  # once it is shown
     # The run's chain in the remote, where this verify reads the remote anyway (it
     # fetched data) or was given one: a present chain needs no DVC at all.
     asked = remote is not None or any(r.fetched for r in results)

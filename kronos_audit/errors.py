@@ -74,17 +74,16 @@ class LockHolder:
         return f"host {self.host}, pid {pid}, since {self.since}"
 
 
-class RunLocked(UsageError, SystemExit):
+class RunLocked(UsageError):
     """Another process is writing this run: a run directory has one writer at a time.
 
-    An :class:`Error` (exit 2) like every refusal, and also a :class:`SystemExit` whose code
-    is :attr:`ExitCode.BAD_INPUT`, so that a program which does not catch it exits 2 at once
-    rather than with a traceback and 1: `kaudit run` does not restart a command that exits 2.
+    An :class:`Error` (exit 2) like every refusal: a program that does not catch it ends
+    with its one line and status 2 (:mod:`kronos_audit.runtime.uncaught`), and `kaudit run`
+    does not restart a command that exits 2.
     """
 
     def __init__(self, message: str, *, path: Path | str, holder: LockHolder | None) -> None:
         super().__init__(message, path=path)
-        self.code = self.exit_code
         self.holder = holder
         """Who holds it, as its holder file says; None when that file is missing or not
         one kaudit wrote."""

@@ -64,23 +64,39 @@ def atomic_output(path: Path, mode: int = 0o644, *, overwrite: bool = True) -> I
     replaced (the rename is a hard link, which fails if the name exists).
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+    with naming(path, "cannot write"):
+        fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
     tmp = Path(tmp_name)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
-            tmp.unlink()
-        fsync_dir(path.parent)
+        with naming(path, "cannot write"):
+            os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)
+                tmp.unlink()
+            fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def naming(path: Path | str, operation: str) -> Iterator[None]:
+    """An OSError raised in the block is raised again naming ``path`` as its file name and
+    ``operation`` (``cannot write``) as its note, its errno, class and reason kept: a
+    write, flush or fsync that fails names no file, and a temporary file's name is not
+    one the user knows. The command line prints ``PATH: OPERATION: REASON``."""
+    try:
+        yield
+    except OSError as e:
+        named = OSError(e.errno, e.strerror or str(e), os.fspath(path))
+        named.add_note(operation)
+        raise named from e
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, overwrite: bool = True) -> None:

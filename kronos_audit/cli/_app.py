@@ -423,8 +423,10 @@ class KauditGroup(SuggestingGroup):
         except Error as e:
             _fail(ctx, e.message, e.path, e.exit_code, type(e).__name__, str(e))
         except OSError as e:  # the environment failed us (disk full, I/O error): say where
+            # and doing what (kronos_audit._internal.fsutil.naming notes the operation)
             where = f"{e.filename}: " if e.filename else ""
-            message = e.strerror or str(e)
+            doing = "".join(f"{note}: " for note in getattr(e, "__notes__", ()))
+            message = f"{doing}{e.strerror or e}"
             _fail(
                 ctx, message, e.filename, ExitCode.BAD_INPUT, type(e).__name__, f"{where}{message}"
             )

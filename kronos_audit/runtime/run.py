@@ -64,7 +64,6 @@ from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (
     CheckpointError,
     ExitCode,
-    RunLocked,
     StepAlreadyExists,
     UsageError,
 )
@@ -72,7 +71,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.provenance.dispatch import pin_dispatch
-from kronos_audit.runtime import rng
+from kronos_audit.runtime import rng, uncaught
 from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
@@ -151,6 +150,7 @@ class Run(RunRestore):
         task: ArrayTask | None = None,
         dispatch: str = "native",
     ) -> None:
+        uncaught.install()  # a kaudit error the program lets through: one line, its status
         if not run_id or "/" in run_id or run_id in (".", ".."):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
         self.dispatch = pin_dispatch(dispatch)
@@ -288,15 +288,9 @@ class Run(RunRestore):
 
     def __enter__(self) -> Run:
         self.publisher.threaded = self.asynchronous
-        try:
-            # One writer per run: the publisher holds the run's lock (rank 0's, for every
-            # rank) until close(), once the last commit is through.
-            self.publisher.open()
-        except RunLocked as e:
-            # Unless the program catches it, it leaves as a SystemExit of status 2, which
-            # Python prints nothing for: the one line is said here.
-            print(f"kaudit: {e}", file=sys.stderr, flush=True)
-            raise
+        # One writer per run: the publisher holds the run's lock (rank 0's, for every
+        # rank) until close(), once the last commit is through.
+        self.publisher.open()
         rng.seed_all(rank_seed(self.seed, self.rank))
         self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
         self._guard.install()

@@ -246,8 +246,8 @@ class SignedPublisher(RunPublisher):
                 self._cache = cache_settings(self._project)
         except Exception as e:  # every rank must reach the collectives below, whatever happened
             own = e
-        # Rank 0's lock, told to every rank: each raises RunLocked (a SystemExit of status
-        # 2) together, so the job ends at once, as a second writer, on every rank.
+        # Rank 0's lock, told to every rank: each raises RunLocked together (uncaught, a
+        # program's status 2), so the job ends at once, as a second writer, on every rank.
         held = self.comm.bcast(held)
         if held is not None:
             message, path, holder = held

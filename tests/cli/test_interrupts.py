@@ -90,7 +90,9 @@ def test_an_interrupted_verify_exits_as_a_shell_reports_the_signal(
 
     assert code == status, err
     (line,) = err.splitlines()
-    assert line.startswith(f"kaudit: error: interrupted by {signum.name} while verifying manifests, ")
+    assert line.startswith(
+        f"kaudit: error: interrupted by {signum.name} while verifying manifests, "
+    )
     assert line.endswith(f" of {MANIFESTS} done")
     done = int(line.split(", ")[-1].split()[0])
     # It says how far it got: the results it had shown, one line each beginning "ok"

@@ -143,7 +143,9 @@ def test_head_resolves_to_the_commit_checked_out_and_prints_its_id(
     attacked: tuple[Path, str, str],
 ) -> None:
     root, _, evil = attacked
-    doc = gate_json(root, "--trust-ref", "HEAD", exit_code=0)  # HEAD trusts mallory: the user's word
+    doc = gate_json(
+        root, "--trust-ref", "HEAD", exit_code=0
+    )  # HEAD trusts mallory: the user's word
     assert doc["trust_ref_resolved"] == {"given": "HEAD", "ref": evil, "commit": evil}
     forged = root / "checkpoints" / "forged" / "step-00000001.h5.kaudit.json"
     done = run_cli("verify", "--trust-ref", "HEAD", str(forged), cwd=root)

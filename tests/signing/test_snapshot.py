@@ -7,6 +7,7 @@ import hashlib
 import os
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage import cache_object_path, cache_settings, dvc_file_for, link_into_cache
 from kronos_audit.verification.batch import verify
+from tests.conftest import Tmpfs
 from tests.helpers import KAUDIT, assert_bad_input, git, run_cli, write_checkpoint
 
 
@@ -502,3 +504,33 @@ def test_extending_a_run_takes_its_writer_lock_and_its_newest_manifest_only(
     assert m.parent == hashlib.sha256(newest.read_bytes()).hexdigest()
     done = run_cli("verify", str(run_dir), "--allow-unanchored", cwd=project.root)
     assert done.exit_code == 0, done.output
+
+
+@pytest.mark.parametrize(
+    ("free_pages", "failing"), [(0, ".gitignore"), (1, "step-00000001.h5.dvc")]
+)
+def test_a_full_disk_names_the_file_and_what_was_being_done(
+    project: Project,
+    key: SigningKey,
+    tmpfs: Callable[..., Tmpfs],
+    free_pages: int,
+    failing: str,
+) -> None:
+    # The run's directory on a disk of its own, full but for ``free_pages`` pages: each
+    # file snapshot writes there (git-ignore entry, .dvc file, manifest) takes one.
+    run_dir = project.root / "checkpoints" / "r"
+    disk = tmpfs(run_dir, 64 * 4096)
+    ckpt = write_checkpoint(run_dir / "step-00000001.h5", 1, n=8)
+    free = os.statvfs(run_dir).f_bavail * 4096
+    filler = disk.where / "filler"
+    filler.write_bytes(bytes(free - free_pages * 4096))
+    before = sorted(p.name for p in run_dir.iterdir())
+
+    line = assert_bad_input(
+        run_cli("snapshot", str(ckpt), "--run", "r", "--step", "1", cwd=project.root),
+        f"{failing}: cannot write: No space left on device",
+    )
+    assert str(run_dir) in line or "checkpoints/r/" in line
+    assert not (run_dir / "step-00000001.h5.kaudit.json").exists()  # never signed
+    assert {p.name for p in run_dir.iterdir()} - set(before) <= {".gitignore"}  # no temporary
+    filler.unlink()

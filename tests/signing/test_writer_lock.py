@@ -155,7 +155,7 @@ def test_a_second_writer_exits_2_naming_the_holder_and_writes_nothing(
     assert "another process is writing this run" in line
     assert f"pid {first.proc.pid}," in line
     assert f"host {socket.gethostname()}," in line
-    assert line.startswith("kaudit: checkpoints/r: ")
+    assert line.startswith("kaudit: error: checkpoints/r: ")
     assert listing(run_dir) == before  # nothing written, nothing removed, by the second
 
     first.go_on()
@@ -282,7 +282,8 @@ def test_the_refusal_keeps_path_and_holder_and_exits_2(project: Project, key: Si
             ka.Run("r", root=root, key=key).__enter__()
         error = info.value
         assert isinstance(error, ka.UsageError)
-        assert (error.exit_code, error.code) == (2, 2)  # uncaught, the program exits 2
+        assert not isinstance(error, SystemExit)  # `except Exception` catches it
+        assert error.exit_code == 2  # uncaught, the program exits 2
         assert error.path == run.directory
         assert error.holder is not None
         assert (error.holder.host, error.holder.pid) == (socket.gethostname(), os.getpid())

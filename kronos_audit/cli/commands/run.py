@@ -195,8 +195,8 @@ def _render_summary(result: SupervisorResult) -> None:
     elif result.ending is Ending.REFUSED:
         err.print(
             f"kaudit: attempt {len(result.attempts)} exited 2: the command refused its input "
-            "or its task (another process writing its run, as its line above says): not "
-            "restarted, a restart would be refused again",
+            "or its task (bad setup, a full disk, another process writing its run: its line "
+            "above says which): not restarted, a restart would be refused again",
             failure=failed,
         )
     elif result.ending is Ending.STOPPED and result.stop_signal is not None:

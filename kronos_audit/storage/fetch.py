@@ -34,6 +34,8 @@ from kronos_audit.storage.tracking import (
     MD5_PATTERN,
     cache_object_path,
     link_into_cache,
+    user_file_types,
+    written_by_kaudit,
 )
 
 log = logging.getLogger("kronos_audit.storage")
@@ -461,6 +463,8 @@ def cache_from_checkpoint(item: FetchItem, obj: Path, types: Sequence[str]) -> s
     except OSError as e:
         return f"it cannot be read, or DVC's cache written: {e.strerror or e}"
     tmp = obj.parent / f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp"
+    if not written_by_kaudit(item.checkpoint):
+        types = user_file_types(types)  # never an inode its program writes again
     try:
         got = _stage_into_cache(item, tmp, types)
         problem = got.mismatch(item)
@@ -544,7 +548,12 @@ def fetch_one(
         if os.path.isdir(checkpoint) and not os.path.islink(checkpoint):
             raise StorageError("is a directory: not replaced", path=checkpoint)
     obj = cache_object_path(cache_dir, item.md5)
+    # A user's file (a snapshot's) is written again in place by its program: it never
+    # shares the cache object's inode.
+    owned = written_by_kaudit(checkpoint)
+    types = tuple(types) if owned else user_file_types(types)
     tmp = _stage_from_cache(item, obj, types) if os.path.lexists(obj) else None
+    from_cache = tmp is not None  # the object is the signed bytes: checked just now
     if tmp is None:
         tmp = _stage_from_remote(item, remote)
     try:
@@ -561,8 +570,10 @@ def fetch_one(
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(checkpoint.parent)
+    if from_cache and not owned:
+        return  # a copy of the cache's object: the object stays as it was
     try:
-        how = link_into_cache(checkpoint, obj, types, owned=True)
+        how = link_into_cache(checkpoint, obj, types, owned=owned)
     except (StorageError, OSError) as e:
         # The checkpoint is in place and checked; only `kaudit push` will miss it.
         log.warning("%s: not put into DVC's cache: %s", checkpoint, e)

@@ -1,10 +1,16 @@
 """Tracking checkpoints with DVC: its cache, ``.dvc`` files and git-ignore entries.
 
 Each checkpoint ``CKPT`` gets a ``CKPT.dvc`` file beside it (what ``dvc add`` would write),
-is git-ignored, and enters DVC's cache without a second full copy: it is linked into
+is git-ignored, and enters DVC's cache without a second full copy where it can: a
+checkpoint kaudit wrote (a run's, which is never written again in place) is linked into
 ``.dvc/cache/files/md5/..`` following the repository's ``cache.type`` (reflink, hardlink,
-symlink, then copy as a last resort). Manifests and ``.dvc`` files are small and meant
-for git; so a plain ``dvc pull`` in a fresh clone restores the checkpoints.
+symlink, then copy as a last resort), and the object made read-only as DVC keeps it. A
+user's file (``kaudit snapshot``) is only ever reflinked or copied: its program may write
+it again in place under the same name, which must give it a new file, never change the
+signed object (as root, permission bits protect nothing). :func:`stage_copy` takes that
+private copy before anything is hashed, so what is signed is exactly what the cache holds.
+Manifests and ``.dvc`` files are small and meant for git; so a plain ``dvc pull`` in a
+fresh clone restores the checkpoints.
 
 Tracking is done here, without opening a DVC repository (which costs most of a second), so
 a running program pays little for it: DVC's configuration is read through DVC's own
@@ -16,6 +22,7 @@ system files count as they do for DVC), once per run. Only setting DVC up
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -35,6 +42,7 @@ from kronos_audit._internal.safeio import (
     read_owned,
     read_regular,
 )
+from kronos_audit.checkpoint.layout import NameKind, parse_name
 from kronos_audit.errors import ProjectError, StorageError
 from kronos_audit.project.repository import Project
 from kronos_audit.storage._dvc import dvc_error, load_dvc, quiet_dvc
@@ -174,6 +182,112 @@ def remove_cache_object(cache_dir: Path, md5: str, size: int) -> bool:
     return True
 
 
+USER_FILE_TYPES = ("reflink", "copy")
+"""How a user's file may enter DVC's cache: a new inode of its own, never a link."""
+
+
+_KAUDIT_WRITTEN = frozenset({NameKind.CHECKPOINT, NameKind.SHARD, NameKind.INDEX})
+
+
+def written_by_kaudit(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` is named as kaudit names the files it writes itself and
+    never writes again in place (``step-<N>.h5``, a shard, a shard index): only those may
+    share an inode with DVC's cache. Any other name is a user's file."""
+    parsed = parse_name(checkpoint.name)
+    return parsed is not None and parsed.kind in _KAUDIT_WRITTEN
+
+
+def user_file_types(types: Sequence[str]) -> tuple[str, ...]:
+    """``types`` as a file kaudit did not write may use them: a reflink where ``types``
+    allow one, else a copy (always: the cache's link types choose how to save a copy,
+    never whether the signed bytes may be left where their writer writes)."""
+    return (*(t for t in types if t == "reflink"), "copy")
+
+
+def _copy_data(src: int, dst: int) -> None:
+    """Copy ``src`` to ``dst`` to its end in the kernel (``copy_file_range``, which a file
+    system that can shares extents or copies on the server), else through memory."""
+    try:
+        while os.copy_file_range(src, dst, 1 << 30):
+            pass
+        return
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+    os.lseek(src, 0, os.SEEK_SET)
+    os.lseek(dst, 0, os.SEEK_SET)
+    os.ftruncate(dst, 0)
+    while chunk := os.read(src, 8 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view) :]
+
+
+def stage_copy(checkpoint: Path, cache_dir: Path, types: Sequence[str]) -> tuple[Path, str]:
+    """A private, read-only copy of a user's file in DVC's cache (a reflink where
+    ``types`` allow one, else a copy in the kernel), synced, under a temporary name; and
+    how it was made. The caller hashes the copy and signs that, so a program writing its
+    file meanwhile changes nothing signed, then puts it in place with
+    :func:`commit_staged` (or unlinks it). The checkpoint is opened once, never through
+    a symbolic link, and must be a regular file. StorageError when the cache cannot be
+    written."""
+    md5_dir = cache_dir / "files" / "md5"
+    try:
+        mkdir_durable(md5_dir)
+    except OSError as e:
+        raise _cache_failed(checkpoint, md5_dir, e) from None
+    tmp = md5_dir / f".kaudit-{uuid.uuid4().hex}.tmp"
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        src = os.open(checkpoint, flags)
+    except OSError as e:
+        raise StorageError(f"cannot read it: {e.strerror or e}", path=checkpoint) from None
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise StorageError("is not a regular file", path=checkpoint)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        try:
+            how = "copy"
+            for kind in user_file_types(types):
+                if kind == "reflink":
+                    try:
+                        fcntl.ioctl(dst, FICLONE, src)
+                    except OSError:
+                        continue
+                    how = kind
+                    break
+                _copy_data(src, dst)
+                break
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _cache_failed(checkpoint, md5_dir, e) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(src)
+    return tmp, how
+
+
+def commit_staged(staged: Path, obj: Path) -> None:
+    """Put a copy made by :func:`stage_copy` (and hashed: its md5 names ``obj``) in place
+    as DVC's cache object ``obj``, durably. An object there already is replaced: it is not
+    taken on trust (see :func:`link_into_cache`)."""
+    try:
+        mkdir_durable(obj.parent)
+        os.replace(staged, obj)
+    except OSError as e:
+        staged.unlink(missing_ok=True)
+        raise StorageError(
+            f"cannot put the checkpoint into DVC's cache at {obj.parent}: {e.strerror or e}",
+            path=obj,
+        ) from None
+    _durable_names(obj.parent)
+
+
 def _reflink(src: Path, dst: Path) -> None:
     with open(src, "rb") as s, open(dst, "wb") as d:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
@@ -193,9 +307,11 @@ def link_into_cache(
 
     Tries ``types`` in order; only ``copy`` copies the data. The object ends read-only, as
     DVC keeps its cache (with a hard link the checkpoint shares that mode) when kaudit
-    created the checkpoint (``owned``). A file kaudit did not create (``kaudit snapshot``)
-    is never changed: a hard link to it keeps its mode, and ``symlink``, which would move
-    it into the cache, is skipped.
+    created the checkpoint (``owned``). A file kaudit did not create (``kaudit snapshot``,
+    a user's file fetched) is never linked: its writer may write it again in place, and
+    through a shared inode (or a symbolic link into the cache) that would change the
+    signed object; it is reflinked where ``types`` allow, else copied
+    (:func:`user_file_types`), and its own mode is left as it is.
 
     An object already there under that md5 is not taken on trust: unless it is the
     checkpoint itself (linked before), it is replaced by the checkpoint's bytes, which the
@@ -229,20 +345,13 @@ def link_into_cache(
         raise _cache_failed(checkpoint, obj, e) from None
     tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex[:8]}.tmp")
     failed: OSError | None = None  # the last kind's failure: a full disk says so
-    for kind in types:
+    for kind in types if owned else user_file_types(types):
         try:
             if kind == "reflink":
                 _reflink(checkpoint, tmp)
             elif kind == "hardlink":
                 os.link(checkpoint, tmp, follow_symlinks=False)
-                if not owned:
-                    # The link shares the user's inode: a chmod would change their file.
-                    os.replace(tmp, obj)
-                    durable(obj.parent)
-                    return kind
             elif kind == "symlink":
-                if not owned:
-                    continue  # it would move the user's file into the cache
                 # The data moves into the cache; the checkpoint's name points at it.
                 os.replace(checkpoint, tmp)
                 os.chmod(tmp, 0o444)
@@ -269,10 +378,9 @@ def link_into_cache(
             raise _cache_failed(checkpoint, obj, e) from None
         durable(obj.parent)
         return kind
-    why = "" if owned or "symlink" not in types else " (symlink would move this file)"
     last = "" if failed is None else f": {failed.strerror or failed}"
     raise StorageError(
-        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{why}{last}",
+        f"cannot put the checkpoint into DVC's cache with cache.type {','.join(types)}{last}",
         path=checkpoint,
     )
 
@@ -412,6 +520,68 @@ def track(
         log.info("%s: copied into DVC's cache (cache.type allows no link here)", checkpoint)
     ensure_ignored(checkpoint.parent, ignore_pattern or f"/{checkpoint.name}")
     return write_dvc_file(checkpoint, md5, size)
+
+
+def track_staged(
+    checkpoint: Path,
+    staged: Path,
+    md5: str,
+    size: int,
+    cache_dir: Path,
+    *,
+    ignore_pattern: str | None = None,
+) -> Path:
+    """Track ``checkpoint`` with DVC from ``staged``, the private copy of its bytes that
+    :func:`stage_copy` made and the caller hashed (``md5``, ``size``): the copy becomes
+    the cache object, and the ``.dvc`` file and git-ignore entry are written. The
+    checkpoint itself is not read again nor changed."""
+    check_gitignore(checkpoint.parent)
+    commit_staged(staged, cache_object_path(cache_dir, md5))
+    ensure_ignored(checkpoint.parent, ignore_pattern or f"/{checkpoint.name}")
+    return write_dvc_file(checkpoint, md5, size)
+
+
+def link_from_cache(obj: Path, checkpoint: Path, types: Sequence[str]) -> str:
+    """Give the new name ``checkpoint`` (one kaudit writes and never writes again in
+    place) the bytes of DVC's cache object ``obj``, which the caller has just made from
+    hashed bytes: a hard link to the read-only object where ``types`` allow one (no second
+    copy), else a reflink, else a copy, made read-only; return how. Never over a name
+    that exists (StorageError)."""
+    tmp = checkpoint.with_name(f".kaudit-tmp-{checkpoint.name}-{uuid.uuid4().hex[:8]}")
+    how = "copy"
+    try:
+        for kind in (*types, "copy"):
+            try:
+                if kind == "hardlink":
+                    os.link(obj, tmp, follow_symlinks=False)
+                elif kind == "reflink":
+                    _reflink(obj, tmp)
+                elif kind == "copy":
+                    shutil.copyfile(obj, tmp, follow_symlinks=False)
+                    with open(tmp, "rb") as f:
+                        os.fsync(f.fileno())
+                else:
+                    continue
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                if kind == "copy":
+                    raise
+                continue
+            how = kind
+            break
+        if how != "hardlink":
+            os.chmod(tmp, 0o444)
+        os.link(tmp, checkpoint, follow_symlinks=False)  # never over what is there
+    except FileExistsError:
+        raise StorageError("exists already: not replaced", path=checkpoint) from None
+    except OSError as e:
+        raise StorageError(
+            f"cannot write it from DVC's cache: {e.strerror or e}", path=checkpoint
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    _durable_names(checkpoint.parent)
+    return how
 
 
 def configure_cache_links(project: Project) -> bool:

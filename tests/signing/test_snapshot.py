@@ -335,20 +335,25 @@ def test_snapshot_never_changes_the_mode_of_the_users_file(
     cache_dir, _ = cache_settings(project)
     obj = cache_object_path(cache_dir, md5)
     assert obj.read_bytes() == data
-    if cache_type == "hardlink":
-        assert obj.stat().st_ino == inode  # linked, not copied: and still the user's mode
+    # Never linked, whatever cache.type allows: a rewrite in place under the user's name
+    # must not reach the signed object. The copy is read-only, as DVC keeps its cache.
+    assert obj.stat().st_ino != inode
+    assert not stat.S_IMODE(obj.stat().st_mode) & 0o222
 
 
-def test_a_symlink_only_cache_is_refused_for_the_users_file(
+def test_a_symlink_only_cache_takes_a_copy_of_the_users_file(
     project: Project, key: SigningKey
 ) -> None:
     git(project.root, "config", "-f", ".dvc/config", "cache.type", "symlink")
     ckpt = write_checkpoint(project.root / "ck" / "s.h5")
     data = ckpt.read_bytes()
-    assert_bad_input(run_cli(*snapshot_cli(ckpt)), str(ckpt), "symlink would move this file")
-    nothing_written(ckpt)
-    assert not ckpt.is_symlink()
+    assert run_cli(*snapshot_cli(ckpt)).exit_code == 0
+    assert not ckpt.is_symlink()  # a symbolic link would move the user's file away
     assert ckpt.read_bytes() == data
+    cache_dir, _ = cache_settings(project)
+    obj = cache_object_path(cache_dir, hashlib.md5(data).hexdigest())
+    assert obj.read_bytes() == data
+    assert not obj.is_symlink()
 
 
 def test_the_runtime_still_makes_its_own_files_read_only(project: Project, key: SigningKey) -> None:

@@ -174,7 +174,9 @@ class Storage:
         file is read. A remote object of another size than signed (a push killed midway, or
         tampering) is deleted, to be uploaded again, only once DVC's cache object here is
         verified to be the signed bytes; otherwise it is left as it is. Afterwards every
-        item's object is confirmed in the remote at its signed size.
+        item's object is confirmed in the remote at its signed size. Each object uploaded
+        is hashed here first (size, sha256, md5): one that is not the signed data is not
+        sent, and its checkpoints are named as not in the remote.
 
         Raises PushIncomplete (exit 1) naming each checkpoint whose object is not there
         after the push, and StorageError (exit 2) when there is no remote or DVC cannot
@@ -226,6 +228,25 @@ class Storage:
         to_push = [
             m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
         ]
+        # What goes is hashed first (one of another size in the remote was, above): DVC
+        # sends the cache object by its name, and an object written in place since
+        # (through a name that shared its inode) would go under the signed md5 with
+        # other bytes of the same size.
+        for md5 in [m for m in to_push if sizes[m] is None]:
+            group = by_md5[md5]
+            obj = cache_object_path(cache_dir, md5)
+            if not os.path.lexists(obj):
+                continue  # nothing DVC could send: said after the push, as not uploaded
+            problem = local_mismatch(obj, group[0])
+            if problem is None:
+                continue
+            to_push.remove(md5)
+            for item in group:
+                refused.setdefault(
+                    item.checkpoint,
+                    f"not uploaded: DVC's cache object {md5} here is not the signed data "
+                    f"({problem})",
+                )
         # Beside every object of this push, whether it is uploaded now or was before: the
         # upload a killed push left is found stale only later, once no longer written to.
         remove_stale_uploads(odb, by_md5)

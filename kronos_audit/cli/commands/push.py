@@ -136,6 +136,13 @@ def push(
         # One that another chain of its run in the remote refuses stays here (and the
         # rest of its chain with it): named below, nothing there replaced.
         sent = push_manifests(storage, to_send, remote, refused=refused) if to_send else 0
+    # Each checkpoint not in the remote is named with the step it is of.
+    read = {path: verifier.cache.read(path) for path in items}
+    steps = {
+        item.checkpoint: f" (run {read[path].run!r} step {read[path].step})"
+        for path, group in items.items()
+        for item in group
+    }
     ok = not refused and not missing and not bad
     code = ExitCode.BAD_INPUT if bad else ExitCode.OK if ok else ExitCode.CHECK_FAILED
     if as_json:
@@ -168,8 +175,12 @@ def push(
         click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
     for item, how in repaired:
         out.print(f"[yellow]repaired[/] {safe(project.relative(item.checkpoint))}: {safe(how)}")
-    for path, why in [*refused.items(), *missing.items()]:
+    for path, why in refused.items():
         out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}", failure=True)
+    for path, why in missing.items():
+        out.print(
+            f"[red]FAIL[/] {safe(path)}{safe(steps.get(path, ''))}: {safe(why)}", failure=True
+        )
     pushed = sum(
         m not in refused and not any(i.checkpoint in missing for i in group)
         for m, group in items.items()

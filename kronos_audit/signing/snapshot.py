@@ -3,28 +3,48 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kronos_audit._internal.fsutil import mkdir_durable
 from kronos_audit._internal.safeio import file_kind
 from kronos_audit.checkpoint.directory import FileEntry, directory_tensors, hash_directory
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
-from kronos_audit.errors import CheckpointError, UsageError
+from kronos_audit.errors import CheckpointError, Error, UsageError
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, git_tracked, patch_note
 from kronos_audit.signing.predicate import RunFacts
+from kronos_audit.signing.rolling import (
+    KEPT_IGNORE,
+    Rolling,
+    default_parent,
+    earlier_kept_as,
+    keep_earlier_step,
+    rolling_step,
+)
 from kronos_audit.signing.sign import sign_checkpoint, sign_directory_step
 from kronos_audit.signing.writer_lock import WriterLock, newest_manifest
 from kronos_audit.statement.manifest import Manifest, publish_manifest, read_manifest
 from kronos_audit.statement.predicate import GitRecord
-from kronos_audit.storage import track
+from kronos_audit.storage import ensure_ignored, write_dvc_file
 from kronos_audit.storage.directories import track_directory
+from kronos_audit.storage.tracking import (
+    Staged,
+    cache_object_path,
+    cache_settings,
+    commit_staged,
+    discard_staged,
+    link_from_cache,
+    stage_copy,
+    track_staged,
+)
 
 
 class Snapshots(tuple[Manifest, ...]):
@@ -79,13 +99,6 @@ def _check_checkpoint_file(path: Path) -> None:
         )
     if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         raise CheckpointError(f"is {file_kind(mode)}, not a regular file", path=path)
-
-
-def _digest(path: Path) -> FileDigests | tuple[FileEntry, ...]:
-    """A file's digests, or a directory step's files, each hashed (nothing written)."""
-    if path.is_dir() and not path.is_symlink():
-        return hash_directory(path)
-    return digest_file(path, md5=True, follow_symlinks=False)
 
 
 def _check_unsigned(path: Path) -> None:
@@ -152,7 +165,9 @@ def snapshot(
         raise UsageError(f"step must be >= 0, got {step}")
     for p in paths:
         _check_checkpoint_file(p)
-        if not force:
+    rolling = rolling_step(paths, run=run, step=step, force=force)
+    if rolling is None and not force:
+        for p in paths:
             _check_unsigned(p)
     signing_key = key if isinstance(key, SigningKey) else select_key(key)
     project = find_project(paths[0]).require_initialized()
@@ -160,6 +175,17 @@ def snapshot(
         if find_project(p).root != project.root:
             raise UsageError(f"not in the same repository as {paths[0]}", path=p)
     parent_manifest = read_manifest(parent) if parent is not None else None
+    earlier = None if rolling is None else rolling.earlier
+    if (
+        earlier is not None
+        and parent_manifest is not None
+        and parent_manifest.digest != earlier.digest
+    ):
+        raise UsageError(
+            f"--parent is not step {earlier.step}, the step signed before under this name "
+            f"({earlier.path.name}), which this step extends",
+            path=parent_manifest.path,
+        )
     in_git = git_tracked(project.root, paths)
     if in_git:
         raise UsageError(
@@ -171,29 +197,148 @@ def snapshot(
         # Restore and verify go by the name: a step-N.h5 signed as another step would let
         # one checkpoint pass for another.
         _check_step_name(p, step)
-    hashed = [(p, _digest(p)) for p in paths]
-    # Read once, before anything is written: a refused diff (a secret-looking file) must
-    # leave no .dvc file, ignore entry or manifest behind.
-    git_info = git_state(project.root, allow_secret_files=allow_secret_files)
-    # Taken after the git state is read (its lock file's ignore entry is not part of it).
-    lock = None if parent_manifest is None else _extending(parent_manifest, paths, force=force)
+    cache = cache_settings(project)
+    staged: dict[Path, Staged] = {}
     try:
-        return _sign_all(
-            hashed,
-            project,
-            signing_key,
-            git_info,
+        # Each file is copied (or reflinked) into DVC's cache first and the copy hashed:
+        # what is signed is what the cache keeps, whatever the file's writer does next.
+        hashed = [(p, _digest_copy(p, cache, staged)) for p in paths]
+        # Read once, before anything is written: a refused diff (a secret-looking file)
+        # must leave no .dvc file, ignore entry or manifest behind.
+        git_info = git_state(project.root, allow_secret_files=allow_secret_files)
+        if rolling is not None:
+            digests = hashed[0][1]
+            assert isinstance(digests, FileDigests)  # a file: rolling_step said so
+            return _sign_kept(
+                (paths[0], digests),
+                staged[paths[0]].path,
+                rolling,
+                project,
+                signing_key,
+                git_info,
+                cache,
+                parent=parent,
+                run=run,
+                step=step,
+                seeds=seeds,
+                command=command,
+                cwd=cwd,
+                attributes=attributes,
+            )
+        # Taken after the git state is read (its lock file's ignore entry is not in it).
+        lock = None if parent_manifest is None else _extending(parent_manifest, paths, force=force)
+        try:
+            return _sign_all(
+                hashed,
+                {p: copy.path for p, copy in staged.items()},
+                project,
+                signing_key,
+                git_info,
+                cache[0],
+                run=run,
+                step=step,
+                seeds=seeds,
+                parent=parent_manifest,
+                command=command,
+                cwd=cwd,
+                attributes=attributes,
+            )
+        finally:
+            if lock is not None:
+                lock.release()
+    finally:
+        for copy in reversed(staged.values()):
+            discard_staged(copy)  # a copy not tracked (a refusal): none is left
+
+
+def _digest_copy(
+    path: Path, cache: tuple[Path, tuple[str, ...]], staged: dict[Path, Staged]
+) -> FileDigests | tuple[FileEntry, ...]:
+    """A file's digests, taken from a private copy of it made in DVC's cache
+    (:func:`~kronos_audit.storage.tracking.stage_copy`, kept in ``staged``; errors name
+    ``path``, not the copy); or a directory step's files, each hashed (nothing written)."""
+    if path.is_dir() and not path.is_symlink():
+        return hash_directory(path)
+    copy = stage_copy(path, *cache)
+    staged[path] = copy
+    try:
+        return digest_file(copy.path, md5=True, follow_symlinks=False, name=path)
+    except Error as e:
+        raise type(e)(e.message, path=path) from None
+
+
+def _sign_kept(
+    hashed: tuple[Path, FileDigests],
+    staged: Path,
+    rolling: Rolling,
+    project: Project,
+    signing_key: SigningKey,
+    git_info: GitRecord,
+    cache: tuple[Path, tuple[str, ...]],
+    *,
+    parent: Path | str | None,
+    run: str,
+    step: int,
+    **facts: Any,
+) -> Snapshots:
+    """Sign a file signed again under one name as step ``step`` kept in its run's
+    directory (:mod:`kronos_audit.signing.rolling`), under the run's writer lock: the
+    earlier step beside it moved there first, the new one's bytes kept as
+    ``step-<N>.h5`` from its copy in DVC's cache."""
+    directory = rolling.directory
+    digests = hashed[1]
+    assert digests.md5 is not None
+    kept = directory.checkpoint(step)
+    if os.path.lexists(kept) or os.path.lexists(directory.manifest(step)):
+        raise UsageError(
+            f"step {step} is in {directory.path.name}/ already ({kept.name}): a step is "
+            "signed once",
+            path=hashed[0],
+        )
+    mkdir_durable(directory.path)
+    lock = WriterLock.acquire(directory.path)
+    try:
+        # Signed before anything moves: a refusal (a parent that forks, an attribute JSON
+        # cannot hold) leaves the earlier step where it was.
+        if rolling.earlier is not None:
+            parent_manifest: Manifest | None = earlier_kept_as(project, rolling.earlier, directory)
+        else:
+            chosen = default_parent(project, directory, None if parent is None else Path(parent))
+            parent_manifest = None if chosen is None else read_manifest(chosen)
+            newest = newest_manifest(directory.path)
+            if parent_manifest is not None and (
+                newest is None or newest.sha256 != parent_manifest.digest
+            ):
+                where = "none" if newest is None else f"{newest.path.name} (step {newest.step})"
+                raise UsageError(
+                    f"refused to extend run {run!r} from step {parent_manifest.step}: the "
+                    f"newest step kept in {directory.path.name}/ is {where}, so step "
+                    f"{parent_manifest.step} would get a second child; give --parent the "
+                    "newest",
+                    path=parent_manifest.path,
+                )
+        manifest = sign_checkpoint(
+            kept,
+            digests,
+            project=project,
+            key=signing_key,
             run=run,
             step=step,
-            seeds=seeds,
             parent=parent_manifest,
-            command=command,
-            cwd=cwd,
-            attributes=attributes,
+            git=git_info,
+            write=False,
+            **facts,
         )
+        if rolling.earlier is not None:
+            keep_earlier_step(project, rolling.earlier, directory)
+        obj = cache_object_path(cache[0], digests.md5)
+        commit_staged(staged, obj)
+        link_from_cache(obj, kept, cache[1])
+        ensure_ignored(directory.path, KEPT_IGNORE)
+        write_dvc_file(kept, digests.md5, digests.size)
+        return Snapshots([publish_manifest(manifest)])
     finally:
-        if lock is not None:
-            lock.release()
+        lock.release()
 
 
 def _extending(parent: Manifest, paths: Sequence[Path], *, force: bool) -> WriterLock | None:
@@ -229,9 +374,11 @@ def _extending(parent: Manifest, paths: Sequence[Path], *, force: bool) -> Write
 
 def _sign_all(
     hashed: Sequence[tuple[Path, FileDigests | tuple[FileEntry, ...]]],
+    staged: Mapping[Path, Path],
     project: Project,
     signing_key: SigningKey,
     git_info: GitRecord,
+    cache_dir: Path,
     *,
     run: str,
     step: int,
@@ -285,6 +432,7 @@ def _sign_all(
             track_directory(project, p, d)  # the user's files: left as they are
         else:
             assert d.md5 is not None
-            track(project, p, d.md5, d.size, owned=False)  # the user's file: left as it is
+            # The user's file is left as it is: its hashed copy becomes the cache object.
+            track_staged(p, staged[p], d.md5, d.size, cache_dir)
         manifests.append(publish_manifest(manifest))
     return Snapshots(manifests)

@@ -31,6 +31,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,15 +224,39 @@ def _copy_data(src: int, dst: int) -> None:
             view = view[os.write(dst, view) :]
 
 
-def stage_copy(checkpoint: Path, cache_dir: Path, types: Sequence[str]) -> tuple[Path, str]:
+@dataclass(frozen=True)
+class Staged:
+    """A private copy of a user's file in DVC's cache, under a temporary name."""
+
+    path: Path
+    """The copy (read-only, synced)."""
+    how: str
+    """``reflink`` or ``copy``."""
+    created: tuple[Path, ...]
+    """The cache's directories made for it, deepest first: :func:`discard_staged`
+    removes them again (when still empty) if the copy is never committed."""
+
+
+def discard_staged(staged: Staged) -> None:
+    """Remove a copy :func:`stage_copy` made and nobody committed, and the directories
+    made for it while still empty: a refused snapshot leaves nothing in the cache."""
+    staged.path.unlink(missing_ok=True)
+    for directory in staged.created:
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty (something else went in meanwhile), or gone: left be
+
+
+def stage_copy(checkpoint: Path, cache_dir: Path, types: Sequence[str]) -> Staged:
     """A private, read-only copy of a user's file in DVC's cache (a reflink where
-    ``types`` allow one, else a copy in the kernel), synced, under a temporary name; and
-    how it was made. The caller hashes the copy and signs that, so a program writing its
-    file meanwhile changes nothing signed, then puts it in place with
-    :func:`commit_staged` (or unlinks it). The checkpoint is opened once, never through
-    a symbolic link, and must be a regular file. StorageError when the cache cannot be
-    written."""
+    ``types`` allow one, else a copy in the kernel), synced, under a temporary name. The
+    caller hashes the copy and signs that, so a program writing its file meanwhile
+    changes nothing signed, then puts it in place with :func:`commit_staged` (or
+    :func:`discard_staged`). The checkpoint is opened once, never through a symbolic
+    link, and must be a regular file. StorageError when the cache cannot be written."""
     md5_dir = cache_dir / "files" / "md5"
+    created = tuple(d for d in (md5_dir, md5_dir.parent, cache_dir) if not os.path.lexists(d))
     try:
         mkdir_durable(md5_dir)
     except OSError as e:
@@ -241,6 +266,7 @@ def stage_copy(checkpoint: Path, cache_dir: Path, types: Sequence[str]) -> tuple
     try:
         src = os.open(checkpoint, flags)
     except OSError as e:
+        discard_staged(Staged(tmp, "", created))
         raise StorageError(f"cannot read it: {e.strerror or e}", path=checkpoint) from None
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
@@ -262,14 +288,14 @@ def stage_copy(checkpoint: Path, cache_dir: Path, types: Sequence[str]) -> tuple
         finally:
             os.close(dst)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        discard_staged(Staged(tmp, "", created))
         raise _cache_failed(checkpoint, md5_dir, e) from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        discard_staged(Staged(tmp, "", created))
         raise
     finally:
         os.close(src)
-    return tmp, how
+    return Staged(tmp, how, created)
 
 
 def commit_staged(staged: Path, obj: Path) -> None:

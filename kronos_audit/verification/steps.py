@@ -27,7 +27,13 @@ from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, changed_attrib
 from kronos_audit.checkpoint.directory import FileEntry
 from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format
 from kronos_audit.checkpoint.hashing import DatasetDigest
-from kronos_audit.checkpoint.layout import INDEX_NAME, named_step, step_directory_name
+from kronos_audit.checkpoint.layout import (
+    CHECKPOINT_SUFFIX,
+    INDEX_NAME,
+    checkpoint_name,
+    named_step,
+    step_directory_name,
+)
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import ShardRecord, describe
 from kronos_audit.keys.anchors import SignerCheck
@@ -65,6 +71,12 @@ def place_of(manifest: Manifest, relative: str) -> Check:
         )
     if actual == signed:
         return Check.passed(CheckName.PLACE, f"{what} at the place it was signed")
+    if _kept_after_signed_again(manifest, signed, actual):
+        return Check.passed(
+            CheckName.PLACE,
+            f"{what}, signed as {signed.name} and kept in its run's directory once that "
+            "name was signed again",
+        )
     if actual.name != signed.name:
         return Check.failed(
             CheckName.PLACE,
@@ -81,6 +93,22 @@ def place_of(manifest: Manifest, relative: str) -> Check:
             "run directory",
         )
     return Check.passed(CheckName.PLACE, f"{what}; its run directory moved (signed as {signed})")
+
+
+def _kept_after_signed_again(
+    manifest: Manifest, signed: PurePosixPath, actual: PurePosixPath
+) -> bool:
+    """A step first signed beside a file whose name states no step (``DIR/restart.h5``),
+    kept once that name was signed again as a later step: at the one place that step of
+    that run has, ``DIR/<run>/step-<N:08d>.h5`` (:mod:`kronos_audit.signing.rolling`).
+    The run directory may have moved as a whole, as for any checkpoint."""
+    if named_step(signed.name) is not None or signed.suffix != CHECKPOINT_SUFFIX:
+        return False
+    if actual.name != checkpoint_name(manifest.step) or len(actual.parts) < 2:
+        return False
+    signed_dir = signed.parent.name if len(signed.parts) > 1 else ""
+    actual_dir = actual.parent.parent.name if len(actual.parts) > 2 else ""
+    return actual.parent.name == manifest.run and actual_dir == signed_dir
 
 
 def _sharded_place(signed: PurePosixPath, actual: PurePosixPath, what: str, step: int) -> Check:

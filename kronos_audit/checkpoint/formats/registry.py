@@ -137,12 +137,20 @@ def tensors_of_file(path: Path | str) -> tuple[Format, tuple[DatasetDigest, ...]
 
 
 def digest_file(
-    path: Path | str, *, md5: bool = False, follow_symlinks: bool = True
+    path: Path | str,
+    *,
+    md5: bool = False,
+    follow_symlinks: bool = True,
+    name: Path | None = None,
 ) -> FileDigests:
     """:func:`~kronos_audit.checkpoint.hashing.digest_file` of any format: the file's
     digests, its :attr:`~FileDigests.format` and its tensors' digests (an HDF5 dataset's
-    with its CF attributes)."""
+    with its CF attributes). ``name``: the name the bytes are known by, when ``path`` is
+    a private copy of them (snapshot's, in DVC's cache): the format is told by it, and
+    messages name it."""
     with open_file(path, follow_symlinks=follow_symlinks) as opened:
+        if name is not None:
+            opened.path = Path(name)
         reader = REGISTRY.sniff(opened)
         digests = digest_open(opened, md5=md5)
         if reader.format is Format.HDF5:

@@ -148,7 +148,13 @@ def snapshot(
     Each checkpoint is also tracked by DVC (a ``.dvc`` file beside it, its bytes linked
     into DVC's cache, a git-ignore entry). All checkpoints are read and hashed before
     anything is written, so bad input leaves nothing behind. A checkpoint that already has
-    a manifest is refused unless ``force`` (then its manifest is replaced). The result's
+    a manifest is refused unless ``force`` (then its manifest is replaced), but for one
+    file signed again under its name as a later step of the same run (a restart file
+    rewritten in place): every step of it is then kept in the run's directory beside it,
+    ``<dir>/<run>/step-<N:08d>.h5`` with its manifest, chained to the run's newest step
+    unless ``parent`` names it (:mod:`kronos_audit.signing.rolling`). A file is never
+    linked into DVC's cache: its private copy (a reflink, else a copy) is what is hashed,
+    signed and kept, so its program may write it again in place. The result's
     :attr:`~Snapshots.notes` name the checkpoints that are not HDF5, whose manifests cover
     only the file digest. Raises :class:`kronos_audit.errors.Error` subclasses.
     """

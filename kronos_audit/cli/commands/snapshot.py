@@ -61,7 +61,9 @@ def snapshot(
     """Write a signed manifest beside each checkpoint (CKPT.kaudit.json).
 
     Prints the path of each manifest written. A checkpoint that is not HDF5 is signed by
-    its file digest only (a note on stderr says so).
+    its file digest only (a note on stderr says so). One file signed again under its name
+    as a later step of the same run (a restart file rewritten in place) keeps every step
+    in DIR/RUN/step-<N>.h5 beside it, each with its manifest, chained.
 
     \b
     Example:

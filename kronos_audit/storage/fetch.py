@@ -442,6 +442,28 @@ def local_mismatch(path: Path, item: FetchItem) -> str | None:
     return got.mismatch(item)
 
 
+def cache_not_signed(cache_dir: Path, groups: Sequence[Sequence[FetchItem]]) -> dict[Path, str]:
+    """Of the objects a push is about to upload (each a group of items signing one md5),
+    those DVC's cache holds as other bytes than signed: each checkpoint of theirs, with why
+    it is not uploaded. Each is hashed (size, sha256, md5) where DVC will read it: DVC
+    sends a cache object by its name, and one written in place since (through a name that
+    shared its inode) would go under the signed md5 with other bytes of the same size.
+    An object not there is left to the push, which says it was not uploaded."""
+    refused: dict[Path, str] = {}
+    for group in groups:
+        obj = cache_object_path(cache_dir, group[0].md5)
+        if not os.path.lexists(obj):
+            continue
+        problem = local_mismatch(obj, group[0])
+        if problem is not None:
+            for item in group:
+                refused[item.checkpoint] = (
+                    f"not uploaded: DVC's cache object {item.md5} here is not the signed "
+                    f"data ({problem})"
+                )
+    return refused
+
+
 def cache_from_checkpoint(item: FetchItem, obj: Path, types: Sequence[str]) -> str | None:
     """Put the checkpoint's own bytes into DVC's cache as ``obj`` (the object of
     ``item.md5``) once they are verified to be the signed ones; None when they are there

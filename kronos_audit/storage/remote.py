@@ -44,6 +44,7 @@ from kronos_audit.storage.fetch import (
     FetchItem,
     RemoteSource,
     cache_from_checkpoint,
+    cache_not_signed,
     fetch_one,
     local_mismatch,
     read_object,
@@ -228,25 +229,10 @@ class Storage:
         to_push = [
             m for m, group in by_md5.items() if any(i.checkpoint not in refused for i in group)
         ]
-        # What goes is hashed first (one of another size in the remote was, above): DVC
-        # sends the cache object by its name, and an object written in place since
-        # (through a name that shared its inode) would go under the signed md5 with
-        # other bytes of the same size.
-        for md5 in [m for m in to_push if sizes[m] is None]:
-            group = by_md5[md5]
-            obj = cache_object_path(cache_dir, md5)
-            if not os.path.lexists(obj):
-                continue  # nothing DVC could send: said after the push, as not uploaded
-            problem = local_mismatch(obj, group[0])
-            if problem is None:
-                continue
-            to_push.remove(md5)
-            for item in group:
-                refused.setdefault(
-                    item.checkpoint,
-                    f"not uploaded: DVC's cache object {md5} here is not the signed data "
-                    f"({problem})",
-                )
+        # What goes is hashed first (one of another size in the remote was, above).
+        unsigned = cache_not_signed(cache_dir, [by_md5[m] for m in to_push if sizes[m] is None])
+        refused = unsigned | refused
+        to_push = [m for m in to_push if by_md5[m][0].checkpoint not in unsigned]
         # Beside every object of this push, whether it is uploaded now or was before: the
         # upload a killed push left is found stale only later, once no longer written to.
         remove_stale_uploads(odb, by_md5)

@@ -164,7 +164,7 @@ def keep_earlier_step(project: Project, earlier: Manifest, directory: RunDirecto
             path=earlier.path,
         ) from None
     checkpoint = earlier.checkpoint_path
-    earlier.path.unlink()
+    earlier.path.unlink(missing_ok=True)
     if read_dvc_file(dvc_file_for(checkpoint)) == (md5, item.size):
         dvc_file_for(checkpoint).unlink()
     fsync_dir(checkpoint.parent)

@@ -70,6 +70,24 @@ rm checkpoints/dcp/step-100/.metadata  # a new file, as a tool that writes anew 
 printf 'other tensor map\n' > checkpoints/dcp/step-100/.metadata
 expect 1 kaudit verify checkpoints/dcp/step-100
 
+say "a solver's restart file, rewritten in place every few steps and signed after each rewrite"
+mkdir -p checkpoints/solver
+for step in 10 20 30; do
+    python - "$step" <<'PY'
+import sys
+
+import h5py
+import numpy as np
+
+with h5py.File("checkpoints/solver/restart.h5", "w") as f:  # the same name, in place
+    f["u"] = np.full((64, 64), float(sys.argv[1]))
+PY
+    run kaudit snapshot checkpoints/solver/restart.h5 --run rolling --step "$step"
+done
+say "every step kept beside it, each with its manifest, chained; the solver's file stays its own"
+run ls checkpoints/solver/rolling
+run kaudit verify checkpoints/solver
+
 say "a long run that survives a fault: kill -9 the solver mid-run, kaudit run restarts it"
 cp "$ROOT/examples/heat/run.py" heat.py
 git add heat.py && git commit -q -m "heat solver"

@@ -22,6 +22,12 @@ What a reader could be steered by is refused, at snapshot and at verify: a symbo
 (in or out of the directory), a FIFO, socket or device, a directory of another file system
 mounted inside it; and at snapshot, a second name of one file (a hard link inside the
 step; DVC's checkout by hard link makes those of equal files, so verify hashes each name).
+
+Tensors are read from the bytes that were hashed: each file's own (safetensors, npz, HDF5)
+through the descriptor its digests came from, and a DCP save's, which span its files,
+through the descriptors of its ``.distcp`` files kept open after hashing and its
+``.metadata``'s private copy (:func:`hash_directory`). Verify reads them again only for a
+file that changed, to name each tensor that differs (:func:`check_step`).
 """
 
 from __future__ import annotations
@@ -29,15 +35,25 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.formats import REGISTRY, Format, tensors_of_directory
-from kronos_audit.checkpoint.hashing import DatasetDigest, OpenFile, digest_open, open_file
+from kronos_audit.checkpoint.formats.common import tensor_path
+from kronos_audit.checkpoint.formats.dcp import (
+    MAX_METADATA,
+    METADATA,
+    SNIFF_BYTES,
+    is_dcp_metadata,
+    is_spanned,
+    load_opened,
+)
+from kronos_audit.checkpoint.formats.interface import Format
+from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_opened
+from kronos_audit.checkpoint.hashing import DatasetDigest, OpenFile, open_file
 from kronos_audit.checkpoint.shards import leaf, tree_levels
 from kronos_audit.errors import CheckpointError
 
@@ -65,6 +81,10 @@ class FileEntry:
     datasets: tuple[DatasetDigest, ...] | None = None
     """Its per-tensor (per-dataset) digests, when a reader of its format gave them; None
     when only its file digest covers it."""
+    format: str | None = None
+    """Its format as the reader was chosen (``safetensors``, ``hdf5``, ``pickle``,
+    ``bytes``...): what ``datasets`` were read as, and how verify reads them again. None
+    in manifests written before it was recorded."""
 
     def record(self) -> dict[str, Any]:
         """Its index record: what its line holds."""
@@ -78,6 +98,8 @@ class FileEntry:
         obj = self.record()
         if self.datasets is not None:
             obj["datasets"] = [d.to_json_obj(extent=True) for d in self.datasets]
+        if self.format is not None:
+            obj["format"] = self.format
         return obj
 
 
@@ -215,38 +237,36 @@ def scan(directory: Path, *, shared: bool = False) -> Found:
     return Found(dict(sorted(files.items())), tuple(problems))
 
 
-def tensor_digests(path: str, opened: OpenFile) -> tuple[DatasetDigest, ...] | None:
-    """The per-tensor digests of the file ``path`` (relative to its step) opened as
-    ``opened``, from the format reader its content chooses
-    (:data:`~kronos_audit.checkpoint.formats.REGISTRY`: safetensors, npz, npy), or None when
-    no reader gives tensors (a pickle, bytes: its file digest covers it). Read only through
-    ``opened``, the bytes that are hashed; nothing is unpickled. HDF5 files get their
-    per-dataset digests before this is asked."""
-    del path  # the reader is chosen by content (and by the name ``opened`` carries)
-    reader = REGISTRY.sniff(opened)
-    if reader.format is Format.HDF5 or not reader.format.has_tensors:
-        return None
-    return reader.digests(opened)
+@dataclass(frozen=True)
+class HashedStep:
+    """A directory's files hashed to be signed, and the tensors that span them."""
 
-
-def directory_tensors(directory: Path) -> tuple[str, tuple[DatasetDigest, ...]] | None:
-    """The format and the tensors of a directory whose tensors span its files (torch DCP:
-    by global name, from ``.metadata`` and the ``.distcp`` files), or None for any other
-    directory. Only for a directory whose files were just hashed to be signed (DCP's
-    ``.metadata`` is parsed by a restricted unpickler, and only so)."""
-    found = tensors_of_directory(directory)
-    return None if found is None else (found[0].value, found[1])
+    files: tuple[FileEntry, ...]
+    """Every file, in path order, with its digests and its own tensors."""
+    format: str | None = None
+    """``dcp`` for a torch DCP save, whose tensors span its files; else None."""
+    datasets: tuple[DatasetDigest, ...] | None = None
+    """The tensors that span the files (a DCP save's, by global name), or None."""
 
 
 def _same_file(opened: OpenFile, fd_stat: os.stat_result, seen: tuple[int, int, int]) -> bool:
     return (fd_stat.st_size, fd_stat.st_dev, fd_stat.st_ino) == seen and opened.size == seen[0]
 
 
-def hash_directory(directory: Path) -> tuple[FileEntry, ...]:
-    """Every file of ``directory`` hashed, in path order: size, sha256, md5, and per-tensor
-    digests (HDF5's datasets, or :func:`tensor_digests`). Each file is read once, through
-    one descriptor (never a link), and must be the file the walk saw. CheckpointError
-    naming the first thing a step may not hold, or a file that changed while read."""
+def _stamp(opened: OpenFile) -> tuple[int, int, int]:
+    st = os.fstat(opened.fileno())
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def hash_directory(directory: Path) -> HashedStep:
+    """Every file of ``directory`` hashed, in path order: size, sha256, md5, its format and
+    its own tensors' digests (:func:`~kronos_audit.checkpoint.formats.digest_opened`), and,
+    for a torch DCP save, the tensors that span its files, by global name. Each file is
+    read once, through one descriptor (never a link), and must be the file the walk saw;
+    a DCP save's tensors are read from the descriptors that were hashed (``.metadata``
+    from its private copy), which must not have been written to meanwhile.
+    CheckpointError naming the first thing a step may not hold, or a file that changed
+    while read."""
     found = scan(directory)
     if found.problems:
         more = f" (and {len(found.problems) - 1} more)" if len(found.problems) > 1 else ""
@@ -254,18 +274,59 @@ def hash_directory(directory: Path) -> tuple[FileEntry, ...]:
     if not found.files:
         # A tool's save that wrote nothing is no step to restore from.
         raise CheckpointError("holds no file: an empty directory is no step", path=directory)
+    dcp = _sniff_dcp(directory, found)
+    kept: dict[str, tuple[OpenFile, tuple[int, int, int]]] = {}
     out: list[FileEntry] = []
-    for rel, seen in found.files.items():
-        with open_file(directory / rel, follow_symlinks=False) as opened:
-            if not _same_file(opened, os.fstat(opened.fileno()), seen):
-                raise CheckpointError(f"{rel}: changed while the step was read", path=directory)
-            digests = digest_open(opened, md5=True)
-            datasets = digests.datasets
-            if datasets is None:
-                datasets = tensor_digests(rel, opened)
-        assert digests.md5 is not None
-        out.append(FileEntry(rel, digests.size, digests.sha256, digests.md5, datasets))
-    return tuple(out)
+    try:
+        for rel, seen in found.files.items():
+            opened = open_file(directory / rel, follow_symlinks=False)
+            keep = dcp and is_spanned(rel)
+            try:
+                if not _same_file(opened, os.fstat(opened.fileno()), seen):
+                    raise CheckpointError(f"{rel}: changed while the step was read", path=directory)
+                if keep:
+                    kept[rel] = (opened, _stamp(opened))
+                if rel == METADATA and keep:
+                    if opened.size > MAX_METADATA:
+                        raise CheckpointError(
+                            f"DCP metadata of {opened.size:,} bytes refused", path=opened.path
+                        )
+                    opened.read_private()  # parsed from the bytes hashed, nobody else's
+                digests = digest_opened(opened, md5=True)
+            finally:
+                if not keep:
+                    opened.close()
+            assert digests.md5 is not None
+            out.append(
+                FileEntry(
+                    rel, digests.size, digests.sha256, digests.md5, digests.datasets, digests.format
+                )
+            )
+        if not dcp:
+            return HashedStep(tuple(out))
+        meta = kept[METADATA][0]
+        if not is_dcp_metadata(bytes(meta.view()[:SNIFF_BYTES])):
+            raise CheckpointError(f"{METADATA}: replaced while the step was read", path=directory)
+        loaded = load_opened(meta, {n: o for n, (o, _) in kept.items() if n != METADATA})
+        for rel, (opened, stamp) in kept.items():
+            if not opened.private and _stamp(opened) != stamp:
+                raise CheckpointError(f"{rel}: written to while the step was read", path=directory)
+        datasets = tuple(sorted(loaded.digests.values(), key=lambda d: d.path))
+        return HashedStep(tuple(out), Format.DCP.value, datasets)
+    finally:
+        for opened, _ in kept.values():
+            opened.close()
+
+
+def _sniff_dcp(directory: Path, found: Found) -> bool:
+    """Whether the walked ``directory`` is a torch DCP save: its ``.metadata`` is DCP's
+    pickle (its first bytes, read through one descriptor) beside ``__R_N.distcp`` files."""
+    if METADATA not in found.files or not any(
+        is_spanned(rel) and rel != METADATA for rel in found.files
+    ):
+        return False
+    with open_file(directory / METADATA, follow_symlinks=False) as opened:
+        return is_dcp_metadata(bytes(opened.view()[:SNIFF_BYTES]))
 
 
 def make_tree(directory: Path, files: Sequence[FileEntry]) -> None:
@@ -313,12 +374,131 @@ def check_files(
     return answers
 
 
+@dataclass(frozen=True)
+class TensorCheck:
+    """The tensors of a changed file of a directory step (or of the step's tensors that
+    span its files), read again to name each one that differs."""
+
+    file: str | None
+    """The file's relative path; None for the tensors that span the step's files (DCP)."""
+    recorded: tuple[DatasetDigest, ...]
+    """The signed digests."""
+    found: tuple[DatasetDigest, ...] | None
+    """The digests of what is there now; None when they could not be read."""
+    unreadable: str | None = None
+    """Why none could be read (``found`` None)."""
+    each: Mapping[str, str] = field(default_factory=dict)
+    """Each tensor (by path) that could not be read while the others were, with why."""
+    format: str | None = None
+    """The signed format they were read as."""
+
+
+def check_step(
+    directory: Path,
+    found: Found,
+    signed: Sequence[FileEntry],
+    spanning: tuple[DatasetDigest, ...] | None = None,
+) -> tuple[dict[str, tuple[str | None, str]], list[TensorCheck]]:
+    """:func:`check_files` of a step being verified, and the tensors of what changed:
+    for each file whose sha256 is not the signed one and whose entry records tensors,
+    those tensors read again as its signed format says, from the descriptor just hashed
+    (a bounded diagnostic, as for a changed checkpoint file); and, with ``spanning`` (a
+    DCP save's signed tensors) when one of the files DCP spreads them over changed, those
+    tensors by global name, from the hashed descriptors, ``.metadata`` parsed from its
+    private copy and only when its sha256 is the signed one. Files whose sha256 is the
+    signed one are not read again: their digest covers their tensors."""
+    answers: dict[str, tuple[str | None, str]] = {}
+    tensors: list[TensorCheck] = []
+    kept: dict[str, OpenFile] = {}
+    try:
+        for f in signed:
+            seen = found.files.get(f.path)
+            if seen is None:
+                continue
+            if seen[0] != f.size:
+                answers[f.path] = (f"is {seen[0]:,} bytes, the manifest records {f.size:,}", "")
+                continue
+            keep = spanning is not None and is_spanned(f.path)
+            try:
+                opened = open_file(directory / f.path, follow_symlinks=False)
+            except CheckpointError as e:
+                answers[f.path] = (e.message, "")
+                continue
+            try:
+                answers[f.path] = _hash_one(opened, f, seen, private=keep and f.path == METADATA)
+                problem, sha = answers[f.path]
+                if problem is None and sha != f.sha256 and f.datasets is not None:
+                    datasets, unreadable = diagnose_signed(opened, f.format, f.datasets)
+                    tensors.append(
+                        TensorCheck(f.path, f.datasets, datasets, unreadable, {}, f.format)
+                    )
+                if keep and problem is None:
+                    kept[f.path] = opened
+            finally:
+                if kept.get(f.path) is not opened:
+                    opened.close()
+        if spanning is not None:
+            changed = [
+                f.path
+                for f in signed
+                if is_spanned(f.path) and answers.get(f.path, ("missing", "")) != (None, f.sha256)
+            ]
+            if changed:
+                tensors.append(_spanning(signed, spanning, answers, kept, changed))
+    finally:
+        for opened in kept.values():
+            opened.close()
+    return answers, tensors
+
+
+def _hash_one(
+    opened: OpenFile, f: FileEntry, seen: tuple[int, int, int], *, private: bool
+) -> tuple[str | None, str]:
+    if not _same_file(opened, os.fstat(opened.fileno()), seen):
+        return "replaced while read", ""
+    if private and f.size <= MAX_METADATA:
+        return None, opened.read_private()  # DCP's .metadata: parsed from these bytes only
+    return None, opened.sha256(progress=False)
+
+
+def _spanning(
+    signed: Sequence[FileEntry],
+    spanning: tuple[DatasetDigest, ...],
+    answers: Mapping[str, tuple[str | None, str]],
+    kept: Mapping[str, OpenFile],
+    changed: Sequence[str],
+) -> TensorCheck:
+    """The check of a DCP save's tensors, some of whose files ``changed``."""
+    fmt = Format.DCP.value
+    meta = kept.get(METADATA)
+    recorded_meta = next((f for f in signed if f.path == METADATA), None)
+    if meta is None or recorded_meta is None or answers[METADATA][1] != recorded_meta.sha256:
+        why = "missing" if METADATA not in answers else "not the signed one"
+        return TensorCheck(
+            None,
+            spanning,
+            None,
+            f"not read: {METADATA} is {why}, and only the signed one is parsed "
+            f"(changed: {', '.join(changed)})",
+            format=fmt,
+        )
+    try:
+        loaded = load_opened(meta, {n: o for n, o in kept.items() if n != METADATA}, go_on=True)
+    except CheckpointError as e:
+        return TensorCheck(None, spanning, None, f"not read: {e.message}", format=fmt)
+    found = tuple(sorted(loaded.digests.values(), key=lambda d: d.path))
+    each = {tensor_path(fqn): why for fqn, why in loaded.unreadable.items()}
+    return TensorCheck(None, spanning, found, None, each, fmt)
+
+
 __all__ = [
     "MAX_FILES",
     "FileEntry",
     "Found",
+    "HashedStep",
+    "TensorCheck",
     "check_files",
-    "directory_tensors",
+    "check_step",
     "dvc_listing",
     "encode_index",
     "entry_problem",
@@ -327,5 +507,4 @@ __all__ = [
     "make_tree",
     "path_problem",
     "scan",
-    "tensor_digests",
 ]

@@ -369,6 +369,11 @@ class OpenFile:
         self._image = image
         return h.hexdigest()
 
+    @property
+    def private(self) -> bool:
+        """Whether its bytes are read from the private copy :meth:`read_private` took."""
+        return self._image is not None
+
     def view(self) -> memoryview:
         """Its bytes: the private copy, or a read-only memory map of the descriptor."""
         if self._view is None:

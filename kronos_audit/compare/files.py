@@ -7,13 +7,14 @@ from pathlib import Path
 import h5py
 
 from kronos_audit.checkpoint.formats.cf import packed, reader_attributes
+from kronos_audit.checkpoint.formats.registry import REGISTRY
 from kronos_audit.checkpoint.hashing import OpenFile, open_file
 from kronos_audit.compare.blocks import BLOCK_BYTES, dataset_shape
 from kronos_audit.compare.engine import compare_datasets
 from kronos_audit.compare.interface import Comparison, DatasetComparison, Verdict
 from kronos_audit.compare.plan import data_kind, describe_dtype
 from kronos_audit.compare.policy import TolerancePolicy
-from kronos_audit.compare.tensors import compare_tensors
+from kronos_audit.compare.tensors import compare_opened, compare_tensors
 from kronos_audit.errors import CheckpointError
 
 
@@ -42,6 +43,25 @@ def compare_files(
         if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
             return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
     return compare_tensors(a, b, policy)
+
+
+def compare_opened_files(
+    oa: OpenFile,
+    ob: OpenFile,
+    a: Path,
+    b: Path,
+    policy: TolerancePolicy | None = None,
+    *,
+    block_bytes: int = BLOCK_BYTES,
+) -> Comparison:
+    """:func:`compare_files` of two files already open (``a`` and ``b`` name them in the
+    result): for a caller that verified what it opened and must compare exactly that,
+    never the names opened again. Plain HDF5 is compared dataset by dataset in blocks,
+    any other format with tensors tensor by tensor."""
+    if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
+        return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
+    ra, rb = REGISTRY.sniff(oa), REGISTRY.sniff(ob)
+    return compare_opened(a, b, (ra.format, ra.tensors(oa)), (rb.format, rb.tensors(ob)), policy)
 
 
 def _is_dcp(path: Path) -> bool:

@@ -23,13 +23,26 @@ def compare_tensors(
     turn (safetensors and npy as views of the mapped file). Raises CheckpointError for a
     file with no tensors kaudit reads (a pickle), naming it."""
     a, b = Path(a), Path(b)
-    policy = policy or TolerancePolicy()
     with open_tensors(a) as (fa, ta), open_tensors(b) as (fb, tb):
-        results = [
-            _one(name, ta.get(name), tb.get(name), policy, a) for name in sorted(set(ta) | set(tb))
-        ]
-        notes = _notes(fa, fb, ta, tb)
-    return Comparison(a, b, policy, tuple(results), notes)
+        return compare_opened(a, b, (fa, ta), (fb, tb), policy)
+
+
+def compare_opened(
+    a: Path,
+    b: Path,
+    tensors_a: tuple[Format, Mapping[str, Tensor]],
+    tensors_b: tuple[Format, Mapping[str, Tensor]],
+    policy: TolerancePolicy | None = None,
+) -> Comparison:
+    """:func:`compare_tensors` of tensors already opened (each side's format and its
+    tensors by path; ``a`` and ``b`` name them in the result): for a caller that verified
+    what it opened and must compare exactly that, never the names opened again."""
+    (fa, ta), (fb, tb) = tensors_a, tensors_b
+    policy = policy or TolerancePolicy()
+    results = [
+        _one(name, ta.get(name), tb.get(name), policy, a) for name in sorted(set(ta) | set(tb))
+    ]
+    return Comparison(a, b, policy, tuple(results), _notes(fa, fb, ta, tb))
 
 
 def _notes(
@@ -72,4 +85,4 @@ def _one(
         ) from None
 
 
-__all__ = ["compare_tensors"]
+__all__ = ["compare_opened", "compare_tensors"]

@@ -5,25 +5,37 @@ Each manifest is verified first (signature and place: a digest in a manifest nob
 for proves nothing). A file of one step missing from the other is ONLY_IN_A or ONLY_IN_B; a
 file in both with the same sha256 is IDENTICAL; one whose bytes differ is compared by its
 per-tensor digests when both record them (each tensor named ``FILE/TENSOR``), or is
-DIFFERENT as a whole. A tolerance needs the data of both: the HDF5 files in both steps are
-then compared dataset by dataset, once each step's files are verified against its manifest;
+DIFFERENT as a whole. A tolerance needs the data of both: a file that differs and records
+tensors in both steps (HDF5, safetensors, npz, npy) is then compared tensor by tensor by
+value, each side opened once, proven its signed size and sha256 and read from those bytes;
 any other file that differs stays DIFFERENT. Two steps whose tensors span their files
-(torch DCP) compare those tensors by global name, and the files that hold them not byte by
-byte.
+(torch DCP) compare those tensors by global name (by value with a tolerance, read from the
+signed files' bytes, each tensor's digest proven the signed one), and the files that hold
+them not byte by byte.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
 from kronos_audit.checkpoint.directory import FileEntry
-from kronos_audit.checkpoint.formats.dcp import DATA_FILE, METADATA
+from kronos_audit.checkpoint.formats.dcp import (
+    METADATA,
+    arrays_as_tensors,
+    is_spanned,
+    load_opened,
+)
+from kronos_audit.checkpoint.formats.interface import Format, Tensor
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import directory_step_manifest
+from kronos_audit.checkpoint.verified import Signed, verified
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
-from kronos_audit.compare.files import compare_files
-from kronos_audit.errors import UsageError
+from kronos_audit.compare.files import compare_opened_files
+from kronos_audit.compare.tensors import compare_opened
+from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
 from kronos_audit.statement.manifest import Manifest, read_manifest
@@ -42,10 +54,10 @@ def directory_manifest_of(path: Path) -> Path | None:
     return None
 
 
-def _verified(path: Path, trust: TrustOptions | None, *, data: bool) -> Manifest:
+def _verified(path: Path, trust: TrustOptions | None) -> Manifest:
     path = path.absolute()
     project = find_project(path)
-    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=data)
+    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=False)
     if not result.ok:
         failed = result.failures[0]
         raise UsageError(
@@ -113,10 +125,63 @@ def _file(
         return [_result(fa.path, Verdict.DIFFERENT, "the files' sha256 differ")]
     if policy == TolerancePolicy():
         return _tensors(fa.path, fa.datasets, fb.datasets)
-    compared = compare_files(a.checkpoint_path / fa.path, b.checkpoint_path / fb.path, policy)
+    # Compared by value: each file opened once and proven the signed bytes, then read
+    # from those bytes (a private copy, or the descriptor hashed), never by name again.
+    pa, pb = a.checkpoint_path / fa.path, b.checkpoint_path / fb.path
+    with (
+        verified(pa, Signed(fa.size, fa.sha256)) as oa,
+        verified(pb, Signed(fb.size, fb.sha256)) as ob,
+    ):
+        compared = compare_opened_files(oa, ob, pa, pb, policy)
     return [
         dataclasses.replace(d, path=f"{fa.path}/{d.path.lstrip('/')}") for d in compared.datasets
     ]
+
+
+def _spanning(a: Manifest, b: Manifest, policy: TolerancePolicy) -> list[DatasetComparison]:
+    """The tensors two DCP saves spread over their files, compared by global name: by
+    their signed digests alone when exact, or when both saves' files are the same bytes;
+    by value otherwise, each save's files opened once and proven the signed bytes, its
+    tensors read from them and their digests proven the signed ones."""
+    assert a.datasets is not None
+    assert b.datasets is not None
+    if policy == TolerancePolicy() or _spanned_files(a) == _spanned_files(b):
+        return _tensors("", a.datasets, b.datasets)
+    with ExitStack() as stack:
+        ta, tb = (_dcp_tensors(m, stack) for m in (a, b))
+        compared = compare_opened(
+            a.checkpoint_path, b.checkpoint_path, (Format.DCP, ta), (Format.DCP, tb), policy
+        )
+    return list(compared.datasets)
+
+
+def _spanned_files(m: Manifest) -> dict[str, str]:
+    assert m.record.directory is not None
+    return {f.path: f.sha256 for f in m.record.directory.files if is_spanned(f.path)}
+
+
+def _dcp_tensors(m: Manifest, stack: ExitStack) -> Mapping[str, Tensor]:
+    """The tensors of the verified DCP step ``m``, read from its files opened verified."""
+    assert m.record.directory is not None
+    assert m.datasets is not None
+    opened = {
+        f.path: stack.enter_context(verified(m.checkpoint_path / f.path, Signed(f.size, f.sha256)))
+        for f in m.record.directory.files
+        if is_spanned(f.path)
+    }
+    meta = opened.pop(METADATA, None)
+    if meta is None:
+        raise CheckpointError(f"the signed files hold no {METADATA}", path=m.checkpoint_path)
+    loaded = load_opened(meta, opened, arrays=True)
+    signed = {d.path: d for d in m.datasets}
+    for digest in loaded.digests.values():
+        if signed.get(digest.path) != digest:
+            raise CheckpointError(
+                f"tensor {digest.path}: what was read is not what was signed",
+                path=m.checkpoint_path,
+                dataset=digest.path,
+            )
+    return arrays_as_tensors(loaded.arrays)
 
 
 def diff_directories(
@@ -126,8 +191,9 @@ def diff_directories(
     tensor by tensor (see the module's docstring). UsageError (one line) when either
     manifest does not verify (with a tolerance: its files too)."""
     policy = policy or TolerancePolicy()
-    exact = policy == TolerancePolicy()
-    ma, mb = _verified(a, trust, data=not exact), _verified(b, trust, data=not exact)
+    # The signed digests need only the manifests; a comparison by value proves each file
+    # it reads against its signed entry, through the descriptor it reads.
+    ma, mb = _verified(a, trust), _verified(b, trust)
     assert ma.record.directory is not None
     assert mb.record.directory is not None
     in_a = {f.path: f for f in ma.record.directory.files}
@@ -136,7 +202,7 @@ def diff_directories(
     if ma.datasets is not None and mb.datasets is not None:
         # Tensors that span files (DCP): compared by global name, and the files that hold
         # them not byte by byte (DCP's .metadata embeds a save's own ids).
-        datasets += _tensors("", ma.datasets, mb.datasets)
+        datasets += _spanning(ma, mb, policy)
         in_a = {p: f for p, f in in_a.items() if not _spanned(p)}
         in_b = {p: f for p, f in in_b.items() if not _spanned(p)}
     datasets += [
@@ -149,7 +215,7 @@ def diff_directories(
 
 def _spanned(path: str) -> bool:
     """Whether ``path`` is one of the files DCP spreads its tensors over."""
-    return path == METADATA or DATA_FILE.fullmatch(path) is not None
+    return is_spanned(path)
 
 
 __all__ = ["diff_directories", "directory_manifest_of"]

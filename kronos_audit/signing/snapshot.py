@@ -11,7 +11,7 @@ from typing import Any
 
 from kronos_audit._internal.fsutil import mkdir_durable
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.directory import FileEntry, directory_tensors, hash_directory
+from kronos_audit.checkpoint.directory import HashedStep, hash_directory
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
@@ -259,7 +259,7 @@ def snapshot(
 
 def _digest_copy(
     path: Path, cache: tuple[Path, tuple[str, ...]], staged: dict[Path, Staged]
-) -> FileDigests | tuple[FileEntry, ...]:
+) -> FileDigests | HashedStep:
     """A file's digests, taken from a private copy of it made in DVC's cache
     (:func:`~kronos_audit.storage.tracking.stage_copy`, kept in ``staged``; errors name
     ``path``, not the copy); or a directory step's files, each hashed (nothing written)."""
@@ -379,7 +379,7 @@ def _extending(parent: Manifest, paths: Sequence[Path], *, force: bool) -> Write
 
 
 def _sign_all(
-    hashed: Sequence[tuple[Path, FileDigests | tuple[FileEntry, ...]]],
+    hashed: Sequence[tuple[Path, FileDigests | HashedStep]],
     staged: Mapping[Path, Path],
     project: Project,
     signing_key: SigningKey,
@@ -401,14 +401,13 @@ def _sign_all(
     prepared = []
     for p, d in hashed:
         facts = RunFacts(seeds=seeds, command=command, cwd=cwd, attributes=attributes, git=git_info)
-        if isinstance(d, tuple):
-            spanning = directory_tensors(p)  # DCP: tensors by global name, across files
+        if isinstance(d, HashedStep):
             prepared.append(
                 sign_directory_step(
                     p,
-                    d,
-                    datasets=None if spanning is None else spanning[1],
-                    format=None if spanning is None else spanning[0],
+                    d.files,
+                    datasets=d.datasets,  # DCP: tensors by global name, across files
+                    format=d.format,
                     project=project,
                     key=signing_key,
                     run=run,
@@ -434,8 +433,8 @@ def _sign_all(
         )
     manifests = []
     for (p, d), manifest in zip(hashed, prepared, strict=True):
-        if isinstance(d, tuple):
-            track_directory(project, p, d)  # the user's files: left as they are
+        if isinstance(d, HashedStep):
+            track_directory(project, p, d.files)  # the user's files: left as they are
         else:
             assert d.md5 is not None
             # The user's file is left as it is: its hashed copy becomes the cache object.

@@ -416,7 +416,11 @@ class DirectorySet:
                     str(f["md5"]),
                     None
                     if f.get("datasets") is None
-                    else tuple(_dataset(d, with_attributes=False) for d in f["datasets"]),
+                    else tuple(
+                        _dataset(d, with_attributes=f.get("format") == "hdf5")
+                        for d in f["datasets"]
+                    ),
+                    None if f.get("format") is None else str(f["format"]),
                 )
                 for f in obj["files"]
             ),

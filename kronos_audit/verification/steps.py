@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, changed_attributes, diff_digests
-from kronos_audit.checkpoint.directory import FileEntry
+from kronos_audit.checkpoint.directory import FileEntry, TensorCheck
 from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import (
@@ -377,6 +377,36 @@ def directory_checks(
             CheckName.FILES, f"all {len(signed)} files match (size and sha256, {total:,} bytes)"
         )
     ]
+
+
+def directory_tensor_checks(tensors: Sequence[TensorCheck]) -> list[Check]:
+    """(4) a directory step's tensors read again where they changed: one failed check per
+    tensor that differs, named ``FILE/TENSOR`` (a DCP save's by its global name), per
+    tensor that could not be read (saying why), and per file whose tensors could not be
+    read at all (saying why). The files' checks already failed: none passes here."""
+    out: list[Check] = []
+    for t in tensors:
+        where = "the step's tensors" if t.file is None else f"{t.file}: its tensors"
+        if t.found is None:
+            out.append(Check.failed(CheckName.DATASETS, f"{where} {t.unreadable or 'not read'}"))
+            continue
+        recorded = tuple(d for d in t.recorded if d.path not in t.each)
+        found = tuple(d for d in t.found if d.path not in t.each)
+        for path, why in sorted(t.each.items()):
+            out.append(
+                Check.failed(CheckName.DATASET, f"cannot be read: {why}", dataset=_in(t, path))
+            )
+        out += [
+            Check.failed(CheckName.DATASET, _dataset_problem(d), dataset=_in(t, d.path))
+            for d in diff_digests(recorded, found)
+            if not d.ok
+        ]
+    return out
+
+
+def _in(t: TensorCheck, path: str) -> str:
+    """A tensor's name in a directory step: ``FILE/TENSOR``, or its global name."""
+    return path if t.file is None else f"{t.file}/{path.lstrip('/')}"
 
 
 # -- (5) chain -----------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kronos_audit.checkpoint.directory import check_files, make_tree, scan
+from kronos_audit.checkpoint.directory import check_step, make_tree, scan
+from kronos_audit.checkpoint.formats.interface import Format
 from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_signed
 from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.checkpoint.layout import shard_path
@@ -280,15 +281,19 @@ class Verifier(ChainReader):
         """(4) A directory step whose manifest passes (1) and (2) (its listing agrees with
         its subject and root: checked when it was read): every file here against the
         signed listing, by size and sha256, naming each added, missing or changed, and
-        each thing no step may hold (a link, a FIFO)."""
+        each thing no step may hold (a link, a FIFO); then each tensor that differs, of a
+        changed file whose entry records tensors, and of a DCP save one of whose files
+        changed (:func:`~kronos_audit.checkpoint.directory.check_step`)."""
         record = manifest.record.directory
         assert record is not None
         root = manifest.checkpoint_path
         found = scan(root, shared=True)
-        answers = check_files(root, found, record.files)
+        spanning = manifest.datasets if manifest.record.format == Format.DCP else None
+        answers, tensors = check_step(root, found, record.files, spanning)
         return [
             steps.index_digest(manifest.subject_sha256, manifest, what="file index"),
             *steps.directory_checks(record.files, list(found.files), found.problems, answers),
+            *steps.directory_tensor_checks(tensors),
         ]
 
     # -- sharded steps: an index, a Merkle root, one shard per rank -------------------

@@ -104,7 +104,12 @@ def test_a_metadata_pickle_naming_another_global_is_refused_and_never_run(
     hostile = tmp_path / "hostile"
     shutil.copytree(saves[0], hostile)
     (hostile / ".metadata").write_bytes(data)
-    with pytest.raises(CheckpointError, match="not allowed"):
+    assert tensors_of_directory(hostile) is None  # its first global is not DCP's: not DCP
+    # One that starts as DCP's pickle does, then names another global, is refused.
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    (hostile / ".metadata").write_bytes(pickle.dumps((Metadata, Evil())))
+    with pytest.raises(CheckpointError, match="system is not allowed"):
         tensors_of_directory(hostile)
     assert not marker.exists()
 

@@ -16,16 +16,27 @@ tensor, which must be tiled exactly, and digested as its canonical bytes: so a s
 on one rank and on two has one digest per tensor, equal to that of the same array in any
 other format. A non-tensor item (DCP's bytes items: ``torch.save`` of a Python value) is
 digested by its pickle stream, never unpickled.
+
+What is hashed is what is read: :func:`load_opened` reads the files a caller opened and
+hashed (``.metadata`` from its private copy, parsed only from it), never their names again
+(:func:`open_dcp` opens them for a caller that hashes nothing). A directory is DCP's only
+when its ``.metadata`` is DCP's pickle (:func:`is_dcp_metadata`, from the opcodes, nothing
+run) beside ``__R_N.distcp`` files; any other ``.metadata`` is another tool's file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
+import pickletools
 import re
+import stat
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +50,7 @@ from kronos_audit.checkpoint.formats.common import (
     tensor_path,
 )
 from kronos_audit.checkpoint.formats.interface import Format, Tensor
-from kronos_audit.checkpoint.hashing import DatasetDigest, canonical_bytes, open_file
+from kronos_audit.checkpoint.hashing import DatasetDigest, OpenFile, canonical_bytes, open_file
 from kronos_audit.errors import CheckpointError
 
 METADATA = ".metadata"
@@ -49,6 +60,11 @@ MAX_DATA_PKL = 1024 * 1024
 """The largest ``data.pkl`` of one chunk read: it describes one tensor."""
 DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
 """The only names a chunk's file may have: nothing outside the directory."""
+SNIFF_BYTES = 4096
+"""Bytes of a ``.metadata`` read to tell whether it is DCP's."""
+_SNIFF_OPS = 16
+"""Opcodes read before the first global of DCP's pickle (it is the third)."""
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 PICKLE_ITEM = "pickle"
 """The dtype name of a non-tensor item: digested by its pickle stream, never unpickled."""
 
@@ -199,17 +215,58 @@ def read_metadata(data: bytes, where: Path | str) -> Any:
         raise CheckpointError("DCP metadata refused: nested too deep", path=where) from None
 
 
+def is_dcp_metadata(head: bytes) -> bool:
+    """Whether ``head`` (the first bytes of a ``.metadata`` file) starts a pickle of DCP's
+    ``Metadata``: its first global, read from the opcodes without running any, is
+    ``torch.distributed.checkpoint.metadata.Metadata``. Another tool's ``.metadata`` is
+    not DCP's, and its directory is plain files."""
+    strings: list[str] = []
+    try:
+        for n, (op, arg, _) in enumerate(pickletools.genops(head)):
+            if n >= _SNIFF_OPS:
+                return False
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                strings.append(str(arg))
+            elif op.name == "STACK_GLOBAL":
+                return strings[-2:] == [_METADATA_MODULE, "Metadata"]
+            elif op.name == "GLOBAL":
+                return str(arg) == f"{_METADATA_MODULE} Metadata"
+            elif op.name not in ("PROTO", "FRAME", "MEMOIZE"):
+                return False  # something else before the first global: not DCP's pickle
+    except (ValueError, pickle.UnpicklingError, EOFError):  # cut short, or not a pickle
+        return False
+    return False
+
+
 def is_dcp(path: Path) -> bool:
-    """Whether ``path`` is a directory holding a DCP ``.metadata`` file."""
-    return path.is_dir() and (path / METADATA).is_file()
+    """Whether ``path`` is a torch DCP directory: a ``.metadata`` file (a regular file,
+    not a link) that is DCP's (:func:`is_dcp_metadata`) beside at least one
+    ``__R_N.distcp`` file. Only its first bytes are read."""
+    meta = path / METADATA
+    try:
+        if not (path.is_dir() and stat.S_ISREG(os.lstat(meta).st_mode)):
+            return False
+        if not any(DATA_FILE.fullmatch(name) for name in os.listdir(path)):
+            return False
+        with open_file(meta, follow_symlinks=False) as opened:
+            return is_dcp_metadata(bytes(opened.view()[:SNIFF_BYTES]))
+    except (OSError, CheckpointError):
+        return False
+
+
+def is_spanned(name: str) -> bool:
+    """Whether the file ``name`` (relative to its directory) is one DCP spreads a save
+    over: ``.metadata`` or a ``__R_N.distcp`` file at the top of the directory."""
+    return name == METADATA or DATA_FILE.fullmatch(name) is not None
 
 
 class _Files:
-    """The directory's chunk files, each opened once (never through a link) and mapped."""
+    """The directory's chunk files, already opened (each once, never through a link):
+    chunks are read from these descriptors (or their private copies), never by name."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, opened: Mapping[str, OpenFile]) -> None:
         self.root = root
-        self._open: dict[str, Any] = {}
+        self._open = opened
 
     def view(self, name: str) -> memoryview:
         if not DATA_FILE.fullmatch(name):
@@ -217,14 +274,21 @@ class _Files:
                 f"DCP metadata names file {name[:80]!r}: not a .distcp file of the directory",
                 path=self.root,
             )
-        if name not in self._open:
-            self._open[name] = open_file(self.root / name, follow_symlinks=False)
-        view: memoryview = self._open[name].view()
-        return view
+        opened = self._open.get(name)
+        if opened is None:
+            raise CheckpointError(f"its chunk file {name} is not there", path=self.root)
+        return opened.view()
 
-    def close(self) -> None:
-        for opened in self._open.values():
-            opened.close()
+
+def read_opened_metadata(opened: OpenFile) -> Any:
+    """The content of a ``.metadata`` opened and read into its private copy
+    (:meth:`~kronos_audit.checkpoint.hashing.OpenFile.read_private`: what was hashed is
+    what is parsed), as :func:`read_metadata` gives it."""
+    if opened.size > MAX_METADATA:
+        raise CheckpointError(f"DCP metadata of {opened.size:,} bytes refused", path=opened.path)
+    if not opened.private:  # a map of the descriptor: a writer could change it meanwhile
+        raise CheckpointError("DCP metadata is parsed from its private copy only", path=opened.path)
+    return read_metadata(bytes(opened.view()), opened.path)
 
 
 def _chunk(view: memoryview, where: Path, fqn: str) -> tuple[str, np.ndarray[Any, Any]] | bytes:
@@ -293,21 +357,41 @@ def _chunk(view: memoryview, where: Path, fqn: str) -> tuple[str, np.ndarray[Any
     return name, np.ascontiguousarray(arr)
 
 
-def _load(root: Path) -> tuple[dict[str, DatasetDigest], dict[str, np.ndarray[Any, Any]]]:
-    """Every item's digest and every tensor's global raw array, by fully qualified name."""
-    meta_path = root / METADATA
-    with open_file(meta_path, follow_symlinks=False) as opened:
-        if opened.size > MAX_METADATA:
-            raise CheckpointError(f"DCP metadata of {opened.size:,} bytes refused", path=meta_path)
-        md = read_metadata(bytes(opened.view()), meta_path)
+@dataclass(frozen=True)
+class Loaded:
+    """What a DCP save's files hold, read from the descriptors handed in."""
+
+    digests: dict[str, DatasetDigest]
+    """Every item's digest by fully qualified name (those read)."""
+    arrays: dict[str, np.ndarray[Any, Any]]
+    """Every tensor's global array by fully qualified name (bfloat16 as float32), when
+    asked for."""
+    unreadable: dict[str, str]
+    """Each item that could not be read, with why, when asked to go on past it."""
+
+
+def load_opened(
+    meta: OpenFile,
+    files: Mapping[str, OpenFile],
+    *,
+    arrays: bool = False,
+    go_on: bool = False,
+) -> Loaded:
+    """The items of the DCP save whose ``.metadata`` is ``meta`` (read into its private
+    copy: the bytes hashed are the bytes parsed) and whose ``.distcp`` files are ``files``
+    (by name; each chunk is read from these, never by name again). ``arrays``: keep each
+    tensor's global array (else only its digest). ``go_on``: an item that cannot be read
+    (a chunk missing or malformed) is recorded in ``unreadable`` and the others read; else
+    CheckpointError names it. Precondition: see :func:`read_metadata`."""
+    meta_path = meta.path
+    md = read_opened_metadata(meta)
     try:
         items = dict(md.state_dict_metadata)
         storage = dict(md.storage_data)
     except (AttributeError, TypeError, ValueError):
         raise CheckpointError("DCP metadata is not a Metadata record", path=meta_path) from None
-    files = _Files(root)
-    digests: dict[str, DatasetDigest] = {}
-    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    chunks = _Files(meta_path.parent, files)
+    out = Loaded({}, {}, {})
     try:
         by_fqn: dict[str, list[tuple[Any, Any]]] = {}
         for index, info in storage.items():
@@ -316,30 +400,66 @@ def _load(root: Path) -> tuple[dict[str, DatasetDigest], dict[str, np.ndarray[An
             by_fqn.setdefault(str(index.fqn), []).append((index, info))
         for fqn, item in items.items():
             fqn = str(fqn)
-            parts = by_fqn.get(fqn, [])
-            path = tensor_path(fqn)
-            if type(item).__name__ == "BytesStorageMetadata":
-                if len(parts) != 1:
-                    raise CheckpointError(
-                        f"DCP item {fqn!r} is stored {len(parts)} times",
-                        path=meta_path,
-                        dataset=fqn,
-                    )
-                got = _chunk(_range(files, parts[0][1], meta_path, fqn), meta_path, fqn)
-                data = got if isinstance(got, bytes) else canonical_bytes(got[1], got[1].dtype)
-                digests[fqn] = DatasetDigest(
-                    path, PICKLE_ITEM, None, hashlib.sha256(data).hexdigest()
-                )
-                continue
-            name, glob = _assemble(item, parts, files, meta_path, fqn)
-            h = hashlib.sha256(canonical_bytes(glob, glob.dtype)) if glob.size else hashlib.sha256()
-            digests[fqn] = DatasetDigest(path, name, tuple(glob.shape), h.hexdigest())
-            arrays[fqn] = exotic_as_float32(name, glob) if name == BFLOAT16 else glob
+            try:
+                _item(out, fqn, item, by_fqn.get(fqn, []), chunks, meta_path, arrays=arrays)
+            except CheckpointError as e:
+                if not go_on:
+                    raise
+                out.unreadable[fqn] = e.message
     except (AttributeError, TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"DCP metadata is malformed ({e})", path=meta_path) from None
+    return out
+
+
+def _item(
+    out: Loaded,
+    fqn: str,
+    item: Any,
+    parts: list[tuple[Any, Any]],
+    files: _Files,
+    meta_path: Path,
+    *,
+    arrays: bool,
+) -> None:
+    """Read one item into ``out``."""
+    path = tensor_path(fqn)
+    if type(item).__name__ == "BytesStorageMetadata":
+        if len(parts) != 1:
+            raise CheckpointError(
+                f"DCP item {fqn!r} is stored {len(parts)} times", path=meta_path, dataset=fqn
+            )
+        got = _chunk(_range(files, parts[0][1], meta_path, fqn), meta_path, fqn)
+        data = got if isinstance(got, bytes) else canonical_bytes(got[1], got[1].dtype)
+        out.digests[fqn] = DatasetDigest(path, PICKLE_ITEM, None, hashlib.sha256(data).hexdigest())
+        return
+    name, glob = _assemble(item, parts, files, meta_path, fqn)
+    h = hashlib.sha256(canonical_bytes(glob, glob.dtype)) if glob.size else hashlib.sha256()
+    out.digests[fqn] = DatasetDigest(path, name, tuple(glob.shape), h.hexdigest())
+    if arrays:
+        out.arrays[fqn] = exotic_as_float32(name, glob) if name == BFLOAT16 else glob
+
+
+@contextmanager
+def open_dcp(root: Path) -> Iterator[tuple[OpenFile, dict[str, OpenFile]]]:
+    """The DCP directory ``root``'s ``.metadata`` (read into its private copy) and its
+    ``__R_N.distcp`` files, each opened once (never through a link), for
+    :func:`load_opened`; closed after."""
+    opened: dict[str, OpenFile] = {}
+    try:
+        meta = open_file(root / METADATA, follow_symlinks=False)
+        opened[METADATA] = meta
+        if meta.size > MAX_METADATA:
+            raise CheckpointError(f"DCP metadata of {meta.size:,} bytes refused", path=meta.path)
+        meta.read_private()
+        for name in sorted(os.listdir(root)):
+            if DATA_FILE.fullmatch(name):
+                opened[name] = open_file(root / name, follow_symlinks=False)
+        yield meta, {n: o for n, o in opened.items() if n != METADATA}
+    except OSError as e:
+        raise CheckpointError(f"cannot read it: {e.strerror or e}", path=root) from None
     finally:
-        files.close()
-    return digests, arrays
+        for o in opened.values():
+            o.close()
 
 
 def _range(files: _Files, info: Any, where: Path, fqn: str) -> memoryview:
@@ -396,20 +516,27 @@ def _assemble(
 
 def tensors_of_directory(path: Path | str) -> tuple[Format, tuple[DatasetDigest, ...]] | None:
     """A DCP directory's format and its items' digests by global name, sorted; None when
-    ``path`` is no DCP directory (no ``.metadata``). CheckpointError for one kaudit cannot
+    ``path`` is no DCP directory (:func:`is_dcp`). CheckpointError for one kaudit cannot
     read or cover (naming the item). See :func:`read_metadata` for its precondition."""
     root = Path(path)
     if not is_dcp(root):
         return None
-    digests, _ = _load(root)
-    return Format.DCP, tuple(sorted(digests.values(), key=lambda d: d.path))
+    with open_dcp(root) as (meta, files):
+        loaded = load_opened(meta, files)
+    return Format.DCP, tuple(sorted(loaded.digests.values(), key=lambda d: d.path))
 
 
 def dcp_tensors(path: Path) -> Mapping[str, Tensor]:
     """A DCP directory's tensors by path (bfloat16 read as float32), for a comparison."""
     if not is_dcp(path):
         raise CheckpointError("is a directory, not a checkpoint file (no DCP .metadata)", path=path)
-    _, arrays = _load(path)
+    with open_dcp(path) as (meta, files):
+        loaded = load_opened(meta, files, arrays=True)
+    return arrays_as_tensors(loaded.arrays)
+
+
+def arrays_as_tensors(arrays: Mapping[str, np.ndarray[Any, Any]]) -> Mapping[str, Tensor]:
+    """Global arrays by fully qualified name, as a comparison's tensors by path."""
     return {
         tensor_path(fqn): Tensor(tensor_path(fqn), _constant(arr)) for fqn, arr in arrays.items()
     }
@@ -421,9 +548,16 @@ def _constant(arr: np.ndarray[Any, Any]) -> Callable[[], np.ndarray[Any, Any]]:
 
 __all__ = [
     "METADATA",
+    "Loaded",
     "MetadataUnpickler",
+    "arrays_as_tensors",
     "dcp_tensors",
     "is_dcp",
+    "is_dcp_metadata",
+    "is_spanned",
+    "load_opened",
+    "open_dcp",
     "read_metadata",
+    "read_opened_metadata",
     "tensors_of_directory",
 ]

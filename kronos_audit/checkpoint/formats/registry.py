@@ -151,14 +151,19 @@ def digest_file(
     with open_file(path, follow_symlinks=follow_symlinks) as opened:
         if name is not None:
             opened.path = Path(name)
-        reader = REGISTRY.sniff(opened)
-        digests = digest_open(opened, md5=md5)
-        if reader.format is Format.HDF5:
-            assert digests.datasets is not None
-            datasets: tuple[DatasetDigest, ...] | None = with_attributes(opened, digests.datasets)
-        else:
-            datasets = _tensor_digests(reader, opened)
-        return dataclasses.replace(digests, datasets=datasets, format=reader.format.value)
+        return digest_opened(opened, md5=md5)
+
+
+def digest_opened(opened: OpenFile, *, md5: bool = False) -> FileDigests:
+    """:func:`digest_file` of a file already open: hashed and read through ``opened``."""
+    reader = REGISTRY.sniff(opened)
+    digests = digest_open(opened, md5=md5)
+    if reader.format is Format.HDF5:
+        assert digests.datasets is not None
+        datasets: tuple[DatasetDigest, ...] | None = with_attributes(opened, digests.datasets)
+    else:
+        datasets = _tensor_digests(reader, opened)
+    return dataclasses.replace(digests, datasets=datasets, format=reader.format.value)
 
 
 def digest_signed(
@@ -233,6 +238,7 @@ __all__ = [
     "Registry",
     "diagnose_signed",
     "digest_file",
+    "digest_opened",
     "digest_signed",
     "open_tensors",
     "tensors_of_file",

@@ -253,9 +253,10 @@ def _same_file(opened: OpenFile, fd_stat: os.stat_result, seen: tuple[int, int, 
     return (fd_stat.st_size, fd_stat.st_dev, fd_stat.st_ino) == seen and opened.size == seen[0]
 
 
-def _stamp(opened: OpenFile) -> tuple[int, int, int]:
+def _stamp(opened: OpenFile) -> tuple[int, int]:
+    # Not its ctime: a rename over its name changes that, not what the descriptor reads.
     st = os.fstat(opened.fileno())
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    return st.st_size, st.st_mtime_ns
 
 
 def hash_directory(directory: Path) -> HashedStep:
@@ -275,7 +276,7 @@ def hash_directory(directory: Path) -> HashedStep:
         # A tool's save that wrote nothing is no step to restore from.
         raise CheckpointError("holds no file: an empty directory is no step", path=directory)
     dcp = _sniff_dcp(directory, found)
-    kept: dict[str, tuple[OpenFile, tuple[int, int, int]]] = {}
+    kept: dict[str, tuple[OpenFile, tuple[int, int]]] = {}
     out: list[FileEntry] = []
     try:
         for rel, seen in found.files.items():

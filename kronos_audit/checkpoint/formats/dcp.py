@@ -34,6 +34,7 @@ import pickletools
 import re
 import stat
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -400,15 +401,29 @@ def load_opened(
             by_fqn.setdefault(str(index.fqn), []).append((index, info))
         for fqn, item in items.items():
             fqn = str(fqn)
-            try:
-                _item(out, fqn, item, by_fqn.get(fqn, []), chunks, meta_path, arrays=arrays)
-            except CheckpointError as e:
-                if not go_on:
-                    raise
-                out.unreadable[fqn] = e.message
+            problem = _read_item(out, fqn, item, by_fqn.get(fqn, []), chunks, arrays=arrays)
+            if problem is not None and not go_on:
+                # Raised here, not from the handler that caught it: nothing of the failed
+                # read (its frames, the views of the files they hold) outlives this call.
+                raise CheckpointError(problem, path=meta_path, dataset=fqn)
+            if problem is not None:
+                out.unreadable[fqn] = problem
     except (AttributeError, TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"DCP metadata is malformed ({e})", path=meta_path) from None
     return out
+
+
+def _read_item(
+    out: Loaded, fqn: str, item: Any, parts: list[tuple[Any, Any]], files: _Files, *, arrays: bool
+) -> str | None:
+    """Read one item into ``out``; what kept it from being read, or None."""
+    try:
+        _item(out, fqn, item, parts, files, files.root / METADATA, arrays=arrays)
+    except CheckpointError as e:
+        return e.message
+    except (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, EOFError) as e:
+        return f"DCP item {fqn!r} cannot be read ({str(e)[:200]})"
+    return None
 
 
 def _item(

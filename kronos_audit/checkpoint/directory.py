@@ -479,14 +479,14 @@ def _spanning(
             None,
             spanning,
             None,
-            f"not read: {METADATA} is {why}, and only the signed one is parsed "
+            f"{METADATA} is {why}, and only the signed one is parsed "
             f"(changed: {', '.join(changed)})",
             format=fmt,
         )
     try:
         loaded = load_opened(meta, {n: o for n, o in kept.items() if n != METADATA}, go_on=True)
     except CheckpointError as e:
-        return TensorCheck(None, spanning, None, f"not read: {e.message}", format=fmt)
+        return TensorCheck(None, spanning, None, e.message, format=fmt)
     found = tuple(sorted(loaded.digests.values(), key=lambda d: d.path))
     each = {tensor_path(fqn): why for fqn, why in loaded.unreadable.items()}
     return TensorCheck(None, spanning, found, None, each, fmt)

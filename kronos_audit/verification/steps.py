@@ -386,9 +386,9 @@ def directory_tensor_checks(tensors: Sequence[TensorCheck]) -> list[Check]:
     read at all (saying why). The files' checks already failed: none passes here."""
     out: list[Check] = []
     for t in tensors:
-        where = "the step's tensors" if t.file is None else f"{t.file}: its tensors"
         if t.found is None:
-            out.append(Check.failed(CheckName.DATASETS, f"{where} {t.unreadable or 'not read'}"))
+            where = f"the step's {t.format} tensors" if t.file is None else f"{t.file}: its tensors"
+            out.append(Check.failed(CheckName.DATASETS, f"{where} cannot be read: {t.unreadable}"))
             continue
         recorded = tuple(d for d in t.recorded if d.path not in t.each)
         found = tuple(d for d in t.found if d.path not in t.each)

@@ -95,7 +95,7 @@ def test_verify_names_the_tensor_by_its_global_name(
     (step / ".metadata").write_bytes(_evil_metadata(marker))
     done = run_cli("verify", str(step))
     assert done.exit_code == 1
-    assert "the step's tensors not read: .metadata is not the signed one" in done.output
+    assert "the step's dcp tensors cannot be read: .metadata is not the signed one" in done.output
     assert not marker.exists()
     # The signed .metadata back, a chunk file gone: the tensors it holds cannot be read.
     shutil.copy(saved / ".metadata", step / ".metadata")
@@ -103,7 +103,7 @@ def test_verify_names_the_tensor_by_its_global_name(
     done = run_cli("verify", str(step))
     assert done.exit_code == 1
     assert "files: missing: __0_0.distcp" in done.output
-    assert "dataset /w: cannot be read" in done.output, done.output
+    assert "dataset /w: cannot be read: its chunk file __0_0.distcp is not there" in done.output
     assert m.datasets is not None
 
 

@@ -422,7 +422,7 @@ def _read_item(
     except CheckpointError as e:
         return e.message
     except (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, EOFError) as e:
-        return f"DCP item {fqn!r} cannot be read ({str(e)[:200]})"
+        return f"its chunk is not a readable torch.save zip ({str(e)[:200]})"
     return None
 
 

@@ -15,6 +15,7 @@ from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format, Forma
 from kronos_audit.checkpoint.formats.registry import (
     REGISTRY,
     digest_file,
+    digest_opened,
     digest_signed,
     open_tensors,
     tensors_of_file,
@@ -27,6 +28,7 @@ __all__ = [
     "FormatReader",
     "Tensor",
     "digest_file",
+    "digest_opened",
     "digest_signed",
     "open_tensors",
     "tensors_of_directory",

@@ -45,25 +45,6 @@ def compare_files(
     return compare_tensors(a, b, policy)
 
 
-def compare_opened_files(
-    oa: OpenFile,
-    ob: OpenFile,
-    a: Path,
-    b: Path,
-    policy: TolerancePolicy | None = None,
-    *,
-    block_bytes: int = BLOCK_BYTES,
-) -> Comparison:
-    """:func:`compare_files` of two files already open (``a`` and ``b`` name them in the
-    result): for a caller that verified what it opened and must compare exactly that,
-    never the names opened again. Plain HDF5 is compared dataset by dataset in blocks,
-    any other format with tensors tensor by tensor."""
-    if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
-        return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
-    ra, rb = REGISTRY.sniff(oa), REGISTRY.sniff(ob)
-    return compare_opened(a, b, (ra.format, ra.tensors(oa)), (rb.format, rb.tensors(ob)), policy)
-
-
 def _is_dcp(path: Path) -> bool:
     return path.is_dir() and (path / ".metadata").is_file()
 
@@ -198,3 +179,22 @@ def _reason(e: BaseException) -> str:
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
     return first.split("(", 1)[0].strip() or first
+
+
+def compare_opened_files(
+    oa: OpenFile,
+    ob: OpenFile,
+    a: Path,
+    b: Path,
+    policy: TolerancePolicy | None = None,
+    *,
+    block_bytes: int = BLOCK_BYTES,
+) -> Comparison:
+    """:func:`compare_files` of two files already open (``a`` and ``b`` name them in the
+    result): for a caller that verified what it opened and must compare exactly that,
+    never the names opened again. Plain HDF5 is compared dataset by dataset in blocks,
+    any other format with tensors tensor by tensor."""
+    if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
+        return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
+    ra, rb = REGISTRY.sniff(oa), REGISTRY.sniff(ob)
+    return compare_opened(a, b, (ra.format, ra.tensors(oa)), (rb.format, rb.tensors(ob)), policy)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -24,6 +25,8 @@ def _step(directory: Path, w: np.ndarray, b: np.ndarray) -> Path:
     directory.mkdir(parents=True)
     st.save_file({"layer.weight": w, "layer.bias": b}, str(directory / "model.safetensors"))
     np.savez(directory / "optim.npz", m=b * 2)
+    with h5py.File(directory / "state.h5", "w") as f:
+        f["u"] = w.astype(np.float64)
     (directory / "config.json").write_text('{"hidden": 3}\n')
     return directory
 
@@ -36,6 +39,11 @@ def _rewrite(path: Path, old: np.ndarray, new: np.ndarray) -> None:
     path.write_bytes(data.replace(old.tobytes(), new.tobytes()))
 
 
+def files_size(m: ka.Manifest, name: str) -> int:
+    assert m.record.directory is not None
+    return next(f.size for f in m.record.directory.files if f.path == name)
+
+
 def test_verify_names_each_tensor_of_a_changed_file(project: Project, key: SigningKey) -> None:
     step = _step(project.root / "hf" / "checkpoint-1", W, B)
     (m,) = ka.snapshot(step, run="hf", step=1)
@@ -45,6 +53,7 @@ def test_verify_names_each_tensor_of_a_changed_file(project: Project, key: Signi
         "config.json": "bytes",
         "model.safetensors": "safetensors",
         "optim.npz": "npz",
+        "state.h5": "hdf5",
     }
     _rewrite(step / "model.safetensors", B, B + 1)
     done = run_cli("verify", str(step))
@@ -54,7 +63,7 @@ def test_verify_names_each_tensor_of_a_changed_file(project: Project, key: Signi
     assert "layer.weight" not in done.output  # the tensor that is the same is not named
     # A file that no longer parses as its signed format: verify says why, naming it.
     (step / "optim.npz").unlink()
-    (step / "optim.npz").write_bytes(b"\0" * m.record.directory.files[2].size)
+    (step / "optim.npz").write_bytes(b"\0" * files_size(m, "optim.npz"))
     done = run_cli("verify", str(step))
     assert done.exit_code == 1
     assert "optim.npz: its tensors cannot be read: " in done.output, done.output
@@ -73,6 +82,7 @@ def test_diff_at_a_tolerance_compares_every_files_tensors_by_value(
     outside = run_cli("diff", str(a), str(b), "--rtol", "1e-9")
     assert outside.exit_code == 1, outside.output
     assert "model.safetensors/layer.weight" in outside.output
+    assert "state.h5/u" in outside.output  # HDF5 inside a step: by value too
     # What is compared is what was signed: a file changed since is refused, not compared.
     _rewrite(b / "model.safetensors", B, B + 1)
     changed = run_cli("diff", str(a), str(b), "--rtol", "1e-5")

@@ -26,7 +26,7 @@ step; DVC's checkout by hard link makes those of equal files, so verify hashes e
 Tensors are read from the bytes that were hashed: each file's own (safetensors, npz, HDF5)
 through the descriptor its digests came from, and a DCP save's, which span its files,
 through the descriptors of its ``.distcp`` files kept open after hashing and its
-``.metadata``'s private copy (:func:`hash_directory`). Verify reads them again only for a
+``.metadata``'s private copy (:func:`hash_step`). Verify reads them again only for a
 file that changed, to name each tensor that differs (:func:`check_step`).
 """
 
@@ -50,6 +50,7 @@ from kronos_audit.checkpoint.formats.dcp import (
     is_dcp_metadata,
     is_spanned,
     load_opened,
+    tensors_of_directory,
 )
 from kronos_audit.checkpoint.formats.interface import Format
 from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_opened
@@ -259,7 +260,7 @@ def _stamp(opened: OpenFile) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def hash_directory(directory: Path) -> HashedStep:
+def hash_step(directory: Path) -> HashedStep:
     """Every file of ``directory`` hashed, in path order: size, sha256, md5, its format and
     its own tensors' digests (:func:`~kronos_audit.checkpoint.formats.digest_opened`), and,
     for a torch DCP save, the tensors that span its files, by global name. Each file is
@@ -300,7 +301,12 @@ def hash_directory(directory: Path) -> HashedStep:
             assert digests.md5 is not None
             out.append(
                 FileEntry(
-                    rel, digests.size, digests.sha256, digests.md5, digests.datasets, digests.format
+                    rel,
+                    digests.size,
+                    digests.sha256,
+                    digests.md5,
+                    digests.datasets,
+                    format=digests.format,
                 )
             )
         if not dcp:
@@ -317,6 +323,21 @@ def hash_directory(directory: Path) -> HashedStep:
     finally:
         for opened, _ in kept.values():
             opened.close()
+
+
+def hash_directory(directory: Path) -> tuple[FileEntry, ...]:
+    """The files of :func:`hash_step` of ``directory``, in path order."""
+    return hash_step(directory).files
+
+
+def directory_tensors(directory: Path) -> tuple[str, tuple[DatasetDigest, ...]] | None:
+    """The format and the tensors of a directory whose tensors span its files (torch DCP:
+    by global name), or None for any other directory, read from its files opened once
+    each. For a directory being signed, :func:`hash_step` gives them from the very bytes
+    it hashed; this is for one that is not (DCP's ``.metadata`` is parsed by a restricted
+    unpickler, and only so)."""
+    found = tensors_of_directory(directory)
+    return None if found is None else (found[0].value, found[1])
 
 
 def _sniff_dcp(directory: Path, found: Found) -> bool:
@@ -500,10 +521,12 @@ __all__ = [
     "TensorCheck",
     "check_files",
     "check_step",
+    "directory_tensors",
     "dvc_listing",
     "encode_index",
     "entry_problem",
     "hash_directory",
+    "hash_step",
     "index_root",
     "make_tree",
     "path_problem",

@@ -177,7 +177,7 @@ def sign_directory_step(
 ) -> Manifest:
     """The manifest of a directory step (:mod:`kronos_audit.checkpoint.directory`), beside
     ``directory`` as ``DIR.kaudit.json``: its subject is the file index of ``files``
-    (:func:`~kronos_audit.checkpoint.directory.hash_directory`, in path order; its md5 is
+    (:func:`~kronos_audit.checkpoint.directory.hash_step`, in path order; its md5 is
     DVC's address of the directory's listing), its predicate a checkpoint's with a
     ``directory`` record (count, bytes, Merkle root, every file). ``datasets`` are the
     tensors of a format whose tensors span files, ``format`` that format (``dcp``; None:

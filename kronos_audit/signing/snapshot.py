@@ -11,7 +11,7 @@ from typing import Any
 
 from kronos_audit._internal.fsutil import mkdir_durable
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.directory import HashedStep, hash_directory
+from kronos_audit.checkpoint.directory import HashedStep, hash_step
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
@@ -264,7 +264,7 @@ def _digest_copy(
     (:func:`~kronos_audit.storage.tracking.stage_copy`, kept in ``staged``; errors name
     ``path``, not the copy); or a directory step's files, each hashed (nothing written)."""
     if path.is_dir() and not path.is_symlink():
-        return hash_directory(path)
+        return hash_step(path)
     copy = stage_copy(path, *cache)
     staged[path] = copy
     try:

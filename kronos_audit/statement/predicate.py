@@ -420,7 +420,7 @@ class DirectorySet:
                         _dataset(d, with_attributes=f.get("format") == "hdf5")
                         for d in f["datasets"]
                     ),
-                    None if f.get("format") is None else str(f["format"]),
+                    format=None if f.get("format") is None else str(f["format"]),
                 )
                 for f in obj["files"]
             ),

@@ -5,6 +5,7 @@ save, copied for each test."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 import struct
@@ -21,6 +22,7 @@ import kronos_audit.checkpoint.directory as directory
 from kronos_audit.checkpoint.directory import FileEntry
 from kronos_audit.checkpoint.formats import registry
 from kronos_audit.checkpoint.hashing import FileDigests, OpenFile, array_digest
+from kronos_audit.errors import CheckpointError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from tests.helpers import run_cli
@@ -71,8 +73,6 @@ def _evil_metadata(marker: Path) -> bytes:
 
     class Evil:
         def __reduce__(self) -> tuple[object, ...]:
-            import os
-
             return (os.system, (f"touch {marker}",))
 
     return pickle.dumps((Metadata, Evil()))
@@ -126,7 +126,8 @@ def test_diff_at_a_tolerance_compares_dcp_tensors_by_value(
 @pytest.fixture
 def swap_after_hashing(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, bytes]]:
     """Each file named in the dict is replaced on disk (by rename) by the bytes given,
-    right after snapshot or verify hashed it: what a writer racing the read would do."""
+    right after snapshot or verify hashed it: what a writer racing the read would do
+    (``in place:NAME``: written into the file itself)."""
     swaps: dict[str, bytes] = {}
 
     def replace(opened: OpenFile) -> None:
@@ -135,6 +136,10 @@ def swap_after_hashing(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, by
             spare = opened.path.with_name(opened.path.name + ".new")
             spare.write_bytes(new)
             spare.replace(opened.path)
+        new = swaps.pop("in place:" + opened.path.name, None)
+        if new is not None:
+            with open(opened.path, "r+b") as f:  # the same file: the descriptor sees it
+                f.write(new)
 
     digest_opened, hash_one = registry.digest_opened, directory._hash_one
 
@@ -183,3 +188,15 @@ def test_dcp_tensors_come_from_the_bytes_hashed(
     assert done.exit_code == 1
     assert "dataset /w: content hash" in done.output, done.output
     assert not marker.exists()
+
+
+def test_a_chunk_file_written_to_after_it_was_hashed_is_refused(
+    saved: Path, project: Project, key: SigningKey, swap_after_hashing: dict[str, bytes]
+) -> None:
+    step = _copy(saved, project.root / "dcp" / "step-1")
+    changed = _changed((step / "__0_0.distcp").read_bytes(), W, W * 2)
+    swap_after_hashing["in place:__0_0.distcp"] = changed
+    os.utime(step / "__0_0.distcp", ns=(0, 0))  # any write from now on moves its mtime
+    with pytest.raises(CheckpointError, match="written to while the step was read"):
+        ka.snapshot(step, run="dcp", step=1)
+    assert not (project.root / "dcp" / "step-1.kaudit.json").exists()

@@ -40,7 +40,7 @@ def compare_files(
     if _is_dcp(a) or _is_dcp(b):
         return compare_tensors(a, b, policy)
     with open_file(a) as oa, open_file(b) as ob:
-        if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
+        if oa.hdf5 and ob.hdf5 and not (has_packed(oa) or has_packed(ob)):
             return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
     return compare_tensors(a, b, policy)
 
@@ -49,7 +49,7 @@ def _is_dcp(path: Path) -> bool:
     return path.is_dir() and (path / ".metadata").is_file()
 
 
-def _packed(opened: OpenFile) -> bool:
+def has_packed(opened: OpenFile) -> bool:
     """Whether any dataset is CF-packed (a reader computes other values than stored)."""
     found = []
 

@@ -284,11 +284,10 @@ def _run_and_compare(
         # Unless the digests the manifest signs decide alone, the comparison reads the
         # recorded data, fetched if it is not here and verified again only now, after the
         # command ran (it must not find the answer, nor change it unseen).
-        by_digests = by_signed_digests(m, basis)
-        if not by_digests:
-            fetch_recorded_data(verified.verifier, m)
         produced = Produced.find(instruction.out, m.step, ranks)
-        datasets, uncompared = produced.compare(m, policy, basis, by_digests=by_digests)
+        if produced.needs_recorded_data(m, basis):
+            fetch_recorded_data(verified.verifier, m)
+        compared = produced.compare(m, policy, basis, by_digests=by_signed_digests(m, basis))
         clock.lap("compare")
     return ReplayResult(
         manifest=_ref(project, m),
@@ -306,7 +305,7 @@ def _run_and_compare(
         produced=produced.name,
         produced_sha256=produced.sha256,
         produced_size=produced.size,
-        datasets=tuple(datasets),
+        datasets=compared.datasets,
         file_identical=produced.sha256 == m.subject_sha256,
         timings=clock.timings(),
         replayed_at=utc_now(),
@@ -314,5 +313,7 @@ def _run_and_compare(
         workdir=workdir if keep else None,
         ranks=ranks,
         launcher=launcher_name(m),
-        uncompared=tuple(uncompared),
+        uncompared=compared.uncompared,
+        compared_by=compared.compared_by,
+        notes=compared.notes,
     )

@@ -57,6 +57,22 @@ class Basis(enum.StrEnum):
         return cls.HASHES if policy == TolerancePolicy() else cls.DATA
 
 
+class ComparedBy(enum.StrEnum):
+    """What a replay compared of the checkpoint it produced."""
+
+    DATASETS = "datasets"
+    """Dataset by dataset: an HDF5 file's datasets, the tensors of a safetensors, npz or
+    npy file, a sharded step's arrays; by the digests the manifest signs, or with a
+    tolerance by the recorded data."""
+    TENSORS = "tensors"
+    """A pickle's tensors (``torch.save``, Lightning), after a weights-only ``torch.load``
+    of the signed recorded bytes and of the produced ones: their bytes differ, as those
+    of two pickles of equal tensors may (memo order, a path kept in a callback's state)."""
+    FILE = "file"
+    """The file digest alone: a file with no tensors kaudit reads, a pickle whose bytes
+    are the recorded ones, or a pickle compared without torch installed."""
+
+
 @dataclass(frozen=True)
 class Difference:
     """One way this machine's environment differs from the recorded lock."""
@@ -320,8 +336,8 @@ class ReplayResult(PerDataset[DatasetReplay]):
     produced_size: int
     """Its size in bytes."""
     datasets: tuple[DatasetReplay, ...]
-    """One per dataset path in either checkpoint, sorted by path. Empty when the
-    checkpoint is not HDF5: then the file digest decides."""
+    """One per dataset (or tensor) path in either checkpoint, sorted by path. Empty when
+    the file digest decides (:attr:`compared_by` FILE)."""
     file_identical: bool
     """The produced file's sha256 equals the recorded one."""
     timings: Timings
@@ -346,6 +362,13 @@ class ReplayResult(PerDataset[DatasetReplay]):
     policy_source: PolicySource = field(default_factory=PolicySource)
     """Where :attr:`policy` came from: given, read at a trust ref, or the work tree's
     config (never for a signed result)."""
+    compared_by: ComparedBy = ComparedBy.DATASETS
+    """What was compared: datasets (or tensors) by their digests or data, a pickle's
+    tensors after a weights-only load, or the file digest alone."""
+    notes: tuple[str, ...] = ()
+    """How the comparison was made, where it is not dataset by dataset in one format, in
+    words (across formats; a pickle compared by its tensors, or by its bytes alone and
+    why)."""
 
     def tolerances_json(self) -> dict[str, Any]:
         """The comparison made, as an attestation records it: where the policy came from,
@@ -420,6 +443,7 @@ class ReplayResult(PerDataset[DatasetReplay]):
                 "sha256": self.produced_sha256,
                 "size": self.produced_size,
                 "file_identical": self.file_identical,
+                "compared_by": self.compared_by.value,
             },
             "counts": {v.value: n for v, n in self.counts().items()},
             "datasets": [d.to_json_obj() for d in self.datasets],
@@ -429,4 +453,5 @@ class ReplayResult(PerDataset[DatasetReplay]):
             "workdir": None if self.workdir is None else str(self.workdir),
             **({"ranks": self.ranks} if self.ranks is not None else {}),
             **({"uncompared": list(self.uncompared)} if self.uncompared else {}),
+            **({"notes": list(self.notes)} if self.notes else {}),
         }

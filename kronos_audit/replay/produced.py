@@ -13,13 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kronos_audit.checkpoint.hashing import FileDigests, digest_file
+from kronos_audit.checkpoint.formats import digest_file
+from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import INDEX_NAME
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.replay.command import find_output
-from kronos_audit.replay.comparison import compare_output
-from kronos_audit.replay.interface import Basis, DatasetReplay
+from kronos_audit.replay.comparison import Compared, compare_file
+from kronos_audit.replay.interface import Basis
+from kronos_audit.replay.pickled import compare_pickle, is_pickle, needs_recorded_data
 from kronos_audit.replay.sharded import (
     StepOutput,
     compare_by_digests,
@@ -64,7 +66,8 @@ class Produced:
 
     @classmethod
     def file(cls, out: Path, step: int) -> Produced:
-        """The checkpoint file (:func:`~kronos_audit.replay.command.find_output`), hashed."""
+        """The checkpoint file (:func:`~kronos_audit.replay.command.find_output`), hashed,
+        with the digests of its tensors as its format's reader reads them."""
         path = find_output(out, step)
         try:
             digests = digest_file(path)
@@ -89,24 +92,38 @@ class Produced:
             found,
         )
 
+    def needs_recorded_data(self, m: Manifest, basis: Basis) -> bool:
+        """Whether comparing it with what ``m`` records reads the recorded data (else
+        the digests ``m`` signs decide alone): unless :func:`by_signed_digests`, and for a
+        pickle whose bytes differ (its tensors are compared, when torch is here)."""
+        return not by_signed_digests(m, basis) or (
+            isinstance(self.written, FileDigests) and needs_recorded_data(m, self.sha256)
+        )
+
     def compare(
         self, m: Manifest, policy: TolerancePolicy, basis: Basis, *, by_digests: bool
-    ) -> tuple[list[DatasetReplay], list[str]]:
+    ) -> Compared:
         """One result per dataset against the checkpoint ``m`` records, by ``policy``
         (bitwise by the digests for the empty one), or with ``by_digests``
-        (:func:`by_signed_digests`) by the digests ``m`` signs alone; and the datasets
-        that could not be compared, in words."""
-        if not isinstance(self.written, StepOutput):
-            return compare_output(m, self.path, self.written, policy, basis), []
+        (:func:`by_signed_digests`) by the digests ``m`` signs alone; what was compared,
+        how, and what could not be, in words. A file is compared as the format ``m``
+        records says (:func:`~kronos_audit.replay.comparison.compare_file`; a pickle by
+        :func:`~kronos_audit.replay.pickled.compare_pickle`)."""
+        if isinstance(self.written, FileDigests):
+            if is_pickle(m):
+                return compare_pickle(m, self.path, self.written, policy, basis)
+            return compare_file(m, self.path, self.written, policy, basis)
         shards = m.record.shards
         assert shards is not None
         if by_digests:
-            return compare_by_digests(shards.layout, self.written)
-        return compare_steps(
-            m.checkpoint_path.parent,
-            shards.count,
-            shards.layout,
-            self.written,
-            m.subject_sha256,
-            policy if basis is Basis.DATA else None,
-        )
+            datasets, uncompared = compare_by_digests(shards.layout, self.written)
+        else:
+            datasets, uncompared = compare_steps(
+                m.checkpoint_path.parent,
+                shards.count,
+                shards.layout,
+                self.written,
+                m.subject_sha256,
+                policy if basis is Basis.DATA else None,
+            )
+        return Compared(tuple(datasets), uncompared=tuple(uncompared))

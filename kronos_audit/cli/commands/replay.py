@@ -245,11 +245,15 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
         if r.ranks is not None  # a step's manifest signs its shards, not its datasets
         else "bitwise, against the recorded hashes"
     )
+    if r.compared_by == "tensors":  # a ComparedBy: a pickle's, after a weights-only load
+        basis = "by tensors, " + ("bitwise" if r.basis == "hashes" else "against the recorded data")
     if not r.datasets:
-        what = "file digest " + ("matches" if r.file_identical else "differs") + " (not HDF5)"
+        what = "file digest " + ("matches" if r.file_identical else "differs")
+        what += "" if r.notes else " (not HDF5)"
     else:
         counts = r.counts()
-        what = f"{len(r.datasets)} datasets: " + ", ".join(
+        noun = "tensors" if r.compared_by == "tensors" else "datasets"
+        what = f"{len(r.datasets)} {noun}: " + ", ".join(
             f"{n} {SUMMARY_WORDS[v]}" for v, n in counts.items() if n
         )
         failing = [d.path for d in r.failures]
@@ -258,6 +262,8 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
     out.print(f"{OUTCOME_STYLE[r.outcome]}: {safe(what)}  [dim]({basis})[/]", failure=failed)
     if r.cause is not None:
         out.print(f"[yellow]why:[/] {safe(r.cause)}", failure=failed)
+    for note in r.notes:
+        out.print(f"[dim]note:[/] {safe(note)}")
     for note in r.uncompared:
         out.print(f"[yellow]not compared:[/] {safe(note)}")
     if r.workdir is not None:

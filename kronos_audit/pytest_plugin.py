@@ -136,7 +136,7 @@ class KauditChecks:
                     line += f": {d.detail}"
                 lines.append(line)
             if not result.datasets:
-                lines.append("the file digest differs (not HDF5)")
+                lines.extend(result.notes or ("the file digest differs (not HDF5)",))
             lines.append(f"tolerances: {source.describe()}")
             if trust_ref is None and work_tree_tolerances(project):
                 lines.append(

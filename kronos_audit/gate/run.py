@@ -354,7 +354,7 @@ def _replay_case(
         )
     details = tuple(
         f"{d.path}: {d.verdict.value}" + (f": {d.detail}" if d.detail else "") for d in r.failures
-    ) or ("the produced file's digest differs (not HDF5)",)
+    ) or (r.notes or ("the produced file's digest differs (not HDF5)",))
     if r.cause is not None:
         details = (f"why: {r.cause}", *details)
     failing = ", ".join(d.path for d in r.failures) or "file digest"

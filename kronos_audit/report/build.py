@@ -17,6 +17,7 @@ from typing import Any
 
 from kronos_audit import __version__
 from kronos_audit._internal.progress import report
+from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format
 from kronos_audit.checkpoint.layout import attested_manifest_for
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustedKey, TrustOptions
@@ -261,6 +262,10 @@ def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
     )
 
 
+def _is_pickle(r: VerifyResult) -> bool:
+    return r.statement is not None and r.statement.record.format == Format.PICKLE
+
+
 def _row(group: _Group, r: VerifyResult) -> ManifestRow:
     return ManifestRow(
         group.name(r.manifest),
@@ -270,6 +275,7 @@ def _row(group: _Group, r: VerifyResult) -> ManifestRow:
         r.data_checked,
         None if r.data is None else r.data.value,
         _failures(r),
+        PICKLE_NOTE if _is_pickle(r) else None,
     )
 
 
@@ -284,6 +290,7 @@ def _verification(group: _Group, newest: int, max_failures: int) -> Verification
         failures=tuple(_row(group, r) for r in failed[:max_failures]),
         failures_not_listed=max(0, len(failed) - max_failures),
         newest=tuple(_row(group, r) for r in reversed(results[-newest:] if newest else [])),
+        pickles=sum(_is_pickle(r) for r in results),
     )
 
 

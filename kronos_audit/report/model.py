@@ -249,6 +249,9 @@ class ManifestRow:
     missing; None where it was not looked at."""
     failures: tuple[Failure, ...]
     """The checks that failed."""
+    note: str | None = None
+    """What its ok does not mean, when its checkpoint is a pickle
+    (:data:`~kronos_audit.checkpoint.formats.PICKLE_NOTE`); None otherwise."""
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
@@ -259,6 +262,7 @@ class ManifestRow:
             "data_checked": self.data_checked,
             "data": self.data,
             "failures": [f.to_json_obj() for f in self.failures],
+            **({"note": self.note} if self.note is not None else {}),
         }
 
 
@@ -280,6 +284,9 @@ class Verification:
     """Failures beyond the limit."""
     newest: tuple[ManifestRow, ...]
     """The newest manifests, newest first."""
+    pickles: int = 0
+    """Whose checkpoint is a pickle: signed by its file digest only, and unpickling it
+    runs whatever it holds, so ok does not mean safe to load."""
 
     @property
     def failed(self) -> int:
@@ -295,6 +302,7 @@ class Verification:
             "failures": [r.to_json_obj() for r in self.failures],
             "failures_not_listed": self.failures_not_listed,
             "newest": [r.to_json_obj() for r in self.newest],
+            "pickles": self.pickles,
         }
 
 

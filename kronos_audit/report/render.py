@@ -56,6 +56,15 @@ class ReportFormat(enum.StrEnum):
         return by_suffix[suffix]
 
 
+def _pickles(n: int) -> str:
+    """The warning a run with pickle checkpoints gets, in every format."""
+    are = "checkpoint is a pickle" if n == 1 else "checkpoints are pickles"
+    return (
+        f"{n} {are}: signed by the file digest only, and unpickling runs whatever it "
+        "holds: ok does not mean safe to load."
+    )
+
+
 def report_json(report: Report) -> dict[str, Any]:
     """The report as a JSON document, validated against ``schemas/report-v1.schema.json``."""
     from kronos_audit.statement.schemas import validate
@@ -149,6 +158,9 @@ def _md_run(run: RunReport) -> list[str]:
         f"{v.data_checked} checkpoints' data hashed"
         + (f", {v.pruned} pruned (signed retention record)." if v.pruned else ".")
     )
+    if v.pickles:
+        lines.append("")
+        lines.append(f"**{_pickles(v.pickles)}**")
     if v.failures:
         lines += ["", "| manifest | step | result | failed checks |", "| --- | --- | --- | --- |"]
         for r in v.failures:
@@ -166,6 +178,8 @@ def _md_run(run: RunReport) -> list[str]:
         ]
         for r in v.newest:
             result = "ok" if r.ok else "**FAIL**"
+            if r.note is not None:
+                result += f" ({md(r.note)})"
             lines.append(
                 f"| {_code(r.manifest)} | {r.step} | {result} | {md(r.signer or '-')} "
                 f"| {r.data or '-'} |"
@@ -292,6 +306,7 @@ def _environment() -> jinja2.Environment:
     env.filters["size"] = charts.size
     env.filters["duration"] = charts.duration
     env.filters["err"] = _err
+    env.filters["pickles"] = _pickles
     return env
 
 

@@ -341,7 +341,11 @@ def _replay(group: _Group, r: VerifyResult) -> Replay:
         env_mode=str(environment.get("mode", "warn")),
         datasets=_datasets(predicate),
         drift=drift,
-        comparison=tuple(replay.comparison.lines()),
+        # how it was compared, where not dataset by dataset (a pickle by its tensors)
+        comparison=(
+            *replay.comparison.lines(),
+            *(str(n) for n in predicate.get("notes", ()) if isinstance(n, str)),
+        ),
     )
 
 

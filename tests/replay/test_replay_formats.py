@@ -24,7 +24,13 @@ from kronos_audit.cli.commands.replay import render
 from kronos_audit.compare import TolerancePolicy, Verdict
 from kronos_audit.errors import CheckpointError, ReplayError
 from kronos_audit.keys.keyfile import SigningKey
-from kronos_audit.replay import SCHEMA_NAME, Basis, replay
+from kronos_audit.replay import (
+    SCHEMA_NAME,
+    Basis,
+    attestation_path_for,
+    replay,
+    write_attestation,
+)
 from kronos_audit.replay.comparison import compare_file
 from kronos_audit.replay.interface import ComparedBy
 from kronos_audit.replay.pickled import compare_pickle
@@ -311,9 +317,8 @@ def test_a_safetensors_run_replays_bitwise_and_within_a_tolerance(
     assert doc["basis"] == "data"
 
 
-@pytest.mark.slow  # the program imports torch, the replay runs it again: some 7 s
 def test_a_torch_save_run_whose_bytes_differ_reproduces_by_its_tensors(
-    repo: Path, capsys: pytest.CaptureFixture[str]
+    repo: Path, key: SigningKey, capsys: pytest.CaptureFixture[str]
 ) -> None:
     programs = repo / "programs"
     (programs / "train_pt.py").write_text(TRAIN_PT)
@@ -337,6 +342,14 @@ def test_a_torch_save_run_whose_bytes_differ_reproduces_by_its_tensors(
     assert doc["produced"]["file_identical"] is False
     assert doc["produced"]["compared_by"] == "tensors"
     assert {d["path"] for d in doc["datasets"]} == {"/model/w", "/step"}
+    # Attested, the auditor's report says how it was compared.
+    write_attestation(result, key, attestation_path_for(target))
+    report = programs / "report.md"
+    assert run_cli("report", str(target.parent), "--out", str(report)).exit_code == 0
+    text = report.read_text()
+    assert "REPRODUCED" in text
+    assert "its bytes differ from the recorded ones" in text
+    assert "1 checkpoint is a pickle" in text
 
 
 def test_a_weights_only_load_reads_a_tensor_tree_as_saved() -> None:

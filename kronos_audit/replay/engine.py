@@ -284,7 +284,8 @@ def _run_and_compare(
         # Unless the digests the manifest signs decide alone, the comparison reads the
         # recorded data, fetched if it is not here and verified again only now, after the
         # command ran (it must not find the answer, nor change it unseen).
-        produced = Produced.find(instruction.out, m.step, ranks)
+        directory = m.checkpoint_path.name if m.record.directory is not None else None
+        produced = Produced.find(instruction.out, m.step, ranks, directory)
         if produced.needs_recorded_data(m, basis):
             fetch_recorded_data(verified.verifier, m)
         compared = produced.compare(m, policy, basis, by_digests=by_signed_digests(m, basis))

@@ -1,6 +1,7 @@
 """The parent handed over to the command: a copy of the verified parent checkpoint and
 its manifest in a fresh directory, checked against the signed digests (:func:`hand_over`;
-for a sharded step, its manifest, shard index and every shard: :func:`hand_over_step`).
+for a directory step, every file it lists: :func:`hand_over_directory`; for a sharded
+step, its manifest, shard index and every shard: :func:`hand_over_step`).
 The command never sees the run directory, where the recorded checkpoint it is compared
 with lies beside the parent.
 """
@@ -35,6 +36,8 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
     share blocks, a reflink, but never a hard or symbolic link), and the sha256 of what is
     handed over must be the signed one, so a file swapped during the copy is caught.
     """
+    if parent.record.directory is not None:
+        return hand_over_directory(parent, dest)
     checkpoint = dest / parent.checkpoint_path.name
     try:
         dest.mkdir(mode=0o700)
@@ -59,6 +62,44 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
             parent.checkpoint_path,
         ) from None
     return checkpoint
+
+
+def hand_over_directory(parent: Manifest, dest: Path) -> Path:
+    """Copy the verified parent directory step (every file its manifest lists, and the
+    manifest beside it) into ``dest/<its name>/``; return that directory. Each copy is a
+    new read-only file checked against its signed size and sha256, so a file swapped after
+    verification is caught; a file in the directory that the manifest does not list is
+    not handed over (it was never verified)."""
+    record = parent.record.directory
+    assert record is not None
+    source = parent.checkpoint_path
+    step_dir = dest / source.name
+    try:
+        dest.mkdir(mode=0o700)
+        step_dir.mkdir(mode=0o700)
+        for f in record.files:  # paths checked when the manifest was read: inside it
+            copy = step_dir / f.path
+            for d in reversed(copy.relative_to(step_dir).parents[:-1]):
+                (step_dir / d).mkdir(mode=0o700, exist_ok=True)
+            _copy(source / f.path, copy, f.size)
+            with open(copy, "rb") as fin:
+                copied = hashlib.file_digest(fin, "sha256").hexdigest()
+            if copied != f.sha256:
+                raise _copy_refused(
+                    f"{f.path} of the parent step changed after it was verified: its copy's "
+                    f"sha256 {copied[:16]}... is not the signed {f.sha256[:16]}...",
+                    source,
+                )
+        _copy_manifest(parent, manifest_path_for(step_dir))
+    except UnsafeFile as e:
+        raise _copy_refused(
+            f"cannot copy the parent manifest for the command: {e.reason}", parent.path
+        ) from None
+    except OSError as e:
+        raise _copy_refused(
+            f"cannot copy the parent step for the command: {e.strerror or e}", source
+        ) from None
+    return step_dir
 
 
 def hand_over_step(parent: Manifest, dest: Path) -> Path:

@@ -25,6 +25,7 @@ from kronos_audit.checkpoint.formats.pickled import (
     weights_only_tensors,
 )
 from kronos_audit.checkpoint.hashing import FileDigests, open_file
+from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.compare import TolerancePolicy
 from kronos_audit.compare.tensors import compare_opened
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
@@ -59,81 +60,104 @@ def needs_recorded_data(m: Manifest, produced_sha256: str) -> bool:
     return is_pickle(m) and produced_sha256 != m.subject_sha256 and torch_available()
 
 
+def pickle_comparable() -> bool:
+    """Whether a pickle's tensors can be compared here (torch is installed)."""
+    return torch_available()
+
+
 def compare_pickle(
     m: Manifest, produced: Path, digests: FileDigests, policy: TolerancePolicy, basis: Basis
 ) -> Compared:
-    """The produced pickle against the recorded one ``m`` signs (see the module). Raises
+    """The produced pickle against the recorded one ``m`` signs (see the module and
+    :func:`compare_pickle_file`)."""
+    signed = Signed(m.record.size, m.subject_sha256)
+    return compare_pickle_file(m.checkpoint_path, signed, produced, digests, policy, basis)
+
+
+def compare_pickle_file(
+    recorded: Path,
+    signed: Signed,
+    produced: Path,
+    digests: FileDigests,
+    policy: TolerancePolicy,
+    basis: Basis,
+) -> Compared:
+    """The produced pickle (``digests`` its size and sha256 as hashed) against the
+    recorded one, which is read only as the ``signed`` bytes (see the module). Raises
     ReplayError (stage ``compare``) for a tolerance that cannot be applied (no torch, a
     pickle torch refuses), CheckpointError when the recorded bytes are not the signed ones
     or the produced file changed since it was hashed."""
-    if digests.sha256 == m.subject_sha256:
+    if digests.sha256 == signed.sha256:
         return Compared((), ComparedBy.FILE, (f"{BY_BYTES}: its bytes are the recorded ones",))
     if not torch_available():
         return _by_bytes(
-            m,
+            recorded,
             basis,
             "without torch installed a pickle can only be compared by its bytes, and they "
             "differ (install torch to compare its tensors after a weights-only load)",
         )
-    limit = GROWTH * m.record.size + SLACK
+    limit = GROWTH * signed.size + SLACK
     if digests.size > limit:
         return _by_bytes(
-            m,
+            recorded,
             basis,
             f"the replay's pickle is {digests.size:,} bytes, more than {GROWTH} times the "
-            f"recorded {m.record.size:,}: its bytes differ and its tensors were not loaded",
+            f"recorded {signed.size:,}: its bytes differ and its tensors were not loaded",
         )
     try:
-        recorded = _recorded_tensors(m)
-        replayed = _produced_tensors(produced, digests)
+        mine = _recorded_tensors(recorded, signed)
+        theirs = _produced_tensors(produced, digests)
     except _Refused as e:
-        return _by_bytes(m, basis, f"its bytes differ and its tensors cannot be compared: {e}")
+        return _by_bytes(
+            recorded, basis, f"its bytes differ and its tensors cannot be compared: {e}"
+        )
     comparison = compare_opened(
-        m.checkpoint_path,
+        recorded,
         produced,
-        (Format.PICKLE, recorded.tensors),
-        (Format.PICKLE, replayed.tensors),
+        (Format.PICKLE, mine.tensors),
+        (Format.PICKLE, theirs.tensors),
         policy if basis is Basis.DATA else TolerancePolicy(),
     )
     if basis is Basis.DATA:
-        results = from_comparison(comparison, recorded.digests, replayed.digests)
+        results = from_comparison(comparison, mine.digests, theirs.digests)
     else:
-        results = explained(compare_digests(recorded.digests, replayed.digests), comparison)
+        results = explained(compare_digests(mine.digests, theirs.digests), comparison)
     n = len(results)
     note = (
         f"{BY_BYTES}: its bytes differ from the recorded ones (a pickle's layout, or a path "
         f"it keeps), so its {n} tensor{'s' if n != 1 else ''} were compared, each side "
         "read by a weights-only torch.load of the bytes hashed (the recorded ones as signed)"
     )
-    return Compared(tuple(results), ComparedBy.TENSORS, (note,), _skipped(recorded, replayed))
+    return Compared(tuple(results), ComparedBy.TENSORS, (note,), _skipped(mine, theirs))
 
 
 class _Refused(Exception):
     """torch's weights-only loader refused a pickle, or a value in it cannot be compared."""
 
 
-def _by_bytes(m: Manifest, basis: Basis, why: str) -> Compared:
+def _by_bytes(recorded: Path, basis: Basis, why: str) -> Compared:
     if basis is Basis.DATA:
         raise ReplayError(
-            f"{BY_BYTES}: {why}; a tolerance cannot be applied", path=m.path, stage=Stage.COMPARE
+            f"{BY_BYTES}: {why}; a tolerance cannot be applied",
+            path=recorded,
+            stage=Stage.COMPARE,
         )
     return Compared((), ComparedBy.FILE, (f"{BY_BYTES}: {why}",))
 
 
-def _recorded_tensors(m: Manifest) -> PickledTensors:
+def _recorded_tensors(where: Path, signed: Signed) -> PickledTensors:
     """The recorded pickle's tensors, loaded only from a private copy of its bytes whose
     size and sha256 are the signed ones."""
-    where = m.checkpoint_path
     with open_file(where, follow_symlinks=False) as opened:
-        if opened.size != m.record.size:
+        if opened.size != signed.size:
             raise CheckpointError(
-                f"is {opened.size:,} bytes, the manifest signs {m.record.size:,}: not read",
+                f"is {opened.size:,} bytes, the manifest signs {signed.size:,}: not read",
                 path=where,
             )
         sha = opened.read_private()
-        if sha != m.subject_sha256:
+        if sha != signed.sha256:
             raise CheckpointError(
-                f"sha256 {sha[:16]}... differs from the signed {m.subject_sha256[:16]}...: "
+                f"sha256 {sha[:16]}... differs from the signed {signed.sha256[:16]}...: "
                 "changed after it was verified",
                 path=where,
             )
@@ -172,4 +196,10 @@ def _skipped(a: PickledTensors, b: PickledTensors) -> tuple[str, ...]:
     )
 
 
-__all__ = ["compare_pickle", "is_pickle", "needs_recorded_data"]
+__all__ = [
+    "compare_pickle",
+    "compare_pickle_file",
+    "is_pickle",
+    "needs_recorded_data",
+    "pickle_comparable",
+]

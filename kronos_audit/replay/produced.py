@@ -20,6 +20,12 @@ from kronos_audit.compare import TolerancePolicy
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.replay.command import find_output
 from kronos_audit.replay.comparison import Compared, compare_file
+from kronos_audit.replay.directory import (
+    DirectoryOutput,
+    compare_directory,
+    find_directory_output,
+    needs_recorded_files,
+)
 from kronos_audit.replay.interface import Basis
 from kronos_audit.replay.pickled import compare_pickle, is_pickle, needs_recorded_data
 from kronos_audit.replay.sharded import (
@@ -56,13 +62,32 @@ class Produced:
     """Bytes of the file, or of all the step's shards."""
     path: Path
     """The file, or the step directory."""
-    written: FileDigests | StepOutput
-    """The file's digests (its datasets' canonical ones), or the step its ranks wrote."""
+    written: FileDigests | StepOutput | DirectoryOutput
+    """The file's digests (its datasets' canonical ones), the step its ranks wrote, or
+    the directory it wrote for a directory step."""
 
     @classmethod
-    def find(cls, out: Path, step: int, ranks: int | None) -> Produced:
-        """What the command wrote into ``out``: a file, or with ``ranks`` a sharded step."""
+    def find(
+        cls, out: Path, step: int, ranks: int | None, directory: str | None = None
+    ) -> Produced:
+        """What the command wrote into ``out``: a file, with ``ranks`` a sharded step, with
+        ``directory`` (the recorded directory step's name) a directory."""
+        if directory is not None:
+            return cls.directory(out, directory)
         return cls.file(out, step) if ranks is None else cls.step(out, step, ranks)
+
+    @classmethod
+    def directory(cls, out: Path, name: str) -> Produced:
+        """The directory step the command wrote
+        (:func:`~kronos_audit.replay.directory.find_directory_output`), hashed."""
+        found = find_directory_output(out, name)
+        return cls(
+            f"{found.directory.name}/",
+            Sha256(found.index_sha256),
+            found.size,
+            found.directory,
+            found,
+        )
 
     @classmethod
     def file(cls, out: Path, step: int) -> Produced:
@@ -96,6 +121,8 @@ class Produced:
         """Whether comparing it with what ``m`` records reads the recorded data (else
         the digests ``m`` signs decide alone): unless :func:`by_signed_digests`, and for a
         pickle whose bytes differ (its tensors are compared, when torch is here)."""
+        if isinstance(self.written, DirectoryOutput):
+            return basis is Basis.DATA or needs_recorded_files(m, self.written)
         return not by_signed_digests(m, basis) or (
             isinstance(self.written, FileDigests) and needs_recorded_data(m, self.sha256)
         )
@@ -109,6 +136,14 @@ class Produced:
         how, and what could not be, in words. A file is compared as the format ``m``
         records says (:func:`~kronos_audit.replay.comparison.compare_file`; a pickle by
         :func:`~kronos_audit.replay.pickled.compare_pickle`)."""
+        if isinstance(self.written, DirectoryOutput):
+            if m.record.directory is None:
+                raise ReplayError(
+                    "the command wrote a directory, but the recorded checkpoint is a file",
+                    path=self.path,
+                    stage=Stage.OUTPUT,
+                )
+            return compare_directory(m, self.written, policy, basis)
         if isinstance(self.written, FileDigests):
             if is_pickle(m):
                 return compare_pickle(m, self.path, self.written, policy, basis)

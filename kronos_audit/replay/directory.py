@@ -17,13 +17,15 @@ name) and compared with what the manifest signs:
 A file compared as a whole is reported as the array of its bytes (dtype ``|u1``, shape
 its size), which its sha256 is the canonical digest of. With a tolerance, every file with
 tensors whose bytes differ is compared by its values, the recorded file read as the bytes
-its manifest signs, a DCP save's tensors assembled from both directories.
+its manifest signs, a DCP save's tensors assembled from both directories (the recorded
+one from a private copy of its signed files).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ from kronos_audit.compare import Comparison, TolerancePolicy, Verdict
 from kronos_audit.compare.tensors import compare_opened
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.replay.comparison import Compared, compare_digests, explained, from_comparison
+from kronos_audit.replay.handover import hand_over_directory
 from kronos_audit.replay.interface import Basis, ComparedBy, DatasetReplay
 from kronos_audit.replay.pickled import compare_pickle_file, pickle_comparable
 from kronos_audit.statement.manifest import Manifest
@@ -142,6 +145,11 @@ def compare_directory(
     results: list[DatasetReplay] = []
     notes: list[str] = []
     uncompared: list[str] = []
+    if m.datasets is not None and produced.tensors is None:
+        results += [
+            DatasetReplay(d.path, Verdict.ONLY_IN_A, d, None, "the replay wrote no DCP save")
+            for d in m.datasets
+        ]
     if m.datasets is not None and produced.tensors is not None:
         results += _spanning(m, produced, policy, basis)
         recorded = {p: f for p, f in recorded.items() if not _spanned(p)}
@@ -228,26 +236,34 @@ def _spanning(
         results = compare_digests(m.datasets, produced.tensors)
         if all(r.ok for r in results) or not m.checkpoint_path.is_dir():
             return results
-        return explained(results, _dcp_values(m, produced, TolerancePolicy()))
+        try:
+            return explained(results, _dcp_values(m, produced, TolerancePolicy()))
+        except ReplayError:
+            return results  # the digests have spoken; where and how much is a courtesy
     comparison = _dcp_values(m, produced, policy)
     return from_comparison(comparison, m.datasets, produced.tensors)
 
 
 def _dcp_values(m: Manifest, produced: DirectoryOutput, policy: TolerancePolicy) -> Comparison:
-    try:
-        return compare_opened(
-            m.checkpoint_path,
-            produced.directory,
-            (Format.DCP, dcp_tensors(m.checkpoint_path)),
-            (Format.DCP, dcp_tensors(produced.directory)),
-            policy,
-        )
-    except CheckpointError as e:
-        raise ReplayError(
-            f"cannot compare the DCP save's tensors: {e.message}",
-            path=e.path or m.checkpoint_path,
-            stage=Stage.COMPARE,
-        ) from None
+    """A DCP save's tensors by their values: the recorded ones read from a private copy of
+    the files the manifest signs, each checked against its signed sha256 as it is copied
+    (what was verified is what is read; the run directory may change meanwhile)."""
+    with tempfile.TemporaryDirectory(prefix="kaudit-recorded-") as tmp:
+        recorded = hand_over_directory(m, Path(tmp) / "recorded", "the recorded step")
+        try:
+            return compare_opened(
+                m.checkpoint_path,
+                produced.directory,
+                (Format.DCP, dcp_tensors(recorded)),
+                (Format.DCP, dcp_tensors(produced.directory)),
+                policy,
+            )
+        except CheckpointError as e:
+            raise ReplayError(
+                f"cannot compare the DCP save's tensors: {e.message}",
+                path=e.path or m.checkpoint_path,
+                stage=Stage.COMPARE,
+            ) from None
 
 
 def needs_recorded_files(m: Manifest, produced: DirectoryOutput) -> bool:

@@ -64,12 +64,13 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
     return checkpoint
 
 
-def hand_over_directory(parent: Manifest, dest: Path) -> Path:
+def hand_over_directory(parent: Manifest, dest: Path, what: str = "the parent step") -> Path:
     """Copy the verified parent directory step (every file its manifest lists, and the
     manifest beside it) into ``dest/<its name>/``; return that directory. Each copy is a
     new read-only file checked against its signed size and sha256, so a file swapped after
     verification is caught; a file in the directory that the manifest does not list is
-    not handed over (it was never verified)."""
+    not handed over (it was never verified). ``what`` names the step in a refusal (a
+    replay also copies the recorded step so, to read exactly what was verified)."""
     record = parent.record.directory
     assert record is not None
     source = parent.checkpoint_path
@@ -86,19 +87,17 @@ def hand_over_directory(parent: Manifest, dest: Path) -> Path:
                 copied = hashlib.file_digest(fin, "sha256").hexdigest()
             if copied != f.sha256:
                 raise _copy_refused(
-                    f"{f.path} of the parent step changed after it was verified: its copy's "
+                    f"{f.path} of {what} changed after it was verified: its copy's "
                     f"sha256 {copied[:16]}... is not the signed {f.sha256[:16]}...",
                     source,
                 )
         _copy_manifest(parent, manifest_path_for(step_dir))
     except UnsafeFile as e:
         raise _copy_refused(
-            f"cannot copy the parent manifest for the command: {e.reason}", parent.path
+            f"cannot copy the manifest of {what}: {e.reason}", parent.path
         ) from None
     except OSError as e:
-        raise _copy_refused(
-            f"cannot copy the parent step for the command: {e.strerror or e}", source
-        ) from None
+        raise _copy_refused(f"cannot copy {what}: {e.strerror or e}", source) from None
     return step_dir
 
 

@@ -200,9 +200,14 @@ def _file(
         if basis is Basis.HASHES:
             return Compared(tuple(compare_digests(a.datasets, b.datasets)))
         return Compared(tuple(_by_values(here, there, a, b, policy)))
-    if a.path.endswith(PICKLE_SUFFIXES) and pickle_comparable():
+    if a.path.endswith(PICKLE_SUFFIXES):  # by its tensors, or saying why by its bytes
         digests = FileDigests(b.sha256, b.size, None)
-        return compare_pickle_file(here, Signed(a.size, a.sha256), there, digests, policy, basis)
+        try:
+            return compare_pickle_file(
+                here, Signed(a.size, a.sha256), there, digests, policy, basis
+            )
+        except ReplayError as e:  # no tolerance for it: one file's bytes decide, not all
+            return Compared((), ComparedBy.FILE, (e.message,))
     if basis is Basis.DATA:
         return Compared((), ComparedBy.FILE, ("no tensors kaudit reads: its bytes decide",))
     return Compared((), ComparedBy.FILE)

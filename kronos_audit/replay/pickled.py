@@ -46,7 +46,8 @@ SLACK = 64 * 1024 * 1024
 LISTED = 5
 """Values that are not compared named at most."""
 
-BY_BYTES = "a pickle"
+_A_PICKLE = "a pickle"
+"""How every note of this module begins."""
 
 
 def is_pickle(m: Manifest) -> bool:
@@ -88,7 +89,7 @@ def compare_pickle_file(
     pickle torch refuses), CheckpointError when the recorded bytes are not the signed ones
     or the produced file changed since it was hashed."""
     if digests.sha256 == signed.sha256:
-        return Compared((), ComparedBy.FILE, (f"{BY_BYTES}: its bytes are the recorded ones",))
+        return Compared((), ComparedBy.FILE, (f"{_A_PICKLE}: its bytes are the recorded ones",))
     if not torch_available():
         return _by_bytes(
             recorded,
@@ -124,7 +125,7 @@ def compare_pickle_file(
         results = explained(compare_digests(mine.digests, theirs.digests), comparison)
     n = len(results)
     note = (
-        f"{BY_BYTES}: its bytes differ from the recorded ones (a pickle's layout, or a path "
+        f"{_A_PICKLE}: its bytes differ from the recorded ones (a pickle's layout, or a path "
         f"it keeps), so its {n} tensor{'s' if n != 1 else ''} were compared, each side "
         "read by a weights-only torch.load of the bytes hashed (the recorded ones as signed)"
     )
@@ -138,11 +139,11 @@ class _Refused(Exception):
 def _by_bytes(recorded: Path, basis: Basis, why: str) -> Compared:
     if basis is Basis.DATA:
         raise ReplayError(
-            f"{BY_BYTES}: {why}; a tolerance cannot be applied",
+            f"{_A_PICKLE}: {why}; a tolerance cannot be applied",
             path=recorded,
             stage=Stage.COMPARE,
         )
-    return Compared((), ComparedBy.FILE, (f"{BY_BYTES}: {why}",))
+    return Compared((), ComparedBy.FILE, (f"{_A_PICKLE}: {why}",))
 
 
 def _recorded_tensors(where: Path, signed: Signed) -> PickledTensors:

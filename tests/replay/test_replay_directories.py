@@ -4,6 +4,7 @@ exist (a DCP save by global name, whatever its ``.metadata`` bytes)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -93,16 +94,25 @@ def test_a_pickle_in_a_directory_is_compared_by_its_tensors(
     import torch
 
     def save(directory: Path) -> Path:
+        """As a Trainer saves: tensors in one pickle, its arguments (a class) in another."""
         directory.mkdir(parents=True)
         w = torch.arange(4.0)
         torch.save({"w": w, "output_dir": str(directory)}, directory / "optimizer.pt")
+        torch.save(argparse.Namespace(output_dir=str(directory)), directory / "training_args.bin")
         return directory
 
     (m,) = ka.snapshot(save(repo / "rec" / "checkpoint-7"), run="hf", step=7, key=key)
-    c = compared(m, save(tmp_path / "out" / "checkpoint-7").parent)
-    assert {d.path: d.verdict for d in c.datasets} == {"/optimizer.pt/w": Verdict.IDENTICAL}
-    assert c.notes[0].startswith("optimizer.pt: a pickle: its bytes differ")
-    assert c.uncompared[0].endswith(": /output_dir")
+    out = save(tmp_path / "out" / "checkpoint-7").parent
+    for policy in (None, TolerancePolicy.from_options(atol=1.0)):
+        c = compared(m, out, policy)
+        assert {d.path: d.verdict for d in c.datasets} == {
+            "/optimizer.pt/w": Verdict.IDENTICAL,
+            "/training_args.bin": Verdict.DIFFERENT,  # a class torch's loader refuses
+        }
+        assert c.notes[0].startswith("optimizer.pt: a pickle: its bytes differ")
+        assert c.notes[1].startswith("training_args.bin: a pickle: its bytes differ and")
+        assert "weights-only load refuses it" in c.notes[1]
+        assert c.uncompared[0].endswith(": /output_dir")
 
 
 @pytest.mark.slow  # torch's DCP, imported for two saves: some 5 s

@@ -330,11 +330,12 @@ class ReplayResult(PerDataset[DatasetReplay]):
     """HASHES (bitwise against the recorded dataset hashes, no recorded data needed) or
     DATA (dataset by dataset against the recorded checkpoint's data)."""
     produced: str
-    """Name of the checkpoint file the command produced."""
+    """Name of the checkpoint file the command produced (a directory's ends in ``/``)."""
     produced_sha256: Sha256
-    """Its sha256 (an unsigned file: its bytes may differ where its data does not)."""
+    """Its sha256 (an unsigned file: its bytes may differ where its data does not); of a
+    directory step or a sharded step, the sha256 of its file or shard index."""
     produced_size: int
-    """Its size in bytes."""
+    """Its size in bytes (of a directory or a sharded step, of all its files)."""
     datasets: tuple[DatasetReplay, ...]
     """One per dataset (or tensor) path in either checkpoint, sorted by path. Empty when
     the file digest decides (:attr:`compared_by` FILE)."""

@@ -104,6 +104,12 @@ def replay(
     and compared as one file is, bitwise or with the same tolerances: arrays split in
     blocks are compared as global arrays, so any rank count compares.
 
+    A checkpoint of another tool is compared by its tensors, not its bytes: safetensors,
+    npz and npy tensor by tensor; a directory step (a DCP save, a Hugging Face
+    checkpoint-N/) is handed its parent's directory and compared file by file, a DCP
+    save's tensors by global name; a pickle whose bytes differ by its tensors after a
+    verified weights-only torch.load (without torch, by its bytes, saying so).
+
     Exit 0 when reproduced (bitwise, or within tolerance), 1 when not, naming the
     datasets; 2 when the segment could not be replayed, saying why.
 

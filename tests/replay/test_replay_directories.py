@@ -209,7 +209,6 @@ else:
     u, start = np.linspace(0.0, 1.0, 16) ** 3, 0
 for _ in range(start, stop):
     u = 0.25 * np.roll(u, 1) + 0.5 * u + 0.25 * np.roll(u, -1)
-u = u + float(os.environ.get("KAUDIT_TEST_NUDGE", "0"))
 step = os.path.join(out, f"step-{stop}")
 os.makedirs(os.path.join(step, "extra"))
 save_file({"u": u}, os.path.join(step, "weights.safetensors"))
@@ -237,9 +236,7 @@ def replay_doc(target: Path, *args: str, exit_code: int = 0) -> dict[str, Any]:
     return doc
 
 
-def test_a_run_of_directory_steps_replays_from_its_parent_directory(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_run_of_directory_steps_replays_from_its_parent_directory(repo: Path) -> None:
     programs = repo / "programs"
     (programs / "dirsave.py").write_text(DIRSAVE)
     commit_all(repo, "dirsave")
@@ -265,9 +262,6 @@ def test_a_run_of_directory_steps_replays_from_its_parent_directory(
         "/extra/step.npy": "IDENTICAL",
         "/weights.safetensors": "IDENTICAL",
     }
-    monkeypatch.setenv("KAUDIT_TEST_NUDGE", "1e-13")
-    doc = replay_doc(target, exit_code=1)
-    assert [d["path"] for d in doc["datasets"] if not d["ok"]] == ["/weights.safetensors/u"]
 
 
 @pytest.mark.slow  # torch and its DCP, imported by the program and by its replay

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -318,12 +319,15 @@ def test_a_safetensors_run_replays_bitwise_and_within_a_tolerance(
 
 
 def test_a_torch_save_run_whose_bytes_differ_reproduces_by_its_tensors(
-    repo: Path, key: SigningKey, capsys: pytest.CaptureFixture[str]
+    repo: Path, key: SigningKey, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     programs = repo / "programs"
     (programs / "train_pt.py").write_text(TRAIN_PT)
     commit_all(repo, "train_pt")
-    subprocess.run([sys.executable, "train_pt.py", "3", "pt"], cwd=programs, check=True)
+    # Recorded in this process (torch is loaded here already); the replay runs it anew.
+    monkeypatch.chdir(programs)
+    monkeypatch.setattr(sys, "argv", ["train_pt.py", "3", "pt"])
+    runpy.run_path("train_pt.py", run_name="__main__")
     made = run_cli(
         "snapshot", "pt/last.pt", "--run", "pt", "--step", "3",
         "--command", "python train_pt.py {stop_at} {out}", cwd=programs,

@@ -194,7 +194,7 @@ def compare_opened_files(
     result): for a caller that verified what it opened and must compare exactly that,
     never the names opened again. Plain HDF5 is compared dataset by dataset in blocks,
     any other format with tensors tensor by tensor."""
-    if oa.hdf5 and ob.hdf5 and not (_packed(oa) or _packed(ob)):
+    if oa.hdf5 and ob.hdf5 and not (has_packed(oa) or has_packed(ob)):
         return compare_open(oa.h5(), ob.h5(), a, b, policy, block_bytes=block_bytes)
     ra, rb = REGISTRY.sniff(oa), REGISTRY.sniff(ob)
     return compare_opened(a, b, (ra.format, ra.tensors(oa)), (rb.format, rb.tensors(ob)), policy)

@@ -221,6 +221,7 @@ LAYERS: tuple[str, ...] = (
     "history",  # reading runs: log, status, bisect
     "report",  # the auditor's report
     "gate",  # the CI reproducibility gate
+    "integrations",  # kaudit inside DCP, Hugging Face, Lightning, Orbax: one module a tool
     "pytest_plugin",  # the `kaudit` fixture
     "cli",  # `kaudit`
     "__main__",  # `python -m kronos_audit`
@@ -280,13 +281,24 @@ def _distribution(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", name.group()).lower()
 
 
+INTEGRATIONS = f"{NAME}.integrations"
+"""The package of tool integrations: each of its modules is one tool's, imported by the
+programs that use that tool, so it imports the tool at its top; the package itself does not."""
+INTEGRATION_EXTRAS = ("dcp", "hf", "lightning", "orbax")
+
+
+def _is_integration(module: str) -> bool:
+    return module.startswith(INTEGRATIONS + ".")
+
+
 PYPROJECT = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
 OPTIONAL = {
     _distribution(r)
-    for extra in ("torch", "jax", "mpi")
+    for extra in ("torch", "jax", "mpi", *INTEGRATION_EXTRAS)
     for r in PYPROJECT["project"]["optional-dependencies"][extra]
 }
-"""Distributions of the framework extras: imported only inside the functions that need them."""
+"""Distributions of the framework extras: imported only inside the functions that need them
+(or at the top of the one integration module that is the extra's)."""
 
 
 @functools.cache
@@ -313,6 +325,8 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
 def test_the_framework_extras_are_imported_only_inside_functions() -> None:
     at_top = {}
     for module, path in MODULES.items():
+        if _is_integration(module):
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         body = [
             n
@@ -334,11 +348,14 @@ def test_the_framework_extras_are_imported_only_inside_functions() -> None:
 
 def test_importing_kronos_audit_imports_no_framework() -> None:
     # every module of the package, as a program that never touches torch or jax would load it
+    # (an integration's module is the tool's: only a program of that tool imports it)
+    modules = sorted(m for m in MODULES if not _is_integration(m))
     code = (
         "import importlib, sys\n"
-        f"for m in {sorted(MODULES)!r}:\n"
+        f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
-        "frameworks = ('torch', 'jax', 'jaxlib', 'optax', 'ml_dtypes', 'mpi4py')\n"
+        "frameworks = ('torch', 'jax', 'jaxlib', 'optax', 'ml_dtypes', 'mpi4py',\n"
+        "    'transformers', 'safetensors', 'lightning', 'orbax')\n"
         "loaded = sorted(n for n in frameworks if n in sys.modules)\n"
         "assert not loaded, loaded\n"
     )

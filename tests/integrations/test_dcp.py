@@ -232,3 +232,31 @@ def test_items_written_on_several_threads_are_each_hashed(tmp_path: Path) -> Non
     loaded = blank()
     single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=writer.kept))
     assert_restored(loaded)
+
+
+@pytest.mark.slow  # torchrun and two ranks, each importing torch and DTensor
+def test_a_step_saved_on_two_ranks_loads_verified_on_one(tmp_path: Path) -> None:
+    from tests.integrations import dcp_ranks
+    from tests.parallel.launch import launched, torchrun
+
+    directory = tmp_path / "step-3"
+    done = launched(torchrun(2, dcp_ranks.__file__, str(directory)), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    digests = parse_save_digests(json.loads((tmp_path / "step-3.digests.json").read_text()))
+    assert [f.name for f in digests.files] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    chunks = sorted(i.chunk or () for i in digests.items if i.fqn == "w")
+    assert chunks == [(0, 0), (4, 0)]  # one chunk a rank, each hashed where it was written
+    loaded = {"w": torch.zeros(8, 8), "b": torch.zeros(4), "step": 0}
+    single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=digests))
+    assert torch.equal(loaded["w"], dcp_ranks.FULL)
+    assert torch.equal(loaded["b"], torch.full((4,), 2.0))
+    assert loaded["step"] == 3
+    # rank 1's chunk changed: the load on one rank names it
+    (item,) = [i for i in digests.items if i.chunk == (4, 0)]
+    path = directory / item.file
+    data = bytearray(path.read_bytes())
+    data[item.offset + item.length - 40] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(dcp.api.CheckpointException) as failed:
+        single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=digests))
+    assert "tensor w (chunk at [4, 0]) in __1_0.distcp differs" in str(failed.value)

@@ -120,3 +120,17 @@ def test_the_campaign_benchmark_runs_map_batches_beside_the_bare_engine(
     assert [r["batches"] for r in result["ledger"]] == [100, 2_000]
     small, large = result["ledger"]
     assert large["bytes"] > small["bytes"]  # the ledger's size grows with what it holds
+
+
+def test_the_dcp_benchmark_saves_plain_and_signed_on_two_ranks_and_judges_both(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_dcp
+
+    result = bench_dcp.main(["--quick"])
+    out = capsys.readouterr().out
+    assert result["plain"]["wall"] > 0
+    assert result["signed"]["wall"] > 0
+    assert set(result["ratios"]) == {"wall", "cpu"}
+    assert out.count("PASS") + out.count("MISS") == 2  # timings vary: judged, not asserted
+    assert "baseline: hashing one rank's" in out

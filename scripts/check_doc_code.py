@@ -1,6 +1,6 @@
 """Check the Python code blocks of the Markdown docs as the code is checked.
 
-Every fenced block whose info string is ``python`` (or ``py``) in README.md and docs/*.md
+Every fenced block whose info string is ``python`` (or ``py``) in README.md and docs/**/*.md
 must compile and be formatted as ``ruff format`` formats the package (the project's own
 ruff settings, read from pyproject.toml). A block that is deliberately a fragment (an
 excerpt that cannot stand alone) says so on its first line, ``# fragment``, and is skipped.
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", type=Path, help="default: README.md docs/*.md")
     parser.add_argument("--fix", action="store_true", help="rewrite unformatted blocks")
     args = parser.parse_args(argv)
-    files: list[Path] = args.files or [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    files: list[Path] = args.files or [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     try:
         failures = check(files, fix=args.fix)
     except (OSError, UnicodeDecodeError, UnclosedFence, RuntimeError) as exc:

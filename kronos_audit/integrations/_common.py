@@ -1,0 +1,70 @@
+"""What every integration does around its tool's save and load: find the step a new save
+extends, verify a step before the tool reads it, and read a verified file exactly once."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, manifest_path_for
+from kronos_audit.errors import Error, TamperedData, UsageError
+from kronos_audit.keys.anchors import TrustOptions
+from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.verification.batch import verify
+
+MAX_SIBLINGS = 100_000
+"""Most manifests looked at beside a checkpoint to find the step it extends."""
+
+
+def previous_manifest(
+    folder: Path, run: str, step: int, *, skip: Path | None = None
+) -> Path | None:
+    """The manifest in ``folder`` of run ``run`` with the highest step at most ``step``
+    (the most recently written among equals), other than ``skip``: the parent of a step
+    saved there now. Manifests are read (bounded, schema-checked), not verified: the chain
+    is verified from the child, with the parent's digest it signs."""
+    best: tuple[int, int, Path] | None = None
+    for n, path in enumerate(sorted(folder.glob("*" + MANIFEST_SUFFIX))):
+        if n >= MAX_SIBLINGS:
+            raise UsageError(f"more than {MAX_SIBLINGS:,} manifests beside it", path=folder)
+        if skip is not None and path == skip:
+            continue
+        try:
+            found = read_manifest(path)
+            written = path.stat().st_mtime_ns
+        except (Error, OSError):
+            continue  # not one of this run's manifests: nothing to extend
+        if found.run != run or found.step > step:
+            continue
+        rank = (found.step, written, path)
+        if best is None or rank[:2] > best[:2]:
+            best = rank
+    return None if best is None else best[2]
+
+
+def verified_manifest(checkpoint: Path, trust: TrustOptions | None = None) -> Manifest:
+    """The manifest beside ``checkpoint`` once it verified (signature by a trusted key,
+    place, data, chain): TamperedData naming what failed otherwise, UsageError when there is
+    none."""
+    manifest = manifest_path_for(checkpoint)
+    if not manifest.exists():
+        raise UsageError(f"is not signed: no {manifest.name} beside it", path=checkpoint)
+    (result,) = verify(manifest, trust=trust, fetch=False)
+    if not result.ok or result.statement is None:
+        failed = "; ".join(c.detail for c in result.failures) or "not verified"
+        raise TamperedData(f"refused to load: {failed}", path=checkpoint)
+    return result.statement
+
+
+def read_verified(path: Path, manifest: Manifest) -> bytes:
+    """The bytes of the checkpoint file ``path`` that ``manifest`` signs, read once and
+    compared with the signed digest: what the tool then loads is exactly what was checked."""
+    size = manifest.record.size
+    try:
+        data = read_regular(path, size, follow_symlinks=False)
+    except UnsafeFile as e:
+        raise TamperedData(f"refused to load: {e.reason}", path=path) from None
+    if len(data) != size or hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
+        raise TamperedData("refused to load: it changed after it was verified", path=path)
+    return data

@@ -1,0 +1,108 @@
+"""The Lightning integration with the real Lightning Trainer, in this process: each save
+signed as a step of the run, a resume verified, a changed checkpoint refused by name."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+import kronos_audit as ka
+from kronos_audit.errors import TamperedData
+from kronos_audit.integrations.lightning import SignedCheckpointIO
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import read_manifest
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, _: int) -> Any:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Lightning's advice about workers, loggers and devices is not the test's subject."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def fit(root: Path, steps: int, ckpt_path: Path | None = None) -> Tiny:
+    gen = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(32, 4, generator=gen), torch.randn(32, 1, generator=gen)
+    )
+    model = Tiny()
+    with quiet():
+        trainer = L.Trainer(
+            max_steps=steps,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+            plugins=[SignedCheckpointIO(run="lit")],
+            callbacks=[
+                L.pytorch.callbacks.ModelCheckpoint(
+                    dirpath=root, every_n_train_steps=2, save_top_k=-1
+                )
+            ],
+        )
+        trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.fixture
+def trained(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, Tiny]:
+    monkeypatch.chdir(project.root)
+    root = project.root / "checkpoints"
+    return root, fit(root, 4)
+
+
+def test_every_save_is_a_signed_step_chained_to_the_one_before(trained: tuple[Path, Tiny]) -> None:
+    root, _ = trained
+    ckpts = sorted(root.glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+    assert [p.name for p in ckpts] == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    first, second = (read_manifest(p.with_name(p.name + ".kaudit.json")) for p in ckpts)
+    assert (first.run, first.step, first.parent) == ("lit", 2, None)
+    assert (second.step, second.parent) == (4, first.digest)
+    (result,) = ka.verify(second.path)
+    assert result.ok, result.failures
+
+
+def test_a_resume_loads_the_verified_checkpoint(trained: tuple[Path, Tiny]) -> None:
+    root, model = trained
+    resumed = fit(root, 6, ckpt_path=root / "epoch=0-step=4.ckpt")
+    (signed,) = root.glob("*step=6.ckpt.kaudit.json")
+    parent = read_manifest(root / "epoch=0-step=4.ckpt.kaudit.json")
+    assert read_manifest(signed).parent == parent.digest
+    assert not torch.equal(resumed.layer.weight, model.layer.weight)  # it trained on
+
+
+def test_a_changed_checkpoint_is_refused_before_lightning_reads_it(
+    trained: tuple[Path, Tiny],
+) -> None:
+    root, _ = trained
+    ckpt = root / "epoch=0-step=4.ckpt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    ckpt.write_bytes(bytes(data))
+    with pytest.raises(TamperedData, match=r"epoch=0-step=4\.ckpt: refused to load"):
+        fit(root, 6, ckpt_path=ckpt)

@@ -106,3 +106,54 @@ def test_a_changed_checkpoint_is_refused_before_lightning_reads_it(
     ckpt.write_bytes(bytes(data))
     with pytest.raises(TamperedData, match=r"epoch=0-step=4\.ckpt: refused to load"):
         fit(root, 6, ckpt_path=ckpt)
+
+
+def test_pushed_steps_verify_and_resume_in_a_fresh_clone(
+    trained: tuple[Path, Tiny], project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kronos_audit.storage import configure_remote
+    from tests.helpers import git, run_cli
+
+    configure_remote(project, str(tmp_path / "remote"))
+    pushed = run_cli("push", "checkpoints", cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "trained")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    monkeypatch.chdir(clone)
+    ckpt = clone / "checkpoints" / "epoch=0-step=4.ckpt"
+    assert not ckpt.exists()
+    (result,) = ka.verify(ckpt.with_name(ckpt.name + ".kaudit.json"))  # fetched, then checked
+    assert result.ok, result.failures
+    resumed = fit(clone / "checkpoints", 6, ckpt_path=ckpt)
+    assert resumed.layer.weight.shape == (1, 4)
+    assert list((clone / "checkpoints").glob("*step=6.ckpt.kaudit.json"))
+
+
+@pytest.mark.slow  # one fresh process importing Lightning, killed with SIGKILL
+def test_a_run_killed_mid_training_resumes_from_its_last_signed_step(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from examples.lightning_train import run as example
+
+    monkeypatch.chdir(project.root)
+    argv = ["--steps", "8", "--every", "4", "--root", "ckpt"]
+    crashed = subprocess.run(
+        [sys.executable, example.__file__, *argv, "--crash-at", "6"],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    signed = sorted(p.name for p in (project.root / "ckpt").glob("*.kaudit.json"))
+    assert signed == ["epoch=0-step=4.ckpt.kaudit.json"]  # step 6 died before any save
+    resumed = example.main(argv)
+    assert resumed["resumed_from"] == "epoch=0-step=4.ckpt"
+    assert resumed["step"] == 8
+    uninterrupted = example.main([*argv[:-1], "ckpt-uninterrupted"])
+    assert resumed["weights"] == uninterrupted["weights"]  # resumed at an epoch's end: bitwise

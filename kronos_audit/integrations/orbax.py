@@ -1,0 +1,94 @@
+"""kaudit beside Orbax: a post-finalization callback that signs each step directory an
+async ``CheckpointManager`` commits, and a check of a step before it is restored.
+
+::
+
+    import orbax.checkpoint as ocp
+    from kronos_audit.integrations.orbax import signing_callback, verified_step
+
+    options = ocp.CheckpointManagerOptions(
+        async_options=ocp.AsyncOptions(post_finalization_callback=signing_callback("jax-run", root))
+    )
+    manager = ocp.CheckpointManager(root, options=options)
+    ...
+    verified_step(root, step)  # before manager.restore(step)
+
+Orbax's tree is left as Orbax wrote it: each ``<root>/<step>/`` is signed from outside,
+after Orbax has committed it (renamed its temporary directory into place), as one directory
+step whose manifest sits beside it, ``<root>/<step>.kaudit.json``. Orbax calls the callback
+with no arguments on its finalization thread, so the callback signs every committed step
+of ``root`` that is not signed yet, oldest first, each chained to the one before; an error
+there is Orbax's to re-raise at the next ``save`` or ``wait_until_finished``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kronos_audit.checkpoint.layout import manifest_path_for
+from kronos_audit.errors import UsageError
+from kronos_audit.integrations._common import previous_manifest, verified_manifest
+from kronos_audit.keys.anchors import TrustOptions
+from kronos_audit.signing.snapshot import snapshot
+
+MAX_STEP_DIGITS = 18
+
+
+def committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """Orbax's committed step directories in ``root`` (named by the step's digits alone:
+    a step still being written has a temporary name), by step."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        (int(p.name), p)
+        for p in root.iterdir()
+        if p.name.isascii()
+        and p.name.isdigit()
+        and len(p.name) <= MAX_STEP_DIGITS
+        and p.is_dir()
+        and not p.is_symlink()
+    )
+
+
+def signing_callback(
+    run: str,
+    directory: str | Path,
+    *,
+    seeds: Sequence[int] = (),
+    attributes: Mapping[str, Any] | None = None,
+    key: str | None = None,
+) -> Callable[[], None]:
+    """A ``post_finalization_callback`` for Orbax's ``AsyncOptions``: signs each
+    committed, unsigned step directory of ``directory`` as a step of run ``run``.
+    ``seeds``, ``attributes`` and ``key`` are those of :func:`kronos_audit.snapshot`."""
+    if not run:
+        raise UsageError("the run id must not be empty")
+    root = Path(directory)
+
+    def sign_committed() -> None:
+        for step, path in committed_steps(root):
+            manifest = manifest_path_for(path)
+            if manifest.exists():
+                continue
+            snapshot(
+                path,
+                run=run,
+                step=step,
+                seeds=seeds,
+                parent=previous_manifest(root, run, step, skip=manifest),
+                key=key,
+                attributes=attributes,
+            )
+
+    return sign_committed
+
+
+def verified_step(directory: str | Path, step: int, *, trust: TrustOptions | None = None) -> Path:
+    """``<directory>/<step>/`` once its manifest verified (a trusted signature, every file,
+    the chain), to hand to ``manager.restore(step)``; TamperedData naming what changed
+    otherwise, UsageError when it is not signed."""
+    path = Path(directory) / str(step)
+    verified_manifest(path, trust)
+    return path

@@ -260,3 +260,23 @@ def test_a_step_saved_on_two_ranks_loads_verified_on_one(tmp_path: Path) -> None
     with pytest.raises(dcp.api.CheckpointException) as failed:
         single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=digests))
     assert "tensor w (chunk at [4, 0]) in __1_0.distcp differs" in str(failed.value)
+
+
+def test_an_async_save_signs_the_state_as_it_was_staged(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        writer = KeptWriter(tmp_path / "step-6", run="r", step=6)
+        saved = state()
+        pending = dcp.async_save(saved, storage_writer=writer)
+        saved["model"]["w"].add_(1.0)  # the loop goes on while the save is written
+        pending.result()
+        assert writer.kept is not None
+        loaded = blank()
+        dcp.load(loaded, storage_reader=VerifiedReader(tmp_path / "step-6", digests=writer.kept))
+    finally:
+        dist.destroy_process_group()
+    assert_restored(loaded)

@@ -6,24 +6,30 @@ async ``CheckpointManager`` commits, and a check of a step before it is restored
     import orbax.checkpoint as ocp
     from kronos_audit.integrations.orbax import signing_callback, verified_step
 
+    sign = signing_callback("jax-run", root)
     options = ocp.CheckpointManagerOptions(
-        async_options=ocp.AsyncOptions(post_finalization_callback=signing_callback("jax-run", root))
+        async_options=ocp.AsyncOptions(post_finalization_callback=sign)
     )
     manager = ocp.CheckpointManager(root, options=options)
     ...
-    verified_step(root, step)  # before manager.restore(step)
+    manager.wait_until_finished()
+    sign()  # the last step, now committed
+    manager.restore(step, args=...)  # after verified_step(root, step)
 
 Orbax's tree is left as Orbax wrote it: each ``<root>/<step>/`` is signed from outside,
 after Orbax has committed it (renamed its temporary directory into place), as one directory
 step whose manifest sits beside it, ``<root>/<step>.kaudit.json``. Orbax calls the callback
-with no arguments on its finalization thread, so the callback signs every committed step
-of ``root`` that is not signed yet, oldest first, each chained to the one before; an error
-there is Orbax's to re-raise at the next ``save`` or ``wait_until_finished``.
+with no arguments on its finalization thread, before it renames the step into place, so
+the callback signs every committed step of ``root`` that is not signed yet, oldest first,
+each chained to the one before, and is called once more at the end for the last step; an
+error on Orbax's thread is Orbax's to re-raise at the next ``save`` or
+``wait_until_finished``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,46 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
     )
 
 
+class StepSigner:
+    """Signs each committed, unsigned step directory of ``root`` as a step of run ``run``,
+    oldest first, each chained to the one before: Orbax's ``post_finalization_callback``.
+
+    Orbax calls it on its finalization thread *before* it renames the step it finalized
+    into place, so each call signs the steps committed before that one: call it once more
+    after ``manager.wait_until_finished()`` (or ``close()``) to sign the last one."""
+
+    def __init__(
+        self,
+        run: str,
+        root: Path,
+        *,
+        seeds: Sequence[int] = (),
+        attributes: Mapping[str, Any] | None = None,
+        key: str | None = None,
+    ) -> None:
+        if not run:
+            raise UsageError("the run id must not be empty")
+        self.run, self.root = run, root
+        self.seeds, self.attributes, self.key = tuple(seeds), attributes, key
+        self._lock = threading.Lock()  # Orbax's thread and the program's final call
+
+    def __call__(self) -> None:
+        with self._lock:
+            for step, path in committed_steps(self.root):
+                manifest = manifest_path_for(path)
+                if manifest.exists():
+                    continue
+                snapshot(
+                    path,
+                    run=self.run,
+                    step=step,
+                    seeds=self.seeds,
+                    parent=previous_manifest(self.root, self.run, step, skip=manifest),
+                    key=self.key,
+                    attributes=self.attributes,
+                )
+
+
 def signing_callback(
     run: str,
     directory: str | Path,
@@ -59,30 +105,12 @@ def signing_callback(
     seeds: Sequence[int] = (),
     attributes: Mapping[str, Any] | None = None,
     key: str | None = None,
-) -> Callable[[], None]:
-    """A ``post_finalization_callback`` for Orbax's ``AsyncOptions``: signs each
-    committed, unsigned step directory of ``directory`` as a step of run ``run``.
-    ``seeds``, ``attributes`` and ``key`` are those of :func:`kronos_audit.snapshot`."""
-    if not run:
-        raise UsageError("the run id must not be empty")
-    root = Path(directory)
-
-    def sign_committed() -> None:
-        for step, path in committed_steps(root):
-            manifest = manifest_path_for(path)
-            if manifest.exists():
-                continue
-            snapshot(
-                path,
-                run=run,
-                step=step,
-                seeds=seeds,
-                parent=previous_manifest(root, run, step, skip=manifest),
-                key=key,
-                attributes=attributes,
-            )
-
-    return sign_committed
+) -> StepSigner:
+    """A ``post_finalization_callback`` for Orbax's ``AsyncOptions`` that signs the
+    manager's committed steps in ``directory`` (see :class:`StepSigner`; call it once more
+    after ``wait_until_finished``). ``seeds``, ``attributes`` and ``key`` are those of
+    :func:`kronos_audit.snapshot`."""
+    return StepSigner(run, Path(directory), seeds=seeds, attributes=attributes, key=key)
 
 
 def verified_step(directory: str | Path, step: int, *, trust: TrustOptions | None = None) -> Path:

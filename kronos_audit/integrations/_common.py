@@ -7,6 +7,8 @@ import hashlib
 from pathlib import Path
 
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.checkpoint.digests import diff_digests
+from kronos_audit.checkpoint.formats import tensors_of_file
 from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, manifest_path_for
 from kronos_audit.errors import Error, TamperedData, UsageError
 from kronos_audit.keys.anchors import TrustOptions
@@ -52,9 +54,34 @@ def verified_manifest(checkpoint: Path, trust: TrustOptions | None = None) -> Ma
         raise UsageError(f"is not signed: no {manifest.name} beside it", path=checkpoint)
     (result,) = verify(manifest, trust=trust, fetch=False)
     if not result.ok or result.statement is None:
-        failed = "; ".join(c.detail for c in result.failures) or "not verified"
-        raise TamperedData(f"refused to load: {failed}", path=checkpoint)
+        failed = [c.detail for c in result.failures] or ["not verified"]
+        signed = result.signature_check
+        if result.statement is not None and signed is not None and signed.ok:
+            failed += changed_tensors(result.statement)  # signed tensors: name the changed
+        raise TamperedData(f"refused to load: {'; '.join(failed)}", path=checkpoint)
     return result.statement
+
+
+def changed_tensors(manifest: Manifest) -> list[str]:
+    """For a directory step whose files' tensors the manifest signs: each tensor whose
+    digest a file here no longer gives (``tensor transformer.wte.weight of model.safetensors
+    differs``). A diagnostic for a step that failed verification: each file is read through
+    its format's reader, bounded, never unpickled."""
+    record = manifest.record.directory
+    if record is None:
+        return []
+    found = []
+    for entry in record.files:
+        if not entry.datasets:
+            continue
+        try:
+            _, actual = tensors_of_file(manifest.checkpoint_path / entry.path)
+        except (Error, OSError):
+            continue  # the file's own check already says what is wrong with it
+        for d in diff_digests(entry.datasets, actual or ()):
+            if not d.ok:
+                found.append(f"tensor {d.path.lstrip('/')} of {entry.path} is {d.kind.value}")
+    return found
 
 
 def read_verified(path: Path, manifest: Manifest) -> bytes:

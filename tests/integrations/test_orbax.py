@@ -1,0 +1,64 @@
+"""The Orbax integration with a real async CheckpointManager, in this process: each
+committed step signed from beside Orbax's tree, Orbax still restoring after signing, and a
+changed file refused before restore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.errors import TamperedData
+from kronos_audit.integrations.orbax import signing_callback, verified_step
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import read_manifest
+
+
+def test_committed_steps_are_signed_and_orbax_still_restores_them(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(project.root)
+    root = project.root / "orbax"
+    sign = signing_callback("jax-run", root, seeds=[3])
+    options = ocp.CheckpointManagerOptions(
+        async_options=ocp.AsyncOptions(post_finalization_callback=sign)
+    )
+    with ocp.CheckpointManager(root, options=options) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, args=ocp.args.StandardSave({"w": jnp.arange(4.0) * step}))
+        manager.wait_until_finished()
+        sign()  # the last step: Orbax called the callback before it renamed it into place
+    manifests = [read_manifest(root / f"{step}.kaudit.json") for step in (1, 2, 3)]
+    assert [(m.run, m.step) for m in manifests] == [("jax-run", 1), ("jax-run", 2), ("jax-run", 3)]
+    assert [m.parent for m in manifests] == [None, manifests[0].digest, manifests[1].digest]
+    assert not list(root.glob("*/*.kaudit.json"))  # nothing inside Orbax's tree
+    (result,) = ka.verify(manifests[2].path)
+    assert result.ok, result.failures
+
+    # Orbax, opening the root afresh, sees its steps and restores one, the sidecars beside
+    with ocp.CheckpointManager(root) as reader:
+        assert reader.all_steps() == [1, 2, 3]
+        assert verified_step(root, 3) == root / "3"
+        restored = reader.restore(3, args=ocp.args.StandardRestore({"w": jnp.zeros(4)}))
+    assert restored["w"].tolist() == [0.0, 3.0, 6.0, 9.0]
+
+    # a changed byte in one of step 2's files: refused before restore, naming the file
+    changed = max(
+        (p for p in (root / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    )
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 0x01
+    changed.write_bytes(bytes(data))
+    with pytest.raises(TamperedData, match=changed.name):
+        verified_step(root, 2)
+
+
+def test_a_step_nobody_signed_is_refused(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(project.root)
+    (project.root / "orbax" / "7").mkdir(parents=True)
+    with pytest.raises(ka.UsageError, match="is not signed"):
+        verified_step(Path("orbax"), 7)

@@ -68,6 +68,41 @@ _HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
+class ItemDigest:
+    """One byte range of a file that its tool reads on its own (a torch DCP item: one
+    tensor chunk or one pickled value), hashed as it was written."""
+
+    name: str
+    """The tool's name of what it holds (DCP: the fully qualified name, ``model.weight``)."""
+    chunk: tuple[int, ...] | None
+    """A tensor chunk's offsets in the global tensor; None for a value that is no tensor."""
+    offset: int
+    """Where its bytes start in the file."""
+    length: int
+    """How many bytes it takes."""
+    sha256: str
+    """sha256 of those bytes."""
+
+    @property
+    def label(self) -> str:
+        """How a message names it: ``tensor model.weight`` (with its chunk's offsets when
+        the tensor was saved in chunks) or ``object step``."""
+        if self.chunk is None:
+            return f"object {self.name}"
+        at = f" (chunk at {list(self.chunk)})" if any(self.chunk) else ""
+        return f"tensor {self.name}{at}"
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "chunk": None if self.chunk is None else list(self.chunk),
+            "offset": self.offset,
+            "length": self.length,
+            "sha256": self.sha256,
+        }
+
+
+@dataclass(frozen=True)
 class FileEntry:
     """One file of a directory step, as the manifest records it."""
 
@@ -86,6 +121,9 @@ class FileEntry:
     """Its format as the reader was chosen (``safetensors``, ``hdf5``, ``pickle``,
     ``bytes``...): what ``datasets`` were read as, and how verify reads them again. None
     in manifests written before it was recorded."""
+    items: tuple[ItemDigest, ...] | None = None
+    """The byte ranges its tool reads one by one, each with its digest, when its writer
+    hashed them as it wrote them (a DCP save through kaudit's writer); None otherwise."""
 
     def record(self) -> dict[str, Any]:
         """Its index record: what its line holds."""
@@ -101,6 +139,8 @@ class FileEntry:
             obj["datasets"] = [d.to_json_obj(extent=True) for d in self.datasets]
         if self.format is not None:
             obj["format"] = self.format
+        if self.items is not None:
+            obj["items"] = [i.to_json_obj() for i in self.items]
         return obj
 
 
@@ -149,6 +189,9 @@ def entry_problem(entry: FileEntry) -> str | None:
         return f"{entry.path[:80]!r}: sha256 is not 64 lower-case hex digits"
     if not (len(entry.md5) == 32 and set(entry.md5) <= _HEX):
         return f"{entry.path[:80]!r}: md5 is not 32 lower-case hex digits"
+    for item in entry.items or ():
+        if item.offset + item.length > entry.size:
+            return f"{entry.path[:80]!r}: item {item.name[:80]!r} ends past the file's end"
     return None
 
 
@@ -518,6 +561,7 @@ __all__ = [
     "FileEntry",
     "Found",
     "HashedStep",
+    "ItemDigest",
     "TensorCheck",
     "check_files",
     "check_step",

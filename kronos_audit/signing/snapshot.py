@@ -11,7 +11,13 @@ from typing import Any
 
 from kronos_audit._internal.fsutil import mkdir_durable
 from kronos_audit._internal.safeio import file_kind
-from kronos_audit.checkpoint.directory import HashedStep, hash_step
+from kronos_audit.checkpoint.directory import (
+    FileEntry,
+    HashedStep,
+    directory_tensors,
+    hash_step,
+    scan,
+)
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format, digest_file
 from kronos_audit.checkpoint.hashing import FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step
@@ -142,6 +148,8 @@ def snapshot(
     cwd: Path | None = None,
     allow_secret_files: bool = False,
     force: bool = False,
+    files: Sequence[FileEntry] | None = None,
+    tensors: bool = True,
 ) -> Snapshots:
     """Write a signed manifest beside each checkpoint (``CKPT.kaudit.json``).
 
@@ -156,7 +164,13 @@ def snapshot(
     linked into DVC's cache: its private copy (a reflink, else a copy) is what is hashed,
     signed and kept, so its program may write it again in place. The result's
     :attr:`~Snapshots.notes` name the checkpoints that are not HDF5, whose manifests cover
-    only the file digest. Raises :class:`kronos_audit.errors.Error` subclasses.
+    only the file digest. ``files``, for one directory, are its files as their writer
+    hashed them while writing them (kaudit's DCP writer): they are signed as they are,
+    never read again, once the directory is seen to hold exactly these files at these
+    sizes; with them, ``tensors=False`` leaves out the tensors that span the files (a DCP
+    save's, by global name: read from the directory, they cost a second pass over its
+    data), so a comparison of the step goes by its files. Raises
+    :class:`kronos_audit.errors.Error` subclasses.
     """
     paths = (
         [Path(checkpoints)]
@@ -208,7 +222,11 @@ def snapshot(
     try:
         # Each file is copied (or reflinked) into DVC's cache first and the copy hashed:
         # what is signed is what the cache keeps, whatever the file's writer does next.
-        hashed = [(p, _digest_copy(p, cache, staged)) for p in paths]
+        hashed = (
+            [(p, _digest_copy(p, cache, staged)) for p in paths]
+            if files is None
+            else [_written(paths, files, tensors=tensors)]
+        )
         # Read once, before anything is written: a refused diff (a secret-looking file)
         # must leave no .dvc file, ignore entry or manifest behind.
         git_info = git_state(project.root, allow_secret_files=allow_secret_files)
@@ -255,6 +273,32 @@ def snapshot(
     finally:
         for copy in reversed(staged.values()):
             discard_staged(copy)  # a copy not tracked (a refusal): none is left
+
+
+def _written(
+    paths: Sequence[Path], files: Sequence[FileEntry], *, tensors: bool
+) -> tuple[Path, HashedStep]:
+    """The one directory of ``paths`` with the files its writer hashed (and, with
+    ``tensors``, the tensors that span them, read from it), once a walk of it finds exactly
+    these files at these sizes, and nothing a step may not hold."""
+    if len(paths) != 1 or not paths[0].is_dir():
+        raise UsageError("files= are the files of one directory step", path=paths[0])
+    found = scan(paths[0])
+    if found.problems:
+        raise CheckpointError(found.problems[0], path=paths[0])
+    written = tuple(sorted(files, key=lambda f: f.path))
+    here = {rel: seen[0] for rel, seen in found.files.items()}
+    if here != {f.path: f.size for f in written}:
+        odd = sorted(set(here) ^ {f.path for f in written}) or [
+            f.path for f in written if here.get(f.path) != f.size
+        ]
+        raise CheckpointError(
+            f"holds other files than its writer hashed ({odd[0][:200]!r})", path=paths[0]
+        )
+    spanning = directory_tensors(paths[0]) if tensors else None
+    if spanning is None:
+        return paths[0], HashedStep(written)
+    return paths[0], HashedStep(written, spanning[0], spanning[1])
 
 
 def _digest_copy(

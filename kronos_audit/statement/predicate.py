@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, NewType
 
 from kronos_audit._internal.frozen import thaw
-from kronos_audit.checkpoint.directory import FileEntry
+from kronos_audit.checkpoint.directory import FileEntry, ItemDigest
 from kronos_audit.checkpoint.hashing import DatasetDigest
 
 Sha256 = NewType("Sha256", str)
@@ -388,6 +388,17 @@ class ShardSet:
         return obj
 
 
+def _item(obj: Mapping[str, Any]) -> ItemDigest:
+    chunk = obj["chunk"]
+    return ItemDigest(
+        str(obj["name"]),
+        None if chunk is None else tuple(int(c) for c in chunk),
+        int(obj["offset"]),
+        int(obj["length"]),
+        str(obj["sha256"]),
+    )
+
+
 @dataclass(frozen=True)
 class DirectorySet:
     """A directory step's files, as its manifest records them (the subject is their index;
@@ -421,6 +432,7 @@ class DirectorySet:
                         for d in f["datasets"]
                     ),
                     format=None if f.get("format") is None else str(f["format"]),
+                    items=None if f.get("items") is None else tuple(_item(i) for i in f["items"]),
                 )
                 for f in obj["files"]
             ),

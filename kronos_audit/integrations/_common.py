@@ -11,9 +11,11 @@ from kronos_audit.checkpoint.digests import diff_digests
 from kronos_audit.checkpoint.formats import tensors_of_file
 from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, manifest_path_for
 from kronos_audit.errors import Error, TamperedData, UsageError
-from kronos_audit.keys.anchors import TrustOptions
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import standpoint
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification.batch import verify
+from kronos_audit.verification.verifier import Verifier
 
 MAX_SIBLINGS = 100_000
 """Most manifests looked at beside a checkpoint to find the step it extends."""
@@ -82,6 +84,22 @@ def changed_tensors(manifest: Manifest) -> list[str]:
             if not d.ok:
                 found.append(f"tensor {d.path.lstrip('/')} of {entry.path} is {d.kind.value}")
     return found
+
+
+def verified_signature(checkpoint: Path, trust: TrustOptions | None = None) -> Manifest:
+    """The manifest beside ``checkpoint`` once its signature (a trusted key), its place and
+    its chain verified, its data not read: for a reader that checks each byte range it
+    reads against the signed digests itself. TamperedData otherwise, UsageError when there
+    is none."""
+    manifest = manifest_path_for(checkpoint)
+    if not manifest.exists():
+        raise UsageError(f"is not signed: no {manifest.name} beside it", path=checkpoint)
+    project = standpoint(None).project_of(manifest)
+    result = Verifier(project, load_keyring(project.root, trust)).verify(manifest, data=False)
+    if not result.ok or result.statement is None:
+        failed = "; ".join(c.detail for c in result.failures) or "not verified"
+        raise TamperedData(f"refused to load: {failed}", path=checkpoint)
+    return result.statement
 
 
 def read_verified(path: Path, manifest: Manifest) -> bytes:

@@ -9,8 +9,7 @@ since the last ``tell``, which is one item's. Nothing is read back.
 
 A save is described by :class:`SaveDigests`: every file of the checkpoint directory and
 every item of ``.metadata``'s storage map, where it is (file, offset, length) and its
-sha256. It is JSON both ways (:meth:`SaveDigests.to_json`, :func:`parse_save_digests`,
-strict: a table read from disk is refused in one line, never half-used).
+sha256: what the step's manifest records (each data file's ``items``).
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import hashlib
 import io
 import os
 import pickle
-import re
 import threading
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -31,12 +29,6 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from kronos_audit.errors import CheckpointError
 
-_HEX = re.compile(r"[0-9a-f]+")
-_NAME = re.compile(r"(\.metadata|__[0-9]+_[0-9]+\.distcp)")
-"""The file names DCP's FileSystemWriter gives (``.metadata``, ``__<rank>_<n>.distcp``):
-the only names a table may hold, so no name in one can step out of its directory."""
-MAX_ITEMS = 10_000_000
-"""Most items a save's table may hold."""
 _EMPTY_SHA256 = hashlib.sha256().hexdigest()
 _EMPTY_MD5 = hashlib.md5(usedforsecurity=False).hexdigest()
 
@@ -105,88 +97,6 @@ class SaveDigests:
             cached = {(i.file, i.offset, i.length): i for i in self.items}
             object.__setattr__(self, "_places", cached)
         return cached
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "files": [
-                {"name": f.name, "size": f.size, "sha256": f.sha256, "md5": f.md5}
-                for f in self.files
-            ],
-            "items": [
-                {
-                    "fqn": i.fqn,
-                    "chunk": None if i.chunk is None else list(i.chunk),
-                    "file": i.file,
-                    "offset": i.offset,
-                    "length": i.length,
-                    "sha256": i.sha256,
-                }
-                for i in self.items
-            ],
-        }
-
-
-def _is_hex(value: object, n: int) -> bool:
-    return isinstance(value, str) and len(value) == n and _HEX.fullmatch(value) is not None
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and 0 <= value < 2**63
-
-
-def _record(obj: object, keys: Iterable[str], where: str) -> Mapping[str, Any]:
-    if not isinstance(obj, dict) or set(obj) != set(keys):
-        raise CheckpointError(f"DCP digests: {where} is not a record of {sorted(keys)}")
-    return obj
-
-
-def parse_save_digests(obj: object) -> SaveDigests:
-    """The table ``obj`` (as :meth:`SaveDigests.to_json` writes it), checked field by field:
-    CheckpointError naming the first problem otherwise."""
-    top = _record(obj, ("files", "items"), "the table")
-    files_in, items_in = top["files"], top["items"]
-    if not isinstance(files_in, list) or not isinstance(items_in, list):
-        raise CheckpointError("DCP digests: files and items must be lists")
-    if len(items_in) > MAX_ITEMS or len(files_in) > MAX_ITEMS:
-        raise CheckpointError(f"DCP digests: more than {MAX_ITEMS:,} entries")
-    files = []
-    for n, raw in enumerate(files_in):
-        f = _record(raw, ("name", "size", "sha256", "md5"), f"file {n + 1}")
-        if not isinstance(f["name"], str) or not _NAME.fullmatch(f["name"]):
-            raise CheckpointError(f"DCP digests: file {n + 1} has no name DCP writes")
-        if not (_is_count(f["size"]) and _is_hex(f["sha256"], 64) and _is_hex(f["md5"], 32)):
-            raise CheckpointError(f"DCP digests: file {f['name']}: bad size or digest")
-        files.append(FileRecord(f["name"], f["size"], f["sha256"], f["md5"]))
-    sizes = {f.name: f.size for f in files}
-    if len(sizes) != len(files):
-        raise CheckpointError("DCP digests: a file is listed twice")
-    items = []
-    for n, raw in enumerate(items_in):
-        i = _record(raw, ("fqn", "chunk", "file", "offset", "length", "sha256"), f"item {n + 1}")
-        chunk = i["chunk"]
-        if not isinstance(i["fqn"], str) or not (
-            chunk is None or (isinstance(chunk, list) and all(_is_count(c) for c in chunk))
-        ):
-            raise CheckpointError(f"DCP digests: item {n + 1}: bad name or chunk")
-        if i["file"] not in sizes or i["file"] == ".metadata":
-            raise CheckpointError(f"DCP digests: item {n + 1} is in no listed data file")
-        if not (_is_count(i["offset"]) and _is_count(i["length"]) and _is_hex(i["sha256"], 64)):
-            raise CheckpointError(f"DCP digests: item {i['fqn'][:200]!r}: bad place or digest")
-        if i["offset"] + i["length"] > sizes[i["file"]]:
-            raise CheckpointError(
-                f"DCP digests: item {i['fqn'][:200]!r} ends past the end of {i['file']}"
-            )
-        items.append(
-            ItemRecord(
-                i["fqn"],
-                None if chunk is None else tuple(chunk),
-                i["file"],
-                i["offset"],
-                i["length"],
-                i["sha256"],
-            )
-        )
-    return SaveDigests(tuple(files), tuple(items))
 
 
 # -- hashing as DCP writes -----------------------------------------------------------------

@@ -54,7 +54,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.checkpoint.directory import FileEntry, ItemDigest
+from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import CheckpointError, TamperedData, UsageError
+from kronos_audit.integrations._common import previous_manifest, verified_signature
 from kronos_audit.integrations._dcp_digests import (
     DigestingFileSystem,
     FileRecord,
@@ -63,6 +66,9 @@ from kronos_audit.integrations._dcp_digests import (
     Written,
     load_metadata,
 )
+from kronos_audit.keys.anchors import TrustOptions
+from kronos_audit.signing.snapshot import snapshot
+from kronos_audit.statement.manifest import Manifest
 
 METADATA = ".metadata"
 """The name of DCP's metadata file."""
@@ -181,17 +187,43 @@ class SignedWriter(FileSystemWriter):
 
     def publish(self, digests: SaveDigests) -> None:
         """Sign the saved directory as this writer's step, from ``digests`` (the
-        coordinator, once ``.metadata`` is written)."""
-        raise UsageError(
-            "signing a DCP directory needs kaudit's directory steps, which this version lacks",
-            path=self.directory,
+        coordinator, once ``.metadata`` is written): a directory step whose files are
+        those hashed as they were written (never read again) and whose data files list
+        their items; DCP's tensors by global name are read from the directory as
+        ``kaudit snapshot`` reads them."""
+        manifest = manifest_path_for(self.directory)
+        parent = self.parent
+        if parent is None:
+            parent = previous_manifest(self.directory.parent, self.run, self.step, skip=manifest)
+        snapshot(
+            self.directory,
+            run=self.run,
+            step=self.step,
+            seeds=self.seeds,
+            parent=parent,
+            key=self.key,
+            attributes=self.attributes or None,
+            files=[
+                FileEntry(
+                    f.name,
+                    f.size,
+                    f.sha256,
+                    f.md5,
+                    items=None
+                    if f.name == METADATA
+                    else tuple(
+                        ItemDigest(i.fqn, i.chunk, i.offset, i.length, i.sha256)
+                        for i in digests.items
+                        if i.file == f.name
+                    ),
+                )
+                for f in digests.files
+            ],
         )
 
 
 def _clear_unfinished(directory: Path) -> None:
     """Refuse a directory whose save was signed; remove what an unfinished save left."""
-    from kronos_audit.checkpoint.layout import manifest_path_for
-
     if os.path.lexists(manifest_path_for(directory)):
         raise UsageError(
             f"already signed ({manifest_path_for(directory).name} is beside it): a signed "
@@ -303,22 +335,25 @@ class VerifiedReader(FileSystemReader):
     ``CheckpointException``).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, digests: SaveDigests | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        trust: TrustOptions | None = None,
+    ) -> None:
         super().__init__(path)
-        self._digests = digests
+        self.trust = trust
+        self._digests: SaveDigests | None = None
 
     @property
     def directory(self) -> Path:
         return Path(self.path)
 
     def verified_digests(self) -> SaveDigests:
-        """The table of the step's signed manifest, once its signature holds."""
+        """The files and items of the step's manifest, once its signature (a trusted
+        key), its place and its chain verified; read once per load."""
         if self._digests is None:
-            raise UsageError(
-                "verifying a DCP directory needs kaudit's directory steps, which this "
-                "version lacks",
-                path=self.directory,
-            )
+            self._digests = _signed_digests(verified_signature(self.directory, self.trust))
         return self._digests
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
@@ -387,6 +422,27 @@ class VerifiedReader(FileSystemReader):
             )
         target.copy_(tensor)
         planner.commit_tensor(req, target)
+
+
+def _signed_digests(manifest: Manifest) -> SaveDigests:
+    """The table a verified DCP step's manifest signs: every file, and every item of the
+    data files (a step signed otherwise than by :class:`SignedWriter` has none)."""
+    record = manifest.record.directory
+    if record is None:
+        raise TamperedData("its manifest signs no directory step", path=manifest.path)
+    files = tuple(FileRecord(f.path, f.size, f.sha256, f.md5) for f in record.files)
+    items = tuple(
+        ItemRecord(i.name, i.chunk, f.path, i.offset, i.length, i.sha256)
+        for f in record.files
+        for i in f.items or ()
+    )
+    if not items:
+        raise UsageError(
+            "its manifest records no DCP item digests (it was not signed by SignedWriter): "
+            "check it with `kaudit verify`, then load it with DCP's own reader",
+            path=manifest.checkpoint_path,
+        )
+    return SaveDigests(files, tuple(sorted(items, key=lambda i: (i.file, i.offset))))
 
 
 def _read_signed(path: Path, signed: FileRecord) -> bytes:

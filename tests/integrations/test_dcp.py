@@ -5,7 +5,6 @@ before DCP unpickles or loads it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import pickle
 import warnings
 from pathlib import Path
@@ -16,22 +15,16 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
+import kronos_audit as ka  # noqa: E402
 from kronos_audit.errors import CheckpointError, UsageError  # noqa: E402
 from kronos_audit.integrations._dcp_digests import (  # noqa: E402
     SaveDigests,
     load_metadata,
-    parse_save_digests,
 )
 from kronos_audit.integrations.dcp import SignedWriter, VerifiedReader  # noqa: E402
-
-
-class KeptWriter(SignedWriter):
-    """A SignedWriter whose coordinator keeps the digests it would sign."""
-
-    kept: SaveDigests | None = None
-
-    def publish(self, digests: SaveDigests) -> None:
-        self.kept = digests
+from kronos_audit.keys.keyfile import SigningKey  # noqa: E402
+from kronos_audit.project.repository import Project  # noqa: E402
+from kronos_audit.statement.manifest import read_manifest  # noqa: E402
 
 
 def single(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -67,24 +60,26 @@ def assert_restored(loaded: dict[str, Any]) -> None:
     assert (loaded["step"], loaded["note"]) == (7, "hello")
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SaveDigests]:
-    """A step saved through the signing writer (read-only: tests that change it copy it)."""
-    directory = tmp_path_factory.mktemp("dcp") / "step-1"
-    writer = KeptWriter(directory, run="r", step=1)
+def save(directory: Path, step: int, **options: Any) -> SaveDigests:
+    """``state()`` saved into ``directory`` through the signing writer, signed as ``step``
+    of run "r"; what the coordinator hashed."""
+    writer = SignedWriter(directory, run="r", step=step, **options)
     single(dcp.save, state(), storage_writer=writer)
-    assert writer.kept is not None
-    return directory, writer.kept
+    assert writer.digests is not None
+    return writer.digests
 
 
 @pytest.fixture
-def copy(saved: tuple[Path, SaveDigests], tmp_path: Path) -> tuple[Path, SaveDigests]:
-    directory, digests = saved
-    target = tmp_path / directory.name
-    target.mkdir()
-    for f in directory.iterdir():
-        (target / f.name).write_bytes(f.read_bytes())
-    return target, digests
+def root(project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the steps go, in a kaudit project whose user holds a trusted key."""
+    monkeypatch.chdir(project.root)
+    return project.root / "ckpt"
+
+
+@pytest.fixture
+def saved(root: Path) -> tuple[Path, SaveDigests]:
+    directory = root / "step-1"
+    return directory, save(directory, 1)
 
 
 def test_the_writer_hashes_every_file_and_item_as_dcp_writes_them(
@@ -113,14 +108,14 @@ def test_plain_dcp_loads_what_the_signing_writer_wrote(saved: tuple[Path, SaveDi
 
 def test_the_verified_reader_loads_an_untouched_step(saved: tuple[Path, SaveDigests]) -> None:
     loaded = blank()
-    single(dcp.load, loaded, storage_reader=VerifiedReader(saved[0], digests=saved[1]))
+    single(dcp.load, loaded, storage_reader=VerifiedReader(saved[0]))
     assert_restored(loaded)
 
 
 def test_a_changed_tensor_byte_fails_the_load_naming_the_tensor(
-    copy: tuple[Path, SaveDigests],
+    saved: tuple[Path, SaveDigests],
 ) -> None:
-    directory, digests = copy
+    directory, digests = saved
     (item,) = [i for i in digests.items if i.fqn == "model.w"]
     path = directory / item.file
     data = bytearray(path.read_bytes())
@@ -128,7 +123,7 @@ def test_a_changed_tensor_byte_fails_the_load_naming_the_tensor(
     path.write_bytes(bytes(data))
     loaded = blank()
     with pytest.raises(dcp.api.CheckpointException) as failed:
-        single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=digests))
+        single(dcp.load, loaded, storage_reader=VerifiedReader(directory))
     assert "tensor model.w in __0_0.distcp differs from its signed digest" in str(failed.value)
     assert torch.equal(loaded["model"]["w"], torch.zeros(4, 6))  # nothing of it was loaded
 
@@ -144,13 +139,13 @@ class Planted:
 
 
 def test_a_swapped_metadata_is_refused_before_it_is_unpickled(
-    copy: tuple[Path, SaveDigests], tmp_path: Path
+    saved: tuple[Path, SaveDigests], tmp_path: Path
 ) -> None:
-    directory, digests = copy
+    directory, _ = saved
     marker = tmp_path / "unpickled"
     (directory / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
     with pytest.raises(dcp.api.CheckpointException) as failed:
-        single(dcp.load, blank(), storage_reader=VerifiedReader(directory, digests=digests))
+        single(dcp.load, blank(), storage_reader=VerifiedReader(directory))
     assert ".metadata: differs from its signed digest: not unpickled" in str(failed.value)
     assert not marker.exists()
 
@@ -163,19 +158,13 @@ def test_metadata_that_names_anything_but_dcp_classes_is_never_called(tmp_path: 
     assert not marker.exists()
 
 
-def test_the_digest_table_reads_back_and_refuses_names_out_of_the_directory(
-    saved: tuple[Path, SaveDigests],
-) -> None:
-    digests = saved[1]
-    assert parse_save_digests(json.loads(json.dumps(digests.to_json()))) == digests
-    table = digests.to_json()
-    table["files"][1]["name"] = "../../etc/passwd"
-    with pytest.raises(CheckpointError, match="no name DCP writes"):
-        parse_save_digests(table)
-    table = digests.to_json()
-    table["items"][0]["length"] = 10**9
-    with pytest.raises(CheckpointError, match=r"ends past the end of __0_0\.distcp"):
-        parse_save_digests(table)
+def test_a_signed_item_past_its_file_end_is_refused_as_the_manifest_is_read() -> None:
+    from kronos_audit.checkpoint.directory import FileEntry, ItemDigest, entry_problem
+
+    item = ItemDigest("model.w", (0, 0), 4000, 200, "0" * 64)
+    entry = FileEntry("__0_0.distcp", 4100, "0" * 64, "0" * 32, items=(item,))
+    assert entry_problem(entry) == "'__0_0.distcp': item 'model.w' ends past the file's end"
+    assert item.label == "tensor model.w"
 
 
 def test_a_save_into_a_signed_step_or_a_foreign_directory_is_refused(tmp_path: Path) -> None:
@@ -183,29 +172,55 @@ def test_a_save_into_a_signed_step_or_a_foreign_directory_is_refused(tmp_path: P
     signed.mkdir()
     (tmp_path / "step-2.kaudit.json").write_text("{}")
     with pytest.raises(dcp.api.CheckpointException, match="already signed"):
-        single(dcp.save, state(), storage_writer=KeptWriter(signed, run="r", step=2))
+        single(dcp.save, state(), storage_writer=SignedWriter(signed, run="r", step=2))
     foreign = tmp_path / "step-3"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(dcp.api.CheckpointException, match="not a file DCP writes"):
-        single(dcp.save, state(), storage_writer=KeptWriter(foreign, run="r", step=3))
+        single(dcp.save, state(), storage_writer=SignedWriter(foreign, run="r", step=3))
     assert (foreign / "notes.txt").read_text() == "mine"
 
 
-def test_an_unfinished_save_is_replaced_whole(tmp_path: Path) -> None:
+def test_an_unfinished_save_is_replaced_whole_and_steps_chain(
+    saved: tuple[Path, SaveDigests], root: Path
+) -> None:
     # what a save killed mid-way leaves: DCP's names, partly written
-    directory = tmp_path / "step-4"
+    directory = root / "step-4"
     directory.mkdir()
     (directory / "__0_0.distcp").write_bytes(b"half")
     (directory / "__1_0.distcp").write_bytes(b"a rank of a larger world")
     (directory / ".metadata.tmp").write_bytes(b"")
-    writer = KeptWriter(directory, run="r", step=4)
-    single(dcp.save, state(), storage_writer=writer)
-    assert writer.kept is not None
+    save(directory, 4)
     assert sorted(p.name for p in directory.iterdir()) == [".metadata", "__0_0.distcp"]
     loaded = blank()
-    single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=writer.kept))
+    single(dcp.load, loaded, storage_reader=VerifiedReader(directory))
     assert_restored(loaded)
+    first, second = (read_manifest(root / f"step-{n}.kaudit.json") for n in (1, 4))
+    assert (second.run, second.step, second.parent) == ("r", 4, first.digest)
+    (result,) = ka.verify(second.path)  # kaudit's own verify: every file, and the chain
+    assert result.ok, result.failures
+
+
+def test_the_signed_step_records_each_item_and_the_tensors_by_name(
+    saved: tuple[Path, SaveDigests],
+) -> None:
+    directory, digests = saved
+    manifest = read_manifest(directory.with_name("step-1.kaudit.json"))
+    record = manifest.record.directory
+    assert record is not None
+    (data,) = [f for f in record.files if f.path == "__0_0.distcp"]
+    assert data.items is not None
+    assert {(i.name, i.sha256) for i in data.items} == {(i.fqn, i.sha256) for i in digests.items}
+    assert manifest.record.format == "dcp"
+    assert {d.path for d in manifest.datasets or ()} >= {"/model.w", "/model.b"}
+
+
+def test_a_step_signed_without_item_digests_is_not_loaded_item_by_item(root: Path) -> None:
+    directory = root / "step-8"
+    single(dcp.save, state(), storage_writer=dcp.FileSystemWriter(directory))
+    ka.snapshot(directory, run="r", step=8)
+    with pytest.raises(dcp.api.CheckpointException, match="records no DCP item digests"):
+        single(dcp.load, blank(), storage_reader=VerifiedReader(directory))
 
 
 def test_a_writer_is_refused_bad_arguments(tmp_path: Path) -> None:
@@ -218,65 +233,66 @@ def test_a_writer_is_refused_bad_arguments(tmp_path: Path) -> None:
         single(
             dcp.save,
             state(),
-            storage_writer=KeptWriter(tmp_path / "s", run="r", step=1),
+            storage_writer=SignedWriter(tmp_path / "s", run="r", step=1),
             use_collectives=False,
         )
 
 
-def test_items_written_on_several_threads_are_each_hashed(tmp_path: Path) -> None:
-    directory = tmp_path / "step-5"
-    writer = KeptWriter(directory, run="r", step=5, thread_count=2)
-    single(dcp.save, state(), storage_writer=writer)
-    assert writer.kept is not None
-    assert {f.name for f in writer.kept.files} == {".metadata", "__0_0.distcp", "__0_1.distcp"}
+def test_items_written_on_several_threads_are_each_hashed(root: Path) -> None:
+    directory = root / "step-5"
+    digests = save(directory, 5, thread_count=2)
+    assert {f.name for f in digests.files} == {".metadata", "__0_0.distcp", "__0_1.distcp"}
     loaded = blank()
-    single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=writer.kept))
+    single(dcp.load, loaded, storage_reader=VerifiedReader(directory))
     assert_restored(loaded)
 
 
 @pytest.mark.slow  # torchrun and two ranks, each importing torch and DTensor
-def test_a_step_saved_on_two_ranks_loads_verified_on_one(tmp_path: Path) -> None:
+def test_a_step_saved_on_two_ranks_loads_verified_on_one(root: Path) -> None:
     from tests.integrations import dcp_ranks
     from tests.parallel.launch import launched, torchrun
 
-    directory = tmp_path / "step-3"
-    done = launched(torchrun(2, dcp_ranks.__file__, str(directory)), tmp_path)
+    directory = root / "step-3"
+    done = launched(torchrun(2, dcp_ranks.__file__, str(directory)), root.parent)
     assert done.returncode == 0, done.stdout + done.stderr
-    digests = parse_save_digests(json.loads((tmp_path / "step-3.digests.json").read_text()))
-    assert [f.name for f in digests.files] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    chunks = sorted(i.chunk or () for i in digests.items if i.fqn == "w")
-    assert chunks == [(0, 0), (4, 0)]  # one chunk a rank, each hashed where it was written
+    manifest = read_manifest(root / "step-3.kaudit.json")
+    assert manifest.record.directory is not None
+    files = {f.path: f for f in manifest.record.directory.files}
+    assert sorted(files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    chunks = {(f.path, i.chunk) for f in files.values() for i in f.items or () if i.name == "w"}
+    # one chunk a rank, each hashed by the rank that wrote it
+    assert chunks == {("__0_0.distcp", (0, 0)), ("__1_0.distcp", (4, 0))}
     loaded = {"w": torch.zeros(8, 8), "b": torch.zeros(4), "step": 0}
-    single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=digests))
+    single(dcp.load, loaded, storage_reader=VerifiedReader(directory))
     assert torch.equal(loaded["w"], dcp_ranks.FULL)
     assert torch.equal(loaded["b"], torch.full((4,), 2.0))
     assert loaded["step"] == 3
     # rank 1's chunk changed: the load on one rank names it
-    (item,) = [i for i in digests.items if i.chunk == (4, 0)]
-    path = directory / item.file
+    (item,) = [i for i in files["__1_0.distcp"].items or () if i.name == "w"]
+    path = directory / "__1_0.distcp"
     data = bytearray(path.read_bytes())
     data[item.offset + item.length - 40] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(dcp.api.CheckpointException) as failed:
-        single(dcp.load, loaded, storage_reader=VerifiedReader(directory, digests=digests))
+        single(dcp.load, loaded, storage_reader=VerifiedReader(directory))
     assert "tensor w (chunk at [4, 0]) in __1_0.distcp differs" in str(failed.value)
 
 
-def test_an_async_save_signs_the_state_as_it_was_staged(tmp_path: Path) -> None:
+def test_an_async_save_signs_the_state_as_it_was_staged(root: Path, tmp_path: Path) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
     )
     try:
-        writer = KeptWriter(tmp_path / "step-6", run="r", step=6)
         saved = state()
-        pending = dcp.async_save(saved, storage_writer=writer)
+        pending = dcp.async_save(
+            saved, storage_writer=SignedWriter(root / "step-6", run="r", step=6)
+        )
         saved["model"]["w"].add_(1.0)  # the loop goes on while the save is written
         pending.result()
-        assert writer.kept is not None
         loaded = blank()
-        dcp.load(loaded, storage_reader=VerifiedReader(tmp_path / "step-6", digests=writer.kept))
+        dcp.load(loaded, storage_reader=VerifiedReader(root / "step-6"))
     finally:
         dist.destroy_process_group()
     assert_restored(loaded)

@@ -129,8 +129,8 @@ def test_the_dcp_benchmark_saves_plain_and_signed_on_two_ranks_and_judges_both(
 
     result = bench_dcp.main(["--quick"])
     out = capsys.readouterr().out
-    assert result["plain"]["wall"] > 0
-    assert result["signed"]["wall"] > 0
-    assert set(result["ratios"]) == {"wall", "cpu"}
-    assert out.count("PASS") + out.count("MISS") == 2  # timings vary: judged, not asserted
+    for mode in ("plain", "signed", "files"):
+        assert result[mode]["wall"] > 0
+    assert set(result["ratios"]) == {"signed wall", "signed cpu", "files wall", "files cpu"}
+    assert out.count("PASS") + out.count("MISS") == 4  # timings vary: judged, not asserted
     assert "baseline: hashing one rank's" in out

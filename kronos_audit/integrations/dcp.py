@@ -91,8 +91,12 @@ class SignedWriter(FileSystemWriter):
     """DCP's ``FileSystemWriter`` that hashes what it writes and signs each save as step
     ``step`` of run ``run``.
 
-    ``parent`` is the previous step's manifest (None: the newest step of the run, if it
-    has one). ``seeds``, ``attributes`` and ``key`` are those of :func:`kronos_audit.snapshot`.
+    ``parent`` is the previous step's manifest (None: the newest step of the run beside
+    it, if it has one). ``seeds``, ``attributes`` and ``key`` are those of
+    :func:`kronos_audit.snapshot`. With ``tensors`` (the default) the coordinator also reads
+    the saved tensors back by global name for the manifest (what ``kaudit diff`` and replay
+    compare DCP steps by, whatever the world size); ``tensors=False`` spares that second
+    pass over the data, and a comparison of the step then goes by its files.
     The save refuses a directory that already holds a signed step; the files of an
     unfinished save there (DCP's names only) are replaced. Every rank must use a
     SignedWriter, with collectives (``use_collectives=True``, DCP's default).
@@ -112,6 +116,7 @@ class SignedWriter(FileSystemWriter):
         sync_files: bool = True,
         single_file_per_rank: bool = True,
         per_thread_copy_ahead: int = 10_000_000,
+        tensors: bool = True,
     ) -> None:
         if not run:
             raise UsageError("the run id must not be empty")
@@ -133,6 +138,7 @@ class SignedWriter(FileSystemWriter):
         self.seeds = tuple(seeds)
         self.attributes = dict(attributes or {})
         self.key = key
+        self.tensors = tensors
         self.digests: SaveDigests | None = None
         """What the last save hashed (on the coordinator, once ``finish`` ran)."""
 
@@ -203,6 +209,7 @@ class SignedWriter(FileSystemWriter):
             parent=parent,
             key=self.key,
             attributes=self.attributes or None,
+            tensors=self.tensors,
             files=[
                 FileEntry(
                     f.name,

@@ -10,9 +10,11 @@ saved with ``dcp.save`` through :class:`~kronos_audit.integrations.dcp.SignedWri
 ``<root>/step-<N>/`` (DCP's own format; the manifest beside it, ``step-<N>.kaudit.json``).
 Started again, the program resumes from the newest signed step through
 :class:`~kronos_audit.integrations.dcp.VerifiedReader`, so a killed run continues where
-its last signed save left it, and a changed byte stops it naming the tensor. The data
-(a fixed random regression problem) and the model are made in code: nothing is downloaded.
-The last line printed is JSON with the final step and loss.
+its last signed save left it, and a changed byte stops it naming the tensor.
+``--crash-at N`` kills the process (SIGKILL, no clean-up) after step N, as a node failure
+would. The data (a fixed random regression problem) and the model are made in code:
+nothing is downloaded. The last line printed is JSON with the final step, the step it
+resumed from, the final loss and a digest of the final weights.
 
 Under torchrun every rank holds the same model and draws the same batches (a replicated
 state: DCP writes each value once, spread over the ranks), and each rank passes its own
@@ -22,9 +24,11 @@ SignedWriter; the coordinator signs the step over every rank's files.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +57,20 @@ def newest_signed(root: Path) -> tuple[int, Path] | None:
     return max(found) if found else None
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--root", type=Path, default=Path("checkpoints"))
     parser.add_argument("--run", default="dcp-train")
-    args = parser.parse_args()
+    parser.add_argument("--crash-at", type=int, default=None)
+    args = parser.parse_args(argv)
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(256, 8, generator=gen)
     y = x @ torch.randn(8, 1, generator=gen) + 0.1 * torch.randn(256, 1, generator=gen)
+    torch.manual_seed(0)  # the initial weights: the same in every run
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     state: dict[str, Any] = {
@@ -97,10 +103,20 @@ def main() -> None:
             }
             directory = args.root / f"step-{step}"
             save(state, storage_writer=SignedWriter(directory, run=args.run, step=step))
+        if step == args.crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+    out = {
+        "step": args.steps,
+        "resumed_from": start,
+        "loss": loss.item(),
+        "weights": hashlib.sha256(weights).hexdigest(),
+    }
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(json.dumps({"step": args.steps, "resumed_from": start, "loss": loss.item()}))
+        print(json.dumps(out))
     if dist.is_initialized():
         dist.destroy_process_group()
+    return out
 
 
 if __name__ == "__main__":

@@ -296,3 +296,48 @@ def test_an_async_save_signs_the_state_as_it_was_staged(root: Path, tmp_path: Pa
     finally:
         dist.destroy_process_group()
     assert_restored(loaded)
+
+
+@pytest.mark.slow  # one fresh process importing torch, killed with SIGKILL; a push, a clone
+def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
+    root: Path, project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from examples.dcp_train import run as example
+    from kronos_audit.storage import configure_remote
+    from tests.helpers import git, run_cli
+
+    argv = ["--steps", "12", "--every", "4", "--root", "ckpt"]
+    crashed = subprocess.run(
+        [sys.executable, "-W", "ignore", example.__file__, *argv, "--crash-at", "6"],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert sorted(p.name for p in root.glob("*.kaudit.json")) == ["step-4.kaudit.json"]
+    with warnings.catch_warnings():  # DCP's note that it runs in one process
+        warnings.simplefilter("ignore", UserWarning)
+        resumed = example.main(argv)
+        uninterrupted = example.main([*argv[:-1], "ckpt-uninterrupted"])
+    assert resumed["resumed_from"] == 4
+    assert resumed["weights"] == uninterrupted["weights"]  # bitwise: model, optimizer, generator
+    newest = read_manifest(root / "step-12.kaudit.json")
+    assert newest.parent == read_manifest(root / "step-8.kaudit.json").digest
+
+    configure_remote(project, str(tmp_path / "remote"))
+    pushed = run_cli("push", "ckpt", cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "trained")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    monkeypatch.chdir(clone)
+    (result,) = ka.verify(clone / "ckpt" / "step-12.kaudit.json")  # fetched, then checked
+    assert result.ok, result.failures
+    loaded = {"step": 0}
+    single(dcp.load, loaded, storage_reader=VerifiedReader(clone / "ckpt" / "step-12"))
+    assert loaded["step"] == 12

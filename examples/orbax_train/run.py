@@ -8,8 +8,9 @@ generate``). Orbax writes ``<root>/<step>/`` as it always does; the post-finaliz
 callback of :func:`~kronos_audit.integrations.orbax.signing_callback` signs each step once
 Orbax has renamed it into place (its manifest beside it, ``<root>/<step>.kaudit.json``),
 and the program calls it once more at the end for the last step. Started again, the
-program restores the newest signed step after
-:func:`~kronos_audit.integrations.orbax.verified_step` checked it. The data and the model
+program signs what a killed run committed, then restores the newest step after
+:func:`~kronos_audit.integrations.orbax.verified_step` checked it; ``--crash-at N`` kills
+the process (SIGKILL) once step N is committed. The data and the model
 are made in code: nothing is downloaded. The last line printed is JSON with the final
 step, the step it resumed from and the final loss.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--root", type=Path, default=Path("orbax"))
     parser.add_argument("--run", default="orbax-train")
+    parser.add_argument("--crash-at", type=int, default=None)
     args = parser.parse_args(argv)
     root = args.root.resolve()
     x = jax.random.normal(jax.random.key(0), (64, 8))
@@ -60,6 +64,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for step in range(start + 1, args.steps + 1):
             state = {"w": state["w"] - 0.05 * grad(state["w"], x, y)}
             manager.save(step, args=ocp.args.StandardSave(state))
+            if step == args.crash_at:
+                manager.wait_until_finished()  # its save committed, but never signed
+                os.kill(os.getpid(), signal.SIGKILL)
         manager.wait_until_finished()
         sign()  # the last step, committed after Orbax's last call
     out = {"step": args.steps, "resumed_from": start, "loss": float(loss(state["w"], x, y))}

@@ -62,3 +62,48 @@ def test_a_step_nobody_signed_is_refused(project: Project, monkeypatch: pytest.M
     (project.root / "orbax" / "7").mkdir(parents=True)
     with pytest.raises(ka.UsageError, match="is not signed"):
         verified_step(Path("orbax"), 7)
+
+
+@pytest.mark.slow  # one fresh process importing JAX and Orbax, killed with SIGKILL
+def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
+    project: Project, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from examples.orbax_train import run as example
+    from kronos_audit.storage import configure_remote
+    from tests.helpers import git, run_cli
+
+    monkeypatch.chdir(project.root)
+    argv = ["--steps", "30", "--every", "10", "--root", "orbax"]
+    crashed = subprocess.run(
+        [sys.executable, example.__file__, *argv, "--crash-at", "20"],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    root = project.root / "orbax"
+    # Orbax saves the first step and every tenth; step 20 was committed, never signed
+    assert sorted(p.name for p in root.glob("*.kaudit.json")) == ["1.kaudit.json", "10.kaudit.json"]
+    resumed = example.main(argv)  # signs step 20 first, then resumes from it verified
+    assert resumed["resumed_from"] == 20
+    steps = [read_manifest(root / f"{s}.kaudit.json") for s in (1, 10, 20, 30)]
+    assert [m.parent for m in steps] == [None, *(m.digest for m in steps[:-1])]
+
+    configure_remote(project, str(tmp_path / "remote"))
+    pushed = run_cli("push", "orbax", cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "trained")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    monkeypatch.chdir(clone)
+    (result,) = ka.verify(clone / "orbax" / "30.kaudit.json")  # fetched, then checked
+    assert result.ok, result.failures
+    verified_step(clone / "orbax", 30)
+    with ocp.CheckpointManager(clone / "orbax") as manager:
+        restored = manager.restore(30, args=ocp.args.StandardRestore({"w": jnp.zeros(8)}))
+    assert restored["w"].shape == (8,)

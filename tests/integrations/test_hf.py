@@ -76,3 +76,44 @@ def test_checkpoints_are_signed_steps_and_a_resume_is_verified_first(
     with pytest.raises(TamperedData, match=r"model\.safetensors") as refused:
         verified_last_checkpoint(output)
     assert "tensor transformer." in str(refused.value)  # the tensor, by its name in the file
+
+
+@pytest.mark.slow  # one fresh process importing transformers, killed with SIGKILL
+def test_a_killed_training_resumes_verified_and_its_checkpoints_verify_in_a_clone(
+    project: Project, key: SigningKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from examples.hf_train import run as example
+    from kronos_audit.storage import configure_remote
+    from tests.helpers import git, run_cli
+
+    monkeypatch.chdir(project.root)
+    argv = ["--steps", "8", "--save-steps", "4", "--output", "out"]
+    crashed = subprocess.run(
+        [sys.executable, example.__file__, *argv, "--crash-at", "6"],
+        cwd=project.root,
+        capture_output=True,
+        text=True,
+    )
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    output = project.root / "out"
+    assert sorted(p.name for p in output.glob("*.kaudit.json")) == ["checkpoint-4.kaudit.json"]
+    resumed = example.main(argv)
+    assert (resumed["resumed_from"], resumed["step"]) == ("checkpoint-4", 8)
+    four, eight = (read_manifest(output / f"checkpoint-{n}.kaudit.json") for n in (4, 8))
+    assert eight.parent == four.digest
+
+    configure_remote(project, str(tmp_path / "remote"))
+    pushed = run_cli("push", "out", cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "trained")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    monkeypatch.chdir(clone)
+    (result,) = ka.verify(clone / "out" / "checkpoint-8.kaudit.json")  # fetched, then checked
+    assert result.ok, result.failures
+    assert verified_last_checkpoint(clone / "out") == str(clone / "out" / "checkpoint-8")

@@ -230,11 +230,19 @@ class SignedWriter(FileSystemWriter):
 
 
 def _clear_unfinished(directory: Path) -> None:
-    """Refuse a directory whose save was signed; remove what an unfinished save left."""
+    """Refuse a directory whose save was signed, or that holds a whole DCP save (its
+    ``.metadata``: a checkpoint someone may want); remove what an unfinished save left
+    (DCP's names only, no ``.metadata``: nothing DCP could load)."""
     if os.path.lexists(manifest_path_for(directory)):
         raise UsageError(
             f"already signed ({manifest_path_for(directory).name} is beside it): a signed "
             "step is never written over",
+            path=directory,
+        )
+    if os.path.lexists(directory / METADATA):
+        raise UsageError(
+            "holds a whole DCP save that was never signed: sign it (kaudit snapshot), or "
+            "move it away, before saving a signed step here",
             path=directory,
         )
     with os.scandir(directory) as listing:

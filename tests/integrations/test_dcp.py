@@ -179,6 +179,12 @@ def test_a_save_into_a_signed_step_or_a_foreign_directory_is_refused(tmp_path: P
     with pytest.raises(dcp.api.CheckpointException, match="not a file DCP writes"):
         single(dcp.save, state(), storage_writer=SignedWriter(foreign, run="r", step=3))
     assert (foreign / "notes.txt").read_text() == "mine"
+    unsigned = tmp_path / "step-9"  # a whole save nobody signed: someone's checkpoint
+    single(dcp.save, state(), storage_writer=dcp.FileSystemWriter(unsigned))
+    before = {p.name: p.read_bytes() for p in unsigned.iterdir()}
+    with pytest.raises(dcp.api.CheckpointException, match="whole DCP save that was never signed"):
+        single(dcp.save, state(), storage_writer=SignedWriter(unsigned, run="r", step=9))
+    assert {p.name: p.read_bytes() for p in unsigned.iterdir()} == before
 
 
 def test_an_unfinished_save_is_replaced_whole_and_steps_chain(

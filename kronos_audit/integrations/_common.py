@@ -4,6 +4,9 @@ extends, verify a step before the tool reads it, and read a verified file exactl
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import stat
 from pathlib import Path
 
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
@@ -17,6 +20,7 @@ from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification.batch import verify
 from kronos_audit.verification.verifier import Verifier
 
+_CHUNK = 1 << 22
 MAX_SIBLINGS = 100_000
 """Most manifests looked at beside a checkpoint to find the step it extends."""
 
@@ -113,3 +117,64 @@ def read_verified(path: Path, manifest: Manifest) -> bytes:
     if len(data) != size or hashlib.sha256(data).hexdigest() != manifest.subject_sha256:
         raise TamperedData("refused to load: it changed after it was verified", path=path)
     return data
+
+
+def verified_copy(manifest: Manifest, dest: Path) -> Path:
+    """A private copy, in ``dest`` (made here: it must not exist), of the directory step
+    ``manifest`` signs (its signature already verified): each file read once through one
+    descriptor, never through a link, bounded by its signed size, and checked against its
+    signed sha256 as it is copied, so what the tool then reads is exactly what was checked.
+    On a mismatch nothing is left in ``dest`` and TamperedData names the file (and its
+    changed tensors, where the manifest signs them)."""
+    record = manifest.record.directory
+    source = manifest.checkpoint_path
+    if record is None:
+        raise UsageError("its manifest signs no directory step", path=source)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.mkdir(mode=0o700)
+    except OSError as e:
+        raise UsageError(
+            f"cannot make the copy's directory: {e.strerror or e}", path=dest
+        ) from None
+    try:
+        for entry in record.files:
+            target = dest / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            problem = _copy_checked(source / entry.path, target, entry.size, entry.sha256)
+            if problem is not None:
+                changed = [f"{entry.path}: {problem}", *changed_tensors(manifest)]
+                raise TamperedData(f"refused to load: {'; '.join(changed)}", path=source)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest
+
+
+def _copy_checked(source: Path, target: Path, size: int, sha256: str) -> str | None:
+    """Copy ``source`` to the new file ``target`` while hashing it; what is wrong with it
+    (not a regular file of the signed size, another sha256), or None."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(source, flags)
+    except OSError as e:
+        return f"cannot read it: {e.strerror or e}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return f"is not the signed file of {size:,} bytes"
+        digest = hashlib.sha256()
+        with open(target, "xb") as out:
+            done = 0
+            while done <= size:  # one read past the signed size tells a file that grew
+                chunk = os.read(fd, min(_CHUNK, size + 1 - done))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                out.write(chunk)
+                done += len(chunk)
+        if done != size or digest.hexdigest() != sha256:
+            return "its sha256 differs from the signed one"
+        return None
+    finally:
+        os.close(fd)

@@ -28,7 +28,12 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import UsageError
-from kronos_audit.integrations._common import previous_manifest, verified_manifest
+from kronos_audit.integrations._common import (
+    previous_manifest,
+    verified_copy,
+    verified_manifest,
+    verified_signature,
+)
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.signing.snapshot import snapshot
 
@@ -91,7 +96,10 @@ class KauditCallback(TrainerCallback):
 
 
 def verified_last_checkpoint(
-    output_dir: str | Path, *, trust: TrustOptions | None = None
+    output_dir: str | Path,
+    *,
+    trust: TrustOptions | None = None,
+    copy_to: str | Path | None = None,
 ) -> str | None:
     """The newest signed ``checkpoint-N/`` in ``output_dir`` once it verified, for
     ``trainer.train(resume_from_checkpoint=...)``; None when there is none.
@@ -99,7 +107,10 @@ def verified_last_checkpoint(
     A newer directory with no manifest beside it (a save killed before it was signed) is
     passed over. A signed one that does not verify raises
     :class:`~kronos_audit.errors.TamperedData` naming what changed: it is never passed over
-    in silence for an older one.
+    in silence for an older one. With ``copy_to``, the checkpoint is verified as it is
+    copied to ``copy_to/checkpoint-N/`` (which must not exist yet), each file read once,
+    and the copy's path is returned: the Trainer then reads exactly the bytes that were
+    checked, whatever happens to ``output_dir`` meanwhile.
     """
     root = Path(output_dir)
     if not root.is_dir():
@@ -112,6 +123,9 @@ def verified_last_checkpoint(
     for _, directory in reversed(found):
         if not manifest_path_for(directory).exists():
             continue
-        verified_manifest(directory, trust)
-        return str(directory)
+        if copy_to is None:
+            verified_manifest(directory, trust)
+            return str(directory)
+        manifest = verified_signature(directory, trust)
+        return str(verified_copy(manifest, Path(copy_to) / directory.name))
     return None

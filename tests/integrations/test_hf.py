@@ -64,7 +64,10 @@ def test_checkpoints_are_signed_steps_and_a_resume_is_verified_first(
     (output / "checkpoint-6").mkdir()
     assert verified_last_checkpoint(output) == str(output / "checkpoint-4")
     (output / "checkpoint-6").rmdir()
-    resumed = train(output, 6, resume=verified_last_checkpoint(output))
+    private = project.root.parent / "private"  # verified as copied: what the Trainer reads
+    resume = verified_last_checkpoint(output, copy_to=private)
+    assert resume == str(private / "checkpoint-4")
+    resumed = train(output, 6, resume=resume)
     assert resumed.state.global_step == 6
     assert read_manifest(output / "checkpoint-6.kaudit.json").parent == four.digest
 
@@ -76,6 +79,9 @@ def test_checkpoints_are_signed_steps_and_a_resume_is_verified_first(
     with pytest.raises(TamperedData, match=r"model\.safetensors") as refused:
         verified_last_checkpoint(output)
     assert "tensor transformer." in str(refused.value)  # the tensor, by its name in the file
+    with pytest.raises(TamperedData, match=r"tensor transformer\."):
+        verified_last_checkpoint(output, copy_to=private / "again")
+    assert not (private / "again" / "checkpoint-6").exists()  # nothing of a refused copy
 
 
 @pytest.mark.slow  # one fresh process importing transformers, killed with SIGKILL

@@ -35,7 +35,12 @@ from typing import Any
 
 from kronos_audit.checkpoint.layout import manifest_path_for
 from kronos_audit.errors import UsageError
-from kronos_audit.integrations._common import previous_manifest, verified_manifest
+from kronos_audit.integrations._common import (
+    previous_manifest,
+    verified_copy,
+    verified_manifest,
+    verified_signature,
+)
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.signing.snapshot import snapshot
 
@@ -113,10 +118,21 @@ def signing_callback(
     return StepSigner(run, Path(directory), seeds=seeds, attributes=attributes, key=key)
 
 
-def verified_step(directory: str | Path, step: int, *, trust: TrustOptions | None = None) -> Path:
+def verified_step(
+    directory: str | Path,
+    step: int,
+    *,
+    trust: TrustOptions | None = None,
+    copy_to: str | Path | None = None,
+) -> Path:
     """``<directory>/<step>/`` once its manifest verified (a trusted signature, every file,
     the chain), to hand to ``manager.restore(step)``; TamperedData naming what changed
-    otherwise, UsageError when it is not signed."""
+    otherwise, UsageError when it is not signed. With ``copy_to``, the step is verified as
+    it is copied to ``copy_to/<step>/`` (which must not exist yet), each file read once,
+    and the copy is returned: restore it with a manager over ``copy_to``, and Orbax reads
+    exactly the bytes that were checked."""
     path = Path(directory) / str(step)
-    verified_manifest(path, trust)
-    return path
+    if copy_to is None:
+        verified_manifest(path, trust)
+        return path
+    return verified_copy(verified_signature(path, trust), Path(copy_to) / str(step))

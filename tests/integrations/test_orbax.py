@@ -45,6 +45,11 @@ def test_committed_steps_are_signed_and_orbax_still_restores_them(
         assert verified_step(root, 3) == root / "3"
         restored = reader.restore(3, args=ocp.args.StandardRestore({"w": jnp.zeros(4)}))
     assert restored["w"].tolist() == [0.0, 3.0, 6.0, 9.0]
+    # or from a private copy, checked as it was made: Orbax reads what was verified
+    copy = verified_step(root, 3, copy_to=project.root.parent / "private")
+    with ocp.CheckpointManager(copy.parent) as private:
+        restored = private.restore(3, args=ocp.args.StandardRestore({"w": jnp.zeros(4)}))
+    assert restored["w"].tolist() == [0.0, 3.0, 6.0, 9.0]
 
     # a changed byte in one of step 2's files: refused before restore, naming the file
     changed = max(

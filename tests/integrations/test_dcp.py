@@ -224,6 +224,8 @@ def test_the_signed_step_records_each_item_and_the_tensors_by_name(
 def test_a_step_signed_without_item_digests_is_not_loaded_item_by_item(root: Path) -> None:
     directory = root / "step-8"
     single(dcp.save, state(), storage_writer=dcp.FileSystemWriter(directory))
+    with pytest.raises(dcp.api.CheckpointException, match=r"is not signed: no step-8\.kaudit"):
+        single(dcp.load, blank(), storage_reader=VerifiedReader(directory))
     ka.snapshot(directory, run="r", step=8)
     with pytest.raises(dcp.api.CheckpointException, match="records no DCP item digests"):
         single(dcp.load, blank(), storage_reader=VerifiedReader(directory))

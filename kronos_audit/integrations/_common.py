@@ -28,10 +28,11 @@ MAX_SIBLINGS = 100_000
 def previous_manifest(
     folder: Path, run: str, step: int, *, skip: Path | None = None
 ) -> Path | None:
-    """The manifest in ``folder`` of run ``run`` with the highest step at most ``step``
+    """The manifest in ``folder`` of run ``run`` with the highest step before ``step``
     (the most recently written among equals), other than ``skip``: the parent of a step
-    saved there now. Manifests are read (bounded, schema-checked), not verified: the chain
-    is verified from the child, with the parent's digest it signs."""
+    saved there now (a tool may save one step twice, as Lightning's ``last.ckpt``: both
+    saves then extend the step before). Manifests are read (bounded, schema-checked), not
+    verified: the chain is verified from the child, with the parent's digest it signs."""
     best: tuple[int, int, Path] | None = None
     for n, path in enumerate(sorted(folder.glob("*" + MANIFEST_SUFFIX))):
         if n >= MAX_SIBLINGS:
@@ -43,7 +44,7 @@ def previous_manifest(
             written = path.stat().st_mtime_ns
         except (Error, OSError):
             continue  # not one of this run's manifests: nothing to extend
-        if found.run != run or found.step > step:
+        if found.run != run or found.step >= step:
             continue
         rank = (found.step, written, path)
         if best is None or rank[:2] > best[:2]:

@@ -42,7 +42,7 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def fit(root: Path, steps: int, ckpt_path: Path | None = None) -> Tiny:
+def fit(root: Path, steps: int, ckpt_path: Path | None = None, last: bool = False) -> Tiny:
     gen = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(
         torch.randn(32, 4, generator=gen), torch.randn(32, 1, generator=gen)
@@ -59,7 +59,7 @@ def fit(root: Path, steps: int, ckpt_path: Path | None = None) -> Tiny:
             plugins=[SignedCheckpointIO(run="lit")],
             callbacks=[
                 L.pytorch.callbacks.ModelCheckpoint(
-                    dirpath=root, every_n_train_steps=2, save_top_k=-1
+                    dirpath=root, every_n_train_steps=2, save_top_k=-1, save_last=last
                 )
             ],
         )
@@ -94,6 +94,19 @@ def test_a_resume_loads_the_verified_checkpoint(trained: tuple[Path, Tiny]) -> N
     parent = read_manifest(root / "epoch=0-step=4.ckpt.kaudit.json")
     assert read_manifest(signed).parent == parent.digest
     assert not torch.equal(resumed.layer.weight, model.layer.weight)  # it trained on
+
+
+def test_last_ckpt_saved_at_every_step_is_signed_again_each_time(
+    trained: tuple[Path, Tiny],
+) -> None:
+    root, _ = trained
+    fit(root, 6, ckpt_path=root / "epoch=0-step=4.ckpt", last=True)
+    last = read_manifest(root / "last.ckpt.kaudit.json")  # saved beside step 6, then signed
+    six = read_manifest(next(root.glob("*step=6.ckpt.kaudit.json")))
+    four = read_manifest(root / "epoch=0-step=4.ckpt.kaudit.json")
+    assert (last.step, last.parent, six.parent) == (6, four.digest, four.digest)
+    (result,) = ka.verify(last.path)
+    assert result.ok, result.failures
 
 
 def test_a_changed_checkpoint_is_refused_before_lightning_reads_it(

@@ -21,13 +21,14 @@ reference for where the time goes, the hashing alone of one rank's bytes on one 
 
 Run: .venv/bin/python bench/bench_dcp.py [--mib 256] [--repeat 5] [--quick]
 
-A run on the shared 2-core machine, other work running (load 6-7), 256 MiB, median of 5:
+Two runs on the shared 2-core machine, other work running (load 6-8), 256 MiB, median
+of 5 (the second on a later main, after the rolling-restart and directory-step changes):
 
-                  wall    cpu (sum of ranks)
-    plain       344 ms        173 ms
-    signed     4044 ms       2028 ms    11.8x, 11.7x   MISS
-    files      1500 ms        853 ms     4.4x,  4.9x   MISS
-    hashing one rank's 128 MiB in memory on one core (sha256 twice, md5): 790 ms
+                  wall    cpu (sum of ranks)             wall    cpu
+    plain       344 ms        173 ms                   293 ms    190 ms
+    signed     4044 ms       2028 ms  11.8x, 11.7x    2674 ms   1692 ms   9.1x, 8.9x   MISS
+    files      1500 ms        853 ms   4.4x,  4.9x    1665 ms    958 ms   5.7x, 5.0x   MISS
+    hashing one rank's 128 MiB in memory on one core (sha256 twice, md5): 790 ms, 590 ms
 
 (Hashing alone, before the step was signed, measured 3.3x wall and 4.75x CPU in an
 earlier run of the same kind: signing, git state and DVC tracking add a fixed part.)

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -69,6 +70,39 @@ def test_a_push_removes_the_partial_uploads_killed_pushes_left_and_nothing_else(
     assert elsewhere.exists()
 
 
+STOPPED_MIDWAY = """
+import os, signal, sys
+
+from kronos_audit.cli import main
+
+remote = os.path.realpath(sys.argv[1])
+
+
+def hook(event, args):
+    # DVC writes an upload under a temporary name, then renames it to the object's: stop
+    # just before that rename, the upload's bytes all there, the object not yet.
+    if event == "os.rename" and os.fsdecode(args[0]).endswith(".tmp"):
+        if os.path.realpath(os.fsdecode(args[0])).startswith(remote + os.sep):
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+sys.addaudithook(hook)
+sys.argv = ["kaudit", *sys.argv[2:]]
+main()
+"""
+"""``kaudit`` that stops itself (SIGSTOP) in the middle of its first upload into the DVC
+directory remote ``argv[1]``; the rest of argv is its command line."""
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (``T`` in /proc), or gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    return fields[0] in ("T", "Z")
+
+
 def test_a_second_push_waits_for_the_object_the_first_is_uploading(
     project: Project, key: SigningKey, remote: Path, tmp_path: Path
 ) -> None:
@@ -77,9 +111,10 @@ def test_a_second_push_waits_for_the_object_the_first_is_uploading(
     big_object, small_object = object_of(remote, big), object_of(remote, small)
     size = (big.parent / "step-00000001.h5").stat().st_size
 
-    def push(*args: str) -> subprocess.Popen[str]:
+    def push(*args: str, midway: bool = False) -> subprocess.Popen[str]:
+        command = [sys.executable, "-c", STOPPED_MIDWAY, str(remote)] if midway else KAUDIT
         return subprocess.Popen(
-            [*KAUDIT, "push", "--json", *args],
+            [*command, "push", "--json", *args],
             cwd=project.root,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -90,12 +125,12 @@ def test_a_second_push_waits_for_the_object_the_first_is_uploading(
         directory = big_object.parent
         return directory.is_dir() and any(n.endswith(".tmp") for n in os.listdir(directory))
 
-    first = push(str(big))
+    first = push(str(big), midway=True)  # stops itself in the middle, holding its lock
     deadline = time.monotonic() + HANG_GUARD
-    while not uploading() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.001)
-    first.send_signal(signal.SIGSTOP)  # in the middle of its upload, holding its lock
+    while not stopped(first.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
+        assert first.poll() is None, first.communicate()
         assert uploading(), "the first push was not caught midway"
         assert not big_object.exists()
         second = push()  # every checkpoint: the big one and the small one

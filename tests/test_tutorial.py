@@ -89,8 +89,8 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
 
     verified = run_cli("verify", "checkpoints/walk", cwd=project)
     assert verified.exit_code == 0, verified.output
-    assert "10 manifest(s) verified, data checked for 10" in verified.output
-    assert "10 manifest(s) verified, data checked for 10" in text
+    assert "10 manifest(s): 10 ok; data checked for 10" in verified.output
+    assert "10 manifest(s): 10 ok; data checked for 10" in text
 
     replayed = run_cli("replay", "checkpoints/walk/step-00001000.h5.kaudit.json", cwd=project)
     assert replayed.exit_code == 0, replayed.output

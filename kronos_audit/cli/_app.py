@@ -24,7 +24,15 @@ import click
 from kronos_audit import __version__
 from kronos_audit.cli._warnings import third_party_warnings_to_log
 from kronos_audit.cli.options import JSON_META
-from kronos_audit.cli.output import COLOR_CHOICES, ColorWhen, Settings, fail_line, plain
+from kronos_audit.cli.output import (
+    COLOR_CHOICES,
+    ColorWhen,
+    Settings,
+    error_line,
+    fail_line,
+    plain,
+    shown,
+)
 from kronos_audit.errors import Error, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -421,10 +429,10 @@ class KauditGroup(SuggestingGroup):
         try:
             return super().invoke(ctx)
         except Error as e:
-            _fail(ctx, e.message, e.path, e.exit_code, type(e).__name__, str(e))
+            _fail(ctx, e.message, e.path, e.exit_code, type(e).__name__, error_line(e))
         except OSError as e:  # the environment failed us (disk full, I/O error): say where
             # and doing what (kronos_audit._internal.fsutil.naming notes the operation)
-            where = f"{e.filename}: " if e.filename else ""
+            where = f"{shown(e.filename)}: " if e.filename else ""
             doing = "".join(f"{note}: " for note in getattr(e, "__notes__", ()))
             message = f"{doing}{e.strerror or e}"
             _fail(

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, NamedTuple
 
 import click
@@ -47,6 +48,86 @@ def safe(value: object) -> str:
     from rich.markup import escape
 
     return escape(plain(value))
+
+
+# -- paths, as a git user reads them ----------------------------------------------------
+
+_TOP_META = "kronos_audit.cli.top"
+
+
+def _enclosing_top(start: Path) -> Path | None:
+    """The nearest directory from ``start`` up that holds ``.git`` or ``.kaudit``: the top
+    of the work tree ``start`` is in, found by looking, without running git."""
+    return next(
+        (d for d in (start, *start.parents) if (d / ".git").exists() or (d / ".kaudit").is_dir()),
+        None,
+    )
+
+
+def _top(cwd: Path) -> Path:
+    """The top of the work tree the working directory is in, or the working directory
+    outside one: found once per command."""
+    ctx = click.get_current_context(silent=True)
+    cached = None if ctx is None else ctx.find_root().meta.get(_TOP_META)
+    if cached is not None and cached[0] == cwd:
+        return Path(cached[1])
+    top = _enclosing_top(cwd) or cwd
+    if ctx is not None:
+        ctx.find_root().meta[_TOP_META] = (cwd, top)
+    return top
+
+
+def shown(path: Path | str) -> str:
+    """How text output names a file, as git does: relative to the working directory
+    (``../checkpoints/heat/step-2.h5`` from ``sub/``) when it is in the work tree one
+    stands in, absolute when it is not (a user's trust store, another repository),
+    however the command found it or was given it. ``--json`` names files relative to the
+    repository's top instead (``kronos_audit.cli.options.json_paths``).
+
+    The directory is resolved, the name is not: a checkpoint that is a symlink into DVC's
+    cache is named by its own name."""
+    given = Path(path)
+    cwd = Path.cwd()
+    whole = given if given.is_absolute() else cwd / given
+    try:
+        whole = whole.parent.resolve() / whole.name if whole.name else whole.resolve()
+        here = cwd.resolve()
+    except (OSError, RuntimeError):  # a loop of links: the path as given
+        return str(given)
+    if whole == here:
+        return "."
+    if not whole.is_relative_to(_top(here)):
+        return str(whole)
+    return os.path.relpath(whole, here)
+
+
+def shown_recorded(name: str, beside: Path) -> str:
+    """A name a manifest records relative to its repository's top (its checkpoint, its
+    parent), as :func:`shown` names the file it would be in the work tree that holds
+    ``beside``. A name that is absolute or climbs (``..``) names no file of that tree: it
+    is shown as recorded."""
+    from pathlib import PurePosixPath
+
+    recorded = PurePosixPath(name)
+    if recorded.is_absolute() or ".." in recorded.parts or "\\" in name:
+        return name
+    try:
+        top = _enclosing_top(Path(beside).parent.resolve())
+    except (OSError, RuntimeError):
+        top = None
+    return name if top is None else shown(top.joinpath(*recorded.parts))
+
+
+def error_line(e: Exception) -> str:
+    """A kaudit error as one line: the file it names (:func:`shown`), then what is wrong."""
+    where = getattr(e, "path", None)
+    message = getattr(e, "message", str(e))
+    if where is None:
+        return message
+    named = shown(where)
+    if named == ".":  # the directory one stands in: by its name, which says more
+        named = str(Path.cwd())
+    return f"{named}: {message}"
 
 
 def fail_line(message: str) -> None:

@@ -75,6 +75,21 @@ from kronos_audit.statement.dsse import (
 TRUSTED_KEYS_ENV = "KAUDIT_TRUSTED_KEYS"
 TRUST_DIR = ".kaudit/trusted-keys"
 _REF_LIMIT = 4096  # entries read from a trust ref: a store is tens of keys
+UNANCHORED_ADVICE = (
+    "anchor it with --trusted-key, --trust-ref or `kaudit keys trust --user` "
+    "(or accept it with --allow-unanchored)"
+)
+"""What a verifier can do about a signer refused as unanchored: the end of that refusal's
+detail, which a command listing many refusals says once (see :func:`split_advice`)."""
+
+
+def split_advice(detail: str) -> tuple[str, str | None]:
+    """``detail`` without :data:`UNANCHORED_ADVICE` at its end, and the advice (None when
+    it had none): for output that lists many refusals and gives the advice once."""
+    tail = f": {UNANCHORED_ADVICE}"
+    if detail.endswith(tail):
+        return detail[: -len(tail)], UNANCHORED_ADVICE
+    return detail, None
 
 
 class Anchor(StrEnum):
@@ -141,6 +156,21 @@ class TrustedKey:
                 return f"anchor: {self.anchor.value} commit {self.source}"
             return f"anchor: {self.anchor.value} {self.ref} at {self.source}"
         return f"anchor: {self.anchor.value} {self.source}"
+
+    def anchor_label(self) -> str:
+        """:meth:`describe_anchor` without where in a store the key file is (the store's
+        path, the commit read): what many ``ok`` lines repeat, said once. A file the
+        verifier named (``--trusted-key``, ``$KAUDIT_TRUSTED_KEYS``) keeps its name."""
+        if self.anchor is Anchor.REPOSITORY:
+            return f"unanchored: only the repository's {TRUST_DIR} vouches for it"
+        if self.anchor is Anchor.USER:
+            return "anchor: user trust store"
+        if self.anchor is Anchor.TRUST_REF:
+            commit = self.source.split(":", 1)[0]
+            if self.ref is None or self.ref == commit:
+                return f"anchor: {self.anchor.value} commit {commit[:12]}"
+            return f"anchor: {self.anchor.value} {self.ref}"
+        return self.describe_anchor()  # a file the verifier named: as they named it
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
@@ -341,8 +371,7 @@ class Keyring:
                 refused = refused or SignerCheck(
                     False,
                     f"signed by {who}, which only the repository's own {TRUST_DIR} vouches "
-                    "for (unanchored): anchor it with --trusted-key, --trust-ref or "
-                    "`kaudit keys trust --user` (or accept it with --allow-unanchored)",
+                    f"for (unanchored): {UNANCHORED_ADVICE}",
                     key,
                 )
                 continue
@@ -568,6 +597,7 @@ def describe(keys: Iterable[TrustedKey]) -> Mapping[str, list[TrustedKey]]:
 
 
 __all__ = [
+    "UNANCHORED_ADVICE",
     "Anchor",
     "Keyring",
     "PinnedRef",
@@ -575,4 +605,5 @@ __all__ = [
     "TrustOptions",
     "TrustedKey",
     "load_keyring",
+    "split_advice",
 ]

@@ -158,7 +158,7 @@ def test_a_sharded_step_verifies_with_its_chain(step: Manifest) -> None:
     assert "chain of 2 manifests" in result.checks[-1].detail
     cli = run_cli("verify", str(step.path.parents[1]))
     assert cli.exit_code == 0, cli.output
-    assert "2 manifest(s) verified, data checked for 2" in cli.stdout
+    assert "2 manifest(s): 2 ok; data checked for 2" in cli.stdout
 
 
 def test_single_and_sharded_steps_chain_alike(project: Project, key: SigningKey) -> None:
@@ -182,7 +182,7 @@ def test_single_and_sharded_steps_chain_alike(project: Project, key: SigningKey)
     assert "chain of 3 manifests back to step 1" in result.checks[-1].detail
     cli = run_cli("verify", str(run_dir))
     assert cli.exit_code == 0, cli.output
-    assert "3 manifest(s) verified, data checked for 3" in cli.stdout
+    assert "3 manifest(s): 3 ok; data checked for 3" in cli.stdout
     # A sharded link that is altered breaks the chain of whatever comes after it.
     second.path.write_bytes(second.path.read_bytes().replace(b'"payload"', b'"payload" '))
     (result,) = verify(third.path)

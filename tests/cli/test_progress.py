@@ -103,7 +103,7 @@ def test_verify_shows_a_bar_on_a_terminal_only(project: Project, heat: Path) -> 
     assert code == 0, terminal
     assert "verifying manifests" in terminal
     assert "\x1b[" in terminal  # drawn by rich, as a terminal gets it
-    assert "2 manifest(s) verified" in stdout  # the results stay on stdout, plain
+    assert "2 manifest(s): 2 ok" in stdout  # the results stay on stdout, plain
     assert "\x1b" not in stdout
     assert "verifying" not in stdout
 
@@ -121,8 +121,8 @@ def test_an_error_line_is_shown_beside_the_bar(project: Project, heat: Path) -> 
     (line,) = [x for x in terminal.splitlines() if "kaudit: error: " in x]
     # on a line of its own (erased, then written whole), above the bar
     assert line.removeprefix("\x1b[2K").startswith("kaudit: error: ")
-    assert f"{bad}: not valid JSON" in line
-    assert "2 manifest(s) verified" in stdout
+    assert f"{bad.relative_to(project.root)}: not valid JSON" in line
+    assert "2 manifest(s): 2 ok" in stdout
 
 
 @pytest.mark.parametrize("args", [("-q", "verify"), ("verify", "--json")])

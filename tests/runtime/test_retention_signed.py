@@ -93,7 +93,7 @@ def test_a_run_that_pruned_verifies_and_says_what_was_checked(
     human = run_cli("verify", str(run_dir))
     assert human.exit_code == 0, human.output
     last = human.stdout.strip().splitlines()[-1]
-    assert "6 manifest(s) verified" in last
+    assert "6 manifest(s): 6 ok" in last
     assert "data checked for 2" in last
     assert "not checked for 4 (pruned)" in last
 
@@ -318,7 +318,7 @@ def test_a_sharded_run_that_pruned_verifies_and_every_command_says_pruned(
     human = run_cli("verify", *trust, str(run_dir))
     assert human.exit_code == 0, human.output
     last = human.stdout.strip().splitlines()[-1]
-    assert f"{SHARDED_STEPS} manifest(s) verified" in last
+    assert f"{SHARDED_STEPS} manifest(s): {SHARDED_STEPS} ok" in last
     assert f"data checked for {len(KEPT)}" in last
     assert f"not checked for {len(PRUNED)} (pruned)" in last
     code, doc = verify_json("--no-fetch", *trust, str(run_dir))

@@ -72,7 +72,7 @@ def test_push_then_a_plain_dvc_pull_in_a_fresh_clone_restores_and_verifies(
         assert (clone / "dcp" / step.name / ".tool_state").is_file()
     checked = run_cli("verify", str(clone / "dcp"), "--trusted-key", anchor, cwd=clone)
     assert checked.exit_code == 0, checked.output
-    assert "2 manifest(s) verified, data checked for 2" in checked.output
+    assert "2 manifest(s): 2 ok; data checked for 2" in checked.output
     assert "2 pushed" in run_cli("status", str(clone / "dcp"), cwd=clone).output
     assert json.loads(dvc(clone, "status", "--json").stdout) == {}
     log = run_cli("log", str(clone / "dcp"), cwd=clone)

@@ -142,7 +142,7 @@ def test_a_run_killed_in_one_clone_resumes_from_the_ssh_remote_in_another(
 
     result = run_cli("verify", str(run_dir))
     assert result.exit_code == 0, result.output
-    assert f"{STEPS} manifest(s) verified, data checked for {STEPS}" in result.output
+    assert f"{STEPS} manifest(s): {STEPS} ok; data checked for {STEPS}" in result.output
     # The steps before the one resumed from: their data fetched from the remote by verify.
     assert result.output.count("fetched from the DVC remote") == STALL_AT - 1
 

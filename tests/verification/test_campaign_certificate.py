@@ -105,7 +105,7 @@ def test_a_finished_campaign_is_certified_and_verifies(
     # `kaudit verify` with no path finds it with the run's manifests.
     everything = run_cli("verify", cwd=project.root)
     assert everything.exit_code == 0, everything.output
-    assert "1 campaign certificate(s) verified" in everything.output
+    assert "1 campaign certificate(s): 1 ok" in everything.output
 
 
 def test_a_campaign_restarted_certifies_each_batch_with_the_attempt_that_ran_it(

@@ -9,7 +9,7 @@ import click
 
 from kronos_audit.cli._app import error_json
 from kronos_audit.cli.options import json_option, trust_options, warn
-from kronos_audit.cli.output import fail_line, out, safe
+from kronos_audit.cli.output import error_line, fail_line, out, safe, shown
 from kronos_audit.cli.progress import progress_bar
 from kronos_audit.errors import ExitCode
 
@@ -101,7 +101,7 @@ def log(
         )
     else:
         for e in result.problems:
-            fail_line(str(e))
+            fail_line(error_line(e))
         if not result.runs and not result.problems:
             warn("no manifest (*.kaudit.json) found")
         for i, r in enumerate(result.runs):
@@ -112,7 +112,7 @@ def log(
                 if r.first_step == r.newest_step
                 else f"steps {r.first_step}..{r.newest_step}"
             )
-            out.print(f"[yellow]run {safe(r.run)}[/]  {safe(project.relative(r.directory))}")
+            out.print(f"[yellow]run {safe(r.run)}[/]  {safe(shown(r.directory))}")
             out.print(f"  checkpoints {r.count} ({steps}), newest step {r.newest_step}")
             dirty = " + uncommitted patch" if r.dirty else ""
             out.print(f"  commit      {safe(r.commit[:12])}{dirty}")

@@ -17,7 +17,7 @@ from kronos_audit.cli.options import (
     trust_options,
     warn,
 )
-from kronos_audit.cli.output import out, safe
+from kronos_audit.cli.output import error_line, out, safe, shown
 from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def pull(
             if isinstance(outcome, Error):
                 errors.append(outcome)
                 if not as_json:
-                    bar.error(str(outcome))
+                    bar.error(error_line(outcome))
                 continue
             results.append(outcome)
             if as_json:
@@ -104,7 +104,7 @@ def pull(
                     if outcome.fetched
                     else "here"
                 )
-                out.print(f"[green]ok[/]   {safe(outcome.checkpoint)} ({how})")
+                out.print(f"[green]ok[/]   {safe(shown(outcome.checkpoint))} ({how})")
                 continue
             hint = (
                 " (the local copy is left as it is: `kaudit pull --force` replaces it with "
@@ -114,7 +114,7 @@ def pull(
             )
             for c in outcome.failures:
                 out.print(
-                    f"[red]FAIL[/] {safe(outcome.checkpoint)}: {safe(c.name)}: "
+                    f"[red]FAIL[/] {safe(shown(outcome.checkpoint))}: {safe(c.name)}: "
                     f"{safe(c.detail)}{hint}",
                     failure=True,
                 )

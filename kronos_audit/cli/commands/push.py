@@ -15,11 +15,12 @@ from kronos_audit.cli.options import (
     trust_options,
     warn,
 )
-from kronos_audit.cli.output import out, plain, safe
+from kronos_audit.cli.output import error_line, fail_line, out, safe, shown
 from kronos_audit.errors import Error, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from kronos_audit.keys.anchors import TrustOptions
+    from kronos_audit.storage import FetchItem
 
 
 @click.command()
@@ -53,7 +54,7 @@ def push(
     from kronos_audit.errors import PushIncomplete
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.runtime.resume_remote import push_manifests
-    from kronos_audit.storage import FetchItem, Storage
+    from kronos_audit.storage import Storage
     from kronos_audit.storage.directories import push_listings
     from kronos_audit.storage.steps import step_items
     from kronos_audit.verification.chain import place_check
@@ -172,24 +173,54 @@ def push(
         )
         ctx.exit(code)
     for bad_input in bad.values():
-        click.echo(f"kaudit: error: {plain(str(bad_input))}", err=True)
+        fail_line(error_line(bad_input))
     for item, how in repaired:
-        out.print(f"[yellow]repaired[/] {safe(project.relative(item.checkpoint))}: {safe(how)}")
+        out.print(f"[yellow]repaired[/] {safe(shown(item.checkpoint))}: {safe(how)}")
     for path, why in refused.items():
-        out.print(f"[red]FAIL[/] {safe(path)}: {safe(why)}", failure=True)
+        out.print(f"[red]FAIL[/] {safe(shown(path))}: {safe(why)}", failure=True)
     for path, why in missing.items():
         out.print(
-            f"[red]FAIL[/] {safe(path)}{safe(steps.get(path, ''))}: {safe(why)}", failure=True
+            f"[red]FAIL[/] {safe(shown(path))}{safe(steps.get(path, ''))}: {safe(why)}",
+            failure=True,
         )
     pushed = sum(
         m not in refused and not any(i.checkpoint in missing for i in group)
         for m, group in items.items()
     )
     out.print(
-        f"pushed {pushed} checkpoint(s): {uploaded} object(s) uploaded, "
-        f"the rest were in the remote already (each confirmed there, by its signed md5 and "
-        f"size); their {sent} manifest(s) beside them"
+        f"pushed {pushed} checkpoint(s): {_what_went(items, missing, refused, uploaded)}; "
+        f"their {sent} manifest(s) beside them"
         + (f"; {len(absent)} not here (pruned or never pulled), left as they are" if absent else "")
         + (f"; {len(refused) + len(missing) + len(bad)} not pushed (above)" if not ok else "")
     )
     ctx.exit(code)
+
+
+def _what_went(
+    items: dict[Path, list[FetchItem]],
+    missing: dict[Path, str],
+    refused: dict[Path, str],
+    uploaded: int,
+) -> str:
+    """What a push did with the objects of the checkpoints it pushed: how many it uploaded,
+    how many were in the remote already, and how many files were identical, sharing one
+    object (DVC stores content once, by its md5)."""
+    pushed = [
+        i
+        for m, group in items.items()
+        if m not in refused and not any(i.checkpoint in missing for i in group)
+        for i in group
+    ]
+    by_md5: dict[str, int] = {}
+    for item in pushed:
+        by_md5[item.md5] = by_md5.get(item.md5, 0) + 1
+    said = [f"{uploaded} object(s) uploaded"]
+    already = len(by_md5) - uploaded
+    if already > 0:
+        said.append(
+            f"{already} in the remote already (each confirmed there, by its signed md5 and size)"
+        )
+    shared = [n for n in by_md5.values() if n > 1]
+    if shared:
+        said.append(f"{sum(shared)} identical files stored as {len(shared)} object(s)")
+    return ", ".join(said)

@@ -12,7 +12,7 @@ import click
 
 from kronos_audit._internal.frozen import thaw
 from kronos_audit.cli.options import json_option
-from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.cli.output import Column, out, safe, shown, shown_recorded
 from kronos_audit.errors import Error
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ def show(manifest: Path, as_json: bool) -> None:
     p = m.record
     g, env = p.git, p.environment
     rows: list[tuple[str, str]] = [
-        ("manifest", _text(m.path)),
-        ("checkpoint", f"{_text(m.subject_name)}  ({_text(p.size)} bytes)"),
+        ("manifest", _text(shown(m.path))),
+        ("checkpoint", f"{_text(shown_recorded(m.subject_name, m.path))}  ({_text(p.size)} bytes)"),
         ("sha256", _text(m.subject_sha256)),
         ("run / step", f"{_text(m.run)} / {_text(m.step)}"),
         ("created", _text(p.created)),
@@ -61,7 +61,8 @@ def show(manifest: Path, as_json: bool) -> None:
     if p.format is not None:
         rows.append(("format", _text(p.format)))
     parent = (
-        f"{_text(p.parent_manifest, 'location not recorded')} ({_text(p.parent)})"
+        f"{_text(_recorded(p.parent_manifest, m.path), 'location not recorded')} "
+        f"({_text(p.parent)})"
         if p.parent is not None
         else "none"
     )
@@ -188,8 +189,11 @@ def _show_attestation(path: Path, as_json: bool) -> None:
     patch = f" + patch {_text(r.patch_sha256)}" if r.patch_sha256 else ""
     parent = "the start" if r.parent is None else f"step {_text(r.parent.step)}"
     rows: list[tuple[str, str]] = [
-        ("attestation", _text(a.path)),
-        ("attests", f"{_text(r.manifest.path)} ({_text(r.manifest.sha256)})"),
+        ("attestation", _text(shown(a.path))),
+        (
+            "attests",
+            f"{_text(shown_recorded(r.manifest.path, a.path))} ({_text(r.manifest.sha256)})",
+        ),
         ("run / step", f"{_text(r.manifest.run)} / {_text(r.manifest.step)}"),
         ("outcome", _text(r.outcome.value)),
         ("replayed", f"{_text(r.replayed_at)} from {parent} by {_text(r.tool)}"),
@@ -251,6 +255,10 @@ def _parent_beside(m: Manifest) -> Manifest | None:
         return parse_manifest(data, candidate)
     except (OSError, RuntimeError, UnsafeFile, Error):
         return None
+
+
+def _recorded(name: str | None, beside: Path) -> str | None:
+    return None if name is None else shown_recorded(name, beside)
 
 
 def _text(value: object, missing: str = "none") -> str:

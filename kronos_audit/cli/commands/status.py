@@ -15,7 +15,7 @@ from kronos_audit.cli.options import (
     trust_options,
     warn,
 )
-from kronos_audit.cli.output import Column, out, safe, settings
+from kronos_audit.cli.output import Column, out, safe, settings, shown
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def status_command(
             ],
             [
                 (
-                    safe(project.relative(e.checkpoint)),  # a file's name: text, never markup
+                    safe(shown(e.checkpoint)),  # a file's name: text, never markup
                     str(e.step),
                     f"{e.size:,}",
                     f"[{_COLOURS[e.location.value]}]{e.location.value}[/]",
@@ -167,7 +167,7 @@ def status_command(
         for e in entries:  # with --quiet, what fails the command, and nothing else
             if e.location.value == "corrupt" and settings().quiet:
                 out.print(
-                    f"[red]corrupt[/] {safe(project.relative(e.checkpoint))}: not the bytes "
+                    f"[red]corrupt[/] {safe(shown(e.checkpoint))}: not the bytes "
                     "its manifest signs",
                     failure=True,
                 )

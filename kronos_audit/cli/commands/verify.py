@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,7 +15,7 @@ from kronos_audit.cli.options import (
     trust_options,
     warn,
 )
-from kronos_audit.cli.output import out, safe, settings
+from kronos_audit.cli.output import error_line, out, safe, settings, shown
 from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
@@ -23,7 +23,48 @@ if TYPE_CHECKING:
     from kronos_audit.verification.results import VerifyResult
 
 
-def _print_result(r: VerifyResult) -> None:
+class _Said:
+    """What many result lines would repeat, said once after the summary: where each
+    anchor that trusted a signer is (its path, or the commit read), and the advice for an
+    unanchored signer."""
+
+    def __init__(self) -> None:
+        self.anchors: dict[str, str] = {}
+        self.advice: set[str] = set()
+
+    def detail(self, text: str) -> str:
+        """A check's detail with the unanchored advice left for the end."""
+        from kronos_audit.keys.anchors import split_advice
+
+        shown, advice = split_advice(text)
+        if advice is not None:
+            self.advice.add(advice)
+        return shown
+
+    def signer(self, r: VerifyResult) -> str:
+        """Who signed and which anchor trusted them: the anchor by name (its path once,
+        at the end; in full on every line with -v)."""
+        signed = r.signature_check
+        if signed is None or not signed.ok:
+            return ""
+        text = signed.detail
+        key = r.signer
+        if key is not None and not settings().verbose:
+            full, label = key.describe_anchor(), key.anchor_label()
+            if full != label and full in text:
+                text = text.replace(full, label, 1)
+                who = f"{key.name} (key {key.short_id})"
+                self.anchors.setdefault(f"{who}, {label}", full)
+        return f"; {safe(text)}"
+
+    def print(self) -> None:
+        for who, full in sorted(self.anchors.items()):
+            out.print(f"[dim]{safe(who.split(', ', 1)[0])}: {safe(full)}[/]")
+        for advice in sorted(self.advice):
+            out.print(f"unanchored: {safe(advice)}", failure=True)
+
+
+def _print_result(r: VerifyResult, said: _Said) -> None:
     from kronos_audit.verification.results import CheckStatus, StatementKind
 
     mark = "[green]ok[/]  " if r.ok else "[red]FAIL[/]"
@@ -38,14 +79,14 @@ def _print_result(r: VerifyResult) -> None:
         what = f"{kind}run {safe(r.run)}, step {r.step}"
     # The accepted signature's own words: who signed, which anchor trusted them, and any
     # revocation they were signed before.
-    signed = r.signature_check
-    signer = "" if signed is None or not signed.ok else f"; {safe(signed.detail)}"
+    signer = said.signer(r)
     out.print(
-        f"{mark} {safe(r.manifest)}  [dim]({what}{fetched}{signer})[/]",
+        f"{mark} {safe(shown(r.manifest))}  [dim]({what}{fetched}{signer})[/]",
         failure=failed,
     )
     for c in r.failures:
-        out.print(f"      [red]{safe(c.name)}[/]: {safe(c.detail)}", failure=True)
+        detail = said.detail(c.detail)
+        out.print(f"      [red]{safe(c.name)}[/]: {safe(detail)}", failure=True)
     # What an attested verdict was reached with: its tolerances and where they came from.
     for i, line in enumerate(r.comparison):
         lead = "      compared: " if i == 0 else "        "
@@ -58,23 +99,75 @@ def _print_result(r: VerifyResult) -> None:
             out.print(f"      [green]{safe(c.name)}[/]: {safe(c.detail)}")
 
 
-def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, int]:
+def _summary(results: list[VerifyResult], errors: list[Error]) -> dict[str, Any]:
+    """Counts of what was verified: each kind read, how many held (``ok``) and failed,
+    the errors (what could not be read at all: a malformed manifest), and where the
+    manifests' data is in :class:`~kronos_audit.checkpoint.location.Location`'s words."""
     from kronos_audit.verification.results import StatementKind
 
     manifests = [r for r in results if r.kind is StatementKind.MANIFEST]
     certificates = sum(r.kind is StatementKind.CAMPAIGN for r in results)
+    data: dict[str, int] = {}
+    not_checked: dict[str, int] = {}
+    for r in manifests:
+        if r.data is not None:
+            data[r.data.value] = data.get(r.data.value, 0) + 1
+            if not r.data_checked:
+                not_checked[r.data.value] = not_checked.get(r.data.value, 0) + 1
     return {
         "manifests": len(manifests),
         "attestations": len(results) - len(manifests) - certificates,
         "certificates": certificates,
-        "data_checked": sum(r.data_checked for r in manifests),
-        "data_not_checked": sum(not r.data_checked for r in manifests),
+        "ok": sum(r.ok for r in results),
+        "failed": sum(not r.ok for r in results),
+        "errors": len(errors),
         "unanchored": sum(
             r.signer is not None and not r.signer.anchor.anchored and r.ok for r in results
         ),
-        "failed": sum(not r.ok for r in results),
-        "errors": len(errors),
+        "data_checked": sum(r.data_checked for r in manifests),
+        "data_not_checked": sum(not r.data_checked for r in manifests),
+        "data": dict(sorted(data.items())),
+        "not_checked": dict(sorted(not_checked.items())),
     }
+
+
+def _summary_line(results: list[VerifyResult], summary: dict[str, Any]) -> str:
+    """The summary in words: ``5 manifest(s): 3 ok, 2 failed; data checked for 3, not
+    checked for 2 (pruned); 1 error(s)``."""
+    from kronos_audit.verification.results import StatementKind
+
+    clauses = []
+    for kind, label in (
+        (StatementKind.MANIFEST, "manifest(s)"),
+        (StatementKind.ATTESTATION, "attestation(s)"),
+        (StatementKind.CAMPAIGN, "campaign certificate(s)"),
+    ):
+        of_kind = [r for r in results if r.kind is kind]
+        if not of_kind:
+            continue
+        ok = sum(r.ok for r in of_kind)
+        counts = [f"{ok} ok"] if ok else []
+        if ok < len(of_kind):
+            counts.append(f"[red]{len(of_kind) - ok} failed[/]")
+        clauses.append(f"{len(of_kind)} {label}: {', '.join(counts)}")
+    if summary["manifests"]:
+        checked, unchecked = summary["data_checked"], summary["data_not_checked"]
+        where = summary["not_checked"]
+        if len(where) == 1 and sum(where.values()) == unchecked:
+            why = f" ({next(iter(where))})"
+        else:
+            why = " (" + ", ".join(f"{n} {w}" for w, n in where.items()) + ")" if where else ""
+        if not unchecked:
+            clauses.append(f"data checked for {checked}")
+        elif not checked:
+            clauses.append(f"data not checked for {unchecked}{why}")
+        else:
+            clauses.append(f"data checked for {checked}, not checked for {unchecked}{why}")
+    if summary["unanchored"]:
+        clauses.append(f"{summary['unanchored']} signed by unanchored keys")
+    if summary["errors"]:
+        clauses.append(f"[red]{summary['errors']} error(s)[/]")
+    return "; ".join(clauses)
 
 
 @click.command()
@@ -130,6 +223,7 @@ def verify(
     paths = repository_if_none(manifests)
     results: list[VerifyResult] = []
     errors: list[Error] = []
+    said = _Said()
     if not as_json:
         for problem in trust_problems(paths, trust):
             warn(problem)
@@ -141,11 +235,11 @@ def verify(
             if isinstance(outcome, Error):
                 errors.append(outcome)
                 if not as_json:
-                    bar.error(str(outcome))
+                    bar.error(error_line(outcome))
             else:
                 results.append(outcome)
                 if not as_json:
-                    _print_result(outcome)
+                    _print_result(outcome, said)
             bar.update("verifying manifests", done, total)  # once it is shown
     # The run's chain in the remote, where this verify reads the remote anyway (it
     # fetched data) or was given one: a present chain needs no DVC at all.
@@ -163,23 +257,8 @@ def verify(
             | ({"forks": forks} if forks else {})
         )
     elif results:
-        counted = []
-        if summary["manifests"]:
-            counted.append(
-                f"{summary['manifests']} manifest(s) verified, "
-                f"data checked for {summary['data_checked']}"
-            )
-        if summary["data_not_checked"]:
-            counted.append(f"not checked for {summary['data_not_checked']} (pruned)")
-        if summary["attestations"]:
-            counted.append(f"{summary['attestations']} attestation(s) verified")
-        if summary["certificates"]:
-            counted.append(f"{summary['certificates']} campaign certificate(s) verified")
-        if summary["unanchored"]:
-            counted.append(f"{summary['unanchored']} signed by unanchored keys")
-        if summary["failed"]:
-            counted.append(f"[red]{summary['failed']} failed[/]")
-        out.print(", ".join(counted))
+        said.print()
+        out.print(_summary_line(results, summary))
     if not as_json:
         for fork in forks:
             out.print(f"[red]FORK[/] {safe(fork)}", failure=True)

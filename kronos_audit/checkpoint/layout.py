@@ -276,6 +276,16 @@ def checkpoint_path_for(manifest: Path) -> Path:
     return manifest.with_name(manifest.name[: -len(MANIFEST_SUFFIX)])
 
 
+def checkpoint_named(path: Path) -> Path:
+    """The checkpoint ``path`` names, for a command that reads a checkpoint's data: a
+    checkpoint's manifest (``CKPT.kaudit.json``) names the checkpoint beside it (``CKPT``);
+    anything else names itself (a checkpoint; a step's directory, which its own readers
+    take)."""
+    if path.name.endswith(MANIFEST_SUFFIX) and path.name not in (MANIFEST_SUFFIX, STEP_MANIFEST):
+        return checkpoint_path_for(path)
+    return path
+
+
 def attestation_path_for(manifest: Path) -> Path:
     """``CKPT.replay.json`` beside the manifest ``CKPT.kaudit.json``."""
     checkpoint = checkpoint_path_for(manifest)
@@ -510,6 +520,7 @@ __all__ = [
     "attestation_path_for",
     "attested_manifest_for",
     "checkpoint_name",
+    "checkpoint_named",
     "checkpoint_path_for",
     "checkpoint_steps",
     "directory_step_manifest",

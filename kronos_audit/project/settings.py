@@ -52,7 +52,9 @@ def compare_settings(
 ) -> tuple[TolerancePolicy, PolicySource]:
     """The ``[compare]`` tolerances a comparison in ``project`` is layered over, and where
     they were read: at ``pinned`` when given; else the work tree's config when
-    ``work_tree`` (an unsigned, interactive comparison); else none (bitwise)."""
+    ``work_tree`` (an unsigned, interactive comparison); else none (bitwise). A
+    ``[compare]`` that gives no tolerance (empty, or every line commented out) is none:
+    nothing is said to come from it."""
     if project is None:
         return TolerancePolicy(), PolicySource()
     if pinned is not None:
@@ -61,6 +63,8 @@ def compare_settings(
         if table is None:
             return TolerancePolicy(), PolicySource()
         policy = TolerancePolicy.from_mapping(table, path=where)
+        if policy == TolerancePolicy():  # an empty [compare]: nothing was configured
+            return policy, PolicySource()
         return policy, PolicySource(Settings.TRUST_REF, where)
     if not work_tree:
         return TolerancePolicy(), PolicySource()
@@ -68,6 +72,8 @@ def compare_settings(
     if table is None:
         return TolerancePolicy(), PolicySource()
     policy = TolerancePolicy.from_mapping(table, path=project.config_path)
+    if policy == TolerancePolicy():
+        return policy, PolicySource()
     return policy, PolicySource(Settings.WORK_TREE, project.relative(project.config_path))
 
 

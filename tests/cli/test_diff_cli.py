@@ -12,7 +12,9 @@ import h5py
 import numpy as np
 import pytest
 
+from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
+from kronos_audit.signing.snapshot import snapshot
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, run_cli, write_checkpoint
 
@@ -266,3 +268,29 @@ def test_diff_through_the_console_script(files: tuple[Path, Path]) -> None:
     assert bad.stderr.splitlines() == [
         "kaudit: error: --tol 'x:rtol=?': rtol must be a number, got '?'"
     ]
+
+
+def test_an_empty_compare_section_is_not_named_as_the_tolerances(project: Project) -> None:
+    ckpt = project.root / "checkpoints"
+    a = write_checkpoint(ckpt / "a.h5", seed=1)
+    b = write_checkpoint(ckpt / "b.h5", seed=1)
+    config(project, "# rtol = 1e-12\n")  # [compare] there, every value commented out
+    r = run_cli("diff", str(a), str(b), cwd=project.root)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "ok: 5 datasets: 5 identical\n"
+    doc = json.loads(run_cli("diff", str(a), str(b), "--json", cwd=project.root).stdout)
+    assert doc["tolerance_source"]["settings"] == "none"
+
+
+def test_manifests_name_their_checkpoints(project: Project, key: SigningKey) -> None:
+    ckpt = project.root / "checkpoints" / "r"
+    a = write_checkpoint(ckpt / "step-1.h5", seed=1)
+    b = perturbed(a, ckpt / "step-2.h5")
+    for step, c in ((1, a), (2, b)):
+        snapshot(c, run="r", step=step, key=key)
+    by_manifest = run_cli("diff", "step-1.h5.kaudit.json", "step-2.h5.kaudit.json", cwd=ckpt)
+    by_file = run_cli("diff", "step-1.h5", "step-2.h5", cwd=ckpt)
+    assert by_manifest.exit_code == 1, by_manifest.output
+    assert by_manifest.stdout == by_file.stdout
+    mixed = run_cli("diff", "step-1.h5.kaudit.json", "step-1.h5", cwd=ckpt)
+    assert mixed.exit_code == 0, mixed.output

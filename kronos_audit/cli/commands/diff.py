@@ -29,7 +29,8 @@ def diff(
     tol: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Compare checkpoint B with reference checkpoint A, dataset by dataset.
+    """Compare checkpoint B with reference checkpoint A, dataset by dataset. A and B are
+    checkpoints or their manifests (CKPT.kaudit.json names the checkpoint beside it).
 
     With no tolerance, anything not bitwise identical is DIFFERENT. An element passes a
     tolerance when |a-b| <= atol + rtol*|a|, or (with --ulp) when a and b are at most N
@@ -54,6 +55,7 @@ def diff(
       kaudit diff on4/step-00000040 on2/step-00000040
       kaudit diff dcp/step-100 dcp/step-200
     """
+    from kronos_audit.checkpoint.layout import checkpoint_named
     from kronos_audit.compare import compare_files
     from kronos_audit.replay.directory_diff import diff_directories, directory_manifest_of
     from kronos_audit.replay.step_diff import diff_steps, step_manifest_of
@@ -66,7 +68,7 @@ def diff(
     elif dir_a is not None and dir_b is not None:
         result = diff_directories(dir_a, dir_b, policy)
     else:
-        result = compare_files(a, b, policy)
+        result = compare_files(checkpoint_named(a), checkpoint_named(b), policy)
     if as_json:
         doc = result.to_json_obj()
         doc["config"] = None if project is None else project.relative(project.config_path)

@@ -5,8 +5,8 @@ A warning another package raises while kaudit runs (a deprecation in a dependenc
 such as asyncssh's use of DSA as DVC opens an ssh:// remote) says nothing the user of the
 command can act on; it goes to kronos_audit's log instead, which ``-v`` prints on stderr as
 ``kaudit: INFO: kronos_audit.cli.warnings: ...`` lines. kaudit's own warnings
-(:class:`~kronos_audit.runtime.publish.CheckpointSkipped` and the like) are shown as Python
-shows them, at every verbosity.
+(:class:`~kronos_audit.runtime.publish.CheckpointSkipped` and the like) are shown at every
+verbosity, each as one line, ``kaudit: warning: WHAT``.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def _where(filename: str) -> str:
 
 
 class _Router:
-    """``warnings.showwarning`` while kaudit runs: kaudit's own warnings to the one it
-    replaced, the rest to the log."""
+    """``warnings.showwarning`` while kaudit runs: kaudit's own warnings as one line on
+    stderr, the rest to the log (``previous`` is put back when kaudit is done)."""
 
     def __init__(self, previous: ShowWarning) -> None:
         self.previous = previous
@@ -68,13 +68,17 @@ class _Router:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
+        # one line (the log's formatter shows control characters as escapes)
+        text = " ".join(str(message).split())
         if is_kaudits(category, filename):
-            self.previous(message, category, filename, lineno, file, line)
+            from kronos_audit.cli.output import plain
+
+            # as kaudit says anything: one line, never Python's FILE:LINE: Category: and
+            # a line of source under it
+            print(f"kaudit: warning: {plain(text)}", file=file or sys.stderr, flush=True)
             return
         import logging
 
-        # one line (the log's formatter shows control characters as escapes)
-        text = " ".join(str(message).split())
         logging.getLogger(LOGGER).info(
             "%s from %s:%d: %s", category.__name__, _where(filename), lineno, text
         )

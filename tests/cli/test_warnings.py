@@ -109,10 +109,11 @@ def test_a_dependencys_warning_is_not_shown(
     push = kaudit(where, env, *verbosity, "push", entry=entry)
     assert push.returncode == 2, push.stderr
     lines = push.stderr.splitlines()
-    # kaudit's own warning, as Python shows it (file:line: category: message, source line)
-    shown = [i for i, line in enumerate(lines) if "CheckpointSkipped: step-7.h5" in line]
+    # kaudit's own warning, one kaudit line (no file:line: category:, no source line)
+    shown = [i for i, line in enumerate(lines) if "step-7.h5" in line]
     assert len(shown) == 1, push.stderr
-    del lines[shown[0] : shown[0] + 2]
+    assert lines[shown[0]] == "kaudit: warning: step-7.h5: skipped: kaudit's own warning"
+    del lines[shown[0]]
     # and then the error line alone: no third-party warning, no block of its source
     (error,) = lines
     assert error.startswith("kaudit: error: "), push.stderr
@@ -138,11 +139,11 @@ def test_a_dependencys_warning_is_in_the_log_at_v(
     ]
     # and nowhere else: no Python warning block of theirs
     assert [line for line in push.stderr.splitlines() if "probe's" in line] == logged[:2]
-    assert "CheckpointSkipped: step-7.h5" in push.stderr  # kaudit's own, as at any verbosity
+    assert "kaudit: warning: step-7.h5" in push.stderr  # kaudit's own, as at any verbosity
 
 
 def test_kaudits_own_and_pythons_own_in_kaudits_code_are_shown(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import kronos_audit.runtime.publish as publish
 
@@ -163,7 +164,9 @@ def test_kaudits_own_and_pythons_own_in_kaudits_code_are_shown(
             )
         # and the hook that was in place is back
         warnings.warn_explicit("after", FutureWarning, "/venv/site-packages/numpy/core.py", 9)
-    assert [str(w.message) for w in shown] == ["ours", "after"]
+    # kaudit's own as one kaudit line on stderr; the hook that was in place has the rest
+    assert capsys.readouterr().err == "kaudit: warning: ours\n"
+    assert [str(w.message) for w in shown] == ["after"]
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
         "FutureWarning from /venv/site-packages/numpy/core.py:9: theirs"
     ]

@@ -129,3 +129,21 @@ def test_bad_setup_is_one_line_and_exit_2_unless_the_program_catches_it(
 
     done, _ = program(cwd, tmp_path, "checkpoints", key=key_name, catch=True)
     assert (done.returncode, done.stdout, done.stderr) == (0, f"caught {kind}\n", "")
+
+
+def test_a_checkpoint_passed_over_is_one_kaudit_warning_line(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    done, _ = program(project.root, tmp_path, "checkpoints")
+    assert done.returncode == 0, done.stderr
+    newest = project.root / "checkpoints" / "r" / "step-00000002.h5"
+    newest.chmod(0o644)
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated: restore passes over it
+
+    done, _ = program(project.root, tmp_path, "checkpoints")
+    lines = done.stderr.splitlines()
+    (warning,) = [x for x in lines if "step-00000002.h5" in x]
+    assert warning.startswith("kaudit: warning: "), done.stderr
+    # not Python's FILE:LINE: CheckpointSkipped: and the program's source line under it
+    assert "CheckpointSkipped" not in done.stderr
+    assert "run.steps" not in done.stderr

@@ -85,6 +85,18 @@ def atomic_output(path: Path, mode: int = 0o644, *, overwrite: bool = True) -> I
         raise
 
 
+def probe_writable(path: Path) -> None:
+    """Raise the OSError (naming ``path``) that writing ``path`` atomically would meet in
+    its directory now (read-only, not permitted, full of inodes): a temporary file is made
+    there and removed, nothing else is touched. For a command that would otherwise learn
+    it only at the end of a long piece of work."""
+    path = Path(path)
+    with naming(path, "cannot write"):
+        fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp_name)
+
+
 @contextlib.contextmanager
 def naming(path: Path | str, operation: str) -> Iterator[None]:
     """An OSError raised in the block is raised again naming ``path`` as its file name and

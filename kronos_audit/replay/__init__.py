@@ -15,7 +15,7 @@ does not use ``kronos_audit.Run`` follows.
 
 from kronos_audit.checkpoint.layout import ATTESTATION_SUFFIX, attestation_path_for, checkpoint_name
 from kronos_audit.errors import ReplayError, Stage
-from kronos_audit.replay.attest import write_attestation
+from kronos_audit.replay.attest import check_attestation_writable, write_attestation
 from kronos_audit.replay.engine import replay
 from kronos_audit.replay.environment import NOTED_ONLY, environment_report
 from kronos_audit.replay.interface import (
@@ -56,6 +56,7 @@ __all__ = [
     "Stage",
     "Timings",
     "attestation_path_for",
+    "check_attestation_writable",
     "checkpoint_name",
     "environment_report",
     "read_attestation",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.fsutil import probe_writable, write_atomic
 from kronos_audit.compare import Settings
 from kronos_audit.errors import ManifestError, UsageError
 from kronos_audit.keys.keyfile import SigningKey
@@ -41,6 +41,16 @@ def build_statement(result: ReplayResult) -> dict[str, Any]:
         "predicateType": PREDICATE_TYPE,
         "predicate": result.to_json_obj(),
     }
+
+
+def check_attestation_writable(path: Path) -> None:
+    """Raise ManifestError, as :func:`write_attestation` would, when the attestation
+    cannot be written at ``path`` (a read-only directory): checked before the replay,
+    which may take long, so that it is not run for nothing."""
+    try:
+        probe_writable(path)
+    except OSError as e:
+        raise ManifestError(f"cannot write the attestation: {e.strerror or e}", path=path) from None
 
 
 def write_attestation(result: ReplayResult, key: SigningKey, path: Path) -> Attestation:

@@ -121,7 +121,12 @@ def replay(
     from kronos_audit.cli.progress import progress_bar, replay_output
     from kronos_audit.keys.home import select_key
     from kronos_audit.project.settings import work_tree_tolerances
-    from kronos_audit.replay import EnvMode, attestation_path_for, write_attestation
+    from kronos_audit.replay import (
+        EnvMode,
+        attestation_path_for,
+        check_attestation_writable,
+        write_attestation,
+    )
     from kronos_audit.replay import replay as run_replay
 
     manifest = resolve_target(manifest)  # a checkpoint or step directory: its manifest
@@ -142,6 +147,8 @@ def replay(
     trust = dataclasses.replace(trust, require_anchor=True) if attest else trust
     # A missing or unreadable key stops us before the run.
     signing_key = select_key(key, passphrase=ask_passphrase) if attest else None
+    if attest:  # and one that cannot be written, before the replay, not after it
+        check_attestation_writable(attestation_path_for(manifest))
     with progress_bar() as bar, replay_output(bar):
         bar.update("replaying", 0, 0)
         result = run_replay(

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.cli.output import shown as shown_path
 
 if TYPE_CHECKING:
     from kronos_audit.compare import Comparison, DatasetComparison, Mismatch, PolicySource
@@ -117,7 +118,7 @@ def render_comparison(result: Comparison, source: PolicySource) -> None:
                 )
                 for d in shown
             ],
-            title=safe(f"A: {result.a} (reference)   B: {result.b}"),
+            title=safe(f"A: {shown_path(result.a)} (reference)   B: {shown_path(result.b)}"),
         )
         for d in shown:
             for line in dataset_details(d):

@@ -16,7 +16,7 @@ from kronos_audit.cli.options import (
     tolerance_policy,
     trust_options,
 )
-from kronos_audit.cli.output import out, safe
+from kronos_audit.cli.output import out, safe, shown
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def bisect_command(
 def _chain_line(label: str, chain: Chain) -> str:
     steps = chain.steps
     return (
-        f"{label}: {safe(str(chain.head))}  [dim](run {safe(chain.run)}, "
+        f"{label}: {safe(shown(chain.head))}  [dim](run {safe(chain.run)}, "
         f"{len(steps)} checkpoints, steps {steps[0]}..{steps[-1]}, chain verified)[/]"
     )
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kronos_audit.cli.options import ask_passphrase, json_option, trust_options
-from kronos_audit.cli.output import Column, out, safe
+from kronos_audit.cli.output import Column, out, safe, shown
 from kronos_audit.errors import CampaignError, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def campaign(
     else:
         _print(array, line)
         if certificate is not None:
-            out.print(f"certified: {safe(project.relative(certificate))}")
+            out.print(f"certified: {safe(shown(certificate))}")
         elif certify:
             out.print("[red]not certified[/]: batches are missing", failure=True)
     ctx.exit(ExitCode.OK if line is None else ExitCode.CHECK_FAILED)

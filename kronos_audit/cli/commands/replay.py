@@ -19,7 +19,7 @@ from kronos_audit.cli.options import (
     trust_options,
     warn,
 )
-from kronos_audit.cli.output import out, safe
+from kronos_audit.cli.output import out, safe, shown, shown_recorded
 from kronos_audit.errors import ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def replay(
     if as_json:
         out.json(result.to_json_obj())
     else:
-        render(result, attestation)
+        render(result, attestation, manifest)
     ctx.exit(ExitCode.OK if result.ok else ExitCode.CHECK_FAILED)
 
 
@@ -180,7 +180,7 @@ def _row(label: str, value: str) -> None:
     out.print(f"  [bold]{label:<12}[/] {value}")
 
 
-def _header(r: ReplayResult) -> None:
+def _header(r: ReplayResult, manifest: Path) -> None:
     m = r.manifest
     if r.parent is not None:
         start = f"resumed from step {r.parent.step}"
@@ -189,7 +189,8 @@ def _header(r: ReplayResult) -> None:
     else:
         start = "from the start" + (f", seed {r.seed}" if r.seed is not None else "")
     out.print(
-        f"replay of [bold]{safe(m.checkpoint)}[/] (run {safe(m.run)}, step {m.step}), {start}"
+        f"replay of [bold]{safe(shown_recorded(m.checkpoint, manifest))}[/] "
+        f"(run {safe(m.run)}, step {m.step}), {start}"
     )
     patch = f" + recorded patch {safe(r.patch_sha256[:12])}" if r.patch_sha256 else ""
     _row("code", f"commit {safe(r.commit[:12])}{patch}")
@@ -234,23 +235,24 @@ def _tolerances(r: ReplayResult) -> str:
     return f"[yellow]{text}[/]" if source.settings == "work-tree" else text  # a Settings
 
 
-def render(r: ReplayResult, attestation: Attestation | None) -> None:
+def render(r: ReplayResult, attestation: Attestation | None, manifest: Path) -> None:
     """The replay's header (code, command, drift, time), the datasets that are not
     identical, and the verdict (with --quiet: nothing when it reproduced, the datasets and
-    the verdict when it did not)."""
-    _header(r)
+    the verdict when it did not). Files are named as :func:`differing` names them, from
+    ``manifest``, the one replayed, as given."""
+    _header(r, manifest)
     failed = not r.ok
-    shown = [d for d in r.datasets if d.verdict != "IDENTICAL"]
-    if shown:
+    differing = [d for d in r.datasets if d.verdict != "IDENTICAL"]
+    if differing:
         out.print()
-    for d in shown:
+    for d in differing:
         if d.comparison is not None:  # where, and by how much, as `kaudit diff` says it
             for line in dataset_details(d.comparison):
                 out.print(line, failure=failed)
         else:
             head = f"[bold]{safe(d.path)}[/] [{STYLE[d.verdict]}]{d.verdict.value}[/]"
             out.print(head + (f": {safe(d.detail)}" if d.detail else ""), failure=failed)
-    out.print(failure=failed and bool(shown))
+    out.print(failure=failed and bool(differing))
     basis = (
         "against the recorded data"
         if r.basis != "hashes"
@@ -285,4 +287,4 @@ def render(r: ReplayResult, attestation: Attestation | None) -> None:
             "remove it with `git worktree remove --force`)"
         )
     if attestation is not None:
-        out.print(f"attestation: {safe(str(attestation.path))}")
+        out.print(f"attestation: {safe(shown(attestation.path))}")

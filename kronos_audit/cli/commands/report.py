@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from kronos_audit.cli.options import json_option, json_paths, repository_if_none, trust_options
-from kronos_audit.cli.output import out, safe
+from kronos_audit.cli.output import out, safe, shown
 from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def report(
         style = "green" if result.ok else "red"
         failed = not result.ok  # with --quiet, a failing verdict and its reasons only
         out.print(
-            f"[bold {style}]{result.verdict.value}[/] report written to {safe(out_path)}",
+            f"[bold {style}]{result.verdict.value}[/] report written to {safe(shown(out_path))}",
             failure=failed,
         )
         for reason in result.reasons:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from kronos_audit.cli.output import err, plain, safe, settings
+from kronos_audit.cli.output import err, plain, safe, settings, shown
 from kronos_audit.errors import UsageError
 
 
@@ -90,6 +90,6 @@ def snapshot(
     )
     if not settings().quiet:  # as `git commit -q`: nothing on success
         for m in manifests:
-            click.echo(plain(m.path))
+            click.echo(plain(shown(m.path)))
     for note in manifests.notes:
         err.print(f"kaudit: note: {safe(note)}")

@@ -18,27 +18,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from kronos_audit._internal import warnline
+from kronos_audit._internal.warnline import is_kaudits
+
 LOGGER = "kronos_audit.cli.warnings"
 """The logger third-party warnings go to (a child of kronos_audit's, which -v prints)."""
 
-# kronos_audit/: where the package's own modules are
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 # warnings.showwarning's signature (message, category, filename, lineno, file, line)
 ShowWarning = Callable[[Any, type[Warning], str, int, TextIO | None, str | None], None]
-
-
-def is_kaudits(category: type[Warning], filename: str) -> bool:
-    """Whether a warning is kronos-audit's own: of a category kronos_audit defines (wherever
-    its ``stacklevel`` points, often the user's program), or of Python's own categories
-    raised in kronos_audit's code. A category another package defines, or a warning raised
-    in another package's code, is not."""
-    module = getattr(category, "__module__", "")
-    if module == "kronos_audit" or module.startswith("kronos_audit."):
-        return True
-    if module != "builtins":
-        return False
-    return os.path.abspath(filename).startswith(_PACKAGE + os.sep)
 
 
 def _where(filename: str) -> str:
@@ -53,8 +40,9 @@ def _where(filename: str) -> str:
 
 
 class _Router:
-    """``warnings.showwarning`` while kaudit runs: kaudit's own warnings as one line on
-    stderr, the rest to the log (``previous`` is put back when kaudit is done)."""
+    """``warnings.showwarning`` while kaudit runs: kaudit's own warnings to the one it
+    replaced (formatted as one line: :mod:`kronos_audit._internal.warnline`), the rest to
+    the log."""
 
     def __init__(self, previous: ShowWarning) -> None:
         self.previous = previous
@@ -68,17 +56,13 @@ class _Router:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
-        # one line (the log's formatter shows control characters as escapes)
-        text = " ".join(str(message).split())
         if is_kaudits(category, filename):
-            from kronos_audit.cli.output import plain
-
-            # as kaudit says anything: one line, never Python's FILE:LINE: Category: and
-            # a line of source under it
-            print(f"kaudit: warning: {plain(text)}", file=file or sys.stderr, flush=True)
+            self.previous(message, category, filename, lineno, file, line)
             return
         import logging
 
+        # one line (the log's formatter shows control characters as escapes)
+        text = " ".join(str(message).split())
         logging.getLogger(LOGGER).info(
             "%s from %s:%d: %s", category.__name__, _where(filename), lineno, text
         )
@@ -89,6 +73,7 @@ def route_third_party_warnings() -> None:
     process, which ends with its command)."""
     if not isinstance(warnings.showwarning, _Router):
         warnings.showwarning = _Router(warnings.showwarning)
+    warnline.install()
 
 
 @contextmanager
@@ -102,6 +87,7 @@ def third_party_warnings_to_log() -> Iterator[None]:
         return
     warnings.showwarning = _Router(previous)
     try:
-        yield
+        with warnline.one_line_warnings():
+            yield
     finally:
         warnings.showwarning = previous

@@ -25,10 +25,9 @@ import contextlib
 import os
 import re
 import sys
-import warnings
 from types import TracebackType
-from typing import TextIO
 
+from kronos_audit._internal import warnline
 from kronos_audit.errors import Error
 
 TRACEBACK_ENV = "KAUDIT_TRACEBACK"
@@ -70,47 +69,15 @@ class _OneLine:
         raise SystemExit(value.exit_code)
 
 
-class _OneLineWarning:
-    """``warnings.showwarning``: one of kaudit's own warnings (a category kronos_audit
-    defines, such as :class:`~kronos_audit.runtime.publish.CheckpointSkipped`) as one line,
-    ``kaudit: warning: WHAT``, not Python's ``FILE:LINE: Category: WHAT`` and a line of the
-    program's source under it; every other warning to ``previous``."""
-
-    def __init__(self, previous: object) -> None:
-        self.previous = previous
-
-    def __call__(
-        self,
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        module = getattr(category, "__module__", "")
-        ours = module == "kronos_audit" or module.startswith("kronos_audit.")
-        if not ours or os.environ.get(TRACEBACK_ENV) == "1":
-            previous = self.previous
-            if callable(previous):
-                previous(message, category, filename, lineno, file, line)
-            return
-        text = " ".join(str(message).split())  # one line, whatever the message held
-        with contextlib.suppress(OSError, ValueError):
-            print(f"kaudit: warning: {_plain(text)}", file=file or sys.stderr, flush=True)
-
-
 _installed = False
 
 
 def install() -> None:
     """Put the one-line ending of kaudit's errors in front of :data:`sys.excepthook`, once
     per process (a hook the program installs later replaces it, as the program says), and
-    the one-line showing of kaudit's warnings in front of :func:`warnings.showwarning`
-    (again where something, such as ``warnings.catch_warnings``, put another back)."""
+    kaudit's warnings formatted as one line (:mod:`kronos_audit._internal.warnline`)."""
     global _installed
     if not _installed:
         _installed = True
         sys.excepthook = _OneLine(sys.excepthook)
-    if not isinstance(warnings.showwarning, _OneLineWarning):
-        warnings.showwarning = _OneLineWarning(warnings.showwarning)
+    warnline.install()

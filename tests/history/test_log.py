@@ -64,10 +64,10 @@ def test_every_run_of_the_repository(project: Project, key: SigningKey) -> None:
 
 def test_text_names_signer_and_places_plainly(project: Project, key: SigningKey) -> None:
     run(project, "heat", 3, keep=1)
-    result = run_cli("log", str(project.root / "checkpoints" / "heat"))
+    result = run_cli("log", str(project.root / "checkpoints" / "heat"), cwd=project.root)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == "run heat  checkpoints/heat"
+    assert lines[0] == "run heat  checkpoints/heat"  # from where one stands
     assert lines[1] == "  checkpoints 3 (steps 1..3), newest step 3"
     assert lines[3].startswith(f"  signer      tester {key.key_id[:16]}")
     assert lines[5] == "  data        1 local, 2 pruned"
@@ -81,7 +81,7 @@ def test_an_untrusted_signer_and_a_hostile_run_id(project: Project, key: Signing
     mallory = untrusted_key("mallory")
     snap = run_cli("snapshot", str(ckpt), "--run", hostile, "--step", "1", "--key", "mallory")
     assert snap.exit_code == 0, snap.output
-    result = run_cli("log", str(directory))
+    result = run_cli("log", str(directory), cwd=project.root)
     assert result.exit_code == 0, result.output
     assert "run x[red]y\\x1b[2J" in result.stdout
     assert "\x1b" not in result.stdout

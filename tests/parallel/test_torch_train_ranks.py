@@ -62,7 +62,8 @@ def verified(run_dir: Path) -> None:
     result = run_cli("verify", str(run_dir))
     assert result.exit_code == 0, result.output
     assert "failed" not in result.stdout
-    assert f"{len(steps_signed(run_dir))} manifest(s): {len(steps_signed(run_dir))} ok" in result.stdout
+    steps = len(steps_signed(run_dir))
+    assert f"{steps} manifest(s): {steps} ok" in result.stdout
 
 
 def test_two_workers_run_to_the_end_verify_and_match_one_process_split_alike(

@@ -105,13 +105,18 @@ def test_verify_refuses_a_repository_dropped_in_the_checkout(
         (root / "checkpoints", "heat"),
         (tmp_path, str(named)),  # standing outside: the one found is inside another
     ):
+        # the file named from where one stands
         line = assert_bad_input(
-            run_cli("verify", "--trust-ref", TRUST_REF, target, cwd=cwd), str(dropped)
+            run_cli("verify", "--trust-ref", TRUST_REF, target, cwd=cwd),
+            f": error: {os.path.relpath(dropped, cwd)}",
         )
         assert "ok" not in run_cli("verify", "--trust-ref", TRUST_REF, target, cwd=cwd).stdout
         assert commit not in line
     # Standing in the whole checkout, naming nothing: every run in it, the same refusal.
-    assert_bad_input(run_cli("verify", "--trust-ref", TRUST_REF, cwd=root), f"{dropped}/.git")
+    assert_bad_input(
+        run_cli("verify", "--trust-ref", TRUST_REF, cwd=root),
+        f" {dropped.relative_to(root)}/.git: ",
+    )
 
 
 def test_a_kaudit_directory_in_a_run_directory_is_refused(
@@ -128,7 +133,7 @@ def test_a_kaudit_directory_in_a_run_directory_is_refused(
     shutil.copytree(root / ".kaudit", claim)
     assert_bad_input(
         run_cli("verify", "--trust-ref", TRUST_REF, "checkpoints/heat", cwd=root),
-        str(claim),
+        f" {claim.relative_to(root)}: ",
         "kaudit project",
     )
 
@@ -146,7 +151,7 @@ def test_the_gate_refuses_a_dropped_repository_and_runs_nothing_it_records(
     _forged_repository(made, repo_templates[1], mallory, command)
     shutil.move(made, root / "artifacts")
     done = run_cli("gate", "--trust-ref", TRUST_REF, cwd=root)
-    assert_bad_input(done, str(root / "artifacts" / ".git"))
+    assert_bad_input(done, " artifacts/.git: ")
     assert not marker.exists()  # the recorded command was never run
     as_json = run_cli("gate", "--json", "--trust-ref", TRUST_REF, cwd=root)
     assert as_json.exit_code == 2, as_json.output
@@ -244,7 +249,7 @@ def test_a_genuine_submodule_is_verified_only_standing_in_it(
     run = "checkpoints/r"
     assert_bad_input(
         run_cli("verify", "--no-fetch", "--trust-ref", TRUST_REF, f"lib/{run}", cwd=root),
-        str(sub / ".git"),
+        " lib/.git: ",
         f"run kaudit from {sub}",
     )
     assert_bad_input(

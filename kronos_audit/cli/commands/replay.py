@@ -238,8 +238,8 @@ def _tolerances(r: ReplayResult) -> str:
 def render(r: ReplayResult, attestation: Attestation | None, manifest: Path) -> None:
     """The replay's header (code, command, drift, time), the datasets that are not
     identical, and the verdict (with --quiet: nothing when it reproduced, the datasets and
-    the verdict when it did not). Files are named as :func:`differing` names them, from
-    ``manifest``, the one replayed, as given."""
+    the verdict when it did not). Files are named as
+    :func:`~kronos_audit.cli.output.shown` names them, from ``manifest``, the one replayed."""
     _header(r, manifest)
     failed = not r.ok
     differing = [d for d in r.datasets if d.verdict != "IDENTICAL"]

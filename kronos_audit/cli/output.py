@@ -87,7 +87,10 @@ def shown(path: Path | str) -> str:
     The directory is resolved, the name is not: a checkpoint that is a symlink into DVC's
     cache is named by its own name."""
     given = Path(path)
-    cwd = Path.cwd()
+    try:
+        cwd = Path.cwd()  # gone (removed under the command): the path as given
+    except OSError:
+        return str(given)
     whole = given if given.is_absolute() else cwd / given
     try:
         whole = whole.parent.resolve() / whole.name if whole.name else whole.resolve()
@@ -126,7 +129,7 @@ def error_line(e: Exception) -> str:
         return message
     named = shown(where)
     if named == ".":  # the directory one stands in: by its name, which says more
-        named = str(Path.cwd())
+        named = str(Path(where).resolve())
     return f"{named}: {message}"
 
 

@@ -335,7 +335,7 @@ def test_a_torch_save_run_whose_bytes_differ_reproduces_by_its_tensors(
     assert made.exit_code == 0, made.output
     target = programs / "pt" / "last.pt.kaudit.json"
     result = replay(target)  # one replay, shown as `kaudit replay` shows it and as JSON
-    render(result, None)
+    render(result, None, target)
     shown = capsys.readouterr().out
     assert "REPRODUCED: 2 tensors: 2 identical  (by tensors, bitwise)" in shown
     assert "its bytes differ from the recorded ones" in shown

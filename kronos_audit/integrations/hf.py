@@ -15,6 +15,13 @@ manifest beside it (``checkpoint-N.kaudit.json``, never inside the Trainer's tre
 to the run's previous checkpoint there. The Trainer loads a checkpoint before any callback
 runs, so a resume is verified by :func:`verified_last_checkpoint`, called before
 ``train``.
+
+The Trainer's rotation (``save_total_limit``) is signed pruning: it deletes old
+``checkpoint-N/`` directories before ``on_save``, and the run's checkpoints that are gone by
+then, and that the limit would have deleted (older than the newest ``save_total_limit``
+steps), are listed in the new step's retention record (``pruned``); their manifests stay,
+and verify as pruned. A checkpoint deleted otherwise (by hand, or within the limit) is not
+recorded: it fails verification as missing.
 """
 
 from __future__ import annotations
@@ -33,6 +40,12 @@ from kronos_audit.integrations._common import (
     verified_copy,
     verified_manifest,
     verified_signature,
+)
+from kronos_audit.integrations._rotation import (
+    Removed,
+    already_pruned,
+    drop_tracking,
+    run_manifests,
 )
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.signing.snapshot import snapshot
@@ -83,6 +96,7 @@ class KauditCallback(TrainerCallback):
                 "the Trainer said it saved here, but there is no directory", path=directory
             )
         manifest = manifest_path_for(directory)
+        rotated = self._rotated(directory.parent, step, args.save_total_limit)
         snapshot(
             directory,
             run=self.run,
@@ -92,7 +106,33 @@ class KauditCallback(TrainerCallback):
             key=self.key,
             attributes=self.attributes or None,
             force=manifest.exists(),
+            pruned=[r.entry for r in rotated],
         )
+        for removed in rotated:
+            drop_tracking(removed)
+
+    def _rotated(self, folder: Path, step: int, limit: int | None) -> list[Removed]:
+        """The run's checkpoints in ``folder`` that the Trainer's rotation deleted before
+        step ``step`` was saved: gone, not yet recorded as pruned, and older than the newest
+        ``limit`` steps (with ``step``). None without a limit: the Trainer deletes none."""
+        if not limit or limit < 1:
+            return []
+        mine = [
+            m
+            for m in run_manifests(folder, self.run)
+            if CHECKPOINT.fullmatch(m.checkpoint_path.name) and m.step < step
+        ]
+        steps = sorted({m.step for m in mine} | {step})
+        oldest_kept = steps[-limit] if len(steps) >= limit else steps[0]
+        recorded = already_pruned(folder, self.run)
+        return [
+            Removed(m.checkpoint_path, m)
+            for m in sorted(mine, key=lambda m: m.step)
+            if m.step < oldest_kept
+            and not m.checkpoint_path.exists()
+            and not m.checkpoint_path.is_symlink()
+            and m.digest not in recorded
+        ]
 
 
 def verified_last_checkpoint(

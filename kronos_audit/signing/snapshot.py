@@ -26,7 +26,7 @@ from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.gitstate import git_state, git_tracked, patch_note
-from kronos_audit.signing.predicate import RunFacts
+from kronos_audit.signing.predicate import RunFacts, RunRecord
 from kronos_audit.signing.rolling import (
     KEPT_IGNORE,
     Rolling,
@@ -38,7 +38,7 @@ from kronos_audit.signing.rolling import (
 from kronos_audit.signing.sign import sign_checkpoint, sign_directory_step
 from kronos_audit.signing.writer_lock import WriterLock, newest_manifest
 from kronos_audit.statement.manifest import Manifest, publish_manifest, read_manifest
-from kronos_audit.statement.predicate import GitRecord
+from kronos_audit.statement.predicate import GitRecord, PrunedEntry
 from kronos_audit.storage import ensure_ignored, write_dvc_file
 from kronos_audit.storage.directories import track_directory
 from kronos_audit.storage.tracking import (
@@ -150,6 +150,7 @@ def snapshot(
     force: bool = False,
     files: Sequence[FileEntry] | None = None,
     tensors: bool = True,
+    pruned: Sequence[PrunedEntry] = (),
 ) -> Snapshots:
     """Write a signed manifest beside each checkpoint (``CKPT.kaudit.json``).
 
@@ -169,8 +170,11 @@ def snapshot(
     never read again, once the directory is seen to hold exactly these files at these
     sizes; with them, ``tensors=False`` leaves out the tensors that span the files (a DCP
     save's, by global name: read from the directory, they cost a second pass over its
-    data), so a comparison of the step goes by its files. Raises
-    :class:`kronos_audit.errors.Error` subclasses.
+    data), so a comparison of the step goes by its files. ``pruned`` is the signed
+    retention record of the manifest (earlier checkpoints of the run, beside it, whose
+    data its writer deletes once this is signed: a tool's checkpoint rotation); not for a
+    file signed again under its name. Raises :class:`kronos_audit.errors.Error`
+    subclasses.
     """
     paths = (
         [Path(checkpoints)]
@@ -186,6 +190,8 @@ def snapshot(
     for p in paths:
         _check_checkpoint_file(p)
     rolling = rolling_step(paths, run=run, step=step, force=force)
+    if pruned and rolling is not None:
+        raise UsageError("a file signed again under its name prunes nothing", path=paths[0])
     if rolling is None and not force:
         for p in paths:
             _check_unsigned(p)
@@ -266,6 +272,7 @@ def snapshot(
                 command=command,
                 cwd=cwd,
                 attributes=attributes,
+                pruned=tuple(pruned),
             )
         finally:
             if lock is not None:
@@ -437,6 +444,7 @@ def _sign_all(
     command: Sequence[str] | None,
     cwd: Path | None,
     attributes: Mapping[str, Any] | None,
+    pruned: tuple[PrunedEntry, ...] = (),
 ) -> Snapshots:
     """Sign each hashed checkpoint, then track it and write its manifest."""
     # Every manifest is made and checked as a reader would check it (schema, JSON a reader
@@ -445,6 +453,8 @@ def _sign_all(
     prepared = []
     for p, d in hashed:
         facts = RunFacts(seeds=seeds, command=command, cwd=cwd, attributes=attributes, git=git_info)
+        if pruned:
+            facts["record"] = RunRecord(pruned=pruned)
         if isinstance(d, HashedStep):
             prepared.append(
                 sign_directory_step(

@@ -42,7 +42,9 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def fit(root: Path, steps: int, ckpt_path: Path | None = None, last: bool = False) -> Tiny:
+def fit(
+    root: Path, steps: int, ckpt_path: Path | None = None, last: bool = False, top_k: int = -1
+) -> Tiny:
     gen = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(
         torch.randn(32, 4, generator=gen), torch.randn(32, 1, generator=gen)
@@ -59,7 +61,7 @@ def fit(root: Path, steps: int, ckpt_path: Path | None = None, last: bool = Fals
             plugins=[SignedCheckpointIO(run="lit")],
             callbacks=[
                 L.pytorch.callbacks.ModelCheckpoint(
-                    dirpath=root, every_n_train_steps=2, save_top_k=-1, save_last=last
+                    dirpath=root, every_n_train_steps=2, save_top_k=top_k, save_last=last
                 )
             ],
         )
@@ -142,6 +144,48 @@ def test_pushed_steps_verify_and_resume_in_a_fresh_clone(
     resumed = fit(clone / "checkpoints", 6, ckpt_path=ckpt)
     assert resumed.layer.weight.shape == (1, 4)
     assert list((clone / "checkpoints").glob("*step=6.ckpt.kaudit.json"))
+
+
+def test_rotation_is_signed_pruning_and_a_deletion_by_hand_is_not(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kronos_audit.storage.tracking import cache_object_path, cache_settings
+    from tests.helpers import run_cli
+
+    monkeypatch.chdir(project.root)
+    root = project.root / "rotated"
+    fit(root, 6, top_k=1)  # three saves, the newest kept: Lightning removes two
+    assert [p.name for p in root.glob("*.ckpt")] == ["epoch=1-step=6.ckpt"]
+    two, four, six = (
+        read_manifest(next(root.glob(f"*-step={n}.ckpt.kaudit.json"))) for n in (2, 4, 6)
+    )
+    # each removal signed by the step saved just before it, then chained on
+    assert [(e.step, e.manifest) for e in four.record.pruned] == [(2, two.digest)]
+    assert [(e.step, e.manifest) for e in six.record.pruned] == [(4, four.digest)]
+    assert (four.parent, six.parent) == (two.digest, four.digest)
+    cache = cache_settings(project)[0]
+    for gone in (two, four):
+        assert not gone.checkpoint_path.with_name(gone.checkpoint_path.name + ".dvc").exists()
+        assert gone.subject_md5 is not None
+        assert not cache_object_path(cache, gone.subject_md5).exists()  # the space freed
+    assert f"/{six.checkpoint_path.name}" in (root / ".gitignore").read_text()
+    assert "epoch=0-step=2" not in (root / ".gitignore").read_text()
+    results = ka.verify(root)
+    assert all(r.ok for r in results), [r.failures for r in results]
+    assert sorted(r.statement.step for r in results if r.data_pruned) == [2, 4]  # type: ignore[union-attr]
+    shown = run_cli("verify", "rotated", cwd=project.root)
+    assert shown.exit_code == 0, shown.output
+    assert "pruned" in shown.output
+    log = run_cli("log", "rotated", cwd=project.root)
+    assert log.exit_code == 0, log.output
+    assert "1 local, 2 pruned" in log.output, log.output
+
+    six.checkpoint_path.unlink()  # by hand: no signed record says so
+    refused = run_cli("verify", "--no-fetch", "rotated", cwd=project.root)
+    assert refused.exit_code != 0, refused.output
+    assert "epoch=1-step=6.ckpt: checkpoint file not found (no signed retention record" in " ".join(
+        refused.output.split()
+    )
 
 
 @pytest.mark.slow  # one fresh process importing Lightning, killed with SIGKILL

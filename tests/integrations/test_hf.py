@@ -4,6 +4,7 @@ verified, a changed tensor refused by name. One test, in phases: a Trainer costs
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import read_manifest
 
 
-def train(output: Path, steps: int, resume: str | None = None) -> Trainer:
+def train(output: Path, steps: int, resume: str | None = None, limit: int | None = None) -> Trainer:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=8)
@@ -39,6 +40,7 @@ def train(output: Path, steps: int, resume: str | None = None) -> Trainer:
         logging_steps=1000,
         disable_tqdm=True,
         seed=5,
+        save_total_limit=limit,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[KauditCallback("gpt")])
     with warnings.catch_warnings():  # the Trainer's advice on devices and tokenizers
@@ -82,6 +84,38 @@ def test_checkpoints_are_signed_steps_and_a_resume_is_verified_first(
     with pytest.raises(TamperedData, match=r"tensor transformer\."):
         verified_last_checkpoint(output, copy_to=private / "again")
     assert not (private / "again" / "checkpoint-6").exists()  # nothing of a refused copy
+
+
+def test_rotation_is_signed_pruning_and_a_deletion_by_hand_is_not(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kronos_audit.storage.tracking import cache_object_path, cache_settings
+    from tests.helpers import run_cli
+
+    monkeypatch.chdir(project.root)
+    output = project.root / "out"
+    train(output, 6, limit=1)  # three saves, the newest kept: the Trainer deletes two
+    assert sorted(p.name for p in output.glob("checkpoint-*") if p.is_dir()) == ["checkpoint-6"]
+    two, four, six = (read_manifest(output / f"checkpoint-{n}.kaudit.json") for n in (2, 4, 6))
+    assert [(e.step, e.manifest) for e in four.record.pruned] == [(2, two.digest)]
+    assert [(e.step, e.manifest) for e in six.record.pruned] == [(4, four.digest)]
+    assert not (output / "checkpoint-2.dvc").exists()
+    assert not (output / "checkpoint-4.dvc").exists()
+    assert "/checkpoint-4" not in (output / ".gitignore").read_text()
+    cache = cache_settings(project)[0]
+    weights = next(f for f in four.record.directory.files if f.path == "model.safetensors")  # type: ignore[union-attr]
+    assert not cache_object_path(cache, weights.md5).exists()  # the space freed
+    results = ka.verify(output)
+    assert all(r.ok for r in results), [r.failures for r in results]
+    assert sorted(r.statement.step for r in results if r.data_pruned) == [2, 4]  # type: ignore[union-attr]
+    log = run_cli("log", "out", cwd=project.root)
+    assert "1 local, 2 pruned" in log.output, log.output
+
+    shutil.rmtree(output / "checkpoint-6")  # by hand: no signed record says so
+    refused = run_cli("verify", "--no-fetch", "out", cwd=project.root)
+    assert refused.exit_code != 0, refused.output
+    assert "checkpoint-6" in refused.output
+    assert "no signed retention record" in " ".join(refused.output.split()), refused.output
 
 
 @pytest.mark.slow  # one fresh process importing transformers, killed with SIGKILL

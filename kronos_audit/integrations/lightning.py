@@ -122,7 +122,9 @@ class SignedCheckpointIO(TorchCheckpointIO):
             (
                 m
                 for m in run_manifests(target.parent, self.run)
-                if m.step > removed.manifest.step and m.checkpoint_path.is_file()
+                if m.step > removed.manifest.step
+                and m.checkpoint_path.is_file()
+                and not m.checkpoint_path.is_symlink()
             ),
             key=lambda m: (m.step, m.path.stat().st_mtime_ns),
             default=None,

@@ -12,7 +12,7 @@ decides)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +91,31 @@ def already_pruned(folder: Path, run: str) -> set[str]:
     return {e.manifest for m in run_manifests(folder, run) for e in m.record.pruned}
 
 
+def rotated_out(
+    folder: Path, run: str, step: int, limit: int | None, ours: Callable[[Path], bool]
+) -> list[Removed]:
+    """The run's checkpoints in ``folder`` that a tool keeping the newest ``limit`` (the
+    Trainer's ``save_total_limit``, Orbax's ``max_to_keep``) deleted before step ``step``
+    is signed: those ``ours`` (a name the tool gives its checkpoints) that are gone, not yet
+    in a retention record of the run there, and older than the newest ``limit`` steps
+    (``step`` among them). None without a limit: the tool then deletes none. A checkpoint
+    deleted otherwise among the newest ``limit`` is not among them: it stays missing."""
+    if not limit or limit < 1:
+        return []
+    mine = [m for m in run_manifests(folder, run) if ours(m.checkpoint_path) and m.step < step]
+    steps = sorted({m.step for m in mine} | {step})
+    oldest_kept = steps[-limit] if len(steps) >= limit else steps[0]
+    recorded = already_pruned(folder, run)
+    return [
+        Removed(m.checkpoint_path, m)
+        for m in sorted(mine, key=lambda m: m.step)
+        if m.step < oldest_kept
+        and not m.checkpoint_path.exists()
+        and not m.checkpoint_path.is_symlink()
+        and m.digest not in recorded
+    ]
+
+
 def drop_tracking(removed: Removed, trust: TrustOptions | None = None) -> None:
     """Once the record that prunes it is signed: DVC's tracking of a removed checkpoint
     (its ``.dvc`` file, its git-ignore entry) and the cache objects its manifest signs,
@@ -119,6 +144,7 @@ __all__ = [
     "Removed",
     "already_pruned",
     "drop_tracking",
+    "rotated_out",
     "run_manifests",
     "signed_of",
     "with_digest",

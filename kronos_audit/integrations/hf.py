@@ -41,12 +41,7 @@ from kronos_audit.integrations._common import (
     verified_manifest,
     verified_signature,
 )
-from kronos_audit.integrations._rotation import (
-    Removed,
-    already_pruned,
-    drop_tracking,
-    run_manifests,
-)
+from kronos_audit.integrations._rotation import drop_tracking, rotated_out
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.signing.snapshot import snapshot
 
@@ -96,7 +91,13 @@ class KauditCallback(TrainerCallback):
                 "the Trainer said it saved here, but there is no directory", path=directory
             )
         manifest = manifest_path_for(directory)
-        rotated = self._rotated(directory.parent, step, args.save_total_limit)
+        rotated = rotated_out(
+            directory.parent,
+            self.run,
+            step,
+            args.save_total_limit,
+            lambda p: CHECKPOINT.fullmatch(p.name) is not None,
+        )
         snapshot(
             directory,
             run=self.run,
@@ -110,29 +111,6 @@ class KauditCallback(TrainerCallback):
         )
         for removed in rotated:
             drop_tracking(removed)
-
-    def _rotated(self, folder: Path, step: int, limit: int | None) -> list[Removed]:
-        """The run's checkpoints in ``folder`` that the Trainer's rotation deleted before
-        step ``step`` was saved: gone, not yet recorded as pruned, and older than the newest
-        ``limit`` steps (with ``step``). None without a limit: the Trainer deletes none."""
-        if not limit or limit < 1:
-            return []
-        mine = [
-            m
-            for m in run_manifests(folder, self.run)
-            if CHECKPOINT.fullmatch(m.checkpoint_path.name) and m.step < step
-        ]
-        steps = sorted({m.step for m in mine} | {step})
-        oldest_kept = steps[-limit] if len(steps) >= limit else steps[0]
-        recorded = already_pruned(folder, self.run)
-        return [
-            Removed(m.checkpoint_path, m)
-            for m in sorted(mine, key=lambda m: m.step)
-            if m.step < oldest_kept
-            and not m.checkpoint_path.exists()
-            and not m.checkpoint_path.is_symlink()
-            and m.digest not in recorded
-        ]
 
 
 def verified_last_checkpoint(

@@ -24,6 +24,12 @@ the callback signs every committed step of ``root`` that is not signed yet, olde
 each chained to the one before, and is called once more at the end for the last step; an
 error on Orbax's thread is Orbax's to re-raise at the next ``save`` or
 ``wait_until_finished``.
+
+Orbax's rotation (``max_to_keep``) is signed pruning when the callback is given the same
+``max_to_keep``: the run's steps that Orbax deleted, older than the newest ``max_to_keep``,
+are listed in the retention record (``pruned``) of the next step the callback signs (the
+final call signs the last step, after Orbax's last deletion); their manifests stay, and
+verify as pruned.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from kronos_audit.integrations._common import (
     verified_manifest,
     verified_signature,
 )
+from kronos_audit.integrations._rotation import drop_tracking, rotated_out
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.signing.snapshot import snapshot
 
@@ -69,7 +76,8 @@ class StepSigner:
 
     Orbax calls it on its finalization thread *before* it renames the step it finalized
     into place, so each call signs the steps committed before that one: call it once more
-    after ``manager.wait_until_finished()`` (or ``close()``) to sign the last one."""
+    after ``manager.wait_until_finished()`` (or ``close()``) to sign the last one.
+    ``max_to_keep``, Orbax's own, makes its deletions signed pruning (see the module)."""
 
     def __init__(
         self,
@@ -79,9 +87,11 @@ class StepSigner:
         seeds: Sequence[int] = (),
         attributes: Mapping[str, Any] | None = None,
         key: str | None = None,
+        max_to_keep: int | None = None,
     ) -> None:
         if not run:
             raise UsageError("the run id must not be empty")
+        self.max_to_keep = max_to_keep
         self.run, self.root = run, root
         self.seeds, self.attributes, self.key = tuple(seeds), attributes, key
         self._lock = threading.Lock()  # Orbax's thread and the program's final call
@@ -92,6 +102,9 @@ class StepSigner:
                 manifest = manifest_path_for(path)
                 if manifest.exists():
                     continue
+                rotated = rotated_out(
+                    self.root, self.run, step, self.max_to_keep, lambda p: p.name.isdigit()
+                )
                 snapshot(
                     path,
                     run=self.run,
@@ -100,7 +113,10 @@ class StepSigner:
                     parent=previous_manifest(self.root, self.run, step, skip=manifest),
                     key=self.key,
                     attributes=self.attributes,
+                    pruned=[r.entry for r in rotated],
                 )
+                for removed in rotated:
+                    drop_tracking(removed)
 
 
 def signing_callback(
@@ -110,12 +126,16 @@ def signing_callback(
     seeds: Sequence[int] = (),
     attributes: Mapping[str, Any] | None = None,
     key: str | None = None,
+    max_to_keep: int | None = None,
 ) -> StepSigner:
     """A ``post_finalization_callback`` for Orbax's ``AsyncOptions`` that signs the
     manager's committed steps in ``directory`` (see :class:`StepSigner`; call it once more
     after ``wait_until_finished``). ``seeds``, ``attributes`` and ``key`` are those of
-    :func:`kronos_audit.snapshot`."""
-    return StepSigner(run, Path(directory), seeds=seeds, attributes=attributes, key=key)
+    :func:`kronos_audit.snapshot`; ``max_to_keep`` is the manager's own (its deletions are
+    then signed pruning)."""
+    return StepSigner(
+        run, Path(directory), seeds=seeds, attributes=attributes, key=key, max_to_keep=max_to_keep
+    )
 
 
 def verified_step(

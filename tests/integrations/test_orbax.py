@@ -112,3 +112,28 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
     with ocp.CheckpointManager(clone / "orbax") as manager:
         restored = manager.restore(30, args=ocp.args.StandardRestore({"w": jnp.zeros(8)}))
     assert restored["w"].shape == (8,)
+
+
+def test_max_to_keep_is_signed_pruning(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(project.root)
+    root = project.root / "kept"
+    sign = signing_callback("jax-run", root, max_to_keep=1)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=1, async_options=ocp.AsyncOptions(post_finalization_callback=sign)
+    )
+    with ocp.CheckpointManager(root, options=options) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, args=ocp.args.StandardSave({"w": jnp.arange(4.0) * step}))
+        manager.wait_until_finished()
+        sign()
+        assert manager.all_steps() == [3]
+    one, two, three = (read_manifest(root / f"{step}.kaudit.json") for step in (1, 2, 3))
+    assert [(e.step, e.manifest) for e in two.record.pruned] == [(1, one.digest)]
+    assert [(e.step, e.manifest) for e in three.record.pruned] == [(2, two.digest)]
+    assert not (root / "1.dvc").exists()
+    assert not (root / "2.dvc").exists()
+    results = ka.verify(root)
+    assert all(r.ok for r in results), [r.failures for r in results]
+    assert sorted(r.statement.step for r in results if r.data_pruned) == [1, 2]  # type: ignore[union-attr]

@@ -206,6 +206,21 @@ def test_signing_the_name_again_is_refused_in_one_line_unless_it_extends_the_run
     assert not (project.root / RUN).exists()  # nothing moved, nothing kept
 
 
+def test_a_file_signed_again_under_its_name_prunes_nothing(
+    project: Project, key: SigningKey
+) -> None:
+    from kronos_audit.statement.predicate import PrunedEntry, Sha256
+
+    restart = project.root / "restart.h5"
+    rewrite(restart, 1)
+    (m,) = snapshot(restart, run=RUN, step=1)
+    rewrite(restart, 2)
+    with pytest.raises(UsageError, match="prunes nothing"):
+        snapshot(restart, run=RUN, step=2, pruned=[PrunedEntry(1, Sha256(m.digest))])
+    assert manifest_path_for(restart).read_bytes() == m.path.read_bytes()
+    assert not (project.root / RUN).exists()  # refused before anything moved
+
+
 def test_a_step_whose_signed_bytes_are_gone_is_not_moved(project: Project, key: SigningKey) -> None:
     restart = project.root / "restart.h5"
     rewrite(restart, 1)

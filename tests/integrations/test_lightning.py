@@ -188,6 +188,27 @@ def test_rotation_is_signed_pruning_and_a_deletion_by_hand_is_not(
     )
 
 
+def test_a_removal_with_no_later_step_is_recorded_by_the_next_save(
+    project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(project.root)
+    root = project.root / "twice"
+    io = SignedCheckpointIO(run="lit")
+    state = {"global_step": 2, "w": torch.zeros(2)}
+    io.save_checkpoint(state, root / "a.ckpt")
+    io.save_checkpoint(state, root / "b.ckpt")  # one step under two names
+    io.remove_checkpoint(root / "a.ckpt")  # no later step yet to sign its removal
+    assert not (root / "a.ckpt").exists()
+    assert (root / "a.ckpt.dvc").exists()  # its tracking stays until a record is signed
+    io.save_checkpoint({"global_step": 4, "w": torch.ones(2)}, root / "c.ckpt")
+    a, c = (read_manifest(root / f"{n}.ckpt.kaudit.json") for n in "ac")
+    assert [(e.step, e.manifest) for e in c.record.pruned] == [(2, a.digest)]
+    assert not (root / "a.ckpt.dvc").exists()
+    results = ka.verify(root)
+    assert all(r.ok for r in results), [r.failures for r in results]
+    assert [r.manifest.name for r in results if r.data_pruned] == ["a.ckpt.kaudit.json"]
+
+
 @pytest.mark.slow  # one fresh process importing Lightning, killed with SIGKILL
 def test_a_run_killed_mid_training_resumes_from_its_last_signed_step(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch

@@ -34,7 +34,16 @@ def _loaded_files() -> set[str]:
 
 
 def _numpy_openblas(pools: list[dict[str, Any]]) -> dict[str, Any]:
-    (pool,) = [p for p in pools if (p["user_api"], p["internal_api"]) == ("blas", "openblas")]
+    """numpy's own OpenBLAS among the pools: the one its wheel ships (``numpy.libs``), where
+    the process may have loaded another (SciPy's, once a test imported it)."""
+    shipped = Path(np.__file__).resolve().parents[1] / "numpy.libs"
+    own = {f.name for f in shipped.iterdir()} if shipped.is_dir() else None
+    (pool,) = [
+        p
+        for p in pools
+        if (p["user_api"], p["internal_api"]) == ("blas", "openblas")
+        and (own is None or p["library"] in own)
+    ]
     return pool
 
 

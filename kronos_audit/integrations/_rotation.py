@@ -1,8 +1,9 @@
 """A tool's checkpoint rotation as signed pruning: the checkpoints a tool deletes (Lightning's
 ``save_top_k``, the Hugging Face Trainer's ``save_total_limit``) are listed in the signed
-retention record (``pruned``) of a later step's manifest beside them, as a :class:`ka.Run`'s
-retention lists the steps it deletes. Their manifests stay, so the chain verifies, and
-``verify``, ``log`` and ``status`` tell them ``pruned`` from checkpoints deleted by anyone.
+retention record (``pruned``) of a later step's manifest beside them, as the retention of
+a :class:`~kronos_audit.runtime.run.Run` lists the steps it deletes. Their manifests stay,
+so the chain verifies, and ``verify``, ``log`` and ``status`` tell them ``pruned`` from
+checkpoints deleted by anyone.
 
 Nothing leaves DVC's cache on an unsigned word: a checkpoint's ``.dvc`` file, git-ignore
 entry and cache objects go only once the record that prunes it is signed, and the objects

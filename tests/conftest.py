@@ -86,9 +86,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     is_long = [long(item) for item in items]
     slow = [item for item, yes in zip(items, is_long, strict=True) if yes]
     rest = iter(item for item, yes in zip(items, is_long, strict=True) if not yes)
+    # A module's long tests stay together, in one share: a module-scoped fixture (a
+    # reference training run, a fresh clone) is then made by one worker, not by each.
+    # Modules are dealt largest first to the share with the fewest tests so far.
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in slow:
+        modules.setdefault(item.path, []).append(item)
+    long_shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for module in sorted(modules.values(), key=len, reverse=True):
+        min(long_shares, key=len).extend(module)
     ordered: list[pytest.Item] = []
     for k, size in enumerate(_shares(len(items), workers)):
-        share = slow[k::workers]
+        share = long_shares[k]
         # (a selection of long suites alone leaves fewer of the rest than the shares hold)
         ordered += share + list(itertools.islice(rest, max(size - len(share), 0)))
     ordered += list(rest)

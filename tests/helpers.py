@@ -280,3 +280,16 @@ def replay_repository(
     if then is not None:
         name += f"-{then[0]}"
     return recorded_project(name, factory, templates, record, into, mp)
+
+
+def pushed_and_cloned(project_root: Path, tmp_path: Path, what: str) -> Path:
+    """Push ``what`` (a path under ``project_root``, its DVC remote configured) with
+    ``kaudit push``, commit everything, and clone the repository into ``tmp_path/clone``:
+    the clone, where only git's files are and the data is in the remote."""
+    pushed = run_cli("push", what, cwd=project_root)
+    assert pushed.exit_code == 0, pushed.output
+    git(project_root, "add", "-A")
+    git(project_root, "commit", "-q", "-m", "trained")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project_root), str(clone))
+    return clone

@@ -323,7 +323,7 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
 
     from examples.dcp_train import run as example
     from kronos_audit.storage import configure_remote
-    from tests.helpers import git, run_cli
+    from tests.helpers import pushed_and_cloned
 
     argv = ["--steps", "12", "--every", "4", "--root", "ckpt"]
     crashed = subprocess.run(
@@ -344,12 +344,7 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
     assert newest.parent == read_manifest(root / "step-8.kaudit.json").digest
 
     configure_remote(project, str(tmp_path / "remote"))
-    pushed = run_cli("push", "ckpt", cwd=project.root)
-    assert pushed.exit_code == 0, pushed.output
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "trained")
-    clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    clone = pushed_and_cloned(project.root, tmp_path, "ckpt")
     monkeypatch.chdir(clone)
     (result,) = ka.verify(clone / "ckpt" / "step-12.kaudit.json")  # fetched, then checked
     assert result.ok, result.failures

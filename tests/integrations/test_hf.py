@@ -128,7 +128,7 @@ def test_a_killed_training_resumes_verified_and_its_checkpoints_verify_in_a_clon
 
     from examples.hf_train import run as example
     from kronos_audit.storage import configure_remote
-    from tests.helpers import git, run_cli
+    from tests.helpers import pushed_and_cloned
 
     monkeypatch.chdir(project.root)
     argv = ["--steps", "8", "--save-steps", "4", "--output", "out"]
@@ -147,12 +147,7 @@ def test_a_killed_training_resumes_verified_and_its_checkpoints_verify_in_a_clon
     assert eight.parent == four.digest
 
     configure_remote(project, str(tmp_path / "remote"))
-    pushed = run_cli("push", "out", cwd=project.root)
-    assert pushed.exit_code == 0, pushed.output
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "trained")
-    clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    clone = pushed_and_cloned(project.root, tmp_path, "out")
     monkeypatch.chdir(clone)
     (result,) = ka.verify(clone / "out" / "checkpoint-8.kaudit.json")  # fetched, then checked
     assert result.ok, result.failures

@@ -127,15 +127,10 @@ def test_pushed_steps_verify_and_resume_in_a_fresh_clone(
     trained: tuple[Path, Tiny], project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kronos_audit.storage import configure_remote
-    from tests.helpers import git, run_cli
+    from tests.helpers import pushed_and_cloned
 
     configure_remote(project, str(tmp_path / "remote"))
-    pushed = run_cli("push", "checkpoints", cwd=project.root)
-    assert pushed.exit_code == 0, pushed.output
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "trained")
-    clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    clone = pushed_and_cloned(project.root, tmp_path, "checkpoints")
     monkeypatch.chdir(clone)
     ckpt = clone / "checkpoints" / "epoch=0-step=4.ckpt"
     assert not ckpt.exists()

@@ -79,7 +79,7 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
 
     from examples.orbax_train import run as example
     from kronos_audit.storage import configure_remote
-    from tests.helpers import git, run_cli
+    from tests.helpers import pushed_and_cloned
 
     monkeypatch.chdir(project.root)
     argv = ["--steps", "30", "--every", "10", "--root", "orbax"]
@@ -99,12 +99,7 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
     assert [m.parent for m in steps] == [None, *(m.digest for m in steps[:-1])]
 
     configure_remote(project, str(tmp_path / "remote"))
-    pushed = run_cli("push", "orbax", cwd=project.root)
-    assert pushed.exit_code == 0, pushed.output
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-q", "-m", "trained")
-    clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    clone = pushed_and_cloned(project.root, tmp_path, "orbax")
     monkeypatch.chdir(clone)
     (result,) = ka.verify(clone / "orbax" / "30.kaudit.json")  # fetched, then checked
     assert result.ok, result.failures

@@ -76,6 +76,37 @@ def disagreements(pyproject: str, lock: str, extras: list[str]) -> list[str]:
     return problems
 
 
+def pinned_requirements(pyproject: str) -> list[str]:
+    """The requirements of a pyproject.toml, its extras' included, that pin one version
+    (``==`` or ``===``, a wildcard aside): kronos-audit installs into its users'
+    environments, so its own requirements stay ranges, and only the lock pins."""
+    project = tomllib.loads(pyproject)["project"]
+    declared = [*project["dependencies"]]
+    for extra in project["optional-dependencies"].values():
+        declared += extra
+    return [
+        text
+        for text in declared
+        if any(
+            s.operator == "===" or (s.operator == "==" and not s.version.endswith("*"))
+            for s in Requirement(text).specifier
+        )
+    ]
+
+
+def test_kronos_audits_own_requirements_stay_ranges() -> None:
+    pyproject = PYPROJECT.read_text(encoding="utf-8")
+    assert pinned_requirements(pyproject) == [], "pin in constraints.txt, not in pyproject.toml"
+    # and a pin is caught, in the dependencies and in an extra alike
+    assert '"cryptography>=42"' in pyproject
+    assert '"pytest>=8.0"' in pyproject
+    edited = pyproject.replace('"cryptography>=42"', '"cryptography==51.0.1"', 1)
+    edited = edited.replace('"pytest>=8.0"', '"pytest>=8.0,===8.3.4"', 1)
+    assert pinned_requirements(edited) == ["cryptography==51.0.1", "pytest>=8.0,===8.3.4"]
+    wildcard = pyproject.replace('"cryptography>=42"', '"cryptography==51.*"', 1)
+    assert pinned_requirements(wildcard) == []  # a wildcard is a range
+
+
 def test_the_lock_satisfies_every_range_pyproject_declares() -> None:
     problems = disagreements(
         PYPROJECT.read_text(encoding="utf-8"), LOCK.read_text(encoding="utf-8"), bootstrap_extras()

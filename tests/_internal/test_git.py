@@ -189,6 +189,40 @@ def test_a_linked_worktrees_hook_environment_does_not_redirect(
         assert store.blob(entry.oid, limit=100) == b"print('solve')\n"
 
 
+def test_with_a_hook_environment_commondir_is_read_only_as_a_regular_file(
+    git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where kaudit finds the repository itself (a hook's GIT_DIR is set), a linked
+    worktree's ``commondir`` names the git directory whose objects and refs are used: a
+    link or a FIFO there (each holding another directory's name) is not followed, and
+    the FIFO does not hang."""
+    linked = tmp_path / "linked"
+    run_git(git_repo, "worktree", "add", "-q", "-b", "side", str(linked))
+    gitdir = Path(run_git(linked, "rev-parse", "--absolute-git-dir").strip())
+    commondir = gitdir / "commondir"
+    monkeypatch.setenv("GIT_DIR", str(gitdir))
+    assert git.environment(linked)["GIT_COMMON_DIR"] == str((git_repo / ".git").resolve())
+
+    elsewhere = tmp_path / "elsewhere.git"  # where the planted names point
+    elsewhere.mkdir()
+    named = tmp_path / "names-elsewhere"
+    named.write_text(f"{elsewhere}\n")
+    commondir.unlink()
+    commondir.symlink_to(named)
+    assert git.environment(linked)["GIT_COMMON_DIR"] == str(gitdir.resolve())
+
+    commondir.unlink()
+    os.mkfifo(commondir)
+    # A writer holds it open with a line waiting: a read through it would take that line
+    # at once rather than hang, so following it shows as the wrong directory.
+    held = os.open(commondir, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(held, f"{elsewhere}\n".encode())
+        assert git.environment(linked)["GIT_COMMON_DIR"] == str(gitdir.resolve())
+    finally:
+        os.close(held)
+
+
 def test_with_a_hook_environment_a_gitfile_naming_nothing_is_no_repository(
     git_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -123,6 +124,33 @@ def test_a_modified_tracked_file_stores_a_patch_that_applies(
     # The same diff again is the same record, not a second file.
     assert git_state(git_repo).patch_sha256 == state.patch_sha256
     assert len(list(stored.parent.iterdir())) == 1
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo"])
+def test_a_name_planted_where_the_patch_goes_is_replaced_never_written_through(
+    git_repo: Path, tmp_path: Path, planted: str
+) -> None:
+    """A patch's name is its sha256, which anyone who knows the change can compute: a
+    link planted there (to the owner's file) or a FIFO is not taken for the recorded
+    patch, nor written through; the patch's bytes take its place as a regular file."""
+    (git_repo / "solver.py").write_text("print('solve faster')\n")
+    digest = git_state(git_repo).patch_sha256
+    assert digest is not None
+    stored = patch_path(git_repo, digest)
+    patch = stored.read_bytes()
+    owners = tmp_path / "owners-file"
+    owners.write_text("the owner's own\n")
+    stored.unlink()
+    if planted == "link":
+        stored.symlink_to(owners)
+    else:
+        os.mkfifo(stored)
+
+    assert git_state(git_repo).patch_sha256 == digest
+    assert not stored.is_symlink()
+    assert stored.is_file()
+    assert stored.read_bytes() == patch
+    assert owners.read_text() == "the owner's own\n"
 
 
 def _dirty_with_text_and_binary(repo: Path) -> None:

@@ -12,6 +12,7 @@ in :class:`KauditGroup` alone. What commands print is :mod:`kronos_audit.cli.out
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -237,6 +238,11 @@ QUIET_HELP = (
     "--json's output still."
 )
 VERBOSE_HELP = "More detail: every check made, and kronos_audit's log on stderr (-vv: debug)."
+DIRECTORY_HELP = (
+    "Run as if kaudit was started in PATH (as git -C): the repository is the one PATH is "
+    "in, and paths given are taken from there."
+)
+
 COLOR_HELP = (
     "Colour: auto (on a terminal, unless $NO_COLOR is set, or wherever $FORCE_COLOR is), "
     "always or never."
@@ -457,12 +463,13 @@ class KauditGroup(SuggestingGroup):
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+@click.option("-C", "directory", metavar="PATH", help=DIRECTORY_HELP)
 @click.option("-q", "--quiet", is_flag=True, help=QUIET_HELP)
 @click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 @click.option("--color", "color", metavar="WHEN", default="auto", help=COLOR_HELP)
 @click.version_option(__version__, prog_name="kaudit")
 @click.pass_context
-def cli(ctx: click.Context, quiet: bool, verbose: int, color: str) -> None:
+def cli(ctx: click.Context, directory: str | None, quiet: bool, verbose: int, color: str) -> None:
     """Signed, verifiable, replayable checkpoints for long runs.
 
     Every command exits 0 on success, 1 when a check fails, 2 for bad input or usage.
@@ -477,6 +484,15 @@ def cli(ctx: click.Context, quiet: bool, verbose: int, color: str) -> None:
     """
     if quiet and verbose:
         raise click.UsageError("--quiet and --verbose exclude each other")
+    if directory is not None:
+        # Before anything is read: the repository is found from where kaudit stands.
+        # Where the group is invoked in-process, the caller's directory comes back after.
+        before = os.getcwd()
+        try:
+            os.chdir(directory)
+        except OSError as e:
+            raise UsageError(f"-C {directory}: {e.strerror or e}") from None
+        ctx.call_on_close(lambda: os.chdir(before))
     # Checked here, not by click.Choice: a bad value is one line, as any bad input is.
     ctx.obj = Settings(-1 if quiet else verbose, color_when(color))
     if verbose:

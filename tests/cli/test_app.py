@@ -359,6 +359,31 @@ def test_run_json_errors_go_to_stderr_with_its_summary() -> None:
     assert doc["type"] == "CommandStartError"
 
 
+# -- -C ------------------------------------------------------------------------------
+
+
+def test_dash_c_stands_in_the_repository_it_names(
+    project: Project, key: SigningKey, checkpoint: Path, tmp_path: Path
+) -> None:
+    run_cli("snapshot", str(checkpoint), "--run", "r", "--step", "1")
+    name = str(checkpoint.relative_to(project.root))
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    # from outside any repository, the repository is the one -C names, and paths are
+    # taken from there
+    result = run_cli("-C", str(project.root), "verify", f"{name}.kaudit.json", cwd=outside)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"ok   {name}.kaudit.json  (run r, step 1;")
+    assert run_cli("verify", f"{name}.kaudit.json", cwd=outside).exit_code == 2
+
+
+@pytest.mark.parametrize("where", ["missing", "a-file"])
+def test_dash_c_to_no_directory_is_one_line(tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-file").touch()
+    result = run_cli("-C", str(tmp_path / where), "status", cwd=tmp_path)
+    assert_bad_input(result, f"-C {tmp_path / where}", no_stdout=True)
+
+
 # -- -q and -v -------------------------------------------------------------------------
 
 

@@ -52,6 +52,17 @@ class Error(Exception):
         return f"{self.path}: {self.message}"
 
 
+def one_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message that says something, without the blanks around
+    it: what a one-line error quotes of a library's exception, whose later lines are its
+    stack or advice. The name of its type when the message is empty or blank
+    (``RuntimeError()``)."""
+    for line in str(exc).splitlines():
+        if line := line.strip():
+            return line
+    return type(exc).__name__
+
+
 class UsageError(Error):
     """The command was asked for something that cannot be done as asked."""
 

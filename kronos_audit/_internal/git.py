@@ -43,7 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from kronos_audit._internal.safeio import UnsafeFile, read_owned
-from kronos_audit.errors import Error
+from kronos_audit.errors import Error, one_line
 
 _OBJECT_ID = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
@@ -141,8 +141,7 @@ def _gitpython(root: Path | str | None) -> ModuleType:
     try:
         import git as gitpython
     except ImportError as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), str(e))
-        raise GitError(f"cannot run git: {first.strip()}", path=root, returncode=-1) from None
+        raise GitError(f"cannot run git: {one_line(e)}", path=root, returncode=-1) from None
     return gitpython
 
 
@@ -544,8 +543,7 @@ class Objects:
             self._repo = None
 
     def _failed(self, what: str, e: BaseException) -> GitError:
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return GitError(f"cannot read {what}: {detail}", path=self._root, returncode=128)
+        return GitError(f"cannot read {what}: {one_line(e)}", path=self._root, returncode=128)
 
     def _check_id(self, oid: str) -> None:
         if not _OBJECT_ID.match(oid):

@@ -40,7 +40,7 @@ import numpy as np
 
 from kronos_audit._internal.progress import report
 from kronos_audit.checkpoint.links import list_datasets
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, one_line
 
 BLOCK = 16 * 1024 * 1024
 """Bytes hashed per update and read per block: large enough to amortise, small enough to
@@ -677,5 +677,5 @@ def _digest_mapped(opened: OpenFile, md5: bool) -> FileDigests:
 
 
 def _h5_reason(e: BaseException) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = one_line(e)
     return text.split("(", 1)[0].strip() or text

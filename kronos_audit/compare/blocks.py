@@ -17,7 +17,7 @@ import numpy as np
 
 from kronos_audit.checkpoint.hashing import VLEN_STR
 from kronos_audit.compare.plan import Plan
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, one_line
 
 Array = np.ndarray[Any, Any]
 
@@ -94,8 +94,7 @@ def h5_blocks(
 
 
 def _read_failed(dset: h5py.Dataset, e: BaseException) -> CheckpointError:
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
+    first = one_line(e)
     return CheckpointError(
         f"cannot read dataset {dset.name} ({first.split('(', 1)[0].strip() or first})",
         path=dset.file.filename,

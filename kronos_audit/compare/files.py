@@ -15,7 +15,7 @@ from kronos_audit.compare.interface import Comparison, DatasetComparison, Verdic
 from kronos_audit.compare.plan import data_kind, describe_dtype
 from kronos_audit.compare.policy import TolerancePolicy
 from kronos_audit.compare.tensors import compare_opened, compare_tensors
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, one_line
 
 
 def compare_files(
@@ -176,8 +176,7 @@ def _bounded(dset: h5py.Dataset, path: Path) -> None:
 
 
 def _reason(e: BaseException) -> str:
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
+    first = one_line(e)
     return first.split("(", 1)[0].strip() or first
 
 

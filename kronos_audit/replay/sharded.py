@@ -48,7 +48,7 @@ from kronos_audit.checkpoint.treehash import TreeHasher
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.compare import DatasetComparison, TolerancePolicy, Verdict, compare_datasets
 from kronos_audit.compare.engine import stream_comparison
-from kronos_audit.errors import CheckpointError, ReplayError, Stage
+from kronos_audit.errors import CheckpointError, ReplayError, Stage, one_line
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
 from kronos_audit.replay.interface import DatasetReplay
@@ -246,7 +246,7 @@ def _compare_errors(path: Path) -> Iterator[None]:
         if isinstance(e, CheckpointError):
             reason = e.message if e.path is None else f"{e.path.name}: {e.message}"
         else:
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = one_line(e)
         raise ReplayError(
             f"cannot compare the sharded steps: {reason}", path=path, stage=Stage.COMPARE
         ) from None

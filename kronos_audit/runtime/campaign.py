@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kronos_audit.errors import CampaignError, UsageError
+from kronos_audit.errors import CampaignError, UsageError, one_line
 from kronos_audit.runtime.batches import batch_rng, this_worker
 
 if TYPE_CHECKING:
@@ -241,8 +241,8 @@ def _named(index: int, error: BaseException) -> BaseException:
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0].rstrip('.')}" if text else type(error).__name__
+    name = type(error).__name__
+    return f"{name}: {one_line(error).rstrip('.')}" if str(error).strip() else name
 
 
 def map_batches(

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
 from kronos_audit.checkpoint.writer import Job
-from kronos_audit.errors import CheckpointError, Error
+from kronos_audit.errors import CheckpointError, Error, one_line
 from kronos_audit.parallel.comm import SingleProcess
 from kronos_audit.runtime.policy import SavePolicy
 
@@ -161,8 +161,7 @@ def file_failure(e: BaseException) -> str:
         return e.strerror
     if found := _H5_SYSTEM_ERROR.search(str(e)):
         return found.group(1)
-    lines = str(e).splitlines()
-    return lines[0] if lines else type(e).__name__
+    return one_line(e)
 
 
 def read_file_step(point: ResumePoint) -> Restored:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kronos_audit.errors import Error, UsageError
+from kronos_audit.errors import Error, UsageError, one_line
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.runtime.rng import derived_seed
 
@@ -120,8 +120,7 @@ def one_line_reason(e: BaseException) -> str:
     elif isinstance(e, OSError) and e.strerror:
         text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     else:
-        lines = str(e).splitlines()
-        text = lines[0] if lines else type(e).__name__
+        text = one_line(e)
     return text if len(text) <= 400 else text[:397] + "..."
 
 

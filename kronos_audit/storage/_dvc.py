@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from kronos_audit.errors import one_line
+
 DVC_LOGGERS: tuple[str, ...] = (
     "dvc",
     "dvc_data",
@@ -150,8 +152,7 @@ def transfer_failures() -> Iterator[list[str]]:
 
 def dvc_error(e: Exception) -> str:
     """The first line of a DVC (or file system) error, for a one-line message."""
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    return one_line(e)
 
 
 def remote_odb(repo: Any, name: str) -> Any:

@@ -387,6 +387,17 @@ def test_names_that_are_not_valid_hdf5_names_are_escaped_and_kept(tmp_path: Path
 # -- what cannot be stored --------------------------------------------------------------------
 
 
+class Unreadable(torch.Tensor):
+    """A tensor whose memory cannot be had, on the CPU or not, and whose error says nothing
+    (as a device's driver may raise)."""
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        raise RuntimeError()
+
+    def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError()
+
+
 def test_what_cannot_be_stored_is_one_line_naming_the_path(tmp_path: Path) -> None:
     def refused(state: Any) -> str:
         with pytest.raises(UsageError) as info:
@@ -413,6 +424,9 @@ def test_what_cannot_be_stored_is_one_line_naming_the_path(tmp_path: Path) -> No
     assert refused({"kaudit": 1}) == "state key 'kaudit' is reserved for kaudit's own records"
     assert "sparse_coo tensor cannot be stored" in refused({"s": torch.eye(2).to_sparse()})
     assert "meta tensor cannot be stored" in refused({"s": torch.empty(2, device="meta")})
+    # A tensor that cannot be read, for a reason torch gives no words to: its type named.
+    unreadable = torch.zeros(2).as_subclass(Unreadable)
+    assert refused({"s": unreadable}) == "state /s: this tensor cannot be read: RuntimeError"
     assert refused({"u": np.array(["x"])}).startswith("state /u: dtype <U1 cannot be stored")
     deep: dict[str, Any] = {}
     node = deep

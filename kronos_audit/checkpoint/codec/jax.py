@@ -30,6 +30,7 @@ from kronos_audit.checkpoint.codec.walk import (
     unique,
 )
 from kronos_audit.checkpoint.hdf5 import a_type
+from kronos_audit.errors import one_line
 
 # Module-level names: an enum member's attribute lookup costs more than a global's,
 # and these are read once per node.
@@ -84,7 +85,7 @@ class ArrayHandler:
                 x = jax.random.key_data(x)
             array = np.asarray(x)
         except (RuntimeError, TypeError, ValueError) as e:
-            raise fail(path, f"this array cannot be read: {str(e).splitlines()[0]}") from None
+            raise fail(path, f"this array cannot be read: {one_line(e)}") from None
         ml = ml_dtype_name(array.dtype)
         if ml is not None:
             if ml not in ML_DTYPES or array.dtype.itemsize not in UINT:
@@ -107,7 +108,7 @@ class ArrayHandler:
             try:
                 return jax.random.wrap_key_data(array, impl=impl)
             except (TypeError, ValueError) as e:
-                raise dec.bad(path, str(e).splitlines()[0]) from None
+                raise dec.bad(path, one_line(e)) from None
         if array.dtype.kind not in "biufcV":
             raise dec.bad(path, f"a jax array stored as {array.dtype}")
         return jax.numpy.asarray(array)

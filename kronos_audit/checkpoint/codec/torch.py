@@ -17,6 +17,7 @@ from kronos_audit.checkpoint.codec.numpy import UINT
 from kronos_audit.checkpoint.codec.registry import NodeKind
 from kronos_audit.checkpoint.codec.walk import Decoder, Encoder, Fitter, fail, import_framework
 from kronos_audit.checkpoint.hdf5 import a_type
+from kronos_audit.errors import one_line
 
 # Module-level names: an enum member's attribute lookup costs more than a global's,
 # and these are read once per node.
@@ -110,7 +111,7 @@ class TorchHandler:
             except (RuntimeError, TypeError):  # on a device, or a conjugate/negative view
                 array = t.cpu().resolve_conj().resolve_neg().numpy()
         except (RuntimeError, TypeError) as e:
-            raise fail(path, f"this tensor cannot be read: {str(e).splitlines()[0]}") from None
+            raise fail(path, f"this tensor cannot be read: {one_line(e)}") from None
         enc.flat[path] = array
         return enc.add(node)
 
@@ -141,7 +142,7 @@ class TorchHandler:
                 return torch.nn.Parameter(tensor, requires_grad=grad)
             return tensor.requires_grad_(True) if grad else tensor
         except RuntimeError as e:
-            raise dec.bad(path, str(e).splitlines()[0]) from None
+            raise dec.bad(path, one_line(e)) from None
 
     def fit(self, fitter: Fitter, like: Any, value: Any, path: str) -> Any:
         """On the template's device and dtype, a Parameter if it is one."""

@@ -1,33 +1,68 @@
-"""The run loop: periodic, atomic, asynchronous checkpoints; restore; preemption; supervision."""
+"""The run loop: periodic, atomic, asynchronous checkpoints; restore; preemption; supervision.
 
-from kronos_audit.runtime.batches import Ledger, batch_rng
-from kronos_audit.runtime.policy import (
-    AnyOf,
-    AtFinalStep,
-    Auto,
-    EverySeconds,
-    EverySteps,
-    Never,
-    OnPreemption,
-    SaveContext,
-    SavePolicy,
-)
-from kronos_audit.runtime.publish import CheckpointSkipped
-from kronos_audit.runtime.run import PreemptedWithoutCheckpoint, Run
+Importing this package is as cheap as importing :mod:`kronos_audit`: each name below is
+imported from its module the first time it is used (PEP 562), so a program that only needs
+a policy (``EverySteps``) does not load the run, HDF5 or DVC.
+"""
 
-__all__ = [
-    "AnyOf",
-    "AtFinalStep",
-    "Auto",
-    "CheckpointSkipped",
-    "EverySeconds",
-    "EverySteps",
-    "Ledger",
-    "Never",
-    "OnPreemption",
-    "PreemptedWithoutCheckpoint",
-    "Run",
-    "SaveContext",
-    "SavePolicy",
-    "batch_rng",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
+    # isort: off
+    from kronos_audit.runtime.batches import Ledger as Ledger, batch_rng as batch_rng
+    from kronos_audit.runtime.policy import (
+        AnyOf as AnyOf,
+        AtFinalStep as AtFinalStep,
+        Auto as Auto,
+        EverySeconds as EverySeconds,
+        EverySteps as EverySteps,
+        Never as Never,
+        OnPreemption as OnPreemption,
+        SaveContext as SaveContext,
+        SavePolicy as SavePolicy,
+    )
+    from kronos_audit.runtime.publish import CheckpointSkipped as CheckpointSkipped
+    from kronos_audit.runtime.run import (
+        PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
+        Run as Run,
+    )
+    # isort: on
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "kronos_audit.runtime.batches": ("Ledger", "batch_rng"),
+    "kronos_audit.runtime.policy": (
+        "AnyOf",
+        "AtFinalStep",
+        "Auto",
+        "EverySeconds",
+        "EverySteps",
+        "Never",
+        "OnPreemption",
+        "SaveContext",
+        "SavePolicy",
+    ),
+    "kronos_audit.runtime.publish": ("CheckpointSkipped",),
+    "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
+}
+"""Each module and the names this package gives from it, imported the first time one is
+used. The block above says the same to a type checker (a test holds them equal)."""
+
+_MODULE_OF: dict[str, str] = {n: m for m, names in _EXPORTS.items() for n in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:  # a submodule not imported yet: the import system imports it
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

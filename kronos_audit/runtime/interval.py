@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from kronos_audit.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Unit names (lower case) and their seconds; a duration is a bare number of seconds, or
 # one or more number-unit parts from the largest unit down: "90s", "5min", "1h30m".
@@ -250,6 +252,8 @@ def simulate(
             f"per trial (the model expects {waste:.4%} of the time wasted); "
             "simulate a shorter job"
         )
+
+    import numpy as np  # here: the policies use this module, and are light to import
 
     segment = tau + delta
     n_full = math.floor(job / tau + 1e-9)

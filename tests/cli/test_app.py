@@ -14,11 +14,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import click
 import pytest
 
 import kronos_audit as ka
+import kronos_audit.runtime
 from kronos_audit.cli import cli
 from kronos_audit.cli._app import COMMANDS, KauditGroup
 from kronos_audit.keys.keyfile import SigningKey
@@ -88,23 +90,49 @@ def test_a_commands_help_imports_no_heavy_library(command: tuple[str, ...]) -> N
     assert not modules & set(HEAVY), modules
 
 
-def test_import_kronos_audit_is_light_until_a_name_is_used() -> None:
+POLICIES = (
+    "AnyOf",
+    "AtFinalStep",
+    "Auto",
+    "EverySeconds",
+    "EverySteps",
+    "Never",
+    "OnPreemption",
+    "SaveContext",
+    "SavePolicy",
+)
+"""The names a program may take from kronos_audit without loading the run."""
+
+
+def test_import_kronos_audit_is_light_before_and_after_a_policy_is_used() -> None:
     code = (
         "import sys, kronos_audit as ka\n"
-        "before = {m.partition('.')[0] for m in sys.modules}\n"
-        "ka.EverySteps\n"
-        "print(*sorted(before))"
+        "def loaded(): return sorted({m.partition('.')[0] for m in sys.modules})\n"
+        "print(*loaded())\n"
+        f"for name in {POLICIES!r}: getattr(ka, name)\n"
+        "policy = ka.Auto('24h') | ka.EverySteps(5) | ka.EverySeconds(60) | ka.OnPreemption()\n"
+        "policy = ka.AnyOf((policy, ka.AtFinalStep(), ka.Never()))\n"
+        "assert isinstance(policy, ka.SavePolicy)\n"
+        "ctx = ka.SaveContext(step=5, now=1.0, last_step=0, last_time=0.0, stall=0.1,\n"
+        "                     write_time=1.0, preempted=False)\n"
+        "assert policy.should_save(ctx)\n"
+        "print(*loaded())\n"
+        "print('kronos_audit.runtime.run' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    before = set(done.stdout.split())
-    assert "kronos_audit" in before
-    assert not before & {*HEAVY, "click", "rich", "cryptography"}, before
+    before, after, run_loaded = done.stdout.splitlines()
+    assert "kronos_audit" in before.split()
+    for loaded in (before, after):
+        assert not set(loaded.split()) & {*HEAVY, "click", "rich", "cryptography"}, loaded
+    assert run_loaded == "False"
 
 
-def test_the_type_checking_imports_are_the_exports_table() -> None:
+@pytest.mark.parametrize("package", [ka, ka.runtime], ids=lambda p: p.__name__)
+def test_the_type_checking_imports_are_the_exports_table(package: ModuleType) -> None:
     """What a type checker is told the package exports is what it exports at run time."""
-    tree = ast.parse(Path(ka.__file__).read_text(encoding="utf-8"))
+    assert package.__file__
+    tree = ast.parse(Path(package.__file__).read_text(encoding="utf-8"))
     (block,) = [
         n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
     ]
@@ -115,11 +143,12 @@ def test_the_type_checking_imports_are_the_exports_table() -> None:
         for alias in node.names:
             assert alias.asname == alias.name, f"{alias.name}: re-export it as itself"
             imported.setdefault(node.module, set()).add(alias.name)
-    assert imported == {m: set(names) for m, names in ka._EXPORTS.items()}
-    assert ka.__all__ == sorted(n for names in ka._EXPORTS.values() for n in names)
-    for module, names in ka._EXPORTS.items():
+    exports = package._EXPORTS
+    assert imported == {m: set(names) for m, names in exports.items()}
+    assert package.__all__ == sorted(n for names in exports.values() for n in names)
+    for module, names in exports.items():
         for name in names:
-            assert getattr(ka, name) is getattr(importlib.import_module(module), name)
+            assert getattr(package, name) is getattr(importlib.import_module(module), name)
 
 
 def test_every_public_name_resolves() -> None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP
 from kronos_audit.checkpoint.hdf5 import flatten, unflatten
-
-LEDGER_GROUP = "ledger"
 
 
 def rows(group: Mapping[str, Any]) -> Iterator[tuple[int, Any]]:

@@ -32,6 +32,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from kronos_audit.checkpoint.codec.registry import OWN_GROUPS
 from kronos_audit.checkpoint.hashing import (
     DatasetDigest,
     OpenFile,
@@ -56,8 +57,6 @@ from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
 
 CHUNK_BYTES = 64 << 20
 """About how many bytes of a global array are held at once (per side) while comparing."""
-_OWN = ("rng", "ledger")
-"""Top-level groups each rank writes for itself (compared rank by rank)."""
 
 
 # -- the output --------------------------------------------------------------------------
@@ -358,7 +357,7 @@ def _replay(
 
 
 def _own(name: str) -> bool:
-    return name.split("/")[1] in _OWN
+    return name.split("/")[1] in OWN_GROUPS  # each rank's own: compared rank by rank
 
 
 @dataclass(frozen=True)

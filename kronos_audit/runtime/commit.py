@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_ancestors, fsync_dir, mkdir_durable
+from kronos_audit.checkpoint.codec.registry import RESERVED
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
@@ -49,7 +50,6 @@ from kronos_audit.checkpoint.layout import (
     shard_name,
     step_directory,
 )
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
 from kronos_audit.checkpoint.writer import (
@@ -63,7 +63,6 @@ from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Block
 from kronos_audit.runtime.ranks import one_line_reason
-from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.storage.tracking import dvc_file_for
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -440,7 +439,7 @@ def held_alike(shards: Sequence[Shard], declared: Mapping[str, Any]) -> tuple[li
     unlike: list[str] = []
     for name in sorted({n for shard in shards for n in shard.held}):
         top = name.split("/")[1]
-        if name in declared or top in (RNG_GROUP, LEDGER_GROUP, "kaudit"):
+        if name in declared or top in RESERVED:
             continue
         values = {shard.held.get(name) for shard in shards}
         (alike if len(values) == 1 and None not in values else unlike).append(name)

@@ -37,11 +37,9 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal import strictjson
+from kronos_audit.checkpoint.codec.registry import RNG_GROUP
 from kronos_audit.checkpoint.hdf5 import text_array
 from kronos_audit.errors import CheckpointError
-
-GROUP = "rng"
-"""The checkpoint group, reserved at the top of the state."""
 
 # Spawn keys of the seeds derived from the run seed: two words, so that they can never be
 # those of a Monte Carlo batch (kronos_audit.runtime.batches.batch_rng uses one word, the
@@ -81,7 +79,7 @@ def seed_all(seed: int) -> None:
 
 
 def _dataset(*parts: str) -> str:
-    return "/" + "/".join((GROUP, *parts))
+    return "/" + "/".join((RNG_GROUP, *parts))
 
 
 def capture(rng: np.random.Generator) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, Any]]:
@@ -153,7 +151,7 @@ def restore(rng: np.random.Generator, stored: Any, *, path: Path, stacklevel: in
     this machine has no device for are skipped with one :class:`RngNotRestored` warning.
     """
     if not isinstance(stored, Mapping):
-        raise CheckpointError(f"/{GROUP}: must be a group", path=path)
+        raise CheckpointError(f"/{RNG_GROUP}: must be a group", path=path)
     steps: list[Callable[[], None]] = []
     if "numpy" in stored:
         steps.append(_numpy(rng, stored["numpy"], path))

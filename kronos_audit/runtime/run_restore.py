@@ -18,8 +18,8 @@ import numpy as np
 
 from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint.codec import tree
+from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP, OWN_GROUPS, RNG_GROUP
 from kronos_audit.checkpoint.hdf5 import State, unflatten
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.writer import BackgroundWriter
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime import rng
@@ -30,12 +30,6 @@ from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import joining_seed
 
 log = logging.getLogger("kronos_audit.runtime")
-
-RNG_GROUP = rng.GROUP
-OWN_RECORDS = (RNG_GROUP, LEDGER_GROUP)
-"""kaudit's own records, read apart from the state (their names are among
-:data:`~kronos_audit.checkpoint.codec.registry.RESERVED`, which no state key may take)."""
-"""kaudit's own records at the top of a checkpoint (``/rng``, ``/ledger``): not the state's."""
 
 
 class RunRestore:
@@ -144,7 +138,7 @@ class RunRestore:
         own: dict[str, Any] = {}
         raw: dict[str, Any] = {}
         for name, value in flat.items():
-            (own if name.split("/", 2)[1] in OWN_RECORDS else raw)[name] = value
+            (own if name.split("/", 2)[1] in OWN_GROUPS else raw)[name] = value
         return unflatten(own), raw
 
     def _load_flat(
@@ -162,4 +156,4 @@ class RunRestore:
         self.restored_from = path
 
 
-__all__ = ["OWN_RECORDS", "RNG_GROUP", "RunRestore"]
+__all__ = ["RunRestore"]

@@ -43,6 +43,7 @@ import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
+from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP, OWN_GROUPS, TREE_PATH
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     STEP_MANIFEST,
@@ -52,7 +53,6 @@ from kronos_audit.checkpoint.layout import (
     shard_path,
     step_directory,
 )
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import MAX_SHARDS, ShardRecord
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.checkpoint.writer import Job
@@ -72,7 +72,6 @@ from kronos_audit.runtime.ranks import one_line_reason, raise_if_any_failed
 from kronos_audit.runtime.retention import sharded_steps_here, sharded_steps_with_data
 from kronos_audit.runtime.sharded_remote import bring_from_remote
 from kronos_audit.runtime.sharded_steps import (
-    OWN_GROUPS,
     Agreed,
     layout_record,
     parse_layout,
@@ -93,7 +92,6 @@ log = logging.getLogger("kronos_audit.runtime")
 LAUNCHERS = ("mpi", "torch.distributed")
 """The communicators whose launcher a step manifest records (``shards.launcher``), so that
 ``kaudit replay`` can start the ranks again the same way."""
-_TREE = "/kaudit/tree"
 
 
 class ShardedPublisher(SignedPublisher):
@@ -255,7 +253,7 @@ class ShardedPublisher(SignedPublisher):
                 flat[name] = value
             if name.split("/")[1] in OWN_GROUPS:
                 continue
-            if name != _TREE:
+            if name != TREE_PATH:
                 raise CheckpointError(
                     f"{name.removeprefix('/')}: has no layout (ka.Block or ka.Replicated), "
                     f"so it can be restored only on the {agreed.count} ranks that wrote it, "

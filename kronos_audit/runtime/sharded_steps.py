@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit.checkpoint.codec.registry import RESERVED
 from kronos_audit.checkpoint.layout import RunDirectory, step_of_remote_step_manifest
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
@@ -43,16 +44,9 @@ from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape
 from kronos_audit.project.repository import find_project
 from kronos_audit.runtime.commit import Shard, held_alike
 from kronos_audit.runtime.ranks import one_line_reason
-from kronos_audit.runtime.rng import GROUP as RNG_GROUP
 from kronos_audit.statement.manifest import Manifest, parse_manifest
 from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.verifier import Verifier
-
-_LEDGER = "ledger"
-
-
-OWN_GROUPS = (RNG_GROUP, _LEDGER)
-"""Per-rank records, always read from a rank's own (or same-numbered) shard."""
 
 
 def has_sharded_steps(
@@ -199,7 +193,7 @@ def expand_layout(
                 f"layout[{key!r}]: ka.Block(axis=...) or ka.Replicated(), not {type(how).__name__}"
             )
         prefix = _key_path(key)
-        if prefix.split("/")[1] in ("kaudit", *OWN_GROUPS):
+        if prefix.split("/")[1] in RESERVED:
             raise UsageError(f"layout[{key!r}]: a reserved name")
         names = [n for n in flat if n == prefix or n.startswith(prefix + "/")]
         if not names:
@@ -300,7 +294,7 @@ def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
     out: dict[str, Recorded] = {}
     for key, spec in record.items():
         name = "/" + str(key)
-        if name.split("/")[1] in ("kaudit", *OWN_GROUPS):
+        if name.split("/")[1] in RESERVED:
             # Each rank's own records never come from another rank's shard.
             raise CheckpointError(f"layout of {str(key)[:80]!r}: a reserved name")
         if not isinstance(spec, Mapping):
@@ -403,7 +397,6 @@ def warn_unlike(step: int, names: Sequence[str], size: int) -> None:
 
 
 __all__ = [
-    "OWN_GROUPS",
     "Agreed",
     "Recorded",
     "UndeclaredLayout",

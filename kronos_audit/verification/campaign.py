@@ -21,7 +21,7 @@ from typing import Any
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import unflatten
 from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX, INDEX_NAME, TREE_NAME, shard_name
-from kronos_audit.checkpoint.ledger import rows
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP, rows
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
@@ -45,6 +45,8 @@ from kronos_audit.verification import steps
 from kronos_audit.verification.chain import inside
 from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
 from kronos_audit.verification.verifier import Verifier
+
+_LEDGER = f"/{LEDGER_GROUP}"
 
 
 class CampaignRefused(Exception):
@@ -112,7 +114,7 @@ def _ledger(m: Manifest) -> dict[int, Any]:
         if shards is None:
             signed = Signed(m.record.size, m.subject_sha256, m.datasets)
             with verified(m.checkpoint_path, signed) as opened:
-                flat = read_verified(opened, signed, "/ledger") if "ledger" in opened.h5() else {}
+                flat = read_verified(opened, signed, _LEDGER) if LEDGER_GROUP in opened.h5() else {}
         else:
             try:
                 line = proven_line(m.checkpoint_path.parent, 0, shards.count, shards.root)
@@ -123,7 +125,7 @@ def _ledger(m: Manifest) -> dict[int, Any]:
             shard = m.checkpoint_path.parent / line.name
             signed = Signed(line.size, line.sha256)
             with verified(shard, signed) as opened:
-                flat = read_verified(opened, signed, "/ledger") if "ledger" in opened.h5() else {}
+                flat = read_verified(opened, signed, _LEDGER) if LEDGER_GROUP in opened.h5() else {}
     except CheckpointError as e:
         raise CampaignRefused(str(e)) from None
     if not flat:

@@ -20,11 +20,21 @@ from kronos_audit.errors import UsageError
 if TYPE_CHECKING:
     from kronos_audit.checkpoint.codec.walk import Decoder, Encoder, Fitter
 
-TREE_PATH = "/kaudit/tree"
-"""The dataset that records the state's structure and types."""
-RESERVED = ("rng", "ledger", "kaudit")
+RNG_GROUP = "rng"
+"""The checkpoint group of the run's RNG states."""
+LEDGER_GROUP = "ledger"
+"""The checkpoint group of the Monte Carlo ledger."""
+TREE_GROUP = "kaudit"
+"""The checkpoint group of the state's own records (its tree)."""
+OWN_GROUPS = (RNG_GROUP, LEDGER_GROUP)
+"""kaudit's records each rank writes in its own shard, read apart from the state (never
+laid out across ranks)."""
+RESERVED = (*OWN_GROUPS, TREE_GROUP)
 """Top-level names of kaudit's own records (the RNG states, the Monte Carlo ledger, the
-tree itself): not available as state keys."""
+tree itself): not available as state keys, nor as a layout's. Every reader and writer of
+those records names them through these constants."""
+TREE_PATH = f"/{TREE_GROUP}/tree"
+"""The dataset that records the state's structure and types."""
 FORMAT = "kaudit-state-tree"
 VERSION = 1
 MAX_DEPTH = 100

@@ -1,9 +1,17 @@
 """Check the Python code blocks of the Markdown docs as the code is checked.
 
 Every fenced block whose info string is ``python`` (or ``py``) in README.md and docs/**/*.md
-must compile and be formatted as ``ruff format`` formats the package (the project's own
-ruff settings, read from pyproject.toml). A block that is deliberately a fragment (an
-excerpt that cannot stand alone) says so on its first line, ``# fragment``, and is skipped.
+must compile, import what it imports, and be formatted as ``ruff format`` formats the
+package (the project's own ruff settings, read from pyproject.toml). A block that is
+deliberately a fragment (an excerpt that cannot stand alone) says so on its first line,
+``# fragment``, and is skipped.
+
+Imports are checked by running them, in a fresh interpreter of this environment: each import
+statement of kronos_audit or of the standard library, and each ``ka.Name`` a block takes
+from ``import kronos_audit as ka``, so a page that names a module or a function that moved
+fails here, not in a reader's hands. A third-party import (torch, mpi4py, transformers) is
+only looked up (its top-level module must be installed): running those would cost tens of
+seconds and start MPI, and their names are their projects' to keep.
 
 Run: python scripts/check_doc_code.py [--fix] [FILE.md ...]
 Exit 0 when every block passes, 1 when one does not (each named by file and line, with
@@ -15,7 +23,9 @@ a person).
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import json
 import re
 import subprocess
 import sys
@@ -101,6 +111,110 @@ def compile_error(block: Block) -> str | None:
     return None
 
 
+PROJECT = "kronos_audit"
+
+# Run in a fresh interpreter (-I: nothing from the current directory or PYTHONPATH shadows
+# the installed package): reads the checks as JSON on stdin, writes one reason or null each,
+# on its last line.
+IMPORT_RUNNER = r"""
+import importlib, importlib.util, json, re, sys
+def why(exc):
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    text = re.sub(r" \((unknown location|/[^)]*)\)$", "", text)  # the file it looked in
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+out = []
+for block in json.load(sys.stdin):
+    space = {}
+    for kind, a, b in block:
+        try:
+            if kind == "run":
+                exec(a, space)
+                out.append(None)
+            elif kind == "find":
+                found = importlib.util.find_spec(a) is not None
+                out.append(None if found else f"no module named {a!r} is installed")
+            elif a not in space:
+                out.append(None)  # its import failed, and said so
+            elif hasattr(space[a], b):
+                out.append(None)
+            else:
+                module = space[a].__name__
+                try:
+                    importlib.import_module(f"{module}.{b}")
+                    out.append(None)
+                except ImportError:
+                    out.append(f"module {module!r} has no attribute {b!r}")
+        except Exception as exc:
+            out.append(why(exc))
+print(json.dumps(out))
+"""
+
+
+def import_checks(block: Block) -> list[tuple[int, list[str]]]:
+    """What to check of the block's imports, in its order: ``(line in the block, [kind, a,
+    b])``, kind ``run`` (run the statement ``a``), ``find`` (the module ``a`` is installed)
+    or ``attribute`` (the module bound to ``a`` has ``b``). The block compiles."""
+    tree = ast.parse(block.code)
+    checks: list[tuple[int, list[str]]] = []
+    project_names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = [alias.name.partition(".")[0] for alias in node.names]
+            for alias in node.names:
+                if alias.name == PROJECT:
+                    project_names.add(alias.asname or alias.name)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots = [node.module.partition(".")[0]]
+        else:
+            continue
+        for root in dict.fromkeys(roots):
+            if root == PROJECT or root in sys.stdlib_module_names:
+                continue
+            checks.append((node.lineno, ["find", root, ""]))
+        if all(r == PROJECT or r in sys.stdlib_module_names for r in roots):
+            checks.append((node.lineno, ["run", ast.unparse(node), ""]))
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in project_names
+        ):
+            checks.append((node.lineno, ["attribute", node.value.id, node.attr]))
+    # ast.walk is breadth first: imports run in the order of their lines, before any use
+    order = {"find": 0, "run": 0, "attribute": 1}
+    checks.sort(key=lambda c: (order[c[1][0]], c[0]))
+    unique = dict.fromkeys((line, tuple(c)) for line, c in checks)  # ka.Run used twice
+    return [(line, list(c)) for line, c in unique]
+
+
+def import_errors(blocks: list[Block]) -> list[tuple[Block, str]]:
+    """Each import of the blocks that fails, with its block and one line naming the block
+    and its line; run in one fresh interpreter for all of them."""
+    checks = [import_checks(block) for block in blocks]
+    if not any(checks):
+        return []
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", IMPORT_RUNNER],
+        input=json.dumps([[c for _, c in block] for block in checks]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the imports could not be checked: {last}")
+    # the last line: what an imported module prints comes before it
+    reasons = iter(json.loads(done.stdout.rpartition("\n")[0].rpartition("\n")[2]))
+    errors: list[tuple[Block, str]] = []
+    for block, block_checks in zip(blocks, checks, strict=True):
+        for line, check in block_checks:
+            reason = next(reasons)
+            if reason is not None:
+                what = f"{check[1]}.{check[2]}" if check[0] == "attribute" else "import"
+                errors.append((block, f"{block.where}: line {line} of the block: {what}: {reason}"))
+    return errors
+
+
 def ruff_format(code: str) -> str:
     """The code as ``ruff format`` writes it, with the project's settings."""
     done = subprocess.run(
@@ -126,8 +240,10 @@ def rewrite(path: Path, fixes: dict[int, tuple[Block, str]]) -> None:
 
 
 def check(paths: list[Path], *, fix: bool) -> int:
-    """Report every failing block on stdout; the number of failures left."""
-    failures = checked = fragments = 0
+    """Report every failing block on stdout; the number of failing blocks left."""
+    failing: set[tuple[Path, int]] = set()
+    checked = fragments = 0
+    compiled: list[Block] = []
     for path in paths:
         fixes: dict[int, tuple[Block, str]] = {}
         for block in python_blocks(path):
@@ -137,8 +253,9 @@ def check(paths: list[Path], *, fix: bool) -> int:
             checked += 1
             if (error := compile_error(block)) is not None:
                 print(error)
-                failures += 1
+                failing.add((block.path, block.line))
                 continue
+            compiled.append(block)
             formatted = ruff_format(block.code)
             if formatted == block.code:
                 continue
@@ -155,9 +272,13 @@ def check(paths: list[Path], *, fix: bool) -> int:
                 f"{where} (ruff format)",
             )
             sys.stdout.writelines(diff)
-            failures += 1
+            failing.add((block.path, block.line))
         if fixes:
             rewrite(path, fixes)
+    for block, error in import_errors(compiled):
+        print(error)
+        failing.add((block.path, block.line))
+    failures = len(failing)
     print(
         f"{checked} python block(s) checked, {fragments} fragment(s) skipped, {failures} failing",
         file=sys.stderr,

@@ -33,7 +33,7 @@ rm -rf "$MYPY_LOG" "$DOCS_LOG" "$DOCS_SITE" "$TOOLS_LOG"' EXIT
 echo "== ruff"
 ruff format --check "${PY_DIRS[@]}"
 ruff check "${PY_DIRS[@]}"
-echo "== python blocks of README.md and docs/*.md (compile, ruff format)"
+echo "== python blocks of README.md and docs/*.md (compile, imports, ruff format)"
 python scripts/check_doc_code.py
 wait "$TOOLS_PID" || echo "== the tests' programs are not all installed: $(tail -n 1 "$TOOLS_LOG")"
 echo "== pytest"

@@ -133,3 +133,53 @@ def test_an_unclosed_fence_is_bad_input(tmp_path: Path) -> None:
     missing = check(tmp_path / "missing.md", cwd=tmp_path)
     assert missing.returncode == 2
     assert "missing.md" in missing.stderr
+
+
+IMPORTS = """\
+# Imports
+
+```python
+from kronos_audit.checkpoint.shards import ShardRecord, shard_path
+```
+
+```python
+import kronos_audit as ka
+
+policy = ka.EverySteps(10)
+run = ka.NoSuchName("heat")
+```
+
+```python
+import json
+
+import no_such_module_of_kaudit_docs
+```
+
+```python
+import json
+
+import torch
+
+import kronos_audit as ka
+from kronos_audit.checkpoint.layout import shard_path, step_directory
+
+rng = ka.runtime.batch_rng(1, 2)
+```
+"""
+
+
+def test_imports_are_run_and_each_one_that_fails_is_named(tmp_path: Path) -> None:
+    doc = tmp_path / "imports.md"
+    doc.write_text(IMPORTS)
+    done = check(doc, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    moved, name, missing = (line_of(IMPORTS, n) for n in ("ShardRecord", "ka.No", "no_such"))
+    assert done.stdout.splitlines() == [
+        f"imports.md:{moved}: line 1 of the block: import: ImportError: cannot import name "
+        "'shard_path' from 'kronos_audit.checkpoint.shards'",
+        f"imports.md:{name - 3}: line 4 of the block: ka.NoSuchName: module 'kronos_audit' "
+        "has no attribute 'NoSuchName'",
+        f"imports.md:{missing - 2}: line 3 of the block: import: no module named "
+        "'no_such_module_of_kaudit_docs' is installed",
+    ]
+    assert "4 python block(s) checked, 0 fragment(s) skipped, 3 failing" in done.stderr

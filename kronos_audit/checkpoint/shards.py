@@ -298,8 +298,8 @@ def hash_shard(path: str, size: int) -> tuple[str | None, str]:
     """``(problem, sha256)`` of the file at ``path``, which should be ``size`` bytes: the
     problem in words (``missing``, ``is a FIFO, not a regular file``, ``is 10 bytes, the
     index records 12``), or None and the sha256 of its bytes. Never blocks on a FIFO and
-    never reads past ``size``: a file of another size is refused unread. Module level and
-    plain-typed, so that a process pool can run it."""
+    never reads past ``size``: a file of another size is refused unread. It shares nothing,
+    so shards are hashed on threads (hashlib releases the GIL)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:

@@ -1,11 +1,12 @@
 """What a signed run loads when it opens, and whom its restore trusts: the same on one rank
 as on many.
 
-:class:`~kronos_audit.runtime.signed.SignedPublisher` (one rank) and
-:class:`~kronos_audit.runtime.sharded.ShardedPublisher` (rank 0 of many) sign their steps
-with the same things, read once before anything is written: the signing key, the git state
-of the code this process runs, and DVC's cache settings. Both restore through the same
-:func:`run_verifier`.
+:class:`~kronos_audit.runtime.signed.SignedPublisher` reads them once, before anything is
+written (:func:`load_signer`), whatever its step format (a checkpoint file,
+:class:`~kronos_audit.runtime.file_steps.FilePublisher`; a directory of shards that rank 0
+signs for every rank, :class:`~kronos_audit.runtime.sharded.ShardedPublisher`): the signing
+key, the git state of the code this process runs, and DVC's cache settings. Its restore
+trusts through :func:`run_verifier`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The I/O of a verification: reading, fetching from DVC, hashing (over a process pool for
-a sharded step's shards), in the order docs/security.md's "The steps of a verification"
+"""The I/O of a verification: reading, fetching from DVC, hashing (on threads for a sharded
+step's shards), in the order docs/security.md's "The steps of a verification"
 gives, each step decided by :mod:`kronos_audit.verification.steps`.
 
 Steps (1) signature and (2) place are checked before anything the manifest names is

@@ -20,7 +20,7 @@ import pytest
 
 from kronos_audit.keys.home import generate_key
 from kronos_audit.storage.setup import init_project
-from tests.helpers import KAUDIT, git, recorded_once
+from tests.helpers import git, recorded_once
 from tests.runtime.test_faults import HANG_GUARD, last_json, newest_step
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -102,23 +102,6 @@ def recorded_reference(factory: pytest.TempPathFactory, example: str, *args: str
     copy = recorded_once(f"{example}-reference", factory, record)
     result: dict[str, Any] = json.loads((copy / "result.json").read_text())
     return Reference(example, result, copy / "repo", copy / "home")
-
-
-def supervise(where: Path, *args: str, json: bool = False) -> subprocess.Popen[str]:
-    """The example in ``where`` under `kaudit run`, restarted at once when it dies; with
-    ``json`` its summary is one JSON line, the last of its stderr."""
-    return subprocess.Popen(
-        [
-            *KAUDIT,
-            "run",
-            *(["--json"] if json else []),
-            *("--retries", "5", "--backoff", "0", "--", sys.executable, "run.py", *args),
-        ],
-        cwd=where,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def finish(supervisor: subprocess.Popen[str]) -> tuple[str, str]:

@@ -17,11 +17,11 @@ from tests.frameworks.helpers import (
     datasets,
     finish,
     recorded_reference,
-    supervise,
 )
 from tests.helpers import run_cli
 from tests.replay.helpers import manifest
 from tests.runtime.test_faults import kill_repeatedly, last_json
+from tests.supervised import supervised
 
 EXAMPLE = "jax_train"
 # 200 steps still learn the digits (about 0.91 test accuracy, past the 0.85 asked), and at
@@ -64,7 +64,7 @@ def test_killed_under_kaudit_run_it_ends_bitwise_as_uninterrupted(
     assert reference["step"] == STEPS
     assert reference["accuracy"] > 0.85  # it trains for real
     run_dir = trainer / "checkpoints" / "killed"
-    supervisor = supervise(trainer, *ARGS, "--run-id", "killed")
+    supervisor = supervised("run.py", *ARGS, "--run-id", "killed", cwd=trainer)
     try:
         kill_repeatedly(project, supervisor, run_dir, kills=1)  # while a checkpoint is written
     finally:

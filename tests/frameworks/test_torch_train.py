@@ -20,11 +20,11 @@ from tests.frameworks.helpers import (
     finish,
     preempt_after_a_checkpoint,
     recorded_reference,
-    supervise,
 )
 from tests.helpers import run_cli
 from tests.replay.helpers import manifest
 from tests.runtime.test_faults import kill_repeatedly, last_json, newest_step
+from tests.supervised import supervised
 
 EXAMPLE = "torch_train"
 # 200 steps still learn the digits (about 0.89 test accuracy, past the 0.85 asked) and give
@@ -65,7 +65,7 @@ def test_killed_twice_under_kaudit_run_it_ends_bitwise_as_uninterrupted(
     project: Project, trainer: Path, reference: dict[str, Any]
 ) -> None:
     run_dir = trainer / "checkpoints" / "killed"
-    supervisor = supervise(trainer, *ARGS, "--run-id", "killed")
+    supervisor = supervised("run.py", *ARGS, "--run-id", "killed", cwd=trainer)
     try:
         # Each kill comes after the attempt has written a checkpoint of its own, the first
         # one while a checkpoint is being written.
@@ -84,14 +84,14 @@ def test_preempted_by_sigterm_it_checkpoints_exits_75_and_the_requeued_job_ends_
     trainer: Path, reference: dict[str, Any]
 ) -> None:
     run_dir = trainer / "checkpoints" / "preempted"
-    job = supervise(trainer, *ARGS, "--run-id", "preempted")
+    job = supervised("run.py", *ARGS, "--run-id", "preempted", cwd=trainer)
     preempt_after_a_checkpoint(job, run_dir)
     _, stderr = finish(job)
     assert job.returncode == 75, stderr  # checkpointed and asks to be started again
     saved = newest_step(run_dir)
     assert 0 < saved < STEPS
     verified(run_dir)
-    requeued = supervise(trainer, *ARGS, "--run-id", "preempted", json=True)  # requeued
+    requeued = supervised("run.py", *ARGS, "--run-id", "preempted", cwd=trainer, json=True)
     stdout, stderr = finish(requeued)
     assert requeued.returncode == 0, stderr
     summary = json.loads(stderr.splitlines()[-1])

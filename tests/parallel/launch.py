@@ -8,6 +8,9 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,3 +99,57 @@ def run(argv: list[str], cwd: Path, size: int) -> list[dict[str, Any]]:
     done = launched(argv, cwd)
     assert done.returncode == 0, done.stdout + done.stderr
     return per_rank(cwd, size)
+
+
+EPILOGUE = """
+if "out" in globals():  # what the test reads of this rank (RankProgram.outputs)
+    import json as _json
+
+    with open(f"out.{run.rank}.json", "w") as _f:
+        _json.dump(out, _f)
+"""
+"""What :func:`rank_program` appends to a program: each rank writes its ``out`` (a dict with
+its ``rank``), when the program sets one, to ``out.<rank>.json`` where it runs."""
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    """A Python program in ``cwd``, launched from there under mpiexec."""
+
+    cwd: Path
+    """Where its ranks run (the project's root)."""
+    script: str
+    """The program, relative to ``cwd`` (as a recorded command names it)."""
+
+    def launch(
+        self,
+        ranks: int,
+        *args: str,
+        options: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """The program on ``ranks`` ranks, with mpiexec's ``options`` (``--output tag``), run
+        to its end (see :func:`launched`); the exit status is the caller's to check."""
+        launcher, *rest = mpiexec(ranks, self.script, *args)
+        return launched([launcher, *options, *rest], self.cwd, env)
+
+    def completed(self, ranks: int, *args: str) -> subprocess.CompletedProcess[str]:
+        """:meth:`launch`, which must exit 0."""
+        done = self.launch(ranks, *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    def outputs(self, ranks: int, *args: str) -> list[dict[str, Any]]:
+        """:meth:`completed`, and the ``out`` each rank wrote (:data:`EPILOGUE`), in rank
+        order: only this launch's (the last launch's are removed first)."""
+        for old in self.cwd.glob("out.*.json"):
+            old.unlink()
+        self.completed(ranks, *args)
+        return per_rank(self.cwd, ranks)
+
+
+def rank_program(body: str, *, at: Path) -> RankProgram:
+    """``body`` (dedented) and :data:`EPILOGUE` written to ``at``: the program to launch from
+    ``at``'s directory."""
+    at.write_text(textwrap.dedent(body) + EPILOGUE, encoding="utf-8")
+    return RankProgram(at.parent, at.name)

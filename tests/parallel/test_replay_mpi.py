@@ -28,7 +28,7 @@ from kronos_audit.replay import SCHEMA_NAME
 from kronos_audit.replay.sharded import StepOutput, compare_by_digests, compare_steps
 from kronos_audit.statement.schemas import validate
 from tests.helpers import assert_bad_input, recorded_once, run_cli
-from tests.parallel.launch import launched, launcher_env, mpirun
+from tests.parallel.launch import RankProgram, launched, launcher_env, rank_program
 from tests.replay.helpers import bad_input, commit_all, resign, shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD
 
@@ -121,14 +121,9 @@ def repo(project: Project, key: SigningKey) -> Path:
     root = project.root
     (root / "heat_mpi").mkdir()
     shutil.copy(EXAMPLES / "heat_mpi" / "run.py", root / "heat_mpi" / "run.py")
-    (root / "noisy_mpi.py").write_text(NOISY_MPI)
+    rank_program(NOISY_MPI, at=root / "noisy_mpi.py")
     commit_all(root, "programs")
     return root
-
-
-def launch(root: Path, ranks: int, *argv: str) -> None:
-    done = mpirun(ranks, *argv, cwd=root)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def step_manifest(run_dir: Path, step: int) -> Path:
@@ -154,7 +149,8 @@ def heat(
             (root / "heat_mpi").mkdir()
             shutil.copy(EXAMPLES / "heat_mpi" / "run.py", root / "heat_mpi" / "run.py")
             commit_all(root, "programs")
-            launch(root, 3, "heat_mpi/run.py", "--n", "25", "--steps", "6", "--every", "2")
+            heat_mpi = RankProgram(root, "heat_mpi/run.py")
+            heat_mpi.completed(3, "--n", "25", "--steps", "6", "--every", "2")
         shutil.move(root, into / "repo")
         shutil.move(home, into / "home")
 
@@ -295,7 +291,7 @@ def test_a_shard_whose_block_is_an_external_link_is_refused_not_followed(heat: P
 
 
 def test_a_rank_adding_noise_is_not_reproduced_naming_the_dataset(repo: Path) -> None:
-    launch(repo, 3, "noisy_mpi.py")
+    RankProgram(repo, "noisy_mpi.py").completed(3)
     target = step_manifest(repo / "checkpoints" / "noisy-mpi", 4)
     result = run_cli("replay", str(target))
     assert result.exit_code == 1, result.output
@@ -371,9 +367,9 @@ def order_run(
     def record(into: Path) -> None:
         with pytest.MonkeyPatch.context() as mp:
             project, home = shared_project(mp, repo_templates, tmp_path_factory)
-            (project.root / "order_mpi.py").write_text(ORDER_MPI)
+            program = rank_program(ORDER_MPI, at=project.root / "order_mpi.py")
             commit_all(project.root, "program")
-            launch(project.root, 3, "order_mpi.py")
+            program.completed(3)
             # Continued on one process, without a launcher: step 6 is a step of one shard.
             done = launched([sys.executable, "order_mpi.py", "6"], project.root)
             assert done.returncode == 0, done.stderr

@@ -30,11 +30,11 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.runtime.ranks import rank_seed
-from tests.helpers import KAUDIT, recorded_once, run_cli
-from tests.parallel import launch
-from tests.parallel.launch import launcher_env, mpiexec, mpirun
+from tests.helpers import recorded_once, run_cli
+from tests.parallel.launch import launcher_env, mpiexec, mpirun, rank_program
 from tests.replay.helpers import shared_project
 from tests.runtime.test_faults import EXAMPLES, HANG_GUARD, last_json, run_plain, wait_for
+from tests.supervised import supervised
 
 pytestmark = pytest.mark.slow
 
@@ -317,22 +317,14 @@ def test_one_rank_sigkilled_under_kaudit_run_completes_bitwise(
     steps = 200  # the kill lands after step 20: some 18 checkpoints before the run would end
     reference = serial(steps)
     run_dir = project.root / "checkpoints" / "heat-mpi"
-    supervisor = subprocess.Popen(
-        [
-            *KAUDIT,
-            "run",
-            "--retries",
-            "5",
-            "--backoff",
-            "0",
-            "--",
-            *mpiexec(3, str(wrapper), HEAT_MPI, *GRID, "--steps", str(steps), "--every", "10"),
-        ],
+    supervisor = supervised(
+        HEAT_MPI,
+        *GRID,
+        *("--steps", str(steps), "--every", "10"),
         cwd=project.root,
+        retries=5,
+        launcher=mpiexec(3, str(wrapper)),
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     pids = project.root / "pids"
     try:
@@ -354,9 +346,8 @@ def test_one_rank_sigkilled_under_kaudit_run_completes_bitwise(
 def test_ranks_out_of_step_and_a_bad_layout_are_one_line_errors(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "bad.py"
-    program.write_text(
-        textwrap.dedent("""
+    program = rank_program(
+        """
         import sys
         import numpy as np
         import kronos_audit as ka
@@ -367,20 +358,21 @@ def test_ranks_out_of_step_and_a_bad_layout_are_one_line_errors(
                     run.checkpoint(step, state, layout={"v": ka.Block(axis=0)})
                 else:
                     run.checkpoint(step + run.rank, state)
-    """)
+    """,
+        at=project.root / "bad.py",
     )
     for case, message in (
         ("layout", "layout['v']: no such key in the state"),
         ("step", "ranks are out of step"),
     ):
-        done = mpirun(2, str(program), case, cwd=project.root)
+        done = program.launch(2, case)
         assert done.returncode != 0
         assert message in done.stderr, done.stderr
     assert not list((project.root / "checkpoints" / "bad").glob("step-*/*.kaudit.json"))
 
 
 API_PROGRAM = """
-import json, sys
+import sys
 import numpy as np
 import kronos_audit as ka
 from kronos_audit.parallel.layout import local_block
@@ -413,18 +405,15 @@ with ka.Run("api", seed=5, every=ka.EverySteps(2)) as run:
             run.checkpoint(6, state)
         except ka.StepAlreadyExists as e:
             out["stale"] = [e.step, e.newest]
-with open(f"out.{run.rank}.json", "w") as f:
-    json.dump(out, f)
 """
 
 
 def test_steps_latest_and_an_older_step_on_every_rank_and_a_key_without_layout(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "api.py"
-    program.write_text(textwrap.dedent(API_PROGRAM))
-    launch.run(mpiexec(3, str(program), "write"), project.root, 3)
-    for r, doc in enumerate(launch.run(mpiexec(3, str(program), "inspect"), project.root, 3)):
+    program = rank_program(API_PROGRAM, at=project.root / "api.py")
+    program.outputs(3, "write")
+    for r, doc in enumerate(program.outputs(3, "inspect")):
         assert doc["all"] == [2, 4, 6]
         assert doc["latest"] == 6
         assert doc["step"] == 6
@@ -433,10 +422,8 @@ def test_steps_latest_and_an_older_step_on_every_rank_and_a_key_without_layout(
         assert doc["stale"] == [6, 6]
         rows = [(0, 3), (3, 5), (5, 7)][r]
         assert doc["at4"] == (np.arange(14.0).reshape(7, 2) + 4)[rows[0] : rows[1]].tolist()
-    for f in project.root.glob("out.*.json"):
-        f.unlink()
     # "own" has no layout: on 2 ranks every rank refuses the restore, naming it.
-    for doc in launch.run(mpiexec(2, str(program), "recount"), project.root, 2):
+    for doc in program.outputs(2, "recount"):
         assert "own: has no layout" in doc["error"]
         assert "only on the 3 ranks that wrote it, not on 2" in doc["error"]
 
@@ -463,14 +450,11 @@ with ka.Run("torn", seed=1, every=ka.EverySteps(2)) as run:
 def test_a_shard_that_cannot_be_written_on_one_rank_aborts_the_step_on_every_rank(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "torn.py"
-    program.write_text(textwrap.dedent(FAILING_WRITE))
+    program = rank_program(FAILING_WRITE, at=project.root / "torn.py")
 
     def launch_torn(*args: str, tagged: bool = False) -> subprocess.CompletedProcess[str]:
-        launcher, *rest = mpiexec(3, str(program), *args)
         # tagged: each line of output begins with the rank that wrote it, "[job,rank]<...>: "
-        tag = ["--output", "tag"] if tagged else []
-        return launch.launched([launcher, *tag, *rest], project.root)
+        return program.launch(3, *args, options=["--output", "tag"] if tagged else [])
 
     run_dir = project.root / "checkpoints" / "torn"
     assert launch_torn("ok", "2").returncode == 0
@@ -509,9 +493,7 @@ with ka.Run("timed", seed=1, every=ka.EverySeconds(0.05)) as run:
 def test_a_time_based_policy_decides_once_for_every_rank(project: Project, key: SigningKey) -> None:
     import h5py
 
-    program = project.root / "timed.py"
-    program.write_text(textwrap.dedent(TIMED))
-    done = mpirun(3, str(program), cwd=project.root)
+    done = rank_program(TIMED, at=project.root / "timed.py").launch(3)
     assert done.returncode == 0, done.stderr
     run_dir = project.root / "checkpoints" / "timed"
     steps = steps_signed(run_dir)
@@ -546,11 +528,10 @@ else:
 def test_background_commits_need_mpi_thread_multiple_and_synchronous_ones_do_not(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "serialized.py"
-    program.write_text(textwrap.dedent(SERIALIZED))
+    program = rank_program(SERIALIZED, at=project.root / "serialized.py")
 
     def launch_it(mode: str) -> str:
-        done = mpirun(2, str(program), mode, cwd=project.root)
+        done = program.launch(2, mode)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -578,9 +559,7 @@ with ka.Run("split", seed=1, every=ka.EverySteps(1)) as run:
 def test_blocks_that_are_not_an_array_split_abort_the_step_naming_the_array(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "split.py"
-    program.write_text(textwrap.dedent(NOT_A_SPLIT))
-    done = mpirun(3, str(program), cwd=project.root)
+    done = rank_program(NOT_A_SPLIT, at=project.root / "split.py").launch(3)
     assert done.returncode != 0
     assert (
         done.stderr.count(
@@ -618,7 +597,6 @@ def test_a_corrupt_step_redone_on_another_rank_count_leaves_only_its_own_shards(
 
 
 GROW = """
-import json
 import numpy as np
 import kronos_audit as ka
 from kronos_audit.parallel.layout import local_block
@@ -632,8 +610,6 @@ with ka.Run("grow", seed=9, every=ka.EverySteps(2)) as run:
             run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
     else:
         out["u"] = state["u"].tolist()
-with open(f"out.{run.rank}.json", "w") as f:
-    json.dump(out, f)
 """
 
 
@@ -642,15 +618,12 @@ def test_generators_come_back_per_rank_and_a_joining_rank_gets_a_fresh_stream(
 ) -> None:
     from kronos_audit.runtime.ranks import joining_seed
 
-    program = project.root / "grow.py"
-    program.write_text(textwrap.dedent(GROW))
-    first = launch.run(mpiexec(2, str(program)), project.root, 2)
-    for f in project.root.glob("out.*.json"):
-        f.unlink()
+    program = rank_program(GROW, at=project.root / "grow.py")
+    first = program.outputs(2)
     assert [d["draw"] for d in first] == [
         np.random.default_rng(rank_seed(9, r)).random() for r in range(2)
     ]
-    again = launch.run(mpiexec(3, str(program)), project.root, 3)
+    again = program.outputs(3)
     assert [d["step"] for d in again] == [2, 2, 2]
     assert [d["u"] for d in again] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
     for r in range(2):  # ranks 0 and 1: their own generators, as saved (after one draw)
@@ -679,10 +652,9 @@ with ka.Run("alone", seed=1, every=ka.EverySteps(2)) as run:
 def test_an_error_on_one_rank_alone_takes_the_job_down_instead_of_hanging_it(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "alone.py"
-    program.write_text(textwrap.dedent(ALONE))
+    program = rank_program(ALONE, at=project.root / "alone.py")
     # Unless the error takes the job down, ranks 0 and 2 wait here for ever (the hang guard).
-    done = mpirun(3, str(program), cwd=project.root)
+    done = program.launch(3)
     assert done.returncode != 0
     assert "ValueError: rank 1's own bug" in done.stderr  # its traceback, printed first
     assert done.stderr.count("ValueError: rank 1's own bug") == 1

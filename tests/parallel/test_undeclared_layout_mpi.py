@@ -5,21 +5,18 @@ discovered at the restart."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, step_directory
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import read_manifest
-from tests.parallel import launch
-from tests.parallel.launch import mpiexec, mpirun
+from tests.parallel.launch import rank_program
 
 pytestmark = pytest.mark.slow
 
 PROGRAM = """
-import json, sys
+import sys
 import numpy as np
 import kronos_audit as ka
 
@@ -34,17 +31,14 @@ with ka.Run("alike", seed=5, every=ka.EverySteps(2)) as run:
             state["mine"] = float(run.rank)
         run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
     out.update(t_end=state["t"], n_end=state["n"])
-with open(f"out.{run.rank}.json", "w") as f:
-    json.dump(out, f)
 """
 
 
 def test_values_alike_on_every_rank_are_replicated_and_restore_on_another_count(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "alike.py"
-    program.write_text(textwrap.dedent(PROGRAM))
-    first = launch.run(mpiexec(3, str(program), "4", "no"), project.root, 3)
+    program = rank_program(PROGRAM, at=project.root / "alike.py")
+    first = program.outputs(3, "4", "no")
     assert [doc["t_end"] for doc in first] == [1.0] * 3
     run_dir = project.root / "checkpoints" / "alike"
     record = read_manifest(step_directory(run_dir, 4) / STEP_MANIFEST).record
@@ -54,9 +48,7 @@ def test_values_alike_on_every_rank_are_replicated_and_restore_on_another_count(
     assert (layout["n"]["replicated"], layout["n"]["dtype"]) == (True, "<i8")
     assert layout["u"]["block"] == 0
 
-    for f in project.root.glob("out.*.json"):
-        f.unlink()
-    again = launch.run(mpiexec(2, str(program), "6", "no"), project.root, 2)
+    again = program.outputs(2, "6", "no")
     assert [(doc["restored"], doc["t"], doc["n"]) for doc in again] == [(4, 1.0, 4)] * 2
     assert [(doc["t_end"], doc["n_end"]) for doc in again] == [(1.5, 6)] * 2
 
@@ -64,9 +56,8 @@ def test_values_alike_on_every_rank_are_replicated_and_restore_on_another_count(
 def test_a_value_that_differs_between_ranks_is_named_at_the_first_checkpoint(
     project: Project, key: SigningKey
 ) -> None:
-    program = project.root / "alike.py"
-    program.write_text(textwrap.dedent(PROGRAM))
-    done = mpirun(3, str(program), "4", "yes", cwd=project.root)
+    program = rank_program(PROGRAM, at=project.root / "alike.py")
+    done = program.launch(3, "4", "yes")
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "not the same on every rank" in line]
     # Once, from rank 0, at the first checkpoint (step 2), naming the value and the fix.
@@ -79,6 +70,6 @@ def test_a_value_that_differs_between_ranks_is_named_at_the_first_checkpoint(
     assert named == "mine"  # u has its layout, t and n are alike
 
     # And so it is: on 2 ranks the restart refuses it, naming it.
-    restart = mpirun(2, str(program), "6", "yes", cwd=project.root)
+    restart = program.launch(2, "6", "yes")
     assert restart.returncode != 0
     assert "mine: has no layout" in restart.stderr

@@ -26,7 +26,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
-from tests.helpers import KAUDIT
+from tests.supervised import supervised
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 HANG_GUARD = 120.0  # seconds; only stops a broken test from hanging CI, never a timing claim
@@ -153,27 +153,12 @@ def test_heat_survives_a_dozen_sigkills_and_a_corrupt_checkpoint(
     reference = run_plain(
         project, "heat/run.py", *args, "--every", str(steps), "--run-id", "reference"
     )
-    supervisor = subprocess.Popen(
-        [
-            *KAUDIT,
-            "run",
-            "--retries",
-            "40",
-            "--backoff",
-            "0",
-            "--",
-            sys.executable,
-            str(EXAMPLES / "heat/run.py"),
-            *args,
-            "--every",
-            "3",
-            "--run-id",
-            "faulty",
-        ],
+    supervisor = supervised(
+        EXAMPLES / "heat/run.py",
+        *args,
+        *("--every", "3", "--run-id", "faulty"),
         cwd=project.root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        retries=40,
     )
     run_dir = project.root / "checkpoints" / "faulty"
     try:
@@ -261,27 +246,12 @@ def test_montecarlo_interrupted_and_shuffled_give_the_same_tally(
         project, "montecarlo/run.py", *args, "--run-id", "pool", "--engine", "processes"
     )
     dask = run_plain(project, "montecarlo/run.py", *args, "--run-id", "dask", "--engine", "dask")
-    supervisor = subprocess.Popen(
-        [
-            *KAUDIT,
-            "run",
-            "--retries",
-            "20",
-            "--backoff",
-            "0",
-            "--",
-            sys.executable,
-            str(EXAMPLES / "montecarlo/run.py"),
-            *args,
-            "--run-id",
-            "killed",
-            "--shuffle",
-            "9",
-        ],
+    supervisor = supervised(
+        EXAMPLES / "montecarlo/run.py",
+        *args,
+        *("--run-id", "killed", "--shuffle", "9"),
         cwd=project.root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        retries=20,
     )
     try:
         kill_repeatedly(project, supervisor, project.root / "checkpoints" / "killed", kills=5)

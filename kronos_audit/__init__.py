@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         EverySteps as EverySteps,
         Never as Never,
         OnPreemption as OnPreemption,
+        Retention as Retention,
         SaveContext as SaveContext,
         SavePolicy as SavePolicy,
     )
@@ -115,6 +116,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "EverySteps",
         "Never",
         "OnPreemption",
+        "Retention",
         "SaveContext",
         "SavePolicy",
     ),

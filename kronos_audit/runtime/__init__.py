@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         EverySteps as EverySteps,
         Never as Never,
         OnPreemption as OnPreemption,
+        Retention as Retention,
         SaveContext as SaveContext,
         SavePolicy as SavePolicy,
     )
@@ -41,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "EverySteps",
         "Never",
         "OnPreemption",
+        "Retention",
         "SaveContext",
         "SavePolicy",
     ),

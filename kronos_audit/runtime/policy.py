@@ -1,4 +1,4 @@
-"""When to write a checkpoint: small policies the run loop asks after every step.
+"""When to write a checkpoint, and which checkpoints keep their data: small policies.
 
 A policy is anything with ``should_save(ctx) -> bool`` (:class:`SavePolicy`); the run loop
 builds a :class:`SaveContext` after each step and saves when the policy says so, and only
@@ -19,6 +19,10 @@ at the final step and on preemption, unless told not to (``final=False``,
 Policies keep no state: everything they need (the last checkpoint's step and time, the
 measured cost of checkpoints) is in the context, so one policy serves a run across
 restarts and can be shared freely.
+
+:class:`Retention` says which checkpoints keep their data once a newer one is written
+(``Run(retention=Retention(keep=3, keep_every=100))``); deleting the others' data, signed
+first, is :mod:`kronos_audit.runtime.retention`'s.
 """
 
 from __future__ import annotations
@@ -268,3 +272,43 @@ class Never(_Combinable):
 
     def should_save(self, ctx: SaveContext) -> bool:
         return False
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which checkpoints keep their data: the newest ``keep``, and (with ``keep_every``)
+    every step that is a multiple of it, for ever. Without ``keep`` every checkpoint keeps
+    its data (``keep_every`` alone changes nothing). Single-file and sharded steps count
+    together, in the order of their steps. The others' data is deleted once a newer step
+    is signed, their manifests kept (:func:`kronos_audit.runtime.retention.doomed`)."""
+
+    keep: int | None = None
+    """How many of the newest checkpoints keep their data (at least 1); None: all."""
+    keep_every: int | None = None
+    """Also keep every checkpoint whose step is a multiple of this (positive)."""
+
+    def __post_init__(self) -> None:
+        for name in ("keep", "keep_every"):
+            value = getattr(self, name)
+            if value is not None and not hasattr(type(value), "__index__"):
+                raise UsageError(f"{name}={value!r:.40}: must be a whole number")
+        if self.keep is not None and self.keep < 1:
+            raise UsageError(f"keep={self.keep}: keep at least the newest checkpoint")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise UsageError(f"keep_every={self.keep_every}: must be a positive number of steps")
+
+    @classmethod
+    def given(cls, retention: object, keep: int | None, keep_every: int | None) -> Retention:
+        """What ``Run(retention=..., keep=..., keep_every=...)`` asks: the retention given,
+        or the one its two older keywords stand for. Both at once, or a ``retention`` that
+        is not a :class:`Retention`, is a :class:`~kronos_audit.errors.UsageError`."""
+        if retention is None:
+            return cls(keep, keep_every)
+        if not isinstance(retention, Retention):
+            raise UsageError(
+                "retention must be a ka.Retention(keep=..., keep_every=...), "
+                f"not {type(retention).__name__}"
+            )
+        if keep is not None or keep_every is not None:
+            raise UsageError("both retention= and keep=/keep_every= given: give one or the other")
+        return retention

@@ -1,12 +1,12 @@
-"""Retention: which checkpoints of a run keep their data, and deleting the others' data.
+"""Retention: deleting the data of the checkpoints a run does not keep.
 
-Retention is signed. Once the checkpoint of the newest step is written,
-:meth:`Retention.doomed` names the older checkpoints whose data goes, each with the sha256
-of its manifest; the manifest of the newest step lists them (``pruned``,
-:func:`pruned_record`) and is signed, and only then does :func:`prune` delete their data
-and DVC's tracking of it (``.dvc`` file, cache object). Manifests are never deleted, so
-the chain still verifies, and a verifier can tell data deleted on purpose from data
-deleted by anyone (see docs/security.md).
+Which it keeps is a :class:`~kronos_audit.runtime.policy.Retention`. Retention is signed.
+Once the checkpoint of the newest step is written, :func:`doomed` names the older
+checkpoints whose data goes, each with the sha256 of its manifest; the manifest of the
+newest step lists them (``pruned``, :func:`pruned_record`) and is signed, and only then
+does :func:`prune` delete their data and DVC's tracking of it (``.dvc`` file, cache
+object). Manifests are never deleted, so the chain still verifies, and a verifier can
+tell data deleted on purpose from data deleted by anyone (see docs/security.md).
 
 Nothing leaves DVC's cache on an unsigned word: the objects that go are those the pruned
 steps' manifests sign, each verified first (:func:`signed_objects`), never what a ``.dvc``
@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +46,9 @@ from kronos_audit.checkpoint.layout import (
     step_of_directory,
 )
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
-from kronos_audit.errors import Error, UsageError
+from kronos_audit.errors import Error
 from kronos_audit.project.repository import Project
+from kronos_audit.runtime.policy import Retention
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.steps import step_items
@@ -70,54 +70,36 @@ _STEP_IGNORED = (f"/{INDEX_NAME}", f"/{TREE_NAME}", "/rank-*.h5")
 """The git-ignore entries a sharded run writes in a step's directory (one per file kind)."""
 
 
-@dataclass(frozen=True)
-class Retention:
-    """Which checkpoints keep their data: the newest ``keep``, and (with ``keep_every``)
-    every step that is a multiple of it, for ever. Without ``keep`` every checkpoint keeps
-    its data (``keep_every`` alone changes nothing). Single-file and sharded steps count
-    together, in the order of their steps."""
-
-    keep: int | None = None
-    """How many of the newest checkpoints keep their data (at least 1); None: all."""
-    keep_every: int | None = None
-    """Also keep every checkpoint whose step is a multiple of this (positive)."""
-
-    def __post_init__(self) -> None:
-        if self.keep is not None and self.keep < 1:
-            raise UsageError(f"keep={self.keep}: keep at least the newest checkpoint")
-        if self.keep_every is not None and self.keep_every < 1:
-            raise UsageError(f"keep_every={self.keep_every}: must be a positive number of steps")
-
-    def doomed(self, directory: Path, newest: int) -> tuple[PrunedEntry, ...]:
-        """The checkpoints in ``directory`` whose data goes once ``newest`` is signed:
-        single-file checkpoints and sharded steps (a step directory with a step manifest
-        and data left in it; the entry's sha256 is its step manifest's), counted together
-        in one order of steps. The newest is never among them (it need not be signed yet:
-        a sharded step is signed after this is asked); data without a manifest (an
-        interrupted write) is left alone."""
-        if self.keep is None:
-            return ()
-        files = set(checkpoint_steps(directory))
-        sharded = set(sharded_steps_with_data(directory))
-        steps = sorted(files | sharded | {newest})
-        keep = set(steps[-self.keep :]) | {newest}
-        if self.keep_every:
-            keep |= {s for s in steps if s % self.keep_every == 0}
-        run = RunDirectory(directory)
-        doomed = []
-        for s in steps:
-            if s in keep:
+def doomed(retention: Retention, directory: Path, newest: int) -> tuple[PrunedEntry, ...]:
+    """The checkpoints in ``directory`` whose data goes by ``retention`` once ``newest`` is
+    signed: single-file checkpoints and sharded steps (a step directory with a step
+    manifest and data left in it; the entry's sha256 is its step manifest's), counted
+    together in one order of steps. The newest is never among them (it need not be signed
+    yet: a sharded step is signed after this is asked); data without a manifest (an
+    interrupted write) is left alone."""
+    if retention.keep is None:
+        return ()
+    files = set(checkpoint_steps(directory))
+    sharded = set(sharded_steps_with_data(directory))
+    steps = sorted(files | sharded | {newest})
+    keep = set(steps[-retention.keep :]) | {newest}
+    if retention.keep_every:
+        keep |= {s for s in steps if s % retention.keep_every == 0}
+    run = RunDirectory(directory)
+    found = []
+    for s in steps:
+        if s in keep:
+            continue
+        manifests = [run.manifest(s)] if s in files else []
+        if s in sharded:
+            manifests.append(run.step_manifest(s))
+        for manifest in manifests:
+            try:
+                data = read_regular(manifest, MANIFEST_LIMIT, follow_symlinks=False)
+            except UnsafeFile:
                 continue
-            manifests = [run.manifest(s)] if s in files else []
-            if s in sharded:
-                manifests.append(run.step_manifest(s))
-            for manifest in manifests:
-                try:
-                    data = read_regular(manifest, MANIFEST_LIMIT, follow_symlinks=False)
-                except UnsafeFile:
-                    continue
-                doomed.append(PrunedEntry(s, Sha256(hashlib.sha256(data).hexdigest())))
-        return tuple(doomed)
+            found.append(PrunedEntry(s, Sha256(hashlib.sha256(data).hexdigest())))
+    return tuple(found)
 
 
 def sharded_steps_with_data(directory: Path) -> list[int]:
@@ -374,6 +356,7 @@ def _prune_step(step_dir: Path) -> None:
 __all__ = [
     "Retention",
     "claimed",
+    "doomed",
     "prune",
     "pruned_record",
     "sharded_steps_with_data",

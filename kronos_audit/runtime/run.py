@@ -76,13 +76,12 @@ from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
 from kronos_audit.runtime.file_steps import FilePublisher
-from kronos_audit.runtime.policy import EverySeconds, SaveContext, SavePolicy
+from kronos_audit.runtime.policy import EverySeconds, Retention, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
 from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
 from kronos_audit.runtime.replaying import FileReplayPublisher, ShardedReplayPublisher
-from kronos_audit.runtime.retention import Retention
 from kronos_audit.runtime.run_restore import RunRestore
 from kronos_audit.runtime.sharded import ShardedPublisher
 from kronos_audit.runtime.sharded_steps import expand_layout, has_sharded_steps
@@ -105,7 +104,9 @@ class Run(RunRestore):
     Use as a context manager: leaving the block waits for pending writes and raises any
     background failure. ``every`` is the :class:`~kronos_audit.runtime.policy.SavePolicy`
     asked after each step, and only it decides (default ``EverySeconds(600)``, which also
-    saves at the final step and on preemption). With ``allow_secret_files`` an
+    saves at the final step and on preemption). ``retention`` (a
+    :class:`~kronos_audit.runtime.policy.Retention`, or the same as ``keep=`` and
+    ``keep_every=``) says which checkpoints keep their data. With ``allow_secret_files`` an
     uncommitted diff is recorded even when it carries a file that looks like a secret
     (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused. Manifests
     record ``command`` (an argv) as the command that re-runs a segment, by default
@@ -137,6 +138,7 @@ class Run(RunRestore):
         every: SavePolicy | None = None,
         keep: int | None = None,
         keep_every: int | None = None,
+        retention: Retention | None = None,
         asynchronous: bool = True,
         key: str | SigningKey | None = None,
         preempt_exit: int = PREEMPTED_EXIT,
@@ -155,8 +157,8 @@ class Run(RunRestore):
             raise UsageError(f"run id {run_id!r}: use a non-empty name without '/'")
         self.dispatch = pin_dispatch(dispatch)
         """How this run's CPU kernels are chosen: ``native`` or ``portable``."""
-        self.retention = Retention(keep, keep_every)
-        """Which checkpoints keep their data (``keep``, ``keep_every``)."""
+        self.retention = Retention.given(retention, keep, keep_every)
+        """Which checkpoints keep their data (``retention=``, or ``keep``, ``keep_every``)."""
         if every is not None and not isinstance(every, SavePolicy):
             raise UsageError(
                 f"every must be a save policy (ka.EverySteps(100), ka.Auto('24h') ...), "
@@ -200,8 +202,6 @@ class Run(RunRestore):
             key,
             attributes,
             push,
-            keep,
-            keep_every,
             allow_secret_files,
             command,
             allow_rollback,
@@ -241,8 +241,6 @@ class Run(RunRestore):
         key: str | SigningKey | None,
         attributes: Mapping[str, Any] | None,
         push: bool,
-        keep: int | None,
-        keep_every: int | None,
         allow_secret_files: bool,
         command: Sequence[str] | None,
         allow_rollback: bool,

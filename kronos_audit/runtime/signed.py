@@ -34,6 +34,7 @@ from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.commit import NotCommitted, StepCommit, commit
+from kronos_audit.runtime.policy import Retention
 from kronos_audit.runtime.protocol import restart_count
 from kronos_audit.runtime.publish import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
 from kronos_audit.runtime.pushing import Pusher
@@ -44,7 +45,7 @@ from kronos_audit.runtime.resume_remote import (
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import Retention, prune, signed_objects
+from kronos_audit.runtime.retention import doomed, prune, signed_objects
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
 from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
@@ -525,19 +526,19 @@ class SignedPublisher(RunPublisher):
             raise CheckpointError(refusal)
         # Retention is signed: the manifest that prunes names what it prunes, so a
         # verifier can tell data deleted on purpose from data deleted by anyone.
-        doomed = self.retention.doomed(self.directory, job.step)
+        pruned = doomed(self.retention, self.directory, job.step)
         record = RunRecord(
             rng=job.meta.get("rng", {}),
             restart_count=restart_count(),
             batches=job.meta.get("batches"),
             scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
             writer=self._writer,
-            pruned=doomed,
+            pruned=pruned,
         )
         manifest = self._sign(job, piece, record)
         self._parent, self._parent_step = manifest, job.step
         self._newest = Newest(job.step, manifest.path, manifest.digest)
-        self._to_prune = [p.step for p in doomed]
+        self._to_prune = [p.step for p in pruned]
 
     def _signing(self) -> tuple[Project, Signer]:
         project = self._opened()

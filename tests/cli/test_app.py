@@ -98,6 +98,7 @@ POLICIES = (
     "EverySteps",
     "Never",
     "OnPreemption",
+    "Retention",
     "SaveContext",
     "SavePolicy",
 )
@@ -116,6 +117,7 @@ def test_import_kronos_audit_is_light_before_and_after_a_policy_is_used() -> Non
         "ctx = ka.SaveContext(step=5, now=1.0, last_step=0, last_time=0.0, stall=0.1,\n"
         "                     write_time=1.0, preempted=False)\n"
         "assert policy.should_save(ctx)\n"
+        "ka.Retention(keep=3, keep_every=100)\n"
         "print(*loaded())\n"
         "print('kronos_audit.runtime.run' in sys.modules)"
     )

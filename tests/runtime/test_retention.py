@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.runtime.publish import CheckpointSkipped
 from kronos_audit.runtime.retention import (
     Retention,
+    doomed,
     prune,
     pruned_record,
     sharded_steps_with_data,
@@ -78,25 +80,53 @@ def test_retention_refuses_what_cannot_be_kept() -> None:
         Retention(keep=1, keep_every=-1)
 
 
+def test_a_run_keeps_what_its_retention_or_its_keep_keywords_say(
+    project: Project, key: SigningKey
+) -> None:
+    root = project.root / "checkpoints"
+    for run_id, kept in (
+        ("given", {"retention": ka.Retention(keep=1, keep_every=2)}),
+        ("keywords", {"keep": 1, "keep_every": 2}),
+    ):
+        with ka.Run(run_id, root=root, seed=5, every=ka.EverySteps(1), **kept) as r:
+            assert r.retention == ka.Retention(keep=1, keep_every=2)
+            for step in r.steps(5):
+                r.checkpoint(step, {"u": np.full(2, float(step))})
+        assert sorted(p.name for p in (root / run_id).glob("*.h5")) == [
+            checkpoint_name(s) for s in (2, 4, 5)
+        ]
+    refusals: dict[str, dict[str, Any]] = {
+        "both retention= and keep=/keep_every= given: give one or the other": {
+            "retention": ka.Retention(keep=2),
+            "keep_every": 3,
+        },
+        "retention must be a ka.Retention(keep=..., keep_every=...), not int": {"retention": 3},
+        "keep='3': must be a whole number": {"retention": None, "keep": "3"},
+    }
+    for message, kwargs in refusals.items():
+        with pytest.raises(UsageError) as refused:
+            ka.Run("refused", root=root, seed=5, **kwargs)
+        assert str(refused.value) == message
+    assert not (root / "refused").exists()
+
+
 def test_doomed_names_each_pruned_checkpoint_with_its_manifests_digest(
     project: Project, key: SigningKey
 ) -> None:
     run_dir = run(project, 7)
-    doomed = Retention(keep=2, keep_every=3).doomed(run_dir, newest=7)
-    assert [p.step for p in doomed] == [1, 2, 4, 5]  # 3 and 6 for ever, 6 and 7 the newest
-    assert doomed == tuple(
-        PrunedEntry(s, Sha256(manifest_sha256(run_dir, s))) for s in (1, 2, 4, 5)
-    )
-    assert pruned_record(doomed[:1]) == [{"step": 1, "manifest": manifest_sha256(run_dir, 1)}]
-    assert Retention().doomed(run_dir, newest=7) == ()  # no keep: everything stays
-    assert Retention(keep_every=2).doomed(run_dir, newest=7) == ()
-    assert [p.step for p in Retention(keep=1).doomed(run_dir, newest=3)] == [1, 2, 4, 5, 6]
+    gone = doomed(Retention(keep=2, keep_every=3), run_dir, newest=7)
+    assert [p.step for p in gone] == [1, 2, 4, 5]  # 3 and 6 for ever, 6 and 7 the newest
+    assert gone == tuple(PrunedEntry(s, Sha256(manifest_sha256(run_dir, s))) for s in (1, 2, 4, 5))
+    assert pruned_record(gone[:1]) == [{"step": 1, "manifest": manifest_sha256(run_dir, 1)}]
+    assert doomed(Retention(), run_dir, newest=7) == ()  # no keep: everything stays
+    assert doomed(Retention(keep_every=2), run_dir, newest=7) == ()
+    assert [p.step for p in doomed(Retention(keep=1), run_dir, newest=3)] == [1, 2, 4, 5, 6]
 
 
 def test_a_checkpoint_without_a_manifest_is_never_doomed(project: Project, key: SigningKey) -> None:
     run_dir = run(project, 4)
     manifest_path_for(run_dir / checkpoint_name(2)).unlink()  # an interrupted write
-    assert [p.step for p in Retention(keep=1).doomed(run_dir, newest=4)] == [1, 3]
+    assert [p.step for p in doomed(Retention(keep=1), run_dir, newest=4)] == [1, 3]
 
 
 def test_prune_deletes_the_data_and_its_cache_object_and_keeps_the_manifests(
@@ -277,19 +307,19 @@ def test_doomed_counts_single_file_and_sharded_steps_in_one_order(
     with pytest.warns(CheckpointSkipped, match="written by one process"):
         sharded_run(project, range(4, 8))
     assert RunDirectory(run_dir).sharded_steps() == [4, 5, 6, 7]
-    doomed = Retention(keep=2, keep_every=3).doomed(run_dir, newest=7)
-    assert doomed == (  # 3 and 6 for ever, 6 and 7 the newest
+    gone = doomed(Retention(keep=2, keep_every=3), run_dir, newest=7)
+    assert gone == (  # 3 and 6 for ever, 6 and 7 the newest
         PrunedEntry(1, Sha256(manifest_sha256(run_dir, 1))),
         PrunedEntry(2, Sha256(manifest_sha256(run_dir, 2))),
         PrunedEntry(4, Sha256(step_manifest_sha256(run_dir, 4))),
         PrunedEntry(5, Sha256(step_manifest_sha256(run_dir, 5))),
     )
-    assert [p.step for p in Retention(keep=4).doomed(run_dir, newest=7)] == [1, 2, 3]
+    assert [p.step for p in doomed(Retention(keep=4), run_dir, newest=7)] == [1, 2, 3]
     # The newest need not be signed yet (a sharded step is signed after this is asked).
-    assert [p.step for p in Retention(keep=2).doomed(run_dir, newest=8)] == [1, 2, 3, 4, 5, 6]
+    assert [p.step for p in doomed(Retention(keep=2), run_dir, newest=8)] == [1, 2, 3, 4, 5, 6]
     # A step directory without its manifest (an aborted commit) is never doomed.
     RunDirectory(run_dir).step_manifest(5).unlink()
-    assert [p.step for p in Retention(keep=1).doomed(run_dir, newest=7)] == [1, 2, 3, 4, 6]
+    assert [p.step for p in doomed(Retention(keep=1), run_dir, newest=7)] == [1, 2, 3, 4, 6]
 
 
 def test_prune_deletes_a_sharded_steps_data_and_tracking_and_keeps_its_manifest(

@@ -35,11 +35,10 @@ from kronos_audit.checkpoint.verified import Signed, verified
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
 from kronos_audit.compare.files import compare_opened_files
 from kronos_audit.compare.tensors import compare_opened
-from kronos_audit.errors import CheckpointError, UsageError
-from kronos_audit.keys.anchors import TrustOptions, load_keyring
-from kronos_audit.project.repository import find_project
+from kronos_audit.errors import CheckpointError
+from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.statement.manifest import Manifest, read_manifest
-from kronos_audit.verification.verifier import Verifier
+from kronos_audit.verification.verifier import verified_step
 
 _RULE = "signed digest (bitwise)"
 
@@ -52,22 +51,6 @@ def directory_manifest_of(path: Path) -> Path | None:
     if path.name.endswith(".kaudit.json") and path.is_file():
         return path if read_manifest(path).record.directory is not None else None
     return None
-
-
-def _verified(path: Path, trust: TrustOptions | None) -> Manifest:
-    path = path.absolute()
-    project = find_project(path)
-    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=False)
-    if not result.ok:
-        failed = result.failures[0]
-        raise UsageError(
-            f"{path}: it does not verify ({failed.name}: {failed.detail}); the digests of "
-            "an unverified step prove nothing"
-        )
-    m = result.statement
-    if m is None or m.record.directory is None:  # replaced meanwhile by something else
-        raise UsageError(f"{path}: not a directory step's manifest")
-    return m
 
 
 def _result(
@@ -193,7 +176,7 @@ def diff_directories(
     policy = policy or TolerancePolicy()
     # The signed digests need only the manifests; a comparison by value proves each file
     # it reads against its signed entry, through the descriptor it reads.
-    ma, mb = _verified(a, trust), _verified(b, trust)
+    ma, mb = verified_step(a, trust, "directory"), verified_step(b, trust, "directory")
     assert ma.record.directory is not None
     assert mb.record.directory is not None
     in_a = {f.path: f for f in ma.record.directory.files}

@@ -20,36 +20,14 @@ from pathlib import Path
 from kronos_audit.checkpoint.layout import STEP_MANIFEST
 from kronos_audit.checkpoint.shards import parse_index, read_index
 from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy, Verdict
-from kronos_audit.errors import CheckpointError, UsageError
-from kronos_audit.keys.anchors import TrustOptions, load_keyring
-from kronos_audit.project.repository import find_project
+from kronos_audit.errors import CheckpointError
+from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.replay.sharded import StepOutput, compare_steps
 from kronos_audit.runtime.sharded_steps import Recorded, parse_layout
-from kronos_audit.statement.manifest import Manifest, read_manifest
-from kronos_audit.verification.verifier import Verifier
+from kronos_audit.statement.manifest import Manifest
+from kronos_audit.verification.verifier import verified_step
 
 _RULE = "signed digest (bitwise)"
-
-
-def _verified(path: Path, trust: TrustOptions | None, *, data: bool) -> Manifest:
-    """The step manifest at ``path``, its signature and place verified (and with
-    ``data``, its index and every shard against them, as `kaudit verify` checks): the
-    manifest as the verifier read it, so that what is compared is what was verified."""
-    path = path.absolute()
-    if read_manifest(path).record.shards is None:
-        raise UsageError(f"{path}: not a sharded step's manifest (diff compares files so)")
-    project = find_project(path)
-    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=data)
-    if not result.ok:
-        failed = result.failures[0]
-        raise UsageError(
-            f"{path}: its step manifest does not verify ({failed.name}: {failed.detail}); "
-            "the digests of an unverified step prove nothing"
-        )
-    m = result.statement
-    if m is None or m.record.shards is None:  # replaced meanwhile by something else
-        raise UsageError(f"{path}: not a sharded step's manifest (diff compares files so)")
-    return m
 
 
 def _entry(path: str, a: Recorded | None, b: Recorded | None) -> DatasetComparison:
@@ -132,7 +110,8 @@ def diff_steps(
     policy = policy or TolerancePolicy()
     exact = policy == TolerancePolicy()
     # By digests, the manifests alone; by data, every shard read is first verified too.
-    ma, mb = _verified(a, trust, data=not exact), _verified(b, trust, data=not exact)
+    ma = verified_step(a, trust, "sharded", data=not exact)
+    mb = verified_step(b, trust, "sharded", data=not exact)
     datasets = _by_digests(ma, mb) if exact else _by_data(ma, mb, policy)
     return Comparison(a=a, b=b, policy=policy, datasets=datasets)
 

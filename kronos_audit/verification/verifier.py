@@ -24,7 +24,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from kronos_audit.checkpoint.directory import check_step, make_tree, scan
 from kronos_audit.checkpoint.formats.interface import Format
@@ -44,7 +44,9 @@ from kronos_audit.checkpoint.shards import (
     read_index,
 )
 from kronos_audit.errors import CheckpointError, StorageError, TamperedData, UsageError
-from kronos_audit.statement.manifest import Manifest
+from kronos_audit.keys.anchors import TrustOptions, load_keyring
+from kronos_audit.project.repository import find_project
+from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification import attestation, steps
 from kronos_audit.verification.chain import ChainReader, place_check
 from kronos_audit.verification.results import Check, CheckName, VerifyResult
@@ -370,6 +372,38 @@ class Verifier(ChainReader):
         and it must record a reproduced outcome
         (:func:`kronos_audit.verification.attestation.verify_attestation`)."""
         return attestation.verify_attestation(self, path)
+
+
+StepKind = Literal["sharded", "directory"]
+
+
+def verified_step(
+    path: Path, trust: TrustOptions | None, kind: StepKind, *, data: bool = False
+) -> Manifest:
+    """The ``kind`` step's manifest at ``path`` as `kaudit verify` reads and checks it (with
+    ``data``, the step's files too), for a command that then uses what it signs: the
+    manifest the verifier read, so that what is used is what was verified. UsageError, in
+    one line, for another kind of manifest or one that does not verify."""
+    path = path.absolute()
+
+    def of_kind(m: Manifest) -> bool:
+        record = m.record
+        return (record.shards if kind == "sharded" else record.directory) is not None
+
+    if not of_kind(read_manifest(path)):
+        raise UsageError(f"{path}: not a {kind} step's manifest")
+    project = find_project(path)
+    result = Verifier(project, load_keyring(project.root, trust)).verify(path, data=data)
+    if not result.ok:
+        failed = result.failures[0]
+        raise UsageError(
+            f"{path}: its step manifest does not verify ({failed.name}: {failed.detail}); "
+            "the digests of an unverified step prove nothing"
+        )
+    m = result.statement
+    if m is None or not of_kind(m):  # replaced meanwhile by something else
+        raise UsageError(f"{path}: not a {kind} step's manifest")
+    return m
 
 
 def _world_ranks(ranks: Sequence[int], shards: int | None) -> list[int]:

@@ -257,3 +257,9 @@ def test_directory_steps_chain_and_log_shows_them(project: Project, key: Signing
     assert "__0_0.distcp" in diff.output
     assert ".tool_state" in diff.output
     assert "extra/state.h5" in diff.output
+    # what is compared is what verifies: a step whose signature does not hold is refused
+    envelope = json.loads(m2.path.read_text())
+    envelope["signatures"][0]["sig"] = "A" * len(envelope["signatures"][0]["sig"])
+    m2.path.write_text(json.dumps(envelope))
+    line = assert_bad_input(run_cli("diff", str(first), str(second)), "does not verify")
+    assert "step-2.kaudit.json" in line

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,10 @@ from kronos_audit.checkpoint.layout import (
     RunDirectory,
     checkpoint_name,
     checkpoint_steps,
+    manifest_path_for,
     parse_name,
     step_directory,
+    step_of,
     step_of_directory,
 )
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
@@ -70,17 +73,22 @@ _STEP_IGNORED = (f"/{INDEX_NAME}", f"/{TREE_NAME}", "/rank-*.h5")
 """The git-ignore entries a sharded run writes in a step's directory (one per file kind)."""
 
 
-def doomed(retention: Retention, directory: Path, newest: int) -> tuple[PrunedEntry, ...]:
+def doomed(
+    retention: Retention, directory: Path, newest: int, *, known: StepsWithData | None = None
+) -> tuple[PrunedEntry, ...]:
     """The checkpoints in ``directory`` whose data goes by ``retention`` once ``newest`` is
     signed: single-file checkpoints and sharded steps (a step directory with a step
     manifest and data left in it; the entry's sha256 is its step manifest's), counted
     together in one order of steps. The newest is never among them (it need not be signed
     yet: a sharded step is signed after this is asked); data without a manifest (an
-    interrupted write) is left alone."""
+    interrupted write) is left alone. ``known``: the steps with data there, as a writer
+    keeps them (:class:`StepsWithData`), so that nothing is listed; else the directory is
+    listed."""
     if retention.keep is None:
         return ()
-    files = set(checkpoint_steps(directory))
-    sharded = set(sharded_steps_with_data(directory))
+    if known is None:
+        known = StepsWithData.listed(directory)
+    files, sharded = known.files, known.sharded
     steps = sorted(files | sharded | {newest})
     keep = set(steps[-retention.keep :]) | {newest}
     if retention.keep_every:
@@ -100,6 +108,63 @@ def doomed(retention: Retention, directory: Path, newest: int) -> tuple[PrunedEn
                 continue
             found.append(PrunedEntry(s, Sha256(hashlib.sha256(data).hexdigest())))
     return tuple(found)
+
+
+@dataclass
+class StepsWithData:
+    """The steps of a run directory whose data is still there, as retention counts them:
+    listed once (:meth:`listed`, when a writer opens or restores the run), then kept by the
+    writer as it signs steps and prunes them, so that a commit lists nothing."""
+
+    files: set[int]
+    """Steps with a checkpoint file (``step-<N>.h5``, signed or not)."""
+    sharded: set[int]
+    """Sharded steps with a step manifest and data (see :func:`sharded_steps_with_data`)."""
+    directory: Path
+    """The run's directory."""
+    claims: dict[int | None, list[tuple[Path, int]]]
+    """The files here that may name a DVC cache object (:func:`claimed`), by the step
+    whose data they are (None: not a step's as a run names them), each with its bound."""
+
+    @classmethod
+    def listed(cls, directory: Path) -> StepsWithData:
+        """The steps with data in ``directory`` now (a listing)."""
+        claims: dict[int | None, list[tuple[Path, int]]] = {}
+        for step, path, limit in _run_claims(directory):
+            claims.setdefault(step, []).append((path, limit))
+        return cls(
+            set(checkpoint_steps(directory)),
+            set(sharded_steps_with_data(directory)),
+            directory,
+            claims,
+        )
+
+    def signed(self, step: int, *, sharded: bool) -> None:
+        """Step ``step`` was signed, its data in place (its step directory is listed, for
+        a sharded step: one file a rank)."""
+        (self.sharded if sharded else self.files).add(step)
+        if sharded:
+            step_dir = step_directory(self.directory, step)
+            self.claims[step] = list(_step_claims(step_dir))
+        else:
+            checkpoint = self.directory / checkpoint_name(step)
+            self.claims[step] = [
+                (dvc_file_for(checkpoint), KEY_LIMIT),
+                (manifest_path_for(checkpoint), MANIFEST_LIMIT),
+            ]
+
+    def pruned(self, steps: Iterable[int]) -> None:
+        """The data of ``steps`` was deleted."""
+        for s in steps:
+            self.files.discard(s)
+            self.sharded.discard(s)
+            self.claims.pop(s, None)
+
+    def claiming_files(self) -> Iterator[tuple[Path, int]]:
+        """The files of this run that may name a DVC cache object, as :func:`claimed`
+        asks them, without a listing."""
+        for found in self.claims.values():
+            yield from found
 
 
 def sharded_steps_with_data(directory: Path) -> list[int]:
@@ -209,6 +274,7 @@ def prune(
     objects: Sequence[FetchItem],
     *,
     cache_dir: Path | None = None,
+    known: StepsWithData | None = None,
 ) -> None:
     """Delete the checkpoints of steps ``doomed`` in ``directory`` from DVC: their data,
     their ``.dvc`` files and any git-ignore entry of their own, and DVC's cache objects of
@@ -222,7 +288,9 @@ def prune(
     steps: the md5 and size their verified manifests sign), never one a ``.dvc`` file
     names, and never one that any other checkpoint still names (:func:`claimed`: of this
     run or of another run directory beside it). ``cache_dir``: DVC's cache directory when
-    the caller resolved it already (a run does once, at open), else read from DVC."""
+    the caller resolved it already (a run does once, at open), else read from DVC.
+    ``known``: the writer's record of the steps with data in ``directory``, which then
+    needs no listing (the doomed steps leave it here)."""
     if not doomed:
         return
     if cache_dir is None:
@@ -238,19 +306,28 @@ def prune(
     run = RunDirectory(directory)
     unread = {p for s in doomed for p in (run.manifest(s), run.step_manifest(s))}
     wanted = {o.md5 for o in objects}
-    kept = claimed(directory.parent, wanted, unread) if wanted else set()
+    if known is not None:
+        known.pruned(doomed)
+    kept = claimed(directory.parent, wanted, unread, known=known) if wanted else set()
     for o in dict.fromkeys(objects):
         if o.md5 not in kept:
             remove_cache_object(cache_dir, o.md5, o.size)  # the space freed for real
 
 
-def claimed(root: Path, md5s: Collection[str], unread: Collection[Path] = ()) -> set[str]:
+def claimed(
+    root: Path,
+    md5s: Collection[str],
+    unread: Collection[Path] = (),
+    *,
+    known: StepsWithData | None = None,
+) -> set[str]:
     """Which of ``md5s`` some checkpoint in a run directory under ``root`` still names:
     in a ``.dvc`` file, a shard index, or the manifest (its payload) of a checkpoint still
     here (its data or its ``.dvc`` file: a pruned step's manifest names data that went),
     of any run directory that is a direct child of ``root`` (a run's own directory,
     ``root/<run>``, is one of them). ``unread``: files not asked (the manifests of the
-    steps being pruned).
+    steps being pruned). ``known``: a writer's record of its own run directory, whose
+    files are then asked without listing it.
 
     Keeping is the safe side, so nothing here need be verified: a file that mentions an
     md5 anywhere keeps the object (at worst a hostile file keeps bytes that ``dvc gc``
@@ -261,7 +338,7 @@ def claimed(root: Path, md5s: Collection[str], unread: Collection[Path] = ()) ->
     wanted = {m.encode() for m in md5s}
     found: set[bytes] = set()
     skip = set(unread)
-    for path, limit in _claiming_files(root):
+    for path, limit in _claiming_files(root, known):
         if path in skip:
             continue
         try:
@@ -280,27 +357,49 @@ _CLAIM_INDEX_LIMIT = 64 * 1024 * 1024
 """The largest shard index read for :func:`claimed` (a quarter of a million shards)."""
 
 
-def _claiming_files(root: Path) -> Iterator[tuple[Path, int]]:
+def _claiming_files(root: Path, known: StepsWithData | None) -> Iterator[tuple[Path, int]]:
     """Each file of a run directory under ``root`` that may name a cache object, with the
-    bound it is read with. Never through a symbolic link, never into a hidden directory."""
+    bound it is read with. Never through a symbolic link, never into a hidden directory.
+    The run directory ``known`` records is not listed: its record says."""
     for run_dir in _subdirectories(root):
-        for entry in _entries(run_dir):
-            if entry.name.endswith(_DVC) and not entry.is_dir(follow_symlinks=False):
-                yield Path(entry.path), KEY_LIMIT
-            elif entry.name.endswith(MANIFEST_SUFFIX) and not entry.is_dir(follow_symlinks=False):
-                data = run_dir / entry.name.removesuffix(MANIFEST_SUFFIX)
-                if os.path.lexists(data) or os.path.lexists(dvc_file_for(data)):
-                    yield Path(entry.path), MANIFEST_LIMIT
-            elif step_of_directory(entry.name) is not None and entry.is_dir(follow_symlinks=False):
-                step_dir = Path(entry.path)
-                has_data = bool(_step_data(step_dir))
-                for inner in _entries(step_dir):
-                    if inner.name.endswith(_DVC):
-                        yield Path(inner.path), KEY_LIMIT
-                    elif inner.name == STEP_MANIFEST and has_data:
-                        yield Path(inner.path), MANIFEST_LIMIT
-                    elif inner.name == INDEX_NAME:
-                        yield Path(inner.path), _CLAIM_INDEX_LIMIT
+        if known is not None and run_dir == known.directory:
+            yield from known.claiming_files()
+        else:
+            yield from ((path, limit) for _, path, limit in _run_claims(run_dir))
+
+
+def _run_claims(run_dir: Path) -> Iterator[tuple[int | None, Path, int]]:
+    """:func:`_claiming_files` of one run directory, each with the step whose data it is
+    (None: no step's, as a run names them)."""
+    for entry in _entries(run_dir):
+        name = entry.name
+        if name.endswith(_DVC) and not entry.is_dir(follow_symlinks=False):
+            yield _canonical_step(name.removesuffix(_DVC)), Path(entry.path), KEY_LIMIT
+        elif name.endswith(MANIFEST_SUFFIX) and not entry.is_dir(follow_symlinks=False):
+            data = run_dir / name.removesuffix(MANIFEST_SUFFIX)
+            if os.path.lexists(data) or os.path.lexists(dvc_file_for(data)):
+                yield _canonical_step(data.name), Path(entry.path), MANIFEST_LIMIT
+        elif (step := step_of_directory(name)) is not None and entry.is_dir(follow_symlinks=False):
+            for path, limit in _step_claims(Path(entry.path)):
+                yield step, path, limit
+
+
+def _step_claims(step_dir: Path) -> Iterator[tuple[Path, int]]:
+    """The files of the sharded step directory ``step_dir`` that may name a cache object."""
+    has_data = bool(_step_data(step_dir))
+    for inner in _entries(step_dir):
+        if inner.name.endswith(_DVC):
+            yield Path(inner.path), KEY_LIMIT
+        elif inner.name == STEP_MANIFEST and has_data:
+            yield Path(inner.path), MANIFEST_LIMIT
+        elif inner.name == INDEX_NAME:
+            yield Path(inner.path), _CLAIM_INDEX_LIMIT
+
+
+def _canonical_step(checkpoint: str) -> int | None:
+    """The step of a checkpoint file named as a run names them, else None."""
+    step = step_of(Path(checkpoint))
+    return step if step is not None and checkpoint == checkpoint_name(step) else None
 
 
 def _subdirectories(root: Path) -> list[Path]:
@@ -355,6 +454,7 @@ def _prune_step(step_dir: Path) -> None:
 
 __all__ = [
     "Retention",
+    "StepsWithData",
     "claimed",
     "doomed",
     "prune",

@@ -97,6 +97,8 @@ LAUNCHERS = ("mpi", "torch.distributed")
 class ShardedPublisher(SignedPublisher):
     """A normal run on several ranks: sharded, signed, DVC-tracked, chained steps."""
 
+    _sharded_steps = True
+
     def __init__(self, run_id: str, directory: Path, comm: Comm, **kwargs: Any) -> None:
         super().__init__(run_id, directory, comm, **kwargs)
         self._step_items: list[FetchItem] = []  # rank 0: the index and tree just tracked

@@ -45,7 +45,7 @@ from kronos_audit.runtime.resume_remote import (
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import doomed, prune, signed_objects
+from kronos_audit.runtime.retention import StepsWithData, doomed, prune, signed_objects
 from kronos_audit.runtime.sharded_steps import Agreed
 from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
 from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
@@ -69,6 +69,9 @@ log = logging.getLogger("kronos_audit.runtime")
 class SignedPublisher(RunPublisher):
     """A normal run on ``comm`` (one rank by default): signed, DVC-tracked, chained steps
     in ``directory``, in the step format of the subclass."""
+
+    _sharded_steps = False
+    """Whether a step is a directory of shards (else one checkpoint file)."""
 
     def __init__(
         self,
@@ -125,6 +128,10 @@ class SignedPublisher(RunPublisher):
         self._newest: Newest | None = None
         self._passed_over: frozenset[Newest] = frozenset()
         self._to_prune: list[int] = []  # rank 0: what the step being committed prunes
+        # Rank 0, with retention: the steps with data in the directory, listed once (at
+        # the first commit after open or restore), then kept as steps are signed and
+        # pruned; None: list again (after anything that did not go as planned).
+        self._with_data: StepsWithData | None = None
         # Signed into every manifest: on two machines writing this run, who wrote which.
         self._writer = this_writer(utc_now())
 
@@ -428,6 +435,7 @@ class SignedPublisher(RunPublisher):
                 self.directory, None if agreed is None else agreed.step
             )
             self._newest = newest_manifest(self.directory, passed_over=self._passed_over)
+            self._with_data = None  # listed again at the next commit
         return agreed
 
     def latest(self, *, stacklevel: int) -> int | None:
@@ -469,7 +477,10 @@ class SignedPublisher(RunPublisher):
         try:
             commit(comm, step)
         except NotCommitted as e:
+            self._with_data = None
             raise self._not_committed(step, e) from e.own
+        if self._with_data is not None:
+            self._with_data.signed(job.step, sharded=self._sharded_steps)
         # Rank 0's pruning (a failure here is rank 0's, told to every rank at the loop's
         # next collective: the step stays committed). Node-local, each rank's own pieces
         # of the pruned steps are on its node.
@@ -482,7 +493,10 @@ class SignedPublisher(RunPublisher):
             doomed, objects = comm.bcast((doomed, objects))
         if doomed:
             cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
-            prune(self._opened(), self.directory, doomed, objects, cache_dir=cache_dir)
+            # Node-local, every rank prunes its own directory: rank 0 alone keeps a record.
+            known, self._with_data = self._with_data, None
+            prune(self._opened(), self.directory, doomed, objects, cache_dir=cache_dir, known=known)
+            self._with_data = known
         if self.push:
             manifest, items = self._pushed(step)
             self._pusher.push(comm, manifest, items)
@@ -512,6 +526,7 @@ class SignedPublisher(RunPublisher):
                 step=step,
                 parent=self._parent_step,
                 passed_over=self._passed_over,
+                lock=self._lock,
             )
         except Exception as e:  # every rank must hear rank 0's word, whatever happened
             return one_line_reason(e)
@@ -526,7 +541,9 @@ class SignedPublisher(RunPublisher):
             raise CheckpointError(refusal)
         # Retention is signed: the manifest that prunes names what it prunes, so a
         # verifier can tell data deleted on purpose from data deleted by anyone.
-        pruned = doomed(self.retention, self.directory, job.step)
+        if self.retention.keep is not None and self._with_data is None:
+            self._with_data = StepsWithData.listed(self.directory)
+        pruned = doomed(self.retention, self.directory, job.step, known=self._with_data)
         record = RunRecord(
             rng=job.meta.get("rng", {}),
             restart_count=restart_count(),

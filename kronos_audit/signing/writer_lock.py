@@ -34,6 +34,13 @@ git-ignored beside the checkpoints.
 Where the filesystem has no ``flock`` (some network filesystems) the run goes on with a
 :class:`WriterLockUnavailable` warning, and the commit's own check that it signs over the
 run's newest manifest (:func:`check_newest`) keeps the chain from forking.
+
+That check costs nothing that grows with the run while the lock holds: no other writer can
+have signed since this one took it, as long as the lock file in the directory is still the
+very file this writer locked (:meth:`WriterLock.intact`: one ``stat``), so the writer's own
+last manifest, read again (one small read), is the newest. Only when it is not (no
+``flock`` here, or the lock file was removed or replaced under the writer) is the run's
+directory listed, at each commit, as before.
 """
 
 from __future__ import annotations
@@ -339,6 +346,20 @@ class WriterLock:
             ) from None
         return lock
 
+    def intact(self) -> bool:
+        """Whether this process holds the lock, and the lock file in the directory is
+        still the file it locked (not removed, nor replaced by one that another writer
+        may lock): then no other writer can have taken this run since it was taken."""
+        fd = self._fd
+        if fd is None or os.getpid() != self._pid:
+            return False
+        try:
+            here = os.stat(self.directory / LOCK_NAME, follow_symlinks=False)
+            held = os.fstat(fd)
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
     def release(self) -> None:
         """Let the next writer in (the lock file and the holder file stay: removing the
         lock file would let a writer waiting on the old one and a new one both in).
@@ -416,13 +437,24 @@ def check_newest(
     step: int,
     parent: int | None,
     passed_over: Collection[Newest] = (),
+    lock: WriterLock | None = None,
 ) -> None:
     """Refuse (CheckpointError, one line naming both steps) to sign ``step`` over its
     parent step ``parent`` unless the newest manifest in ``directory`` (but those its
     restore ``passed_over``, unchanged) is still ``expected``, the one this writer last saw
     there (its own last signed one, or the newest when it read the run): else another
     writer has signed a step of this run since, and signing would give the chain a second
-    child."""
+    child.
+
+    With ``lock`` (the run's, held by this writer) still :meth:`~WriterLock.intact`, no
+    other writer can have signed since the lock was taken: only ``expected`` is read
+    again, and the directory is listed only when it changed (to say what replaced it)."""
+    if (
+        lock is not None
+        and lock.intact()
+        and (expected is None or _sha256(expected.path) == expected.sha256)
+    ):
+        return
     now = newest_manifest(directory, passed_over=passed_over)
     if now == expected:
         return

@@ -66,6 +66,14 @@ def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) 
     The file is opened with ``O_NONBLOCK`` so that a FIFO cannot block, and checked with
     ``fstat`` on the open descriptor so that a name swapped in between changes nothing.
     """
+    return read_regular_stat(path, limit, follow_symlinks=follow_symlinks)[0]
+
+
+def read_regular_stat(
+    path: Path | str, limit: int, *, follow_symlinks: bool = True
+) -> tuple[bytes, os.stat_result]:
+    """:func:`read_regular`, with the ``fstat`` of the file the bytes were read from,
+    taken before they were read (a change while they were read changes its ctime)."""
     path = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow_symlinks:
@@ -103,7 +111,7 @@ def read_regular(path: Path | str, limit: int, *, follow_symlinks: bool = True) 
         data = b"".join(chunks)
         if len(data) > limit:
             raise UnsafeFile(path, f"is more than the {limit:,} bytes allowed")
-        return data
+        return data, st
     except OSError as e:
         raise UnsafeFile(path, f"cannot read it: {e.strerror or e}") from None
     finally:

@@ -354,35 +354,10 @@ class Keyring:
         signers, bad, unknown = valid_signers(envelope, candidates)
         refused: SignerCheck | None = None
         for kid in signers:
-            key = self.keys[kid]
-            who = f"{key.name} (key {key.short_id})"
-            revoked = self.revocations.get(kid)
-            if revoked is not None:
-                when, since = parse_utc(signed_at or ""), parse_utc(revoked.revoked_at)
-                if when is None or since is None or when >= since:
-                    refused = SignerCheck(
-                        False,
-                        f"signed by {who}, which was revoked at {revoked.revoked_at} "
-                        f"({revoked.reason}); signatures from then on are refused",
-                        key,
-                    )
-                    continue
-            if self.require_anchor and not key.anchor.anchored:
-                refused = refused or SignerCheck(
-                    False,
-                    f"signed by {who}, which only the repository's own {TRUST_DIR} vouches "
-                    f"for (unanchored): {UNANCHORED_ADVICE}",
-                    key,
-                )
-                continue
-            note = (
-                f"; key revoked at {revoked.revoked_at}, this was signed before"
-                if revoked is not None
-                else ""
-            )
-            if not key.anchor.anchored:
-                note += f"; passed unanchored, as {self.unanchored_allowed_by or 'allowed'} says"
-            return SignerCheck(True, f"signed by {who}, {key.describe_anchor()}{note}", key)
+            verdict, revoked = self._judge(kid, signed_at)
+            if verdict.ok:
+                return verdict
+            refused = verdict if revoked else (refused or verdict)
         if refused is not None:
             return refused
         if bad:
@@ -394,6 +369,42 @@ class Keyring:
             False,
             "signed by a key no trust anchor holds: " + ", ".join(k[:16] for k in unknown),
         )
+
+    def accepts(self, kid: KeyId, signed_at: str | None) -> bool:
+        """Whether a signature by key ``kid``, made at ``signed_at``, counts with this
+        keyring (as :meth:`check` judges a signature that verifies under that key)."""
+        return kid in self.keys and self._judge(kid, signed_at)[0].ok
+
+    def _judge(self, kid: KeyId, signed_at: str | None) -> tuple[SignerCheck, bool]:
+        """The verdict on a signature that verifies under key ``kid`` (one of
+        :attr:`keys`), made at ``signed_at``; and whether a refusal is for a revocation."""
+        key = self.keys[kid]
+        who = f"{key.name} (key {key.short_id})"
+        revoked = self.revocations.get(kid)
+        if revoked is not None:
+            when, since = parse_utc(signed_at or ""), parse_utc(revoked.revoked_at)
+            if when is None or since is None or when >= since:
+                return SignerCheck(
+                    False,
+                    f"signed by {who}, which was revoked at {revoked.revoked_at} "
+                    f"({revoked.reason}); signatures from then on are refused",
+                    key,
+                ), True
+        if self.require_anchor and not key.anchor.anchored:
+            return SignerCheck(
+                False,
+                f"signed by {who}, which only the repository's own {TRUST_DIR} vouches "
+                f"for (unanchored): {UNANCHORED_ADVICE}",
+                key,
+            ), False
+        note = (
+            f"; key revoked at {revoked.revoked_at}, this was signed before"
+            if revoked is not None
+            else ""
+        )
+        if not key.anchor.anchored:
+            note += f"; passed unanchored, as {self.unanchored_allowed_by or 'allowed'} says"
+        return SignerCheck(True, f"signed by {who}, {key.describe_anchor()}{note}", key), False
 
 
 # -- reading the anchors ---------------------------------------------------------------

@@ -52,7 +52,7 @@ class FilePublisher(SignedPublisher):
 
     def _candidates(self) -> list[int]:
         # Every checkpoint file, signed or not: one without a manifest is named as skipped.
-        return [step for step, _ in RunDirectory(self.directory).checkpoints()]
+        return RunDirectory(self.directory).checkpoint_steps()
 
     def _where(self, step: int) -> Path:
         return self.directory / checkpoint_name(step)

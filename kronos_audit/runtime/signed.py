@@ -19,6 +19,7 @@ brought from the remote.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job
-from kronos_audit.errors import CheckpointError, LockHolder, RunLocked, UsageError
+from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.project.repository import Project, find_project
@@ -56,11 +57,12 @@ from kronos_audit.signing.writer_lock import (
     manifests_after,
     newest_manifest,
 )
-from kronos_audit.statement.manifest import Manifest
+from kronos_audit.statement.manifest import Manifest, read_signed_file_stat
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings
+from kronos_audit.verification.memo import ChainMemo, Entry, identity
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -123,6 +125,7 @@ class SignedPublisher(RunPublisher):
         # DVC's cache settings, read once at open (every rank tracks its own piece)
         self._cache: tuple[Path, tuple[str, ...]] | None = None
         self._lock: WriterLock | None = None  # rank 0's, for every rank
+        self._memo: ChainMemo | None = None  # rank 0's: what it verified of the chain
         # Rank 0: the newest manifest in the directory as it last saw it (a commit signs
         # only while it is still the newest: no other writer signed meanwhile).
         self._newest: Newest | None = None
@@ -238,6 +241,9 @@ class SignedPublisher(RunPublisher):
                 )
                 self._cache = signer.cache
                 key = signer.key
+                self._memo = ChainMemo.for_run(
+                    key.private_key.private_bytes_raw(), self.run_id, self.directory
+                )
                 public = (key.private_key.public_key().public_bytes_raw(), key.name)
                 # One writer per run: held until close(), once the last commit is
                 # through. Taken after the git state is recorded (the lock's git-ignore
@@ -319,7 +325,7 @@ class SignedPublisher(RunPublisher):
     def verifier(self) -> Verifier:
         """What a restore verifies with: an anchored signer, or this run's own key (the
         one rank 0 signs with)."""
-        return run_verifier(self._opened(), self._public, self._public_name)
+        return run_verifier(self._opened(), self._public, self._public_name, self._memo)
 
     def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path] | None:
         if self._signer is None:
@@ -344,7 +350,9 @@ class SignedPublisher(RunPublisher):
             reason, agreed = self._plan(verifier, step, manifest)
             if reason is not None:
                 return reason, None
-            first = True
+            # The chain once per rank; on a directory every rank shares, rank 0's check of
+            # it is every rank's (a failure there is told to every rank by the vote).
+            first = self.rank == 0 or self.node_local
             for old in self.reads(agreed):
                 result = verifier.verify(manifest, ranks=[old], chain=first)
                 first = False
@@ -553,9 +561,39 @@ class SignedPublisher(RunPublisher):
             pruned=pruned,
         )
         manifest = self._sign(job, piece, record)
+        self._remember(manifest)
         self._parent, self._parent_step = manifest, job.step
         self._newest = Newest(job.step, manifest.path, manifest.digest)
         self._to_prune = [p.step for p in pruned]
+
+    def _remember(self, manifest: Manifest) -> None:
+        """Rank 0: note in the chain memo the manifest just signed over the parent in hand
+        (:mod:`~kronos_audit.verification.memo`), as the file it was written to, read back
+        (a file changed before that is never taken for it)."""
+        memo, signer = self._memo, self._signer
+        if memo is None or signer is None:
+            return
+        name = memo.name_of(manifest.path)
+        try:
+            data, st = read_signed_file_stat(manifest.path)
+        except Error:
+            return
+        if name is None or hashlib.sha256(data).hexdigest() != manifest.digest:
+            return
+        memo.remember(
+            [
+                Entry(
+                    manifest.digest,
+                    manifest.parent,
+                    manifest.run,
+                    manifest.step,
+                    name,
+                    identity(st),
+                    (signer.key.key_id,),
+                    manifest.record.created,
+                )
+            ]
+        )
 
     def _signing(self) -> tuple[Project, Signer]:
         project = self._opened()

@@ -23,6 +23,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import git_state, patch_note
 from kronos_audit.statement.predicate import GitRecord
 from kronos_audit.storage.tracking import cache_settings
+from kronos_audit.verification.memo import ChainMemo
 from kronos_audit.verification.verifier import Verifier
 
 if TYPE_CHECKING:
@@ -64,14 +65,17 @@ def load_signer(
     return Signer(signing, git, cache)
 
 
-def run_verifier(project: Project, public: Ed25519PublicKey, name: str) -> Verifier:
+def run_verifier(
+    project: Project, public: Ed25519PublicKey, name: str, memo: ChainMemo | None = None
+) -> Verifier:
     """The verifier a run's restore uses. Resuming certifies: the next step is signed with
     this run's key as the continuation of the one restored, so only an anchored signer
     counts, or this run's own key (``public``, named ``name``); a key only the work tree's
-    trust store vouches for does not."""
+    trust store vouches for does not. ``memo``: what the run's writer verified of its
+    chain before (rank 0's), so that only what is new is walked."""
     keyring = load_keyring(project.root, TrustOptions(require_anchor=True))
     keyring.add(public, name, Anchor.USER, "the key this run signs with")
-    return Verifier(project, keyring)
+    return Verifier(project, keyring, memo=memo)
 
 
 __all__ = ["Signer", "load_signer", "run_verifier"]

@@ -401,11 +401,15 @@ def newest_manifest(directory: Path, *, passed_over: Collection[Newest] = ()) ->
     that is not one of ``passed_over`` as it was then (the same bytes); None when there is
     none. A directory listing and a small bounded read a manifest: no checkpoint is read or
     hashed, and no manifest is verified (only compared)."""
-    found: list[tuple[int, str, Path]] = []
+    found: list[tuple[int, str, str]] = []
     run = RunDirectory(directory)
-    found.extend((step, path.name, path) for step, path in run.canonical_manifests())
-    found.extend((step, path.parent.name, path) for step, path in run.step_manifests())
-    for step, _, path in sorted(found, reverse=True):
+    found.extend((step, name, name) for step, name in run.canonical_manifest_names())
+    found.extend(
+        (step, path.parent.name, f"{path.parent.name}/{path.name}")
+        for step, path in run.step_manifests()
+    )
+    for step, _, name in sorted(found, reverse=True):
+        path = directory / name
         newest = Newest(step, path, _sha256(path))
         if newest not in passed_over:
             return newest
@@ -417,10 +421,15 @@ def manifests_after(directory: Path, step: int | None) -> frozenset[Newest]:
     are now: those a restore passed over (not valid, their data gone, or refused as a
     rollback), which the steps done again replace one by one."""
     run = RunDirectory(directory)
-    found = [*run.canonical_manifests(), *run.step_manifests()]
-    return frozenset(
-        Newest(s, path, _sha256(path)) for s, path in found if step is None or s > step
-    )
+    after = [
+        *(
+            (s, directory / name)
+            for s, name in run.canonical_manifest_names()
+            if step is None or s > step
+        ),
+        *((s, path) for s, path in run.step_manifests() if step is None or s > step),
+    ]
+    return frozenset(Newest(s, path, _sha256(path)) for s, path in after)
 
 
 def _sha256(path: Path) -> str:

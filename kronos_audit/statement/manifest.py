@@ -16,6 +16,7 @@ signed is encoded from a typed predicate by :func:`encode_statement`.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from kronos_audit._internal import strictjson
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
-from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular_stat
 from kronos_audit.checkpoint.directory import dvc_listing, encode_index, entry_problem, index_root
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, checkpoint_path_for
@@ -201,9 +202,15 @@ def read_signed_file(path: Path | str, what: str = "manifest") -> bytes:
     where it is found, not a pointer to one elsewhere. A FIFO, a device, a directory or a
     socket is refused at once, without blocking.
     """
+    return read_signed_file_stat(path, what)[0]
+
+
+def read_signed_file_stat(path: Path | str, what: str = "manifest") -> tuple[bytes, os.stat_result]:
+    """:func:`read_signed_file`, with the ``fstat`` of the file read (see
+    :func:`~kronos_audit._internal.safeio.read_regular_stat`)."""
     path = Path(path)
     try:
-        return read_regular(path, MANIFEST_LIMIT, follow_symlinks=False)
+        return read_regular_stat(path, MANIFEST_LIMIT, follow_symlinks=False)
     except UnsafeFile as e:
         if e.missing:
             raise ManifestError(f"{what} not found", path=path) from None

@@ -19,8 +19,9 @@ from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX, RunDirectory
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.anchors import Keyring, SignerCheck, load_keyring
 from kronos_audit.project.repository import Project
-from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
+from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file_stat
 from kronos_audit.verification import steps
+from kronos_audit.verification.memo import ChainMemo, Entry, Identity, identity
 from kronos_audit.verification.results import Check, CheckName
 
 
@@ -31,11 +32,15 @@ class ManifestCache:
 
     def __init__(self) -> None:
         self._by_digest: dict[str, Manifest] = {}
+        self.files: dict[Path, tuple[str, Identity]] = {}
+        """Each path read: the digest of the bytes last read there, and the identity of
+        the file they were read from (:mod:`~kronos_audit.verification.memo`)."""
 
     def read(self, path: Path | str) -> Manifest:
         path = Path(path)
-        data = read_signed_file(path)
+        data, st = read_signed_file_stat(path)
         digest = hashlib.sha256(data).hexdigest()
+        self.files[path] = (digest, identity(st))
         known = self._by_digest.get(digest)
         if known is None:
             known = self._by_digest[digest] = parse_manifest(data, path)
@@ -67,7 +72,11 @@ class ChainReader:
     project: Project
     keyring: Keyring | None = None
     cache: ManifestCache = field(default_factory=ManifestCache)
+    memo: ChainMemo | None = None
+    """What the run's writer verified of its chain before (a restore's: see
+    :mod:`~kronos_audit.verification.memo`); None: every chain is checked in full."""
     _chain: dict[str, Check] = field(default_factory=dict, init=False)
+    _signatures: dict[str, SignerCheck] = field(default_factory=dict, init=False)
     # For a manifest whose chain verified: (manifests in its chain, step of the first).
     _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
     _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
@@ -83,8 +92,13 @@ class ChainReader:
 
     def signature(self, manifest: Manifest) -> SignerCheck:
         """(1) Whether a key the keyring accepts signed ``manifest`` (at its ``created``
-        time)."""
-        return self.keys.check(manifest.envelope, manifest.record.created)
+        time): judged once per manifest (its digest), as a manifest and as a parent."""
+        known = self._signatures.get(manifest.digest)
+        if known is None:
+            known = self._signatures[manifest.digest] = self.keys.check(
+                manifest.envelope, manifest.record.created
+            )
+        return known
 
     # -- the directory of a run: siblings by digest, signed retention records ------------
 
@@ -161,10 +175,18 @@ class ChainReader:
         seen: set[str] = set()
         current = manifest
         verdict = Check.passed(CheckName.PARENT_LINK, "")
+        memo = self.memo
         while current.parent is not None:
             if current.digest in self._chain:
                 verdict = self._chain[current.digest]
                 break
+            if memo is not None and memo.knows(current.digest):
+                held = memo.chain(current.digest, self.keys.accepts)
+                if held is not None:
+                    self._extent[current.digest] = held
+                    self._chain[current.digest] = verdict = _verifies(*held)
+                    break
+                memo = None  # it does not hold below here: the rest is checked in full
             if current.digest in seen:
                 verdict = Check.failed(CheckName.PARENT_LINK, f"cycle at {current.path}")
                 break
@@ -180,14 +202,40 @@ class ChainReader:
             for i, m in enumerate(links):
                 n = len(links) - i + below
                 self._extent[m.digest] = (n, first_step)
-                self._chain[m.digest] = Check.passed(
-                    CheckName.PARENT_LINK,
-                    f"chain of {n} manifests back to step {first_step} verifies",
-                )
+                self._chain[m.digest] = _verifies(n, first_step)
+            if self.memo is not None:
+                self._remember([*links, current])
             return self._chain[manifest.digest]
         for m in links:
             self._chain[m.digest] = verdict
         return verdict
+
+    def _remember(self, verified: list[Manifest]) -> None:
+        """Add the manifests of a chain that verified to the memo, each as the file it was
+        read from (one not read here, or not signed by a key that counts, is left out)."""
+        assert self.memo is not None
+        entries = []
+        for m in verified:
+            read = self.cache.files.get(m.path)
+            name = self.memo.name_of(m.path)
+            signed = self.signature(m)
+            if read is None or read[0] != m.digest or name is None or signed.signer is None:
+                continue
+            if not signed.ok:
+                continue
+            entries.append(
+                Entry(
+                    m.digest,
+                    m.parent,
+                    m.run,
+                    m.step,
+                    name,
+                    read[1],
+                    (signed.signer.key_id,),
+                    m.record.created,
+                )
+            )
+        self.memo.remember(entries)
 
     def link(self, child: Manifest) -> tuple[Check, Manifest | None]:
         """(5) Check one link; return the parent only when the link holds."""
@@ -208,6 +256,12 @@ class ChainReader:
             return Check.failed(CheckName.PARENT_LINK, f"parent manifest unreadable: {e}"), None
         verdict = steps.parent_link(child, path.name, parent, self.signature(parent))
         return verdict, parent if verdict.ok else None
+
+
+def _verifies(length: int, first_step: int) -> Check:
+    return Check.passed(
+        CheckName.PARENT_LINK, f"chain of {length} manifests back to step {first_step} verifies"
+    )
 
 
 def inside(root: Path, relative: str) -> Path | None:

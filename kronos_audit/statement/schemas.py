@@ -63,43 +63,90 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     return validator
 
 
-_VALID_ENVIRONMENTS: dict[str, None] = {}
-"""The environment locks (their canonical JSON) of manifests that validated in this process:
-a run's manifests, and most manifests a process reads, carry the same lock, and checking
-its package list is most of the cost of checking a manifest."""
+_REPEATED = (
+    "environment",
+    "git",
+    "command",
+    "cwd",
+    "attributes",
+    "seeds",
+    "rng",
+    "writer",
+    "scheduler",
+    "format",
+    "restart_count",
+)
+"""The predicate's fields that most manifests a process reads share with others (those of
+one run, mostly): the environment lock's hundreds of package versions above all."""
 
-_VALID_ENVIRONMENTS_KEPT = 64
+_VALID: dict[str, dict[str, None]] = {name: {} for name in _REPEATED}
+"""For each of those fields, the values (their JSON) that validated in this process."""
+
+_VALID_KEPT = 64
 
 
-def _environment_key(document: Any) -> str | None:
-    """The canonical JSON of a manifest statement's environment lock, if it has one."""
+def _predicate_keys(document: Any) -> dict[str, str]:
+    """The JSON of each of the :data:`_REPEATED` fields a manifest statement has."""
     try:
-        environment = document["predicate"]["environment"]
+        predicate = document["predicate"]
     except (KeyError, TypeError, IndexError):
-        return None
-    if not isinstance(environment, dict):
-        return None
-    try:
-        return json.dumps(environment, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        return None
+        return {}
+    if not isinstance(predicate, dict):
+        return {}
+    keys = {}
+    for name in _REPEATED:
+        if name in predicate:
+            try:
+                keys[name] = json.dumps(predicate[name], separators=(",", ":"), allow_nan=False)
+            except (TypeError, ValueError, RecursionError):
+                continue
+    return keys
 
 
-@functools.cache
-def _validator_for_a_valid_environment() -> jsonschema.protocols.Validator:
-    """The manifest schema with the environment lock's subschema ``true``: for a statement
-    whose lock is one that validated before. Nothing in the schema relates the lock to
-    another field, so this validator finds exactly the errors the full one would."""
+@functools.lru_cache(maxsize=32)
+def _validator_without(known: frozenset[str]) -> jsonschema.protocols.Validator:
+    """The manifest schema with the subschemas of the predicate's fields ``known`` made
+    ``true``: for a statement whose values there validated before. Nothing in the schema
+    relates one of the predicate's fields to another, so this validator finds exactly the
+    errors the full one would."""
     import jsonschema
 
     s = copy.deepcopy(schema(MANIFEST_SCHEMA))
-    s["$id"] = s["$id"].removesuffix(".schema.json") + "-known-environment.schema.json"
-    s["$defs"]["predicate"]["properties"]["environment"] = True
+    s["$id"] = s["$id"].removesuffix(".schema.json") + "-known-" + "-".join(sorted(known))
+    for name in known:
+        s["$defs"]["predicate"]["properties"][name] = True
+    s = _inlined(s, s)
     cls = jsonschema.validators.validator_for(s)
     validator: jsonschema.protocols.Validator = cls(
         s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
     )
     return validator
+
+
+_ANNOTATIONS = frozenset({"$ref", "description", "$comment"})
+
+
+def _inlined(node: Any, root: dict[str, Any], depth: int = 0) -> Any:
+    """``node`` with each reference into ``root`` (``#/...``) that has nothing but
+    annotations beside it replaced by what it refers to: the same documents valid, with
+    the same errors, without a reference looked up per document (most of the cost of a
+    small schema's check). The manifest schema's references do not recurse."""
+    if depth > 32:
+        raise RecursionError("the schema's references recurse")
+    if isinstance(node, list):
+        return [_inlined(v, root, depth) for v in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/") and set(node) <= _ANNOTATIONS:
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target[part.replace("~1", "/").replace("~0", "~")]
+        inlined = _inlined(target, root, depth + 1)
+        if isinstance(inlined, dict):
+            inlined = {**inlined, **{k: v for k, v in node.items() if k != "$ref"}}
+        return inlined
+    return {k: _inlined(v, root, depth) for k, v in node.items()}
 
 
 def validate(
@@ -112,22 +159,28 @@ def validate(
     """Raise ManifestError naming the first schema violation (deepest first) and where;
     ``what`` names the document in the message when there is no path to name.
 
-    A manifest statement whose environment lock is one already found valid in this
-    process is checked against the rest of the schema only (the same errors, found
-    without checking the lock's hundreds of package versions again)."""
+    A manifest statement's fields that most manifests share (:data:`_REPEATED`: the
+    environment lock, the git state, the command ...) are checked once per value in this
+    process: a statement whose value there is one already found valid is checked against
+    the rest of the schema only (the same errors, found without checking the lock's
+    hundreds of package versions again)."""
     prefix = f"{what}: " if what else ""
     validator = _validator(schema_name)
-    environment = _environment_key(document) if schema_name == MANIFEST_SCHEMA else None
-    if environment is not None and environment in _VALID_ENVIRONMENTS:
-        validator = _validator_for_a_valid_environment()
+    keys = _predicate_keys(document) if schema_name == MANIFEST_SCHEMA else {}
+    known = frozenset(name for name, key in keys.items() if key in _VALID[name])
+    if schema_name == MANIFEST_SCHEMA:
+        validator = _validator_without(known)
     try:
         errors = sorted(validator.iter_errors(document), key=lambda e: e.path)
     except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
         raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
-    if not errors and environment is not None:
-        if len(_VALID_ENVIRONMENTS) >= _VALID_ENVIRONMENTS_KEPT:
-            _VALID_ENVIRONMENTS.clear()
-        _VALID_ENVIRONMENTS[environment] = None
+    if not errors:
+        for name, key in keys.items():
+            valid = _VALID[name]
+            if key not in valid:
+                if len(valid) >= _VALID_KEPT:
+                    valid.clear()
+                valid[key] = None
     if errors:
         import jsonschema
 

@@ -134,3 +134,28 @@ def test_the_dcp_benchmark_saves_plain_and_signed_on_two_ranks_and_judges_both(
     assert set(result["ratios"]) == {"signed wall", "signed cpu", "files wall", "files cpu"}
     assert out.count("PASS") + out.count("MISS") == 4  # timings vary: judged, not asserted
     assert "baseline: hashing one rank's" in out
+
+
+def test_the_long_run_benchmark_prints_every_figure_beside_its_baseline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_long_run
+
+    figures = bench_long_run.main(["--quick"])
+    out = capsys.readouterr().out
+    for key in ("commit_10", "commit_n", "restore_10", "restore_n", "restore_n_full"):
+        assert figures[key] > 0, figures
+    for key in ("verify_mid", "verify_n", "status_n", "log_n", "ranks_early", "ranks_n"):
+        assert figures[key] > 0, figures
+    # timings vary: each ratio printed and judged, never asserted
+    for line in (
+        "per-checkpoint cost at 20",
+        "restore after 20 (this process)",
+        "kaudit verify of 14 checkpoints",
+        "multi-rank commit at step 8",
+    ):
+        (row,) = [r for r in out.splitlines() if line in r]
+        assert "PASS" in row or "MISS" in row, row
+    assert "restore after 20, no chain memo" in out
+    assert "kaudit status of 20 checkpoints" in out
+    assert "kaudit log of 20 checkpoints" in out

@@ -289,6 +289,8 @@ def _checkpoints(directory: Path) -> list[tuple[int, str]]:
     """Every checkpoint file in ``directory`` (any spelling), in (step, name) order."""
     found = []
     for entry in _entries(directory):
+        if not entry.name.endswith(CHECKPOINT_SUFFIX):
+            continue
         match = _ANY_CHECKPOINT.fullmatch(entry.name)
         if match is not None and (step := _number(match[1])) is not None:
             found.append((step, entry.name))
@@ -403,6 +405,8 @@ class RunDirectory:
         """:meth:`canonical_manifests` as (step, file name), in that order."""
         found = []
         for entry in _entries(self.path):
+            if not entry.name.endswith(MANIFEST_SUFFIX):
+                continue
             match = _CANONICAL_MANIFEST.fullmatch(entry.name)
             if match is not None and (step := _canonical(match[1])) is not None:
                 found.append((step, entry.name))

@@ -373,7 +373,12 @@ class Keyring:
     def accepts(self, kid: KeyId, signed_at: str | None) -> bool:
         """Whether a signature by key ``kid``, made at ``signed_at``, counts with this
         keyring (as :meth:`check` judges a signature that verifies under that key)."""
-        return kid in self.keys and self._judge(kid, signed_at)[0].ok
+        key = self.keys.get(kid)
+        if key is None:
+            return False
+        if kid not in self.revocations:  # then the time does not matter (see _judge)
+            return not self.require_anchor or key.anchor.anchored
+        return self._judge(kid, signed_at)[0].ok
 
     def _judge(self, kid: KeyId, signed_at: str | None) -> tuple[SignerCheck, bool]:
         """The verdict on a signature that verifies under key ``kid`` (one of

@@ -53,8 +53,8 @@ from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
 from kronos_audit.signing.writer_lock import (
     Newest,
     WriterLock,
+    after_and_newest,
     check_newest,
-    manifests_after,
     newest_manifest,
 )
 from kronos_audit.statement.manifest import Manifest, read_signed_file_stat
@@ -439,10 +439,9 @@ class SignedPublisher(RunPublisher):
             # or a rollback accepted) are done again; until each is replaced, the newest
             # manifest the next commit must find is the newest other one, with what a
             # remote resume brought.
-            self._passed_over = manifests_after(
+            self._passed_over, self._newest = after_and_newest(
                 self.directory, None if agreed is None else agreed.step
             )
-            self._newest = newest_manifest(self.directory, passed_over=self._passed_over)
             self._with_data = None  # listed again at the next commit
         return agreed
 

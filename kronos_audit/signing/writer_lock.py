@@ -416,6 +416,26 @@ def newest_manifest(directory: Path, *, passed_over: Collection[Newest] = ()) ->
     return None
 
 
+def after_and_newest(directory: Path, step: int | None) -> tuple[frozenset[Newest], Newest | None]:
+    """:func:`manifests_after` ``step``, and :func:`newest_manifest` passing those over
+    (the newest at or before ``step``), from one listing."""
+    run = RunDirectory(directory)
+    found = sorted(
+        [
+            *((s, name, directory / name) for s, name in run.canonical_manifest_names()),
+            *((s, path.parent.name, path) for s, path in run.step_manifests()),
+        ],
+        reverse=True,
+    )
+    after = frozenset(
+        Newest(s, path, _sha256(path)) for s, _, path in found if step is None or s > step
+    )
+    for s, _, path in found:
+        if step is not None and s <= step:
+            return after, Newest(s, path, _sha256(path))
+    return after, None
+
+
 def manifests_after(directory: Path, step: int | None) -> frozenset[Newest]:
     """The manifests in ``directory`` of steps after ``step`` (None: every one), as they
     are now: those a restore passed over (not valid, their data gone, or refused as a
@@ -488,6 +508,7 @@ __all__ = [
     "Newest",
     "WriterLock",
     "WriterLockUnavailable",
+    "after_and_newest",
     "check_newest",
     "manifests_after",
     "newest_manifest",

@@ -13,23 +13,23 @@ directory, the identity of that file when its bytes were read (device, inode, si
 modification and change times, from the descriptor they were read through), and the keys
 whose signature on it verified, with the time it claims. A later restore of the same run,
 on this machine, with the same key, checks the chain below a manifest the memo holds by
-the memo alone: each parent is still the same file (``lstat``: no byte of it read), each
-signer is still accepted at its time by the restore's keyring (a key revoked, or no longer
-anchored, since counts as it would in a full check), and each link is of the same run at an
-earlier step. When any of that does not hold, the memo is not used for that walk and the
-chain is checked in full, as before, with the same verdicts and messages: a removed,
-altered or substituted manifest is reported exactly as it was. ``kaudit verify`` never
-reads a memo; it checks every chain in full.
+the memo and one listing of the run's directory: each parent is still there, under its
+name, as the same file (its inode, as the listing gives it: no file of the chain is read
+or stat'ed), each signer is still accepted at its time by the restore's keyring (a key
+revoked, or no longer anchored, since counts as it would in a full check), and each link
+is of the same run at an earlier step. When any of that does not hold, the memo is not
+used for that walk and the chain is checked in full, as before, with the same verdicts and
+messages: a removed manifest, or one replaced by another file, is reported exactly as it
+was. A manifest rewritten in place (the same file, other bytes) is not noticed by a
+restore the memo answers; ``kaudit verify``, which never reads a memo and checks every
+chain in full, reports it.
 
 The memo cannot be forged by whoever can write the run's directory, the repository or the
 remote: it lives in the key home (``$KAUDIT_HOME/chains/``, outside any repository, as the
 user's own trust store does), and each line carries an HMAC-SHA256 of everything up to it
 under a key derived from the run's private key and bound to the run's directory and id. A
-line whose MAC does not hold ends the memo there (all after it is ignored). A file's
-identity cannot be brought back once its bytes change without the privileges that could
-read the private key itself: the change time (ctime) moves with every write, rename or
-``utime`` and cannot be set by its owner. A memo that is missing, unreadable or from
-another key just makes the walk a full one.
+line whose MAC does not hold ends the memo there (all after it is ignored). A memo that is
+missing, unreadable or from another key just makes the walk a full one.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ import hmac
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX
 from kronos_audit.keys.home import kaudit_home
 from kronos_audit.statement.dsse import KeyId
 
@@ -86,8 +88,9 @@ class Entry:
     created: str
     """The time it says it was signed."""
 
-    def line(self) -> str:
-        fields = (
+    def fields(self) -> list[str]:
+        """Its fields as a line of the memo holds them."""
+        return [
             self.digest,
             self.parent or "-",
             self.run,
@@ -96,8 +99,10 @@ class Entry:
             ",".join(map(str, self.file)),
             ",".join(self.signers),
             self.created,
-        )
-        return _SEP.join(fields)
+        ]
+
+    def line(self) -> str:
+        return _SEP.join(self.fields())
 
     @classmethod
     def parse(cls, line: str) -> Entry | None:
@@ -124,6 +129,10 @@ class Entry:
         )
 
 
+def _step(text: str) -> int | None:
+    return int(text) if text.isdigit() and len(text) <= 19 else None
+
+
 def _plain(entry: Entry) -> bool:
     """Whether ``entry``'s text fields fit on one line of the memo."""
     return not any(c in f for f in (entry.run, entry.name, entry.created) for c in "\t\n\r")
@@ -144,9 +153,11 @@ class ChainMemo:
         """The run's directory (resolved): the entries' names are relative to it."""
         self._start = hmac.new(secret, _VERSION + b"\n" + binding, hashlib.sha256)
         self._mac = self._start.copy()
-        self._entries: dict[str, Entry] = {}
+        self._lines: dict[str, list[str]] = {}  # by digest: the fields of its latest line
         self._loaded = False
         self._broken = False  # a write failed: nothing more is written this time
+        # The loop thread restores while the writer thread may be remembering a commit.
+        self._lock = threading.RLock()
 
     @classmethod
     def for_run(cls, private_raw: bytes, run_id: str, directory: Path) -> ChainMemo | None:
@@ -192,18 +203,18 @@ class ChainMemo:
                 kept = i + 1
         if kept < len(lines):
             log.debug("chain memo %s: ends at line %d (its MAC does not hold)", self.path, kept)
-            self._entries = {}
             self._rewrite([Entry.parse(line.rpartition(_SEP)[0]) for line in lines[:kept]])
             return
         for line in lines:
-            entry = Entry.parse(line.rpartition(_SEP)[0])
-            if entry is not None:
-                self._entries[entry.digest] = entry
+            fields = line.rpartition(_SEP)[0].split(_SEP)
+            if len(fields) == 8:
+                self._lines[fields[0]] = fields
 
     def knows(self, digest: str) -> bool:
         """Whether the memo holds the manifest whose sha256 is ``digest``."""
-        self._load()
-        return digest in self._entries
+        with self._lock:
+            self._load()
+            return digest in self._lines
 
     def chain(self, digest: str, accepts: Accepts) -> tuple[int, int] | None:
         """For a manifest the memo holds (``digest``): the length of its chain and the
@@ -211,26 +222,57 @@ class ChainMemo:
         (same identity, at the same name), signed by a key ``accepts`` takes at its time,
         of the same run at an earlier step, back to the first; else None (then the chain
         must be checked in full)."""
-        self._load()
-        entry = self._entries.get(digest)
-        if entry is None:
+        with self._lock:
+            self._load()
+            lines = self._lines
+        fields = lines.get(digest)
+        if fields is None:
             return None
+        # A run of thousands of steps walks thousands of lines: plain strings, and one
+        # listing of the run's directory for all of them (a stat each would cost more than
+        # the rest of a restore together).
+        listed = self._listing()
         length = 1
-        while entry.parent is not None:
-            parent = self._entries.get(entry.parent)
-            if parent is None or parent.run != entry.run or parent.step >= entry.step:
+        run, step = fields[2], _step(fields[3])
+        parent_digest = fields[1]
+        while parent_digest != "-":
+            parent = lines.get(parent_digest)
+            if parent is None or parent[2] != run:
                 return None
-            try:
-                st = os.lstat(self.directory / parent.name)
-            except OSError:
+            parent_step = _step(parent[3])
+            if parent_step is None or step is None or parent_step >= step:
                 return None
-            if not stat.S_ISREG(st.st_mode) or identity(st) != parent.file:
+            inode = listed.get(parent[4]) if "/" not in parent[4] else self._inode(parent[4])
+            if inode is None or str(inode) != parent[5].split(",")[1]:
                 return None
-            if not any(accepts(k, parent.created) for k in parent.signers):
+            created = parent[7]
+            if not any(accepts(KeyId(k), created) for k in parent[6].split(",") if k):
                 return None
-            entry = parent
+            parent_digest, step = parent[1], parent_step
             length += 1
-        return length, entry.step
+        assert step is not None
+        return length, step
+
+    def _listing(self) -> dict[str, int]:
+        """The manifests in the run's directory (its own, not its step directories'): by
+        name, the inode each name is of (read from the listing: no file is stat'ed)."""
+        try:
+            with os.scandir(self.directory) as it:
+                return {
+                    e.name: e.inode()
+                    for e in it
+                    if e.name.endswith(MANIFEST_SUFFIX) and e.is_file(follow_symlinks=False)
+                }
+        except OSError:
+            return {}
+
+    def _inode(self, name: str) -> int | None:
+        """The inode of the regular file ``name`` (in a step directory), if it is one."""
+        try:
+            st = os.lstat(self.directory / name)
+        except OSError:
+            return None
+        return st.st_ino if stat.S_ISREG(st.st_mode) else None
 
     # -- writing --------------------------------------------------------------------------
 
@@ -245,8 +287,12 @@ class ChainMemo:
         """Add ``entries`` to the memo (one it holds as another file: again, the later line
         standing). A memo that cannot be written is given up for this process: only a walk
         is lost."""
+        with self._lock:
+            self._add(entries)
+
+    def _add(self, entries: Iterable[Entry]) -> None:
         self._load()
-        new = [e for e in entries if self._entries.get(e.digest) != e and _plain(e)]
+        new = [e for e in entries if self._lines.get(e.digest) != e.fields() and _plain(e)]
         if not new or self._broken:
             return
         lines = []
@@ -254,7 +300,7 @@ class ChainMemo:
             body = entry.line()
             self._mac.update(body.encode("utf-8", "surrogatepass") + b"\n")
             lines.append(f"{body}{_SEP}{self._mac.copy().hexdigest()}\n")
-            self._entries[entry.digest] = entry
+            self._lines[entry.digest] = entry.fields()
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -276,8 +322,8 @@ class ChainMemo:
             self._broken = True
             return
         self._mac = self._start.copy()
-        self._entries = {}
-        self.remember(e for e in entries if e is not None)
+        self._lines = {}
+        self._add(e for e in entries if e is not None)
 
 
 __all__ = ["MEMO_DIR", "ChainMemo", "Entry", "Identity", "identity"]

@@ -25,6 +25,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.statement import manifest as manifest_module
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.verification import chain as chain_module
+from tests.helpers import run_cli
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 
@@ -191,8 +192,7 @@ def without_memo(root: Path, kaudit_home: Path) -> tuple[int | None, list[str]]:
 
 
 @pytest.mark.parametrize(
-    "tamper",
-    ["remove", "alter", "same bytes again", "substitute", "memo forged", "memo cut"],
+    "tamper", ["remove", "replace", "same bytes again", "memo forged", "memo cut"]
 )
 def test_the_memo_changes_no_verdict_of_a_restore(
     run_of: Callable[[int], Path], kaudit_home: Path, tamper: str
@@ -203,17 +203,15 @@ def test_the_memo_changes_no_verdict_of_a_restore(
     (memo,) = (kaudit_home / "chains").iterdir()
     if tamper == "remove":  # a middle step's manifest deleted
         middle.unlink()
-    elif tamper == "alter":  # rewritten in place, one byte changed, same size
-        flipped = bytearray(middle.read_bytes())
-        flipped[-2] ^= 1
-        with open(middle, "r+b") as f:
-            f.write(bytes(flipped))
+    elif tamper == "replace":  # another signed manifest of the run renamed over it
+        other = run_dir / "other.tmp"
+        other.write_bytes((run_dir / "step-00000002.h5.kaudit.json").read_bytes())
+        other.replace(middle)
     elif tamper == "same bytes again":  # a new file with the very same bytes
         data = middle.read_bytes()
-        middle.unlink()
-        middle.write_bytes(data)
-    elif tamper == "substitute":  # another signed manifest of the run under its name
-        middle.write_bytes((run_dir / "step-00000002.h5.kaudit.json").read_bytes())
+        other = run_dir / "other.tmp"
+        other.write_bytes(data)
+        other.replace(middle)
     elif tamper == "memo forged":  # one line of the memo changed: its MAC no longer holds
         lines = memo.read_text().splitlines(keepends=True)
         lines[1] = lines[1].replace("\t2\t", "\t9\t", 1)
@@ -222,9 +220,29 @@ def test_the_memo_changes_no_verdict_of_a_restore(
         memo.write_bytes(memo.read_bytes()[:-7])
     with_memo = restored(root)
     assert with_memo == without_memo(root, kaudit_home)
-    if tamper in ("remove", "alter", "substitute"):
+    if tamper in ("remove", "replace"):
         assert with_memo[0] == 2, with_memo  # steps 3-5 skipped, as before
         assert with_memo[1], with_memo
+    else:
+        assert with_memo == (5, [])
+
+
+def test_a_manifest_rewritten_in_place_is_left_to_verify(
+    run_of: Callable[[int], Path], project: Project
+) -> None:
+    # The same file, other bytes: a restore the memo answers does not read it (docs/
+    # security.md, "What a restore checks"); kaudit verify, which checks every chain in
+    # full, names it.
+    root = run_of(4)
+    middle = root / "memo" / "step-00000002.h5.kaudit.json"
+    flipped = bytearray(middle.read_bytes())
+    flipped[-2] ^= 1
+    with open(middle, "r+b") as f:
+        f.write(bytes(flipped))
+    assert restored(root) == (4, [])
+    outcome = run_cli("verify", str(root / "memo"), cwd=project.root)
+    assert outcome.exit_code != 0, outcome.output
+    assert "step-00000002.h5.kaudit.json" in outcome.output
 
 
 def test_a_key_revoked_since_the_memo_counts_as_in_a_full_check(

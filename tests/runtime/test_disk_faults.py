@@ -297,7 +297,9 @@ def test_dvc_cache_full_leaves_no_checkpoint_untracked_and_says_so(
     config.write_text(
         config.read_text().replace("[cache]", "[cache]\n    dir = ../checkpoints/.cache", 1)
     )
-    subprocess.run(["dvc", "config", "cache.type", "copy"], cwd=project.root, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "config", "cache.type", "copy"], cwd=project.root, check=True
+    )
     assert "../checkpoints/.cache" in config.read_text()
     run_dir = project.root / "checkpoints" / "disk"
     proc = start(project.root, "async")
@@ -345,7 +347,11 @@ def test_read_only_dvc_cache_leaves_no_checkpoint_untracked_and_says_so(
     subprocess.run(["rm", "-rf", str(project.root / "checkpoints")], check=True)
     # The run's directory stays writable; the cache's file system turns read-only.
     cache_fs = tmpfs(project.root / "cache", 4 * STEPS * usage)
-    subprocess.run(["dvc", "cache", "dir", str(cache_fs.where)], cwd=project.root, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "cache", "dir", str(cache_fs.where)],
+        cwd=project.root,
+        check=True,
+    )
     run_dir = project.root / "checkpoints" / "disk"
     proc = paused_before_the_failing_step(project, "async")
     cache_fs.remount("ro")

@@ -83,6 +83,7 @@ _VALID: dict[str, dict[str, None]] = {name: {} for name in _REPEATED}
 """For each of those fields, the values (their JSON) that validated in this process."""
 
 _VALID_KEPT = 64
+_DATASETS_REF = "#/$defs/predicate/properties/datasets"
 
 
 def _predicate_keys(document: Any) -> dict[str, str]:
@@ -103,24 +104,114 @@ def _predicate_keys(document: Any) -> dict[str, str]:
     return keys
 
 
+def _moved_refs(node: Any) -> None:
+    """Every reference to the predicate's ``datasets`` (a directory step's files have
+    theirs) pointed at the copy kept under ``$defs/datasets``, in place."""
+    if isinstance(node, dict):
+        if node.get("$ref") == _DATASETS_REF:
+            node["$ref"] = "#/$defs/datasets"
+        for value in node.values():
+            _moved_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            _moved_refs(value)
+
+
 @functools.lru_cache(maxsize=32)
-def _validator_without(known: frozenset[str]) -> jsonschema.protocols.Validator:
+def _validator_without(
+    known: frozenset[str], datasets_checked: bool = False
+) -> jsonschema.protocols.Validator:
     """The manifest schema with the subschemas of the predicate's fields ``known`` made
-    ``true``: for a statement whose values there validated before. Nothing in the schema
-    relates one of the predicate's fields to another, so this validator finds exactly the
-    errors the full one would."""
+    ``true``: for a statement whose values there validated before; with
+    ``datasets_checked``, each item of the predicate's ``datasets`` too, for a statement
+    whose items :func:`_datasets_valid` found valid (a directory step's files keep the
+    full item schema). Nothing in the schema relates one of the predicate's fields to
+    another, so this validator finds exactly the errors the full one would."""
     import jsonschema
 
     s = copy.deepcopy(schema(MANIFEST_SCHEMA))
-    s["$id"] = s["$id"].removesuffix(".schema.json") + "-known-" + "-".join(sorted(known))
+    suffix = "-known-" + "-".join(sorted(known))
+    suffix += "-checked-datasets" if datasets_checked else ""
+    s["$id"] = s["$id"].removesuffix(".schema.json") + suffix
+    properties = s["$defs"]["predicate"]["properties"]
     for name in known:
-        s["$defs"]["predicate"]["properties"][name] = True
+        properties[name] = True
+    if datasets_checked:
+        s["$defs"]["datasets"] = properties["datasets"]
+        _moved_refs(s)
+        properties["datasets"] = {"type": ["array", "null"]}
     s = _inlined(s, s)
     cls = jsonschema.validators.validator_for(s)
     validator: jsonschema.protocols.Validator = cls(
         s, registry=_registry(), format_checker=cls.FORMAT_CHECKER
     )
     return validator
+
+
+_ENTRY_KEYS = frozenset({"path", "dtype", "shape", "sha256", "attributes", "extent"})
+_ENTRY_REQUIRED = frozenset({"path", "dtype", "shape", "sha256"})
+_ATTRIBUTE_KEYS = frozenset({"dtype", "shape", "sha256"})
+_HEX = frozenset("0123456789abcdef")
+_MAX_ATTRIBUTES = 64
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _digest_valid(entry: dict[str, Any]) -> bool:
+    """``dtype``, ``shape`` and ``sha256`` as the schema has them (a dataset's, or one of
+    its attributes')."""
+    dtype, shape, sha = entry["dtype"], entry["shape"], entry["sha256"]
+    return (
+        type(dtype) is str
+        and len(dtype) > 0
+        and (shape is None or (type(shape) is list and all(_count(n) for n in shape)))
+        and type(sha) is str
+        and len(sha) == 64
+        and _HEX.issuperset(sha)
+    )
+
+
+def _entry_valid(entry: Any) -> bool:
+    """Whether one item of a manifest's ``datasets`` is certainly valid by the schema.
+    Stricter than the schema where that is simpler (exact types: an integral float is an
+    integer to jsonschema; no final newline, which the schema's ``$`` lets through): an
+    item refused here is judged by jsonschema, so both agree on every item."""
+    if type(entry) is not dict:
+        return False
+    keys = entry.keys()
+    if not (_ENTRY_REQUIRED <= keys <= _ENTRY_KEYS):
+        return False
+    path = entry["path"]
+    if type(path) is not str or not path.startswith("/") or not _digest_valid(entry):
+        return False
+    if "extent" in keys:
+        extent = entry["extent"]
+        if type(extent) is not list or len(extent) != 2 or not all(_count(n) for n in extent):
+            return False
+    if "attributes" in keys:
+        attributes = entry["attributes"]
+        if type(attributes) is not dict or len(attributes) > _MAX_ATTRIBUTES:
+            return False
+        for value in attributes.values():
+            if type(value) is not dict or value.keys() != _ATTRIBUTE_KEYS:
+                return False
+            if not _digest_valid(value):
+                return False
+    return True
+
+
+def _datasets_valid(document: Any) -> bool:
+    """Whether the predicate's ``datasets`` is a list whose every item
+    :func:`_entry_valid` finds valid: then they need not be checked one by one by
+    jsonschema, which costs some 50 microseconds an item (a state of thousands of tensors
+    has as many)."""
+    try:
+        datasets = document["predicate"]["datasets"]
+    except (KeyError, TypeError, IndexError):
+        return False
+    return type(datasets) is list and all(_entry_valid(d) for d in datasets)
 
 
 _ANNOTATIONS = frozenset({"$ref", "description", "$comment"})
@@ -163,13 +254,15 @@ def validate(
     environment lock, the git state, the command ...) are checked once per value in this
     process: a statement whose value there is one already found valid is checked against
     the rest of the schema only (the same errors, found without checking the lock's
-    hundreds of package versions again)."""
+    hundreds of package versions again); likewise its datasets, once each is found valid
+    by a direct check of what the schema says of one (:func:`_entry_valid`; an item it
+    doubts is left to the schema)."""
     prefix = f"{what}: " if what else ""
     validator = _validator(schema_name)
     keys = _predicate_keys(document) if schema_name == MANIFEST_SCHEMA else {}
     known = frozenset(name for name, key in keys.items() if key in _VALID[name])
     if schema_name == MANIFEST_SCHEMA:
-        validator = _validator_without(known)
+        validator = _validator_without(known, _datasets_valid(document))
     try:
         errors = sorted(validator.iter_errors(document), key=lambda e: e.path)
     except RecursionError:  # readers refuse deep nesting first (load_json): a backstop

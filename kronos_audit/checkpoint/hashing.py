@@ -23,10 +23,12 @@ walk is :mod:`kronos_audit.checkpoint.links`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
 import io
+import math
 import mmap
 import os
 import stat
@@ -39,7 +41,8 @@ import h5py
 import numpy as np
 
 from kronos_audit._internal.progress import report
-from kronos_audit.checkpoint.links import list_datasets
+from kronos_audit.checkpoint.hdf5 import _proc_fd
+from kronos_audit.checkpoint.links import Found, list_datasets
 from kronos_audit.errors import CheckpointError, one_line
 
 BLOCK = 16 * 1024 * 1024
@@ -152,12 +155,43 @@ def _plain_descr(descr: list[Any]) -> list[Any]:
     return out
 
 
+def _plain(dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` is told from every other by equality alone: no fields, no
+    subarray, no metadata (numpy's equality ignores metadata, where h5py keeps an enum's
+    names and a string's encoding)."""
+    return dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
+
+
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+""":func:`dtype_name` of the plain dtypes met so far (a few, for thousands of datasets)."""
+
+
 def dtype_name(dtype: np.dtype[Any]) -> str:
+    name = _DTYPE_NAMES.get(dtype) if _plain(dtype) else None
+    if name is not None:
+        return name
     canon = canonical_dtype(dtype)
     if canon.fields:
         return str(_plain_descr(canon.descr))
     enum = h5py.check_enum_dtype(dtype)
-    return canon.str if enum is None else _enum_text(canon.str, enum)
+    name = canon.str if enum is None else _enum_text(canon.str, enum)
+    if _plain(dtype):
+        _DTYPE_NAMES[dtype] = name
+    return name
+
+
+_STANDARD_TYPES: dict[np.dtype[Any], Any] = {}
+"""The HDF5 type h5py writes for each plain dtype met so far."""
+
+
+def standard_type(dtype: np.dtype[Any]) -> Any:
+    """The HDF5 type h5py would write for ``dtype`` (``h5py.h5t.py_create``)."""
+    if not _plain(dtype):
+        return h5py.h5t.py_create(dtype)
+    tid = _STANDARD_TYPES.get(dtype)
+    if tid is None:
+        tid = _STANDARD_TYPES[dtype] = h5py.h5t.py_create(dtype)
+    return tid
 
 
 def canonical_bytes(array: np.ndarray[Any, Any], canon: np.dtype[Any]) -> memoryview:
@@ -187,8 +221,11 @@ def _hash_vlen(h: Any, values: np.ndarray[Any, Any]) -> None:
         h.update(b)
 
 
-def array_digest(path: str, array: np.ndarray[Any, Any]) -> DatasetDigest:
-    """Digest of an in-memory array, equal to that of the same data stored in HDF5."""
+def array_digest(
+    path: str, array: np.ndarray[Any, Any], *, extent: tuple[int, int] | None = None
+) -> DatasetDigest:
+    """Digest of an in-memory array, equal to that of the same data stored in HDF5;
+    ``extent``: where the file being written holds its canonical bytes (a writer's)."""
     kind = vlen_kind(array.dtype)
     h = hashlib.sha256()
     if kind is not None:
@@ -196,15 +233,20 @@ def array_digest(path: str, array: np.ndarray[Any, Any]) -> DatasetDigest:
         return DatasetDigest(path, kind, tuple(array.shape), h.hexdigest())
     if array.size:
         h.update(canonical_bytes(array, canonical_dtype(array.dtype)))
-    return DatasetDigest(path, dtype_name(array.dtype), tuple(array.shape), h.hexdigest())
+    return DatasetDigest(
+        path, dtype_name(array.dtype), tuple(array.shape), h.hexdigest(), extent=extent
+    )
 
 
-def _raw_extent(dset: h5py.Dataset) -> tuple[int, int] | None:
+def _raw_extent(found: Found) -> tuple[int, int] | None:
     """(offset, length) of a dataset whose stored bytes are its canonical bytes, else None."""
-    dt = dset.dtype
-    if dset.chunks is not None or dset.shape is None or dt.fields or dt.hasobject:
+    offset = found.offset
+    if offset is None:  # chunked, compact, virtual, external or unallocated
         return None
-    if dt.byteorder == ">" or vlen_kind(dt) is not None or dset.external:
+    dt = found.dtype
+    if found.shape is None or dt.fields or dt.hasobject:
+        return None
+    if dt.byteorder == ">" or vlen_kind(dt) is not None:
         return None
     # The stored bytes are what a reader gets only if HDF5 converts nothing on the way: the
     # stored type must be exactly the one h5py would write for this numpy dtype. An integer
@@ -212,17 +254,17 @@ def _raw_extent(dset: h5py.Dataset) -> tuple[int, int] | None:
     # fields, bias or padding, reads as other values from the same bytes; such datasets go
     # through h5py below, so their digest is that of the values a reader gets. One type
     # comparison per dataset keeps the standard case on the fast path.
-    if not dset.id.get_type().equal(h5py.h5t.py_create(dt)):
+    if not found.type.equal(standard_type(dt)):
         return None
-    offset = dset.id.get_offset()
-    length = dset.size * dt.itemsize
-    if offset is None or dset.id.get_storage_size() != length:
+    length = found.size * dt.itemsize
+    if found.id.get_storage_size() != length:
         return None
     return int(offset), int(length)
 
 
-def _blocks(dset: h5py.Dataset) -> Iterator[np.ndarray[Any, Any]]:
+def _blocks(found: Found) -> Iterator[np.ndarray[Any, Any]]:
     """The dataset in C-order blocks of whole leading-axis rows, through one reused buffer."""
+    dset = found.dataset
     shape = dset.shape
     if len(shape) == 0:
         yield np.asarray(dset[()])
@@ -239,32 +281,35 @@ def _blocks(dset: h5py.Dataset) -> Iterator[np.ndarray[Any, Any]]:
         yield out
 
 
+_EMPTY_SHA256 = hashlib.sha256().hexdigest()
+
+
 def _dataset_digest(
-    dset: h5py.Dataset,
+    found: Found,
     view: memoryview | None,
     known: Mapping[tuple[int, int], str] | None = None,
 ) -> DatasetDigest:
-    name = dset.name
-    if dset.shape is None:  # null dataspace: no elements at all
-        return DatasetDigest(name, dtype_name(dset.dtype), None, hashlib.sha256().hexdigest())
-    kind = vlen_kind(dset.dtype)
+    name = found.name
+    shape = found.shape
+    if shape is None:  # null dataspace: no elements at all
+        return DatasetDigest(name, dtype_name(found.dtype), None, _EMPTY_SHA256)
+    kind = vlen_kind(found.dtype)
     h = hashlib.sha256()
     if kind is not None:
-        for block in _blocks(dset):
+        for block in _blocks(found):
             _hash_vlen(h, np.asarray(block))
-        return DatasetDigest(name, kind, tuple(dset.shape), h.hexdigest())
-    extent = _raw_extent(dset) if view is not None else None
+        return DatasetDigest(name, kind, shape, h.hexdigest())
+    extent = _raw_extent(found) if view is not None else None
     if extent is not None and view is not None:
         hashed = None if known is None else known.get(extent)
         if hashed is None:
             hashed = _range_sha256(view, *extent)
-        shape = tuple(dset.shape)
-        return DatasetDigest(name, dtype_name(dset.dtype), shape, hashed, extent=extent)
-    if dset.size:
-        canon = canonical_dtype(dset.dtype)
-        for block in _blocks(dset):
+        return DatasetDigest(name, dtype_name(found.dtype), shape, hashed, extent=extent)
+    if found.size:
+        canon = canonical_dtype(found.dtype)
+        for block in _blocks(found):
             h.update(canonical_bytes(block, canon))
-    return DatasetDigest(name, dtype_name(dset.dtype), tuple(dset.shape), h.hexdigest())
+    return DatasetDigest(name, dtype_name(found.dtype), shape, h.hexdigest())
 
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -391,6 +436,23 @@ class OpenFile:
                 self._view = memoryview(b"")
         return self._view
 
+    def array_at(
+        self, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]
+    ) -> np.ndarray[Any, Any]:
+        """The array of ``dtype`` and ``shape`` whose bytes start at ``offset``: a view of
+        the private copy when there is one and the view is aligned for ``dtype`` (it is
+        writable, and keeps the copy alive), else a copy of the bytes. ValueError for
+        bytes past the end."""
+        count = math.prod(shape)
+        if self._image is not None:
+            array = np.frombuffer(self._image, dtype=dtype, count=count, offset=offset)
+            return (array if array.flags.aligned else array.copy()).reshape(shape)
+        raw = self.view()[offset : offset + count * dtype.itemsize]
+        try:
+            return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape).copy()
+        finally:
+            raw.release()
+
     def sha256(self, *, progress: bool = True) -> str:
         """The sha256 of its bytes (progress reported as :data:`HASHING_PHASE`)."""
         return _whole(self.view(), "sha256", progress=progress)
@@ -398,6 +460,14 @@ class OpenFile:
     def h5(self) -> h5py.File:
         """Its HDF5 content, opened over the same bytes (once; closed with this file).
         CheckpointError if it is not a readable HDF5 file."""
+        if self._h5 is None and self._image is None:
+            # HDF5's own driver on /proc/self/fd/N: the very file this descriptor holds,
+            # whatever its name now points at, read as fast as by its name (h5py's
+            # file-object driver makes each of HDF5's many small reads a Python call).
+            proc = _proc_fd(self._fd)
+            if proc is not None:
+                with contextlib.suppress(OSError):  # told below, through the descriptor
+                    self._h5 = h5py.File(proc, "r", locking=False)
         if self._h5 is None:
             image = memoryview(self._image) if self._image is not None else None
             try:
@@ -598,7 +668,7 @@ def _whole(view: memoryview, algorithm: str, *, progress: bool = False) -> str:
     return h.hexdigest()
 
 
-def _listing(opened: OpenFile) -> dict[Any, tuple[h5py.Dataset, list[str]]]:
+def _listing(opened: OpenFile) -> dict[Any, tuple[Found, list[str]]]:
     f = opened.h5()
     try:
         return list_datasets(f, opened.path)
@@ -612,7 +682,7 @@ def _datasets_of(
     opened: OpenFile,
     view: memoryview,
     bound: dict[str, DatasetDigest] | None = None,
-    objects: dict[Any, tuple[h5py.Dataset, list[str]]] | None = None,
+    objects: dict[Any, tuple[Found, list[str]]] | None = None,
     known: Mapping[tuple[int, int], str] | None = None,
 ) -> tuple[DatasetDigest, ...]:
     """Every dataset's digest under each of its names; with ``bound``, only those with a
@@ -622,9 +692,8 @@ def _datasets_of(
     for d, names in (_listing(opened) if objects is None else objects).values():
         try:
             if bound is not None and not any(_fits(d, bound.get(n)) for n in names):
-                shape = None if d.shape is None else tuple(d.shape)
                 kind = vlen_kind(d.dtype)
-                digest = DatasetDigest(d.name, kind or dtype_name(d.dtype), shape, "")
+                digest = DatasetDigest(d.name, kind or dtype_name(d.dtype), d.shape, "")
             else:
                 digest = _dataset_digest(d, view, known)
         except (OSError, RuntimeError, ValueError, TypeError) as e:
@@ -633,16 +702,18 @@ def _datasets_of(
                 path=opened.path,
                 dataset=names[0],
             ) from None
-        out.extend(dataclasses.replace(digest, path=name) for name in names)
+        if len(names) == 1 and digest.path == names[0]:
+            out.append(digest)
+        else:
+            out.extend(dataclasses.replace(digest, path=name) for name in names)
     return tuple(sorted(out, key=lambda d: d.path))
 
 
-def _fits(dset: h5py.Dataset, recorded: DatasetDigest | None) -> bool:
+def _fits(found: Found, recorded: DatasetDigest | None) -> bool:
     if recorded is None:
         return False
-    shape = None if dset.shape is None else tuple(dset.shape)
-    name = vlen_kind(dset.dtype) or dtype_name(dset.dtype)
-    return shape == recorded.shape and name == recorded.dtype
+    name = vlen_kind(found.dtype) or dtype_name(found.dtype)
+    return found.shape == recorded.shape and name == recorded.dtype
 
 
 def _digest_mapped(opened: OpenFile, md5: bool) -> FileDigests:

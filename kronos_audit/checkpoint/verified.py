@@ -14,6 +14,8 @@ its signed digest).
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from kronos_audit.checkpoint.hashing import (
     open_file,
     vlen_kind,
 )
+from kronos_audit.checkpoint.links import Found
 from kronos_audit.errors import CheckpointError
 
 PRIVATE_COPY = 256 * 1024 * 1024
@@ -121,23 +124,134 @@ def read_verified(
     shape before it is read (no more is allocated than the signed data holds) and the
     digest of the values decoded is compared with the signed one: what is returned is
     exactly what was signed. CheckpointError naming the dataset otherwise.
+
+    A contiguous dataset of a file read into its private copy is not copied again: its
+    array is a view of that copy (which nobody else can change), so a state is in memory
+    once; the arrays are writable, and keep the copy alive.
     """
+    if group == "/" and not exclude:
+        placed = _read_placed(opened, signed)
+        if placed is not None:
+            return placed
     recorded = None if signed.datasets is None else {d.path: d for d in signed.datasets}
     flat: dict[str, Any] = {}
-    read: set[Any] = set()
+    read: set[tuple[int, int]] = set()
     try:
         f = opened.h5()
         base = f[group]
+        prefix = base.name.rstrip("/")
+        names: list[bytes] = []
 
-        def visit(name: str, obj: object) -> None:
-            if isinstance(obj, h5py.Dataset) and name.split("/")[0] not in exclude:
-                flat["/" + name] = _checked_value(obj, recorded, opened)
-                read.add(obj.id)
+        def visit(name: bytes, info: Any) -> None:
+            if info.type == h5py.h5o.TYPE_DATASET:
+                names.append(name)
 
-        base.visititems(visit)
+        # HDF5's own walk, each object once (by its first name), as h5py's visititems;
+        # without its high-level objects, which cost more than the rest per dataset.
+        h5py.h5o.visit(base.id, visit, info=True)
+        for raw in names:
+            name = raw.decode("utf-8")
+            if name.split("/")[0] in exclude:
+                continue
+            dsid = h5py.h5d.open(base.id, raw)
+            found = Found(dsid, f"{prefix}/{name}", dsid.get_type())
+            flat["/" + name] = _checked_value(found, recorded, opened)
+            info = h5py.h5o.get_info(dsid)
+            read.add((info.fileno, info.addr))
         if recorded is not None and group == "/" and not exclude:
             for name in sorted(set(recorded) - set(flat)):
                 _alias_of_read(f, name, read)
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read state: {e}", path=opened.path) from None
+    except MemoryError:
+        raise CheckpointError("cannot read state: out of memory", path=opened.path) from None
+    except CheckpointError as e:
+        raise CheckpointError(e.message, path=opened.path, dataset=e.dataset) from None
+    return flat
+
+
+_PLAIN_NUMBER = re.compile(r"[<|][biufc](1|2|4|8|16)")
+"""The dtype name (:func:`~kronos_audit.checkpoint.hashing.dtype_name`) of a number array
+whose canonical bytes are its bytes as numpy holds them."""
+
+
+def _read_placed(opened: OpenFile, signed: Signed) -> dict[str, Any] | None:
+    """Every signed dataset of a file read into its private copy, each number array
+    taken straight from the bytes its manifest places it at (its signed extent, as a
+    view of the copy), HDF5 asked only for the others (text, the smallest arrays); None
+    when the manifest does not place them so (it records no extents; two names share
+    bytes, an alias or a soft link, which h5py lists once). Each array's bytes are
+    hashed and compared with its signed digest, as :func:`read_verified` does, so what is
+    returned is what was signed; and the bytes are the file's signed bytes, which a
+    verification of the file checks HDF5 places exactly there."""
+    if not opened.private or signed.datasets is None:
+        return None
+    placed: list[DatasetDigest] = []
+    others: list[DatasetDigest] = []
+    for d in signed.datasets:
+        plain = d.extent is not None and d.shape is not None and _PLAIN_NUMBER.fullmatch(d.dtype)
+        (placed if plain else others).append(d)
+    placed.sort(key=lambda d: d.extent or (0, 0))
+    end = 0
+    for d in placed:
+        assert d.extent is not None
+        offset, length = d.extent
+        if offset < end or offset + length > opened.size:
+            return None  # shared or out of the file: left to HDF5
+        end = offset + length
+    flat: dict[str, Any] = {}
+    for d in placed:
+        assert d.extent is not None
+        assert d.shape is not None
+        dtype = np.dtype(d.dtype)
+        if math.prod(d.shape) * dtype.itemsize != d.extent[1]:
+            return None
+        try:
+            array = opened.array_at(d.extent[0], dtype, d.shape)
+        except ValueError:
+            return None
+        if hashlib.sha256(array.reshape(-1).view(np.uint8).data).hexdigest() != d.sha256:
+            raise CheckpointError(
+                f"dataset {d.path}: what was read is not what was signed "
+                "(the file changed after it was verified)",
+                path=opened.path,
+                dataset=d.path,
+            )
+        flat[d.path] = array[()] if d.shape == () else array
+    if others:
+        named = _read_named(opened, signed, [d.path for d in others])
+        if named is None:
+            return None
+        flat.update(named)
+    return flat
+
+
+def _read_named(opened: OpenFile, signed: Signed, names: list[str]) -> dict[str, Any] | None:
+    """The datasets ``names`` of a verified file, each opened by its name through HDF5
+    (each group on the way opened once) and checked as :func:`read_verified` checks;
+    None when two of the names read one dataset (h5py lists it once)."""
+    recorded = {d.path: d for d in signed.datasets or ()}
+    flat: dict[str, Any] = {}
+    objects: set[tuple[int, int]] = set()
+    try:
+        f = opened.h5()
+        groups: dict[str, Any] = {"": f.id}
+
+        def group(path: str) -> Any:
+            gid = groups.get(path)
+            if gid is None:
+                parent, _, name = path.rpartition("/")
+                gid = groups[path] = h5py.h5g.open(group(parent), name.encode())
+            return gid
+
+        for name in names:
+            parent, _, leaf = name.rpartition("/")
+            dsid = h5py.h5d.open(group(parent), leaf.encode())
+            info = h5py.h5o.get_info(dsid)
+            if (info.fileno, info.addr) in objects:
+                return None
+            objects.add((info.fileno, info.addr))
+            flat[name] = _checked_value(Found(dsid, name, dsid.get_type()), recorded, opened)
     except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(f"cannot read state: {e}", path=opened.path) from None
     except MemoryError:
@@ -159,24 +273,27 @@ def read_checkpoint(path: Path | str, signed: Signed | None) -> dict[str, Any]:
         return read_verified(opened, signed)
 
 
-def _alias_of_read(f: h5py.File, name: str, read: set[Any]) -> None:
+def _alias_of_read(f: h5py.File, name: str, read: set[tuple[int, int]]) -> None:
     # A signed name not visited must be another name for a dataset read (a hard-link
     # alias, a soft link): a dataset the state lost is refused, not silently missing.
     link = f.get(name, getlink=True)
     if isinstance(link, h5py.SoftLink):
         return
     obj = f.get(name) if isinstance(link, h5py.HardLink) else None
-    if not isinstance(obj, h5py.Dataset) or obj.id not in read:
+    if not isinstance(obj, h5py.Dataset):
+        raise CheckpointError(f"dataset {name}: signed but not in the file", dataset=name)
+    info = h5py.h5o.get_info(obj.id)
+    if (info.fileno, info.addr) not in read:
         raise CheckpointError(f"dataset {name}: signed but not in the file", dataset=name)
 
 
 def _checked_value(
-    dset: h5py.Dataset, recorded: dict[str, DatasetDigest] | None, opened: OpenFile
+    found: Found, recorded: dict[str, DatasetDigest] | None, opened: OpenFile
 ) -> Any:
-    name = dset.name
-    kind = vlen_kind(dset.dtype)
-    dtype = kind or dtype_name(dset.dtype)
-    shape = None if dset.shape is None else tuple(dset.shape)
+    name = found.name
+    kind = vlen_kind(found.dtype)
+    dtype = kind or dtype_name(found.dtype)
+    shape = found.shape
     want = None
     if recorded is not None:
         want = recorded.get(name)
@@ -191,26 +308,23 @@ def _checked_value(
     h = hashlib.sha256()
     value: Any
     if shape is None:
-        value = dset[()]
+        value = found.dataset[()]
     elif kind is not None:
-        value = dset[()]
+        value = found.dataset[()]
         _hash_vlen(h, np.asarray(value))
     else:
-        extent = _raw_extent(dset)
+        extent = _raw_extent(found)
         if extent is not None:
-            # Stored contiguously as its canonical bytes: copied straight from the bytes
-            # that were hashed (the private copy or the hashed descriptor's map), at the
-            # speed of a memory copy rather than through h5py's file-object reads.
-            offset, length = extent
-            raw = opened.view()[offset : offset + length]
-            array = np.frombuffer(raw, dtype=dset.dtype).reshape(shape).copy()
-            raw.release()
+            # Stored contiguously as its canonical bytes: taken straight from the bytes
+            # that were hashed (a view of the private copy; a copy out of the hashed
+            # descriptor's map), rather than through h5py's file-object reads.
+            array = opened.array_at(extent[0], found.dtype, shape)
         else:
-            array = np.empty(shape, dtype=dset.dtype)
+            array = np.empty(shape, dtype=found.dtype)
             if array.size:
-                dset.read_direct(array)
+                found.dataset.read_direct(array)
         if array.size:
-            h.update(canonical_bytes(array, canonical_dtype(dset.dtype)))
+            h.update(canonical_bytes(array, canonical_dtype(found.dtype)))
         value = array[()] if shape == () else array
     if want is not None and h.hexdigest() != want.sha256:
         raise CheckpointError(
@@ -218,7 +332,7 @@ def _checked_value(
             "(the file changed after it was verified)",
             dataset=name,
         )
-    if h5py.check_string_dtype(dset.dtype) is not None and shape == ():
+    if h5py.check_string_dtype(found.dtype) is not None and shape == ():
         try:
             return value.decode("utf-8") if isinstance(value, bytes) else str(value)
         except UnicodeDecodeError:

@@ -22,6 +22,7 @@ import io
 import mmap
 import os
 import resource
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -103,48 +104,130 @@ def unflatten(flat: Mapping[str, Any]) -> State:
     return root
 
 
+PLACED_MIN_BYTES = 256
+"""Arrays at least this large are placed by the writer: HDF5 allocates their space and
+the writer writes their bytes itself (:func:`pwrite_all`), and records where they are.
+Smaller ones HDF5 writes with its metadata: an extent in a manifest would take about as
+many bytes as they hold."""
 RAW_MIN_BYTES = 64 * 1024
-"""Arrays at least this large go through pwrite; smaller ones are not worth the detour."""
+"""Arrays at least this large start at a multiple of :data:`DIRECT_ALIGN` in the file, so
+that they can be written around the page cache from their own memory."""
 PWRITE_BLOCK = 64 * 1024 * 1024
 DIRECT_ALIGN = 4096
 """The alignment of a large array's place in the file, and of what is written to it
 directly (``O_DIRECT``): a multiple of every block size Linux file systems use."""
 BOUNCE_BYTES = 8 * 1024 * 1024
-"""An array not aligned in memory goes to the disk through an aligned buffer this big."""
+"""The file goes to the disk through an aligned buffer this big (its metadata, and every
+array too small or not aligned in memory to be written from its own memory)."""
 
 Flat = Mapping[str, np.ndarray[Any, Any]]
 """``/path -> array``: what a checkpoint file holds, as it is written."""
 
 
-def _raw_writable(array: np.ndarray[Any, Any]) -> bool:
+def _placed(array: np.ndarray[Any, Any]) -> bool:
+    """Whether the writer places ``array`` (see :data:`PLACED_MIN_BYTES`)."""
     return (
-        array.nbytes >= RAW_MIN_BYTES
-        and array.ndim > 0
+        array.nbytes >= PLACED_MIN_BYTES
         and array.dtype.kind in "biufc"
         and array.dtype.fields is None
         and array.flags.c_contiguous
     )
 
 
-def _create_allocated(f: h5py.File, path: str, array: np.ndarray[Any, Any]) -> int:
-    """Create a contiguous dataset with its space allocated now and no fill; return its offset."""
-    parent, _, name = path.rpartition("/")
-    group = f.require_group(parent or "/")
-    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-    tid = h5py.h5t.py_create(array.dtype, logical=True)
-    sid = h5py.h5s.create_simple(array.shape)
-    dsid = h5py.h5d.create(group.id, name.encode(), tid, sid, dcpl=dcpl)
-    try:
-        offset = dsid.get_offset()
-        if offset is None or dsid.get_storage_size() != array.nbytes:
-            raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
-    finally:
-        # Closed now, not by the garbage collector: a file close that fails (disk full)
-        # with low-level ids still open crashes h5py.
-        dsid.close()
-    return int(offset)
+def _plain_number(array: np.ndarray[Any, Any]) -> bool:
+    """A number array HDF5 writes through the low-level interface: not empty, numbers
+    (no strings, no fields), contiguous."""
+    return (
+        array.size > 0
+        and array.dtype.kind in "biufc"
+        and array.dtype.fields is None
+        and array.flags.c_contiguous
+    )
+
+
+class _Creator:
+    """Datasets created through HDF5's low-level interface, their groups made once each:
+    h5py's ``create_dataset`` costs several times as much a dataset, and a state of
+    thousands of small tensors has as many."""
+
+    def __init__(self, f: h5py.File) -> None:
+        self.f = f
+        self.groups: dict[str, Any] = {"": f.id}
+        self.types: dict[np.dtype[Any], Any] = {}
+        # As h5py makes them: no times in object headers (the same state gives the same
+        # bytes, which DVC then stores once), and names as UTF-8.
+        self.written = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        self.written.set_obj_track_times(False)
+        self.allocated = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        self.allocated.set_obj_track_times(False)
+        self.allocated.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        self.allocated.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        self.gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+        self.gcpl.set_obj_track_times(False)
+        self.lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
+        self.lcpl.set_char_encoding(h5py.h5t.CSET_UTF8)
+
+    def group(self, path: str) -> Any:
+        """The group ``path`` (``/a/b``; the root is ``""``), made if it is not there."""
+        gid = self.groups.get(path)
+        if gid is None:
+            parent, _, name = path.rpartition("/")
+            above = self.group(parent)
+            raw = name.encode()
+            if above.links.exists(raw):
+                gid = h5py.h5o.open(above, raw)
+            else:
+                gid = h5py.h5g.create(above, raw, lcpl=self.lcpl, gcpl=self.gcpl)
+            self.groups[path] = gid
+        return gid
+
+    def _space(self, array: np.ndarray[Any, Any]) -> Any:
+        if array.ndim == 0:
+            return h5py.h5s.create(h5py.h5s.SCALAR)
+        return h5py.h5s.create_simple(array.shape)
+
+    def _type(self, dtype: np.dtype[Any]) -> Any:
+        tid = self.types.get(dtype)
+        if tid is None:
+            tid = self.types[dtype] = h5py.h5t.py_create(dtype, logical=True)
+        return tid
+
+    def create(self, path: str, array: np.ndarray[Any, Any], *, allocate: bool) -> Any:
+        parent, _, name = path.rpartition("/")
+        dcpl = self.allocated if allocate else self.written
+        tid, space = self._type(array.dtype), self._space(array)
+        group = self.group(parent)
+        return h5py.h5d.create(group, name.encode(), tid, space, dcpl=dcpl, lcpl=self.lcpl)
+
+    def place(self, path: str, array: np.ndarray[Any, Any]) -> int:
+        """Create a contiguous dataset with its space allocated now and no fill; return
+        its offset."""
+        dsid = self.create(path, array, allocate=True)
+        try:
+            offset = dsid.get_offset()
+            if offset is None or dsid.get_storage_size() != array.nbytes:
+                raise CheckpointError(f"HDF5 did not allocate {path} contiguously", dataset=path)
+        finally:
+            # Closed now, not by the garbage collector: a file close that fails (disk
+            # full) with low-level ids still open crashes h5py.
+            dsid.close()
+        return int(offset)
+
+    def write(self, path: str, array: np.ndarray[Any, Any]) -> None:
+        """Create a dataset and have HDF5 write ``array`` into it."""
+        if not _plain_number(array):
+            self.f.create_dataset(path, data=array)  # text, empty arrays, fields: h5py's
+            return
+        dsid = self.create(path, array, allocate=False)
+        try:
+            dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
+        finally:
+            dsid.close()
+
+    def close(self) -> None:
+        for path, gid in self.groups.items():
+            if path:
+                gid.close()
 
 
 METADATA_MARGIN = 1024 * 1024
@@ -187,17 +270,17 @@ def create_file(path: Path, *, exclusive: bool = True) -> int:
 
 def lay_out(fd: int, path: Path, flat: Flat) -> list[tuple[int, np.ndarray[Any, Any]]]:
     """Lay the file open at ``fd`` (``path``, for messages) out with h5py: metadata and
-    small datasets written, space for the large ones allocated; return (offset, array) for
-    each large one, by offset."""
+    small datasets written, space for the others allocated; return (offset, array) for
+    each of those, by offset (what :func:`pwrite_all` writes)."""
     return [(offset, array) for offset, _, array in lay_out_named(fd, path, flat)]
 
 
 def lay_out_named(fd: int, path: Path, flat: Flat) -> list[tuple[int, str, np.ndarray[Any, Any]]]:
-    """:func:`lay_out`, each large array with its path: (offset, path, array)."""
+    """:func:`lay_out`, each array placed with its path: (offset, path, array)."""
     check_room(path, flat)
     raw: list[tuple[int, str, np.ndarray[Any, Any]]] = []
     # Large arrays start at a multiple of DIRECT_ALIGN, so that pwrite_all can write them
-    # around the page cache.
+    # around the page cache from their own memory.
     aligned = {"alignment_threshold": RAW_MIN_BYTES, "alignment_interval": DIRECT_ALIGN}
     # HDF5 writes into the file the descriptor holds, never into whatever the name holds:
     # it opens /proc/self/fd/N, which is that file wherever its name now points (HDF5's
@@ -215,11 +298,13 @@ def lay_out_named(fd: int, path: Path, flat: Flat) -> list[tuple[int, str, np.nd
             proc if proc is not None else stack.enter_context(io.FileIO(fd, "r+", closefd=False))
         )
         f = stack.enter_context(h5py.File(target, "w", locking=False, **aligned))
+        creator = _Creator(f)
+        stack.callback(creator.close)
         for name, array in flat.items():
-            if _raw_writable(array):
-                raw.append((_create_allocated(f, name, array), name, array))
+            if _placed(array):
+                raw.append((creator.place(name, array), name, array))
             else:
-                f.create_dataset(name, data=array)
+                creator.write(name, array)
     return sorted(raw, key=lambda r: r[0])
 
 
@@ -262,77 +347,147 @@ def _direct_of(fd: int) -> int | None:
     return None if proc is None else _open_direct(proc)
 
 
-class _Direct:
-    """Writes of whole aligned blocks through an ``O_DIRECT`` descriptor, from the array's
-    own memory when it is aligned, else through one aligned buffer; any write the file
-    system refuses (EINVAL) turns it off, and the caller writes the bytes the usual way."""
+class _Refused(Exception):
+    """The file system took the ``O_DIRECT`` descriptor but refuses its writes."""
 
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-        self._bounce: mmap.mmap | None = None
 
-    def write(self, data: memoryview, offset: int) -> int:
-        """Write the longest aligned prefix of ``data`` at ``offset`` (aligned); return
-        how many bytes were written (0 when direct writing is off)."""
-        length = len(data) - len(data) % DIRECT_ALIGN
-        if self.fd is None or length == 0 or offset % DIRECT_ALIGN:
-            return 0
-        try:
-            if _address(data) % DIRECT_ALIGN == 0:
-                for start in range(0, length, PWRITE_BLOCK):
-                    stop = min(start + PWRITE_BLOCK, length)
-                    _pwrite(self.fd, data[start:stop], offset + start)
-            else:
-                if self._bounce is None:
-                    self._bounce = mmap.mmap(-1, BOUNCE_BYTES)
-                bounce = memoryview(self._bounce)
-                try:
-                    for start in range(0, length, BOUNCE_BYTES):
-                        n = min(BOUNCE_BYTES, length - start)
-                        bounce[:n] = data[start : start + n]
-                        _pwrite(self.fd, bounce[:n], offset + start)
-                finally:
-                    bounce.release()
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            self.close()  # the file system takes no direct write after all
-            return 0
-        return length
+_BOUNCES: list[mmap.mmap] = []
+"""Bounce buffers not in use, kept for the next file: fresh pages cost several times
+what writing them does (see :mod:`kronos_audit.checkpoint.writer`)."""
+_BOUNCES_LOCK = threading.Lock()
+_BOUNCES_KEPT = 2
+
+
+class _Image:
+    """The file written in order, around the page cache, through one aligned buffer: its
+    metadata (read back from what HDF5 wrote) and its arrays, copied in whole blocks; an
+    array aligned in memory and in the file and as large as the buffer is written from its
+    own memory instead. Each write is of whole aligned blocks at an aligned offset, the
+    last partial block of the file goes through the cache (``fd``)."""
+
+    def __init__(self, fd: int, direct: int) -> None:
+        self.fd, self.direct = fd, direct
+        with _BOUNCES_LOCK:
+            self.bounce = _BOUNCES.pop() if _BOUNCES else mmap.mmap(-1, BOUNCE_BYTES)
+        self.view = memoryview(self.bounce)
+        self.start = 0  # the file offset of the buffer's first byte
+        self.fill = 0  # bytes in the buffer
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        if self._bounce is not None:
-            self._bounce.close()
-            self._bounce = None
+        self.view.release()
+        with _BOUNCES_LOCK:
+            if len(_BOUNCES) < _BOUNCES_KEPT:
+                _BOUNCES.append(self.bounce)
+            else:
+                self.bounce.close()
+
+    def _write(self, data: memoryview, offset: int) -> None:
+        try:
+            for start in range(0, len(data), PWRITE_BLOCK):
+                _pwrite(self.direct, data[start : start + PWRITE_BLOCK], offset + start)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                raise _Refused from None
+            raise
+
+    def flush(self) -> None:
+        """Write the buffer's whole blocks; keep its last partial one at its front."""
+        whole = self.fill - self.fill % DIRECT_ALIGN
+        if whole:
+            self._write(self.view[:whole], self.start)
+            rest = self.fill - whole
+            self.view[:rest] = self.view[whole : self.fill]
+            self.start += whole
+            self.fill = rest
+
+    def gap(self, end: int) -> None:
+        """Copy the file's own bytes (HDF5's) up to ``end`` into the buffer."""
+        pos = self.start + self.fill
+        while pos < end:
+            if self.fill == len(self.view):
+                self.flush()
+            n = min(end - pos, len(self.view) - self.fill)
+            got = os.preadv(self.fd, [self.view[self.fill : self.fill + n]], pos)
+            if got <= 0:
+                raise CheckpointError("the file is shorter than HDF5 laid it out")
+            self.fill += got
+            pos += got
+
+    def array(self, data: memoryview) -> None:
+        """Append an array's bytes (it starts where the buffer's content ends)."""
+        offset = self.start + self.fill
+        own = len(data) - len(data) % DIRECT_ALIGN
+        aligned = offset % DIRECT_ALIGN == 0 and _address(data) % DIRECT_ALIGN == 0
+        if own >= len(self.view) and aligned:
+            self.flush()  # the buffer now ends at ``offset``, a block boundary
+            assert self.fill == 0
+            self._write(data[:own], offset)
+            self.start = offset + own
+            data = data[own:]
+        done = 0
+        while done < len(data):
+            if self.fill == len(self.view):
+                self.flush()
+            n = min(len(data) - done, len(self.view) - self.fill)
+            self.view[self.fill : self.fill + n] = data[done : done + n]
+            self.fill += n
+            done += n
+
+    def finish(self, size: int) -> None:
+        """Write what is left: whole blocks around the cache, the file's last partial
+        block through it."""
+        self.flush()
+        if self.fill:
+            _pwrite(self.fd, self.view[: self.fill], self.start)
+        assert self.start + self.fill == size
+
+
+def _write_image(fd: int, direct: int, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
+    size = os.fstat(fd).st_size
+    image = _Image(fd, direct)
+    try:
+        for offset, array in raw:
+            image.gap(offset)
+            image.array(array.reshape(-1).view(np.uint8).data)
+        image.gap(size)
+        image.finish(size)
+    finally:
+        image.close()
+
+
+def pwrite_all(fd: int, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
+    """Write each array of :func:`lay_out` at its offset into the file open at ``fd``,
+    then fsync it.
+
+    The file's bytes go around the page cache (``O_DIRECT``, where the file system has
+    it), in large writes whatever the size of each array: a checkpoint is written once and
+    read rarely, and on hosts that give freed memory back (virtual machines) every new
+    file's pages in the cache are fresh memory, several times dearer to fill than the
+    disk write itself; and a state of thousands of small tensors would otherwise be as
+    many small writes, each waiting on the disk. The file's last partial block, and every
+    byte where there is no direct write, goes through the cache; the fsync makes both
+    durable."""
+    direct = _direct_of(fd)
+    try:
+        if direct is not None:
+            try:
+                _write_image(fd, direct, raw)
+                os.fsync(fd)
+                return
+            except _Refused:
+                pass  # the file system takes no direct write after all: through the cache
+        for offset, array in raw:
+            data = array.reshape(-1).view(np.uint8).data
+            for start in range(0, len(data), PWRITE_BLOCK):
+                _pwrite(fd, data[start : start + PWRITE_BLOCK], offset + start)
+        os.fsync(fd)
+    finally:
+        if direct is not None:
+            os.close(direct)
 
 
 def _address(data: memoryview) -> int:
     return int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
-
-
-def pwrite_all(fd: int, raw: list[tuple[int, np.ndarray[Any, Any]]]) -> None:
-    """Write each large array of :func:`lay_out` at its offset into the file open at
-    ``fd``, then fsync it.
-
-    The arrays' aligned bytes go around the page cache (``O_DIRECT``, where the file
-    system has it): a checkpoint is written once and read rarely, and on hosts that give
-    freed memory back (virtual machines) every new file's pages in the cache are fresh
-    memory, several times dearer to fill than the disk write itself. What is not aligned
-    (an array's last partial block), and every byte where there is no direct write, goes
-    through the cache; the fsync makes both durable."""
-    direct = _Direct(_direct_of(fd))
-    try:
-        for offset, array in raw:
-            data = array.reshape(-1).view(np.uint8).data
-            done = direct.write(data, offset)
-            for start in range(done, len(data), PWRITE_BLOCK):
-                _pwrite(fd, data[start : start + PWRITE_BLOCK], offset + start)
-        os.fsync(fd)
-    finally:
-        direct.close()
 
 
 def write_hdf5(path: Path, flat: Flat) -> None:

@@ -32,7 +32,6 @@ kept: the first is raised, and each later one is named in a note on it.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import hashlib
 import math
@@ -138,8 +137,9 @@ def _write_and_hash(
     named = lay_out_named(fd, path, flat)
     raw = [(offset, array) for offset, _, array in named]
     size = os.fstat(fd).st_size
-    # Where each large little-endian array's bytes are in the file: they are its
-    # canonical bytes, which a verifier can hash there beside the file's sha256.
+    # Where each placed little-endian array's bytes are in the file: they are its
+    # canonical bytes, which a verifier can hash there beside the file's sha256, and a
+    # restore read there.
     extents = {
         name: (offset, array.nbytes)
         for offset, name, array in named
@@ -147,8 +147,7 @@ def _write_and_hash(
     }
 
     def digest(name: str, array: np.ndarray[Any, Any]) -> DatasetDigest:
-        found = array_digest(name, array)
-        return dataclasses.replace(found, extent=extents[name]) if name in extents else found
+        return array_digest(name, array, extent=extents.get(name))
 
     def sha_and_datasets() -> tuple[str, tuple[DatasetDigest, ...], dict[str, LocalTree]]:
         sha = _stream_digest(fd, path, size, raw, "sha256")

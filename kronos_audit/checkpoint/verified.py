@@ -130,9 +130,10 @@ def read_verified(
     once; the arrays are writable, and keep the copy alive.
     """
     if group == "/" and not exclude:
-        placed = _read_placed(opened, signed)
-        if placed is not None:
-            return placed
+        signed_read = read_signed(opened, signed)
+        if signed_read is not None:
+            _same_as_signed(signed_read[1], signed, opened.path)
+            return signed_read[0]
     recorded = None if signed.datasets is None else {d.path: d for d in signed.datasets}
     flat: dict[str, Any] = {}
     read: set[tuple[int, int]] = set()
@@ -174,64 +175,74 @@ _PLAIN_NUMBER = re.compile(r"[<|][biufc](1|2|4|8|16)")
 """The dtype name (:func:`~kronos_audit.checkpoint.hashing.dtype_name`) of a number array
 whose canonical bytes are its bytes as numpy holds them."""
 
+Read = tuple[dict[str, Any], tuple[DatasetDigest, ...]]
+"""``/path -> value`` of a checkpoint's signed datasets, and each one's digest as read."""
 
-def _read_placed(opened: OpenFile, signed: Signed) -> dict[str, Any] | None:
-    """Every signed dataset of a file read into its private copy, each number array
-    taken straight from the bytes its manifest places it at (its signed extent, as a
-    view of the copy), HDF5 asked only for the others (text, the smallest arrays); None
-    when the manifest does not place them so (it records no extents; two names share
-    bytes, an alias or a soft link, which h5py lists once). Each array's bytes are
-    hashed and compared with its signed digest, as :func:`read_verified` does, so what is
-    returned is what was signed; and the bytes are the file's signed bytes, which a
-    verification of the file checks HDF5 places exactly there."""
-    if not opened.private or signed.datasets is None:
+
+def read_signed(opened: OpenFile, signed: Signed) -> Read | None:
+    """Every dataset ``signed`` names in a file from :func:`open_verified`, with the
+    digest of what was read of each (not compared: see :func:`read_verified`); None when
+    the manifest does not name them so that each can be read on its own (it records no
+    datasets; two names read one dataset, an alias or a soft link, which h5py lists
+    once; extents that overlap or leave the file).
+
+    A number array the manifest places (its signed extent) is taken straight from those
+    bytes: a view of the private copy (no second copy of a state in memory; writable,
+    and it keeps the copy alive), or a copy out of the hashed descriptor's map. The
+    bytes are the signed file's, where the signer found HDF5 placing the dataset (which
+    ``kaudit verify`` checks in full); each array's digest is of the bytes returned.
+    HDF5 is asked only for the others (text, the smallest arrays), each opened by its
+    signed name, its dtype and shape compared with the signed ones before it is read
+    (a dataset of another dtype or shape is not read: its digest is empty)."""
+    if signed.datasets is None:
         return None
     placed: list[DatasetDigest] = []
-    others: list[DatasetDigest] = []
+    others: list[str] = []
     for d in signed.datasets:
         plain = d.extent is not None and d.shape is not None and _PLAIN_NUMBER.fullmatch(d.dtype)
-        (placed if plain else others).append(d)
+        if plain:
+            placed.append(d)
+        else:
+            others.append(d.path)
     placed.sort(key=lambda d: d.extent or (0, 0))
     end = 0
     for d in placed:
         assert d.extent is not None
+        assert d.shape is not None
         offset, length = d.extent
         if offset < end or offset + length > opened.size:
-            return None  # shared or out of the file: left to HDF5
+            return None
+        if math.prod(d.shape) * np.dtype(d.dtype).itemsize != length:
+            return None
         end = offset + length
     flat: dict[str, Any] = {}
-    for d in placed:
-        assert d.extent is not None
-        assert d.shape is not None
-        dtype = np.dtype(d.dtype)
-        if math.prod(d.shape) * dtype.itemsize != d.extent[1]:
-            return None
-        try:
-            array = opened.array_at(d.extent[0], dtype, d.shape)
-        except ValueError:
-            return None
-        if hashlib.sha256(array.reshape(-1).view(np.uint8).data).hexdigest() != d.sha256:
-            raise CheckpointError(
-                f"dataset {d.path}: what was read is not what was signed "
-                "(the file changed after it was verified)",
-                path=opened.path,
-                dataset=d.path,
-            )
-        flat[d.path] = array[()] if d.shape == () else array
+    digests: list[DatasetDigest] = []
+    try:
+        for d in placed:
+            assert d.extent is not None
+            assert d.shape is not None
+            array = opened.array_at(d.extent[0], np.dtype(d.dtype), d.shape)
+            sha = hashlib.sha256(array.reshape(-1).view(np.uint8).data).hexdigest()
+            digests.append(DatasetDigest(d.path, d.dtype, d.shape, sha, extent=d.extent))
+            flat[d.path] = array[()] if d.shape == () else array
+    except MemoryError:
+        raise CheckpointError("cannot read state: out of memory", path=opened.path) from None
     if others:
-        named = _read_named(opened, signed, [d.path for d in others])
+        named = _read_named(opened, signed, others)
         if named is None:
             return None
-        flat.update(named)
-    return flat
+        flat.update(named[0])
+        digests.extend(named[1])
+    return flat, tuple(digests)
 
 
-def _read_named(opened: OpenFile, signed: Signed, names: list[str]) -> dict[str, Any] | None:
+def _read_named(opened: OpenFile, signed: Signed, names: list[str]) -> Read | None:
     """The datasets ``names`` of a verified file, each opened by its name through HDF5
-    (each group on the way opened once) and checked as :func:`read_verified` checks;
-    None when two of the names read one dataset (h5py lists it once)."""
+    (each group on the way opened once), as :func:`read_signed` reads them; None when two
+    of the names read one dataset."""
     recorded = {d.path: d for d in signed.datasets or ()}
     flat: dict[str, Any] = {}
+    digests: list[DatasetDigest] = []
     objects: set[tuple[int, int]] = set()
     try:
         f = opened.h5()
@@ -251,14 +262,45 @@ def _read_named(opened: OpenFile, signed: Signed, names: list[str]) -> dict[str,
             if (info.fileno, info.addr) in objects:
                 return None
             objects.add((info.fileno, info.addr))
-            flat[name] = _checked_value(Found(dsid, name, dsid.get_type()), recorded, opened)
+            found = Found(dsid, name, dsid.get_type())
+            value, digest = _read_value(found, recorded.get(name), opened)
+            flat[name] = value
+            digests.append(digest)
     except (OSError, KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(f"cannot read state: {e}", path=opened.path) from None
     except MemoryError:
         raise CheckpointError("cannot read state: out of memory", path=opened.path) from None
     except CheckpointError as e:
         raise CheckpointError(e.message, path=opened.path, dataset=e.dataset) from None
-    return flat
+    return flat, tuple(digests)
+
+
+def _same_as_signed(digests: tuple[DatasetDigest, ...], signed: Signed, path: Path) -> None:
+    """CheckpointError naming the first dataset whose digest as read (``digests``, of
+    :func:`read_signed`) is not the signed one."""
+    recorded = {d.path: d for d in signed.datasets or ()}
+    for got in digests:
+        want = recorded[got.path]
+        try:
+            _compare(got, want)
+        except CheckpointError as e:
+            raise CheckpointError(e.message, path=path, dataset=e.dataset) from None
+
+
+def _compare(got: DatasetDigest, want: DatasetDigest) -> None:
+    name = got.path
+    if (want.dtype, want.shape) != (got.dtype, got.shape):
+        raise CheckpointError(
+            f"dataset {name}: is {got.dtype}{list(got.shape or [])}, signed "
+            f"{want.dtype}{list(want.shape or [])}",
+            dataset=name,
+        )
+    if got.sha256 != want.sha256:
+        raise CheckpointError(
+            f"dataset {name}: what was read is not what was signed "
+            "(the file changed after it was verified)",
+            dataset=name,
+        )
 
 
 def read_checkpoint(path: Path | str, signed: Signed | None) -> dict[str, Any]:
@@ -290,21 +332,31 @@ def _alias_of_read(f: h5py.File, name: str, read: set[tuple[int, int]]) -> None:
 def _checked_value(
     found: Found, recorded: dict[str, DatasetDigest] | None, opened: OpenFile
 ) -> Any:
+    """The value of a dataset, checked against its signed digest in ``recorded`` (None:
+    nothing signed to check against)."""
+    want = None
+    if recorded is not None:
+        want = recorded.get(found.name)
+        if want is None:
+            raise CheckpointError(f"dataset {found.name}: not in the manifest", dataset=found.name)
+    value, got = _read_value(found, want, opened)
+    if want is not None:
+        _compare(got, want)
+    return value
+
+
+def _read_value(
+    found: Found, want: DatasetDigest | None, opened: OpenFile
+) -> tuple[Any, DatasetDigest]:
+    """A dataset's value and the digest of what was read; not read (value None, digest
+    empty) when ``want`` signs another dtype or shape: no more is allocated than the
+    signed data holds."""
     name = found.name
     kind = vlen_kind(found.dtype)
     dtype = kind or dtype_name(found.dtype)
     shape = found.shape
-    want = None
-    if recorded is not None:
-        want = recorded.get(name)
-        if want is None:
-            raise CheckpointError(f"dataset {name}: not in the manifest", dataset=name)
-        if (want.dtype, want.shape) != (dtype, shape):
-            raise CheckpointError(
-                f"dataset {name}: is {dtype}{list(shape or [])}, signed "
-                f"{want.dtype}{list(want.shape or [])}",
-                dataset=name,
-            )
+    if want is not None and (want.dtype, want.shape) != (dtype, shape):
+        return None, DatasetDigest(name, dtype, shape, "")
     h = hashlib.sha256()
     value: Any
     if shape is None:
@@ -326,25 +378,22 @@ def _checked_value(
         if array.size:
             h.update(canonical_bytes(array, canonical_dtype(found.dtype)))
         value = array[()] if shape == () else array
-    if want is not None and h.hexdigest() != want.sha256:
-        raise CheckpointError(
-            f"dataset {name}: what was read is not what was signed "
-            "(the file changed after it was verified)",
-            dataset=name,
-        )
+    digest = DatasetDigest(name, dtype, shape, h.hexdigest())
     if h5py.check_string_dtype(found.dtype) is not None and shape == ():
         try:
-            return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+            value = value.decode("utf-8") if isinstance(value, bytes) else str(value)
         except UnicodeDecodeError:
             raise CheckpointError(f"dataset {name}: not UTF-8 text", dataset=name) from None
-    return value
+    return value, digest
 
 
 __all__ = [
     "PRIVATE_COPY",
+    "Read",
     "Signed",
     "open_verified",
     "read_checkpoint",
+    "read_signed",
     "read_verified",
     "verified",
 ]

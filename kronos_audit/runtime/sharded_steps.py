@@ -345,6 +345,9 @@ class Agreed:
     verified: Manifest | None = None
     """The manifest as it was verified (the next step is chained to it without reading
     it again); None when only its path is known."""
+    read: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Old rank -> its datasets as its verification read and checked them (a checkpoint
+    file's), which the restore then uses: the file is read once."""
 
 
 def signed_line(manifest: Manifest, rank: int) -> ShardRecord:

@@ -367,6 +367,8 @@ class SignedPublisher(RunPublisher):
                 if verified is None or planned is None or verified.digest != planned.digest:
                     return "its manifest changed while it was verified", None
                 agreed.signed[old] = self._signed_piece(verified, old)
+                if result.read is not None:
+                    agreed.read[old] = result.read
         except Exception as e:  # a rank that stopped here alone would hang the others
             return one_line_reason(e), None
         return None, agreed

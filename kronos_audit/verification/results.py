@@ -9,7 +9,7 @@ never fetched). The detail says, in words, what was found or why it was not made
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,6 +204,10 @@ class VerifyResult:
     statement: Manifest | None = field(default=None, compare=False, repr=False)
     """The manifest exactly as parsed and checked here (None for an attestation): what a
     restore uses, never the file read again by name."""
+    read: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """For a checkpoint file checked as a restore reads it (``ranks``), its datasets as
+    read and checked here, when every check passed: what the restore uses, never the
+    file read again."""
     certificate: Certificate | None = field(default=None, compare=False, repr=False)
     """For a campaign certificate, the one read and checked here: what a report shows."""
     comparison: tuple[str, ...] = ()

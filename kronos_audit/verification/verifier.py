@@ -24,7 +24,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kronos_audit.checkpoint.directory import check_step, make_tree, scan
 from kronos_audit.checkpoint.formats.interface import Format
@@ -43,6 +43,7 @@ from kronos_audit.checkpoint.shards import (
     proven_line,
     read_index,
 )
+from kronos_audit.checkpoint.verified import PRIVATE_COPY, Signed, read_signed
 from kronos_audit.errors import CheckpointError, StorageError, TamperedData, UsageError
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
@@ -103,7 +104,7 @@ class Verifier(ChainReader):
         checks = [signature, place]
         # (3) fetch, (4) content
         trusted = steps.may_read_named(signature, place)
-        content, fetched, where = self._data(
+        content, fetched, where, read = self._data(
             manifest, ranks, data=data, newest=newest, trusted=trusted
         )
         checks += content
@@ -122,6 +123,7 @@ class Verifier(ChainReader):
             data=where,
             signer=signed.signer,
             statement=manifest,
+            read=read,
         )
 
     def verify_rank(
@@ -132,12 +134,13 @@ class Verifier(ChainReader):
 
     def _data(
         self, manifest: Manifest, ranks: list[int] | None, data: bool, newest: bool, trusted: bool
-    ) -> tuple[list[Check], bool, Location | None]:
+    ) -> tuple[list[Check], bool, Location | None, dict[str, Any] | None]:
         """(3) and (4): the checks of the data (what ``ranks`` read, unless None), whether
-        any was fetched, and where the data was found (None: not looked at). ``trusted``:
-        (1) and (2) hold."""
+        any was fetched, where the data was found (None: not looked at), and, for a
+        checkpoint file as a restore reads it, its datasets as read and checked (None
+        when they were not, or did not pass). ``trusted``: (1) and (2) hold."""
         if not data:
-            return [steps.not_asked()], False, None
+            return [steps.not_asked()], False, None, None
         sharded = manifest.record.shards is not None
         directory = manifest.record.directory is not None
         # Ranks of a sharded step read their lines through the tree file: a link in the
@@ -149,13 +152,13 @@ class Verifier(ChainReader):
             if pruner is not None:
                 name = self._name(manifest, pruner)
                 check = steps.pruned(manifest, name, newest=newest, restore=ranks is not None)
-                return [check], False, Location.PRUNED
+                return [check], False, Location.PRUNED, None
         here = here or of_ranks
         if not trusted and (sharded or directory or not here):
             # The one gate: nothing a manifest names is fetched, and no step's index read,
             # before its signature and place hold.
             where = None if here else Location.MISSING
-            return [steps.not_fetched(manifest, here=here)], False, where
+            return [steps.not_fetched(manifest, here=here)], False, where, None
         fetched = False
         if not here:
             if not self.fetch or manifest.subject_md5 is None:
@@ -166,7 +169,8 @@ class Verifier(ChainReader):
             try:
                 self.fetch_data(manifest)
             except TamperedData as e:
-                return [steps.fetch_refused(manifest, e.message)], fetched, Location.CORRUPT
+                return [steps.fetch_refused(manifest, e.message)], fetched, Location.CORRUPT, None
+        read = None
         if of_ranks:
             assert ranks is not None
             content, more = self._ranks_content(manifest, ranks)
@@ -174,9 +178,11 @@ class Verifier(ChainReader):
             content, more = self._sharded_content(manifest)
         elif directory:
             content, more = self._directory_content(manifest), False
+        elif ranks is not None and manifest.record.format is None:
+            (content, read), more = self._read_content(manifest), False
         else:
             content, more = self._content(manifest), False
-        return content, fetched or more, steps.data_found(content)
+        return content, fetched or more, steps.data_found(content), read
 
     @staticmethod
     def _name(manifest: Manifest, pruner: Path) -> str:
@@ -236,6 +242,38 @@ class Verifier(ChainReader):
 
             self._storage = Storage(self.project)
         return self._storage
+
+    def _read_content(self, manifest: Manifest) -> tuple[list[Check], dict[str, Any] | None]:
+        """(4) of a kaudit checkpoint file as a restore reads it, once: its size, then the
+        sha256 of its bytes as they are read into a private copy (a file larger than
+        :data:`~kronos_audit.checkpoint.verified.PRIVATE_COPY`: through its descriptor),
+        then each signed dataset read from those bytes and hashed
+        (:func:`~kronos_audit.checkpoint.verified.read_signed`); what was read comes back
+        with the checks when they all pass, for the restore to use. A file that fails, or
+        whose manifest does not name its datasets so that each can be read on its own, is
+        checked as :meth:`_content` checks it (and nothing comes back)."""
+        checkpoint = manifest.checkpoint_path
+        try:
+            with open_file(checkpoint) as opened:
+                if opened.size != manifest.record.size:
+                    return self._content(manifest), None
+                private = opened.size <= PRIVATE_COPY
+                sha = opened.read_private() if private else opened.sha256()
+                if sha != manifest.subject_sha256 or not opened.hdf5:
+                    return self._content(manifest), None
+                signed = Signed(opened.size, sha, manifest.datasets)
+                digest = steps.file_digest(sha, manifest)
+                try:
+                    got = read_signed(opened, signed)
+                except CheckpointError as e:
+                    return [digest, *steps.datasets(manifest, None, e.message)], None
+        except CheckpointError:
+            return self._content(manifest), None  # as it says it
+        if got is None:
+            return self._content(manifest), None
+        flat, found = got
+        checks = [digest, *steps.datasets(manifest, found, None)]
+        return checks, flat if all(c.ok for c in checks) else None
 
     def _content(self, manifest: Manifest) -> list[Check]:
         """(4) The file checks, in the order that keeps hostile content unparsed: the size

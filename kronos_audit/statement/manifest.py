@@ -24,6 +24,7 @@ from typing import Any
 
 from kronos_audit._internal import strictjson
 from kronos_audit._internal.canonical import canonical_json
+from kronos_audit._internal.collector import deferring_collection
 from kronos_audit._internal.frozen import freeze
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular_stat
@@ -226,6 +227,7 @@ def read_signed_file_stat(path: Path | str, what: str = "manifest") -> tuple[byt
         raise ManifestError(f"{what} {e.reason}", path=path) from None
 
 
+@deferring_collection
 def parse_manifest(data: bytes, path: Path) -> Manifest:
     """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
     envelope, statement = parse_statement(data, path)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.directory import check_step, make_tree, scan
 from kronos_audit.checkpoint.formats.interface import Format
 from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_signed
@@ -76,6 +77,7 @@ class Verifier(ChainReader):
     jobs: int | None = None
     _storage: Storage | None = field(default=None, init=False)
 
+    @deferring_collection
     def verify(
         self,
         manifest_path: Path | str,

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal import strictjson
+from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.codec import containers
 from kronos_audit.checkpoint.codec import jax as jax_leaves
 from kronos_audit.checkpoint.codec import numpy as numpy_leaves
@@ -97,6 +98,7 @@ def state_digest(state: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
+@deferring_collection
 def encode(state: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
     """Every dataset of ``state`` (``/path -> array``), ``/kaudit/tree`` included.
 
@@ -140,6 +142,7 @@ def read_tree(flat: Mapping[str, Any], where: str = "") -> list[Any] | None:
     return nodes
 
 
+@deferring_collection
 def decode(flat: Mapping[str, Any], *, like: Any = None, where: str = "") -> dict[str, Any]:
     """The state ``flat`` (``/path -> value as h5py reads it``) holds, as it was encoded.
 

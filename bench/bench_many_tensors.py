@@ -13,9 +13,10 @@ cache do not leak from one into the next; each subprocess repeats each operation
   verification needs beside the hashing: one sha256 pass over the file's bytes plus the
   datasets' metadata (names, dtypes, shapes) through h5py;
 - ``kaudit``: ``run.checkpoint(step, state)`` of a synchronous ``ka.Run`` (written,
-  hashed, signed, tracked by DVC; no push) in a scratch repository; ``run.restore()`` of
-  a newly opened ``ka.Run`` (the opening not timed); ``ka.verify`` of the newest
-  checkpoint's manifest;
+  hashed, signed, tracked by DVC; no push) in a scratch repository, each checkpoint
+  chained to the one before; ``run.restore()`` of a newly opened ``ka.Run`` (the opening
+  not timed) from the newest; ``ka.verify`` of every checkpoint's manifest, as ``kaudit
+  verify RUN`` does, per checkpoint (each its data and the link to its parent);
 - ``dcp``: ``dcp.save`` of the same tensors (one process, DCP's ``FileSystemWriter`` with
   its fsync), and ``dcp.load`` into a template of them.
 
@@ -259,31 +260,41 @@ def run_kaudit(state: dict[str, Any], scratch: Path, repeat: int) -> dict[str, l
         def open_run() -> Any:
             return ka.Run("bench", root=root, seed=1, every=ka.EverySteps(1), asynchronous=False)
 
-        for n in range(repeat + 1):
-            with open_run() as run:
-                step = n + 1
+        steps = range(1, repeat + 2)  # the first of each operation warms up
+        with open_run() as run:  # one loop checkpointing: a chain of checkpoints
+            for step in steps:
                 took = measure(lambda: run.checkpoint(step, state))  # noqa: B023
-            h5 = run_dir / f"step-{step:08d}.h5"
-            manifest = Path(f"{h5}.kaudit.json")
-            read_through(h5)
+                if step > 1:
+                    samples["checkpoint"].append(took)
+        files = [run_dir / f"step-{step:08d}.h5" for step in steps]
+        for n in steps:
+            read_through(files[-1])
             with open_run() as run:
                 restored = measure(run.restore)
-                assert run.step == step, (run.step, step)
-            read_through(h5)
-            checked = measure(lambda: _verified(ka, manifest))  # noqa: B023
-            if n:
-                samples["checkpoint"].append(took)
+                assert run.step == steps[-1], (run.step, steps[-1])
+            if n > 1:
                 samples["restore"].append(restored)
-                samples["verify"].append(checked)
+        # Each checkpoint as `kaudit verify RUN` verifies it: its data, and its link to
+        # its parent, verified just before (the chain is not walked again).
+        manifests = [Path(f"{h5}.kaudit.json") for h5 in files]
+        for n in steps:
+            read_through(*files)
+            checked = measure(lambda: _verified(ka, manifests))
+            if n > 1:
+                count = len(manifests)
+                samples["verify"].append(
+                    {**checked, "wall": checked["wall"] / count, "cpu": checked["cpu"] / count}
+                )
     finally:
         os.chdir(cwd)
         shutil.rmtree(repo.parent, ignore_errors=True)
     return samples
 
 
-def _verified(ka: Any, manifest: Path) -> None:
-    (result,) = ka.verify(manifest)
-    assert result.ok, result.failures
+def _verified(ka: Any, manifests: list[Path]) -> None:
+    results = ka.verify(manifests)
+    assert len(results) == len(manifests)
+    assert all(r.ok for r in results), [r.failures for r in results]
 
 
 def run_dcp(state: dict[str, Any], scratch: Path, repeat: int) -> dict[str, list[Sample]]:

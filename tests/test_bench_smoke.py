@@ -159,3 +159,19 @@ def test_the_long_run_benchmark_prints_every_figure_beside_its_baseline(
     assert "restore after 20, no chain memo" in out
     assert "kaudit status of 20 checkpoints" in out
     assert "kaudit log of 20 checkpoints" in out
+
+
+def test_the_many_tensors_benchmark_runs_every_contender_and_judges_every_goal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_many_tensors
+
+    ratios = bench_many_tensors.main(["--quick"])
+    out = capsys.readouterr().out
+    for row in ("h5py write", "h5py read", "h5py sha+meta", "kaudit checkpoint"):
+        assert row in out
+    for row in ("kaudit restore", "kaudit verify", "dcp save", "dcp load"):
+        assert row in out
+    assert set(ratios) == {"checkpoint", "restore", "verify", "dcp wall", "dcp cpu"}
+    assert all(r > 0 for r in ratios.values()), ratios
+    assert out.count("PASS") + out.count("MISS") == 5  # timings vary: judged, not asserted

@@ -211,3 +211,40 @@ def test_both_spellings_judge_the_same_whatever_the_verdict(
 ) -> None:
     doc = document(written, ALIKE[name])
     assert BEFORE.is_valid(doc) == SHIPPED.is_valid(doc)
+
+
+EXTENTS_AND_ATTRIBUTES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "extent": put("extent", [4096, 96]),
+    "extent-float": put("extent", [4096.0, 96]),
+    "extent-short": put("extent", [4096]),
+    "extent-long": put("extent", [4096, 96, 1]),
+    "extent-negative": put("extent", [-1, 96]),
+    "extent-bool": put("extent", [True, 96]),
+    "attributes": put("attributes", {"units": {"dtype": "|S1", "shape": [], "sha256": SHA}}),
+    "attributes-empty": put("attributes", {}),
+    "attributes-extra": put(
+        "attributes", {"units": {"dtype": "|S1", "shape": [], "sha256": SHA, "x": 1}}
+    ),
+    "attributes-bad-sha": put("attributes", {"u": {"dtype": "|S1", "shape": [], "sha256": "x"}}),
+    "attributes-many": put(
+        "attributes", {f"a{i}": {"dtype": "<f8", "shape": [], "sha256": SHA} for i in range(65)}
+    ),
+    "shape-integral-float": put("shape", [3.0, 4]),
+}
+
+
+@pytest.mark.parametrize("name", sorted({**ALIKE, **EXTENTS_AND_ATTRIBUTES}))
+def test_kaudits_direct_check_of_each_dataset_judges_as_the_schema(
+    written: dict[str, Any], name: str
+) -> None:
+    # validate() checks each item of predicate.datasets directly, and leaves any it doubts
+    # to jsonschema: it accepts exactly what the schema accepts, with the schema's errors.
+    doc = document(written, {**ALIKE, **EXTENTS_AND_ATTRIBUTES}[name])
+    errors = sorted(SHIPPED.iter_errors(doc), key=lambda e: list(e.path))
+    if not errors:
+        validate(doc)
+        return
+    with pytest.raises(ManifestError) as refused:
+        validate(doc)
+    where = "/".join(str(p) for p in errors[0].path)
+    assert f"schema violation at {where}" in refused.value.message

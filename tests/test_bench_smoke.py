@@ -175,3 +175,5 @@ def test_the_many_tensors_benchmark_runs_every_contender_and_judges_every_goal(
     assert set(ratios) == {"checkpoint", "restore", "verify", "dcp wall", "dcp cpu"}
     assert all(r > 0 for r in ratios.values()), ratios
     assert out.count("PASS") + out.count("MISS") == 5  # timings vary: judged, not asserted
+    assert "kaudit checkpoint (4 arrays)" in out
+    assert out.count(" us per tensor") == 3  # the cost model: checkpoint, restore, verify

@@ -1,16 +1,19 @@
-"""Python's cycle collector held off while kaudit reads or writes the records of a state.
+"""Python's cycle collector held off while kaudit reads the records of a state.
 
 A state of thousands of tensors makes tens of thousands of small objects at each
-checkpoint, restore or verification (a manifest's entries, each dataset's digest, the
-state's tree), none of them in a cycle. Each 700 of them start a collection of the
-youngest objects, and every tenth of those an older one; in a process that holds a large
-heap (torch imports about a million objects) the collections that reach it cost more
-than the work that set them off: about 20% of a restore of 2,000 tensors, measured.
-Within :func:`collection_deferred` no collection starts; the objects still alive at its end
-are collected in one go by the first collection after, and those freed before it never
-are. Reference counting frees memory as ever; only cycles wait, and the block bounds the
-wait. Nested and concurrent blocks share one hold, released when the last ends; a
-collector the program turned off stays off.
+restore or verification (a manifest's entries, each dataset's digest, the state's tree),
+none of them in a cycle. Every 700 allocations start a collection of the youngest objects,
+every tenth of those one of the older, and every tenth of those (once enough objects have
+survived) a full one; in a process holding torch (some 180,000 tracked objects) the full
+collections these set off cost about a fifth of a restore or verification of 2,000
+tensors, on average. Within :func:`collection_deferred` no collection starts; the objects
+still alive at its end are collected in one go by the first collection after, and those
+freed before it never are. Reference counting frees memory as ever; only cycles wait, and
+for no longer than the block: a restore's and a verification's reading, the parsing of a
+manifest, the codec's walk of a state; never the background writer's writing and hashing
+of a checkpoint beside the program's loop (which would keep the loop's garbage for as long
+as checkpoints are written back to back). Nested and concurrent blocks share one hold,
+released when the last ends; a collector the program turned off stays off.
 """
 
 from __future__ import annotations

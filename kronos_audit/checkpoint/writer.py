@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.hashing import BLOCK as HASH_BLOCK
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_digest
 from kronos_audit.checkpoint.hdf5 import Flat, create_file, lay_out_named, pwrite_all
@@ -132,7 +131,6 @@ def write_and_hash(
         os.close(fd)
 
 
-@deferring_collection
 def _write_and_hash(
     fd: int, path: Path, flat: Flat, md5: bool, trees: Mapping[str, TreeSpec]
 ) -> tuple[FileDigests, dict[str, LocalTree]]:

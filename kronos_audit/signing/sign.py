@@ -17,7 +17,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Unpack
 
-from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.directory import FileEntry, dvc_listing, encode_index, index_root
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests
 from kronos_audit.checkpoint.layout import manifest_path_for, named_step, step_directory_name
@@ -36,7 +35,6 @@ from kronos_audit.statement.manifest import (
 from kronos_audit.statement.predicate import DirectorySet, Predicate, Sha256, ShardSet
 
 
-@deferring_collection
 def sign_checkpoint(
     checkpoint: Path,
     digests: FileDigests,

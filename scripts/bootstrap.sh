@@ -21,14 +21,26 @@ if [ -z "$TORCH_CPU" ]; then
     echo "$LOCK: no torch==VERSION line; restore it from git, or run: bash scripts/lock.sh" >&2
     exit 2
 fi
-PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# Installed packages are byte-compiled as they are installed: where PYTHONDONTWRITEBYTECODE
+# is set (as on CI machines) every process would otherwise compile what it imports anew.
+# With COMPILE_AT_INSTALL=0 they are not (scripts/test.sh, whose processes write the
+# bytecode of what they import to a cache of their own: most of the 18,000 modules
+# installed are never imported, and compiling them all costs a minute of CPU).
+if [ "${COMPILE_AT_INSTALL:-1}" = 0 ]; then
+    PIP_NO_COMPILE=(--no-compile)
+    UV_NO_COMPILE=(--no-compile-bytecode)
+else
+    PIP_NO_COMPILE=()
+    UV_NO_COMPILE=()
+fi
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PIP_NO_COMPILE[@]}")
 pip_install() {  # pip, without its notes about configured index locations that do not exist
     "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location 'file://.*' is ignored" >&2)
 }
 # uv where it can be had: the same versions from the same indexes as pip
 # (scripts/uv_install.py), in a third of the time (unpacked and byte-compiled in
 # parallel); else, or if uv fails, pip.
-uv_install() { "$VENV/bin/python" "$ROOT/scripts/uv_install.py" "$@"; }
+uv_install() { "$VENV/bin/python" "$ROOT/scripts/uv_install.py" "$@" "${UV_NO_COMPILE[@]}"; }
 HAVE_UV=0
 "${PIP[@]}" -c "$LOCK" uv 2>/dev/null && HAVE_UV=1
 # PyTorch's CPU build first: the package index's default torch is a CUDA build of several

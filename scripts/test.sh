@@ -13,6 +13,16 @@ TOOLS_LOG="$(mktemp)"
 bash "$(dirname "$0")/ensure-tools.sh" >"$TOOLS_LOG" 2>&1 &
 TOOLS_PID=$!
 trap 'rm -f "$TOOLS_LOG"' EXIT
+# Bytecode: each module is compiled the first time a process imports it, and kept for the
+# next, in the environment's own cache (PYTHONPYCACHEPREFIX: outside the source trees, so
+# that no test's repository gains a __pycache__ directory), instead of every installed
+# module at install (most of them are never imported). A cached module is used only while
+# its source keeps the size and modification time (to the second) it was compiled from: the
+# programs the tests write, and rewrite within a second, are run as scripts, never cached.
+unset PYTHONDONTWRITEBYTECODE
+PYTHONPYCACHEPREFIX="$(cd "$(dirname "$0")/.." && pwd)/.venv/pycache"
+export PYTHONPYCACHEPREFIX
+COMPILE_AT_INSTALL=0
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
 PY_DIRS=(kronos_audit tests bench examples scripts)
@@ -37,9 +47,8 @@ echo "== python blocks of README.md and docs/*.md (compile, imports, ruff format
 python scripts/check_doc_code.py
 wait "$TOOLS_PID" || echo "== the tests' programs are not all installed: $(tail -n 1 "$TOOLS_LOG")"
 echo "== pytest"
-# The project's own modules byte-compiled once, here: where PYTHONDONTWRITEBYTECODE is set
-# (as on CI machines) every process the tests start (MPI ranks, kaudit, the examples) would compile them
-# again (the installed packages are compiled by the install).
+# The project's own modules byte-compiled once, here, on both cores: the pytest workers and
+# the processes the tests start (MPI ranks, kaudit, the examples) then all find them.
 python -m compileall -q -j 0 "${PY_DIRS[@]}" >/dev/null
 set +e
 python -m pytest -n "${KAUDIT_TEST_WORKERS:-$(($(nproc) + 1))}" --durations=15 "$@"

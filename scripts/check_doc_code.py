@@ -193,8 +193,11 @@ def import_errors(blocks: list[Block]) -> list[tuple[Block, str]]:
     checks = [import_checks(block) for block in blocks]
     if not any(checks):
         return []
+    # -I ignores PYTHONPYCACHEPREFIX too: the cache this process reads and writes (as under
+    # scripts/test.sh) is named, or the runner compiles anew what it imports.
+    cache = ["-X", f"pycache_prefix={sys.pycache_prefix}"] if sys.pycache_prefix else []
     done = subprocess.run(
-        [sys.executable, "-I", "-c", IMPORT_RUNNER],
+        [sys.executable, "-I", *cache, "-c", IMPORT_RUNNER],
         input=json.dumps([[c for _, c in block] for block in checks]),
         capture_output=True,
         text=True,

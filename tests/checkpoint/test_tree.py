@@ -197,21 +197,15 @@ def test_parameters_conjugates_and_views(tmp_path: Path) -> None:
     assert back["g"].requires_grad
 
 
-def test_encode_shares_memory_and_is_fast() -> None:
+def test_encode_shares_memory_with_every_tensor() -> None:
     sd = collections.OrderedDict((f"layer{i}.weight", torch.randn(8, 8)) for i in range(1000))
     w = torch.randn(64, 64)
     a = np.ones(1000)
     flat = tree.encode({"w": w, "a": a, "m": sd})
     assert np.shares_memory(flat["/w"], w.numpy())  # the run's staging buffers copy, once
     assert np.shares_memory(flat["/a"], a)
-    best = min(_timed(lambda: tree.encode({"m": sd})) for _ in range(3))
-    assert best < 0.05, f"1,000 tensors took {best * 1000:.1f} ms"
-
-
-def _timed(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    # not one of a thousand tensors is copied on the way
+    assert all(np.shares_memory(flat[f"/m/{k}"], t.numpy()) for k, t in sd.items())
 
 
 def test_a_tensor_template_gives_its_dtype(tmp_path: Path) -> None:

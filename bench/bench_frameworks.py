@@ -713,10 +713,13 @@ def main(argv: list[str] | None = None) -> list[tuple[str, bool]] | None:
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.contender:  # contenders, in their subprocess, one after another
+        params = Params(**json.loads(args.params))
         for i, name in enumerate(args.contender):
             scratch = Path(args.scratch) / str(i)
             scratch.mkdir()
-            result = RUNNERS[name](Params(**json.loads(args.params)), scratch)
+            result = RUNNERS[name](params, scratch)
+            if name == CALIBRATE:  # the torch contenders after it do the count it measured
+                params = dataclasses.replace(params, reps=result.steps)
             print(json.dumps(asdict(result)), flush=True)
         return None
     if args.quick:
@@ -724,14 +727,16 @@ def main(argv: list[str] | None = None) -> list[tuple[str, bool]] | None:
         p = Params(seconds=0.5, mib=8, every=0.3, step_ms=5.0)
     else:
         p = Params(seconds=args.seconds, mib=args.mib, every=args.every, step_ms=args.step_ms)
-    reps = measure(CALIBRATE, p).steps
-    p = dataclasses.replace(p, reps=reps, steps=max(1, round(p.seconds * 1e3 / p.step_ms)))
-    if args.quick:  # every contender still runs and is reported: one process for all
-        names = [*CONTENDERS, *ALONE_RUNNERS]
+    p = dataclasses.replace(p, steps=max(1, round(p.seconds * 1e3 / p.step_ms)))
+    if args.quick:  # every contender still runs and is reported: one process for all,
+        # the calibration first in it
+        names = [CALIBRATE, *CONTENDERS, *ALONE_RUNNERS]
         measured = dict(zip(names, measure_together(names, p), strict=True))
+        p = dataclasses.replace(p, reps=measured[CALIBRATE].steps)
         runs = [{name: measured[name] for name in CONTENDERS}]
         alone = {name: measured[name] for name in ALONE_RUNNERS}
     else:
+        p = dataclasses.replace(p, reps=measure(CALIBRATE, p).steps)
         runs = [{name: measure(name, p) for name in CONTENDERS} for _ in range(args.runs)]
         alone = {name: measure(name, p) for name in ALONE_RUNNERS}
     return report(p, runs, alone)

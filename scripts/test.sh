@@ -22,6 +22,8 @@ trap 'rm -f "$TOOLS_LOG"' EXIT
 unset PYTHONDONTWRITEBYTECODE
 PYTHONPYCACHEPREFIX="$(cd "$(dirname "$0")/.." && pwd)/.venv/pycache"
 export PYTHONPYCACHEPREFIX
+# (what earlier runs' tests compiled in their temporary directories is of no further use)
+rm -rf "$PYTHONPYCACHEPREFIX${TMPDIR:-/tmp}/pytest-of-"*
 COMPILE_AT_INSTALL=0
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"

@@ -51,6 +51,10 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         campaign_ledger as campaign_ledger,
     )
     from kronos_audit.runtime.batches import Ledger as Ledger
+    from kronos_audit.runtime.levels import (
+        MemoryLevel as MemoryLevel,
+        PartnerLevel as PartnerLevel,
+    )
     from kronos_audit.runtime.policy import (
         AnyOf as AnyOf,
         AtFinalStep as AtFinalStep,
@@ -108,6 +112,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "kronos_audit.runtime.array": ("ArrayTask", "campaign_ledger"),
     "kronos_audit.runtime.batches": ("Ledger",),
+    "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
     "kronos_audit.runtime.policy": (
         "AnyOf",
         "AtFinalStep",

@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
     from kronos_audit.runtime.batches import Ledger as Ledger, batch_rng as batch_rng
+    from kronos_audit.runtime.levels import (
+        MemoryLevel as MemoryLevel,
+        PartnerLevel as PartnerLevel,
+    )
     from kronos_audit.runtime.policy import (
         AnyOf as AnyOf,
         AtFinalStep as AtFinalStep,
@@ -34,6 +38,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "kronos_audit.runtime.batches": ("Ledger", "batch_rng"),
+    "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
     "kronos_audit.runtime.policy": (
         "AnyOf",
         "AtFinalStep",

@@ -1,0 +1,88 @@
+"""The levels a run may keep its steps on, declared: a memory level and a partner level.
+
+Beside the durable level (the run directory and the DVC remote, as every run has), a run
+will be able to keep its newest steps on cheaper levels:
+
+- :class:`MemoryLevel`: each rank's shard in a node-local RAM directory such as
+  ``/dev/shm/...``, enough to restart after a process fault;
+- :class:`PartnerLevel`: each rank's shard also kept by a partner rank on another node,
+  enough to restart after one node's loss.
+
+These are the declarations only: plain frozen values, checked when made. Writing the steps
+to these levels and restoring from them is not built yet, and ``ka.Run`` does not take them
+yet. How often each level should be written is :mod:`kronos_audit.runtime.levels_interval`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kronos_audit.errors import UsageError
+
+
+def _count(owner: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{owner}: {name} must be a positive whole number, got {value!r:.40}")
+    return value
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """Keep each rank's shard of the newest steps in a node-local RAM directory.
+
+    ``MemoryLevel("/dev/shm/heat", every=1, keep=2)``: a step every ``every`` steps, the
+    ``keep`` newest kept. The directory must be absolute and exist (a RAM directory is made
+    by the job script, once per node); a relative path would land wherever the program
+    happens to run.
+    """
+
+    dir: Path | str
+    """The node-local directory: a path or a ``str``, held as a :class:`Path` once
+    constructed."""
+    every: int = field(default=1, kw_only=True)
+    """Write a step to this level every this many steps."""
+    keep: int = field(default=2, kw_only=True)
+    """How many of the newest steps this level keeps."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dir, str | os.PathLike):
+            raise UsageError(f"MemoryLevel: dir must be a path, got {self.dir!r:.60}")
+        path = Path(self.dir)
+        if not path.is_absolute():
+            raise UsageError(f"MemoryLevel: dir must be an absolute path, got {str(path)!r}")
+        if not path.is_dir():
+            what = "is not a directory" if path.exists() else "does not exist"
+            raise UsageError(f"MemoryLevel: dir {str(path)!r} {what}")
+        object.__setattr__(self, "dir", path)
+        _count("MemoryLevel", "every", self.every)
+        _count("MemoryLevel", "keep", self.keep)
+
+
+@dataclass(frozen=True)
+class PartnerLevel:
+    """Keep a copy of each rank's shard of the newest steps on a partner rank on another node.
+
+    ``PartnerLevel(every=1, keep=1)``: a step every ``every`` steps, the ``keep`` newest
+    kept. Ranks learn their node from the job (hostname, or ``SLURM_NODEID``); ``nodes``
+    instead splits the ranks into that many simulated nodes, to try the level on one
+    machine.
+    """
+
+    every: int = 1
+    """Write a step to this level every this many steps."""
+    keep: int = 1
+    """How many of the newest steps this level keeps."""
+    nodes: int | None = None
+    """Simulate this many nodes (at least 2) rather than ask the job which node a rank is
+    on; None: ask the job."""
+
+    def __post_init__(self) -> None:
+        _count("PartnerLevel", "every", self.every)
+        _count("PartnerLevel", "keep", self.keep)
+        if self.nodes is not None and _count("PartnerLevel", "nodes", self.nodes) < 2:
+            raise UsageError(
+                "PartnerLevel: nodes must be at least 2 (a partner is on another node), "
+                f"got {self.nodes}"
+            )

@@ -14,7 +14,9 @@ so")::
 The interval policies (:class:`EverySteps`, :class:`EverySeconds`, :class:`Auto`) also save
 at the final step and on preemption, unless told not to (``final=False``,
 ``on_preemption=False``). :class:`OnPreemption` saves on preemption only,
-:class:`AtFinalStep` at the final step only, :class:`Never` never.
+:class:`AtFinalStep` at the final step only, :class:`Never` never. :class:`AutoLevels`
+(``Auto.for_levels([...])``) plans a run kept on several levels: when to save, and to which
+level.
 
 Policies keep no state: everything they need (the last checkpoint's step and time, the
 measured cost of checkpoints) is in the context, so one policy serves a run across
@@ -27,12 +29,15 @@ first, is :mod:`kronos_audit.runtime.retention`'s.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime.interval import daly, parse_duration
+from kronos_audit.runtime.levels_interval import LevelCost, LevelPlan, optimal_plan
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,10 @@ class SaveContext:
     final: bool = False
     """This is the last step the run does (the last of ``run.steps(n)``, or the batch that
     completes ``run.batches(n)``)."""
+    level_stalls: tuple[float | None, ...] | None = None
+    """With several levels: the mean seconds the loop stalled per checkpoint written to
+    each level so far, cheapest level first (``None`` for a level not written yet);
+    ``None`` for a run of one level. :class:`AutoLevels` plans from these."""
 
 
 @runtime_checkable
@@ -244,6 +253,133 @@ class Auto(_Interval):
 
     def due(self, ctx: SaveContext) -> bool:
         return ctx.now - ctx.last_time >= self.interval(ctx)
+
+    @staticmethod
+    def for_levels(
+        mtbf: Sequence[float | str],
+        *,
+        restart: Sequence[float | str | None] | None = None,
+        names: Sequence[str] | None = None,
+        initial: float = 600.0,
+        final: bool = True,
+        on_preemption: bool = True,
+    ) -> AutoLevels:
+        """Auto over several levels, cheapest first (memory, partner, durable): each
+        level's MTBF is that of the failures it is the cheapest level to recover from
+        (:class:`AutoLevels`)."""
+        if isinstance(mtbf, str):
+            raise UsageError(f"AutoLevels: mtbf must be one MTBF per level, got {mtbf!r}")
+        return AutoLevels(
+            mtbf=tuple(mtbf),
+            restart=None if restart is None else tuple(restart),
+            names=None if names is None else tuple(names),
+            initial=initial,
+            final=final,
+            on_preemption=on_preemption,
+        )
+
+
+# Costs measured as a run goes change a little at every checkpoint; planning for them
+# rounded to two significant figures keeps the (costly) search to a few plans per run.
+def _rounded(seconds: float) -> float:
+    return float(f"{seconds:.2g}") if seconds > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(levels: tuple[LevelCost, ...]) -> LevelPlan:
+    return optimal_plan(levels)
+
+
+@dataclass(frozen=True)
+class AutoLevels(_Interval):
+    """Auto for a run that keeps its steps on several levels: the pattern of least waste in
+    Moody et al.'s multi-level model (:mod:`kronos_audit.runtime.levels_interval`) for the
+    stall measured on each level, recomputed as the measurements change; also at the final
+    step and on preemption (``final=False``, ``on_preemption=False`` to opt out).
+
+    It saves when ``now - last_time`` reaches the plan's interval (never more often than
+    ``write_time``, as :class:`Auto`), and :meth:`level` says which level that checkpoint
+    goes to. Until every level has been measured it saves once ``initial`` seconds have
+    passed. Made by :meth:`Auto.for_levels`.
+    """
+
+    mtbf: tuple[float | str, ...]
+    """Each level's MTBF, cheapest level first: seconds, or durations such as ``"6h"``.
+    Held as seconds once constructed."""
+    restart: tuple[float | str | None, ...] | None = None
+    """Each level's restart time; None (for all, or one level): the level's measured
+    stall, as Moody et al. take it."""
+    names: tuple[str, ...] | None = None
+    """The levels' names for messages and plans; default ``level1``, ``level2``, ..."""
+    initial: float = field(default=600.0, kw_only=True)
+    """Seconds before the first checkpoint, while the costs are still unmeasured."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mtbf, str) or not isinstance(self.mtbf, Sequence) or not self.mtbf:
+            raise UsageError(f"AutoLevels: mtbf must be one MTBF per level, got {self.mtbf!r}")
+        n = len(self.mtbf)
+        mtbf = tuple(_positive_seconds("AutoLevels", "mtbf", m) for m in self.mtbf)
+        object.__setattr__(self, "mtbf", mtbf)
+        restart = self.restart
+        if restart is not None:
+            if len(restart) != n:
+                raise UsageError(f"AutoLevels: give {n} restart times, one per level")
+            restart = tuple(
+                None if r is None else _positive_seconds("AutoLevels", "restart", r)
+                for r in restart
+            )
+            object.__setattr__(self, "restart", restart)
+        names = self.names if self.names is not None else [f"level{i + 1}" for i in range(n)]
+        if len(names) != n or len(set(names)) != n:
+            raise UsageError(f"AutoLevels: give {n} different names, one per level")
+        object.__setattr__(self, "names", tuple(names))
+        object.__setattr__(
+            self, "initial", _positive_seconds("AutoLevels", "initial", self.initial)
+        )
+        super().__post_init__()
+
+    def plan(self, costs: Sequence[float]) -> LevelPlan:
+        """The pattern of least waste for these per-level costs (seconds per checkpoint,
+        cheapest level first), rounded to two significant figures."""
+        if len(costs) != len(self.mtbf):
+            raise UsageError(f"AutoLevels: {len(self.mtbf)} levels, {len(costs)} costs given")
+        assert self.names is not None
+        levels = []
+        for i, (name, cost, mtbf) in enumerate(zip(self.names, costs, self.mtbf, strict=True)):
+            restart = None if self.restart is None else self.restart[i]
+            levels.append(
+                LevelCost(
+                    name=name,
+                    cost=_rounded(max(float(cost), 0.0)),
+                    mtbf=float(mtbf),
+                    restart=_rounded(max(float(cost), 0.0)) if restart is None else float(restart),
+                )
+            )
+        return _plan(tuple(levels))
+
+    def measured_plan(self, ctx: SaveContext) -> LevelPlan | None:
+        """The plan for the stalls ``ctx`` has measured; None until every level has one."""
+        stalls = ctx.level_stalls
+        if stalls is None or len(stalls) != len(self.mtbf) or any(s is None for s in stalls):
+            return None
+        return self.plan([float(s) for s in stalls if s is not None])
+
+    def interval(self, ctx: SaveContext) -> float:
+        """Seconds between checkpoints AutoLevels aims for given what ``ctx`` has measured."""
+        plan = self.measured_plan(ctx)
+        if plan is None:
+            return self.initial
+        floor = self.initial if ctx.write_time is None else ctx.write_time
+        return max(plan.interval, floor)
+
+    def due(self, ctx: SaveContext) -> bool:
+        return ctx.now - ctx.last_time >= self.interval(ctx)
+
+    def level(self, ctx: SaveContext, n: int) -> int:
+        """Index of the level the ``n``-th checkpoint since the last durable one goes to
+        (the durable level, the last, before every level is measured)."""
+        plan = self.measured_plan(ctx)
+        return len(self.mtbf) - 1 if plan is None else plan.level_of(n)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def test_it_saves_every_plan_interval_once_every_level_is_measured(policy: AutoL
     tau = policy.plan(MEASURED).interval
     assert policy.interval(ctx(**measured)) == tau
     assert not policy.should_save(ctx(now=START + tau - 1.0, **measured))
-    assert policy.should_save(ctx(now=START + tau, **measured))
+    assert policy.should_save(ctx(now=START + tau + 0.001, **measured))
     # and which level each checkpoint goes to, counted from the last durable one
     every = policy.plan(MEASURED).every
     levels = [policy.level(ctx(**measured), n) for n in range(1, every[2] + 1)]

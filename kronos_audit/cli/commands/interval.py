@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from kronos_audit.errors import UsageError
 
 if TYPE_CHECKING:
     from kronos_audit.runtime.interval import Estimate, Plan, Simulation
+    from kronos_audit.runtime.levels_interval import LevelCost, LevelPlan, LevelSimulation
 
 # Intervals simulated: Daly's tau times 2^(k/2), k = -4..4, i.e. 0.25x to 4x.
 FACTORS = tuple(2.0 ** (k / 2) for k in range(-4, 5))
@@ -222,29 +224,262 @@ def _sweep_json(sweep: _Sweep, job: float, trials: int, seed: int) -> dict[str, 
     }
 
 
+# -- several levels (--level) ---------------------------------------------------------------
+
+_SPEC = re.compile(r"([A-Za-z][A-Za-z0-9_-]{0,31}):(.*)", re.DOTALL)
+_KEYS = ("cost", "mtbf", "restart")
+# A plan is simulated over enough patterns for about --trials failures, and no more than these.
+_MAX_PATTERNS = 200_000
+
+
+def parse_level(text: str) -> LevelCost:
+    """``NAME:cost=DURATION,mtbf=DURATION[,restart=DURATION]`` as a level (restart
+    defaults to the cost). Raises :class:`~kronos_audit.errors.UsageError` naming the
+    text and what is wrong with it."""
+    from kronos_audit.runtime.interval import parse_duration
+    from kronos_audit.runtime.levels_interval import LevelCost
+
+    where = f"--level {text!r:.80}"
+    match = _SPEC.fullmatch(text)
+    if match is None:
+        raise UsageError(
+            f"{where}: write NAME:cost=DURATION,mtbf=DURATION[,restart=DURATION], "
+            "e.g. memory:cost=0.05s,mtbf=6h (a name of letters, digits, - and _)"
+        )
+    name, rest = match.groups()
+    values: dict[str, float] = {}
+    for part in rest.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip().lower()
+        if not eq or key not in _KEYS:
+            raise UsageError(f"{where}: {part.strip()!r:.40} is not one of cost=, mtbf=, restart=")
+        if key in values:
+            raise UsageError(f"{where}: {key}= given twice")
+        try:
+            values[key] = parse_duration(value.strip())
+        except UsageError as e:
+            raise UsageError(f"{where}: {key}: {e}") from None
+    for key in ("cost", "mtbf"):
+        if key not in values:
+            raise UsageError(f"{where}: needs {key}=DURATION")
+    for key in ("cost", "mtbf"):
+        if values[key] == 0:
+            raise UsageError(f"{where}: {key} must be more than zero")
+    return LevelCost(
+        name=name,
+        cost=values["cost"],
+        mtbf=values["mtbf"],
+        restart=values.get("restart", values["cost"]),
+    )
+
+
+def plan_levels(specs: tuple[str, ...]) -> tuple[LevelPlan, LevelPlan]:
+    """The optimal plan for the levels given, and for the durable level alone."""
+    from kronos_audit.runtime.levels_interval import optimal_plan, single_level
+
+    levels = [parse_level(s) for s in specs]
+    names = [x.name for x in levels]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--level: two levels share a name: {', '.join(names)}")
+    return optimal_plan(levels), optimal_plan([single_level(levels)])
+
+
+def _patterns(plan: LevelPlan, failures: int) -> int:
+    rate = sum(1.0 / x.mtbf for x in plan.levels)
+    wall = plan.every[-1] * plan.interval / max(1.0 - plan.waste, 1e-300)
+    return max(20, min(_MAX_PATTERNS, math.ceil(failures / max(rate * wall, 1e-300))))
+
+
+def simulate_both(
+    many: LevelPlan, one: LevelPlan, failures: int, seed: int
+) -> tuple[LevelSimulation | None, LevelSimulation | None]:
+    """A Monte Carlo of each plan, of about ``failures`` failures each (None where the
+    model expects too many to simulate)."""
+    import numpy as np
+
+    from kronos_audit.runtime.levels_interval import simulate
+
+    rng = np.random.default_rng(seed)
+    sims: list[LevelSimulation | None] = []
+    for plan in (one, many):
+        try:
+            sims.append(simulate(plan, _patterns(plan, failures), rng))
+        except UsageError:
+            sims.append(None)
+    return sims[1], sims[0]
+
+
+def _plan_json(plan: LevelPlan, job: float | None) -> dict[str, Any]:
+    wall = None if job is None else plan.wall_time(job)
+    return {
+        "levels": [
+            {
+                "name": x.name,
+                "cost": x.cost,
+                "restart": x.restart,
+                "mtbf": x.mtbf,
+                "every": k,
+                "interval": k * plan.interval,
+            }
+            for x, k in zip(plan.levels, plan.every, strict=True)
+        ],
+        "interval": plan.interval,
+        "expected_waste": plan.waste,
+        "overhead": plan.overhead,
+        "expected_wall": None if wall is None or math.isinf(wall) else wall,
+    }
+
+
+def _sim_json(sim: LevelSimulation | None) -> dict[str, Any] | None:
+    if sim is None:
+        return None
+    return {
+        "patterns": sim.patterns,
+        "measured_waste": sim.waste,
+        "stderr": sim.stderr,
+        "failures_per_hour": sim.failures,
+        "lost_work_per_failure": sim.lost_work,
+        "restores": list(sim.restores),
+    }
+
+
+def levels_json(
+    many: LevelPlan,
+    one: LevelPlan,
+    job: float | None,
+    sims: tuple[LevelSimulation | None, LevelSimulation | None] | None,
+    failures: int,
+    seed: int,
+) -> dict[str, Any]:
+    return {
+        "model": "Moody et al., SC'10",
+        "job": job,
+        "levels": _plan_json(many, job),
+        "durable_only": _plan_json(one, job),
+        "simulation": None
+        if sims is None
+        else {
+            "failures": failures,
+            "seed": seed,
+            "levels": _sim_json(sims[0]),
+            "durable_only": _sim_json(sims[1]),
+        },
+    }
+
+
+def print_levels(
+    many: LevelPlan,
+    one: LevelPlan,
+    job: float | None,
+    sims: tuple[LevelSimulation | None, LevelSimulation | None] | None,
+    failures: int,
+    seed: int,
+) -> None:
+    columns = [
+        Column("level"),
+        Column("cost", "right"),
+        Column("restart", "right"),
+        Column("MTBF", "right"),
+        Column("written every", "right"),
+        Column("interval", "right"),
+    ]
+    rows = []
+    for i, (x, k) in enumerate(zip(many.levels, many.every, strict=True)):
+        below = (
+            "checkpoint"
+            if i == 0
+            else f"{k // many.every[i - 1]} x {safe(many.levels[i - 1].name)}"
+        )
+        rows.append(
+            [
+                safe(x.name),
+                human(x.cost),
+                human(x.restart),
+                human(x.mtbf),
+                below,
+                human(k * many.interval),
+            ]
+        )
+    out.table(columns, rows)
+    out.print(
+        f"expected waste [bold]{percent(many.waste)}[/] "
+        f"({percent(many.overhead)} if nothing failed: the checkpoints; Moody et al., SC'10)"
+    )
+    alone = one.levels[0]
+    out.print(
+        f"{safe(alone.name)} level alone, against every failure (MTBF {human(alone.mtbf)}): "
+        f"every {human(one.interval)} of work, expected waste {percent(one.waste)}"
+    )
+    if job is not None:
+        out.print(
+            f"wall time for {human(job)} of work: {human(many.wall_time(job), like=job)} "
+            f"with the levels, {human(one.wall_time(job), like=job)} with the "
+            f"{safe(alone.name)} level alone"
+        )
+    if sims is None:
+        return
+    out.print()
+    headers = ("plan", "model", "measured", "checkpoints", "lost per failure", "failures/h")
+    table = []
+    for label, plan, sim in (
+        (f"{safe(alone.name)} alone", one, sims[1]),
+        (f"{len(many.levels)} levels", many, sims[0]),
+    ):
+        table.append(
+            [
+                label,
+                percent(plan.waste),
+                "not simulated" if sim is None else f"{percent(sim.waste)} ± {percent(sim.stderr)}",
+                percent(plan.overhead),
+                "" if sim is None else human(sim.lost_work),
+                "" if sim is None else f"{sim.failures:.3g}",
+            ]
+        )
+    out.table(
+        [Column(h, "left" if h == "plan" else "right") for h in headers],
+        table,
+        title=f"Monte Carlo: about {failures} failures per plan, seed {seed}",
+        caption="model and measured: expected waste; checkpoints: its part without failures; "
+        "lost per failure: work redone, mean",
+    )
+
+
 @click.command()
 @click.option(
     "--mtbf",
-    required=True,
     metavar="DURATION",
     help="Mean time between failures, e.g. 24h, 90min, 1h30m, 2d.",
 )
 @click.option(
     "--cost",
-    required=True,
     metavar="DURATION",
     help="Time one checkpoint costs the run, e.g. 5min, 40s.",
 )
-@click.option("--restart", default="0", show_default=True, help="Time to restart after a failure.")
+@click.option("--restart", help="Time to restart after a failure.  [default: 0]")
+@click.option(
+    "--level",
+    "levels",
+    multiple=True,
+    metavar="NAME:cost=D,mtbf=D[,restart=D]",
+    help="A level, cheapest first (repeat it; the last is the durable one); its MTBF is that "
+    "of the failures it is the cheapest level to recover from. Instead of --mtbf and --cost.",
+)
 @click.option("--job", help="Work the job needs (e.g. 500h): adds its expected wall time.")
 @click.option("--simulate", "do_simulate", is_flag=True, help="Check the model by Monte Carlo.")
-@click.option("--trials", default=1000, show_default=True, type=int, help="Simulated runs.")
+@click.option(
+    "--trials",
+    default=1000,
+    show_default=True,
+    type=int,
+    help="Simulated runs (with --level: about this many failures per plan).",
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the simulation.")
 @json_option("Print the results as JSON (seconds).")
 def interval(
-    mtbf: str,
-    cost: str,
-    restart: str,
+    mtbf: str | None,
+    cost: str | None,
+    restart: str | None,
+    levels: tuple[str, ...],
     job: str | None,
     do_simulate: bool,
     trials: int,
@@ -258,20 +493,43 @@ def interval(
     intervals from 0.25x to 4x Daly's and shows the waste it measured beside the model's
     (by default each trial is 50 MTBFs of work).
 
+    With --level (repeated, cheapest level first) it gives each level's interval by Moody
+    et al.'s multi-level model (SC'10) and the durable level alone beside it; --simulate
+    then runs both by Monte Carlo.
+
     \b
-    Example:
+    Examples:
       kaudit interval --mtbf 24h --cost 5min --restart 10min --job 500h --simulate
+      kaudit interval --level memory:cost=0.05s,mtbf=6h --level partner:cost=0.2s,mtbf=2d \\
+                      --level durable:cost=30s,restart=60s,mtbf=30d
     """
     from kronos_audit.runtime.interval import plan
 
-    mtbf_s = _duration("--mtbf", mtbf)
-    cost_s = _duration("--cost", cost)
-    restart_s = _duration("--restart", restart, allow_zero=True)
     job_s = None if job is None else _duration("--job", job)
     if trials < 1:
         raise UsageError(f"--trials: must be at least 1, got {trials}")
     if seed < 0:
         raise UsageError(f"--seed: must not be negative, got {seed}")
+    if levels:
+        given = [o for o, v in (("--mtbf", mtbf), ("--cost", cost), ("--restart", restart)) if v]
+        if given:
+            raise UsageError(
+                f"{'/'.join(given)} and --level exclude each other: give each "
+                "level its cost, mtbf and restart"
+            )
+        many, one = plan_levels(levels)
+        sims = simulate_both(many, one, trials, seed) if do_simulate else None
+        if as_json:
+            out.json(levels_json(many, one, job_s, sims, trials, seed))
+        else:
+            print_levels(many, one, job_s, sims, trials, seed)
+        return
+    if mtbf is None or cost is None:
+        missing = "--mtbf" if mtbf is None else "--cost"
+        raise UsageError(f"{missing} is required (or give the levels with --level)")
+    mtbf_s = _duration("--mtbf", mtbf)
+    cost_s = _duration("--cost", cost)
+    restart_s = _duration("--restart", "0" if restart is None else restart, allow_zero=True)
     p = plan(cost_s, mtbf_s, restart_s)
 
     sim_job = JOB_MTBFS * mtbf_s if job_s is None else job_s

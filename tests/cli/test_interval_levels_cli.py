@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +138,22 @@ def test_a_plan_that_loses_everything_is_said_and_not_simulated() -> None:
     assert r.exit_code == 0, r.output
     assert "expected waste 100.00%" in r.stdout
     assert r.stdout.count("not simulated") == 2
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "interval.md"
+
+
+def doc_examples() -> list[tuple[str, str]]:
+    """Each ``$ kaudit interval --level ...`` block of docs/interval.md: its command line and
+    the output it shows."""
+    text = DOC.read_text(encoding="utf-8")
+    blocks = re.findall(r"^```\n\$ (kaudit interval --level[^\n]*)\n(.*?)^```$", text, re.M | re.S)
+    assert len(blocks) == 2, "docs/interval.md shows two runs with --level"
+    return blocks
+
+
+@pytest.mark.parametrize(("command", "shown"), doc_examples(), ids=["plan", "simulate"])
+def test_the_docs_show_what_the_command_prints(command: str, shown: str) -> None:
+    r = run_cli(*shlex.split(command)[1:])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == shown

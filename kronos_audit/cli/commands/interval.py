@@ -498,7 +498,7 @@ def interval(
     then runs both by Monte Carlo.
 
     \b
-    Examples:
+    Example:
       kaudit interval --mtbf 24h --cost 5min --restart 10min --job 500h --simulate
       kaudit interval --level memory:cost=0.05s,mtbf=6h --level partner:cost=0.2s,mtbf=2d \\
                       --level durable:cost=30s,restart=60s,mtbf=30d

@@ -96,8 +96,10 @@ POLICIES = (
     "Auto",
     "EverySeconds",
     "EverySteps",
+    "MemoryLevel",
     "Never",
     "OnPreemption",
+    "PartnerLevel",
     "Retention",
     "SaveContext",
     "SavePolicy",
@@ -118,6 +120,8 @@ def test_import_kronos_audit_is_light_before_and_after_a_policy_is_used() -> Non
         "                     write_time=1.0, preempted=False)\n"
         "assert policy.should_save(ctx)\n"
         "ka.Retention(keep=3, keep_every=100)\n"
+        "ka.PartnerLevel(every=2, nodes=3)\n"
+        "ka.Auto.for_levels(['6h', '30d']).plan([0.1, 30.0])\n"
         "print(*loaded())\n"
         "print('kronos_audit.runtime.run' in sys.modules)"
     )

@@ -156,6 +156,8 @@ def _fail_time(duration: float, rate: float) -> float:
     x = rate * duration
     if x < 1e-2:  # 1/x - 1/expm1(x) by its series: the closed form cancels here
         return duration * (0.5 - x / 12.0 + x**3 / 720.0 - x**5 / 30240.0)
+    if x > 700.0:  # expm1 would overflow; 1/expm1(x) is far below 1/x's last digit
+        return duration / x
     return duration * (1.0 / x - 1.0 / math.expm1(x))
 
 

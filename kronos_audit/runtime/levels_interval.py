@@ -143,6 +143,11 @@ def _checked_every(every: Sequence[int], n_levels: int) -> tuple[int, ...]:
 # in the retry loop of its level; both compositions are exact for Poisson failures.
 
 
+class _NoProgress(ArithmeticError):
+    """A retry loop that never ends (its restart always fails, or its tries always do), as
+    far as a float can tell: the run makes no progress."""
+
+
 @dataclass(frozen=True)
 class _Phase:
     ok: float
@@ -203,7 +208,7 @@ def _retry(y: _Phase, k: int, restart: _Phase) -> _Phase:
     again = range(top + 1) if k == top else range(k)
     p_again = sum(restart.p[i] for i in again)
     if p_again >= 1.0:
-        raise OverflowError
+        raise _NoProgress
     t_again = sum(restart.mass[i] for i in again) / p_again if p_again > 0 else 0.0
     loops = p_again / (1.0 - p_again)
     p_back = restart.ok / (1.0 - p_again)
@@ -217,7 +222,7 @@ def _retry(y: _Phase, k: int, restart: _Phase) -> _Phase:
         escape_t[i] = (m / p if p > 0 else 0.0) + loops * t_again
     q = p_fail * p_back  # a try fails and is restarted
     if q >= 1.0:
-        raise OverflowError
+        raise _NoProgress
     retries = q / (1.0 - q)
     wasted = retries * (t_fail + t_back)
     p_out, mass_out = [0.0] * (top + 1), [0.0] * (top + 1)
@@ -272,7 +277,7 @@ def expected_waste(levels: Sequence[LevelCost], interval: float, every: Sequence
         raise UsageError(f"interval must be a finite, positive number of seconds, got {interval!r}")
     try:
         wall = _pattern_time(levels, float(interval), every)
-    except (OverflowError, ZeroDivisionError):
+    except (_NoProgress, OverflowError, ZeroDivisionError):
         return 1.0
     if not math.isfinite(wall) or wall <= 0:
         return 1.0

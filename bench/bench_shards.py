@@ -25,7 +25,7 @@ for the one real shard and the real index and tree:
 
 - the push: what one rank pushes after a commit (its shard, confirmed in the remote), and
   rank 0 (its shard, the index and the tree, then the step manifest in the run's remote
-  directory, last), as ``kronos_audit.runtime.pushing.Pusher`` does;
+  directory, last), as ``kronos_audit.runtime.remote.push.Pusher`` does;
 - a resume from the remote alone, in a second repository trusting the key (a machine that
   never held the run, its DVC cache empty): what rank 0 brings
   (``RemoteResume.newest(sharded=True)``: the step manifest, its chain (here of one step),
@@ -116,10 +116,10 @@ from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state
-from kronos_audit.runtime.resume_remote import RemoteResume, push_manifest
-from kronos_audit.runtime.sharded import ShardedPublisher
-from kronos_audit.runtime.sharded_remote import _shards_of
-from kronos_audit.runtime.sharded_steps import Agreed
+from kronos_audit.runtime.remote.resume import RemoteResume, push_manifest
+from kronos_audit.runtime.remote.shard_fetch import _shards_of
+from kronos_audit.runtime.steps.layouts import Agreed
+from kronos_audit.runtime.steps.shards import ShardedPublisher
 from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem

@@ -68,12 +68,12 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         SavePolicy as SavePolicy,
     )
     from kronos_audit.provenance.dispatch import DispatchNotPinned as DispatchNotPinned
-    from kronos_audit.runtime.publish import CheckpointSkipped as CheckpointSkipped
+    from kronos_audit.runtime.steps.interface import CheckpointSkipped as CheckpointSkipped
     from kronos_audit.runtime.run import (
         PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
         Run as Run,
     )
-    from kronos_audit.runtime.supervisor import (
+    from kronos_audit.supervise.supervisor import (
         CommandStartError as CommandStartError,
     )
     from kronos_audit.signing.snapshot import (
@@ -125,10 +125,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SaveContext",
         "SavePolicy",
     ),
-    "kronos_audit.runtime.publish": ("CheckpointSkipped",),
+    "kronos_audit.runtime.steps.interface": ("CheckpointSkipped",),
     "kronos_audit.provenance.dispatch": ("DispatchNotPinned",),
     "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
-    "kronos_audit.runtime.supervisor": ("CommandStartError",),
+    "kronos_audit.supervise.supervisor": ("CommandStartError",),
     "kronos_audit.signing.snapshot": ("snapshot",),
     "kronos_audit.statement.manifest": (
         "Manifest",

@@ -206,6 +206,7 @@ def test_only_the_cli_imports_click_and_rich() -> None:
 LAYERS: tuple[str, ...] = (
     "errors",  # the error hierarchy and the exit codes
     "_internal",  # plumbing: atomic files, bounded reads, strict JSON, the git command
+    "supervise",  # `kaudit run`'s supervisor and what it tells the program
     "parallel",  # communicators and data layouts, for one rank or many
     "checkpoint",  # the run directory's names, HDF5 files, state trees, hashing
     "compare",  # agreement of two checkpoints, bitwise or within a tolerance

@@ -8,8 +8,8 @@ checkpoints deleted by anyone.
 Nothing leaves DVC's cache on an unsigned word: a checkpoint's ``.dvc`` file, git-ignore
 entry and cache objects go only once the record that prunes it is signed, and the objects
 that go are those its own manifest signs, that manifest's signature checked first, and only
-those no other checkpoint beside it still names (as :func:`kronos_audit.runtime.retention.prune`
-decides)."""
+those no other checkpoint beside it still names (as
+:func:`kronos_audit.runtime.steps.retention.prune` decides)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kronos_audit.errors import Error
 from kronos_audit.integrations._common import MAX_SIBLINGS
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
-from kronos_audit.runtime.retention import claimed
+from kronos_audit.runtime.steps.retention import claimed
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
 from kronos_audit.storage.steps import step_items

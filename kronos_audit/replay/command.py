@@ -21,8 +21,8 @@ from pathlib import Path
 
 from kronos_audit.checkpoint.layout import checkpoint_name, named_step
 from kronos_audit.errors import ReplayError, Stage
-from kronos_audit.runtime.protocol import ReplayInstruction
 from kronos_audit.statement.manifest import Manifest
+from kronos_audit.supervise.protocol import ReplayInstruction
 
 Instruction = ReplayInstruction
 """What the replayed command is told: the protocol's one instruction type, written here as

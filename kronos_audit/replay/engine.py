@@ -58,11 +58,11 @@ from kronos_audit.replay.launch import launch, launcher_defaults, launcher_name,
 from kronos_audit.replay.produced import Produced, by_signed_digests
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
-from kronos_audit.runtime.protocol import ENVIRONMENT_FILE
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.attestation import ManifestRef
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.statement.predicate import EnvironmentLock
+from kronos_audit.supervise.protocol import ENVIRONMENT_FILE
 from kronos_audit.verification.verifier import Verifier
 
 TOOL = f"kronos-audit {__version__}"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         SaveContext as SaveContext,
         SavePolicy as SavePolicy,
     )
-    from kronos_audit.runtime.publish import CheckpointSkipped as CheckpointSkipped
+    from kronos_audit.runtime.steps.interface import CheckpointSkipped as CheckpointSkipped
     from kronos_audit.runtime.run import (
         PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
         Run as Run,
@@ -51,7 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SaveContext",
         "SavePolicy",
     ),
-    "kronos_audit.runtime.publish": ("CheckpointSkipped",),
+    "kronos_audit.runtime.steps.interface": ("CheckpointSkipped",),
     "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
 }
 """Each module and the names this package gives from it, imported the first time one is

@@ -24,7 +24,7 @@ restarts and can be shared freely.
 
 :class:`Retention` says which checkpoints keep their data once a newer one is written
 (``Run(retention=Retention(keep=3, keep_every=100))``); deleting the others' data, signed
-first, is :mod:`kronos_audit.runtime.retention`'s.
+first, is :mod:`kronos_audit.runtime.steps.retention`'s.
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ class Retention:
     every step that is a multiple of it, for ever. Without ``keep`` every checkpoint keeps
     its data (``keep_every`` alone changes nothing). Single-file and sharded steps count
     together, in the order of their steps. The others' data is deleted once a newer step
-    is signed, their manifests kept (:func:`kronos_audit.runtime.retention.doomed`)."""
+    is signed, their manifests kept (:func:`kronos_audit.runtime.steps.retention.doomed`)."""
 
     keep: int | None = None
     """How many of the newest checkpoints keep their data (at least 1); None: all."""

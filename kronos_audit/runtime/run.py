@@ -36,12 +36,12 @@ On several ranks (under ``mpiexec``, ``srun`` or ``torchrun``, or with ``comm=``
 runs the same loop: each writes its shard of a step into ``<root>/<run>/step-<N:08d>/``,
 rank 0 signs the step once every shard is durable, the save decision and a preemption are
 agreed, and restore takes the newest step valid on every rank, re-cut for another rank
-count where ``layout=`` says how (:mod:`kronos_audit.runtime.sharded`). ``run.batches(n)``
+count where ``layout=`` says how (:mod:`kronos_audit.runtime.steps.shards`). ``run.batches(n)``
 deals the batches over the ranks, each to one, and every checkpoint gathers their results
 (:class:`~kronos_audit.runtime.batches.Split`).
 
 The loop is the same under ``kaudit replay``; where the checkpoints go and what they
-become is its publisher's business (:mod:`kronos_audit.runtime.publish`).
+become is its publisher's business (:mod:`kronos_audit.runtime.steps.interface`).
 """
 
 from __future__ import annotations
@@ -75,17 +75,17 @@ from kronos_audit.runtime import rng, uncaught
 from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
-from kronos_audit.runtime.file_steps import FilePublisher
 from kronos_audit.runtime.policy import EverySeconds, Retention, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
-from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
-from kronos_audit.runtime.replaying import FileReplayPublisher, ShardedReplayPublisher
-from kronos_audit.runtime.run_restore import RunRestore
-from kronos_audit.runtime.sharded import ShardedPublisher
-from kronos_audit.runtime.sharded_steps import expand_layout, has_sharded_steps
+from kronos_audit.runtime.restore import RunRestore
+from kronos_audit.runtime.steps.file import FilePublisher
+from kronos_audit.runtime.steps.interface import Publisher
+from kronos_audit.runtime.steps.layouts import expand_layout, has_sharded_steps
+from kronos_audit.runtime.steps.replay import FileReplayPublisher, ShardedReplayPublisher
+from kronos_audit.runtime.steps.shards import ShardedPublisher
 from kronos_audit.statement.predicate import Batches, RngRecord
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
 
 LOCAL_DIR_ENV = "KAUDIT_LOCAL_DIR"
 """Set per node: the directory, on that node's own storage and inside a clone of the
@@ -445,7 +445,7 @@ class Run(RunRestore):
         for all, and a signal on any rank stops every rank at the same step. ``layout``
         (``{"u": ka.Block(axis=0), "params": ka.Replicated()}``) says how keys of the state
         are spread over the ranks, so that a restart on another rank count can re-cut them
-        (see :mod:`kronos_audit.runtime.sharded`); on one rank it is checked and unused.
+        (see :mod:`kronos_audit.runtime.steps.shards`); on one rank it is checked and unused.
 
         In a :meth:`batches` loop ``step`` is not used: the step is the number of batches
         done (on every rank), and the call is collective too (one per batch; see there).

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT
 from tests.helpers import KAUDIT, run_cli
 from tests.supervised import logged, program
 
@@ -164,7 +164,7 @@ def test_summary_counts_steps_redone(tmp_path: Path) -> None:
     cmd = program(
         tmp_path,
         """
-        from kronos_audit.runtime.protocol import Progress
+        from kronos_audit.supervise.protocol import Progress
 
         progress = Progress.from_env()
         progress.started(None if N == 0 else 4)
@@ -184,7 +184,7 @@ def test_an_attempt_killed_before_it_reports_leaves_no_redone_step_out(tmp_path:
     cmd = program(
         tmp_path,
         """
-        from kronos_audit.runtime.protocol import Progress
+        from kronos_audit.supervise.protocol import Progress
 
         if N == 1:
             log("starting", os.getpid())

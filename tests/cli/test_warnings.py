@@ -21,7 +21,7 @@ from kronos_audit._internal.warnline import is_kaudits
 from kronos_audit.cli._warnings import LOGGER, third_party_warnings_to_log
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.storage import configure_remote
 from tests.helpers import run_cli, write_checkpoint
 from tests.sshd import unused_port
@@ -51,7 +51,7 @@ PROBE = '''\
 """A dependency that warns as it is imported, in its own category and in Python's."""
 import warnings
 
-from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.runtime.steps.interface import CheckpointSkipped
 
 
 class ProbeDeprecationWarning(UserWarning):
@@ -146,7 +146,7 @@ def test_a_dependencys_warning_is_in_the_log_at_v(
 def test_kaudits_own_and_pythons_own_in_kaudits_code_are_shown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    import kronos_audit.runtime.publish as publish
+    import kronos_audit.runtime.steps.interface as publish
 
     ours = publish.__file__
     assert is_kaudits(CheckpointSkipped, "/home/ana/train.py")  # stacklevel into the program

@@ -15,7 +15,7 @@ import pytest
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_name, shard_path, step_directory
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.retention import sharded_steps_with_data
+from kronos_audit.runtime.steps.retention import sharded_steps_with_data
 from tests.helpers import run_cli
 from tests.parallel import launch
 from tests.parallel.launch import mpiexec

@@ -28,8 +28,8 @@ from kronos_audit.checkpoint.layout import shard_path, step_directory
 from kronos_audit.checkpoint.treehash import global_digest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.runtime.ranks import rank_seed
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from tests.helpers import recorded_once, run_cli
 from tests.parallel.launch import launcher_env, mpiexec, mpirun, rank_program
 from tests.replay.helpers import shared_project

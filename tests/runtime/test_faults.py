@@ -24,8 +24,8 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT, PROGRESS_ENV, Progress
 from tests.supervised import supervised
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

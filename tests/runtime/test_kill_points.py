@@ -36,7 +36,7 @@ from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME
 from kronos_audit.errors import CheckpointError, ManifestError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime import sharded
+from kronos_audit.runtime.steps import shards as sharded
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.storage.fetch import FetchItem, local_mismatch
 from kronos_audit.storage.remote import configure_remote

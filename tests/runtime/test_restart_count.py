@@ -1,4 +1,4 @@
-"""kronos_audit.runtime.protocol.restart_count: the count a manifest records, from the
+"""kronos_audit.supervise.protocol.restart_count: the count a manifest records, from the
 layers that restart a job (Slurm's requeue or ``kaudit run``, and torchrun inside either).
 
 Real runs: tests/parallel/test_elastic_torch.py (torchrun's restart recorded), and
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kronos_audit.runtime.protocol import restart_count
+from kronos_audit.supervise.protocol import restart_count
 
 VARIABLES = ("SLURM_RESTART_COUNT", "KAUDIT_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 

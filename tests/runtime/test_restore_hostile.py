@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT
 from tests.cli.test_hostile_hdf5 import HOSTILE, hostile
 from tests.runtime.test_faults import HANG_GUARD
 

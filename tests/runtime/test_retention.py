@@ -1,4 +1,4 @@
-"""Retention in the runtime (kronos_audit.runtime.retention): which checkpoints lose their
+"""Retention in the runtime (kronos_audit.runtime.steps.retention): which checkpoints lose their
 data, the signed record of it, and the deletion. Real runs, real DVC cache; the end-to-end
 attacks on signed retention are beside it, in test_retention_signed.py."""
 
@@ -29,8 +29,8 @@ from kronos_audit.checkpoint.layout import (
 from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.publish import CheckpointSkipped
-from kronos_audit.runtime.retention import (
+from kronos_audit.runtime.steps.interface import CheckpointSkipped
+from kronos_audit.runtime.steps.retention import (
     Retention,
     doomed,
     prune,

@@ -20,7 +20,7 @@ import kronos_audit as ka
 from kronos_audit.checkpoint.layout import INDEX_NAME, RunDirectory, checkpoint_name
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.retention import signed_objects
+from kronos_audit.runtime.steps.retention import signed_objects
 from kronos_audit.storage import (
     cache_object_path,
     cache_settings,

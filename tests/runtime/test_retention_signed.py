@@ -26,8 +26,8 @@ from kronos_audit.checkpoint.layout import (
 )
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.publish import CheckpointSkipped
-from kronos_audit.runtime.retention import sharded_steps_with_data
+from kronos_audit.runtime.steps.interface import CheckpointSkipped
+from kronos_audit.runtime.steps.retention import sharded_steps_with_data
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import cache_object_path, cache_settings, read_dvc_file
 from tests.helpers import run_cli, untrusted_key

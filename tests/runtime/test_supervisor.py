@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kronos_audit.errors import UsageError
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT
-from kronos_audit.runtime.supervisor import (
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT
+from kronos_audit.supervise.supervisor import (
     Attempt,
     AttemptEnded,
     AttemptStarted,
@@ -173,7 +173,7 @@ def test_steps_redone_are_counted_from_progress(tmp_path: Path) -> None:
     cmd = program(
         tmp_path,
         """
-        from kronos_audit.runtime.protocol import Progress
+        from kronos_audit.supervise.protocol import Progress
 
         ckpt = HERE / "checkpoint"
         resumed = int(ckpt.read_text()) if ckpt.exists() else None
@@ -206,7 +206,7 @@ def test_fresh_restart_redoes_every_step(tmp_path: Path) -> None:
     cmd = program(
         tmp_path,
         """
-        from kronos_audit.runtime.protocol import Progress
+        from kronos_audit.supervise.protocol import Progress
 
         progress = Progress.from_env()
         progress.started(None)

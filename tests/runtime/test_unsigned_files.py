@@ -11,7 +11,7 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.publish import CheckpointSkipped
+from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from tests.helpers import run_cli
 
 RUN = "heat"

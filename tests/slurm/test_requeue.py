@@ -26,8 +26,8 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.protocol import PREEMPTED_EXIT
 from kronos_audit.statement.manifest import Manifest, read_manifest
+from kronos_audit.supervise.protocol import PREEMPTED_EXIT
 from tests.helpers import run_cli
 from tests.replay.helpers import commit_all
 

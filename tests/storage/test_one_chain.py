@@ -23,7 +23,7 @@ import kronos_audit as ka
 from kronos_audit.errors import ChainForked, StorageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.runtime.resume_remote import push_manifest
+from kronos_audit.runtime.remote.resume import push_manifest
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import Storage
 from kronos_audit.storage.runs import RunFiles

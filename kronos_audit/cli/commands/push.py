@@ -53,7 +53,7 @@ def push(
     from kronos_audit.cli.progress import progress_bar
     from kronos_audit.errors import PushIncomplete
     from kronos_audit.keys.anchors import load_keyring
-    from kronos_audit.runtime.resume_remote import push_manifests
+    from kronos_audit.runtime.remote.resume import push_manifests
     from kronos_audit.storage import Storage
     from kronos_audit.storage.directories import push_listings
     from kronos_audit.storage.steps import step_items

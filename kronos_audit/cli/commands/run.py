@@ -16,7 +16,7 @@ from kronos_audit.cli.options import json_option
 from kronos_audit.cli.output import Column, err, safe
 
 if TYPE_CHECKING:
-    from kronos_audit.runtime.supervisor import SupervisorEvent, SupervisorResult
+    from kronos_audit.supervise.supervisor import SupervisorEvent, SupervisorResult
 
 
 @click.command("run", context_settings={"allow_interspersed_args": False})
@@ -81,7 +81,7 @@ def run_command(
     """
     import os
 
-    from kronos_audit.runtime.supervisor import Backoff, supervise
+    from kronos_audit.supervise.supervisor import Backoff, supervise
 
     env = None
     if portable:
@@ -138,7 +138,7 @@ def _summary_json(result: SupervisorResult) -> dict[str, Any]:
 
 def _render_event(event: SupervisorEvent) -> None:
     """Progress, as it happens (nothing with --quiet)."""
-    from kronos_audit.runtime.supervisor import AttemptEnded, AttemptStarted, Restarting
+    from kronos_audit.supervise.supervisor import AttemptEnded, AttemptStarted, Restarting
 
     # The command may come from a script or a recorded manifest: printed as text (safe),
     # so no [bracket] in it is markup and no control sequence reaches the terminal.
@@ -159,7 +159,7 @@ def _render_event(event: SupervisorEvent) -> None:
 
 
 def _render_summary(result: SupervisorResult) -> None:
-    from kronos_audit.runtime.supervisor import Ending
+    from kronos_audit.supervise.supervisor import Ending
 
     failed = result.exit_status != 0  # with --quiet: these lines only, and only then
     names = ("attempt", "started", "ran", "ended by", "resumed from", "reached", "redone")

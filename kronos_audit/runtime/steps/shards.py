@@ -1,6 +1,6 @@
 """A step as a directory of one shard per rank: the format of a run on several ranks.
 
-:class:`ShardedPublisher` is the :class:`~kronos_audit.runtime.signed.SignedPublisher` (the
+:class:`ShardedPublisher` is the :class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` (the
 one publisher of signed steps, on any world: open, agreed restore, two-phase commit,
 retention, push) whose step N of an n-rank run is the directory ``<root>/<run>/step-<N:08d>/``
 of :mod:`kronos_audit.checkpoint.shards`: one shard per rank, the shard index, its Merkle
@@ -25,8 +25,8 @@ records each such dataset (``shards.layout``: ``{"u": {"block": 0, "shape": [...
 with another rank count gives rank r its block of each Block dataset (read slice by slice
 from the old shards it overlaps) and rank 0's replicated ones; any other dataset of the
 state makes such a restore a CheckpointError naming it.
-The layouts and which sharded steps count are :mod:`kronos_audit.runtime.sharded_steps`'s;
-a replay's ranks publish through :mod:`kronos_audit.runtime.replaying`.
+The layouts and which sharded steps count are :mod:`kronos_audit.runtime.steps.layouts`'s;
+a replay's ranks publish through :mod:`kronos_audit.runtime.steps.replay`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Layout, plan, read_block
-from kronos_audit.runtime.commit import (
+from kronos_audit.runtime.ranks import one_line_reason, raise_if_any_failed
+from kronos_audit.runtime.remote.shard_fetch import bring_from_remote
+from kronos_audit.runtime.steps.commit import (
     NotCommitted,
     Shard,
     ShardCommit,
@@ -67,11 +69,8 @@ from kronos_audit.runtime.commit import (
     Vote,
     held_alike,
 )
-from kronos_audit.runtime.publish import CheckpointSkipped, Restored
-from kronos_audit.runtime.ranks import one_line_reason, raise_if_any_failed
-from kronos_audit.runtime.retention import sharded_steps_here, sharded_steps_with_data
-from kronos_audit.runtime.sharded_remote import bring_from_remote
-from kronos_audit.runtime.sharded_steps import (
+from kronos_audit.runtime.steps.interface import CheckpointSkipped, Restored
+from kronos_audit.runtime.steps.layouts import (
     Agreed,
     layout_record,
     parse_layout,
@@ -79,7 +78,8 @@ from kronos_audit.runtime.sharded_steps import (
     step_manifest_problem,
     warn_unlike,
 )
-from kronos_audit.runtime.signed import SignedPublisher
+from kronos_audit.runtime.steps.publisher import SignedPublisher
+from kronos_audit.runtime.steps.retention import sharded_steps_here, sharded_steps_with_data
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest, publish_manifest
@@ -184,7 +184,7 @@ class ShardedPublisher(SignedPublisher):
 
     def _from_remote(self, above: int | None, *, stacklevel: int) -> Agreed | None:
         """A newer step in the DVC remote, brought here with each rank's shards
-        (:func:`~kronos_audit.runtime.sharded_remote.bring_from_remote`), then agreed."""
+        (:func:`~kronos_audit.runtime.remote.shard_fetch.bring_from_remote`), then agreed."""
         brought = bring_from_remote(self, above, stacklevel=stacklevel + 1)
         return None if brought is None else self.agree([brought], stacklevel=stacklevel + 1)
 

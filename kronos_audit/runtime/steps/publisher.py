@@ -5,14 +5,14 @@ every world: it opens the run (the project on every rank, the signing key, git s
 the run's writer lock on rank 0, the key's public half sent to every rank), restores the
 newest step valid on every rank (here, then newer ones in the DVC remote, never older than
 the newest step git knows of), commits each step by the two-phase protocol of
-:mod:`kronos_audit.runtime.commit` (each rank's piece durable, rank 0 signs the manifest
+:mod:`kronos_audit.runtime.steps.commit` (each rank's piece durable, rank 0 signs the manifest
 chained to the previous step's, retention's data pruned, signed), and pushes it. Every
 method is said to be called by "all ranks" (collective) or by rank 0 alone, as
-:class:`~kronos_audit.runtime.publish.Publisher` says.
+:class:`~kronos_audit.runtime.steps.interface.Publisher` says.
 
 What differs is only the format of a step, given by a subclass: one checkpoint file on one
-rank (:class:`~kronos_audit.runtime.file_steps.FilePublisher`: h5py opens it as it is), or
-a directory of one shard per rank (:class:`~kronos_audit.runtime.sharded.ShardedPublisher`):
+rank (:class:`~kronos_audit.runtime.steps.file.FilePublisher`: h5py opens it as it is), or
+a directory of one shard per rank (:class:`~kronos_audit.runtime.steps.shards.ShardedPublisher`):
 how a step is listed, verified by a rank, read back, committed, signed and tracked, and
 brought from the remote.
 """
@@ -34,21 +34,20 @@ from kronos_audit.parallel.comm import Comm
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.command import recorded_command
-from kronos_audit.runtime.commit import NotCommitted, StepCommit, commit
 from kronos_audit.runtime.policy import Retention
-from kronos_audit.runtime.protocol import restart_count
-from kronos_audit.runtime.publish import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
-from kronos_audit.runtime.pushing import Pusher
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_raised, require_threads
-from kronos_audit.runtime.resume_remote import (
+from kronos_audit.runtime.remote.push import Pusher
+from kronos_audit.runtime.remote.resume import (
     Known,
     newest_known,
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.retention import StepsWithData, doomed, prune, signed_objects
-from kronos_audit.runtime.sharded_steps import Agreed
-from kronos_audit.runtime.signer import Signer, load_signer, run_verifier
+from kronos_audit.runtime.steps.commit import NotCommitted, StepCommit, commit
+from kronos_audit.runtime.steps.interface import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
+from kronos_audit.runtime.steps.layouts import Agreed
+from kronos_audit.runtime.steps.retention import StepsWithData, doomed, prune, signed_objects
+from kronos_audit.runtime.steps.signer import Signer, load_signer, run_verifier
 from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
 from kronos_audit.signing.writer_lock import (
     Newest,
@@ -62,6 +61,7 @@ from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import cache_settings
+from kronos_audit.supervise.protocol import restart_count
 from kronos_audit.verification.memo import ChainMemo, Entry, identity
 from kronos_audit.verification.verifier import Verifier
 
@@ -407,7 +407,7 @@ class SignedPublisher(RunPublisher):
         """All ranks: the newest step valid on every rank, unread: the newest here, or
         (when the run pushes) a newer one the DVC remote holds, brought here. Never older
         than the newest step whose manifest is committed in git (see
-        :func:`~kronos_audit.runtime.resume_remote.newest_known`): that is a
+        :func:`~kronos_audit.runtime.remote.resume.newest_known`): that is a
         RollbackRefused on every rank, unless the rollback is accepted
         (``allow_rollback``)."""
         steps = self.comm.bcast(self._candidates() if self.rank == 0 else None)
@@ -475,7 +475,7 @@ class SignedPublisher(RunPublisher):
 
     def publish(self, job: Job) -> None:
         """All ranks: commit this rank's piece of ``job``
-        (:func:`~kronos_audit.runtime.commit.commit`): written durably, voted, and (rank
+        (:func:`~kronos_audit.runtime.steps.commit.commit`): written durably, voted, and (rank
         0) signed and tracked when every rank's piece is durable; CheckpointError on every
         rank otherwise. Then the data the step's signed retention record names goes, and
         the step is pushed."""
@@ -512,7 +512,7 @@ class SignedPublisher(RunPublisher):
 
     def _signed_objects(self, doomed: Sequence[int]) -> tuple[FetchItem, ...]:
         """Rank 0: the DVC objects the manifests of steps ``doomed`` sign, each manifest
-        verified first (:func:`~kronos_audit.runtime.retention.signed_objects`)."""
+        verified first (:func:`~kronos_audit.runtime.steps.retention.signed_objects`)."""
         if not doomed:
             return ()
         try:

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kronos_audit.errors import ExitCode
-from kronos_audit.provenance.dispatch import apply_pins
 
 PREEMPTED_EXIT = ExitCode.PREEMPTED
 RESTART_COUNT_ENV = "KAUDIT_RESTART_COUNT"
@@ -191,7 +190,12 @@ class ReplayInstruction:
             env[SHARDED_ENV] = "1"
         else:
             env.pop(SHARDED_ENV, None)
-        return apply_pins(env, self.pins)
+        for name, value in self.pins.items():  # a recorded dispatch's pins; None: unset
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        return env
 
     def placeholders(self) -> dict[str, str]:
         """The same instruction for a command line that is not Python: each placeholder's

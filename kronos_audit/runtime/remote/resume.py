@@ -8,7 +8,7 @@ file system finds the run's checkpoints there.
 
 The remote may hold anything: each manifest is read bounded, must be a regular file, and
 is taken only if it passes, here, exactly the checks a local one passes in
-:meth:`SignedPublisher.resume <kronos_audit.runtime.signed.SignedPublisher.resume>`:
+:meth:`SignedPublisher.resume <kronos_audit.runtime.steps.publisher.SignedPublisher.resume>`:
 signed by an anchored key or the run's own, of this run and step, in its place, its chain
 back to the run's first manifest whole and signed, and its data, fetched by the signed
 md5 and checked before it is linked into place, the signed bytes. What restore writes
@@ -48,7 +48,7 @@ from kronos_audit.errors import ChainForked, Error, RollbackRefused, StorageErro
 from kronos_audit.keys.anchors import resolve_ref
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
-from kronos_audit.runtime.retention import claimed
+from kronos_audit.runtime.steps.retention import claimed
 from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 from kronos_audit.storage import runs
 from kronos_audit.storage.fetch import FetchItem

@@ -9,7 +9,7 @@ top-level keys (or deeper ones, ``"fields/u"``) as split along an axis or replic
 (:func:`layout_record`), with each dataset's digest: a Block array's global digest
 (:mod:`~kronos_audit.checkpoint.treehash`, the same on any rank count), a replicated one's
 digest as rank 0 holds it. It is read back checked (:func:`parse_layout`). The commit and
-the agreed restore are :mod:`kronos_audit.runtime.sharded`'s.
+the agreed restore are :mod:`kronos_audit.runtime.steps.shards`'s.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape
 from kronos_audit.project.repository import find_project
-from kronos_audit.runtime.commit import Shard, held_alike
 from kronos_audit.runtime.ranks import one_line_reason
+from kronos_audit.runtime.steps.commit import Shard, held_alike
 from kronos_audit.statement.manifest import Manifest, parse_manifest
 from kronos_audit.verification.chain import place_check
 from kronos_audit.verification.verifier import Verifier
@@ -65,7 +65,7 @@ def has_sharded_steps(
     Every candidate that does not count is named, with why, in a CheckpointSkipped
     warning: an unsigned file dropped in a run's directory decides nothing, not even the
     run's layout."""
-    from kronos_audit.runtime.publish import CheckpointSkipped
+    from kronos_audit.runtime.steps.interface import CheckpointSkipped
 
     candidates = RunDirectory(directory).step_manifests()
     if not candidates and not remote:
@@ -103,8 +103,8 @@ def _in_remote(verifier: Verifier, directory: Path, run_id: str, stacklevel: int
     """Whether the run's DVC remote directory holds a sharded step manifest that counts
     (:func:`has_sharded_steps`), of the newest few; a remote that cannot be listed holds
     none (the restore says so when it looks there)."""
-    from kronos_audit.runtime.publish import CheckpointSkipped
-    from kronos_audit.runtime.resume_remote import TRY_LIMIT
+    from kronos_audit.runtime.remote.resume import TRY_LIMIT
+    from kronos_audit.runtime.steps.interface import CheckpointSkipped
     from kronos_audit.storage.remote import Storage  # only a run that pushes asks
     from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 

@@ -1,9 +1,9 @@
 """A step as one checkpoint file: the format of a run on one rank.
 
-:class:`FilePublisher` is the :class:`~kronos_audit.runtime.signed.SignedPublisher` of a
+:class:`FilePublisher` is the :class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` of a
 world of one rank: each step is ``<root>/<run>/step-<N>.h5`` (h5py opens it as it is),
 tracked by DVC, its manifest beside it; pushed data first, then manifest (see
-:mod:`~kronos_audit.runtime.resume_remote`); a restore takes the newest that verifies, here
+:mod:`~kronos_audit.runtime.remote.resume`); a restore takes the newest that verifies, here
 or, when pushing, in the DVC remote.
 """
 
@@ -26,16 +26,16 @@ from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
-from kronos_audit.runtime.commit import FileCommit, NotCommitted, StepCommit
-from kronos_audit.runtime.publish import (
+from kronos_audit.runtime.remote.resume import RemoteResume
+from kronos_audit.runtime.steps.commit import FileCommit, NotCommitted, StepCommit
+from kronos_audit.runtime.steps.interface import (
     CheckpointSkipped,
     ResumePoint,
     file_failure,
     read_file_step,
 )
-from kronos_audit.runtime.resume_remote import RemoteResume
-from kronos_audit.runtime.sharded_steps import Agreed
-from kronos_audit.runtime.signed import SignedPublisher
+from kronos_audit.runtime.steps.layouts import Agreed
+from kronos_audit.runtime.steps.publisher import SignedPublisher
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest

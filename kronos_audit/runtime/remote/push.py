@@ -27,7 +27,7 @@ from pathlib import Path
 from kronos_audit.errors import ChainForked, Error
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
-from kronos_audit.runtime.resume_remote import push_manifest
+from kronos_audit.runtime.remote.resume import push_manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles

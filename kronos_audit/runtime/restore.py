@@ -4,7 +4,7 @@ read back into the state, the RNGs and the ledger.
 :class:`~kronos_audit.runtime.run.Run` is a :class:`RunRestore`; the loop and the checkpoint
 path are :mod:`kronos_audit.runtime.run`'s. Which step is taken is agreed by every rank,
 and each reads its own part of it, through the run's
-:class:`~kronos_audit.runtime.publish.Publisher`.
+:class:`~kronos_audit.runtime.steps.interface.Publisher`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from kronos_audit.errors import UsageError
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.batches import Ledger
 from kronos_audit.runtime.preemption import PreemptionGuard
-from kronos_audit.runtime.protocol import Progress
-from kronos_audit.runtime.publish import Publisher
 from kronos_audit.runtime.ranks import joining_seed
+from kronos_audit.runtime.steps.interface import Publisher
+from kronos_audit.supervise.protocol import Progress
 
 log = logging.getLogger("kronos_audit.runtime")
 

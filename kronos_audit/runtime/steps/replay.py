@@ -32,16 +32,16 @@ from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.provenance.environment import environment
-from kronos_audit.runtime.commit import FileCommit, ShardCommit, StepCommit, Vote
-from kronos_audit.runtime.file_steps import FilePublisher
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
-from kronos_audit.runtime.protocol import ENVIRONMENT_FILE, ReplayInstruction
-from kronos_audit.runtime.publish import ONE_RANK, Restored
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
-from kronos_audit.runtime.sharded import ShardedPublisher
-from kronos_audit.runtime.sharded_steps import Agreed, parse_layout
-from kronos_audit.runtime.signed import SignedPublisher
+from kronos_audit.runtime.steps.commit import FileCommit, ShardCommit, StepCommit, Vote
+from kronos_audit.runtime.steps.file import FilePublisher
+from kronos_audit.runtime.steps.interface import ONE_RANK, Restored
+from kronos_audit.runtime.steps.layouts import Agreed, parse_layout
+from kronos_audit.runtime.steps.publisher import SignedPublisher
+from kronos_audit.runtime.steps.shards import ShardedPublisher
 from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.supervise.protocol import ENVIRONMENT_FILE, ReplayInstruction
 
 
 class Replaying(SignedPublisher):
@@ -122,7 +122,7 @@ class Replaying(SignedPublisher):
     def publish(self, job: Job) -> None:
         """All ranks: commit step N as a signed run would, unsigned; then rank 0 leaves the
         environment lock this program ran with beside it, for the replay to judge drift on
-        (:data:`~kronos_audit.runtime.protocol.ENVIRONMENT_FILE`)."""
+        (:data:`~kronos_audit.supervise.protocol.ENVIRONMENT_FILE`)."""
         super().publish(job)
         if self.rank == 0:
             lock = canonical_json(environment())

@@ -1,13 +1,13 @@
 """A sharded run resuming from its DVC remote: on another machine, on another rank count.
 
 When a run pushes (``Run(push=True)``), the remote holds every object of each step and
-its step manifest (:mod:`kronos_audit.runtime.pushing`). A restore on several ranks then
+its step manifest (:mod:`kronos_audit.runtime.remote.push`). A restore on several ranks then
 looks there too, collectively, once the ranks have agreed on the newest step valid here:
 
 1. rank 0 lists the run's remote directory and brings the newest step manifest newer
    than that one (its signature, run, step and place checked first), its chain's
    manifests and its shard index, checked against the signed digest
-   (:meth:`~kronos_audit.runtime.resume_remote.RemoteResume.newest` with ``sharded``);
+   (:meth:`~kronos_audit.runtime.remote.resume.RemoteResume.newest` with ``sharded``);
 2. every rank works out which old shards it reads of that step (its own, or with another
    rank count the ones its block overlaps, and rank 0's), and fetches those, each by the
    md5 and sha256 of its line of the signed index (proven against the signed Merkle
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
 from kronos_audit.errors import CheckpointError
 from kronos_audit.runtime.ranks import one_line_reason
-from kronos_audit.runtime.resume_remote import RemoteResume
-from kronos_audit.runtime.sharded_steps import Agreed, parse_layout, signed_line
+from kronos_audit.runtime.remote.resume import RemoteResume
+from kronos_audit.runtime.steps.layouts import Agreed, parse_layout, signed_line
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage.fetch import FetchItem
 
 if TYPE_CHECKING:
-    from kronos_audit.runtime.sharded import ShardedPublisher
+    from kronos_audit.runtime.steps.shards import ShardedPublisher
 
 log = logging.getLogger("kronos_audit.runtime")
 
@@ -122,7 +122,7 @@ def _shards_of(publisher: ShardedPublisher, step: int) -> tuple[list[int], dict[
 
 
 def _skipped() -> type[Warning]:
-    from kronos_audit.runtime.publish import CheckpointSkipped
+    from kronos_audit.runtime.steps.interface import CheckpointSkipped
 
     return CheckpointSkipped
 

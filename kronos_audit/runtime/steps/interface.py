@@ -4,12 +4,12 @@
 whoever runs it; what differs is asked of its :class:`Publisher`, whose every method is
 said to be called by "all ranks" (collective: every rank, in the same order) or by one.
 A single process is a world of one rank: its publisher commits each step with the same
-two-phase protocol as a world of many (:mod:`kronos_audit.runtime.commit`). There are two
-publishers, each written once for any world: the signed run's
-(:mod:`kronos_audit.runtime.signed`) and the replay's (:mod:`kronos_audit.runtime.replaying`);
-what differs below them is the format of a step, one checkpoint file
-(:mod:`kronos_audit.runtime.file_steps`) or a directory of one shard per rank
-(:mod:`kronos_audit.runtime.sharded`).
+two-phase protocol as a world of many (:mod:`kronos_audit.runtime.steps.commit`). There
+are two publishers, each written once for any world: the signed run's
+(:mod:`kronos_audit.runtime.steps.publisher`) and the replay's
+(:mod:`kronos_audit.runtime.steps.replay`); what differs below them is the format of a
+step, one checkpoint file (:mod:`kronos_audit.runtime.steps.file`) or a directory of one
+shard per rank (:mod:`kronos_audit.runtime.steps.shards`).
 
 This module holds the protocol, what a restore hands the loop, and a step as one
 checkpoint file read back (:func:`read_file_step`).
@@ -177,7 +177,7 @@ def read_file_step(point: ResumePoint) -> Restored:
 class RunPublisher:
     """What a signed run's publisher holds whatever its step format (a checkpoint file on
     one rank, a directory of shards on several): its directory, its pushes (``pusher``:
-    a :class:`~kronos_audit.runtime.pushing.Pusher`, or anything with ``failures``), and
+    a :class:`~kronos_audit.runtime.remote.push.Pusher`, or anything with ``failures``), and
     the program's own policy and last step."""
 
     exits_after_final = False

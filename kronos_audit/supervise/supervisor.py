@@ -4,11 +4,11 @@
 killed by a signal, ``kill -9``) starts it again, up to ``retries`` times, waiting a
 :class:`Backoff` delay before each restart. Resuming from the newest checkpoint is the
 program's own job; the supervisor only tells it, through the environment, which restart
-this is (:data:`~kronos_audit.runtime.protocol.RESTART_COUNT_ENV`) and where to report
-its progress (:data:`~kronos_audit.runtime.protocol.PROGRESS_ENV`), and reads that
+this is (:data:`~kronos_audit.supervise.protocol.RESTART_COUNT_ENV`) and where to report
+its progress (:data:`~kronos_audit.supervise.protocol.PROGRESS_ENV`), and reads that
 progress back to count the steps each restart made it redo.
 
-Exit status :data:`~kronos_audit.runtime.protocol.PREEMPTED_EXIT` (75, "checkpointed on a
+Exit status :data:`~kronos_audit.supervise.protocol.PREEMPTED_EXIT` (75, "checkpointed on a
 preemption signal") restarts at once, without backoff. Exit status :data:`REFUSED_EXIT` (2,
 kronos-audit's "bad input or a refused action", such as another process already writing the
 run: :class:`~kronos_audit.errors.RunLocked`) is never restarted: a restart would be refused
@@ -48,7 +48,7 @@ from types import FrameType
 from typing import Any
 
 from kronos_audit.errors import ExitCode, UsageError
-from kronos_audit.runtime.protocol import (
+from kronos_audit.supervise.protocol import (
     NOTHING,
     PREEMPTED_EXIT,
     PROGRESS_ENV,

@@ -116,7 +116,7 @@ from kronos_audit.keys.home import select_key
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.environment import environment
 from kronos_audit.provenance.gitstate import git_state
-from kronos_audit.runtime.remote.resume import RemoteResume, push_manifest
+from kronos_audit.runtime.remote.resume import RemoteResume
 from kronos_audit.runtime.remote.shard_fetch import _shards_of
 from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.shards import ShardedPublisher
@@ -124,6 +124,7 @@ from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage, configure_remote
+from kronos_audit.storage.remote_chain import push_manifest
 from kronos_audit.storage.runs import RunFiles
 from kronos_audit.storage.tracking import track
 from kronos_audit.verification.chain import ManifestCache

@@ -133,6 +133,14 @@ class ManifestError(Error):
     """A manifest is not JSON, not a DSSE envelope, or violates the schema."""
 
 
+class StepNotTrusted(ManifestError):
+    """A step's manifest is not one a run may act on: not signed by a key it trusts, of
+    another run or step, of the other kind of step, or not in its place (the message
+    says which, in one line)."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
 class CheckpointError(Error):
     """A checkpoint file is missing, unreadable, or not the HDF5 it claims to be."""
 

@@ -11,7 +11,8 @@ results use this layout as it is; a run's state goes through
 :mod:`kronos_audit.checkpoint.codec.tree`, which lays plain dicts out the same way and keeps
 every other type (tensors, lists, int keys ...) with a record of the structure.
 :func:`write_hdf5` writes a flat state to a new file, its large arrays with ``os.pwrite``
-(:mod:`kronos_audit.checkpoint.writer` makes that atomic and asynchronous).
+(:mod:`kronos_audit.checkpoint.writer` makes that atomic,
+:mod:`kronos_audit.runtime.background` asynchronous).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from kronos_audit.verification.verifier import Verifier
 
 if TYPE_CHECKING:
     from kronos_audit.storage.fetch import FetchItem
-    from kronos_audit.verification.remote_chain import RemoteChain
+    from kronos_audit.storage.remote_chain import RemoteChain
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,8 @@ def locate(
     if check_remote:
         # Only asking the remote needs storage (and, when it asks, DVC).
         from kronos_audit.storage.remote import Storage
+        from kronos_audit.storage.remote_chain import other_chains, remote_chains
         from kronos_audit.storage.steps import step_items
-        from kronos_audit.verification.remote_chain import other_chains, remote_chains
 
         # Every object of each step (a sharded step's index and shards, as its signed
         # index names them): a step is in the remote only when all of them are. A

@@ -53,7 +53,7 @@ from kronos_audit.errors import CheckpointError, ReplayError, Stage, one_line
 from kronos_audit.parallel.layout import block_range, plan, read_block
 from kronos_audit.replay.comparison import compare_digests
 from kronos_audit.replay.interface import DatasetReplay
-from kronos_audit.runtime.steps.layouts import Recorded, parse_layout
+from kronos_audit.statement.layout import Recorded, parse_layout
 
 CHUNK_BYTES = 64 << 20
 """About how many bytes of a global array are held at once (per side) while comparing."""

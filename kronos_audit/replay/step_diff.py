@@ -23,7 +23,7 @@ from kronos_audit.compare import Comparison, DatasetComparison, TolerancePolicy,
 from kronos_audit.errors import CheckpointError
 from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.replay.sharded import StepOutput, compare_steps
-from kronos_audit.runtime.steps.layouts import Recorded, parse_layout
+from kronos_audit.statement.layout import Recorded, parse_layout
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.verifier import verified_step
 

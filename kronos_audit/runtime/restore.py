@@ -20,9 +20,9 @@ from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP, OWN_GROUPS, RNG_GROUP
 from kronos_audit.checkpoint.hdf5 import State, unflatten
-from kronos_audit.checkpoint.writer import BackgroundWriter
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime import rng
+from kronos_audit.runtime.background import BackgroundWriter
 from kronos_audit.runtime.batches import Ledger
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import joining_seed

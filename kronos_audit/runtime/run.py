@@ -60,7 +60,6 @@ import numpy as np
 
 from kronos_audit.checkpoint.codec import tree
 from kronos_audit.checkpoint.hdf5 import State, require_mapping
-from kronos_audit.checkpoint.writer import BackgroundWriter, Job, WriterStats
 from kronos_audit.errors import (
     CheckpointError,
     ExitCode,
@@ -73,6 +72,7 @@ from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.provenance.dispatch import pin_dispatch
 from kronos_audit.runtime import rng, uncaught
 from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
+from kronos_audit.runtime.background import BackgroundWriter, Job, StepMeta, WriterStats
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
 from kronos_audit.runtime.policy import EverySeconds, Retention, SaveContext, SavePolicy
@@ -656,12 +656,16 @@ class Run(RunRestore):
             self._attempt.share(self.comm, self.ledger)
         generators, record = rng.capture(self.rng)
         extra = {**generators, **self.ledger.to_flat()}
-        meta: dict[str, Any] = {"rng": {n: RngRecord.from_json_obj(r) for n, r in record.items()}}
-        meta["layout"] = dict(layouts)  # a step of one file is the one rank's: none needed
+        batches = None
         if self._batches_total is not None:
             done, ran = len(self.ledger), self.ledger.take_new()
             share = None if self.task is None else self.task.share(self._batches_n)
-            meta["batches"] = Batches(self._batches_total, done, ran, share)
+            batches = Batches(self._batches_total, done, ran, share)
+        meta = StepMeta(
+            rng={n: RngRecord.from_json_obj(r) for n, r in record.items()},
+            layout=dict(layouts),  # a step of one file is the one rank's: none needed
+            batches=batches,
+        )
         # Asynchronously, every rank hands the step over whatever failed meanwhile in the
         # background (that is told to all at the next collective): a rank that did not
         # would leave the others' commit of this step waiting for its vote. A synchronous

@@ -34,6 +34,10 @@ RUNS_DIR = ("kaudit", "runs")
 LIST_LIMIT = 100_000
 """Entries of a run's remote directory looked at, at most. A remote is not trusted: one
 with a million entries there must not make a restore list and sort them for hours."""
+TRY_LIMIT = 16
+"""Manifests of a run, newest first, read and checked by one restore at most (in the
+remote, or committed at one git ref): a place full of manifests that do not verify must
+not make a restore download them all."""
 
 
 class RemoteFileRefused(Exception):
@@ -305,4 +309,4 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-__all__ = ["LIST_LIMIT", "Listing", "RemoteEntry", "RemoteFileRefused", "RunFiles"]
+__all__ = ["LIST_LIMIT", "TRY_LIMIT", "Listing", "RemoteEntry", "RemoteFileRefused", "RunFiles"]

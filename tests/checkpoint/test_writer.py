@@ -12,16 +12,17 @@ import h5py
 import numpy as np
 import pytest
 
-from kronos_audit.checkpoint import writer as writer_module
 from kronos_audit.checkpoint.hashing import digest_file
 from kronos_audit.checkpoint.hdf5 import RAW_MIN_BYTES, flatten, write_hdf5
-from kronos_audit.checkpoint.writer import (
+from kronos_audit.checkpoint.writer import write_and_digest
+from kronos_audit.runtime import background as writer_module
+from kronos_audit.runtime.background import (
     MAP_MIN_BYTES,
     POPULATE_CHUNK,
     RELEASE_AFTER,
     BackgroundWriter,
     Job,
-    write_and_digest,
+    StepMeta,
 )
 
 
@@ -87,8 +88,8 @@ def test_a_failure_warming_the_buffers_is_raised_at_the_next_submit(tmp_path: Pa
     writer = BackgroundWriter(write_into(tmp_path))
     writer.prepare({"/u": huge()})  # warming buffers shaped like it fails, in the background
     with pytest.raises(MemoryError, match="Unable to allocate"):
-        writer.submit(1, {"/u": np.zeros(4)}, {}, {})
-    writer.submit(2, {"/u": np.zeros(4)}, {}, {})  # raised once; the writer goes on
+        writer.submit(1, {"/u": np.zeros(4)}, {}, StepMeta())
+    writer.submit(2, {"/u": np.zeros(4)}, {}, StepMeta())  # raised once; the writer goes on
     writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.h5"]
 
@@ -116,7 +117,7 @@ def test_every_background_failure_is_kept_the_first_raised_the_others_noted(
 
     writer = BackgroundWriter(commit, slots=3)
     for step in (1, 2, 3):
-        writer.submit(step, {"/u": np.zeros(4)}, {}, {})
+        writer.submit(step, {"/u": np.zeros(4)}, {}, StepMeta())
     handed_over.set()
     with pytest.raises(FileNotFoundError) as info:
         writer.flush()
@@ -128,7 +129,7 @@ def test_every_background_failure_is_kept_the_first_raised_the_others_noted(
     assert second.endswith("step-3/c.h5'")
     writer.flush()  # all three were raised: nothing is raised twice
     (missing / "step-4").mkdir(parents=True)
-    writer.submit(4, {"/u": np.zeros(4)}, {}, {})
+    writer.submit(4, {"/u": np.zeros(4)}, {}, StepMeta())
     writer.close()
     assert [p.name for p in missing.rglob("*.h5")] == ["c.h5"]
 
@@ -136,7 +137,7 @@ def test_every_background_failure_is_kept_the_first_raised_the_others_noted(
 def test_a_synchronous_writer_raises_at_once(tmp_path: Path) -> None:
     writer = BackgroundWriter(write_into(tmp_path / "gone"), asynchronous=False)
     with pytest.raises(FileNotFoundError):
-        writer.submit(1, {"/u": np.zeros(4)}, {}, {})
+        writer.submit(1, {"/u": np.zeros(4)}, {}, StepMeta())
     writer.close()
 
 
@@ -179,7 +180,7 @@ def test_one_staging_slot_while_writes_keep_up(tmp_path: Path) -> None:
     writer.prepare(big_state(0))
     assert writer.stats.slots == 1  # allocated (and warming) before any checkpoint
     for step in range(1, 6):
-        writer.submit(step, big_state(step), {}, {})
+        writer.submit(step, big_state(step), {}, StepMeta())
         writer.flush()  # the write finishes before the next is due
     assert (writer.stats.slots, writer.stats.slots_peak) == (1, 1)
     writer.close()
@@ -193,11 +194,11 @@ def test_a_second_slot_only_under_back_pressure_and_never_a_third(tmp_path: Path
         gates[step] = threading.Event()
     writer = BackgroundWriter(commit)
     writer.prepare(big_state(0))
-    writer.submit(1, big_state(1), {}, {})
+    writer.submit(1, big_state(1), {}, StepMeta())
     assert writer.stats.slots == 1
-    writer.submit(2, big_state(2), {}, {})  # step 1 still in flight: a second slot
+    writer.submit(2, big_state(2), {}, StepMeta())  # step 1 still in flight: a second slot
     assert writer.stats.slots == 2
-    third = threading.Thread(target=writer.submit, args=(3, big_state(3), {}, {}))
+    third = threading.Thread(target=writer.submit, args=(3, big_state(3), {}, StepMeta()))
     third.start()
     third.join(0.2)
     assert third.is_alive()  # both slots in flight: the third checkpoint waits
@@ -217,13 +218,13 @@ def test_a_second_slot_only_under_back_pressure_and_never_a_third(tmp_path: Path
     for step in range(4, 2 + RELEASE_AFTER):
         gates[step] = threading.Event()
         gates[step].set()
-        writer.submit(step, big_state(step), {}, {})
+        writer.submit(step, big_state(step), {}, StepMeta())
         writer.flush()
         assert writer.stats.slots == 2
     step = 2 + RELEASE_AFTER
     gates[step] = threading.Event()
     gates[step].set()
-    writer.submit(step, big_state(step), {}, {})
+    writer.submit(step, big_state(step), {}, StepMeta())
     writer.flush()
     assert writer.stats.slots == 1
     assert sum(r() is None for r in spare) == 1  # its mapping is gone, not kept
@@ -249,7 +250,7 @@ def test_prepare_warms_off_the_loop_thread_and_a_checkpoint_need_not_wait_for_it
     writer.prepare(big_state(0))  # returns while the warming is held
     if not writer_module.populates_in_place():
         release.set()  # warming writes into the pages: a copy must wait for it
-    writer.submit(1, big_state(1), {}, {})
+    writer.submit(1, big_state(1), {}, StepMeta())
     assert not warmed.is_set() or not writer_module.populates_in_place()  # copied meanwhile
     release.set()
     writer.close()
@@ -286,7 +287,7 @@ def test_where_warming_writes_into_the_pages_a_copy_waits_for_it(
     monkeypatch.setattr(writer_module, "_populate", held_populate)
     writer = BackgroundWriter(write_into(tmp_path))
     writer.prepare(big_state(0))
-    first = threading.Thread(target=writer.submit, args=(1, big_state(1), {}, {}))
+    first = threading.Thread(target=writer.submit, args=(1, big_state(1), {}, StepMeta()))
     first.start()
     first.join(0.2)
     assert first.is_alive()  # waiting for the warming

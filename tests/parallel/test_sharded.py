@@ -11,7 +11,8 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.runtime.ranks import joining_seed, rank_seed
-from kronos_audit.runtime.steps.layouts import Recorded, expand_layout, parse_layout
+from kronos_audit.runtime.steps.layouts import expand_layout
+from kronos_audit.statement.layout import Recorded, parse_layout
 
 FLAT: dict[str, Any] = {
     "/fields/u": np.zeros((4, 3)),

@@ -23,9 +23,9 @@ import kronos_audit as ka
 from kronos_audit.errors import ChainForked, StorageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project, find_project
-from kronos_audit.runtime.remote.resume import push_manifest
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage import Storage
+from kronos_audit.storage.remote_chain import push_manifest
 from kronos_audit.storage.runs import RunFiles
 from tests.helpers import git, run_cli
 from tests.sshd import SSHRemote
@@ -122,7 +122,7 @@ class Clone:
 
 
 def remote_manifests(files: RunFiles) -> dict[str, bytes]:
-    from kronos_audit.verification.remote_chain import read_remote_chain
+    from kronos_audit.storage.remote_chain import read_remote_chain
 
     chain = read_remote_chain(files)
     return {m.name: files.get(m.name, 1 << 20) for m in chain.manifests}

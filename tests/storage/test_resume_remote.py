@@ -26,6 +26,7 @@ from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import Storage, cache_object_path, cache_settings, write_dvc_file
 from kronos_audit.storage import runs as runs_module
+from kronos_audit.storage.remote_chain import push_manifests
 from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
 from tests.helpers import git, run_cli, untrusted_key
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
@@ -383,7 +384,7 @@ def test_push_manifests_completes_what_a_run_did_not_push(
     heat(project.root / "checkpoints", stop=3, push=False)
     assert not remote_dir(remote).exists()
     manifests = sorted(run_dir(project.root).glob("*.kaudit.json"))
-    assert resume_remote.push_manifests(Storage(project), manifests) == 3
+    assert push_manifests(Storage(project), manifests) == 3
     assert sorted(p.name for p in remote_dir(remote).iterdir()) == [m.name for m in manifests]
 
 

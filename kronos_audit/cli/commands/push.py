@@ -53,9 +53,9 @@ def push(
     from kronos_audit.cli.progress import progress_bar
     from kronos_audit.errors import PushIncomplete
     from kronos_audit.keys.anchors import load_keyring
-    from kronos_audit.runtime.remote.resume import push_manifests
     from kronos_audit.storage import Storage
     from kronos_audit.storage.directories import push_listings
+    from kronos_audit.storage.remote_chain import push_manifests
     from kronos_audit.storage.steps import step_items
     from kronos_audit.verification.chain import place_check
     from kronos_audit.verification.verifier import Verifier

@@ -93,7 +93,7 @@ def status_command(
     problems: list[str] = []
     if ask:  # every manifest of each run there, read once: this step's, and any fork
         from kronos_audit.statement.manifest import read_manifest
-        from kronos_audit.verification.remote_chain import remote_chains
+        from kronos_audit.storage.remote_chain import remote_chains
 
         runs = [read_manifest(m).run for m in manifests]
         chains = remote_chains(Storage(project), runs, remote, problems=problems)

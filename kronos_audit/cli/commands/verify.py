@@ -278,7 +278,7 @@ def _remote_forks(
     one step there); a remote that cannot be read is warned about, and judged no further."""
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.project.repository import find_project
-    from kronos_audit.verification.remote_chain import signed_forks
+    from kronos_audit.verification.forks import signed_forks
     from kronos_audit.verification.results import StatementKind
 
     runs = [r.run for r in results if r.kind is StatementKind.MANIFEST]

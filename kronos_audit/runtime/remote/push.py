@@ -10,7 +10,7 @@ only when every object of it is in the remote.
 
 A manifest goes only onto the run's chain in the remote: one whose parent is not the
 remote's newest manifest of the run (another writer of the run pushed its own steps) is
-refused, in one line naming both chains (:mod:`kronos_audit.verification.remote_chain`),
+refused, in one line naming both chains (:mod:`kronos_audit.storage.remote_chain`),
 and stays here, not pushed; so do the steps after it.
 
 A failure does not stop the run: the step is safe here, ``kaudit status`` shows it as not
@@ -27,9 +27,9 @@ from pathlib import Path
 from kronos_audit.errors import ChainForked, Error
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
-from kronos_audit.runtime.remote.resume import push_manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
+from kronos_audit.storage.remote_chain import push_manifest
 from kronos_audit.storage.runs import RunFiles
 
 log = logging.getLogger("kronos_audit.runtime")

@@ -23,14 +23,12 @@ import hashlib
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kronos_audit._internal import git
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit._internal.secrets import secret_in_patch
 from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
     INDEX_NAME,
@@ -44,260 +42,19 @@ from kronos_audit.checkpoint.layout import (
     step_of_remote_step_manifest,
 )
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
-from kronos_audit.errors import ChainForked, Error, RollbackRefused, StorageError
-from kronos_audit.keys.anchors import resolve_ref
+from kronos_audit.errors import Error, StepNotTrusted, StorageError
 from kronos_audit.project.repository import Project
-from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
 from kronos_audit.runtime.steps.retention import claimed
-from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
+from kronos_audit.statement.manifest import Manifest, parse_manifest
 from kronos_audit.storage import runs
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
-from kronos_audit.storage.runs import RemoteEntry, RemoteFileRefused, RunFiles
+from kronos_audit.storage.runs import TRY_LIMIT, RemoteEntry, RemoteFileRefused, RunFiles
 from kronos_audit.storage.tracking import dvc_file_for, track
-from kronos_audit.verification.chain import place_check
-from kronos_audit.verification.remote_chain import push_linked
+from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
-
-TRY_LIMIT = 16
-"""Remote manifests, newest first, read and checked by one restore at most: a remote full
-of manifests that do not verify must not make a restore download them all."""
-
-
-def push_manifest(
-    files: RunFiles, manifest: Path, passed_over: Mapping[str, str] | None = None
-) -> None:
-    """Put a run's local manifest in its remote directory, under its remote name
-    (:func:`~kronos_audit.checkpoint.layout.remote_manifest_name`), after the
-    uncommitted patch it records (:func:`push_patch`), only if it extends the run's chain
-    there (:func:`~kronos_audit.verification.remote_chain.push_linked`): ChainForked,
-    naming both chains' steps and writers, when the remote holds another chain (not
-    counting the remote manifests a restore here ``passed_over``: name, digest)."""
-    data = read_signed_file(manifest)
-    parsed = parse_manifest(data, manifest)
-    push_patch(files, parsed)
-    push_linked(files, manifest, data, parsed, passed_over)
-
-
-def push_patch(files: RunFiles, manifest: Manifest) -> bool:
-    """Put the uncommitted patch ``manifest`` records (``.kaudit/patches/<sha256>.patch``)
-    in the run's remote directory under the same name, so that a replay in a clone that
-    lacks it can fetch it; return whether it was sent (once per ``files``).
-
-    What is sent is exactly the bytes whose sha256 the manifest records: a local patch
-    that is not (altered), or that adds what looks like a secret, is refused with
-    StorageError, and nothing is sent. One that is not here (a clone where it was never
-    committed) is logged and skipped: the remote may hold it from where the run ran."""
-    digest = manifest.record.git.patch_sha256
-    if digest is None:
-        return False
-    path = patch_path(files.storage.project.root, digest)
-    try:
-        data = read_regular(path, PATCH_LIMIT, follow_symlinks=False)
-    except UnsafeFile as e:
-        if not e.missing:
-            raise StorageError(
-                f"the recorded patch is not sent: it {e.reason}", path=path
-            ) from None
-        log.warning("%s: its recorded patch %s is not here: not pushed", manifest.path, path.name)
-        return False
-    if hashlib.sha256(data).hexdigest() != digest:
-        raise StorageError(
-            "the patch is not the one its manifest records (altered): not sent", path=path
-        )
-    found = secret_in_patch(data)
-    if found is not None:
-        # Recorded with allow_secret_files, or by another tool: still never sent away.
-        raise StorageError(
-            f"the recorded patch adds what looks like a secret to {found.path} (line "
-            f"{found.line}: {found.reason}): not sent to the DVC remote",
-            path=path,
-        )
-    return files.put_once(patch_name(digest), data)
-
-
-def push_manifests(
-    storage: Storage,
-    manifests: list[Path],
-    remote: str | None = None,
-    *,
-    refused: dict[Path, str] | None = None,
-) -> int:
-    """Put each manifest in its run's directory in the remote (the run its signed
-    statement names), oldest step first, as ``Run(push=True)`` does; return how many
-    went. For a ``kaudit push`` that completes what a run's background push could not.
-
-    A manifest the remote's chain refuses (ChainForked: another chain of the run is
-    there) is raised, or, given ``refused``, recorded there with the one line why, and
-    so is each later manifest of its run (its chain goes no further); other runs go on.
-    """
-    by_run: dict[str, list[tuple[int, Path]]] = {}
-    for path in manifests:
-        manifest = parse_manifest(read_signed_file(path), path)
-        by_run.setdefault(manifest.run, []).append((manifest.step, path))
-    sent = 0
-    for run_id, entries in by_run.items():
-        files = RunFiles(storage, run_id, remote)
-        stopped: ChainForked | None = None
-        for _, path in sorted(entries):
-            if stopped is not None:
-                assert refused is not None
-                refused[path] = f"not pushed: its chain's step {stopped.step} was refused"
-                continue
-            try:
-                push_manifest(files, path)
-            except ChainForked as e:
-                if refused is None:
-                    raise
-                refused[path] = e.message
-                stopped = e
-                continue
-            sent += 1
-    return sent
-
-
-ALLOW_ROLLBACK_ENV = "KAUDIT_ALLOW_ROLLBACK"
-"""Set to ``1``: restore may resume from a checkpoint older than the newest one the
-repository knows of (as ``Run(allow_rollback=True)``), saying so in a log warning."""
-TRUST_REF_ENV = "KAUDIT_TRUST_REF"
-"""A protected git ref whose committed manifests of the run count, beside HEAD's, as the
-newest steps the repository knows of."""
-
-
-@dataclass(frozen=True)
-class Known:
-    """The newest checkpoint of a run that the repository's committed manifests know of."""
-
-    step: int
-    """Its step."""
-    where: str
-    """The manifest that says so: ``REF:path``."""
-
-
-def rollback_allowed(asked: bool) -> bool:
-    """Whether a rollback is accepted: asked for, or ``KAUDIT_ALLOW_ROLLBACK=1``."""
-    return asked or os.environ.get(ALLOW_ROLLBACK_ENV, "") == "1"
-
-
-def newest_known(
-    project: Project, directory: Path, run_id: str, verifier: Verifier
-) -> Known | None:
-    """The newest step of run ``run_id`` whose manifest (a checkpoint's, or a sharded
-    step's in its directory) is committed in the run's directory at HEAD (and at
-    ``$KAUDIT_TRUST_REF`` when set), read with git from its object store whatever the work
-    tree holds: its data need not be here. A committed manifest counts only once its
-    signature (a signer ``verifier`` accepts), run, step and place hold; at most
-    :data:`TRY_LIMIT` per ref, newest first, are read."""
-    relative = project.relative(directory)
-    if relative.startswith("/"):
-        return None  # the run's directory is not in the repository: git knows nothing
-    refs = ["HEAD"]
-    trust_ref = os.environ.get(TRUST_REF_ENV, "").strip()
-    if trust_ref:
-        refs.append(trust_ref)
-    best: Known | None = None
-    with git.objects(project.root) as store:
-        for ref in refs:
-            try:
-                commit = (
-                    git.commit_of(project.root, ref)
-                    if ref == "HEAD"
-                    else resolve_ref(project.root, ref).commit  # one ref, never git's guess
-                )
-                if commit is None:
-                    continue  # no commit yet
-                entries = store.tree(commit, relative, limit=runs.LIST_LIMIT)
-            except git.GitError as e:
-                raise StorageError(
-                    f"{ref}: cannot list the run's committed manifests: {e.message}"
-                ) from None
-            candidates = sorted(
-                (
-                    (step, e)
-                    for e in entries
-                    if (step := _committed_step(e)) is not None
-                    and (best is None or step > best.step)
-                ),
-                key=lambda c: c[0],
-                reverse=True,
-            )
-            for step, entry in candidates[:TRY_LIMIT]:
-                name = PurePosixPath(entry.path).name
-                if entry.kind == "tree":  # a sharded step: its manifest is inside
-                    inside = store.tree(commit, entry.path, limit=runs.LIST_LIMIT)
-                    found = [
-                        e
-                        for e in inside
-                        if PurePosixPath(e.path).name == STEP_MANIFEST and _blob(e)
-                    ]
-                    if not found:
-                        continue
-                    entry, name = found[0], f"{name}/{STEP_MANIFEST}"
-                try:
-                    manifest = parse_manifest(
-                        store.blob(entry.oid, limit=MANIFEST_LIMIT), directory / name
-                    )
-                except Error:
-                    continue
-                if (
-                    manifest.run == run_id
-                    and manifest.step == step
-                    and verifier.signature(manifest).ok
-                    and place_check(project, manifest).ok
-                ):
-                    best = Known(step, f"{ref}:{entry.path}")
-                    break
-    return best
-
-
-def _blob(e: git.TreeEntry) -> bool:
-    """A regular file of at most a manifest's size."""
-    return (
-        e.kind == "blob"
-        and e.mode in ("100644", "100755")
-        and e.size is not None
-        and e.size <= MANIFEST_LIMIT
-    )
-
-
-def _committed_step(e: git.TreeEntry) -> int | None:
-    """The step of a committed run directory's entry: a checkpoint's manifest, or a
-    sharded step's directory (its manifest is looked for inside); None for anything else."""
-    name = PurePosixPath(e.path).name
-    if e.kind == "tree":
-        return step_of_directory(name)
-    return step_of_manifest_name(name) if _blob(e) else None
-
-
-def refuse_rollback(
-    run_id: str, known: Known | None, available: int | None, *, allowed: bool, path: Path
-) -> None:
-    """RollbackRefused when ``available`` (None: none, the start) is older than the
-    ``known`` newest step, unless ``allowed``; then a log warning says so."""
-    if known is None or (available is not None and available >= known.step):
-        return
-    older = "the start (no checkpoint)" if available is None else f"step {available}"
-    if not allowed:
-        raise RollbackRefused(
-            f"run {run_id!r}: the newest checkpoint the repository knows of is step "
-            f"{known.step} ({known.where}), but the newest one here or in the DVC remote is "
-            f"{older}: refusing to roll back (bring step {known.step}'s data back, or pass "
-            f"allow_rollback=True to ka.Run, or set {ALLOW_ROLLBACK_ENV}=1, to resume from "
-            f"{older})",
-            path=path,
-            known=known.step,
-            available=available,
-        )
-    log.warning(
-        "run %r: rolling back: resuming from %s although the repository knows of step %d "
-        "(%s); the steps after it will be done, and signed, again",
-        run_id,
-        older,
-        known.step,
-        known.where,
-    )
 
 
 @dataclass(frozen=True)
@@ -455,19 +212,11 @@ class RemoteResume:
         self._read = (entry.name, hashlib.sha256(data).hexdigest())
         manifest = self._parse(data, path)
         verifier = self._verifier()
-        # The signature first: nothing else an unsigned file says is repeated.
-        signed = verifier.signature(manifest)
-        if not signed.ok:
-            raise _Skip(f"signature: {signed.detail}")
-        if manifest.run != self.run_id:
-            raise _Skip(f"belongs to run {manifest.run!r}")
-        if manifest.step != step:
-            raise _Skip(f"its manifest signs step {manifest.step}, not the step its name says")
-        if (manifest.record.shards is not None) != sharded:
-            raise _Skip("a sharded step's manifest" if not sharded else "not a sharded step's")
-        place = place_check(self.project, manifest)
-        if not place.ok:
-            raise _Skip(f"place: {place.detail}")
+        kind = StepKind.SHARDS if sharded else StepKind.FILE
+        try:
+            manifest = trusted_step(verifier, manifest, self.run_id, step, kind)
+        except StepNotTrusted as e:
+            raise _Skip(e.message) from None
         md5 = manifest.subject_md5
         if md5 is None:
             raise _Skip("its manifest records no DVC md5 to fetch the data by")
@@ -638,16 +387,7 @@ class RemoteResume:
 
 
 __all__ = [
-    "ALLOW_ROLLBACK_ENV",
-    "TRUST_REF_ENV",
     "TRY_LIMIT",
     "Found",
-    "Known",
     "RemoteResume",
-    "newest_known",
-    "push_manifest",
-    "push_manifests",
-    "push_patch",
-    "refuse_rollback",
-    "rollback_allowed",
 ]

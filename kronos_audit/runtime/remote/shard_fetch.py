@@ -27,12 +27,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
-from kronos_audit.errors import CheckpointError
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.remote.resume import RemoteResume
-from kronos_audit.runtime.steps.layouts import Agreed, parse_layout, signed_line
-from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.runtime.steps.layouts import Agreed, signed_line
+from kronos_audit.statement.layout import parse_layout
 from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.verification.trusted import StepKind, trusted_step
 
 if TYPE_CHECKING:
     from kronos_audit.runtime.steps.shards import ShardedPublisher
@@ -103,13 +103,16 @@ def bring_from_remote(
 
 def _shards_of(publisher: ShardedPublisher, step: int) -> tuple[list[int], dict[int, FetchItem]]:
     """The old ranks whose shards this rank reads to restore ``step``, and each one's
-    object, by its line of the index (whose sha256 is checked against the signed one; the
-    manifest's signature was checked by rank 0 before it was brought here)."""
+    object, by its line of the index (whose sha256 is checked against the signed one). The
+    manifest rank 0 took is read here once and trusted as that rank's own
+    (:func:`~kronos_audit.verification.trusted.trusted_step`) before a field of it is used:
+    one swapped after rank 0 looked is refused, never acted on."""
     directory = step_directory(publisher.directory, step)
-    manifest = read_manifest(directory / STEP_MANIFEST)
+    manifest = trusted_step(
+        publisher.verifier(), directory / STEP_MANIFEST, publisher.run_id, step, StepKind.SHARDS
+    )
     shards = manifest.record.shards
-    if shards is None:
-        raise CheckpointError("not a sharded step's manifest", path=manifest.path)
+    assert shards is not None  # a sharded step's, trusted
     agreed = Agreed(step, manifest.path, shards.count, parse_layout(shards.layout))
     needs = publisher.reads(agreed)
     items = {}

@@ -53,7 +53,6 @@ from kronos_audit.checkpoint.layout import (
 from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.treehash import LocalTree, Node, exchange, hashable
 from kronos_audit.checkpoint.writer import (
-    Job,
     TreeSpec,
     check_placed,
     write_and_digest,
@@ -62,6 +61,7 @@ from kronos_audit.checkpoint.writer import (
 from kronos_audit.errors import CheckpointError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Block
+from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.storage.tracking import dvc_file_for
 
@@ -323,7 +323,7 @@ class ShardCommit:
         self._md5 = md5
         self._durable = durable
         self._top = top
-        declared: Mapping[str, Any] = job.meta.get("layout", {})
+        declared: Mapping[str, Any] = job.meta.layout
         self._blocks = {
             name: how.axis
             for name, how in declared.items()

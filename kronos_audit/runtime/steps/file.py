@@ -23,9 +23,9 @@ from kronos_audit.checkpoint.layout import (
     step_of,
 )
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.checkpoint.writer import Job
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, StepNotTrusted
 from kronos_audit.parallel.comm import Comm
+from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.remote.resume import RemoteResume
 from kronos_audit.runtime.steps.commit import FileCommit, NotCommitted, StepCommit
 from kronos_audit.runtime.steps.interface import (
@@ -41,6 +41,7 @@ from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.tracking import track
+from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 
@@ -67,7 +68,11 @@ class FilePublisher(SignedPublisher):
         planned = Agreed(step, manifest, 1, {})
         if not manifest.exists():
             return "no manifest (unsigned, or the write was interrupted)", planned
-        return None, Agreed(step, manifest, 1, {}, verified=verifier.cache.read(manifest))
+        try:
+            trusted = trusted_step(verifier, manifest, self.run_id, step, StepKind.FILE)
+        except StepNotTrusted as e:
+            return e.message, planned
+        return None, Agreed(step, manifest, 1, {}, verified=trusted)
 
     def reads(self, agreed: Agreed) -> list[int]:
         return [0]  # the file

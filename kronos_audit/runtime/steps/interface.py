@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kronos_audit.checkpoint.verified import Signed, read_checkpoint
-from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, Error, one_line
 from kronos_audit.parallel.comm import SingleProcess
+from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.policy import SavePolicy
 
 if TYPE_CHECKING:

@@ -3,12 +3,15 @@ of the datasets' layouts, and the step every rank agreed on.
 
 A sharded step counts only when its step manifest is signed by an anchored key or the
 run's own, of this run and of the step its directory names, in its place
-(:func:`has_sharded_steps`); nothing else of it is read before that. ``layout=`` names
+(:func:`has_sharded_steps`, through
+:func:`~kronos_audit.verification.trusted.trusted_step`); nothing else of it is read
+before that. ``layout=`` names
 top-level keys (or deeper ones, ``"fields/u"``) as split along an axis or replicated
 (:func:`expand_layout`); the step manifest's ``shards.layout`` record says so back
 (:func:`layout_record`), with each dataset's digest: a Block array's global digest
 (:mod:`~kronos_audit.checkpoint.treehash`, the same on any rank count), a replicated one's
-digest as rank 0 holds it. It is read back checked (:func:`parse_layout`). The commit and
+digest as rank 0 holds it. It is read back checked
+(:func:`~kronos_audit.statement.layout.parse_layout`). The commit and
 the agreed restore are :mod:`kronos_audit.runtime.steps.shards`'s.
 """
 
@@ -44,8 +47,9 @@ from kronos_audit.parallel.layout import Block, Layout, Replicated, global_shape
 from kronos_audit.project.repository import find_project
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.steps.commit import Shard, held_alike
+from kronos_audit.statement.layout import Recorded
 from kronos_audit.statement.manifest import Manifest, parse_manifest
-from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 
@@ -86,9 +90,7 @@ def has_sharded_steps(
     if not candidates:
         return verifier is not None and _in_remote(verifier, directory, run_id, stacklevel + 1)
     for step, path in reversed(candidates):
-        reason = (
-            problem if verifier is None else step_manifest_problem(verifier, path, run_id, step)
-        )
+        reason = problem if verifier is None else _untrusted(verifier, path, run_id, step)
         if reason is None:
             return True
         warnings.warn(
@@ -103,10 +105,9 @@ def _in_remote(verifier: Verifier, directory: Path, run_id: str, stacklevel: int
     """Whether the run's DVC remote directory holds a sharded step manifest that counts
     (:func:`has_sharded_steps`), of the newest few; a remote that cannot be listed holds
     none (the restore says so when it looks there)."""
-    from kronos_audit.runtime.remote.resume import TRY_LIMIT
     from kronos_audit.runtime.steps.interface import CheckpointSkipped
     from kronos_audit.storage.remote import Storage  # only a run that pushes asks
-    from kronos_audit.storage.runs import RemoteFileRefused, RunFiles
+    from kronos_audit.storage.runs import TRY_LIMIT, RemoteFileRefused, RunFiles
 
     try:
         files = RunFiles(Storage(verifier.project), run_id)
@@ -124,9 +125,9 @@ def _in_remote(verifier: Verifier, directory: Path, run_id: str, stacklevel: int
     for step, name in named[:TRY_LIMIT]:
         try:
             path = RunDirectory(directory).step_manifest(step)
-            reason = manifest_problem(
-                verifier, parse_manifest(files.get(name, MANIFEST_LIMIT), path), run_id, step
-            )
+            manifest = parse_manifest(files.get(name, MANIFEST_LIMIT), path)
+            trusted_step(verifier, manifest, run_id, step, StepKind.SHARDS)
+            reason = None
         except (Error, RemoteFileRefused) as e:
             reason = one_line_reason(e)
         if reason is None:
@@ -139,31 +140,12 @@ def _in_remote(verifier: Verifier, directory: Path, run_id: str, stacklevel: int
     return False
 
 
-def step_manifest_problem(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
-    """What is wrong with ``path`` as the step manifest of step ``step`` of run ``run_id``
-    (None: nothing), checking its signature and place before any other field is used."""
+def _untrusted(verifier: Verifier, path: Path, run_id: str, step: int) -> str | None:
+    """Why ``path`` is not step ``step``'s trusted manifest (None: it is)."""
     try:
-        manifest = verifier.cache.read(path)
+        trusted_step(verifier, path, run_id, step, StepKind.SHARDS)
     except Error as e:
         return one_line_reason(e)
-    return manifest_problem(verifier, manifest, run_id, step)
-
-
-def manifest_problem(verifier: Verifier, manifest: Manifest, run_id: str, step: int) -> str | None:
-    """What is wrong with ``manifest`` as the step manifest of step ``step`` of run
-    ``run_id`` (None: nothing): its signature and place first, then its fields."""
-    signed = verifier.signature(manifest)
-    if not signed.ok:
-        return f"signature: {signed.detail}"
-    if manifest.record.shards is None:
-        return "not a sharded step's manifest"
-    place = place_check(verifier.project, manifest)
-    if not place.ok:
-        return f"place: {place.detail}"
-    if manifest.run != run_id:
-        return f"belongs to run {manifest.run!r}"
-    if manifest.step != step:
-        return f"its manifest signs step {manifest.step}, not step {step}"
     return None
 
 
@@ -247,87 +229,6 @@ def layout_record(shards: Sequence[Shard], declared: Mapping[str, Layout]) -> di
 
 
 @dataclass(frozen=True)
-class Recorded:
-    """One dataset's layout as a step manifest records it."""
-
-    block: int | None
-    """The axis it is split along; None when replicated."""
-    shape: tuple[int, ...] | None
-    """Its global shape (Block only)."""
-    dtype: str | None = None
-    """Its dtype, as a dataset digest names it; None when not recorded (a step written
-    before kaudit recorded digests, or a Block array of variable-length strings)."""
-    digest: str | None = None
-    """Its digest, when recorded: a Block array's global digest
-    (:mod:`~kronos_audit.checkpoint.treehash`), a replicated one's canonical sha256."""
-
-
-_HEX = frozenset("0123456789abcdef")
-_DTYPE_LIMIT = 1 << 16
-
-
-def _digest_fields(spec: Mapping[str, Any]) -> tuple[str | None, str | None] | None:
-    """``(dtype, digest)`` of a layout entry: both, or neither; None when malformed."""
-    dtype, digest = spec.get("dtype"), spec.get("digest")
-    if dtype is None and digest is None and "dtype" not in spec and "digest" not in spec:
-        return None, None
-    if (
-        isinstance(dtype, str)
-        and 0 < len(dtype) <= _DTYPE_LIMIT
-        and isinstance(digest, str)
-        and len(digest) == 64
-        and set(digest) <= _HEX
-    ):
-        return dtype, digest
-    return None
-
-
-def _shape(value: object) -> tuple[int, ...] | None:
-    if isinstance(value, list | tuple) and all(type(d) is int and d >= 0 for d in value):
-        return tuple(value)
-    return None
-
-
-def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
-    """The signed ``shards.layout`` record, checked: ``{dataset path: Recorded}``;
-    CheckpointError (one line) when it is not what :func:`layout_record` writes."""
-    out: dict[str, Recorded] = {}
-    for key, spec in record.items():
-        name = "/" + str(key)
-        if name.split("/")[1] in RESERVED:
-            # Each rank's own records never come from another rank's shard.
-            raise CheckpointError(f"layout of {str(key)[:80]!r}: a reserved name")
-        if not isinstance(spec, Mapping):
-            raise CheckpointError(f"layout of {str(key)[:80]!r}: not a record")
-        fields = _digest_fields(spec)
-        malformed = CheckpointError(f"layout of {str(key)[:80]!r}: malformed")
-        if fields is None:
-            raise malformed
-        dtype, digest = fields
-        if spec.get("replicated") is True:
-            shape = spec.get("shape")
-            if set(spec) == {"replicated"}:
-                out[name] = Recorded(None, None)
-            elif set(spec) == {"replicated", "dtype", "shape", "digest"} and (
-                shape is None or _shape(shape) is not None
-            ):
-                out[name] = Recorded(None, None if shape is None else _shape(shape), dtype, digest)
-            else:
-                raise malformed
-            continue
-        axis, shape = spec.get("block"), _shape(spec.get("shape"))
-        if (
-            set(spec) - {"dtype", "digest"} != {"block", "shape"}
-            or type(axis) is not int
-            or shape is None
-            or not 0 <= axis < len(shape)
-        ):
-            raise malformed
-        out[name] = Recorded(axis, shape, dtype, digest)
-    return out
-
-
-@dataclass(frozen=True)
 class Agreed:
     """A sharded step every rank verified what it reads of."""
 
@@ -401,14 +302,11 @@ def warn_unlike(step: int, names: Sequence[str], size: int) -> None:
 
 __all__ = [
     "Agreed",
-    "Recorded",
     "UndeclaredLayout",
     "expand_layout",
     "has_sharded_steps",
     "layout_record",
-    "parse_layout",
     "signed_line",
     "signed_shard",
-    "step_manifest_problem",
     "warn_unlike",
 ]

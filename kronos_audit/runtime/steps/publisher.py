@@ -27,26 +27,26 @@ from pathlib import Path
 from typing import Any
 
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.scheduler import scheduler_record
+from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import Retention
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_raised, require_threads
 from kronos_audit.runtime.remote.push import Pusher
-from kronos_audit.runtime.remote.resume import (
+from kronos_audit.runtime.steps.commit import NotCommitted, StepCommit, commit
+from kronos_audit.runtime.steps.interface import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
+from kronos_audit.runtime.steps.layouts import Agreed
+from kronos_audit.runtime.steps.retention import StepsWithData, doomed, prune, signed_objects
+from kronos_audit.runtime.steps.rollback import (
     Known,
     newest_known,
     refuse_rollback,
     rollback_allowed,
 )
-from kronos_audit.runtime.steps.commit import NotCommitted, StepCommit, commit
-from kronos_audit.runtime.steps.interface import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
-from kronos_audit.runtime.steps.layouts import Agreed
-from kronos_audit.runtime.steps.retention import StepsWithData, doomed, prune, signed_objects
 from kronos_audit.runtime.steps.signer import Signer, load_signer, run_verifier
 from kronos_audit.signing.predicate import RunRecord, this_writer, utc_now
 from kronos_audit.signing.writer_lock import (
@@ -162,8 +162,10 @@ class SignedPublisher(RunPublisher):
 
     def _plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
         """Why step ``step`` (its manifest ``manifest``) is no candidate before anything
-        it names is read (None: it is), and the step as a restore plans it, nothing of it
-        verified yet (the old ranks' pieces :meth:`reads` names come from its fields)."""
+        it names is read (None: it is), and the step as a restore plans it: its manifest
+        trusted (:func:`~kronos_audit.verification.trusted.trusted_step`), nothing it
+        names verified yet (the old ranks' pieces :meth:`reads` names come from its
+        fields)."""
         raise NotImplementedError
 
     def reads(self, agreed: Agreed) -> list[int]:
@@ -358,10 +360,8 @@ class SignedPublisher(RunPublisher):
                 first = False
                 if not result.ok:
                     return "; ".join(f"{c.name}: {c.detail}" for c in result.failures), None
-                if result.run != self.run_id:
-                    return f"belongs to run {result.run!r}", None
-                if result.step != step:
-                    return f"its manifest signs step {result.step}, not step {step}", None
+                # The manifest _plan trusted (trusted_step): its run and step were checked
+                # there; verify() read the file again, so only those very bytes will do.
                 verified = result.statement
                 planned = agreed.verified
                 if verified is None or planned is None or verified.digest != planned.digest:
@@ -554,9 +554,9 @@ class SignedPublisher(RunPublisher):
             self._with_data = StepsWithData.listed(self.directory)
         pruned = doomed(self.retention, self.directory, job.step, known=self._with_data)
         record = RunRecord(
-            rng=job.meta.get("rng", {}),
+            rng=job.meta.rng,
             restart_count=restart_count(),
-            batches=job.meta.get("batches"),
+            batches=job.meta.batches,
             scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
             writer=self._writer,
             pruned=pruned,

@@ -28,18 +28,19 @@ from kronos_audit.checkpoint.layout import (
 )
 from kronos_audit.checkpoint.shards import parse_index, read_index, write_index
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.checkpoint.writer import Job
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.provenance.environment import environment
+from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.policy import AtFinalStep, SavePolicy
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_failed, require_threads
 from kronos_audit.runtime.steps.commit import FileCommit, ShardCommit, StepCommit, Vote
 from kronos_audit.runtime.steps.file import FilePublisher
 from kronos_audit.runtime.steps.interface import ONE_RANK, Restored
-from kronos_audit.runtime.steps.layouts import Agreed, parse_layout
+from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.publisher import SignedPublisher
 from kronos_audit.runtime.steps.shards import ShardedPublisher
+from kronos_audit.statement.layout import parse_layout
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.supervise.protocol import ENVIRONMENT_FILE, ReplayInstruction
 

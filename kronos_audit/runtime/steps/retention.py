@@ -49,7 +49,7 @@ from kronos_audit.checkpoint.layout import (
     step_of_directory,
 )
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
-from kronos_audit.errors import Error
+from kronos_audit.errors import Error, StepNotTrusted
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.policy import Retention
 from kronos_audit.statement.predicate import PrunedEntry, Sha256
@@ -61,7 +61,7 @@ from kronos_audit.storage.tracking import (
     forget_ignored,
     remove_cache_object,
 )
-from kronos_audit.verification.chain import place_check
+from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 _DVC = ".dvc"
@@ -244,12 +244,10 @@ def signed_objects(
 def _signed_step_objects(
     verifier: Verifier, run_id: str, path: Path, step: int, *, sharded: bool
 ) -> list[FetchItem]:
-    manifest = verifier.cache.read(path)
-    if not verifier.signature(manifest).ok or not place_check(verifier.project, manifest).ok:
-        return []
-    if manifest.run != run_id or manifest.step != step:
-        return []
-    if (manifest.record.shards is not None) != sharded:
+    kind = StepKind.SHARDS if sharded else StepKind.FILE
+    try:
+        manifest = trusted_step(verifier, path, run_id, step, kind)
+    except StepNotTrusted:
         return []
     items = step_items(manifest)  # a sharded step's index: read here, believed if signed
     shards = manifest.record.shards

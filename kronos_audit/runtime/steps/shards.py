@@ -55,10 +55,10 @@ from kronos_audit.checkpoint.layout import (
 )
 from kronos_audit.checkpoint.shards import MAX_SHARDS, ShardRecord
 from kronos_audit.checkpoint.verified import Signed, open_verified
-from kronos_audit.checkpoint.writer import Job
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, Error
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Layout, plan, read_block
+from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.ranks import one_line_reason, raise_if_any_failed
 from kronos_audit.runtime.remote.shard_fetch import bring_from_remote
 from kronos_audit.runtime.steps.commit import (
@@ -73,18 +73,18 @@ from kronos_audit.runtime.steps.interface import CheckpointSkipped, Restored
 from kronos_audit.runtime.steps.layouts import (
     Agreed,
     layout_record,
-    parse_layout,
     signed_shard,
-    step_manifest_problem,
     warn_unlike,
 )
 from kronos_audit.runtime.steps.publisher import SignedPublisher
 from kronos_audit.runtime.steps.retention import sharded_steps_here, sharded_steps_with_data
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
+from kronos_audit.statement.layout import parse_layout
 from kronos_audit.statement.manifest import Manifest, publish_manifest
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.tracking import track
+from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -142,10 +142,10 @@ class ShardedPublisher(SignedPublisher):
         # Its signature and place first: no field of an unsigned manifest (a count of a
         # million shards, a layout of a thousand arrays) plans or reads anything.
         planned = Agreed(step, manifest, 0, {})
-        reason = step_manifest_problem(verifier, manifest, self.run_id, step)
-        if reason is not None:
-            return reason, planned
-        read = verifier.cache.read(manifest)
+        try:
+            read = trusted_step(verifier, manifest, self.run_id, step, StepKind.SHARDS)
+        except Error as e:
+            return one_line_reason(e), planned
         shards = read.record.shards
         assert shards is not None
         if not 1 <= shards.count <= MAX_SHARDS:
@@ -334,7 +334,7 @@ class ShardedPublisher(SignedPublisher):
         votes: Sequence[Vote] = piece
         shards: list[Shard] = [v.record for v in votes]
         records = [shard.record for shard in shards]
-        declared: Mapping[str, Layout] = job.meta.get("layout", {})
+        declared: Mapping[str, Layout] = job.meta.layout
         layout = layout_record(shards, declared)
         fresh = [n for n in held_alike(shards, declared)[1] if n not in self._warned]
         self._warned.update(fresh)

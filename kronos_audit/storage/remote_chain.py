@@ -23,6 +23,10 @@ manifests. :func:`read_remote_chain` reads every manifest of a run in the remote
 as :mod:`~kronos_audit.storage.runs` reads) for ``kaudit status`` and ``kaudit verify``:
 which manifests are there, byte for byte, and any step with two children.
 
+:func:`push_manifest` is the push of one local manifest (after the uncommitted patch it
+records, :func:`push_patch`), as ``Run(push=True)`` and ``kaudit push``
+(:func:`push_manifests`) do it.
+
 The remote may hold anything: each file is read bounded and parsed; what it says of its
 writer is only repeated, as inert text, in a message.
 """
@@ -30,11 +34,13 @@ writer is only repeated, as inert text, in a message.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
+from kronos_audit._internal.secrets import secret_in_patch
 from kronos_audit.checkpoint.layout import (
     STEP_MANIFEST,
     remote_manifest_name,
@@ -43,17 +49,17 @@ from kronos_audit.checkpoint.layout import (
     step_of_remote_step_manifest,
 )
 from kronos_audit.errors import ChainForked, Error, StorageError
-from kronos_audit.keys.anchors import Keyring
-from kronos_audit.project.repository import Project
+from kronos_audit.provenance.gitstate import PATCH_LIMIT, patch_name, patch_path
 from kronos_audit.statement.manifest import Manifest, parse_manifest, read_signed_file
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import Listing, RemoteFileRefused, RunFiles
-from kronos_audit.verification.verifier import Verifier
 
 READ_LIMIT = 64
 """Manifests of a run read from the remote by one push's checks at most (those after the
 step's parent, newest first): a remote full of strays must not make a push read them all."""
 _TEXT_LIMIT = 100  # characters kept of a writer's field read from the remote
+
+log = logging.getLogger("kronos_audit.storage")
 
 
 @dataclass(frozen=True)
@@ -213,28 +219,6 @@ def remote_chains(
                 raise
             problems.append(f"run {run_id!r}: its manifests in the DVC remote: {e.message}")
     return chains
-
-
-def signed_forks(
-    project: Project,
-    run_ids: Iterable[str],
-    keyring: Keyring,
-    remote: str | None = None,
-) -> list[str]:
-    """One line for each fork of each run's chain in the DVC remote, counting only the
-    manifests whose signature ``keyring`` accepts (an unsigned file there forks
-    nothing); none when no remote is set up (and ``remote`` names none). StorageError
-    when the remote cannot be read."""
-    storage = Storage(project)
-    if remote is None and not storage.has_default_remote():
-        return []
-    verifier = Verifier(project, keyring, fetch=False)
-    chains = remote_chains(storage, run_ids, remote)
-    return [
-        f.describe(run)
-        for run, chain in chains.items()
-        for f in chain.forks(lambda m: verifier.signature(m).ok)
-    ]
 
 
 # -- a push -------------------------------------------------------------------------------
@@ -439,6 +423,98 @@ def _over(manifest: Manifest) -> str:
     return f" over step {step}" if step is not None else ""
 
 
+def push_manifest(
+    files: RunFiles, manifest: Path, passed_over: Mapping[str, str] | None = None
+) -> None:
+    """Put a run's local manifest in its remote directory, under its remote name
+    (:func:`~kronos_audit.checkpoint.layout.remote_manifest_name`), after the
+    uncommitted patch it records (:func:`push_patch`), only if it extends the run's chain
+    there (:func:`~kronos_audit.storage.remote_chain.push_linked`): ChainForked,
+    naming both chains' steps and writers, when the remote holds another chain (not
+    counting the remote manifests a restore here ``passed_over``: name, digest)."""
+    data = read_signed_file(manifest)
+    parsed = parse_manifest(data, manifest)
+    push_patch(files, parsed)
+    push_linked(files, manifest, data, parsed, passed_over)
+
+
+def push_patch(files: RunFiles, manifest: Manifest) -> bool:
+    """Put the uncommitted patch ``manifest`` records (``.kaudit/patches/<sha256>.patch``)
+    in the run's remote directory under the same name, so that a replay in a clone that
+    lacks it can fetch it; return whether it was sent (once per ``files``).
+
+    What is sent is exactly the bytes whose sha256 the manifest records: a local patch
+    that is not (altered), or that adds what looks like a secret, is refused with
+    StorageError, and nothing is sent. One that is not here (a clone where it was never
+    committed) is logged and skipped: the remote may hold it from where the run ran."""
+    digest = manifest.record.git.patch_sha256
+    if digest is None:
+        return False
+    path = patch_path(files.storage.project.root, digest)
+    try:
+        data = read_regular(path, PATCH_LIMIT, follow_symlinks=False)
+    except UnsafeFile as e:
+        if not e.missing:
+            raise StorageError(
+                f"the recorded patch is not sent: it {e.reason}", path=path
+            ) from None
+        log.warning("%s: its recorded patch %s is not here: not pushed", manifest.path, path.name)
+        return False
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise StorageError(
+            "the patch is not the one its manifest records (altered): not sent", path=path
+        )
+    found = secret_in_patch(data)
+    if found is not None:
+        # Recorded with allow_secret_files, or by another tool: still never sent away.
+        raise StorageError(
+            f"the recorded patch adds what looks like a secret to {found.path} (line "
+            f"{found.line}: {found.reason}): not sent to the DVC remote",
+            path=path,
+        )
+    return files.put_once(patch_name(digest), data)
+
+
+def push_manifests(
+    storage: Storage,
+    manifests: list[Path],
+    remote: str | None = None,
+    *,
+    refused: dict[Path, str] | None = None,
+) -> int:
+    """Put each manifest in its run's directory in the remote (the run its signed
+    statement names), oldest step first, as ``Run(push=True)`` does; return how many
+    went. For a ``kaudit push`` that completes what a run's background push could not.
+
+    A manifest the remote's chain refuses (ChainForked: another chain of the run is
+    there) is raised, or, given ``refused``, recorded there with the one line why, and
+    so is each later manifest of its run (its chain goes no further); other runs go on.
+    """
+    by_run: dict[str, list[tuple[int, Path]]] = {}
+    for path in manifests:
+        manifest = parse_manifest(read_signed_file(path), path)
+        by_run.setdefault(manifest.run, []).append((manifest.step, path))
+    sent = 0
+    for run_id, entries in by_run.items():
+        files = RunFiles(storage, run_id, remote)
+        stopped: ChainForked | None = None
+        for _, path in sorted(entries):
+            if stopped is not None:
+                assert refused is not None
+                refused[path] = f"not pushed: its chain's step {stopped.step} was refused"
+                continue
+            try:
+                push_manifest(files, path)
+            except ChainForked as e:
+                if refused is None:
+                    raise
+                refused[path] = e.message
+                stopped = e
+                continue
+            sent += 1
+    return sent
+
+
 def other_chains(chains: Mapping[str, RemoteChain], manifests: Iterable[Manifest]) -> set[Path]:
     """The ``manifests`` whose step the remote holds another manifest of, under its
     name: another chain's (``chains``, by run, as :func:`remote_chains` read them)."""
@@ -458,8 +534,10 @@ __all__ = [
     "RemoteManifest",
     "other_chains",
     "push_linked",
+    "push_manifest",
+    "push_manifests",
+    "push_patch",
     "read_remote_chain",
     "remote_chains",
-    "signed_forks",
     "writer_of",
 ]

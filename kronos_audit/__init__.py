@@ -15,8 +15,9 @@ time it is used (PEP 562), so ``kaudit --help`` and a program that only needs
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kronos_audit._internal.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
@@ -140,22 +141,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 """The public API: each module and the names it gives, imported from it the first time one
 is used. The block above says the same to a type checker (a test holds them equal)."""
 
-_MODULE_OF: dict[str, str] = {n: m for m, names in _EXPORTS.items() for n in names}
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
-__all__ = sorted(_MODULE_OF)
 __version__ = "0.1.0"
 """The version, written here only: pyproject.toml reads it (``[tool.setuptools.dynamic]``)
 and so does ``kaudit --version``."""
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

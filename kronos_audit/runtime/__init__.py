@@ -7,8 +7,9 @@ a policy (``EverySteps``) does not load the run, HDF5 or DVC.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kronos_audit._internal.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
@@ -57,19 +58,4 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 """Each module and the names this package gives from it, imported the first time one is
 used. The block above says the same to a type checker (a test holds them equal)."""
 
-_MODULE_OF: dict[str, str] = {n: m for m, names in _EXPORTS.items() for n in names}
-
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:  # a submodule not imported yet: the import system imports it
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is an ordinary attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -89,7 +89,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +119,6 @@ from kronos_audit.provenance.gitstate import git_state
 from kronos_audit.runtime.remote.resume import RemoteResume
 from kronos_audit.runtime.remote.shard_fetch import _shards_of
 from kronos_audit.runtime.steps.layouts import Agreed
-from kronos_audit.runtime.steps.shards import ShardedPublisher
 from kronos_audit.signing.sign import sign_sharded_step
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.storage.fetch import FetchItem
@@ -165,11 +164,17 @@ def emptied(path: Path) -> None:
 
 @dataclass(frozen=True)
 class Reader:
-    """What ``sharded_remote._shards_of`` asks of its publisher: where the run is, and
-    which old ranks this rank reads (its own, the same rank count)."""
+    """What ``shard_fetch._shards_of`` asks of the run (a ``ShardReader``): where the run
+    is, whose it is, what verifies its step manifest, and which old ranks this rank reads
+    (its own, the same rank count)."""
 
     directory: Path
     rank: int
+    run_id: str
+    trusts: Verifier
+
+    def verifier(self) -> Verifier:
+        return self.trusts
 
     def reads(self, agreed: Agreed) -> list[int]:
         return [self.rank]
@@ -261,7 +266,8 @@ def remote_figures(
 
     def resume() -> None:
         # What bring_from_remote does on each rank, then the restore's verification.
-        needs, items = _shards_of(cast(ShardedPublisher, Reader(here.parent, rank)), 1)
+        reader = Reader(here.parent, rank, manifest.run, Verifier(elsewhere))
+        needs, items = _shards_of(reader, 1)
         assert not far.fetch_many([items[old] for old in needs])
         verify(Verifier(elsewhere))
 

@@ -73,6 +73,22 @@ def dup(comm: Comm) -> Comm:
     return comm
 
 
+def undup(comm: Comm | None, *, clean: bool) -> None:
+    """Release a communicator :func:`dup` made. ``clean``: every rank is releasing it (the
+    run ended without error), so a torch.distributed group is taken down together; after
+    an error nothing collective is attempted (the other ranks may never come)."""
+    if comm is None or comm.size == 1:
+        return
+    comm.close()
+    if clean and comm.name == "torch.distributed":
+        import torch.distributed as dist
+
+        # A gloo group left to the interpreter's exit can abort the process
+        # ("terminate called without an active exception").
+        comm.barrier()
+        dist.destroy_process_group(getattr(comm, "group", None))
+
+
 def require_threads(comm: Comm) -> None:
     """A UsageError unless ``comm`` may be used from the writer's thread while the loop
     uses it too: MPI initialized with ``MPI_THREAD_MULTIPLE`` (mpi4py's default)."""
@@ -133,4 +149,5 @@ __all__ = [
     "raise_if_any_raised",
     "rank_seed",
     "require_threads",
+    "undup",
 ]

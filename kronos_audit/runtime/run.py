@@ -79,11 +79,12 @@ from kronos_audit.runtime.policy import EverySeconds, Retention, SaveContext, Sa
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
 from kronos_audit.runtime.restore import RunRestore
-from kronos_audit.runtime.steps.file import FilePublisher
+from kronos_audit.runtime.steps.file import FileFormat
 from kronos_audit.runtime.steps.interface import Publisher
 from kronos_audit.runtime.steps.layouts import expand_layout, has_sharded_steps
-from kronos_audit.runtime.steps.replay import FileReplayPublisher, ShardedReplayPublisher
-from kronos_audit.runtime.steps.shards import ShardedPublisher
+from kronos_audit.runtime.steps.publisher import SignedPublisher
+from kronos_audit.runtime.steps.replay import FileReplay, ReplayPublisher, ShardsReplay
+from kronos_audit.runtime.steps.shards import ShardsFormat
 from kronos_audit.statement.predicate import Batches, RngRecord
 from kronos_audit.supervise.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
 
@@ -250,22 +251,20 @@ class Run(RunRestore):
         several; one rank continuing a run written on several writes as it was written
         (sharded steps of one shard), so its chain and layouts carry on."""
         if self.replay is not None:
-            replaying = (
-                ShardedReplayPublisher
-                if self.size > 1 or self.replay.sharded
-                else FileReplayPublisher
+            replay = ShardsReplay if self.size > 1 or self.replay.sharded else FileReplay
+            return ReplayPublisher(
+                self.run_id, self.replay, self.comm, seed=self.seed, step_format=replay
             )
-            return replaying(self.run_id, self.replay, self.comm, seed=self.seed)
         sharded = (
             self.size > 1
             or self.node_local
             or has_sharded_steps(directory, self.run_id, key, stacklevel=3, remote=push)
         )
-        publisher = ShardedPublisher if sharded else FilePublisher
-        return publisher(
+        return SignedPublisher(
             self.run_id,
             directory,
             self.comm,
+            step_format=ShardsFormat if sharded else FileFormat,
             seed=self.seed,
             key=key,
             attributes=attributes or {},

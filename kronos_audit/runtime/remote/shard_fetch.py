@@ -24,9 +24,12 @@ nodes of the tree, the manifests of the chain (rank 0 alone fetches the index, o
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
+from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.remote.resume import RemoteResume
 from kronos_audit.runtime.steps.layouts import Agreed, signed_line
@@ -35,14 +38,47 @@ from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.verification.trusted import StepKind, trusted_step
 
 if TYPE_CHECKING:
-    from kronos_audit.runtime.steps.shards import ShardedPublisher
+    from kronos_audit.project.repository import Project
+    from kronos_audit.storage.remote import Storage
+    from kronos_audit.storage.runs import RunFiles
+    from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 
 
-def bring_from_remote(
-    publisher: ShardedPublisher, above: int | None, *, stacklevel: int
-) -> int | None:
+class ShardReader(Protocol):
+    """What reading a sharded step's shards asks of the run: where it is, whose it is, what
+    verifies it, and which old ranks this rank reads."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def directory(self) -> Path: ...
+
+    def verifier(self) -> Verifier: ...
+
+    def reads(self, agreed: Agreed) -> list[int]: ...
+
+
+class ShardedRun(ShardReader, Protocol):
+    """What bringing a sharded step from the DVC remote asks of the run, besides
+    :class:`ShardReader`: its ranks, its project and storage, and where to say which
+    remote manifests a restore passed over."""
+
+    comm: Comm
+    node_local: bool
+
+    def project(self) -> Project: ...
+
+    def storage(self) -> Storage: ...
+
+    def run_files(self) -> RunFiles: ...
+
+    def remote_passed_over(self, manifests: Mapping[str, str]) -> None: ...
+
+
+def bring_from_remote(publisher: ShardedRun, above: int | None, *, stacklevel: int) -> int | None:
     """All ranks: bring the newest step in the run's remote directory that is newer than
     ``above`` (the newest step valid here), and each rank the shards it reads of it; the
     step, or None when the remote has none newer (or could not be looked at: then the
@@ -101,7 +137,7 @@ def bring_from_remote(
     return taken
 
 
-def _shards_of(publisher: ShardedPublisher, step: int) -> tuple[list[int], dict[int, FetchItem]]:
+def _shards_of(publisher: ShardReader, step: int) -> tuple[list[int], dict[int, FetchItem]]:
     """The old ranks whose shards this rank reads to restore ``step``, and each one's
     object, by its line of the index (whose sha256 is checked against the signed one). The
     manifest rank 0 took is read here once and trusted as that rank's own

@@ -1,17 +1,19 @@
 """A step as one checkpoint file: the format of a run on one rank.
 
-:class:`FilePublisher` is the :class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` of a
-world of one rank: each step is ``<root>/<run>/step-<N>.h5`` (h5py opens it as it is),
-tracked by DVC, its manifest beside it; pushed data first, then manifest (see
+:class:`FileFormat` is the step format a
+:class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` holds on a world of one rank:
+each step is ``<root>/<run>/step-<N>.h5`` (h5py opens it as it is), tracked by DVC, its
+manifest beside it; pushed data first, then manifest (see
 :mod:`~kronos_audit.runtime.remote.resume`); a restore takes the newest that verifies, here
-or, when pushing, in the DVC remote.
+or, when pushing, in the DVC remote. A replay reads its handed-over file the same way
+(:mod:`~kronos_audit.runtime.steps.replay`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
 from kronos_audit.checkpoint.hashing import FileDigests
@@ -19,6 +21,7 @@ from kronos_audit.checkpoint.layout import (
     CHECKPOINT_GLOB,
     RunDirectory,
     checkpoint_name,
+    checkpoint_path_for,
     manifest_path_for,
     step_of,
 )
@@ -30,12 +33,12 @@ from kronos_audit.runtime.remote.resume import RemoteResume
 from kronos_audit.runtime.steps.commit import FileCommit, NotCommitted, StepCommit
 from kronos_audit.runtime.steps.interface import (
     CheckpointSkipped,
+    Restored,
     ResumePoint,
     file_failure,
     read_file_step,
 )
 from kronos_audit.runtime.steps.layouts import Agreed
-from kronos_audit.runtime.steps.publisher import SignedPublisher
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_checkpoint
 from kronos_audit.statement.manifest import Manifest
@@ -44,27 +47,36 @@ from kronos_audit.storage.tracking import track
 from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
+if TYPE_CHECKING:
+    from kronos_audit.runtime.steps.format import SignedRun
 
-class FilePublisher(SignedPublisher):
-    """A normal run on one rank: signed, DVC-tracked, chained checkpoint files."""
+
+class FileFormat:
+    """Signed, DVC-tracked, chained checkpoint files: the steps of run ``run_id`` in
+    ``directory``, on one rank (``comm``)."""
+
+    sharded = False
+
+    def __init__(self, directory: Path, run_id: str, comm: Comm) -> None:
+        self.directory = directory
+        self.run_id = run_id
+
+    # -- reading ----------------------------------------------------------------------------
 
     def local_steps(self) -> list[int]:
         return RunDirectory(self.directory).signed_checkpoint_steps()
 
-    def _candidates(self) -> list[int]:
+    def candidates(self) -> list[int]:
         # Every checkpoint file, signed or not: one without a manifest is named as skipped.
         return RunDirectory(self.directory).checkpoint_steps()
 
-    def _where(self, step: int) -> Path:
+    def where(self, step: int) -> Path:
         return self.directory / checkpoint_name(step)
 
-    def _manifest(self, step: int) -> Path:
+    def manifest(self, step: int) -> Path:
         return RunDirectory(self.directory).manifest(step)
 
-    def _leftovers(self) -> Iterable[Path]:
-        return self.directory.glob(TEMP_PREFIX + "*")
-
-    def _plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
+    def plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
         planned = Agreed(step, manifest, 1, {})
         if not manifest.exists():
             return "no manifest (unsigned, or the write was interrupted)", planned
@@ -77,17 +89,27 @@ class FilePublisher(SignedPublisher):
     def reads(self, agreed: Agreed) -> list[int]:
         return [0]  # the file
 
-    def _signed_piece(self, verified: Manifest, old: int) -> Signed:
+    def signed_piece(self, verified: Manifest, old: int) -> Signed:
         return Signed(verified.record.size, verified.subject_sha256, verified.datasets)
 
-    def load(self, agreed: Agreed) -> dict[str, Any]:
+    def restored(self, agreed: Agreed) -> Restored:
+        """The file beside ``agreed``'s manifest, read back: as its verification read and
+        checked it, or only as the bytes its verified manifest signs."""
+        path = checkpoint_path_for(agreed.manifest)
         read = agreed.read.get(0)
-        if read is not None:  # as its verification read and checked it
-            return dict(read)
-        point = ResumePoint(self._where(agreed.step), agreed.step, agreed.signed.get(0))
-        return read_file_step(point).datasets
+        if read is not None:
+            return Restored(agreed.step, path, 1, dict(read))
+        return read_file_step(ResumePoint(path, agreed.step, agreed.signed.get(0)))
 
-    def _from_remote(self, above: int | None, *, stacklevel: int) -> Agreed | None:
+    def other_format(self, *, stacklevel: int) -> None:
+        pass  # a run on one rank resumes a sharded run as sharded steps of one shard
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def leftovers(self) -> Iterable[Path]:
+        return self.directory.glob(TEMP_PREFIX + "*")
+
+    def from_remote(self, run: SignedRun, above: int | None, *, stacklevel: int) -> Agreed | None:
         """One manifest in the DVC remote newer than every valid local checkpoint that
         verifies is brought here (its chain's manifests and its data) and taken."""
         taken: dict[Path, Agreed] = {}
@@ -95,38 +117,38 @@ class FilePublisher(SignedPublisher):
         def invalid(verifier: Verifier, path: Path) -> str | None:
             step = step_of(path)
             assert step is not None
-            problem, agreed = self._problem(verifier, step)
+            problem, agreed = run.problem(verifier, step)
             if agreed is not None:
                 taken[path] = agreed
             return problem
 
         remote = RemoteResume(
-            self._opened(),
-            self.storage(),
-            self.run_files(),
+            run.project(),
+            run.storage(),
+            run.run_files(),
             self.directory,
-            self.verifier,
+            run.verifier,
             invalid,
             CheckpointSkipped,
         )
         found = remote.newest(above, stacklevel=stacklevel)
-        self.remote_passed_over(remote.passed_over)
+        run.remote_passed_over(remote.passed_over)
         return None if found is None else taken[found.checkpoint]
 
-    def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
+    def step_commit(self, run: SignedRun, job: Job, comm: Comm) -> StepCommit:
         def sign(final: Path, digests: FileDigests) -> None:
-            self._signed_step(job, digests)
+            run.signed_step(job, digests)
 
         return FileCommit(
             job,
             self.directory,
             md5=True,
-            refusal=lambda: self.refusal(job.step),
+            refusal=lambda: run.refusal(job.step),
             sign=sign,
-            top=self._opened().root,
+            top=run.project().root,
         )
 
-    def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
+    def not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
         assert isinstance(step, FileCommit)
         reason = e.reason if e.own is None else file_failure(e.own)
         return CheckpointError(
@@ -134,12 +156,12 @@ class FilePublisher(SignedPublisher):
             path=step.final,
         )
 
-    def _sign(self, job: Job, piece: Any, record: RunRecord) -> Manifest:
+    def sign(self, run: SignedRun, job: Job, piece: Any, record: RunRecord) -> Manifest:
         """Track and sign the checkpoint file in place."""
-        project, signer = self._signing()
+        project, signer = run.signing()
         digests: FileDigests = piece
         assert digests.md5 is not None
-        final = self._where(job.step)
+        final = self.where(job.step)
         track(
             project,
             final,
@@ -156,10 +178,10 @@ class FilePublisher(SignedPublisher):
             key=signer.key,
             record=record,
             git=signer.git,
-            **self._manifest_fields(job),
+            **run.manifest_fields(job),
         )
 
-    def _pushed(self, step: StepCommit) -> tuple[Path, list[FetchItem]]:
+    def pushed(self, run: SignedRun, step: StepCommit) -> tuple[Path, list[FetchItem]]:
         assert isinstance(step, FileCommit)
         digests = step.digests
         assert digests is not None
@@ -168,4 +190,4 @@ class FilePublisher(SignedPublisher):
         return manifest_path_for(step.final), [item]
 
 
-__all__ = ["FilePublisher"]
+__all__ = ["FileFormat"]

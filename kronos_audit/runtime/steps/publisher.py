@@ -10,9 +10,11 @@ chained to the previous step's, retention's data pruned, signed), and pushes it.
 method is said to be called by "all ranks" (collective) or by rank 0 alone, as
 :class:`~kronos_audit.runtime.steps.interface.Publisher` says.
 
-What differs is only the format of a step, given by a subclass: one checkpoint file on one
-rank (:class:`~kronos_audit.runtime.steps.file.FilePublisher`: h5py opens it as it is), or
-a directory of one shard per rank (:class:`~kronos_audit.runtime.steps.shards.ShardedPublisher`):
+What differs is only the format of a step, which the publisher holds (a
+:class:`~kronos_audit.runtime.steps.format.StepFormat`, as DCP's ``save`` holds its storage
+writer and Orbax's checkpointer its handler): one checkpoint file on one rank
+(:class:`~kronos_audit.runtime.steps.file.FileFormat`: h5py opens it as it is), or a
+directory of one shard per rank (:class:`~kronos_audit.runtime.steps.shards.ShardsFormat`):
 how a step is listed, verified by a rank, read back, committed, signed and tracked, and
 brought from the remote.
 """
@@ -22,11 +24,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
@@ -35,9 +36,16 @@ from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import Retention
-from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_raised, require_threads
+from kronos_audit.runtime.ranks import (
+    dup,
+    one_line_reason,
+    raise_if_any_raised,
+    require_threads,
+    undup,
+)
 from kronos_audit.runtime.remote.push import Pusher
-from kronos_audit.runtime.steps.commit import NotCommitted, StepCommit, commit
+from kronos_audit.runtime.steps.commit import NotCommitted, commit
+from kronos_audit.runtime.steps.format import StepFormat
 from kronos_audit.runtime.steps.interface import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
 from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.retention import StepsWithData, doomed, prune, signed_objects
@@ -70,10 +78,8 @@ log = logging.getLogger("kronos_audit.runtime")
 
 class SignedPublisher(RunPublisher):
     """A normal run on ``comm`` (one rank by default): signed, DVC-tracked, chained steps
-    in ``directory``, in the step format of the subclass."""
-
-    _sharded_steps = False
-    """Whether a step is a directory of shards (else one checkpoint file)."""
+    in ``directory``, in the format ``step_format`` makes for the run (called with the
+    directory, the run's id and ``comm``)."""
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class SignedPublisher(RunPublisher):
         directory: Path,
         comm: Comm = ONE_RANK,
         *,
+        step_format: Callable[[Path, str, Comm], StepFormat],
         seed: int,
         key: str | SigningKey | None,
         attributes: Mapping[str, Any],
@@ -115,6 +122,8 @@ class SignedPublisher(RunPublisher):
         self.allow_secret_files = allow_secret_files
         self.allow_rollback = allow_rollback
         self._key_arg = key
+        self.format = step_format(directory, run_id, comm)
+        """What a step is on disk: one checkpoint file, or a directory of shards."""
         self._commit_comm: Comm | None = None
         self._project: Project | None = None
         self._signer: Signer | None = None  # rank 0's: the key, git state, DVC's cache
@@ -123,7 +132,7 @@ class SignedPublisher(RunPublisher):
         self._parent: Path | Manifest | None = None  # the step the next one is chained to
         self._parent_step: int | None = None
         # DVC's cache settings, read once at open (every rank tracks its own piece)
-        self._cache: tuple[Path, tuple[str, ...]] | None = None
+        self.dvc_cache: tuple[Path, tuple[str, ...]] | None = None
         self._lock: WriterLock | None = None  # rank 0's, for every rank
         self._memo: ChainMemo | None = None  # rank 0's: what it verified of the chain
         # Rank 0: the newest manifest in the directory as it last saw it (a commit signs
@@ -138,82 +147,21 @@ class SignedPublisher(RunPublisher):
         # Signed into every manifest: on two machines writing this run, who wrote which.
         self._writer = this_writer(utc_now())
 
-    # -- the format of a step: each subclass's --------------------------------------------
+    # -- the format of a step: the held format's ----------------------------------------
 
     def local_steps(self) -> list[int]:
         """The steps with a manifest and data here, sorted (unverified; not collective)."""
-        raise NotImplementedError
-
-    def _candidates(self) -> list[int]:
-        """Rank 0: the steps a restore tries, sorted (unverified)."""
-        return self.local_steps()
-
-    def _manifest(self, step: int) -> Path:
-        """Step ``step``'s manifest."""
-        raise NotImplementedError
-
-    def _where(self, step: int) -> Path:
-        """What a warning or error about step ``step`` names (its file or directory)."""
-        raise NotImplementedError
-
-    def _leftovers(self) -> Iterable[Path]:
-        """Rank 0, at open: what a crash mid-write left (never part of a valid step)."""
-        raise NotImplementedError
-
-    def _plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
-        """Why step ``step`` (its manifest ``manifest``) is no candidate before anything
-        it names is read (None: it is), and the step as a restore plans it: its manifest
-        trusted (:func:`~kronos_audit.verification.trusted.trusted_step`), nothing it
-        names verified yet (the old ranks' pieces :meth:`reads` names come from its
-        fields)."""
-        raise NotImplementedError
+        return self.format.local_steps()
 
     def reads(self, agreed: Agreed) -> list[int]:
         """The old ranks whose pieces this rank reads to restore ``agreed``."""
-        raise NotImplementedError
-
-    def _signed_piece(self, verified: Manifest, old: int) -> Signed:
-        """What ``verified`` signs of old rank ``old``'s piece: a restore reads it only
-        as these bytes."""
-        raise NotImplementedError
-
-    def load(self, agreed: Agreed) -> dict[str, Any]:
-        """All ranks: this rank's datasets of ``agreed``, read only as the bytes that were
-        verified (CheckpointError on every rank when one cannot read them)."""
-        raise NotImplementedError
-
-    def _from_remote(self, above: int | None, *, stacklevel: int) -> Agreed | None:
-        """All ranks, when the run pushes: the newest step in the DVC remote newer than
-        ``above`` that is valid on every rank, brought here; None when there is none."""
-        raise NotImplementedError
-
-    def _other_format(self, *, stacklevel: int) -> None:
-        """Rank 0, when a restore found nothing to take: warn of the run's steps here in
-        the other format, which this one cannot restore (nothing by default)."""
+        return self.format.reads(agreed)
 
     def remote_passed_over(self, manifests: Mapping[str, str]) -> None:
         """The remote manifests (name: digest) a restore here passed over: the pushes of
         this run's own steps replace them there (an abandoned branch, not a chain)."""
         if isinstance(self._pusher, Pusher):
             self._pusher.passed_over.update(manifests)
-
-    def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
-        """This rank's commit of ``job`` in the format (its ``sign`` calls
-        :meth:`_signed_step` on rank 0)."""
-        raise NotImplementedError
-
-    def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
-        """The error every rank raises when ``step`` was not committed."""
-        raise NotImplementedError
-
-    def _sign(self, job: Job, piece: Any, record: RunRecord) -> Manifest:
-        """Rank 0, every piece durable: sign and track the step (``piece``: the format's
-        record of what was written); the signed manifest."""
-        raise NotImplementedError
-
-    def _pushed(self, step: StepCommit) -> tuple[Path, list[FetchItem]]:
-        """A committed step's manifest and this rank's objects of it to push."""
-        raise NotImplementedError
 
     # -- open and close (collective) ------------------------------------------------------
 
@@ -241,7 +189,7 @@ class SignedPublisher(RunPublisher):
                     run_id=self.run_id,
                     allow_secret_files=self.allow_secret_files,
                 )
-                self._cache = signer.cache
+                self.dvc_cache = signer.cache
                 key = signer.key
                 self._memo = ChainMemo.for_run(
                     key.private_key.private_bytes_raw(), self.run_id, self.directory
@@ -256,10 +204,10 @@ class SignedPublisher(RunPublisher):
                     held = (e.message, str(e.path), e.holder)
                 else:
                     self._newest = newest_manifest(self.directory)
-                    for leftover in self._leftovers():
+                    for leftover in self.format.leftovers():
                         leftover.unlink(missing_ok=True)  # a crash mid-write; never valid
             else:  # every rank tracks its own piece (and, node-local, pushes it)
-                self._cache = cache_settings(self._project)
+                self.dvc_cache = cache_settings(self._project)
         except Exception as e:  # every rank must reach the collectives below, whatever happened
             own = e
         # Rank 0's lock, told to every rank: each raises RunLocked together (uncaught, a
@@ -292,16 +240,7 @@ class SignedPublisher(RunPublisher):
         collective is attempted (the other ranks may never come)."""
         self.release_lock()
         comm, self._commit_comm = self._commit_comm, None
-        if comm is None or comm.size == 1:
-            return
-        comm.close()
-        if clean and comm.name == "torch.distributed":
-            import torch.distributed as dist
-
-            # A gloo group left to the interpreter's exit can abort the process
-            # ("terminate called without an active exception").
-            comm.barrier()
-            dist.destroy_process_group(getattr(comm, "group", None))
+        undup(comm, clean=clean)
 
     def _opened(self) -> Project:
         if self._project is None:
@@ -332,7 +271,7 @@ class SignedPublisher(RunPublisher):
     def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path] | None:
         if self._signer is None:
             return None  # not rank 0
-        return self.verifier(), self._signer.key, self._manifest(step)
+        return self.verifier(), self._signer.key, self.format.manifest(step)
 
     # -- listing and restore (collective, loop thread) -----------------------------------
 
@@ -341,15 +280,15 @@ class SignedPublisher(RunPublisher):
         steps: list[int] = self.comm.bcast(self.local_steps() if self.rank == 0 else None)
         return steps
 
-    def _problem(self, verifier: Verifier, step: int) -> tuple[str | None, Agreed | None]:
+    def problem(self, verifier: Verifier, step: int) -> tuple[str | None, Agreed | None]:
         """What is wrong, for this rank, with step ``step`` (None: nothing), and the step
         as this rank verified what it reads of it: each old rank's piece it reads
         (:meth:`reads`), by :meth:`Verifier.verify
         <kronos_audit.verification.verifier.Verifier.verify>` of those ranks (the chain
         once)."""
-        manifest = self._manifest(step)
+        manifest = self.format.manifest(step)
         try:
-            reason, agreed = self._plan(verifier, step, manifest)
+            reason, agreed = self.format.plan(verifier, step, manifest)
             if reason is not None:
                 return reason, None
             # The chain once per rank; on a directory every rank shares, rank 0's check of
@@ -366,7 +305,7 @@ class SignedPublisher(RunPublisher):
                 planned = agreed.verified
                 if verified is None or planned is None or verified.digest != planned.digest:
                     return "its manifest changed while it was verified", None
-                agreed.signed[old] = self._signed_piece(verified, old)
+                agreed.signed[old] = self.format.signed_piece(verified, old)
                 if result.read is not None:
                     agreed.read[old] = result.read
         except Exception as e:  # a rank that stopped here alone would hang the others
@@ -378,7 +317,7 @@ class SignedPublisher(RunPublisher):
         invalid warns why (a :class:`CheckpointSkipped`)."""
         verifier = self.verifier()
         for step in steps:
-            problem, agreed = self._problem(verifier, step)
+            problem, agreed = self.problem(verifier, step)
             problems = self.comm.allgather(problem)
             if all(p is None for p in problems):
                 assert agreed is not None
@@ -386,7 +325,7 @@ class SignedPublisher(RunPublisher):
             if problem is not None:
                 who = f" (rank {self.rank})" if self.size > 1 else ""
                 warnings.warn(
-                    f"{self._where(step)}: skipped{who}: {problem}",
+                    f"{self.format.where(step)}: skipped{who}: {problem}",
                     CheckpointSkipped,
                     stacklevel=stacklevel,
                 )
@@ -398,7 +337,7 @@ class SignedPublisher(RunPublisher):
         agreed = self.resume_agreed(stacklevel=stacklevel + 1)
         if agreed is None:
             return None
-        restored = self._restored(agreed)
+        restored = self.format.restored(agreed)
         self._parent = agreed.verified or agreed.manifest
         self._parent_step = agreed.step
         return restored
@@ -410,15 +349,15 @@ class SignedPublisher(RunPublisher):
         :func:`~kronos_audit.runtime.remote.resume.newest_known`): that is a
         RollbackRefused on every rank, unless the rollback is accepted
         (``allow_rollback``)."""
-        steps = self.comm.bcast(self._candidates() if self.rank == 0 else None)
+        steps = self.comm.bcast(self.format.candidates() if self.rank == 0 else None)
         agreed = self.agree(list(reversed(steps)), stacklevel=stacklevel + 1)
         if self.push:
-            newer = self._from_remote(
-                None if agreed is None else agreed.step, stacklevel=stacklevel + 1
+            newer = self.format.from_remote(
+                self, None if agreed is None else agreed.step, stacklevel=stacklevel + 1
             )
             agreed = newer or agreed
         if agreed is None and self.rank == 0:
-            self._other_format(stacklevel=stacklevel + 1)
+            self.format.other_format(stacklevel=stacklevel + 1)
         # What git knows of the run, asked of rank 0 and told to every rank, each of which
         # then refuses a rollback together (RollbackRefused on every rank).
         own: BaseException | None = None
@@ -448,28 +387,25 @@ class SignedPublisher(RunPublisher):
         return agreed
 
     def latest(self, *, stacklevel: int) -> int | None:
-        steps = self.comm.bcast(self._candidates() if self.rank == 0 else None)
+        steps = self.comm.bcast(self.format.candidates() if self.rank == 0 else None)
         agreed = self.agree(list(reversed(steps)), stacklevel=stacklevel + 1)
         return None if agreed is None else agreed.step
 
     def at(self, step: int) -> Restored:
         """All ranks: step ``step``, agreed valid on every rank and read back, or
         CheckpointError on every rank."""
-        where = self._where(step)
-        if step not in self.comm.bcast(self._candidates() if self.rank == 0 else None):
+        where = self.format.where(step)
+        if step not in self.comm.bcast(self.format.candidates() if self.rank == 0 else None):
             raise CheckpointError(f"step {step}: no such checkpoint in the run", path=where)
         verifier = self.verifier()
-        problem, agreed = self._problem(verifier, step)
+        problem, agreed = self.problem(verifier, step)
         problems = self.comm.allgather(problem)
         bad = next(((r, p) for r, p in enumerate(problems) if p is not None), None)
         if bad is not None:
             who = f" on rank {bad[0]}" if self.size > 1 else ""
             raise CheckpointError(f"step {step}: not valid{who}: {bad[1]}", path=where)
         assert agreed is not None
-        return self._restored(agreed)
-
-    def _restored(self, agreed: Agreed) -> Restored:
-        return Restored(agreed.step, self._where(agreed.step), agreed.count, self.load(agreed))
+        return self.format.restored(agreed)
 
     # -- commit (collective, writer thread) ----------------------------------------------
 
@@ -482,14 +418,14 @@ class SignedPublisher(RunPublisher):
         comm = self._commit_comm
         if comm is None:
             raise UsageError("use the Run inside a `with` block")
-        step = self._step_commit(job, comm)
+        step = self.format.step_commit(self, job, comm)
         try:
             commit(comm, step)
         except NotCommitted as e:
             self._with_data = None
-            raise self._not_committed(step, e) from e.own
+            raise self.format.not_committed(step, e) from e.own
         if self._with_data is not None:
-            self._with_data.signed(job.step, sharded=self._sharded_steps)
+            self._with_data.signed(job.step, sharded=self.format.sharded)
         # Rank 0's pruning (a failure here is rank 0's, told to every rank at the loop's
         # next collective: the step stays committed). Node-local, each rank's own pieces
         # of the pruned steps are on its node.
@@ -501,13 +437,13 @@ class SignedPublisher(RunPublisher):
         if self.node_local:
             doomed, objects = comm.bcast((doomed, objects))
         if doomed:
-            cache_dir = None if self._cache is None else self._cache[0]  # read once, at open
+            cache_dir = None if self.dvc_cache is None else self.dvc_cache[0]  # read once, at open
             # Node-local, every rank prunes its own directory: rank 0 alone keeps a record.
             known, self._with_data = self._with_data, None
             prune(self._opened(), self.directory, doomed, objects, cache_dir=cache_dir, known=known)
             self._with_data = known
         if self.push:
-            manifest, items = self._pushed(step)
+            manifest, items = self.format.pushed(self, step)
             self._pusher.push(comm, manifest, items)
 
     def _signed_objects(self, doomed: Sequence[int]) -> tuple[FetchItem, ...]:
@@ -541,7 +477,7 @@ class SignedPublisher(RunPublisher):
             return one_line_reason(e)
         return None
 
-    def _signed_step(self, job: Job, piece: Any) -> None:
+    def signed_step(self, job: Job, piece: Any) -> None:
         """Rank 0, every rank's piece durable: sign the step over them (checked again
         that no other writer signed meanwhile), track it, and note what its signed
         retention record prunes once it is committed. Raises why not."""
@@ -561,7 +497,7 @@ class SignedPublisher(RunPublisher):
             writer=self._writer,
             pruned=pruned,
         )
-        manifest = self._sign(job, piece, record)
+        manifest = self.format.sign(self, job, piece, record)
         self._remember(manifest)
         self._parent, self._parent_step = manifest, job.step
         self._newest = Newest(job.step, manifest.path, manifest.digest)
@@ -596,13 +532,13 @@ class SignedPublisher(RunPublisher):
             ]
         )
 
-    def _signing(self) -> tuple[Project, Signer]:
+    def signing(self) -> tuple[Project, Signer]:
         project = self._opened()
         if self._signer is None:
             raise UsageError("only rank 0 signs")
         return project, self._signer
 
-    def _manifest_fields(self, job: Job) -> dict[str, Any]:
+    def manifest_fields(self, job: Job) -> dict[str, Any]:
         """What every step's manifest records of the run besides its data."""
         return {
             "run": self.run_id,

@@ -1,8 +1,9 @@
 """A step as a directory of one shard per rank: the format of a run on several ranks.
 
-:class:`ShardedPublisher` is the :class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` (the
-one publisher of signed steps, on any world: open, agreed restore, two-phase commit,
-retention, push) whose step N of an n-rank run is the directory ``<root>/<run>/step-<N:08d>/``
+:class:`ShardsFormat` is the step format the
+:class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` holds (the one publisher of
+signed steps, on any world: open, agreed restore, two-phase commit, retention, push) where
+step N of an n-rank run is the directory ``<root>/<run>/step-<N:08d>/``
 of :mod:`kronos_audit.checkpoint.shards`: one shard per rank, the shard index, its Merkle
 tree, and ONE manifest signed by rank 0. Here is what that format asks:
 
@@ -15,7 +16,7 @@ does does not grow with the rank count but for the index and its tree.
 
 **Restore.** For each candidate step every rank verifies what it will read (its own shard,
 rank 0's for replicated arrays, and with another rank count the old shards its block comes
-from: :meth:`ShardedPublisher.reads`), each by its line of the index proven against the
+from: :meth:`ShardsFormat.reads`), each by its line of the index proven against the
 signed Merkle root, and reads only those bytes.
 
 **Layouts.** ``layout={"u": Block(axis=0), "params": Replicated()}`` names top-level keys
@@ -37,7 +38,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
@@ -76,7 +77,6 @@ from kronos_audit.runtime.steps.layouts import (
     signed_shard,
     warn_unlike,
 )
-from kronos_audit.runtime.steps.publisher import SignedPublisher
 from kronos_audit.runtime.steps.retention import sharded_steps_here, sharded_steps_with_data
 from kronos_audit.signing.predicate import RunRecord
 from kronos_audit.signing.sign import sign_sharded_step
@@ -87,6 +87,9 @@ from kronos_audit.storage.tracking import track
 from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 
+if TYPE_CHECKING:
+    from kronos_audit.runtime.steps.format import SignedRun
+
 log = logging.getLogger("kronos_audit.runtime")
 
 LAUNCHERS = ("mpi", "torch.distributed")
@@ -94,13 +97,18 @@ LAUNCHERS = ("mpi", "torch.distributed")
 ``kaudit replay`` can start the ranks again the same way."""
 
 
-class ShardedPublisher(SignedPublisher):
-    """A normal run on several ranks: sharded, signed, DVC-tracked, chained steps."""
+class ShardsFormat:
+    """Sharded, signed, DVC-tracked, chained steps: those of run ``run_id`` in
+    ``directory``, one shard a rank of ``comm``."""
 
-    _sharded_steps = True
+    sharded = True
 
-    def __init__(self, run_id: str, directory: Path, comm: Comm, **kwargs: Any) -> None:
-        super().__init__(run_id, directory, comm, **kwargs)
+    def __init__(self, directory: Path, run_id: str, comm: Comm) -> None:
+        self.directory = directory
+        self.run_id = run_id
+        self.comm = comm
+        self.rank = comm.rank
+        self.size = comm.size
         self._step_items: list[FetchItem] = []  # rank 0: the index and tree just tracked
         self._warned: set[str] = set()  # rank 0: values said to differ between ranks
 
@@ -109,16 +117,16 @@ class ShardedPublisher(SignedPublisher):
         collective): a step whose data a signed retention record pruned is not one."""
         return sharded_steps_with_data(self.directory)
 
-    def _candidates(self) -> list[int]:
+    def candidates(self) -> list[int]:
         # Not a step of which only the manifest and .dvc files are here (a clone's,
         # committed in git): nothing of it is here to verify until it is brought from the
         # remote.
         return sharded_steps_here(self.directory)
 
-    def _where(self, step: int) -> Path:
+    def where(self, step: int) -> Path:
         return step_directory(self.directory, step)
 
-    def _other_format(self, *, stacklevel: int) -> None:
+    def other_format(self, *, stacklevel: int) -> None:
         files = RunDirectory(self.directory).signed_checkpoint_steps()
         if files:
             warnings.warn(
@@ -130,15 +138,15 @@ class ShardedPublisher(SignedPublisher):
                 stacklevel=stacklevel,
             )
 
-    def _manifest(self, step: int) -> Path:
+    def manifest(self, step: int) -> Path:
         return RunDirectory(self.directory).step_manifest(step)
 
-    def _leftovers(self) -> Iterable[Path]:
+    def leftovers(self) -> Iterable[Path]:
         return RunDirectory(self.directory).step_files(f"{TEMP_PREFIX}*")
 
     # -- restore (collective, loop thread) -------------------------------------------------
 
-    def _plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
+    def plan(self, verifier: Verifier, step: int, manifest: Path) -> tuple[str | None, Agreed]:
         # Its signature and place first: no field of an unsigned manifest (a count of a
         # million shards, a layout of a thousand arrays) plans or reads anything.
         planned = Agreed(step, manifest, 0, {})
@@ -154,7 +162,7 @@ class ShardedPublisher(SignedPublisher):
             step, manifest, shards.count, parse_layout(shards.layout), verified=read
         )
 
-    def _signed_piece(self, verified: Manifest, old: int) -> Signed:
+    def signed_piece(self, verified: Manifest, old: int) -> Signed:
         return signed_shard(verified, old)
 
     def reads(self, agreed: Agreed) -> list[int]:
@@ -179,14 +187,14 @@ class ShardedPublisher(SignedPublisher):
             needs.update(p.old_index for p in plan(length, agreed.count, self.size, self.rank))
         return sorted(needs)
 
-    def _restored(self, agreed: Agreed) -> Restored:
+    def restored(self, agreed: Agreed) -> Restored:
         return Restored(agreed.step, agreed.manifest.parent, agreed.count, self.load(agreed))
 
-    def _from_remote(self, above: int | None, *, stacklevel: int) -> Agreed | None:
+    def from_remote(self, run: SignedRun, above: int | None, *, stacklevel: int) -> Agreed | None:
         """A newer step in the DVC remote, brought here with each rank's shards
         (:func:`~kronos_audit.runtime.remote.shard_fetch.bring_from_remote`), then agreed."""
-        brought = bring_from_remote(self, above, stacklevel=stacklevel + 1)
-        return None if brought is None else self.agree([brought], stacklevel=stacklevel + 1)
+        brought = bring_from_remote(run, above, stacklevel=stacklevel + 1)
+        return None if brought is None else run.agree([brought], stacklevel=stacklevel + 1)
 
     def load(self, agreed: Agreed) -> dict[str, Any]:
         """This rank's datasets of ``agreed`` (state, generators, ledger), read from the
@@ -279,35 +287,35 @@ class ShardedPublisher(SignedPublisher):
 
     # -- commit (collective, writer thread) ----------------------------------------------
 
-    def _step_commit(self, job: Job, comm: Comm) -> StepCommit:
+    def step_commit(self, run: SignedRun, job: Job, comm: Comm) -> StepCommit:
         return ShardCommit(
             job,
             self.directory,
             comm,
-            refusal=lambda: self.refusal(job.step),
-            sign=lambda directory, votes: self._signed_step(job, votes),
-            durable=self._track_own,
-            top=self._opened().root,
+            refusal=lambda: run.refusal(job.step),
+            sign=lambda directory, votes: run.signed_step(job, votes),
+            durable=lambda shard, record: self._track_own(run, shard, record),
+            top=run.project().root,
         )
 
-    def _not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
+    def not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:
         assert isinstance(step, ShardCommit)
         return CheckpointError(
             f"the checkpoint of step {step.job.step} was not committed: {e.reason}",
             path=step.directory,
         )
 
-    def _pushed(self, step: StepCommit) -> tuple[Path, list[FetchItem]]:
+    def pushed(self, run: SignedRun, step: StepCommit) -> tuple[Path, list[FetchItem]]:
         assert isinstance(step, ShardCommit)
         assert step.shard is not None  # committed: this rank's shard is in place
         record = step.shard.record
         shard = FetchItem(step.directory / record.name, record.md5, record.sha256, record.size)
         # Node-local: every shard is in the remote already (that was the vote).
-        items = [] if self.node_local else [shard]
+        items = [] if run.node_local else [shard]
         items += self._step_items if self.rank == 0 else []
         return step.directory / STEP_MANIFEST, items
 
-    def _track_own(self, shard: Path, record: ShardRecord) -> None:
+    def _track_own(self, run: SignedRun, shard: Path, record: ShardRecord) -> None:
         """Every rank, before it votes: track its own shard with DVC (a cache link and a
         ``.dvc`` file), so that rank 0's commit tracks the index and tree alone, whatever
         the rank count. Node-local, also make it durable in the DVC remote (pushed,
@@ -317,20 +325,20 @@ class ShardedPublisher(SignedPublisher):
         # each by an atomic replace of the same bytes; rank 0 adds its own lines only once
         # every rank has voted.
         track(
-            self._opened(),
+            run.project(),
             shard,
             record.md5,
             record.size,
             owned=True,
             ignore_pattern="/rank-*.h5",
-            settings=self._cache,
+            settings=run.dvc_cache,
         )
-        if self.node_local:
-            self.storage().push([FetchItem(shard, record.md5, record.sha256, record.size)])
+        if run.node_local:
+            run.storage().push([FetchItem(shard, record.md5, record.sha256, record.size)])
 
-    def _sign(self, job: Job, piece: Any, record: RunRecord) -> Manifest:
+    def sign(self, run: SignedRun, job: Job, piece: Any, record: RunRecord) -> Manifest:
         """Sign the step manifest over every rank's shard; track the index and tree."""
-        project, signer = self._signing()
+        project, signer = run.signing()
         votes: Sequence[Vote] = piece
         shards: list[Shard] = [v.record for v in votes]
         records = [shard.record for shard in shards]
@@ -352,7 +360,7 @@ class ShardedPublisher(SignedPublisher):
             record=record,
             git=signer.git,
             write=False,
-            **self._manifest_fields(job),
+            **run.manifest_fields(job),
         )
         # The index, and its Merkle tree (derived, unsigned, 64 bytes a shard: DVC's like
         # the data rather than git's, so a clone fetches it with the step).
@@ -367,7 +375,7 @@ class ShardedPublisher(SignedPublisher):
                 len(data),
                 owned=True,
                 ignore_pattern=f"/{name}",
-                settings=self._cache,
+                settings=run.dvc_cache,
             )
             sha256 = hashlib.sha256(data).hexdigest()
             self._step_items.append(FetchItem(directory / name, md5, sha256, len(data)))
@@ -414,4 +422,4 @@ def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> di
     return {n: _value(f, n) for n, _ in _walk(f) if n not in skip}
 
 
-__all__ = ["LAUNCHERS", "ShardedPublisher"]
+__all__ = ["LAUNCHERS", "ShardsFormat"]

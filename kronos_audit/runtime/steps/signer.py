@@ -1,12 +1,12 @@
 """What a signed run loads when it opens, and whom its restore trusts: the same on one rank
 as on many.
 
-:class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` reads them once, before anything is
-written (:func:`load_signer`), whatever its step format (a checkpoint file,
-:class:`~kronos_audit.runtime.steps.file.FilePublisher`; a directory of shards that rank 0
-signs for every rank, :class:`~kronos_audit.runtime.steps.shards.ShardedPublisher`): the signing
-key, the git state of the code this process runs, and DVC's cache settings. Its restore
-trusts through :func:`run_verifier`.
+:class:`~kronos_audit.runtime.steps.publisher.SignedPublisher` reads them once, before
+anything is written (:func:`load_signer`), whatever the step format it holds (a checkpoint
+file, :class:`~kronos_audit.runtime.steps.file.FileFormat`; a directory of shards that rank
+0 signs for every rank, :class:`~kronos_audit.runtime.steps.shards.ShardsFormat`): the
+signing key, the git state of the code this process runs, and DVC's cache settings. Its
+restore trusts through :func:`run_verifier`.
 """
 
 from __future__ import annotations

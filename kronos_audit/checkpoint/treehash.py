@@ -26,8 +26,8 @@ On n ranks each rank hashes the chunks that start in its block (:class:`LocalTre
 chunk that runs on into the next rank's block is completed with the bytes that rank sends
 it (:func:`exchange`, over the job's communicator: one message to the left neighbour per
 round, and a second round only where a block is shorter than a chunk). Each rank then
-gives the coordinator the O(log n) nodes that cover its chunks (:meth:`LocalTree.nodes`),
-and the coordinator joins them (:func:`join`). No rank sends more than one chunk's bytes.
+gives rank 0 the O(log n) nodes that cover its chunks (:meth:`LocalTree.nodes`),
+and rank 0 joins them (:func:`join`). No rank sends more than one chunk's bytes.
 :class:`TreeHasher` computes the same digest from the stream fed in order (read back from
 the shards, or from one array in memory).
 """

@@ -3,22 +3,23 @@
 A world of one rank (a single process) runs it as a world of many does; only the format
 of the step differs (one checkpoint file, or a directory of one shard per rank), and that
 is the :class:`StepCommit` a publisher hands over. In order, each phase said to be done by
-"all ranks" or by "the coordinator" (rank 0), as torch DCP's ``StorageWriter`` says it:
+"all ranks" or by "rank 0" alone (torch DCP's ``StorageWriter`` says "coordinator"; this
+package says rank 0 everywhere):
 
 1. all ranks: :meth:`StepCommit.write` their piece of the step under a temporary name,
    durably, hashing it as it is written;
-2. the coordinator: :meth:`StepCommit.refusal`, why the step must not be signed over the
+2. rank 0: :meth:`StepCommit.refusal`, why the step must not be signed over the
    parent in hand (another writer of the run signed since), told to every rank before any
    piece replaces anything;
 3. all ranks: :meth:`StepCommit.place` their piece under its name, durably, and vote
    (a :class:`Vote`: what was made durable, or why nothing was), completed by what the
    neighbouring ranks hold (:meth:`StepCommit.exchange`: the global arrays' digests);
-4. the coordinator, only when every vote is a durable piece: :meth:`StepCommit.sign`
+4. rank 0, only when every vote is a durable piece: :meth:`StepCommit.sign`
    the step and track it; every rank then hears commit, or why not, and withdraws what
    it placed (:meth:`StepCommit.withdraw`) when not.
 
 A step without its signed manifest is never valid, so a crash anywhere before the
-coordinator's signature leaves the previous step the newest. Every rank reaches every
+signature of rank 0 leaves the previous step the newest. Every rank reaches every
 collective whatever failed on it, so no rank goes on, or stops, alone.
 
 The two formats' commits are here too: :class:`FileCommit` (a step as one checkpoint
@@ -96,7 +97,7 @@ class StepCommit(Protocol):
         ...
 
     def refusal(self) -> str | None:
-        """The coordinator: why the step must not be signed over the parent in hand (a
+        """Rank 0: why the step must not be signed over the parent in hand (a
         line), or None."""
         ...
 
@@ -112,7 +113,7 @@ class StepCommit(Protocol):
         ...
 
     def sign(self, votes: Sequence[Vote]) -> None:
-        """The coordinator, every vote durable: sign and track the step; raises why not."""
+        """Rank 0, every vote durable: sign and track the step; raises why not."""
         ...
 
     def withdraw(self) -> None:
@@ -162,7 +163,7 @@ def commit(comm: Comm, step: StepCommit) -> None:
     vote = step.exchange(comm, vote)
     votes: list[Vote] | None = comm.gather(vote)
     decision: str | None = None
-    if votes is not None:  # the coordinator
+    if votes is not None:  # rank 0
         failed = next((v for v in votes if not v.durable), None)
         if failed is not None:
             decision = _named(failed, comm)
@@ -449,7 +450,7 @@ def held_alike(shards: Sequence[Shard], declared: Mapping[str, Any]) -> tuple[li
 def _refusal(step: StepCommit) -> str | None:
     try:
         return step.refusal()
-    except Exception as e:  # every rank must hear the coordinator's word, whatever happened
+    except Exception as e:  # every rank must hear rank 0's word, whatever happened
         return one_line_reason(e)
 
 

@@ -33,6 +33,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from kronos_audit.errors import UsageError
@@ -448,3 +449,31 @@ class Retention:
         if keep is not None or keep_every is not None:
             raise UsageError("both retention= and keep=/keep_every= given: give one or the other")
         return retention
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a run's steps meet besides its directory: the project's DVC remote, to which
+    each step is pushed (its data first, then its manifest), and from which a restore
+    elsewhere resumes. ``Run(remote=ka.Remote())`` is ``Run(push=True)``."""
+
+    local_dir: str | Path | None = None
+    """No directory is shared by the ranks: each keeps the run's files under this one of
+    its own node's, and the remote is where a step meets (``KAUDIT_LOCAL_DIR`` says the
+    same). ``Run(remote=ka.Remote(local_dir=d))`` is ``Run(push=True, local_dir=d)``."""
+
+    @classmethod
+    def given(
+        cls, remote: object, push: bool, local_dir: str | Path | None
+    ) -> tuple[bool, str | Path | None]:
+        """What ``Run(remote=..., push=..., local_dir=...)`` asks: whether the run pushes,
+        and its node-local directory (None: the run's directory is shared). Both forms at
+        once, or a ``remote`` that is not a :class:`Remote`, is a
+        :class:`~kronos_audit.errors.UsageError`."""
+        if remote is None:
+            return push, local_dir
+        if not isinstance(remote, Remote):
+            raise UsageError(f"remote must be a ka.Remote(...), not {type(remote).__name__}")
+        if push or local_dir is not None:
+            raise UsageError("both remote= and push=/local_dir= given: give one or the other")
+        return True, remote.local_dir

@@ -75,7 +75,7 @@ from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.background import BackgroundWriter, Job, StepMeta, WriterStats
 from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
-from kronos_audit.runtime.policy import EverySeconds, Retention, SaveContext, SavePolicy
+from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
 from kronos_audit.runtime.restore import RunRestore
@@ -107,7 +107,9 @@ class Run(RunRestore):
     asked after each step, and only it decides (default ``EverySeconds(600)``, which also
     saves at the final step and on preemption). ``retention`` (a
     :class:`~kronos_audit.runtime.policy.Retention`, or the same as ``keep=`` and
-    ``keep_every=``) says which checkpoints keep their data. With ``allow_secret_files`` an
+    ``keep_every=``) says which checkpoints keep their data; ``remote`` (a
+    :class:`~kronos_audit.runtime.policy.Remote`, or ``push=`` and ``local_dir=``) where
+    its steps meet beside its directory. With ``allow_secret_files`` an
     uncommitted diff is recorded even when it carries a file that looks like a secret
     (``.env``, ``*.pem``, ``id_*`` ...); by default such a diff is refused. Manifests
     record ``command`` (an argv) as the command that re-runs a segment, by default
@@ -150,6 +152,7 @@ class Run(RunRestore):
         command: Sequence[str] | None = None,
         allow_rollback: bool = False,
         local_dir: str | Path | None = None,
+        remote: Remote | None = None,
         task: ArrayTask | None = None,
         dispatch: str = "native",
     ) -> None:
@@ -189,6 +192,7 @@ class Run(RunRestore):
         self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
         # Every rank draws from the same run seed (each its own stream of it).
         self.seed = int(self.comm.bcast(self.seed))
+        push, local_dir = Remote.given(remote, push, local_dir)
         local = local_dir if local_dir is not None else os.environ.get(LOCAL_DIR_ENV) or None
         if local is not None and not push:
             raise UsageError(

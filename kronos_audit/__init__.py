@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     from kronos_audit.errors import (
         BisectError as BisectError,
         CampaignError as CampaignError,
+        CheckpointSkipped as CheckpointSkipped,
         CheckpointError as CheckpointError,
         Error as Error,
         ManifestError as ManifestError,
@@ -70,7 +71,6 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         SavePolicy as SavePolicy,
     )
     from kronos_audit.provenance.dispatch import DispatchNotPinned as DispatchNotPinned
-    from kronos_audit.runtime.steps.interface import CheckpointSkipped as CheckpointSkipped
     from kronos_audit.runtime.run import (
         PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
         Run as Run,
@@ -95,6 +95,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "kronos_audit.errors": (
         "BisectError",
         "CampaignError",
+        "CheckpointSkipped",
         "CheckpointError",
         "Error",
         "ManifestError",
@@ -128,7 +129,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SaveContext",
         "SavePolicy",
     ),
-    "kronos_audit.runtime.steps.interface": ("CheckpointSkipped",),
     "kronos_audit.provenance.dispatch": ("DispatchNotPinned",),
     "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
     "kronos_audit.supervise.supervisor": ("CommandStartError",),

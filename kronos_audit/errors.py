@@ -133,6 +133,10 @@ class ManifestError(Error):
     """A manifest is not JSON, not a DSSE envelope, or violates the schema."""
 
 
+class CheckpointSkipped(UserWarning):
+    """A restore passed over a checkpoint that is not valid (and says why)."""
+
+
 class StepNotTrusted(ManifestError):
     """A step's manifest is not one a run may act on: not signed by a key it trusts, of
     another run or step, of the other kind of step, or not in its place (the message

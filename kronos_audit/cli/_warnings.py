@@ -5,7 +5,7 @@ A warning another package raises while kaudit runs (a deprecation in a dependenc
 such as asyncssh's use of DSA as DVC opens an ssh:// remote) says nothing the user of the
 command can act on; it goes to kronos_audit's log instead, which ``-v`` prints on stderr as
 ``kaudit: INFO: kronos_audit.cli.warnings: ...`` lines. kaudit's own warnings
-(:class:`~kronos_audit.runtime.steps.interface.CheckpointSkipped` and the like) are shown at every
+(:class:`~kronos_audit.errors.CheckpointSkipped` and the like) are shown at every
 verbosity, each as one line, ``kaudit: warning: WHAT``.
 """
 

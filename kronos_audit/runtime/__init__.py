@@ -13,6 +13,7 @@ from kronos_audit._internal.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
+    from kronos_audit.errors import CheckpointSkipped as CheckpointSkipped
     from kronos_audit.runtime.batches import Ledger as Ledger, batch_rng as batch_rng
     from kronos_audit.runtime.levels import (
         MemoryLevel as MemoryLevel,
@@ -31,7 +32,6 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         SaveContext as SaveContext,
         SavePolicy as SavePolicy,
     )
-    from kronos_audit.runtime.steps.interface import CheckpointSkipped as CheckpointSkipped
     from kronos_audit.runtime.run import (
         PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
         Run as Run,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: on
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "kronos_audit.errors": ("CheckpointSkipped",),
     "kronos_audit.runtime.batches": ("Ledger", "batch_rng"),
     "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
     "kronos_audit.runtime.policy": (
@@ -54,7 +55,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SaveContext",
         "SavePolicy",
     ),
-    "kronos_audit.runtime.steps.interface": ("CheckpointSkipped",),
     "kronos_audit.runtime.run": ("PreemptedWithoutCheckpoint", "Run"),
 }
 """Each module and the names this package gives from it, imported the first time one is

@@ -19,9 +19,9 @@ import pytest
 
 from kronos_audit._internal.warnline import is_kaudits
 from kronos_audit.cli._warnings import LOGGER, third_party_warnings_to_log
+from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.storage import configure_remote
 from tests.helpers import run_cli, write_checkpoint
 from tests.sshd import unused_port
@@ -51,7 +51,7 @@ PROBE = '''\
 """A dependency that warns as it is imported, in its own category and in Python's."""
 import warnings
 
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
+from kronos_audit.errors import CheckpointSkipped
 
 
 class ProbeDeprecationWarning(UserWarning):

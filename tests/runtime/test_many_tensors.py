@@ -16,9 +16,9 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.checkpoint import opened as opened_module
 from kronos_audit.checkpoint.hashing import array_digest
+from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.statement.manifest import read_manifest
 
 DTYPES = ("<f8", "<f4", "<f2", "<i8", "<i4", "|i1", "<u2", "|u1", "|b1", "<c8", ">f8")

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import kronos_audit as ka
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.supervise.protocol import ReplayInstruction
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 

@@ -16,10 +16,9 @@ import h5py
 import numpy as np
 
 import kronos_audit as ka
-from kronos_audit.errors import CheckpointError
+from kronos_audit.errors import CheckpointError, CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 
 GENUINE = 1.0
 ATTACKER = 666.0

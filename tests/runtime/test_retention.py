@@ -26,10 +26,9 @@ from kronos_audit.checkpoint.layout import (
     shard_name,
     step_directory,
 )
-from kronos_audit.errors import UsageError
+from kronos_audit.errors import CheckpointSkipped, UsageError
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.runtime.steps.retention import (
     Retention,
     doomed,

@@ -24,9 +24,9 @@ from kronos_audit.checkpoint.layout import (
     shard_path,
     step_directory,
 )
+from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey, public_pem
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.runtime.steps.retention import sharded_steps_with_data
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import cache_object_path, cache_settings, read_dvc_file

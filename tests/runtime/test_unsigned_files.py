@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from tests.helpers import run_cli
 
 RUN = "heat"

@@ -17,11 +17,10 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.errors import StorageError
+from kronos_audit.errors import CheckpointSkipped, StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.remote import resume as resume_remote
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from kronos_audit.signing.writer_lock import HOLDER_NAME, LOCK_NAME
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import Storage, cache_object_path, cache_settings, write_dvc_file

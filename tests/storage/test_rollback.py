@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from kronos_audit.errors import RollbackRefused
+from kronos_audit.errors import CheckpointSkipped, RollbackRefused
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.steps.interface import CheckpointSkipped
 from tests.helpers import git, run_cli
 from tests.storage.test_resume_remote import RUN, heat, manifest_name, remote_dir, run_dir
 from tests.threadranks import ThreadRanks, on_ranks, thread_run

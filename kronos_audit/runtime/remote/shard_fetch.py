@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_directory
+from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
 from kronos_audit.runtime.remote.resume import RemoteResume
@@ -97,7 +98,7 @@ def bring_from_remote(publisher: ShardedRun, above: int | None, *, stacklevel: i
                 publisher.directory,
                 publisher.verifier,
                 lambda verifier, path: None,  # each rank verifies what it reads, in agree()
-                _skipped(),
+                CheckpointSkipped,
             )
             found = remote.newest(above, stacklevel=stacklevel + 1, sharded=True)
             publisher.remote_passed_over(remote.passed_over)
@@ -158,12 +159,6 @@ def _shards_of(publisher: ShardReader, step: int) -> tuple[list[int], dict[int, 
             shard_path(directory, old, shards.count), line.md5, line.sha256, line.size
         )
     return needs, items
-
-
-def _skipped() -> type[Warning]:
-    from kronos_audit.runtime.steps.interface import CheckpointSkipped
-
-    return CheckpointSkipped
 
 
 __all__ = ["bring_from_remote"]

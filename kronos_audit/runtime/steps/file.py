@@ -26,13 +26,12 @@ from kronos_audit.checkpoint.layout import (
     step_of,
 )
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.errors import CheckpointError, StepNotTrusted
+from kronos_audit.errors import CheckpointError, CheckpointSkipped, StepNotTrusted
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.remote.resume import RemoteResume
 from kronos_audit.runtime.steps.commit import FileCommit, NotCommitted, StepCommit
 from kronos_audit.runtime.steps.interface import (
-    CheckpointSkipped,
     Restored,
     ResumePoint,
     file_failure,

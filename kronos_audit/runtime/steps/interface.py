@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kronos_audit.runtime")
 
 
-class CheckpointSkipped(UserWarning):
-    """restore() passed over a checkpoint that is not valid (and says why)."""
-
-
 @dataclass(frozen=True)
 class ResumePoint:
     """The checkpoint file a run on one rank resumes from."""
@@ -219,7 +215,6 @@ class RunPublisher:
 
 
 __all__ = [
-    "CheckpointSkipped",
     "Publisher",
     "Restored",
     "ResumePoint",

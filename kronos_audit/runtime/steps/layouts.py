@@ -39,7 +39,7 @@ from kronos_audit.checkpoint.shards import (
 )
 from kronos_audit.checkpoint.treehash import finish, join, leaf_count
 from kronos_audit.checkpoint.verified import Signed
-from kronos_audit.errors import CheckpointError, Error, UsageError
+from kronos_audit.errors import CheckpointError, CheckpointSkipped, Error, UsageError
 from kronos_audit.keys.anchors import Anchor, TrustOptions, load_keyring
 from kronos_audit.keys.home import select_key
 from kronos_audit.keys.keyfile import SigningKey
@@ -69,8 +69,6 @@ def has_sharded_steps(
     Every candidate that does not count is named, with why, in a CheckpointSkipped
     warning: an unsigned file dropped in a run's directory decides nothing, not even the
     run's layout."""
-    from kronos_audit.runtime.steps.interface import CheckpointSkipped
-
     candidates = RunDirectory(directory).step_manifests()
     if not candidates and not remote:
         return False
@@ -105,7 +103,6 @@ def _in_remote(verifier: Verifier, directory: Path, run_id: str, stacklevel: int
     """Whether the run's DVC remote directory holds a sharded step manifest that counts
     (:func:`has_sharded_steps`), of the newest few; a remote that cannot be listed holds
     none (the restore says so when it looks there)."""
-    from kronos_audit.runtime.steps.interface import CheckpointSkipped
     from kronos_audit.storage.remote import Storage  # only a run that pushes asks
     from kronos_audit.storage.runs import TRY_LIMIT, RemoteFileRefused, RunFiles
 

@@ -28,7 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kronos_audit.errors import CheckpointError, Error, LockHolder, RunLocked, UsageError
+from kronos_audit.errors import (
+    CheckpointError,
+    CheckpointSkipped,
+    Error,
+    LockHolder,
+    RunLocked,
+    UsageError,
+)
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.project.repository import Project, find_project
@@ -46,7 +53,7 @@ from kronos_audit.runtime.ranks import (
 from kronos_audit.runtime.remote.push import Pusher
 from kronos_audit.runtime.steps.commit import NotCommitted, commit
 from kronos_audit.runtime.steps.format import StepFormat
-from kronos_audit.runtime.steps.interface import ONE_RANK, CheckpointSkipped, Restored, RunPublisher
+from kronos_audit.runtime.steps.interface import ONE_RANK, Restored, RunPublisher
 from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.retention import StepsWithData, doomed, prune, signed_objects
 from kronos_audit.runtime.steps.rollback import (
@@ -346,7 +353,7 @@ class SignedPublisher(RunPublisher):
         """All ranks: the newest step valid on every rank, unread: the newest here, or
         (when the run pushes) a newer one the DVC remote holds, brought here. Never older
         than the newest step whose manifest is committed in git (see
-        :func:`~kronos_audit.runtime.remote.resume.newest_known`): that is a
+        :func:`~kronos_audit.runtime.steps.rollback.newest_known`): that is a
         RollbackRefused on every rank, unless the rollback is accepted
         (``allow_rollback``)."""
         steps = self.comm.bcast(self.format.candidates() if self.rank == 0 else None)

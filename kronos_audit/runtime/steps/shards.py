@@ -56,7 +56,7 @@ from kronos_audit.checkpoint.layout import (
 )
 from kronos_audit.checkpoint.shards import MAX_SHARDS, ShardRecord
 from kronos_audit.checkpoint.verified import Signed, open_verified
-from kronos_audit.errors import CheckpointError, Error
+from kronos_audit.errors import CheckpointError, CheckpointSkipped, Error
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Layout, plan, read_block
 from kronos_audit.runtime.background import Job
@@ -70,7 +70,7 @@ from kronos_audit.runtime.steps.commit import (
     Vote,
     held_alike,
 )
-from kronos_audit.runtime.steps.interface import CheckpointSkipped, Restored
+from kronos_audit.runtime.steps.interface import Restored
 from kronos_audit.runtime.steps.layouts import (
     Agreed,
     layout_record,

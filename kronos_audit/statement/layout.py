@@ -60,7 +60,7 @@ def _shape(value: object) -> tuple[int, ...] | None:
 
 def parse_layout(record: Mapping[str, Any]) -> dict[str, Recorded]:
     """The signed ``shards.layout`` record, checked: ``{dataset path: Recorded}``;
-    CheckpointError (one line) when it is not what :func:`layout_record` writes."""
+    CheckpointError (one line) when it is not what the runtime writes (``layout_record``)."""
     out: dict[str, Recorded] = {}
     for key, spec in record.items():
         name = "/" + str(key)

@@ -1,16 +1,20 @@
 """The two-phase commit, phase by phase, on three thread ranks: a scripted step whose
 pieces are real files fails at one phase on one rank, and every rank must hear the same
-verdict, naming that rank, while nothing of the step is left under its names."""
+verdict, naming that rank, while nothing of the step is left under its names; a rank that
+never answers ends the step, past the commit's deadline, on the others."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from kronos_audit.errors import UsageError
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.steps.commit import NotCommitted, Vote, commit
+from kronos_audit.runtime.steps.deadline import Deadline, NoAnswer, commit_deadline
 from tests.threadranks import ThreadRanks, on_ranks
 
 SIZE = 3
@@ -65,6 +69,10 @@ class Scripted:
     def discard(self) -> None:
         self.calls.append("discard")
         self.temporary.unlink(missing_ok=True)
+
+    def missing(self) -> list[int]:
+        names = {p.name for p in self.directory.iterdir()}
+        return [r for r in range(SIZE) if not {f".writing-{r}", f"piece-{r}"} & names]
 
 
 def run(directory: Path, fails: tuple[str, int] | None) -> list[tuple[str | None, bool, list[str]]]:
@@ -128,3 +136,40 @@ def test_a_failure_at_any_phase_on_any_rank_commits_nothing_on_every_rank(
     assert all("sign" not in calls for _, _, calls in seen[1:])
     # Nothing stands under the step's names, and no temporary is left.
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_rank_that_never_answers_ends_the_step_on_the_others_naming_it(tmp_path: Path) -> None:
+    finished = threading.Semaphore(0)  # released once by each rank that commits
+
+    def rank(comm: ThreadRanks) -> str | None:
+        if comm.rank == 2:  # stuck: never reaches the commit
+            finished.acquire()
+            finished.acquire()
+            comm._meeting.barrier.abort()  # lets the others' waiting collectives go
+            return None
+        step = Scripted(tmp_path, comm.rank, None)
+        timed = Deadline(comm, 0.5)  # a deadline is the feature here, not a test's limit
+        timed.step, timed.missing = 7, step.missing
+        try:
+            with pytest.raises(NotCommitted) as ended:
+                commit(timed, step)
+            # Nothing collective is tried again on a communicator left in a collective.
+            with pytest.raises(NoAnswer, match=r"^rank 2 never answered"):
+                timed.barrier()
+        finally:
+            finished.release()
+        return ended.value.reason
+
+    seen = on_ranks(SIZE, rank)
+    assert seen[:2] == ["rank 2 never answered within 0.5 s (step 7, bcast)"] * 2
+    # Nothing under the step's names; each temporary stays for the run's next open,
+    # a sign to the ranks still waiting that its rank answered.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".writing-0", ".writing-1"]
+
+
+def test_the_commit_deadline_is_configurable_and_a_bad_one_refused_in_one_line() -> None:
+    assert commit_deadline({}) == 1800.0
+    assert commit_deadline({"KAUDIT_COMMIT_DEADLINE": "90"}) == 90.0
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        with pytest.raises(UsageError, match="give a positive number of seconds"):
+            commit_deadline({"KAUDIT_COMMIT_DEADLINE": bad})

@@ -64,6 +64,7 @@ from kronos_audit.parallel.comm import Comm
 from kronos_audit.parallel.layout import Block
 from kronos_audit.runtime.background import Job
 from kronos_audit.runtime.ranks import one_line_reason
+from kronos_audit.runtime.steps.deadline import NoAnswer
 from kronos_audit.storage.tracking import dvc_file_for
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -139,9 +140,20 @@ class NotCommitted(Exception):
 def commit(comm: Comm, step: StepCommit) -> None:
     """Run the two-phase commit of ``step`` on every rank of ``comm`` (collective; on the
     writer's thread, on a communicator of its own). Returns once the step is signed, on
-    every rank; raises :class:`NotCommitted` on every rank otherwise."""
+    every rank; raises :class:`NotCommitted` on every rank otherwise: also on each rank
+    still there when ``comm`` (a :class:`~kronos_audit.runtime.steps.deadline.Deadline`)
+    ends a collective some rank never answered."""
+    try:
+        _commit(comm, step)
+    except NoAnswer as e:
+        step.withdraw()
+        raise NotCommitted(e.message, e) from None
+
+
+def _commit(comm: Comm, step: StepCommit) -> None:
     own: BaseException | None = None
     written: Any = None
+    timed_out = False
     try:
         try:
             written = step.write()
@@ -158,8 +170,14 @@ def commit(comm: Comm, step: StepCommit) -> None:
             except Exception as e:  # a rank that does not vote would hang every other rank
                 own = e
                 vote = Vote(comm.rank, reason=one_line_reason(e))
+    except NoAnswer:
+        # Its temporary stays: to the ranks still waiting, a sign that this one answered
+        # (the run's next open removes what a commit left).
+        timed_out = True
+        raise
     finally:
-        step.discard()
+        if not timed_out:
+            step.discard()
     vote = step.exchange(comm, vote)
     votes: list[Vote] | None = comm.gather(vote)
     decision: str | None = None
@@ -296,7 +314,8 @@ class ShardCommit:
     """One step's commit on one rank of several, as that rank's shard in the step's
     directory (``step-<N>/rank-<r>-of-<n>.h5``); ``sign`` runs on rank 0 only; ``durable``,
     on every rank once its shard is in place and before it votes (its DVC tracking, and
-    node-local its push); ``top``, as :class:`FileCommit`'s (rank 0's run directory). A
+    node-local its push); ``top``, as :class:`FileCommit`'s (rank 0's run directory);
+    ``shared``: every rank sees the step's directory (not node-local). A
     shard left in place when the step was not committed stays, its ``.dvc`` file does
     not: no step without its manifest is valid, and committing the step again replaces
     it."""
@@ -312,8 +331,10 @@ class ShardCommit:
         md5: bool = True,
         durable: Callable[[Path, ShardRecord], None] | None = None,
         top: Path | None = None,
+        shared: bool = True,
     ) -> None:
         self.job = job
+        self._shared = shared
         self.directory = step_directory(run_directory, job.step)
         self.rank, self.size = comm.rank, comm.size
         self.name = shard_name(comm.rank, comm.size)
@@ -430,6 +451,23 @@ class ShardCommit:
         # Gone already when placed; on a read-only disk, the next writer's open removes it.
         with contextlib.suppress(OSError):
             self.tmp.unlink(missing_ok=True)
+
+    def missing(self) -> list[int]:
+        """The ranks of which nothing is in the step's directory, neither a shard in place
+        nor one being written: those that never began (none when the directory is not
+        shared: each rank's is its node's)."""
+        if not self._shared:
+            return []
+        try:
+            names = {p.name for p in self.directory.iterdir()}
+        except OSError:
+            return []
+        return [
+            r
+            for r in range(self.size)
+            if shard_name(r, self.size) not in names
+            and not any(n.startswith(TEMP_PREFIX + shard_name(r, self.size)) for n in names)
+        ]
 
 
 def held_alike(shards: Sequence[Shard], declared: Mapping[str, Any]) -> tuple[list[str], list[str]]:

@@ -52,6 +52,7 @@ from kronos_audit.runtime.ranks import (
 )
 from kronos_audit.runtime.remote.push import Pusher
 from kronos_audit.runtime.steps.commit import NotCommitted, commit
+from kronos_audit.runtime.steps.deadline import Deadline, commit_deadline
 from kronos_audit.runtime.steps.format import StepFormat
 from kronos_audit.runtime.steps.interface import ONE_RANK, Restored, RunPublisher
 from kronos_audit.runtime.steps.layouts import Agreed
@@ -132,6 +133,8 @@ class SignedPublisher(RunPublisher):
         self.format = step_format(directory, run_id, comm)
         """What a step is on disk: one checkpoint file, or a directory of shards."""
         self._commit_comm: Comm | None = None
+        self._deadline_seconds = commit_deadline()
+        self._deadline: Deadline | None = None  # the commit communicator, each collective timed
         self._project: Project | None = None
         self._signer: Signer | None = None  # rank 0's: the key, git state, DVC's cache
         self._public: Any = None  # the run key's public half, and its name, on every rank
@@ -229,6 +232,7 @@ class SignedPublisher(RunPublisher):
             self.release_lock()
             raise
         self._commit_comm = dup(self.comm)  # on every rank, or (above) on none
+        self._deadline = Deadline(self._commit_comm, self._deadline_seconds)
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         raw, self._public_name = self.comm.bcast(public)
@@ -246,7 +250,7 @@ class SignedPublisher(RunPublisher):
         torch.distributed group can be taken down together; after an error nothing
         collective is attempted (the other ranks may never come)."""
         self.release_lock()
-        comm, self._commit_comm = self._commit_comm, None
+        comm, self._commit_comm, self._deadline = self._commit_comm, None, None
         undup(comm, clean=clean)
 
     def _opened(self) -> Project:
@@ -422,10 +426,11 @@ class SignedPublisher(RunPublisher):
         0) signed and tracked when every rank's piece is durable; CheckpointError on every
         rank otherwise. Then the data the step's signed retention record names goes, and
         the step is pushed."""
-        comm = self._commit_comm
+        comm = self._deadline
         if comm is None:
             raise UsageError("use the Run inside a `with` block")
         step = self.format.step_commit(self, job, comm)
+        comm.step, comm.missing = job.step, getattr(step, "missing", None)
         try:
             commit(comm, step)
         except NotCommitted as e:

@@ -52,6 +52,7 @@ from kronos_audit.runtime.steps.commit import (
     Vote,
     commit,
 )
+from kronos_audit.runtime.steps.deadline import Deadline, commit_deadline
 from kronos_audit.runtime.steps.file import FileFormat
 from kronos_audit.runtime.steps.interface import ONE_RANK, Restored, RunPublisher
 from kronos_audit.runtime.steps.layouts import Agreed
@@ -209,6 +210,8 @@ class ReplayPublisher(RunPublisher):
         self.rank = comm.rank
         self.format = step_format(run_id, instruction, comm)
         self._commit_comm: Comm | None = None
+        self._deadline_seconds = commit_deadline()
+        self._deadline: Deadline | None = None  # the commit communicator, each collective timed
 
     # -- the replay's instruction, whatever the program asked for --------------------------
 
@@ -230,10 +233,11 @@ class ReplayPublisher(RunPublisher):
             problem = one_line_reason(e)
         raise_if_any_failed(self.comm, problem, UsageError)
         self._commit_comm = dup(self.comm)
+        self._deadline = Deadline(self._commit_comm, self._deadline_seconds)
 
     def close(self, *, clean: bool) -> None:
         """All ranks: release the commit communicator."""
-        comm, self._commit_comm = self._commit_comm, None
+        comm, self._commit_comm, self._deadline = self._commit_comm, None, None
         undup(comm, clean=clean)
 
     # -- the handed-over step: the one step there is ----------------------------------------
@@ -288,10 +292,11 @@ class ReplayPublisher(RunPublisher):
         """All ranks: commit step N as a signed run would, unsigned; then rank 0 leaves the
         environment lock this program ran with beside it, for the replay to judge drift on
         (:data:`~kronos_audit.supervise.protocol.ENVIRONMENT_FILE`)."""
-        comm = self._commit_comm
+        comm = self._deadline
         if comm is None:
             raise UsageError("use the Run inside a `with` block")
         step = self.format.step_commit(job, comm)
+        comm.step, comm.missing = job.step, getattr(step, "missing", None)
         try:
             commit(comm, step)
         except NotCommitted as e:

@@ -296,6 +296,7 @@ class ShardsFormat:
             sign=lambda directory, votes: run.signed_step(job, votes),
             durable=lambda shard, record: self._track_own(run, shard, record),
             top=run.project().root,
+            shared=not run.node_local,
         )
 
     def not_committed(self, step: StepCommit, e: NotCommitted) -> CheckpointError:

@@ -1,27 +1,33 @@
 """A step's manifest becomes trusted through one door: each hostile manifest (another
 signer, run, step, kind or place) is refused there, and through each caller that used to
-check it in its own order: the restore, the rollback guard and the retention's objects
+check it in its own order: the restore, the rollback guard, the retention's objects and
+the shard fetch, which acted on a manifest re-read by name after rank 0 had checked it
 (the DVC remote's resume is held to the same door in tests/storage/test_resume_remote.py)."""
 
 from __future__ import annotations
 
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.layout import shard_name
 from kronos_audit.errors import StepNotTrusted
 from kronos_audit.keys.anchors import load_keyring
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
+from kronos_audit.runtime.remote.shard_fetch import _shards_of
+from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.retention import signed_objects
 from kronos_audit.runtime.steps.rollback import newest_known
 from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
 from tests.helpers import git, untrusted_key
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 
 def manifest(root: Path, run: str, step: int) -> Path:
@@ -130,3 +136,45 @@ def test_the_rollback_guard_counts_no_hostile_committed_manifest(
         known = newest_known(project, directory, "heat", v)
     assert known is not None
     assert known.step == 2
+
+
+@dataclass(frozen=True)
+class Reader:
+    """What the shard fetch asks of a run (its ``ShardReader``): rank 1 of the same count."""
+
+    directory: Path
+    run_id: str
+    trusts: Verifier
+
+    def verifier(self) -> Verifier:
+        return self.trusts
+
+    def reads(self, agreed: Agreed) -> list[int]:
+        return [1]
+
+
+def test_the_shard_fetch_acts_only_on_a_step_manifest_it_trusted(
+    project: Project, key: SigningKey
+) -> None:
+    def ranks(comm: ThreadRanks) -> None:
+        for run_id in ("wave", "other"):
+            with thread_run(project.root, run_id, comm) as run:
+                for step in run.steps(2):
+                    u = np.full((2, 3), float(10 * comm.rank + step))
+                    run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+
+    on_ranks(2, ranks)
+    root = project.root / "checkpoints"
+    step2 = root / "wave" / "step-00000002" / "index.jsonl.kaudit.json"
+    reader = Reader(root / "wave", "wave", verifier(project))
+    needs, items = _shards_of(reader, 2)
+    assert needs == [1]
+    assert items[1].checkpoint.name == shard_name(1, 2)
+    # Swapped after rank 0 took the step: another run's, or another step's, is refused.
+    for swap, why in (
+        (root / "other" / "step-00000002" / "index.jsonl.kaudit.json", "belongs to run 'other'"),
+        (root / "wave" / "step-00000001" / "index.jsonl.kaudit.json", "not step 2"),
+    ):
+        step2.write_bytes(swap.read_bytes())
+        with pytest.raises(StepNotTrusted, match=why):
+            _shards_of(reader, 2)

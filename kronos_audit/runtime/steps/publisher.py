@@ -41,7 +41,6 @@ from kronos_audit.parallel.comm import Comm
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.provenance.scheduler import scheduler_record
 from kronos_audit.runtime.background import Job
-from kronos_audit.runtime.command import recorded_command
 from kronos_audit.runtime.policy import Retention
 from kronos_audit.runtime.ranks import (
     dup,
@@ -51,6 +50,7 @@ from kronos_audit.runtime.ranks import (
     undup,
 )
 from kronos_audit.runtime.remote.push import Pusher
+from kronos_audit.runtime.steps.command import recorded_command
 from kronos_audit.runtime.steps.commit import NotCommitted, commit
 from kronos_audit.runtime.steps.deadline import Deadline, commit_deadline
 from kronos_audit.runtime.steps.format import StepFormat

@@ -45,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import best_of, scratch_repo
-from kronos_audit.runtime.batches import batch_rng
+from kronos_audit.runtime.campaigns.ledger import batch_rng
 
 SEED = 2024
 

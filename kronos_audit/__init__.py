@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from kronos_audit._internal.lazy import lazy_exports
 
+from kronos_audit._internal.version import VERSION
+
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
     from kronos_audit.checkpoint.codec.tree import (
@@ -48,11 +50,11 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         Block as Block,
         Replicated as Replicated,
     )
-    from kronos_audit.runtime.array import (
+    from kronos_audit.runtime.campaigns.array import (
         ArrayTask as ArrayTask,
         campaign_ledger as campaign_ledger,
     )
-    from kronos_audit.runtime.batches import Ledger as Ledger
+    from kronos_audit.runtime.campaigns.ledger import Ledger as Ledger
     from kronos_audit.runtime.levels import (
         MemoryLevel as MemoryLevel,
         PartnerLevel as PartnerLevel,
@@ -113,8 +115,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Block",
         "Replicated",
     ),
-    "kronos_audit.runtime.array": ("ArrayTask", "campaign_ledger"),
-    "kronos_audit.runtime.batches": ("Ledger",),
+    "kronos_audit.runtime.campaigns.array": ("ArrayTask", "campaign_ledger"),
+    "kronos_audit.runtime.campaigns.ledger": ("Ledger",),
     "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
     "kronos_audit.runtime.policy": (
         "AnyOf",
@@ -145,6 +147,6 @@ is used. The block above says the same to a type checker (a test holds them equa
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
-__version__ = "0.1.0"
-"""The version, written here only: pyproject.toml reads it (``[tool.setuptools.dynamic]``)
-and so does ``kaudit --version``."""
+__version__ = VERSION
+"""The version (:mod:`kronos_audit._internal.version`, where pyproject.toml reads it):
+``kaudit --version`` says it."""

@@ -206,10 +206,6 @@ TYPED_CYCLES_PENDING: dict[tuple[str, str], str] = {
     (f"{NAME}.checkpoint.codec.registry", f"{NAME}.checkpoint.codec.walk"): (
         "the registry names the walkers' types for its handlers' signatures"
     ),
-    (f"{NAME}.runtime.campaign", f"{NAME}.runtime.run"): (
-        "the campaign reaches into Run: cut when campaigns get their room"
-    ),
-    (f"{NAME}.runtime.certify", NAME): "the certificate takes the package's version",
 }
 """Type-checking imports that still close a cycle, each with why; the edge goes when its
 cycle is cut (add none: give the type a home both sides can import)."""

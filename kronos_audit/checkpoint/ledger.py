@@ -4,7 +4,7 @@ In a checkpoint the ledger is a handful of datasets, whatever the number of batc
 ``/ledger/index`` (the batch indices, sorted) and, per result field, the results stacked
 in that order (``/ledger/results`` for a result that is one array or number,
 ``/ledger/results/<field>`` for a dict). The run's ledger
-(:class:`~kronos_audit.runtime.batches.Ledger`) writes it; a restore and a campaign's
+(:class:`~kronos_audit.runtime.campaigns.ledger.Ledger`) writes it; a restore and a campaign's
 verification read it with :func:`rows`.
 """
 

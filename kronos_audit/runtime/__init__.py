@@ -14,7 +14,7 @@ from kronos_audit._internal.lazy import lazy_exports
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
     from kronos_audit.errors import CheckpointSkipped as CheckpointSkipped
-    from kronos_audit.runtime.batches import Ledger as Ledger, batch_rng as batch_rng
+    from kronos_audit.runtime.campaigns.ledger import Ledger as Ledger, batch_rng as batch_rng
     from kronos_audit.runtime.levels import (
         MemoryLevel as MemoryLevel,
         PartnerLevel as PartnerLevel,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "kronos_audit.errors": ("CheckpointSkipped",),
-    "kronos_audit.runtime.batches": ("Ledger", "batch_rng"),
+    "kronos_audit.runtime.campaigns.ledger": ("Ledger", "batch_rng"),
     "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
     "kronos_audit.runtime.policy": (
         "AnyOf",

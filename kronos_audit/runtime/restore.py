@@ -23,7 +23,7 @@ from kronos_audit.checkpoint.hdf5 import State, unflatten
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.background import BackgroundWriter
-from kronos_audit.runtime.batches import Ledger
+from kronos_audit.runtime.campaigns.ledger import Ledger
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import joining_seed
 from kronos_audit.runtime.steps.interface import Publisher

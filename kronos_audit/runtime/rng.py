@@ -42,7 +42,7 @@ from kronos_audit.checkpoint.hdf5 import text_array
 from kronos_audit.errors import CheckpointError
 
 # Spawn keys of the seeds derived from the run seed: two words, so that they can never be
-# those of a Monte Carlo batch (kronos_audit.runtime.batches.batch_rng uses one word, the
+# those of a Monte Carlo batch (kronos_audit.runtime.campaigns.ledger.batch_rng uses one word, the
 # batch index) nor run.rng's own (no spawn key).
 _SPAWN_TAG = 0x6B61_7564  # "kaud"
 _NUMPY_GLOBAL_KEY = (_SPAWN_TAG, 0)

@@ -38,7 +38,7 @@ rank 0 signs the step once every shard is durable, the save decision and a preem
 agreed, and restore takes the newest step valid on every rank, re-cut for another rank
 count where ``layout=`` says how (:mod:`kronos_audit.runtime.steps.shards`). ``run.batches(n)``
 deals the batches over the ranks, each to one, and every checkpoint gathers their results
-(:class:`~kronos_audit.runtime.batches.Split`).
+(:class:`~kronos_audit.runtime.campaigns.split.Split`).
 
 The loop is the same under ``kaudit replay``; where the checkpoints go and what they
 become is its publisher's business (:mod:`kronos_audit.runtime.steps.interface`).
@@ -71,10 +71,11 @@ from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout, Replicated
 from kronos_audit.provenance.dispatch import pin_dispatch
 from kronos_audit.runtime import rng, uncaught
-from kronos_audit.runtime.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.background import BackgroundWriter, Job, StepMeta, WriterStats
-from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
-from kronos_audit.runtime.campaign import Submitter, map_batches
+from kronos_audit.runtime.campaigns.array import ArrayTask, batch_share, task_run_id
+from kronos_audit.runtime.campaigns.batches import Batches
+from kronos_audit.runtime.campaigns.executors import Submitter
+from kronos_audit.runtime.campaigns.ledger import Ledger, batch_rng
 from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
@@ -85,7 +86,7 @@ from kronos_audit.runtime.steps.layouts import expand_layout, has_sharded_steps
 from kronos_audit.runtime.steps.publisher import SignedPublisher
 from kronos_audit.runtime.steps.replay import FileReplay, ReplayPublisher, ShardsReplay
 from kronos_audit.runtime.steps.shards import ShardsFormat
-from kronos_audit.statement.predicate import Batches, RngRecord
+from kronos_audit.statement.predicate import RngRecord
 from kronos_audit.supervise.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
 
 LOCAL_DIR_ENV = "KAUDIT_LOCAL_DIR"
@@ -121,7 +122,7 @@ class Run(RunRestore):
     ``allow_rollback`` (or ``KAUDIT_ALLOW_ROLLBACK=1``) accepts it, which a log warning
     then says.
 
-    ``task`` (:class:`~kronos_audit.runtime.array.ArrayTask`, ``ArrayTask.from_slurm()``
+    ``task`` (:class:`~kronos_audit.runtime.campaigns.array.ArrayTask`, ``ArrayTask.from_slurm()``
     in a Slurm job array) makes the run one task of campaign ``run_id``: its own run
     ``RUN_ID.task-K``, doing the batches of its share (``seed`` is then required: every
     task must draw from the same one).
@@ -232,9 +233,7 @@ class Run(RunRestore):
         self._last_saved_step: int | None = None
         self._last_time = time.monotonic()
         self._final: int | None = None
-        self._batches_total: int | None = None
-        self._batches_n = 0  # run.batches(n)'s n: the campaign's batches, every task's
-        self._attempt: Attempt | None = None  # where run.batches(n) is, on this rank
+        self._campaign: Batches | None = None  # run.batches(n)'s attempt, on this rank
         self._prepared = False
         self.restored_from: Path | None = None
         """The checkpoint restore() took, if any."""
@@ -360,33 +359,34 @@ class Run(RunRestore):
     def batches(self, n: int) -> Iterator[tuple[int, np.random.Generator]]:
         """``(i, rng_i)`` for this rank's batches of those in ``range(n)`` not yet in the
         ledger: all of them on one rank; on several, the batches still to do dealt
-        round-robin over the ranks (:class:`~kronos_audit.runtime.batches.Split`), each
-        batch to one rank. Record each batch's result and call :meth:`checkpoint` once
+        round-robin over the ranks (:class:`~kronos_audit.runtime.campaigns.split.Split`),
+        each batch to one rank. Record each batch's result and call :meth:`checkpoint` once
         after each: once a rank's own batches are done, its last call also makes the calls
         that keep it in step with ranks that have more, and when it returns
         :attr:`ledger` holds every rank's results."""
+        campaign = self._start_campaign(n)
+        for i in campaign.mine(self._idle_state()):
+            yield i, batch_rng(self.seed, i)
+
+    def _start_campaign(self, n: int) -> Batches:
         self.restore()
-        self._batches_n = n
         self._loop_starts()
         share = batch_share(self.task, n, self.ledger.indices())
         # A replay redoes the batches after its parent's, in index order, up to the count
         # it stops at; a run that finished batches out of order replays only if that
         # order was the index order.
-        self._batches_total = self.publisher.last_step(len(share))
+        total = self.publisher.last_step(len(share))
         # The same on every rank: the restored ledger is the union of every rank's results.
         todo = [i for i in share if i not in self.ledger]
-        todo = todo[: max(0, self._batches_total - len(self.ledger))]
-        attempt = self._attempt = Attempt(Split.of(todo, self.size), self.rank)
-        for i in attempt.mine:
-            if len(self.ledger) >= self._batches_total:
-                return
-            if i not in self.ledger:
-                yield i, batch_rng(self.seed, i)
-        if not attempt.mine and not attempt.paid:
-            # No batch for this rank this attempt (fewer left than ranks): it takes its
-            # part in every round here, offering the state it restored.
-            state = self._restored_state if self._restored_state is not None else {}
-            self._keep_in_step(attempt, state, None)
+        todo = todo[: max(0, total - len(self.ledger))]
+        self._campaign = Batches(
+            self.ledger, self.comm, n=n, total=total, todo=todo, task=self.task, offer=self._offer
+        )
+        return self._campaign
+
+    def _idle_state(self) -> Mapping[str, Any]:
+        """What a rank with no batch left offers: the state it restored."""
+        return self._restored_state if self._restored_state is not None else {}
 
     def map_batches(
         self,
@@ -396,10 +396,31 @@ class Run(RunRestore):
         executor: Submitter | None = None,
         **kwargs: Any,
     ) -> Ledger:
-        """:func:`kronos_audit.runtime.campaign.map_batches`: ``fn(rng, **kwargs)`` of every
-        batch of ``range(n)`` not in the ledger, through ``executor``; returns the ledger."""
-        map_batches(self, fn, n, executor, kwargs)
+        """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
+        ``submit``; None: in this process; a Dask client or its ``get_executor()`` is
+        driven through ``client.map``), for every batch of ``range(n)`` not in the run's
+        ledger, ``rng`` the batch's own generator; record each result as it arrives, with
+        the worker that ran it, and offer each to the run's checkpoint policy
+        (:meth:`~kronos_audit.runtime.campaigns.batches.Batches.map`). Once every batch is
+        recorded and checkpointed, the run signs the campaign's completeness certificate
+        (:mod:`kronos_audit.runtime.campaigns.certify`). Returns the ledger."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise UsageError(f"map_batches: n must be an int >= 0, got {n!r}")
+        campaign = self._start_campaign(n)
+        campaign.map(
+            fn,
+            self.seed,
+            executor,
+            kwargs,
+            idle_state=self._idle_state(),
+            save_now=self._save_received,
+            certify=lambda: self._certify(n),
+        )
         return self.ledger
+
+    def _certify(self, n: int) -> None:
+        assert self.step is not None
+        self.publisher.certify(n, self.step)
 
     def _save_received(self) -> None:
         """Checkpoint the ledger as it stands now, whatever the policy, and wait until it
@@ -416,16 +437,10 @@ class Run(RunRestore):
         batches :meth:`batches` gave this rank."""
         if self.task is not None and not self.task.holds(index):
             raise UsageError(f"batch {index} is not in array task {self.task.task}'s share")
-        attempt = self._attempt
-        owner = None if attempt is None else attempt.split.owner(index)
-        if owner is not None and owner != self.rank:
-            raise UsageError(
-                f"batch {index} is rank {owner}'s in this run (run.batches spreads the "
-                f"batches over the ranks): rank {self.rank} may record only its own"
-            )
-        self.ledger.record(index, result, worker)
-        if attempt is not None and owner is not None:
-            attempt.recorded(index)
+        if self._campaign is not None:
+            self._campaign.record(index, result, worker)
+        else:
+            self.ledger.record(index, result, worker)
 
     def checkpoint(
         self,
@@ -453,28 +468,23 @@ class Run(RunRestore):
         In a :meth:`batches` loop ``step`` is not used: the step is the number of batches
         done (on every rank), and the call is collective too (one per batch; see there).
         """
-        saved = self._offer(step, state, layout)
-        attempt = self._attempt
-        if attempt is not None and not attempt.paid and attempt.mine_done():
-            saved = self._keep_in_step(attempt, state, layout) or saved
-        return saved
-
-    def _keep_in_step(
-        self, attempt: Attempt, state: Mapping[str, Any], layout: Mapping[str, Layout] | None
-    ) -> bool:
-        """This rank's own batches are done: the calls it owes the ranks with more (the
-        same state offered again), so that it reaches every round's collectives as they
-        do; the last round ends with every rank's ledger the union."""
-        attempt.paid = True
-        saved = False
-        for _ in range(attempt.split.owed(self.rank)):
-            saved = self._offer(len(self.ledger), state, layout) or saved
-        return saved
+        if self._campaign is not None:
+            return self._campaign.offer(state, layout)
+        final = self._final is not None and step >= self._final
+        return self._offer(step, final, state, layout, self._stale)
 
     def _offer(
-        self, step: int, state: Mapping[str, Any], layout: Mapping[str, Layout] | None
+        self,
+        step: int,
+        final: bool,
+        state: Mapping[str, Any],
+        layout: Mapping[str, Layout] | None,
+        stale: Callable[[int], BaseException | None] | None = None,
     ) -> bool:
-        """One call of :meth:`checkpoint`: one round, on every rank."""
+        """One call of :meth:`checkpoint`, at ``step`` (``final``: the loop's last), on
+        every rank: decided together, saved, stopped on preemption. ``stale`` says why a
+        step may not be taken (the step loop's; a campaign's count of batches done may be
+        offered again, and is simply not saved twice)."""
         writer = self._require_open()
         # A failure here (a background write that failed, a state that cannot be stored)
         # is told to every rank at the collective below and raised on all of them
@@ -486,17 +496,8 @@ class Run(RunRestore):
             writer.raise_pending()
         except Exception as e:
             failure = e
-        attempt = self._attempt
-        if self._batches_total is not None and attempt is not None:
-            # Batches finish in any order; their count only grows. Every rank counts the
-            # other ranks' batches done by this round from the split, without asking.
-            attempt.calls += 1
-            step = attempt.step(self.ledger)
-            final = step >= self._batches_total
-        else:
-            final = self._final is not None and step >= self._final
-            if failure is None:
-                failure = self._stale(step)
+        if failure is None and stale is not None:
+            failure = stale(step)
         if self._progress is not None:
             self._progress.reached(step)
         preempted = self._guard.requested
@@ -511,8 +512,6 @@ class Run(RunRestore):
         save, preempted = self._decide_together(writer, step, preempted, final, failure)
         if save:
             self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
-        elif attempt is not None and attempt.calls == attempt.split.rounds:
-            attempt.share(self.comm, self.ledger)  # the last round: every rank's ledger the union
         if final and self.publisher.exits_after_final:
             writer.flush()
             self._agreed_exit = True  # every rank of a replay leaves here, at step N
@@ -616,7 +615,7 @@ class Run(RunRestore):
             must = (
                 "every rank must record each batch run.batches gives it and call "
                 "run.checkpoint once after each"
-                if self._attempt is not None
+                if self._campaign is not None
                 else "every rank must offer the same steps"
             )
             raise UsageError(
@@ -653,17 +652,9 @@ class Run(RunRestore):
         flat: Mapping[str, np.ndarray[Any, Any]],
         layouts: Mapping[str, Layout],
     ) -> None:
-        if self._attempt is not None:
-            # Every rank's shard holds the union of the ranks' results: a restart on any
-            # rank count reads it from any shard (rank 0's on another count).
-            self._attempt.share(self.comm, self.ledger)
+        batches = None if self._campaign is None else self._campaign.saving()
         generators, record = rng.capture(self.rng)
         extra = {**generators, **self.ledger.to_flat()}
-        batches = None
-        if self._batches_total is not None:
-            done, ran = len(self.ledger), self.ledger.take_new()
-            share = None if self.task is None else self.task.share(self._batches_n)
-            batches = Batches(self._batches_total, done, ran, share)
         meta = StepMeta(
             rng={n: RngRecord.from_json_obj(r) for n, r in record.items()},
             layout=dict(layouts),  # a step of one file is the one rank's: none needed

@@ -13,7 +13,7 @@ in-toto Statement v1 (``schemas/campaign-v1.schema.json``):
   of the tally (:data:`TALLY_RULE`).
 
 It is written beside the parts' run directories as ``NAME.campaign.json``
-(:func:`certificate_path`). This module reads it; :mod:`kronos_audit.runtime.certify`
+(:func:`certificate_path`). This module reads it; :mod:`kronos_audit.runtime.campaigns.certify`
 writes it and :mod:`kronos_audit.verification.campaign` verifies it.
 """
 
@@ -56,7 +56,7 @@ MAX_BATCHES = 200_000
 One entry a batch, about 200 bytes with a worker named ``host:pid``: such a certificate
 fits within the bound every signed file is read with
 (:data:`~kronos_audit._internal.safeio.MANIFEST_LIMIT`, 64 MiB), and
-:func:`~kronos_audit.runtime.certify.certify` refuses to sign one that does not."""
+:func:`~kronos_audit.runtime.campaigns.certify.certify` refuses to sign one that does not."""
 WHAT = "campaign certificate"
 TALLY_RULE = "field-wise sum of the results in index order"
 """What the certified tally is: ``a + b`` field by field, folded from batch 0 up."""

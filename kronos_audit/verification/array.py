@@ -1,7 +1,7 @@
 """A job array's campaign, read back from its tasks' runs.
 
 Task ``K`` of campaign ``NAME`` is the run ``ROOT/NAME.task-K`` (see
-:mod:`kronos_audit.runtime.array`). Each task is read at its last checkpoint as a verifier
+:mod:`kronos_audit.runtime.campaigns.array`). Each task is read at its last checkpoint as a verifier
 reads a campaign's part (:func:`~kronos_audit.verification.campaign.read_part`: the
 manifest verified, the ledger from the verified bytes); the array's size, the campaign's
 number of batches and the batch script come from the shares those manifests sign. What

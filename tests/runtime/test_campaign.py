@@ -23,7 +23,7 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.project.repository import Project
-from kronos_audit.runtime.batches import batch_rng
+from kronos_audit.runtime.campaigns.ledger import batch_rng
 from tests.helpers import KAUDIT
 
 SEED = 2024

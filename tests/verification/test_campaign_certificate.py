@@ -26,7 +26,7 @@ from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, render_html, render_markdown, report_json
-from kronos_audit.runtime.certify import certify
+from kronos_audit.runtime.campaigns.certify import certify
 from kronos_audit.statement.campaign import (
     MAX_BATCHES,
     CampaignRecord,

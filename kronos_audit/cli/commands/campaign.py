@@ -103,7 +103,7 @@ def campaign(
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.keys.home import select_key
     from kronos_audit.project.repository import find_project
-    from kronos_audit.runtime.certify import certify as sign_certificate
+    from kronos_audit.runtime.campaigns.certify import certify as sign_certificate
     from kronos_audit.verification.array import NoSuchCampaign, read_array
     from kronos_audit.verification.campaign import CampaignRefused
     from kronos_audit.verification.verifier import Verifier

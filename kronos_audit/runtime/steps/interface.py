@@ -138,7 +138,7 @@ class Publisher(Protocol):
     def certify(self, n: int, step: int) -> None:
         """The campaign of ``n`` batches this run holds is finished, its last checkpoint
         step ``step`` (durable): sign its certificate, on the rank that signs (see
-        :mod:`kronos_audit.runtime.certify`); nothing for an unsigned run."""
+        :mod:`kronos_audit.runtime.campaigns.certify`); nothing for an unsigned run."""
         ...
 
 
@@ -203,7 +203,7 @@ class RunPublisher:
     def certify(self, n: int, step: int) -> None:
         signing = self._certifier(step)
         if signing is not None:
-            from kronos_audit.runtime.certify import certify_run
+            from kronos_audit.runtime.campaigns.certify import certify_run
 
             verifier, key, manifest = signing
             certify_run(verifier, key, self.run_id, manifest, n)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kronos_audit.errors import CampaignError, UsageError
-from kronos_audit.runtime.batches import Ledger
+from kronos_audit.runtime.campaigns.ledger import Ledger
 from kronos_audit.statement.campaign import TASK_SUFFIX, TASKS_ENV
 from kronos_audit.statement.predicate import Share
 

@@ -18,9 +18,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from kronos_audit import __version__
 from kronos_audit._internal.fsutil import write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit._internal.version import VERSION
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.signing.predicate import utc_now
@@ -34,7 +34,7 @@ from kronos_audit.verification.campaign import CampaignRefused, campaign_record,
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
-TOOL = f"kronos-audit {__version__}"
+TOOL = f"kronos-audit {VERSION}"
 
 
 class CertificateNotWritten(UserWarning):

@@ -1,13 +1,14 @@
-"""Monte Carlo campaigns on the engine a user already runs: any object with
+"""The engines a campaign's batches run on: any object with
 :class:`concurrent.futures.Executor`'s ``submit`` (a ``ProcessPoolExecutor``, Dask's
 ``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``), or none (this process).
 
-kronos-audit distributes nothing itself. :func:`map_batches` hands the engine one call a
+kronos-audit distributes nothing itself. :func:`received` hands the engine one call a
 batch not yet in the run's ledger (:class:`BatchCall`: the user's function, the run
 seed, the index), which rebuilds the batch's own generator on the worker
-(:func:`~kronos_audit.runtime.batches.batch_rng`: a function of the seed and the index
+(:func:`~kronos_audit.runtime.campaigns.ledger.batch_rng`: a function of the seed and the index
 only) and calls ``fn(rng, **kwargs)``. Results are recorded as they arrive, in any order,
-and each is offered to the run's checkpoint policy; the tally, folded from the ledger in
+and each is offered to the run's checkpoint policy
+(:meth:`~kronos_audit.runtime.campaigns.batches.Batches.map`); the tally, folded from the ledger in
 index order, is bitwise a serial run's however the work was scheduled.
 
 When the engine breaks (a ``BrokenProcessPool`` after a worker was killed) or a batch
@@ -25,13 +26,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from kronos_audit.errors import CampaignError, UsageError, one_line
-from kronos_audit.runtime.batches import batch_rng, this_worker
-
-if TYPE_CHECKING:
-    from kronos_audit.runtime.run import Run
+from kronos_audit.errors import one_line
+from kronos_audit.runtime.campaigns.ledger import batch_rng, this_worker
 
 POLL = 0.05
 """Seconds between two looks at a Dask campaign's futures: what finished meanwhile is
@@ -199,11 +197,11 @@ def _dask_engine_failure(
     """The engine's failure, never a batch's: results that could not be fetched (``error``:
     the scheduler or the workers holding them gone), or a batch's future that Dask
     cancelled (``index``, Dask's ``reason``)."""
-    why = reason or (_one_line(error) if error is not None else "unknown")
+    why = reason or (describe(error) if error is not None else "unknown")
     status = str(getattr(client, "status", "unknown"))
     if index is not None and status == "running" and why != "scheduler-connection-lost":
-        return _EngineLost(f"Dask cancelled batch {index} ({why}), which did not fail itself")
-    return _EngineLost(f"the Dask engine was lost (client {status}; Dask: {why}); no batch failed")
+        return EngineLost(f"Dask cancelled batch {index} ({why}), which did not fail itself")
+    return EngineLost(f"the Dask engine was lost (client {status}; Dask: {why}); no batch failed")
 
 
 def _serial(
@@ -219,86 +217,61 @@ def _serial(
         except Exception as e:  # the batch's failure: what came before is kept
             if stop is None:
                 raise
-            stop.append(_BatchFailed(call.index, e))
+            stop.append(BatchFailed(call.index, e))
             return
         yield call.index, result, None
 
 
-class _BatchFailed(Exception):
+class BatchFailed(Exception):
     def __init__(self, index: int, error: BaseException) -> None:
-        super().__init__(f"batch {index}: {_one_line(error)}")
+        super().__init__(f"batch {index}: {describe(error)}")
         self.index = index
 
 
-class _EngineLost(Exception):
+class EngineLost(Exception):
     """The engine (not a batch) failed: its message says how."""
 
 
 def _named(index: int, error: BaseException) -> BaseException:
     if isinstance(error, cf.BrokenExecutor):
         return error  # the engine's failure, not the batch's
-    return _BatchFailed(index, error)
+    return BatchFailed(index, error)
 
 
-def _one_line(error: BaseException) -> str:
+def describe(error: BaseException) -> str:
     name = type(error).__name__
     return f"{name}: {one_line(error).rstrip('.')}" if str(error).strip() else name
 
 
-def map_batches(
-    run: Run,
+def received(
     fn: Callable[..., Any],
-    n: int,
-    executor: Submitter | None,
+    seed: int,
+    todo: Iterator[int],
     kwargs: Mapping[str, Any],
-) -> None:
-    """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
-    ``submit``; None: in this process; a Dask client or its ``get_executor()`` is
-    driven through ``client.map``), for every batch of ``range(n)`` not in the run's
-    ledger, ``rng`` the batch's own generator; record each result as it arrives, with the
-    worker that ran it, and offer each to the run's checkpoint policy. Once every batch is
-    recorded and checkpointed, the run signs the campaign's completeness certificate
-    (:mod:`kronos_audit.runtime.certify`)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise UsageError(f"map_batches: n must be an int >= 0, got {n!r}")
-    if executor is not None and not callable(getattr(executor, "submit", None)):
-        raise UsageError(
-            "map_batches: executor must have concurrent.futures.Executor's submit "
-            f"(a ProcessPoolExecutor, client.get_executor()), not {type(executor).__name__}"
-        )
-    if executor is not None and run.size > 1:
-        raise UsageError(
-            "map_batches: an executor serves one process; on several ranks each rank runs "
-            "its share itself (executor=None), or run the program on one rank with the "
-            "executor spreading the work"
-        )
-    todo = [i for i, _ in run.batches(n)]
-    calls = (BatchCall(fn, run.seed, i, dict(kwargs)) for i in todo)
-    stop: list[BaseException] = []
+    executor: Submitter | None,
+    stop: list[BaseException] | None,
+) -> Iterator[tuple[int, Any, str | None]]:
+    """``(index, result, worker)`` of each batch of ``todo`` as ``executor`` finishes it
+    (None: in this process, in index order; a Dask client or its ``get_executor()``:
+    through ``client.map``). A failure ends what is submitted and is put in ``stop``
+    (without one, in this process, a batch's error is raised as it is)."""
     dask = dask_client(executor)
-    if dask is not None:
-        runner = BatchRunner(fn, run.seed, dict(kwargs))
-        received = _dask_results(iter(todo), runner, *dask, stop)
-    elif executor is not None:
-        received = _results(calls, executor, stop)
-    else:
-        received = _serial(calls, stop if run.size == 1 else None)
-    for index, result, worker in received:
-        run.record(index, result, worker=worker)
-        run.checkpoint(len(run.ledger), {})
-    if not stop:
-        if len(run.ledger) == n and all(i in run.ledger for i in range(n)):
-            run._save_received()  # the last batch's checkpoint, durable
-            assert run.step is not None
-            run.publisher.certify(n, run.step)
-        return
-    run._save_received()
-    done = len(run.ledger)
-    why = stop[0] if isinstance(stop[0], _BatchFailed | _EngineLost) else _one_line(stop[0])
-    raise CampaignError(
-        f"the campaign stopped: {why}; {done} of {n} batches are recorded and "
-        f"checkpointed, and running it again runs only the {n - done} missing"
-    ) from stop[0]
+    if dask is not None and stop is not None:
+        return _dask_results(todo, BatchRunner(fn, seed, kwargs), *dask, stop)
+    calls = (BatchCall(fn, seed, i, kwargs) for i in todo)
+    if executor is not None and stop is not None:
+        return _results(calls, executor, stop)
+    return _serial(calls, stop)
 
 
-__all__ = ["IN_FLIGHT", "BatchCall", "BatchRunner", "Submitter", "dask_client", "map_batches"]
+__all__ = [
+    "IN_FLIGHT",
+    "BatchCall",
+    "BatchFailed",
+    "BatchRunner",
+    "EngineLost",
+    "Submitter",
+    "dask_client",
+    "describe",
+    "received",
+]

@@ -1,16 +1,19 @@
 """Campaign certificates as an outside verifier reads them: the file, its name, its schema.
 
 A campaign certificate is a DSSE envelope, signed like a manifest, whose payload is an
-in-toto Statement v1 (``schemas/campaign-v1.schema.json``):
+in-toto Statement v1 (``schemas/campaign-v2.schema.json``; certificates of the first
+version, ``campaign-v1``, which listed every batch in the statement, are still read):
 
 - ``subject``: the manifest of each part's last checkpoint (its file's sha256), named
   relative to the repository root. A campaign has one part, its run; a Slurm job array's
   has one a task (the runs ``NAME.task-K``);
 - ``predicateType``: :data:`PREDICATE_TYPE`;
 - ``predicate``: the campaign (its name, ``n``, the seed and how each batch's generator
-  derives from it), its parts, the code commit and the environment lock's digest, every
-  batch in index order with its result's digest, its worker and attempt, and the digest
-  of the tally (:data:`TALLY_RULE`).
+  derives from it), its parts, the code commit and the environment lock's digest, the
+  Merkle root over every batch's record in index order (its result's digest, its worker
+  and attempt: :mod:`kronos_audit.statement.records`, the records themselves stored
+  beside the certificate in ``NAME.records/``), and the digest of the tally
+  (:data:`TALLY_RULE`).
 
 It is written beside the parts' run directories as ``NAME.campaign.json``
 (:func:`certificate_path`). This module reads it; :mod:`kronos_audit.runtime.campaigns.certify`
@@ -40,23 +43,27 @@ from kronos_audit.statement.manifest import (
     parse_signed_envelope,
     read_signed_file,
 )
+from kronos_audit.statement.records import PER_CHUNK, RULE
 from kronos_audit.statement.schemas import validate
 
-PREDICATE_TYPE = "https://kronos-audit.dev/campaign/v1"
+PREDICATE_TYPE = "https://kronos-audit.dev/campaign/v2"
+"""What a certificate is written as: its records committed to by a Merkle root."""
+PREDICATE_TYPE_V1 = "https://kronos-audit.dev/campaign/v1"
+"""The first version, read still: every batch listed in the statement."""
 TASK_SUFFIX = ".task-"
 """Between a campaign's name and a task's number in a job-array task's run id."""
 TASKS_ENV = "KAUDIT_ARRAY_TASKS"
 """The whole array's size, for its tasks resubmitted on their own (whose
 ``SLURM_ARRAY_TASK_COUNT`` counts only the resubmitted ones)."""
-SCHEMA_NAME = "campaign-v1.schema.json"
+SCHEMA_NAME = "campaign-v2.schema.json"
+SCHEMAS = {PREDICATE_TYPE: SCHEMA_NAME, PREDICATE_TYPE_V1: "campaign-v1.schema.json"}
 SEED_DERIVATION = "numpy.random.default_rng(numpy.random.SeedSequence(seed, spawn_key=(index,)))"
 """How batch ``index``'s generator derives from the run seed (and from nothing else)."""
-MAX_BATCHES = 200_000
-"""Most batches a certificate records (the schema's bound on ``n`` and on ``batches``).
-One entry a batch, about 200 bytes with a worker named ``host:pid``: such a certificate
-fits within the bound every signed file is read with
-(:data:`~kronos_audit._internal.safeio.MANIFEST_LIMIT`, 64 MiB), and
-:func:`~kronos_audit.runtime.campaigns.certify.certify` refuses to sign one that does not."""
+MAX_BATCHES = 10_000_000
+"""Most batches a certificate records (the schema's bound on ``n``): its records' index is
+then 5 MB, each record read through a chunk of 256."""
+MAX_BATCHES_V1 = 200_000
+"""Most batches a first-version certificate lists (its schema's bound)."""
 WHAT = "campaign certificate"
 TALLY_RULE = "field-wise sum of the results in index order"
 """What the certified tally is: ``a + b`` field by field, folded from batch 0 up."""
@@ -145,6 +152,16 @@ class CampaignPart:
 
 
 @dataclass(frozen=True)
+class Commitment:
+    """What a certificate signs of its records (:mod:`kronos_audit.statement.records`)."""
+
+    root: str
+    """The Merkle root over every batch's record, in index order (hex)."""
+    index: Sha256
+    """sha256 of the records' index file (the chunks' digests and roots)."""
+
+
+@dataclass(frozen=True)
 class CampaignRecord:
     """The predicate of a certificate, typed."""
 
@@ -160,6 +177,9 @@ class CampaignRecord:
     created: str
     tool: str
     seed_derivation: str = SEED_DERIVATION
+    records: Commitment | None = None
+    """The commitment to ``batches`` a certificate of the current version signs (they are
+    then in ``NAME.records/``, and in the statement only for a first-version one)."""
 
     def to_json_obj(self) -> dict[str, Any]:
         parts = []
@@ -176,11 +196,26 @@ class CampaignRecord:
             "parts": parts,
             "code": {"commit": self.commit, "dirty": self.dirty},
             "environment": self.environment,
-            "batches": [b.to_json_obj() for b in self.batches],
+            **(
+                {"batches": [b.to_json_obj() for b in self.batches]}
+                if self.records is None
+                else {
+                    "records": {
+                        "rule": RULE,
+                        "root": self.records.root,
+                        "per_chunk": PER_CHUNK,
+                        "index": self.records.index,
+                    }
+                }
+            ),
             "tally": {"rule": TALLY_RULE, "sha256": self.tally},
             "created": self.created,
             "tool": self.tool,
         }
+
+    @property
+    def predicate_type(self) -> str:
+        return PREDICATE_TYPE_V1 if self.records is None else PREDICATE_TYPE
 
     @classmethod
     def from_statement(cls, statement: Mapping[str, Any]) -> CampaignRecord:
@@ -217,7 +252,12 @@ class CampaignRecord:
                     int(b["attempt"]),
                     int(b["part"]),
                 )
-                for b in p["batches"]
+                for b in p.get("batches", ())
+            ),
+            records=(
+                None
+                if "records" not in p
+                else Commitment(str(p["records"]["root"]), Sha256(str(p["records"]["index"])))
             ),
             tally=Sha256(str(p["tally"]["sha256"])),
             created=str(p["created"]),
@@ -230,7 +270,7 @@ def build_statement(record: CampaignRecord) -> dict[str, Any]:
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": p.manifest, "digest": {"sha256": p.sha256}} for p in record.parts],
-        "predicateType": PREDICATE_TYPE,
+        "predicateType": record.predicate_type,
         "predicate": record.to_json_obj(),
     }
 
@@ -238,7 +278,7 @@ def build_statement(record: CampaignRecord) -> dict[str, Any]:
 def encode_statement(record: CampaignRecord) -> bytes:
     """The payload a certificate signs: its statement's canonical JSON, schema-checked."""
     statement = build_statement(record)
-    validate(statement, schema_name=SCHEMA_NAME, what="campaign certificate")
+    validate(statement, schema_name=SCHEMAS[record.predicate_type], what="campaign certificate")
     return canonical_json(statement)
 
 
@@ -266,7 +306,9 @@ def parse_certificate(path: Path | str, envelope: Envelope) -> Certificate:
     statement decoded and schema-checked; ManifestError naming it for anything else."""
     path = Path(path)
     statement = load_json(envelope.payload, path, "payload")
-    validate(statement, path, schema_name=SCHEMA_NAME, what=WHAT)
+    kind = statement.get("predicateType") if isinstance(statement, dict) else None
+    schema = SCHEMAS.get(kind, SCHEMA_NAME) if isinstance(kind, str) else SCHEMA_NAME
+    validate(statement, path, schema_name=schema, what=WHAT)
     try:
         record = CampaignRecord.from_statement(statement)
     except ValueError as e:
@@ -295,7 +337,10 @@ def task_of(run_id: str, campaign: str) -> int | None:
 __all__ = [
     "CERTIFICATE_SUFFIX",
     "MAX_BATCHES",
+    "MAX_BATCHES_V1",
     "PREDICATE_TYPE",
+    "PREDICATE_TYPE_V1",
+    "SCHEMAS",
     "SCHEMA_NAME",
     "SEED_DERIVATION",
     "TALLY_RULE",
@@ -305,6 +350,7 @@ __all__ = [
     "CampaignPart",
     "CampaignRecord",
     "Certificate",
+    "Commitment",
     "build_statement",
     "certificate_path",
     "encode_statement",

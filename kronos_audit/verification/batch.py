@@ -58,6 +58,7 @@ def verify_each(
     cache: ManifestCache | None = None,
     jobs: int | None = None,
     standing: Path | None = None,
+    sample: int | None = None,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
     the bad-input error.
@@ -70,7 +71,8 @@ def verify_each(
     manifest's signature and place hold (data that then fails is never left visible).
     ``trust`` gives the anchors (see :mod:`kronos_audit.keys.anchors`). The newest checkpoint of
     each run verified must have its data checked. ``jobs`` threads hash a sharded step's
-    shards (None: the cores this process may use).
+    shards (None: the cores this process may use). ``sample`` (K): a campaign certificate
+    has K of its batches, drawn at random, checked instead of all.
 
     Each belongs to the repository stood in (``standing``, default: the working
     directory; see :class:`~kronos_audit.project.repository.Standpoint`), found before
@@ -112,7 +114,7 @@ def verify_each(
             if p.name.endswith(ATTESTATION_SUFFIX):
                 yield verifier.verify_attestation(p)
             elif p.name.endswith(CERTIFICATE_SUFFIX):
-                yield verify_certificate(verifier, p)
+                yield verify_certificate(verifier, p, sample=sample)
             else:
                 yield verifier.verify(p, newest=p in newest)
         except Error as e:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -43,6 +43,7 @@ from kronos_audit.statement.manifest import Manifest
 from kronos_audit.statement.predicate import Ran, Share
 from kronos_audit.verification import steps
 from kronos_audit.verification.chain import inside
+from kronos_audit.verification.records import check_all, check_sample, ledger_lookup
 from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
 from kronos_audit.verification.verifier import Verifier
 
@@ -71,7 +72,9 @@ class Part:
         return self.result.statement
 
 
-def read_part(verifier: Verifier, manifest_path: Path | str, *, whole: bool = False) -> Part:
+def read_part(
+    verifier: Verifier, manifest_path: Path | str, *, whole: bool = False, origins: bool = True
+) -> Part:
     """The run whose last checkpoint ``manifest_path`` is: verified, its ledger and the
     workers of its batches read. CampaignRefused when it does not verify.
 
@@ -82,7 +85,9 @@ def read_part(verifier: Verifier, manifest_path: Path | str, *, whole: bool = Fa
     (signature, place and chain): the ledger is in rank 0's shard, which :func:`_ledger`
     proves against the signed Merkle root, and the other ranks' shards hold no batch.
     That is how a run reads its own step back where only rank 0's shards are (node-local
-    storage), and how ``kaudit campaign`` shows a task's state."""
+    storage), and how ``kaudit campaign`` shows a task's state. Without ``origins`` the
+    chain is not walked for where each batch ran (a sampled verification needs only the
+    results)."""
     partial = not whole and _ledger_here(verifier, manifest_path)
     result = verifier.verify(manifest_path, data=not partial, newest=True)
     if not result.ok:
@@ -91,7 +96,7 @@ def read_part(verifier: Verifier, manifest_path: Path | str, *, whole: bool = Fa
     assert result.statement is not None
     m = result.statement
     ledger = _ledger(m)
-    return Part(result, ledger, _origins(verifier, m, len(ledger)))
+    return Part(result, ledger, _origins(verifier, m, len(ledger)) if origins else {})
 
 
 def _ledger_here(verifier: Verifier, manifest_path: Path | str) -> bool:
@@ -298,13 +303,21 @@ def _task(share: Share | None) -> tuple[int | None, int | None]:
     return (None, None) if share is None else (share.task, share.tasks)
 
 
-def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
+def verify_certificate(
+    verifier: Verifier, path: Path | str, *, sample: int | None = None
+) -> VerifyResult:
     """Every check of the certificate at ``path``: (C1) its signature; (C2) each subject is
     a manifest inside the repository with the certified sha256, and verifies whole (every
     shard of a sharded step, fetched when the verifier fetches); (C3) the
     record built again from those checkpoints (every batch exactly once, each result's
     digest from the ledger, each worker and attempt from the chain, the tally summed again
-    from the ledger) is the one signed."""
+    from the ledger) is the one signed: for a certificate of the current version, the
+    records beside it (``NAME.records/``) give its root, and each is there.
+
+    With ``sample`` (K) a certificate of the current version has, instead of (C3), K
+    batches drawn at random proven to its root through the stored records, each one's
+    result the ledger's (:func:`~kronos_audit.verification.records.check_sample`); the
+    tally is not summed, and the checks say so."""
     path = Path(path)
     envelope = read_envelope(path)
     # The signature first, over the payload's bytes alone: nothing of an unsigned
@@ -319,6 +332,7 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
     checks = [steps.signature_check(signed), _place(cert.path, record, verifier.project.root)]
     parts: list[Part] = []
     problem: str | None = None
+    sampled = sample if record.records is not None else None
     if not (checks[0].ok and checks[1].ok):
         # Nothing an unsigned or misplaced certificate names is read, let alone fetched.
         checks.append(
@@ -341,7 +355,7 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
             problem = f"{p.manifest}: not the certified manifest (its sha256 differs)"
             break
         try:
-            part = read_part(verifier, where, whole=True)
+            part = read_part(verifier, where, whole=True, origins=sampled is None)
         except (CampaignRefused, Error) as e:
             problem = str(e)
             break
@@ -356,6 +370,11 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
         checks.append(
             Check.passed(CheckName.MANIFEST, f"{len(parts)} part(s), each manifest verifies")
         )
+        if sampled is not None:
+            lookup = ledger_lookup([p.ledger for p in parts])
+            checks.append(check_sample(cert.path, record, sampled, lookup))
+            checks.append(Check.skip(CheckName.TALLY, "not summed: only a sample was checked"))
+            return _result(cert, checks, signed.signer)
         try:
             rebuilt = campaign_record(
                 record.campaign,
@@ -368,7 +387,10 @@ def verify_certificate(verifier: Verifier, path: Path | str) -> VerifyResult:
         except CampaignRefused as e:
             checks.append(Check.failed(CheckName.BATCHES, str(e)))
         else:
-            checks += _compare(record, rebuilt)
+            checks += _compare(record, rebuilt, cert.path)
+            if record.records is not None and all(c.ok for c in checks):
+                # What the report shows: the batches verified, as the checkpoints hold them.
+                cert = replace(cert, record=replace(record, batches=rebuilt.batches))
     else:
         checks.append(Check.failed(CheckName.MANIFEST, problem))
     return _result(cert, checks, signed.signer)
@@ -437,8 +459,9 @@ def _place(path: Path, record: CampaignRecord, root: Path) -> Check:
     return Check.passed(CheckName.PLACE, "beside the run directories of its parts")
 
 
-def _compare(signed: CampaignRecord, rebuilt: CampaignRecord) -> list[Check]:
-    """The signed record against the one the checkpoints give, in words."""
+def _compare(signed: CampaignRecord, rebuilt: CampaignRecord, path: Path) -> list[Check]:
+    """The signed record against the one the checkpoints give, in words (the records
+    beside the certificate at ``path``, for one of the current version)."""
     if signed.seed_derivation != rebuilt.seed_derivation or signed.seed != rebuilt.seed:
         return [Check.failed(CheckName.BATCHES, "the seed or its derivation differs")]
     if (signed.commit, signed.dirty, signed.environment) != (
@@ -455,6 +478,16 @@ def _compare(signed: CampaignRecord, rebuilt: CampaignRecord) -> list[Check]:
                     f"part {part.run!r}: its task or step is not the one its manifests sign",
                 )
             ]
+    if signed.records is not None:
+        if signed.n != rebuilt.n:
+            return [
+                Check.failed(
+                    CheckName.BATCHES,
+                    f"certifies {signed.n} batches; the checkpoints hold {rebuilt.n}",
+                )
+            ]
+        checks = [check_all(path, signed, rebuilt)]
+        return [*checks, _tally(signed, rebuilt)]
     if signed.n != rebuilt.n or len(signed.batches) != len(rebuilt.batches):
         return [
             Check.failed(
@@ -483,11 +516,13 @@ def _compare(signed: CampaignRecord, rebuilt: CampaignRecord) -> list[Check]:
             "and chains hold them",
         )
     ]
+    return [*checks, _tally(signed, rebuilt)]
+
+
+def _tally(signed: CampaignRecord, rebuilt: CampaignRecord) -> Check:
     if signed.tally != rebuilt.tally:
-        checks.append(Check.failed(CheckName.TALLY, "the tally summed from the ledgers differs"))
-    else:
-        checks.append(Check.passed(CheckName.TALLY, "summed again from the ledgers, bitwise"))
-    return checks
+        return Check.failed(CheckName.TALLY, "the tally summed from the ledgers differs")
+    return Check.passed(CheckName.TALLY, "summed again from the ledgers, bitwise")
 
 
 __all__ = [

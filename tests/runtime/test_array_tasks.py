@@ -22,6 +22,7 @@ from kronos_audit.report import build_report, report_json
 from kronos_audit.statement.campaign import encode_statement, read_certificate, result_digest, tally
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.verification.records import stored_batches
 from tests.helpers import run_cli
 
 SEED = 5
@@ -143,6 +144,7 @@ def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
         k: np.asarray(v).tobytes() for k, v in expected.items()
     }
     record = read_certificate(cert).record
+    record = dataclasses.replace(record, batches=stored_batches(cert, record))
     assert [(p.run, p.task, p.tasks) for p in record.parts] == [
         (f"mc.task-{k}", k, TASKS) for k in range(TASKS)
     ]

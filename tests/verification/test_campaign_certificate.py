@@ -26,7 +26,7 @@ from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, render_html, render_markdown, report_json
-from kronos_audit.runtime.campaigns.certify import certify
+from kronos_audit.runtime.campaigns.certify import certify, write_records
 from kronos_audit.statement.campaign import (
     MAX_BATCHES,
     CampaignRecord,
@@ -37,6 +37,7 @@ from kronos_audit.statement.campaign import (
 )
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.verification.campaign import CampaignRefused
+from kronos_audit.verification.records import stored_batches
 from kronos_audit.verification.verifier import Verifier
 from tests.helpers import run_cli
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
@@ -74,9 +75,19 @@ def failures(path: Path) -> list[str]:
     return [f"{c['check']}: {c['detail']}" for c in r["checks"] if not c["ok"]]
 
 
+def certified(cert: Path) -> CampaignRecord:
+    """The certificate's record with its batches, read from the records beside it."""
+    record = read_certificate(cert).record
+    return dataclasses.replace(record, batches=stored_batches(cert, record))
+
+
 def resign(project: Project, key: ka.SigningKey, record: CampaignRecord) -> Path:
-    """What a trusted signer with a bug (or a stolen key) could sign: ``record`` as is."""
+    """What a trusted signer with a bug (or a stolen key) could sign: ``record`` as is
+    (its batches written beside it as its records)."""
     path = project.root / "checkpoints" / "mc.campaign.json"
+    if record.batches:
+        records = write_records(path, record.campaign, record.batches)
+        record = dataclasses.replace(record, batches=(), records=records)
     path.write_bytes(encode_envelope(sign_envelope(encode_statement(record), key)))
     return path
 
@@ -91,7 +102,7 @@ def test_a_finished_campaign_is_certified_and_verifies(
     ok = run_cli("verify", str(cert))
     assert ok.exit_code == 0, ok.output
     assert "campaign certificate, campaign mc, 10 batches" in ok.output
-    record = read_certificate(cert).record
+    record = certified(cert)
     assert [b.index for b in record.batches] == list(range(N))
     # Each batch's result, as a serial run computes it, and the pool's workers, not us.
     expected = [batch(ka.runtime.batch_rng(SEED, i), 64) for i in range(N)]
@@ -116,7 +127,7 @@ def test_a_campaign_restarted_certifies_each_batch_with_the_attempt_that_ran_it(
     assert not (project.root / "checkpoints" / "mc.campaign.json").exists()  # not complete
     monkeypatch.setenv("KAUDIT_RESTART_COUNT", "1")  # as `kaudit run` restarts it
     campaign(project)
-    record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
+    record = certified(project.root / "checkpoints" / "mc.campaign.json")
     assert [b.attempt for b in record.batches] == [1] * 6 + [2] * 4
     assert run_cli("verify", str(project.root / "checkpoints" / "mc.campaign.json")).exit_code == 0
 
@@ -128,7 +139,7 @@ def test_an_edited_or_foreign_signed_certificate_fails_its_signature(
     cert = project.root / "checkpoints" / "mc.campaign.json"
     original = cert.read_bytes()
     statement = payload(cert)
-    statement["predicate"]["batches"][3]["worker"] = "elsewhere:1"
+    statement["predicate"]["records"]["root"] = "0" * 64
     envelope = json.loads(original)
     envelope["payload"] = base64.b64encode(canonical_json(statement)).decode()
     cert.write_text(json.dumps(envelope))
@@ -150,7 +161,7 @@ def test_a_trusted_signature_over_what_the_checkpoints_do_not_hold_fails(
 ) -> None:
     campaign(project)
     cert = project.root / "checkpoints" / "mc.campaign.json"
-    record = read_certificate(cert).record
+    record = certified(cert)
     batches = list(record.batches)
     if lie == "a batch twice":
         batches[4] = dataclasses.replace(batches[3])
@@ -175,7 +186,7 @@ def test_a_subject_outside_the_repository_or_swapped_is_refused(
 ) -> None:
     campaign(project)
     cert = project.root / "checkpoints" / "mc.campaign.json"
-    record = read_certificate(cert).record
+    record = certified(cert)
     outside = dataclasses.replace(
         record,
         parts=(dataclasses.replace(record.parts[0], manifest="../../../etc/passwd"),),
@@ -278,7 +289,7 @@ def test_a_certificate_is_bounded_in_batches_and_size(project: Project, key: ka.
     assert "more than the 67,108,864 allowed" in too_large.output, too_large.output
     verifier = Verifier(project)
     last = project.root / "checkpoints" / "mc" / "step-00000010.h5.kaudit.json"
-    with pytest.raises(CampaignRefused, match="at most 200,000"):
+    with pytest.raises(CampaignRefused, match=f"at most {MAX_BATCHES:,}"):
         certify(verifier, key, "mc", [last], MAX_BATCHES + 1)
 
 
@@ -294,7 +305,7 @@ def test_a_campaign_on_three_ranks_is_certified_from_rank_0s_shard(
     cert = project.root / "checkpoints" / "mc.campaign.json"
     ok = run_cli("verify", str(cert))
     assert ok.exit_code == 0, ok.output
-    record = read_certificate(cert).record
+    record = certified(cert)
     assert record.parts[0].manifest == "checkpoints/mc/step-00000010/index.jsonl.kaudit.json"
     expected = [batch(ka.runtime.batch_rng(5, i), 64) for i in range(N)]
     assert [b.result for b in record.batches] == [result_digest(r) for r in expected]
@@ -353,7 +364,7 @@ def test_the_report_shows_the_campaign_its_restart_and_workers(
     assert "<h3>Campaign</h3>" in html
     assert "Batches done against wall-clock time, run mc" in html
     # A certificate that does not verify fails the run's report.
-    record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
+    record = certified(project.root / "checkpoints" / "mc.campaign.json")
     resign(project, key, dataclasses.replace(record, tally=record.batches[0].result))
     failed = build_report([project.root / "checkpoints"])
     (run,) = report_json(failed)["runs"]
@@ -371,7 +382,7 @@ def test_the_gate_covers_a_campaign_certificate(project: Project, key: ka.Signin
     assert passed.exit_code == 0, passed.output
     names = [c["name"] for c in json.loads(passed.output)["cases"]]
     assert "checkpoints/mc.campaign.json" in names
-    record = read_certificate(project.root / "checkpoints" / "mc.campaign.json").record
+    record = certified(project.root / "checkpoints" / "mc.campaign.json")
     resign(project, key, dataclasses.replace(record, tally=record.batches[0].result))
     failed = run_cli("gate", "--json", cwd=project.root)
     assert failed.exit_code == 1, failed.output

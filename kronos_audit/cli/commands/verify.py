@@ -73,6 +73,9 @@ def _print_result(r: VerifyResult, said: _Said) -> None:
     if r.kind is StatementKind.CAMPAIGN:
         # One whose signature does not hold was not read: its name says the campaign.
         read = f"{r.step} batches" if r.certificate is not None else "not read"
+        sampled = next((c.detail for c in r.checks if c.detail.startswith("sampled ")), None)
+        if sampled is not None:
+            read += ", " + sampled.split(":", 1)[0]  # "sampled K of n batches"
         what = f"campaign certificate, campaign {safe(r.run)}, {read}"
     else:
         kind = "attestation, " if r.is_attestation else ""
@@ -183,6 +186,14 @@ def _summary_line(results: list[VerifyResult], summary: dict[str, Any]) -> str:
     help="Threads that hash a sharded step's shards (default: the cores this process may "
     "use; the same results whatever the number).",
 )
+@click.option(
+    "--sample",
+    type=click.IntRange(1, 10_000_000),
+    default=None,
+    metavar="K",
+    help="For a campaign certificate: check K batches drawn at random (each one's proof "
+    "to the signed root, its result the ledger's) instead of every batch and the tally.",
+)
 @json_option("Print the results as JSON.")
 @click.pass_context
 def verify(
@@ -192,6 +203,7 @@ def verify(
     remote: str | None,
     no_fetch: bool,
     jobs: int | None,
+    sample: int | None,
     as_json: bool,
 ) -> None:
     """Check the signature, place, file digest, dataset hashes and parent chain of each
@@ -230,7 +242,9 @@ def verify(
     with progress_bar() as bar:
         total = count_manifests(paths)  # also what an interrupted verify says it had done
         bar.update("verifying manifests", 0, total)
-        outcomes = verify_each(paths, fetch=not no_fetch, trust=trust, remote=remote, jobs=jobs)
+        outcomes = verify_each(
+            paths, fetch=not no_fetch, trust=trust, remote=remote, jobs=jobs, sample=sample
+        )
         for done, outcome in enumerate(outcomes, 1):
             if isinstance(outcome, Error):
                 errors.append(outcome)

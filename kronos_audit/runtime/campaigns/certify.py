@@ -4,8 +4,10 @@ When a campaign's last batch is recorded and checkpointed, the run reads its own
 checkpoint back as a verifier would (:func:`~kronos_audit.verification.campaign.read_part`:
 the manifest verified, the ledger from the verified bytes, the chain's records of where
 each batch ran), builds the record
-(:func:`~kronos_audit.verification.campaign.campaign_record`) and signs it with the run's
-key, as ``NAME.campaign.json`` beside the run's directory. ``kaudit campaign NAME
+(:func:`~kronos_audit.verification.campaign.campaign_record`), writes every batch's record
+in content-addressed chunks to ``NAME.records/`` (:mod:`kronos_audit.statement.records`)
+and signs their Merkle root with the run's key, as ``NAME.campaign.json`` beside the run's
+directory: the certificate's size does not grow with the batches. ``kaudit campaign NAME
 --certify`` does the same for a Slurm job array's tasks. What is signed is what the
 checkpoints hold, never what this process remembers: a verifier rebuilds the same record
 from the same files.
@@ -16,9 +18,10 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit._internal.fsutil import mkdir_durable, write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
 from kronos_audit._internal.version import VERSION
 from kronos_audit.errors import Error, ManifestError
@@ -26,11 +29,16 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.campaign import (
     MAX_BATCHES,
+    CampaignBatch,
+    Commitment,
     certificate_path,
     encode_statement,
 )
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
+from kronos_audit.statement.manifest import Sha256
+from kronos_audit.statement.records import records_dir
 from kronos_audit.verification.campaign import CampaignRefused, campaign_record, read_part
+from kronos_audit.verification.records import records_of
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -74,14 +82,16 @@ def certify(
         created=utc_now(),
         tool=TOOL,
     )
+    root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)
+    path = certificate_path(root, campaign)
+    # The records first: a certificate is never there without what it commits to.
+    record = replace(record, batches=(), records=write_records(path, campaign, record.batches))
     data = encode_envelope(sign_envelope(encode_statement(record), key))
     if len(data) > MANIFEST_LIMIT:  # what no verifier would read is not signed
         raise CampaignRefused(
             f"campaign {campaign!r}: its certificate would be {len(data):,} bytes, more than "
             f"the {MANIFEST_LIMIT:,} a verifier reads"
         )
-    root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)
-    path = certificate_path(root, campaign)
     try:
         write_atomic(path, data)
     except OSError as e:
@@ -89,6 +99,24 @@ def certify(
             f"cannot write the campaign certificate: {e.strerror or e}", path=path
         ) from None
     return path
+
+
+def write_records(certificate: Path, campaign: str, batches: Sequence[CampaignBatch]) -> Commitment:
+    """Write every batch's record (``batches``, in index order) beside ``certificate``, in
+    ``NAME.records/`` (content-addressed chunks and their index), and return what a
+    certificate signs of them. ManifestError when they cannot be written."""
+    stored = records_of(batches)
+    directory = records_dir(certificate, campaign)
+    try:
+        mkdir_durable(directory)
+        for chunk in stored.chunks:
+            write_atomic(directory / chunk.sha256, chunk.data)
+        write_atomic(directory / stored.index_sha256, stored.index)
+    except OSError as e:
+        raise ManifestError(
+            f"cannot write the campaign's records: {e.strerror or e}", path=directory
+        ) from None
+    return Commitment(stored.root, Sha256(stored.index_sha256))
 
 
 def _run_root(manifest: Path, sharded: bool) -> Path:
@@ -114,4 +142,4 @@ def certify_run(verifier: Verifier, key: SigningKey, campaign: str, manifest: Pa
     log.info("campaign %r: %d batches certified in %s", campaign, n, path)
 
 
-__all__ = ["CertificateNotWritten", "certify", "certify_run"]
+__all__ = ["CertificateNotWritten", "certify", "certify_run", "write_records"]

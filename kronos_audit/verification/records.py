@@ -1,0 +1,275 @@
+"""A campaign certificate's records, checked: all of them, or a sample with their proofs.
+
+A certificate signs a Merkle root over every batch's record
+(:mod:`kronos_audit.statement.records`); the records are in ``NAME.records/`` beside it.
+:func:`check_all` holds them against the records the checkpoints give (every batch, in
+index order, rebuilt from the ledgers and chains) and every stored file against the
+index; :func:`check_sample` reads the index and, for ``K`` batches drawn at random, the
+chunk that holds each, proves the batch's record to the signed root and compares its
+result's digest with the ledger's. Every file is read bounded and never through a link;
+what is not there, not of its size or not of its digest fails a check naming it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.statement.campaign import CampaignBatch, CampaignRecord, result_digest
+from kronos_audit.statement.records import (
+    CHUNK_LIMIT,
+    INDEX_LINE,
+    PER_CHUNK,
+    Records,
+    audit_path,
+    build_records,
+    chunk_lines,
+    leaf_hash,
+    merkle_root,
+    parse_index,
+    parse_line,
+    record_line,
+    records_dir,
+    root_from_path,
+)
+from kronos_audit.verification.results import Check, CheckName
+
+
+class RecordsFailed(Exception):
+    """A record, a chunk or the index is not what the certificate commits to (one line)."""
+
+
+def records_of(batches: Sequence[CampaignBatch]) -> Records:
+    """The stored form of ``batches`` (every batch, in index order)."""
+    return build_records(
+        record_line(b.index, b.result, b.worker, b.attempt, b.part) for b in batches
+    )
+
+
+def _read(directory: Path, name: str, limit: int) -> bytes:
+    """File ``name`` of the records' directory, bounded, not through a link, of sha256
+    ``name`` (content-addressed)."""
+    where = directory / name
+    try:
+        data = read_regular(where, limit, follow_symlinks=False)
+    except UnsafeFile as e:
+        raise RecordsFailed(f"{directory.name}/{name}: {e.reason}") from None
+    if hashlib.sha256(data).hexdigest() != name:
+        raise RecordsFailed(f"{directory.name}/{name}: not the file of that sha256")
+    return data
+
+
+def _index(directory: Path, signed: CampaignRecord) -> list[tuple[str, bytes]]:
+    assert signed.records is not None
+    chunks = -(-signed.n // PER_CHUNK)
+    data = _read(directory, signed.records.index, chunks * INDEX_LINE)
+    try:
+        return parse_index(data, signed.n)
+    except ValueError as e:
+        raise RecordsFailed(f"{directory.name}/{signed.records.index}: {e}") from None
+
+
+def check_all(certificate: Path, signed: CampaignRecord, rebuilt: CampaignRecord) -> Check:
+    """Every record the certificate commits to is the one the checkpoints give, and
+    every stored file (the index, each chunk) is there and is its digest's."""
+    assert signed.records is not None
+    directory = records_dir(certificate, signed.campaign)
+    expected = records_of(rebuilt.batches)
+    try:
+        index = _index(directory, signed)
+        if expected.root != signed.records.root:
+            raise RecordsFailed(_first_difference(directory, index, expected))
+        if expected.index_sha256 != signed.records.index:  # the same root, another index
+            raise RecordsFailed(f"{directory.name}/{signed.records.index}: not the records' index")
+        for k, chunk in enumerate(expected.chunks):
+            _read(directory, chunk.sha256, CHUNK_LIMIT)
+            if index[k][0] != chunk.sha256:  # pragma: no cover - the index's digest holds
+                raise RecordsFailed(f"chunk {k}: not the one the index names")
+    except RecordsFailed as e:
+        return Check.failed(CheckName.BATCHES, str(e))
+    return Check.passed(
+        CheckName.BATCHES,
+        f"{signed.n} batches, each exactly once, results and workers as the ledgers and "
+        f"chains hold them; their {len(expected.chunks)} chunk(s) give the signed root",
+    )
+
+
+def _first_difference(
+    directory: Path, index: Sequence[tuple[str, bytes]], expected: Records
+) -> str:
+    """Which batch's record the certificate's root does not cover as the checkpoints
+    give it, read from the stored chunks where they say (else: the root differs)."""
+    for k, chunk in enumerate(expected.chunks):
+        if index[k][1] == chunk.root:
+            continue
+        try:
+            stored = chunk_lines(_read(directory, index[k][0], CHUNK_LIMIT))
+        except (RecordsFailed, ValueError):
+            break
+        mine = chunk_lines(chunk.data)
+        for line, want in zip(stored, mine, strict=False):
+            if line != want:
+                i = parse_line(want)[0]
+                try:
+                    got = parse_line(line)
+                except ValueError:
+                    return f"batch {i}: its stored record is not one"
+                names = ("index", "result", "worker", "attempt", "part")
+                what = next(
+                    (f for f, a, b in zip(names, got, parse_line(want), strict=True) if a != b),
+                    "record",
+                )
+                return f"batch {i}: its {what} is not the one the checkpoints hold"
+        break
+    return "the certified records' root is not the one the checkpoints' records give"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """That batch ``index``'s record is in a certificate's tree: its line and the hashes
+    beside its path to the root, bottom up (what an auditor checks by hand)."""
+
+    index: int
+    count: int
+    line: bytes
+    path: tuple[bytes, ...]
+
+    def root(self) -> bytes | None:
+        """The root this proof reaches (None: a path not of the tree's shape)."""
+        return root_from_path(leaf_hash(self.line), self.index, self.count, self.path)
+
+
+class _Chunks:
+    """The chunks of one certificate's records, each read once and checked against the
+    index (its digest, its line count, its subtree's root)."""
+
+    def __init__(self, directory: Path, index: Sequence[tuple[str, bytes]], count: int) -> None:
+        self.directory, self.index, self.count = directory, index, count
+        self._read: dict[int, tuple[list[bytes], list[bytes]]] = {}
+        self._top = [root for _, root in index]
+
+    def proof(self, i: int) -> Proof:
+        k, j = divmod(i, PER_CHUNK)
+        lines, leaves = self._chunk(k)
+        return Proof(i, self.count, lines[j], (*audit_path(leaves, j), *audit_path(self._top, k)))
+
+    def lines(self, k: int) -> list[bytes]:
+        """Chunk ``k``'s records' lines, checked."""
+        return self._chunk(k)[0]
+
+    def _chunk(self, k: int) -> tuple[list[bytes], list[bytes]]:
+        held = self._read.get(k)
+        if held is not None:
+            return held
+        sha, root = self.index[k]
+        name = f"{self.directory.name}/{sha}"
+        try:
+            lines = chunk_lines(_read(self.directory, sha, CHUNK_LIMIT))
+        except ValueError as e:
+            raise RecordsFailed(f"{name}: {e}") from None
+        want = min(PER_CHUNK, self.count - k * PER_CHUNK)
+        if len(lines) != want:
+            raise RecordsFailed(f"{name}: {len(lines)} records, not the {want} of chunk {k}")
+        leaves = [leaf_hash(x) for x in lines]
+        if merkle_root(leaves) != root:
+            raise RecordsFailed(f"{name}: its records do not give the root the index lists")
+        held = self._read[k] = (lines, leaves)
+        return held
+
+
+def prove(certificate: Path, signed: CampaignRecord, index: int) -> Proof:
+    """The proof that batch ``index`` is in the records ``signed`` commits to, read from
+    the records beside ``certificate`` (its signature is the caller's to check).
+    RecordsFailed when the stored records do not give one."""
+    assert signed.records is not None
+    if not 0 <= index < signed.n:
+        raise RecordsFailed(f"batch {index}: not one of the campaign's {signed.n}")
+    directory = records_dir(certificate, signed.campaign)
+    return _Chunks(directory, _index(directory, signed), signed.n).proof(index)
+
+
+def check_sample(
+    certificate: Path,
+    signed: CampaignRecord,
+    k: int,
+    result_of: Callable[[int, int], Any | None],
+    *,
+    rng: random.Random | None = None,
+) -> Check:
+    """``k`` batches drawn at random (all, when there are no more): each one's record
+    proven to the signed root through the stored chunks, of its own index, and its result
+    the one ``result_of(part, index)`` gives (None: that part's ledger does not hold it)."""
+    assert signed.records is not None
+    directory = records_dir(certificate, signed.campaign)
+    chosen = sorted((rng or random.SystemRandom()).sample(range(signed.n), min(k, signed.n)))
+    root = bytes.fromhex(signed.records.root)
+    try:
+        chunks = _Chunks(directory, _index(directory, signed), signed.n)
+        for i in chosen:
+            proof = chunks.proof(i)
+            if proof.root() != root:
+                raise RecordsFailed(f"batch {i}: its proof does not reach the signed root")
+            try:
+                index, result, _, _, part = parse_line(proof.line)
+            except ValueError as e:
+                raise RecordsFailed(f"batch {i}: {e}") from None
+            if index != i:
+                raise RecordsFailed(f"batch {i}: the record in its place is batch {index}'s")
+            held = result_of(part, i) if part < len(signed.parts) else None
+            if held is None:
+                raise RecordsFailed(f"batch {i}: part {part}'s ledger does not hold it")
+            if result_digest(held) != result:
+                raise RecordsFailed(f"batch {i}: its result is not the one its ledger holds")
+    except RecordsFailed as e:
+        return Check.failed(CheckName.BATCHES, f"sampled: {e}")
+    return Check.passed(
+        CheckName.BATCHES,
+        f"sampled {len(chosen)} of {signed.n} batches: each proven to the signed root, "
+        "its result the ledger's (the others not checked)",
+    )
+
+
+def ledger_lookup(ledgers: Sequence[Mapping[int, Any]]) -> Callable[[int, int], Any | None]:
+    """``result_of(part, index)`` over the parts' ledgers."""
+
+    def result_of(part: int, index: int) -> Any | None:
+        return ledgers[part].get(index) if part < len(ledgers) else None
+
+    return result_of
+
+
+def stored_batches(certificate: Path, signed: CampaignRecord) -> tuple[CampaignBatch, ...]:
+    """Every batch's record as stored beside ``certificate`` (``signed``'s records: its
+    signature is the caller's to check), each chunk checked against the index and the
+    whole against the signed root. RecordsFailed when they are not what it commits to."""
+    if signed.records is None:
+        return signed.batches  # a first-version certificate lists them
+    directory = records_dir(certificate, signed.campaign)
+    chunks = _Chunks(directory, _index(directory, signed), signed.n)
+    if merkle_root([root for _, root in chunks.index]).hex() != signed.records.root:
+        raise RecordsFailed(f"{directory.name}: the index does not give the signed root")
+    batches: list[CampaignBatch] = []
+    for k in range(len(chunks.index)):
+        for line in chunks.lines(k):
+            try:
+                batches.append(CampaignBatch(*parse_line(line)))  # type: ignore[arg-type]
+            except ValueError as e:
+                raise RecordsFailed(f"chunk {k}: {e}") from None
+    return tuple(batches)
+
+
+__all__ = [
+    "Proof",
+    "RecordsFailed",
+    "check_all",
+    "check_sample",
+    "ledger_lookup",
+    "prove",
+    "records_of",
+    "stored_batches",
+]

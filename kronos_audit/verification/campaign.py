@@ -234,11 +234,13 @@ def campaign_record(
             results[i] = result
             worker, attempt = part.origins[i]
             batches.append(CampaignBatch(i, result_digest(result), worker, attempt, k))
-    missing = sorted(set(range(n)) - set(results))
-    if missing or len(results) != n:
+    # Counted from the results, never by listing range(n): a signed count may be huge.
+    within = sum(1 for i in results if 0 <= i < n)
+    if within != n or len(results) != n:
+        gap = next((i for i in range(min(n, len(results) + 1)) if i not in results), n)
         raise CampaignRefused(
-            f"campaign {campaign!r} is not complete: {len(missing)} of {n} batches missing "
-            f"(the first: {missing[0] if missing else n})"
+            f"campaign {campaign!r} is not complete: {n - within} of {n} batches missing "
+            f"(the first: {gap})"
         )
     batches.sort(key=lambda b: b.index)
     return CampaignRecord(

@@ -219,19 +219,27 @@ def test_a_huge_count_is_refused_by_the_schema_and_bounded_below_it(
     assert f"an index of {-(-N // PER_CHUNK) * 130} bytes" in out.replace(",", ""), out
 
 
-def test_an_auditor_checks_one_batch_by_hand(project: Project, key: ka.SigningKey) -> None:
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "campaigns.md"
+
+
+def test_an_auditor_checks_one_batch_by_hand_as_the_docs_say(
+    project: Project, key: ka.SigningKey, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The page's own snippet, run: only hashlib between the proof and the signed root.
+    blocks = DOCS.read_text(encoding="utf-8").split("```python\n")[1:]
+    (snippet,) = [b.split("```")[0] for b in blocks if "def check_batch" in b]
+    namespace: dict[str, Any] = {}
+    exec(compile(snippet, str(DOCS), "exec"), namespace)
     cert = campaign(project)
+    for index in (0, 17, 1024, N - 1):  # N - 1: the last leaf, carried up unpaired
+        namespace["check_batch"](cert, index)
+        assert f'"index":{index},' in capsys.readouterr().out
+    # A proof of another batch, or a line changed, does not reach the root.
     record = read_certificate(cert).record
     proof = prove(cert, record, 17)
-    # Only hashlib: the leaf, then each hash beside the path, left or right by the index.
-    node = hashlib.sha256(b"\x00" + proof.line).digest()
-    index, width, path = 17, N, list(proof.path)  # the campaign's size: the tree's shape
-    while width > 1:
-        if index % 2:
-            node = hashlib.sha256(b"\x01" + path.pop(0) + node).digest()
-        elif index + 1 < width:
-            node = hashlib.sha256(b"\x01" + node + path.pop(0)).digest()
-        index, width = index // 2, (width + 1) // 2
-    assert not path
-    assert node.hex() == record.records.root  # type: ignore[union-attr]
+    reaches_root = namespace["reaches_root"]
+    assert reaches_root(proof.line, 17, N, list(proof.path)).hex() == record.records.root  # type: ignore[union-attr]
+    assert reaches_root(proof.line, 18, N, list(proof.path)).hex() != record.records.root  # type: ignore[union-attr]
+    forged = proof.line.replace(b'"attempt":1', b'"attempt":2')
+    assert reaches_root(forged, 17, N, list(proof.path)).hex() != record.records.root  # type: ignore[union-attr]
     assert isinstance(proof, Proof)

@@ -16,13 +16,15 @@ from the same files.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kronos_audit._internal.fsutil import mkdir_durable, write_atomic
-from kronos_audit._internal.safeio import MANIFEST_LIMIT
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable, write_atomic
+from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit._internal.version import VERSION
 from kronos_audit.errors import Error, ManifestError
 from kronos_audit.keys.keyfile import SigningKey
@@ -107,16 +109,39 @@ def write_records(certificate: Path, campaign: str, batches: Sequence[CampaignBa
     certificate signs of them. ManifestError when they cannot be written."""
     stored = records_of(batches)
     directory = records_dir(certificate, campaign)
+    files = [(c.sha256, c.data) for c in stored.chunks] + [(stored.index_sha256, stored.index)]
     try:
         mkdir_durable(directory)
-        for chunk in stored.chunks:
-            write_atomic(directory / chunk.sha256, chunk.data)
-        write_atomic(directory / stored.index_sha256, stored.index)
+        for name, data in files:
+            _write_named(directory / name, data)
+        fsync_dir(directory)  # once for every name: the certificate is written after it
     except OSError as e:
         raise ManifestError(
             f"cannot write the campaign's records: {e.strerror or e}", path=directory
         ) from None
     return Commitment(stored.root, Sha256(stored.index_sha256))
+
+
+def _write_named(path: Path, data: bytes) -> None:
+    """Write ``data`` as ``path``, named by its sha256, made durable and renamed into
+    place (the directory's fsync is the caller's, once for all). A file of that name
+    holding those bytes already (a campaign certified again) is left as it is."""
+    try:
+        if read_regular(path, len(data), follow_symlinks=False) == data:
+            return
+    except UnsafeFile:
+        pass
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _run_root(manifest: Path, sharded: bool) -> Path:

@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         ArrayTask as ArrayTask,
         campaign_ledger as campaign_ledger,
     )
+    from kronos_audit.runtime.campaigns.executors import RayExecutor as RayExecutor
     from kronos_audit.runtime.campaigns.ledger import Ledger as Ledger
     from kronos_audit.runtime.levels import (
         MemoryLevel as MemoryLevel,
@@ -116,6 +117,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Replicated",
     ),
     "kronos_audit.runtime.campaigns.array": ("ArrayTask", "campaign_ledger"),
+    "kronos_audit.runtime.campaigns.executors": ("RayExecutor",),
     "kronos_audit.runtime.campaigns.ledger": ("Ledger",),
     "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
     "kronos_audit.runtime.policy": (

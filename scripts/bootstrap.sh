@@ -53,8 +53,8 @@ sys.exit(torch.__version__.split('+')[0] != '$TORCH_CPU')" 2>/dev/null; then
         || "${PIP[@]}" --no-index --no-deps "torch==$TORCH_CPU" 2>/dev/null \
         || pip_install --no-deps "torch==$TORCH_CPU" --index-url https://download.pytorch.org/whl/cpu
 fi
-if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -c "$LOCK" -e "$ROOT[dev,test,torch,jax,mpi,docs,dask,dcp,hf,lightning,orbax]"; }; then
-    pip_install -c "$LOCK" -e "$ROOT[dev,test,torch,jax,mpi,docs,dask,dcp,hf,lightning,orbax]"
+if ! { [ "$HAVE_UV" -eq 1 ] && uv_install -c "$LOCK" -e "$ROOT[dev,test,torch,jax,mpi,docs,dask,ray,dcp,hf,lightning,orbax]"; }; then
+    pip_install -c "$LOCK" -e "$ROOT[dev,test,torch,jax,mpi,docs,dask,ray,dcp,hf,lightning,orbax]"
 fi
 export PATH="$VENV/bin:$PATH"
 export DVC_NO_ANALYTICS=1

@@ -28,7 +28,7 @@ fi
 status=0
 "$PY" scripts/uv_install.py compile --quiet --universal --python-version 3.11 \
     pyproject.toml scripts/lock.in \
-    --extra dev --extra test --extra torch --extra jax --extra mpi --extra docs --extra dask \
+    --extra dev --extra test --extra torch --extra jax --extra mpi --extra docs --extra dask --extra ray \
     --extra dcp --extra hf --extra lightning --extra orbax \
     --custom-compile-command "bash scripts/lock.sh" --output-file "$OUT" "$@" || status=$?
 if [ "$status" -ne 0 ]; then

@@ -356,7 +356,7 @@ def _is_integration(module: str) -> bool:
 PYPROJECT = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
 OPTIONAL = {
     _distribution(r)
-    for extra in ("torch", "jax", "mpi", *INTEGRATION_EXTRAS)
+    for extra in ("torch", "jax", "mpi", "ray", *INTEGRATION_EXTRAS)
     for r in PYPROJECT["project"]["optional-dependencies"][extra]
 }
 """Distributions of the framework extras: imported only inside the functions that need them

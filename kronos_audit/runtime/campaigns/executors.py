@@ -1,6 +1,7 @@
 """The engines a campaign's batches run on: any object with
 :class:`concurrent.futures.Executor`'s ``submit`` (a ``ProcessPoolExecutor``, Dask's
-``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``), or none (this process).
+``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``, Ray through
+:class:`RayExecutor`), or none (this process).
 
 kronos-audit distributes nothing itself. :func:`received` hands the engine one call a
 batch not yet in the run's ledger (:class:`BatchCall`: the user's function, the run
@@ -102,6 +103,35 @@ class BatchRunner:
 
     def __call__(self, index: int) -> tuple[Any, str]:
         return BatchCall(self.fn, self.seed, index, self.kwargs)()
+
+
+def _call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+class RayExecutor:
+    """Ray as a campaign's engine: ``run.map_batches(fn, n, executor=ka.RayExecutor())``
+    in a program that has called ``ray.init()``. Each batch is one Ray task
+    (``ray.remote``, with ``options`` such as ``num_cpus=1``), its result given back as a
+    :class:`concurrent.futures.Future` (``ObjectRef.future()``).
+
+    A task whose worker process died is run again by Ray (its ``max_retries``, 3 unless
+    ``options`` say otherwise); the batch draws the same numbers, and the ledger keeps
+    it once. A task that raises is the batch's failure, and stops the campaign as on any
+    engine."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        """Ray's task options (``ray.remote(**options)``)."""
+        self._remote: Any = None
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        if self._remote is None:
+            import ray  # the ray extra, in a program that runs on Ray
+
+            self._remote = ray.remote(**self.options)(_call) if self.options else ray.remote(_call)
+        future: cf.Future[Any] = self._remote.remote(fn, *args, **kwargs).future()
+        return future
 
 
 def dask_client(executor: object) -> tuple[Any, Mapping[str, Any]] | None:
@@ -235,7 +265,10 @@ class EngineLost(Exception):
 def _named(index: int, error: BaseException) -> BaseException:
     if isinstance(error, cf.BrokenExecutor):
         return error  # the engine's failure, not the batch's
-    return BatchFailed(index, error)
+    # Ray wraps a task's own error (RayTaskError, whose message is Ray's coloured header
+    # line): the batch's failure is the error it carries.
+    cause = getattr(error, "cause", None) if type(error).__module__.startswith("ray.") else None
+    return BatchFailed(index, cause if isinstance(cause, BaseException) else error)
 
 
 def describe(error: BaseException) -> str:
@@ -270,6 +303,7 @@ __all__ = [
     "BatchFailed",
     "BatchRunner",
     "EngineLost",
+    "RayExecutor",
     "Submitter",
     "dask_client",
     "describe",

@@ -1,0 +1,125 @@
+"""Exactly once, under faults: a campaign on a Dask cluster whose driver is killed with
+SIGKILL again and again, each time restarted, while its batches kill Dask worker
+processes (the nanny starts new ones). Ten kills in all; then the certificate is checked:
+no batch missing, none twice, each result's digest a serial run's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.project.repository import Project
+from kronos_audit.runtime.campaigns.ledger import batch_rng
+from kronos_audit.statement.campaign import read_certificate, result_digest
+from kronos_audit.verification.records import stored_batches
+from tests.helpers import run_cli
+
+pytest.importorskip("distributed")
+pytestmark = pytest.mark.slow  # a Dask cluster and six driver starts: about a minute
+
+N = 10_000
+SEED = 77
+WORKER_KILLS = (1_500, 3_500, 5_500, 7_500, 9_000)
+"""Batches that kill the Dask worker process running them, the first time they run."""
+DRIVER_KILLS = 5
+HANG_GUARD = 300  # seconds; only stops a broken test from hanging, never a time limit
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    import numpy as np
+    import kronos_audit as ka
+    from distributed import Client
+
+    scheduler, marks, n, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    kills = {kills!r}
+
+    def batch(rng):
+        i = rng.bit_generator.seed_seq.spawn_key[0]
+        if i in kills and not (marks / str(i)).exists():
+            (marks / str(i)).touch()
+            os.kill(os.getpid(), 9)  # this Dask worker process, for real
+        return np.float64(rng.random())
+
+    with Client(scheduler_file=scheduler) as client:
+        with ka.Run("mc", root="checkpoints", seed=seed, every=ka.EverySteps(250)) as run:
+            run.map_batches(batch, n, executor=client)
+    """
+).format(kills=set(WORKER_KILLS))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Path]:
+    """A Dask scheduler and a worker process of two nannies, outside the driver."""
+    file = tmp_path / "scheduler.json"
+    dask = Path(sys.executable).with_name("dask")
+    scheduler = subprocess.Popen(
+        [dask, "scheduler", "--scheduler-file", file, "--port", "0", "--no-dashboard"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker = None
+    try:
+        while not file.exists():
+            time.sleep(0.1)
+        worker = subprocess.Popen(
+            [dask, "worker", "--scheduler-file", file, "--nworkers", "2", "--nthreads", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        yield file
+    finally:
+        for p in (worker, scheduler):
+            if p is not None:
+                p.terminate()
+                p.wait(HANG_GUARD)
+
+
+def _manifests(run_dir: Path) -> int:
+    return len(list(run_dir.glob("*.kaudit.json"))) if run_dir.is_dir() else 0
+
+
+def test_ten_kills_of_the_driver_and_the_workers_leave_every_batch_exactly_once(
+    project: Project, key: ka.SigningKey, cluster: Path, tmp_path: Path
+) -> None:
+    program = tmp_path / "driver.py"
+    program.write_text(DRIVER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    args = [sys.executable, str(program), str(cluster), str(marks), str(N), str(SEED)]
+    run_dir = project.root / "checkpoints" / "mc"
+    started = time.monotonic()
+    for attempt in range(DRIVER_KILLS):
+        before = _manifests(run_dir)
+        env = {**os.environ, "KAUDIT_RESTART_COUNT": str(attempt)}  # as `kaudit run` counts
+        driver = subprocess.Popen(args, cwd=project.root, env=env, stderr=subprocess.DEVNULL)
+        # Killed once it has checkpointed twice more: mid-campaign, with batches in flight.
+        while _manifests(run_dir) < before + 2 and driver.poll() is None:
+            assert time.monotonic() - started < HANG_GUARD
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGKILL)
+        assert driver.wait(HANG_GUARD) == -signal.SIGKILL, "the driver ended before its kill"
+    env = {**os.environ, "KAUDIT_RESTART_COUNT": str(DRIVER_KILLS)}
+    finished = subprocess.run(args, cwd=project.root, env=env, timeout=HANG_GUARD, check=False)
+    assert finished.returncode == 0
+    assert sorted(int(p.name) for p in marks.iterdir()) == sorted(WORKER_KILLS)
+
+    cert = project.root / "checkpoints" / "mc.campaign.json"
+    verified = run_cli("verify", str(cert))
+    assert verified.exit_code == 0, verified.output
+    batches = stored_batches(cert, read_certificate(cert).record)
+    assert [b.index for b in batches] == list(range(N))  # none missing, none twice
+    serial = [result_digest(np.float64(batch_rng(SEED, i).random())) for i in range(N)]
+    assert [b.result for b in batches] == serial
+    assert max(b.attempt for b in batches) == DRIVER_KILLS + 1  # each start an attempt

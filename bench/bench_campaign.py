@@ -22,10 +22,19 @@ same campaign took 1.44x. The ledger's checkpoint: 18 ms for 1,000 batches (57 B
 batch), 0.58 s for 100,000 (32 B a batch, 1.34x the raw results): linear, with a fixed
 cost that dominates small ledgers.
 
+3. kaudit's bookkeeping a batch, in this process: ``run.map_batches`` over 10**6 trivial
+   batches (one float each), its certificate included, against the bare loop that calls
+   the same function with the same generators; (wall - bare) / n. The target: 0.1 ms.
+4. Ray: the 1,000 batches of 10 ms through ``ka.RayExecutor()`` on a local Ray of 2 CPUs,
+   against the bare ``ray.get`` of the same remote function. The target: 1.1x.
+5. The certificate of a campaign of 10**4, 10**5 and 10**6 trivial batches: its size, and
+   the time of ``kaudit verify`` of it, whole and ``--sample 1000``. The targets: at most
+   64 KiB; 30 s whole and 2 s sampled at 10**6.
+
 Run: .venv/bin/python bench/bench_campaign.py [--quick]
 ``--quick`` (the smoke test's) runs 100 batches of about 1 ms on a thread pool instead of
-Dask, and ledgers of 100 and 2,000 batches: it checks that the benchmark runs, not the
-figures.
+Dask and Ray, ledgers of 100 and 2,000 batches, bookkeeping over 2,000 batches and
+certificates of 1,000 and 2,000: it checks that the benchmark runs, not the figures.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -149,6 +159,76 @@ def ledger_row(repo: Path, batches: int) -> dict[str, float]:
     return {"batches": batches, "seconds": took, "bytes": size, "raw": batches * 24}
 
 
+def trivial(rng: np.random.Generator) -> np.float64:
+    return np.float64(rng.random())
+
+
+def bookkeeping_row(repo: Path, n: int) -> dict[str, float]:
+    """``map_batches`` of ``n`` trivial batches in this process against the bare loop."""
+
+    def run_bare() -> object:
+        return [trivial(batch_rng(SEED, i)) for i in range(n)]
+
+    def run_kaudit() -> object:
+        with ka.Run(
+            f"book-{n}", root=repo / "checkpoints", seed=SEED, every=ka.EverySeconds(5)
+        ) as run:
+            return run.map_batches(trivial, n)
+
+    bare_wall = timed(run_bare)[0]
+    k_wall = timed(run_kaudit)[0]
+    return {"n": n, "bare": bare_wall, "kaudit": k_wall, "per_batch": (k_wall - bare_wall) / n}
+
+
+def ray_rows(repo: Path, n: int, samples: int) -> dict[str, float] | None:
+    """map_batches on Ray against the bare ``ray.get`` of the same remote function."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(bare)
+
+        def run_bare() -> object:
+            return ray.get([remote.remote(SEED, i, samples) for i in range(n)])
+
+        names = iter(range(100))
+
+        def run_kaudit() -> object:
+            with ka.Run(
+                f"ray-{next(names)}", root=repo / "checkpoints", seed=SEED, every=ka.EverySeconds(5)
+            ) as run:
+                return run.map_batches(pi_batch, n, executor=ka.RayExecutor(), samples=samples)
+
+        run_bare()  # warm the workers
+        runs = [(timed(run_bare)[0], timed(run_kaudit)[0]) for _ in range(2)]
+    finally:
+        ray.shutdown()
+    return {"bare_wall": min(b for b, _ in runs), "kaudit_wall": min(k for _, k in runs)}
+
+
+def certificate_row(repo: Path, n: int) -> dict[str, float]:
+    """A campaign of ``n`` trivial batches: its certificate's size, and ``kaudit verify``
+    of it whole and sampled, each in a process of its own (as a user runs it)."""
+    run_id = f"book-{n}"
+    cert = repo / "checkpoints" / f"{run_id}.campaign.json"
+    if not cert.exists():
+        with ka.Run(run_id, root=repo / "checkpoints", seed=SEED, every=ka.EverySeconds(5)) as run:
+            run.map_batches(trivial, n)
+    kaudit = str(Path(sys.executable).with_name("kaudit"))
+    row: dict[str, float] = {"n": n, "bytes": cert.stat().st_size}
+    for name, extra in (("verify", []), ("sample", ["--sample", "1000"])):
+        start = time.perf_counter()
+        done = subprocess.run(
+            [kaudit, "verify", *extra, str(cert)], cwd=repo, capture_output=True, check=False
+        )
+        row[name] = time.perf_counter() - start
+        if done.returncode != 0:
+            raise SystemExit(f"kaudit verify {' '.join(extra)} {cert}: {done.stdout!r}")
+    return row
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -182,7 +262,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     per = (large["seconds"] / large["batches"]) / (small["seconds"] / small["batches"])
     per_b = (large["bytes"] / large["batches"]) / (small["bytes"] / small["batches"])
     print(f"per-batch cost, large/small: time {per:.2f}x, size {per_b:.2f}x (linear: about 1)")
-    return {"engine": engine, "ratio": ratio, "ledger": rows}
+
+    book_n = 2_000 if args.quick else 1_000_000
+    book = bookkeeping_row(repo, book_n)
+    verdict = "PASS" if book["per_batch"] <= 1e-4 else "MISS"
+    print(
+        f"bookkeeping, {book_n:,} trivial batches in this process: bare {book['bare']:.2f} s, "
+        f"map_batches {book['kaudit']:.2f} s: {book['per_batch'] * 1e3:.3f} ms a batch "
+        f"(target 0.1 ms: {verdict})"
+    )
+    ray_row = None if args.quick else ray_rows(repo, n, samples)
+    if ray_row is not None:
+        ray_ratio = ray_row["kaudit_wall"] / ray_row["bare_wall"]
+        print(
+            f"Ray: bare ray.get {ray_row['bare_wall']:.2f} s, map_batches + RayExecutor "
+            f"{ray_row['kaudit_wall']:.2f} s ({ray_ratio:.2f}x, target 1.1x: "
+            f"{'PASS' if ray_ratio <= 1.1 else 'MISS'})"
+        )
+    certs = [
+        certificate_row(repo, c)
+        for c in ((1_000, 2_000) if args.quick else (10_000, 100_000, 1_000_000))
+    ]
+    for c in certs:
+        print(
+            f"certificate of {c['n']:>9,} batches: {c['bytes']:>6,} bytes; kaudit verify "
+            f"{c['verify']:6.2f} s, --sample 1000 {c['sample']:5.2f} s"
+        )
+    return {
+        "engine": engine,
+        "ratio": ratio,
+        "ledger": rows,
+        "bookkeeping": book,
+        "ray": ray_row,
+        "certificates": certs,
+    }
 
 
 if __name__ == "__main__":

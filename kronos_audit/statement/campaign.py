@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.checkpoint.hashing import array_digest
+from kronos_audit.checkpoint.hashing import array_digest, canonical_dtype, vlen_kind
+from kronos_audit.checkpoint.hdf5 import unflatten
 from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX
 from kronos_audit.errors import ManifestError
 from kronos_audit.statement.dsse import Envelope
@@ -94,20 +95,53 @@ def result_digest(result: Any) -> Sha256:
     return Sha256(h.hexdigest())
 
 
+def row_digests(
+    first: Any, columns: Mapping[str, np.ndarray[Any, Any]], count: int
+) -> list[Sha256]:
+    """:func:`result_digest` of each of ``count`` results stacked by field: ``columns``
+    maps each field's path (``""`` for a result that is one array) to its results along
+    the first axis, and ``first`` is the first result, which gives the fields' order. The
+    same digests, hashed row by row without rebuilding each result."""
+    order = [path for path, _ in _fields(first)]
+    heads: list[tuple[bytes, np.ndarray[Any, Any]]] = []
+    for path in order:
+        column = np.asarray(columns[path])
+        sample = array_digest(path, column[0])
+        if vlen_kind(column.dtype) is not None:
+            return [result_digest(_row(first, columns, k)) for k in range(count)]
+        flat = np.ascontiguousarray(column, dtype=canonical_dtype(column.dtype))
+        rows = flat.reshape(count, -1).view(np.uint8).reshape(count, -1)
+        heads.append((f"{sample.path}\0{sample.dtype}\0{sample.shape}\0".encode(), rows))
+    out: list[Sha256] = []
+    sha = hashlib.sha256
+    for k in range(count):
+        h = sha()
+        for head, rows in heads:
+            h.update(head + sha(rows[k].data).hexdigest().encode() + b"\n")
+        out.append(Sha256(h.hexdigest()))
+    return out
+
+
+def _row(first: Any, columns: Mapping[str, np.ndarray[Any, Any]], k: int) -> Any:
+    if isinstance(first, Mapping):
+        return unflatten({p: columns[p][k] for p in columns})
+    return columns[""][k]
+
+
 def tally(results: Iterable[Any]) -> Any:
     """:data:`TALLY_RULE`: the results (in index order) summed field by field, in their
     dtypes, as ``run.ledger.reduce(lambda a, b: a + b)`` sums arrays and numbers."""
     acc: Any = None
-    for r in results:
-        acc = r if acc is None else _add(acc, r)
+    with np.errstate(over="ignore"):  # integers wrap as numpy adds them: the rule is exact
+        for r in results:
+            acc = r if acc is None else _add(acc, r)
     return acc
 
 
 def _add(a: Any, b: Any) -> Any:
     if isinstance(a, Mapping):
         return {k: _add(a[k], b[k]) for k in a}
-    with np.errstate(over="ignore"):  # integers wrap as numpy adds them: the rule is exact
-        return np.add(a, b)
+    return np.add(a, b)
 
 
 @dataclass(frozen=True)
@@ -358,6 +392,7 @@ __all__ = [
     "read_certificate",
     "read_envelope",
     "result_digest",
+    "row_digests",
     "tally",
     "task_of",
 ]

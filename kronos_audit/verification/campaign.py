@@ -13,15 +13,17 @@ certificate names and compares it with what was signed, field by field.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
+
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
-from kronos_audit.checkpoint.hdf5 import unflatten
+from kronos_audit.checkpoint.hdf5 import flatten, unflatten
 from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX, INDEX_NAME, TREE_NAME, shard_name
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP, rows
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
@@ -36,10 +38,11 @@ from kronos_audit.statement.campaign import (
     parse_certificate,
     read_envelope,
     result_digest,
+    row_digests,
     tally,
     task_of,
 )
-from kronos_audit.statement.manifest import Manifest
+from kronos_audit.statement.manifest import Manifest, Sha256
 from kronos_audit.statement.predicate import Ran, Share
 from kronos_audit.verification import steps
 from kronos_audit.verification.chain import inside
@@ -111,7 +114,7 @@ def _ledger_here(verifier: Verifier, manifest_path: Path | str) -> bool:
     )
 
 
-def _ledger(m: Manifest) -> dict[int, Any]:
+def _ledger(m: Manifest) -> Mapping[int, Any]:
     """The ledger of the checkpoint ``m`` signs, read from the bytes that were verified (a
     sharded step's from rank 0's shard, which holds every rank's results)."""
     shards = m.record.shards
@@ -136,13 +139,69 @@ def _ledger(m: Manifest) -> dict[int, Any]:
     if not flat:
         return {}
     try:
-        ledger = list(rows(unflatten(flat)))
+        return _Rows(unflatten(flat))
     except (KeyError, IndexError, TypeError, AttributeError, ValueError):
         raise CampaignRefused(f"{m.checkpoint_path}: its ledger is not well formed") from None
-    index = [i for i, _ in ledger]
-    if len(set(index)) != len(index):
-        raise CampaignRefused(f"{m.checkpoint_path}: its ledger holds a batch twice")
-    return dict(ledger)
+    except _Twice:
+        raise CampaignRefused(f"{m.checkpoint_path}: its ledger holds a batch twice") from None
+
+
+class _Twice(Exception):
+    pass
+
+
+class _Rows(Mapping[int, Any]):
+    """A ledger read back, by batch index: each result taken from the stacked arrays
+    only when it is asked for (a sampled verification asks for a few of a million)."""
+
+    def __init__(self, group: Mapping[str, Any]) -> None:
+        index = [int(i) for i in group["index"].tolist()]
+        stacked = group["results"]
+        self._fields = flatten(stacked) if isinstance(stacked, Mapping) else None
+        self._stacked = stacked
+        if any(len(a) != len(index) for a in (self._fields or {"": stacked}).values()):
+            raise ValueError("the ledger's results and indices differ in length")
+        self._row = dict(zip(index, range(len(index)), strict=True))
+        if len(self._row) != len(index):
+            raise _Twice
+
+    def _columns(self) -> dict[str, Any]:
+        return self._fields if self._fields is not None else {"": self._stacked}
+
+    def digests(self) -> dict[int, Sha256]:
+        """Each result's :func:`~kronos_audit.statement.campaign.result_digest`, by index."""
+        if not self._row:
+            return {}
+        first = self[next(iter(self._row))]
+        found = row_digests(first, self._columns(), len(self._row))
+        return {i: found[row] for i, row in self._row.items()}
+
+    def tally(self) -> Any:
+        """:data:`~kronos_audit.statement.campaign.TALLY_RULE` over every result, in index
+        order: each field folded down its column (fields add independently)."""
+        order = sorted(self._row)
+        rows = np.array([self._row[i] for i in order], dtype=np.int64)
+        summed: dict[str, Any] = {}
+        with np.errstate(over="ignore"):  # integers wrap as numpy adds them
+            for path, column in self._columns().items():
+                values = np.asarray(column)[rows]
+                acc = values[0]
+                for value in values[1:]:
+                    acc = np.add(acc, value)
+                summed[path] = acc
+        return unflatten(summed) if self._fields is not None else summed[""]
+
+    def __getitem__(self, index: int) -> Any:
+        row = self._row[index]
+        if self._fields is not None:
+            return unflatten({k: v[row] for k, v in self._fields.items()})
+        return self._stacked[row]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
 
 
 def _origins(verifier: Verifier, last: Manifest, limit: int) -> dict[int, tuple[str, int]]:
@@ -224,16 +283,19 @@ def campaign_record(
                 f"{m.path}: batch {odd} is in the ledger or the chain's records, not both"
             )
         share = shares[k]
-        for i, result in part.ledger.items():
+        rows = part.ledger if isinstance(part.ledger, _Rows) else None
+        digests = rows.digests() if rows is not None else None
+        for i in part.ledger:
             if i in results:
                 raise CampaignRefused(f"campaign {campaign!r}: batch {i} is in two parts")
             if share is not None and i % share.tasks != share.task:
                 raise CampaignRefused(
                     f"{m.path}: batch {i} is not in task {share.task}'s share of {share.tasks}"
                 )
-            results[i] = result
+            results[i] = k
             worker, attempt = part.origins[i]
-            batches.append(CampaignBatch(i, result_digest(result), worker, attempt, k))
+            digest = digests[i] if digests is not None else result_digest(part.ledger[i])
+            batches.append(CampaignBatch(i, digest, worker, attempt, k))
     # Counted from the results, never by listing range(n): a signed count may be huge.
     within = sum(1 for i in results if 0 <= i < n)
     if within != n or len(results) != n:
@@ -262,10 +324,18 @@ def campaign_record(
         dirty=first.git.dirty,
         environment=first.environment.digest,
         batches=tuple(batches),
-        tally=result_digest(tally(results[i] for i in range(n))),
+        tally=result_digest(_summed(parts, results, n)),
         created=created,
         tool=tool,
     )
+
+
+def _summed(parts: Sequence[Part], held_by: Mapping[int, int], n: int) -> Any:
+    """The certified tally of the results (batch ``i`` in part ``held_by[i]``), folded
+    in index order: field by field down the stacked ledger of a campaign of one part."""
+    if len(parts) == 1 and isinstance(parts[0].ledger, _Rows):
+        return parts[0].ledger.tally()
+    return tally(parts[held_by[i]].ledger[i] for i in range(n))
 
 
 def _shares(campaign: str, parts: Sequence[Part], n: int) -> list[Share | None]:

@@ -12,6 +12,7 @@ ranks by :mod:`kronos_audit.runtime.campaigns.split`.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
@@ -39,7 +40,14 @@ def this_worker() -> str:
             return str(distributed.get_worker().address)[:WORKER_LIMIT]
         except ValueError:  # not in a Dask worker
             pass
-    return f"{socket.gethostname()}:{os.getpid()}"[:WORKER_LIMIT]
+    return _host_pid(os.getpid())
+
+
+@functools.cache
+def _host_pid(pid: int) -> str:
+    # Asked once a process (keyed by its pid, so a forked child asks again): a batch's
+    # record would otherwise cost a system call for the host's name.
+    return f"{socket.gethostname()}:{pid}"[:WORKER_LIMIT]
 
 
 def ran_record(workers: Mapping[int, str]) -> tuple[Ran, ...]:

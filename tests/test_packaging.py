@@ -53,13 +53,13 @@ def test_the_metadata_names_the_version_written_in_the_package(
 
 
 def test_the_version_is_written_once(built: tuple[Message, Path]) -> None:
-    written = re.compile(r"""__version__\s*=\s*["']""")
+    written = re.compile(r"""(__version__|VERSION)\s*=\s*["']""")
     places = [
         p.relative_to(ROOT).as_posix()
         for p in sorted((ROOT / "kronos_audit").rglob("*.py"))
         if written.search(p.read_text(encoding="utf-8"))
     ]
-    assert places == ["kronos_audit/__init__.py"]
+    assert places == ["kronos_audit/_internal/version.py"]  # a leaf every layer may read
 
 
 def test_kaudit_version_prints_it() -> None:

@@ -1,7 +1,9 @@
 """Exactly once, under faults: a campaign on a Dask cluster whose driver is killed with
 SIGKILL again and again, each time restarted, while its batches kill Dask worker
 processes (the nanny starts new ones). Ten kills in all; then the certificate is checked:
-no batch missing, none twice, each result's digest a serial run's."""
+no batch missing, none twice, each result's digest a serial run's. And a driver in this
+process or on a process pool, killed a quarter of the way and resumed: the tally is
+bitwise the uninterrupted serial run's."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from kronos_audit.verification.records import stored_batches
 from tests.helpers import run_cli
 
 pytest.importorskip("distributed")
-pytestmark = pytest.mark.slow  # a Dask cluster and six driver starts: about a minute
+pytestmark = pytest.mark.slow  # drivers started again and again: a minute and more
 
 N = 10_000
 SEED = 77
@@ -123,3 +125,54 @@ def test_ten_kills_of_the_driver_and_the_workers_leave_every_batch_exactly_once(
     serial = [result_digest(np.float64(batch_rng(SEED, i).random())) for i in range(N)]
     assert [b.result for b in batches] == serial
     assert max(b.attempt for b in batches) == DRIVER_KILLS + 1  # each start an attempt
+
+
+LOCAL = textwrap.dedent(
+    """
+    import concurrent.futures as cf, sys
+    import numpy as np
+    import kronos_audit as ka
+
+    engine, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def batch(rng):
+        return np.float64(rng.random())
+
+    pool = cf.ProcessPoolExecutor(2) if engine == "pool" else None
+    with ka.Run("local", root="checkpoints", seed=seed, every=ka.EverySteps(n // 20)) as run:
+        ledger = run.map_batches(batch, n, executor=pool)
+        print(ledger.reduce(lambda a, b: a + b).tobytes().hex())
+    """
+)
+
+
+@pytest.mark.parametrize("engine", ["here", "pool"])
+def test_a_driver_killed_midway_resumes_to_the_serial_tally_each_batch_once(
+    project: Project, key: ka.SigningKey, tmp_path: Path, engine: str
+) -> None:
+    program = tmp_path / "local.py"
+    program.write_text(LOCAL)
+    n = 20_000
+    args = [sys.executable, str(program), engine, str(n), str(SEED)]
+    run_dir = project.root / "checkpoints" / "local"
+    driver = subprocess.Popen(args, cwd=project.root, stdout=subprocess.DEVNULL)
+    started = time.monotonic()
+    while _manifests(run_dir) < 5 and driver.poll() is None:  # a quarter of the way
+        assert time.monotonic() - started < HANG_GUARD
+        time.sleep(0.02)
+    driver.send_signal(signal.SIGKILL)
+    assert driver.wait(HANG_GUARD) == -signal.SIGKILL, "the driver ended before its kill"
+    env = {**os.environ, "KAUDIT_RESTART_COUNT": "1"}
+    resumed = subprocess.run(
+        args, cwd=project.root, env=env, capture_output=True, text=True, timeout=HANG_GUARD
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    serial = np.float64(batch_rng(SEED, 0).random())
+    for i in range(1, n):  # the uninterrupted serial run's tally, folded in index order
+        serial = serial + np.float64(batch_rng(SEED, i).random())
+    assert resumed.stdout.strip() == serial.tobytes().hex()  # bitwise
+    cert = project.root / "checkpoints" / "local.campaign.json"
+    assert run_cli("verify", str(cert)).exit_code == 0
+    batches = stored_batches(cert, read_certificate(cert).record)
+    assert [b.index for b in batches] == list(range(n))
+    assert {b.attempt for b in batches} == {1, 2}  # some before the kill, the rest after

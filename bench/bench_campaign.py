@@ -103,7 +103,7 @@ def engine_rows(repo: Path, n: int, samples: int, quick: bool) -> dict[str, floa
         from distributed import Client, LocalCluster
 
         cluster = LocalCluster(  # type: ignore[no-untyped-call]
-            n_workers=2, threads_per_worker=1, processes=True
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         )
         pool = Client(cluster)  # type: ignore[no-untyped-call]
         executor = pool.get_executor()

@@ -98,6 +98,11 @@ class Ledger:
         self._results: dict[int, Any] = {}
         self._layout: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] | None = None
         self._new: dict[int, str] = {}  # recorded since the last checkpoint: the worker
+        # The results also stacked by field as they arrive (grown by doubling), so that a
+        # checkpoint's datasets are a sort of arrays, not a million results gathered.
+        self._rows = 0
+        self._index = np.empty(0, dtype=np.int64)
+        self._columns: dict[str, np.ndarray[Any, Any]] = {}
 
     @staticmethod
     def _fields(result: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -118,7 +123,8 @@ class Ledger:
                 f"not {a_type(result)}"
             )
         frozen = _frozen_copy(result)
-        layout = {k: (a.shape, a.dtype) for k, a in self._fields(frozen).items()}
+        fields = self._fields(frozen)
+        layout = {k: (a.shape, a.dtype) for k, a in fields.items()}
         if self._layout is None:
             self._layout = layout
         elif layout != self._layout:
@@ -133,6 +139,22 @@ class Ledger:
             return
         self._new[int(index)] = worker[:WORKER_LIMIT] if worker else this_worker()
         self._results[int(index)] = frozen
+        self._append(int(index), fields)
+
+    def _append(self, index: int, fields: Mapping[str, np.ndarray[Any, Any]]) -> None:
+        row = self._rows
+        if row == len(self._index):
+            size = max(16, 2 * row)
+            self._index = np.resize(self._index, size)
+            for k, a in fields.items():
+                grown = np.empty((size, *a.shape), dtype=a.dtype)
+                if k in self._columns:
+                    grown[:row] = self._columns[k][:row]
+                self._columns[k] = grown
+        self._index[row] = index
+        for k, a in fields.items():
+            self._columns[k][row] = a
+        self._rows = row + 1
 
     def take_new(self) -> tuple[Ran, ...]:
         """The batches recorded since the last call, by worker (what a checkpoint's
@@ -178,13 +200,13 @@ class Ledger:
 
     def to_flat(self) -> dict[str, np.ndarray[Any, Any]]:
         """The ledger's datasets for a checkpoint (none while it is empty)."""
-        order = self.indices()
-        if not order:
+        if not self._rows:
             return {}
-        per_result = [self._fields(self._results[i]) for i in order]
-        flat = {f"/{LEDGER_GROUP}/index": np.array(order, dtype=np.int64)}
-        for field in per_result[0]:
-            flat[f"/{LEDGER_GROUP}/results{field}"] = np.stack([r[field] for r in per_result])
+        index = self._index[: self._rows]
+        order = np.argsort(index, kind="stable")
+        flat = {f"/{LEDGER_GROUP}/index": index[order]}
+        for field, column in self._columns.items():
+            flat[f"/{LEDGER_GROUP}/results{field}"] = column[: self._rows][order]
         return flat
 
     @classmethod

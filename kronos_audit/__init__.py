@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kronos_audit._internal.lazy import lazy_exports
-
 from kronos_audit._internal.version import VERSION
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers

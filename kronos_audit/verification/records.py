@@ -55,6 +55,8 @@ def _read(directory: Path, name: str, limit: int) -> bytes:
     """File ``name`` of the records' directory, bounded, not through a link, of sha256
     ``name`` (content-addressed)."""
     where = directory / name
+    if directory.is_symlink():  # its files would be read from wherever it points
+        raise RecordsFailed(f"{directory.name}: a symbolic link, not followed")
     try:
         data = read_regular(where, limit, follow_symlinks=False)
     except UnsafeFile as e:

@@ -163,6 +163,13 @@ def test_a_chunk_swapped_missing_or_oversized_fails_naming_it(
     assert re.search(rf"mc.records/{first}: is [\d,]+ bytes, more than the 262,400 allowed", out)
     (directory / first).write_bytes(original)
     assert verify(cert)[0] == 0
+    # The directory itself a link to a copy elsewhere: not followed, whatever it holds.
+    elsewhere = directory.parent.parent / "elsewhere"
+    directory.rename(elsewhere)
+    directory.symlink_to(elsewhere)
+    code, out = verify(cert)
+    assert code == 1, out
+    assert "batches: mc.records: a symbolic link, not followed" in out, out
 
 
 def test_a_trusted_signature_over_records_the_checkpoints_do_not_hold_fails(

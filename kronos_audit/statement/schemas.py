@@ -246,7 +246,7 @@ def validate(
     schema_name: str = MANIFEST_SCHEMA,
     *,
     what: str | None = None,
-) -> None:
+) -> dict[str, str]:
     """Raise ManifestError naming the first schema violation (deepest first) and where;
     ``what`` names the document in the message when there is no path to name.
 
@@ -256,7 +256,11 @@ def validate(
     the rest of the schema only (the same errors, found without checking the lock's
     hundreds of package versions again); likewise its datasets, once each is found valid
     by a direct check of what the schema says of one (:func:`_entry_valid`; an item it
-    doubts is left to the schema)."""
+    doubts is left to the schema).
+
+    Returns the JSON of each of a valid manifest statement's :data:`_REPEATED` fields, by
+    name (empty for other documents): what a reader may key a value shared between
+    manifests by (:func:`kronos_audit.statement.manifest.parse_manifest` freezes each once)."""
     prefix = f"{what}: " if what else ""
     validator = _validator(schema_name)
     keys = _predicate_keys(document) if schema_name == MANIFEST_SCHEMA else {}
@@ -283,6 +287,7 @@ def validate(
         raise ManifestError(
             f"{prefix}schema violation at {clip(where)}: {clip(best.message)}", path=path
         )
+    return keys
 
 
 def clip(text: str, limit: int = 200) -> str:

@@ -180,8 +180,9 @@ def _summary_line(results: list[VerifyResult], summary: dict[str, Any]) -> str:
     "-j",
     type=click.IntRange(1, 256),
     default=None,
-    help="Threads that hash a sharded step's shards (default: the cores this process may "
-    "use; the same results whatever the number).",
+    help="Threads that hash a sharded step's shards, and, less one, processes that check "
+    "a long run's checkpoint files (default: the cores this process may use; the same "
+    "results whatever the number).",
 )
 @json_option("Print the results as JSON.")
 @click.pass_context

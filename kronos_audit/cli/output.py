@@ -77,6 +77,22 @@ def _top(cwd: Path) -> Path:
     return top
 
 
+_RESOLVED_META = "kronos_audit.cli.resolved"
+
+
+def _resolved(directory: Path) -> Path:
+    """``directory`` resolved, once per command: the files a command names are mostly in a
+    few directories (a run's thousands of checkpoints in one)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return directory.resolve()
+    known: dict[Path, Path] = ctx.find_root().meta.setdefault(_RESOLVED_META, {})
+    found = known.get(directory)
+    if found is None:
+        found = known[directory] = directory.resolve()
+    return found
+
+
 def shown(path: Path | str) -> str:
     """How text output names a file, as git does: relative to the working directory
     (``../checkpoints/heat/step-2.h5`` from ``sub/``) when it is in the work tree one
@@ -93,8 +109,8 @@ def shown(path: Path | str) -> str:
         return str(given)
     whole = given if given.is_absolute() else cwd / given
     try:
-        whole = whole.parent.resolve() / whole.name if whole.name else whole.resolve()
-        here = cwd.resolve()
+        whole = _resolved(whole.parent) / whole.name if whole.name else whole.resolve()
+        here = _resolved(cwd)
     except (OSError, RuntimeError):  # a loop of links: the path as given
         return str(given)
     if whole == here:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.layout import (
     ATTESTATION_SUFFIX,
     CERTIFICATE_SUFFIX,
@@ -31,6 +32,7 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
     return expand_targets(paths)
 
 
+@deferring_collection  # a run's thousands of manifests read in one go, collected once
 def _newest(paths: list[Path], cache: ManifestCache, ahead: Ahead | None = None) -> set[Path]:
     """The manifest of the highest step of each (run directory, run) among ``paths``
     (:attr:`~kronos_audit.statement.manifest.Manifest.run_directory`: a sharded step's manifest

@@ -80,6 +80,8 @@ class ChainReader:
     # For a manifest whose chain verified: (manifests in its chain, step of the first).
     _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
     _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
+    # Each directory as resolved, once per verification (a run's manifests share one).
+    _resolved: dict[Path, Path] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.keyring is None:
@@ -99,6 +101,40 @@ class ChainReader:
                 manifest.envelope, manifest.record.created
             )
         return known
+
+    def place(self, manifest: Manifest) -> Check:
+        """(2) :func:`place_check`, the checkpoint's directory resolved once per
+        verification."""
+        path = manifest.checkpoint_path
+        directory = self._resolved.get(path.parent)
+        if directory is None:
+            directory = self._resolved[path.parent] = path.parent.resolve()
+        resolved = directory / path.name
+        try:
+            relative = resolved.relative_to(self.project.root).as_posix()
+        except ValueError:
+            relative = resolved.as_posix()
+        return steps.place_of(manifest, relative)
+
+    def _inside(self, relative: str) -> Path | None:
+        """:func:`inside` the project's root, each directory resolved once per
+        verification: what is found there is read without following a link
+        (:meth:`locate_parent`), so the last name needs no resolving."""
+        if not relative or PurePosixPath(relative).is_absolute() or "\0" in relative:
+            return None
+        candidate = self.project.root / relative
+        if candidate.name in ("", ".", ".."):
+            return inside(self.project.root, relative)
+        try:
+            directory = self._resolved.get(candidate.parent)
+            if directory is None:
+                directory = self._resolved[candidate.parent] = candidate.parent.resolve()
+            root = self._resolved.get(self.project.root)
+            if root is None:
+                root = self._resolved[self.project.root] = self.project.root.resolve()
+        except (OSError, RuntimeError):
+            return None
+        return candidate if directory.is_relative_to(root) else None
 
     # -- the directory of a run: siblings by digest, signed retention records ------------
 
@@ -151,7 +187,7 @@ class ChainReader:
         Siblings are indexed by digest once per directory, so a chain is linear."""
         recorded = manifest.record.parent_manifest
         if recorded is not None:
-            candidate = inside(self.project.root, recorded)
+            candidate = self._inside(recorded)
             if candidate is not None:
                 try:
                     data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)

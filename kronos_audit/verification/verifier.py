@@ -100,7 +100,7 @@ class Verifier(ChainReader):
         # (1) signature and (2) place: of the manifest alone, nothing it names read yet.
         signed = self.signature(manifest)
         signature = steps.signature_check(signed)
-        place = place_check(self.project, manifest)
+        place = self.place(manifest)
         checks = [signature, place]
         # (3) fetch, (4) content
         trusted = steps.may_read_named(signature, place)

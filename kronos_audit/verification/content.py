@@ -60,6 +60,9 @@ class SignedFile:
     """Its signed per-dataset digests, if any."""
     format: str | None
     """Its signed format (None: a manifest that predates formats)."""
+    manifest: str = ""
+    """The sha256 of the manifest that signs it: a worker's answer is taken only for the
+    very manifest it was asked for."""
 
     @classmethod
     def of(cls, manifest: Manifest) -> SignedFile:
@@ -70,6 +73,7 @@ class SignedFile:
             manifest.subject_sha256,
             manifest.datasets,
             record.format,
+            manifest.digest,
         )
 
 
@@ -133,17 +137,19 @@ def _digest_of(obj: list[Any]) -> DatasetDigest:
 
 def _signed_json(signed: SignedFile) -> list[Any]:
     datasets = None if signed.datasets is None else [_digest_json(d) for d in signed.datasets]
-    return [str(signed.path.absolute()), signed.size, signed.sha256, datasets, signed.format]
+    path = str(signed.path.absolute())
+    return [path, signed.size, signed.sha256, datasets, signed.format, signed.manifest]
 
 
 def _signed_of(obj: list[Any]) -> SignedFile:
-    path, size, sha256, datasets, fmt = obj
+    path, size, sha256, datasets, fmt, manifest = obj
     return SignedFile(
         Path(path),
         size,
         sha256,
         None if datasets is None else tuple(_digest_of(d) for d in datasets),
         fmt,
+        manifest,
     )
 
 
@@ -198,6 +204,7 @@ class Ahead:
         self._threads: list[threading.Thread] = []
         self._procs: list[subprocess.Popen[bytes]] = []
         self._next = 0
+        self._count = 0  # requests numbered, whatever was taken since
         for w in range(workers):
             try:
                 proc = subprocess.Popen(
@@ -258,9 +265,8 @@ class Ahead:
         self._next += 1
         lines = []
         for signed in files:
-            i = len(self._asked)
-            while i in self._answers:
-                i += 1
+            i = self._count
+            self._count += 1
             self._asked[signed] = (i, w)
             lines.append(json.dumps([i, _signed_json(signed)]) + "\n")
         self._queues[w].put("".join(lines).encode())

@@ -120,7 +120,7 @@ def verify_each(
             except Error as e:
                 projects[p.parent] = e  # this path's own error, yielded in its turn
     if cache is None:
-        cache = ManifestCache()
+        cache = ManifestCache(once=True)  # this command's one view of each manifest
     workers = _workers(paths, jobs, ahead)
     checking = Ahead(workers) if workers > 0 else None
     try:

@@ -30,21 +30,40 @@ class ManifestCache:
     validation is not, and a chain's manifests are read as children, parents and
     siblings). The same bytes at another path are the same statement at another place."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, once: bool = False) -> None:
         self._by_digest: dict[str, Manifest] = {}
         self.files: dict[Path, tuple[str, Identity]] = {}
         """Each path read: the digest of the bytes last read there, and the identity of
         the file they were read from (:mod:`~kronos_audit.verification.memo`)."""
+        self.once = once
+        """Each path is read once: what was read there first is what every later read of
+        it gets (one command's view of a run it reads thousands of manifests of, each as
+        a manifest, a parent and a sibling)."""
+        self._at: dict[Path, Manifest] = {}
 
     def read(self, path: Path | str) -> Manifest:
         path = Path(path)
+        if self.once:
+            known = self._at.get(path)
+            if known is not None:
+                return known
         data, st = read_signed_file_stat(path)
         digest = hashlib.sha256(data).hexdigest()
         self.files[path] = (digest, identity(st))
         known = self._by_digest.get(digest)
         if known is None:
             known = self._by_digest[digest] = parse_manifest(data, path)
-        return known if known.path == path else dataclasses.replace(known, path=path)
+        if known.path != path:
+            known = dataclasses.replace(known, path=path)
+        if self.once:
+            self._at[path] = known
+        return known
+
+    def digest_at(self, path: Path) -> str | None:
+        """The sha256 of what was read at ``path``, when each path is read :attr:`once`
+        and this one was; else None (read it)."""
+        known = self._at.get(path) if self.once else None
+        return None if known is None else known.digest
 
 
 def place_check(project: Project, manifest: Manifest) -> Check:
@@ -189,13 +208,16 @@ class ChainReader:
         if recorded is not None:
             candidate = self._inside(recorded)
             if candidate is not None:
-                try:
-                    data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
-                except UnsafeFile:
-                    data = None
+                digest = self.cache.digest_at(candidate)
+                if digest is None:
+                    try:
+                        data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
+                    except UnsafeFile:
+                        data = None
+                    digest = None if data is None else hashlib.sha256(data).hexdigest()
                 # The digest is the link: a file at the recorded place that does not match
                 # it is an altered parent, never the parent.
-                if data is not None and hashlib.sha256(data).hexdigest() == manifest.parent:
+                if digest == manifest.parent:
                     return candidate
         return self._directory(manifest.path.parent).by_digest.get(str(manifest.parent))
 

@@ -200,9 +200,9 @@ class Ahead:
         self._answers: dict[int, list[Check] | None] = {}
         self._asked: dict[SignedFile, tuple[int, int]] = {}
         self._alive: list[bool] = []
-        self._queues: list[queue.SimpleQueue[bytes | None]] = []
+        self._queues: list[Requests] = []
         self._threads: list[threading.Thread] = []
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[Worker] = []
         self._next = 0
         self._count = 0  # requests numbered, whatever was taken since
         for w in range(workers):
@@ -216,7 +216,7 @@ class Ahead:
                 )
             except OSError:
                 break  # no worker: the verifier checks what none takes
-            q: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+            q: Requests = queue.SimpleQueue()
             self._procs.append(proc)
             self._queues.append(q)
             self._alive.append(True)
@@ -227,9 +227,7 @@ class Ahead:
                 t.start()
                 self._threads.append(t)
 
-    def _feed(
-        self, w: int, proc: subprocess.Popen[bytes], q: queue.SimpleQueue[bytes | None]
-    ) -> None:
+    def _feed(self, w: int, proc: Worker, q: Requests) -> None:
         assert proc.stdin is not None
         try:
             while (data := q.get()) is not None:
@@ -239,9 +237,7 @@ class Ahead:
         except OSError:
             pass  # the worker is gone: its reader says so
 
-    def _read(
-        self, w: int, proc: subprocess.Popen[bytes], q: queue.SimpleQueue[bytes | None]
-    ) -> None:
+    def _read(self, w: int, proc: Worker, q: Requests) -> None:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:

@@ -191,9 +191,7 @@ class Ahead:
     waits on a full pipe. A worker that dies leaves its files to the verifier."""
 
     def __init__(self, workers: int) -> None:
-        import kronos_audit
-
-        package_root = str(Path(kronos_audit.__file__).resolve().parents[1])
+        package_root = str(Path(__file__).resolve().parents[2])  # where kronos_audit is
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._cond = threading.Condition()

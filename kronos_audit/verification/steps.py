@@ -61,7 +61,7 @@ def place_of(manifest: Manifest, relative: str) -> Check:
     ``step-00000900.h5`` fails here."""
     signed = PurePosixPath(manifest.subject_name)
     actual = PurePosixPath(relative)
-    what = f"run {manifest.run!r} step {manifest.step}"
+    what = f"step {manifest.step} of run {manifest.run!r}"
     if manifest.record.shards is not None:
         return _sharded_place(signed, actual, what, manifest.step)
     named = named_step(manifest.checkpoint_path.name)

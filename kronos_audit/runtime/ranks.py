@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kronos_audit.errors import Error, UsageError, one_line
+from kronos_audit.errors import CheckpointError, Error, UsageError, one_line
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.runtime.rng import derived_seed
 
@@ -30,6 +30,45 @@ class LoopVote:
     stored), in one line; None when it can."""
     policy_failure: str | None
     """Rank 0: why its save policy could not decide; None when it did."""
+
+
+def agreed(
+    votes: list[LoopVote],
+    step: int,
+    failure: BaseException | None,
+    policy_failure: BaseException | None,
+    *,
+    batches: bool,
+) -> LoopVote:
+    """Rank 0's vote, once every rank's ``votes`` (gathered in one collective) let the loop
+    go on at ``step``; otherwise every rank raises alike: a rank's failure (this rank's own
+    ``failure`` as it is), ranks out of step (``batches``: in a ``run.batches`` loop), or
+    rank 0's policy failing (its own ``policy_failure`` there as it is)."""
+    failed = [v for v in votes if v.failure is not None]
+    if failed:
+        if failure is not None:
+            raise failure
+        raise CheckpointError(
+            f"rank {votes.index(failed[0])} failed at step {step}: {failed[0].failure}"
+        )
+    steps = sorted({v.step for v in votes})
+    if len(steps) > 1:
+        must = (
+            "every rank must record each batch run.batches gives it and call "
+            "run.checkpoint once after each"
+            if batches
+            else "every rank must offer the same steps"
+        )
+        raise UsageError(
+            f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
+            f"run.checkpoint ({must})"
+        )
+    verdict = votes[0]
+    if verdict.policy_failure is not None:
+        if policy_failure is not None:
+            raise policy_failure  # rank 0's own, as it is
+        raise UsageError(f"rank 0's save policy failed: {verdict.policy_failure}")
+    return verdict
 
 
 _RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses

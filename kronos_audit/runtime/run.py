@@ -76,7 +76,7 @@ from kronos_audit.runtime.batches import Attempt, Ledger, Split, batch_rng
 from kronos_audit.runtime.campaign import Submitter, map_batches
 from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
-from kronos_audit.runtime.ranks import LoopVote, agreed, one_line_reason, rank_seed
+from kronos_audit.runtime.ranks import LoopAgreement, rank_seed
 from kronos_audit.runtime.restore import Restorer
 from kronos_audit.runtime.steps.choose import publisher_for, run_directory
 from kronos_audit.runtime.steps.interface import Publisher
@@ -171,11 +171,11 @@ class Run:
         self.task = task
         """The job-array task this run is (None: the run does the whole campaign)."""
         self._owns_comm = comm is None
-        self._stop_next = False  # some rank was asked to stop: every rank stops at the next call
         self._agreed_exit = False
         self.comm: Comm = detect(comm)
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
         launcher's environment; one process without either)."""
+        self._agreement = LoopAgreement(self.comm)
         self.rank = self.comm.rank
         """This process's rank."""
         self.size = self.comm.size
@@ -598,38 +598,20 @@ class Run:
         final: bool,
         failure: BaseException | None = None,
     ) -> tuple[bool, bool]:
-        """``(save, stop)``, the same on every rank, in one collective: rank 0 decides with
-        its policy (time-based ones would decide differently on each rank), and every rank
-        hears its verdict, every rank's step and every rank's preemption request together.
-        Rank 0 decides knowing only its own request; a request from another rank reaches its
-        policy at the next call, so every rank stops there, one step later, alike. On one
-        rank the collective is a call: the policy's verdict, the failure raised as it is."""
-        save: bool | None = None
-        policy_failure: BaseException | None = None
-        if self.rank == 0 and failure is None:
-            try:
-                save = self._decide(writer, step, preempted or self._stop_next, final)
-            except Exception as e:  # every rank must hear rank 0, whatever happened
-                policy_failure = e
-        vote = LoopVote(
-            step=int(step),
-            preempted=bool(preempted),
-            save=save,
-            failure=None if failure is None else one_line_reason(failure),
-            policy_failure=None if policy_failure is None else one_line_reason(policy_failure),
+        """``(save, stop)``, the same on every rank, in one collective
+        (:meth:`~kronos_audit.runtime.ranks.LoopAgreement.decide`): rank 0's policy
+        decides; a failure on any rank is raised on every rank, together."""
+        decision = self._agreement.decide(
+            step,
+            preempted,
+            failure,
+            lambda stop: self._decide(writer, step, stop, final),
+            batches=self._attempt is not None,
         )
-        votes: list[LoopVote] = self.comm.allgather(vote)
-        try:
-            verdict = agreed(
-                votes, step, failure, policy_failure, batches=self._attempt is not None
-            )
-        except BaseException:
+        if decision.error is not None:
             self._agreed_exit = True  # every rank raises here, together
-            raise
-        stop = verdict.preempted or self._stop_next
-        if any(v.preempted for v in votes):
-            self._stop_next = True  # a later call stops every rank, if this one did not
-        return bool(verdict.save), stop
+            raise decision.error
+        return decision.save, decision.stop
 
     def _flatten(
         self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kronos_audit.keys.home import generate_key
@@ -60,3 +61,19 @@ def best_of(n: int, fn: Callable[[], object]) -> float:
 def median_of(n: int, fn: Callable[[], object]) -> float:
     """Median wall time of n runs: a typical cost, for fixed costs that vary little."""
     return statistics.median(wall_times(n, fn))
+
+
+def run_fresh(script: str | Path, args: Sequence[str], what: str) -> str:
+    """Standard output of ``script`` run with ``args`` in a fresh interpreter, so that no
+    memory, page cache or imported module of this one carries over into a contender's
+    figures. SystemExit naming ``what`` failed, with its standard error, if it does."""
+    try:
+        return subprocess.run(
+            [sys.executable, str(Path(script).resolve()), *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DVC_NO_ANALYTICS": "1", "JAX_PLATFORMS": "cpu"},
+        ).stdout
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"the {what} contender failed:\n{e.stderr}") from None

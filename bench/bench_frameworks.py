@@ -66,7 +66,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -527,25 +526,21 @@ def measure_together(names: list[str], p: Params) -> list[Result]:
     measured. One name a process for figures worth reading (each starts from the same
     clean state); many at once for ``--quick``, which checks that every contender still
     runs and is reported, and pays one interpreter start, not one per contender."""
+    from bench._common import run_fresh
+
     scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-"))
     try:
-        out = subprocess.run(
+        out = run_fresh(
+            __file__,
             [
-                sys.executable,
-                str(Path(__file__).resolve()),
                 *(arg for name in names for arg in ("--contender", name)),
                 "--params",
                 json.dumps(asdict(p)),
                 "--scratch",
                 str(scratch),
             ],
-            check=True,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "DVC_NO_ANALYTICS": "1", "JAX_PLATFORMS": "cpu"},
-        ).stdout
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"the {' and '.join(names)} contender failed:\n{e.stderr}") from None
+            " and ".join(names),
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lines = out.splitlines()[-len(names) :]

@@ -11,8 +11,9 @@ commit synchronous (``asynchronous=False``: the whole commit is timed):
    --checkpoints with the run's chain memo moved away, as a first restore on another machine
    pays it (the chain verified in full once; no target);
 3. ``kaudit verify`` of the whole run at --mid checkpoints (target: at most 5 s for 5,000)
-   and at --checkpoints; ``kaudit status`` and ``kaudit log`` of the run at --checkpoints,
-   each a fresh process (no target: printed);
+   and at --checkpoints; ``kaudit status`` and ``kaudit log`` of the run beside it at
+   both, each a fresh process (no target: printed, and each command's cost per
+   checkpoint at --checkpoints);
 4. the multi-rank commit: two ranks (threads of this process, as the tests run a sharded
    run's real commit), sharded steps, median of a window at step 50 and at --rank-steps
    (target: within 1.2x).
@@ -34,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import scratch_repo
 from kronos_audit.keys.home import kaudit_home
-from kronos_audit.parallel.comm import Done, check_root, int64, int64s
 from kronos_audit.verification.memo import MEMO_DIR
 
 RUN = "long"
@@ -149,91 +148,13 @@ def kaudit(repo: Path, args: Sequence[str], *, fresh: bool) -> float:
     return time.perf_counter() - t0
 
 
-# -- ranks that are threads of this process ----------------------------------------------
-
-
-class _Meeting:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.barrier = threading.Barrier(size)
-        self.slots: list[Any] = [None] * size
-
-
-class ThreadRank:
-    """One of ``size`` ranks that are threads of this process: a communicator whose
-    collectives are an exchange at a barrier (one collective at a time per rank: use it
-    with ``asynchronous=False``)."""
-
-    name = "threads"
-
-    def __init__(self, meeting: _Meeting, rank: int) -> None:
-        self._meeting = meeting
-        self.rank = rank
-        self.size = meeting.size
-
-    def _exchange(self, obj: Any) -> list[Any]:
-        m = self._meeting
-        m.slots[self.rank] = obj
-        m.barrier.wait()
-        out = list(m.slots)
-        m.barrier.wait()
-        return out
-
-    def barrier(self) -> None:
-        self._exchange(None)
-
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self._exchange(obj)[check_root(root, self.size)]
-
-    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        got = self._exchange(obj)
-        return got if self.rank == check_root(root, self.size) else None
-
-    def allgather(self, obj: Any) -> list[Any]:
-        return self._exchange(obj)
-
-    def shift_left(self, obj: Any) -> Any:
-        got = self._exchange(obj)
-        return got[self.rank + 1] if self.rank + 1 < self.size else None
-
-    def any(self, flag: bool) -> bool:
-        return any(self._exchange(bool(flag)))
-
-    def min(self, value: int) -> int:
-        return int(min(self._exchange(int64(value))))
-
-    def max(self, value: int) -> int:
-        return int(max(self._exchange(int64(value))))
-
-    def start_max(self, values: Sequence[int]) -> Done:
-        got = self._exchange(int64s(values))
-        return Done([max(column) for column in zip(*got, strict=True)])
-
-    def close(self) -> None:
-        pass
-
-
 def rank_commits(root: Path, steps: int) -> list[float]:
-    """Two thread ranks checkpoint steps 1..``steps`` of a sharded run: rank 0's time of
-    each ``checkpoint()``."""
-    meeting = _Meeting(2)
-    times: dict[int, list[float]] = {}
-    failed: list[BaseException] = []
+    """Two ranks that are threads of this process (the tests' communicator,
+    :mod:`tests.threadranks`) checkpoint steps 1..``steps`` of a sharded run: rank 0's
+    time of each ``checkpoint()``."""
+    from tests.threadranks import on_ranks
 
-    def rank(r: int) -> None:
-        try:
-            times[r] = checkpoints(root, 1, steps, comm=ThreadRank(meeting, r))
-        except BaseException as e:
-            failed.append(e)
-            meeting.barrier.abort()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failed:
-        raise failed[0]
+    times: list[list[float]] = on_ranks(2, lambda comm: checkpoints(root, 1, steps, comm=comm))
     return times[0]
 
 
@@ -267,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         commits = checkpoints(root, early + 1, mid)
         figures["commit_10"] = median(commits[:w])
         figures["verify_mid"] = kaudit(repo, ["verify", str(run_dir)], fresh=fresh)
+        figures["status_mid"] = kaudit(repo, ["status", str(run_dir)], fresh=fresh)
+        figures["log_mid"] = kaudit(repo, ["log", str(run_dir)], fresh=fresh)
         commits = checkpoints(root, mid + 1, n)
         figures["commit_n"] = median(commits[-w:])
         step, figures["restore_n"], figures["process_n"] = restore(repo, root, fresh=fresh)
@@ -330,9 +253,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         s_(figures["verify_mid"]),
         judged(figures["verify_mid"], goal, " s"),
     )
-    row(f"kaudit verify of {n:,} checkpoints", s_(figures["verify_n"]), "(no goal)")
-    row(f"kaudit status of {n:,} checkpoints", s_(figures["status_n"]), "(no goal)")
-    row(f"kaudit log of {n:,} checkpoints", s_(figures["log_n"]), "(no goal)")
+    for what in ("status", "log"):
+        row(f"kaudit {what} of {mid:,} checkpoints", s_(figures[f"{what}_mid"]), "(no goal)")
+    for what in ("verify", "status", "log"):
+        row(f"kaudit {what} of {n:,} checkpoints", s_(figures[f"{what}_n"]), "(no goal)")
+    per = {what: figures[f"{what}_n"] / n * 1e3 for what in ("verify", "status", "log")}
+    row(
+        "per checkpoint at --checkpoints",
+        "",
+        ", ".join(f"{what} {ms_:.2f} ms" for what, ms_ in per.items()),
+    )
     print(f"two thread ranks, sharded steps; medians of {w} commits")
     row(f"multi-rank commit at step {rank_early:,}", ms(figures["ranks_early"]), "baseline")
     row(

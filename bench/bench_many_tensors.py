@@ -48,7 +48,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -435,6 +434,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     del state
     results: dict[str, dict[str, list[Sample]]] = {}
     names = list(args.only or CONTENDERS)
+    from bench._common import run_fresh
+
     out = Path(tempfile.mkdtemp(prefix="kaudit-bench-many-"))
     try:
         for n in range(args.rounds):
@@ -443,9 +444,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 if args.quick:
                     _contender(name, args.layers, args.width, args.repeat, target)
                 else:
-                    cmd = [sys.executable, __file__, "--layers", str(args.layers)]
-                    cmd += ["--width", str(args.width), "--repeat", str(args.repeat)]
-                    subprocess.run([*cmd, "--worker", name, str(target)], check=True)
+                    cmd = ["--layers", str(args.layers), "--width", str(args.width)]
+                    cmd += ["--repeat", str(args.repeat), "--worker", name, str(target)]
+                    run_fresh(__file__, cmd, name)
                 got = json.loads(target.read_text())
                 mine = results.setdefault(name, {})
                 for op, samples in got.items():

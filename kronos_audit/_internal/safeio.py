@@ -102,12 +102,17 @@ def read_regular_stat(
             raise UnsafeFile(path, f"is {st.st_size:,} bytes, more than the {limit:,} allowed")
         chunks = []
         remaining = limit + 1  # one more than allowed tells a file that grew
+        # The size fstat gave (and one byte more) in one read; then, for a file that grew
+        # meanwhile, blocks small enough that asking for them costs little: each read
+        # allocates what it asks for, and the last one finds the end.
+        ask = st.st_size + 1
         while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
+            chunk = os.read(fd, min(remaining, ask))
             if not chunk:
                 break
             chunks.append(chunk)
             remaining -= len(chunk)
+            ask = 1 << 16
         data = b"".join(chunks)
         if len(data) > limit:
             raise UnsafeFile(path, f"is more than the {limit:,} bytes allowed")

@@ -57,13 +57,17 @@ def _bounded_int(text: str) -> int:
 def deeper_than(value: Any, limit: int) -> bool:
     """Whether arrays and objects in ``value`` nest more than ``limit`` levels (iterative:
     the point is not to recurse)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
+    level: list[Any] = [value]
+    depth = 1
+    while level:  # one level of nesting at a time
         if depth > limit:
             return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+        below: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            below += [c for c in children if isinstance(c, (dict, list))]
+        level = below
+        depth += 1
     return False
 
 

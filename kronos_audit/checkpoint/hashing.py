@@ -161,12 +161,31 @@ def _plain(dtype: np.dtype[Any]) -> bool:
     return dtype.fields is None and dtype.subdtype is None and dtype.metadata is None
 
 
-_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
-""":func:`dtype_name` of the plain dtypes met so far (a few, for thousands of datasets)."""
+_ENCODING = "h5py_encoding"
+
+
+def _key(dtype: np.dtype[Any]) -> Any:
+    """What tells ``dtype`` from every other, for the caches below: the dtype itself when
+    it is :func:`_plain`; its type string and encoding for a fixed-length string h5py read
+    (whose only metadata is its encoding); None for any other (not cached)."""
+    if dtype.fields is not None or dtype.subdtype is not None:
+        return None
+    metadata = dtype.metadata
+    if metadata is None:
+        return dtype
+    if dtype.kind == "S" and len(metadata) == 1 and _ENCODING in metadata:
+        return (dtype.str, str(metadata[_ENCODING]))
+    return None
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+""":func:`dtype_name` of the dtypes met so far that :func:`_key` names (a few, for
+thousands of datasets)."""
 
 
 def dtype_name(dtype: np.dtype[Any]) -> str:
-    name = _DTYPE_NAMES.get(dtype) if _plain(dtype) else None
+    key = _key(dtype)
+    name = None if key is None else _DTYPE_NAMES.get(key)
     if name is not None:
         return name
     canon = canonical_dtype(dtype)
@@ -174,22 +193,23 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
         return str(_plain_descr(canon.descr))
     enum = h5py.check_enum_dtype(dtype)
     name = canon.str if enum is None else _enum_text(canon.str, enum)
-    if _plain(dtype):
-        _DTYPE_NAMES[dtype] = name
+    if key is not None:
+        _DTYPE_NAMES[key] = name
     return name
 
 
-_STANDARD_TYPES: dict[np.dtype[Any], Any] = {}
-"""The HDF5 type h5py writes for each plain dtype met so far."""
+_STANDARD_TYPES: dict[Any, Any] = {}
+"""The HDF5 type h5py writes for each dtype met so far that :func:`_key` names."""
 
 
 def standard_type(dtype: np.dtype[Any]) -> Any:
     """The HDF5 type h5py would write for ``dtype`` (``h5py.h5t.py_create``)."""
-    if not _plain(dtype):
+    key = _key(dtype)
+    if key is None:
         return h5py.h5t.py_create(dtype)
-    tid = _STANDARD_TYPES.get(dtype)
+    tid = _STANDARD_TYPES.get(key)
     if tid is None:
-        tid = _STANDARD_TYPES[dtype] = h5py.h5t.py_create(dtype)
+        tid = _STANDARD_TYPES[key] = h5py.h5t.py_create(dtype)
     return tid
 
 
@@ -207,6 +227,8 @@ VLEN_BYTES = "vlen-bytes"
 
 def vlen_kind(dtype: np.dtype[Any]) -> str | None:
     """``vlen-str`` or ``vlen-bytes`` for an HDF5 variable-length string dtype, else None."""
+    if dtype.kind != "O":  # h5py reads a variable-length string as objects only
+        return None
     info = h5py.check_string_dtype(dtype)
     if info is not None and info.length is None:
         return VLEN_STR if info.encoding == "utf-8" else VLEN_BYTES

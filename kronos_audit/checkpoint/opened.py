@@ -27,6 +27,11 @@ from kronos_audit.errors import CheckpointError, one_line
 BLOCK = 16 * 1024 * 1024
 """Bytes hashed per update and read per block: large enough to amortise, small enough to
 keep memory bounded when a dataset must go through h5py."""
+SMALL_PRIVATE = 1024 * 1024
+"""A file of at most this many bytes is best read whole into private memory
+(:meth:`OpenFile.read_private`: one read, where mapping it costs more in page faults than
+copying so few bytes); HDF5 then parses that copy as a file image, with no call back into
+Python per read."""
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 SUPERBLOCK_OFFSETS = (0, 512, 1024, 2048, 4096, 8192)
 """Where the superblock may sit: after a user block of 0, 512, 1024, 2048, ... bytes."""
@@ -104,10 +109,11 @@ class OpenFile:
             )
         return _has_hdf5_signature(self._fd, self.size)
 
-    def read_private(self, *, progress: bool = False) -> str:
+    def read_private(self, *, progress: bool = True) -> str:
         """Read the whole file into a private copy, once, and return its sha256: from
         then on every read (:meth:`view`, :meth:`h5`) is of that copy, which nobody else
-        can change. Raises CheckpointError if the file ends early."""
+        can change. Raises CheckpointError if the file ends early. ``progress``: the
+        hashing is reported as :data:`HASHING_PHASE`."""
         image = bytearray(self.size)
         view = memoryview(image)
         h = hashlib.sha256()
@@ -121,7 +127,8 @@ class OpenFile:
                     )
                 h.update(view[done : done + n])
                 done += n
-                report(HASHING_PHASE, done, self.size)
+                if progress:
+                    report(HASHING_PHASE, done, self.size)
         except OSError as e:
             raise CheckpointError(f"cannot read checkpoint: {e.strerror}", path=self.path) from None
         finally:
@@ -175,6 +182,15 @@ class OpenFile:
     def h5(self) -> h5py.File:
         """Its HDF5 content, opened over the same bytes (once; closed with this file).
         CheckpointError if it is not a readable HDF5 file."""
+        if self._h5 is None and self._image is not None and self.size <= SMALL_PRIVATE:
+            # The copy as a file image: HDF5 reads it from memory, with no call back into
+            # Python per read (what the file-object driver below makes).
+            try:
+                self._h5 = h5py.File(h5py.h5f.open_file_image(self._image), "r")
+            except (OSError, ValueError) as e:
+                raise CheckpointError(
+                    f"not a readable HDF5 file ({_h5_reason(e)})", path=self.path
+                ) from None
         if self._h5 is None and self._image is None:
             # HDF5's own driver on /proc/self/fd/N: the very file this descriptor holds,
             # whatever its name now points at, read as fast as by its name (h5py's

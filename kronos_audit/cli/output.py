@@ -77,6 +77,22 @@ def _top(cwd: Path) -> Path:
     return top
 
 
+_RESOLVED_META = "kronos_audit.cli.resolved"
+
+
+def _resolved(directory: Path) -> Path:
+    """``directory`` resolved, once per command: the files a command names are mostly in a
+    few directories (a run's thousands of checkpoints in one)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return directory.resolve()
+    known: dict[Path, Path] = ctx.find_root().meta.setdefault(_RESOLVED_META, {})
+    found = known.get(directory)
+    if found is None:
+        found = known[directory] = directory.resolve()
+    return found
+
+
 def shown(path: Path | str) -> str:
     """How text output names a file, as git does: relative to the working directory
     (``../checkpoints/heat/step-2.h5`` from ``sub/``) when it is in the work tree one
@@ -93,8 +109,8 @@ def shown(path: Path | str) -> str:
         return str(given)
     whole = given if given.is_absolute() else cwd / given
     try:
-        whole = whole.parent.resolve() / whole.name if whole.name else whole.resolve()
-        here = cwd.resolve()
+        whole = _resolved(whole.parent) / whole.name if whole.name else whole.resolve()
+        here = _resolved(cwd)
     except (OSError, RuntimeError):  # a loop of links: the path as given
         return str(given)
     if whole == here:
@@ -280,10 +296,21 @@ class Output:
         Nothing with ``--quiet``."""
         if settings().quiet:
             return
+        from rich.cells import cell_len
         from rich.text import Text
 
+        measured: dict[str, int] = {}  # a column of thousands of rows repeats its cells
+
+        def width(cell: str) -> int:
+            if not any(c in cell for c in "[\\:"):  # no markup, escape or emoji code
+                return cell_len(cell)
+            n = measured.get(cell)
+            if n is None:
+                n = measured[cell] = Text.from_markup(cell).cell_len
+            return n
+
         widths = [Text(c.header).cell_len for c in columns]
-        lengths = [[Text.from_markup(cell).cell_len for cell in row] for row in rows]
+        lengths = [[width(cell) for cell in row] for row in rows]
         for row_lengths in lengths:
             widths = [max(w, n) for w, n in zip(widths, row_lengths, strict=True)]
 
@@ -298,9 +325,14 @@ class Output:
             self.print(title)
         headers = [safe(c.header) for c in columns]
         self.print(f"[bold]{line(headers, [Text(c.header).cell_len for c in columns])}[/]")
+        lines = []
         for i, (row, row_lengths) in enumerate(zip(rows, lengths, strict=True)):
             text = line(row, row_lengths)
-            self.print(f"[bold]{text}[/]" if i in bold_rows else text)
+            lines.append(f"[bold]{text}[/]" if i in bold_rows else text)
+        # Rendered a block of rows at a time: each row's markup is its own, so the lines
+        # are the same, at a fraction of a render per row.
+        for start in range(0, len(lines), 256):
+            self.print("\n".join(lines[start : start + 256]))
         if caption is not None:
             self.print(caption)
 

@@ -74,6 +74,19 @@ class Mismatch:
         }
 
 
+class Described(Protocol):
+    """What a record of an array tells without its values: its dtype and shape."""
+
+    @property
+    def dtype(self) -> str | None: ...
+    @property
+    def shape(self) -> tuple[int, ...] | None: ...
+
+
+BY_DIGEST = "signed digest (bitwise)"
+"""The rule of a comparison made by signed digests alone (no values read)."""
+
+
 @dataclass(frozen=True)
 class DatasetComparison:
     """The comparison of one dataset present in A, in B, or in both."""
@@ -126,6 +139,30 @@ class DatasetComparison:
     max_ulp_error: int | None = None
     """Largest distance in units in the last place, over positions where both values are
     finite (for integers, the largest ``|a - b|``); None for non-numeric data."""
+
+    @classmethod
+    def by_digest(
+        cls,
+        path: str,
+        verdict: Verdict,
+        reason: str | None = None,
+        *,
+        a: Described | None = None,
+        b: Described | None = None,
+    ) -> DatasetComparison:
+        """The comparison of ``path`` decided by signed digests alone (:data:`BY_DIGEST`),
+        with the dtype and shape each side's record gives (None: absent there)."""
+        return cls(
+            path,
+            verdict,
+            None if a is None else a.dtype,
+            None if b is None else b.dtype,
+            None if a is None else a.shape,
+            None if b is None else b.shape,
+            None,
+            BY_DIGEST,
+            reason,
+        )
 
     @property
     def ok(self) -> bool:

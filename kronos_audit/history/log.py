@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kronos_audit._internal.collector import collection_deferred
 from kronos_audit.checkpoint.layout import expand_targets, statements_in
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.errors import Error
@@ -148,17 +149,18 @@ def run_log(
     verifier = Verifier(project, load_keyring(project.root, trust), cache=cache)
     groups: dict[tuple[Path, str], list[Manifest]] = {}
     problems: list[Error] = []
-    for i, path in enumerate(paths):
-        try:
-            m = cache.read(path)
-        except Error as e:
-            problems.append(e)
-        else:
-            # a sharded step's manifest is in its step directory, inside the run's
-            directory = path.parent.parent if m.record.shards is not None else path.parent
-            groups.setdefault((directory, m.run), []).append(m)
-        if progress is not None:
-            progress("reading manifests", i + 1, len(paths))
+    with collection_deferred():  # a run's thousands of manifests, collected once
+        for i, path in enumerate(paths):
+            try:
+                m = cache.read(path)
+            except Error as e:
+                problems.append(e)
+            else:
+                # a sharded step's manifest is in its step directory, inside the run's
+                directory = path.parent.parent if m.record.shards is not None else path.parent
+                groups.setdefault((directory, m.run), []).append(m)
+            if progress is not None:
+                progress("reading manifests", i + 1, len(paths))
 
     every = [m for chain in groups.values() for m in chain]
     entries = locate(

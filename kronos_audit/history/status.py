@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kronos_audit._internal.collector import collection_deferred
 from kronos_audit.checkpoint.directory import check_files, dvc_listing, scan
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import read_index
@@ -107,7 +108,8 @@ def status_report(
     (:attr:`StatusReport.remote_unreachable`). A remote that is not configured, or a
     manifest that is not valid, still raises."""
     cache = ManifestCache()
-    read = [cache.read(m) for m in manifests]
+    with collection_deferred():  # a run's thousands of manifests, collected once
+        read = [cache.read(m) for m in manifests]
     pruned: set[Path] = set()
     if any(not os.path.exists(m.checkpoint_path) for m in read):
         # the keyring is read only when there is a retention record to check

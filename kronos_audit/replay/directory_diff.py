@@ -40,8 +40,6 @@ from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification.verifier import verified_step
 
-_RULE = "signed digest (bitwise)"
-
 
 def directory_manifest_of(path: Path) -> Path | None:
     """The manifest of the directory step ``path`` names (the directory, or its manifest
@@ -51,24 +49,6 @@ def directory_manifest_of(path: Path) -> Path | None:
     if path.name.endswith(".kaudit.json") and path.is_file():
         return path if read_manifest(path).record.directory is not None else None
     return None
-
-
-def _result(
-    path: str, verdict: Verdict, reason: str | None = None, *, a: object = None, b: object = None
-) -> DatasetComparison:
-    da = a if isinstance(a, DatasetDigest) else None
-    db = b if isinstance(b, DatasetDigest) else None
-    return DatasetComparison(
-        path,
-        verdict,
-        None if da is None else da.dtype,
-        None if db is None else db.dtype,
-        None if da is None else da.shape,
-        None if db is None else db.shape,
-        None,
-        _RULE,
-        reason,
-    )
 
 
 def _tensors(
@@ -82,15 +62,23 @@ def _tensors(
         ta, tb = in_a.get(t), in_b.get(t)
         path = f"{name}/{t.lstrip('/')}" if name else t
         if tb is None:
-            out.append(_result(path, Verdict.ONLY_IN_A, a=ta))
+            out.append(DatasetComparison.by_digest(path, Verdict.ONLY_IN_A, a=ta))
         elif ta is None:
-            out.append(_result(path, Verdict.ONLY_IN_B, b=tb))
+            out.append(DatasetComparison.by_digest(path, Verdict.ONLY_IN_B, b=tb))
         elif (ta.dtype, ta.shape) != (tb.dtype, tb.shape):
-            out.append(_result(path, Verdict.NOT_COMPARABLE, "dtype or shape differ", a=ta, b=tb))
+            out.append(
+                DatasetComparison.by_digest(
+                    path, Verdict.NOT_COMPARABLE, "dtype or shape differ", a=ta, b=tb
+                )
+            )
         elif ta.sha256 == tb.sha256:
-            out.append(_result(path, Verdict.IDENTICAL, a=ta, b=tb))
+            out.append(DatasetComparison.by_digest(path, Verdict.IDENTICAL, a=ta, b=tb))
         else:
-            out.append(_result(path, Verdict.DIFFERENT, "the signed digests differ", a=ta, b=tb))
+            out.append(
+                DatasetComparison.by_digest(
+                    path, Verdict.DIFFERENT, "the signed digests differ", a=ta, b=tb
+                )
+            )
     return out
 
 
@@ -99,13 +87,13 @@ def _file(
 ) -> list[DatasetComparison]:
     if fb is None:
         assert fa is not None
-        return [_result(fa.path, Verdict.ONLY_IN_A)]
+        return [DatasetComparison.by_digest(fa.path, Verdict.ONLY_IN_A)]
     if fa is None:
-        return [_result(fb.path, Verdict.ONLY_IN_B)]
+        return [DatasetComparison.by_digest(fb.path, Verdict.ONLY_IN_B)]
     if fa.sha256 == fb.sha256:
-        return [_result(fa.path, Verdict.IDENTICAL)]
+        return [DatasetComparison.by_digest(fa.path, Verdict.IDENTICAL)]
     if fa.datasets is None or fb.datasets is None:
-        return [_result(fa.path, Verdict.DIFFERENT, "the files' sha256 differ")]
+        return [DatasetComparison.by_digest(fa.path, Verdict.DIFFERENT, "the files' sha256 differ")]
     if policy == TolerancePolicy():
         return _tensors(fa.path, fa.datasets, fb.datasets)
     # Compared by value: each file opened once and proven the signed bytes, then read

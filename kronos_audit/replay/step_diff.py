@@ -27,24 +27,12 @@ from kronos_audit.statement.layout import Recorded, parse_layout
 from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.verifier import verified_step
 
-_RULE = "signed digest (bitwise)"
-
 
 def _entry(path: str, a: Recorded | None, b: Recorded | None) -> DatasetComparison:
     """One array of the two layouts, compared by its signed digests."""
 
     def result(verdict: Verdict, reason: str | None = None) -> DatasetComparison:
-        return DatasetComparison(
-            path,
-            verdict,
-            None if a is None else a.dtype,
-            None if b is None else b.dtype,
-            None if a is None else a.shape,
-            None if b is None else b.shape,
-            None,
-            _RULE,
-            reason,
-        )
+        return DatasetComparison.by_digest(path, verdict, reason, a=a, b=b)
 
     if b is None:
         return result(Verdict.ONLY_IN_A)

@@ -8,9 +8,10 @@ so a rank's problem is said in one bounded line (:func:`one_line_reason`) and ga
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from kronos_audit.errors import Error, UsageError, one_line
+from kronos_audit.errors import CheckpointError, Error, UsageError, one_line
 from kronos_audit.parallel.comm import Comm, SingleProcess
 from kronos_audit.runtime.rng import derived_seed
 
@@ -30,6 +31,107 @@ class LoopVote:
     stored), in one line; None when it can."""
     policy_failure: str | None
     """Rank 0: why its save policy could not decide; None when it did."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank heard at one call of the loop, alike."""
+
+    save: bool
+    """Checkpoint this step (rank 0's policy's verdict)."""
+    stop: bool
+    """Stop at this step: a preemption request reached rank 0's policy."""
+    error: BaseException | None = None
+    """What every rank raises here instead, together (None: the loop goes on): this
+    rank's own failure or rank 0's own policy failure as it is, the first failed rank's
+    reason, or ranks out of step."""
+
+
+class LoopAgreement:
+    """The loop's decisions on every rank, one collective a call of ``run.checkpoint``:
+    rank 0 decides with its policy (time-based ones would decide differently on each
+    rank), and every rank hears its verdict, every rank's step and every rank's
+    preemption request together. Rank 0 decides knowing only its own request; a request
+    from another rank reaches its policy at the next call, so every rank stops there, one
+    step later, alike. On one rank the collective is a call."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+        self.stop_next = False
+        """Some rank was asked to stop: every rank stops at the next call."""
+
+    def decide(
+        self,
+        step: int,
+        preempted: bool,
+        failure: BaseException | None,
+        ask: Callable[[bool], bool],
+        *,
+        batches: bool,
+    ) -> Decision:
+        """All ranks: the decision at ``step``. ``preempted``: a signal reached this rank;
+        ``failure``: why this rank cannot go on (told to every rank); ``ask(stop)``: rank
+        0's policy's verdict (``stop``: a preemption request it knows of); ``batches``: in
+        a ``run.batches`` loop (what ranks out of step are told)."""
+        save: bool | None = None
+        policy_failure: BaseException | None = None
+        if self.comm.rank == 0 and failure is None:
+            try:
+                save = ask(preempted or self.stop_next)
+            except Exception as e:  # every rank must hear rank 0, whatever happened
+                policy_failure = e
+        vote = LoopVote(
+            step=int(step),
+            preempted=bool(preempted),
+            save=save,
+            failure=None if failure is None else one_line_reason(failure),
+            policy_failure=None if policy_failure is None else one_line_reason(policy_failure),
+        )
+        votes: list[LoopVote] = self.comm.allgather(vote)
+        error = _disagreement(votes, step, failure, policy_failure, batches=batches)
+        if error is not None:
+            return Decision(save=False, stop=False, error=error)
+        verdict = votes[0]
+        stop = verdict.preempted or self.stop_next
+        if any(v.preempted for v in votes):
+            self.stop_next = True  # a later call stops every rank, if this one did not
+        return Decision(save=bool(verdict.save), stop=stop)
+
+
+def _disagreement(
+    votes: list[LoopVote],
+    step: int,
+    failure: BaseException | None,
+    policy_failure: BaseException | None,
+    *,
+    batches: bool,
+) -> BaseException | None:
+    """What every rank raises when ``votes`` do not let the loop go on at ``step`` (see
+    :attr:`Decision.error`), or None."""
+    failed = [v for v in votes if v.failure is not None]
+    if failed:
+        if failure is not None:
+            return failure
+        return CheckpointError(
+            f"rank {votes.index(failed[0])} failed at step {step}: {failed[0].failure}"
+        )
+    steps = sorted({v.step for v in votes})
+    if len(steps) > 1:
+        must = (
+            "every rank must record each batch run.batches gives it and call "
+            "run.checkpoint once after each"
+            if batches
+            else "every rank must offer the same steps"
+        )
+        return UsageError(
+            f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
+            f"run.checkpoint ({must})"
+        )
+    if votes[0].policy_failure is not None:
+        if policy_failure is not None:
+            return policy_failure  # rank 0's own, as it is
+        return UsageError(f"rank 0's save policy failed: {votes[0].policy_failure}")
+    return None
 
 
 _RANK_STREAM = 0x72616E6B  # "rank": a spawn key no other derived seed of the run uses

@@ -46,7 +46,6 @@ become is its publisher's business (:mod:`kronos_audit.runtime.steps.interface`)
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
@@ -78,20 +77,13 @@ from kronos_audit.runtime.campaigns.executors import Submitter
 from kronos_audit.runtime.campaigns.ledger import Ledger, batch_rng
 from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SaveContext, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
-from kronos_audit.runtime.ranks import LoopVote, one_line_reason, rank_seed
-from kronos_audit.runtime.restore import RunRestore
-from kronos_audit.runtime.steps.file import FileFormat
+from kronos_audit.runtime.ranks import LoopAgreement, rank_seed
+from kronos_audit.runtime.restore import Restorer
+from kronos_audit.runtime.steps.choose import publisher_for, run_directory
 from kronos_audit.runtime.steps.interface import Publisher
-from kronos_audit.runtime.steps.layouts import expand_layout, has_sharded_steps
-from kronos_audit.runtime.steps.publisher import SignedPublisher
-from kronos_audit.runtime.steps.replay import FileReplay, ReplayPublisher, ShardsReplay
-from kronos_audit.runtime.steps.shards import ShardsFormat
+from kronos_audit.runtime.steps.layouts import expand_layout
 from kronos_audit.statement.predicate import RngRecord
 from kronos_audit.supervise.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
-
-LOCAL_DIR_ENV = "KAUDIT_LOCAL_DIR"
-"""Set per node: the directory, on that node's own storage and inside a clone of the
-project, that holds this rank's files of the run (as ``Run(local_dir=...)``)."""
 
 
 class PreemptedWithoutCheckpoint(UserWarning):
@@ -100,7 +92,7 @@ class PreemptedWithoutCheckpoint(UserWarning):
     checkpoint is lost, and a restart resumes from that one (or from the start)."""
 
 
-class Run(RunRestore):
+class Run:
     """One logical job: a chain of checkpoints in ``<root>/<run_id>/``.
 
     Use as a context manager: leaving the block waits for pending writes and raises any
@@ -180,11 +172,11 @@ class Run(RunRestore):
         self.task = task
         """The job-array task this run is (None: the run does the whole campaign)."""
         self._owns_comm = comm is None
-        self._stop_next = False  # some rank was asked to stop: every rank stops at the next call
         self._agreed_exit = False
         self.comm: Comm = detect(comm)
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
         launcher's environment; one process without either)."""
+        self._agreement = LoopAgreement(self.comm)
         self.rank = self.comm.rank
         """This process's rank."""
         self.size = self.comm.size
@@ -194,23 +186,23 @@ class Run(RunRestore):
         # Every rank draws from the same run seed (each its own stream of it).
         self.seed = int(self.comm.bcast(self.seed))
         push, local_dir = Remote.given(remote, push, local_dir)
-        local = local_dir if local_dir is not None else os.environ.get(LOCAL_DIR_ENV) or None
-        if local is not None and not push:
-            raise UsageError(
-                f"local_dir={str(local)!r} (or {LOCAL_DIR_ENV}): with no directory shared by "
-                "the ranks the DVC remote is where a step meets: pass push=True too"
-            )
-        self.node_local = local is not None
+        directory, self.node_local = run_directory(root, run_id, push, local_dir)
         """Each rank keeps the run's files in a directory of its own node's (``local_dir=``
         or ``KAUDIT_LOCAL_DIR``), and the DVC remote is the meeting point."""
-        self.publisher: Publisher = self._publisher(
-            Path(local if local is not None else root) / run_id,
-            key,
-            attributes,
-            push,
-            allow_secret_files,
-            command,
-            allow_rollback,
+        self.publisher: Publisher = publisher_for(
+            run_id,
+            directory,
+            self.comm,
+            self.replay,
+            seed=self.seed,
+            key=key,
+            attributes=attributes,
+            push=push,
+            node_local=self.node_local,
+            allow_secret_files=allow_secret_files,
+            command=command,
+            allow_rollback=allow_rollback,
+            retention=self.retention,
         )
         """Where the checkpoints go and what they become (signed, or a replay's output)."""
         self.directory = self.publisher.directory
@@ -227,62 +219,30 @@ class Run(RunRestore):
         self._writer: BackgroundWriter | None = None
         self._guard = PreemptionGuard()
         self._progress: Progress | None = None
-        self._restored = False
-        self._restored_state: State | None = None
-        self._restored_raw: dict[str, Any] | None = None
+        self._restorer = Restorer(
+            self.publisher,
+            self._guard,
+            run_id=run_id,
+            rank=self.rank,
+            seed=self.seed,
+            preempt_exit=preempt_exit,
+        )
         self._last_saved_step: int | None = None
         self._last_time = time.monotonic()
         self._final: int | None = None
         self._campaign: Batches | None = None  # run.batches(n)'s attempt, on this rank
         self._prepared = False
-        self.restored_from: Path | None = None
-        """The checkpoint restore() took, if any."""
-        self._restored_step: int | None = None
-
-    def _publisher(
-        self,
-        directory: Path,
-        key: str | SigningKey | None,
-        attributes: Mapping[str, Any] | None,
-        push: bool,
-        allow_secret_files: bool,
-        command: Sequence[str] | None,
-        allow_rollback: bool,
-    ) -> Publisher:
-        """The publisher of the step format this run writes: one checkpoint file a step
-        on one rank (h5py opens it as it is), a directory of one shard per rank on
-        several; one rank continuing a run written on several writes as it was written
-        (sharded steps of one shard), so its chain and layouts carry on."""
-        if self.replay is not None:
-            replay = ShardsReplay if self.size > 1 or self.replay.sharded else FileReplay
-            return ReplayPublisher(
-                self.run_id, self.replay, self.comm, seed=self.seed, step_format=replay
-            )
-        sharded = (
-            self.size > 1
-            or self.node_local
-            or has_sharded_steps(directory, self.run_id, key, stacklevel=3, remote=push)
-        )
-        return SignedPublisher(
-            self.run_id,
-            directory,
-            self.comm,
-            step_format=ShardsFormat if sharded else FileFormat,
-            seed=self.seed,
-            key=key,
-            attributes=attributes or {},
-            allow_secret_files=allow_secret_files,
-            command=command,
-            retention=self.retention,
-            push=push,
-            node_local=self.node_local,
-            allow_rollback=allow_rollback,
-        )
 
     @property
     def push_failures(self) -> list[str]:
         """Background pushes that failed (the checkpoints stay safe locally)."""
         return self.publisher.push_failures
+
+    @property
+    def restored_from(self) -> Path | None:
+        """The checkpoint restore() took, if any."""
+        resumed = self._restorer.resumed
+        return None if resumed is None else resumed.where
 
     # -- context -------------------------------------------------------------------------
 
@@ -338,6 +298,62 @@ class Run(RunRestore):
         sys.stderr.flush()
         self.comm.comm.Abort(1)  # type: ignore[attr-defined]
 
+    def _require_open(self) -> BackgroundWriter:
+        if self._writer is None:
+            raise UsageError("use the Run inside a `with` block")
+        return self._writer
+
+    # -- restore -------------------------------------------------------------------------
+
+    def restore(self, step: int | None = None, *, like: Any = None) -> State | None:
+        """The newest valid checkpoint's state (RNG states and ledger restored), or None.
+
+        Checkpoints whose manifest is missing, unsigned (or signed by a key no anchor
+        holds: only this run's own key or an anchored one counts), out of its place, or
+        does not match the data are skipped with a :class:`CheckpointSkipped` warning.
+        The run resumes after the step restored, and says so in the log (INFO, logger
+        ``kronos_audit.runtime``: run, step, checkpoint); :meth:`checkpoint` then refuses
+        that step and any before it. A second call returns the same state (with ``like``:
+        loads it into that template again).
+
+        ``like``, a template of the state (``{"model": model, "opt": opt}``): objects
+        with ``state_dict()`` in it are loaded in place (``load_state_dict``) and returned
+        themselves, tensors come back on its devices and dtypes, JAX arrays with its
+        shardings and dtypes; see :func:`kronos_audit.checkpoint.codec.tree.fit`.
+
+        ``step``: the checkpoint of that step instead, checked as the resume point is
+        (CheckpointError naming the step and why if it is missing or not valid), read
+        and returned; the run's position, RNGs and ledger do not change. Under
+        ``kaudit replay`` only the step the replay resumes from can be read.
+        """
+        self._require_open()
+        if step is not None:
+            return self._restorer.at(step, like)
+        if not self._restorer.tried:
+            resumed = self._restorer.resume(self.rng)
+            if resumed is not None:
+                self.rng, self.ledger = resumed.rng, resumed.ledger
+                self.step = self._last_saved_step = resumed.step
+            if self._progress is not None:
+                self._progress.started(self.step)
+        return self._restorer.restored(like)
+
+    def all_steps(self) -> list[int]:
+        """The steps, sorted, whose checkpoint file and manifest are in the run's directory.
+
+        Not verified: a listed step may still fail :meth:`restore` with ``step=``
+        (use :meth:`latest_step` for the newest that verifies). Pruned checkpoints (no
+        data left) are not listed.
+        """
+        self._require_open()
+        return self._restorer.steps()  # collective: rank 0's list, on every rank
+
+    def latest_step(self) -> int | None:
+        """The step :meth:`restore` resumes from (the newest valid checkpoint, verified,
+        once pending writes are durable), or None when there is none."""
+        self._require_open().flush()
+        return self._restorer.latest()
+
     # -- the loop ------------------------------------------------------------------------
 
     def steps(self, n: int) -> Iterator[int]:
@@ -386,7 +402,7 @@ class Run(RunRestore):
 
     def _idle_state(self) -> Mapping[str, Any]:
         """What a rank with no batch left offers: the state it restored."""
-        return self._restored_state if self._restored_state is not None else {}
+        return self._restorer.state if self._restorer.state is not None else {}
 
     def map_batches(
         self,
@@ -543,9 +559,10 @@ class Run(RunRestore):
         newest = self._last_saved_step
         if newest is None or step > newest:
             return None
+        resumed = self._restorer.resumed
         held = (
-            f"restored from {self.restored_from}"
-            if newest == self._restored_step
+            f"restored from {resumed.where}"
+            if resumed is not None and newest == resumed.step
             else "its newest checkpoint"
         )
         return StepAlreadyExists(
@@ -580,58 +597,20 @@ class Run(RunRestore):
         final: bool,
         failure: BaseException | None = None,
     ) -> tuple[bool, bool]:
-        """``(save, stop)``, the same on every rank, in one collective: rank 0 decides with
-        its policy (time-based ones would decide differently on each rank), and every rank
-        hears its verdict, every rank's step and every rank's preemption request together.
-        Rank 0 decides knowing only its own request; a request from another rank reaches its
-        policy at the next call, so every rank stops there, one step later, alike. On one
-        rank the collective is a call: the policy's verdict, the failure raised as it is."""
-        save: bool | None = None
-        policy_failure: BaseException | None = None
-        if self.rank == 0 and failure is None:
-            try:
-                save = self._decide(writer, step, preempted or self._stop_next, final)
-            except Exception as e:  # every rank must hear rank 0, whatever happened
-                policy_failure = e
-        vote = LoopVote(
-            step=int(step),
-            preempted=bool(preempted),
-            save=save,
-            failure=None if failure is None else one_line_reason(failure),
-            policy_failure=None if policy_failure is None else one_line_reason(policy_failure),
+        """``(save, stop)``, the same on every rank, in one collective
+        (:meth:`~kronos_audit.runtime.ranks.LoopAgreement.decide`): rank 0's policy
+        decides; a failure on any rank is raised on every rank, together."""
+        decision = self._agreement.decide(
+            step,
+            preempted,
+            failure,
+            lambda stop: self._decide(writer, step, stop, final),
+            batches=self._campaign is not None,
         )
-        votes: list[LoopVote] = self.comm.allgather(vote)
-        failed = [v for v in votes if v.failure is not None]
-        if failed:
+        if decision.error is not None:
             self._agreed_exit = True  # every rank raises here, together
-            if failure is not None:
-                raise failure
-            raise CheckpointError(
-                f"rank {votes.index(failed[0])} failed at step {step}: {failed[0].failure}"
-            )
-        steps = sorted({v.step for v in votes})
-        if len(steps) > 1:
-            self._agreed_exit = True
-            must = (
-                "every rank must record each batch run.batches gives it and call "
-                "run.checkpoint once after each"
-                if self._campaign is not None
-                else "every rank must offer the same steps"
-            )
-            raise UsageError(
-                f"ranks are out of step: they offered steps {steps[0]} to {steps[-1]} to "
-                f"run.checkpoint ({must})"
-            )
-        verdict = votes[0]
-        if verdict.policy_failure is not None:
-            self._agreed_exit = True
-            if policy_failure is not None:
-                raise policy_failure  # rank 0's own, as it is
-            raise UsageError(f"rank 0's save policy failed: {verdict.policy_failure}")
-        stop = verdict.preempted or self._stop_next
-        if any(v.preempted for v in votes):
-            self._stop_next = True  # a later call stops every rank, if this one did not
-        return bool(verdict.save), stop
+            raise decision.error
+        return decision.save, decision.stop
 
     def _flatten(
         self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None

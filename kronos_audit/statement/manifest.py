@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from kronos_audit._internal import strictjson
@@ -227,12 +228,45 @@ def read_signed_file_stat(path: Path | str, what: str = "manifest") -> tuple[byt
         raise ManifestError(f"{what} {e.reason}", path=path) from None
 
 
+_SHARED: dict[tuple[str, str], Any] = {}
+"""The frozen value of each predicate field that manifests share (the environment lock
+above all), by the field's name and its JSON: the manifests of a run hold one copy, frozen
+once, rather than one each."""
+_SHARED_KEPT = 256
+
+
+def _frozen(statement: Any, shared: Mapping[str, str]) -> Any:
+    """:func:`~kronos_audit._internal.frozen.freeze` of a valid statement, the predicate's
+    fields named in ``shared`` (name -> their JSON, as validation gave them) taken from,
+    or added to, :data:`_SHARED`: equal JSON, equal value."""
+    if not shared:
+        return freeze(statement)
+    predicate = statement["predicate"]
+    fields = {}
+    for name, value in predicate.items():
+        key = shared.get(name)
+        if key is None:
+            fields[name] = freeze(value)
+            continue
+        known = _SHARED.get((name, key))
+        if known is None:
+            if len(_SHARED) >= _SHARED_KEPT:
+                _SHARED.clear()
+            known = _SHARED[(name, key)] = freeze(value)
+        fields[name] = known
+    return MappingProxyType(
+        {
+            k: MappingProxyType(fields) if k == "predicate" else freeze(v)
+            for k, v in statement.items()
+        }
+    )
+
+
 @deferring_collection
 def parse_manifest(data: bytes, path: Path) -> Manifest:
     """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
     envelope, statement = parse_statement(data, path)
-    validate(statement, path)
-    frozen = freeze(statement)
+    frozen = _frozen(statement, validate(statement, path))
     manifest = Manifest(
         path=path,
         envelope=envelope,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -214,6 +215,79 @@ def _datasets_valid(document: Any) -> bool:
     return type(datasets) is list and all(_entry_valid(d) for d in datasets)
 
 
+_STATEMENT_KEYS = frozenset({"_type", "subject", "predicateType", "predicate"})
+_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+_PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
+_CREATED = re.compile(
+    r"[0-9]{4}-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](\.[0-9]+)?Z"
+)
+_DIRECT = frozenset({"run", "step", "parent", "parent_manifest", "created", "size", "datasets"})
+"""The predicate's fields :func:`_rest_valid` checks itself (``datasets`` item by item:
+:func:`_datasets_valid`)."""
+
+
+@functools.cache
+def _predicate_required() -> frozenset[str]:
+    return frozenset(schema(MANIFEST_SCHEMA)["$defs"]["predicate"]["required"])
+
+
+def _sha256_valid(value: Any) -> bool:
+    return type(value) is str and len(value) == 64 and _HEX.issuperset(value)
+
+
+def _rest_valid(
+    document: Any, known: frozenset[str], validator: jsonschema.protocols.Validator
+) -> bool:
+    """Whether a manifest statement whose datasets :func:`_datasets_valid` found valid, and
+    whose fields ``known`` validated before, is certainly valid by the schema in the rest
+    of it too: the statement's frame, its subject, and the fields every manifest has and
+    none repeats (its run, step, parent, time and size), checked directly. Stricter than
+    the schema where that is simpler (exact types, ASCII digits, no final newline), and it
+    takes only the statement kaudit writes: one with any other field, or with anything it
+    doubts, is left to jsonschema, so both agree on every statement."""
+    if type(document) is not dict or document.keys() != _STATEMENT_KEYS:
+        return False
+    if document["_type"] != _STATEMENT_TYPE or document["predicateType"] != _PREDICATE_TYPE:
+        return False
+    subject = document["subject"]
+    if type(subject) is not list or len(subject) != 1:
+        return False
+    (item,) = subject
+    if type(item) is not dict or item.keys() != {"name", "digest"}:
+        return False
+    name, digest = item["name"], item["digest"]
+    if type(name) is not str or not name or type(digest) is not dict:
+        return False
+    md5 = digest.get("md5")
+    if not _sha256_valid(digest.get("sha256")) or not digest.keys() <= {"sha256", "md5"}:
+        return False
+    if md5 is not None and not (type(md5) is str and len(md5) == 32 and _HEX.issuperset(md5)):
+        return False
+    predicate = document["predicate"]
+    if type(predicate) is not dict or not predicate.keys() <= known | _DIRECT:
+        return False
+    if not _predicate_required() <= predicate.keys():
+        return False
+    run, step, size = predicate["run"], predicate["step"], predicate["size"]
+    parent, parent_manifest = predicate["parent"], predicate["parent_manifest"]
+    created = predicate["created"]
+    formats = getattr(validator, "format_checker", None)
+    return (
+        type(run) is str
+        and len(run) > 0
+        and type(step) is int
+        and step >= 0
+        and type(size) is int
+        and size >= 0
+        and (parent is None or _sha256_valid(parent))
+        and (parent_manifest is None or type(parent_manifest) is str)
+        and type(created) is str
+        and _CREATED.fullmatch(created) is not None
+        and formats is not None
+        and formats.conforms(created, "date-time")
+    )
+
+
 _ANNOTATIONS = frozenset({"$ref", "description", "$comment"})
 
 
@@ -246,7 +320,7 @@ def validate(
     schema_name: str = MANIFEST_SCHEMA,
     *,
     what: str | None = None,
-) -> None:
+) -> dict[str, str]:
     """Raise ManifestError naming the first schema violation (deepest first) and where;
     ``what`` names the document in the message when there is no path to name.
 
@@ -256,15 +330,24 @@ def validate(
     the rest of the schema only (the same errors, found without checking the lock's
     hundreds of package versions again); likewise its datasets, once each is found valid
     by a direct check of what the schema says of one (:func:`_entry_valid`; an item it
-    doubts is left to the schema)."""
+    doubts is left to the schema).
+
+    Returns the JSON of each of a valid manifest statement's :data:`_REPEATED` fields, by
+    name (empty for other documents): what a reader may key a value shared between
+    manifests by (:func:`kronos_audit.statement.manifest.parse_manifest` freezes each once)."""
     prefix = f"{what}: " if what else ""
     validator = _validator(schema_name)
     keys = _predicate_keys(document) if schema_name == MANIFEST_SCHEMA else {}
     known = frozenset(name for name, key in keys.items() if key in _VALID[name])
+    datasets_valid = False
     if schema_name == MANIFEST_SCHEMA:
-        validator = _validator_without(known, _datasets_valid(document))
+        datasets_valid = _datasets_valid(document)
+        validator = _validator_without(known, datasets_valid)
     try:
-        errors = sorted(validator.iter_errors(document), key=lambda e: e.path)
+        if datasets_valid and _rest_valid(document, known, validator):
+            errors = []
+        else:
+            errors = sorted(validator.iter_errors(document), key=lambda e: e.path)
     except RecursionError:  # readers refuse deep nesting first (load_json): a backstop
         raise ManifestError(f"{prefix}nested too deeply to check", path=path) from None
     if not errors:
@@ -283,6 +366,7 @@ def validate(
         raise ManifestError(
             f"{prefix}schema violation at {clip(where)}: {clip(best.message)}", path=path
         )
+    return keys
 
 
 def clip(text: str, limit: int = 200) -> str:

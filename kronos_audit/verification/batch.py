@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.layout import (
     ATTESTATION_SUFFIX,
     CERTIFICATE_SUFFIX,
@@ -18,8 +19,9 @@ from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, standpoint
 from kronos_audit.verification.campaign import verify_certificate
 from kronos_audit.verification.chain import ManifestCache
+from kronos_audit.verification.content import AHEAD_MIN, CHUNK, Ahead, SignedFile
 from kronos_audit.verification.results import VerifyResult
-from kronos_audit.verification.verifier import Verifier
+from kronos_audit.verification.verifier import Verifier, usable_cores
 
 
 def expand_manifest_args(paths: list[Path]) -> list[Path]:
@@ -30,11 +32,15 @@ def expand_manifest_args(paths: list[Path]) -> list[Path]:
     return expand_targets(paths)
 
 
-def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
+@deferring_collection  # a run's thousands of manifests read in one go, collected once
+def _newest(paths: list[Path], cache: ManifestCache, ahead: Ahead | None = None) -> set[Path]:
     """The manifest of the highest step of each (run directory, run) among ``paths``
     (:attr:`~kronos_audit.statement.manifest.Manifest.run_directory`: a sharded step's manifest
-    counts in its run's directory, with the run's other steps)."""
+    counts in its run's directory, with the run's other steps). Each checkpoint file here
+    that a manifest signs is handed to ``ahead`` as its manifest is read."""
     best: dict[tuple[Path, str], tuple[int, Path]] = {}
+    resolved: dict[Path, Path] = {}  # a run's manifests share their directory
+    files: list[SignedFile] = []
     for p in paths:
         if not p.name.endswith(MANIFEST_SUFFIX):
             continue
@@ -42,10 +48,32 @@ def _newest(paths: list[Path], cache: ManifestCache) -> set[Path]:
             m = cache.read(p)
         except Error:
             continue  # reported when it is verified
-        group = (m.run_directory.resolve(), m.run)  # a sharded step's: the run's too
+        directory = m.run_directory  # a sharded step's: the run's too
+        if directory not in resolved:
+            resolved[directory] = directory.resolve()
+        group = (resolved[directory], m.run)
         if group not in best or m.step > best[group][0]:
             best[group] = (m.step, p)
+        record = m.record
+        if ahead is not None and record.shards is None and record.directory is None:
+            files.append(SignedFile.of(m))
+            if len(files) == CHUNK:
+                ahead.submit(files)
+                files = []
+    if ahead is not None and files:
+        ahead.submit(files)
     return {p for _, p in best.values()}
+
+
+def _workers(paths: list[Path], jobs: int | None, ahead: int | None) -> int:
+    """How many processes check checkpoint files ahead: ``ahead`` when given, else one
+    fewer than ``jobs`` (default: the cores this process may use) for at least
+    :data:`~kronos_audit.verification.content.AHEAD_MIN` manifests, else none."""
+    if ahead is not None:
+        return ahead
+    if sum(p.name.endswith(MANIFEST_SUFFIX) for p in paths) < AHEAD_MIN:
+        return 0
+    return (usable_cores() if jobs is None else jobs) - 1
 
 
 def verify_each(
@@ -58,6 +86,7 @@ def verify_each(
     cache: ManifestCache | None = None,
     jobs: int | None = None,
     standing: Path | None = None,
+    ahead: int | None = None,
     sample: int | None = None,
 ) -> Iterator[VerifyResult | Error]:
     """Verify each manifest or attestation (directories expanded); yield its result, or
@@ -71,8 +100,10 @@ def verify_each(
     manifest's signature and place hold (data that then fails is never left visible).
     ``trust`` gives the anchors (see :mod:`kronos_audit.keys.anchors`). The newest checkpoint of
     each run verified must have its data checked. ``jobs`` threads hash a sharded step's
-    shards (None: the cores this process may use). ``sample`` (K): a campaign certificate
-    has K of its batches, drawn at random, checked instead of all.
+    shards (None: the cores this process may use), and, less one, how many processes
+    check a long run's checkpoint files ahead of the verifier (``ahead``, when given:
+    that many, 0 none; see :mod:`kronos_audit.verification.content`). ``sample`` (K): a
+    campaign certificate has K of its batches, drawn at random, checked instead of all.
 
     Each belongs to the repository stood in (``standing``, default: the working
     directory; see :class:`~kronos_audit.project.repository.Standpoint`), found before
@@ -91,8 +122,33 @@ def verify_each(
             except Error as e:
                 projects[p.parent] = e  # this path's own error, yielded in its turn
     if cache is None:
-        cache = ManifestCache()
-    newest = _newest(paths, cache)
+        cache = ManifestCache(once=True)  # this command's one view of each manifest
+    workers = _workers(paths, jobs, ahead)
+    checking = Ahead(workers) if workers > 0 else None
+    try:
+        newest = _newest(paths, cache, checking)
+        yield from _verified(
+            paths, projects, newest, cache, checking, fetch, trust, remote, verifiers, jobs, sample
+        )
+    finally:
+        if checking is not None:
+            checking.close()
+
+
+def _verified(
+    paths: list[Path],
+    projects: dict[Path, Project | Error],
+    newest: set[Path],
+    cache: ManifestCache,
+    ahead: Ahead | None,
+    fetch: bool,
+    trust: TrustOptions | None,
+    remote: str | None,
+    verifiers: dict[Path, Verifier] | None,
+    jobs: int | None,
+    sample: int | None,
+) -> Iterator[VerifyResult | Error]:
+    """:func:`verify_each`'s results, one per path."""
     if verifiers is None:
         verifiers = {}
     for p in paths:
@@ -110,6 +166,7 @@ def verify_each(
                     remote=remote,
                     cache=cache,
                     jobs=jobs,
+                    ahead=ahead,
                 )
             if p.name.endswith(ATTESTATION_SUFFIX):
                 yield verifier.verify_attestation(p)

@@ -30,21 +30,40 @@ class ManifestCache:
     validation is not, and a chain's manifests are read as children, parents and
     siblings). The same bytes at another path are the same statement at another place."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, once: bool = False) -> None:
         self._by_digest: dict[str, Manifest] = {}
         self.files: dict[Path, tuple[str, Identity]] = {}
         """Each path read: the digest of the bytes last read there, and the identity of
         the file they were read from (:mod:`~kronos_audit.verification.memo`)."""
+        self.once = once
+        """Each path is read once: what was read there first is what every later read of
+        it gets (one command's view of a run it reads thousands of manifests of, each as
+        a manifest, a parent and a sibling)."""
+        self._at: dict[Path, Manifest] = {}
 
     def read(self, path: Path | str) -> Manifest:
         path = Path(path)
+        if self.once:
+            known = self._at.get(path)
+            if known is not None:
+                return known
         data, st = read_signed_file_stat(path)
         digest = hashlib.sha256(data).hexdigest()
         self.files[path] = (digest, identity(st))
         known = self._by_digest.get(digest)
         if known is None:
             known = self._by_digest[digest] = parse_manifest(data, path)
-        return known if known.path == path else dataclasses.replace(known, path=path)
+        if known.path != path:
+            known = dataclasses.replace(known, path=path)
+        if self.once:
+            self._at[path] = known
+        return known
+
+    def digest_at(self, path: Path) -> str | None:
+        """The sha256 of what was read at ``path``, when each path is read :attr:`once`
+        and this one was; else None (read it)."""
+        known = self._at.get(path) if self.once else None
+        return None if known is None else known.digest
 
 
 def place_check(project: Project, manifest: Manifest) -> Check:
@@ -80,6 +99,8 @@ class ChainReader:
     # For a manifest whose chain verified: (manifests in its chain, step of the first).
     _extent: dict[str, tuple[int, int]] = field(default_factory=dict, init=False)
     _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
+    # Each directory as resolved, once per verification (a run's manifests share one).
+    _resolved: dict[Path, Path] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.keyring is None:
@@ -99,6 +120,40 @@ class ChainReader:
                 manifest.envelope, manifest.record.created
             )
         return known
+
+    def place(self, manifest: Manifest) -> Check:
+        """(2) :func:`place_check`, the checkpoint's directory resolved once per
+        verification."""
+        path = manifest.checkpoint_path
+        directory = self._resolved.get(path.parent)
+        if directory is None:
+            directory = self._resolved[path.parent] = path.parent.resolve()
+        resolved = directory / path.name
+        try:
+            relative = resolved.relative_to(self.project.root).as_posix()
+        except ValueError:
+            relative = resolved.as_posix()
+        return steps.place_of(manifest, relative)
+
+    def _inside(self, relative: str) -> Path | None:
+        """:func:`inside` the project's root, each directory resolved once per
+        verification: what is found there is read without following a link
+        (:meth:`locate_parent`), so the last name needs no resolving."""
+        if not relative or PurePosixPath(relative).is_absolute() or "\0" in relative:
+            return None
+        candidate = self.project.root / relative
+        if candidate.name in ("", ".", ".."):
+            return inside(self.project.root, relative)
+        try:
+            directory = self._resolved.get(candidate.parent)
+            if directory is None:
+                directory = self._resolved[candidate.parent] = candidate.parent.resolve()
+            root = self._resolved.get(self.project.root)
+            if root is None:
+                root = self._resolved[self.project.root] = self.project.root.resolve()
+        except (OSError, RuntimeError):
+            return None
+        return candidate if directory.is_relative_to(root) else None
 
     # -- the directory of a run: siblings by digest, signed retention records ------------
 
@@ -151,15 +206,18 @@ class ChainReader:
         Siblings are indexed by digest once per directory, so a chain is linear."""
         recorded = manifest.record.parent_manifest
         if recorded is not None:
-            candidate = inside(self.project.root, recorded)
+            candidate = self._inside(recorded)
             if candidate is not None:
-                try:
-                    data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
-                except UnsafeFile:
-                    data = None
+                digest = self.cache.digest_at(candidate)
+                if digest is None:
+                    try:
+                        data = read_regular(candidate, MANIFEST_LIMIT, follow_symlinks=False)
+                    except UnsafeFile:
+                        data = None
+                    digest = None if data is None else hashlib.sha256(data).hexdigest()
                 # The digest is the link: a file at the recorded place that does not match
                 # it is an altered parent, never the parent.
-                if data is not None and hashlib.sha256(data).hexdigest() == manifest.parent:
+                if digest == manifest.parent:
                     return candidate
         return self._directory(manifest.path.parent).by_digest.get(str(manifest.parent))
 

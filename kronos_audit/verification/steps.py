@@ -61,7 +61,7 @@ def place_of(manifest: Manifest, relative: str) -> Check:
     ``step-00000900.h5`` fails here."""
     signed = PurePosixPath(manifest.subject_name)
     actual = PurePosixPath(relative)
-    what = f"run {manifest.run!r} step {manifest.step}"
+    what = f"step {manifest.step} of run {manifest.run!r}"
     if manifest.record.shards is not None:
         return _sharded_place(signed, actual, what, manifest.step)
     named = named_step(manifest.checkpoint_path.name)
@@ -203,21 +203,21 @@ def pruned(manifest: Manifest, pruner: str, *, newest: bool, restore: bool = Fal
     )
 
 
-def size_refused(size: int, manifest: Manifest) -> Check:
-    """(4) size: a file of another size than the signed one is not hashed."""
+def size_refused(size: int, signed: int) -> Check:
+    """(4) size: a file of another size than the ``signed`` one is not hashed."""
     return Check.failed(
         CheckName.FILE_DIGEST,
-        f"the file is {size:,} bytes, the manifest signs {manifest.record.size:,}: not hashed",
+        f"the file is {size:,} bytes, the manifest signs {signed:,}: not hashed",
     )
 
 
-def file_digest(sha256: str, manifest: Manifest) -> Check:
-    """(4) sha256: the file's digest against the signed one."""
-    if sha256 == manifest.subject_sha256:
+def file_digest(sha256: str, signed: str) -> Check:
+    """(4) sha256: the file's digest against the ``signed`` one."""
+    if sha256 == signed:
         return Check.passed(CheckName.FILE_DIGEST, f"sha256 {sha256[:16]}... matches")
     return Check.failed(
         CheckName.FILE_DIGEST,
-        f"sha256 {sha256[:16]}... differs from the recorded {manifest.subject_sha256[:16]}...",
+        f"sha256 {sha256[:16]}... differs from the recorded {signed[:16]}...",
     )
 
 
@@ -266,14 +266,17 @@ def _dataset_problem(d: DigestDiff) -> str:
 
 
 def datasets(
-    manifest: Manifest, found: tuple[DatasetDigest, ...] | None, unreadable: str | None
+    recorded: tuple[DatasetDigest, ...] | None,
+    fmt: str | None,
+    found: tuple[DatasetDigest, ...] | None,
+    unreadable: str | None,
 ) -> list[Check]:
-    """(4) datasets, after the file digest: a file that no longer parses as HDF5 (or, with
-    the signed digest, holds what the digests cannot cover) is a failed check, not bad
-    input."""
+    """(4) datasets, after the file digest, against those ``recorded`` (in the signed
+    format ``fmt``): a file that no longer parses as HDF5 (or, with the signed digest,
+    holds what the digests cannot cover) is a failed check, not bad input."""
     if unreadable is not None:
         return [Check.failed(CheckName.DATASETS, unreadable)]
-    return compare_datasets(manifest.datasets, found, manifest.record.format)
+    return compare_datasets(recorded, found, fmt)
 
 
 _BYTES = (CheckName.FILE_DIGEST, CheckName.SHARD_INDEX, CheckName.SHARDS, CheckName.FILES)

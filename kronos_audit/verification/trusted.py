@@ -7,7 +7,8 @@ it returns, never the file read again by name (a file swapped after the check wo
 otherwise be what is acted on). As python-tuf's ``TrustedMetadataSet`` is the only gate
 through which metadata becomes trusted, this is the only place the checks are written,
 in one order: the signature first (nothing an unsigned file says is repeated or used),
-then its run, its step, its kind (a checkpoint file's or a sharded step's) and its place.
+then its run, its place (a file named for another step than it signs is out of place),
+its step and its kind (a checkpoint file's or a sharded step's).
 
 The data the manifest signs is another matter: it is checked when it is read, against
 what the trusted manifest says (:class:`~kronos_audit.verification.verifier.Verifier`).
@@ -45,8 +46,8 @@ def trusted_step(
 
     Checked in this order, each failure a :class:`~kronos_audit.errors.StepNotTrusted`
     whose message is one line: signed by a key ``verifier`` accepts (``signature: ...``),
-    of run ``run`` (``belongs to run ...``), of step ``step``, of ``kind``, and in its
-    place (``place: ...``). A file that cannot be read raises what the read raises (an
+    of run ``run`` (``belongs to run ...``), in its place (``place: ...``), of step
+    ``step``, and of ``kind``. A file that cannot be read raises what the read raises (an
     :class:`~kronos_audit.errors.Error`)."""
     manifest = verifier.cache.read(source) if isinstance(source, Path) else source
     signed = verifier.signature(manifest)
@@ -54,6 +55,9 @@ def trusted_step(
         raise StepNotTrusted(f"signature: {signed.detail}")
     if manifest.run != run:
         raise StepNotTrusted(f"belongs to run {manifest.run!r}")
+    place = place_check(verifier.project, manifest)
+    if not place.ok:
+        raise StepNotTrusted(f"place: {place.detail}")
     if manifest.step != step:
         raise StepNotTrusted(f"its manifest signs step {manifest.step}, not step {step}")
     sharded = manifest.record.shards is not None
@@ -61,9 +65,6 @@ def trusted_step(
         raise StepNotTrusted("not a sharded step's manifest")
     if kind is StepKind.FILE and sharded:
         raise StepNotTrusted("a sharded step's manifest")
-    place = place_check(verifier.project, manifest)
-    if not place.ok:
-        raise StepNotTrusted(f"place: {place.detail}")
     return manifest
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from kronos_audit._internal.collector import deferring_collection
 from kronos_audit.checkpoint.directory import check_step, make_tree, scan
 from kronos_audit.checkpoint.formats.interface import Format
-from kronos_audit.checkpoint.formats.registry import diagnose_signed, digest_signed
 from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.checkpoint.layout import shard_path
 from kronos_audit.checkpoint.location import Location
@@ -51,14 +49,11 @@ from kronos_audit.project.repository import find_project
 from kronos_audit.statement.manifest import Manifest, read_manifest
 from kronos_audit.verification import attestation, steps
 from kronos_audit.verification.chain import ChainReader, place_check
+from kronos_audit.verification.content import Ahead, SignedFile, check_file
 from kronos_audit.verification.results import Check, CheckName, VerifyResult
 
 if TYPE_CHECKING:
     from kronos_audit.storage import Storage  # imported when a fetch is needed
-
-DIAGNOSE_SLACK = 64 * 1024 * 1024
-"""A checkpoint of another size than the signed one is never hashed; one larger than
-twice its signed size plus this is not parsed either (no dataset diagnostic)."""
 
 
 @dataclass
@@ -75,6 +70,9 @@ class Verifier(ChainReader):
     fetch: bool = False
     remote: str | None = None
     jobs: int | None = None
+    ahead: Ahead | None = None
+    """Workers checking checkpoint files ahead of this verifier (see
+    :mod:`~kronos_audit.verification.content`); None: each is checked when reached."""
     _storage: Storage | None = field(default=None, init=False)
 
     @deferring_collection
@@ -102,7 +100,7 @@ class Verifier(ChainReader):
         # (1) signature and (2) place: of the manifest alone, nothing it names read yet.
         signed = self.signature(manifest)
         signature = steps.signature_check(signed)
-        place = place_check(self.project, manifest)
+        place = self.place(manifest)
         checks = [signature, place]
         # (3) fetch, (4) content
         trusted = steps.may_read_named(signature, place)
@@ -264,58 +262,29 @@ class Verifier(ChainReader):
                 if sha != manifest.subject_sha256 or not opened.hdf5:
                     return self._content(manifest), None
                 signed = Signed(opened.size, sha, manifest.datasets)
-                digest = steps.file_digest(sha, manifest)
+                digest = steps.file_digest(sha, manifest.subject_sha256)
                 try:
                     got = read_signed(opened, signed)
                 except CheckpointError as e:
-                    return [digest, *steps.datasets(manifest, None, e.message)], None
+                    fmt = manifest.record.format
+                    return [digest, *steps.datasets(manifest.datasets, fmt, None, e.message)], None
         except CheckpointError:
             return self._content(manifest), None  # as it says it
         if got is None:
             return self._content(manifest), None
         flat, found = got
-        checks = [digest, *steps.datasets(manifest, found, None)]
+        checks = [digest, *steps.datasets(manifest.datasets, manifest.record.format, found, None)]
         return checks, flat if all(c.ok for c in checks) else None
 
     def _content(self, manifest: Manifest) -> list[Check]:
-        """(4) The file checks, in the order that keeps hostile content unparsed: the size
-        (a file of another size is not read at all), then the sha256 of the bytes, and
-        only then HDF5: all of it when the digest is the signed one, or, for a bounded
-        diagnostic of which datasets changed, only datasets whose signed dtype and shape
-        they still have (:func:`~kronos_audit.checkpoint.hashing.digest_open`)."""
-        checkpoint = manifest.checkpoint_path
-        recorded_size = manifest.record.size
-        try:
-            st = os.stat(checkpoint)
-        except OSError as e:
-            raise CheckpointError(
-                f"cannot read checkpoint: {e.strerror}", path=checkpoint
-            ) from None
-        if not stat.S_ISREG(st.st_mode):
-            return [Check.failed(CheckName.FILE_DIGEST, "the checkpoint is not a regular file")]
-        # Everything below reads the one descriptor opened here, whatever the name holds.
-        with open_file(checkpoint) as opened:
-            if opened.size != recorded_size:
-                # Not hashed: no digest of other bytes can match. Which datasets changed
-                # is still said, within the signed datasets' bound, unless the file is
-                # far larger than what was signed (then nothing of it is read).
-                checks = [steps.size_refused(opened.size, manifest)]
-                if opened.size > 2 * recorded_size + DIAGNOSE_SLACK:
-                    return checks
-                found, unreadable = diagnose_signed(
-                    opened, manifest.record.format, manifest.datasets or ()
-                )
-            else:
-                # Read as the signed format says, never as the file now looks.
-                digests = digest_signed(
-                    opened,
-                    manifest.record.format,
-                    expect_sha256=manifest.subject_sha256,
-                    recorded=manifest.datasets,
-                )
-                found, unreadable = digests.datasets, digests.unreadable
-                checks = [steps.file_digest(digests.sha256, manifest)]
-        return checks + steps.datasets(manifest, found, unreadable)
+        """(4) The file checks (:func:`~kronos_audit.verification.content.check_file`),
+        as a worker made them ahead when one did."""
+        signed = SignedFile.of(manifest)
+        if self.ahead is not None:
+            made = self.ahead.take(signed)
+            if made is not None:
+                return made
+        return check_file(signed)
 
     # -- directory steps: every file listed in the signed manifest -----------------
 

@@ -60,7 +60,10 @@ def hostile(project: Project, root: Path) -> dict[str, tuple[bytes, str]]:
             "signature: ",
         ),
         "run": (manifest(root, "other", 2).read_bytes(), "belongs to run 'other'"),
-        "step": (manifest(root, "heat", 1).read_bytes(), "signs step 1, not step 2"),
+        "step": (
+            manifest(root, "heat", 1).read_bytes(),
+            "named for step 2, but its manifest signs",
+        ),
     }
 
 
@@ -82,6 +85,9 @@ def test_the_door_refuses_each_hostile_manifest_and_returns_what_it_checked(
         with pytest.raises(StepNotTrusted, match=why):
             trusted_step(v, path, "heat", 2, StepKind.FILE)
     path.write_bytes(good)
+    # In its own place, but not the step asked for.
+    with pytest.raises(StepNotTrusted, match=r"^its manifest signs step 1, not step 2$"):
+        trusted_step(v, manifest(runs, "heat", 1), "heat", 2, StepKind.FILE)
     with pytest.raises(StepNotTrusted, match=r"^not a sharded step's manifest$"):
         trusted_step(v, path, "heat", 2, StepKind.SHARDS)
     # In another run's directory, under its own name: of the run asked, not in its place.
@@ -173,7 +179,10 @@ def test_the_shard_fetch_acts_only_on_a_step_manifest_it_trusted(
     # Swapped after rank 0 took the step: another run's, or another step's, is refused.
     for swap, why in (
         (root / "other" / "step-00000002" / "index.jsonl.kaudit.json", "belongs to run 'other'"),
-        (root / "wave" / "step-00000001" / "index.jsonl.kaudit.json", "not step 2"),
+        (
+            root / "wave" / "step-00000001" / "index.jsonl.kaudit.json",
+            "manifest signs step 1 of run 'wave'",
+        ),
     ):
         step2.write_bytes(swap.read_bytes())
         with pytest.raises(StepNotTrusted, match=why):

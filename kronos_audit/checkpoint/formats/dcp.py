@@ -193,6 +193,17 @@ class _ChunkUnpickler(pickle.Unpickler):
         return ("storage", str(kind), key, numel)
 
 
+_MALFORMED = (
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    IndexError,
+)
+"""What a restricted unpickler raises on a malformed stream (never an arbitrary call)."""
+
+
 def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> Any:
     return ("tensor", storage, offset, tuple(size), tuple(stride))
 
@@ -203,14 +214,7 @@ def read_metadata(data: bytes, where: Path | str) -> Any:
     by its owner. CheckpointError for a pickle that is malformed or names another global."""
     try:
         return MetadataUnpickler(io.BytesIO(data)).load()
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        TypeError,
-        AttributeError,
-        IndexError,
-    ) as e:
+    except _MALFORMED as e:
         raise CheckpointError(f"DCP metadata refused: {e}", path=where) from None
     except RecursionError:
         raise CheckpointError("DCP metadata refused: nested too deep", path=where) from None
@@ -317,14 +321,7 @@ def _chunk(view: memoryview, where: Path, fqn: str) -> tuple[str, np.ndarray[Any
             )
         try:
             spec = _ChunkUnpickler(io.BytesIO(pkl)).load()
-        except (
-            pickle.UnpicklingError,
-            EOFError,
-            ValueError,
-            TypeError,
-            AttributeError,
-            IndexError,
-        ) as e:
+        except _MALFORMED as e:
             raise CheckpointError(
                 f"DCP item {fqn!r} refused: {e}", path=where, dataset=fqn
             ) from None

@@ -19,7 +19,7 @@ from kronos_audit.cli.output import error_line, out, safe, settings, shown
 from kronos_audit.errors import Error, ExitCode
 
 if TYPE_CHECKING:
-    from kronos_audit.keys.anchors import TrustOptions
+    from kronos_audit.keys.anchors import TrustedKey, TrustOptions
     from kronos_audit.verification.results import VerifyResult
 
 
@@ -31,6 +31,7 @@ class _Said:
     def __init__(self) -> None:
         self.anchors: dict[str, str] = {}
         self.advice: set[str] = set()
+        self._signers: dict[tuple[str, str | None], str] = {}  # a run's lines repeat one
 
     def detail(self, text: str) -> str:
         """A check's detail with the unanchored advice left for the end."""
@@ -47,8 +48,14 @@ class _Said:
         signed = r.signature_check
         if signed is None or not signed.ok:
             return ""
-        text = signed.detail
         key = r.signer
+        known = (signed.detail, None if key is None else key.key_id)
+        said = self._signers.get(known)
+        if said is None:
+            said = self._signers[known] = self._signer(signed.detail, key)
+        return said
+
+    def _signer(self, text: str, key: TrustedKey | None) -> str:
         if key is not None and not settings().verbose:
             full, label = key.describe_anchor(), key.anchor_label()
             if full != label and full in text:
@@ -183,8 +190,9 @@ def _summary_line(results: list[VerifyResult], summary: dict[str, Any]) -> str:
     "-j",
     type=click.IntRange(1, 256),
     default=None,
-    help="Threads that hash a sharded step's shards (default: the cores this process may "
-    "use; the same results whatever the number).",
+    help="Threads that hash a sharded step's shards, and, less one, processes that check "
+    "a long run's checkpoint files (default: the cores this process may use; the same "
+    "results whatever the number).",
 )
 @click.option(
     "--sample",

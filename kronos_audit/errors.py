@@ -115,6 +115,14 @@ class StepAlreadyExists(UsageError):
         """The newest step the run holds."""
 
 
+class RanksLost(Error):
+    """The ranks of a parallel run could not go on together: one never joined the process
+    group, or one never came to a collective the others waited in (its process or its node
+    died). Exit 1, not 2: a restart, by torchrun or `kaudit run`, may find every rank."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
 class ProjectError(Error):
     """The repository is not set up for kronos-audit (not git, no `.kaudit/`)."""
 

@@ -5,12 +5,15 @@ torch is imported when a :class:`TorchComm` is made, never when this module is.
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from kronos_audit.errors import UsageError
+from kronos_audit.errors import RanksLost, UsageError, one_line
 from kronos_audit.parallel.comm import (
     TORCHRUN_VARIABLES,
     FixedRanks,
@@ -19,6 +22,42 @@ from kronos_audit.parallel.comm import (
     int64,
     int64s,
 )
+
+TIMEOUT_ENV = "KAUDIT_TORCH_TIMEOUT"
+"""Seconds the ranks of a process group :class:`TorchComm` initializes wait for one another:
+for every rank to join, and in each collective for the rest to come."""
+
+DEFAULT_TIMEOUT = 1800.0
+"""torch's own default for gloo: long enough for ranks that wait while one of them
+evaluates or writes, finite so that a rank that died is not waited for forever."""
+
+
+def timeout_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """The wait :data:`TIMEOUT_ENV` sets in ``environ`` (``os.environ``), else
+    :data:`DEFAULT_TIMEOUT`. Anything but a positive number of seconds is a
+    :class:`~kronos_audit.errors.UsageError`."""
+    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{TIMEOUT_ENV}={raw[:40]!r}: not a number of seconds greater than 0")
+    return value
+
+
+@contextmanager
+def _collective(what: str) -> Iterator[None]:
+    """A failure of torch.distributed within the block (gloo raises RuntimeError for a peer
+    that closed its connection and for one that did not come in time) as one line."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise RanksLost(
+            f"torch.distributed: {what} did not complete on every rank: {one_line(exc)}"
+        ) from None
 
 
 def _dist() -> ModuleType:
@@ -42,7 +81,8 @@ class _TorchPending:
 
     def wait(self) -> list[int]:
         if self._result is None:
-            self._work.wait()
+            with _collective("all_reduce"):
+                self._work.wait()
             self._result = [int(v) for v in self._tensor.tolist()]
         return list(self._result)
 
@@ -54,14 +94,18 @@ class TorchComm(FixedRanks):
     When the default group is not initialized and torchrun's environment is there
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), it initializes it with the
     gloo backend (CPU); :meth:`close` destroys it then, and only then: a group the program
-    set up stays the program's. Objects travel with torch's object collectives
+    set up stays the program's. Its ranks wait ``timeout`` seconds for one another
+    (default: :func:`timeout_seconds`, from ``KAUDIT_TORCH_TIMEOUT``): to join, and in
+    each collective. A rank that does not come in time, or whose process died, ends the
+    wait with :class:`~kronos_audit.errors.RanksLost` (one line, exit 1), never a hang.
+    Objects travel with torch's object collectives
     (``broadcast_object_list``, ``gather_object``, ``all_gather_object``); the integer
     reductions with ``all_reduce`` on an int64 tensor.
     """
 
     name = "torch.distributed"
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, *, timeout: float | None = None) -> None:
         dist = _dist()
         self._dist = dist
         self._created = False
@@ -79,7 +123,16 @@ class TorchComm(FixedRanks):
                 )
             # env:// as torchrun means it: under torchrun the workers join the store its
             # agent already serves on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE).
-            dist.init_process_group("gloo", init_method="env://")
+            wait = timeout_seconds() if timeout is None else timeout
+            try:
+                dist.init_process_group(
+                    "gloo", init_method="env://", timeout=datetime.timedelta(seconds=wait)
+                )
+            except RuntimeError as exc:  # DistStoreError: the others did not join in time
+                raise RanksLost(
+                    f"torch.distributed: not every rank joined the process group within "
+                    f"{wait:g} s ({one_line(exc)}); {TIMEOUT_ENV}=SECONDS waits longer"
+                ) from None
             self._created = True
         if group is not None and not isinstance(group, dist.ProcessGroup):
             if group == dist.GroupMember.NON_GROUP_MEMBER:
@@ -110,22 +163,27 @@ class TorchComm(FixedRanks):
         return int(self._dist.get_global_rank(self._group, root))
 
     def barrier(self) -> None:
-        self._dist.barrier(group=self._group)
+        with _collective("barrier"):
+            self._dist.barrier(group=self._group)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         box = [obj if self._rank == root else None]
-        self._dist.broadcast_object_list(box, src=self._global(root), group=self._group)
+        src = self._global(root)
+        with _collective("broadcast"):
+            self._dist.broadcast_object_list(box, src=src, group=self._group)
         return box[0]
 
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         dst = self._global(root)
         out: list[Any] | None = [None] * self._size if self._rank == root else None
-        self._dist.gather_object(obj, out, dst=dst, group=self._group)
+        with _collective("gather"):
+            self._dist.gather_object(obj, out, dst=dst, group=self._group)
         return out
 
     def allgather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self._size
-        self._dist.all_gather_object(out, obj, group=self._group)
+        with _collective("all_gather"):
+            self._dist.all_gather_object(out, obj, group=self._group)
         return out
 
     def shift_left(self, obj: Any) -> Any:
@@ -133,14 +191,15 @@ class TorchComm(FixedRanks):
         left, right = self._rank - 1, self._rank + 1
         box: list[Any] = [None]
         for sending in (self._rank % 2 == 0, self._rank % 2 == 1):
-            if sending and left >= 0:
-                self._dist.send_object_list(
-                    [obj], dst=self._global(left), group=self._group, device=self._device
-                )
-            elif not sending and right < self._size:
-                self._dist.recv_object_list(
-                    box, src=self._global(right), group=self._group, device=self._device
-                )
+            with _collective("send" if sending else "receive"):
+                if sending and left >= 0:
+                    self._dist.send_object_list(
+                        [obj], dst=self._global(left), group=self._group, device=self._device
+                    )
+                elif not sending and right < self._size:
+                    self._dist.recv_object_list(
+                        box, src=self._global(right), group=self._group, device=self._device
+                    )
         return box[0]
 
     def _tensor(self, values: list[int]) -> Any:
@@ -150,7 +209,8 @@ class TorchComm(FixedRanks):
 
     def _reduce(self, values: list[int], op: Any) -> list[int]:
         tensor = self._tensor(values)
-        self._dist.all_reduce(tensor, op=op, group=self._group)
+        with _collective("all_reduce"):
+            self._dist.all_reduce(tensor, op=op, group=self._group)
         return [int(v) for v in tensor.tolist()]
 
     def any(self, flag: bool) -> bool:
@@ -164,9 +224,10 @@ class TorchComm(FixedRanks):
 
     def start_max(self, values: Sequence[int]) -> Pending:
         tensor = self._tensor(int64s(values))
-        work = self._dist.all_reduce(
-            tensor, op=self._dist.ReduceOp.MAX, group=self._group, async_op=True
-        )
+        with _collective("all_reduce"):
+            work = self._dist.all_reduce(
+                tensor, op=self._dist.ReduceOp.MAX, group=self._group, async_op=True
+            )
         return _TorchPending(work, tensor)
 
     @property

@@ -177,6 +177,7 @@ class Run:
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
         launcher's environment; one process without either)."""
         self._agreement = LoopAgreement(self.comm)
+        uncaught.ahead_of_torch()  # (after a process group is initialized)
         self.rank = self.comm.rank
         """This process's rank."""
         self.size = self.comm.size

@@ -81,3 +81,13 @@ def install() -> None:
         _installed = True
         sys.excepthook = _OneLine(sys.excepthook)
     warnline.install()
+
+
+def ahead_of_torch() -> None:
+    """Put the one-line ending in front again where torch.distributed wrapped it: its
+    ``init_process_group`` puts a hook in front that prefixes each line with the rank, by
+    writing what the hook behind it prints to a buffer, which is lost when that hook ends
+    the program, as kaudit's does. With kaudit's in front, its line is printed and the
+    rest still reach torch's."""
+    if _installed and getattr(sys.excepthook, "__name__", "") == "_distributed_excepthook":
+        sys.excepthook = _OneLine(sys.excepthook)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kronos_audit.parallel.torchdist import TIMEOUT_ENV
 from tests.runtime.test_faults import HANG_GUARD
 
 BIN = Path(sys.executable).parent
@@ -28,6 +29,9 @@ def launcher_env() -> dict[str, str]:
     # Open MPI refuses root unless told twice (CI containers run as root).
     env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    # torch.distributed's ranks wait a minute, not torch's half hour, for one that does not
+    # come: a lost worker ends its group on one line, well before the hang guard.
+    env.setdefault(TIMEOUT_ENV, "60")
     return env
 
 

@@ -39,14 +39,17 @@ DOCS_LOG="$(mktemp)"
 DOCS_SITE="$(mktemp -d)"
 mkdocs build --strict --site-dir "$DOCS_SITE" >"$DOCS_LOG" 2>&1 &
 DOCS_PID=$!
-# a check that fails first stops mypy and the docs build too, and leaves no log behind
-trap 'kill "$MYPY_PID" "$DOCS_PID" 2>/dev/null || true
-rm -rf "$MYPY_LOG" "$DOCS_LOG" "$DOCS_SITE" "$TOOLS_LOG"' EXIT
+# The docs' Python blocks (compiled, their imports run in an interpreter of their own,
+# formatted) the same way: some ten CPU-seconds that no test waits for.
+DOC_CODE_LOG="$(mktemp)"
+python scripts/check_doc_code.py >"$DOC_CODE_LOG" 2>&1 &
+DOC_CODE_PID=$!
+# a check that fails first stops mypy and the docs' checks too, and leaves no log behind
+trap 'kill "$MYPY_PID" "$DOCS_PID" "$DOC_CODE_PID" 2>/dev/null || true
+rm -rf "$MYPY_LOG" "$DOCS_LOG" "$DOCS_SITE" "$DOC_CODE_LOG" "$TOOLS_LOG"' EXIT
 echo "== ruff"
 ruff format --check "${PY_DIRS[@]}"
 ruff check "${PY_DIRS[@]}"
-echo "== python blocks of README.md and docs/*.md (compile, imports, ruff format)"
-python scripts/check_doc_code.py
 wait "$TOOLS_PID" || echo "== the tests' programs are not all installed: $(tail -n 1 "$TOOLS_LOG")"
 echo "== pytest"
 # The project's own modules byte-compiled once, here, on both cores: the pytest workers and
@@ -59,7 +62,11 @@ wait "$MYPY_PID"
 mypy_status=$?
 wait "$DOCS_PID"
 docs_status=$?
+wait "$DOC_CODE_PID"
+doc_code_status=$?
 set -e
+echo "== python blocks of README.md and docs/*.md (compile, imports, ruff format)"
+cat "$DOC_CODE_LOG"
 echo "== mypy --strict (pyproject's files: the package, tests, bench, examples, scripts)"
 cat "$MYPY_LOG"
 echo "== mkdocs build --strict (the docs site, its API reference from the docstrings)"
@@ -73,6 +80,9 @@ if [ "$mypy_status" -ne 0 ]; then
 fi
 if [ "$docs_status" -ne 0 ]; then
     exit "$docs_status"
+fi
+if [ "$doc_code_status" -ne 0 ]; then
+    exit "$doc_code_status"
 fi
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no test: nothing to fail" >&2

@@ -165,13 +165,17 @@ def dup(comm: Comm) -> Comm:
         if isinstance(comm, MPIComm):
             return MPIComm(comm.comm.Dup())
     if comm.name == "torch.distributed":
-        from kronos_audit.parallel.torchdist import TorchComm
+        from kronos_audit.parallel.torchdist import TorchComm, timeout_seconds
 
         if isinstance(comm, TorchComm):
+            import datetime
+
             import torch.distributed as dist
 
             ranks = dist.get_process_group_ranks(comm.group) if comm.group is not None else None
-            return TorchComm(dist.new_group(ranks=ranks, backend="gloo"))
+            # (new_group's own default is torch's half hour, whatever the default group's)
+            wait = datetime.timedelta(seconds=timeout_seconds())
+            return TorchComm(dist.new_group(ranks=ranks, backend="gloo", timeout=wait))
     return comm
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from kronos_audit.keys.keyfile import SigningKey, public_pem
+from kronos_audit.parallel.torchdist import TIMEOUT_ENV
 from kronos_audit.project.repository import Project
 from tests.helpers import run_cli
 from tests.parallel import launch
@@ -79,6 +80,10 @@ def agent(argv: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
         # A fresh store for each round of workers: the agent's shared one keeps a dead
         # round's gloo addresses (docs/parallel.md, torchrun).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        # A survivor left waiting on the lost node's workers (in a collective, or in the
+        # store while a group is made) gives up in 30 s and exits, and its agent restarts
+        # the job as for any failed worker, well within the hang guard.
+        TIMEOUT_ENV: "30",
     }
     with log.open("wb") as f:
         # A session of its own: the agent's process group is what a test kills, as a node's

@@ -186,9 +186,11 @@ def test_a_dask_worker_killed_mid_campaign_is_rescheduled_and_every_batch_record
     distributed = pytest.importorskip("distributed")
     marks = tmp_path / "marks"
     marks.mkdir()
+    # dask's HTTP server on a free port: on its default, 8787, another test's cluster
+    # makes dask warn, and a warning fails the test
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
@@ -229,9 +231,11 @@ def test_a_dask_client_itself_serves_and_a_failing_batch_stops_the_campaign(
     """The client, not only its executor, is an engine; a batch that raises on a worker
     stops the campaign with one line naming it, what arrived before checkpointed."""
     distributed = pytest.importorskip("distributed")
+    # dask's HTTP server on a free port: on its default, 8787, another test's cluster
+    # makes dask warn, and a warning fails the test
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
         ) as cluster,
         distributed.Client(cluster) as client,
     ):

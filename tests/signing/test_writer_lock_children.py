@@ -68,9 +68,11 @@ if __name__ == "__main__":
         elif engine == "dask":
             import distributed
 
+            # dask's HTTP server on a free port: on its default, 8787, another test's cluster
+            # makes dask warn, and a warning fails the test
             with (
                 distributed.LocalCluster(
-                    n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+                    n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
                 ) as cluster,
                 distributed.Client(cluster) as client,
             ):

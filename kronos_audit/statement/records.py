@@ -90,26 +90,38 @@ def _up(level: Sequence[bytes]) -> list[bytes]:
     return up
 
 
-def merkle_root(leaves: Sequence[bytes]) -> bytes:
-    """The root over ``leaves`` (leaf hashes); ValueError for none."""
+def tree_levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
+    """Every level of the tree over ``leaves`` (leaf hashes), from the leaves up to the
+    root's level of one node; ValueError for none. Built once, it gives any leaf's path
+    (:func:`path_in`) without hashing the tree again."""
     if not leaves:
         raise ValueError("no records")
-    level = list(leaves)
-    while len(level) > 1:
-        level = _up(level)
-    return level[0]
+    levels = [list(leaves)]
+    while len(levels[-1]) > 1:
+        levels.append(_up(levels[-1]))
+    return levels
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    """The root over ``leaves`` (leaf hashes); ValueError for none."""
+    return tree_levels(leaves)[-1][0]
+
+
+def path_in(levels: Sequence[Sequence[bytes]], index: int) -> list[bytes]:
+    """The hashes beside leaf ``index``'s path to the root of the tree whose levels
+    (:func:`tree_levels`) are ``levels``, from the bottom up."""
+    path: list[bytes] = []
+    for level in levels[:-1]:
+        sibling = index ^ 1
+        if sibling < len(level):
+            path.append(level[sibling])
+        index //= 2
+    return path
 
 
 def audit_path(leaves: Sequence[bytes], index: int) -> list[bytes]:
     """The hashes beside leaf ``index``'s path to the root, from the bottom up."""
-    path: list[bytes] = []
-    level = list(leaves)
-    while len(level) > 1:
-        sibling = index ^ 1
-        if sibling < len(level):
-            path.append(level[sibling])
-        level, index = _up(level), index // 2
-    return path
+    return path_in(tree_levels(leaves), index)
 
 
 def root_from_path(leaf: bytes, index: int, count: int, path: Sequence[bytes]) -> bytes | None:
@@ -220,7 +232,9 @@ __all__ = [
     "node_hash",
     "parse_index",
     "parse_line",
+    "path_in",
     "record_line",
     "records_dir",
     "root_from_path",
+    "tree_levels",
 ]

@@ -26,16 +26,16 @@ from kronos_audit.statement.records import (
     INDEX_LINE,
     PER_CHUNK,
     Records,
-    audit_path,
     build_records,
     chunk_lines,
     leaf_hash,
-    merkle_root,
     parse_index,
     parse_line,
+    path_in,
     record_line,
     records_dir,
     root_from_path,
+    tree_levels,
 )
 from kronos_audit.verification.results import Check, CheckName
 
@@ -148,23 +148,29 @@ class Proof:
 
 class _Chunks:
     """The chunks of one certificate's records, each read once and checked against the
-    index (its digest, its line count, its subtree's root)."""
+    index (its digest, its line count, its subtree's root). The tree over the chunks'
+    roots and each chunk's subtree are hashed once, so a proof costs no more hashing."""
 
     def __init__(self, directory: Path, index: Sequence[tuple[str, bytes]], count: int) -> None:
         self.directory, self.index, self.count = directory, index, count
-        self._read: dict[int, tuple[list[bytes], list[bytes]]] = {}
-        self._top = [root for _, root in index]
+        self._read: dict[int, tuple[list[bytes], list[list[bytes]]]] = {}
+        self._top = tree_levels([root for _, root in index])
+
+    @property
+    def root(self) -> bytes:
+        """The root the index's chunk roots give."""
+        return self._top[-1][0]
 
     def proof(self, i: int) -> Proof:
         k, j = divmod(i, PER_CHUNK)
-        lines, leaves = self._chunk(k)
-        return Proof(i, self.count, lines[j], (*audit_path(leaves, j), *audit_path(self._top, k)))
+        lines, levels = self._chunk(k)
+        return Proof(i, self.count, lines[j], (*path_in(levels, j), *path_in(self._top, k)))
 
     def lines(self, k: int) -> list[bytes]:
         """Chunk ``k``'s records' lines, checked."""
         return self._chunk(k)[0]
 
-    def _chunk(self, k: int) -> tuple[list[bytes], list[bytes]]:
+    def _chunk(self, k: int) -> tuple[list[bytes], list[list[bytes]]]:
         held = self._read.get(k)
         if held is not None:
             return held
@@ -177,10 +183,10 @@ class _Chunks:
         want = min(PER_CHUNK, self.count - k * PER_CHUNK)
         if len(lines) != want:
             raise RecordsFailed(f"{name}: {len(lines)} records, not the {want} of chunk {k}")
-        leaves = [leaf_hash(x) for x in lines]
-        if merkle_root(leaves) != root:
+        levels = tree_levels([leaf_hash(x) for x in lines])
+        if levels[-1][0] != root:
             raise RecordsFailed(f"{name}: its records do not give the root the index lists")
-        held = self._read[k] = (lines, leaves)
+        held = self._read[k] = (lines, levels)
         return held
 
 
@@ -253,7 +259,7 @@ def stored_batches(certificate: Path, signed: CampaignRecord) -> tuple[CampaignB
         return signed.batches  # a first-version certificate lists them
     directory = records_dir(certificate, signed.campaign)
     chunks = _Chunks(directory, _index(directory, signed), signed.n)
-    if merkle_root([root for _, root in chunks.index]).hex() != signed.records.root:
+    if chunks.root.hex() != signed.records.root:
         raise RecordsFailed(f"{directory.name}: the index does not give the signed root")
     batches: list[CampaignBatch] = []
     for k in range(len(chunks.index)):

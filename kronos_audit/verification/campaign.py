@@ -13,6 +13,7 @@ certificate names and compares it with what was signed, field by field.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -155,32 +156,51 @@ class _Rows(Mapping[int, Any]):
     only when it is asked for (a sampled verification asks for a few of a million)."""
 
     def __init__(self, group: Mapping[str, Any]) -> None:
-        index = [int(i) for i in group["index"].tolist()]
+        index = np.asarray(group["index"])
+        if index.ndim != 1 or index.dtype.kind not in "iu":
+            raise ValueError("the ledger's indices are not integers")
         stacked = group["results"]
         self._fields = flatten(stacked) if isinstance(stacked, Mapping) else None
         self._stacked = stacked
         if any(len(a) != len(index) for a in (self._fields or {"": stacked}).values()):
             raise ValueError("the ledger's results and indices differ in length")
-        self._row = dict(zip(index, range(len(index)), strict=True))
-        if len(self._row) != len(index):
+        # Looked up by bisection, not through a dict of every index: a sampled
+        # verification asks for a few rows of a million.
+        self._index = index.astype(np.int64)
+        ascending = bool(np.all(self._index[1:] > self._index[:-1]))
+        self._order = None if ascending else np.argsort(self._index, kind="stable")
+        self._sorted = self._index if self._order is None else self._index[self._order]
+        if not ascending and bool(np.any(self._sorted[1:] == self._sorted[:-1])):
             raise _Twice
+
+    def _row_of(self, key: object) -> int:
+        """The row batch ``key``'s result is in; KeyError when none is."""
+        try:
+            index = operator.index(key)  # type: ignore[arg-type]
+        except TypeError:
+            raise KeyError(key) from None
+        if not -(2**63) <= index < 2**63:
+            raise KeyError(key)
+        at = int(np.searchsorted(self._sorted, index))
+        if at == len(self._sorted) or int(self._sorted[at]) != index:
+            raise KeyError(index)
+        return at if self._order is None else int(self._order[at])
 
     def _columns(self) -> dict[str, Any]:
         return self._fields if self._fields is not None else {"": self._stacked}
 
     def digests(self) -> dict[int, Sha256]:
         """Each result's :func:`~kronos_audit.statement.campaign.result_digest`, by index."""
-        if not self._row:
+        if not len(self._index):
             return {}
-        first = self[next(iter(self._row))]
-        found = row_digests(first, self._columns(), len(self._row))
-        return {i: found[row] for i, row in self._row.items()}
+        first = self[int(self._index[0])]
+        found = row_digests(first, self._columns(), len(self._index))
+        return dict(zip(self._index.tolist(), found, strict=True))
 
     def tally(self) -> Any:
         """:data:`~kronos_audit.statement.campaign.TALLY_RULE` over every result, in index
         order: each field folded down its column (fields add independently)."""
-        order = sorted(self._row)
-        rows = np.array([self._row[i] for i in order], dtype=np.int64)
+        rows = np.arange(len(self._index)) if self._order is None else self._order
         summed: dict[str, Any] = {}
         with np.errstate(over="ignore"):  # integers wrap as numpy adds them
             for path, column in self._columns().items():
@@ -192,16 +212,23 @@ class _Rows(Mapping[int, Any]):
         return unflatten(summed) if self._fields is not None else summed[""]
 
     def __getitem__(self, index: int) -> Any:
-        row = self._row[index]
+        row = self._row_of(index)
         if self._fields is not None:
             return unflatten({k: v[row] for k, v in self._fields.items()})
         return self._stacked[row]
 
+    def __contains__(self, index: object) -> bool:
+        try:
+            self._row_of(index)
+        except KeyError:
+            return False
+        return True
+
     def __iter__(self) -> Iterator[int]:
-        return iter(self._row)
+        return iter(self._index.tolist())
 
     def __len__(self) -> int:
-        return len(self._row)
+        return len(self._index)
 
 
 def _origins(verifier: Verifier, last: Manifest, limit: int) -> dict[int, tuple[str, int]]:

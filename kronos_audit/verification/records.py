@@ -29,6 +29,7 @@ from kronos_audit.statement.records import (
     build_records,
     chunk_lines,
     leaf_hash,
+    leaf_hashes,
     parse_index,
     parse_line,
     path_in,
@@ -183,7 +184,7 @@ class _Chunks:
         want = min(PER_CHUNK, self.count - k * PER_CHUNK)
         if len(lines) != want:
             raise RecordsFailed(f"{name}: {len(lines)} records, not the {want} of chunk {k}")
-        levels = tree_levels([leaf_hash(x) for x in lines])
+        levels = tree_levels(leaf_hashes(lines))
         if levels[-1][0] != root:
             raise RecordsFailed(f"{name}: its records do not give the root the index lists")
         held = self._read[k] = (lines, levels)

@@ -42,7 +42,7 @@ from kronos_audit.statement.records import (
     records_dir,
     root_from_path,
 )
-from kronos_audit.verification.campaign import _Rows
+from kronos_audit.verification.campaign import _Rows, _Twice
 from kronos_audit.verification.records import Proof, prove, stored_batches
 from tests.helpers import run_cli
 
@@ -273,3 +273,35 @@ def test_digests_and_tally_from_the_stacked_ledger_are_each_results(make: Any) -
     assert rows.digests() == {i: result_digest(r) for i, r in ledger.items()}
     summed, expected = rows.tally(), tally(r for _, r in ledger.items())
     assert result_digest(summed) == result_digest(expected)
+
+
+@pytest.mark.parametrize("index", [[0, 1, 2, 5, 9], [9, 0, 5, 2, 1]])
+def test_a_ledger_read_back_finds_each_batch_and_no_other(index: list[int]) -> None:
+    # Looked up by bisection, in the order the checkpoint sorted them or in any other.
+    rows = _Rows({"index": np.array(index), "results": np.array(index, dtype=np.float64) / 2})
+    assert list(rows) == index
+    assert len(rows) == 5
+    for i in index:
+        assert i in rows
+        assert rows[i] == i / 2
+        assert rows.get(np.int64(i)) == i / 2  # type: ignore[call-overload]
+    for absent in (3, -1, 10, 2**70, "1", 1.0):
+        assert absent not in rows
+        assert rows.get(absent) is None  # type: ignore[arg-type]
+    assert rows.digests() == {i: result_digest(np.float64(i / 2)) for i in index}
+    assert rows.tally() == sum(i / 2 for i in sorted(index))
+
+
+@pytest.mark.parametrize(
+    ("group", "refused"),
+    [
+        ({"index": np.array([4, 1, 4]), "results": np.zeros(3)}, _Twice),
+        ({"index": np.array([0.0, 1.0]), "results": np.zeros(2)}, ValueError),
+        ({"index": np.array([0, 1]), "results": np.zeros(3)}, ValueError),
+    ],
+)
+def test_a_ledger_read_back_with_a_batch_twice_or_ill_formed_is_refused(
+    group: dict[str, Any], refused: type[Exception]
+) -> None:
+    with pytest.raises(refused):
+        _Rows(group)

@@ -217,7 +217,7 @@ def ray_rows(repo: Path, n: int, samples: int) -> dict[str, float] | None:
     return {"bare_wall": min(b for b, _ in runs), "kaudit_wall": min(k for _, k in runs)}
 
 
-def certificate_row(repo: Path, n: int) -> dict[str, float]:
+def certificate_row(repo: Path, n: int, repeats: int = 3) -> dict[str, float]:
     """A campaign of ``n`` trivial batches: its certificate's size, and ``kaudit verify``
     of it whole and sampled, each in a process of its own (as a user runs it)."""
     run_id = f"book-{n}"
@@ -226,24 +226,73 @@ def certificate_row(repo: Path, n: int) -> dict[str, float]:
         with ka.Run(run_id, root=repo / "checkpoints", seed=SEED, every=ka.EverySeconds(5)) as run:
             run.map_batches(trivial, n)
     kaudit = str(Path(sys.executable).with_name("kaudit"))
+    # As a user's installation runs it: its modules' bytecode cached (where the
+    # environment says not to write it, every start would compile them again).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(repo.parent / "pycache")
     row: dict[str, float] = {"n": n, "bytes": cert.stat().st_size}
     for name, extra in (("verify", []), ("sample", ["--sample", "1000"])):
-        start = time.perf_counter()
-        done = subprocess.run(
-            [kaudit, "verify", *extra, str(cert)], cwd=repo, capture_output=True, check=False
-        )
-        row[name] = time.perf_counter() - start
-        if done.returncode != 0:
-            raise SystemExit(f"kaudit verify {' '.join(extra)} {cert}: {done.stdout!r}")
+
+        def verify(extra: list[str] = extra) -> None:
+            done = subprocess.run(
+                [kaudit, "verify", *extra, str(cert)],
+                cwd=repo,
+                capture_output=True,
+                check=False,
+                env=env,
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"kaudit verify {' '.join(extra)} {cert}: {done.stdout!r}")
+
+        if repeats > 1:
+            verify()  # the bytecode written, the files in the page cache
+        cpu_before = _children_cpu()
+        row[name] = best_of(repeats, verify)
+        row[f"{name}_cpu"] = (_children_cpu() - cpu_before) / repeats
     return row
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children: on a shared machine the figure
+    that does not move with the others' load."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def certificate_rows(repo: Path, quick: bool) -> list[dict[str, float]]:
+    """The certificates' figures, printed."""
+    if quick:  # once each: that the figures are made, not what they are
+        certs = [certificate_row(repo, c, repeats=1) for c in (1_000, 2_000)]
+    else:
+        certs = [certificate_row(repo, c) for c in (10**4, 10**5, 10**6)]
+    for c in certs:
+        print(
+            f"certificate of {c['n']:>9,} batches: {c['bytes']:>6,} bytes; kaudit verify "
+            f"{c['verify']:6.2f} s ({c['verify_cpu']:.2f} s CPU), --sample 1000 "
+            f"{c['sample']:5.2f} s ({c['sample_cpu']:.2f} s CPU; wall best of 3, CPU the mean)"
+        )
+    return certs
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--certificates",
+        metavar="REPO",
+        type=Path,
+        help="only the certificates' figures, in REPO (a repository an earlier run made; "
+        "its campaigns are reused, the missing ones run)",
+    )
     args = p.parse_args(argv)
+    if args.certificates is not None:
+        home = args.certificates.parent / "home"
+        if home.is_dir():
+            os.environ["KAUDIT_HOME"] = str(home)
+        return {"certificates": certificate_rows(args.certificates, args.quick)}
     n, seconds = (100, 0.001) if args.quick else (1000, 0.010)
     repo = scratch_repo()
+    print(f"repository: {repo} (--certificates {repo} runs the last figures again)")
     samples = calibrate(seconds)
     engine = engine_rows(repo, n, samples, args.quick)
     where = "a 2-thread pool (--quick)" if args.quick else "a 2-worker Dask LocalCluster"
@@ -288,15 +337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{ray_row['kaudit_wall']:.2f} s ({ray_ratio:.2f}x, target 1.1x: "
             f"{'PASS' if ray_ratio <= 1.1 else 'MISS'})"
         )
-    certs = [
-        certificate_row(repo, c)
-        for c in ((1_000, 2_000) if args.quick else (10_000, 100_000, 1_000_000))
-    ]
-    for c in certs:
-        print(
-            f"certificate of {c['n']:>9,} batches: {c['bytes']:>6,} bytes; kaudit verify "
-            f"{c['verify']:6.2f} s, --sample 1000 {c['sample']:5.2f} s"
-        )
+    certs = certificate_rows(repo, args.quick)
     return {
         "engine": engine,
         "ratio": ratio,

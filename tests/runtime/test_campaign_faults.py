@@ -29,9 +29,11 @@ from tests.helpers import run_cli
 pytest.importorskip("distributed")
 pytestmark = pytest.mark.slow  # drivers started again and again: a minute and more
 
-N = 10_000
+N = 5_000
 SEED = 77
-WORKER_KILLS = (1_500, 3_500, 5_500, 7_500, 9_000)
+EVERY = 125
+"""The driver's checkpoint interval, in batches: 40 checkpoints over the campaign."""
+WORKER_KILLS = (750, 1_750, 2_750, 3_750, 4_500)
 """Batches that kill the Dask worker process running them, the first time they run."""
 DRIVER_KILLS = 5
 HANG_GUARD = 300  # seconds; only stops a broken test from hanging, never a time limit
@@ -45,7 +47,7 @@ DRIVER = textwrap.dedent(
     from distributed import Client
 
     scheduler, marks, n, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    kills = {kills!r}
+    kills, every = {kills!r}, {every!r}
 
     def batch(rng):
         i = rng.bit_generator.seed_seq.spawn_key[0]
@@ -55,10 +57,10 @@ DRIVER = textwrap.dedent(
         return np.float64(rng.random())
 
     with Client(scheduler_file=scheduler) as client:
-        with ka.Run("mc", root="checkpoints", seed=seed, every=ka.EverySteps(250)) as run:
+        with ka.Run("mc", root="checkpoints", seed=seed, every=ka.EverySteps(every)) as run:
             run.map_batches(batch, n, executor=client)
     """
-).format(kills=set(WORKER_KILLS))
+).format(kills=set(WORKER_KILLS), every=EVERY)
 
 
 @pytest.fixture
@@ -152,7 +154,7 @@ def test_a_driver_killed_midway_resumes_to_the_serial_tally_each_batch_once(
 ) -> None:
     program = tmp_path / "local.py"
     program.write_text(LOCAL)
-    n = 20_000
+    n = 8_000
     args = [sys.executable, str(program), engine, str(n), str(SEED)]
     run_dir = project.root / "checkpoints" / "local"
     driver = subprocess.Popen(args, cwd=project.root, stdout=subprocess.DEVNULL)

@@ -47,9 +47,7 @@ become is its publisher's business (:mod:`kronos_audit.runtime.steps.interface`)
 from __future__ import annotations
 
 import sys
-import time
 import traceback
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -57,39 +55,26 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit.checkpoint.codec import tree
-from kronos_audit.checkpoint.hdf5 import State, require_mapping
-from kronos_audit.errors import (
-    CheckpointError,
-    ExitCode,
-    StepAlreadyExists,
-    UsageError,
-)
+from kronos_audit.checkpoint.hdf5 import State
+from kronos_audit.errors import UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel import Comm, detect
-from kronos_audit.parallel.layout import Layout, Replicated
+from kronos_audit.parallel.layout import Layout
 from kronos_audit.provenance.dispatch import pin_dispatch
 from kronos_audit.runtime import rng, uncaught
-from kronos_audit.runtime.background import BackgroundWriter, Job, StepMeta, WriterStats
+from kronos_audit.runtime.background import BackgroundWriter, WriterStats
 from kronos_audit.runtime.campaigns.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.campaigns.batches import Batches
 from kronos_audit.runtime.campaigns.executors import Submitter
 from kronos_audit.runtime.campaigns.ledger import Ledger, batch_rng
-from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SaveContext, SavePolicy
+from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import LoopAgreement, rank_seed
 from kronos_audit.runtime.restore import Restorer
+from kronos_audit.runtime.saver import Saver
 from kronos_audit.runtime.steps.choose import publisher_for, run_directory
 from kronos_audit.runtime.steps.interface import Publisher
-from kronos_audit.runtime.steps.layouts import expand_layout
-from kronos_audit.statement.predicate import RngRecord
 from kronos_audit.supervise.protocol import PREEMPTED_EXIT, Progress, ReplayInstruction
-
-
-class PreemptedWithoutCheckpoint(UserWarning):
-    """A preemption signal ended the run at a step its save policy did not checkpoint
-    (``Never()``, or a policy with ``on_preemption=False``): the work since the last
-    checkpoint is lost, and a restart resumes from that one (or from the start)."""
 
 
 class Run:
@@ -172,11 +157,9 @@ class Run:
         self.task = task
         """The job-array task this run is (None: the run does the whole campaign)."""
         self._owns_comm = comm is None
-        self._agreed_exit = False
         self.comm: Comm = detect(comm)
         """The ranks of the job (:func:`kronos_audit.parallel.detect`: ``comm=``, or the
         launcher's environment; one process without either)."""
-        self._agreement = LoopAgreement(self.comm)
         uncaught.ahead_of_torch()  # (after a process group is initialized)
         self.rank = self.comm.rank
         """This process's rank."""
@@ -213,13 +196,7 @@ class Run:
         """The policy the loop asks after each step (a replay's: its step only)."""
         self.asynchronous = asynchronous
         self.preempt_exit = preempt_exit
-        self.rng = np.random.default_rng(rank_seed(self.seed, self.rank))
-        self.ledger = Ledger()
-        self.step: int | None = None
-        """The step of the state in hand: the restored one, then the last checkpointed."""
-        self._writer: BackgroundWriter | None = None
         self._guard = PreemptionGuard()
-        self._progress: Progress | None = None
         self._restorer = Restorer(
             self.publisher,
             self._guard,
@@ -228,11 +205,33 @@ class Run:
             seed=self.seed,
             preempt_exit=preempt_exit,
         )
-        self._last_saved_step: int | None = None
-        self._last_time = time.monotonic()
-        self._final: int | None = None
-        self._campaign: Batches | None = None  # run.batches(n)'s attempt, on this rank
-        self._prepared = False
+        self._saver = Saver(
+            self.publisher,
+            self.policy,
+            LoopAgreement(self.comm),
+            self._guard,
+            run_id=run_id,
+            rank=self.rank,
+            generator=np.random.default_rng(rank_seed(self.seed, self.rank)),
+            asynchronous=asynchronous,
+            preempt_exit=preempt_exit,
+        )
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The run's generator (this rank's stream of the run seed), restored with the
+        run; every checkpoint holds its state."""
+        return self._saver.rng
+
+    @property
+    def ledger(self) -> Ledger:
+        """The Monte Carlo ledger every checkpoint carries (restored with the run)."""
+        return self._saver.ledger
+
+    @property
+    def step(self) -> int | None:
+        """The step of the state in hand: the restored one, then the last checkpointed."""
+        return self._saver.last_saved
 
     @property
     def push_failures(self) -> list[str]:
@@ -253,11 +252,10 @@ class Run:
         # rank) until close(), once the last commit is through.
         self.publisher.open()
         rng.seed_all(rank_seed(self.seed, self.rank))
-        self._writer = BackgroundWriter(self._commit, asynchronous=self.asynchronous)
+        writer = BackgroundWriter(self.publisher.publish, asynchronous=self.asynchronous)
         self._guard.install()
         # One voice for the supervisor: rank 0's (every rank offers the same steps).
-        self._progress = Progress.from_env() if self.rank == 0 else None
-        self._last_time = time.monotonic()
+        self._saver.open(writer, Progress.from_env() if self.rank == 0 else None)
         return self
 
     def __exit__(
@@ -267,12 +265,13 @@ class Run:
         tb: TracebackType | None,
     ) -> None:
         self._guard.uninstall()
-        if exc is not None and not self._agreed_exit:
+        saver = self._saver
+        if exc is not None and not saver.agreed_exit:
             self._abort_alone(exc)
-        if self._progress is not None:
-            self._progress.close()
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
+        if saver.progress is not None:
+            saver.progress.close()
+        if saver.writer is not None:
+            writer, saver.writer = saver.writer, None
             try:
                 if exc is None:
                     writer.close()  # raises a background failure
@@ -285,8 +284,8 @@ class Run:
                         )
             finally:
                 # The last commit is through: the next writer may come.
-                self.publisher.close(clean=exc is None or self._agreed_exit)
-        if self._owns_comm and (exc is None or self._agreed_exit):
+                self.publisher.close(clean=exc is None or saver.agreed_exit)
+        if self._owns_comm and (exc is None or saver.agreed_exit):
             self.comm.close()  # a torch.distributed group kaudit initialized itself
 
     def _abort_alone(self, exc: BaseException) -> None:
@@ -300,9 +299,7 @@ class Run:
         self.comm.comm.Abort(1)  # type: ignore[attr-defined]
 
     def _require_open(self) -> BackgroundWriter:
-        if self._writer is None:
-            raise UsageError("use the Run inside a `with` block")
-        return self._writer
+        return self._saver.require_open()
 
     # -- restore -------------------------------------------------------------------------
 
@@ -331,12 +328,7 @@ class Run:
         if step is not None:
             return self._restorer.at(step, like)
         if not self._restorer.tried:
-            resumed = self._restorer.resume(self.rng)
-            if resumed is not None:
-                self.rng, self.ledger = resumed.rng, resumed.ledger
-                self.step = self._last_saved_step = resumed.step
-            if self._progress is not None:
-                self._progress.started(self.step)
+            self._saver.resumed(self._restorer.resume(self.rng))
         return self._restorer.restored(like)
 
     def all_steps(self) -> list[int]:
@@ -360,18 +352,10 @@ class Run:
     def steps(self, n: int) -> Iterator[int]:
         """The steps after the restored one, up to and including ``n``."""
         self.restore()
-        self._final = self.publisher.last_step(n)
+        final = self._saver.final = self.publisher.last_step(n)
         start = 1 if self.step is None else self.step + 1
-        self._loop_starts()
-        yield from range(start, self._final + 1)
-
-    def _loop_starts(self) -> None:
-        # A time-based policy counts the loop's work, from here: set-up before the loop
-        # (restore, data loading, compiling) is done again on any restart whatever was
-        # saved, and a first save due at the first step would find the staging memory
-        # still being prepared.
-        if self._require_open().stats.checkpoints == 0:
-            self._last_time = time.monotonic()
+        self._saver.loop_starts()
+        yield from range(start, final + 1)
 
     def batches(self, n: int) -> Iterator[tuple[int, np.random.Generator]]:
         """``(i, rng_i)`` for this rank's batches of those in ``range(n)`` not yet in the
@@ -387,7 +371,7 @@ class Run:
 
     def _start_campaign(self, n: int) -> Batches:
         self.restore()
-        self._loop_starts()
+        self._saver.loop_starts()
         share = batch_share(self.task, n, self.ledger.indices())
         # A replay redoes the batches after its parent's, in index order, up to the count
         # it stops at; a run that finished batches out of order replays only if that
@@ -396,10 +380,16 @@ class Run:
         # The same on every rank: the restored ledger is the union of every rank's results.
         todo = [i for i in share if i not in self.ledger]
         todo = todo[: max(0, total - len(self.ledger))]
-        self._campaign = Batches(
-            self.ledger, self.comm, n=n, total=total, todo=todo, task=self.task, offer=self._offer
+        campaign = self._saver.campaign = Batches(
+            self.ledger,
+            self.comm,
+            n=n,
+            total=total,
+            todo=todo,
+            task=self.task,
+            offer=self._saver.offer,
         )
-        return self._campaign
+        return campaign
 
     def _idle_state(self) -> Mapping[str, Any]:
         """What a rank with no batch left offers: the state it restored."""
@@ -430,7 +420,7 @@ class Run:
             executor,
             kwargs,
             idle_state=self._idle_state(),
-            save_now=self._save_received,
+            save_now=self._saver.save_received,
             certify=lambda: self._certify(n),
         )
         return self.ledger
@@ -439,23 +429,14 @@ class Run:
         assert self.step is not None
         self.publisher.certify(n, self.step)
 
-    def _save_received(self) -> None:
-        """Checkpoint the ledger as it stands now, whatever the policy, and wait until it
-        is durable (a campaign that stopped keeps every result that arrived)."""
-        writer = self._require_open()
-        step = len(self.ledger)
-        if step != self._last_saved_step:
-            self._save(writer, step, *self._flatten({}, None))
-        writer.flush()
-
     def record(self, index: int, result: Any, *, worker: str | None = None) -> None:
         """Put batch ``index``'s result into the ledger carried by every checkpoint, run by
         ``worker`` (None: this process; the manifest records it). On several ranks, only
         batches :meth:`batches` gave this rank."""
         if self.task is not None and not self.task.holds(index):
             raise UsageError(f"batch {index} is not in array task {self.task.task}'s share")
-        if self._campaign is not None:
-            self._campaign.record(index, result, worker)
+        if self._saver.campaign is not None:
+            self._saver.campaign.record(index, result, worker)
         else:
             self.ledger.record(index, result, worker)
 
@@ -474,7 +455,7 @@ class Run:
         :class:`~kronos_audit.errors.StepAlreadyExists` instead: steps only grow. On a
         preemption signal it waits until the checkpoint is durable and exits with
         ``preempt_exit``; if the policy took none, it warns
-        (:class:`PreemptedWithoutCheckpoint`) and exits all the same.
+        (:class:`~kronos_audit.runtime.saver.PreemptedWithoutCheckpoint`) and exits all the same.
 
         On several ranks every rank calls it with the same steps: rank 0's policy decides
         for all, and a signal on any rank stops every rank at the same step. ``layout``
@@ -485,173 +466,11 @@ class Run:
         In a :meth:`batches` loop ``step`` is not used: the step is the number of batches
         done (on every rank), and the call is collective too (one per batch; see there).
         """
-        if self._campaign is not None:
-            return self._campaign.offer(state, layout)
-        final = self._final is not None and step >= self._final
-        return self._offer(step, final, state, layout, self._stale)
-
-    def _offer(
-        self,
-        step: int,
-        final: bool,
-        state: Mapping[str, Any],
-        layout: Mapping[str, Layout] | None,
-        stale: Callable[[int], BaseException | None] | None = None,
-    ) -> bool:
-        """One call of :meth:`checkpoint`, at ``step`` (``final``: the loop's last), on
-        every rank: decided together, saved, stopped on preemption. ``stale`` says why a
-        step may not be taken (the step loop's; a campaign's count of batches done may be
-        offered again, and is simply not saved twice)."""
-        writer = self._require_open()
-        # A failure here (a background write that failed, a state that cannot be stored)
-        # is told to every rank at the collective below and raised on all of them
-        # together: raised on one rank alone, it would leave the others waiting in that
-        # collective for ever.
-        failure: BaseException | None = None
-        try:
-            require_mapping(state)
-            writer.raise_pending()
-        except Exception as e:
-            failure = e
-        if failure is None and stale is not None:
-            failure = stale(step)
-        if self._progress is not None:
-            self._progress.reached(step)
-        preempted = self._guard.requested
-        flat = None
-        if not self._prepared and failure is None:
-            try:
-                flat = self._flatten(state, layout)
-                writer.prepare(flat[0])
-                self._prepared = True
-            except Exception as e:
-                failure = e
-        save, preempted = self._decide_together(writer, step, preempted, final, failure)
-        if save:
-            self._save(writer, step, *(flat if flat is not None else self._flatten(state, layout)))
-        if final and self.publisher.exits_after_final:
-            writer.flush()
-            self._agreed_exit = True  # every rank of a replay leaves here, at step N
-            raise SystemExit(ExitCode.OK)  # the replay's instruction: write step N there, then exit
-        if preempted:
-            if step != self._last_saved_step:
-                last = (
-                    "the start"
-                    if self._last_saved_step is None
-                    else (f"step {self._last_saved_step}")
-                )
-                warnings.warn(
-                    f"preempted at step {step}, which the save policy {self.policy!r} did "
-                    f"not checkpoint: exiting with status {self.preempt_exit}, and a "
-                    f"restart resumes from {last}",
-                    PreemptedWithoutCheckpoint,
-                    stacklevel=2,
-                )
-            writer.flush()
-            self._agreed_exit = True  # every rank leaves here, at this step
-            raise SystemExit(self.preempt_exit)
-        return save
-
-    def _stale(self, step: int) -> StepAlreadyExists | None:
-        """The error for ``step`` if it is not after the newest step this run holds (the
-        last one handed to the writer, or the one restored); None when it is after it.
-        The same on every rank, which offer the same steps: each raises it together, at
-        the collective of :meth:`_decide_together`."""
-        newest = self._last_saved_step
-        if newest is None or step > newest:
-            return None
-        resumed = self._restorer.resumed
-        held = (
-            f"restored from {resumed.where}"
-            if resumed is not None and newest == resumed.step
-            else "its newest checkpoint"
-        )
-        return StepAlreadyExists(
-            f"run.checkpoint(step={step}): run {self.run_id!r} already holds step {newest} "
-            f"({held}); each step must come after it (run.steps(n) gives the steps after "
-            "the restored one)",
-            path=self.directory,
-            step=step,
-            newest=newest,
-        )
-
-    def _decide(self, writer: BackgroundWriter, step: int, preempted: bool, final: bool) -> bool:
-        ctx = SaveContext(
-            step=step,
-            now=time.monotonic(),
-            last_step=self._last_saved_step,
-            last_time=self._last_time,
-            stall=writer.stats.mean_stall,
-            write_time=writer.stats.mean_write,
-            preempted=preempted,
-            final=final,
-        )
-        # Never the same step twice: in a batches loop a round may offer the count of
-        # batches done again (elsewhere a step not after the newest is refused before).
-        return step != self._last_saved_step and self.policy.should_save(ctx)
-
-    def _decide_together(
-        self,
-        writer: BackgroundWriter,
-        step: int,
-        preempted: bool,
-        final: bool,
-        failure: BaseException | None = None,
-    ) -> tuple[bool, bool]:
-        """``(save, stop)``, the same on every rank, in one collective
-        (:meth:`~kronos_audit.runtime.ranks.LoopAgreement.decide`): rank 0's policy
-        decides; a failure on any rank is raised on every rank, together."""
-        decision = self._agreement.decide(
-            step,
-            preempted,
-            failure,
-            lambda stop: self._decide(writer, step, stop, final),
-            batches=self._campaign is not None,
-        )
-        if decision.error is not None:
-            self._agreed_exit = True  # every rank raises here, together
-            raise decision.error
-        return decision.save, decision.stop
-
-    def _flatten(
-        self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None
-    ) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, Layout]]:
-        # The codec refuses the reserved keys (rng, ledger, kaudit) and what cannot be
-        # stored; tensors and arrays are not copied here (the writer's staging copies).
-        flat = tree.encode(state)
-        layouts = expand_layout(layout, flat)
-        if self.rank > 0:
-            # Replicated arrays are stored once, in rank 0's shard.
-            flat = {n: a for n, a in flat.items() if not isinstance(layouts.get(n), Replicated)}
-        return flat, layouts
-
-    def _save(
-        self,
-        writer: BackgroundWriter,
-        step: int,
-        flat: Mapping[str, np.ndarray[Any, Any]],
-        layouts: Mapping[str, Layout],
-    ) -> None:
-        batches = None if self._campaign is None else self._campaign.saving()
-        generators, record = rng.capture(self.rng)
-        extra = {**generators, **self.ledger.to_flat()}
-        meta = StepMeta(
-            rng={n: RngRecord.from_json_obj(r) for n, r in record.items()},
-            layout=dict(layouts),  # a step of one file is the one rank's: none needed
-            batches=batches,
-        )
-        # Asynchronously, every rank hands the step over whatever failed meanwhile in the
-        # background (that is told to all at the next collective): a rank that did not
-        # would leave the others' commit of this step waiting for its vote. A synchronous
-        # commit's failure is every rank's (the commit is agreed), so it is raised at once.
-        try:
-            writer.submit(step, flat, extra, meta, raise_pending=not self.asynchronous)
-        except CheckpointError:
-            self._agreed_exit = not self.asynchronous  # the commit's verdict, every rank's
-            raise
-        self._last_saved_step = step
-        self._last_time = time.monotonic()
-        self.step = step
+        saver = self._saver
+        if saver.campaign is not None:
+            return saver.campaign.offer(state, layout)
+        final = saver.final is not None and step >= saver.final
+        return saver.offer(step, final, state, layout, saver.stale)
 
     def wait(self) -> None:
         """Block until every checkpoint handed over is durable; raise a background failure."""
@@ -661,9 +480,3 @@ class Run:
     def stats(self) -> WriterStats:
         """Stall and write-time statistics of this process's checkpoints."""
         return self._require_open().stats
-
-    # -- background ----------------------------------------------------------------------
-
-    def _commit(self, job: Job) -> None:
-        """Commit one checkpoint, this rank's part of it (on the background thread)."""
-        self.publisher.publish(job)

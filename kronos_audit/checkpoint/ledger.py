@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP
+from kronos_audit.checkpoint.codec.format import LEDGER_GROUP
 from kronos_audit.checkpoint.hdf5 import flatten, unflatten
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from kronos_audit.checkpoint.codec.registry import OWN_GROUPS
+from kronos_audit.checkpoint.codec.format import OWN_GROUPS
 from kronos_audit.checkpoint.hashing import (
     DatasetDigest,
     OpenFile,

@@ -20,7 +20,7 @@ import numpy as np
 
 from kronos_audit._internal.progress import reporting
 from kronos_audit.checkpoint.codec import tree
-from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP, OWN_GROUPS, RNG_GROUP
+from kronos_audit.checkpoint.codec.format import LEDGER_GROUP, OWN_GROUPS, RNG_GROUP
 from kronos_audit.checkpoint.hdf5 import State, unflatten
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.campaigns.ledger import Ledger

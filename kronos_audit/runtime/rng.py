@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal import strictjson
-from kronos_audit.checkpoint.codec.registry import RNG_GROUP
+from kronos_audit.checkpoint.codec.format import RNG_GROUP
 from kronos_audit.checkpoint.hdf5 import text_array
 from kronos_audit.errors import CheckpointError
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kronos_audit.checkpoint.codec.registry import RESERVED
+from kronos_audit.checkpoint.codec.format import RESERVED
 from kronos_audit.errors import CheckpointError
 
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from kronos_audit.checkpoint.codec import containers
+from kronos_audit.checkpoint.codec.format import NodeKind
 from kronos_audit.checkpoint.codec.numpy import NUMPY
-from kronos_audit.checkpoint.codec.registry import NodeKind, Registry
+from kronos_audit.checkpoint.codec.registry import Registry
 from kronos_audit.checkpoint.codec.tree import REGISTRY, encode
 from kronos_audit.errors import UsageError
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit.checkpoint.codec.registry import DECLINE, RESERVED, NodeKind
+from kronos_audit.checkpoint.codec.format import DECLINE, RESERVED, NodeKind
 from kronos_audit.checkpoint.codec.walk import (
     INT_TEXT,
     Decoder,

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from kronos_audit.checkpoint.codec.format import NodeKind
 from kronos_audit.checkpoint.codec.numpy import ML_DTYPES, UINT, bits, ml_dtype, ml_dtype_name
-from kronos_audit.checkpoint.codec.registry import NodeKind
 from kronos_audit.checkpoint.codec.walk import (
     Decoder,
     Encoder,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kronos_audit.checkpoint.codec.registry import NodeKind
+from kronos_audit.checkpoint.codec.format import NodeKind
 from kronos_audit.checkpoint.codec.walk import Decoder, Encoder, Fitter, fail, import_framework
 from kronos_audit.checkpoint.hdf5 import a_type
 

@@ -44,15 +44,15 @@ from kronos_audit.checkpoint.codec import containers
 from kronos_audit.checkpoint.codec import jax as jax_leaves
 from kronos_audit.checkpoint.codec import numpy as numpy_leaves
 from kronos_audit.checkpoint.codec import torch as torch_leaves
-from kronos_audit.checkpoint.codec.registry import (
+from kronos_audit.checkpoint.codec.format import (
     FORMAT,
     MAX_DEPTH,
     MAX_TREE_CHARS,
     RESERVED,
     TREE_PATH,
     VERSION,
-    Registry,
 )
+from kronos_audit.checkpoint.codec.registry import Registry
 from kronos_audit.checkpoint.codec.walk import Decoder, Encoder, Fitter
 from kronos_audit.checkpoint.hashing import array_digest
 from kronos_audit.checkpoint.hdf5 import a_type, text_array, type_name, unflatten

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from kronos_audit.checkpoint.codec.registry import (
+from kronos_audit.checkpoint.codec.format import (
     DECLINE,
     MAX_DEPTH,
     MAX_KEY_DEPTH,
     TREE_PATH,
-    Handler,
-    Registry,
+    NodeKind,
 )
 from kronos_audit.checkpoint.hdf5 import a_type, type_name
 from kronos_audit.errors import CheckpointError, UsageError
@@ -127,10 +126,54 @@ def imported_class(module: str, qualname: str) -> Any:
     return obj if isinstance(obj, type) else None
 
 
+class Handler(Protocol):
+    """Writes values of some types as nodes of the kinds it owns, and reads them back."""
+
+    @property
+    def kinds(self) -> tuple[NodeKind, ...]:
+        """The node kinds it decodes; none for a handler that only rewrites a value (an
+        ``IntEnum`` written as its ``int``)."""
+        ...
+
+    @property
+    def container(self) -> bool:
+        """Whether its nodes hold other nodes (their nesting is bounded)."""
+        ...
+
+    def encode(self, enc: Encoder, value: Any, path: str, depth: int) -> int:
+        """Add ``value``'s node (and its datasets) to ``enc``; return the node's index."""
+        ...
+
+    def decode(self, dec: Decoder, node: dict[str, Any], index: int, path: str, depth: int) -> Any:
+        """The value node ``index`` (``node``, one of :attr:`kinds`) records."""
+        ...
+
+    def fit(self, fitter: Fitter, like: Any, value: Any, path: str) -> Any:
+        """``value`` (decoded) in the shape of the template ``like``, or :data:`DECLINE`."""
+        ...
+
+
+class Routes(Protocol):
+    """What a walk asks of the registry (:class:`~kronos_audit.checkpoint.codec.registry.Registry`):
+    the handler of a value's type, or of a node's kind."""
+
+    def matches(self, t: type) -> Iterator[Handler]:
+        """The handlers whose predicate holds for ``t``, in the order registered."""
+        ...
+
+    def resolve(self, t: type) -> Handler | None:
+        """The first handler whose predicate holds for ``t``; None when none does."""
+        ...
+
+    def lookup(self, kind: object) -> Handler | None:
+        """The handler that decodes nodes of ``kind``; None for a kind none owns."""
+        ...
+
+
 class Encoder:
     """One encoding: the node table and the datasets made so far."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Routes) -> None:
         self.registry = registry
         self.nodes: list[dict[str, Any]] = []
         self.flat: dict[str, np.ndarray[Any, Any]] = {}
@@ -172,7 +215,7 @@ class Decoder:
     """One decoding of a node table: the nodes reached, the datasets used."""
 
     def __init__(
-        self, registry: Registry, nodes: list[Any], flat: Mapping[str, Any], where: str
+        self, registry: Routes, nodes: list[Any], flat: Mapping[str, Any], where: str
     ) -> None:
         self.registry = registry
         self.nodes = nodes
@@ -289,7 +332,7 @@ class Decoder:
 class Fitter:
     """One fitting of decoded values into a template."""
 
-    def __init__(self, registry: Registry, where: str) -> None:
+    def __init__(self, registry: Routes, where: str) -> None:
         self.registry = registry
         self.where = where or None
         self.loads: list[tuple[Any, Any, str]] = []

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_ancestors, fsync_dir, mkdir_durable
-from kronos_audit.checkpoint.codec.registry import RESERVED
+from kronos_audit.checkpoint.codec.format import RESERVED
 from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, dtype_name
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,

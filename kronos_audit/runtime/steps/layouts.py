@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT
-from kronos_audit.checkpoint.codec.registry import RESERVED
+from kronos_audit.checkpoint.codec.format import RESERVED
 from kronos_audit.checkpoint.layout import RunDirectory, step_of_remote_step_manifest
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,

@@ -44,7 +44,7 @@ import h5py
 import numpy as np
 
 from kronos_audit._internal.fsutil import TEMP_PREFIX
-from kronos_audit.checkpoint.codec.registry import LEDGER_GROUP, OWN_GROUPS, TREE_PATH
+from kronos_audit.checkpoint.codec.format import LEDGER_GROUP, OWN_GROUPS, TREE_PATH
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     STEP_MANIFEST,

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kronos_audit._internal.lazy import lazy_exports
+from kronos_audit._internal.exports import RUNTIME_EXPORTS
+from kronos_audit._internal.lazy import joined, lazy_exports
 from kronos_audit._internal.version import VERSION
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
@@ -31,7 +32,6 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     from kronos_audit.errors import (
         BisectError as BisectError,
         CampaignError as CampaignError,
-        CheckpointSkipped as CheckpointSkipped,
         CheckpointError as CheckpointError,
         Error as Error,
         ManifestError as ManifestError,
@@ -49,34 +49,8 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
         Block as Block,
         Replicated as Replicated,
     )
-    from kronos_audit.runtime.campaigns.array import (
-        ArrayTask as ArrayTask,
-        campaign_ledger as campaign_ledger,
-    )
-    from kronos_audit.runtime.campaigns.executors import RayExecutor as RayExecutor
-    from kronos_audit.runtime.campaigns.ledger import Ledger as Ledger
-    from kronos_audit.runtime.levels import (
-        MemoryLevel as MemoryLevel,
-        PartnerLevel as PartnerLevel,
-    )
-    from kronos_audit.runtime.policy import (
-        AnyOf as AnyOf,
-        AtFinalStep as AtFinalStep,
-        Auto as Auto,
-        EverySeconds as EverySeconds,
-        EverySteps as EverySteps,
-        Never as Never,
-        OnPreemption as OnPreemption,
-        Remote as Remote,
-        Retention as Retention,
-        SaveContext as SaveContext,
-        SavePolicy as SavePolicy,
-    )
     from kronos_audit.provenance.dispatch import DispatchNotPinned as DispatchNotPinned
-    from kronos_audit.runtime.run import Run as Run
-    from kronos_audit.runtime.saver import (
-        PreemptedWithoutCheckpoint as PreemptedWithoutCheckpoint,
-    )
+    from kronos_audit.runtime import *  # noqa: F403  (the names of the runtime's table)
     from kronos_audit.supervise.supervisor import (
         CommandStartError as CommandStartError,
     )
@@ -91,61 +65,46 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     )
     # isort: on
 
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kronos_audit.checkpoint.codec.tree": ("state_digest",),
-    "kronos_audit.compare.policy": ("ToleranceError",),
-    "kronos_audit.errors": (
-        "BisectError",
-        "CampaignError",
-        "CheckpointSkipped",
-        "CheckpointError",
-        "Error",
-        "ManifestError",
-        "ProjectError",
-        "ReplayError",
-        "RollbackRefused",
-        "RunLocked",
-        "SigningKeyError",
-        "StepAlreadyExists",
-        "StorageError",
-        "TamperedData",
-        "UsageError",
-    ),
-    "kronos_audit.parallel.layout": (
-        "Block",
-        "Replicated",
-    ),
-    "kronos_audit.runtime.campaigns.array": ("ArrayTask", "campaign_ledger"),
-    "kronos_audit.runtime.campaigns.executors": ("RayExecutor",),
-    "kronos_audit.runtime.campaigns.ledger": ("Ledger",),
-    "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
-    "kronos_audit.runtime.policy": (
-        "AnyOf",
-        "AtFinalStep",
-        "Auto",
-        "EverySeconds",
-        "EverySteps",
-        "Never",
-        "OnPreemption",
-        "Remote",
-        "Retention",
-        "SaveContext",
-        "SavePolicy",
-    ),
-    "kronos_audit.provenance.dispatch": ("DispatchNotPinned",),
-    "kronos_audit.runtime.run": ("Run",),
-    "kronos_audit.runtime.saver": ("PreemptedWithoutCheckpoint",),
-    "kronos_audit.supervise.supervisor": ("CommandStartError",),
-    "kronos_audit.signing.snapshot": ("snapshot",),
-    "kronos_audit.statement.manifest": (
-        "Manifest",
-        "read_manifest",
-    ),
-    "kronos_audit.verification.batch": ("verify",),
-    "kronos_audit.verification.results": ("Check", "VerifyResult"),
-}
+_EXPORTS: dict[str, tuple[str, ...]] = joined(
+    {
+        "kronos_audit.checkpoint.codec.tree": ("state_digest",),
+        "kronos_audit.compare.policy": ("ToleranceError",),
+        "kronos_audit.errors": (
+            "BisectError",
+            "CampaignError",
+            "CheckpointError",
+            "Error",
+            "ManifestError",
+            "ProjectError",
+            "ReplayError",
+            "RollbackRefused",
+            "RunLocked",
+            "SigningKeyError",
+            "StepAlreadyExists",
+            "StorageError",
+            "TamperedData",
+            "UsageError",
+        ),
+        "kronos_audit.parallel.layout": (
+            "Block",
+            "Replicated",
+        ),
+        "kronos_audit.provenance.dispatch": ("DispatchNotPinned",),
+        "kronos_audit.supervise.supervisor": ("CommandStartError",),
+        "kronos_audit.signing.snapshot": ("snapshot",),
+        "kronos_audit.statement.manifest": (
+            "Manifest",
+            "read_manifest",
+        ),
+        "kronos_audit.verification.batch": ("verify",),
+        "kronos_audit.verification.results": ("Check", "VerifyResult"),
+    },
+    RUNTIME_EXPORTS,
+)
 """The public API: each module and the names it gives, imported from it the first time one
-is used. The block above says the same to a type checker (a test holds them equal)."""
+is used; the runtime's are :mod:`kronos_audit.runtime`'s, from one table
+(:data:`~kronos_audit._internal.exports.RUNTIME_EXPORTS`). The block above says the same
+to a type checker (a test holds them equal)."""
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 

@@ -37,4 +37,15 @@ def lazy_exports(
     return names, __getattr__, __dir__
 
 
-__all__ = ["lazy_exports"]
+def joined(*tables: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """One table of the names of ``tables``: each module's names from every table, in
+    order, each once (a package that gives a sub-package's names reads its table)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for table in tables:
+        for module, names in table.items():
+            have = out.get(module, ())
+            out[module] = have + tuple(n for n in names if n not in have)
+    return out
+
+
+__all__ = ["joined", "lazy_exports"]

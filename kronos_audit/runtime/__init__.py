@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kronos_audit._internal.exports import RUNTIME_EXPORTS
 from kronos_audit._internal.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     # isort: off
     from kronos_audit.errors import CheckpointSkipped as CheckpointSkipped
+    from kronos_audit.runtime.campaigns.array import (
+        ArrayTask as ArrayTask,
+        campaign_ledger as campaign_ledger,
+    )
+    from kronos_audit.runtime.campaigns.executors import RayExecutor as RayExecutor
     from kronos_audit.runtime.campaigns.ledger import Ledger as Ledger, batch_rng as batch_rng
     from kronos_audit.runtime.levels import (
         MemoryLevel as MemoryLevel,
@@ -38,27 +44,11 @@ if TYPE_CHECKING:  # the names of _EXPORTS, for type checkers
     )
     # isort: on
 
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "kronos_audit.errors": ("CheckpointSkipped",),
-    "kronos_audit.runtime.campaigns.ledger": ("Ledger", "batch_rng"),
-    "kronos_audit.runtime.levels": ("MemoryLevel", "PartnerLevel"),
-    "kronos_audit.runtime.policy": (
-        "AnyOf",
-        "AtFinalStep",
-        "Auto",
-        "EverySeconds",
-        "EverySteps",
-        "Never",
-        "OnPreemption",
-        "Remote",
-        "Retention",
-        "SaveContext",
-        "SavePolicy",
-    ),
-    "kronos_audit.runtime.run": ("Run",),
-    "kronos_audit.runtime.saver": ("PreemptedWithoutCheckpoint",),
-}
+_EXPORTS = RUNTIME_EXPORTS
 """Each module and the names this package gives from it, imported the first time one is
-used. The block above says the same to a type checker (a test holds them equal)."""
+used (:mod:`kronos_audit` gives them too). The block above says the same to a type
+checker (a test holds them equal)."""
 
-__all__, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+_NAMES, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+if not TYPE_CHECKING:  # hidden from type checkers: ``import *`` of this package gives
+    __all__ = _NAMES  # them the names the block above re-exports

@@ -229,14 +229,14 @@ class Run:
         return self._saver.ledger
 
     @property
-    def step(self) -> int | None:
-        """The step of the state in hand: the restored one, then the last checkpointed."""
-        return self._saver.last_saved
-
-    @property
     def push_failures(self) -> list[str]:
         """Background pushes that failed (the checkpoints stay safe locally)."""
         return self.publisher.push_failures
+
+    @property
+    def step(self) -> int | None:
+        """The step of the state in hand: the restored one, then the last checkpointed."""
+        return self._saver.last_saved
 
     @property
     def restored_from(self) -> Path | None:

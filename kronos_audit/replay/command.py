@@ -27,7 +27,7 @@ from kronos_audit.supervise.protocol import ReplayInstruction
 Instruction = ReplayInstruction
 """What the replayed command is told: the protocol's one instruction type, written here as
 environment variables and placeholders, read back by the program's
-:class:`kronos_audit.Run`."""
+:class:`~kronos_audit.runtime.run.Run`."""
 
 PYTHON_NAMES = frozenset({"python", "python3"})
 """A recorded argv starting with one of these runs with this interpreter (sys.executable)."""

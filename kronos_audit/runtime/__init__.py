@@ -50,5 +50,6 @@ used (:mod:`kronos_audit` gives them too). The block above says the same to a ty
 checker (a test holds them equal)."""
 
 _NAMES, __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-if not TYPE_CHECKING:  # hidden from type checkers: ``import *`` of this package gives
-    __all__ = _NAMES  # them the names the block above re-exports
+# Bound through globals(): type checkers and the docs' reader, which cannot compute it,
+# then take the names the block above re-exports for ``from kronos_audit.runtime import *``.
+globals()["__all__"] = _NAMES

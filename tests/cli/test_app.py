@@ -138,8 +138,8 @@ EXPORTING = ("kronos_audit", "kronos_audit.runtime")
 
 
 def type_checkers_see_all(package_name: str) -> bool:
-    """Whether a type checker sees the package's ``__all__``: a computed one would hide
-    the names its ``TYPE_CHECKING`` block re-exports from ``import *`` of it."""
+    """Whether a type checker sees an ``__all__`` in the package: a computed one would
+    hide the names its ``TYPE_CHECKING`` block re-exports from ``import *`` of it."""
     source = importlib.import_module(package_name).__file__
     assert source
     tree = ast.parse(Path(source).read_text(encoding="utf-8"))
@@ -166,7 +166,7 @@ def test_the_type_checking_imports_are_the_exports_table(package_name: str) -> N
         assert node.module, ast.unparse(node)
         if [alias.name for alias in node.names] == ["*"]:
             # All of a sub-package's names: those its own block re-exports, checked by
-            # this test too (its __all__ hidden from type checkers, so they take those).
+            # this test too (its __all__ unseen by type checkers, so they take those).
             assert node.module in EXPORTING, f"{node.module}: not checked here"
             assert not type_checkers_see_all(node.module), f"{node.module}: hide its __all__"
             for module, names in importlib.import_module(node.module)._EXPORTS.items():

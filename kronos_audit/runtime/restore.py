@@ -2,9 +2,10 @@
 read back into the state, the RNGs and the ledger.
 
 :class:`~kronos_audit.runtime.run.Run` holds a :class:`Restorer` and hands its
-``restore``, ``all_steps`` and ``latest_step`` to it; the loop and the checkpoint path
-are :mod:`kronos_audit.runtime.run`'s. Which step is taken is agreed by every rank, and
-each reads its own part of it, through the run's
+``restore``, ``all_steps`` and ``latest_step`` to it; the loop is
+:mod:`kronos_audit.runtime.run`'s and the checkpoint path
+:mod:`kronos_audit.runtime.saver`'s. Which step is taken is agreed by every rank, and each
+reads its own part of it, through the run's
 :class:`~kronos_audit.runtime.steps.interface.Publisher`.
 """
 

@@ -42,7 +42,8 @@ enough that a campaign of a million batches does not hold a million futures."""
 
 
 class Submitter(Protocol):
-    """What :meth:`~kronos_audit.runtime.run.Run.map_batches` needs of an executor: ``submit``, returning a future."""
+    """What :meth:`~kronos_audit.runtime.run.Run.map_batches` needs of an executor:
+    ``submit``, returning a future."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]: ...
 

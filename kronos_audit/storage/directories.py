@@ -11,15 +11,16 @@ one already in the cache under that md5 that holds other bytes is replaced, neve
 
 from __future__ import annotations
 
+import json
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kronos_audit._internal.fsutil import mkdir_durable, write_atomic
 from kronos_audit._internal.safeio import KEY_LIMIT, UnsafeFile, read_regular
-from kronos_audit.checkpoint.directory import FileEntry, dvc_listing
+from kronos_audit.checkpoint.directory import FileEntry, dvc_listing, path_problem
 from kronos_audit.errors import StorageError
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import Manifest
@@ -36,10 +37,13 @@ from kronos_audit.storage.tracking import (
 )
 
 if TYPE_CHECKING:
+    from kronos_audit.storage.fetch import RemoteSource
     from kronos_audit.storage.remote import Storage
 
 DIR_SUFFIX = ".dir"
 """DVC's suffix of a directory's listing object (its md5 ``<md5>.dir``)."""
+LISTING_ENTRY = 256
+"""The most bytes a listing read back may spend on each file it may name."""
 
 
 def listing_md5(files: Sequence[FileEntry]) -> str:
@@ -146,13 +150,28 @@ def push_listings(
     caller; its files pushed already), written into the cache from the signed files
     first, so that a plain ``dvc pull`` finds it. Return, by directory, why a listing is
     not in the remote afterwards (empty when all are)."""
+    listed = {
+        m.checkpoint_path: m.record.directory.files
+        for m in manifests
+        if m.record.directory is not None
+    }
+    return _push_listings(storage, listed, remote)
+
+
+def push_listing(
+    storage: Storage, directory: Path, files: Sequence[FileEntry], remote: str | None = None
+) -> str | None:
+    """:func:`push_listings` of one directory of ``files`` (a campaign's records, tracked
+    by :func:`track_directory`): why its listing is not in the remote afterwards, or None."""
+    return _push_listings(storage, {directory: files}, remote).get(directory)
+
+
+def _push_listings(
+    storage: Storage, listed: Mapping[Path, Sequence[FileEntry]], remote: str | None
+) -> dict[Path, str]:
     cache_dir, _ = storage.cache_settings()
     name = storage.remote_name(remote)
-    oids: dict[Path, str] = {}
-    for m in manifests:
-        record = m.record.directory
-        if record is not None:
-            oids[m.checkpoint_path] = write_listing(cache_dir, record.files) + DIR_SUFFIX
+    oids = {path: write_listing(cache_dir, files) + DIR_SUFFIX for path, files in listed.items()}
     if not oids:
         return {}
     try:
@@ -172,12 +191,43 @@ def push_listings(
     return problems
 
 
+def read_listing(source: RemoteSource, directory: Path, most: int) -> dict[str, str]:
+    """The files DVC's listing of ``directory`` names (relative path: md5), read through
+    its ``DIR.dvc`` from ``source``: unsigned, so only an address, and at most ``most``
+    entries. StorageError when the ``.dvc`` file or the listing is not one, or names a
+    file that is not a plain name inside the directory (nothing outside it is ever
+    fetched); TamperedData when the listing is not of its md5."""
+    dvc_file = dvc_file_for(directory)
+    found = read_directory_dvc_file(dvc_file)
+    if found is None:
+        raise StorageError("not a DVC directory's .dvc file (or not here)", path=dvc_file)
+    data = source.read_bounded(found[0] + DIR_SUFFIX, dvc_file, most * LISTING_ENTRY)
+    try:
+        entries = json.loads(data)
+        listed = {e["relpath"]: e["md5"] for e in entries}
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        raise StorageError("its DVC listing is not one", path=dvc_file) from None
+    for relpath, md5 in listed.items():
+        if not isinstance(relpath, str) or "/" in relpath or path_problem(relpath) is not None:
+            raise StorageError(
+                f"its DVC listing names {str(relpath)[:80]!r}, not a file of "
+                f"{directory.name}/: nothing fetched",
+                path=dvc_file,
+            )
+        if not isinstance(md5, str) or not MD5_PATTERN.fullmatch(md5):
+            raise StorageError(f"its DVC listing's md5 of {relpath!r} is not one", path=dvc_file)
+    return listed
+
+
 __all__ = [
     "DIR_SUFFIX",
+    "LISTING_ENTRY",
     "listing_md5",
     "listing_object_path",
+    "push_listing",
     "push_listings",
     "read_directory_dvc_file",
+    "read_listing",
     "track_directory",
     "write_directory_dvc_file",
     "write_listing",

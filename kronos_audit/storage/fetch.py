@@ -379,6 +379,43 @@ class RemoteSource:
             with contextlib.suppress(Exception):
                 src.close()
 
+    def read_bounded(self, oid: str, where: Path, limit: int) -> bytes:
+        """The object ``oid`` (an md5, or a directory listing's ``<md5>.dir``) read into
+        memory, at most ``limit`` bytes, for a caller that checks its sha256 itself (a
+        campaign's records are named by theirs). Returned only when its md5 is its name's.
+        TamperedData when it is larger or of another md5, RemoteUnreachable when the
+        remote cannot be read, StorageError when it is not there."""
+        md5, dot, suffix = oid.partition(".")
+        if not MD5_PATTERN.fullmatch(md5) or (dot and suffix != "dir"):
+            raise StorageError(f"not a DVC object's name: {oid[:80]!r}", path=where)
+        odb = self._get_odb(where)
+        try:
+            src = self._open(odb, oid)
+        except FileNotFoundError:
+            raise StorageError(
+                f"not in the DVC remote {self.name!r} (no object {oid})", path=where
+            ) from None
+        except _NotRegular as e:
+            raise TamperedData(f"the DVC remote's object {oid}: {e}", path=where) from None
+        except Exception as e:  # DVC's and asyncssh's errors are many: name it and stop
+            raise self._unreachable(e, where) from None
+        buffer = io.BytesIO()
+        try:
+            got = _read_hashing(src.read, buffer, limit)
+        except _SourceFailed as e:
+            raise self._unreachable(e.error, where) from None
+        finally:
+            with contextlib.suppress(Exception):
+                src.close()
+        if got.size > limit:
+            raise TamperedData(
+                f"the DVC remote's object {oid} is larger than the {limit:,} bytes allowed",
+                path=where,
+            )
+        if got.md5 != md5:
+            raise TamperedData(f"the DVC remote's object {oid} is not of that md5", path=where)
+        return buffer.getvalue()
+
 
 def read_object(item: FetchItem, remote: RemoteSource) -> bytes:
     """The object ``item`` names, read from ``remote`` into memory (at most one byte more

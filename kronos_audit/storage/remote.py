@@ -436,6 +436,10 @@ class Storage:
         source = RemoteSource(self._open_remote, remote)
         return lambda item: read_object(item, source)
 
+    def remote_source(self, remote: str | None = None) -> RemoteSource:
+        """The remote, opened when first read (:meth:`RemoteSource.read_bounded`)."""
+        return RemoteSource(self._open_remote, remote)
+
     def _open_remote(self, name: str | None) -> tuple[str, Any]:
         chosen = self.remote_name(name)
         return chosen, self._odb(chosen)

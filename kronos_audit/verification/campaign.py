@@ -47,7 +47,13 @@ from kronos_audit.statement.manifest import Manifest, Sha256
 from kronos_audit.statement.predicate import Ran, Share
 from kronos_audit.verification import steps
 from kronos_audit.verification.chain import inside
-from kronos_audit.verification.records import check_all, check_sample, ledger_lookup
+from kronos_audit.verification.records import (
+    RecordsFailed,
+    check_all,
+    check_sample,
+    fetch_records,
+    ledger_lookup,
+)
 from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
 from kronos_audit.verification.verifier import Verifier
 
@@ -440,6 +446,14 @@ def verify_certificate(
             )
         )
         return _result(cert, checks, signed.signer)
+    if verifier.fetch and record.records is not None:
+        from kronos_audit.storage import Storage  # only a fetch needs DVC
+
+        try:
+            fetch_records(Storage(verifier.project), cert.path, record, verifier.remote)
+        except RecordsFailed as e:
+            checks.append(Check.failed(CheckName.BATCHES, str(e)))
+            return _result(cert, checks, signed.signer)
     for p in record.parts:
         where = inside(verifier.project.root, p.manifest)
         if where is None:

@@ -13,13 +13,16 @@ what is not there, not of its size or not of its digest fails a check naming it.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kronos_audit._internal.fsutil import mkdir_durable, write_atomic
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
+from kronos_audit.errors import Error
 from kronos_audit.statement.campaign import CampaignBatch, CampaignRecord, result_digest
 from kronos_audit.statement.records import (
     CHUNK_LIMIT,
@@ -38,7 +41,12 @@ from kronos_audit.statement.records import (
     root_from_path,
     tree_levels,
 )
+from kronos_audit.storage.directories import read_listing
+from kronos_audit.storage.tracking import dvc_file_for
 from kronos_audit.verification.results import Check, CheckName
+
+if TYPE_CHECKING:
+    from kronos_audit.storage.remote import Storage
 
 
 class RecordsFailed(Exception):
@@ -65,6 +73,61 @@ def _read(directory: Path, name: str, limit: int) -> bytes:
     if hashlib.sha256(data).hexdigest() != name:
         raise RecordsFailed(f"{directory.name}/{name}: not the file of that sha256")
     return data
+
+
+def fetch_records(
+    storage: Storage, certificate: Path, signed: CampaignRecord, remote: str | None = None
+) -> int:
+    """Fetch from the DVC remote each file of the records ``signed`` commits to (its
+    signature checked by the caller) that is not beside ``certificate``: the index first
+    (the certificate names its sha256), then each chunk the index names. The md5 comes
+    from DVC's unsigned listing, so a file is written only once its sha256 is the signed
+    one, read bounded as :func:`_read` reads it, renamed into the records' directory
+    (never through a link) under that name. Returns how many were fetched; RecordsFailed
+    naming the file that cannot be. Records DVC does not track (no ``NAME.records.dvc``)
+    are left to the checks, which say what is not here."""
+    assert signed.records is not None
+    directory = records_dir(certificate, signed.campaign)
+    if directory.is_symlink():  # what it points at is not written into
+        raise RecordsFailed(f"{directory.name}: a symbolic link, not followed")
+    if not os.path.lexists(dvc_file_for(directory)):
+        return 0
+    chunks = -(-signed.n // PER_CHUNK)
+    source = storage.remote_source(remote)
+    listed: dict[str, str] | None = None
+    fetched = 0
+
+    def bring(name: str, limit: int) -> None:
+        nonlocal listed, fetched
+        where = directory / name
+        if os.path.lexists(where):
+            return  # read and checked as it is, like any file here
+        try:
+            if listed is None:
+                listed = read_listing(source, directory, chunks + 1)
+            md5 = listed.get(name)
+            if md5 is None:
+                raise RecordsFailed(f"{directory.name}/{name}: not here, nor in its DVC listing")
+            data = source.read_bounded(md5, where, limit)
+            if hashlib.sha256(data).hexdigest() != name:
+                raise RecordsFailed(
+                    f"{directory.name}/{name}: the DVC remote's object {md5} is not the file "
+                    "of that sha256; nothing was written"
+                )
+            mkdir_durable(directory)
+            write_atomic(where, data, overwrite=False)
+        except Error as e:
+            raise RecordsFailed(f"{directory.name}/{name}: {e.message}") from None
+        except OSError as e:
+            raise RecordsFailed(
+                f"{directory.name}/{name}: not written: {e.strerror or e}"
+            ) from None
+        fetched += 1
+
+    bring(signed.records.index, chunks * INDEX_LINE)
+    for sha, _ in _index(directory, signed):
+        bring(sha, CHUNK_LIMIT)
+    return fetched
 
 
 def _index(directory: Path, signed: CampaignRecord) -> list[tuple[str, bytes]]:
@@ -277,6 +340,7 @@ __all__ = [
     "RecordsFailed",
     "check_all",
     "check_sample",
+    "fetch_records",
     "ledger_lookup",
     "prove",
     "records_of",

@@ -15,6 +15,7 @@ from the same files.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -26,7 +27,8 @@ from pathlib import Path
 from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir, mkdir_durable, write_atomic
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit._internal.version import VERSION
-from kronos_audit.errors import Error, ManifestError
+from kronos_audit.checkpoint.directory import FileEntry
+from kronos_audit.errors import Error, ManifestError, StorageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.campaign import (
@@ -39,12 +41,20 @@ from kronos_audit.statement.campaign import (
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import Sha256
 from kronos_audit.statement.records import records_dir
+from kronos_audit.storage.directories import push_listing, track_directory
+from kronos_audit.storage.fetch import FetchItem
+from kronos_audit.storage.remote import Storage
 from kronos_audit.verification.campaign import CampaignRefused, campaign_record, read_part
 from kronos_audit.verification.records import records_of
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
 TOOL = f"kronos-audit {VERSION}"
+
+
+class RecordsNotPushed(UserWarning):
+    """A certificate was written, but its records are not all in the DVC remote (the message
+    says why): they are here, beside it; ``kaudit verify`` elsewhere cannot fetch them."""
 
 
 class CertificateNotWritten(UserWarning):
@@ -60,6 +70,7 @@ def certify(
     n: int,
     *,
     whole: bool = True,
+    storage: Storage | None = None,
 ) -> Path:
     """Sign and write the certificate of campaign ``campaign`` of ``n`` batches, whose
     parts' last checkpoints are ``manifests`` (their run directories side by side).
@@ -70,7 +81,11 @@ def certify(
     Each part is verified ``whole`` (:func:`~kronos_audit.verification.campaign.read_part`),
     every shard of a sharded step, as ``kaudit verify`` will verify the certificate; a run
     certifying its own last step at its end, where other ranks' shards may be on other
-    nodes, passes ``whole=False``."""
+    nodes, passes ``whole=False``.
+
+    With ``storage`` (a run that pushes), the records are then tracked by DVC as one
+    directory (``NAME.records.dvc``) and pushed with their listing, as a directory step's
+    files are: what stops that is said in a :class:`RecordsNotPushed` warning."""
     if n > MAX_BATCHES:
         raise CampaignRefused(
             f"campaign {campaign!r}: {n:,} batches; a certificate records at most {MAX_BATCHES:,}"
@@ -87,7 +102,8 @@ def certify(
     root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)
     path = certificate_path(root, campaign)
     # The records first: a certificate is never there without what it commits to.
-    record = replace(record, batches=(), records=write_records(path, campaign, record.batches))
+    commitment, entries = _write_records(path, campaign, record.batches)
+    record = replace(record, batches=(), records=commitment)
     data = encode_envelope(sign_envelope(encode_statement(record), key))
     if len(data) > MANIFEST_LIMIT:  # what no verifier would read is not signed
         raise CampaignRefused(
@@ -100,13 +116,45 @@ def certify(
         raise ManifestError(
             f"cannot write the campaign certificate: {e.strerror or e}", path=path
         ) from None
+    if storage is not None:
+        try:
+            push_records(storage, records_dir(path, campaign), entries)
+        except Error as e:
+            log.warning("campaign %r: its records are not pushed: %s", campaign, e)
+            warnings.warn(
+                f"campaign {campaign!r}: certified, but its records are not pushed: {e}",
+                RecordsNotPushed,
+                stacklevel=2,
+            )
     return path
+
+
+def push_records(storage: Storage, directory: Path, entries: Sequence[FileEntry]) -> None:
+    """Track a certificate's records (``entries``, the files of ``directory`` as they were
+    written) with DVC as one directory, ``NAME.records.dvc`` beside it (git ignores the
+    directory, as a step's), and push every file and the listing, each confirmed in the
+    remote afterwards. StorageError (PushIncomplete) when one is not there."""
+    track_directory(storage.project, directory, entries)
+    storage.push(
+        [FetchItem(directory / e.path, e.md5, e.sha256, e.size, member=True) for e in entries]
+    )
+    problem = push_listing(storage, directory, entries)
+    if problem is not None:
+        raise StorageError(problem, path=directory)
 
 
 def write_records(certificate: Path, campaign: str, batches: Sequence[CampaignBatch]) -> Commitment:
     """Write every batch's record (``batches``, in index order) beside ``certificate``, in
     ``NAME.records/`` (content-addressed chunks and their index), and return what a
     certificate signs of them. ManifestError when they cannot be written."""
+    return _write_records(certificate, campaign, batches)[0]
+
+
+def _write_records(
+    certificate: Path, campaign: str, batches: Sequence[CampaignBatch]
+) -> tuple[Commitment, list[FileEntry]]:
+    """:func:`write_records`, and each file written as DVC tracks it (its md5 hashed from
+    the bytes in memory, never read back)."""
     stored = records_of(batches)
     directory = records_dir(certificate, campaign)
     files = [(c.sha256, c.data) for c in stored.chunks] + [(stored.index_sha256, stored.index)]
@@ -119,7 +167,11 @@ def write_records(certificate: Path, campaign: str, batches: Sequence[CampaignBa
         raise ManifestError(
             f"cannot write the campaign's records: {e.strerror or e}", path=directory
         ) from None
-    return Commitment(stored.root, Sha256(stored.index_sha256))
+    entries = [
+        FileEntry(name, len(data), name, hashlib.md5(data, usedforsecurity=False).hexdigest())
+        for name, data in files
+    ]
+    return Commitment(stored.root, Sha256(stored.index_sha256)), entries
 
 
 def _write_named(path: Path, data: bytes) -> None:
@@ -151,14 +203,21 @@ def _run_root(manifest: Path, sharded: bool) -> Path:
     return run_dir.parent
 
 
-def certify_run(verifier: Verifier, key: SigningKey, campaign: str, manifest: Path, n: int) -> None:
+def certify_run(
+    verifier: Verifier,
+    key: SigningKey,
+    campaign: str,
+    manifest: Path,
+    n: int,
+    storage: Storage | None = None,
+) -> None:
     """:func:`certify` of a run's own finished campaign, at its end: what stops it is said
     in a :class:`CertificateNotWritten` warning, never raised (the campaign's results are
     checkpointed and stand)."""
     try:
         # Its own step, just written and signed here: each rank hashed its shard as it
         # wrote it, and with node-local storage the other ranks' shards are not here.
-        path = certify(verifier, key, campaign, [manifest], n, whole=False)
+        path = certify(verifier, key, campaign, [manifest], n, whole=False, storage=storage)
     except (CampaignRefused, Error) as e:
         warnings.warn(
             f"campaign {campaign!r}: no certificate: {e}", CertificateNotWritten, stacklevel=4
@@ -167,4 +226,11 @@ def certify_run(verifier: Verifier, key: SigningKey, campaign: str, manifest: Pa
     log.info("campaign %r: %d batches certified in %s", campaign, n, path)
 
 
-__all__ = ["CertificateNotWritten", "certify", "certify_run", "write_records"]
+__all__ = [
+    "CertificateNotWritten",
+    "RecordsNotPushed",
+    "certify",
+    "certify_run",
+    "push_records",
+    "write_records",
+]

@@ -53,6 +53,10 @@ class Pusher:
         """Rank 0: the remote manifests this run's restore passed over (name: digest),
         which its own steps of the same names replace (an abandoned branch, no chain)."""
 
+    def storage(self) -> Storage:
+        """The DVC project and remote this rank pushes to (made when first needed)."""
+        return self._storage()
+
     def push(self, comm: Comm, manifest: Path, items: Sequence[FetchItem]) -> None:
         """All ranks, on the writer's thread, once the step whose manifest is ``manifest``
         is committed: push this rank's ``items`` of it (and what failed before), then

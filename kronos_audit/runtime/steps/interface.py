@@ -177,6 +177,8 @@ class RunPublisher:
     the program's own policy and last step."""
 
     exits_after_final = False
+    push = False
+    """Whether committed steps are pushed to the DVC remote (and a certificate's records)."""
     run_id: str
 
     def __init__(self, directory: Path, pusher: Any) -> None:
@@ -204,9 +206,13 @@ class RunPublisher:
         signing = self._certifier(step)
         if signing is not None:
             from kronos_audit.runtime.campaigns.certify import certify_run
+            from kronos_audit.runtime.remote.push import Pusher
 
             verifier, key, manifest = signing
-            certify_run(verifier, key, self.run_id, manifest, n)
+            # A run that pushes its steps pushes its certificate's records too.
+            pushes = self.push and isinstance(self._pusher, Pusher)
+            storage = self._pusher.storage() if pushes else None
+            certify_run(verifier, key, self.run_id, manifest, n, storage)
 
     def _certifier(self, step: int) -> tuple[Verifier, SigningKey, Path] | None:
         """What signs a certificate here: the verifier of the run's restores, its key,

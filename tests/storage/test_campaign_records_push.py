@@ -1,0 +1,107 @@
+"""A campaign's records tracked by DVC and pushed with its steps: an auditor with the
+certificate and the remote, but not the records, gets them from the remote through
+``kaudit verify``, each file accepted only as the sha256 the certificate signs. Tried as
+an attacker would: an object swapped in the remote, a listing naming a path outside the
+records' directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+import kronos_audit as ka
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.campaign import read_certificate
+from kronos_audit.statement.records import records_dir
+from kronos_audit.storage import dvc_file_for
+from kronos_audit.storage.directories import read_directory_dvc_file, write_directory_dvc_file
+from tests.helpers import run_cli
+
+N = 600
+"""Batches: three chunks and their index."""
+
+
+def trivial(rng: np.random.Generator) -> np.float64:
+    return np.float64(rng.random())
+
+
+def verify(project: Project, cert: Path, *args: str) -> tuple[int, str]:
+    done = run_cli("verify", *args, str(cert), cwd=project.root)
+    return done.exit_code, done.output
+
+
+def test_pushed_records_are_fetched_checked_and_never_taken_from_a_hostile_remote(
+    project: Project, key: ka.SigningKey, remote: Path
+) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("mc", root=root, seed=5, every=ka.EverySteps(N // 2), push=True) as run:
+        run.map_batches(trivial, N)
+    cert = root / "mc.campaign.json"
+    directory = records_dir(cert, "mc")
+    names = sorted(p.name for p in directory.iterdir())
+    assert len(names) == 4
+    listing = read_directory_dvc_file(dvc_file_for(directory))
+    assert listing is not None
+    assert listing[2] == 4
+    pushed = {p.name for p in (remote / "files" / "md5").rglob("*") if p.is_file()}
+    for name in names:  # every file in the remote under its md5, and the listing
+        md5 = hashlib.md5((directory / name).read_bytes(), usedforsecurity=False).hexdigest()
+        assert md5[2:] in pushed
+    assert listing[0][2:] + ".dir" in pushed
+    assert f"/{directory.name}" in (root / ".gitignore").read_text()
+
+    # An auditor's clone: the certificate and its .dvc file, not the records.
+    shutil.rmtree(directory)
+    code, out = verify(project, cert, "--no-fetch")
+    assert code == 1, out
+    code, out = verify(project, cert)
+    assert code == 0, out
+    assert sorted(p.name for p in directory.iterdir()) == names
+
+    # The remote's object of one chunk swapped for another chunk's: refused, naming it.
+    record = read_certificate(cert).record
+    assert record.records is not None
+    chunk = next(n for n in names if n != record.records.index)
+    other = next(n for n in names if n not in (chunk, record.records.index))
+    md5 = hashlib.md5((directory / chunk).read_bytes(), usedforsecurity=False).hexdigest()
+    obj = remote / "files" / "md5" / md5[:2] / md5[2:]
+    obj.chmod(0o644)
+    obj.write_bytes((directory / other).read_bytes())
+    (directory / chunk).unlink()
+    code, out = verify(project, cert)
+    assert code == 1, out
+    assert f"mc.records/{chunk}: the DVC remote's object {md5} is not of that md5" in out
+    assert not (directory / chunk).exists()  # nothing written
+    assert not [p for p in directory.iterdir() if p.name.startswith(".")]
+
+    # A listing that gives the chunk another object's md5 (a real one): its sha256 is not
+    # the signed one, whatever the listing says.
+    other_md5 = hashlib.md5((directory / other).read_bytes(), usedforsecurity=False).hexdigest()
+    hostile_listing(remote, directory, [{"md5": other_md5, "relpath": chunk}])
+    code, out = verify(project, cert)
+    assert code == 1, out
+    assert f"mc.records/{chunk}: the DVC remote's object {other_md5} is not the file" in out
+    assert not (directory / chunk).exists()
+
+    # A listing naming a file outside the directory: refused, nothing fetched.
+    hostile_listing(remote, directory, [{"md5": other_md5, "relpath": "../outside"}])
+    code, out = verify(project, cert)
+    assert code == 1, out
+    assert "its DVC listing names '../outside', not a file of mc.records/" in out
+    assert not (root / "outside").exists()
+    assert len(out.splitlines()) == 4  # the verdict, the one line, the signer, the sum
+
+
+def hostile_listing(remote: Path, directory: Path, entries: list[dict[str, str]]) -> None:
+    """What anyone may write: a listing in the remote, under its own md5, and the
+    ``.dvc`` file naming it."""
+    data = json.dumps(entries).encode()
+    md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    put = remote / "files" / "md5" / md5[:2] / (md5[2:] + ".dir")
+    put.parent.mkdir(parents=True, exist_ok=True)
+    put.write_bytes(data)
+    write_directory_dvc_file(directory, md5, 1, len(entries))

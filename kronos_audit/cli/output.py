@@ -249,6 +249,7 @@ class Output:
     def __init__(self, *, stderr: bool = False) -> None:
         self._stderr = stderr
         self._console: tuple[IO[str], bool, Console] | None = None
+        self._plain: tuple[IO[str], bool] | None = None  # (stream, written plainly)
 
     @property
     def stream(self) -> IO[str]:
@@ -273,7 +274,39 @@ class Output:
         ``--quiet`` only if it is a ``failure``: a line that says why the command exits
         non-zero (a failed check, a verdict of failure)."""
         if failure or not settings().quiet:
+            if self._plainly():
+                self._write(markup)
+            else:
+                self.console.print(markup)
+
+    def _plainly(self) -> bool:
+        """Whether lines go to the stream as their markup's plain text, written directly:
+        without colour, into a file or a pipe (never a terminal, where a progress display
+        may share the screen with rich). Rich's own rendering of such a line is that very
+        text (nothing folded, nothing styled), at five times the cost: a verify of
+        thousands of checkpoints prints a line for each."""
+        stream = self.stream
+        known = self._plain
+        if known is None or known[0] is not stream:
+            isatty = getattr(stream, "isatty", None)
+            known = self._plain = (stream, not (isatty is not None and isatty()))
+        return known[1] and not use_color(stream)
+
+    def _write(self, markup: str) -> None:
+        """``markup``'s lines as plain text, flushed (each line shown as it happens,
+        as rich shows it); a closed pipe ends the command as rich ends it."""
+        from rich.markup import render
+
+        text = render(markup, emoji=False).plain
+        if "\t" in text:  # rich expands tabs to its tab stops
             self.console.print(markup)
+            return
+        stream = self.stream
+        try:
+            stream.write(text + "\n")
+            stream.flush()
+        except BrokenPipeError:
+            self.console.on_broken_pipe()
 
     def json(self, document: object) -> None:
         """``document`` as indented JSON (ASCII only: no control character reaches the

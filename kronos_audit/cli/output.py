@@ -103,6 +103,53 @@ def shown(path: Path | str) -> str:
     The directory is resolved, the name is not: a checkpoint that is a symlink into DVC's
     cache is named by its own name."""
     given = Path(path)
+    name = given.name
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or name in ("", ".", ".."):
+        return _shown(given)
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return str(given)
+    # A command names thousands of files of a few directories: each directory's part of
+    # the name is found once, and only a name in it that is the working directory or
+    # above it is worked out in full.
+    known: dict[tuple[str, str], tuple[str, str, str] | None] = ctx.find_root().meta.setdefault(
+        _SHOWN_META, {}
+    )
+    key = (cwd, str(given.parent))
+    if key not in known:
+        known[key] = _shown_directory(Path(cwd), given.parent)
+    part = known[key]
+    if part is None:
+        return _shown(given)
+    directory, relative, here = part
+    whole = os.path.join(directory, name)
+    if here == whole or here.startswith(whole + os.sep):
+        return _shown(given)
+    return name if relative == "." else os.path.join(relative, name)
+
+
+_SHOWN_META = "kronos_audit.cli.shown"
+
+
+def _shown_directory(cwd: Path, directory: Path) -> tuple[str, str, str] | None:
+    """For the names in ``directory`` (as given, from ``cwd``), as :func:`shown` names
+    them: the directory resolved, relative to the working directory, and the working
+    directory resolved; None when a name there is not named relative to it (the
+    directory is not in the work tree)."""
+    try:
+        whole = _resolved(cwd / directory)
+        here = _resolved(cwd)
+    except (OSError, RuntimeError):
+        return None
+    if not whole.is_relative_to(_top(here)):
+        return None
+    return str(whole), os.path.relpath(whole, here), str(here)
+
+
+def _shown(given: Path) -> str:
+    """:func:`shown`, worked out in full."""
     try:
         cwd = Path.cwd()  # gone (removed under the command): the path as given
     except OSError:

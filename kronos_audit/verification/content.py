@@ -43,7 +43,8 @@ AHEAD_MIN = 256
 """Fewest checkpoint files a verification must check before worker processes check
 them ahead: below it, starting the workers costs more than they save."""
 CHUNK = 32
-"""Files handed to a worker at once: few enough writes, and the first answers soon."""
+"""Files handed to a worker at once, and answered at once: few enough messages (each
+costs a wake-up of a thread of the verifier's process), and the first answers soon."""
 
 
 @dataclass(frozen=True)
@@ -157,22 +158,38 @@ def _check_json(c: Check) -> list[Any]:
     return [c.kind.value, c.status.value, c.detail, c.dataset, c.pruned]
 
 
+_CHECKS_KEPT = 1024
+_checks: dict[tuple[Any, ...], Check] = {}
+"""Checks as answered, by their values: a run's answers repeat a few (frozen, so
+shared)."""
+
+
 def _check_of(obj: list[Any]) -> Check:
-    kind, status, detail, dataset, pruned = obj
-    return Check(CheckName(kind), CheckStatus(status), detail, dataset=dataset, pruned=pruned)
+    key = tuple(obj)
+    known = _checks.get(key)
+    if known is None:
+        kind, status, detail, dataset, pruned = obj
+        known = Check(CheckName(kind), CheckStatus(status), detail, dataset=dataset, pruned=pruned)
+        if len(_checks) < _CHECKS_KEPT:
+            _checks[key] = known
+    return known
 
 
 def serve(requests: IO[bytes], answers: IO[str]) -> None:
-    """A worker: for each request line (``[i, signed file]``), the answer line ``[i,
-    checks]``, the checks None when :func:`check_file` raised (the verifier checks that
-    file again itself, to say why in its own words)."""
+    """A worker: for each request line (a chunk of ``[i, signed file]``), one answer line
+    of ``[i, checks]``, the checks None when :func:`check_file` raised (the verifier
+    checks that file again itself, to say why in its own words)."""
     for line in requests:
-        i, obj = json.loads(line)
-        try:
-            made: list[list[Any]] | None = [_check_json(c) for c in check_file(_signed_of(obj))]
-        except Exception:
-            made = None
-        answers.write(json.dumps([i, made]) + "\n")
+        made = []
+        for i, obj in json.loads(line):
+            try:
+                checks: list[list[Any]] | None = [
+                    _check_json(c) for c in check_file(_signed_of(obj))
+                ]
+            except Exception:
+                checks = None
+            made.append([i, checks])
+        answers.write(json.dumps(made) + "\n")
         answers.flush()
 
 
@@ -239,10 +256,12 @@ class Ahead:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
-                i, made = json.loads(line)
-                checks = None if made is None else [_check_of(c) for c in made]
+                made = {
+                    i: None if checks is None else [_check_of(c) for c in checks]
+                    for i, checks in json.loads(line)
+                }
                 with self._cond:
-                    self._answers[i] = checks
+                    self._answers.update(made)
                     self._cond.notify_all()
         except (OSError, ValueError, TypeError, KeyError):
             pass
@@ -257,13 +276,13 @@ class Ahead:
             return
         w = self._next % len(self._procs)
         self._next += 1
-        lines = []
+        chunk = []
         for signed in files:
             i = self._count
             self._count += 1
             self._asked[signed] = (i, w)
-            lines.append(json.dumps([i, _signed_json(signed)]) + "\n")
-        self._queues[w].put("".join(lines).encode())
+            chunk.append([i, _signed_json(signed)])
+        self._queues[w].put((json.dumps(chunk) + "\n").encode())
 
     def take(self, signed: SignedFile) -> list[Check] | None:
         """The checks a worker made of ``signed`` (once: a second ask is answered None),

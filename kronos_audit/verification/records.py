@@ -41,8 +41,6 @@ from kronos_audit.statement.records import (
     root_from_path,
     tree_levels,
 )
-from kronos_audit.storage.directories import read_listing
-from kronos_audit.storage.tracking import dvc_file_for
 from kronos_audit.verification.results import Check, CheckName
 
 if TYPE_CHECKING:
@@ -86,6 +84,10 @@ def fetch_records(
     (never through a link) under that name. Returns how many were fetched; RecordsFailed
     naming the file that cannot be. Records DVC does not track (no ``NAME.records.dvc``)
     are left to the checks, which say what is not here."""
+    # (DVC's side of the package, loaded only when a certificate's records are checked)
+    from kronos_audit.storage.directories import read_listing
+    from kronos_audit.storage.tracking import dvc_file_for
+
     assert signed.records is not None
     directory = records_dir(certificate, signed.campaign)
     if directory.is_symlink():  # what it points at is not written into

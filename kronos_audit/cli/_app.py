@@ -349,7 +349,14 @@ class Interrupted(KeyboardInterrupt):
 _INTERRUPT_EXIT = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode.TERMINATED}
 
 
+_received: list[int] = []
+"""The SIGTERMs the command received: Python drops an exception raised by a handler that
+runs inside a callback it ignores exceptions from (a weak reference's, as a cycle is
+collected), so the command checks this list too before it exits as if none came."""
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
 
 
@@ -361,6 +368,7 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
         return
     before = signal.getsignal(signal.SIGTERM)
+    _received.clear()
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         yield
@@ -433,7 +441,10 @@ class KauditGroup(SuggestingGroup):
 
     def _invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if _received:  # its exception was dropped where it was raised: end as it would
+                raise Interrupted(_received[-1])
+            return result
         except Error as e:
             _fail(ctx, e.message, e.path, e.exit_code, type(e).__name__, error_line(e))
         except OSError as e:  # the environment failed us (disk full, I/O error): say where

@@ -101,3 +101,38 @@ def test_an_interrupted_verify_exits_as_a_shell_reports_the_signal(
     assert 0 <= done < MANIFESTS
     assert done in (shown - 1, shown), (done, shown)
     assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing left behind
+
+
+# the dropped exception is what this test makes happen: Python reports it as unraisable
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sigterm_whose_exception_python_drops_still_ends_the_command_as_sigterm() -> None:
+    """A signal handler that runs inside a weak reference's callback raises into a place
+    where Python prints the exception and goes on: the command must still end as a
+    shell reports SIGTERM, not as a success."""
+    import weakref
+
+    import click
+    from click.testing import CliRunner
+
+    from kronos_audit.cli._app import KauditGroup
+
+    class Thing:
+        pass
+
+    @click.command()
+    def work() -> None:
+        def dropped(_: object) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # the handler runs here, inside the callback
+                pass
+
+        thing = Thing()
+        ref = weakref.ref(thing, dropped)
+        del thing
+        click.echo(f"done {ref() is None}")
+
+    group = KauditGroup("kaudit", commands={"work": work})
+    result = CliRunner().invoke(group, ["work"])
+    assert "done True" in result.output  # the command ran on past the dropped exception
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    assert "interrupted by SIGTERM" in result.output

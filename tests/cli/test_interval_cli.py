@@ -97,6 +97,11 @@ def test_simulate_is_repeatable_for_a_seed() -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    refused_in_one_line(args, message)
+
+
+def refused_in_one_line(args: list[str], message: str) -> None:
+    """`kaudit interval ARGS` exits 2 with one line on stderr starting with ``message``."""
     r = run_cli("interval", *args)
     assert r.exit_code == 2
     assert r.stdout == ""

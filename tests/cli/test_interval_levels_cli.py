@@ -16,6 +16,7 @@ from kronos_audit.runtime.levels_interval import (
     optimal_plan,
     single_level,
 )
+from tests.cli.test_interval_cli import refused_in_one_line
 from tests.helpers import run_cli
 
 LEVELS = (
@@ -123,12 +124,7 @@ def test_simulate_shows_one_level_and_the_levels_side_by_side() -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
-    r = run_cli("interval", *args)
-    assert r.exit_code == 2
-    assert r.stdout == ""
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1
-    assert lines[0].startswith("kaudit: error: " + message)
+    refused_in_one_line(args, message)
 
 
 def test_a_plan_that_loses_everything_is_said_and_not_simulated() -> None:

@@ -8,23 +8,10 @@ import pytest
 
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime.levels_interval import LevelCost, optimal_plan
-from kronos_audit.runtime.policy import Auto, AutoLevels, SaveContext, SavePolicy
+from kronos_audit.runtime.policy import Auto, AutoLevels, SavePolicy
+from tests.runtime.test_policy import START, ctx
 
-START = 1000.0
 MEASURED = (0.05, 0.2, 30.0)  # memory, partner, durable: seconds of stall per checkpoint
-
-
-def ctx(**changes: object) -> SaveContext:
-    base = SaveContext(
-        step=1,
-        now=START,
-        last_step=None,
-        last_time=START,
-        stall=None,
-        write_time=None,
-        preempted=False,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

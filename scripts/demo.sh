@@ -264,6 +264,8 @@ echo "bitwise identical: the engine scheduled the batches, the tally folds them 
 
 say "the finished campaign's certificate: every batch once, its result, its worker, the tally"
 run kaudit verify checkpoints/pi-dask.campaign.json --trusted-key "$WORK/demo.pub"
+say "an audit by sampling: 8 random batches proven to the certificate's Merkle root"
+run kaudit verify checkpoints/pi-dask.campaign.json --trusted-key "$WORK/demo.pub" --sample 8
 
 say "the campaign as a Slurm job array of 4 tasks, each its own run doing its share; run here one after another with Slurm's environment, and task 2 lost before it ran"
 PI_ARRAY=(python pi.py --batches 32 --samples 100000 --run-id pi-array --array)

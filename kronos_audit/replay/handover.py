@@ -1,5 +1,6 @@
 """The parent handed over to the command: a copy of the verified parent checkpoint and
-its manifest in a fresh directory, checked against the signed digests (:func:`hand_over`;
+its manifest (and the chunks of the ledger it names) in a fresh directory, checked
+against the signed digests (:func:`hand_over`;
 for a directory step, every file it lists: :func:`hand_over_directory`; for a sharded
 step, its manifest, shard index and every shard: :func:`hand_over_step`).
 The command never sees the run directory, where the recorded checkpoint it is compared
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import INDEX_NAME, manifest_path_for
+from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path
 from kronos_audit.checkpoint.shards import LINE_WIDTH, hash_shard, parse_index, read_index
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.statement.manifest import Manifest
@@ -51,6 +53,7 @@ def hand_over(parent: Manifest, dest: Path) -> Path:
                 parent.checkpoint_path,
             )
         _copy_manifest(parent, manifest_path_for(checkpoint))
+        _copy_chunks(parent, dest)
     except UnsafeFile as e:
         raise _copy_refused(
             f"cannot copy the parent manifest for the command: {e.reason}",
@@ -152,6 +155,27 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
             parent.checkpoint_path.parent,
         ) from None
     return step_dir
+
+
+def _copy_chunks(parent: Manifest, dest: Path) -> None:
+    """The chunks of the ledger the parent manifest names, copied into ``dest``'s own
+    ``ledger/`` directory, each copy's sha256 the signed one (the command restores the
+    ledger from them)."""
+    if not parent.record.ledger:
+        return
+    (dest / CHUNK_DIR).mkdir(mode=0o700)
+    for chunk in parent.record.ledger:
+        source = chunk_path(parent.checkpoint_path.parent, chunk.sha256)
+        copy = chunk_path(dest, chunk.sha256)
+        _copy(source, copy, chunk.size)
+        with open(copy, "rb") as f:
+            copied = hashlib.file_digest(f, "sha256").hexdigest()
+        if copied != chunk.sha256:
+            raise _copy_refused(
+                f"a chunk of the parent's ledger is not the signed one: its copy's sha256 "
+                f"is {copied[:16]}...",
+                source,
+            )
 
 
 def _copy_manifest(parent: Manifest, dest: Path) -> None:

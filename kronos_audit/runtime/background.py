@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from kronos_audit.checkpoint.hdf5 import Flat
+from kronos_audit.checkpoint.ledger import LedgerRows
 from kronos_audit.parallel.layout import Layout
 from kronos_audit.statement.predicate import Batches, RngRecord
 
@@ -214,6 +215,10 @@ class StepMeta:
     """How each declared dataset is split across the ranks (none for one rank's file)."""
     batches: Batches | None = None
     """The campaign's batches this step holds; None outside a campaign."""
+    ledger: LedgerRows | None = None
+    """The run's ledger as it stands, for a publisher that writes it in chunks beside the
+    step (the rows since its last chunk); None when it is in the step's own datasets, or
+    empty."""
 
 
 @dataclass

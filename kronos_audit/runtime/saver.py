@@ -266,11 +266,15 @@ class Saver:
         writer = self.require_open()
         batches = None if self.campaign is None else self.campaign.saving()
         generators, record = rng.capture(self.rng)
-        extra = {**generators, **self.ledger.to_flat()}
+        # A publisher that keeps the ledger in chunks beside its steps writes only the
+        # rows since its last chunk; the others hold it whole in every step.
+        chunked = self.publisher.ledger_in_chunks
+        extra = generators if chunked else {**generators, **self.ledger.to_flat()}
         meta = StepMeta(
             rng={n: RngRecord.from_json_obj(r) for n, r in record.items()},
             layout=dict(layouts),  # a step of one file is the one rank's: none needed
             batches=batches,
+            ledger=self.ledger.rows() if chunked and len(self.ledger) else None,
         )
         # Asynchronously, every rank hands the step over whatever failed meanwhile in the
         # background (that is told to all at the next collective): a rank that did not

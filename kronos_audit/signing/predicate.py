@@ -21,6 +21,7 @@ from typing import Any, TypedDict
 
 from kronos_audit._internal.secrets import scrub_urls
 from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.checkpoint.ledger import LedgerChunk
 from kronos_audit.errors import UsageError
 from kronos_audit.project.repository import Project
 from kronos_audit.provenance.environment import environment
@@ -74,6 +75,8 @@ class RunRecord:
     """Checkpoints whose data retention deletes when this one is signed."""
     writer: WriterRecord | None = None
     """The process that signs it."""
+    ledger: tuple[LedgerChunk, ...] = ()
+    """The chunks that make up the run's Monte Carlo ledger, in order."""
 
 
 class RunFacts(TypedDict, total=False):
@@ -168,6 +171,7 @@ def build_predicate(
         scheduler=record.scheduler,
         writer=record.writer,
         format=format,
+        ledger=record.ledger,
     )
 
 

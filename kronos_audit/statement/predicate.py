@@ -21,6 +21,7 @@ from typing import Any, NewType
 from kronos_audit._internal.frozen import thaw
 from kronos_audit.checkpoint.directory import FileEntry, ItemDigest
 from kronos_audit.checkpoint.hashing import DatasetDigest
+from kronos_audit.checkpoint.ledger import LedgerChunk
 
 Sha256 = NewType("Sha256", str)
 """Lower-case hex sha256."""
@@ -539,6 +540,9 @@ class Predicate:
     None in manifests written before it was recorded (then HDF5 or bytes, by content)."""
     directory: DirectorySet | None = None
     """For a directory step, its files (the subject is then their index); None otherwise."""
+    ledger: tuple[LedgerChunk, ...] = ()
+    """The chunks that make up the run's Monte Carlo ledger, in the order they were
+    written (empty: the ledger, if any, is inside the checkpoint, as before chunks)."""
 
     @classmethod
     def from_json_obj(cls, obj: Mapping[str, Any]) -> Predicate:
@@ -587,6 +591,7 @@ class Predicate:
             directory=None
             if obj.get("directory") is None
             else DirectorySet.from_json_obj(obj["directory"]),
+            ledger=tuple(LedgerChunk.from_json_obj(c) for c in obj.get("ledger") or ()),
         )
 
     def to_json_obj(self) -> dict[str, Any]:
@@ -627,6 +632,8 @@ class Predicate:
             obj["format"] = self.format
         if self.directory is not None:
             obj["directory"] = self.directory.to_json_obj()
+        if self.ledger:
+            obj["ledger"] = [c.to_json_obj() for c in self.ledger]
         return obj
 
 

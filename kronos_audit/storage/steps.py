@@ -1,7 +1,8 @@
 """Every object of a signed step in DVC: what pushing a step, and asking whether it is
 pushed, must cover.
 
-A checkpoint file is one object (its manifest signs its md5). A directory step is one
+A checkpoint file is one object (its manifest signs its md5), and one more for each chunk
+of the run's ledger its manifest names. A directory step is one
 object per file its manifest lists (and DVC's listing of them, pushed on its own). A
 sharded step is its shard
 index (the signed subject) and one object per shard, each named by its line of that
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kronos_audit.checkpoint.layout import shard_path
+from kronos_audit.checkpoint.ledger import LedgerChunk, chunk_path
 from kronos_audit.checkpoint.shards import LINE_WIDTH, parse_index, read_index
 from kronos_audit.errors import CheckpointError, Error, RemoteUnreachable
 from kronos_audit.statement.manifest import Manifest
@@ -54,7 +57,7 @@ def step_items(
         ]
     shards = manifest.record.shards
     if shards is None:
-        return [subject]
+        return [subject, *ledger_items(manifest.checkpoint_path.parent, manifest.record.ledger)]
     index = manifest.checkpoint_path
     if remote is not None and not os.path.lexists(index):
         if manifest.record.size != shards.count * LINE_WIDTH:
@@ -82,4 +85,10 @@ def step_items(
     ]
 
 
-__all__ = ["step_items"]
+def ledger_items(run_dir: Path, chunks: Sequence[LedgerChunk]) -> list[FetchItem]:
+    """The ledger ``chunks`` (of a manifest read, signature checked by the caller) of the
+    run in ``run_dir``, each in the run's ``ledger/`` directory."""
+    return [FetchItem(chunk_path(run_dir, c.sha256), c.md5, c.sha256, c.size) for c in chunks]
+
+
+__all__ = ["ledger_items", "step_items"]

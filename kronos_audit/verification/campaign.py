@@ -24,7 +24,7 @@ import numpy as np
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import flatten, unflatten
 from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX, INDEX_NAME, TREE_NAME, shard_name
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP, read_chunks
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
@@ -126,7 +126,11 @@ def _ledger(m: Manifest) -> Mapping[int, Any]:
     sharded step's from rank 0's shard, which holds every rank's results)."""
     shards = m.record.shards
     try:
-        if shards is None:
+        if shards is None and m.record.ledger:
+            # In chunks beside the steps, each read as the verified manifest signs it.
+            chunks = read_chunks(m.checkpoint_path.parent, m.record.ledger)
+            flat = {name.removeprefix(_LEDGER): value for name, value in chunks.items()}
+        elif shards is None:
             signed = Signed(m.record.size, m.subject_sha256, m.datasets)
             with verified(m.checkpoint_path, signed) as opened:
                 flat = read_verified(opened, signed, _LEDGER) if LEDGER_GROUP in opened.h5() else {}

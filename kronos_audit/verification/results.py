@@ -54,6 +54,9 @@ class CheckName(enum.StrEnum):
     """Every file of a directory step is there with its recorded size and sha256, and no
     other is; a failed one names one file (``added: extra.bin``, ``missing: .metadata``,
     ``changed: __0_0.distcp``, ``link.bin: is a symbolic link``)."""
+    LEDGER = "ledger"
+    """Every chunk of the Monte Carlo ledger a step's manifest names is in the run's
+    ``ledger/`` directory with its signed size and sha256 (a failed one names the chunk)."""
 
 
 class CheckStatus(enum.Enum):

@@ -30,6 +30,7 @@ from kronos_audit.checkpoint.directory import check_step, make_tree, scan
 from kronos_audit.checkpoint.formats.interface import Format
 from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.checkpoint.layout import shard_path
+from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
@@ -42,7 +43,7 @@ from kronos_audit.checkpoint.shards import (
     proven_line,
     read_index,
 )
-from kronos_audit.checkpoint.verified import PRIVATE_COPY, Signed, read_signed
+from kronos_audit.checkpoint.verified import PRIVATE_COPY, Signed, holds_signed, read_signed
 from kronos_audit.errors import CheckpointError, StorageError, TamperedData, UsageError
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import find_project
@@ -74,6 +75,7 @@ class Verifier(ChainReader):
     """Workers checking checkpoint files ahead of this verifier (see
     :mod:`~kronos_audit.verification.content`); None: each is checked when reached."""
     _storage: Storage | None = field(default=None, init=False)
+    _chunks_held: set[str] = field(default_factory=set, init=False)
 
     @deferring_collection
     def verify(
@@ -182,7 +184,34 @@ class Verifier(ChainReader):
             (content, read), more = self._read_content(manifest), False
         else:
             content, more = self._content(manifest), False
+        if manifest.record.ledger and ranks is None and trusted:
+            content.append(self._ledger(manifest))
         return content, fetched or more, steps.data_found(content), read
+
+    def _ledger(self, manifest: Manifest) -> Check:
+        """(4) The chunks of the ledger a trusted ``manifest`` names, each a regular file
+        (never a link) of its signed size and sha256; a missing one fetched first when
+        the verifier fetches. Each chunk is hashed once a verifier (later steps name the
+        same chunks)."""
+        run_dir = manifest.checkpoint_path.parent
+        for chunk in manifest.record.ledger:
+            if chunk.sha256 in self._chunks_held:
+                continue
+            path = chunk_path(run_dir, chunk.sha256)
+            if self.fetch and not os.path.lexists(path) and not os.path.islink(path.parent):
+                from kronos_audit.storage.steps import ledger_items
+
+                path.parent.mkdir(exist_ok=True)
+                self._dvc().fetch_many(ledger_items(run_dir, [chunk]), self.remote)
+            if os.path.islink(path.parent):
+                return Check.failed(CheckName.LEDGER, f"{path.parent}: a link, not followed")
+            if not holds_signed(path, Signed(chunk.size, chunk.sha256)):
+                state = "changed" if os.path.lexists(path) else "missing"
+                return Check.failed(CheckName.LEDGER, f"{state}: {CHUNK_DIR}/{path.name}")
+            self._chunks_held.add(chunk.sha256)
+        return Check.passed(
+            CheckName.LEDGER, f"all {len(manifest.record.ledger)} chunks of the ledger match"
+        )
 
     @staticmethod
     def _name(manifest: Manifest, pruner: Path) -> str:

@@ -405,6 +405,7 @@ def test_check_names_print_and_serialise_as_before() -> None:
         "tally",
         "shards",
         "files",
+        "ledger",
     ]
     u = Check(CheckName.DATASET, False, "content differs", dataset="/fields/u")
     assert u.name == "dataset /fields/u"

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kronos_audit.checkpoint.hdf5 import a_type, flatten
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP, rows
+from kronos_audit.checkpoint.ledger import LedgerRows, rows
 from kronos_audit.errors import BatchNotReproducible, UsageError
 from kronos_audit.statement.predicate import Ran
 
@@ -199,15 +199,17 @@ class Ledger:
         return acc
 
     def to_flat(self) -> dict[str, np.ndarray[Any, Any]]:
-        """The ledger's datasets for a checkpoint (none while it is empty)."""
-        if not self._rows:
-            return {}
-        index = self._index[: self._rows]
-        order = np.argsort(index, kind="stable")
-        flat = {f"/{LEDGER_GROUP}/index": index[order]}
-        for field, column in self._columns.items():
-            flat[f"/{LEDGER_GROUP}/results{field}"] = column[: self._rows][order]
-        return flat
+        """The ledger's datasets for a checkpoint that holds it whole (none while it is
+        empty)."""
+        return self.rows().flat() if self._rows else {}
+
+    def rows(self) -> LedgerRows:
+        """The rows recorded so far, in the order they arrived: views that later records
+        never write into (a row is written once, and a column that grows is a new array),
+        so a checkpoint's writer may read them while the run records more."""
+        n = self._rows
+        columns = {field: column[:n] for field, column in self._columns.items()}
+        return LedgerRows(self._index[:n], columns)
 
     @classmethod
     def from_state(cls, group: Mapping[str, Any]) -> Ledger:

@@ -41,6 +41,7 @@ from kronos_audit.checkpoint.layout import (
     step_of_manifest_name,
     step_of_remote_step_manifest,
 )
+from kronos_audit.checkpoint.ledger import CHUNK_GLOB
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
 from kronos_audit.errors import Error, StepNotTrusted, StorageError
 from kronos_audit.project.repository import Project
@@ -50,6 +51,7 @@ from kronos_audit.storage import runs
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import TRY_LIMIT, RemoteEntry, RemoteFileRefused, RunFiles
+from kronos_audit.storage.steps import ledger_items
 from kronos_audit.storage.tracking import dvc_file_for, track
 from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
@@ -257,6 +259,9 @@ class RemoteResume:
         to_write += self._chain(verifier, manifest, by_name)
 
         def fetch() -> None:
+            # The ledger's chunks first: a chunk that cannot be had leaves the step's own
+            # data in the remote (those fetched stay, each the signed bytes).
+            self._chunks(manifest)
             try:
                 self.storage.fetch(
                     checkpoint,
@@ -294,6 +299,35 @@ class RemoteResume:
                 settings=self.storage.cache_settings(),
             )
         return Found(checkpoint, step)
+
+    def _chunks(self, manifest: Manifest) -> None:
+        """Fetch the chunks of the ledger the verified ``manifest`` names that are not
+        here, each checked against its signed sha256 before it is put in place, and track
+        them; _Skip when one cannot be (the step cannot be restored without it)."""
+        chunks = ledger_items(self.directory, manifest.record.ledger)
+        items = [i for i in chunks if not os.path.lexists(i.checkpoint)]
+        if not items:
+            return
+        directory = items[0].checkpoint.parent
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir()
+        if directory.is_symlink() or not directory.is_dir():
+            raise _Skip(f"{directory}: not a directory (a link is not followed)")
+        failed = self.storage.fetch_many(items)
+        if failed:
+            path, error = next(iter(failed.items()))
+            raise _Skip(f"ledger chunk {path.name} not fetched: {error.message}")
+        for item in items:
+            with contextlib.suppress(Error, OSError):
+                track(
+                    self.project,
+                    item.checkpoint,
+                    item.md5,
+                    item.size,
+                    owned=True,
+                    ignore_pattern="/" + CHUNK_GLOB,
+                    settings=self.storage.cache_settings(),
+                )
 
     def _take_step(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
         """Bring sharded step ``step``'s manifest, its chain's and its shard index here:

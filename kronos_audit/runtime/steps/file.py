@@ -25,6 +25,7 @@ from kronos_audit.checkpoint.layout import (
     manifest_path_for,
     step_of,
 )
+from kronos_audit.checkpoint.ledger import read_chunks
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.errors import CheckpointError, CheckpointSkipped, StepNotTrusted
 from kronos_audit.parallel.comm import Comm
@@ -97,8 +98,14 @@ class FileFormat:
         path = checkpoint_path_for(agreed.manifest)
         read = agreed.read.get(0)
         if read is not None:
-            return Restored(agreed.step, path, 1, dict(read))
-        return read_file_step(ResumePoint(path, agreed.step, agreed.signed.get(0)))
+            restored = Restored(agreed.step, path, 1, dict(read))
+        else:
+            restored = read_file_step(ResumePoint(path, agreed.step, agreed.signed.get(0)))
+        chunks = () if agreed.verified is None else agreed.verified.record.ledger
+        if chunks:
+            # The ledger is in the chunks the verified manifest names, beside the steps.
+            restored.datasets.update(read_chunks(path.parent, chunks))
+        return restored
 
     def other_format(self, *, stacklevel: int) -> None:
         pass  # a run on one rank resumes a sharded run as sharded steps of one shard

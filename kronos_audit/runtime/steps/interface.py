@@ -76,6 +76,12 @@ class Publisher(Protocol):
     before :meth:`open`."""
 
     @property
+    def ledger_in_chunks(self) -> bool:
+        """Whether the Monte Carlo ledger goes into chunks beside the steps (each step's
+        manifest naming them), not into each step's own datasets."""
+        ...
+
+    @property
     def directory(self) -> Path:
         """Where the checkpoints are written."""
         ...
@@ -177,6 +183,7 @@ class RunPublisher:
     the program's own policy and last step."""
 
     exits_after_final = False
+    ledger_in_chunks = False
     push = False
     """Whether committed steps are pushed to the DVC remote (and a certificate's records)."""
     run_id: str

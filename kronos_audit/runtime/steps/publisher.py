@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kronos_audit.checkpoint.ledger import LedgerChunk
 from kronos_audit.errors import (
     CheckpointError,
     CheckpointSkipped,
@@ -56,6 +57,7 @@ from kronos_audit.runtime.steps.deadline import Deadline, commit_deadline
 from kronos_audit.runtime.steps.format import StepFormat
 from kronos_audit.runtime.steps.interface import ONE_RANK, Restored, RunPublisher
 from kronos_audit.runtime.steps.layouts import Agreed
+from kronos_audit.runtime.steps.ledger import next_chunks, withdraw_chunk
 from kronos_audit.runtime.steps.retention import StepsWithData, doomed, prune, signed_objects
 from kronos_audit.runtime.steps.rollback import (
     Known,
@@ -76,6 +78,7 @@ from kronos_audit.statement.manifest import Manifest, read_signed_file_stat
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.storage.runs import RunFiles
+from kronos_audit.storage.steps import ledger_items
 from kronos_audit.storage.tracking import cache_settings
 from kronos_audit.supervise.protocol import restart_count
 from kronos_audit.verification.memo import ChainMemo, Entry, identity
@@ -140,6 +143,8 @@ class SignedPublisher(RunPublisher):
         self._public: Any = None  # the run key's public half, and its name, on every rank
         self._public_name = "run"
         self._parent: Path | Manifest | None = None  # the step the next one is chained to
+        self._ledger: tuple[LedgerChunk, ...] = ()  # the chunks of the parent's ledger
+        self._chunk_item: FetchItem | None = None  # the newest chunk, not yet pushed
         self._parent_step: int | None = None
         # DVC's cache settings, read once at open (every rank tracks its own piece)
         self.dvc_cache: tuple[Path, tuple[str, ...]] | None = None
@@ -350,6 +355,8 @@ class SignedPublisher(RunPublisher):
             return None
         restored = self.format.restored(agreed)
         self._parent = agreed.verified or agreed.manifest
+        # The restored ledger's rows in its chunks' order: the next chunk holds the rest.
+        self._ledger = () if agreed.verified is None else agreed.verified.record.ledger
         self._parent_step = agreed.step
         return restored
 
@@ -456,6 +463,8 @@ class SignedPublisher(RunPublisher):
             self._with_data = known
         if self.push:
             manifest, items = self.format.pushed(self, step)
+            if self._chunk_item is not None:  # with the step that first names it
+                items, self._chunk_item = [*items, self._chunk_item], None
             self._pusher.push(comm, manifest, items)
 
     def _signed_objects(self, doomed: Sequence[int]) -> tuple[FetchItem, ...]:
@@ -501,6 +510,10 @@ class SignedPublisher(RunPublisher):
         if self.retention.keep is not None and self._with_data is None:
             self._with_data = StepsWithData.listed(self.directory)
         pruned = doomed(self.retention, self.directory, job.step, known=self._with_data)
+        chunks, new = self._ledger, None
+        if job.meta.ledger is not None and self.ledger_in_chunks:
+            project, signer = self.signing()
+            chunks, new = next_chunks(project, self.directory, chunks, job.meta.ledger, signer)
         record = RunRecord(
             rng=job.meta.rng,
             restart_count=restart_count(),
@@ -508,12 +521,27 @@ class SignedPublisher(RunPublisher):
             scheduler=scheduler_record(),  # which batch job wrote it: a chain may span requeues
             writer=self._writer,
             pruned=pruned,
+            ledger=chunks,
         )
-        manifest = self.format.sign(self, job, piece, record)
+        try:
+            manifest = self.format.sign(self, job, piece, record)
+        except BaseException:
+            if new is not None:  # named by no manifest: nothing half-written stays
+                withdraw_chunk(self.directory, new)
+            raise
+        if chunks and chunks != self._ledger:
+            self._chunk_item = ledger_items(self.directory, chunks[-1:])[0]
+        self._ledger = chunks
         self._remember(manifest)
         self._parent, self._parent_step = manifest, job.step
         self._newest = Newest(job.step, manifest.path, manifest.digest)
         self._to_prune = [p.step for p in pruned]
+
+    @property
+    def ledger_in_chunks(self) -> bool:  # type: ignore[override]
+        """A run on one rank keeps its ledger in chunks beside its steps; a sharded step
+        keeps it in rank 0's shard."""
+        return not self.format.sharded
 
     def _remember(self, manifest: Manifest) -> None:
         """Rank 0: note in the chain memo the manifest just signed over the parent in hand

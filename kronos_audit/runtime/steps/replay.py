@@ -22,6 +22,7 @@ from typing import Protocol
 
 from kronos_audit._internal.canonical import canonical_json
 from kronos_audit._internal.fsutil import write_atomic
+from kronos_audit.checkpoint.codec.format import LEDGER_GROUP
 from kronos_audit.checkpoint.layout import (
     INDEX_NAME,
     STEP_MANIFEST,
@@ -115,7 +116,10 @@ class FileReplay:
         # The replay's private copy, checked by the replay against the signed digests.
         handed = self.instruction.resume_from
         path = handed if handed is not None else self.instruction.out / checkpoint_name(step)
-        return Agreed(step, manifest_path_for(path), 1, {})
+        manifest = manifest_path_for(path)
+        # Its manifest names the ledger's chunks, handed over beside it and checked too.
+        verified = read_manifest(manifest) if manifest.is_file() else None
+        return Agreed(step, manifest, 1, {}, verified=verified)
 
     def restored(self, agreed: Agreed) -> Restored:
         return self.format.restored(agreed)
@@ -212,6 +216,7 @@ class ReplayPublisher(RunPublisher):
         self._commit_comm: Comm | None = None
         self._deadline_seconds = commit_deadline()
         self._deadline: Deadline | None = None  # the commit communicator, each collective timed
+        self._chunked = True
 
     # -- the replay's instruction, whatever the program asked for --------------------------
 
@@ -266,7 +271,20 @@ class ReplayPublisher(RunPublisher):
 
     def resume(self, *, stacklevel: int) -> Restored | None:
         agreed = self._agree(self.steps())
-        return None if agreed is None else self.format.restored(agreed)
+        if agreed is None:
+            return None
+        restored = self.format.restored(agreed)
+        # Step N keeps the ledger as the step it replays did: in chunks beside it, unless
+        # its parent still held the ledger in its own file (a run from before chunks).
+        ledger = agreed.verified is not None and bool(agreed.verified.record.ledger)
+        self._chunked = ledger or f"/{LEDGER_GROUP}/index" not in restored.datasets
+        return restored
+
+    @property
+    def ledger_in_chunks(self) -> bool:  # type: ignore[override]
+        """As the step replayed: step N's ledger is not compared (its chunk is not
+        written), only the state and generators are."""
+        return self._chunked
 
     def latest(self, *, stacklevel: int) -> int | None:
         agreed = self._agree(self.steps())

@@ -18,6 +18,10 @@ A run's steps are single files (``step-<N:08d>.h5``) or sharded steps (the direc
 manifest signed by rank 0), and a run may have both: steps written on one process, then
 on several. Retention counts them together, in one order of steps. A sharded step's data
 is its index, tree and shards (each with its ``.dvc`` file); the step manifest stays.
+
+A step in one file also names the chunks of the run's Monte Carlo ledger (``ledger/``,
+each with its ``.dvc`` file), which later steps name too: a chunk goes with the steps
+pruned only when no checkpoint still here names it (:func:`claimed`, by its md5).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from kronos_audit.checkpoint.layout import (
     step_of,
     step_of_directory,
 )
+from kronos_audit.checkpoint.ledger import CHUNK_DIR
 from kronos_audit.checkpoint.shards import merkle_levels, read_index
 from kronos_audit.errors import Error, StepNotTrusted
 from kronos_audit.project.repository import Project
@@ -309,6 +314,8 @@ def prune(
     kept = claimed(directory.parent, wanted, unread, known=known) if wanted else set()
     for o in dict.fromkeys(objects):
         if o.md5 not in kept:
+            if o.checkpoint.parent == directory / CHUNK_DIR:
+                _prune_file(o.checkpoint)  # a ledger chunk no step kept names
             remove_cache_object(cache_dir, o.md5, o.size)  # the space freed for real
 
 

@@ -12,15 +12,17 @@ what is not there, not of its size or not of its digest fails a check naming it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kronos_audit._internal.fsutil import mkdir_durable, write_atomic
+from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.errors import Error
 from kronos_audit.statement.campaign import CampaignBatch, CampaignRecord, result_digest
@@ -98,26 +100,28 @@ def fetch_records(
     source = storage.remote_source(remote)
     listed: dict[str, str] | None = None
     fetched = 0
+    # The directory is opened once, never through a link, and every file is looked for
+    # and written through that handle: a directory swapped for a link meanwhile is not
+    # written into (what is written lands in the directory that was opened).
+    handle = _RecordsDirectory(directory)
 
     def bring(name: str, limit: int) -> None:
         nonlocal listed, fetched
-        where = directory / name
-        if os.path.lexists(where):
-            return  # read and checked as it is, like any file here
         try:
+            if handle.has(name):
+                return  # read and checked as it is, like any file here
             if listed is None:
                 listed = read_listing(source, directory, chunks + 1)
             md5 = listed.get(name)
             if md5 is None:
                 raise RecordsFailed(f"{directory.name}/{name}: not here, nor in its DVC listing")
-            data = source.read_bounded(md5, where, limit)
+            data = source.read_bounded(md5, directory / name, limit)
             if hashlib.sha256(data).hexdigest() != name:
                 raise RecordsFailed(
                     f"{directory.name}/{name}: the DVC remote's object {md5} is not the file "
                     "of that sha256; nothing was written"
                 )
-            mkdir_durable(directory)
-            write_atomic(where, data, overwrite=False)
+            handle.write_new(name, data)
         except Error as e:
             raise RecordsFailed(f"{directory.name}/{name}: {e.message}") from None
         except OSError as e:
@@ -126,10 +130,77 @@ def fetch_records(
             ) from None
         fetched += 1
 
-    bring(signed.records.index, chunks * INDEX_LINE)
-    for sha, _ in _index(directory, signed):
-        bring(sha, CHUNK_LIMIT)
+    try:
+        bring(signed.records.index, chunks * INDEX_LINE)
+        for sha, _ in _index(directory, signed):
+            bring(sha, CHUNK_LIMIT)
+    finally:
+        handle.close()
     return fetched
+
+
+class _RecordsDirectory:
+    """The records' directory as :func:`fetch_records` writes into it: opened once (made
+    first when it is not there), never through a symbolic link (RecordsFailed), each file
+    looked for and written through that descriptor."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._fd: int | None = None
+        if os.path.lexists(directory):
+            self._open()
+
+    def _open(self) -> int:
+        if self._fd is None:
+            made = False
+            try:
+                os.mkdir(self.directory, 0o755)
+                made = True
+            except FileExistsError:
+                pass
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                self._fd = os.open(self.directory, flags)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise RecordsFailed(
+                        f"{self.directory.name}: a symbolic link, not followed"
+                    ) from None
+                raise
+            if made:
+                fsync_dir(self.directory.parent)
+        return self._fd
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is in the directory (as anything: it is checked when read)."""
+        if self._fd is None:
+            return False  # not there when it was looked for: made when one is written
+        try:
+            os.stat(name, dir_fd=self._fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def write_new(self, name: str, data: bytes) -> None:
+        """``data`` as the new file ``name``, durably: written under a temporary name, then
+        linked to its own (never over anything) and the temporary removed."""
+        fd = self._open()
+        temp = f"{TEMP_PREFIX}{uuid.uuid4().hex}"
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+        try:
+            with open(out, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(temp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.unlink(temp, dir_fd=fd)
+        os.fsync(fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _index(directory: Path, signed: CampaignRecord) -> list[tuple[str, bytes]]:

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import kronos_audit as ka
 from kronos_audit.project.repository import Project
@@ -19,6 +20,7 @@ from kronos_audit.statement.campaign import read_certificate
 from kronos_audit.statement.records import records_dir
 from kronos_audit.storage import dvc_file_for
 from kronos_audit.storage.directories import read_directory_dvc_file, write_directory_dvc_file
+from kronos_audit.storage.fetch import RemoteSource
 from tests.helpers import run_cli
 
 N = 600
@@ -105,3 +107,39 @@ def hostile_listing(remote: Path, directory: Path, entries: list[dict[str, str]]
     put.parent.mkdir(parents=True, exist_ok=True)
     put.write_bytes(data)
     write_directory_dvc_file(directory, md5, 1, len(entries))
+
+
+def test_a_records_directory_swapped_for_a_link_mid_fetch_is_not_written_through(
+    project: Project,
+    key: ka.SigningKey,
+    remote: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = project.root / "checkpoints"
+    with ka.Run("mc", root=root, seed=5, every=ka.EverySteps(N), push=True) as run:
+        run.map_batches(trivial, N)
+    cert = root / "mc.campaign.json"
+    directory = records_dir(cert, "mc")
+    for p in directory.iterdir():  # an auditor's empty records directory
+        p.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = tmp_path / "moved"
+    read = RemoteSource.read_bounded
+
+    def swapping(self: RemoteSource, oid: str, where: Path, limit: int) -> bytes:
+        # The attacker's moment: the directory opened, its first file on its way.
+        if not directory.is_symlink():
+            directory.rename(moved)
+            directory.symlink_to(elsewhere)
+        return read(self, oid, where, limit)
+
+    monkeypatch.setattr(RemoteSource, "read_bounded", swapping)
+    code, out = verify(project, cert)
+    assert code == 1, out
+    assert "mc.records: a symbolic link, not followed" in out
+    assert list(elsewhere.iterdir()) == []  # nothing written where the link points
+    records = read_certificate(cert).record.records
+    assert records is not None
+    assert [p.name for p in moved.iterdir()] == [records.index]  # through the handle

@@ -388,6 +388,21 @@ def ledger_lookup(ledgers: Sequence[Mapping[int, Any]]) -> Callable[[int, int], 
     return result_of
 
 
+def stored_files(certificate: Path, signed: CampaignRecord) -> list[tuple[str, bytes]]:
+    """Every file of the records ``signed`` commits to (its signature checked by the
+    caller), read beside ``certificate``: the index, then each chunk it names, by name,
+    each read bounded, not through a link, and of the sha256 it is named by.
+    RecordsFailed naming the file otherwise."""
+    assert signed.records is not None
+    directory = records_dir(certificate, signed.campaign)
+    chunks = -(-signed.n // PER_CHUNK)
+    index = (signed.records.index, _read(directory, signed.records.index, chunks * INDEX_LINE))
+    return [
+        index,
+        *((sha, _read(directory, sha, CHUNK_LIMIT)) for sha, _ in _index(directory, signed)),
+    ]
+
+
 def stored_batches(certificate: Path, signed: CampaignRecord) -> tuple[CampaignBatch, ...]:
     """Every batch's record as stored beside ``certificate`` (``signed``'s records: its
     signature is the caller's to check), each chunk checked against the index and the
@@ -418,4 +433,5 @@ __all__ = [
     "prove",
     "records_of",
     "stored_batches",
+    "stored_files",
 ]

@@ -6,6 +6,7 @@ records' directory."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shutil
@@ -143,3 +144,65 @@ def test_a_records_directory_swapped_for_a_link_mid_fetch_is_not_written_through
     records = read_certificate(cert).record.records
     assert records is not None
     assert [p.name for p in moved.iterdir()] == [records.index]  # through the handle
+
+
+def array_task(project: Project, k: int, tasks: int) -> None:
+    env = {"SLURM_ARRAY_TASK_ID": str(k), "SLURM_ARRAY_TASK_COUNT": str(tasks)}
+    root = project.root / "checkpoints"
+    with ka.Run("arr", root=root, seed=5, task=ka.ArrayTask.from_slurm(env)) as run:
+        run.map_batches(trivial, N)
+
+
+def test_an_array_certificate_s_records_are_pushed_by_kaudit_push_and_kaudit_campaign(
+    project: Project, key: ka.SigningKey, remote: Path
+) -> None:
+    for k in range(2):
+        array_task(project, k, 2)
+    certified = run_cli("campaign", "arr", "--certify", cwd=project.root)
+    assert certified.exit_code == 0, certified.output
+    cert = project.root / "checkpoints" / "arr.campaign.json"
+    directory = records_dir(cert, "arr")
+    objects = remote / "files" / "md5"
+
+    def in_remote() -> set[str]:
+        return {p.parent.name + p.name for p in objects.rglob("*") if p.is_file()}
+
+    names = sorted(p.name for p in directory.iterdir())
+    md5s = {md5_of(directory / n) for n in names}
+    assert not md5s & in_remote()
+
+    pushed = run_cli("push", str(cert), cwd=project.root)
+    assert pushed.exit_code == 0, pushed.output
+    assert f"pushed the records of checkpoints/arr.campaign.json: {len(names)} file(s)" in (
+        pushed.stdout
+    )
+    assert md5s <= in_remote()
+    assert dvc_file_for(directory).is_file()
+
+    # Certified again with --push: the records tracked and pushed as a run that pushes does.
+    again = run_cli("campaign", "arr", "--certify", "--push", cwd=project.root)
+    assert again.exit_code == 0, again.output
+    assert "its records pushed to the DVC remote" in again.stdout
+
+    # A certificate no trusted key signed: nothing read, nothing pushed.
+    envelope = json.loads(cert.read_text())
+    envelope["signatures"][0]["sig"] = base64.b64encode(bytes(64)).decode()
+    cert.write_text(json.dumps(envelope))
+    refused = run_cli("push", str(cert), cwd=project.root)
+    assert refused.exit_code == 1, refused.output
+    assert "not pushed, its signature" in refused.stdout
+
+
+def md5_of(path: Path) -> str:
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+
+
+def test_kaudit_push_of_a_certificate_that_is_not_one_is_bad_input(
+    project: Project, key: ka.SigningKey, remote: Path
+) -> None:
+    cert = project.root / "checkpoints" / "arr.campaign.json"
+    cert.parent.mkdir()
+    cert.write_text("{}")
+    result = run_cli("push", str(cert), cwd=project.root)
+    assert result.exit_code == 2, result.output
+    assert "arr.campaign.json" in result.stderr

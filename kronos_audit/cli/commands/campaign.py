@@ -3,6 +3,7 @@ missing tasks; its completeness certificate."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,12 @@ def _task_json(s: TaskState, array: ArrayCampaign, path: Callable[[Path], str]) 
     help="Sign the campaign's completeness certificate (ROOT/NAME.campaign.json).",
 )
 @click.option("--key", help="Signing key for --certify (default: $KAUDIT_KEY, else the only one).")
+@click.option(
+    "--push",
+    is_flag=True,
+    help="With --certify: track the certificate's records with DVC and push them to the "
+    "default remote, as a run with push=True does.",
+)
 @trust_options
 @json_option("Print the campaign's tasks as JSON.")
 @click.pass_context
@@ -78,6 +85,7 @@ def campaign(
     script: str | None,
     certify: bool,
     key: str | None,
+    push: bool,
     trust: TrustOptions,
     as_json: bool,
 ) -> None:
@@ -93,6 +101,9 @@ def campaign(
     --certify, once every batch is in, sign ROOT/NAME.campaign.json, the certificate that
     each batch ran exactly once (`kaudit verify` checks it).
 
+    With --push the records go to the DVC remote too (NAME.records.dvc beside them:
+    commit it with the certificate); a push that fails leaves the certificate and exits 1.
+
     Exit 0 when every batch is in (and, with --certify, certified), 1 while some are
     missing, 2 for bad input.
 
@@ -103,6 +114,7 @@ def campaign(
     from kronos_audit.keys.anchors import load_keyring
     from kronos_audit.keys.home import select_key
     from kronos_audit.project.repository import find_project
+    from kronos_audit.runtime.campaigns.certify import RecordsNotPushed
     from kronos_audit.runtime.campaigns.certify import certify as sign_certificate
     from kronos_audit.verification.array import NoSuchCampaign, read_array
     from kronos_audit.verification.campaign import CampaignRefused
@@ -110,7 +122,15 @@ def campaign(
 
     if key is not None and not certify:
         raise UsageError("--key names the key that signs the certificate: add --certify")
+    if push and not certify:
+        raise UsageError("--push pushes the certificate's records: add --certify")
     project = find_project(root if root.is_dir() else Path.cwd())
+    storage = None
+    if push:
+        from kronos_audit.storage import Storage
+
+        storage = Storage(project)
+        storage.remote_name(None)  # no default remote: bad input, before anything is signed
     signing_key = select_key(key, passphrase=ask_passphrase) if certify else None
     verifier = Verifier(project, load_keyring(project.root, trust))
     try:
@@ -121,22 +141,32 @@ def campaign(
         raise CampaignError(str(e)) from None
     line = array.resubmit(script)
     certificate = None
+    not_pushed: str | None = None
     if signing_key is not None and line is None:
         manifests = [p.manifest.path for p in array.parts()]
         try:
-            certificate = sign_certificate(verifier, signing_key, name, manifests, array.n)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RecordsNotPushed)
+                certificate = sign_certificate(
+                    verifier, signing_key, name, manifests, array.n, storage=storage
+                )
         except CampaignRefused as e:
             raise CampaignError(str(e)) from None
+        not_pushed = next(
+            (str(w.message) for w in caught if issubclass(w.category, RecordsNotPushed)), None
+        )
+    ok = line is None and not_pushed is None
     if as_json:
         out.json(
             {
-                "ok": line is None,
+                "ok": ok,
                 "campaign": name,
                 "tasks": array.tasks,
                 "n": array.n,
                 "done": array.done,
                 "resubmit": line,
                 "certificate": None if certificate is None else project.relative(certificate),
+                "pushed": None if storage is None or certificate is None else not_pushed is None,
                 "strays": list(array.strays),
                 "parts": [_task_json(s, array, project.relative) for s in array.states],
             }
@@ -145,9 +175,13 @@ def campaign(
         _print(array, line)
         if certificate is not None:
             out.print(f"certified: {safe(shown(certificate))}")
+            if not_pushed is not None:
+                out.print(f"[red]FAIL[/] {safe(not_pushed)}", failure=True)
+            elif storage is not None:
+                out.print("its records pushed to the DVC remote")
         elif certify:
             out.print("[red]not certified[/]: batches are missing", failure=True)
-    ctx.exit(ExitCode.OK if line is None else ExitCode.CHECK_FAILED)
+    ctx.exit(ExitCode.OK if ok else ExitCode.CHECK_FAILED)
 
 
 def _print(array: ArrayCampaign, line: str | None) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX
 from kronos_audit.cli._app import error_json
 from kronos_audit.cli.options import (
     REMOTE_OPTION,
@@ -46,6 +47,10 @@ def push(
     manifest does not verify or is refused (it is not pushed) or an object is not in the
     remote after the push, 2 for bad input.
 
+    A campaign certificate (NAME.campaign.json), named on its own, pushes its records
+    (NAME.records/) once its signature verifies, tracked by DVC as one directory
+    (NAME.records.dvc: commit it with the certificate).
+
     \b
     Example:
       kaudit push checkpoints/heat --trusted-key alice.pub
@@ -60,6 +65,9 @@ def push(
     from kronos_audit.verification.chain import place_check
     from kronos_audit.verification.verifier import Verifier
 
+    certificates = [t for t in targets if t.name.endswith(CERTIFICATE_SUFFIX)]
+    if certificates:
+        ctx.exit(_push_certificates(certificates, targets, remote, trust, as_json))
     project, manifests = manifests_named(targets)
     keyring = load_keyring(project.root, trust)
     if not as_json:
@@ -194,6 +202,56 @@ def push(
         + (f"; {len(refused) + len(missing) + len(bad)} not pushed (above)" if not ok else "")
     )
     ctx.exit(code)
+
+
+def _push_certificates(
+    certificates: list[Path],
+    targets: tuple[Path, ...],
+    remote: str | None,
+    trust: TrustOptions,
+    as_json: bool,
+) -> ExitCode:
+    """``kaudit push`` of campaign certificates: each one's records, once it verifies."""
+    from kronos_audit.errors import PushIncomplete
+    from kronos_audit.keys.anchors import load_keyring
+    from kronos_audit.project.repository import find_project
+    from kronos_audit.runtime.campaigns.certify import push_certificate
+    from kronos_audit.storage import Storage
+    from kronos_audit.verification.campaign import CampaignRefused
+    from kronos_audit.verification.verifier import Verifier
+
+    if len(certificates) != len(targets):
+        raise UsageError("push campaign certificates on their own, not with checkpoints")
+    project = find_project(certificates[0]).require_initialized()
+    verifier = Verifier(project, load_keyring(project.root, trust))
+    if remote is not None:
+        raise UsageError("a certificate's records go to the default remote: drop --remote")
+    storage = Storage(project)
+    storage.remote_name(None)  # no remote to push to: bad input, nothing read
+    failed: dict[Path, str] = {}
+    pushed: dict[Path, int] = {}
+    for cert in certificates:
+        try:
+            pushed[cert] = push_certificate(storage, verifier, cert)
+        except CampaignRefused as e:
+            failed[cert] = str(e)
+        except PushIncomplete as e:
+            failed[cert] = e.message
+    if as_json:
+        out.json(
+            {
+                "ok": not failed,
+                "certificates": [project.relative(c) for c in pushed],
+                "uploaded": sum(pushed.values()),
+                "failed": [{"path": project.relative(p), "detail": w} for p, w in failed.items()],
+            }
+        )
+    else:
+        for path, why in failed.items():
+            out.print(f"[red]FAIL[/] {safe(shown(path))}: {safe(why)}", failure=True)
+        for path, n in pushed.items():
+            out.print(f"pushed the records of {safe(shown(path))}: {n} file(s)")
+    return ExitCode.CHECK_FAILED if failed else ExitCode.OK
 
 
 def _what_went(

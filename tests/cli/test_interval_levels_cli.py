@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kronos_audit.runtime.levels_interval import (
+from kronos_audit.runtime.levels.interval import (
     LevelCost,
     expected_waste,
     optimal_plan,

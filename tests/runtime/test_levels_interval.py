@@ -11,7 +11,7 @@ import pytest
 
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime import interval
-from kronos_audit.runtime.levels_interval import (
+from kronos_audit.runtime.levels.interval import (
     LevelCost,
     LevelPlan,
     expected_waste,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kronos_audit.errors import UsageError
-from kronos_audit.runtime.levels_interval import LevelCost, optimal_plan
+from kronos_audit.runtime.levels.interval import LevelCost, optimal_plan
 from kronos_audit.runtime.policy import Auto, AutoLevels, SavePolicy
 from tests.runtime.test_policy import START, ctx
 

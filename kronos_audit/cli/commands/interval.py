@@ -15,7 +15,7 @@ from kronos_audit.errors import UsageError
 
 if TYPE_CHECKING:
     from kronos_audit.runtime.interval import Estimate, Plan, Simulation
-    from kronos_audit.runtime.levels_interval import LevelCost, LevelPlan, LevelSimulation
+    from kronos_audit.runtime.levels.interval import LevelCost, LevelPlan, LevelSimulation
 
 # Intervals simulated: Daly's tau times 2^(k/2), k = -4..4, i.e. 0.25x to 4x.
 FACTORS = tuple(2.0 ** (k / 2) for k in range(-4, 5))
@@ -237,7 +237,7 @@ def parse_level(text: str) -> LevelCost:
     defaults to the cost). Raises :class:`~kronos_audit.errors.UsageError` naming the
     text and what is wrong with it."""
     from kronos_audit.runtime.interval import parse_duration
-    from kronos_audit.runtime.levels_interval import LevelCost
+    from kronos_audit.runtime.levels.interval import LevelCost
 
     where = f"--level {text!r:.80}"
     match = _SPEC.fullmatch(text)
@@ -275,7 +275,7 @@ def parse_level(text: str) -> LevelCost:
 
 def plan_levels(specs: tuple[str, ...]) -> tuple[LevelPlan, LevelPlan]:
     """The optimal plan for the levels given, and for the durable level alone."""
-    from kronos_audit.runtime.levels_interval import optimal_plan, single_level
+    from kronos_audit.runtime.levels.interval import optimal_plan, single_level
 
     levels = [parse_level(s) for s in specs]
     names = [x.name for x in levels]
@@ -297,7 +297,7 @@ def simulate_both(
     model expects too many to simulate)."""
     import numpy as np
 
-    from kronos_audit.runtime.levels_interval import simulate
+    from kronos_audit.runtime.levels.interval import simulate
 
     rng = np.random.default_rng(seed)
     sims: list[LevelSimulation | None] = []

@@ -10,7 +10,7 @@ will be able to keep its newest steps on cheaper levels:
 
 These are the declarations only: plain frozen values, checked when made. Writing the steps
 to these levels and restoring from them is not built yet, and ``ka.Run`` does not take them
-yet. How often each level should be written is :mod:`kronos_audit.runtime.levels_interval`'s.
+yet. How often each level should be written is :mod:`kronos_audit.runtime.levels.interval`'s.
 """
 
 from __future__ import annotations

@@ -62,6 +62,12 @@ class ThreadRanks:
         got = self._exchange(obj)
         return got[self.rank + 1] if self.rank + 1 < self.size else None
 
+    def sendrecv(self, obj: Any, dest: int, source: int) -> Any:
+        got = self._exchange((check_root(dest, self.size), obj))
+        sent_to, sent = got[check_root(source, self.size)]
+        assert sent_to == self.rank, f"rank {source} sent to {sent_to}, not {self.rank}"
+        return sent
+
     def any(self, flag: bool) -> bool:
         return any(self._exchange(bool(flag)))
 

@@ -109,6 +109,13 @@ class Comm(Protocol):
         however many ranks there are (and so objects of a bounded size, up to a few MB)."""
         ...
 
+    def sendrecv(self, obj: Any, dest: int, source: int) -> Any:
+        """Send ``obj`` to rank ``dest`` and return what rank ``source`` sent this one:
+        point to point, every rank calling it together with its own ``dest`` and
+        ``source``, the destinations a permutation of the ranks (each rank receives from
+        exactly one). Objects may be large (a rank's shard): one message a rank."""
+        ...
+
     def any(self, flag: bool) -> bool:
         """True on every rank when at least one rank passed True."""
         ...
@@ -216,6 +223,11 @@ class SingleProcess:
 
     def shift_left(self, obj: Any) -> Any:
         return None
+
+    def sendrecv(self, obj: Any, dest: int, source: int) -> Any:
+        check_root(dest, 1)
+        check_root(source, 1)
+        return obj
 
     def any(self, flag: bool) -> bool:
         return bool(flag)

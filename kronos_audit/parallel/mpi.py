@@ -18,6 +18,7 @@ from kronos_audit.errors import UsageError
 from kronos_audit.parallel.comm import FixedRanks, Pending, check_root, int64, int64s
 
 _SHIFT = 7411  # the tag of shift_left's messages (on the run's own duplicate communicator)
+_PAIR = 7412  # the tag of sendrecv's
 
 
 def missing_mpi4py(error: BaseException, variable: str | None = None) -> UsageError:
@@ -108,6 +109,10 @@ class MPIComm(FixedRanks):
         left = self._rank - 1 if self._rank > 0 else null
         right = self._rank + 1 if self._rank < self._size - 1 else null
         return self._comm.sendrecv(obj, dest=left, sendtag=_SHIFT, source=right, recvtag=_SHIFT)
+
+    def sendrecv(self, obj: Any, dest: int, source: int) -> Any:
+        dest, source = check_root(dest, self._size), check_root(source, self._size)
+        return self._comm.sendrecv(obj, dest=dest, sendtag=_PAIR, source=source, recvtag=_PAIR)
 
     def _reduce(self, values: list[int], op: Any) -> list[int]:
         send = np.array(values, dtype=np.int64)

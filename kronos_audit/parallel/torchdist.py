@@ -202,6 +202,26 @@ class TorchComm(FixedRanks):
                     )
         return box[0]
 
+    def sendrecv(self, obj: Any, dest: int, source: int) -> Any:
+        dest, source = check_root(dest, self._size), check_root(source, self._size)
+        if dest == self._rank and source == self._rank:
+            return obj
+        # A rank sends first when its destination is above it, else receives first: along
+        # any cycle of the permutation the ranks waiting on a send rise, so the cycle ends
+        # at a rank receiving first, and nobody waits for ever.
+        box: list[Any] = [None]
+        for sending in (dest > self._rank, dest <= self._rank):
+            with _collective("send" if sending else "receive"):
+                if sending:
+                    self._dist.send_object_list(
+                        [obj], dst=self._global(dest), group=self._group, device=self._device
+                    )
+                else:
+                    self._dist.recv_object_list(
+                        box, src=self._global(source), group=self._group, device=self._device
+                    )
+        return box[0]
+
     def _tensor(self, values: list[int]) -> Any:
         import torch
 

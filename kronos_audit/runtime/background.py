@@ -219,6 +219,11 @@ class StepMeta:
     """The run's ledger as it stands, for a publisher that writes it in chunks beside the
     step (the rows since its last chunk); None when it is in the step's own datasets, or
     empty."""
+    levels: tuple[str, ...] = ()
+    """The levels beside the durable one this step is written to (``memory``,
+    ``partner``: :mod:`kronos_audit.runtime.levels.store`)."""
+    durable: bool = True
+    """Whether the step is written to the durable level (the run directory) too."""
 
 
 @dataclass

@@ -25,6 +25,8 @@ from kronos_audit.checkpoint.codec.format import LEDGER_GROUP, OWN_GROUPS, RNG_G
 from kronos_audit.checkpoint.hdf5 import State, unflatten
 from kronos_audit.runtime import rng
 from kronos_audit.runtime.campaigns.ledger import Ledger
+from kronos_audit.runtime.levels.recover import recover
+from kronos_audit.runtime.levels.store import Levels
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import joining_seed
 from kronos_audit.runtime.steps.interface import Publisher, Restored
@@ -61,8 +63,10 @@ class Restorer:
         rank: int,
         seed: int,
         preempt_exit: int,
+        levels: Levels | None = None,
     ) -> None:
         self.publisher = publisher
+        self._levels = levels
         self._guard = guard
         self._run_id = run_id
         self._rank = rank
@@ -81,7 +85,9 @@ class Restorer:
         global generators restored in place, the state kept. Looks once."""
         self.tried = True
         with reporting(self._preempted):
-            found = self.publisher.resume(stacklevel=4)
+            found = None if self._levels is None else recover(self._levels, stacklevel=4)
+            if found is None:
+                found = self.publisher.resume(stacklevel=4)
             if found is None:
                 return None
             if self._rank >= found.count:
@@ -90,7 +96,14 @@ class Restorer:
                 generator = np.random.default_rng(fresh)
                 rng.seed_all(fresh)
             self.resumed = self._load(found, generator)
-        log.info("run %r: resumed from step %d, %s", self._run_id, found.step, found.where)
+        level = None if self._levels is None else self._levels.recovered
+        log.info(
+            "run %r: resumed from step %d, %s%s",
+            self._run_id,
+            found.step,
+            found.where,
+            "" if level is None else f" (the {level} level)",
+        )
         return self.resumed
 
     def restored(self, like: Any) -> State | None:

@@ -67,6 +67,7 @@ from kronos_audit.runtime.campaigns.array import ArrayTask, batch_share, task_ru
 from kronos_audit.runtime.campaigns.batches import Batches
 from kronos_audit.runtime.campaigns.executors import Submitter
 from kronos_audit.runtime.campaigns.ledger import Ledger, batch_rng
+from kronos_audit.runtime.levels.store import levels_for
 from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
 from kronos_audit.runtime.ranks import LoopAgreement, rank_seed
@@ -108,6 +109,11 @@ class Run:
     CPU has (:mod:`kronos_audit.provenance.dispatch`), for replays bitwise on another CPU;
     libraries already loaded have chosen (a warning names them): start the program under
     ``kaudit run --portable`` for the pins to reach them too.
+
+    ``levels`` (``[ka.MemoryLevel("/dev/shm/job/node{node}"), ka.PartnerLevel()]``) keeps
+    the newest steps on cheaper levels beside the durable one, signed, and restores from
+    the nearest that holds a verified step (:mod:`kronos_audit.runtime.levels.store`,
+    :mod:`kronos_audit.runtime.levels.recover`).
     """
 
     def __init__(
@@ -133,6 +139,7 @@ class Run:
         remote: Remote | None = None,
         task: ArrayTask | None = None,
         dispatch: str = "native",
+        levels: Sequence[object] | None = None,
     ) -> None:
         uncaught.install()  # a kaudit error the program lets through: one line, its status
         if not run_id or "/" in run_id or run_id in (".", ".."):
@@ -196,6 +203,8 @@ class Run:
         """The policy the loop asks after each step (a replay's: its step only)."""
         self.asynchronous = asynchronous
         self.preempt_exit = preempt_exit
+        self.levels = levels_for(levels, self.publisher, run_id, self.comm)
+        """The levels beside the durable one (``levels=``), or None."""
         self._guard = PreemptionGuard()
         self._restorer = Restorer(
             self.publisher,
@@ -204,6 +213,7 @@ class Run:
             rank=self.rank,
             seed=self.seed,
             preempt_exit=preempt_exit,
+            levels=self.levels,
         )
         self._saver = Saver(
             self.publisher,
@@ -215,6 +225,7 @@ class Run:
             generator=np.random.default_rng(rank_seed(self.seed, self.rank)),
             asynchronous=asynchronous,
             preempt_exit=preempt_exit,
+            levels_due=None if self.levels is None else self.levels.due,
         )
 
     @property
@@ -251,8 +262,16 @@ class Run:
         # One writer per run: the publisher holds the run's lock (rank 0's, for every
         # rank) until close(), once the last commit is through.
         self.publisher.open()
+        commit = self.publisher.publish
+        if self.levels is not None:
+            try:
+                self.levels.open(self.publisher)  # type: ignore[arg-type]
+            except BaseException:
+                self.publisher.close(clean=True)  # raised on every rank together
+                raise
+            commit = self.levels.commit(commit)
         rng.seed_all(rank_seed(self.seed, self.rank))
-        writer = BackgroundWriter(self.publisher.publish, asynchronous=self.asynchronous)
+        writer = BackgroundWriter(commit, asynchronous=self.asynchronous)
         self._guard.install()
         # One voice for the supervisor: rank 0's (every rank offers the same steps).
         self._saver.open(writer, Progress.from_env() if self.rank == 0 else None)
@@ -285,6 +304,8 @@ class Run:
             finally:
                 # The last commit is through: the next writer may come.
                 self.publisher.close(clean=exc is None or saver.agreed_exit)
+                if self.levels is not None:
+                    self.levels.close(clean=exc is None or saver.agreed_exit)
         if self._owns_comm and (exc is None or saver.agreed_exit):
             self.comm.close()  # a torch.distributed group kaudit initialized itself
 

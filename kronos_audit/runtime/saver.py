@@ -63,8 +63,10 @@ class Saver:
         generator: np.random.Generator,
         asynchronous: bool,
         preempt_exit: int,
+        levels_due: Callable[[int], tuple[str, ...]] | None = None,
     ) -> None:
         self.publisher = publisher
+        self._levels_due = levels_due
         self.policy = policy
         self._agreement = agreement
         self._guard = guard
@@ -163,8 +165,11 @@ class Saver:
             except Exception as e:
                 failure = e
         save, preempted = self._decide_together(writer, step, preempted, final, failure)
-        if save:
-            self.save(step, *(flat if flat is not None else self.flatten(state, layout)))
+        # The levels beside the durable one go by the step alone: the same on every rank.
+        levels = () if self._levels_due is None else self._levels_due(step)
+        if save or levels:
+            flat = flat if flat is not None else self.flatten(state, layout)
+            self.save(step, *flat, levels=levels, durable=save)
         if final and self.publisher.exits_after_final:
             writer.flush()
             self.agreed_exit = True  # every rank of a replay leaves here, at step N
@@ -261,8 +266,12 @@ class Saver:
         step: int,
         flat: Mapping[str, np.ndarray[Any, Any]],
         layouts: Mapping[str, Layout],
+        *,
+        levels: tuple[str, ...] = (),
+        durable: bool = True,
     ) -> None:
-        """Hand step ``step`` to the writer, with the RNGs and the ledger beside it."""
+        """Hand step ``step`` to the writer, with the RNGs and the ledger beside it: to
+        the durable level (``durable``) and to ``levels`` beside it, staged once."""
         writer = self.require_open()
         batches = None if self.campaign is None else self.campaign.saving()
         generators, record = rng.capture(self.rng)
@@ -275,6 +284,8 @@ class Saver:
             layout=dict(layouts),  # a step of one file is the one rank's: none needed
             batches=batches,
             ledger=self.ledger.rows() if chunked and len(self.ledger) else None,
+            levels=levels,
+            durable=durable,
         )
         # Asynchronously, every rank hands the step over whatever failed meanwhile in the
         # background (that is told to all at the next collective): a rank that did not
@@ -285,8 +296,9 @@ class Saver:
         except CheckpointError:
             self.agreed_exit = not self._asynchronous  # the commit's verdict, every rank's
             raise
-        self.last_saved = step
-        self._last_time = time.monotonic()
+        if durable:  # the policy's intervals count the durable level's steps
+            self.last_saved = step
+            self._last_time = time.monotonic()
 
     def save_received(self) -> None:
         """Checkpoint the ledger as it stands now, whatever the policy, and wait until it

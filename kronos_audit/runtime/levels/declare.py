@@ -1,16 +1,17 @@
 """The levels a run may keep its steps on, declared: a memory level and a partner level.
 
 Beside the durable level (the run directory and the DVC remote, as every run has), a run
-will be able to keep its newest steps on cheaper levels:
+keeps its newest steps on cheaper levels (``ka.Run(..., levels=[...])``):
 
 - :class:`MemoryLevel`: each rank's shard in a node-local RAM directory such as
   ``/dev/shm/...``, enough to restart after a process fault;
 - :class:`PartnerLevel`: each rank's shard also kept by a partner rank on another node,
   enough to restart after one node's loss.
 
-These are the declarations only: plain frozen values, checked when made. Writing the steps
-to these levels and restoring from them is not built yet, and ``ka.Run`` does not take them
-yet. How often each level should be written is :mod:`kronos_audit.runtime.levels.interval`'s.
+These are the declarations only: plain frozen values, checked when made. Writing steps to
+the levels and recovering from them is :mod:`kronos_audit.runtime.levels.store`'s and
+:mod:`kronos_audit.runtime.levels.recover`'s; how often each level should be written is
+:mod:`kronos_audit.runtime.levels.interval`'s.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ def _count(owner: str, name: str, value: object) -> int:
 class MemoryLevel:
     """Keep each rank's shard of the newest steps in a node-local RAM directory.
 
-    ``MemoryLevel("/dev/shm/heat", every=1, keep=2)``: a step every ``every`` steps, the
-    ``keep`` newest kept. The directory must be absolute and exist (a RAM directory is made
-    by the job script, once per node); a relative path would land wherever the program
-    happens to run.
+    ``MemoryLevel("/dev/shm/heat/node{node}", every=1, keep=2)``: a step every ``every``
+    steps, the ``keep`` newest kept. ``{node}`` in the directory, if any, is replaced by
+    the index of the rank's node (see :class:`PartnerLevel` for how ranks learn it). The
+    directory must be absolute (a relative path would land wherever the program happens
+    to run), and, formatted, exist when the run opens (a RAM directory is made by the job
+    script, once per node).
     """
 
     dir: Path | str
@@ -52,9 +55,14 @@ class MemoryLevel:
         path = Path(self.dir)
         if not path.is_absolute():
             raise UsageError(f"MemoryLevel: dir must be an absolute path, got {str(path)!r}")
-        if not path.is_dir():
-            what = "is not a directory" if path.exists() else "does not exist"
-            raise UsageError(f"MemoryLevel: dir {str(path)!r} {what}")
+        try:
+            formatted = str(path).format(node=0)
+        except (KeyError, IndexError, ValueError):
+            formatted = None
+        if formatted is None or formatted != str(path).replace("{node}", "0"):
+            raise UsageError(
+                f"MemoryLevel: dir {str(path)!r} may hold {{node}} and no other braces"
+            )
         object.__setattr__(self, "dir", path)
         _count("MemoryLevel", "every", self.every)
         _count("MemoryLevel", "keep", self.keep)
@@ -65,9 +73,13 @@ class PartnerLevel:
     """Keep a copy of each rank's shard of the newest steps on a partner rank on another node.
 
     ``PartnerLevel(every=1, keep=1)``: a step every ``every`` steps, the ``keep`` newest
-    kept. Ranks learn their node from the job (hostname, or ``SLURM_NODEID``); ``nodes``
-    instead splits the ranks into that many simulated nodes, to try the level on one
-    machine.
+    kept. Ranks learn their node from the job: ``SLURM_NODEID``, else the index of their
+    hostname among the job's (in rank order). ``nodes=K`` instead splits the ranks into
+    K simulated nodes, to try the level on one machine: rank r of n is on node
+    ``r * K // n`` (contiguous blocks). Rank r's partner is the rank at r's position on
+    the next node (a ring over the nodes); a job all on one node has no partner and is
+    refused. It needs a :class:`MemoryLevel`: a partner's copy lives in the partner's
+    memory directory.
     """
 
     every: int = 1

@@ -119,6 +119,9 @@ class Deadline:
     def shift_left(self, obj: Any) -> Any:
         return self._wait("shift_left", lambda: self._comm.shift_left(obj))
 
+    def sendrecv(self, obj: Any, dest: int, source: int) -> Any:
+        return self._wait("sendrecv", lambda: self._comm.sendrecv(obj, dest, source))
+
     def any(self, flag: bool) -> bool:
         return bool(self._wait("any", lambda: self._comm.any(flag)))
 

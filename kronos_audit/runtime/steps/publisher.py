@@ -82,6 +82,7 @@ from kronos_audit.storage.steps import ledger_items
 from kronos_audit.storage.tracking import cache_settings
 from kronos_audit.supervise.protocol import restart_count
 from kronos_audit.verification.memo import ChainMemo, Entry, identity
+from kronos_audit.verification.trusted import trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -403,6 +404,41 @@ class SignedPublisher(RunPublisher):
             )
             self._with_data = None  # listed again at the next commit
         return agreed
+
+    def continue_chain(self) -> int | None:
+        """All ranks: for a run resumed from a step on another level (a memory level's),
+        the newest step here whose manifest is trusted becomes the parent of the next
+        step, as :meth:`resume` would make it; its data is not read (nor the remote).
+        Returns that step (None: none)."""
+        found: tuple[int, Manifest] | None = None
+        if self.rank == 0:
+            verifier = self.verifier()
+            for step in reversed(self.format.candidates()):
+                try:
+                    manifest = trusted_step(
+                        verifier, self.format.manifest(step), self.run_id, step, None
+                    )
+                except Error:
+                    continue
+                found = (step, manifest)
+                break
+            if found is not None:
+                self._parent, self._parent_step = found[1], found[0]
+            self._passed_over, self._newest = after_and_newest(
+                self.directory, None if found is None else found[0]
+            )
+            self._with_data = None
+        step: int | None = self.comm.bcast(None if found is None else found[0])
+        return step
+
+    def chain_head(self) -> tuple[int, str] | None:
+        """Rank 0: the step the next one is chained to, and its manifest's sha256 (None:
+        none yet, or not rank 0's to know)."""
+        parent = self._parent
+        if parent is None or self._parent_step is None:
+            return None
+        digest = parent.digest if isinstance(parent, Manifest) else None
+        return None if digest is None else (self._parent_step, digest)
 
     def latest(self, *, stacklevel: int) -> int | None:
         steps = self.comm.bcast(self.format.candidates() if self.rank == 0 else None)

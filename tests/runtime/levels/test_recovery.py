@@ -1,0 +1,176 @@
+"""The memory and partner levels on three thread ranks, three simulated nodes: every step
+kept in each node's memory directory, signed, with a partner's copy; a restart restores
+the newest step from the nearest level that holds it verified.
+
+A lost rank is its memory directory dropped; a lost node, its node's directory (own
+copies and the partner copies it kept); a hostile partner copy, its bytes replaced. The
+runs are real (shards, rank 0's signature, DVC tracking of the durable steps)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kronos_audit as ka
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_name, step_directory
+from kronos_audit.errors import CheckpointSkipped, UsageError
+from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.project.repository import Project
+from kronos_audit.statement.manifest import read_manifest
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
+
+RUN = "heat"
+SIZE = 3
+
+
+def advance(u: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    return u * 0.5 + rng.random(u.shape)
+
+
+def program(
+    root: Path, shm: Path, steps: int, durable_every: int = 4
+) -> Any:
+    def main(comm: ThreadRanks) -> tuple[int | None, str | None, np.ndarray[Any, Any]]:
+        levels = [
+            ka.MemoryLevel(str(shm / "node{node}"), every=1, keep=2),
+            ka.PartnerLevel(every=1, keep=1, nodes=SIZE),
+        ]
+        with ka.Run(
+            RUN,
+            root=root / "checkpoints",
+            seed=5,
+            every=ka.EverySteps(durable_every),
+            comm=comm,
+            asynchronous=False,
+            levels=levels,
+        ) as run:
+            state = run.restore()
+            u = np.full(4, float(comm.rank)) if state is None else state["u"]
+            start = run.step
+            for step in run.steps(steps):
+                u = advance(u, run.rng)
+                run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+            assert run.levels is not None
+            return start, run.levels.recovered, u
+
+    return main
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    for node in range(SIZE):
+        (tmp_path / "shm" / f"node{node}").mkdir(parents=True)
+    return tmp_path / "shm"
+
+
+def run(project: Project, shm: Path, steps: int) -> list[Any]:
+    return on_ranks(SIZE, program(project.root, shm, steps))
+
+
+def finals(results: list[Any]) -> list[np.ndarray[Any, Any]]:
+    return [u for _, _, u in results]
+
+
+@pytest.fixture
+def whole(project: Project, key: SigningKey, shm: Path, tmp_path: Path) -> list[Any]:
+    """An uninterrupted run of 7 steps, for the final states."""
+    other = tmp_path / "whole-shm"
+    shutil.copytree(shm, other)
+    results = on_ranks(SIZE, program(project.root, other, 7))
+    shutil.rmtree(project.root / "checkpoints")
+    return finals(results)
+
+
+def test_each_step_is_on_the_memory_level_signed_with_a_partner_copy(
+    project: Project, key: SigningKey, shm: Path
+) -> None:
+    run(project, shm, 5)
+    for node in range(SIZE):
+        own = shm / f"node{node}" / RUN
+        # keep=2: steps 4 and 5; this node's rank only (a node a rank)
+        assert sorted(p.name for p in own.iterdir()) == ["step-00000004", "step-00000005"]
+        held = shm / f"node{node}" / "partners" / RUN
+        assert sorted(p.name for p in held.iterdir()) == ["step-00000005"]
+        source = (node - 1) % SIZE  # the rank on the node before
+        assert (step_directory(held, 5) / shard_name(source, SIZE)).is_file()
+        manifest = read_manifest(step_directory(own, 5) / STEP_MANIFEST)
+        assert manifest.run == RUN and manifest.step == 5
+        levels = manifest.record.attributes["kaudit.levels"]
+        assert list(levels["levels"]) == ["memory", "partner", "durable"]  # 5: the final
+        assert levels["durable"]["step"] == 4  # the durable step it builds on
+    # The durable level has its own steps only (every 4, and the final one).
+    durable = project.root / "checkpoints" / RUN
+    assert sorted(p.name for p in durable.glob("step-*")) == ["step-00000004", "step-00000005"]
+
+
+def test_a_restart_resumes_from_the_memory_level(
+    project: Project, key: SigningKey, shm: Path, whole: list[Any], caplog: Any
+) -> None:
+    run(project, shm, 6)
+    with caplog.at_level(logging.INFO, logger="kronos_audit.runtime"):
+        results = run(project, shm, 7)
+    assert [(s, lvl) for s, lvl, _ in results] == [(6, "memory")] * SIZE
+    assert "restored from the memory level" in caplog.text
+    for got, want in zip(finals(results), whole, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_lost_node_resumes_through_its_partner_without_the_remote(
+    project: Project, key: SigningKey, shm: Path, whole: list[Any]
+) -> None:
+    run(project, shm, 6)
+    shutil.rmtree(shm / "node1")
+    (shm / "node1").mkdir()  # the job script makes it again
+    shutil.rmtree(project.root / "checkpoints" / RUN / "step-00000004")  # not read anyway
+    results = run(project, shm, 7)
+    assert [(s, lvl) for s, lvl, _ in results] == [(6, "partner")] * SIZE
+    for got, want in zip(finals(results), whole, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_hostile_partner_copy_is_refused_and_the_durable_level_used(
+    project: Project, key: SigningKey, shm: Path, whole: list[Any]
+) -> None:
+    run(project, shm, 6)
+    shutil.rmtree(shm / "node1")
+    (shm / "node1").mkdir()
+    copy = step_directory(shm / "node2" / "partners" / RUN, 6) / shard_name(1, SIZE)
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 1
+    copy.write_bytes(bytes(data))
+    with pytest.warns(CheckpointSkipped) as caught:
+        results = run(project, shm, 7)
+    said = [str(w.message) for w in caught]
+    assert any("partner copy of rank 1 refused" in m and str(copy.parent) in m for m in said)
+    assert any("restoring from the durable level" in m for m in said)
+    assert [(s, lvl) for s, lvl, _ in results] == [(4, None)] * SIZE
+    for got, want in zip(finals(results), whole, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_partner_level_alone_or_on_one_node_is_refused(
+    project: Project, key: SigningKey, shm: Path
+) -> None:
+    with pytest.raises(UsageError, match="PartnerLevel needs a MemoryLevel"):
+        ka.Run(RUN, root=project.root / "checkpoints", levels=[ka.PartnerLevel()])
+
+    def one_node(comm: ThreadRanks) -> None:
+        levels = [ka.MemoryLevel(str(shm / "node0")), ka.PartnerLevel()]
+        with thread_run(project.root, RUN, comm, levels=levels):
+            pass
+
+    with pytest.raises(UsageError, match="all 3 ranks are on one node"):
+        on_ranks(SIZE, one_node)
+
+    def missing(comm: ThreadRanks) -> None:
+        levels = [ka.MemoryLevel(str(shm / "gone{node}"))]
+        with thread_run(project.root, RUN, comm, levels=levels):
+            pass
+
+    with pytest.raises(UsageError, match="gone0' does not exist"):
+        on_ranks(SIZE, missing)

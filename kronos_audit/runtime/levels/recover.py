@@ -12,7 +12,7 @@ supply (collective, in this order):
    warning naming it.
 
 The ranks agree (one allgather) on the newest step every rank can get from either. When it
-is newer than every durable step here, each rank reads it from its own copy, or receives
+is not older than every durable step here, each rank reads it from its own copy, or receives
 its partner's copy (manifest, index, tree and shard, one point-to-point exchange), checks
 it again and keeps it as its own before reading it. Nothing is read from the run
 directory's data or the DVC remote then: the durable chain only goes on from its newest
@@ -128,7 +128,7 @@ def recover(levels: Levels, *, stacklevel: int) -> Restored | None:
     common = set.intersection(*reachable) if reachable else set()
     newest = max(common) if common else None
     anywhere = max((s for o, h in everyone for s in (*o, *h)), default=None)
-    if newest is None or (newest_durable is not None and newest_durable >= newest):
+    if newest is None or (newest_durable is not None and newest_durable > newest):
         if anywhere is not None and (newest_durable is None or anywhere > newest_durable):
             lost = [r for r in range(levels.size) if anywhere not in reachable[r]]
             if rank == 0:

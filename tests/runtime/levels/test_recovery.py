@@ -22,6 +22,8 @@ from kronos_audit.errors import CheckpointSkipped, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.storage.remote import configure_remote
+from tests.helpers import git
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 RUN = "heat"
@@ -32,8 +34,12 @@ def advance(u: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray[Any
     return u * 0.5 + rng.random(u.shape)
 
 
+class Killed(Exception):
+    """The test's kill of every rank, after a step (the process gone: nothing more)."""
+
+
 def program(
-    root: Path, shm: Path, steps: int, durable_every: int = 4
+    root: Path, shm: Path, steps: int, kill_after: int | None = None, push: bool = False
 ) -> Any:
     def main(comm: ThreadRanks) -> tuple[int | None, str | None, np.ndarray[Any, Any]]:
         levels = [
@@ -44,10 +50,11 @@ def program(
             RUN,
             root=root / "checkpoints",
             seed=5,
-            every=ka.EverySteps(durable_every),
+            every=ka.EverySteps(4),
             comm=comm,
             asynchronous=False,
             levels=levels,
+            push=push,
         ) as run:
             state = run.restore()
             u = np.full(4, float(comm.rank)) if state is None else state["u"]
@@ -55,6 +62,8 @@ def program(
             for step in run.steps(steps):
                 u = advance(u, run.rng)
                 run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+                if step == kill_after:
+                    raise Killed
             assert run.levels is not None
             return start, run.levels.recovered, u
 
@@ -70,6 +79,12 @@ def shm(tmp_path: Path) -> Path:
 
 def run(project: Project, shm: Path, steps: int) -> list[Any]:
     return on_ranks(SIZE, program(project.root, shm, steps))
+
+
+def killed_after(project: Project, shm: Path, step: int, push: bool = False) -> None:
+    """A run of 7 steps killed after step ``step`` (the durable level holds step 4)."""
+    with pytest.raises(Killed):
+        on_ranks(SIZE, program(project.root, shm, 7, kill_after=step, push=push))
 
 
 def finals(results: list[Any]) -> list[np.ndarray[Any, Any]]:
@@ -111,7 +126,7 @@ def test_each_step_is_on_the_memory_level_signed_with_a_partner_copy(
 def test_a_restart_resumes_from_the_memory_level(
     project: Project, key: SigningKey, shm: Path, whole: list[Any], caplog: Any
 ) -> None:
-    run(project, shm, 6)
+    killed_after(project, shm, 6)
     with caplog.at_level(logging.INFO, logger="kronos_audit.runtime"):
         results = run(project, shm, 7)
     assert [(s, lvl) for s, lvl, _ in results] == [(6, "memory")] * SIZE
@@ -121,13 +136,19 @@ def test_a_restart_resumes_from_the_memory_level(
 
 
 def test_a_lost_node_resumes_through_its_partner_without_the_remote(
-    project: Project, key: SigningKey, shm: Path, whole: list[Any]
+    project: Project, key: SigningKey, shm: Path, whole: list[Any], tmp_path: Path
 ) -> None:
-    run(project, shm, 6)
+    remote = tmp_path / "remote"
+    configure_remote(project, str(remote))
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-q", "-m", "remote")
+    killed_after(project, shm, 6, push=True)
+    assert any(remote.rglob("*")), "step 4 was pushed"
     shutil.rmtree(shm / "node1")
     (shm / "node1").mkdir()  # the job script makes it again
-    shutil.rmtree(project.root / "checkpoints" / RUN / "step-00000004")  # not read anyway
-    results = run(project, shm, 7)
+    shutil.rmtree(remote)
+    remote.write_text("not a directory: the remote is unreachable")
+    results = on_ranks(SIZE, program(project.root, shm, 7, push=True))
     assert [(s, lvl) for s, lvl, _ in results] == [(6, "partner")] * SIZE
     for got, want in zip(finals(results), whole, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -136,7 +157,7 @@ def test_a_lost_node_resumes_through_its_partner_without_the_remote(
 def test_a_hostile_partner_copy_is_refused_and_the_durable_level_used(
     project: Project, key: SigningKey, shm: Path, whole: list[Any]
 ) -> None:
-    run(project, shm, 6)
+    killed_after(project, shm, 6)
     shutil.rmtree(shm / "node1")
     (shm / "node1").mkdir()
     copy = step_directory(shm / "node2" / "partners" / RUN, 6) / shard_name(1, SIZE)

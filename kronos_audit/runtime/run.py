@@ -62,7 +62,7 @@ from kronos_audit.parallel import Comm, detect
 from kronos_audit.parallel.layout import Layout
 from kronos_audit.provenance.dispatch import pin_dispatch
 from kronos_audit.runtime import rng, uncaught
-from kronos_audit.runtime.background import BackgroundWriter, WriterStats
+from kronos_audit.runtime.background import BackgroundWriter, Job, WriterStats
 from kronos_audit.runtime.campaigns.array import ArrayTask, batch_share, task_run_id
 from kronos_audit.runtime.campaigns.batches import Batches
 from kronos_audit.runtime.campaigns.executors import Submitter
@@ -262,7 +262,7 @@ class Run:
         # One writer per run: the publisher holds the run's lock (rank 0's, for every
         # rank) until close(), once the last commit is through.
         self.publisher.open()
-        commit = self.publisher.publish
+        commit: Callable[[Job], None] = self.publisher.publish
         if self.levels is not None:
             try:
                 self.levels.open(self.publisher)  # type: ignore[arg-type]

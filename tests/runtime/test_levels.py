@@ -12,6 +12,7 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.errors import ExitCode, UsageError
+from kronos_audit.runtime.levels.nodes import memory_directory
 
 
 def test_a_memory_level_holds_an_absolute_directory(tmp_path: Path) -> None:
@@ -33,8 +34,11 @@ def test_a_partner_level_defaults_to_every_step_and_one_kept() -> None:
     ("make", "message"),
     [
         (lambda d: ka.MemoryLevel("shm/run"), "dir must be an absolute path, got 'shm/run'"),
-        (lambda d: ka.MemoryLevel(d / "gone"), "does not exist"),
-        (lambda d: ka.MemoryLevel(d / "file"), "is not a directory"),
+        (lambda d: ka.MemoryLevel(f"{d}/{{rank}}"), "may hold {node} and no other braces"),
+        (lambda d: ka.MemoryLevel(f"{d}/{{node"), "may hold {node} and no other braces"),
+        (lambda d: memory_directory(ka.MemoryLevel(d / "gone"), 0), "gone' does not exist"),
+        (lambda d: memory_directory(ka.MemoryLevel(d / "file"), 0), "is not a directory"),
+        (lambda d: memory_directory(ka.MemoryLevel(d / "n{node}"), 1), "n1' does not exist"),
         (
             lambda d: ka.MemoryLevel(42),  # type: ignore[arg-type]
             "dir must be a path",
@@ -80,3 +84,9 @@ def test_declaring_levels_loads_nothing_heavy(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONWARNINGS": "error"},
     )
     assert done.stdout.splitlines() == ["[]", "False"]
+
+
+def test_the_memory_directory_is_the_nodes(tmp_path: Path) -> None:
+    (tmp_path / "node2").mkdir()
+    level = ka.MemoryLevel(f"{tmp_path}/node{{node}}")
+    assert memory_directory(level, 2) == tmp_path / "node2"

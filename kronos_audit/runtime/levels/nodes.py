@@ -105,4 +105,4 @@ def memory_directory(level: MemoryLevel, node: int) -> Path:
     return path
 
 
-__all__ = ["Placement", "SLURM_NODE", "memory_directory", "place"]
+__all__ = ["SLURM_NODE", "Placement", "memory_directory", "place"]

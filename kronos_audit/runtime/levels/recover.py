@@ -33,7 +33,7 @@ from typing import Any
 
 import h5py
 
-from kronos_audit.checkpoint.layout import INDEX_NAME, STEP_MANIFEST, shard_name, step_directory
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_name, step_directory
 from kronos_audit.checkpoint.verified import open_verified
 from kronos_audit.errors import CheckpointError, CheckpointSkipped, Error
 from kronos_audit.runtime.levels.store import (
@@ -67,20 +67,17 @@ def _check(verifier: Verifier, levels: Levels, directory: Path, rank: int, step:
     shards = manifest.record.shards
     assert shards is not None
     if shards.count != levels.size:
-        raise CheckpointError(
-            f"written by {shards.count} ranks, not {levels.size}", path=directory
-        )
+        raise CheckpointError(f"written by {shards.count} ranks, not {levels.size}", path=directory)
     signed = signed_shard(manifest, rank)
     data = read_file(directory / shard_name(rank, levels.size), min(signed.size, MAX_SHARD))
     if len(data) != signed.size or hashlib.sha256(data).hexdigest() != signed.sha256:
         raise CheckpointError(
-            "its bytes are not the ones its manifest signs", path=directory / shard_name(rank, levels.size)
+            "its bytes are not the ones its manifest signs",
+            path=directory / shard_name(rank, levels.size),
         )
 
 
-def _verified(
-    verifier: Verifier, levels: Levels, run_dir: Path, rank: int, what: str
-) -> set[int]:
+def _verified(verifier: Verifier, levels: Levels, run_dir: Path, rank: int, what: str) -> set[int]:
     """The steps whose copy of rank ``rank``'s shard in ``run_dir`` is proven; each copy
     refused is named in one warning (``what`` says whose copy it is)."""
     found: set[int] = set()
@@ -209,7 +206,7 @@ def _read(
         verifier, directory / STEP_MANIFEST, levels.run_id, step, StepKind.SHARDS
     )
     shards = manifest.record.shards
-    assert shards is not None and manifest.checkpoint_path.name == INDEX_NAME
+    assert shards is not None
     replicated = [n for n, r in parse_layout(shards.layout).items() if r.block is None]
     path = directory / shard_name(levels.rank, levels.size)
     with ExitStack() as stack:

@@ -362,13 +362,15 @@ class Levels:
         payload: tuple[int, bytes, Signed3] | None = None
         own: BaseException | None = None
         try:
-            payload = (step, read_file(directory / shard_name(self.rank, self.size), 1 << 40), signed)
+            payload = (
+                step,
+                read_file(directory / shard_name(self.rank, self.size), 1 << 40),
+                signed,
+            )
         except Exception as e:
             own = e
         placement = self.placement
-        got = comm.sendrecv(
-            payload, placement.partner(self.rank), placement.holds_for(self.rank)
-        )
+        got = comm.sendrecv(payload, placement.partner(self.rank), placement.holds_for(self.rank))
         if own is not None:
             return own
         source = placement.holds_for(self.rank)

@@ -406,10 +406,9 @@ class SignedPublisher(RunPublisher):
         return agreed
 
     def continue_chain(self) -> int | None:
-        """All ranks: for a run resumed from a step on another level (a memory level's),
-        the newest step here whose manifest is trusted becomes the parent of the next
-        step, as :meth:`resume` would make it; its data is not read (nor the remote).
-        Returns that step (None: none)."""
+        """All ranks: the newest step here whose manifest is trusted (its data not read,
+        nor the remote), made the parent of the next, as :meth:`resume` makes it; for a
+        run resumed from another level. Returns that step (None: none)."""
         found: tuple[int, Manifest] | None = None
         if self.rank == 0:
             verifier = self.verifier()
@@ -428,12 +427,11 @@ class SignedPublisher(RunPublisher):
                 self.directory, None if found is None else found[0]
             )
             self._with_data = None
-        step: int | None = self.comm.bcast(None if found is None else found[0])
-        return step
+        newest: int | None = self.comm.bcast(None if found is None else found[0])
+        return newest
 
     def chain_head(self) -> tuple[int, str] | None:
-        """Rank 0: the step the next one is chained to, and its manifest's sha256 (None:
-        none yet, or not rank 0's to know)."""
+        """Rank 0: the step the next one is chained to and its manifest's sha256, or None."""
         parent = self._parent
         if parent is None or self._parent_step is None:
             return None

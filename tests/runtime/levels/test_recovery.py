@@ -31,7 +31,7 @@ SIZE = 3
 
 
 def advance(u: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray[Any, Any]:
-    return u * 0.5 + rng.random(u.shape)
+    return np.asarray(u * 0.5 + rng.random(u.shape))
 
 
 class Killed(Exception):
@@ -114,7 +114,7 @@ def test_each_step_is_on_the_memory_level_signed_with_a_partner_copy(
         source = (node - 1) % SIZE  # the rank on the node before
         assert (step_directory(held, 5) / shard_name(source, SIZE)).is_file()
         manifest = read_manifest(step_directory(own, 5) / STEP_MANIFEST)
-        assert manifest.run == RUN and manifest.step == 5
+        assert (manifest.run, manifest.step) == (RUN, 5)
         levels = manifest.record.attributes["kaudit.levels"]
         assert list(levels["levels"]) == ["memory", "partner", "durable"]  # 5: the final
         assert levels["durable"]["step"] == 4  # the durable step it builds on

@@ -18,7 +18,7 @@ from typing import Any
 from kronos_audit import __version__
 from kronos_audit._internal.progress import report
 from kronos_audit.checkpoint.formats import PICKLE_NOTE, Format
-from kronos_audit.checkpoint.layout import attested_manifest_for
+from kronos_audit.checkpoint.layout import STEP_MANIFEST, attested_manifest_for, named_step
 from kronos_audit.errors import Error
 from kronos_audit.keys.anchors import TrustedKey, TrustOptions
 from kronos_audit.project.repository import Project, find_project
@@ -233,7 +233,11 @@ def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
             )
         )
     pairs = list(itertools.pairwise(points))
-    restarted = [(b.restart_count or 0) > (a.restart_count or 0) for a, b in pairs]
+    recovered = [_recovered(m) for _, m in rows[1:]]
+    restarted = [
+        (b.restart_count or 0) > (a.restart_count or 0) or recovered[i] is not None
+        for i, (a, b) in enumerate(pairs)
+    ]
     # the cadence is that of one process: the time a restart took is no part of it
     ordinary = [i for i, r in enumerate(restarted) if not r]
     paused = {
@@ -243,7 +247,8 @@ def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
     for i, (a, b) in enumerate(pairs):
         if restarted[i] or i in paused:
             kind = GapKind.RESTART if restarted[i] else GapKind.PAUSE
-            gaps.append(Gap(kind, a.step, b.step, b.seconds - a.seconds))
+            level, resumed = recovered[i] or (None, None)
+            gaps.append(Gap(kind, a.step, b.step, b.seconds - a.seconds, level, resumed))
     sizes = [p.size for p in points]
     created = sorted(p.created for p in points)
     return Chain(
@@ -260,6 +265,18 @@ def _chain(rows: Sequence[tuple[VerifyResult, Manifest]]) -> Chain:
         points=tuple(points),
         batches=any(m.record.batches is not None for _, m in rows),
     )
+
+
+def _recovered(m: Manifest) -> tuple[str, int] | None:
+    """The level and step a restart resumed from, as the first durable manifest after it
+    records (:data:`~kronos_audit.runtime.levels.store.RECOVERED_KEY`), if it does."""
+    record = m.record.attributes.get("kaudit.recovered")
+    if not isinstance(record, Mapping):
+        return None
+    level, step = record.get("level"), record.get("step")
+    if level not in ("memory", "partner") or isinstance(step, bool) or not isinstance(step, int):
+        return None
+    return str(level), step
 
 
 def _is_pickle(r: VerifyResult) -> bool:
@@ -498,6 +515,8 @@ def build_report(
 
     def group_of(r: VerifyResult) -> _Group:
         directory = r.manifest.parent
+        if r.manifest.name == STEP_MANIFEST and named_step(directory.name) is not None:
+            directory = directory.parent  # a sharded step's: its run's directory holds it
         if r.kind is StatementKind.CAMPAIGN:
             # a campaign's certificate is beside its run's directory: it is that run's (one
             # whose signature does not hold is not read: the run its name says)

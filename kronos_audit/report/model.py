@@ -160,14 +160,23 @@ class Gap:
     """The first step after it."""
     seconds: float
     """Wall-clock time between the two checkpoints."""
+    level: str | None = None
+    """The level a restart resumed from (``memory``, ``partner``: a step the durable
+    chain does not hold), as the first manifest after it records; None: the durable
+    level, or not recorded."""
+    resumed_step: int | None = None
+    """The step that restart resumed from, when ``level`` is recorded."""
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {
+        obj: dict[str, Any] = {
             "kind": self.kind.value,
             "after_step": self.after_step,
             "before_step": self.before_step,
             "seconds": self.seconds,
         }
+        if self.level is not None:  # only where a restart resumed from a level
+            obj.update(level=self.level, resumed_step=self.resumed_step)
+        return obj
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,7 @@ def recover(levels: Levels, *, stacklevel: int) -> Restored | None:
     need = [newest not in set(everyone[r][0]) for r in range(levels.size)]
     found = _fetch_and_read(levels, verifier, newest, need)
     levels.recovered = PARTNER if any(need) else MEMORY
+    levels.to_record = {"step": newest, "level": levels.recovered}
     publisher.continue_chain()
     log.info(
         "run %r: step %d restored from the %s level%s",

@@ -73,6 +73,9 @@ DURABLE = "durable"
 LEVEL_KEY = "kaudit.levels"
 """The attribute of a level step's manifest: ``{"levels": [...], "durable": {"step": N,
 "sha256": ...} | null}``."""
+RECOVERED_KEY = "kaudit.recovered"
+"""The attribute of the first durable step's manifest after a restore from a level:
+``{"step": N, "level": "memory" | "partner"}`` (the report shows it at the restart)."""
 PARTNERS = "partners"
 """The directory, in a node's memory directory, of the copies it keeps for partners."""
 STEP_FILES = (STEP_MANIFEST, INDEX_NAME, TREE_NAME)
@@ -183,6 +186,8 @@ class Levels:
         self.recovered: str | None = None
         """The level the run's restore took its step from (``memory``, ``partner``), or
         None (the durable level, or none)."""
+        self.to_record: dict[str, Any] | None = None
+        """The recovery the next durable step's manifest records (:data:`RECOVERED_KEY`)."""
 
     @property
     def publisher(self) -> SignedPublisher:
@@ -241,11 +246,26 @@ class Levels:
                 except CheckpointError as e:
                     failure = e
             if job.meta.durable:
-                publish(job)
+                self._publish_recording(publish, job)
             if failure is not None:
                 raise failure
 
         return run
+
+    def _publish_recording(self, publish: Callable[[Job], None], job: Job) -> None:
+        """The durable commit of ``job``, its manifest recording the recovery the run
+        resumed from, if that is not recorded yet."""
+        publisher, recovery = self.publisher, self.to_record
+        if recovery is None:
+            publish(job)
+            return
+        attributes = publisher.attributes
+        publisher.attributes = {**attributes, RECOVERED_KEY: recovery}
+        try:
+            publish(job)
+        finally:
+            publisher.attributes = attributes
+        self.to_record = None
 
     def write(self, job: Job) -> None:
         """All ranks, on the writer thread: step ``job.step`` on the levels due."""
@@ -401,6 +421,7 @@ __all__ = [
     "LEVEL_KEY",
     "MEMORY",
     "PARTNER",
+    "RECOVERED_KEY",
     "Levels",
     "declared",
     "level_steps",

@@ -21,6 +21,7 @@ from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_name, step_direc
 from kronos_audit.errors import CheckpointSkipped, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
+from kronos_audit.report import build_report, render_html
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage.remote import configure_remote
 from tests.helpers import git
@@ -133,6 +134,17 @@ def test_a_restart_resumes_from_the_memory_level(
     assert "restored from the memory level" in caplog.text
     for got, want in zip(finals(results), whole, strict=True):
         np.testing.assert_array_equal(got, want)
+    # The durable chain, verified alone (the RAM directories gone), records the recovery.
+    shutil.rmtree(shm)
+    durable = project.root / "checkpoints" / RUN
+    step7 = read_manifest(step_directory(durable, 7) / STEP_MANIFEST)
+    assert dict(step7.record.attributes["kaudit.recovered"]) == {"step": 6, "level": "memory"}
+    runs = build_report([durable]).runs
+    (report,) = runs
+    assert report.verification.failed == 0
+    (gap,) = report.chain.gaps
+    assert (gap.after_step, gap.before_step, gap.level, gap.resumed_step) == (4, 7, "memory", 6)
+    assert "resumed from step 6 on the memory level" in render_html(build_report([durable]))
 
 
 def test_a_lost_node_resumes_through_its_partner_without_the_remote(

@@ -20,6 +20,7 @@ from kronos_audit.errors import ExitCode
 
 if TYPE_CHECKING:
     from kronos_audit.keys.anchors import TrustOptions
+    from kronos_audit.runtime.levels.listing import Held
 
 # How `status` colours each location (by its value: the enum lives in the library).
 _COLOURS = {
@@ -41,6 +42,13 @@ _COLOURS = {
     is_flag=True,
     help="Fail (exit 2) if the remote cannot be read, instead of showing the places here.",
 )
+@click.option(
+    "--level-dir",
+    "level_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="A memory level's directory ({node}: any node's): list the steps it holds too.",
+)
 @trust_options
 @json_option("Print each checkpoint's place as JSON.")
 @click.pass_context
@@ -50,6 +58,7 @@ def status_command(
     remote: str | None,
     local_only: bool,
     require_remote: bool,
+    level_dirs: tuple[str, ...],
     trust: TrustOptions,
     as_json: bool,
 ) -> None:
@@ -71,6 +80,11 @@ def status_command(
     pushed by a second writer) is not pushed there, whatever data went. A step with two
     children among the run's manifests in the remote (signed by signers the trust options
     accept) is a fork, named in one line.
+
+    With --level-dir (a run's ``ka.MemoryLevel`` directory, ``{node}`` standing for any
+    node), the steps its memory and partner levels hold there are listed too, by level
+    and shard count: only while those directories exist (node-local RAM, usually gone
+    with the job), and only those this machine sees; not verified.
 
     Exit 1 when a checkpoint here is corrupt (not the bytes its manifest signs), or the
     run's chain forks in the remote.
@@ -116,6 +130,7 @@ def status_command(
             for run, c in chains.items()
             for f in c.forks(lambda m: verifier.signature(m).ok)
         ]
+    held = _held(level_dirs, [e.manifest for e in entries])
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1
@@ -139,6 +154,7 @@ def status_command(
                 "remote_asked": ask,
                 "remote_unreachable": None if unreachable is None else unreachable.message,
                 "forks": forks,
+                **({"levels": [h.to_json_obj() for h in held]} if level_dirs else {}),
             }
         )
     else:
@@ -173,4 +189,29 @@ def status_command(
                 )
         for fork in forks:
             out.print(f"[red]FORK[/] {safe(fork)}", failure=True)
+        for h in held:
+            out.print(
+                f"[cyan]{h.level}[/] run {safe(h.run)} step {h.step}: {h.shards} shard"
+                f"{'' if h.shards == 1 else 's'}"
+            )
+        if level_dirs and not held:
+            out.print("[dim]no step on the levels in the directories given[/]")
     ctx.exit(ExitCode.CHECK_FAILED if failed else ExitCode.OK)
+
+
+def _held(level_dirs: tuple[str, ...], manifests: list[Path]) -> list[Held]:
+    """The steps the level directories hold of the runs ``manifests`` are of (none
+    without a directory)."""
+    if not level_dirs:
+        return []
+    from kronos_audit.errors import Error
+    from kronos_audit.runtime.levels.listing import expand, held_steps
+    from kronos_audit.statement.manifest import read_manifest
+
+    runs = set()
+    for manifest in manifests:
+        try:
+            runs.add(read_manifest(manifest).run)
+        except Error:
+            continue  # not a run's: status shows what it can of it
+    return held_steps(expand(list(level_dirs)), runs)

@@ -24,7 +24,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, render_html
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage.remote import configure_remote
-from tests.helpers import git
+from tests.helpers import git, run_cli
 from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 RUN = "heat"
@@ -122,6 +122,18 @@ def test_each_step_is_on_the_memory_level_signed_with_a_partner_copy(
     # The durable level has its own steps only (every 4, and the final one).
     durable = project.root / "checkpoints" / RUN
     assert sorted(p.name for p in durable.glob("step-*")) == ["step-00000004", "step-00000005"]
+    # `kaudit status` lists the levels' steps, while their directories exist.
+    done = run_cli("status", str(durable), "--local-only", "--level-dir", f"{shm}/node{{node}}")
+    assert done.exit_code == 0, done.output
+    lines = [line for line in done.output.splitlines() if "run heat step" in line]
+    assert lines == [
+        "memory run heat step 4: 3 shards",
+        "memory run heat step 5: 3 shards",
+        "partner run heat step 5: 3 shards",
+    ]
+    shutil.rmtree(shm)
+    done = run_cli("status", str(durable), "--local-only", "--level-dir", f"{shm}/node{{node}}")
+    assert "no step on the levels in the directories given" in done.output
 
 
 def test_a_restart_resumes_from_the_memory_level(

@@ -27,6 +27,9 @@ out["gather0"] = c.gather({"r": r}, root=0)
 out["gather_last"] = c.gather(r * 10, root=c.size - 1)
 out["allgather"] = c.allgather(f"rank-{r}")
 out["shift"] = c.shift_left({"from": r, "bytes": bytes(r + 1).hex()})
+# a ring each way (a rank's partner on the next node, and back), a large object each
+out["ring"] = c.sendrecv([r, len(bytes(1 << 20))], (r + 1) % c.size, (r - 1) % c.size)
+out["ring_back"] = c.sendrecv(r, (r - 1) % c.size, (r + 1) % c.size)
 out["any_none"] = c.any(False)
 out["any_last"] = c.any(r == c.size - 1)
 out["min"] = c.min(10 - r)
@@ -120,6 +123,8 @@ def check_common(docs: list[dict[str, object]], size: int, name: str, kind: str)
         assert doc["allgather"] == [f"rank-{i}" for i in range(size)]
         right = None if r == size - 1 else {"from": r + 1, "bytes": bytes(r + 2).hex()}
         assert doc["shift"] == right
+        assert doc["ring"] == [(r - 1) % size, 1 << 20]
+        assert doc["ring_back"] == (r + 1) % size
         assert doc["any_none"] is False
         assert doc["any_last"] is True
         assert doc["min"] == 10 - (size - 1)

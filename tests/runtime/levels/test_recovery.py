@@ -219,3 +219,31 @@ def test_a_partner_level_alone_or_on_one_node_is_refused(
 
     with pytest.raises(UsageError, match="gone0' does not exist"):
         on_ranks(SIZE, missing)
+
+
+def test_one_process_resumes_from_its_memory_level(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    level = ka.MemoryLevel(tmp_path, every=1, keep=1)
+    root = project.root / "checkpoints"
+
+    def steps(n: int, kill_after: int | None = None) -> tuple[int | None, float]:
+        with ka.Run("one", root=root, seed=2, every=ka.EverySteps(3), levels=[level]) as run:
+            state = run.restore()
+            start, x = run.step, (0.0 if state is None else float(state["x"]))
+            for step in run.steps(n):
+                x = x * 0.5 + float(run.rng.random())
+                run.checkpoint(step, {"x": x})
+                if step == kill_after:
+                    run.wait()
+                    raise Killed
+        return start, x
+
+    with pytest.raises(Killed):
+        steps(6, kill_after=5)
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["step-00000005"]
+    resumed, x = steps(6)
+    assert resumed == 5
+    shutil.rmtree(root)
+    shutil.rmtree(tmp_path / "one")
+    assert steps(6) == (None, x)

@@ -1,24 +1,23 @@
 """A run's restore through its levels: the newest step every rank can get, verified, from
 the nearest level that holds it.
 
-At :meth:`~kronos_audit.runtime.run.Run.restore` every rank says which level steps it can
-supply (collective, in this order):
+At :meth:`~kronos_audit.runtime.run.Run.restore` every rank lists the copies its node's
+memory directory holds, of any rank's shard: the memory copies (``<dir>/<run>/``) and the
+partner copies (``<dir>/partners/<run>/``), each proven: the step's manifest beside it
+trusted (:func:`~kronos_audit.verification.trusted.trusted_step`: the run's key, the run
+id, its place and step) and the shard's bytes the sha256 its signed index line says. A
+copy that does not match is refused, with one :class:`~kronos_audit.errors.CheckpointSkipped`
+warning naming it. Copies are found by what they are, not by where a rank was: a job
+placed anew on the nodes left (``srun`` after a node's loss) finds them all the same.
 
-1. its own memory copy: the step's manifest beside its shard trusted
-   (:func:`~kronos_audit.verification.trusted.trusted_step`: the run's key, the run id,
-   its place and step) and the shard's bytes the sha256 its signed index line says;
-2. the partner copy it keeps of the rank it partners, checked the same way: a copy whose
-   bytes do not match is refused, with one :class:`~kronos_audit.errors.CheckpointSkipped`
-   warning naming it.
-
-The ranks agree (one allgather) on the newest step every rank can get from either. When it
-is not older than every durable step here, each rank reads it from its own copy, or receives
-its partner's copy (manifest, index, tree and shard, one point-to-point exchange), checks
-it again and keeps it as its own before reading it. Nothing is read from the run
-directory's data or the DVC remote then: the durable chain only goes on from its newest
-trusted manifest. Otherwise (no step every rank can get: a rank lost with its partner)
-the durable level is used, as without levels, and one warning says so when a level held
-a newer step.
+The ranks agree (one allgather) on the newest step whose every shard some rank holds. When
+it is not older than every durable step here, each rank takes its shard from the nearest
+copy: one in its own node's directory (the memory copy first), else one another rank holds
+(manifest, index, tree and shard, sent point to point), checked again and kept as its own
+before it is read. Nothing is read from the run directory's data or the DVC remote then:
+the durable chain only goes on from its newest trusted manifest. Otherwise (a shard on no
+level: a rank lost with its partner) the durable level is used, as without levels, and one
+warning says so when a level held a newer step.
 """
 
 from __future__ import annotations
@@ -77,69 +76,98 @@ def _check(verifier: Verifier, levels: Levels, directory: Path, rank: int, step:
         )
 
 
-def _verified(verifier: Verifier, levels: Levels, run_dir: Path, rank: int, what: str) -> set[int]:
-    """The steps whose copy of rank ``rank``'s shard in ``run_dir`` is proven; each copy
-    refused is named in one warning (``what`` says whose copy it is)."""
-    found: set[int] = set()
-    for step in level_steps(run_dir):
-        directory = step_directory(run_dir, step)
-        if not (directory / shard_name(rank, levels.size)).exists():
+Copy = tuple[int, int, str]
+"""A verified copy a rank can supply: (step, the rank whose shard it is, its level)."""
+
+
+def _copies(verifier: Verifier, levels: Levels) -> list[Copy]:
+    """The copies in this rank's node directory it can supply, proven; each copy refused
+    is named in one warning. The ranks of one node share the work: each checks the
+    shards of the ranks its position on the node gives it."""
+    placement, size = levels.placement, levels.size
+    mates = [r for r, n in enumerate(placement.nodes) if n == placement.nodes[levels.rank]]
+    mine = mates.index(levels.rank)
+    found: list[Copy] = []
+    for level, run_dir in ((MEMORY, levels.own), (PARTNER, levels.held)):
+        if level == PARTNER and levels.partner is None:
             continue
-        try:
-            _check(verifier, levels, directory, rank, step)
-        except Error as e:
-            warnings.warn(
-                f"{directory}: {what} refused: {one_line_reason(e)}",
-                CheckpointSkipped,
-                stacklevel=4,
-            )
-            continue
-        found.add(step)
+        for step in level_steps(run_dir):
+            directory = step_directory(run_dir, step)
+            for shard in range(size):
+                if shard % len(mates) != mine:
+                    continue
+                if not (directory / shard_name(shard, size)).exists():
+                    continue
+                try:
+                    _check(verifier, levels, directory, shard, step)
+                except Error as e:
+                    warnings.warn(
+                        f"{directory}: the {level} copy of rank {shard} refused: "
+                        f"{one_line_reason(e)}",
+                        CheckpointSkipped,
+                        stacklevel=4,
+                    )
+                    continue
+                found.append((step, shard, level))
     return found
+
+
+def _plan(
+    everyone: list[list[Copy]], step: int, nodes: tuple[int, ...]
+) -> list[tuple[int, str]] | None:
+    """For each rank, who supplies its shard of ``step`` and from which level: a rank of
+    its own node where one holds a copy (the memory copy first: the rank reads it there),
+    else the first rank holding one; None when some rank's shard is nowhere."""
+    plan: list[tuple[int, str]] = []
+    for shard in range(len(nodes)):
+        holders = sorted(
+            (nodes[h] != nodes[shard], level != MEMORY, h, level)
+            for h, copies in enumerate(everyone)
+            for s, r, level in copies
+            if s == step and r == shard
+        )
+        if not holders:
+            return None
+        _, _, holder, level = holders[0]
+        plan.append((holder, level))
+    return plan
 
 
 def recover(levels: Levels, *, stacklevel: int) -> Restored | None:
     """All ranks: the newest level step every rank can get, read back from the nearest
     level (see the module docstring), or None: then the durable level restores, as
     without levels. Sets ``levels.recovered`` to the level it came from (``partner`` when
-    any rank needed its partner's copy)."""
+    any rank took a copy it did not keep in its own memory directory)."""
     publisher = levels.publisher
     verifier = publisher.verifier()
-    rank, placement = levels.rank, levels.placement
-    own = _verified(verifier, levels, levels.own, rank, "the memory copy")
-    keeps_for = placement.holds_for(rank)
-    held: set[int] = set()
-    if levels.partner is not None:
-        held = _verified(
-            verifier, levels, levels.held, keeps_for, f"the partner copy of rank {keeps_for}"
-        )
-    everyone = levels.comm.allgather((sorted(own), sorted(held)))
+    everyone: list[list[Copy]] = levels.comm.allgather(_copies(verifier, levels))
     durable = publisher.steps()
     newest_durable = max(durable) if durable else None
-    reachable = []
-    for r in range(levels.size):
-        steps = set(everyone[r][0])
-        if levels.partner is not None:
-            steps |= set(everyone[placement.partner(r)][1])
-        reachable.append(steps)
-    common = set.intersection(*reachable) if reachable else set()
-    newest = max(common) if common else None
-    anywhere = max((s for o, h in everyone for s in (*o, *h)), default=None)
-    if newest is None or (newest_durable is not None and newest_durable > newest):
+    steps = sorted({c[0] for copies in everyone for c in copies}, reverse=True)
+    newest, plan = None, None
+    for step in steps:
+        plan = _plan(everyone, step, levels.placement.nodes)
+        if plan is not None:
+            newest = step
+            break
+    if newest is None or plan is None or (newest_durable is not None and newest_durable > newest):
+        anywhere = steps[0] if steps else None
         if anywhere is not None and (newest_durable is None or anywhere > newest_durable):
-            lost = [r for r in range(levels.size) if anywhere not in reachable[r]]
-            if rank == 0:
+            held = {r for copies in everyone for s, r, _ in copies if s == anywhere}
+            lost = min(set(range(levels.size)) - held)
+            if levels.rank == 0:
                 warnings.warn(
                     f"run {levels.run_id!r}: step {anywhere} is on the levels, but not for "
-                    f"rank {lost[0]} (neither its memory copy nor its partner's): "
+                    f"rank {lost} (neither its memory copy nor its partner's): "
                     "restoring from the durable level",
                     CheckpointSkipped,
                     stacklevel=stacklevel + 1,
                 )
         return None
-    need = [newest not in set(everyone[r][0]) for r in range(levels.size)]
-    found = _fetch_and_read(levels, verifier, newest, need)
-    levels.recovered = PARTNER if any(need) else MEMORY
+    found = _fetch_and_read(levels, verifier, newest, plan)
+    nodes = levels.placement.nodes
+    moved = [r for r, (h, level) in enumerate(plan) if nodes[h] != nodes[r] or level != MEMORY]
+    levels.recovered = PARTNER if moved else MEMORY
     levels.to_record = {"step": newest, "level": levels.recovered}
     publisher.continue_chain()
     log.info(
@@ -147,36 +175,44 @@ def recover(levels: Levels, *, stacklevel: int) -> Restored | None:
         levels.run_id,
         newest,
         levels.recovered,
-        f" (ranks {', '.join(str(r) for r, n in enumerate(need) if n)} from partners)"
-        if any(need)
-        else "",
+        f" (ranks {', '.join(map(str, moved))} from partners' copies)" if moved else "",
     )
     return found
 
 
-def _fetch_and_read(levels: Levels, verifier: Verifier, step: int, need: list[bool]) -> Restored:
-    """Each rank's shard of ``step``: the ranks in ``need`` receive their partner's copy
-    and keep it as their own first; then every rank reads its own, verified."""
-    rank, placement, size = levels.rank, levels.placement, levels.size
+def _fetch_and_read(
+    levels: Levels, verifier: Verifier, step: int, plan: list[tuple[int, str]]
+) -> Restored:
+    """Each rank's shard of ``step``, from the rank ``plan`` names: sent over the
+    communicator (one round of point-to-point exchanges for each distance between a
+    holder and its receiver, a permutation each), kept in the receiver's own memory
+    directory, then read there by every rank, verified."""
+    rank, size, nodes = levels.rank, levels.size, levels.placement.nodes
     problem: str | None = None
     directory = step_directory(levels.own, step)
-    if levels.partner is not None and any(need):
-        keeps_for = placement.holds_for(rank)
+
+    def where(level: str) -> Path:
+        return step_directory(levels.own if level == MEMORY else levels.held, step)
+
+    def local(r: int) -> bool:  # rank r's copy is in its own node's directory
+        return nodes[plan[r][0]] == nodes[r]
+
+    level = plan[rank][1]
+    if local(rank) and where(level) != directory:  # a copy kept for a partner: its own
+        problem = _keep(where(level), directory, rank, size)
+    for distance in sorted({(r - h) % size for r, (h, _) in enumerate(plan) if not local(r)}):
+        to, source = (rank + distance) % size, (rank - distance) % size
         payload: tuple[bytes, ...] | None = None
-        if need[keeps_for]:
-            kept = step_directory(levels.held, step)
+        if plan[to][0] == rank and not local(to):
             try:
-                payload = tuple(
-                    read_file(kept / name, MAX_SHARD)
-                    for name in (*STEP_FILES, shard_name(keeps_for, size))
-                )
+                payload = _files(where(plan[to][1]), to, size)
             except Error as e:
-                payload, problem = None, one_line_reason(e)
-        got = levels.comm.sendrecv(payload, keeps_for, placement.partner(rank))
-        if need[rank] and problem is None:
+                problem = problem or one_line_reason(e)
+        got = levels.comm.sendrecv(payload, to, source)
+        if plan[rank][0] == source and not local(rank) and problem is None:
             try:
                 if got is None:
-                    raise CheckpointError(f"rank {placement.partner(rank)} sent no copy")
+                    raise CheckpointError(f"rank {source} sent no copy")
                 directory.mkdir(parents=True, exist_ok=True)
                 for name, data in zip((*STEP_FILES, shard_name(rank, size)), got, strict=True):
                     write_file(directory / name, data)
@@ -196,6 +232,27 @@ def _fetch_and_read(levels: Levels, verifier: Verifier, step: int, need: list[bo
         )
         datasets.update(values)
     return Restored(step, directory, size, datasets)
+
+
+def _files(directory: Path, shard: int, size: int) -> tuple[bytes, ...]:
+    """A step's signed files and rank ``shard``'s shard, as kept in ``directory``."""
+    return tuple(
+        read_file(directory / n, MAX_SHARD) for n in (*STEP_FILES, shard_name(shard, size))
+    )
+
+
+def _keep(source: Path, directory: Path, rank: int, size: int) -> str | None:
+    """A copy of this rank's shard kept on its node for a partner, made its own; or why
+    not."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, data in zip(
+            (*STEP_FILES, shard_name(rank, size)), _files(source, rank, size), strict=True
+        ):
+            write_file(directory / name, data)
+    except (Error, OSError) as e:
+        return one_line_reason(e)
+    return None
 
 
 def _read(

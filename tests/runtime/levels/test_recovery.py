@@ -178,6 +178,21 @@ def test_a_lost_node_resumes_through_its_partner_without_the_remote(
         np.testing.assert_array_equal(got, want)
 
 
+def test_ranks_placed_anew_on_the_nodes_left_find_their_copies(
+    project: Project, key: SigningKey, shm: Path, whole: list[Any]
+) -> None:
+    killed_after(project, shm, 6)
+    # Node 1 is lost, and the restarted ranks are placed anew: rank 1 on a new node, rank 2
+    # where rank 1 was... its node's directory holds none of its own copies now.
+    shutil.rmtree(shm / "node1")
+    (shm / "node2").rename(shm / "node1")
+    (shm / "node2").mkdir()
+    results = run(project, shm, 7)
+    assert [(s, lvl) for s, lvl, _ in results] == [(6, "partner")] * SIZE
+    for got, want in zip(finals(results), whole, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_hostile_partner_copy_is_refused_and_the_durable_level_used(
     project: Project, key: SigningKey, shm: Path, whole: list[Any]
 ) -> None:

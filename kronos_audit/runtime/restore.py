@@ -88,6 +88,8 @@ class Restorer:
             found = None if self._levels is None else recover(self._levels, stacklevel=4)
             if found is None:
                 found = self.publisher.resume(stacklevel=4)
+            if self._levels is not None:
+                self._levels.forget_after(None if found is None else found.step)
             if found is None:
                 return None
             if self._rank >= found.count:

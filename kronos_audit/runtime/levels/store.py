@@ -409,6 +409,15 @@ class Levels:
             return e
         return None
 
+    def forget_after(self, step: int | None) -> None:
+        """Remove the level steps after ``step`` (None: all) from this rank's node: once
+        the run resumed from ``step``, they are a lost attempt's, which a later restore
+        must never take for the run's (nor keep instead of the new ones)."""
+        for directory in (self.own, self.held):
+            for later in level_steps(directory):
+                if step is None or later > step:
+                    shutil.rmtree(step_directory(directory, later), ignore_errors=True)
+
     def _prune(self, directory: Path, keep: int) -> None:
         """Remove all but the ``keep`` newest steps in ``directory`` (ranks of one node
         may race to: what one removed, the others find gone)."""

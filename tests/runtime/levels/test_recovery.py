@@ -22,6 +22,7 @@ from kronos_audit.errors import CheckpointSkipped, UsageError
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, render_html
+from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.storage.remote import configure_remote
 from tests.helpers import git, run_cli
@@ -203,6 +204,7 @@ def test_a_hostile_partner_copy_is_refused_and_the_durable_level_used(
     data = bytearray(copy.read_bytes())
     data[-1] ^= 1
     copy.write_bytes(bytes(data))
+    restarted = utc_now()
     with pytest.warns(CheckpointSkipped) as caught:
         results = run(project, shm, 7)
     said = [str(w.message) for w in caught]
@@ -211,6 +213,11 @@ def test_a_hostile_partner_copy_is_refused_and_the_durable_level_used(
     assert [(s, lvl) for s, lvl, _ in results] == [(4, None)] * SIZE
     for got, want in zip(finals(results), whole, strict=True):
         np.testing.assert_array_equal(got, want)
+    # The lost attempt's steps 5 and 6 went from the levels: the new 6 and 7 are there.
+    own = shm / "node0" / RUN
+    assert sorted(p.name for p in own.iterdir()) == ["step-00000006", "step-00000007"]
+    manifest = read_manifest(step_directory(own, 6) / STEP_MANIFEST)
+    assert manifest.record.created > restarted
 
 
 def test_a_partner_level_alone_or_on_one_node_is_refused(

@@ -236,6 +236,9 @@ class Job:
     meta: StepMeta
     slot: StagingSlot | None
     submitted: float = field(default_factory=time.monotonic)
+    handed_on: bool = False
+    """Set by the commit when another thread goes on reading the staging: that thread
+    gives the slot back (:meth:`BackgroundWriter.release`), not the writer."""
 
 
 @dataclass
@@ -276,9 +279,15 @@ class BackgroundWriter:
     """
 
     def __init__(
-        self, commit: Callable[[Job], None], *, asynchronous: bool = True, slots: int = 2
+        self,
+        commit: Callable[[Job], None],
+        *,
+        asynchronous: bool = True,
+        slots: int = 2,
+        drain: Callable[[], None] | None = None,
     ) -> None:
         self._commit = commit
+        self._drain = drain
         self.asynchronous = asynchronous
         self.stats = WriterStats()
         self._max_slots = max(1, slots)
@@ -401,8 +410,16 @@ class BackgroundWriter:
         except BaseException as e:  # stored, and raised in the loop: never lost
             self._store(e)
         finally:
-            if job.slot is not None:
+            if job.slot is not None and not job.handed_on:
                 self._give_back(job.slot)
+
+    def release(self, job: Job, error: BaseException | None = None) -> None:
+        """A job handed on (``job.handed_on``) is done with its staging, ``error`` its
+        failure if any (stored, raised in the loop as the writer's own)."""
+        if error is not None:
+            self._store(error)
+        if job.slot is not None:
+            self._give_back(job.slot)
 
     def _work(self) -> None:
         while True:
@@ -422,6 +439,8 @@ class BackgroundWriter:
             thread.join()
         if self.asynchronous:
             self._jobs.join()
+        if self._drain is not None:
+            self._drain()  # the jobs handed on, done too
         self.raise_pending()
 
     def close(self) -> None:

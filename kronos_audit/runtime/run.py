@@ -271,7 +271,10 @@ class Run:
                 raise
             commit = self.levels.commit(commit)
         rng.seed_all(rank_seed(self.seed, self.rank))
-        writer = BackgroundWriter(commit, asynchronous=self.asynchronous)
+        drain = None if self.levels is None else self.levels.drain
+        writer = BackgroundWriter(commit, asynchronous=self.asynchronous, drain=drain)
+        if self.levels is not None:
+            self.levels.attach(writer)
         self._guard.install()
         # One voice for the supervisor: rank 0's (every rank offers the same steps).
         self._saver.open(writer, Progress.from_env() if self.rank == 0 else None)

@@ -29,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,7 +52,7 @@ from kronos_audit.checkpoint.shards import ShardRecord
 from kronos_audit.checkpoint.writer import write_and_hash
 from kronos_audit.errors import CheckpointError, UsageError
 from kronos_audit.parallel.comm import Comm
-from kronos_audit.runtime.background import Job
+from kronos_audit.runtime.background import BackgroundWriter, Job
 from kronos_audit.runtime.levels.declare import MemoryLevel, PartnerLevel
 from kronos_audit.runtime.levels.nodes import Placement, memory_directory, place
 from kronos_audit.runtime.ranks import dup, one_line_reason, raise_if_any_raised, undup
@@ -179,6 +181,9 @@ class Levels:
         """Where this node keeps its partners' copies of this run's steps."""
         self._comm: Comm | None = None
         self._dup: Comm | None = None
+        self._writer: BackgroundWriter | None = None
+        self._durable: queue.Queue[tuple[Job, Callable[[Job], None]] | None] | None = None
+        self._durable_thread: threading.Thread | None = None
         self._publisher: SignedPublisher | None = None
         self._previous: Manifest | None = None
         self.written = 0
@@ -221,6 +226,10 @@ class Levels:
 
     def close(self, *, clean: bool) -> None:
         """All ranks (``clean``) or this one alone: release the writer's communicator."""
+        if self._durable is not None and self._durable_thread is not None:
+            self._durable.put(None)
+            self._durable_thread.join()
+            self._durable, self._durable_thread = None, None
         comm, self._comm, self._dup = self._dup, None, None
         undup(comm, clean=clean)
 
@@ -245,12 +254,52 @@ class Levels:
                     self.write(job)
                 except CheckpointError as e:
                     failure = e
-            if job.meta.durable:
+            if job.meta.durable and self._durable is not None:
+                job.handed_on = True  # the durable thread gives the staging back
+                self._durable.put((job, publish))
+            elif job.meta.durable:
                 self._publish_recording(publish, job)
             if failure is not None:
                 raise failure
 
         return run
+
+    def attach(self, writer: BackgroundWriter) -> None:
+        """The run's writer: when it writes in the background, the durable level's
+        commits run on a thread of their own, from the same staging, so that a slow one
+        (DVC, a push) does not hold the next steps' level writes back."""
+        self._writer = writer
+        if writer.asynchronous and self._durable is None:
+            self._durable = queue.Queue()
+            self._durable_thread = threading.Thread(
+                target=self._durable_work, name="kaudit-durable", daemon=True
+            )
+            self._durable_thread.start()
+
+    def _durable_work(self) -> None:
+        jobs, writer = self._durable, self._writer
+        assert jobs is not None
+        assert writer is not None
+        while True:
+            item = jobs.get()
+            try:
+                if item is None:
+                    return
+                job, publish = item
+                error: BaseException | None = None
+                try:
+                    self._publish_recording(publish, job)
+                except BaseException as e:  # the writer's: raised in the loop
+                    error = e
+                writer.release(job, error)
+            finally:
+                del item
+                jobs.task_done()
+
+    def drain(self) -> None:
+        """Wait until every durable commit handed to the durable thread is done."""
+        if self._durable is not None:
+            self._durable.join()
 
     def _publish_recording(self, publish: Callable[[Job], None], job: Job) -> None:
         """The durable commit of ``job``, its manifest recording the recovery the run

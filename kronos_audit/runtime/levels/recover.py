@@ -93,6 +93,8 @@ def _copies(verifier: Verifier, levels: Levels) -> list[Copy]:
             continue
         for step in level_steps(run_dir):
             directory = step_directory(run_dir, step)
+            if not (directory / STEP_MANIFEST).exists():
+                continue  # never signed (a kill mid-write): no step, nothing to refuse
             for shard in range(size):
                 if shard % len(mates) != mine:
                     continue

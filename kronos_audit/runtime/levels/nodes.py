@@ -67,7 +67,16 @@ def place(comm: Comm, partner: PartnerLevel | None) -> Placement:
             f"PartnerLevel: nodes={partner.nodes} simulates more nodes than the "
             f"{comm.size} ranks of the job"
         )
-    everyone = comm.allgather(_own_node(partner, comm.rank, comm.size))
+    mine: tuple[int | str, str | None]
+    try:
+        mine = (_own_node(partner, comm.rank, comm.size), None)
+    except UsageError as e:  # every rank must reach the allgather, and hear it
+        mine = (0, e.message)
+    gathered = comm.allgather(mine)
+    bad = next(((r, why) for r, (_, why) in enumerate(gathered) if why is not None), None)
+    if bad is not None:
+        raise UsageError(f"rank {bad[0]}: {bad[1]}")
+    everyone = [node for node, _ in gathered]
     if all(isinstance(n, int) for n in everyone):
         nodes = tuple(int(n) for n in everyone)
     else:  # hostnames: each indexed in the order of its first rank

@@ -269,3 +269,17 @@ def test_one_process_resumes_from_its_memory_level(
     shutil.rmtree(root)
     shutil.rmtree(tmp_path / "one")
     assert steps(6) == (None, x)
+
+
+def test_a_node_index_the_job_gives_wrong_is_one_line_on_every_rank(
+    project: Project, key: SigningKey, shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_NODEID", "node-1")
+
+    def program(comm: ThreadRanks) -> None:
+        levels = [ka.MemoryLevel(str(shm / "node{node}")), ka.PartnerLevel()]
+        with thread_run(project.root, RUN, comm, levels=levels):
+            pass
+
+    with pytest.raises(UsageError, match=r"^rank 0: SLURM_NODEID='node-1': not a node index$"):
+        on_ranks(SIZE, program)

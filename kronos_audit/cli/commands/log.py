@@ -16,6 +16,7 @@ from kronos_audit.errors import ExitCode
 if TYPE_CHECKING:
     from kronos_audit.history.log import RunLog
     from kronos_audit.keys.anchors import TrustOptions
+    from kronos_audit.runtime.levels.listing import Held
 
 # How `log` colours each place (by its value: the enum lives in the library).
 _DATA_STYLE = {
@@ -31,6 +32,19 @@ _DATA_STYLE = {
 def _where(r: RunLog) -> str:
     return ", ".join(
         f"[{_DATA_STYLE[loc.value]}]{n} {loc.value}[/]" for loc, n in r.locations.items() if n
+    )
+
+
+def _levels(held: list[Held]) -> str:
+    """``memory steps 4, 5; partner step 5``: the steps each level holds."""
+    by: dict[str, list[int]] = {}
+    for h in held:
+        by.setdefault(h.level, []).append(h.step)
+    if not by:
+        return "[dim]no step in the directories given[/]"
+    return "; ".join(
+        f"[cyan]{level}[/] step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}"
+        for level, steps in by.items()
     )
 
 
@@ -52,6 +66,13 @@ def _signer(r: RunLog) -> str:
     help="Ask the DVC remote too: tells pushed from local, and remote-only from missing.",
 )
 @click.option("--remote-name", metavar="NAME", help="DVC remote (default: the default remote).")
+@click.option(
+    "--level-dir",
+    "level_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="A memory level's directory ({node}: any node's): show the steps it holds too.",
+)
 @trust_options
 @json_option("Print the runs as JSON.")
 @click.pass_context
@@ -60,6 +81,7 @@ def log(
     run_dirs: tuple[Path, ...],
     ask_remote: bool,
     remote_name: str | None,
+    level_dirs: tuple[str, ...],
     trust: TrustOptions,
     as_json: bool,
 ) -> None:
@@ -71,7 +93,10 @@ def log(
     status`: local (the file is here), pruned (a signed retention record prunes it) or
     missing (neither). With --remote the DVC remote is asked too: a checkpoint here and
     in the remote is pushed, and one not here is remote-only or missing (without
-    --remote, missing does not tell the two apart).
+    --remote, missing does not tell the two apart). With --level-dir (a run's
+    ``ka.MemoryLevel`` directory, ``{node}`` standing for any node) the steps its memory
+    and partner levels hold there are shown too: only while those directories exist,
+    and only those this machine sees; not verified.
 
     Exit 2 if a manifest could not be read (the other runs are still shown).
 
@@ -92,10 +117,26 @@ def log(
             remote_name=remote_name,
             progress=bar.update,
         )
+    held: dict[str, list[Held]] = {}
+    if level_dirs:
+        from kronos_audit.runtime.levels.listing import expand, held_steps
+
+        for h in held_steps(expand(list(level_dirs)), [r.run for r in result.runs]):
+            held.setdefault(h.run, []).append(h)
     if as_json:
         out.json(
             {
-                "runs": [r.to_json_obj(project.relative) for r in result.runs],
+                "runs": [
+                    {
+                        **r.to_json_obj(project.relative),
+                        **(
+                            {"levels": [h.to_json_obj() for h in held.get(r.run, [])]}
+                            if level_dirs
+                            else {}
+                        ),
+                    }
+                    for r in result.runs
+                ],
                 "errors": [error_json(e) for e in result.problems],
             }
         )
@@ -119,4 +160,6 @@ def log(
             out.print(f"  signer      {_signer(r)}")
             out.print(f"  date        {safe(r.created)}")
             out.print(f"  data        {_where(r)}")
+            if level_dirs:
+                out.print(f"  levels      {_levels(held.get(r.run, []))}")
     ctx.exit(ExitCode.BAD_INPUT if result.problems else ExitCode.OK)

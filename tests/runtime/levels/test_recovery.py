@@ -132,6 +132,9 @@ def test_each_step_is_on_the_memory_level_signed_with_a_partner_copy(
         "memory run heat step 5: 3 shards",
         "partner run heat step 5: 3 shards",
     ]
+    done = run_cli("log", str(durable), "--level-dir", f"{shm}/node{{node}}")
+    assert done.exit_code == 0, done.output
+    assert "levels      memory steps 4, 5; partner step 5" in done.output
     shutil.rmtree(shm)
     done = run_cli("status", str(durable), "--local-only", "--level-dir", f"{shm}/node{{node}}")
     assert "no step on the levels in the directories given" in done.output

@@ -30,6 +30,7 @@ from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 RUN = "heat"
 SIZE = 3
+LAYOUT = {"u": ka.Block(axis=0), "c": ka.Replicated()}
 
 
 def advance(u: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray[Any, Any]:
@@ -60,13 +61,16 @@ def program(
         ) as run:
             state = run.restore()
             u = np.full(4, float(comm.rank)) if state is None else state["u"]
+            # The same on every rank (replicated: rank 0's shard alone holds it).
+            c = np.zeros(2) if state is None else state["c"]
             start = run.step
             for step in run.steps(steps):
-                u = advance(u, run.rng)
-                run.checkpoint(step, {"u": u}, layout={"u": ka.Block(axis=0)})
+                u, c = advance(u, run.rng), c + step
+                run.checkpoint(step, {"u": u, "c": c}, layout=LAYOUT)
                 if step == kill_after:
                     raise Killed
             assert run.levels is not None
+            np.testing.assert_array_equal(c, np.full(2, steps * (steps + 1) / 2))
             return start, run.levels.recovered, u
 
     return main

@@ -20,6 +20,7 @@ import kronos_audit as ka
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_name, step_directory
 from kronos_audit.errors import CheckpointSkipped, UsageError
 from kronos_audit.keys.keyfile import SigningKey
+from kronos_audit.parallel.layout import Layout
 from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, render_html
 from kronos_audit.signing.predicate import utc_now
@@ -30,7 +31,7 @@ from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 RUN = "heat"
 SIZE = 3
-LAYOUT = {"u": ka.Block(axis=0), "c": ka.Replicated()}
+LAYOUT: dict[str, Layout] = {"u": ka.Block(axis=0), "c": ka.Replicated()}
 
 
 def advance(u: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray[Any, Any]:

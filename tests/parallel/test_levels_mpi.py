@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kronos_audit as ka
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage.remote import configure_remote
@@ -100,3 +101,8 @@ def test_killed_ranks_resume_from_memory_then_through_partners_bitwise(
     assert [(d["restored"], d["level"]) for d in docs] == [(8, "partner")] * 3
     for got, want in zip(docs, whole, strict=True):
         np.testing.assert_array_equal(np.array(got["u"]), np.array(want["u"]))
+    # The durable chain verifies alone, the RAM directories gone.
+    shutil.rmtree(root / "shm")
+    results = ka.verify(root / "checkpoints" / "lv", fetch=False)
+    assert results, "the durable level holds the final step"
+    assert all(r.ok for r in results), [r.failures for r in results if not r.ok]

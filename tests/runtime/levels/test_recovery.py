@@ -202,6 +202,20 @@ def test_ranks_placed_anew_on_the_nodes_left_find_their_copies(
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_changed_memory_copy_is_refused_and_the_partner_copy_used(
+    project: Project, key: SigningKey, shm: Path, whole: list[Any]
+) -> None:
+    killed_after(project, shm, 6)
+    own = step_directory(shm / "node1" / RUN, 6) / shard_name(1, SIZE)
+    older = step_directory(shm / "node1" / RUN, 5) / shard_name(1, SIZE)
+    own.write_bytes(older.read_bytes())  # signed bytes, of another step
+    with pytest.warns(CheckpointSkipped, match="the memory copy of rank 1 refused"):
+        results = run(project, shm, 7)
+    assert [(s, lvl) for s, lvl, _ in results] == [(6, "partner")] * SIZE
+    for got, want in zip(finals(results), whole, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_hostile_partner_copy_is_refused_and_the_durable_level_used(
     project: Project, key: SigningKey, shm: Path, whole: list[Any]
 ) -> None:

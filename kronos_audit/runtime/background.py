@@ -224,6 +224,9 @@ class StepMeta:
     ``partner``: :mod:`kronos_audit.runtime.levels.store`)."""
     durable: bool = True
     """Whether the step is written to the durable level (the run directory) too."""
+    level_extra: Mapping[str, np.ndarray[Any, Any]] = field(default_factory=dict)
+    """What the levels' shards hold beside the step's own datasets: the whole ledger,
+    where the durable level keeps it in chunks beside its steps."""
 
 
 @dataclass

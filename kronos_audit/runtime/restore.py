@@ -90,6 +90,8 @@ class Restorer:
                 found = self.publisher.resume(stacklevel=4)
             if self._levels is not None:
                 self._levels.forget_after(None if found is None else found.step)
+                if self._levels.recovered is None:  # the durable level's step, or none
+                    self._levels.note_durable(None if found is None else found.step)
             if found is None:
                 return None
             if self._rank >= found.count:

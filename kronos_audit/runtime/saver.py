@@ -286,6 +286,7 @@ class Saver:
             ledger=self.ledger.rows() if chunked and len(self.ledger) else None,
             levels=levels,
             durable=durable,
+            level_extra=self.ledger.to_flat() if chunked and levels else {},
         )
         # Asynchronously, every rank hands the step over whatever failed meanwhile in the
         # background (that is told to all at the next collective): a rank that did not

@@ -171,7 +171,7 @@ def recover(levels: Levels, *, stacklevel: int) -> Restored | None:
     moved = [r for r, (h, level) in enumerate(plan) if nodes[h] != nodes[r] or level != MEMORY]
     levels.recovered = PARTNER if moved else MEMORY
     levels.to_record = {"step": newest, "level": levels.recovered}
-    publisher.continue_chain()
+    _continue_chain(levels)
     log.info(
         "run %r: step %d restored from the %s level%s",
         levels.run_id,
@@ -180,6 +180,28 @@ def recover(levels: Levels, *, stacklevel: int) -> Restored | None:
         f" (ranks {', '.join(map(str, moved))} from partners' copies)" if moved else "",
     )
     return found
+
+
+def _continue_chain(levels: Levels) -> None:
+    """All ranks: the newest durable step whose manifest is trusted (its data not read,
+    nor the remote) becomes the parent of the next durable step, as a durable restore
+    makes it."""
+    publisher = levels.publisher
+    if levels.rank != 0:
+        return
+    verifier = publisher.verifier()
+    for step in reversed(publisher.format.candidates()):
+        try:
+            manifest = trusted_step(
+                verifier, publisher.format.manifest(step), levels.run_id, step, None
+            )
+        except Error:
+            continue
+        publisher.chain_to(step, manifest)
+        levels.durable_head = (step, manifest.digest)
+        return
+    publisher.chain_to(None, None)
+    levels.durable_head = None
 
 
 def _fetch_and_read(

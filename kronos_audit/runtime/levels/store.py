@@ -27,6 +27,7 @@ the RAM directories are gone.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import queue
@@ -191,6 +192,9 @@ class Levels:
         self.recovered: str | None = None
         """The level the run's restore took its step from (``memory``, ``partner``), or
         None (the durable level, or none)."""
+        self.durable_head: tuple[int, str] | None = None
+        """Rank 0: the newest durable step and its manifest's sha256, which the next level
+        step builds on (None: none yet)."""
         self.to_record: dict[str, Any] | None = None
         """The recovery the next durable step's manifest records (:data:`RECOVERED_KEY`)."""
 
@@ -307,14 +311,29 @@ class Levels:
         publisher, recovery = self.publisher, self.to_record
         if recovery is None:
             publish(job)
+        else:
+            attributes = publisher.attributes
+            publisher.attributes = {**attributes, RECOVERED_KEY: recovery}
+            try:
+                publish(job)
+            finally:
+                publisher.attributes = attributes
+            self.to_record = None
+        self.note_durable(job.step)
+
+    def note_durable(self, step: int | None) -> None:
+        """Step ``step`` is the newest on the durable level (None: none): rank 0 notes its
+        manifest's sha256 for the level steps that build on it."""
+        if self.rank != 0:
             return
-        attributes = publisher.attributes
-        publisher.attributes = {**attributes, RECOVERED_KEY: recovery}
-        try:
-            publish(job)
-        finally:
-            publisher.attributes = attributes
-        self.to_record = None
+        head = None
+        if step is not None:
+            try:
+                data = read_file(self.publisher.format.manifest(step), 1 << 24)
+                head = (step, hashlib.sha256(data).hexdigest())
+            except CheckpointError:
+                head = None  # a level step then names no durable step
+        self.durable_head = head
 
     def write(self, job: Job) -> None:
         """All ranks, on the writer thread: step ``job.step`` on the levels due."""
@@ -363,7 +382,8 @@ class Levels:
         name = shard_name(self.rank, self.size)
         tmp = directory / f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
         try:
-            written, _ = write_and_hash(tmp, {**job.staged, **job.extra}, md5=True)
+            flat = {**job.staged, **job.extra, **job.meta.level_extra}
+            written, _ = write_and_hash(tmp, flat, md5=True)
             os.replace(tmp, directory / name)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -388,7 +408,7 @@ class Levels:
             shards = [s for s, _ in votes if s is not None]
             project, signer = publisher.signing()
             fields: dict[str, Any] = publisher.manifest_fields(job)
-            head = publisher.chain_head()
+            head = self.durable_head
             fields["parent"] = self._previous
             fields["attributes"] = {
                 **dict(fields.get("attributes") or {}),

@@ -82,7 +82,6 @@ from kronos_audit.storage.steps import ledger_items
 from kronos_audit.storage.tracking import cache_settings
 from kronos_audit.supervise.protocol import restart_count
 from kronos_audit.verification.memo import ChainMemo, Entry, identity
-from kronos_audit.verification.trusted import trusted_step
 from kronos_audit.verification.verifier import Verifier
 
 log = logging.getLogger("kronos_audit.runtime")
@@ -405,38 +404,10 @@ class SignedPublisher(RunPublisher):
             self._with_data = None  # listed again at the next commit
         return agreed
 
-    def continue_chain(self) -> int | None:
-        """All ranks: the newest step here whose manifest is trusted (its data not read,
-        nor the remote), made the parent of the next, as :meth:`resume` makes it; for a
-        run resumed from another level. Returns that step (None: none)."""
-        found: tuple[int, Manifest] | None = None
-        if self.rank == 0:
-            verifier = self.verifier()
-            for step in reversed(self.format.candidates()):
-                try:
-                    manifest = trusted_step(
-                        verifier, self.format.manifest(step), self.run_id, step, None
-                    )
-                except Error:
-                    continue
-                found = (step, manifest)
-                break
-            if found is not None:
-                self._parent, self._parent_step = found[1], found[0]
-            self._passed_over, self._newest = after_and_newest(
-                self.directory, None if found is None else found[0]
-            )
-            self._with_data = None
-        newest: int | None = self.comm.bcast(None if found is None else found[0])
-        return newest
-
-    def chain_head(self) -> tuple[int, str] | None:
-        """Rank 0: the step the next one is chained to and its manifest's sha256, or None."""
-        parent = self._parent
-        if parent is None or self._parent_step is None:
-            return None
-        digest = parent.digest if isinstance(parent, Manifest) else None
-        return None if digest is None else (self._parent_step, digest)
+    def chain_to(self, step: int | None, manifest: Manifest | None) -> None:
+        """Rank 0: the next step chained to ``manifest`` (``step``'s), as :meth:`resume` does."""
+        self._parent, self._parent_step, self._with_data = manifest, step, None
+        self._passed_over, self._newest = after_and_newest(self.directory, step)
 
     def latest(self, *, stacklevel: int) -> int | None:
         steps = self.comm.bcast(self.format.candidates() if self.rank == 0 else None)

@@ -275,8 +275,11 @@ def test_one_process_resumes_from_its_memory_level(
         with ka.Run("one", root=root, seed=2, every=ka.EverySteps(3), levels=[level]) as run:
             state = run.restore()
             start, x = run.step, (0.0 if state is None else float(state["x"]))
+            # The ledger: in chunks beside the durable steps, whole in the level's shard.
+            assert len(run.ledger) == (start or 0)
             for step in run.steps(n):
                 x = x * 0.5 + float(run.rng.random())
+                run.record(step, x)
                 run.checkpoint(step, {"x": x})
                 if step == kill_after:
                     run.wait()

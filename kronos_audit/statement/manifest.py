@@ -15,6 +15,7 @@ signed is encoded from a typed predicate by :func:`encode_statement`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Mapping
@@ -138,8 +139,9 @@ class Manifest(SignedStatement):
         md5 = self.statement["subject"][0]["digest"].get("md5")
         return None if md5 is None else str(md5)
 
-    @property
+    @functools.cached_property
     def checkpoint_path(self) -> Path:
+        """The checkpoint beside it (worked out once: a verification asks often)."""
         return checkpoint_path_for(self.path)
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -38,13 +39,25 @@ class ManifestCache:
         self.once = once
         """Each path is read once: what was read there first is what every later read of
         it gets (one command's view of a run it reads thousands of manifests of, each as
-        a manifest, a parent and a sibling)."""
-        self._at: dict[Path, Manifest] = {}
+        a manifest, a parent and a sibling), whichever way the path is written (a
+        manifest named from the working directory is the parent its child records from
+        the repository's top)."""
+        self._at: dict[str, Manifest] = {}  # by the path's absolute name
+        self._cwd: str | None = None
+
+    def _absolute(self, path: Path) -> str:
+        """``path`` as :meth:`pathlib.Path.absolute` names it (nothing resolved)."""
+        if path.is_absolute():
+            return str(path)
+        if self._cwd is None:
+            self._cwd = os.getcwd()
+        return os.path.join(self._cwd, path)
 
     def read(self, path: Path | str) -> Manifest:
         path = Path(path)
         if self.once:
-            known = self._at.get(path)
+            key = self._absolute(path)
+            known = self._at.get(key)
             if known is not None:
                 return known
         data, st = read_signed_file_stat(path)
@@ -56,13 +69,13 @@ class ManifestCache:
         if known.path != path:
             known = dataclasses.replace(known, path=path)
         if self.once:
-            self._at[path] = known
+            self._at[key] = known
         return known
 
     def digest_at(self, path: Path) -> str | None:
         """The sha256 of what was read at ``path``, when each path is read :attr:`once`
         and this one was; else None (read it)."""
-        known = self._at.get(path) if self.once else None
+        known = self._at.get(self._absolute(path)) if self.once else None
         return None if known is None else known.digest
 
 
@@ -101,6 +114,8 @@ class ChainReader:
     _dirs: dict[Path, _Directory] = field(default_factory=dict, init=False)
     # Each directory as resolved, once per verification (a run's manifests share one).
     _resolved: dict[Path, Path] = field(default_factory=dict, init=False)
+    # Each checkpoint directory's part of a name relative to the project's root ("a/b/").
+    _places: dict[Path, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.keyring is None:
@@ -122,18 +137,21 @@ class ChainReader:
         return known
 
     def place(self, manifest: Manifest) -> Check:
-        """(2) :func:`place_check`, the checkpoint's directory resolved once per
-        verification."""
+        """(2) :func:`place_check`, the checkpoint's directory resolved, and named from the
+        project's root, once per verification."""
         path = manifest.checkpoint_path
-        directory = self._resolved.get(path.parent)
-        if directory is None:
-            directory = self._resolved[path.parent] = path.parent.resolve()
-        resolved = directory / path.name
-        try:
-            relative = resolved.relative_to(self.project.root).as_posix()
-        except ValueError:
-            relative = resolved.as_posix()
-        return steps.place_of(manifest, relative)
+        prefix = self._places.get(path.parent)
+        if prefix is None:
+            directory = self._resolved.get(path.parent)
+            if directory is None:
+                directory = self._resolved[path.parent] = path.parent.resolve()
+            try:
+                relative = directory.relative_to(self.project.root).as_posix()
+                prefix = "" if relative == "." else relative + "/"
+            except ValueError:
+                prefix = directory.as_posix().rstrip("/") + "/"
+            self._places[path.parent] = prefix
+        return steps.place_of(manifest, prefix + path.name)
 
     def _inside(self, relative: str) -> Path | None:
         """:func:`inside` the project's root, each directory resolved once per

@@ -59,16 +59,21 @@ def place_of(manifest: Manifest, relative: str) -> Check:
     have moved as a whole, or the repository been cloned elsewhere), and a ``step-N``
     name says the signed step. A signed step-100 checkpoint copied with its manifest to
     ``step-00000900.h5`` fails here."""
-    signed = PurePosixPath(manifest.subject_name)
-    actual = PurePosixPath(relative)
     what = f"step {manifest.step} of run {manifest.run!r}"
     if manifest.record.shards is not None:
-        return _sharded_place(signed, actual, what, manifest.step)
+        signed = PurePosixPath(manifest.subject_name)
+        return _sharded_place(signed, PurePosixPath(relative), what, manifest.step)
     named = named_step(manifest.checkpoint_path.name)
     if named is not None and named != manifest.step:
         return Check.failed(
             CheckName.PLACE, f"the file is named for step {named}, but its manifest signs {what}"
         )
+    # The same text is the same place (a run's thousands of steps, each where it was
+    # signed); other texts may still name it, as paths.
+    if relative == manifest.subject_name:
+        return Check.passed(CheckName.PLACE, f"{what} at the place it was signed")
+    signed = PurePosixPath(manifest.subject_name)
+    actual = PurePosixPath(relative)
     if actual == signed:
         return Check.passed(CheckName.PLACE, f"{what} at the place it was signed")
     if _kept_after_signed_again(manifest, signed, actual):

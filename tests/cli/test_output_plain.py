@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +111,27 @@ def test_names_shown_from_a_known_directory_are_the_names_worked_out(tree: Path)
             with click.Context(click.Command("x")):
                 # The second time from what the first found of its directory.
                 assert [output.shown(name), output.shown(name)] == [full, full], (cwd, name)
+
+
+def test_a_lines_plain_text_is_riches_wherever_it_is_worked_out_here() -> None:
+    """The text written for a line's markup, where kaudit works it out itself (tags
+    opened and closed by ``[/]``, escapes), is rich's rendering of it; anything else
+    (a close by name, a meta tag, a stray close) is left to rich, which raises for some."""
+    from rich.errors import MarkupError
+    from rich.markup import render
+
+    pieces = ["[", "]", "\\", "a", "/", "=", "@", "red", " ", "[/]", "[dim]", "\\[", "[/red]"]
+    pieces += ["[@click]", "[link=u]", "\x07", "\r", "\t", "\x1b", "é", "[b]x", ":ok:"]
+    rng = random.Random(40)
+    worked_out = 0
+    for _ in range(4000):
+        markup = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        text = output._plain_text(markup)
+        if text is None:
+            continue
+        worked_out += 1
+        try:
+            assert text == render(markup, emoji=False).plain, markup
+        except MarkupError:
+            pytest.fail(f"rich refuses {markup!r}, which was worked out here")
+    assert worked_out > 1000

@@ -4,12 +4,18 @@ Stricter than :func:`json.loads`, so that what is read cannot hang, exhaust the 
 mean two things to two readers: duplicate keys, NaN and Infinity, integers of more than
 :data:`MAX_INT_DIGITS` digits and nesting deeper than the caller's limit are refused.
 Manifests (:func:`kronos_audit.statement.manifest.load_json`), a checkpoint's state tree and a
-sharded step's index are all read through :func:`loads`.
+sharded step's index are all read through :func:`loads`; a manifest's payload first through
+:func:`loads_reusing`, which reads the same, taking values its caller read before from the
+same text, and leaves to :func:`loads` whatever it does not read.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
+from json.decoder import scanstring  # type: ignore[attr-defined]  # json's own, as it reads
+from json.scanner import make_scanner
 from typing import Any
 
 MAX_DEPTH = 32
@@ -92,3 +98,99 @@ def loads(text: str, *, max_depth: int = MAX_DEPTH) -> Any:
     if isinstance(value, dict | list) and deeper_than(value, max_depth):
         raise Refused(nested)
     return value
+
+
+Reuse = Callable[[str, str, int], tuple[Any, int] | None]
+"""Given a member's name, the text and where the member's value starts in it: a value
+read before from the very same text, and where that text ends; None when there is none."""
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*").match
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_int=_bounded_int
+)
+_SCAN: Callable[[str, int], tuple[Any, int]] = make_scanner(_DECODER)  # type: ignore[arg-type]
+
+
+class _NotHere(Exception):
+    """What :func:`loads_reusing` leaves to :func:`loads` (which says what is wrong)."""
+
+
+def loads_reusing(
+    text: str, inner: str, reuse: Reuse, *, max_depth: int = MAX_DEPTH
+) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """The object ``text`` holds, exactly as :func:`loads` reads it, its member ``inner``
+    (an object) read member by member: a member's value that ``reuse`` finds to be the
+    text of one read before is that value, not read again (the environment lock that a
+    run's thousands of manifests repeat). Also the text of each of ``inner``'s members'
+    values, by name: what a value read once may be known by (two equal texts are one
+    value; see :mod:`kronos_audit.statement.schemas`).
+
+    None for anything else (not such an object; text that is not valid JSON, or JSON
+    this module refuses), to be read by :func:`loads`, which says why. A value ``reuse``
+    answers was read at the same place before, so at the same depth: what :func:`loads`
+    refuses of it was refused then."""
+    try:
+        texts: dict[str, str] = {}
+
+        def top(name: str, at: int) -> tuple[Any, int]:
+            if name == inner and text.startswith("{", at):
+                return _members(text, at, member)
+            return _value(text, at, max_depth - 1)
+
+        def member(name: str, at: int) -> tuple[Any, int]:
+            known = reuse(name, text, at)
+            value, end = known if known is not None else _value(text, at, max_depth - 2)
+            texts[name] = text[at:end]
+            return value, end
+
+        start = _skip(text)
+        if not text.startswith("{", start):
+            return None
+        found, end = _members(text, start, top)
+        if _skip(text, end) != len(text):
+            return None
+        return found, texts
+    except (_NotHere, Refused, ValueError, RecursionError, StopIteration, IndexError):
+        return None
+
+
+def _skip(text: str, at: int = 0) -> int:
+    """Where the JSON whitespace from ``at`` ends."""
+    return _WHITESPACE(text, at).end()  # type: ignore[union-attr]  # "" matches too
+
+
+def _value(text: str, at: int, limit: int) -> tuple[Any, int]:
+    """The value at ``at`` (as :func:`json.loads` reads it with this module's checks) and
+    where it ends; it may nest ``limit`` levels."""
+    value, end = _SCAN(text, at)
+    if isinstance(value, dict | list) and deeper_than(value, limit):
+        raise _NotHere
+    return value, end
+
+
+def _members(
+    text: str, at: int, read: Callable[[str, int], tuple[Any, int]]
+) -> tuple[dict[str, Any], int]:
+    """The object whose ``{`` is at ``at``, each member's value read by ``read`` (given its
+    name and where its value starts), and where the object ends: JSON's grammar, as
+    :mod:`json` reads it."""
+    space = _WHITESPACE
+    i = space(text, at + 1).end()  # type: ignore[union-attr]
+    pairs: list[tuple[str, Any]] = []
+    if text.startswith("}", i):
+        return {}, i + 1
+    while True:
+        if not text.startswith('"', i):
+            raise _NotHere
+        name, i = scanstring(text, i + 1, True)
+        i = space(text, i).end()  # type: ignore[union-attr]
+        if not text.startswith(":", i):
+            raise _NotHere
+        value, i = read(name, space(text, i + 1).end())  # type: ignore[union-attr]
+        pairs.append((name, value))
+        i = space(text, i).end()  # type: ignore[union-attr]
+        if text.startswith("}", i):
+            return _unique_keys(pairs), i + 1
+        if not text.startswith(",", i):
+            raise _NotHere
+        i = space(text, i + 1).end()  # type: ignore[union-attr]

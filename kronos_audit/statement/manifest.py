@@ -37,7 +37,13 @@ from kronos_audit.errors import ManifestError
 from kronos_audit.statement.dsse import PAYLOAD_TYPE, Envelope, encode_envelope, parse_envelope
 from kronos_audit.statement.predicate import Predicate
 from kronos_audit.statement.predicate import Sha256 as Sha256
-from kronos_audit.statement.schemas import MANIFEST_SCHEMA, clip, validate
+from kronos_audit.statement.schemas import (
+    MANIFEST_SCHEMA,
+    REPEATED,
+    clip,
+    valid_before,
+    validate,
+)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://kronos-audit.dev/checkpoint-manifest/v1"
@@ -235,6 +241,52 @@ _SHARED: dict[tuple[str, str], Any] = {}
 above all), by the field's name and its JSON: the manifests of a run hold one copy, frozen
 once, rather than one each."""
 _SHARED_KEPT = 256
+_TEXTS: dict[str, list[str]] = {name: [] for name in REPEATED}
+"""For each of those fields, the JSON texts it was last read from (newest first) whose
+value validated and is in :data:`_SHARED`: a payload that has one of them there is not
+read again (:func:`_reused`)."""
+_TEXTS_KEPT = 4
+
+
+def _reused(name: str, text: str, at: int) -> tuple[Any, int] | None:
+    """The frozen value of the field ``name`` whose JSON text starts at ``at`` in
+    ``text``, and where it ends, when that is a text a manifest read before had there and
+    its value is known valid and frozen; else None (it is read)."""
+    for known in _TEXTS.get(name, ()):
+        if text.startswith(known, at):
+            value = _SHARED.get((name, known), _SHARED)
+            if value is not _SHARED and valid_before(name, known):
+                return value, at + len(known)
+    return None
+
+
+def _statement(payload: bytes, path: Path) -> tuple[Any, dict[str, str] | None]:
+    """The statement a manifest's payload holds, as :func:`load_json` reads it, and the
+    JSON text of each repeated predicate field as it was read (None: not known), the
+    fields a run repeats (:data:`_TEXTS`) not read again."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        read = strictjson.loads_reusing(text, "predicate", _reused, max_depth=MAX_DEPTH)
+        if read is not None:
+            statement, texts = read
+            return statement, {n: t for n, t in texts.items() if n in _TEXTS}
+    return load_json(payload, path, "payload"), None
+
+
+def _remember_texts(keys: Mapping[str, str]) -> None:
+    """Each field's text in ``keys`` (a valid statement's, its values in :data:`_SHARED`)
+    first among :data:`_TEXTS`."""
+    for name, key in keys.items():
+        texts = _TEXTS.get(name)
+        if texts is None or (texts and texts[0] == key):
+            continue
+        if key in texts:
+            texts.remove(key)
+        texts.insert(0, key)
+        del texts[_TEXTS_KEPT:]
 
 
 def _frozen(statement: Any, shared: Mapping[str, str]) -> Any:
@@ -267,8 +319,11 @@ def _frozen(statement: Any, shared: Mapping[str, str]) -> Any:
 @deferring_collection
 def parse_manifest(data: bytes, path: Path) -> Manifest:
     """Parse manifest bytes; raise ManifestError for anything that is not a valid manifest."""
-    envelope, statement = parse_statement(data, path)
-    frozen = _frozen(statement, validate(statement, path))
+    envelope = parse_signed_envelope(data, path)
+    statement, texts = _statement(envelope.payload, path)
+    keys = validate(statement, path, keys=texts)
+    frozen = _frozen(statement, keys)
+    _remember_texts(keys)
     manifest = Manifest(
         path=path,
         envelope=envelope,

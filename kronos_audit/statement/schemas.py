@@ -64,7 +64,7 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
     return validator
 
 
-_REPEATED = (
+REPEATED = (
     "environment",
     "git",
     "command",
@@ -80,15 +80,18 @@ _REPEATED = (
 """The predicate's fields that most manifests a process reads share with others (those of
 one run, mostly): the environment lock's hundreds of package versions above all."""
 
-_VALID: dict[str, dict[str, None]] = {name: {} for name in _REPEATED}
+_VALID: dict[str, dict[str, None]] = {name: {} for name in REPEATED}
 """For each of those fields, the values (their JSON) that validated in this process."""
 
 _VALID_KEPT = 64
 _DATASETS_REF = "#/$defs/predicate/properties/datasets"
 
 
+_compact = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def _predicate_keys(document: Any) -> dict[str, str]:
-    """The JSON of each of the :data:`_REPEATED` fields a manifest statement has."""
+    """The JSON of each of the :data:`REPEATED` fields a manifest statement has."""
     try:
         predicate = document["predicate"]
     except (KeyError, TypeError, IndexError):
@@ -96,10 +99,10 @@ def _predicate_keys(document: Any) -> dict[str, str]:
     if not isinstance(predicate, dict):
         return {}
     keys = {}
-    for name in _REPEATED:
+    for name in REPEATED:
         if name in predicate:
             try:
-                keys[name] = json.dumps(predicate[name], separators=(",", ":"), allow_nan=False)
+                keys[name] = _compact(predicate[name])
             except (TypeError, ValueError, RecursionError):
                 continue
     return keys
@@ -314,17 +317,24 @@ def _inlined(node: Any, root: dict[str, Any], depth: int = 0) -> Any:
     return {k: _inlined(v, root, depth) for k, v in node.items()}
 
 
+def valid_before(name: str, key: str) -> bool:
+    """Whether the manifest field ``name`` (one of :data:`REPEATED`) whose JSON is ``key``
+    validated in this process (and is still remembered as valid)."""
+    return key in _VALID[name]
+
+
 def validate(
     document: Any,
     path: Path | None = None,
     schema_name: str = MANIFEST_SCHEMA,
     *,
     what: str | None = None,
+    keys: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Raise ManifestError naming the first schema violation (deepest first) and where;
     ``what`` names the document in the message when there is no path to name.
 
-    A manifest statement's fields that most manifests share (:data:`_REPEATED`: the
+    A manifest statement's fields that most manifests share (:data:`REPEATED`: the
     environment lock, the git state, the command ...) are checked once per value in this
     process: a statement whose value there is one already found valid is checked against
     the rest of the schema only (the same errors, found without checking the lock's
@@ -332,12 +342,18 @@ def validate(
     by a direct check of what the schema says of one (:func:`_entry_valid`; an item it
     doubts is left to the schema).
 
-    Returns the JSON of each of a valid manifest statement's :data:`_REPEATED` fields, by
+    Returns the JSON of each of a valid manifest statement's :data:`REPEATED` fields, by
     name (empty for other documents): what a reader may key a value shared between
-    manifests by (:func:`kronos_audit.statement.manifest.parse_manifest` freezes each once)."""
+    manifests by (:func:`kronos_audit.statement.manifest.parse_manifest` freezes each once).
+    ``keys``: that JSON as the reader found it, the very text each field was read from
+    (any JSON text of a value names that one value), for a manifest statement; else it is
+    worked out here."""
     prefix = f"{what}: " if what else ""
     validator = _validator(schema_name)
-    keys = _predicate_keys(document) if schema_name == MANIFEST_SCHEMA else {}
+    if schema_name != MANIFEST_SCHEMA:
+        keys = {}
+    elif keys is None:
+        keys = _predicate_keys(document)
     known = frozenset(name for name, key in keys.items() if key in _VALID[name])
     datasets_valid = False
     if schema_name == MANIFEST_SCHEMA:

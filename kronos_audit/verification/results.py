@@ -12,12 +12,15 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kronos_audit.checkpoint.location import Location
-from kronos_audit.keys.anchors import TrustedKey
-from kronos_audit.statement.campaign import Certificate
-from kronos_audit.statement.manifest import Manifest
+
+# Named in fields only: a worker checking a long run's files makes Checks, never results.
+if TYPE_CHECKING:
+    from kronos_audit.keys.anchors import TrustedKey
+    from kronos_audit.statement.campaign import Certificate
+    from kronos_audit.statement.manifest import Manifest
 
 
 class CheckName(enum.StrEnum):

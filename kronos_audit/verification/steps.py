@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from kronos_audit.checkpoint.digests import DiffKind, DigestDiff, changed_attributes, diff_digests
-from kronos_audit.checkpoint.directory import FileEntry, TensorCheck
 from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format
 from kronos_audit.checkpoint.hashing import DatasetDigest
 from kronos_audit.checkpoint.layout import (
@@ -35,11 +35,16 @@ from kronos_audit.checkpoint.layout import (
     step_directory_name,
 )
 from kronos_audit.checkpoint.location import Location
-from kronos_audit.checkpoint.shards import ShardRecord, describe
-from kronos_audit.keys.anchors import SignerCheck
-from kronos_audit.statement.attestation import Attestation
-from kronos_audit.statement.manifest import Manifest
 from kronos_audit.verification.results import Check, CheckName
+
+# Named in signatures only: the workers that check a long run's files import this module
+# for the checks of a file, and need neither keys, statements nor directory steps.
+if TYPE_CHECKING:
+    from kronos_audit.checkpoint.directory import FileEntry, TensorCheck
+    from kronos_audit.checkpoint.shards import ShardRecord
+    from kronos_audit.keys.anchors import SignerCheck
+    from kronos_audit.statement.attestation import Attestation
+    from kronos_audit.statement.manifest import Manifest
 
 # -- (1) signature -----------------------------------------------------------------------
 
@@ -328,6 +333,8 @@ def shards_checks(
 ) -> list[Check]:
     """(4) shards: each record's hash answer (a problem, or the sha256 read) against its
     recorded size and sha256; one passing check when all hold."""
+    from kronos_audit.checkpoint.shards import describe
+
     failed = [
         Check.failed(CheckName.SHARDS, problem)
         for record, (problem_, sha) in zip(records, answers, strict=True)

@@ -10,7 +10,8 @@ and a DCP ``.metadata`` is parsed by a restricted unpickler, after its signed di
 (HDF5 with its CF attributes) and ``dcp`` one reader each.
 """
 
-from kronos_audit.checkpoint.formats.dcp import tensors_of_directory
+from typing import TYPE_CHECKING, Any
+
 from kronos_audit.checkpoint.formats.interface import PICKLE_NOTE, Format, FormatReader, Tensor
 from kronos_audit.checkpoint.formats.registry import (
     REGISTRY,
@@ -34,3 +35,16 @@ __all__ = [
     "tensors_of_directory",
     "tensors_of_file",
 ]
+
+if TYPE_CHECKING:
+    from kronos_audit.checkpoint.formats.dcp import tensors_of_directory
+
+
+def __getattr__(name: str) -> Any:
+    # The DCP reader is imported when it is first asked for: a process that checks HDF5
+    # files (a verify's workers) never needs it.
+    if name == "tensors_of_directory":
+        from kronos_audit.checkpoint.formats.dcp import tensors_of_directory
+
+        return tensors_of_directory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

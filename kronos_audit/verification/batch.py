@@ -17,7 +17,6 @@ from kronos_audit.checkpoint.layout import (
 from kronos_audit.errors import Error, ForeignRepository
 from kronos_audit.keys.anchors import TrustOptions, load_keyring
 from kronos_audit.project.repository import Project, standpoint
-from kronos_audit.verification.campaign import verify_certificate
 from kronos_audit.verification.chain import ManifestCache
 from kronos_audit.verification.content import AHEAD_MIN, CHUNK, Ahead, SignedFile
 from kronos_audit.verification.results import VerifyResult
@@ -171,6 +170,9 @@ def _verified(
             if p.name.endswith(ATTESTATION_SUFFIX):
                 yield verifier.verify_attestation(p)
             elif p.name.endswith(CERTIFICATE_SUFFIX):
+                # Imported for a certificate only: a run's verify never needs it.
+                from kronos_audit.verification.campaign import verify_certificate
+
                 yield verify_certificate(verifier, p, sample=sample)
             else:
                 yield verifier.verify(p, newest=p in newest)

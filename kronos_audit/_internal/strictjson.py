@@ -60,6 +60,11 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_int=_bounded_int
+)
+
+
 def deeper_than(value: Any, limit: int) -> bool:
     """Whether arrays and objects in ``value`` nest more than ``limit`` levels (iterative:
     the point is not to recurse)."""
@@ -81,12 +86,9 @@ def loads(text: str, *, max_depth: int = MAX_DEPTH) -> Any:
     """The value ``text`` holds, or :class:`Refused` with one line saying why not."""
     nested = f"JSON nested more than {max_depth} levels deep"
     try:
-        value = json.loads(
-            text,
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_int=_bounded_int,
-        )
+        if text.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        value = _DECODER.decode(text)  # json.loads with these hooks, its decoder made once
     except RecursionError:
         raise Refused(nested) from None
     except json.JSONDecodeError as e:
@@ -105,9 +107,6 @@ Reuse = Callable[[str, str, int], tuple[Any, int] | None]
 read before from the very same text, and where that text ends; None when there is none."""
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*").match
-_DECODER = json.JSONDecoder(
-    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_int=_bounded_int
-)
 _SCAN: Callable[[str, int], tuple[Any, int]] = make_scanner(_DECODER)  # type: ignore[arg-type]
 
 

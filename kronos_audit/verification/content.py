@@ -5,18 +5,19 @@ A run of thousands of checkpoints is verified on every core: while the verifier 
 each manifest, checks its signature, its place and its link, the checkpoints it will
 come to are checked by :class:`Ahead`'s workers, each exactly as :func:`check_file`
 checks it here (the same function, given the same signed values), and the verifier takes
-the worker's checks when it reaches that step. Nothing is remembered between two
-verifications, and nothing is read from the run directory but the checkpoint itself: a
-worker's answer is a check made now, of the file as it is now, never a record anyone
-could have written. A file a worker could not judge (it raised: not there, unreadable)
-is checked again in the verifier, which says why as it always did.
+the worker's checks when it reaches that step; a verifier that would wait for them
+checks files no worker has taken yet itself, so both sides work to the end. Nothing is
+remembered between two verifications, and nothing is read from the run directory but the
+checkpoint itself: a worker's answer is a check made now, of the file as it is now, never
+a record anyone could have written. A file a worker could not judge (it raised: not
+there, unreadable) is checked again in the verifier, which says why as it always did.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
-import queue
 import stat
 import subprocess
 import sys
@@ -194,7 +195,12 @@ def serve(requests: IO[bytes], answers: IO[str]) -> None:
 
 
 Worker = subprocess.Popen[bytes]
-Requests = queue.SimpleQueue[bytes | None]
+Chunk = list[tuple[int, SignedFile]]
+
+IN_FLIGHT = 2
+"""Chunks handed to a worker and not yet answered: one to check while the next waits in
+the pipe. The others wait in this process, where the verifier may take them (see
+:meth:`Ahead.take`)."""
 
 
 class Ahead:
@@ -204,8 +210,11 @@ class Ahead:
 
     Each worker is a fresh interpreter running this module (nothing of this process is
     copied into it, and the program's own main module is never imported again), fed
-    requests by a thread of this process and read by another, so that neither side ever
-    waits on a full pipe. A worker that dies leaves its files to the verifier."""
+    chunks by a thread of this process and read by another, so that neither side ever
+    waits on a full pipe. The chunks wait here until a worker has fewer than
+    :data:`IN_FLIGHT`; a verifier that would wait for an answer checks a waiting chunk
+    itself instead, so that every core works to the end whichever side is faster. A
+    worker that dies leaves its files to the verifier."""
 
     def __init__(self, workers: int) -> None:
         package_root = str(Path(__file__).resolve().parents[2])  # where kronos_audit is
@@ -213,13 +222,17 @@ class Ahead:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._cond = threading.Condition()
         self._answers: dict[int, list[Check] | None] = {}
-        self._asked: dict[SignedFile, tuple[int, int]] = {}
+        self._asked: dict[SignedFile, int] = {}
+        self._waiting: collections.deque[Chunk] = collections.deque()
+        self._sent: dict[int, int] = {}  # file -> the worker it went to
+        self._in_flight: list[int] = []
         self._alive: list[bool] = []
-        self._queues: list[Requests] = []
+        self._closing = False
         self._threads: list[threading.Thread] = []
         self._procs: list[Worker] = []
-        self._next = 0
-        self._count = 0  # requests numbered, whatever was taken since
+        self._count = 0  # files numbered, whatever was taken since
+        self.checked_here = 0
+        """Files the verifier checked itself rather than wait for a worker."""
         for w in range(workers):
             try:
                 proc = subprocess.Popen(
@@ -231,28 +244,41 @@ class Ahead:
                 )
             except OSError:
                 break  # no worker: the verifier checks what none takes
-            q: Requests = queue.SimpleQueue()
             self._procs.append(proc)
-            self._queues.append(q)
             self._alive.append(True)
+            self._in_flight.append(0)
             for target in (self._feed, self._read):
                 t = threading.Thread(
-                    target=target, args=(w, proc, q), daemon=True, name="kaudit-ahead"
+                    target=target, args=(w, proc), daemon=True, name="kaudit-ahead"
                 )
                 t.start()
                 self._threads.append(t)
 
-    def _feed(self, w: int, proc: Worker, q: Requests) -> None:
+    def _feed(self, w: int, proc: Worker) -> None:
         assert proc.stdin is not None
         try:
-            while (data := q.get()) is not None:
-                proc.stdin.write(data)
+            while True:
+                with self._cond:
+                    while (
+                        not self._closing
+                        and self._alive[w]
+                        and (not self._waiting or self._in_flight[w] >= IN_FLIGHT)
+                    ):
+                        self._cond.wait()
+                    if self._closing or not self._alive[w]:
+                        break
+                    chunk = self._waiting.popleft()
+                    self._in_flight[w] += 1
+                    for i, _ in chunk:
+                        self._sent[i] = w
+                line = json.dumps([[i, _signed_json(signed)] for i, signed in chunk]) + "\n"
+                proc.stdin.write(line.encode())
                 proc.stdin.flush()
             proc.stdin.close()
         except OSError:
             pass  # the worker is gone: its reader says so
 
-    def _read(self, w: int, proc: Worker, q: Requests) -> None:
+    def _read(self, w: int, proc: Worker) -> None:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -262,6 +288,7 @@ class Ahead:
                 }
                 with self._cond:
                     self._answers.update(made)
+                    self._in_flight[w] -= 1
                     self._cond.notify_all()
         except (OSError, ValueError, TypeError, KeyError):
             pass
@@ -271,36 +298,67 @@ class Ahead:
                 self._cond.notify_all()
 
     def submit(self, files: Sequence[SignedFile]) -> None:
-        """Start checking ``files`` (on the next worker in turn)."""
+        """Have ``files`` checked (by the next worker free, or by the verifier)."""
         if not self._procs:
             return
-        w = self._next % len(self._procs)
-        self._next += 1
-        chunk = []
+        chunk: Chunk = []
         for signed in files:
             i = self._count
             self._count += 1
-            self._asked[signed] = (i, w)
-            chunk.append([i, _signed_json(signed)])
-        self._queues[w].put((json.dumps(chunk) + "\n").encode())
+            self._asked[signed] = i
+            chunk.append((i, signed))
+        with self._cond:
+            self._waiting.append(chunk)
+            self._cond.notify_all()
 
     def take(self, signed: SignedFile) -> list[Check] | None:
-        """The checks a worker made of ``signed`` (once: a second ask is answered None),
-        or None when none was asked for or the worker could not judge it."""
-        asked = self._asked.pop(signed, None)
-        if asked is None:
+        """The checks made of ``signed`` (once: a second ask is answered None), or None
+        when none was asked for or its worker could not judge it. Rather than wait for a
+        worker, the verifier checks a waiting chunk itself: this file's own, when no worker
+        has it yet, else the one furthest ahead."""
+        i = self._asked.pop(signed, None)
+        if i is None:
             return None
-        i, w = asked
+        while True:
+            with self._cond:
+                while True:
+                    if i in self._answers:
+                        return self._answers.pop(i)
+                    w = self._sent.get(i)
+                    if w is not None and not self._alive[w]:
+                        return None
+                    if w is None or self._waiting:
+                        break
+                    self._cond.wait()
+                if w is None:  # its chunk waits here still: among the first
+                    found = next((c for c in self._waiting if c[0][0] <= i <= c[-1][0]), None)
+                    if found is None:
+                        return None  # dropped (closed): checked when it is reached
+                    chunk = found
+                    self._waiting.remove(chunk)
+                else:
+                    chunk = self._waiting.pop()
+            self._check_here(chunk)
+
+    def _check_here(self, chunk: Chunk) -> None:
+        """The checks of ``chunk``, made in this process exactly as a worker makes them."""
+        made: dict[int, list[Check] | None] = {}
+        for i, signed in chunk:
+            try:
+                made[i] = check_file(signed)
+            except Exception:
+                made[i] = None  # checked again when it is reached, to say why
         with self._cond:
-            while i not in self._answers and self._alive[w]:
-                self._cond.wait()
-            return self._answers.pop(i, None)
+            self._answers.update(made)
+        self.checked_here += len(chunk)
 
     def close(self) -> None:
         """Stop the workers; what they did not do is dropped."""
         self._asked.clear()
-        for q in self._queues:
-            q.put(None)
+        with self._cond:
+            self._closing = True
+            self._waiting.clear()
+            self._cond.notify_all()
         for proc in self._procs:
             proc.terminate()
         for proc in self._procs:

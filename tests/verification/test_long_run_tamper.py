@@ -19,6 +19,7 @@ from kronos_audit.project.repository import Project
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import read_manifest
 from kronos_audit.verification.batch import verify_each
+from kronos_audit.verification.content import Ahead, SignedFile, check_file
 from kronos_audit.verification.results import VerifyResult
 from tests.helpers import untrusted_key
 
@@ -111,3 +112,30 @@ def test_a_checkpoint_gone_is_the_verifiers_error_either_way(
     (error,) = [r for r in results if isinstance(r, Error)]
     assert error.exit_code == 2
     assert "not found" in str(error)
+
+
+def test_files_no_worker_took_yet_are_checked_by_the_verifier_as_a_worker_would(
+    project: Project, key: SigningKey
+) -> None:
+    """A verifier that would wait for a worker checks the files waiting for one itself:
+    the chunk furthest ahead while a worker has the one it needs. Every answer is the
+    check :func:`check_file` makes, whoever made it, and a file changed is named."""
+    root = project.root / "checkpoints"
+    with ka.Run("pairs", root=root, seed=1, every=ka.EverySteps(1), asynchronous=False) as run:
+        for step in run.steps(8):
+            run.checkpoint(step, {"w": np.full(4, float(step))})
+    files = [SignedFile.of(read_manifest(_manifest(root / "pairs", s))) for s in range(1, 9)]
+    files[6].path.chmod(0o644)
+    files[6].path.write_bytes(files[6].path.read_bytes()[:-1] + b"\x01")  # the 7th's last byte
+    ahead = Ahead(1)
+    try:
+        for i in range(0, 8, 2):  # four chunks: a worker takes two, two wait here
+            ahead.submit(files[i : i + 2])
+        made = [ahead.take(f) for f in files]  # at once: the worker is still starting
+    finally:
+        ahead.close()
+    assert made == [check_file(f) for f in files]
+    # The last chunk at least was taken from the back while the worker started; the
+    # worker had the first (given it as soon as it was submitted).
+    assert 2 <= ahead.checked_here < 8
+    assert [all(c.ok for c in checks or ()) for checks in made] == [True] * 6 + [False, True]

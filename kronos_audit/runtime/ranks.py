@@ -31,6 +31,9 @@ class LoopVote:
     stored), in one line; None when it can."""
     policy_failure: str | None
     """Rank 0: why its save policy could not decide; None when it did."""
+    levels: tuple[str, ...] | None = None
+    """Rank 0: the levels beside the durable one its policy chose for this step (None:
+    the levels' own ``every`` decides)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Decision:
     """Checkpoint this step (rank 0's policy's verdict)."""
     stop: bool
     """Stop at this step: a preemption request reached rank 0's policy."""
+    levels: tuple[str, ...] | None = None
+    """The levels beside the durable one rank 0's policy chose (None: as they say)."""
     error: BaseException | None = None
     """What every rank raises here instead, together (None: the loop goes on): this
     rank's own failure or rank 0's own policy failure as it is, the first failed rank's
@@ -65,19 +70,22 @@ class LoopAgreement:
         step: int,
         preempted: bool,
         failure: BaseException | None,
-        ask: Callable[[bool], bool],
+        ask: Callable[[bool], bool | tuple[bool, tuple[str, ...]]],
         *,
         batches: bool,
     ) -> Decision:
         """All ranks: the decision at ``step``. ``preempted``: a signal reached this rank;
         ``failure``: why this rank cannot go on (told to every rank); ``ask(stop)``: rank
         0's policy's verdict (``stop``: a preemption request it knows of); ``batches``: in
-        a ``run.batches`` loop (what ranks out of step are told)."""
+        a ``run.batches`` loop (what ranks out of step are told). ``ask`` may also return
+        ``(save, levels)``: the levels beside the durable one, told to every rank too."""
         save: bool | None = None
+        levels: tuple[str, ...] | None = None
         policy_failure: BaseException | None = None
         if self.comm.rank == 0 and failure is None:
             try:
-                save = ask(preempted or self.stop_next)
+                said = ask(preempted or self.stop_next)
+                save, levels = said if isinstance(said, tuple) else (said, None)
             except Exception as e:  # every rank must hear rank 0, whatever happened
                 policy_failure = e
         vote = LoopVote(
@@ -86,6 +94,7 @@ class LoopAgreement:
             save=save,
             failure=None if failure is None else one_line_reason(failure),
             policy_failure=None if policy_failure is None else one_line_reason(policy_failure),
+            levels=levels,
         )
         votes: list[LoopVote] = self.comm.allgather(vote)
         error = _disagreement(votes, step, failure, policy_failure, batches=batches)
@@ -95,7 +104,7 @@ class LoopAgreement:
         stop = verdict.preempted or self.stop_next
         if any(v.preempted for v in votes):
             self.stop_next = True  # a later call stops every rank, if this one did not
-        return Decision(save=bool(verdict.save), stop=stop)
+        return Decision(save=bool(verdict.save), stop=stop, levels=verdict.levels)
 
 
 def _disagreement(

@@ -67,6 +67,7 @@ from kronos_audit.runtime.campaigns.array import ArrayTask, batch_share, task_ru
 from kronos_audit.runtime.campaigns.batches import Batches
 from kronos_audit.runtime.campaigns.executors import Submitter
 from kronos_audit.runtime.campaigns.ledger import Ledger, batch_rng
+from kronos_audit.runtime.levels.auto import check_declared, schedule_for
 from kronos_audit.runtime.levels.store import levels_for
 from kronos_audit.runtime.policy import EverySeconds, Remote, Retention, SavePolicy
 from kronos_audit.runtime.preemption import PreemptionGuard
@@ -204,6 +205,7 @@ class Run:
         self.asynchronous = asynchronous
         self.preempt_exit = preempt_exit
         self.levels = levels_for(levels, self.publisher, run_id, self.comm)
+        check_declared(self.policy, levels)
         """The levels beside the durable one (``levels=``), or None."""
         self._guard = PreemptionGuard()
         self._restorer = Restorer(
@@ -226,6 +228,7 @@ class Run:
             asynchronous=asynchronous,
             preempt_exit=preempt_exit,
             levels_due=None if self.levels is None else self.levels.due,
+            schedule=schedule_for(self.policy, self.levels),
         )
 
     @property

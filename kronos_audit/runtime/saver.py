@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from kronos_audit.runtime.steps.interface import Publisher
 from kronos_audit.runtime.steps.layouts import expand_layout
 from kronos_audit.statement.predicate import RngRecord
 from kronos_audit.supervise.protocol import Progress
+
+if TYPE_CHECKING:
+    from kronos_audit.runtime.levels.auto import AutoSchedule
 
 Flat = tuple[dict[str, np.ndarray[Any, Any]], dict[str, Layout]]
 """A state made ready to store: its arrays by name, and each one's layout over the ranks."""
@@ -64,9 +67,12 @@ class Saver:
         asynchronous: bool,
         preempt_exit: int,
         levels_due: Callable[[int], tuple[str, ...]] | None = None,
+        schedule: AutoSchedule | None = None,
     ) -> None:
         self.publisher = publisher
         self._levels_due = levels_due
+        self.schedule = schedule
+        """With an ``Auto.for_levels`` policy: rank 0's choice of levels at each step."""
         self.policy = policy
         self._agreement = agreement
         self._guard = guard
@@ -124,6 +130,8 @@ class Saver:
         # still being prepared.
         if self.require_open().stats.checkpoints == 0:
             self._last_time = time.monotonic()
+            if self.schedule is not None:
+                self.schedule.last_time = self.schedule.clock()
 
     # -- one step ----------------------------------------------------------------------
 
@@ -164,9 +172,15 @@ class Saver:
                 self._prepared = True
             except Exception as e:
                 failure = e
-        save, preempted = self._decide_together(writer, step, preempted, final, failure)
-        # The levels beside the durable one go by the step alone: the same on every rank.
-        levels = () if self._levels_due is None else self._levels_due(step)
+        save, preempted, chosen = self._decide_together(writer, step, preempted, final, failure)
+        # The levels beside the durable one: rank 0's policy's choice, or by the step
+        # alone (their own every): the same on every rank.
+        if chosen is not None:
+            levels = chosen
+        else:
+            levels = () if self._levels_due is None else self._levels_due(step)
+        if self.schedule is not None:
+            self.schedule.chosen((save, levels))
         if save or levels:
             flat = flat if flat is not None else self.flatten(state, layout)
             self.save(step, *flat, levels=levels, durable=save)
@@ -212,7 +226,9 @@ class Saver:
             newest=newest,
         )
 
-    def _decide(self, writer: BackgroundWriter, step: int, preempted: bool, final: bool) -> bool:
+    def _decide(
+        self, writer: BackgroundWriter, step: int, preempted: bool, final: bool
+    ) -> bool | tuple[bool, tuple[str, ...]]:
         ctx = SaveContext(
             step=step,
             now=time.monotonic(),
@@ -225,6 +241,8 @@ class Saver:
         )
         # Never the same step twice: in a batches loop a round may offer the count of
         # batches done again (elsewhere a step not after the newest is refused before).
+        if self.schedule is not None:
+            return (False, ()) if step == self.last_saved else self.schedule.choose(ctx)
         return step != self.last_saved and self.policy.should_save(ctx)
 
     def _decide_together(
@@ -234,8 +252,8 @@ class Saver:
         preempted: bool,
         final: bool,
         failure: BaseException | None = None,
-    ) -> tuple[bool, bool]:
-        """``(save, stop)``, the same on every rank, in one collective
+    ) -> tuple[bool, bool, tuple[str, ...] | None]:
+        """``(save, stop, levels)``, the same on every rank, in one collective
         (:meth:`~kronos_audit.runtime.ranks.LoopAgreement.decide`): rank 0's policy
         decides; a failure on any rank is raised on every rank, together."""
         decision = self._agreement.decide(
@@ -248,7 +266,7 @@ class Saver:
         if decision.error is not None:
             self.agreed_exit = True  # every rank raises here, together
             raise decision.error
-        return decision.save, decision.stop
+        return decision.save, decision.stop, decision.levels
 
     def flatten(self, state: Mapping[str, Any], layout: Mapping[str, Layout] | None = None) -> Flat:
         """``state`` as this rank stores it, and the layout of each of its arrays."""

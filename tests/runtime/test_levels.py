@@ -19,14 +19,14 @@ def test_a_memory_level_holds_an_absolute_directory(tmp_path: Path) -> None:
     level = ka.MemoryLevel(str(tmp_path), every=2, keep=3)
     assert level.dir == tmp_path
     assert (level.every, level.keep) == (2, 3)
-    assert ka.MemoryLevel(tmp_path) == ka.MemoryLevel(str(tmp_path), every=1, keep=2)
+    assert ka.MemoryLevel(tmp_path) == ka.MemoryLevel(str(tmp_path), every=None, keep=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         level.every = 5  # type: ignore[misc]
 
 
 def test_a_partner_level_defaults_to_every_step_and_one_kept() -> None:
     level = ka.PartnerLevel()
-    assert (level.every, level.keep, level.nodes) == (1, 1, None)
+    assert (level.every, level.keep, level.nodes) == (None, 1, None)
     assert ka.PartnerLevel(every=4, keep=2, nodes=3).nodes == 3
 
 

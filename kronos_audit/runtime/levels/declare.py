@@ -44,8 +44,10 @@ class MemoryLevel:
     dir: Path | str
     """The node-local directory: a path or a ``str``, held as a :class:`Path` once
     constructed."""
-    every: int = field(default=1, kw_only=True)
-    """Write a step to this level every this many steps."""
+    every: int | None = field(default=None, kw_only=True)
+    """Write a step to this level every this many steps; None (left out): every step, or
+    when the run's ``Auto.for_levels`` policy plans (a number beside that policy is
+    refused: one or the other sets the interval)."""
     keep: int = field(default=2, kw_only=True)
     """How many of the newest steps this level keeps."""
 
@@ -64,7 +66,8 @@ class MemoryLevel:
                 f"MemoryLevel: dir {str(path)!r} may hold {{node}} and no other braces"
             )
         object.__setattr__(self, "dir", path)
-        _count("MemoryLevel", "every", self.every)
+        if self.every is not None:
+            _count("MemoryLevel", "every", self.every)
         _count("MemoryLevel", "keep", self.keep)
 
 
@@ -82,8 +85,10 @@ class PartnerLevel:
     memory directory.
     """
 
-    every: int = 1
-    """Write a step to this level every this many steps."""
+    every: int | None = None
+    """Write a step to this level every this many steps; None (left out): every step, or
+    when the run's ``Auto.for_levels`` policy plans (a number beside that policy is
+    refused: one or the other sets the interval)."""
     keep: int = 1
     """How many of the newest steps this level keeps."""
     nodes: int | None = None
@@ -91,7 +96,8 @@ class PartnerLevel:
     on; None: ask the job."""
 
     def __post_init__(self) -> None:
-        _count("PartnerLevel", "every", self.every)
+        if self.every is not None:
+            _count("PartnerLevel", "every", self.every)
         _count("PartnerLevel", "keep", self.keep)
         if self.nodes is not None and _count("PartnerLevel", "nodes", self.nodes) < 2:
             raise UsageError(

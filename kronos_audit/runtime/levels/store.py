@@ -15,6 +15,13 @@ level's commit of the same staging (when the durable policy saves that step too)
    ``<memory dir>/partners/<run>/step-<N>/`` of its own node;
 4. each level keeps its ``keep`` newest steps and removes the others.
 
+**A level that fails does not stop the run.** A step that could not be kept whole on
+every rank (a full RAM directory, say) is removed from every rank's levels, never signed
+or, if signed already, never left to be restored; rank 0 warns in one line naming the
+level, the rank and its reason, once until the levels work again; the durable level and
+the later steps go on. Each level's write is timed (:meth:`Levels.mean_seconds`), for
+the ``Auto.for_levels`` policy (:mod:`kronos_audit.runtime.levels.auto`).
+
 **Signed and chained.** A level step's manifest is signed by the run's key and bound to
 the run id and step as every step's is (:func:`~kronos_audit.verification.trusted.trusted_step`
 checks it). Its ``parent`` is the previous step on the memory level (none for the first
@@ -33,6 +40,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -197,6 +205,13 @@ class Levels:
         step builds on (None: none yet)."""
         self.to_record: dict[str, Any] | None = None
         """The recovery the next durable step's manifest records (:data:`RECOVERED_KEY`)."""
+        self.seconds: dict[str, list[float]] = {MEMORY: [0.0, 0], PARTNER: [0.0, 0]}
+        self.seconds[DURABLE] = [0.0, 0]
+        """Each level's writes so far: ``[seconds in all, how many]`` (the partner level's
+        time is its exchange alone, the memory level's the shard, the signature and the
+        node's copy, the durable level's its commit)."""
+        self.failing = False
+        """The last level step failed (warned once, until one is kept again)."""
 
     @property
     def publisher(self) -> SignedPublisher:
@@ -239,10 +254,28 @@ class Levels:
 
     # -- writing (the writer thread) -------------------------------------------------------
 
+    def names(self) -> tuple[str, ...]:
+        """The run's levels, cheapest first, the durable one last."""
+        return (MEMORY, *([PARTNER] if self.partner is not None else []), DURABLE)
+
+    def mean_seconds(self) -> tuple[float | None, ...]:
+        """Each level's mean seconds per write so far, as :meth:`names` lists them (None
+        for a level not written yet)."""
+        return tuple(
+            total / count if count else None
+            for total, count in (self.seconds[n] for n in self.names())
+        )
+
+    def _timed(self, level: str, seconds: float) -> None:
+        entry = self.seconds[level]
+        entry[0] += seconds
+        entry[1] += 1
+
     def due(self, step: int) -> tuple[str, ...]:
-        """The levels step ``step`` is written to (the same on every rank)."""
-        due = [MEMORY] if step % self.memory.every == 0 else []
-        if self.partner is not None and step % self.partner.every == 0:
+        """The levels step ``step`` is written to by their fixed ``every`` (the same on
+        every rank)."""
+        due = [MEMORY] if step % (self.memory.every or 1) == 0 else []
+        if self.partner is not None and step % (self.partner.every or 1) == 0:
             due.append(PARTNER)
         return tuple(due)
 
@@ -252,21 +285,40 @@ class Levels:
         raised after the durable commit is through (on every rank together)."""
 
         def run(job: Job) -> None:
-            failure: BaseException | None = None
             if job.meta.levels:
-                try:
-                    self.write(job)
-                except CheckpointError as e:
-                    failure = e
+                self.write_or_warn(job)
             if job.meta.durable and self._durable is not None:
                 job.handed_on = True  # the durable thread gives the staging back
                 self._durable.put((job, publish))
             elif job.meta.durable:
                 self._publish_recording(publish, job)
-            if failure is not None:
-                raise failure
 
         return run
+
+    def write_or_warn(self, job: Job) -> bool:
+        """All ranks: :meth:`write`; a step not kept whole on every rank is removed from
+        this rank's levels and warned of (rank 0, once until a step is kept again), and
+        the run goes on. Whether the step was kept."""
+        previous = self._previous
+        try:
+            self.write(job)
+        except CheckpointError as e:
+            self._previous = previous  # the next step's parent: the last one kept
+            for directory in (self.own, self.held):
+                shutil.rmtree(step_directory(directory, job.step), ignore_errors=True)
+            if self.rank == 0 and not self.failing:
+                log.warning(
+                    "%s; the run goes on, its steps on the durable level, the levels tried "
+                    "again at their next step (%s)",
+                    one_line_reason(e),
+                    self.node_dir,
+                )
+            self.failing = True
+            return False
+        if self.failing and self.rank == 0:
+            log.warning("step %d kept on the levels again", job.step)
+        self.failing = False
+        return True
 
     def attach(self, writer: BackgroundWriter) -> None:
         """The run's writer: when it writes in the background, the durable level's
@@ -309,6 +361,7 @@ class Levels:
         """The durable commit of ``job``, its manifest recording the recovery the run
         resumed from, if that is not recorded yet."""
         publisher, recovery = self.publisher, self.to_record
+        began = time.monotonic()
         if recovery is None:
             publish(job)
         else:
@@ -319,6 +372,7 @@ class Levels:
             finally:
                 publisher.attributes = attributes
             self.to_record = None
+        self._timed(DURABLE, time.monotonic() - began)
         self.note_durable(job.step)
 
     def note_durable(self, step: int | None) -> None:
@@ -342,6 +396,7 @@ class Levels:
         if comm is None or publisher is None:
             raise UsageError("use the Run inside a `with` block")
         step, levels = job.step, job.meta.levels
+        began = time.monotonic()
         directory = step_directory(self.own, step)
         mine: Shard | None = None
         problem: str | None = None
@@ -363,6 +418,7 @@ class Levels:
             self._keep(directory, signed)
         except Exception as e:
             own = e
+        kept = time.monotonic()
         if PARTNER in levels:
             own = self._exchange(comm, directory, step, signed) or own
         problems = comm.allgather(None if own is None else one_line_reason(own))
@@ -373,6 +429,9 @@ class Levels:
                 path=directory,
             )
         self.written += 1
+        self._timed(MEMORY, kept - began)
+        if PARTNER in levels:
+            self._timed(PARTNER, time.monotonic() - kept)
         self._prune(self.own, self.memory.keep)
         if self.partner is not None and PARTNER in levels:
             self._prune(self.held, self.partner.keep)

@@ -309,9 +309,8 @@ class Levels:
             if self.rank == 0 and not self.failing:
                 log.warning(
                     "%s; the run goes on, its steps on the durable level, the levels tried "
-                    "again at their next step (%s)",
-                    one_line_reason(e),
-                    self.node_dir,
+                    "again at their next step",
+                    e.message,
                 )
             self.failing = True
             return False

@@ -64,10 +64,22 @@ def check_declared(policy: SavePolicy, levels: Sequence[object] | None) -> None:
         )
 
 
+def _span(seconds: float) -> str:
+    """Seconds as a reader takes them in: ``0.05s``, ``46s``, ``3.8min``, ``3.4h``."""
+    value, unit = (
+        (seconds, "s")
+        if seconds < 120
+        else (seconds / 60, "min")
+        if seconds < 7200
+        else (seconds / 3600, "h")
+    )
+    return f"{value:.2g}{unit}" if value < 10 else f"{value:.0f}{unit}"
+
+
 def plan_line(plan: LevelPlan, names: Sequence[str]) -> str:
     """The plan in one line: each level's interval, its cost and the expected waste."""
     parts = [
-        f"{name} every {seconds:.3g}s (cost {level.cost:.2g}s)"
+        f"{name} every {_span(seconds)} (cost {_span(level.cost)})"
         for name, seconds, level in zip(names, plan.seconds(), plan.levels, strict=True)
     ]
     return f"levels planned: {', '.join(parts)}; expected waste {plan.waste:.2%}"

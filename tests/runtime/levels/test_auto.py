@@ -26,6 +26,7 @@ from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.parallel.comm import SingleProcess
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.levels.auto import AutoSchedule, check_declared, plan_line
+from kronos_audit.runtime.levels.interval import LevelCost, optimal_plan
 from kronos_audit.runtime.levels.store import DURABLE, MEMORY, PARTNER, Levels
 from kronos_audit.runtime.policy import AutoLevels
 from kronos_audit.statement.manifest import read_manifest
@@ -220,3 +221,17 @@ def test_a_full_memory_directory_warns_and_the_run_goes_on(
     assert sorted(p.name for p in durable.glob("step-*")) == ["step-00000002", "step-00000004"]
     done = run_cli("verify", str(durable))
     assert done.exit_code == 0, done.output
+
+
+def test_the_plan_is_one_line_a_reader_takes_in() -> None:
+    plan = optimal_plan(
+        [
+            LevelCost("memory", 0.05, 6 * 3600, 0.05),
+            LevelCost("partner", 0.2, 2 * 86400, 0.2),
+            LevelCost("durable", 30.0, 30 * 86400, 60.0),
+        ]
+    )
+    assert plan_line(plan, (MEMORY, PARTNER, DURABLE)) == (
+        "levels planned: memory every 46s (cost 0.05s), partner every 3.8min (cost 0.2s), "
+        "durable every 3.4h (cost 30s); expected waste 0.83%"
+    )

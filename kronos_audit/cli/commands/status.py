@@ -131,6 +131,7 @@ def status_command(
             for f in c.forks(lambda m: verifier.signature(m).ok)
         ]
     held = _held(level_dirs, [e.manifest for e in entries])
+    plans = _plans(level_dirs, held)
     counts: dict[str, int] = {}
     for e in entries:
         counts[e.location.value] = counts.get(e.location.value, 0) + 1
@@ -155,6 +156,11 @@ def status_command(
                 "remote_unreachable": None if unreachable is None else unreachable.message,
                 "forks": forks,
                 **({"levels": [h.to_json_obj() for h in held]} if level_dirs else {}),
+                **(
+                    {"plans": {r: {"step": s, "seconds": p} for r, (s, p) in plans.items()}}
+                    if level_dirs
+                    else {}
+                ),
             }
         )
     else:
@@ -194,9 +200,30 @@ def status_command(
                 f"[cyan]{h.level}[/] run {safe(h.run)} step {h.step}: {h.shards} shard"
                 f"{'' if h.shards == 1 else 's'}"
             )
+        for run, (step, seconds) in plans.items():
+            from kronos_audit.runtime.levels.listing import plan_text
+
+            out.print(f"[cyan]plan[/] run {safe(run)} (step {step}): {plan_text(seconds)}")
         if level_dirs and not held:
             out.print("[dim]no step on the levels in the directories given[/]")
     ctx.exit(ExitCode.CHECK_FAILED if failed else ExitCode.OK)
+
+
+def _plans(
+    level_dirs: tuple[str, ...], held: list[Held]
+) -> dict[str, tuple[int, dict[str, float]]]:
+    """Each run's plan of ``Auto.for_levels``, as its newest memory step records it."""
+    if not held:
+        return {}
+    from kronos_audit.runtime.levels.listing import expand, planned
+
+    directories = expand(list(level_dirs))
+    plans: dict[str, tuple[int, dict[str, float]]] = {}
+    for run in sorted({h.run for h in held}):
+        found = planned(directories, run)
+        if found is not None:
+            plans[run] = found
+    return plans
 
 
 def _held(level_dirs: tuple[str, ...], manifests: list[Path]) -> list[Held]:

@@ -13,7 +13,8 @@ Rank 0 decides (:class:`~kronos_audit.runtime.ranks.LoopAgreement` carries the l
 every rank): a checkpoint every ``plan.interval`` seconds of work, to the level the plan
 says (:meth:`~kronos_audit.runtime.policy.AutoLevels.level`), counted from the last durable
 one; a durable checkpoint is written to every level (the first one measures them all), and
-so are the final step and a preemption's. The plan is logged in one line when it changes.
+so are the final step and a preemption's. The plan is logged in one line when it changes,
+and recorded in the level steps' manifests (``kaudit status --level-dir`` shows it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import replace
 from kronos_audit.errors import UsageError
 from kronos_audit.runtime.levels.declare import MemoryLevel, PartnerLevel
 from kronos_audit.runtime.levels.interval import LevelPlan
+from kronos_audit.runtime.levels.listing import span
 from kronos_audit.runtime.levels.store import DURABLE, Levels
 from kronos_audit.runtime.policy import AutoLevels, SaveContext, SavePolicy
 
@@ -64,25 +66,21 @@ def check_declared(policy: SavePolicy, levels: Sequence[object] | None) -> None:
         )
 
 
-def _span(seconds: float) -> str:
-    """Seconds as a reader takes them in: ``0.05s``, ``46s``, ``3.8min``, ``3.4h``."""
-    value, unit = (
-        (seconds, "s")
-        if seconds < 120
-        else (seconds / 60, "min")
-        if seconds < 7200
-        else (seconds / 3600, "h")
-    )
-    return f"{value:.2g}{unit}" if value < 10 else f"{value:.0f}{unit}"
-
-
 def plan_line(plan: LevelPlan, names: Sequence[str]) -> str:
     """The plan in one line: each level's interval, its cost and the expected waste."""
     parts = [
-        f"{name} every {_span(seconds)} (cost {_span(level.cost)})"
+        f"{name} every {span(seconds)} (cost {span(level.cost)})"
         for name, seconds, level in zip(names, plan.seconds(), plan.levels, strict=True)
     ]
     return f"levels planned: {', '.join(parts)}; expected waste {plan.waste:.2%}"
+
+
+def _changed(logged: LevelPlan | None, plan: LevelPlan) -> bool:
+    """Whether ``plan`` is worth a line after ``logged``: another pattern, or an interval
+    a fifth longer or shorter (the costs measured settle over the first steps)."""
+    if logged is None or logged.every != plan.every:
+        return True
+    return abs(plan.interval / logged.interval - 1.0) > 0.2 if logged.interval > 0 else True
 
 
 class AutoSchedule:
@@ -106,7 +104,9 @@ class AutoSchedule:
         self.since_durable = 0
         """Checkpoints since the last durable one."""
         self.plan: LevelPlan | None = None
-        """The plan last logged (None before every level is measured)."""
+        """The plan now (None before every level is measured)."""
+        self.logged: LevelPlan | None = None
+        """The plan last logged."""
 
     def costs(self, stall: float | None) -> tuple[float | None, ...]:
         """Each level's cost per checkpoint: the stall and every write up to the level."""
@@ -127,7 +127,11 @@ class AutoSchedule:
         )
         plan = self.policy.measured_plan(ctx)
         if plan is not None and plan != self.plan:
-            log.info("%s", plan_line(plan, self.names))
+            seconds = plan.seconds()
+            self.levels.plan = {n: round(s, 3) for n, s in zip(self.names, seconds, strict=True)}
+            if _changed(self.logged, plan):
+                log.info("%s", plan_line(plan, self.names))
+                self.logged = plan
         self.plan = plan or self.plan
         if not self.policy.should_save(ctx):
             return False, ()

@@ -83,7 +83,7 @@ PARTNER = "partner"
 DURABLE = "durable"
 LEVEL_KEY = "kaudit.levels"
 """The attribute of a level step's manifest: ``{"levels": [...], "durable": {"step": N,
-"sha256": ...} | null}``."""
+"sha256": ...} | null}``, and under ``Auto.for_levels`` ``"plan": {level: seconds}``."""
 RECOVERED_KEY = "kaudit.recovered"
 """The attribute of the first durable step's manifest after a restore from a level:
 ``{"step": N, "level": "memory" | "partner"}`` (the report shows it at the restart)."""
@@ -212,6 +212,9 @@ class Levels:
         node's copy, the durable level's its commit)."""
         self.failing = False
         """The last level step failed (warned once, until one is kept again)."""
+        self.plan: dict[str, float] | None = None
+        """Rank 0, under ``Auto.for_levels``: each level's planned seconds between its
+        steps, recorded in the level steps' manifests (``plan`` of :data:`LEVEL_KEY`)."""
 
     @property
     def publisher(self) -> SignedPublisher:
@@ -473,6 +476,7 @@ class Levels:
                 LEVEL_KEY: {
                     "levels": [*job.meta.levels, *([DURABLE] if job.meta.durable else [])],
                     "durable": None if head is None else {"step": head[0], "sha256": head[1]},
+                    **({} if self.plan is None else {"plan": dict(self.plan)}),
                 },
             }
             manifest = sign_sharded_step(

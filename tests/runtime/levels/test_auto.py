@@ -127,8 +127,16 @@ def test_every_rank_writes_the_steps_the_plan_says_on_the_same_levels(
         own = shm / f"node{node}" / RUN
         assert sorted(p.name for p in own.iterdir()) == [f"step-{s:08d}" for s in memory]
         manifest = read_manifest(step_directory(own, 12) / STEP_MANIFEST)
-        levels = manifest.record.attributes["kaudit.levels"]["levels"]
-        assert list(levels) == [MEMORY, PARTNER, DURABLE]
+        levels = manifest.record.attributes["kaudit.levels"]
+        assert list(levels["levels"]) == [MEMORY, PARTNER, DURABLE]
+        assert sorted(levels["plan"]) == [DURABLE, MEMORY, PARTNER]  # seconds, signed
+    # `kaudit status` shows the plan the newest memory step records.
+    done = run_cli("status", str(durable), "--local-only", "--level-dir", f"{shm}/node{{node}}")
+    assert done.exit_code == 0, done.output
+    (line,) = [x for x in done.output.splitlines() if x.startswith("plan run heat")]
+    assert line.startswith("plan run heat (step 12): memory every ")
+    assert ", partner every " in line
+    assert ", durable every " in line
 
 
 def test_a_restart_after_a_kill_takes_the_newest_level_step(

@@ -522,7 +522,16 @@ def report_faults(runs: dict[str, dict[str, Any]], p: Params) -> dict[str, float
         lost = statistics.median(k["restart"] for k in run["losses"])
         opens = sum(k["remote_opens"] for k in run["losses"])
         ratio = lost / local
-        figures.update(restart_local=local, restart_node=lost, remote_opens=opens)
+        newer = all(
+            k["restored"] > k["computed"] // p.durable_every * p.durable_every
+            for k in run["losses"]
+        )
+        figures.update(
+            restart_local=local,
+            restart_node=lost,
+            remote_opens=opens,
+            partner_restored=float(newer),
+        )
         print(
             f"\n(c) node loss (a rank killed, its node's memory directory removed), "
             f"{len(run['losses'])} times"

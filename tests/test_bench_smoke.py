@@ -181,3 +181,28 @@ def test_the_many_tensors_benchmark_runs_every_contender_and_judges_every_goal(
     assert out.count("PASS") + out.count("MISS") == 5  # timings vary: judged, not asserted
     assert "kaudit checkpoint (4 arrays)" in out
     assert out.count(" us per tensor") == 3  # the cost model: checkpoint, restore, verify
+
+
+def test_the_levels_benchmark_kills_ranks_and_nodes_and_judges_every_goal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import bench_levels
+
+    figures = bench_levels.main(["--quick"])
+    out = capsys.readouterr().out
+    assert figures is not None
+    assert figures["levels"], out  # ka.Run took the levels: every launch ran
+    assert "baseline: the loop without checkpoints" in out
+    assert "one np.copyto of the shard" in out
+    assert "baseline: a restart with every shard local" in out
+    for key in ("stall", "copyto", "restart_local", "restart_node", "memory"):
+        assert figures[key] > 0, figures  # timings vary: measured and printed, not judged
+    for key in ("durable_lost", "levels_lost"):
+        assert figures[key] >= 0, figures
+    # Not timings: after a node loss the shards came from the partners, newer than any
+    # durable step, and the DVC remote was not opened once.
+    assert figures["partner_restored"] == 1.0, out
+    assert figures["remote_opens"] == 0, out
+    # cost, stall, work lost, restart after a node loss and the remote's opens: judged
+    assert out.count("PASS") + out.count("MISS") == 5, out
+    assert "the state (0.1875 MiB, 3 shards)" in out

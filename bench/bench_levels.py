@@ -67,7 +67,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,8 @@ ranks need the cores more than this loop does."""
 COST_GOAL, STALL_GOAL, LOST_GOAL, RESTART_GOAL = 0.05, 2.0, 1.0, 1.5
 NODE_LOSS_EVERY = 4
 """A node loss after every this many rank kills of the ``levels`` run."""
+UNTIL_KILLED = 10**9
+"""The steps of a fault launch: it runs until it is killed."""
 SHM = Path("/dev/shm")
 IN_OPEN = 0x20
 """inotify's event for an open of a file or directory in a watched directory (or of it)."""
@@ -136,14 +138,12 @@ def worker(p: Params, mode: str, out: Path, shm: Path) -> None:
     from mpi4py import MPI
 
     import kronos_audit as ka
-    from kronos_audit.parallel.layout import block_range
 
     comm = MPI.COMM_WORLD
     rank = comm.rank
     (out / f"pid.{rank}").write_text(str(os.getpid()))
     progress = os.open(out / f"progress.{rank}", os.O_RDWR | os.O_CREAT, 0o600)
     n = int(p.mib * 2**20) // 8
-    start, stop = block_range(n * comm.size, comm.size, rank)
     extra: dict[str, Any] = {}
     if mode == "levels":
         extra["levels"] = [
@@ -154,10 +154,12 @@ def worker(p: Params, mode: str, out: Path, shm: Path) -> None:
     with ka.Run("levels-bench", seed=1, every=every, push=True, **extra) as run:
         state = None if mode == "bare" else run.restore()
         restored = run.step or 0
+        # Random, so that nothing on the way can shrink the bytes; rank r's block of the
+        # global array (n values a rank).
         u = (
-            np.random.default_rng(0).random(n * comm.size)[start:stop].copy()
+            np.random.default_rng(rank).random(n)
             if state is None
-            else np.ascontiguousarray(state["u"])
+            else np.array(state["u"], dtype=np.float64)
         )
         staging = np.empty_like(u)
         np.copyto(staging, u)  # touch the pages once, as a reused buffer would be
@@ -399,6 +401,7 @@ def faults(
     loss after every ``node_every`` kills): what each restart restored, lost and took."""
     step_s = 0.0
     rows: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    p = replace(p, steps=UNTIL_KILLED)
     with job() as j:
         out = scratch / f"faults-{mode}"
         proc = start(j, p, mode, out)

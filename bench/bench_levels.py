@@ -6,7 +6,9 @@ about ``--step-ms`` ms of numpy work on one core (50 by default; the number of p
 shard is calibrated here first), in a fresh scratch repository (``bench._common.scratch_repo``:
 real git, DVC, signing key) with a local directory DVC remote beside it. Three ways to run it:
 
-- ``bare``: the loop, no checkpoints;
+- ``bare``: the loop, no checkpoints (each step ends with one ``allreduce`` of a scalar,
+  the job's own collective, in every mode; ranks waiting in MPI yield their core,
+  ``OMPI_MCA_mpi_yield_when_idle=1``, since 3 ranks share 2 cores);
 - ``durable``: today's single level, ``every=ka.EverySteps(--durable-every)`` (100), with
   ``push=True``;
 - ``levels``: the same durable level, and beside it ``ka.MemoryLevel(<shm>/node{node}, every=1,
@@ -94,6 +96,7 @@ NODE_LOSS_EVERY = 4
 UNTIL_KILLED = 10**9
 """The steps of a fault launch: it runs until it is killed."""
 SHM = Path("/dev/shm")
+YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
 IN_OPEN = 0x20
 """inotify's event for an open of a file or directory in a watched directory (or of it)."""
 
@@ -175,6 +178,9 @@ def worker(p: Params, mode: str, out: Path, shm: Path) -> None:
         t_first = None
         for step in run.steps(p.steps):
             work(u, p.passes)
+            # The job's own collective, as a solver's residual or a training loss: ranks in
+            # step with each other in every mode, as in a real job.
+            comm.allreduce(float(u[0]))
             os.pwrite(progress, struct.pack("<q", step), 0)
             if t_first is None:
                 t_first = time.monotonic()
@@ -271,6 +277,9 @@ def start(j: Job, p: Params, mode: str, out: Path) -> Any:
         # Open MPI refuses root unless told twice (CI containers run as root).
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # 3 ranks on 2 cores: a rank waiting in a collective yields its core to the rank
+        # still computing, instead of spinning on it (every mode alike).
+        YIELD: "1",
     }
     with (out / "log").open("wb") as log:
         return subprocess.Popen(argv, cwd=j.repo, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -39,7 +39,7 @@ c. **node loss**: after every fourth fault of ``levels``, one more: a rank kille
    directory of the DVC remote is counted (inotify on each of its directories; a read must
    open), and the step it restored must be newer than the durable level's newest: the
    node's shard came from its partner. Target: no open at all;
-d. **memory**: the bytes in the memory levels' directories at the end of the ``levels``
+d. **memory** (printed right after (a)): the bytes in the memory levels' directories at the end of the ``levels``
    cost launch (every node's own copies and the partner copies it keeps), against the
    state (3 shards).
 
@@ -628,27 +628,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     )
     if not levels:
         print("ka.Run takes no levels= yet: the levels' launches are left out, the baselines run")
+    figures: dict[str, Any] = {"passes": passes, "levels": levels}
     scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-levels-out-"))
     try:
         costs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
         for _ in range(args.repeats):  # interleaved: the load drifts alike for every mode
             for mode in modes:
                 costs[mode].append(cost(p, mode, scratch))
+        # Each part printed as soon as it is measured (sys.stdout flushed): a long run
+        # stopped early still shows what it had.
+        figures.update(report_cost(costs, p))
+        if levels:
+            memory = statistics.median(c["memory"] for c in costs["levels"])
+            state = RANKS * args.mib * 2**20
+            figures["memory"], figures["state"] = memory, state
+            print(
+                f"\n(d) memory: the memory levels hold {memory / 2**20:.1f} MiB at the end, "
+                f"{memory / state:.2f}x the state ({state / 2**20:g} MiB, {RANKS} shards)"
+            )
+        print(f"    (load average {os.getloadavg()[0]:.1f})", flush=True)
         schedule = schedule_of(args.faults, args.seed, first, gap)
         runs = {m: faults(p, m, schedule, node_every, scratch) for m in modes[1:]}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    figures: dict[str, Any] = {"passes": passes, "levels": levels}
-    figures.update(report_cost(costs, p))
     figures.update(report_faults(runs, p))
-    if levels:
-        memory = statistics.median(c["memory"] for c in costs["levels"])
-        state = RANKS * args.mib * 2**20
-        figures["memory"], figures["state"] = memory, state
-        print(
-            f"\n(d) memory: the memory levels hold {memory / 2**20:.1f} MiB at the end, "
-            f"{memory / state:.2f}x the state ({state / 2**20:g} MiB, {RANKS} shards)"
-        )
     print(f"\nload average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     return figures
 

@@ -39,9 +39,9 @@ c. **node loss**: after every fourth fault of ``levels``, one more: a rank kille
    directory of the DVC remote is counted (inotify on each of its directories; a read must
    open), and the step it restored must be newer than the durable level's newest: the
    node's shard came from its partner. Target: no open at all;
-d. **memory** (printed right after (a)): the bytes in the memory levels' directories at the end of the ``levels``
-   cost launch (every node's own copies and the partner copies it keeps), against the
-   state (3 shards).
+d. **memory** (printed right after (a)): the bytes in the memory levels' directories at
+   the end of the ``levels`` cost launch (every node's own copies and the partner copies it
+   keeps), against the state (3 shards).
 
 While ``ka.Run`` takes no ``levels=`` yet (the multi-level machinery is being built), the
 ``levels`` launches are left out and said to be: the baselines are measured all the same.

@@ -35,10 +35,11 @@ c. **node loss**: after every fourth fault of ``levels``, one more: a rank kille
    node's memory directory removed (made again empty, as a replaced node's job script
    would). The time from the new launch to the first step computed (the last rank's) is
    set against the same time after the plain rank kills of (b), whose shards were all
-   local (medians; target at most 1.5x). While that restart runs, every open of a file or
-   directory of the DVC remote is counted (inotify on each of its directories; a read must
-   open), and the step it restored must be newer than the durable level's newest: the
-   node's shard came from its partner. Target: no open at all;
+   local (medians; target at most 1.5x). While that restart runs, inotify watches every
+   directory of the DVC remote and counts the reads of a file's bytes there (a restore
+   from the remote must read a manifest) and, apart, every open (a directory listed is
+   one); and the step it restored must be newer than the durable level's newest: the
+   node's shard came from its partner. Target: no file read at all;
 d. **memory** (printed right after (a)): the bytes in the memory levels' directories at
    the end of the ``levels`` cost launch (every node's own copies and the partner copies it
    keeps), against the state (3 shards).
@@ -97,8 +98,9 @@ UNTIL_KILLED = 10**9
 """The steps of a fault launch: it runs until it is killed."""
 SHM = Path("/dev/shm")
 YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
-IN_OPEN = 0x20
-"""inotify's event for an open of a file or directory in a watched directory (or of it)."""
+IN_OPEN, IN_ACCESS, IN_ISDIR = 0x20, 0x01, 0x40000000
+"""inotify's events for an open of a file or directory in a watched directory (or of it),
+and for a read there (of a directory: a listing), and its flag for a directory."""
 
 
 @dataclass(frozen=True)
@@ -320,12 +322,14 @@ def first_step(out: Path) -> dict[str, Any]:
     }
 
 
-# -- counting the remote's opens -------------------------------------------------------------
+# -- counting the remote's opens and reads ---------------------------------------------------
 
 
 class Opens:
-    """Every open of a file or directory in a directory tree, counted by inotify (one watch
-    per directory there when it starts: a read of the remote must open one of them)."""
+    """Every open of a file or directory in a directory tree, and every read of a file's
+    bytes there, counted by inotify (one watch per directory there when it starts). A
+    restore from the remote must read a manifest's bytes; a listing of a directory opens
+    it and reads no file."""
 
     def __init__(self, root: Path) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
@@ -333,22 +337,23 @@ class Opens:
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1")
         for d, _dirs, _files in os.walk(root):
-            if self.libc.inotify_add_watch(self.fd, os.fsencode(d), IN_OPEN) < 0:
+            if self.libc.inotify_add_watch(self.fd, os.fsencode(d), IN_OPEN | IN_ACCESS) < 0:
                 raise OSError(ctypes.get_errno(), f"inotify_add_watch {d}")
 
-    def count(self) -> int:
-        """The opens since it started; closes the watch."""
-        n = 0
+    def count(self) -> tuple[int, int]:
+        """The opens and the reads since it started; closes the watch."""
+        opens = reads = 0
         try:
             while True:
                 try:
                     data = os.read(self.fd, 65536)
                 except BlockingIOError:
-                    return n
+                    return opens, reads
                 at = 0
                 while at < len(data):
                     _wd, mask, _cookie, length = struct.unpack_from("iIII", data, at)
-                    n += bool(mask & IN_OPEN)
+                    opens += bool(mask & IN_OPEN)
+                    reads += bool(mask & IN_ACCESS and not mask & IN_ISDIR)  # not a listing
                     at += 16 + length
         finally:
             os.close(self.fd)
@@ -390,7 +395,7 @@ def plan_of(
 ) -> list[tuple[int, int, float, bool]]:
     """The faults of a run: ``schedule``'s rank kills, and for ``levels`` a node loss after
     every ``node_every`` of them, at the middle of a durable interval (so that the timed
-    restart's first steps push nothing to the remote, whose opens are counted then)."""
+    restart's first steps make no durable step of their own)."""
     plan = []
     for i, (target, victim, moment) in enumerate(schedule, 1):
         plan.append((target, victim, moment, False))
@@ -450,7 +455,7 @@ def faults(
                     "lost": computed - again["restored"],
                     "restart": again["t_first"] - launched,
                     "from": again["from"],
-                    "remote_opens": opens.count(),
+                    "remote": opens.count(),
                     "said": said[:3],
                 }
             )
@@ -541,7 +546,8 @@ def report_faults(runs: dict[str, dict[str, Any]], p: Params) -> dict[str, float
         run = runs["levels"]
         local = statistics.median(k["restart"] for k in run["kills"])
         lost = statistics.median(k["restart"] for k in run["losses"])
-        opens = sum(k["remote_opens"] for k in run["losses"])
+        opens = sum(k["remote"][0] for k in run["losses"])
+        reads = sum(k["remote"][1] for k in run["losses"])
         ratio = lost / local
         newer = all(
             k["restored"] > k["computed"] // p.durable_every * p.durable_every
@@ -551,6 +557,7 @@ def report_faults(runs: dict[str, dict[str, Any]], p: Params) -> dict[str, float
             restart_local=local,
             restart_node=lost,
             remote_opens=opens,
+            remote_reads=reads,
             partner_restored=float(newer),
         )
         print(
@@ -569,19 +576,22 @@ def report_faults(runs: dict[str, dict[str, Any]], p: Params) -> dict[str, float
             durable = k["computed"] // p.durable_every * p.durable_every
             print(
                 f"    restored step {k['restored']} (computed {k['computed']}, the durable "
-                f"level's newest at most {durable}), {k['remote_opens']} opens of the remote"
+                f"level's newest at most {durable}), {k['remote'][0]} opens of the remote, "
+                f"{k['remote'][1]} file reads"
             )
             for line in k["said"]:
                 print(f"      the restart said: {line[:160]}")
         print(
-            f"    opens of the remote in those restarts: {opens}  "
-            f"{'PASS' if opens == 0 else 'MISS'}  goal 0"
+            f"    files of the remote read in those restarts: {reads}  "
+            f"{'PASS' if reads == 0 else 'MISS'}  goal 0 ({opens} opens of its files or "
+            "directories)"
         )
     for mode, run in runs.items():
-        opens = [k["remote_opens"] for k in run["kills"]]
+        opens = [k["remote"][0] for k in run["kills"]]
+        reads = [k["remote"][1] for k in run["kills"]]
         print(
-            f"    (for reference, {mode} restarts after a rank kill opened the remote "
-            f"{statistics.mean(opens):.1f} times each)"
+            f"    (for reference, {mode} restarts after a rank kill: {statistics.mean(opens):.1f} "
+            f"opens and {statistics.mean(reads):.1f} file reads of the remote each)"
         )
     return figures
 

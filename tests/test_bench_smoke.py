@@ -200,9 +200,9 @@ def test_the_levels_benchmark_kills_ranks_and_nodes_and_judges_every_goal(
     for key in ("durable_lost", "levels_lost"):
         assert figures[key] >= 0, figures
     # Not timings: after a node loss the shards came from the partners, newer than any
-    # durable step, and the DVC remote was not opened once.
+    # durable step, and not one byte of a file of the DVC remote was read.
     assert figures["partner_restored"] == 1.0, out
-    assert figures["remote_opens"] == 0, out
-    # cost, stall, work lost, restart after a node loss and the remote's opens: judged
+    assert figures["remote_reads"] == 0, out
+    # cost, stall, work lost, restart after a node loss and the remote's reads: judged
     assert out.count("PASS") + out.count("MISS") == 5, out
     assert "the state (0.1875 MiB, 3 shards)" in out

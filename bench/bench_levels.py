@@ -75,9 +75,6 @@ run does not show whether that is enough. The restart after a node loss pays the
 exchange (16 MiB a rank over MPI, verified again) beside the restore: 1.6x in this run, on
 medians of 3 node losses and 12 kills under a load that moved between them.
 
-While ``ka.Run`` takes no ``levels=`` yet (the multi-level machinery is being built), the
-``levels`` launches are left out and said to be: the baselines are measured all the same.
-
 Run: .venv/bin/python bench/bench_levels.py [--mib 16] [--step-ms 50] [--steps 200]
      [--durable-every 100] [--faults 20] [--repeats 2] [--seed 0]
      .venv/bin/python bench/bench_levels.py --quick   (a tiny state, every path once)
@@ -88,7 +85,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import inspect
 import json
 import os
 import random
@@ -247,13 +243,6 @@ def worker(p: Params, mode: str, out: Path, shm: Path) -> None:
 
 
 # -- launching -----------------------------------------------------------------------------
-
-
-def levels_supported() -> bool:
-    """Whether ``ka.Run`` takes ``levels=`` yet."""
-    import kronos_audit as ka
-
-    return "levels" in inspect.signature(ka.Run).parameters
 
 
 @contextlib.contextmanager
@@ -660,36 +649,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     load0 = os.getloadavg()[0]
     passes = calibrate(args.mib, args.step_ms)
     p = Params(args.mib, passes, args.steps, args.durable_every)
-    levels = levels_supported()
-    modes = MODES if levels else MODES[:2]
     print(
         f"{RANKS} ranks on {os.cpu_count()} cores, {args.mib:g} MiB a rank, {passes} passes a "
         f"step (about {args.step_ms:g} ms on one core), durable every {args.durable_every} "
         "steps with push=True"
     )
-    if not levels:
-        print("ka.Run takes no levels= yet: the levels' launches are left out, the baselines run")
-    figures: dict[str, Any] = {"passes": passes, "levels": levels}
+    figures: dict[str, Any] = {"passes": passes}
     scratch = Path(tempfile.mkdtemp(prefix="kaudit-bench-levels-out-"))
     try:
-        costs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        costs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
         for _ in range(args.repeats):  # interleaved: the load drifts alike for every mode
-            for mode in modes:
+            for mode in MODES:
                 costs[mode].append(cost(p, mode, scratch))
         # Each part printed as soon as it is measured (sys.stdout flushed): a long run
         # stopped early still shows what it had.
         figures.update(report_cost(costs, p))
-        if levels:
-            memory = statistics.median(c["memory"] for c in costs["levels"])
-            state = RANKS * args.mib * 2**20
-            figures["memory"], figures["state"] = memory, state
-            print(
-                f"\n(d) memory: the memory levels hold {memory / 2**20:.1f} MiB at the end, "
-                f"{memory / state:.2f}x the state ({state / 2**20:g} MiB, {RANKS} shards)"
-            )
+        memory = statistics.median(c["memory"] for c in costs["levels"])
+        state = RANKS * args.mib * 2**20
+        figures["memory"], figures["state"] = memory, state
+        print(
+            f"\n(d) memory: the memory levels hold {memory / 2**20:.1f} MiB at the end, "
+            f"{memory / state:.2f}x the state ({state / 2**20:g} MiB, {RANKS} shards)"
+        )
         print(f"    (load average {os.getloadavg()[0]:.1f})", flush=True)
         schedule = schedule_of(args.faults, args.seed, first, gap)
-        runs = {m: faults(p, m, schedule, node_every, scratch) for m in modes[1:]}
+        runs = {m: faults(p, m, schedule, node_every, scratch) for m in MODES[1:]}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     figures.update(report_faults(runs, p))

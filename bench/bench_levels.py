@@ -75,6 +75,12 @@ run does not show whether that is enough. The restart after a node loss pays the
 exchange (16 MiB a rank over MPI, verified again) beside the restore: 1.6x in this run, on
 medians of 3 node losses and 12 kills under a load that moved between them.
 
+The lost work met its goal partly because the load made the steps slow (0.6 s): a level
+step has a fixed latency besides its bytes (rank 0's signature, small fsync'd files,
+collectives), about 0.3 s here. ``--quick`` (64 KiB a rank, steps near 0.1 s, load 6)
+loses 2.5-3 steps a fault: at the kill the newest 2-3 steps are not yet signed on every
+rank. At the goal's 50 ms steps on a quiet machine, that latency is several steps.
+
 Run: .venv/bin/python bench/bench_levels.py [--mib 16] [--step-ms 50] [--steps 200]
      [--durable-every 100] [--faults 20] [--repeats 2] [--seed 0]
      .venv/bin/python bench/bench_levels.py --quick   (a tiny state, every path once)

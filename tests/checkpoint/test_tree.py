@@ -4,7 +4,6 @@ types and bits kept; one-line errors for what cannot be stored; hostile trees re
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import sys
 import time
@@ -12,11 +11,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import h5py
-import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import optax
 import pytest
 import torch
 
@@ -240,15 +236,11 @@ def test_template_keys_missing_from_the_checkpoint_are_named(tmp_path: Path) -> 
 # -- JAX --------------------------------------------------------------------------------------
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class TrainState:
-    params: Any
-    step: Any
-    name: str = dataclasses.field(default="mlp", metadata={"static": True})
-
-
 def test_an_optax_state_round_trips_with_its_types(tmp_path: Path) -> None:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
     params = {
         "w": jnp.arange(6, dtype=jnp.float32).reshape(2, 3),
         "b": jnp.ones(3, jnp.bfloat16) * 1.5,
@@ -291,6 +283,10 @@ def test_an_optax_state_round_trips_with_its_types(tmp_path: Path) -> None:
 
 
 def test_a_registered_dataclass_node_round_trips(tmp_path: Path) -> None:
+    import jax.numpy as jnp
+
+    from tests.checkpoint.jax_state import TrainState
+
     ts = TrainState(params={"w": jnp.ones(2)}, step=jnp.int32(3), name="custom")
     back = through_file(tmp_path, {"ts": ts})
     assert type(back["ts"]) is TrainState  # built from its children (static: the default)
@@ -499,6 +495,8 @@ def test_hostile_trees_are_refused_in_one_line(tmp_path: Path) -> None:
 def test_a_class_named_in_the_tree_is_never_imported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.checkpoint.jax_state import TrainState
+
     marker = tmp_path / "imported"
     (tmp_path / "kaudit_evil_module.py").write_text(
         f"open({str(marker)!r}, 'w').close()\nclass Point(tuple):\n    _fields = ('x', 'y')\n"

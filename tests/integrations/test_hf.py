@@ -7,21 +7,26 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import kronos_audit as ka
 from kronos_audit.errors import TamperedData
-from kronos_audit.integrations.hf import KauditCallback, verified_last_checkpoint
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import read_manifest
 
+if TYPE_CHECKING:  # transformers is imported by the tests that train, not at collection
+    from transformers import Trainer
+
 
 def train(output: Path, steps: int, resume: str | None = None, limit: int | None = None) -> Trainer:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from kronos_audit.integrations.hf import KauditCallback
+
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=8)
@@ -52,6 +57,8 @@ def train(output: Path, steps: int, resume: str | None = None, limit: int | None
 def test_checkpoints_are_signed_steps_and_a_resume_is_verified_first(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from kronos_audit.integrations.hf import verified_last_checkpoint
+
     monkeypatch.chdir(project.root)
     output = project.root / "out"
     train(output, 4)
@@ -127,6 +134,7 @@ def test_a_killed_training_resumes_verified_and_its_checkpoints_verify_in_a_clon
     import sys
 
     from examples.hf_train import run as example
+    from kronos_audit.integrations.hf import verified_last_checkpoint
     from kronos_audit.storage import configure_remote
     from tests.helpers import pushed_and_cloned
 

@@ -3,76 +3,27 @@ signed as a step of the run, a resume verified, a changed checkpoint refused by 
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import lightning as L
 import pytest
-import torch
 
 import kronos_audit as ka
 from kronos_audit.errors import TamperedData
-from kronos_audit.integrations.lightning import SignedCheckpointIO
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.statement.manifest import read_manifest
 
-
-class Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch: Any, _: int) -> Any:
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """Lightning's advice about workers, loggers and devices is not the test's subject."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-def fit(
-    root: Path, steps: int, ckpt_path: Path | None = None, last: bool = False, top_k: int = -1
-) -> Tiny:
-    gen = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(
-        torch.randn(32, 4, generator=gen), torch.randn(32, 1, generator=gen)
-    )
-    model = Tiny()
-    with quiet():
-        trainer = L.Trainer(
-            max_steps=steps,
-            accelerator="cpu",
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=root,
-            plugins=[SignedCheckpointIO(run="lit")],
-            callbacks=[
-                L.pytorch.callbacks.ModelCheckpoint(
-                    dirpath=root, every_n_train_steps=2, save_top_k=top_k, save_last=last
-                )
-            ],
-        )
-        trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8), ckpt_path=ckpt_path)
-    return model
+if TYPE_CHECKING:
+    from tests.integrations.lightning_tiny import Tiny
 
 
 @pytest.fixture
 def trained(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Path, Tiny]:
+    from tests.integrations.lightning_tiny import fit
+
     monkeypatch.chdir(project.root)
     root = project.root / "checkpoints"
     return root, fit(root, 4)
@@ -90,6 +41,10 @@ def test_every_save_is_a_signed_step_chained_to_the_one_before(trained: tuple[Pa
 
 
 def test_a_resume_loads_the_verified_checkpoint(trained: tuple[Path, Tiny]) -> None:
+    import torch
+
+    from tests.integrations.lightning_tiny import fit
+
     root, model = trained
     resumed = fit(root, 6, ckpt_path=root / "epoch=0-step=4.ckpt")
     (signed,) = root.glob("*step=6.ckpt.kaudit.json")
@@ -101,6 +56,8 @@ def test_a_resume_loads_the_verified_checkpoint(trained: tuple[Path, Tiny]) -> N
 def test_last_ckpt_saved_at_every_step_is_signed_again_each_time(
     trained: tuple[Path, Tiny],
 ) -> None:
+    from tests.integrations.lightning_tiny import fit
+
     root, _ = trained
     fit(root, 6, ckpt_path=root / "epoch=0-step=4.ckpt", last=True)
     last = read_manifest(root / "last.ckpt.kaudit.json")  # saved beside step 6, then signed
@@ -114,6 +71,8 @@ def test_last_ckpt_saved_at_every_step_is_signed_again_each_time(
 def test_a_changed_checkpoint_is_refused_before_lightning_reads_it(
     trained: tuple[Path, Tiny],
 ) -> None:
+    from tests.integrations.lightning_tiny import fit
+
     root, _ = trained
     ckpt = root / "epoch=0-step=4.ckpt"
     data = bytearray(ckpt.read_bytes())
@@ -128,6 +87,7 @@ def test_pushed_steps_verify_and_resume_in_a_fresh_clone(
 ) -> None:
     from kronos_audit.storage import configure_remote
     from tests.helpers import pushed_and_cloned
+    from tests.integrations.lightning_tiny import fit
 
     configure_remote(project, str(tmp_path / "remote"))
     clone = pushed_and_cloned(project.root, tmp_path, "checkpoints")
@@ -146,6 +106,7 @@ def test_rotation_is_signed_pruning_and_a_deletion_by_hand_is_not(
 ) -> None:
     from kronos_audit.storage.tracking import cache_object_path, cache_settings
     from tests.helpers import run_cli
+    from tests.integrations.lightning_tiny import fit
 
     monkeypatch.chdir(project.root)
     root = project.root / "rotated"
@@ -186,6 +147,10 @@ def test_rotation_is_signed_pruning_and_a_deletion_by_hand_is_not(
 def test_a_removal_with_no_later_step_is_recorded_by_the_next_save(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import torch
+
+    from kronos_audit.integrations.lightning import SignedCheckpointIO
+
     monkeypatch.chdir(project.root)
     root = project.root / "twice"
     io = SignedCheckpointIO(run="lit")

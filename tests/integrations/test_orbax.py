@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
-import orbax.checkpoint as ocp
 import pytest
 
 import kronos_audit as ka
@@ -21,6 +19,9 @@ from kronos_audit.statement.manifest import read_manifest
 def test_committed_steps_are_signed_and_orbax_still_restores_them(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
     monkeypatch.chdir(project.root)
     root = project.root / "orbax"
     sign = signing_callback("jax-run", root, seeds=[3])
@@ -77,6 +78,9 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
     import subprocess
     import sys
 
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
     from examples.orbax_train import run as example
     from kronos_audit.storage import configure_remote
     from tests.helpers import pushed_and_cloned
@@ -112,6 +116,9 @@ def test_a_killed_run_resumes_verified_and_its_steps_verify_in_a_fresh_clone(
 def test_max_to_keep_is_signed_pruning(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
     monkeypatch.chdir(project.root)
     root = project.root / "kept"
     sign = signing_callback("jax-run", root, max_to_keep=1)

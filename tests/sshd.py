@@ -124,12 +124,19 @@ class SSHRemote:
         .dvc/config.local, so `dvc push`/`pull` run without any prompt (the key has no
         passphrase; dvc-ssh does not check host keys, see the module docstring). A port in
         ``url`` wins; otherwise this server's port is configured."""
+        from dvc.config import Config
+
+        # What `dvc remote add -f -d` and `dvc remote modify [--local]` write, through the
+        # Config.edit they use, in this process: a `python -m dvc` costs half a CPU-second.
         url = self.url if url is None else url
-        run_dvc(repo_path, "remote", "add", "-f", "-d", remote_name, url)
-        run_dvc(repo_path, "remote", "modify", remote_name, "user", self.user)
-        if urlsplit(url).port is None:
-            run_dvc(repo_path, "remote", "modify", remote_name, "port", str(self.port))
-        run_dvc(repo_path, "remote", "modify", "--local", remote_name, "keyfile", str(self.keyfile))
+        config = Config(dvc_dir=str(repo_path / ".dvc"))
+        with config.edit("repo") as conf:
+            conf["remote"][remote_name] = {"url": url, "user": self.user}
+            if urlsplit(url).port is None:
+                conf["remote"][remote_name]["port"] = str(self.port)
+            conf["core"]["remote"] = remote_name
+        with config.edit("local") as conf:
+            conf["remote"].setdefault(remote_name, {})["keyfile"] = str(self.keyfile)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -50,8 +51,6 @@ def deterministic() -> Iterator[None]:
 def test_the_lock_of_a_torch_and_jax_program_describes_both(
     fresh_environment: None, deterministic: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import jax
-
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env = environment()
     frameworks = env["frameworks"]

@@ -336,9 +336,9 @@ class SuggestingGroup(click.Group):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM, raised in the command as Ctrl-C's KeyboardInterrupt is, so that the same
-    clean-up runs (temporary files taken back, a child process stopped) and the command
-    ends with one line and 128 + the signal's number, as Ctrl-C does."""
+    """SIGTERM or SIGINT (Ctrl-C), raised in the command as a KeyboardInterrupt, so that
+    the same clean-up runs (temporary files taken back, a child process stopped) and the
+    command ends with one line and 128 + the signal's number, as a shell reports it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -350,9 +350,10 @@ _INTERRUPT_EXIT = {signal.SIGINT: ExitCode.INTERRUPTED, signal.SIGTERM: ExitCode
 
 
 _received: list[int] = []
-"""The SIGTERMs the command received: Python drops an exception raised by a handler that
-runs inside a callback it ignores exceptions from (a weak reference's, as a cycle is
-collected), so the command checks this list too before it exits as if none came."""
+"""The SIGTERMs and SIGINTs the command received: Python drops an exception raised by a
+handler that runs inside a callback it ignores exceptions from (a weak reference's, as a
+cycle is collected), so the command checks this list too before it exits as if none
+came."""
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
@@ -361,19 +362,24 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Interrupted` in the main thread (where
-    Python runs signal handlers); its handler before is back afterwards."""
+def _signals_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT raise :class:`Interrupted` in the main thread
+    (where Python runs signal handlers), each noted in :data:`_received`; the handlers
+    before are back afterwards. A SIGINT the command was started ignoring (``nohup``, a
+    shell's background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     _received.clear()
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    if before[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupted)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 class KauditGroup(SuggestingGroup):
@@ -436,7 +442,7 @@ class KauditGroup(SuggestingGroup):
     def invoke(self, ctx: click.Context) -> Any:
         # Another package's warnings go to the log (-v), not to the user (kaudit's own are
         # shown): also where the group is invoked in-process, not through main().
-        with third_party_warnings_to_log(), _sigterm_interrupts():
+        with third_party_warnings_to_log(), _signals_interrupt():
             return self._invoke(ctx)
 
     def _invoke(self, ctx: click.Context) -> Any:

@@ -105,10 +105,13 @@ def test_an_interrupted_verify_exits_as_a_shell_reports_the_signal(
 
 # the dropped exception is what this test makes happen: Python reports it as unraisable
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_sigterm_whose_exception_python_drops_still_ends_the_command_as_sigterm() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_whose_exception_python_drops_still_ends_the_command_as_that_signal(
+    signum: signal.Signals,
+) -> None:
     """A signal handler that runs inside a weak reference's callback raises into a place
     where Python prints the exception and goes on: the command must still end as a
-    shell reports SIGTERM, not as a success."""
+    shell reports the signal (SIGTERM, or Ctrl-C's SIGINT), not as a success."""
     import weakref
 
     import click
@@ -122,7 +125,7 @@ def test_a_sigterm_whose_exception_python_drops_still_ends_the_command_as_sigter
     @click.command()
     def work() -> None:
         def dropped(_: object) -> None:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
             for _ in range(10_000):  # the handler runs here, inside the callback
                 pass
 
@@ -134,5 +137,5 @@ def test_a_sigterm_whose_exception_python_drops_still_ends_the_command_as_sigter
     group = KauditGroup("kaudit", commands={"work": work})
     result = CliRunner().invoke(group, ["work"])
     assert "done True" in result.output  # the command ran on past the dropped exception
-    assert result.exit_code == 128 + signal.SIGTERM, result.output
-    assert "interrupted by SIGTERM" in result.output
+    assert result.exit_code == 128 + signum, result.output
+    assert f"interrupted by {signum.name}" in result.output

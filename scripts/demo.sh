@@ -222,6 +222,28 @@ echo "3 ranks, never stopped:   $(tail -n 1 heat-mpi-reference.out)"
 echo "bitwise identical: resumed on another machine, on another rank count, from the remote"
 say "the two final steps, on 2 and on 3 ranks, compared by their signed digests alone"
 run kaudit diff checkpoints/heat-mpi/step-00000400 checkpoints/heat-mpi-uninterrupted/step-00000400
+say "levels: every step also in each node's memory and on a partner node; a rank killed at step 150"
+HEAT_LEVELS=(mpiexec --oversubscribe -n 3 python heat_mpi.py --n 64 --steps 400 --every 100
+    --run-id heat-levels --levels "$WORK/ram")
+show "${HEAT_LEVELS[@]}" --fault-at 150
+"${HEAT_LEVELS[@]}" --fault-at 150 >/dev/null 2>&1 && { echo "demo: rank 1 was not killed" >&2; exit 1; }
+echo "(the job ended: rank 1 was killed at step 150; the newest durable step is 100)"
+say "started again: it resumes from the memory level, past the durable step; rank 1 killed again at 250"
+show "${HEAT_LEVELS[@]}" --fault-at 250
+"${HEAT_LEVELS[@]}" --fault-at 250 2>&1 >/dev/null | grep "^resumed" || true
+say "rank 1's node lost as well (its memory directory emptied): its partner's copy, not the remote"
+run rm -rf "$WORK/ram/node1"
+show "${HEAT_LEVELS[@]}"
+"${HEAT_LEVELS[@]}" 2> heat-levels.err > heat-levels.out
+grep "^resumed" heat-levels.err
+grep -q "from the partner level" heat-levels.err \
+    || { echo "demo: the lost node's rank did not resume through its partner" >&2; exit 1; }
+echo "killed twice, a node lost: $(tail -n 1 heat-levels.out)"
+echo "never stopped:             $(tail -n 1 heat-mpi-reference.out)"
+[ "$(tail -n 1 heat-levels.out)" = "$(tail -n 1 heat-mpi-reference.out)" ] \
+    || { echo "demo: the run resumed from the levels differs from the uninterrupted one" >&2; exit 1; }
+echo "bitwise identical: resumed from memory, then from a partner, each copy verified first"
+run kaudit verify checkpoints/heat-levels --trusted-key "$WORK/demo.pub"
 
 say "PyTorch data-parallel: the same training on 2 torchrun workers, pushing every step"
 cd "$WORK/project"

@@ -23,12 +23,25 @@ on any number of ranks:
     mpiexec -n 3 python examples/heat_mpi/run.py --steps 200 --push
     # elsewhere, after git clone:
     mpiexec -n 2 python examples/heat_mpi/run.py --steps 400 --push
+
+With ``--levels DIR`` every step is also kept in memory, each rank's strip in its node's
+directory ``DIR/node<K>`` (each rank a node of its own here; on a cluster a RAM directory
+such as ``/dev/shm/...``), and a copy on its partner, a rank of the next node. A rank killed
+(``--fault-at STEP`` makes rank 1 kill itself there, as a node fault would) costs at most
+a step or two: the job started again resumes from the memory level, and if that rank's
+node directory is gone, from its partner's copy, neither ever from the remote:
+
+    mpiexec -n 3 python examples/heat_mpi/run.py --levels /dev/shm/heat --fault-at 150
+    mpiexec -n 3 python examples/heat_mpi/run.py --levels /dev/shm/heat
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import sys
 from typing import TypedDict, cast
 
 import numpy as np
@@ -154,9 +167,22 @@ def main() -> None:
         action="store_true",
         help="push every step to the DVC remote (and resume from it: on another machine too)",
     )
+    p.add_argument(
+        "--levels",
+        metavar="DIR",
+        help="keep every step in memory (DIR/node<K>, made here) and on a partner rank",
+    )
+    p.add_argument("--fault-at", type=int, metavar="STEP", help="rank 1 kills itself at this step")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     strip = Strip(comm, args.n)
+    levels = None
+    if args.levels:
+        # Each rank a node of its own, its memory directory made as a job script would.
+        os.makedirs(os.path.join(args.levels, f"node{comm.rank}"), exist_ok=True)
+        comm.Barrier()
+        memory = ka.MemoryLevel(os.path.abspath(os.path.join(args.levels, "node{node}")))
+        levels = [memory, ka.PartnerLevel(nodes=comm.size)]
 
     with ka.Run(
         args.run_id,
@@ -165,15 +191,21 @@ def main() -> None:
         every=ka.EverySteps(args.every),
         asynchronous=not args.sync,
         push=args.push,
+        levels=levels,
     ) as run:
         # This rank's strip of the newest checkpoint valid on every rank, whatever the rank
         # count that wrote it, or None.
         state = cast(Heat | None, run.restore())
+        if state is not None and comm.rank == 0 and run.levels is not None:
+            level = run.levels.recovered or "durable"
+            print(f"resumed at step {run.step} from the {level} level", file=sys.stderr)
         if state is None:
             # run.rng is this rank's own stream; the initial field is the serial one, drawn
             # from the run's seed on every rank alike.
             state = init(args.n, np.random.default_rng(run.seed), strip)
         for step in run.steps(args.steps):
+            if step == args.fault_at and comm.rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # a node fault, as abrupt as one
             state = advance(state, alpha=0.2, strip=strip)
             run.checkpoint(step, state, layout=LAYOUT)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,30 @@ from kronos_audit.checkpoint.hashing import DatasetDigest, FileDigests, array_di
 from kronos_audit.checkpoint.hdf5 import Flat, create_file, lay_out_named, pwrite_all
 from kronos_audit.checkpoint.treehash import LocalTree, stream_bytes
 from kronos_audit.errors import CheckpointError
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The hashing threads every write shares, started once: starting two threads for
+    each write cost several milliseconds, as much as writing a small checkpoint. Room for
+    two writes at once (the durable commit and a level's, on threads of their own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kaudit-hash")
+        return _pool
+
+
+def _forget_pool() -> None:
+    # A forked child has none of the parent's threads: an inherited pool would queue its
+    # work for threads it believes idle, forever. The child starts its own.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _segments(
@@ -132,12 +157,16 @@ def _write_and_hash(
         own = (digest(n, a) for n, a in flat.items() if n not in trees)
         return sha, tuple(sorted(own, key=lambda d: d.path)), parts
 
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kaudit-hash") as pool:
-        pending = pool.submit(sha_and_datasets)
-        pending_md5 = pool.submit(_stream_digest, fd, path, size, raw, "md5") if md5 else None
+    pool = _hash_pool()
+    pending = pool.submit(sha_and_datasets)
+    pending_md5 = pool.submit(_stream_digest, fd, path, size, raw, "md5") if md5 else None
+    try:
         pwrite_all(fd, raw)
-        sha, datasets, parts = pending.result()
-        md5_hex = pending_md5.result() if pending_md5 is not None else None
+    finally:  # the hashes read through fd: they end before it is closed, whatever happened
+        both: list[Future[Any]] = [pending] if pending_md5 is None else [pending, pending_md5]
+        wait(both)
+    sha, datasets, parts = pending.result()
+    md5_hex = pending_md5.result() if pending_md5 is not None else None
     st = os.fstat(fd)
     if st.st_size != size:
         raise CheckpointError("the file changed size while being written", path=path)

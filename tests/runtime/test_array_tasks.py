@@ -118,6 +118,13 @@ def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
         3: ("not started", [3, 7]),
     }
     assert doc["resubmit"] == "sbatch --array=2-3 --export=ALL,KAUDIT_ARRAY_TASKS=4 mc.sbatch"
+    # An array larger than the table: only the tasks not done are rows, the rest counted.
+    monkeypatch.setattr("kronos_audit.cli.commands.campaign.ROWS", 1)  # for the rest too
+    listed = run_cli("campaign", "mc", cwd=project.root)
+    assert listed.exit_code == 1, listed.output
+    rows = [line.split()[0] for line in listed.output.splitlines() if line[:1] == " "]
+    assert [r for r in rows if r.isdigit()] == ["2"]
+    assert "3 task(s) not in the table: 2 done, 1 not done" in listed.output
     with pytest.raises(ka.CampaignError, match="3 of 11 batches missing"):
         ka.campaign_ledger("mc", project.root / "checkpoints")
     shown = run_cli("campaign", "mc", "--certify", cwd=project.root)

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 SHOWN = 5
 """Missing batches, and manifests ignored, named per task; the rest are counted."""
+ROWS = 20
+"""Tasks in the table: an array of more shows only its tasks that are not done, this
+many of them, and counts the rest (``--json`` lists every task)."""
 
 
 def _missing_text(indices: list[int]) -> str:
@@ -99,7 +102,8 @@ def campaign(
     The line printed runs the
     incomplete tasks again, with the array's size exported (KAUDIT_ARRAY_TASKS). With
     --certify, once every batch is in, sign ROOT/NAME.campaign.json, the certificate that
-    each batch ran exactly once (`kaudit verify` checks it).
+    each batch ran exactly once (`kaudit verify` checks it). Above 20 tasks the table
+    shows only the tasks not done; --json lists every task.
 
     With --push the records go to the DVC remote too (NAME.records.dvc beside them:
     commit it with the certificate); a push that fails leaves the certificate and exits 1.
@@ -143,12 +147,11 @@ def campaign(
     certificate = None
     not_pushed: str | None = None
     if signing_key is not None and line is None:
-        manifests = [p.manifest.path for p in array.parts()]
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", RecordsNotPushed)
                 certificate = sign_certificate(
-                    verifier, signing_key, name, manifests, array.n, storage=storage
+                    verifier, signing_key, name, array.parts(), array.n, storage=storage
                 )
         except CampaignRefused as e:
             raise CampaignError(str(e)) from None
@@ -185,8 +188,11 @@ def campaign(
 
 
 def _print(array: ArrayCampaign, line: str | None) -> None:
+    listed = array.states
+    if len(listed) > ROWS:  # ten thousand tasks done are one line, not a table
+        listed = tuple(s for s in listed if _state(s, array) != "done")
     rows = []
-    for s in array.states:
+    for s in listed[:ROWS]:
         missing = s.missing(array.n, array.tasks)
         share = array.share(s.task)
         state = _state(s, array)
@@ -199,10 +205,18 @@ def _print(array: ArrayCampaign, line: str | None) -> None:
                 safe(_missing_text(missing)) if missing else "",
             )
         )
-    out.table(
-        [Column("task", "right"), Column("state"), Column("done", "right"), Column("missing")],
-        rows,
-    )
+    if rows:
+        out.table(
+            [Column("task", "right"), Column("state"), Column("done", "right"), Column("missing")],
+            rows,
+        )
+    hidden = len(array.states) - len(rows)
+    if hidden:
+        done = len(array.states) - len(listed)
+        out.print(
+            f"{hidden} task(s) not in the table: {done} done, {hidden - done} not done "
+            "(--json lists every task)"
+        )
     for s in array.states:
         if s.problem is not None:
             out.print(f"[red]task {s.task}[/]: {safe(s.problem)}", failure=True)

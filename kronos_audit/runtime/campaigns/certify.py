@@ -46,7 +46,12 @@ from kronos_audit.statement.records import records_dir
 from kronos_audit.storage.directories import push_listing, track_directory
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
-from kronos_audit.verification.campaign import CampaignRefused, campaign_record, read_part
+from kronos_audit.verification.campaign import (
+    CampaignRefused,
+    Part,
+    campaign_record,
+    read_part,
+)
 from kronos_audit.verification.records import RecordsFailed, records_of, stored_files
 from kronos_audit.verification.verifier import Verifier
 
@@ -68,14 +73,16 @@ def certify(
     verifier: Verifier,
     key: SigningKey,
     campaign: str,
-    manifests: Sequence[Path],
+    manifests: Sequence[Path | Part],
     n: int,
     *,
     whole: bool = True,
     storage: Storage | None = None,
 ) -> Path:
     """Sign and write the certificate of campaign ``campaign`` of ``n`` batches, whose
-    parts' last checkpoints are ``manifests`` (their run directories side by side).
+    parts' last checkpoints are ``manifests`` (their run directories side by side), each
+    a path or a part already read by ``verifier`` (``kaudit campaign`` has read every
+    task: a job array's are not read twice).
     CampaignRefused when they are not one complete, consistent campaign; ManifestError
     when the certificate cannot be written. Returns where it was written (not read back: its
     statement was validated against the schema before it was signed).
@@ -92,7 +99,7 @@ def certify(
         raise CampaignRefused(
             f"campaign {campaign!r}: {n:,} batches; a certificate records at most {MAX_BATCHES:,}"
         )
-    parts = [read_part(verifier, m, whole=whole) for m in manifests]
+    parts = [_part(verifier, m, whole) for m in manifests]
     record = campaign_record(
         campaign,
         parts,
@@ -129,6 +136,16 @@ def certify(
                 stacklevel=2,
             )
     return path
+
+
+def _part(verifier: Verifier, manifest: Path | Part, whole: bool) -> Part:
+    """The part whose last checkpoint is ``manifest``: read, or as given when it was read
+    as ``whole`` asks (a step that is not sharded is read whole either way)."""
+    if not isinstance(manifest, Part):
+        return read_part(verifier, manifest, whole=whole)
+    if whole and manifest.manifest.record.shards is not None:
+        return read_part(verifier, manifest.manifest.path, whole=True)
+    return manifest
 
 
 def push_records(storage: Storage, directory: Path, entries: Sequence[FileEntry]) -> None:

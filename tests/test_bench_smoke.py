@@ -124,6 +124,9 @@ def test_the_campaign_benchmark_runs_map_batches_beside_the_bare_engine(
     assert [r["batches"] for r in result["ledger"]] == [100, 2_000]
     small, large = result["ledger"]
     assert large["bytes"] == small["bytes"]  # a chunk holds the new batches only
+    array = result["array"]
+    assert array["serial"]  # the job array's certified tally is a serial run's
+    assert "--array=0,3,5 " in array["resubmit"]  # the dropped tasks, and only they
 
 
 def test_the_dcp_benchmark_saves_plain_and_signed_on_two_ranks_and_judges_both(

@@ -45,7 +45,16 @@ With the ledger in chunks, a checkpoint of 1,000 new batches took 92, 30 and 52 
 10**4, 10**5 and 10**6 done (load average 8), its chunk 36,096 bytes each time: flat.
 
 Run: .venv/bin/python bench/bench_campaign.py [--quick] [--certificates REPO] [--faults N]
-[--array N]
+[--array N] [--kill-resume [N]]
+``--kill-resume`` (N: 1000000, the issue's) runs only the issue's first figure: N trivial
+batches in this process, uninterrupted (the serial reference), then for each engine, the
+batches in the driver and on a ``ProcessPoolExecutor(2)``, a driver in a process of its
+own killed with SIGKILL once its newest checkpoint has passed N/2 batches and started
+again to the end; then ``kaudit verify`` of its certificate, whole and ``--sample 1000``,
+every batch exactly once, the tally and each result bitwise the serial run's. It prints
+the wall time to the end (the kill and the restart included), the batches run by both
+starts, and the verify times (bench/_kill_resume.py). Not in ``--quick``: four starts of
+a driver and four of kaudit verify cost the smoke test several seconds.
 ``--array 10000`` runs only the issue's job array: N tasks, one trivial batch each, in this
 process one after another with Slurm's environment, three left out; then ``kaudit
 campaign`` (the missing, the sbatch line), the three run, ``kaudit campaign --certify``,
@@ -89,6 +98,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
 from bench._common import best_of, scratch_repo
+from bench._kill_resume import kill_resume_row, print_kill_resume
 from kronos_audit.runtime.campaigns.ledger import batch_rng
 from kronos_audit.verification.array import array_spec
 
@@ -496,6 +506,20 @@ def faults_row(repo: Path, n: int) -> dict[str, Any]:
     }
 
 
+def kill_resume_rows(repo: Path, n: int) -> list[dict[str, Any]]:
+    """The serial uninterrupted run (the bookkeeping figure's), then a driver killed
+    midway and resumed, in-process and on a process pool, each checked against it."""
+    serial = repo / "checkpoints" / f"book-{n}.campaign.json"
+    if not serial.exists():
+        book = bookkeeping_row(repo, n)
+        print(f"uninterrupted serial run of {n:,} batches in this process: {book['kaudit']:.1f} s")
+    rows = []
+    for engine in ("here", "pool"):
+        rows.append(kill_resume_row(repo, n, engine, serial, SEED))
+        print_kill_resume(rows[-1])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -518,7 +542,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="N",
         help="only a Slurm job array of N tasks, run in this process (the issue's: 10000)",
     )
+    p.add_argument(
+        "--kill-resume",
+        type=int,
+        nargs="?",
+        const=1_000_000,
+        metavar="N",
+        help="only a driver of N batches (the issue's, by default: 1000000) killed midway "
+        "and resumed, in-process and on a process pool, against a serial run",
+    )
     args = p.parse_args(argv)
+    if args.kill_resume is not None:
+        return {"kill_resume": kill_resume_rows(scratch_repo(), args.kill_resume)}
     if args.array is not None:
         tasks = array_row(scratch_repo(), args.array)
         print_array(tasks)

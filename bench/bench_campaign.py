@@ -54,7 +54,10 @@ again to the end; then ``kaudit verify`` of its certificate, whole and ``--sampl
 every batch exactly once, the tally and each result bitwise the serial run's. It prints
 the wall time to the end (the kill and the restart included), the batches run by both
 starts, and the verify times (bench/_kill_resume.py). Not in ``--quick``: four starts of
-a driver and four of kaudit verify cost the smoke test several seconds.
+a driver and four of kaudit verify cost the smoke test several seconds. Measured on the
+shared 2-core machine (load average about 3) at 10**6: the serial run 43.9 s; in the
+driver 43.0 s to the end, 7,088 batches run by both starts, verify 10.4 s whole and 1.6 s
+sampled; on the pool 240.2 s, 183 run by both, verify 14.3 s and 5.7 s (PASS, both).
 ``--array 10000`` runs only the issue's job array: N tasks, one trivial batch each, in this
 process one after another with Slurm's environment, three left out; then ``kaudit
 campaign`` (the missing, the sbatch line), the three run, ``kaudit campaign --certify``,

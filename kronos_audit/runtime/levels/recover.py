@@ -25,12 +25,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import warnings
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-
-import h5py
 
 from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_name, step_directory
 from kronos_audit.checkpoint.verified import open_verified
@@ -47,6 +44,7 @@ from kronos_audit.runtime.levels.store import (
 from kronos_audit.runtime.ranks import one_line_reason, raise_if_any_failed
 from kronos_audit.runtime.steps.interface import Restored
 from kronos_audit.runtime.steps.layouts import signed_shard
+from kronos_audit.runtime.steps.shards import shard_datasets
 from kronos_audit.statement.layout import parse_layout
 from kronos_audit.verification.trusted import StepKind, trusted_step
 from kronos_audit.verification.verifier import Verifier
@@ -294,22 +292,7 @@ def _read(
     with ExitStack() as stack:
         opened = stack.enter_context(open_verified(path, signed_shard(manifest, levels.rank)))
         f = opened.h5()
-        return {name: _value(d) for name, d in _walk(f)}, replicated
-
-
-def _walk(group: h5py.Group, prefix: str = "") -> Iterator[tuple[str, h5py.Dataset]]:
-    for key, obj in group.items():
-        name = f"{prefix}/{key}"
-        if isinstance(obj, h5py.Dataset):
-            yield name, obj
-        elif isinstance(obj, h5py.Group):
-            yield from _walk(obj, name)
-
-
-def _value(d: h5py.Dataset) -> Any:
-    if h5py.check_string_dtype(d.dtype) is not None and d.shape == ():
-        return d.asstr()[()]
-    return d[()]
+        return shard_datasets(f), replicated
 
 
 __all__ = ["recover"]

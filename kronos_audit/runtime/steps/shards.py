@@ -241,12 +241,12 @@ class ShardsFormat:
         flat: dict[str, Any] = {}
         replicated = [n for n, r in agreed.layout.items() if r.block is None]
         if agreed.count == self.size:
-            flat.update(_datasets(shard(self.rank)))
+            flat.update(shard_datasets(shard(self.rank)))
             for name in replicated:
                 flat[name] = _value(shard(0), name)
             return flat
         if self.rank < agreed.count:
-            own = _datasets(shard(self.rank))
+            own = shard_datasets(shard(self.rank))
             # Its generators (the ledger is rank 0's, below).
             flat.update(
                 {
@@ -255,7 +255,7 @@ class ShardsFormat:
                     if n.split("/")[1] in OWN_GROUPS and n.split("/")[1] != LEDGER_GROUP
                 }
             )
-        base = _datasets(shard(0), skip=set(agreed.layout))
+        base = shard_datasets(shard(0), skip=set(agreed.layout))
         for name, value in base.items():
             if name.split("/")[1] == LEDGER_GROUP:
                 # Every shard holds the union of the ranks' batch results: rank 0's serves
@@ -417,8 +417,8 @@ def _walk(group: h5py.Group, prefix: str = "") -> Iterator[tuple[str, h5py.Datas
             yield from _walk(obj, name)
 
 
-def _datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Every dataset of ``f`` but those in ``skip``, as
+def shard_datasets(f: h5py.File, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Every dataset of the open shard ``f`` but those in ``skip``, as
     :func:`~kronos_audit.checkpoint.hdf5.read_flat` gives them."""
     return {n: _value(f, n) for n, _ in _walk(f) if n not in skip}
 

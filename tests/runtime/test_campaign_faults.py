@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from bench.bench_campaign import FAULTS_DRIVER
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.campaigns.ledger import batch_rng
 from kronos_audit.statement.campaign import read_certificate, result_digest
@@ -38,29 +39,9 @@ WORKER_KILLS = (750, 1_750, 2_750, 3_750, 4_500)
 DRIVER_KILLS = 5
 HANG_GUARD = 300  # seconds; only stops a broken test from hanging, never a time limit
 
-DRIVER = textwrap.dedent(
-    """
-    import os, sys
-    from pathlib import Path
-    import numpy as np
-    import kronos_audit as ka
-    from distributed import Client
-
-    scheduler, marks, n, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    kills, every = {kills!r}, {every!r}
-
-    def batch(rng):
-        i = rng.bit_generator.seed_seq.spawn_key[0]
-        if i in kills and not (marks / str(i)).exists():
-            (marks / str(i)).touch()
-            os.kill(os.getpid(), 9)  # this Dask worker process, for real
-        return np.float64(rng.random())
-
-    with Client(scheduler_file=scheduler) as client:
-        with ka.Run("mc", root="checkpoints", seed=seed, every=ka.EverySteps(every)) as run:
-            run.map_batches(batch, n, executor=client)
-    """
-).format(kills=set(WORKER_KILLS), every=EVERY)
+DRIVER = FAULTS_DRIVER.format(kills=set(WORKER_KILLS), every=EVERY)
+"""The Dask driver of the campaign named ``faults`` (the bench runs the same one at any
+size): worker processes kill themselves at their first try of each batch in ``kills``."""
 
 
 @pytest.fixture
@@ -102,7 +83,7 @@ def test_ten_kills_of_the_driver_and_the_workers_leave_every_batch_exactly_once(
     marks = tmp_path / "marks"
     marks.mkdir()
     args = [sys.executable, str(program), str(cluster), str(marks), str(N), str(SEED)]
-    run_dir = project.root / "checkpoints" / "mc"
+    run_dir = project.root / "checkpoints" / "faults"
     started = time.monotonic()
     for attempt in range(DRIVER_KILLS):
         before = _manifests(run_dir)
@@ -119,7 +100,7 @@ def test_ten_kills_of_the_driver_and_the_workers_leave_every_batch_exactly_once(
     assert finished.returncode == 0
     assert sorted(int(p.name) for p in marks.iterdir()) == sorted(WORKER_KILLS)
 
-    cert = project.root / "checkpoints" / "mc.campaign.json"
+    cert = project.root / "checkpoints" / "faults.campaign.json"
     verified = run_cli("verify", str(cert))
     assert verified.exit_code == 0, verified.output
     batches = stored_batches(cert, read_certificate(cert).record)

@@ -92,13 +92,6 @@ def program(root: Path, shm: Path, steps: int, kill_after: int | None = None, **
     return main
 
 
-@pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    for node in range(SIZE):
-        (tmp_path / "shm" / f"node{node}").mkdir(parents=True)
-    return tmp_path / "shm"
-
-
 def test_every_rank_writes_the_steps_the_plan_says_on_the_same_levels(
     project: Project, key: SigningKey, shm: Path, caplog: Any
 ) -> None:

@@ -77,13 +77,6 @@ def program(
     return main
 
 
-@pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    for node in range(SIZE):
-        (tmp_path / "shm" / f"node{node}").mkdir(parents=True)
-    return tmp_path / "shm"
-
-
 def run(project: Project, shm: Path, steps: int) -> list[Any]:
     return on_ranks(SIZE, program(project.root, shm, steps))
 

@@ -53,6 +53,7 @@ from kronos_audit.storage.tracking import (
     cache_object_path,
     cache_settings,
     check_dvc_config,
+    default_remote,
     dvc_file_for,
     ensure_ignored,
     read_dvc_file,
@@ -87,10 +88,7 @@ class Storage:
     @property
     def repo(self) -> Any:
         if self._repo is None:
-            if not (self.project.root / ".dvc").is_dir():
-                raise StorageError(
-                    "DVC is not set up here: run `kaudit init`", path=self.project.root
-                )
+            self._require_dvc()
             check_dvc_config(self.project)
             load_dvc()
             from dvc.repo import Repo
@@ -100,8 +98,14 @@ class Storage:
 
     def has_default_remote(self) -> bool:
         """Whether DVC has a default remote here (``core.remote``): where a command that
-        names none goes."""
-        return bool(self.repo.config["core"].get("remote"))
+        names none goes. Read from DVC's configuration alone, without opening a DVC
+        repository (which costs most of a second)."""
+        self._require_dvc()
+        return default_remote(self.project) is not None
+
+    def _require_dvc(self) -> None:
+        if not (self.project.root / ".dvc").is_dir():
+            raise StorageError("DVC is not set up here: run `kaudit init`", path=self.project.root)
 
     def remote_name(self, name: str | None = None) -> str:
         chosen = name or self.repo.config["core"].get("remote")

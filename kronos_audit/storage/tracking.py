@@ -15,7 +15,8 @@ fresh clone restores the checkpoints.
 Tracking is done here, without opening a DVC repository (which costs most of a second), so
 a running program pays little for it: DVC's configuration is read through DVC's own
 ``dvc.config`` (:func:`cache_settings`, never by parsing its files, so the global and
-system files count as they do for DVC), once per run. Only setting DVC up
+system files count as they do for DVC), once per run; so is the default remote
+(:func:`default_remote`). Only setting DVC up
 (:func:`init_dvc`, :func:`configure_cache_links`) opens a DVC repository.
 """
 
@@ -155,6 +156,13 @@ def cache_settings(project: Project) -> tuple[Path, tuple[str, ...]]:
     )
     types = _link_types(chosen) if chosen is not None else DEFAULT_CACHE_TYPES
     return cache_dir, types or DEFAULT_CACHE_TYPES
+
+
+def default_remote(project: Project) -> str | None:
+    """The name of DVC's default remote here (``core.remote``, from every level of its
+    configuration as DVC merges them), or None: read without opening a DVC repository."""
+    remote = _dvc_config(project)["core"].get("remote")
+    return str(remote) if remote else None
 
 
 def cache_object_path(cache_dir: Path, md5: str) -> Path:

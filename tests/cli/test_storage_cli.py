@@ -13,7 +13,7 @@ import pytest
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.storage import Storage, configure_remote
-from tests.helpers import discard, run_cli, write_checkpoint
+from tests.helpers import assert_bad_input, discard, run_cli, write_checkpoint
 from tests.sshd import unused_port
 
 
@@ -130,6 +130,47 @@ def test_status_before_any_remote_shows_the_places_here(project: Project, key: S
     named = run_cli("status", "--remote", "nowhere", cwd=project.root)
     assert named.exit_code == 2
     assert "no DVC remote named 'nowhere'" in named.stderr
+
+
+def test_status_finds_a_default_remote_named_in_the_local_config_alone(
+    project: Project, key: SigningKey, tmp_path: Path
+) -> None:
+    # Read from DVC's configuration as DVC merges its levels, not from the tracked file
+    # alone: a remote a user set for this machine (`dvc remote add --local -d`) counts.
+    ckpt = write_checkpoint(project.root / "checkpoints" / "r" / "step-1.h5", seed=1)
+    assert run_cli("snapshot", str(ckpt), "--run", "r", "--step", "1").exit_code == 0
+    assert as_json("status", str(ckpt.parent))["remote_asked"] is False
+    (tmp_path / "mine").mkdir()
+    (project.root / ".dvc" / "config.local").write_text(
+        f"[core]\n    remote = mine\n['remote \"mine\"']\n    url = {tmp_path / 'mine'}\n"
+    )
+    doc = as_json("status", str(ckpt.parent))
+    assert doc["remote_asked"] is True
+    assert doc["remote_unreachable"] is None
+    assert places(doc) == {"step-1.h5": "local"}
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ("[core\nremote = x\n[[[\n", "DVC's configuration cannot be read: config file error"),
+        ("[core]\n    nonsense = 1\n", "extra keys not allowed"),
+        (None, "is a symbolic link"),
+    ],
+    ids=["malformed", "unknown-key", "link"],
+)
+def test_status_refuses_a_hostile_dvc_config_in_one_line(
+    project: Project, key: SigningKey, tmp_path: Path, config: str | None, said: str
+) -> None:
+    ckpt = write_checkpoint(project.root / "checkpoints" / "r" / "step-1.h5", seed=1)
+    assert run_cli("snapshot", str(ckpt), "--run", "r", "--step", "1").exit_code == 0
+    local = project.root / ".dvc" / "config.local"
+    if config is None:
+        (tmp_path / "secret").write_text("token = hunter2\n")
+        local.symlink_to(tmp_path / "secret")
+    else:
+        local.write_text(config)
+    assert_bad_input(run_cli("status", cwd=project.root), said, no_stdout=True)
 
 
 def test_status_with_the_remote_down_shows_the_places_here_and_says_so_once(

@@ -45,7 +45,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import statistics
 import sys
@@ -58,6 +57,7 @@ from typing import Any
 
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._measure import cpu_seconds, peak, reset_peak
 
 CONTENDERS = ("h5py", "kaudit", "dcp")
 GOALS = (
@@ -134,36 +134,13 @@ def as_stored(tensor: Any) -> Any:
 # -- measuring ------------------------------------------------------------------------------
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # Linux: reset VmHWM to VmRSS
-    except OSError:
-        pass  # the peak then dates from the start: an upper bound
-    return _status("VmRSS")
-
-
-def _cpu() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def measure(fn: Callable[[], object]) -> Sample:
     """The wall time, CPU seconds and peak memory growth of one call of ``fn``."""
-    rss = _reset_peak()
-    c0, t0 = _cpu(), time.perf_counter()
+    rss = reset_peak()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     result = fn()
-    wall, cpu = time.perf_counter() - t0, _cpu() - c0
-    mem = _status("VmHWM") - rss
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    mem = peak() - rss
     del result
     return {"wall": wall, "cpu": cpu, "mem": float(mem)}
 

@@ -1,4 +1,5 @@
-"""Shared set-up for the benchmarks: a throw-away kaudit repository with a signing key."""
+"""Shared set-up for the benchmarks: a throw-away kaudit repository with a signing key (and
+a DVC remote beside it), timing helpers, and the command line of an MPI launch."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from kronos_audit.keys.home import generate_key
+from kronos_audit.project.repository import find_project
+from kronos_audit.storage.remote import configure_remote
 from kronos_audit.storage.setup import init_project
+
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
+"""Open MPI's setting that makes a rank waiting in MPI yield its core instead of spinning."""
 
 
 def scratch_repo() -> Path:
@@ -41,6 +48,56 @@ def scratch_repo() -> Path:
     key = generate_key("bench")
     project.trust_store().add(key.private_key.public_key(), "bench")
     return repo
+
+
+def add_remote(repo: Path, remote: Path) -> None:
+    """Make the local directory ``remote`` the DVC remote of the scratch repository
+    ``repo``, committed, so that a run's git state is clean, as a real job's would be."""
+    configure_remote(find_project(repo), str(remote))
+    who = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
+    for args in (["add", "-A"], ["commit", "-q", "-m", "remote"]):
+        subprocess.run(["git", *who, *args], cwd=repo, check=True, capture_output=True)
+
+
+@contextmanager
+def kaudit_home() -> Iterator[None]:
+    """KAUDIT_HOME put back afterwards: :func:`scratch_repo` sets it for its key, and the
+    caller (a test, say) may have its own."""
+    before = os.environ.get("KAUDIT_HOME")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("KAUDIT_HOME", None)
+        else:
+            os.environ["KAUDIT_HOME"] = before
+
+
+def mpiexec(ranks: int, *argv: str) -> list[str]:
+    """The command line that starts ``argv`` on ``ranks`` MPI ranks: Open MPI's mpiexec
+    beside this interpreter (the wheel's) or else on the PATH, oversubscribed (more ranks
+    than cores is a case these benchmarks measure on a small machine)."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return [
+        str(beside if beside.exists() else "mpiexec"),
+        "--oversubscribe",
+        "-n",
+        str(ranks),
+        *argv,
+    ]
+
+
+def mpi_env(**extra: str) -> dict[str, str]:
+    """This process's environment for an mpiexec launch, with ``extra``: no DVC
+    analytics, and Open MPI allowed to run as root."""
+    return {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        # Open MPI refuses root unless told twice (CI containers run as root).
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        **extra,
+    }
 
 
 def wall_times(n: int, fn: Callable[[], object]) -> list[float]:

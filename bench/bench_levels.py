@@ -111,9 +111,15 @@ import numpy as np
 
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._common import best_of, scratch_repo
-from kronos_audit.project.repository import find_project
-from kronos_audit.storage.remote import configure_remote
+from bench._common import (
+    MPI_YIELD,
+    add_remote,
+    best_of,
+    kaudit_home,
+    mpi_env,
+    mpiexec,
+    scratch_repo,
+)
 
 RANKS = 3
 """The job's ranks, one simulated node each."""
@@ -130,7 +136,6 @@ NODE_LOSS_EVERY = 4
 UNTIL_KILLED = 10**9
 """The steps of a fault launch: it runs until it is killed."""
 SHM = Path("/dev/shm")
-YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
 IN_OPEN, IN_ACCESS, IN_ISDIR = 0x20, 0x01, 0x40000000
 """inotify's events for an open of a file or directory in a watched directory (or of it),
 and for a read there (of a directory: a listing), and its flag for a directory."""
@@ -255,26 +260,21 @@ def worker(p: Params, mode: str, out: Path, shm: Path) -> None:
 def job() -> Iterator[Job]:
     """A fresh scratch repository with a committed local directory remote, and a memory
     directory per node in /dev/shm; all removed afterwards (KAUDIT_HOME put back)."""
-    home = os.environ.get("KAUDIT_HOME")
-    repo = scratch_repo()
-    remote = repo.parent / "remote"
-    shm = Path(tempfile.mkdtemp(prefix="kaudit-bench-levels-", dir=SHM if SHM.is_dir() else None))
-    try:
-        remote.mkdir()  # watched from the start (:class:`Opens`)
-        configure_remote(find_project(repo), str(remote))
-        who = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
-        for args in (["add", "-A"], ["commit", "-q", "-m", "remote"]):
-            subprocess.run(["git", *who, *args], cwd=repo, check=True, capture_output=True)
-        for node in range(RANKS):  # what the job script does on each node
-            (shm / f"node{node}").mkdir()
-        yield Job(repo, remote, shm)
-    finally:
-        shutil.rmtree(repo.parent, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
-        if home is None:
-            os.environ.pop("KAUDIT_HOME", None)
-        else:
-            os.environ["KAUDIT_HOME"] = home
+    with kaudit_home():
+        repo = scratch_repo()
+        remote = repo.parent / "remote"
+        shm = Path(
+            tempfile.mkdtemp(prefix="kaudit-bench-levels-", dir=SHM if SHM.is_dir() else None)
+        )
+        try:
+            remote.mkdir()  # watched from the start (:class:`Opens`)
+            add_remote(repo, remote)
+            for node in range(RANKS):  # what the job script does on each node
+                (shm / f"node{node}").mkdir()
+            yield Job(repo, remote, shm)
+        finally:
+            shutil.rmtree(repo.parent, ignore_errors=True)
+            shutil.rmtree(shm, ignore_errors=True)
 
 
 def start(j: Job, p: Params, mode: str, out: Path) -> Any:
@@ -282,12 +282,8 @@ def start(j: Job, p: Params, mode: str, out: Path) -> Any:
     empty first)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    argv = [
-        str(mpiexec if mpiexec.exists() else "mpiexec"),
-        "--oversubscribe",
-        "-n",
-        str(RANKS),
+    argv = mpiexec(
+        RANKS,
         sys.executable,
         str(Path(__file__).resolve()),
         "--worker",
@@ -298,17 +294,10 @@ def start(j: Job, p: Params, mode: str, out: Path) -> Any:
         str(out),
         "--shm",
         str(j.shm),
-    ]
-    env = {
-        **os.environ,
-        "DVC_NO_ANALYTICS": "1",
-        # Open MPI refuses root unless told twice (CI containers run as root).
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        # 3 ranks on 2 cores: a rank waiting in a collective yields its core to the rank
-        # still computing, instead of spinning on it (every mode alike).
-        YIELD: "1",
-    }
+    )
+    # 3 ranks on 2 cores: a rank waiting in a collective yields its core to the rank
+    # still computing, instead of spinning on it (every mode alike).
+    env = mpi_env(**{MPI_YIELD: "1"})
     with (out / "log").open("wb") as log:
         return subprocess.Popen(argv, cwd=j.repo, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -46,7 +46,7 @@ buffer or writer thread carries from one into the next. What is measured:
    committing the same per-rank bytes (``--mib``/K), the target being at most 1.2x. Set
    plainly against each other (``plain``), the two charge kaudit for the machine: on one
    machine K ranks write K times the bytes to one disk and hash them on the same cores.
-   So each sync launch also times the **peer** (:func:`peer_job`), the same job without
+   So each sync launch also times the **peer** (``peer_job``), the same job without
    kaudit, in the same processes on the same ranks, ``PEER_REPEATS`` times before the
    commits and once right after each: every rank writing and fsyncing its strip to a file
    of its own (its aligned bytes ``O_DIRECT`` through an aligned buffer, as kaudit writes
@@ -204,6 +204,9 @@ shard). Why it
 came out a quarter cheaper than the pushed commit on one rank too (there the pushed case
 is the single-file path, node-local the sharded one) was not taken apart.
 
+One rank of a launch is bench/_ranks_worker.py's ``worker``; the tables and goals are
+printed by bench/_ranks_report.py.
+
 Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--ranks 1 2 4]
      [--mpi-yield] [--no-node-local] [--no-tmpfs]
      .venv/bin/python bench/bench_ranks.py --quick   (a tiny state, 1 and 2 ranks; node-local
@@ -213,22 +216,17 @@ Run: .venv/bin/python bench/bench_ranks.py [--mib 256] [--checkpoints 6] [--rank
 from __future__ import annotations
 
 import argparse
-import errno
 import hashlib
 import json
-import mmap
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -236,392 +234,36 @@ import numpy as np
 
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._common import best_of, scratch_repo
-from kronos_audit.checkpoint.hdf5 import BOUNCE_BYTES, DIRECT_ALIGN
-from kronos_audit.project.repository import find_project
-from kronos_audit.storage.remote import configure_remote
+from bench._common import (
+    MPI_YIELD,
+    add_remote,
+    best_of,
+    kaudit_home,
+    mpi_env,
+    mpiexec,
+    scratch_repo,
+)
+from bench._ranks_report import report, usable_cores
+from bench._ranks_worker import (
+    COLS,
+    DISK,
+    MODES,
+    NODE_LOCAL,
+    RAW_REPEATS,
+    SHARE_REPEATS,
+    SHM,
+    Launch,
+    Params,
+    rows,
+    worker,
+    write_fsync,
+)
 
-COLS = 1024
-"""Columns of the global array: a row is 8 KiB, so a strip is whole rows of it."""
-MODES = ("sync", "async", "push")
-"""``push``: ``asynchronous=False`` with ``push=True`` to a local directory DVC remote."""
-NODE_LOCAL = "node-local"
-"""``asynchronous=False``, ``push=True``, each rank in a clone of its own with
-``KAUDIT_LOCAL_DIR`` there: no directory shared, the DVC remote the meeting point."""
-RAW_REPEATS = 3
-"""Repeats of the one-process raw write (the baseline) before each launch."""
-SHARE_REPEATS = 3
-"""Repeats of the K-way raw write and of the copyto, inside each launch."""
-REMOTE = Path("..", "remote")
-"""The push launches' DVC remote, a local directory beside the scratch repository (the
-launch's working directory)."""
-YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
-"""Open MPI's setting that makes a rank waiting in MPI yield its core (``--mpi-yield``)."""
 HANG_GUARD = 900.0
 """Seconds after which a launch is taken for hung (a launch takes about ten): only so that
 a broken MPI set-up cannot hang the smoke test for ever, never a timing claim."""
-PEER_REPEATS = 3
-"""Runs of the peer's job in each sync launch before the timed commits; one more runs
-right after each commit (so that both see the same load): the median of all of them."""
-WEAK_GOAL = 1.2
-"""The target: a commit on N ranks costs at most this times the single-rank commit of the
-same per-rank bytes, judged here as (kaudit / peer on N) / (kaudit / peer on one rank)."""
 TMPFS = Path("/dev/shm")
 """A memory file system: scratch repositories there take the disk out of both sides."""
-DISK, SHM = "disk", "tmpfs"
-"""Where a launch's scratch repository is: the temp directory's file system, or TMPFS."""
-
-
-@dataclass(frozen=True)
-class Params:
-    """What every launch runs."""
-
-    mib: float
-    """Size of the global state (a fraction for the one-rank launches of K ranks' strips)."""
-    checkpoints: int
-    """Checkpoints per launch (at least 2: the first is a warm-up for the medians)."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What one launch measured (rank 0 writes it as JSON)."""
-
-    ranks: int
-    """K, the launch's rank count."""
-    mode: str
-    """``sync`` or ``async``."""
-    durable: list[float]
-    """Per checkpoint: seconds from the first rank entering ``run.checkpoint`` to the last
-    rank knowing the step committed."""
-    stall: list[float]
-    """Per checkpoint: the longest rank's seconds inside ``run.checkpoint``."""
-    decide: list[float]
-    """Per call that took no checkpoint (the first, which sets the writer up, left out):
-    the longest rank's seconds inside ``run.checkpoint``, the agreed decision alone."""
-    raw_share: float
-    """Median seconds for the K ranks to write and fsync each its strip, concurrently."""
-    copyto: float
-    """Best seconds of one ``np.copyto`` of each rank's strip, all at once (longest rank)."""
-    unpushed: list[float]
-    """``push`` only: the durable times of the same commits unpushed, in the same launch
-    just before and just after the pushed ones, each Run's first left out (empty
-    otherwise)."""
-    cpu: list[float] = field(default_factory=list)
-    """Per rank: median CPU seconds (user and system, its threads and the children it
-    waited for) of one checkpoint taken, all but the first (its durable span)."""
-    rss: list[int] = field(default_factory=list)
-    """Per rank: the largest growth of the resident bytes over one timed call (its peak less
-    what was resident when it started, VmHWM reset then)."""
-    peer: list[float] = field(default_factory=list)
-    """``sync`` only: each run of the peer's job on every rank at once (:func:`peer_job`),
-    from the earliest rank's start to the latest rank's end."""
-    peer_cpu: list[float] = field(default_factory=list)
-    """Per rank: median CPU seconds of one run of the peer's job."""
-    peer_rss: list[int] = field(default_factory=list)
-    """Per rank: the same of the peer's runs."""
-    peer_direct: bool = False
-    """Whether the peer's writes went around the page cache (``O_DIRECT``), as kaudit's do
-    where the file system allows it."""
-
-
-def rows(p: Params) -> int:
-    return int(p.mib * 2**20) // (8 * COLS)
-
-
-def write_fsync(path: Path, data: np.ndarray[Any, Any]) -> None:
-    """Write the array's bytes to a new file and fsync it: the least a durable write costs."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = data.data.cast("B")
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _open_direct(path: Path) -> int | None:
-    """A descriptor of ``path`` that writes around the page cache, or None where the file
-    system has none (as kaudit's large-array writes open one)."""
-    try:
-        return os.open(path, os.O_WRONLY | getattr(os, "O_DIRECT", 0))
-    except OSError as e:
-        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-            return None
-        raise
-
-
-def direct_write_fsync(path: Path, view: memoryview) -> bool:
-    """Write ``view`` to a new file and fsync it, as kaudit writes a large array: its aligned
-    bytes around the page cache (``O_DIRECT``) through an aligned buffer of kaudit's size
-    (a numpy array's memory is not page-aligned), the rest through the cache; everything
-    through the cache where the file system takes no direct write. Returns whether the
-    direct write was taken."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    direct = _open_direct(path) if hasattr(os, "O_DIRECT") else None
-    done = 0
-    took = False
-    try:
-        if direct is not None:
-            length = len(view) - len(view) % DIRECT_ALIGN
-            with mmap.mmap(-1, BOUNCE_BYTES) as buffer:
-                bounce = memoryview(buffer)
-                try:
-                    while done < length:
-                        n = min(BOUNCE_BYTES, length - done)
-                        bounce[:n] = view[done : done + n]
-                        written = 0
-                        while written < n:
-                            written += os.pwrite(direct, bounce[written:n], done + written)
-                        done += n
-                        took = True
-                except OSError as e:
-                    if e.errno != errno.EINVAL:
-                        raise  # EINVAL: no direct write after all, the rest goes cached
-                finally:
-                    bounce.release()
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], done)
-        os.fsync(fd)
-    finally:
-        if direct is not None:
-            os.close(direct)
-        os.close(fd)
-    return took
-
-
-def peer_job(path: Path, data: np.ndarray[Any, Any]) -> bool:
-    """What one rank's commit computes, without kaudit: write and fsync the rank's bytes
-    (:func:`direct_write_fsync`) while two threads hash them from memory, one sha256 twice
-    (the file's digest, then the dataset's or its part of the global array's tree), the
-    other md5 (DVC's), as ``write_and_hash`` does. Returns whether the write was direct."""
-    view = data.reshape(-1).view(np.uint8).data
-
-    def shas() -> None:
-        hashlib.sha256(view).digest()
-        hashlib.sha256(view).digest()
-
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="peer-hash") as pool:
-        sha = pool.submit(shas)
-        md5 = pool.submit(lambda: hashlib.md5(view, usedforsecurity=False).digest())
-        direct = direct_write_fsync(path, view)
-        sha.result()
-        md5.result()
-    return direct
-
-
-def cpu_seconds() -> float:
-    """User and system CPU seconds of this process (all its threads) and of the children
-    it waited for."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
-
-
-def _status(name: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return int(line.split()[1]) * 1024
-    return 0  # not Linux: no figure (printed as 0)
-
-
-def reset_peak() -> int:
-    """Reset the process's peak resident size to its current one (Linux); return that."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        pass  # the peak then dates from the process's start: an upper bound
-    return _status("VmRSS")
-
-
-def peak_growth(start: int) -> int:
-    """Peak resident bytes since :func:`reset_peak` returned ``start``, less ``start``."""
-    return max(0, _status("VmHWM") - start)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), which the ranks share."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-@contextmanager
-def kaudit_home() -> Iterator[None]:
-    """Restore KAUDIT_HOME afterwards: ``scratch_repo`` sets it for its key, and the caller
-    (a test, say) may have its own."""
-    before = os.environ.get("KAUDIT_HOME")
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("KAUDIT_HOME", None)
-        else:
-            os.environ["KAUDIT_HOME"] = before
-
-
-# -- one launch, on every rank ------------------------------------------------------------------
-
-
-def worker(p: Params, mode: str, out: Path) -> None:
-    from mpi4py import MPI
-
-    import kronos_audit as ka
-    from kronos_audit.checkpoint.layout import MANIFEST_SUFFIX
-    from kronos_audit.parallel.layout import block_range
-
-    comm = MPI.COMM_WORLD
-    rank, size = comm.rank, comm.size
-    start, stop = block_range(rows(p), size, rank)
-    # Random, so that nothing on the way (HDF5, the file system) can shrink the bytes.
-    u = np.random.default_rng(rank).random((stop - start, COLS))
-    state = {"u": u}
-    scratch = Path("bench-scratch")  # in the rank's working directory (node-local: its own)
-    scratch.mkdir(exist_ok=True)
-    comm.barrier()
-
-    def spanned(fn: Callable[[], object]) -> tuple[float, float]:
-        """Every rank runs ``fn`` after a barrier: (the earliest start, the latest end)."""
-        comm.barrier()
-        t0 = time.monotonic()
-        fn()
-        t1 = time.monotonic()
-        starts, ends = zip(*comm.allgather((t0, t1)), strict=True)
-        return min(starts), max(ends)
-
-    raw_path = scratch / f"raw-{rank}.bin"
-    spans = []
-    for _ in range(SHARE_REPEATS):
-        first, last = spanned(lambda: write_fsync(raw_path, u))
-        spans.append(last - first)
-        raw_path.unlink()  # untimed, as in the one-process baseline
-    raw_share = statistics.median(spans)
-    staging = np.empty_like(u)
-    np.copyto(staging, u)  # touch the pages once, as a reused buffer would be
-    copies = []
-    for _ in range(SHARE_REPEATS):
-        comm.barrier()
-        t0 = time.monotonic()
-        np.copyto(staging, u)
-        copies.append(time.monotonic() - t0)
-    copyto = max(comm.allgather(min(copies)))
-    del staging
-
-    peer_path = scratch / f"peer-{rank}.bin"
-    peer: list[float] = []
-    peer_cpu: list[float] = []
-    peer_direct: list[bool] = []
-    peer_grown: list[int] = []
-
-    def peers(n: int) -> None:
-        """``n`` runs of the peer's job on every rank at once."""
-        resident = reset_peak()
-        for _ in range(n):
-            c0 = cpu_seconds()
-            first, last = spanned(lambda: peer_direct.append(peer_job(peer_path, u)))
-            peer_cpu.append(cpu_seconds() - c0)
-            peer.append(last - first)
-            peer_path.unlink()  # untimed, as the raw writes'
-        peer_grown.append(peak_growth(resident))
-
-    def timed(
-        run_id: str, push: bool
-    ) -> tuple[list[float], list[float], list[float], list[float], int]:
-        """Checkpoint the state ``p.checkpoints`` times in a Run of ``run_id``: (durable,
-        stall, decide) as :class:`Launch` says, this rank's CPU seconds of each checkpoint
-        taken and its peak resident growth over them; asserts that what was measured is
-        what was asked: every step signed, as one file or sharded, and (``push``) every
-        step's manifest in the remote, which rank 0 puts there only once every rank's
-        objects of the step are confirmed there."""
-        durable: list[float] = []
-        stall: list[float] = []
-        decide: list[float] = []
-        cpu: list[float] = []
-        grown: list[int] = []
-        with ka.Run(
-            run_id,
-            root="checkpoints",
-            seed=1,
-            # Every other step: the calls in between cost the agreed decision alone, which
-            # the stall of a taken checkpoint also pays.
-            every=ka.EverySteps(2),
-            asynchronous=(mode == "async"),
-            push=push,  # node-local: KAUDIT_LOCAL_DIR, set by the launch, makes it so
-        ) as run:
-            for step in range(1, 2 * p.checkpoints + 1):
-                np.multiply(u, 1.0 + 1e-9, out=u)  # a new state each step, as a solver's
-                resident = reset_peak()
-                comm.barrier()
-                c0 = cpu_seconds()
-                t0 = time.monotonic()
-                taken = run.checkpoint(step, state, layout={"u": ka.Block(axis=0)})
-                t1 = time.monotonic()
-                run.wait()
-                t2 = time.monotonic()
-                c1 = cpu_seconds()
-                grown.append(peak_growth(resident))
-                assert taken == (step % 2 == 0), f"step {step}: checkpointed {taken}"
-                times = comm.allgather((t0, t1, t2))
-                longest = max(b - a for a, b, _ in times)
-                if taken:
-                    durable.append(max(t for _, _, t in times) - min(t for t, _, _ in times))
-                    stall.append(longest)
-                    cpu.append(c1 - c0)
-                    if mode == "sync":
-                        # The peer's job right after each commit, on the same ranks: the
-                        # two see the same load, whatever it does meanwhile.
-                        peers(1)
-                elif step > 1:
-                    decide.append(longest)
-            manifests = list(Path("checkpoints", run_id).rglob("*" + MANIFEST_SUFFIX))
-            failures = comm.allgather(run.push_failures)
-            assert run.node_local == (mode == NODE_LOCAL), (mode, run.node_local)
-        if rank == 0:
-            assert len(manifests) == p.checkpoints, manifests
-            assert not any(failures), failures
-            if push:
-                pushed = list((REMOTE / "kaudit" / "runs" / run_id).glob("*" + MANIFEST_SUFFIX))
-                assert len(pushed) == p.checkpoints, pushed
-        return durable, stall, decide, cpu, max(grown)
-
-    # The sync launch runs the peer's job too, in the same processes on the same ranks,
-    # before the commits and after each: what any K writers of these bytes pay on this
-    # machine, the weak-scaling figure's yardstick.
-    if mode == "sync":
-        peers(PEER_REPEATS)
-    # The push launch times the same commits unpushed too, in the same process, before
-    # and after the pushed ones (so that a drift of the machine's load cancels): the
-    # push's own cost is the difference.
-    unpushed = timed("bench-ranks-before", False)[0][1:] if mode == "push" else []
-    durable, stall, decide, cpu, grown = timed("bench-ranks", mode in ("push", NODE_LOCAL))
-    if mode == "push":
-        unpushed += timed("bench-ranks-after", False)[0][1:]
-    cpus: list[float] = comm.allgather(statistics.median(cpu[1:] or cpu))
-    rsss: list[int] = comm.allgather(grown)
-    peer_cpus: list[float] = comm.allgather(statistics.median(peer_cpu) if peer_cpu else 0.0)
-    peer_rsss: list[int] = comm.allgather(max(peer_grown, default=0))
-    directs: list[bool] = comm.allgather(all(peer_direct))
-    if rank == 0:
-        result = Launch(
-            size,
-            mode,
-            durable,
-            stall,
-            decide,
-            raw_share,
-            copyto,
-            unpushed,
-            cpu=cpus,
-            rss=rsss,
-            peer=peer,
-            peer_cpu=peer_cpus if peer else [],
-            peer_rss=peer_rsss if peer else [],
-            peer_direct=bool(peer) and all(directs),
-        )
-        out.write_text(json.dumps(asdict(result)), encoding="utf-8")
 
 
 # -- the launches --------------------------------------------------------------------------------
@@ -648,11 +290,7 @@ def launch(p: Params, ranks: int, mode: str, fs: str = DISK) -> Launch:
         repo = scratch_repo()
         cwd, wrapper = repo, []
         if mode in ("push", NODE_LOCAL):
-            configure_remote(find_project(repo), str(repo.parent / "remote"))
-            # Committed, so that the run's git state is clean, as a real job's would be.
-            who = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
-            for args in (["add", "-A"], ["commit", "-q", "-m", "remote"]):
-                subprocess.run(["git", *who, *args], cwd=repo, check=True, capture_output=True)
+            add_remote(repo, repo.parent / "remote")
         if mode == NODE_LOCAL:
             for r in range(ranks):  # beside the repository: "../remote" is the same remote
                 subprocess.run(
@@ -667,22 +305,12 @@ def launch(p: Params, ranks: int, mode: str, fs: str = DISK) -> Launch:
                 'cd "node$OMPI_COMM_WORLD_RANK" && KAUDIT_LOCAL_DIR="$PWD/checkpoints" '
                 'exec "$0" "$@"',
             ]
-        env = {
-            **os.environ,
-            "DVC_NO_ANALYTICS": "1",
-            # Open MPI refuses root unless told twice (CI containers run as root).
-            "OMPI_ALLOW_RUN_AS_ROOT": "1",
-            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        }
+        env = mpi_env()  # KAUDIT_HOME as scratch_repo set it, for its key
     out = repo.parent / "result.json"
-    mpiexec = Path(sys.executable).parent / "mpiexec"
     try:
         subprocess.run(
-            [
-                str(mpiexec if mpiexec.exists() else "mpiexec"),
-                "--oversubscribe",
-                "-n",
-                str(ranks),
+            mpiexec(
+                ranks,
                 *wrapper,
                 sys.executable,
                 str(Path(__file__).resolve()),
@@ -692,7 +320,7 @@ def launch(p: Params, ranks: int, mode: str, fs: str = DISK) -> Launch:
                 json.dumps(asdict(p)),
                 "--out",
                 str(out),
-            ],
+            ),
             cwd=cwd,
             env=env,
             check=True,
@@ -769,291 +397,6 @@ def md5_pass(data: np.ndarray[Any, Any]) -> float:
     return best_of(SHARE_REPEATS, lambda: hashlib.md5(view, usedforsecurity=False).digest())
 
 
-MD5_TARGET = 1.5
-"""The sync durable commit of the global state, on any rank count, against one md5 pass."""
-
-
-def ms(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
-    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:.0f} ms"
-
-
-def per_rank(values: list[float], fmt: Callable[[float], str]) -> str:
-    return "/".join(fmt(v) for v in values)
-
-
-def cpu_s(seconds: float) -> str:
-    return f"{seconds:.3f}"
-
-
-def mib(n: float) -> str:
-    return f"{n / 2**20:.0f}"
-
-
-def report_weak(
-    p: Params, pairs: dict[tuple[str, int], tuple[Launch, Launch]], table: list[dict[str, Any]]
-) -> list[tuple[str, bool | None]]:
-    """Print the weak-scaling figures against the peer, and their goals; add them to the
-    table's rows; return each goal and whether it passed (None: not judged)."""
-    cores = usable_cores()
-    print(
-        "\nweak scaling against the peer: K ranks' sync commit against K processes doing "
-        "the same job without kaudit\n(the peer, each rank in the same launch: write+fsync "
-        "its strip, around the page cache where the\nfile system allows, as kaudit does, "
-        "while two threads hash it, sha256 twice and md5), beside\nthe same ratio on one "
-        f"rank of the same per-rank bytes (its own launch); weak = x peer on K / x peer on 1,"
-        f"\nthe target at most {WEAK_GOAL}x; plain = kaudit on K / kaudit on 1 (the "
-        "machine's shared disk and cores\nincluded); peer K/1: what the machine costs any "
-        "K writers of these bytes"
-    )
-    header = "fs|ranks|MiB/rank|kaudit K|peer K|x peer|kaudit 1|peer 1|x peer|weak|plain|peer K/1"
-    widths = [7, 7, 10, 10, 10, 8, 10, 10, 8, 8, 8, 10]
-    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
-    rows = {row["ranks"]: row for row in table}
-    goals: list[tuple[str, bool | None]] = []
-    for (fs, k), (many, one) in sorted(pairs.items()):
-        kaudit_k, peer_k = statistics.median(many.durable[1:]), statistics.median(many.peer)
-        kaudit_1, peer_1 = statistics.median(one.durable[1:]), statistics.median(one.peer)
-        x_k, x_1 = kaudit_k / peer_k, kaudit_1 / peer_1
-        weak = x_k / x_1
-        rows[k][f"weak_{fs}"] = weak
-        rows[k][f"x_peer_{fs}"] = (x_k, x_1)
-        cells = (
-            fs,
-            f"{k} r",  # not a bare number first: the first table's rows are the ones that are
-            f"{p.mib / k:g}",
-            ms(kaudit_k),
-            ms(peer_k),
-            f"{x_k:.2f}x",
-            ms(kaudit_1),
-            ms(peer_1),
-            f"{x_1:.2f}x",
-            f"{weak:.2f}x",
-            f"{kaudit_k / kaudit_1:.2f}x",
-            f"{peer_k / peer_1:.2f}x",
-        )
-        print("".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
-        text = (
-            f"weak scaling, {k} ranks, {fs}, {p.mib / k:g} MiB a rank: (kaudit / peer on {k}) / "
-            f"(kaudit / peer on 1) <= {WEAK_GOAL}x ({x_k:.2f}x / {x_1:.2f}x = {weak:.2f}x)"
-        )
-        goals.append((text, None if k > cores else weak <= WEAK_GOAL))
-    directs = {fs: many.peer_direct and one.peer_direct for (fs, _), (many, one) in pairs.items()}
-    print(
-        "the peer's writes (a tmpfs file is memory either way) "
-        + "; ".join(
-            f"on {fs} {'were' if d else 'were not'} O_DIRECT, as kaudit's"
-            for fs, d in sorted(directs.items())
-        )
-    )
-    print(
-        "\nper rank (rank 0 first, '/' between ranks): CPU seconds of one commit (kaudit: a "
-        "checkpoint taken, median;\npeer: one run of its job, median) and the largest growth "
-        "of the resident memory over one call\n(VmHWM, reset at its start), in MiB; x peer: "
-        "kaudit's CPU summed over the ranks against the\npeer's; weak: x peer on K / x peer "
-        "on 1 (the "
-        "CPU the protocol adds per rank added; a rank waiting in a collective busy-polls, "
-        "which counts)"
-    )
-    header = "fs|ranks|MiB/rank|kaudit CPU s|+RSS MiB|peer CPU s|+RSS MiB|x peer|weak"
-    widths = [7, 7, 10, 26, 14, 26, 14, 8, 8]
-    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
-    for (fs, k), (many, one) in sorted(pairs.items()):
-        x_cpu = {n.ranks: sum(n.cpu) / sum(n.peer_cpu) for n in (one, many)}
-        rows[k][f"cpu_weak_{fs}"] = x_cpu[k] / x_cpu[1]
-        for launch_ in (one, many):
-            use_cells = (
-                fs,
-                f"{launch_.ranks} r",
-                f"{p.mib / k:g}",
-                per_rank(launch_.cpu, cpu_s),
-                per_rank([float(n) for n in launch_.rss], mib),
-                per_rank(launch_.peer_cpu, cpu_s),
-                per_rank([float(n) for n in launch_.peer_rss], mib),
-                f"{x_cpu[launch_.ranks]:.2f}x",
-                f"{x_cpu[k] / x_cpu[1]:.2f}x" if launch_ is many else "",
-            )
-            print("".join(c.rjust(w) for c, w in zip(use_cells, widths, strict=True)))
-    return goals
-
-
-def report(
-    p: Params,
-    raws: list[float],
-    hashed: float,
-    md5: float,
-    results: list[Launch],
-    copied: list[float],
-    alone: dict[int, Launch],
-    pairs: dict[tuple[str, int], tuple[Launch, Launch]],
-    load: tuple[float, float],
-) -> list[dict[str, Any]]:
-    """Print the tables; return one row per rank count."""
-    raw = statistics.median(raws)
-    by = {(r.ranks, r.mode): r for r in results}
-    print(
-        f"global state {p.mib:g} MiB float64 ({rows(p)} x {COLS}, ka.Block(axis=0) strips), "
-        f"{p.checkpoints} checkpoints per launch, medians of all but the first; "
-        f"{usable_cores()} cores, load average {load[0]:.1f} at the start, {load[1]:.1f} at "
-        "the end"
-    )
-    print(
-        f"baseline: one process writing+fsyncing the {p.mib:g} MiB to one file "
-        f"{ms(raw)} (median of {len(raws)}, {RAW_REPEATS} before each launch); for reference, "
-        f"sha256 then md5 of those bytes on one core {ms(hashed)} ({hashed / raw:.2f}x raw);\n"
-        f"one md5 pass over them in memory {ms(md5)} ({md5 / raw:.2f}x raw)"
-    )
-    header = "ranks|raw K-way|x raw|sync durable|x raw|async durable|x raw|stall|copyto|x copyto"
-    header += "|1st stall|decide"
-    widths = [5, 11, 8, 14, 8, 15, 8, 10, 10, 10, 11, 10]
-    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
-    table = []
-    for k in sorted({r.ranks for r in results}):
-        sync, asyn, push = by[(k, "sync")], by[(k, "async")], by[(k, "push")]
-        row = {
-            "ranks": k,
-            "raw_share": sync.raw_share,
-            "sync": statistics.median(sync.durable[1:]),
-            "async": statistics.median(asyn.durable[1:]),
-            "stall": statistics.median(asyn.stall[1:]),
-            "first_stall": asyn.stall[0],
-            "decide": statistics.median(asyn.decide),
-            "copyto": asyn.copyto,
-            "pushed": statistics.median(push.durable[1:]),
-            "unpushed": statistics.median(push.unpushed),
-        }
-        if k in alone:
-            row["alone"] = statistics.median(alone[k].durable[1:])
-        if (k, NODE_LOCAL) in by:
-            row["node_local"] = statistics.median(by[(k, NODE_LOCAL)].durable[1:])
-        table.append(row)
-        cells = (
-            str(k),
-            ms(row["raw_share"]),
-            f"{row['raw_share'] / raw:.2f}x",
-            ms(row["sync"]),
-            f"{row['sync'] / raw:.2f}x",
-            ms(row["async"]),
-            f"{row['async'] / raw:.2f}x",
-            ms(row["stall"]),
-            ms(row["copyto"]),
-            f"{row['stall'] / row['copyto']:.2f}x",
-            ms(row["first_stall"]),
-            ms(row["decide"]),
-        )
-        print("".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
-    cores = usable_cores()
-    crowded = [k for k in sorted({r.ranks for r in results}) if k > cores]
-    print(
-        "raw K-way: K processes each writing+fsyncing its 1/K strip at once; sync durable:\n"
-        "asynchronous=False, run.checkpoint until the step is committed on every rank;\n"
-        "async durable: run.checkpoint + run.wait(); stall: the async loop's time inside\n"
-        "run.checkpoint (longest rank); copyto: one np.copyto of a rank's strip (longest rank);\n"
-        "1st stall: the first checkpoint's (its staging buffers are new); decide: a call\n"
-        "that took no checkpoint, the ranks agreeing on whether to (longest rank)"
-    )
-    copy = statistics.median(copied)
-    print(
-        f"\npushed (asynchronous=False, push=True, a local directory DVC remote): until the "
-        f"step is committed and every object of it\nconfirmed in the remote, its manifest "
-        f"last; baseline: one process copying the {p.mib:g} MiB to another directory "
-        f"{ms(copy)}\n(no fsync, as DVC's local remote writes; median of {len(copied)})"
-    )
-    header = "ranks|unpushed|pushed|x raw|x copy|x unpushed|push part|x copy"
-    widths = [8, 12, 12, 8, 8, 12, 12, 8]
-    print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
-    for row in table:
-        part = row["pushed"] - row["unpushed"]
-        pushed_cells = (
-            # Not a bare number first: the rows of the table above are the ones that are.
-            f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}",
-            ms(row["unpushed"]),
-            ms(row["pushed"]),
-            f"{row['pushed'] / raw:.2f}x",
-            f"{row['pushed'] / copy:.2f}x",
-            f"{row['pushed'] / row['unpushed']:.2f}x",
-            ms(part),
-            f"{part / copy:.2f}x",
-        )
-        print("".join(c.rjust(w) for c, w in zip(pushed_cells, widths, strict=True)))
-    print(
-        "unpushed: the same commits without push=True, in the same launch just before and\n"
-        "just after (the median of both);\n"
-        "push part: pushed minus unpushed, the push's own cost"
-    )
-    local = [row for row in table if "node_local" in row]
-    if local:
-        print(
-            "\nnode-local (asynchronous=False, push=True, each rank in a clone of its own with "
-            "KAUDIT_LOCAL_DIR there):\nuntil the step is committed, which it is only once every "
-            "rank's shard is in the remote (the ranks\nshare no directory: the remote is where "
-            "the step meets), and its manifest put there last"
-        )
-        header = "ranks|node-local|x raw|x copy|x pushed"
-        widths = [8, 12, 8, 8, 10]
-        print("".join(h.rjust(w) for h, w in zip(header.split("|"), widths, strict=True)))
-        for row in local:
-            local_cells = (
-                f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}",
-                ms(row["node_local"]),
-                f"{row['node_local'] / raw:.2f}x",
-                f"{row['node_local'] / copy:.2f}x",
-                f"{row['node_local'] / row['pushed']:.2f}x",
-            )
-            print("".join(c.rjust(w) for c, w in zip(local_cells, widths, strict=True)))
-        print("x pushed: against the pushed commit of the same ranks on one shared directory")
-    polling = os.environ.get(YIELD) == "1"
-    print(
-        "MPI ranks waiting in a collective "
-        + ("yield the core (OMPI_MCA_mpi_yield_when_idle=1)" if polling else "busy-poll")
-    )
-    print(
-        f"\nthe sync durable commit against one md5 pass over the same {p.mib:g} MiB "
-        f"({ms(md5)}; target at most {MD5_TARGET}x):"
-    )
-    for row in table:
-        ratio = row["sync"] / md5
-        row["x_md5"] = ratio
-        print(
-            f"  {row['ranks']} rank{'s' if row['ranks'] > 1 else ''}: {ms(row['sync'])}, "
-            f"{ratio:.2f}x ({'met' if ratio <= MD5_TARGET else 'not met'})"
-        )
-    weak = [row for row in table if "alone" in row]
-    if weak:
-        print(
-            "\nweak scaling, plain: the sync commit on K ranks against one rank committing "
-            "the same per-rank bytes\n(its own launch), the machine's shared disk and cores "
-            "included: not the goal's figure, see the peer below"
-        )
-        for row in weak:
-            ratio = row["sync"] / row["alone"]
-            row["plain"] = ratio
-            print(
-                f"  {row['ranks']} ranks, {p.mib / row['ranks']:g} MiB each: "
-                f"{ms(row['sync'])} against "
-                f"{ms(row['alone'])} on one rank: {ratio:.2f}x"
-            )
-    if crowded:
-        print(
-            f"{', '.join(map(str, crowded))} ranks on {cores} cores: oversubscribed "
-            "(ranks share cores), so contention is measured as much as scaling"
-        )
-    goals = report_weak(p, pairs, table) if pairs else []
-    if goals:
-        print("goals:")
-        for text, ok in goals:
-            verdict = "PASS" if ok else "MISS" if ok is not None else "NOT JUDGED"
-            print(f"  {verdict}  {text}")
-        for k in crowded:
-            if any(f"weak_{fs}" in row for row in table if row["ranks"] == k for fs in (DISK, SHM)):
-                print(
-                    f"  ({k} ranks on {cores} cores is oversubscribed: more ranks than cores, "
-                    "not judged)"
-                )
-    return table
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256, help="global state size")
@@ -1096,7 +439,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     if args.mpi_yield:
         # Open MPI busy-polls in a collective: a rank waiting in the vote spins a core that
         # an oversubscribed rank doing the work needs. Every launch inherits this.
-        os.environ[YIELD] = "1"
+        os.environ[MPI_YIELD] = "1"
     load0 = os.getloadavg()[0]
     data = np.random.default_rng(0).random((rows(p), COLS))
     hashed = hashing(data)
@@ -1126,6 +469,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
                     )
     load = (load0, os.getloadavg()[0])
     return report(p, raws, hashed, md5, results, copied, alone, pairs, load)
+
+
+__all__ = ["main", "usable_cores"]  # usable_cores: the smoke test judges by it
 
 
 if __name__ == "__main__":

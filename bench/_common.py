@@ -1,9 +1,11 @@
 """Shared set-up for the benchmarks: a throw-away kaudit repository with a signing key (and
-a DVC remote beside it), timing helpers, and the command line of an MPI launch."""
+a DVC remote beside it, or the heat example in it), timing helpers, kaudit run in-process,
+and the command line of an MPI launch."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -18,6 +20,8 @@ from kronos_audit.project.repository import find_project
 from kronos_audit.storage.remote import configure_remote
 from kronos_audit.storage.setup import init_project
 
+HEAT_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "heat" / "run.py"
+"""The heat example's program: a real solver that checkpoints through ``ka.Run``."""
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"  # Open MPI spells it so
 """Open MPI's setting that makes a rank waiting in MPI yield its core instead of spinning."""
 
@@ -48,6 +52,31 @@ def scratch_repo() -> Path:
     key = generate_key("bench")
     project.trust_store().add(key.private_key.public_key(), "bench")
     return repo
+
+
+def heat_repo() -> Path:
+    """A :func:`scratch_repo` with the heat example's program at ``heat/run.py`` (not yet
+    committed: the caller adds what else it needs first)."""
+    repo = scratch_repo()
+    (repo / "heat").mkdir()
+    shutil.copy(HEAT_EXAMPLE, repo / "heat" / "run.py")
+    return repo
+
+
+def kaudit_in_process(repo: Path, args: Sequence[str]) -> tuple[int, str]:
+    """``kaudit ARGS`` run in this process from ``repo``, as the tests call it (click's
+    runner): its exit code and output. No interpreter start is timed with it."""
+    from click.testing import CliRunner
+
+    from kronos_audit.cli import cli
+
+    before = os.getcwd()
+    os.chdir(repo)
+    try:
+        invoked = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    finally:
+        os.chdir(before)
+    return invoked.exit_code, invoked.output
 
 
 def add_remote(repo: Path, remote: Path) -> None:

@@ -100,7 +100,7 @@ import numpy as np
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
-from bench._common import best_of, scratch_repo
+from bench._common import best_of, kaudit_in_process, scratch_repo
 from bench._kill_resume import kill_resume_row, print_kill_resume
 from kronos_audit.runtime.campaigns.ledger import batch_rng
 from kronos_audit.verification.array import array_spec
@@ -353,17 +353,7 @@ def array_row(repo: Path, tasks: int, in_process: bool = False) -> dict[str, Any
     def cli(*args: str, code: int) -> tuple[float, str]:
         t0 = time.perf_counter()
         if in_process:
-            from click.testing import CliRunner
-
-            from kronos_audit.cli import cli as app
-
-            before = os.getcwd()
-            os.chdir(repo)
-            try:
-                invoked = CliRunner().invoke(app, list(args), catch_exceptions=False)
-            finally:
-                os.chdir(before)
-            returncode, output = invoked.exit_code, invoked.output
+            returncode, output = kaudit_in_process(repo, args)
         else:
             done = subprocess.run(
                 [kaudit, *args], cwd=repo, capture_output=True, text=True, check=False, env=env

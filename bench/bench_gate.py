@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -27,9 +26,8 @@ from typing import Any
 
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._common import scratch_repo
+from bench._common import heat_repo
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "heat" / "run.py"
 CLI = [sys.executable, "-c", "from kronos_audit.cli import main; main()"]
 
 
@@ -55,9 +53,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=64, help="grid points per side")
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
-    repo = scratch_repo()
-    (repo / "heat").mkdir()
-    shutil.copy(EXAMPLE, repo / "heat" / "run.py")
+    repo = heat_repo()
     config = repo / ".kaudit" / "config.toml"
     config.write_text(config.read_text() + f"\n[gate]\nsegments = {args.segments}\nseed = 1\n")
     git(repo, "add", "-A")

@@ -29,7 +29,6 @@ Run: .venv/bin/python bench/bench_long_run.py [--checkpoints 10000] [--mid 5000]
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ import numpy as np
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kronos_audit as ka
-from bench._common import scratch_repo
+from bench._common import kaudit_in_process, scratch_repo
 from kronos_audit.keys.home import kaudit_home
 from kronos_audit.verification.memo import MEMO_DIR
 
@@ -134,17 +133,8 @@ def kaudit(repo: Path, args: Sequence[str], *, fresh: bool) -> float:
         )
         subprocess.run([*argv, *args], cwd=repo, check=True, capture_output=True)
     else:
-        from click.testing import CliRunner
-
-        from kronos_audit.cli import cli
-
-        old = os.getcwd()
-        os.chdir(repo)
-        try:
-            result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-        finally:
-            os.chdir(old)
-        assert result.exit_code == 0, result.output
+        code, output = kaudit_in_process(repo, args)
+        assert code == 0, output
     return time.perf_counter() - t0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -26,9 +25,7 @@ from typing import Any
 
 # Run as a script, only bench/ is on sys.path: the repository root makes bench a package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._common import scratch_repo
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "heat" / "run.py"
+from bench._common import HEAT_EXAMPLE, heat_repo
 
 
 def git(repo: Path, *args: str) -> None:
@@ -78,7 +75,7 @@ def compute_seconds(n: int, steps: int) -> float:
     timed inside a fresh process (the programs are fresh processes too: a long-lived
     one may have handed its memory back and pay for touching it again)."""
     done = subprocess.run(
-        [sys.executable, "-c", COMPUTE, str(EXAMPLE.parent), str(n), str(steps)],
+        [sys.executable, "-c", COMPUTE, str(HEAT_EXAMPLE.parent), str(n), str(steps)],
         check=True,
         capture_output=True,
         text=True,
@@ -92,9 +89,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1024, help="grid points per side")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    repo = scratch_repo()
-    (repo / "heat").mkdir()
-    shutil.copy(EXAMPLE, repo / "heat" / "run.py")
+    repo = heat_repo()
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "heat")
     grid = ["--n", str(args.n)]

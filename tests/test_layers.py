@@ -286,6 +286,21 @@ def test_no_module_is_longer_than_the_limit() -> None:
     assert not long, f"split by meaning (at most {MODULE_LINES} lines): {long}"
 
 
+BENCH = PACKAGE.parent / "bench"
+"""The benchmarks: programs, not the package, held to the package's length all the same."""
+
+
+def test_no_benchmark_module_is_longer_than_the_limit() -> None:
+    modules = sorted(BENCH.rglob("*.py"))
+    assert modules, BENCH
+    long = {
+        path.relative_to(BENCH.parent).as_posix(): n
+        for path in modules
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES
+    }
+    assert not long, f"split by meaning (at most {MODULE_LINES} lines): {long}"
+
+
 RUNTIME = f"{NAME}.runtime"
 RUNTIME_LINES = 600
 """The longest a module under runtime/ may be: the loop a program runs is read first."""

@@ -3,13 +3,14 @@
 The ledger is a handful of datasets, whatever the number of batches: ``/ledger/index``
 (the batch indices) and, per result field, the results stacked in that order
 (``/ledger/results`` for a result that is one array or number, ``/ledger/results/<field>``
-for a dict). A run's step in one file keeps it in chunks beside the steps: each checkpoint
-writes the rows recorded since the last one as one chunk file (:func:`write_chunk`, those
-datasets, sorted by index), ``<run>/ledger/<sha256>.h5``, and its manifest names every
-chunk of the ledger (:class:`LedgerChunk`). A restore and a
-campaign's verification read them back with :func:`read_chunks`, each at its signed size
-and sha256, never through a link. Steps written before chunks, and a sharded step's rank
-0 shard, hold the datasets inside the checkpoint. The run's ledger
+for a dict). A run keeps it in chunks beside its steps, whether a step is one file or a
+directory of shards: each checkpoint writes the rows recorded since the last one as one
+chunk file (:func:`write_chunk`, those datasets, sorted by index),
+``<run>/ledger/<sha256>.h5``, and its manifest names every chunk of the ledger
+(:class:`LedgerChunk`). A restore and a campaign's verification read them back with
+:func:`read_chunks`, each at its signed size and sha256, never through a link. Steps
+written before chunks (a file, or every shard of a sharded step) hold the datasets inside
+the checkpoint. The run's ledger
 (:class:`~kronos_audit.runtime.campaigns.ledger.Ledger`) writes them; :func:`rows` reads a
 group of them row by row.
 """
@@ -99,6 +100,23 @@ def chunks_problem(chunks: Sequence[LedgerChunk]) -> str | None:
 def ledger_rows(chunks: Sequence[LedgerChunk]) -> int:
     """The rows (batches) the chunks hold together."""
     return chunks[-1].first + chunks[-1].count if chunks else 0
+
+
+def kept_chunks(before: Sequence[LedgerChunk], rows: int) -> tuple[LedgerChunk, ...]:
+    """Which of a parent step's chunks ``before`` the next step of a ledger of ``rows``
+    rows names again, its new chunk holding the rows after them: all of them, or none (the
+    ledger written whole as one chunk) when the ledger is shorter than they say (another
+    ledger) or when one more would make more than :data:`CHUNKS_LIMIT`."""
+    if ledger_rows(before) > rows or len(before) >= CHUNKS_LIMIT:
+        return ()
+    return tuple(before)
+
+
+def run_dir_of(checkpoint: Path, *, sharded: bool) -> Path:
+    """The run directory whose ``ledger/`` holds the chunks a step's manifest names: the
+    directory of a step's ``checkpoint`` file, or for a sharded step (``checkpoint`` its
+    shard index, in its step directory) the step directory's."""
+    return checkpoint.parent.parent if sharded else checkpoint.parent
 
 
 CHUNK_DIR = LEDGER_GROUP
@@ -232,8 +250,10 @@ __all__ = [
     "LedgerRows",
     "chunk_path",
     "chunks_problem",
+    "kept_chunks",
     "ledger_rows",
     "read_chunks",
     "rows",
+    "run_dir_of",
     "write_chunk",
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.layout import INDEX_NAME, manifest_path_for
-from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path
+from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path, run_dir_of
 from kronos_audit.checkpoint.shards import LINE_WIDTH, hash_shard, parse_index, read_index
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.statement.manifest import Manifest
@@ -106,7 +106,8 @@ def hand_over_directory(parent: Manifest, dest: Path, what: str = "the parent st
 
 def hand_over_step(parent: Manifest, dest: Path) -> Path:
     """Copy the verified parent step (manifest, index, every shard) into
-    ``dest/step-<N:08d>/``; return that directory. Every copy is a new file checked against
+    ``dest/step-<N:08d>/``, and the chunks of the ledger it names into ``dest/ledger/``;
+    return that step directory. Every copy is a new file checked against
     the signed digests (the manifest's own, the index's, each shard's on its index line),
     so a file swapped after verification is caught."""
     shards = parent.record.shards
@@ -139,6 +140,7 @@ def hand_over_step(parent: Manifest, dest: Path) -> Path:
                     parent.checkpoint_path.parent / record.name,
                 )
         _copy_manifest(parent, step_dir / parent.path.name)
+        _copy_chunks(parent, dest)
     except UnsafeFile as e:
         raise _copy_refused(
             f"cannot copy the parent step for the command: {e.reason}",
@@ -164,8 +166,9 @@ def _copy_chunks(parent: Manifest, dest: Path) -> None:
     if not parent.record.ledger:
         return
     (dest / CHUNK_DIR).mkdir(mode=0o700)
+    run_dir = run_dir_of(parent.checkpoint_path, sharded=parent.record.shards is not None)
     for chunk in parent.record.ledger:
-        source = chunk_path(parent.checkpoint_path.parent, chunk.sha256)
+        source = chunk_path(run_dir, chunk.sha256)
         copy = chunk_path(dest, chunk.sha256)
         _copy(source, copy, chunk.size)
         with open(copy, "rb") as f:

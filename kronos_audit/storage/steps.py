@@ -2,7 +2,7 @@
 pushed, must cover.
 
 A checkpoint file is one object (its manifest signs its md5), and one more for each chunk
-of the run's ledger its manifest names. A directory step is one
+of the run's ledger its manifest names (a sharded step's too). A directory step is one
 object per file its manifest lists (and DVC's listing of them, pushed on its own). A
 sharded step is its shard
 index (the signed subject) and one object per shard, each named by its line of that
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kronos_audit.checkpoint.layout import shard_path
-from kronos_audit.checkpoint.ledger import LedgerChunk, chunk_path
+from kronos_audit.checkpoint.ledger import LedgerChunk, chunk_path, run_dir_of
 from kronos_audit.checkpoint.shards import LINE_WIDTH, parse_index, read_index
 from kronos_audit.errors import CheckpointError, Error, RemoteUnreachable
 from kronos_audit.statement.manifest import Manifest
@@ -29,7 +29,8 @@ def step_items(
     manifest: Manifest, remote: Callable[[FetchItem], bytes] | None = None
 ) -> list[FetchItem] | None:
     """The objects of ``manifest``'s step (read, signature checked by the caller): its
-    checkpoint file; for a sharded step, its index and each shard the index names. None
+    checkpoint file; for a sharded step, its index and each shard the index names; then
+    each chunk of the run's ledger the manifest names. None
     when a sharded step's index is not here to say which shards it has (or it is not the
     signed index), or the manifest records no md5 to address its data by.
 
@@ -82,6 +83,7 @@ def step_items(
             FetchItem(shard_path(index.parent, r.rank, shards.count), r.md5, r.sha256, r.size)
             for r in lines
         ),
+        *ledger_items(run_dir_of(index, sharded=True), manifest.record.ledger),
     ]
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import flatten, unflatten
 from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX, INDEX_NAME, TREE_NAME, shard_name
-from kronos_audit.checkpoint.ledger import LEDGER_GROUP, read_chunks
+from kronos_audit.checkpoint.ledger import LEDGER_GROUP, read_chunks, run_dir_of
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
 from kronos_audit.errors import CheckpointError, Error
@@ -90,10 +90,12 @@ def read_part(
 
     With ``whole`` (what a certificate is verified and signed with) the step is verified
     as ``kaudit verify`` does, every byte: a sharded step's index and every rank's shard,
-    fetched from the DVC remote when they are not here. Without, a sharded step whose
-    index, tree and rank 0's shard are here is verified without the other shards
-    (signature, place and chain): the ledger is in rank 0's shard, which :func:`_ledger`
-    proves against the signed Merkle root, and the other ranks' shards hold no batch.
+    fetched from the DVC remote when they are not here. Without, a sharded step is
+    verified without its shards (signature, place and chain) when its ledger is in
+    chunks beside the steps, each read at its signed sha256, or (a step written before
+    chunks) when its index, tree and rank 0's shard are here: the ledger is then in rank
+    0's shard, which :func:`_ledger` proves against the signed Merkle root. The other
+    ranks' shards hold no batch the ledger lacks.
     That is how a run reads its own step back where only rank 0's shards are (node-local
     storage), and how ``kaudit campaign`` shows a task's state. Without ``origins`` the
     chain is not walked for where each batch ran (a sampled verification needs only the
@@ -115,6 +117,8 @@ def _ledger_here(verifier: Verifier, manifest_path: Path | str) -> bool:
     shards = m.record.shards
     if shards is None:
         return False
+    if m.record.ledger:
+        return True  # in chunks beside the steps, each read at its signed sha256
     step = m.checkpoint_path.parent
     return all(
         (step / name).is_file() for name in (INDEX_NAME, TREE_NAME, shard_name(0, shards.count))
@@ -122,13 +126,15 @@ def _ledger_here(verifier: Verifier, manifest_path: Path | str) -> bool:
 
 
 def _ledger(m: Manifest) -> Mapping[int, Any]:
-    """The ledger of the checkpoint ``m`` signs, read from the bytes that were verified (a
-    sharded step's from rank 0's shard, which holds every rank's results)."""
+    """The ledger of the checkpoint ``m`` signs, read from the bytes that were verified:
+    the chunks its manifest names, or (a step written before chunks) its file, or a
+    sharded step's rank 0 shard, which holds every rank's results."""
     shards = m.record.shards
     try:
-        if shards is None and m.record.ledger:
+        if m.record.ledger:
             # In chunks beside the steps, each read as the verified manifest signs it.
-            chunks = read_chunks(m.checkpoint_path.parent, m.record.ledger)
+            run_dir = run_dir_of(m.checkpoint_path, sharded=shards is not None)
+            chunks = read_chunks(run_dir, m.record.ledger)
             flat = {name.removeprefix(_LEDGER): value for name, value in chunks.items()}
         elif shards is None:
             signed = Signed(m.record.size, m.subject_sha256, m.datasets)

@@ -30,7 +30,7 @@ from kronos_audit.checkpoint.directory import check_step, make_tree, scan
 from kronos_audit.checkpoint.formats.interface import Format
 from kronos_audit.checkpoint.hashing import open_file
 from kronos_audit.checkpoint.layout import shard_path
-from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path
+from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path, run_dir_of
 from kronos_audit.checkpoint.location import Location
 from kronos_audit.checkpoint.shards import (
     LINE_WIDTH,
@@ -193,7 +193,8 @@ class Verifier(ChainReader):
         (never a link) of its signed size and sha256; a missing one fetched first when
         the verifier fetches. Each chunk is hashed once a verifier (later steps name the
         same chunks)."""
-        run_dir = manifest.checkpoint_path.parent
+        sharded = manifest.record.shards is not None
+        run_dir = run_dir_of(manifest.checkpoint_path, sharded=sharded)
         for chunk in manifest.record.ledger:
             if chunk.sha256 in self._chunks_held:
                 continue

@@ -1,5 +1,6 @@
 """Monte Carlo batches spread over the ranks under a real mpiexec: each batch runs on one
-rank, the ledger is gathered at each commit, a rank SIGKILLed mid-run costs only its
+rank, the ledger is gathered at each commit and rank 0 writes the round's batches as one
+chunk beside the steps, a rank SIGKILLed mid-run costs only its
 uncommitted batches, re-run on another rank count, and the tally is a serial run's, bit
 for bit, on every rank.
 
@@ -22,6 +23,7 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit.checkpoint.layout import shard_path, step_directory
+from kronos_audit.checkpoint.ledger import chunk_path
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from tests.helpers import recorded_once, run_cli
@@ -141,9 +143,20 @@ def signed_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.parent.name[5:]) for p in run_dir.glob("step-*/index.jsonl.kaudit.json"))
 
 
-def ledger_of(run_dir: Path, step: int, rank: int, count: int) -> list[int]:
+def ledger_of(run_dir: Path, step: int) -> list[int]:
+    """The batches of step ``step``'s ledger: in the chunks beside the steps its manifest
+    names, rank 0's (no shard holds the ledger)."""
+    manifest = ka.read_manifest(step_directory(run_dir, step) / "index.jsonl.kaudit.json")
+    indices: list[int] = []
+    for chunk in manifest.record.ledger:
+        with h5py.File(chunk_path(run_dir, chunk.sha256)) as f:
+            indices += [int(i) for i in f["ledger/index"][()]]
+    return sorted(indices)
+
+
+def shard_holds_ledger(run_dir: Path, step: int, rank: int, count: int) -> bool:
     with h5py.File(shard_path(step_directory(run_dir, step), rank, count)) as f:
-        return [int(i) for i in f["ledger/index"][()]]
+        return "ledger" in f
 
 
 def test_ten_batches_on_three_ranks_run_once_each_and_tally_as_one_process(
@@ -159,8 +172,11 @@ def test_ten_batches_on_three_ranks_run_once_each_and_tally_as_one_process(
     run_dir = project.root / "checkpoints" / "spread"
     # One step a round (EverySteps(1)), each the batches done on every rank by then.
     assert signed_steps(run_dir) == [3, 6, 9, 10]
-    assert ledger_of(run_dir, 6, 0, 3) == list(range(6))
-    assert ledger_of(run_dir, 6, 2, 3) == list(range(6))  # every shard holds the union
+    # Rank 0 wrote each round's batches, every rank's, as one chunk the step names.
+    assert ledger_of(run_dir, 6) == list(range(6))
+    chunks = ka.read_manifest(step_directory(run_dir, 6) / "index.jsonl.kaudit.json")
+    assert [(c.first, c.count) for c in chunks.record.ledger] == [(0, 3), (3, 3)]
+    assert not any(shard_holds_ledger(run_dir, 6, r, 3) for r in range(3))
     manifest = ka.read_manifest(step_directory(run_dir, 10) / "index.jsonl.kaudit.json")
     assert manifest.predicate["batches"]["total"] == manifest.predicate["batches"]["done"] == 10
     # Rank 0 signs where each batch ran: each once along the chain, by its own rank.
@@ -198,7 +214,7 @@ def test_a_rank_sigkilled_mid_run_costs_only_its_uncommitted_batches_on_two_rank
     assert killed.returncode != 0, killed.stdout + killed.stderr
     assert not list(project.root.glob("out.*.json"))  # no rank got to the end
     assert signed_steps(run_dir)[-1] == 6
-    committed = ledger_of(run_dir, 6, 0, 3)
+    committed = ledger_of(run_dir, 6)
     assert committed == list(range(6))
 
     docs = mc(project, 2, "killed", "12")
@@ -261,10 +277,8 @@ def test_a_step_of_batches_on_three_ranks_replays_bitwise(
         doc = json.loads(shown.stdout)
         assert doc["outcome"] == "REPRODUCED", doc
         verdicts = {d["path"]: d["verdict"] for d in doc["datasets"]}
-        # The ledger compared on every rank: each shard holds the union.
-        ledgers = [p for p in verdicts if p.startswith("/ledger/index")]
-        assert len(ledgers) == 3, sorted(verdicts)
-        assert {verdicts[p] for p in ledgers} == {"IDENTICAL"}
+        # No shard holds the ledger: it is in chunks beside the steps.
+        assert not [p for p in verdicts if p.startswith("/ledger/")], sorted(verdicts)
 
 
 POACH = """

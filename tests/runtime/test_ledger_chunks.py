@@ -21,7 +21,6 @@ from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.runtime.campaigns.ledger import batch_rng
-from kronos_audit.runtime.steps import ledger as steps_ledger
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.storage import cache_object_path, cache_settings
 from tests.conftest import isolate
@@ -216,7 +215,7 @@ def test_retention_keeps_every_chunk_a_kept_step_names_and_removes_the_others(
     project: Project, key: SigningKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A ledger of at most 2 chunks: the third checkpoint writes it whole, once more.
-    monkeypatch.setattr(steps_ledger, "CHUNKS_LIMIT", 2)
+    monkeypatch.setattr("kronos_audit.checkpoint.ledger.CHUNKS_LIMIT", 2)
     root = project.root / "checkpoints"
     with ka.Run("kept", root=root, seed=SEED, every=ka.EverySteps(EVERY), keep=1) as run:
         run.map_batches(batch, N)

@@ -1,15 +1,19 @@
 """The ledger's chunks travel with the steps: ``Run(push=True)`` pushes each chunk with the
 step that first names it, a fresh clone resumes the campaign from the DVC remote with
-every chunk fetched at its signed sha256, and a chunk swapped in the remote is refused."""
+every chunk fetched at its signed sha256 (a sharded run's too, on another rank count), and
+a chunk swapped in the remote is refused."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.layout import STEP_MANIFEST
 from kronos_audit.checkpoint.ledger import CHUNK_DIR, chunk_path
 from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.keys.keyfile import SigningKey
@@ -18,6 +22,7 @@ from kronos_audit.storage import Storage
 from kronos_audit.storage.steps import ledger_items
 from tests.helpers import git, run_cli
 from tests.runtime.test_ledger_chunks import EVERY, SEED, assert_serial, batch
+from tests.threadranks import ThreadRanks, on_ranks, thread_run
 
 RUN = "mc"
 
@@ -77,3 +82,43 @@ def test_a_chunk_swapped_in_the_remote_is_not_taken(
         step = restored_step(clone)
     assert step is None  # every step needs the first chunk
     assert not chunk_path(clone / "checkpoints" / RUN, first.sha256).exists()
+
+
+def test_a_sharded_campaign_s_chunks_are_pushed_and_a_clone_resumes_from_them(
+    project: Project, key: SigningKey, remote: Path, tmp_path: Path
+) -> None:
+    # Rank 0 writes and pushes each step's chunk with the step; a clone on another rank
+    # count fetches them (rank 0, for every rank) and goes on.
+    def program(repo: Path, n: int) -> Callable[[ThreadRanks], ka.Ledger]:
+        def ranks(comm: ThreadRanks) -> ka.Ledger:
+            with thread_run(repo, RUN, comm, push=True) as run:
+                run.restore()
+                ledger = run.map_batches(batch, n)
+                assert run.push_failures == []
+                return ledger
+
+        return ranks
+
+    on_ranks(2, program(project.root, 6))  # steps 2, 4 and 6
+    step = project.root / "checkpoints" / RUN / "step-00000006"
+    newest = ka.read_manifest(step / STEP_MANIFEST)
+    assert len(newest.record.ledger) == 3
+    items = ledger_items(step.parent, newest.record.ledger)
+    assert Storage(project).remote_sizes([i.md5 for i in items]) == {i.md5: i.size for i in items}
+
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(project.root), str(clone))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is skipped
+        ledgers = on_ranks(3, program(clone, 9))
+    expected = {i: batch(ka.runtime.batch_rng(5, i)) for i in range(9)}
+    for ledger in ledgers:
+        assert ledger.indices() == list(range(9))
+        assert all(
+            ledger[i][k].tobytes() == np.asarray(expected[i][k]).tobytes()
+            for i in range(9)
+            for k in expected[i]
+        )
+    here = clone / "checkpoints" / RUN
+    assert all(chunk_path(here, c.sha256).is_file() for c in newest.record.ledger)
+    assert run_cli("verify", str(here), cwd=clone).exit_code == 0

@@ -302,32 +302,11 @@ class RemoteResume:
 
     def _chunks(self, manifest: Manifest) -> None:
         """Fetch the chunks of the ledger the verified ``manifest`` names that are not
-        here, each checked against its signed sha256 before it is put in place, and track
-        them; _Skip when one cannot be (the step cannot be restored without it)."""
-        chunks = ledger_items(self.directory, manifest.record.ledger)
-        items = [i for i in chunks if not os.path.lexists(i.checkpoint)]
-        if not items:
-            return
-        directory = items[0].checkpoint.parent
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir()
-        if directory.is_symlink() or not directory.is_dir():
-            raise _Skip(f"{directory}: not a directory (a link is not followed)")
-        failed = self.storage.fetch_many(items)
-        if failed:
-            path, error = next(iter(failed.items()))
-            raise _Skip(f"ledger chunk {path.name} not fetched: {error.message}")
-        for item in items:
-            with contextlib.suppress(Error, OSError):
-                track(
-                    self.project,
-                    item.checkpoint,
-                    item.md5,
-                    item.size,
-                    owned=True,
-                    ignore_pattern="/" + CHUNK_GLOB,
-                    settings=self.storage.cache_settings(),
-                )
+        here (:func:`fetch_chunks`); _Skip when one cannot be (the step cannot be restored
+        without it)."""
+        problem = fetch_chunks(self.project, self.storage, self.directory, manifest)
+        if problem is not None:
+            raise _Skip(problem)
 
     def _take_step(self, step: int, entry: RemoteEntry, by_name: dict[str, RemoteEntry]) -> Found:
         """Bring sharded step ``step``'s manifest, its chain's and its shard index here:
@@ -420,8 +399,43 @@ class RemoteResume:
         return out
 
 
+def fetch_chunks(
+    project: Project, storage: Storage, directory: Path, manifest: Manifest
+) -> str | None:
+    """Fetch into the run directory ``directory`` the chunks of the ledger the verified
+    ``manifest`` names that are not here, each checked against its signed sha256 before it
+    is put in place, and track them. Why one could not be had, in one line (None: every
+    one is here)."""
+    chunks = ledger_items(directory, manifest.record.ledger)
+    items = [i for i in chunks if not os.path.lexists(i.checkpoint)]
+    if not items:
+        return None
+    chunk_dir = items[0].checkpoint.parent
+    with contextlib.suppress(FileExistsError):
+        chunk_dir.mkdir()
+    if chunk_dir.is_symlink() or not chunk_dir.is_dir():
+        return f"{chunk_dir}: not a directory (a link is not followed)"
+    failed = storage.fetch_many(items)
+    if failed:
+        path, error = next(iter(failed.items()))
+        return f"ledger chunk {path.name} not fetched: {error.message}"
+    for item in items:
+        with contextlib.suppress(Error, OSError):
+            track(
+                project,
+                item.checkpoint,
+                item.md5,
+                item.size,
+                owned=True,
+                ignore_pattern="/" + CHUNK_GLOB,
+                settings=storage.cache_settings(),
+            )
+    return None
+
+
 __all__ = [
     "TRY_LIMIT",
     "Found",
     "RemoteResume",
+    "fetch_chunks",
 ]

@@ -13,7 +13,9 @@ looks there too, collectively, once the ranks have agreed on the newest step val
    md5 and sha256 of its line of the signed index (proven against the signed Merkle
    root with log2(n) nodes of the tree rank 0 rebuilt from the index): a shard several
    ranks read is fetched by the lowest of them only, so no two ranks write one name (the
-   run directory is shared);
+   run directory is shared); rank 0 also fetches the chunks of the ledger the step's
+   manifest names that are not here (it reads them for every rank), each checked
+   against its signed sha256;
 3. the ranks then agree on it as on a step written here, each verifying what it reads:
    a fetch that failed leaves the step valid here the one taken.
 
@@ -24,6 +26,7 @@ nodes of the tree, the manifests of the chain (rank 0 alone fetches the index, o
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,7 +35,7 @@ from kronos_audit.checkpoint.layout import STEP_MANIFEST, shard_path, step_direc
 from kronos_audit.errors import CheckpointSkipped
 from kronos_audit.parallel.comm import Comm
 from kronos_audit.runtime.ranks import one_line_reason
-from kronos_audit.runtime.remote.resume import RemoteResume
+from kronos_audit.runtime.remote.resume import RemoteResume, fetch_chunks
 from kronos_audit.runtime.steps.layouts import Agreed, signed_line
 from kronos_audit.statement.layout import parse_layout
 from kronos_audit.storage.fetch import FetchItem
@@ -40,6 +43,7 @@ from kronos_audit.verification.trusted import StepKind, trusted_step
 
 if TYPE_CHECKING:
     from kronos_audit.project.repository import Project
+    from kronos_audit.statement.manifest import Manifest
     from kronos_audit.storage.remote import Storage
     from kronos_audit.storage.runs import RunFiles
     from kronos_audit.verification.verifier import Verifier
@@ -111,8 +115,9 @@ def bring_from_remote(publisher: ShardedRun, above: int | None, *, stacklevel: i
         return None
     needs: list[int] = []
     items: dict[int, FetchItem] = {}
+    manifest: Manifest | None = None
     try:
-        needs, items = _shards_of(publisher, taken)
+        needs, items, manifest = _shards_of(publisher, taken)
     except Exception as e:  # every rank must reach the allgather below, whatever happened
         log.warning("step %d from the DVC remote: %s", taken, one_line_reason(e))
     everyone: list[list[int]] = comm.allgather(needs)
@@ -124,23 +129,42 @@ def bring_from_remote(publisher: ShardedRun, above: int | None, *, stacklevel: i
         else [old for old in needs if not any(old in everyone[r] for r in range(comm.rank))]
     )
     problem: str | None = None
+    chunks: str | None = None
     try:
         failed = publisher.storage().fetch_many(
             [items[old] for old in mine if not items[old].checkpoint.exists()]
         )
         if failed:
             problem = "; ".join(f"{p.name}: {e.message}" for p, e in failed.items())
+        if comm.rank == 0 and manifest is not None:
+            # The ledger's chunks, which rank 0 reads for every rank (in its own directory).
+            chunks = fetch_chunks(
+                publisher.project(), publisher.storage(), publisher.directory, manifest
+            )
     except Exception as e:  # every rank must reach the allgather below, whatever happened
         problem = one_line_reason(e)
     if problem is not None:
         log.warning("step %d's shards from the DVC remote: %s", taken, problem)
-    comm.allgather(problem)  # every rank's fetch is done before any rank reads a shard
+    # Every rank's fetch is done before any rank reads a shard; a chunk rank 0 could not
+    # have passes the step over on every rank (no rank can restore its ledger).
+    chunks = comm.allgather(chunks)[0]
+    if chunks is not None:
+        if comm.rank == 0:
+            warnings.warn(
+                f"step {taken} in the DVC remote: skipped: {chunks}",
+                CheckpointSkipped,
+                stacklevel=stacklevel,
+            )
+        return None
     return taken
 
 
-def _shards_of(publisher: ShardReader, step: int) -> tuple[list[int], dict[int, FetchItem]]:
-    """The old ranks whose shards this rank reads to restore ``step``, and each one's
-    object, by its line of the index (whose sha256 is checked against the signed one). The
+def _shards_of(
+    publisher: ShardReader, step: int
+) -> tuple[list[int], dict[int, FetchItem], Manifest]:
+    """The old ranks whose shards this rank reads to restore ``step``, each one's object,
+    by its line of the index (whose sha256 is checked against the signed one), and the
+    step's manifest (which names the chunks of the ledger rank 0 reads). The
     manifest rank 0 took is read here once and trusted as that rank's own
     (:func:`~kronos_audit.verification.trusted.trusted_step`) before a field of it is used:
     one swapped after rank 0 looked is refused, never acted on."""
@@ -158,7 +182,7 @@ def _shards_of(publisher: ShardReader, step: int) -> tuple[list[int], dict[int, 
         items[old] = FetchItem(
             shard_path(directory, old, shards.count), line.md5, line.sha256, line.size
         )
-    return needs, items
+    return needs, items, manifest
 
 
 __all__ = ["bring_from_remote"]

@@ -1,7 +1,10 @@
 """The Monte Carlo ledger's chunk of one step, on the rank that signs it.
 
-A run on one rank keeps its ledger in chunks beside its steps
-(:mod:`kronos_audit.checkpoint.ledger`): :func:`next_chunks` writes the rows recorded since
+A run keeps its ledger in chunks beside its steps (:mod:`kronos_audit.checkpoint.ledger`),
+on one rank or on several: rank 0, whose ledger every checkpoint makes the union of the
+ranks' (:meth:`~kronos_audit.runtime.campaigns.split.Attempt.share`), writes the chunk of
+a sharded step too, so one signed manifest names every chunk whatever the rank count, and
+a restore on any count reads the same chunks. :func:`next_chunks` writes the rows recorded since
 the parent step's chunks as one more chunk, tracks it with DVC, and gives the chunks the
 step's manifest names. A step whose signature then fails takes its new chunk back
 (:func:`withdraw_chunk`): nothing unsigned stays.
@@ -15,10 +18,10 @@ from pathlib import Path
 
 from kronos_audit.checkpoint.ledger import (
     CHUNK_GLOB,
-    CHUNKS_LIMIT,
     LedgerChunk,
     LedgerRows,
     chunk_path,
+    kept_chunks,
     ledger_rows,
     write_chunk,
 )
@@ -42,9 +45,8 @@ def next_chunks(
     A ledger shorter than ``before`` says (another ledger), or one that would take more
     than :data:`~kronos_audit.checkpoint.ledger.CHUNKS_LIMIT` chunks, is written whole as
     one chunk: once in that many checkpoints, so still O(new rows) a step on average."""
+    before = kept_chunks(before, len(rows))
     start = ledger_rows(before)
-    if start > len(rows) or len(before) >= CHUNKS_LIMIT:
-        before, start = (), 0
     if start == len(rows):
         return tuple(before), None
     digests = write_chunk(run_dir, rows.flat(start))

@@ -84,6 +84,10 @@ class SignedPublisher(ResumingPublisher):
     in ``directory``, in the format ``step_format`` makes for the run (called with the
     directory, the run's id and ``comm``)."""
 
+    ledger_in_chunks = True
+    """A run keeps its ledger in chunks beside its steps, on one rank or several (rank 0
+    writes them from its ledger, every rank's results)."""
+
     def __init__(
         self,
         run_id: str,
@@ -376,12 +380,6 @@ class SignedPublisher(ResumingPublisher):
         self._parent, self._parent_step = manifest, job.step
         self._newest = Newest(job.step, manifest.path, manifest.digest)
         self._to_prune = [p.step for p in pruned]
-
-    @property
-    def ledger_in_chunks(self) -> bool:  # type: ignore[override]
-        """A run on one rank keeps its ledger in chunks beside its steps; a sharded step
-        keeps it in rank 0's shard."""
-        return not self.format.sharded
 
     def _remember(self, manifest: Manifest) -> None:
         """Rank 0: note in the chain memo the manifest just signed over the parent in hand

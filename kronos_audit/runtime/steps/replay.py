@@ -158,15 +158,21 @@ class ShardsReplay:
     def handed(self, step: int) -> Agreed:
         manifest = self._manifest_of_handed()
         assert manifest is not None
-        record = read_manifest(manifest).record
+        handed = read_manifest(manifest)
+        record = handed.record
         if record.shards is None:
             raise CheckpointError("not a sharded step's manifest", path=manifest)
         if record.step != step:
             raise CheckpointError(
                 f"its manifest signs step {record.step}, not step {step}", path=manifest
             )
+        # Its manifest names the ledger's chunks, handed over beside the step and checked.
         agreed = Agreed(
-            record.step, manifest, record.shards.count, parse_layout(record.shards.layout)
+            record.step,
+            manifest,
+            record.shards.count,
+            parse_layout(record.shards.layout),
+            verified=handed,
         )
         # The copy's index was checked against the signed digest by the replay; its lines
         # say what bytes each shard must be when it is read.

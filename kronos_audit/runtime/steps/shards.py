@@ -54,6 +54,7 @@ from kronos_audit.checkpoint.layout import (
     shard_path,
     step_directory,
 )
+from kronos_audit.checkpoint.ledger import read_chunks
 from kronos_audit.checkpoint.shards import MAX_SHARDS, ShardRecord
 from kronos_audit.checkpoint.verified import Signed, open_verified
 from kronos_audit.errors import CheckpointError, CheckpointSkipped, Error
@@ -199,16 +200,28 @@ class ShardsFormat:
     def load(self, agreed: Agreed) -> dict[str, Any]:
         """This rank's datasets of ``agreed`` (state, generators, ledger), read from the
         shards it verified: its own, or with another rank count its block of each Block
-        dataset and rank 0's replicated ones. Collective: a rank that cannot read what it
-        needs makes every rank raise (naming it), rather than go on alone."""
+        dataset and rank 0's replicated ones. The ledger, when the step's manifest names
+        its chunks, is read by rank 0 from them (beside the steps, in the run's
+        ``ledger/``: on rank 0's node where no directory is shared) and sent to every
+        rank, which all hold every rank's results, on any rank count. Collective: a rank
+        that cannot read what it needs makes every rank raise (naming it), rather than go
+        on alone."""
         flat: dict[str, Any] | None = None
+        ledger: dict[str, Any] | None = None
         problem: str | None = None
         try:
             flat = self._load(agreed)
+            chunks = () if agreed.verified is None else agreed.verified.record.ledger
+            if self.rank == 0 and chunks:
+                # The step directory's parent is the run's (or a replay's copy of it).
+                ledger = read_chunks(agreed.manifest.parent.parent, chunks)
         except Exception as e:  # every rank must reach the allgather below, whatever happened
             problem = one_line_reason(e)
         raise_if_any_failed(self.comm, problem, CheckpointError)
         assert flat is not None
+        ledger = self.comm.bcast(ledger)  # rank 0's word: its chunks, or none
+        if ledger is not None:
+            flat.update(ledger)
         return flat
 
     def _load(self, agreed: Agreed) -> dict[str, Any]:

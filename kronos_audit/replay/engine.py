@@ -18,7 +18,8 @@ The steps (docs/replay.md tells them to an auditor):
    nor the recorded data it will be compared with;
 5. compare the checkpoint it wrote with the recorded one: bitwise against the recorded
    dataset hashes, or, with tolerances, against the recorded data, fetched (and verified)
-   only now that the command has finished.
+   only now that the command has finished; and a campaign's chunk of its ledger that step
+   N wrote beside it, bitwise by its sha256 (:mod:`~kronos_audit.replay.ledger`).
 
 Each step has its module: :mod:`~kronos_audit.replay.verification` (1),
 :mod:`~kronos_audit.replay.environment` (2), :mod:`~kronos_audit.replay.worktree` (3),
@@ -55,6 +56,7 @@ from kronos_audit.replay.environment import environment_report
 from kronos_audit.replay.handover import PARENT_DIR, hand_over, hand_over_step
 from kronos_audit.replay.interface import Basis, EnvironmentReport, EnvMode, ReplayResult, Timings
 from kronos_audit.replay.launch import launch, launcher_defaults, launcher_name, ranks_for
+from kronos_audit.replay.ledger import compare_ledger
 from kronos_audit.replay.produced import Produced, by_signed_digests
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
@@ -289,6 +291,11 @@ def _run_and_compare(
         if produced.needs_recorded_data(m, basis):
             fetch_recorded_data(verified.verifier, m)
         compared = produced.compare(m, policy, basis, by_digests=by_signed_digests(m, basis))
+        # A campaign's step N wrote a chunk of its ledger beside it: compared bitwise too.
+        ledger = compare_ledger(m, instruction.out)
+        if ledger:
+            datasets = sorted((*compared.datasets, *ledger), key=lambda d: d.path)
+            compared = dataclasses.replace(compared, datasets=tuple(datasets))
         clock.lap("compare")
     return ReplayResult(
         manifest=_ref(project, m),

@@ -15,7 +15,10 @@ Environment variables set for the program:
   also sets the recorded dispatch variables (:mod:`kronos_audit.provenance.dispatch`).
 
 A program under a replay writes the environment lock it ran with beside the checkpoint of
-step N, as :data:`ENVIRONMENT_FILE` in ``KAUDIT_OUT``: the replay judges drift on it.
+step N, as :data:`ENVIRONMENT_FILE` in ``KAUDIT_OUT``: the replay judges drift on it. A
+campaign's also writes step N's chunk of its ledger in ``KAUDIT_OUT/ledger/``, and lists
+every chunk of its ledger in :data:`LEDGER_FILE`: the replay compares them with the
+recorded step's.
 
 Exit status :data:`PREEMPTED_EXIT` (75, BSD's EX_TEMPFAIL) means "checkpointed on a
 preemption signal; start me again".
@@ -44,6 +47,9 @@ OUT_ENV = "KAUDIT_OUT"
 ENVIRONMENT_FILE = ".kaudit-environment.json"
 """Where, in the replay's output directory, the replayed program leaves the environment
 lock it ran with (a dot-file: not taken for the checkpoint)."""
+LEDGER_FILE = ".kaudit-ledger.json"
+"""Where, in the replay's output directory, the replayed program lists the chunks of its
+ledger at step N (``{"ledger": [...]}``, as a manifest's ``ledger`` field)."""
 
 _LAYOUT = struct.Struct("<qq")  # last step reached, step resumed from (-1: fresh start)
 NOTHING = -1

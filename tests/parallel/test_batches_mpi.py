@@ -277,7 +277,9 @@ def test_a_step_of_batches_on_three_ranks_replays_bitwise(
         doc = json.loads(shown.stdout)
         assert doc["outcome"] == "REPRODUCED", doc
         verdicts = {d["path"]: d["verdict"] for d in doc["datasets"]}
-        # No shard holds the ledger: it is in chunks beside the steps.
+        # The chunk of the ledger step N wrote (rank 0's, of every rank's batches since
+        # its parent) is compared too, bitwise: no shard holds the ledger.
+        assert verdicts["/ledger"] == "IDENTICAL", sorted(verdicts)
         assert not [p for p in verdicts if p.startswith("/ledger/")], sorted(verdicts)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
+from kronos_audit.checkpoint.ledger import chunk_path, write_chunk
 from kronos_audit.keys.keyfile import SigningKey
 from kronos_audit.project.repository import Project
 from kronos_audit.replay import SCHEMA_NAME
@@ -106,8 +107,44 @@ def test_the_other_examples_reproduce(
         assert doc["outcome"] == "REPRODUCED", doc["datasets"]
     if name == "montecarlo":
         # The campaign's ledger is in chunks beside its steps: the replay of step 4 hands
-        # over its parent's chunks (one a batch), which the replayed program restores.
+        # over its parent's chunks (one a batch), which the replayed program restores,
+        # and the chunk step 4 wrote is compared with the one the replay wrote, bitwise.
         assert len(ka.read_manifest(manifest(run_dir, step)).record.ledger) == step
+        assert verdicts(doc)["/ledger"] == "IDENTICAL"
+
+
+def test_a_result_changed_and_signed_again_is_caught_by_the_replay_of_its_step(
+    repo: Path, key: SigningKey
+) -> None:
+    # Someone holding the run's key changes batch 3's result in the chunk step 4 wrote
+    # and signs step 4 again over it: kaudit verify holds, the replay of step 4 does not.
+    args = ["--batches", "6", "--samples", "2000", "--run-id", "forged"]
+    record(repo, "montecarlo", "run.py", *args)
+    run_dir = repo / "montecarlo" / "checkpoints" / "forged"
+    own = ka.read_manifest(manifest(run_dir, 4)).record.ledger[-1]
+    flat: dict[str, Any] = {}
+    with h5py.File(chunk_path(run_dir, own.sha256)) as f:
+        f.visititems(
+            lambda n, o: flat.update({f"/{n}": o[()]}) if isinstance(o, h5py.Dataset) else None
+        )
+    assert list(flat["/ledger/index"]) == [3]
+    flat["/ledger/results/hits"] = flat["/ledger/results/hits"] + 1
+    forged = write_chunk(run_dir, flat)
+
+    def forge(predicate: dict[str, Any]) -> None:
+        predicate["ledger"][-1].update(sha256=forged.sha256, md5=forged.md5, size=forged.size)
+
+    resign(manifest(run_dir, 4), key, forge)
+    verified = run_cli("verify", str(manifest(run_dir, 4)))
+    assert verified.exit_code == 0, verified.output
+    doc = replay_json(str(manifest(run_dir, 4)), exit_code=1)
+    assert doc["outcome"] == "NOT_REPRODUCED"
+    (ledger,) = [d for d in doc["datasets"] if d["path"] == "/ledger"]
+    assert ledger["verdict"] == "DIFFERENT"
+    assert ledger["recorded"]["sha256"] == forged.sha256
+    assert ledger["replayed"]["sha256"] == own.sha256  # the bytes step 4 wrote at first
+    assert ledger["detail"].endswith(": /ledger/results/hits differs"), ledger["detail"]
+    assert {d["verdict"] for d in doc["datasets"] if d["path"] != "/ledger"} == {"IDENTICAL"}
 
 
 def test_a_run_without_a_seed_in_its_code_replays_with_the_recorded_seed(repo: Path) -> None:

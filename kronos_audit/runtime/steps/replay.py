@@ -6,7 +6,8 @@ every rank resumes from the parent step the replay handed over (a private copy t
 verified against the signed digests; re-cut when the rank count differs, as a restore on
 another count is), stops at the replay's step N whatever the program's policy, and commits
 step N by the same two-phase protocol, unsigned and untracked, into the replay's own
-directory (the replay compares it; nobody resumes from it). Nothing of the project or a
+directory (the replay compares it; nobody resumes from it), with step N's chunk of a
+campaign's ledger, listed for the replay to compare. Nothing of the project or a
 key is needed: it signs nothing, and holds no signer. What differs is the format of a
 step, which it holds as the signed run's publisher holds its own: one checkpoint file
 (:class:`FileReplay`) or a directory of shards (:class:`ShardsReplay`), each reading the
@@ -30,6 +31,13 @@ from kronos_audit.checkpoint.layout import (
     manifest_path_for,
     step_of,
     step_of_directory,
+)
+from kronos_audit.checkpoint.ledger import (
+    LedgerChunk,
+    LedgerRows,
+    kept_chunks,
+    ledger_rows,
+    write_chunk,
 )
 from kronos_audit.checkpoint.shards import parse_index, read_index, write_index
 from kronos_audit.checkpoint.verified import Signed
@@ -60,7 +68,7 @@ from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.shards import ShardsFormat
 from kronos_audit.statement.layout import parse_layout
 from kronos_audit.statement.manifest import read_manifest
-from kronos_audit.supervise.protocol import ENVIRONMENT_FILE, ReplayInstruction
+from kronos_audit.supervise.protocol import ENVIRONMENT_FILE, LEDGER_FILE, ReplayInstruction
 
 
 class ReplayFormat(Protocol):
@@ -223,6 +231,7 @@ class ReplayPublisher(RunPublisher):
         self._deadline_seconds = commit_deadline()
         self._deadline: Deadline | None = None  # the commit communicator, each collective timed
         self._chunked = True
+        self._chunks: tuple[LedgerChunk, ...] = ()  # the handed-over step's ledger chunks
 
     # -- the replay's instruction, whatever the program asked for --------------------------
 
@@ -282,14 +291,14 @@ class ReplayPublisher(RunPublisher):
         restored = self.format.restored(agreed)
         # Step N keeps the ledger as the step it replays did: in chunks beside it, unless
         # its parent still held the ledger in its own file (a run from before chunks).
-        ledger = agreed.verified is not None and bool(agreed.verified.record.ledger)
-        self._chunked = ledger or f"/{LEDGER_GROUP}/index" not in restored.datasets
+        self._chunks = () if agreed.verified is None else agreed.verified.record.ledger
+        self._chunked = bool(self._chunks) or f"/{LEDGER_GROUP}/index" not in restored.datasets
         return restored
 
     @property
     def ledger_in_chunks(self) -> bool:  # type: ignore[override]
-        """As the step replayed: step N's ledger is not compared (its chunk is not
-        written), only the state and generators are."""
+        """As the step replayed: in chunks beside it (step N's written into the replay's
+        directory and listed for the replay to compare), or in the step itself."""
         return self._chunked
 
     def latest(self, *, stacklevel: int) -> int | None:
@@ -326,8 +335,29 @@ class ReplayPublisher(RunPublisher):
         except NotCommitted as e:
             raise self.format.not_committed(step, e) from e.own
         if self.rank == 0:
+            if self._chunked:
+                self._write_ledger(job.meta.ledger)
             lock = canonical_json(environment())
             write_atomic(self.directory / ENVIRONMENT_FILE, lock)
+
+    def _write_ledger(self, rows: LedgerRows | None) -> None:
+        """Rank 0: step N's chunk of the ledger ``rows`` (the rows after the handed-over
+        step's chunks, as a signed run writes it) into the replay's ``ledger/``, and every
+        chunk of step N's ledger listed in :data:`LEDGER_FILE`, for the replay to compare
+        with the recorded step's."""
+        chunks: tuple[LedgerChunk, ...] = ()
+        if rows is not None:
+            chunks = kept_chunks(self._chunks, len(rows))
+            start = ledger_rows(chunks)
+            if start < len(rows):
+                digests = write_chunk(self.directory, rows.flat(start))
+                assert digests.md5 is not None
+                new = LedgerChunk(
+                    digests.sha256, digests.md5, digests.size, start, len(rows) - start
+                )
+                chunks = (*chunks, new)
+        listed = {"ledger": [c.to_json_obj() for c in chunks]}
+        write_atomic(self.directory / LEDGER_FILE, canonical_json(listed))
 
     def _certifier(self, step: int) -> None:
         return None  # a replay certifies nothing

@@ -123,19 +123,24 @@ def _moved_refs(node: Any) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _validator_without(
-    known: frozenset[str], datasets_checked: bool = False
+    known: frozenset[str],
+    datasets_checked: bool = False,
+    items_checked: frozenset[str] = frozenset(),
 ) -> jsonschema.protocols.Validator:
     """The manifest schema with the subschemas of the predicate's fields ``known`` made
     ``true``: for a statement whose values there validated before; with
     ``datasets_checked``, each item of the predicate's ``datasets`` too, for a statement
     whose items :func:`_datasets_valid` found valid (a directory step's files keep the
-    full item schema). Nothing in the schema relates one of the predicate's fields to
-    another, so this validator finds exactly the errors the full one would."""
+    full item schema); and each item of the campaign's arrays named in ``items_checked``
+    (``ran``: ``batches.ran``, ``ledger``), which :func:`_items_checked` found valid.
+    Nothing in the schema relates one of the predicate's fields to another, so this
+    validator finds exactly the errors the full one would."""
     import jsonschema
 
     s = copy.deepcopy(schema(MANIFEST_SCHEMA))
     suffix = "-known-" + "-".join(sorted(known))
     suffix += "-checked-datasets" if datasets_checked else ""
+    suffix += "".join(f"-checked-{name}" for name in sorted(items_checked))
     s["$id"] = s["$id"].removesuffix(".schema.json") + suffix
     properties = s["$defs"]["predicate"]["properties"]
     for name in known:
@@ -144,6 +149,10 @@ def _validator_without(
         s["$defs"]["datasets"] = properties["datasets"]
         _moved_refs(s)
         properties["datasets"] = {"type": ["array", "null"]}
+    if "ran" in items_checked and "batches" not in known:
+        properties["batches"]["properties"]["ran"]["items"] = True
+    if "ledger" in items_checked and "ledger" not in known:
+        properties["ledger"]["items"] = True
     s = _inlined(s, s)
     cls = jsonschema.validators.validator_for(s)
     validator: jsonschema.protocols.Validator = cls(
@@ -216,6 +225,74 @@ def _datasets_valid(document: Any) -> bool:
     except (KeyError, TypeError, IndexError):
         return False
     return type(datasets) is list and all(_entry_valid(d) for d in datasets)
+
+
+_RAN_KEYS = frozenset({"worker", "batches"})
+_CHUNK_KEYS = frozenset({"sha256", "md5", "size", "first", "count"})
+_WORKER_LIMIT = 256
+_CHUNK_LIMIT = 1 << 31
+
+
+def _ran_valid(ran: Any) -> bool:
+    """Whether ``batches.ran`` is a list whose every item (a worker and its ranges of
+    batches) is certainly valid by the schema: a campaign's checkpoint has one range for
+    each run of batches one worker did in a row, so some thousands where two workers take
+    turns, which jsonschema checks at some 10 microseconds a number."""
+    if type(ran) is not list:
+        return False
+    for item in ran:
+        if type(item) is not dict or item.keys() != _RAN_KEYS:
+            return False
+        worker, ranges = item["worker"], item["batches"]
+        if type(worker) is not str or not 0 < len(worker) <= _WORKER_LIMIT:
+            return False
+        if type(ranges) is not list or not ranges:
+            return False
+        for pair in ranges:
+            if type(pair) is not list or len(pair) != 2:
+                return False
+            first, last = pair
+            if type(first) is not int or type(last) is not int or first < 0 or last < 0:
+                return False
+    return True
+
+
+def _chunk_valid(chunk: Any) -> bool:
+    """Whether one item of the predicate's ``ledger`` is certainly valid by the schema."""
+    if type(chunk) is not dict or chunk.keys() != _CHUNK_KEYS:
+        return False
+    size, first, count, md5 = chunk["size"], chunk["first"], chunk["count"], chunk["md5"]
+    return (
+        _sha256_valid(chunk["sha256"])
+        and type(md5) is str
+        and len(md5) == 32
+        and _HEX.issuperset(md5)
+        and type(size) is int
+        and 1 <= size <= _CHUNK_LIMIT
+        and type(first) is int
+        and first >= 0
+        and type(count) is int
+        and count >= 1
+    )
+
+
+def _items_checked(document: Any) -> frozenset[str]:
+    """Which of a campaign's arrays in a manifest statement's predicate (``ran``:
+    ``batches.ran``; ``ledger``) are there, each item certainly valid by the schema:
+    jsonschema then checks the arrays, not their items one by one. An array with an item
+    these checks doubt is left to jsonschema whole, so both agree on every statement."""
+    try:
+        predicate = document["predicate"]
+        batches = predicate.get("batches") if type(predicate) is dict else None
+        ledger = predicate.get("ledger") if type(predicate) is dict else None
+    except (KeyError, TypeError, IndexError):
+        return frozenset()
+    checked = set()
+    if type(batches) is dict and "ran" in batches and _ran_valid(batches["ran"]):
+        checked.add("ran")
+    if type(ledger) is list and all(_chunk_valid(c) for c in ledger):
+        checked.add("ledger")
+    return frozenset(checked)
 
 
 _STATEMENT_KEYS = frozenset({"_type", "subject", "predicateType", "predicate"})
@@ -340,7 +417,8 @@ def validate(
     the rest of the schema only (the same errors, found without checking the lock's
     hundreds of package versions again); likewise its datasets, once each is found valid
     by a direct check of what the schema says of one (:func:`_entry_valid`; an item it
-    doubts is left to the schema).
+    doubts is left to the schema), and the items of a campaign's ``batches.ran`` and
+    ``ledger`` (:func:`_items_checked`).
 
     Returns the JSON of each of a valid manifest statement's :data:`REPEATED` fields, by
     name (empty for other documents): what a reader may key a value shared between
@@ -358,7 +436,7 @@ def validate(
     datasets_valid = False
     if schema_name == MANIFEST_SCHEMA:
         datasets_valid = _datasets_valid(document)
-        validator = _validator_without(known, datasets_valid)
+        validator = _validator_without(known, datasets_valid, _items_checked(document))
     try:
         if datasets_valid and _rest_valid(document, known, validator):
             errors = []

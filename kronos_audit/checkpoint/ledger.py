@@ -215,7 +215,9 @@ def read_chunks(run_dir: Path, chunks: Sequence[LedgerChunk]) -> dict[str, Any]:
             f"/{LEDGER_GROUP}{name}": np.concatenate([p[name] for p in parts]) for name in parts[0]
         }
         index = flat[f"/{LEDGER_GROUP}/index"]
-        twice = index.dtype.kind not in "iu" or len(np.unique(index)) != len(index)
+        # Sorted and compared with its neighbours: numpy's unique (a hash table since
+        # numpy 2.3) costs some 0.9 s of CPU at a million batches, a sort 0.05 s.
+        twice = index.dtype.kind not in "iu" or _repeats(index)
     except (ValueError, TypeError) as e:
         raise CheckpointError(
             f"the ledger's chunks do not fit together: {e}", path=directory
@@ -223,6 +225,12 @@ def read_chunks(run_dir: Path, chunks: Sequence[LedgerChunk]) -> dict[str, Any]:
     if twice:
         raise CheckpointError("the ledger's chunks hold a batch twice", path=directory)
     return flat
+
+
+def _repeats(index: np.ndarray[Any, Any]) -> bool:
+    """Whether a batch index is in ``index`` twice."""
+    ordered = np.sort(index, kind="stable")
+    return bool(np.any(ordered[1:] == ordered[:-1]))
 
 
 def rows(group: Mapping[str, Any]) -> Iterator[tuple[int, Any]]:

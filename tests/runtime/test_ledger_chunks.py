@@ -15,7 +15,13 @@ import pytest
 
 import kronos_audit as ka
 from kronos_audit._internal.canonical import canonical_json
-from kronos_audit.checkpoint.ledger import CHUNK_DIR, LedgerChunk, chunk_path
+from kronos_audit.checkpoint.ledger import (
+    CHUNK_DIR,
+    LedgerChunk,
+    chunk_path,
+    read_chunks,
+    write_chunk,
+)
 from kronos_audit.errors import CheckpointError
 from kronos_audit.keys.home import generate_key
 from kronos_audit.keys.keyfile import SigningKey
@@ -257,3 +263,17 @@ def test_kaudit_verify_checks_the_chunks_each_step_names(
     )
     assert failed.exit_code == 1, failed.output
     assert f"missing: ledger/{first.name}" in failed.stdout
+
+
+def test_chunks_that_hold_a_batch_twice_between_them_are_refused(tmp_path: Path) -> None:
+    def written(index: list[int], first: int) -> LedgerChunk:
+        flat = {"/ledger/index": np.array(index), "/ledger/results": np.zeros(len(index))}
+        d = write_chunk(tmp_path, flat)
+        assert d.md5 is not None
+        return LedgerChunk(d.sha256, d.md5, d.size, first, len(index))
+
+    a, b = written([0, 2, 5], 0), written([1, 3, 4], 3)
+    together = read_chunks(tmp_path, (a, b))
+    assert list(together["/ledger/index"]) == [0, 2, 5, 1, 3, 4]
+    with pytest.raises(CheckpointError, match="hold a batch twice"):
+        read_chunks(tmp_path, (a, written([6, 2], 3)))

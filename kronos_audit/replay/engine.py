@@ -56,7 +56,7 @@ from kronos_audit.replay.environment import environment_report
 from kronos_audit.replay.handover import PARENT_DIR, hand_over, hand_over_step
 from kronos_audit.replay.interface import Basis, EnvironmentReport, EnvMode, ReplayResult, Timings
 from kronos_audit.replay.launch import launch, launcher_defaults, launcher_name, ranks_for
-from kronos_audit.replay.ledger import compare_ledger
+from kronos_audit.replay.ledger import compare_ledger, ledger_from
 from kronos_audit.replay.produced import Produced, by_signed_digests
 from kronos_audit.replay.verification import Verified, fetch_recorded_data, verify_history
 from kronos_audit.replay.worktree import apply_patch, recorded_cwd, working_directory, worktree
@@ -266,6 +266,7 @@ def _run_and_compare(
         seed=seeds[0] if seeds else None,
         sharded=ranks is not None,
         pins=pins or {},
+        ledger_from=ledger_from(m, parent),
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:

@@ -30,13 +30,14 @@ from kronos_audit.checkpoint.ledger import (
     LedgerChunk,
     chunk_path,
     chunks_problem,
+    ledger_rows,
     run_dir_of,
 )
 from kronos_audit.compare import Verdict
 from kronos_audit.errors import CheckpointError, ReplayError, Stage
 from kronos_audit.replay.interface import DatasetReplay
 from kronos_audit.statement.manifest import Manifest
-from kronos_audit.supervise.protocol import LEDGER_FILE
+from kronos_audit.supervise.protocol import LEDGER_FILE, LEDGER_IN_FILE
 
 LEDGER_PATH = "/ledger"
 """The path a chunk's result is given (its datasets are under it in the chunk)."""
@@ -190,6 +191,23 @@ def _datasets_differing(
     return sorted(p for p in left.keys() | right.keys() if left.get(p) != right.get(p))
 
 
+def ledger_from(m: Manifest, parent: Manifest | None) -> int | None:
+    """Where the recorded step ``m`` (whose parent is ``parent``) keeps its ledger, for the
+    replayed program to keep step N's alike
+    (:attr:`~kronos_audit.supervise.protocol.ReplayInstruction.ledger_from`): the row its
+    own chunk starts at (the ledger's rows when it wrote none: its last chunk is its
+    parent's), :data:`~kronos_audit.supervise.protocol.LEDGER_IN_FILE` for a step file
+    holding ``/ledger``, None when it says neither. So the replay writes the chunk the
+    run wrote, also where the run wrote its ledger whole again (after its chunk limit, or
+    a restore from a level) or for the first time in chunks (its parent held it)."""
+    recorded = m.record.ledger
+    if not recorded:
+        held = m.datasets is not None and any(d.path == "/ledger/index" for d in m.datasets)
+        return LEDGER_IN_FILE if held else None
+    before = () if parent is None else parent.record.ledger
+    return ledger_rows(recorded) if recorded[-1] in before else recorded[-1].first
+
+
 def _plain(path: Path, size: int) -> bool:
     try:
         st = os.lstat(path)
@@ -198,4 +216,4 @@ def _plain(path: Path, size: int) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == size <= CHUNK_BYTES_LIMIT
 
 
-__all__ = ["LEDGER_PATH", "compare_ledger", "replayed_chunks"]
+__all__ = ["LEDGER_PATH", "compare_ledger", "ledger_from", "replayed_chunks"]

@@ -135,6 +135,22 @@ class Progress:
 SEED_ENV = "KAUDIT_SEED"
 SHARDED_ENV = "KAUDIT_REPLAY_SHARDED"
 """Set to ``1`` when the step replayed is a multi-rank run's (see ReplayInstruction)."""
+LEDGER_ENV = "KAUDIT_REPLAY_LEDGER"
+"""Where the recorded step N keeps its Monte Carlo ledger: ``file`` (in the step itself, as
+before chunks), or the row its own chunk starts at (``chunks:<row>``; the ledger's rows
+when it wrote none). Unset: not said (the replayed program keeps it as its parent did)."""
+
+
+LEDGER_IN_FILE = -1
+""":attr:`ReplayInstruction.ledger_from` of a step that keeps its ledger in itself."""
+
+
+def _ledger_from(value: str) -> int | None:
+    """:data:`LEDGER_ENV` read back (None: unset or not one of its forms)."""
+    if value == "file":
+        return LEDGER_IN_FILE
+    row = value.removeprefix("chunks:")
+    return int(row) if row != value and row.isdigit() and row.isascii() else None
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,10 @@ class ReplayInstruction:
     """Variables the replay sets for the command (None: removes): a portable run's recorded
     CPU dispatch (:func:`kronos_audit.provenance.dispatch.replay_pins`). Not read back by
     :meth:`from_env`: they are the environment itself."""
+    ledger_from: int | None = None
+    """Where the recorded step keeps its Monte Carlo ledger, so that step N keeps it alike
+    (:data:`LEDGER_ENV`): the row its own chunk starts at, :data:`LEDGER_IN_FILE` for a
+    ledger in the step itself, None when the replay does not say."""
 
     @classmethod
     def from_env(cls) -> ReplayInstruction | None:
@@ -178,6 +198,7 @@ class ReplayInstruction:
             out=Path(out),
             seed=int(seed) if seed.lstrip("-").isdigit() else None,
             sharded=os.environ.get(SHARDED_ENV, "") == "1",
+            ledger_from=_ledger_from(os.environ.get(LEDGER_ENV, "")),
         )
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -196,6 +217,12 @@ class ReplayInstruction:
             env[SHARDED_ENV] = "1"
         else:
             env.pop(SHARDED_ENV, None)
+        if self.ledger_from is None:
+            env.pop(LEDGER_ENV, None)
+        elif self.ledger_from == LEDGER_IN_FILE:
+            env[LEDGER_ENV] = "file"
+        else:
+            env[LEDGER_ENV] = f"chunks:{self.ledger_from}"
         for name, value in self.pins.items():  # a recorded dispatch's pins; None: unset
             if value is None:
                 env.pop(name, None)

@@ -68,7 +68,12 @@ from kronos_audit.runtime.steps.layouts import Agreed
 from kronos_audit.runtime.steps.shards import ShardsFormat
 from kronos_audit.statement.layout import parse_layout
 from kronos_audit.statement.manifest import read_manifest
-from kronos_audit.supervise.protocol import ENVIRONMENT_FILE, LEDGER_FILE, ReplayInstruction
+from kronos_audit.supervise.protocol import (
+    ENVIRONMENT_FILE,
+    LEDGER_FILE,
+    LEDGER_IN_FILE,
+    ReplayInstruction,
+)
 
 
 class ReplayFormat(Protocol):
@@ -230,7 +235,9 @@ class ReplayPublisher(RunPublisher):
         self._commit_comm: Comm | None = None
         self._deadline_seconds = commit_deadline()
         self._deadline: Deadline | None = None  # the commit communicator, each collective timed
-        self._chunked = True
+        # Step N's ledger as the recorded step keeps it, when the replay says (in chunks
+        # beside it, or in it); else as the handed-over step kept its own (below).
+        self._chunked = instruction.ledger_from != LEDGER_IN_FILE
         self._chunks: tuple[LedgerChunk, ...] = ()  # the handed-over step's ledger chunks
 
     # -- the replay's instruction, whatever the program asked for --------------------------
@@ -292,7 +299,9 @@ class ReplayPublisher(RunPublisher):
         # Step N keeps the ledger as the step it replays did: in chunks beside it, unless
         # its parent still held the ledger in its own file (a run from before chunks).
         self._chunks = () if agreed.verified is None else agreed.verified.record.ledger
-        self._chunked = bool(self._chunks) or f"/{LEDGER_GROUP}/index" not in restored.datasets
+        if self.instruction.ledger_from is None:
+            held = f"/{LEDGER_GROUP}/index" in restored.datasets
+            self._chunked = bool(self._chunks) or not held
         return restored
 
     @property
@@ -348,6 +357,14 @@ class ReplayPublisher(RunPublisher):
         chunks: tuple[LedgerChunk, ...] = ()
         if rows is not None:
             chunks = kept_chunks(self._chunks, len(rows))
+            # Where the recorded step's own chunk starts, when the replay says: after the
+            # handed-over step's chunks, or at row 0 (the ledger written whole again).
+            told = self.instruction.ledger_from
+            if told is not None and told <= len(rows):
+                if told == ledger_rows(self._chunks):
+                    chunks = tuple(self._chunks)
+                elif told == 0:
+                    chunks = ()
             start = ledger_rows(chunks)
             if start < len(rows):
                 digests = write_chunk(self.directory, rows.flat(start))

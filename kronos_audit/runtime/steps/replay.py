@@ -296,8 +296,9 @@ class ReplayPublisher(RunPublisher):
         if agreed is None:
             return None
         restored = self.format.restored(agreed)
-        # Step N keeps the ledger as the step it replays did: in chunks beside it, unless
-        # its parent still held the ledger in its own file (a run from before chunks).
+        # Unless the replay said where the recorded step keeps its ledger, step N keeps it
+        # as the step it resumes from did: in chunks beside it, unless that step held the
+        # ledger in its own file (a run from before chunks).
         self._chunks = () if agreed.verified is None else agreed.verified.record.ledger
         if self.instruction.ledger_from is None:
             held = f"/{LEDGER_GROUP}/index" in restored.datasets

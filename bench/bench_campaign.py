@@ -329,6 +329,11 @@ def array_task(repo: Path, name: str, k: int, tasks: int, n: int) -> None:
         run.map_batches(trivial, n)
 
 
+SAMPLED_TASKS = 100
+"""Batches ``kaudit verify --sample`` checks of a job array's certificate: each needs its
+task's part, proven and read on its own."""
+
+
 def array_row(repo: Path, tasks: int, in_process: bool = False) -> dict[str, Any]:
     """A Slurm job array of ``tasks`` tasks, one trivial batch each, run in this process one
     after another; three tasks dropped (a node lost). Then, each as a user runs it (its own
@@ -374,6 +379,7 @@ def array_row(repo: Path, tasks: int, in_process: bool = False) -> dict[str, Any
     certified = cli("campaign", name, "--certify", code=0)[0]
     cert = repo / "checkpoints" / f"{name}.campaign.json"
     verified = cli("verify", "-q", str(cert), code=0)[0]
+    sampled = cli("verify", "-q", "--sample", str(SAMPLED_TASKS), str(cert), code=0)[0]
     serial = tally([trivial(batch_rng(SEED, i)) for i in range(n)])
     records = repo / "checkpoints" / f"{name}.records"
     return {
@@ -383,6 +389,7 @@ def array_row(repo: Path, tasks: int, in_process: bool = False) -> dict[str, Any
         "resubmit": line,
         "certify": certified,
         "verify": verified,
+        "sampled": sampled,
         "bytes": cert.stat().st_size,
         "records_bytes": sum(f.stat().st_size for f in records.iterdir()),
         "serial": read_certificate(cert).record.tally == result_digest(serial),
@@ -394,7 +401,8 @@ def print_array(row: dict[str, Any]) -> None:
         f"job array of {row['tasks']:,} tasks (one batch each, in this process): "
         f"{row['per_task'] * 1000:.1f} ms a task over the bare batch; kaudit campaign "
         f"{row['campaign']:.2f} s (resubmit: {row['resubmit']}); --certify "
-        f"{row['certify']:.2f} s; kaudit verify {row['verify']:.2f} s; certificate "
+        f"{row['certify']:.2f} s; kaudit verify {row['verify']:.2f} s, with --sample "
+        f"{SAMPLED_TASKS} {row['sampled']:.2f} s; certificate "
         f"{row['bytes']:,} bytes, its records {row['records_bytes']:,}; tally a serial "
         f"run's: {row['serial']} ({'PASS' if row['serial'] else 'FAIL'})"
     )

@@ -521,7 +521,8 @@ def build_report(
             # a campaign's certificate is beside its run's directory: it is that run's (one
             # whose signature does not hold is not read: the run its name says)
             cert = r.certificate
-            directory = directory / (r.run if cert is None else cert.record.parts[0].run)
+            parts = () if cert is None else cert.record.parts  # a job array's: once read
+            directory = directory / (parts[0].run if parts else r.run)
         run = directory.name if r.kind is StatementKind.CAMPAIGN else r.run
         key = (directory.resolve(), run)
         if key not in groups:

@@ -1,19 +1,24 @@
 """Campaign certificates as an outside verifier reads them: the file, its name, its schema.
 
 A campaign certificate is a DSSE envelope, signed like a manifest, whose payload is an
-in-toto Statement v1 (``schemas/campaign-v2.schema.json``; certificates of the first
-version, ``campaign-v1``, which listed every batch in the statement, are still read):
+in-toto Statement v1. A run's own campaign (``run.map_batches``) is certified in the
+second version (``schemas/campaign-v2.schema.json``), a Slurm job array's in the third
+(``campaign-v3``); certificates of the first version, ``campaign-v1``, which listed every
+batch in the statement, are still read:
 
-- ``subject``: the manifest of each part's last checkpoint (its file's sha256), named
-  relative to the repository root. A campaign has one part, its run; a Slurm job array's
-  has one a task (the runs ``NAME.task-K``);
-- ``predicateType``: :data:`PREDICATE_TYPE`;
+- ``subject``: in the second version, the manifest of each part's last checkpoint (its
+  file's sha256), named relative to the repository root: a campaign of one run has one.
+  In the third, the two index files of the records (the batches' and the parts'), named
+  relative to the repository root: the artifacts through which the statement names
+  every part and every batch, two whatever the array's size;
+- ``predicateType``: :data:`PREDICATE_TYPE` or :data:`PREDICATE_TYPE_V3`;
 - ``predicate``: the campaign (its name, ``n``, the seed and how each batch's generator
-  derives from it), its parts, the code commit and the environment lock's digest, the
-  Merkle root over every batch's record in index order (its result's digest, its worker
-  and attempt: :mod:`kronos_audit.statement.records`, the records themselves stored
-  beside the certificate in ``NAME.records/``), and the digest of the tally
-  (:data:`TALLY_RULE`).
+  derives from it), its parts (listed in the second version; in the third, the Merkle
+  root over one line a part, :mod:`kronos_audit.statement.parts`, and their count), the
+  code commit and the environment lock's digest, the Merkle root over every batch's
+  record in index order (its result's digest, its worker and attempt:
+  :mod:`kronos_audit.statement.records`, the records themselves stored beside the
+  certificate in ``NAME.records/``), and the digest of the tally (:data:`TALLY_RULE`).
 
 It is written beside the parts' run directories as ``NAME.campaign.json``
 (:func:`certificate_path`). This module reads it; :mod:`kronos_audit.runtime.campaigns.certify`
@@ -25,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -44,20 +49,28 @@ from kronos_audit.statement.manifest import (
     parse_signed_envelope,
     read_signed_file,
 )
-from kronos_audit.statement.records import PER_CHUNK, RULE
+from kronos_audit.statement.parts import PART_RULE
+from kronos_audit.statement.records import PER_CHUNK, RECORDS_SUFFIX, RULE
 from kronos_audit.statement.schemas import validate
 
 PREDICATE_TYPE = "https://kronos-audit.dev/campaign/v2"
 """What a certificate is written as: its records committed to by a Merkle root."""
 PREDICATE_TYPE_V1 = "https://kronos-audit.dev/campaign/v1"
 """The first version, read still: every batch listed in the statement."""
+PREDICATE_TYPE_V3 = "https://kronos-audit.dev/campaign/v3"
+"""What a job array's certificate is written as: its parts committed to by a Merkle root
+too, so that its size does not grow with the tasks."""
 TASK_SUFFIX = ".task-"
 """Between a campaign's name and a task's number in a job-array task's run id."""
 TASKS_ENV = "KAUDIT_ARRAY_TASKS"
 """The whole array's size, for its tasks resubmitted on their own (whose
 ``SLURM_ARRAY_TASK_COUNT`` counts only the resubmitted ones)."""
 SCHEMA_NAME = "campaign-v2.schema.json"
-SCHEMAS = {PREDICATE_TYPE: SCHEMA_NAME, PREDICATE_TYPE_V1: "campaign-v1.schema.json"}
+SCHEMAS = {
+    PREDICATE_TYPE: SCHEMA_NAME,
+    PREDICATE_TYPE_V1: "campaign-v1.schema.json",
+    PREDICATE_TYPE_V3: "campaign-v3.schema.json",
+}
 SEED_DERIVATION = "numpy.random.default_rng(numpy.random.SeedSequence(seed, spawn_key=(index,)))"
 """How batch ``index``'s generator derives from the run seed (and from nothing else)."""
 MAX_BATCHES = 10_000_000
@@ -196,6 +209,29 @@ class Commitment:
 
 
 @dataclass(frozen=True)
+class PartsCommitment:
+    """What a certificate of the third version signs of its parts
+    (:mod:`kronos_audit.statement.parts`)."""
+
+    root: str
+    """The Merkle root over every part's line, in part order (hex)."""
+    index: Sha256
+    """sha256 of the parts' index file."""
+    count: int
+    """How many parts there are."""
+    records_at: str
+    """The records' directory (``NAME.records``), relative to the repository root (POSIX),
+    where the statement's subjects name the two index files."""
+
+    def subjects(self, batches: Commitment) -> list[dict[str, Any]]:
+        """The statement's subjects: the batches' index file, then the parts'."""
+        return [
+            {"name": f"{self.records_at}/{sha}", "digest": {"sha256": sha}}
+            for sha in (batches.index, self.index)
+        ]
+
+
+@dataclass(frozen=True)
 class CampaignRecord:
     """The predicate of a certificate, typed."""
 
@@ -214,14 +250,31 @@ class CampaignRecord:
     records: Commitment | None = None
     """The commitment to ``batches`` a certificate of the current version signs (they are
     then in ``NAME.records/``, and in the statement only for a first-version one)."""
+    part_records: PartsCommitment | None = None
+    """The commitment to ``parts`` a certificate of the third version signs (they are then
+    in ``NAME.records/`` too, and ``parts`` is empty until they are read and verified)."""
+
+    @property
+    def part_count(self) -> int:
+        """How many parts the certificate certifies."""
+        return len(self.parts) if self.part_records is None else self.part_records.count
 
     def to_json_obj(self) -> dict[str, Any]:
-        parts = []
+        listed: list[dict[str, Any]] = []
         for p in self.parts:
             part: dict[str, Any] = {"run": p.run, "step": p.step}
             if p.task is not None:
                 part.update(task=p.task, tasks=p.tasks)
-            parts.append(part)
+            listed.append(part)
+        parts: list[dict[str, Any]] | dict[str, Any] = listed
+        if self.part_records is not None:
+            parts = {
+                "rule": PART_RULE,
+                "root": self.part_records.root,
+                "per_chunk": PER_CHUNK,
+                "index": self.part_records.index,
+                "count": self.part_records.count,
+            }
         return {
             "campaign": self.campaign,
             "n": self.n,
@@ -249,13 +302,17 @@ class CampaignRecord:
 
     @property
     def predicate_type(self) -> str:
-        return PREDICATE_TYPE_V1 if self.records is None else PREDICATE_TYPE
+        if self.records is None:
+            return PREDICATE_TYPE_V1
+        return PREDICATE_TYPE if self.part_records is None else PREDICATE_TYPE_V3
 
     @classmethod
     def from_statement(cls, statement: Mapping[str, Any]) -> CampaignRecord:
         """The record of a schema-valid statement."""
         p = statement["predicate"]
         subjects = statement["subject"]
+        if isinstance(p["parts"], Mapping):
+            return _from_v3(statement)
         if len(subjects) != len(p["parts"]):
             raise ValueError(f"{len(subjects)} subjects for {len(p['parts'])} parts")
         parts = tuple(
@@ -299,11 +356,56 @@ class CampaignRecord:
         )
 
 
+def _from_v3(statement: Mapping[str, Any]) -> CampaignRecord:
+    """The record of a schema-valid statement of the third version: its parts not listed,
+    its subjects the records' two index files, in the directory they name."""
+    p = statement["predicate"]
+    batches = Commitment(str(p["records"]["root"]), Sha256(str(p["records"]["index"])))
+    names = [str(s["name"]) for s in statement["subject"]]
+    records_at = names[0].rpartition("/")[0]
+    parts = PartsCommitment(
+        str(p["parts"]["root"]),
+        Sha256(str(p["parts"]["index"])),
+        int(p["parts"]["count"]),
+        records_at,
+    )
+    if (
+        parts.subjects(batches) != statement["subject"]
+        or PurePosixPath(records_at).name != f"{p['campaign']}{RECORDS_SUFFIX}"
+    ):
+        raise ValueError(
+            f"its subjects are not its records' two index files in {p['campaign']}{RECORDS_SUFFIX}/"
+        )
+    if parts.count > int(p["n"]):
+        raise ValueError(f"{parts.count:,} parts for {p['n']:,} batches")
+    return CampaignRecord(
+        campaign=str(p["campaign"]),
+        n=int(p["n"]),
+        seed=int(p["seed"]),
+        seed_derivation=str(p["seed_derivation"]),
+        parts=(),
+        commit=str(p["code"]["commit"]),
+        dirty=bool(p["code"]["dirty"]),
+        environment=Sha256(str(p["environment"])),
+        batches=(),
+        records=batches,
+        part_records=parts,
+        tally=Sha256(str(p["tally"]["sha256"])),
+        created=str(p["created"]),
+        tool=str(p["tool"]),
+    )
+
+
 def build_statement(record: CampaignRecord) -> dict[str, Any]:
     """The in-toto Statement a certificate of ``record`` signs."""
+    if record.part_records is not None:
+        assert record.records is not None
+        subjects = record.part_records.subjects(record.records)
+    else:
+        subjects = [{"name": p.manifest, "digest": {"sha256": p.sha256}} for p in record.parts]
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": p.manifest, "digest": {"sha256": p.sha256}} for p in record.parts],
+        "subject": subjects,
         "predicateType": record.predicate_type,
         "predicate": record.to_json_obj(),
     }
@@ -354,7 +456,7 @@ def read_certificate(path: Path | str) -> Certificate:
     """Read and schema-check a certificate (:func:`read_envelope`, then
     :func:`parse_certificate`, its signature not checked); ManifestError naming it for
     anything else. Its signature and everything it says are checked by
-    :func:`kronos_audit.verification.campaign.verify_certificate` (``kaudit verify``),
+    :func:`kronos_audit.verification.certificate.verify_certificate` (``kaudit verify``),
     which checks the signature before the schema."""
     return parse_certificate(path, read_envelope(path))
 
@@ -374,6 +476,7 @@ __all__ = [
     "MAX_BATCHES_V1",
     "PREDICATE_TYPE",
     "PREDICATE_TYPE_V1",
+    "PREDICATE_TYPE_V3",
     "SCHEMAS",
     "SCHEMA_NAME",
     "SEED_DERIVATION",
@@ -385,6 +488,7 @@ __all__ = [
     "CampaignRecord",
     "Certificate",
     "Commitment",
+    "PartsCommitment",
     "build_statement",
     "certificate_path",
     "encode_statement",

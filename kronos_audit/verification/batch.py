@@ -171,7 +171,7 @@ def _verified(
                 yield verifier.verify_attestation(p)
             elif p.name.endswith(CERTIFICATE_SUFFIX):
                 # Imported for a certificate only: a run's verify never needs it.
-                from kronos_audit.verification.campaign import verify_certificate
+                from kronos_audit.verification.certificate import verify_certificate
 
                 yield verify_certificate(verifier, p, sample=sample)
             else:

@@ -1,4 +1,4 @@
-"""What a finished campaign's checkpoints prove, and verifying a campaign certificate.
+"""What a finished campaign's checkpoints prove.
 
 A campaign's parts are runs (one, or a Slurm job array's one a task), each read at its
 last checkpoint (:func:`read_part`): the manifest verified as ``kaudit verify`` does
@@ -6,38 +6,32 @@ last checkpoint (:func:`read_part`): the manifest verified as ``kaudit verify`` 
 and the chain walked back, each manifest's ``batches.ran`` saying which batches it was
 the first to record and where they ran. :func:`campaign_record` folds the parts into the
 record a certificate signs, refusing a campaign that is not complete or whose records
-disagree; :func:`verify_certificate` builds that record again from the checkpoints the
-certificate names and compares it with what was signed, field by field.
+disagree; :func:`kronos_audit.verification.certificate.verify_certificate` builds that
+record again from the checkpoints a certificate names and compares it with what was
+signed, field by field.
 """
 
 from __future__ import annotations
 
-import hashlib
 import operator
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kronos_audit._internal.safeio import MANIFEST_LIMIT, UnsafeFile, read_regular
 from kronos_audit.checkpoint.hdf5 import flatten, unflatten
-from kronos_audit.checkpoint.layout import CERTIFICATE_SUFFIX, INDEX_NAME, TREE_NAME, shard_name
+from kronos_audit.checkpoint.layout import INDEX_NAME, TREE_NAME, shard_name
 from kronos_audit.checkpoint.ledger import LEDGER_GROUP, read_chunks, run_dir_of
 from kronos_audit.checkpoint.shards import NoProof, proven_line
 from kronos_audit.checkpoint.verified import Signed, read_verified, verified
-from kronos_audit.errors import CheckpointError, Error
-from kronos_audit.keys.anchors import SignerCheck, TrustedKey
+from kronos_audit.errors import CheckpointError
 from kronos_audit.statement.campaign import (
     SEED_DERIVATION,
     CampaignBatch,
     CampaignPart,
     CampaignRecord,
-    Certificate,
-    certificate_path,
-    parse_certificate,
-    read_envelope,
     result_digest,
     row_digests,
     tally,
@@ -45,16 +39,7 @@ from kronos_audit.statement.campaign import (
 )
 from kronos_audit.statement.manifest import Manifest, Sha256
 from kronos_audit.statement.predicate import Ran, Share
-from kronos_audit.verification import steps
-from kronos_audit.verification.chain import inside
-from kronos_audit.verification.records import (
-    RecordsFailed,
-    check_all,
-    check_sample,
-    fetch_records,
-    ledger_lookup,
-)
-from kronos_audit.verification.results import Check, CheckName, StatementKind, VerifyResult
+from kronos_audit.verification.results import VerifyResult
 from kronos_audit.verification.verifier import Verifier
 
 _LEDGER = f"/{LEDGER_GROUP}"
@@ -418,240 +403,9 @@ def _task(share: Share | None) -> tuple[int | None, int | None]:
     return (None, None) if share is None else (share.task, share.tasks)
 
 
-def verify_certificate(
-    verifier: Verifier, path: Path | str, *, sample: int | None = None
-) -> VerifyResult:
-    """Every check of the certificate at ``path``: (C1) its signature; (C2) each subject is
-    a manifest inside the repository with the certified sha256, and verifies whole (every
-    shard of a sharded step, fetched when the verifier fetches); (C3) the
-    record built again from those checkpoints (every batch exactly once, each result's
-    digest from the ledger, each worker and attempt from the chain, the tally summed again
-    from the ledger) is the one signed: for a certificate of the current version, the
-    records beside it (``NAME.records/``) give its root, and each is there.
-
-    With ``sample`` (K) a certificate of the current version has, instead of (C3), K
-    batches drawn at random proven to its root through the stored records, each one's
-    result the ledger's (:func:`~kronos_audit.verification.records.check_sample`); the
-    tally is not summed, and the checks say so."""
-    path = Path(path)
-    envelope = read_envelope(path)
-    # The signature first, over the payload's bytes alone: nothing of an unsigned
-    # certificate is decoded or schema-checked (the costly part, one entry a batch).
-    first = verifier.keys.check(envelope, None)
-    if not first.ok and not _revoked(verifier, first):
-        return _unread(path, steps.signature_check(first))
-    cert = parse_certificate(path, envelope)
-    record = cert.record
-    # Again at the time it says it was signed: a revoked key's earlier signatures hold.
-    signed = verifier.keys.check(cert.envelope, record.created)
-    checks = [steps.signature_check(signed), _place(cert.path, record, verifier.project.root)]
-    parts: list[Part] = []
-    problem: str | None = None
-    sampled = sample if record.records is not None else None
-    if not (checks[0].ok and checks[1].ok):
-        # Nothing an unsigned or misplaced certificate names is read, let alone fetched.
-        checks.append(
-            Check.unverified(
-                CheckName.MANIFEST, "not read: the certificate's signature or place does not hold"
-            )
-        )
-        return _result(cert, checks, signed.signer)
-    if verifier.fetch and record.records is not None:
-        from kronos_audit.storage import Storage  # only a fetch needs DVC
-
-        try:
-            fetch_records(Storage(verifier.project), cert.path, record, verifier.remote)
-        except RecordsFailed as e:
-            checks.append(Check.failed(CheckName.BATCHES, str(e)))
-            return _result(cert, checks, signed.signer)
-    for p in record.parts:
-        where = inside(verifier.project.root, p.manifest)
-        if where is None:
-            problem = f"{p.manifest}: not a path inside the repository"
-            break
-        try:
-            data = read_regular(where, MANIFEST_LIMIT, follow_symlinks=False)
-        except UnsafeFile as e:
-            problem = f"{p.manifest}: {e.reason}"
-            break
-        if hashlib.sha256(data).hexdigest() != p.sha256:
-            problem = f"{p.manifest}: not the certified manifest (its sha256 differs)"
-            break
-        try:
-            part = read_part(verifier, where, whole=True, origins=sampled is None)
-        except (CampaignRefused, Error) as e:
-            problem = str(e)
-            break
-        if part.manifest.digest != p.sha256 or (part.manifest.run, part.manifest.step) != (
-            p.run,
-            p.step,
-        ):
-            problem = f"{p.manifest}: changed while it was read"
-            break
-        parts.append(part)
-    if problem is None:
-        checks.append(
-            Check.passed(CheckName.MANIFEST, f"{len(parts)} part(s), each manifest verifies")
-        )
-        if sampled is not None:
-            lookup = ledger_lookup([p.ledger for p in parts])
-            checks.append(check_sample(cert.path, record, sampled, lookup))
-            checks.append(Check.skip(CheckName.TALLY, "not summed: only a sample was checked"))
-            return _result(cert, checks, signed.signer)
-        try:
-            rebuilt = campaign_record(
-                record.campaign,
-                parts,
-                record.n,
-                project_root=verifier.project.root,
-                created=record.created,
-                tool=record.tool,
-            )
-        except CampaignRefused as e:
-            checks.append(Check.failed(CheckName.BATCHES, str(e)))
-        else:
-            checks += _compare(record, rebuilt, cert.path)
-            if record.records is not None and all(c.ok for c in checks):
-                # What the report shows: the batches verified, as the checkpoints hold them.
-                cert = replace(cert, record=replace(record, batches=rebuilt.batches))
-    else:
-        checks.append(Check.failed(CheckName.MANIFEST, problem))
-    return _result(cert, checks, signed.signer)
-
-
-def _revoked(verifier: Verifier, refused: SignerCheck) -> bool:
-    """The signature was refused only for want of the time it was made: its key is
-    revoked, and whether from before or after is said by the statement."""
-    return refused.signer is not None and refused.signer.key_id in verifier.keys.revocations
-
-
-def _unread(path: Path, signature: Check) -> VerifyResult:
-    """The result of a certificate whose signature does not hold: named by its file (the
-    campaign its name says, no batches), its statement never read."""
-    return VerifyResult(
-        path,
-        path,
-        path.name.removesuffix(CERTIFICATE_SUFFIX),
-        0,
-        (
-            signature,
-            Check.unverified(
-                CheckName.MANIFEST, "not read: the certificate's signature or place does not hold"
-            ),
-        ),
-        kind=StatementKind.CAMPAIGN,
-    )
-
-
-def _result(cert: Certificate, checks: list[Check], signer: TrustedKey | None) -> VerifyResult:
-    record = cert.record
-    return VerifyResult(
-        cert.path,
-        Path(record.parts[0].manifest),
-        record.campaign,
-        record.n,
-        tuple(checks),
-        signer=signer,
-        kind=StatementKind.CAMPAIGN,
-        certificate=cert,
-    )
-
-
-def _place(path: Path, record: CampaignRecord, root: Path) -> Check:
-    """The certificate is where it was signed for: ``NAME.campaign.json`` of its own
-    campaign, beside the run directories of its parts, each part a run of that campaign
-    (the campaign's run itself, or ``NAME.task-K``)."""
-    expected = certificate_path(path.parent, record.campaign).name
-    if path.name != expected:
-        return Check.failed(
-            CheckName.PLACE, f"certifies campaign {record.campaign!r}: its name is {expected}"
-        )
-    for p in record.parts:
-        if p.run != record.campaign and not p.run.startswith(record.campaign + ".task-"):
-            return Check.failed(
-                CheckName.PLACE, f"part {p.run!r} is not a run of campaign {record.campaign!r}"
-            )
-        run_dir = PurePosixPath(p.manifest).parent
-        if run_dir.name.startswith("step-"):
-            run_dir = run_dir.parent  # a sharded step's manifest, in its step directory
-        here = path.parent.resolve()
-        if (root / run_dir).resolve() != here / p.run:
-            return Check.failed(
-                CheckName.PLACE, f"part {p.run!r}: its manifest {p.manifest} is not beside it"
-            )
-    return Check.passed(CheckName.PLACE, "beside the run directories of its parts")
-
-
-def _compare(signed: CampaignRecord, rebuilt: CampaignRecord, path: Path) -> list[Check]:
-    """The signed record against the one the checkpoints give, in words (the records
-    beside the certificate at ``path``, for one of the current version)."""
-    if signed.seed_derivation != rebuilt.seed_derivation or signed.seed != rebuilt.seed:
-        return [Check.failed(CheckName.BATCHES, "the seed or its derivation differs")]
-    if (signed.commit, signed.dirty, signed.environment) != (
-        rebuilt.commit,
-        rebuilt.dirty,
-        rebuilt.environment,
-    ):
-        return [Check.failed(CheckName.BATCHES, "the code or environment lock differs")]
-    for signed_part, part in zip(signed.parts, rebuilt.parts, strict=True):
-        if signed_part != part:
-            return [
-                Check.failed(
-                    CheckName.BATCHES,
-                    f"part {part.run!r}: its task or step is not the one its manifests sign",
-                )
-            ]
-    if signed.records is not None:
-        if signed.n != rebuilt.n:
-            return [
-                Check.failed(
-                    CheckName.BATCHES,
-                    f"certifies {signed.n} batches; the checkpoints hold {rebuilt.n}",
-                )
-            ]
-        checks = [check_all(path, signed, rebuilt)]
-        return [*checks, _tally(signed, rebuilt)]
-    if signed.n != rebuilt.n or len(signed.batches) != len(rebuilt.batches):
-        return [
-            Check.failed(
-                CheckName.BATCHES,
-                f"certifies {len(signed.batches)} batches of {signed.n}; the checkpoints "
-                f"hold {len(rebuilt.batches)} of {rebuilt.n}",
-            )
-        ]
-    for a, b in zip(signed.batches, rebuilt.batches, strict=True):
-        if a != b:
-            what = next(
-                f
-                for f in ("index", "result", "worker", "attempt", "part")
-                if getattr(a, f) != getattr(b, f)
-            )
-            return [
-                Check.failed(
-                    CheckName.BATCHES,
-                    f"batch {b.index}: its {what} is not the one the checkpoints hold",
-                )
-            ]
-    checks = [
-        Check.passed(
-            CheckName.BATCHES,
-            f"{signed.n} batches, each exactly once, results and workers as the ledgers "
-            "and chains hold them",
-        )
-    ]
-    return [*checks, _tally(signed, rebuilt)]
-
-
-def _tally(signed: CampaignRecord, rebuilt: CampaignRecord) -> Check:
-    if signed.tally != rebuilt.tally:
-        return Check.failed(CheckName.TALLY, "the tally summed from the ledgers differs")
-    return Check.passed(CheckName.TALLY, "summed again from the ledgers, bitwise")
-
-
 __all__ = [
     "CampaignRefused",
     "Part",
     "campaign_record",
     "read_part",
-    "verify_certificate",
 ]

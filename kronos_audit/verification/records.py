@@ -26,6 +26,7 @@ from kronos_audit._internal.fsutil import TEMP_PREFIX, fsync_dir
 from kronos_audit._internal.safeio import UnsafeFile, read_regular
 from kronos_audit.errors import Error
 from kronos_audit.statement.campaign import CampaignBatch, CampaignRecord, result_digest
+from kronos_audit.statement.parts import PART_CHUNK_LIMIT
 from kronos_audit.statement.records import (
     CHUNK_LIMIT,
     INDEX_LINE,
@@ -97,6 +98,8 @@ def fetch_records(
     if not os.path.lexists(dvc_file_for(directory)):
         return 0
     chunks = -(-signed.n // PER_CHUNK)
+    parts = signed.part_records
+    part_chunks = 0 if parts is None else -(-parts.count // PER_CHUNK)
     source = storage.remote_source(remote)
     listed: dict[str, str] | None = None
     fetched = 0
@@ -111,7 +114,7 @@ def fetch_records(
             if handle.has(name):
                 return  # read and checked as it is, like any file here
             if listed is None:
-                listed = read_listing(source, directory, chunks + 1)
+                listed = read_listing(source, directory, chunks + 1 + part_chunks + 1)
             md5 = listed.get(name)
             if md5 is None:
                 raise RecordsFailed(f"{directory.name}/{name}: not here, nor in its DVC listing")
@@ -134,6 +137,10 @@ def fetch_records(
         bring(signed.records.index, chunks * INDEX_LINE)
         for sha, _ in _index(directory, signed):
             bring(sha, CHUNK_LIMIT)
+        if parts is not None:  # a job array's parts, stored as its batches are
+            bring(parts.index, part_chunks * INDEX_LINE)
+            for sha, _ in read_index(directory, parts.index, parts.count):
+                bring(sha, PART_CHUNK_LIMIT)
     finally:
         handle.close()
     return fetched
@@ -205,12 +212,19 @@ class _RecordsDirectory:
 
 def _index(directory: Path, signed: CampaignRecord) -> list[tuple[str, bytes]]:
     assert signed.records is not None
-    chunks = -(-signed.n // PER_CHUNK)
-    data = _read(directory, signed.records.index, chunks * INDEX_LINE)
+    return read_index(directory, signed.records.index, signed.n)
+
+
+def read_index(directory: Path, sha: str, count: int) -> list[tuple[str, bytes]]:
+    """``(sha256, root)`` of each chunk the index file ``sha`` of ``count`` records lists,
+    read from ``directory`` bounded by the size that count gives; RecordsFailed naming it
+    when it is not that index."""
+    chunks = -(-count // PER_CHUNK)
+    data = _read(directory, sha, chunks * INDEX_LINE)
     try:
-        return parse_index(data, signed.n)
+        return parse_index(data, count)
     except ValueError as e:
-        raise RecordsFailed(f"{directory.name}/{signed.records.index}: {e}") from None
+        raise RecordsFailed(f"{directory.name}/{sha}: {e}") from None
 
 
 def check_all(certificate: Path, signed: CampaignRecord, rebuilt: CampaignRecord) -> Check:
@@ -283,13 +297,20 @@ class Proof:
         return root_from_path(leaf_hash(self.line), self.index, self.count, self.path)
 
 
-class _Chunks:
-    """The chunks of one certificate's records, each read once and checked against the
-    index (its digest, its line count, its subtree's root). The tree over the chunks'
-    roots and each chunk's subtree are hashed once, so a proof costs no more hashing."""
+class Chunks:
+    """The chunks of one certificate's records (its batches', or a job array's parts'),
+    each read once, bounded by ``limit``, and checked against the index (its digest, its
+    line count, its subtree's root). The tree over the chunks' roots and each chunk's
+    subtree are hashed once, so a proof costs no more hashing."""
 
-    def __init__(self, directory: Path, index: Sequence[tuple[str, bytes]], count: int) -> None:
-        self.directory, self.index, self.count = directory, index, count
+    def __init__(
+        self,
+        directory: Path,
+        index: Sequence[tuple[str, bytes]],
+        count: int,
+        limit: int = CHUNK_LIMIT,
+    ) -> None:
+        self.directory, self.index, self.count, self.limit = directory, index, count, limit
         self._read: dict[int, tuple[list[bytes], list[list[bytes]]]] = {}
         self._top = tree_levels([root for _, root in index])
 
@@ -314,7 +335,7 @@ class _Chunks:
         sha, root = self.index[k]
         name = f"{self.directory.name}/{sha}"
         try:
-            lines = chunk_lines(_read(self.directory, sha, CHUNK_LIMIT))
+            lines = chunk_lines(_read(self.directory, sha, self.limit))
         except ValueError as e:
             raise RecordsFailed(f"{name}: {e}") from None
         want = min(PER_CHUNK, self.count - k * PER_CHUNK)
@@ -335,7 +356,7 @@ def prove(certificate: Path, signed: CampaignRecord, index: int) -> Proof:
     if not 0 <= index < signed.n:
         raise RecordsFailed(f"batch {index}: not one of the campaign's {signed.n}")
     directory = records_dir(certificate, signed.campaign)
-    return _Chunks(directory, _index(directory, signed), signed.n).proof(index)
+    return Chunks(directory, _index(directory, signed), signed.n).proof(index)
 
 
 def check_sample(
@@ -354,7 +375,7 @@ def check_sample(
     chosen = sorted((rng or random.SystemRandom()).sample(range(signed.n), min(k, signed.n)))
     root = bytes.fromhex(signed.records.root)
     try:
-        chunks = _Chunks(directory, _index(directory, signed), signed.n)
+        chunks = Chunks(directory, _index(directory, signed), signed.n)
         for i in chosen:
             proof = chunks.proof(i)
             if proof.root() != root:
@@ -365,7 +386,7 @@ def check_sample(
                 raise RecordsFailed(f"batch {i}: {e}") from None
             if index != i:
                 raise RecordsFailed(f"batch {i}: the record in its place is batch {index}'s")
-            held = result_of(part, i) if part < len(signed.parts) else None
+            held = result_of(part, i) if part < signed.part_count else None
             if held is None:
                 raise RecordsFailed(f"batch {i}: part {part}'s ledger does not hold it")
             if result_digest(held) != result:
@@ -397,10 +418,19 @@ def stored_files(certificate: Path, signed: CampaignRecord) -> list[tuple[str, b
     directory = records_dir(certificate, signed.campaign)
     chunks = -(-signed.n // PER_CHUNK)
     index = (signed.records.index, _read(directory, signed.records.index, chunks * INDEX_LINE))
-    return [
+    files = [
         index,
         *((sha, _read(directory, sha, CHUNK_LIMIT)) for sha, _ in _index(directory, signed)),
     ]
+    parts = signed.part_records
+    if parts is not None:  # a job array's parts, beside its batches
+        size = -(-parts.count // PER_CHUNK) * INDEX_LINE
+        files.append((parts.index, _read(directory, parts.index, size)))
+        files += [
+            (sha, _read(directory, sha, PART_CHUNK_LIMIT))
+            for sha, _ in read_index(directory, parts.index, parts.count)
+        ]
+    return files
 
 
 def stored_batches(certificate: Path, signed: CampaignRecord) -> tuple[CampaignBatch, ...]:
@@ -410,7 +440,7 @@ def stored_batches(certificate: Path, signed: CampaignRecord) -> tuple[CampaignB
     if signed.records is None:
         return signed.batches  # a first-version certificate lists them
     directory = records_dir(certificate, signed.campaign)
-    chunks = _Chunks(directory, _index(directory, signed), signed.n)
+    chunks = Chunks(directory, _index(directory, signed), signed.n)
     if chunks.root.hex() != signed.records.root:
         raise RecordsFailed(f"{directory.name}: the index does not give the signed root")
     batches: list[CampaignBatch] = []
@@ -424,6 +454,7 @@ def stored_batches(certificate: Path, signed: CampaignRecord) -> tuple[CampaignB
 
 
 __all__ = [
+    "Chunks",
     "Proof",
     "RecordsFailed",
     "check_all",
@@ -431,6 +462,7 @@ __all__ = [
     "fetch_records",
     "ledger_lookup",
     "prove",
+    "read_index",
     "records_of",
     "stored_batches",
     "stored_files",

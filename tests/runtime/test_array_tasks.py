@@ -19,9 +19,17 @@ import pytest
 import kronos_audit as ka
 from kronos_audit.project.repository import Project
 from kronos_audit.report import build_report, report_json
-from kronos_audit.statement.campaign import encode_statement, read_certificate, result_digest, tally
+from kronos_audit.runtime.campaigns.certify import write_parts
+from kronos_audit.statement.campaign import (
+    PREDICATE_TYPE_V3,
+    encode_statement,
+    read_certificate,
+    result_digest,
+    tally,
+)
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import read_manifest
+from kronos_audit.verification.parts import stored_parts
 from kronos_audit.verification.records import stored_batches
 from tests.helpers import run_cli
 
@@ -150,8 +158,17 @@ def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
     assert {k: v.tobytes() for k, v in merged.items()} == {
         k: np.asarray(v).tobytes() for k, v in expected.items()
     }
-    record = read_certificate(cert).record
-    record = dataclasses.replace(record, batches=stored_batches(cert, record))
+    read = read_certificate(cert)
+    record = read.record
+    # The third version: the parts are lines beside the batches' records, and the subjects
+    # are the two index files that name them.
+    assert read.statement["predicateType"] == PREDICATE_TYPE_V3
+    assert [s["name"] for s in read.statement["subject"]] == [
+        f"checkpoints/mc.records/{sha}" for sha in (record.records.index, record.part_records.index)
+    ]
+    record = dataclasses.replace(
+        record, batches=stored_batches(cert, record), parts=stored_parts(cert, record)
+    )
     assert [(p.run, p.task, p.tasks) for p in record.parts] == [
         (f"mc.task-{k}", k, TASKS) for k in range(TASKS)
     ]
@@ -177,17 +194,15 @@ def test_a_certificate_that_gives_a_part_another_task_than_it_signs_fails(
     assert run_cli("campaign", "mc", "--certify", cwd=project.root).exit_code == 0
     cert = project.root / "checkpoints" / "mc.campaign.json"
     record = read_certificate(cert).record
-    parts = list(record.parts)
+    parts = list(stored_parts(cert, record))
     parts[1] = dataclasses.replace(parts[1], task=3)
-    lied = dataclasses.replace(record, parts=tuple(parts))
+    lied = dataclasses.replace(record, part_records=write_parts(cert, "mc", parts, project.root))
     cert.write_bytes(encode_envelope(sign_envelope(encode_statement(lied), key)))
     result = run_cli("verify", "--json", str(cert), cwd=project.root)
     assert result.exit_code == 1, result.output
     (r,) = json.loads(result.output)["results"]
     failed = [f"{c['check']}: {c['detail']}" for c in r["checks"] if not c["ok"]]
-    assert failed == [
-        "batches: part 'mc.task-1': its task or step is not the one its manifests sign"
-    ]
+    assert failed == ["manifest: part 1 (mc.task-1): not task 3 of campaign 'mc'"]
 
 
 def test_files_named_as_newer_manifests_decide_nothing_and_are_named_ignored(

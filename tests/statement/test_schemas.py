@@ -32,6 +32,7 @@ def test_every_schema_named_in_the_package_is_shipped() -> None:
         "attestation-v1.schema.json",
         "campaign-v1.schema.json",
         "campaign-v2.schema.json",
+        "campaign-v3.schema.json",
         "comparison-v1.schema.json",
         "manifest-v1.schema.json",
         "replay-v1.schema.json",

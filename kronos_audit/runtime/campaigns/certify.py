@@ -8,9 +8,12 @@ each batch ran), builds the record
 in content-addressed chunks to ``NAME.records/`` (:mod:`kronos_audit.statement.records`)
 and signs their Merkle root with the run's key, as ``NAME.campaign.json`` beside the run's
 directory: the certificate's size does not grow with the batches. ``kaudit campaign NAME
---certify`` does the same for a Slurm job array's tasks. What is signed is what the
-checkpoints hold, never what this process remembers: a verifier rebuilds the same record
-from the same files.
+--certify`` does the same for a Slurm job array's tasks, in the certificate's third
+version: each task's part (its run, its last step and that step's manifest) is one line
+stored beside the batches' records (:mod:`kronos_audit.statement.parts`), under a Merkle
+root of its own, so the certificate's size does not grow with the tasks either. What is
+signed is what the checkpoints hold, never what this process remembers: a verifier
+rebuilds the same record from the same files.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from kronos_audit.signing.predicate import utc_now
 from kronos_audit.statement.campaign import (
     MAX_BATCHES,
     CampaignBatch,
+    CampaignPart,
     Commitment,
+    PartsCommitment,
     certificate_path,
     encode_statement,
     parse_certificate,
@@ -42,7 +47,8 @@ from kronos_audit.statement.campaign import (
 )
 from kronos_audit.statement.dsse import encode_envelope, sign_envelope
 from kronos_audit.statement.manifest import Sha256
-from kronos_audit.statement.records import records_dir
+from kronos_audit.statement.parts import part_line
+from kronos_audit.statement.records import build_records, records_dir
 from kronos_audit.storage.directories import push_listing, track_directory
 from kronos_audit.storage.fetch import FetchItem
 from kronos_audit.storage.remote import Storage
@@ -110,9 +116,20 @@ def certify(
     )
     root = _run_root(parts[0].manifest.path, parts[0].manifest.record.shards is not None)
     path = certificate_path(root, campaign)
-    # The records first: a certificate is never there without what it commits to.
-    commitment, entries = _write_records(path, campaign, record.batches)
-    record = replace(record, batches=(), records=commitment)
+    # The records first: a certificate is never there without what it commits to. A job
+    # array's parts are records too (its tasks, one line each), beside its batches'.
+    array = record.parts[0].task is not None
+    listed = record.parts if array else ()
+    commitment, entries, in_parts = _write_records(
+        path, campaign, record.batches, listed, verifier.project.root
+    )
+    record = replace(
+        record,
+        batches=(),
+        records=commitment,
+        parts=() if array else record.parts,
+        part_records=in_parts,
+    )
     data = encode_envelope(sign_envelope(encode_statement(record), key))
     if len(data) > MANIFEST_LIMIT:  # what no verifier would read is not signed
         raise CampaignRefused(
@@ -192,17 +209,54 @@ def write_records(certificate: Path, campaign: str, batches: Sequence[CampaignBa
     """Write every batch's record (``batches``, in index order) beside ``certificate``, in
     ``NAME.records/`` (content-addressed chunks and their index), and return what a
     certificate signs of them. ManifestError when they cannot be written."""
-    return _write_records(certificate, campaign, batches)[0]
+    return _write_records(certificate, campaign, batches, (), certificate.parent)[0]
+
+
+def write_parts(
+    certificate: Path, campaign: str, parts: Sequence[CampaignPart], project_root: Path
+) -> PartsCommitment:
+    """Write a job array's parts (one line each, in part order) beside ``certificate``, in
+    ``NAME.records/``, and return what a certificate of the third version signs of them
+    (``project_root``: the repository its subjects are named in). ManifestError when they
+    cannot be written."""
+    written = _write_records(certificate, campaign, (), parts, project_root)[2]
+    assert written is not None
+    return written
 
 
 def _write_records(
-    certificate: Path, campaign: str, batches: Sequence[CampaignBatch]
-) -> tuple[Commitment, list[FileEntry]]:
-    """:func:`write_records`, and each file written as DVC tracks it (its md5 hashed from
-    the bytes in memory, never read back)."""
-    stored = records_of(batches)
+    certificate: Path,
+    campaign: str,
+    batches: Sequence[CampaignBatch],
+    parts: Sequence[CampaignPart],
+    project_root: Path,
+) -> tuple[Commitment, list[FileEntry], PartsCommitment | None]:
+    """:func:`write_records` (and, for a job array, ``parts`` as :func:`write_parts`
+    writes them), and each file written as DVC tracks it (its md5 hashed from the bytes in
+    memory, never read back)."""
+    stored = records_of(batches) if batches else None
     directory = records_dir(certificate, campaign)
-    files = [(c.sha256, c.data) for c in stored.chunks] + [(stored.index_sha256, stored.index)]
+    files: list[tuple[str, bytes]] = []
+    if stored is not None:
+        files += [(c.sha256, c.data) for c in stored.chunks]
+        files.append((stored.index_sha256, stored.index))
+    in_parts: PartsCommitment | None = None
+    if parts:
+        lines = build_records(
+            part_line(k, p.run, p.step, p.manifest, p.sha256, p.task or 0, p.tasks or 0)
+            for k, p in enumerate(parts)
+        )
+        files += [(c.sha256, c.data) for c in lines.chunks]
+        files.append((lines.index_sha256, lines.index))
+        try:
+            at = directory.parent.resolve().relative_to(project_root.resolve()) / directory.name
+        except ValueError:
+            raise ManifestError(
+                "the campaign's records are not inside the repository", path=directory
+            ) from None
+        in_parts = PartsCommitment(
+            lines.root, Sha256(lines.index_sha256), len(parts), at.as_posix()
+        )
     try:
         mkdir_durable(directory)
         for name, data in files:
@@ -216,7 +270,12 @@ def _write_records(
         FileEntry(name, len(data), name, hashlib.md5(data, usedforsecurity=False).hexdigest())
         for name, data in files
     ]
-    return Commitment(stored.root, Sha256(stored.index_sha256)), entries
+    commitment = (
+        Commitment("", Sha256(""))
+        if stored is None
+        else Commitment(stored.root, Sha256(stored.index_sha256))
+    )
+    return commitment, entries, in_parts
 
 
 def _write_named(path: Path, data: bytes) -> None:
@@ -278,5 +337,6 @@ __all__ = [
     "certify_run",
     "push_certificate",
     "push_records",
+    "write_parts",
     "write_records",
 ]

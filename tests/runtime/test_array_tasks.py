@@ -163,6 +163,8 @@ def test_kaudit_campaign_names_what_is_missing_and_certifies_a_complete_array(
     # The third version: the parts are lines beside the batches' records, and the subjects
     # are the two index files that name them.
     assert read.statement["predicateType"] == PREDICATE_TYPE_V3
+    assert record.records is not None
+    assert record.part_records is not None
     assert [s["name"] for s in read.statement["subject"]] == [
         f"checkpoints/mc.records/{sha}" for sha in (record.records.index, record.part_records.index)
     ]

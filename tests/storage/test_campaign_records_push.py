@@ -178,6 +178,15 @@ def test_an_array_certificate_s_records_are_pushed_by_kaudit_push_and_kaudit_cam
     )
     assert md5s <= in_remote()
     assert dvc_file_for(directory).is_file()
+    # The parts' index and chunk among them (a job array's certificate of the third
+    # version): an auditor without the records fetches both kinds, each checked.
+    parts = read_certificate(cert).record.part_records
+    assert parts is not None
+    assert parts.index in names
+    shutil.rmtree(directory)
+    fetched = run_cli("verify", str(cert), cwd=project.root)
+    assert fetched.exit_code == 0, fetched.output
+    assert sorted(p.name for p in directory.iterdir()) == names
 
     # Certified again with --push: the records tracked and pushed as a run that pushes does.
     again = run_cli("campaign", "arr", "--certify", "--push", cwd=project.root)

@@ -21,7 +21,7 @@ from kronos_audit.statement.manifest import Sha256
 from kronos_audit.statement.parts import PART_CHUNK_LIMIT, parse_part_line
 from kronos_audit.statement.records import records_dir
 from kronos_audit.verification.chain import inside
-from kronos_audit.verification.records import Chunks, RecordsFailed, read_index
+from kronos_audit.verification.records import Chunks, Proof, RecordsFailed, read_index
 
 
 class StoredParts:
@@ -44,11 +44,16 @@ class StoredParts:
                 "signed root of the parts"
             )
 
-    def proven(self, k: int) -> CampaignPart:
-        """Part ``k``, its line proven to the signed root (a proof of its own index)."""
+    def proof(self, k: int) -> Proof:
+        """Part ``k``'s line and the hashes beside its path to the root, read from its
+        chunk (checked against the index), not yet held against the signed root."""
         if not 0 <= k < self.count:
             raise RecordsFailed(f"part {k}: not one of the certificate's {self.count}")
-        proof = self._chunks.proof(k)
+        return self._chunks.proof(k)
+
+    def proven(self, k: int) -> CampaignPart:
+        """Part ``k``, its line proven to the signed root (a proof of its own index)."""
+        proof = self.proof(k)
         if proof.root() != self._root:
             raise RecordsFailed(f"part {k}: its proof does not reach the signed root")
         return _part(k, proof.line)
@@ -61,6 +66,13 @@ class StoredParts:
             for line in self._chunks.lines(c):
                 parts.append(_part(len(parts), line))
         return parts
+
+
+def prove_part(certificate: Path, signed: CampaignRecord, k: int) -> Proof:
+    """The proof that part ``k`` is in the parts ``signed`` (a third version's) commits to,
+    read from the records beside ``certificate`` (its signature is the caller's to check):
+    what an auditor checks by hand. RecordsFailed when the stored records do not give one."""
+    return StoredParts(certificate, signed).proof(k)
 
 
 def stored_parts(certificate: Path, signed: CampaignRecord) -> tuple[CampaignPart, ...]:
@@ -122,4 +134,4 @@ def manifest_problem(root: Path, certificate: Path, name: str, part: CampaignPar
     return None
 
 
-__all__ = ["StoredParts", "manifest_problem", "part_problem", "stored_parts"]
+__all__ = ["StoredParts", "manifest_problem", "part_problem", "prove_part", "stored_parts"]

@@ -390,3 +390,26 @@ def test_counts_beyond_the_schemas_are_bad_input_naming_the_certificate(
     code, output = cli_verify(here)
     assert code == 2, output
     assert "mc.campaign.json" in output, output
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "campaigns.md"
+
+
+def test_an_auditor_checks_one_task_by_hand_as_the_docs_say(
+    here: Project, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The page's own snippets, run: the batch's `reaches_root`, then `check_part`.
+    blocks = DOCS.read_text(encoding="utf-8").split("```python\n")[1:]
+    namespace: dict[str, Any] = {}
+    for name in ("def check_batch", "def check_part"):
+        (snippet,) = [b.split("```")[0] for b in blocks if name in b]
+        exec(compile(snippet, str(DOCS), "exec"), namespace)
+    cert = cert_of(here)
+    for part in range(TASKS):
+        namespace["check_part"](cert, part, here.root)
+        assert f'"part":{part},' in capsys.readouterr().out
+    # Part 0's proof offered as part 1's: it does not reach the root from part 1's place.
+    proof = StoredParts(cert, read_certificate(cert).record).proof(0)
+    namespace["prove_part"] = lambda *_: proof
+    with pytest.raises(AssertionError, match="part 1 is not in the certificate"):
+        namespace["check_part"](cert, 1, here.root)

@@ -8,7 +8,9 @@ with `ka.Run`."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -36,6 +38,7 @@ def run_id(version: str, run: str) -> str:
 CORPUS_KEYS = {
     "kronos-audit-corpus": "e8eac2bd99b6ab51e74d463c20c7c07de72b323c0376404864cd7176259e543a",
     "kronos-audit-corpus-2": "ff0b8e079ed1a68c16d185947c799bcbc48129758651264cf7c496380113bc5e",
+    "kronos-audit-corpus-3": "f19ce7f449c1a3fad5e28108264dd734fbe1eb35ca099cd4c4587410dbb72986",
 }
 """The corpus keys by name and key id, pinned here, outside the corpus and its trust store:
 a change that re-keys the store and re-signs a version does not pass the gate's test."""
@@ -111,6 +114,36 @@ def test_the_gate_verifies_and_replays_the_corpus_from_a_fresh_clone(clone: Path
             assert any(f"corpus/{v}/{name}" in c for c in verified), (name, verified)
     assert all(c["ok"] for c in cases), [c for c in cases if not c["ok"]]
     assert doc["config"]["tolerances"][0]["pattern"] == "corpus/v1/torch-train"
+
+
+ARRAY = "corpus/arrays/pi-array.campaign.json"
+"""A job array's certificate of the third version (campaign/v3) and its two tasks."""
+
+
+def test_an_arrays_certificate_of_the_third_version_verifies_from_a_fresh_clone(
+    clone: Path,
+) -> None:
+    """Not in [gate] runs: a replay does not give an array task the Slurm environment it
+    ran with. Verified sampled and whole, with the trust store of the commit checked out,
+    its records and its tasks' checkpoints fetched from the corpus remote."""
+    head = git(clone, "rev-parse", "HEAD").strip()
+    records = clone / "corpus" / "arrays" / "pi-array.records"
+    assert not records.exists()  # git-ignored: the verify fetches them
+    for extra in (["--sample", "2"], []):
+        done = subprocess.run(
+            [*KAUDIT, "verify", "--trust-ref", head, "--json", *extra, ARRAY],
+            cwd=clone,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        (result,) = json.loads(done.stdout)["results"]
+        manifest = next(c["detail"] for c in result["checks"] if c["check"] == "manifest")
+        expected = r"[12] of 2 part\(s\), those the sample needs" if extra else r"2 part\(s\)"
+        assert re.match(expected, manifest), manifest
+    statement = json.loads(base64.b64decode(json.loads((clone / ARRAY).read_text())["payload"]))
+    assert statement["predicateType"] == "https://kronos-audit.dev/campaign/v3"
+    assert len(list(records.iterdir())) == 4  # the batches' and the parts' index and chunk
 
 
 def _run_of(manifest: str) -> str:

@@ -267,7 +267,7 @@ def remote_figures(
     def resume() -> None:
         # What bring_from_remote does on each rank, then the restore's verification.
         reader = Reader(here.parent, rank, manifest.run, Verifier(elsewhere))
-        needs, items = _shards_of(reader, 1)
+        needs, items, _ = _shards_of(reader, 1)
         assert not far.fetch_many([items[old] for old in needs])
         verify(Verifier(elsewhere))
 

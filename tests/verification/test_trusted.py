@@ -173,7 +173,7 @@ def test_the_shard_fetch_acts_only_on_a_step_manifest_it_trusted(
     root = project.root / "checkpoints"
     step2 = root / "wave" / "step-00000002" / "index.jsonl.kaudit.json"
     reader = Reader(root / "wave", "wave", verifier(project))
-    needs, items = _shards_of(reader, 2)
+    needs, items, _ = _shards_of(reader, 2)
     assert needs == [1]
     assert items[1].checkpoint.name == shard_name(1, 2)
     # Swapped after rank 0 took the step: another run's, or another step's, is refused.

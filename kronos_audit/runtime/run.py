@@ -428,6 +428,7 @@ class Run:
         n: int,
         *,
         executor: Submitter | None = None,
+        per_call: int | None = None,
         **kwargs: Any,
     ) -> Ledger:
         """Call ``fn(rng, **kwargs)``, through ``executor`` (anything with an Executor's
@@ -437,9 +438,18 @@ class Run:
         the worker that ran it, and offer each to the run's checkpoint policy
         (:meth:`~kronos_audit.runtime.campaigns.batches.Batches.map`). Once every batch is
         recorded and checkpointed, the run signs the campaign's completeness certificate
-        (:mod:`kronos_audit.runtime.campaigns.certify`). Returns the ledger."""
+        (:mod:`kronos_audit.runtime.campaigns.certify`). Returns the ledger.
+
+        An executor gets consecutive batches in groups, one call a group
+        (:mod:`~kronos_audit.runtime.campaigns.calls`); ``per_call`` fixes the batches a
+        call (None: from the count left and the engine's workers, one a call when few
+        are left). A group whose worker is lost is run again whole."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise UsageError(f"map_batches: n must be an int >= 0, got {n!r}")
+        if per_call is not None and (
+            isinstance(per_call, bool) or not isinstance(per_call, int) or per_call < 1
+        ):
+            raise UsageError(f"map_batches: per_call must be an int >= 1 or None, got {per_call!r}")
         campaign = self._start_campaign(n)
         campaign.map(
             fn,
@@ -449,6 +459,7 @@ class Run:
             idle_state=self._idle_state(),
             save_now=self._saver.save_received,
             certify=lambda: self._certify(n),
+            per_call=per_call,
         )
         return self.ledger
 

@@ -143,10 +143,12 @@ class Batches:
         idle_state: Mapping[str, Any],
         save_now: Callable[[], None],
         certify: Callable[[], None],
+        per_call: int | None = None,
     ) -> None:
         """Call ``fn(rng, **kwargs)`` through ``executor`` (None: in this process) for
-        every batch of this attempt, record each result as it arrives, with the worker
-        that ran it, and offer each to the run's checkpoint policy. Once every batch of
+        every batch of this attempt, ``per_call`` batches an engine call (None: chosen
+        from the count and the engine's slots), record each result as it arrives, with
+        the worker that ran it, and offer each to the run's checkpoint policy. Once every batch of
         ``range(n)`` is recorded, ``save_now()`` makes the last checkpoint durable and
         ``certify()`` signs the campaign's certificate. When the engine or a batch fails,
         every result that arrived is checkpointed (``save_now()``) and
@@ -166,7 +168,7 @@ class Batches:
         stop: list[BaseException] = []
         ledger, n = self.ledger, self.n
         results = received(
-            fn, seed, iter(todo), dict(kwargs), executor, stop if self.comm.size == 1 else None
+            fn, seed, todo, dict(kwargs), executor, stop if self.comm.size == 1 else None, per_call
         )
         for index, result, worker in results:
             self.record(index, result, worker)

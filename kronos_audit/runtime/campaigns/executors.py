@@ -3,14 +3,16 @@
 ``client.get_executor()``, ``mpi4py.futures.MPIPoolExecutor``, Ray through
 :class:`RayExecutor`), or none (this process).
 
-kronos-audit distributes nothing itself. :func:`received` hands the engine one call a
-batch not yet in the run's ledger (:class:`BatchCall`: the user's function, the run
-seed, the index), which rebuilds the batch's own generator on the worker
-(:func:`~kronos_audit.runtime.campaigns.ledger.batch_rng`: a function of the seed and the index
-only) and calls ``fn(rng, **kwargs)``. Results are recorded as they arrive, in any order,
-and each is offered to the run's checkpoint policy
-(:meth:`~kronos_audit.runtime.campaigns.batches.Batches.map`); the tally, folded from the ledger in
-index order, is bitwise a serial run's however the work was scheduled.
+kronos-audit distributes nothing itself. :func:`received` hands the engine the batches
+not yet in the run's ledger in groups of consecutive ones, one call a group
+(:mod:`~kronos_audit.runtime.campaigns.calls`: the user's function, the run seed, the
+indices), its size chosen from what is left and the engine's worker slots
+(:func:`slots`), or given (``per_call``). The call rebuilds each batch's own generator
+on the worker (:func:`~kronos_audit.runtime.campaigns.ledger.batch_rng`: a function of
+the seed and the index only) and calls ``fn(rng, **kwargs)``. Results are recorded as
+they arrive, batch by batch, in any order, and each is offered to the run's checkpoint
+policy (:meth:`~kronos_audit.runtime.campaigns.batches.Batches.map`); the tally, folded
+from the ledger in index order, is bitwise a serial run's however the work was scheduled.
 
 When the engine breaks (a ``BrokenProcessPool`` after a worker was killed) or a batch
 raises, no new batch is submitted; every result that arrived is recorded and
@@ -23,22 +25,26 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
+import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from kronos_audit.errors import one_line
-from kronos_audit.runtime.campaigns.ledger import batch_rng, this_worker
+from kronos_audit.runtime.campaigns.calls import GroupCall, GroupResult, Indices, groups
+from kronos_audit.runtime.campaigns.ledger import batch_rng
 
 POLL = 0.05
 """Seconds between two looks at a Dask campaign's futures: what finished meanwhile is
 fetched in one ``gather`` (one round trip to the client's event loop a look, not a
 result), and recorded at most this late."""
 IN_FLIGHT = 256
-"""Batches submitted and not yet received, at most: enough to keep any pool busy, few
+"""Calls submitted and not yet received, at most: enough to keep any pool busy, few
 enough that a campaign of a million batches does not hold a million futures."""
+
+Received = Iterator[tuple[int, Any, str | None]]
+"""``(index, result, worker)`` of each batch, as they arrive."""
 
 
 class Submitter(Protocol):
@@ -48,62 +54,46 @@ class Submitter(Protocol):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]: ...
 
 
-@dataclass(frozen=True)
-class BatchCall:
-    """One batch, as sent to a worker: picklable when ``fn`` and ``kwargs`` are."""
-
-    fn: Callable[..., Any]
-    seed: int
-    index: int
-    kwargs: Mapping[str, Any]
-
-    def __call__(self) -> tuple[Any, str]:
-        """The batch's result, and the worker that ran it."""
-        return self.fn(batch_rng(self.seed, self.index), **self.kwargs), this_worker()
-
-
 def _results(
-    calls: Iterator[BatchCall], executor: Submitter, stop: list[BaseException]
-) -> Iterator[tuple[int, Any, str | None]]:
-    """``(index, result, worker)`` as the engine finishes them, at most :data:`IN_FLIGHT`
-    submitted ahead. On the first failure nothing more is submitted, what is in flight is
-    waited for, its results are still given, and the failure is put in ``stop``."""
-    pending: dict[cf.Future[Any], int] = {}
+    todo: Iterator[Indices], call: GroupCall, executor: Submitter, stop: list[BaseException]
+) -> Received:
+    """Each batch of ``todo``'s groups as the engine finishes its call, at most
+    :data:`IN_FLIGHT` calls submitted ahead. On the first failure nothing more is
+    submitted, what is in flight is waited for, its results are still given, and the
+    failure is put in ``stop``."""
+    pending: dict[cf.Future[GroupResult], Indices] = {}
 
     def fill() -> None:
         while not stop and len(pending) < IN_FLIGHT:
-            call = next(calls, None)
-            if call is None:
+            group = next(todo, None)
+            if group is None:
                 return
             try:
-                pending[executor.submit(call)] = call.index
+                pending[executor.submit(call, group)] = group
             except Exception as e:  # an executor already broken refuses to submit
                 stop.append(e)
 
     fill()
     while pending:
         done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-        for future in sorted(done, key=pending.__getitem__):
-            index = pending.pop(future)
+        for future in sorted(done, key=lambda f: pending[f].values[0]):
+            group = pending.pop(future)
             error = future.exception()
             if error is None:
-                yield index, *future.result()
+                yield from _unpacked(group, future.result(), stop)
             elif not stop:
-                stop.append(_named(index, error))
+                stop.append(_named(group, error))
         fill()
 
 
-@dataclass(frozen=True)
-class BatchRunner:
-    """Batches of one campaign, as sent to a Dask worker once per ``client.map``: called
-    with an index, the batch's result and the worker that ran it."""
-
-    fn: Callable[..., Any]
-    seed: int
-    kwargs: Mapping[str, Any]
-
-    def __call__(self, index: int) -> tuple[Any, str]:
-        return BatchCall(self.fn, self.seed, index, self.kwargs)()
+def _unpacked(group: Indices, value: GroupResult, stop: list[BaseException]) -> Received:
+    """The batches of one call's :data:`~kronos_audit.runtime.campaigns.calls.GroupResult`;
+    the batch that raised, if one did, put in ``stop``."""
+    results, worker, failed = value
+    for index, result in zip(group.values, results, strict=False):
+        yield index, result, worker
+    if failed is not None and not stop:
+        stop.append(BatchFailed(*failed))
 
 
 def _call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -112,14 +102,13 @@ def _call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
 
 class RayExecutor:
     """Ray as a campaign's engine: ``run.map_batches(fn, n, executor=ka.RayExecutor())``
-    in a program that has called ``ray.init()``. Each batch is one Ray task
-    (``ray.remote``, with ``options`` such as ``num_cpus=1``), its result given back as a
-    :class:`concurrent.futures.Future` (``ObjectRef.future()``).
+    in a program that has called ``ray.init()``. Each call (a group of batches) is one
+    Ray task (``ray.remote``, with ``options`` such as ``num_cpus=1``), its result given
+    back as a :class:`concurrent.futures.Future` (``ObjectRef.future()``).
 
     A task whose worker process died is run again by Ray (its ``max_retries``, 3 unless
-    ``options`` say otherwise); the batch draws the same numbers, and the ledger keeps
-    it once. A task that raises is the batch's failure, and stops the campaign as on any
-    engine."""
+    ``options`` say otherwise); its batches draw the same numbers, and the ledger keeps
+    each once. A batch that raises stops the campaign as on any engine."""
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -133,6 +122,18 @@ class RayExecutor:
             self._remote = ray.remote(**self.options)(_call) if self.options else ray.remote(_call)
         future: cf.Future[Any] = self._remote.remote(fn, *args, **kwargs).future()
         return future
+
+    def slots(self) -> int:
+        """The tasks the Ray cluster runs at once: its CPUs over a task's ``num_cpus``."""
+        try:
+            import ray
+
+            cpus = float(ray.cluster_resources().get("CPU", 0))  # type: ignore[no-untyped-call]
+        except Exception:  # Ray missing or not started: the first submit will say so
+            return os.cpu_count() or 1
+        per_task = self.options.get("num_cpus", 1)
+        per_task = per_task if isinstance(per_task, int | float) and per_task > 0 else 1
+        return max(1, int(cpus // per_task))
 
 
 def dask_client(executor: object) -> tuple[Any, Mapping[str, Any]] | None:
@@ -153,17 +154,17 @@ def dask_client(executor: object) -> tuple[Any, Mapping[str, Any]] | None:
 
 
 def _dask_results(
-    todo: Iterator[int],
-    runner: BatchRunner,
+    todo: Iterator[Indices],
+    call: GroupCall,
     client: Any,
     options: Mapping[str, Any],
     stop: list[BaseException],
-) -> Iterator[tuple[int, Any, str | None]]:
-    """As :func:`_results`, on a Dask client directly: the batches go out in windows of
+) -> Received:
+    """As :func:`_results`, on a Dask client directly: the calls go out in windows of
     up to :data:`IN_FLIGHT` through one ``client.map`` each (one message a window, not one
-    a batch as ``submit`` sends), topped up when half have come back; the results are
+    a call as ``submit`` sends), topped up when half have come back; the results are
     received as they complete, those finished together in one ``gather``."""
-    pending: dict[Any, int] = {}
+    pending: dict[Any, Indices] = {}
 
     def fill() -> None:
         if stop or len(pending) > IN_FLIGHT // 2:
@@ -172,7 +173,7 @@ def _dask_results(
         if not window:
             return
         try:
-            futures = client.map(runner, window, pure=False, **options)
+            futures = client.map(call, window, pure=False, **options)
         except Exception as e:  # a client that is closed refuses to submit
             stop.append(e)
             return
@@ -193,69 +194,81 @@ def _dask_results(
             if not stop:
                 stop.append(_dask_engine_failure(client, e))
         for future, value in zip(finished, values, strict=True) if values is not None else ():
-            yield pending.pop(future), *value
+            yield from _unpacked(pending.pop(future), value, stop)
         for future in done:
             if future not in pending:
                 continue
-            index = pending.pop(future)
+            group = pending.pop(future)
             if not stop:
-                stop.append(_dask_failure(client, index, future))
+                stop.append(_dask_failure(client, group, future))
         fill()
 
 
-def _dask_failure(client: Any, index: int, future: Any) -> BaseException:
-    """Why batch ``index``'s future ended without a result: the batch's own error when
-    it raised on a worker; else (Dask cancelled it) the engine's failure, never the
+def _dask_failure(client: Any, group: Indices, future: Any) -> BaseException:
+    """Why the future of ``group``'s call ended without a result: the call's own error
+    when it raised on a worker; else (Dask cancelled it) the engine's failure, never a
     batch's."""
     if future.status == "error":
         try:
             error = future.exception()
         except BaseException as e:  # the client went away while asking
             error = e
-        return _named(index, error or RuntimeError(f"Dask ended it {future.status}"))
+        return _named(group, error or RuntimeError(f"Dask ended it {future.status}"))
     reason = str(future.status)
     if reason == "cancelled":  # done, so asking does not wait
         try:
             future.result()
         except BaseException as e:  # it raises why: Dask's reason, where it gives one
             reason = str(getattr(e, "reason", None) or reason)
-    return _dask_engine_failure(client, None, reason=reason, index=index)
+    return _dask_engine_failure(client, None, reason=reason, group=group)
 
 
 def _dask_engine_failure(
-    client: Any, error: BaseException | None, *, reason: str | None = None, index: int | None = None
+    client: Any,
+    error: BaseException | None,
+    *,
+    reason: str | None = None,
+    group: Indices | None = None,
 ) -> BaseException:
     """The engine's failure, never a batch's: results that could not be fetched (``error``:
-    the scheduler or the workers holding them gone), or a batch's future that Dask
-    cancelled (``index``, Dask's ``reason``)."""
+    the scheduler or the workers holding them gone), or a call's future that Dask
+    cancelled (``group``, Dask's ``reason``)."""
     why = reason or (describe(error) if error is not None else "unknown")
     status = str(getattr(client, "status", "unknown"))
-    if index is not None and status == "running" and why != "scheduler-connection-lost":
-        return EngineLost(f"Dask cancelled batch {index} ({why}), which did not fail itself")
+    if group is not None and status == "running" and why != "scheduler-connection-lost":
+        return EngineLost(f"Dask cancelled {_which(group)} ({why}), which did not fail itself")
     return EngineLost(f"the Dask engine was lost (client {status}; Dask: {why}); no batch failed")
 
 
 def _serial(
-    calls: Iterator[BatchCall], stop: list[BaseException] | None
-) -> Iterator[tuple[int, Any, str | None]]:
-    """``(index, result, None)`` of each call, in this process, until one raises: put in
+    fn: Callable[..., Any],
+    seed: int,
+    todo: Sequence[int],
+    kwargs: Mapping[str, Any],
+    stop: list[BaseException] | None,
+) -> Received:
+    """``(index, result, None)`` of each batch, in this process, until one raises: put in
     ``stop``, or raised as it is without one (on several ranks, where a checkpoint is
     every rank's and one rank alone cannot take it: the launcher ends the job, and the
     restart runs what no checkpoint holds)."""
-    for call in calls:
+    for index in todo:
         try:
-            result, _ = call()
+            result = fn(batch_rng(seed, index), **kwargs)
         except Exception as e:  # the batch's failure: what came before is kept
             if stop is None:
                 raise
-            stop.append(BatchFailed(call.index, e))
+            stop.append(BatchFailed(index, e))
             return
-        yield call.index, result, None
+        yield index, result, None
 
 
 class BatchFailed(Exception):
-    def __init__(self, index: int, error: BaseException) -> None:
-        super().__init__(f"batch {index}: {describe(error)}")
+    """A batch raised (or the call of a group, outside its batches): the message names
+    it and its error."""
+
+    def __init__(self, index: int, error: BaseException, *, group: Indices | None = None) -> None:
+        where = f"batch {index}" if group is None else _which(group)
+        super().__init__(f"{where}: {describe(error)}")
         self.index = index
 
 
@@ -263,13 +276,21 @@ class EngineLost(Exception):
     """The engine (not a batch) failed: its message says how."""
 
 
-def _named(index: int, error: BaseException) -> BaseException:
+def _named(group: Indices, error: BaseException) -> BaseException:
+    """The failure of ``group``'s call as a whole (its batches' own errors come back in
+    its result): the engine's, or the call's, naming the batches it held."""
     if isinstance(error, cf.BrokenExecutor):
         return error  # the engine's failure, not the batch's
     # Ray wraps a task's own error (RayTaskError, whose message is Ray's coloured header
-    # line): the batch's failure is the error it carries.
+    # line): the failure is the error it carries.
     cause = getattr(error, "cause", None) if type(error).__module__.startswith("ray.") else None
-    return BatchFailed(index, cause if isinstance(cause, BaseException) else error)
+    error = cause if isinstance(cause, BaseException) else error
+    return BatchFailed(group.values[0], error, group=group)
+
+
+def _which(group: Indices) -> str:
+    first, last = group.values[0], group.values[-1]
+    return f"batch {first}" if len(group) == 1 else f"the call of batches {first} to {last}"
 
 
 def describe(error: BaseException) -> str:
@@ -277,36 +298,59 @@ def describe(error: BaseException) -> str:
     return f"{name}: {one_line(error).rstrip('.')}" if str(error).strip() else name
 
 
+def slots(executor: object) -> int:
+    """The batches ``executor`` runs at once, as far as it says: a Dask cluster's worker
+    threads, a Ray cluster's CPUs over a task's, a pool's ``max_workers``; else this
+    machine's CPUs."""
+    dask = dask_client(executor)
+    if dask is not None:
+        try:
+            threads = sum(dask[0].nthreads().values())
+        except Exception:  # a client not connected yet: the CPUs' count below
+            threads = 0
+        if threads > 0:
+            return int(threads)
+    if isinstance(executor, RayExecutor):
+        return executor.slots()
+    workers = getattr(executor, "_max_workers", None)
+    if isinstance(workers, int) and workers > 0:
+        return workers
+    return os.cpu_count() or 1
+
+
 def received(
     fn: Callable[..., Any],
     seed: int,
-    todo: Iterator[int],
+    todo: Sequence[int],
     kwargs: Mapping[str, Any],
     executor: Submitter | None,
     stop: list[BaseException] | None,
-) -> Iterator[tuple[int, Any, str | None]]:
+    per_call: int | None = None,
+) -> Received:
     """``(index, result, worker)`` of each batch of ``todo`` as ``executor`` finishes it
     (None: in this process, in index order; a Dask client or its ``get_executor()``:
-    through ``client.map``). A failure ends what is submitted and is put in ``stop``
-    (without one, in this process, a batch's error is raised as it is)."""
+    through ``client.map``), ``per_call`` batches a call (None: chosen from the count and
+    the engine's :func:`slots`, :func:`~kronos_audit.runtime.campaigns.calls.groups`). A
+    failure ends what is submitted and is put in ``stop`` (without one, in this process, a
+    batch's error is raised as it is)."""
+    if executor is None or stop is None:
+        return _serial(fn, seed, todo, kwargs, stop)
+    call = GroupCall(fn, seed, kwargs, os.getpid())
+    calls = groups(todo, slots(executor), per_call)
     dask = dask_client(executor)
-    if dask is not None and stop is not None:
-        return _dask_results(todo, BatchRunner(fn, seed, kwargs), *dask, stop)
-    calls = (BatchCall(fn, seed, i, kwargs) for i in todo)
-    if executor is not None and stop is not None:
-        return _results(calls, executor, stop)
-    return _serial(calls, stop)
+    if dask is not None:
+        return _dask_results(calls, call, *dask, stop)
+    return _results(calls, call, executor, stop)
 
 
 __all__ = [
     "IN_FLIGHT",
-    "BatchCall",
     "BatchFailed",
-    "BatchRunner",
     "EngineLost",
     "RayExecutor",
     "Submitter",
     "dask_client",
     "describe",
     "received",
+    "slots",
 ]

@@ -3,7 +3,6 @@ bench/bench_campaign.py, in-process and on a process pool."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -62,14 +61,13 @@ def kill_resume_row(repo: Path, n: int, engine: str, serial: Path, seed: int) ->
     args = [sys.executable, str(program), engine, str(n), str(seed), str(marks)]
     started = time.perf_counter()
     null = subprocess.DEVNULL
-    driver = subprocess.Popen(args, cwd=repo, stdout=null, stderr=null, start_new_session=True)
+    driver = subprocess.Popen(args, cwd=repo, stdout=null, stderr=null)
     while _newest_step(run_dir) < n // 2 and driver.poll() is None:
         time.sleep(0.05)  # watching the run directory, not waiting for a time
     killed_at = _newest_step(run_dir)
     driver.send_signal(signal.SIGKILL)
+    # Its pool's workers, orphaned, see their parent gone and end by themselves.
     killed = driver.wait() == -signal.SIGKILL
-    with contextlib.suppress(ProcessLookupError):  # its pool's workers, orphaned, waiting
-        os.killpg(driver.pid, signal.SIGKILL)
     env = {**os.environ, "KAUDIT_RESTART_COUNT": "1"}
     done = subprocess.run(args, cwd=repo, env=env, stdout=null, stderr=null, check=False)
     took = time.perf_counter() - started

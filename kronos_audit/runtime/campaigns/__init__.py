@@ -7,7 +7,9 @@ was scheduled, lost and re-run, and a signed certificate that says so.
 - :mod:`~kronos_audit.runtime.campaigns.batches`: one attempt at a campaign
   (``run.batches(n)``, ``run.map_batches(fn, n)``): what each checkpoint call offers;
 - :mod:`~kronos_audit.runtime.campaigns.executors`: the engines (this process, any
-  ``concurrent.futures`` executor, Dask);
+  ``concurrent.futures`` executor, Dask, Ray);
+- :mod:`~kronos_audit.runtime.campaigns.calls`: what an engine call carries (a group of
+  batches) and the watch that ends a pool worker whose driver is gone;
 - :mod:`~kronos_audit.runtime.campaigns.array`: one task of a Slurm job array;
 - :mod:`~kronos_audit.runtime.campaigns.certify`: signing a finished campaign's certificate.
 """

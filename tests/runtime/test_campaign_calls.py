@@ -89,7 +89,7 @@ def _raises_at_7(rng: np.random.Generator, samples: int) -> dict[str, np.float64
 
 DRIVER = textwrap.dedent(
     """
-    import concurrent.futures as cf, os, sys, time
+    import concurrent.futures as cf, multiprocessing, os, sys, time
     from pathlib import Path
     import numpy as np
     import kronos_audit as ka
@@ -101,7 +101,8 @@ DRIVER = textwrap.dedent(
 
     if __name__ == "__main__":
         with ka.Run("orphans", root="checkpoints", seed=1) as run:
-            with cf.ProcessPoolExecutor(2) as pool:
+            context = multiprocessing.get_context(sys.argv[2])
+            with cf.ProcessPoolExecutor(2, mp_context=context) as pool:
                 run.map_batches(slow, 100_000, executor=pool, marks=sys.argv[1])
     """
 )
@@ -115,14 +116,18 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has ended; only its reaping is left
 
 
-def test_a_pool_worker_ends_when_its_driver_is_killed(project: Project, key: ka.SigningKey) -> None:
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_a_pool_worker_ends_when_its_driver_is_killed(
+    project: Project, key: ka.SigningKey, start: str
+) -> None:
+    """Forked by the driver, or by its forkserver (Python 3.14's default on Linux)."""
     marks = project.root / "marks"
     marks.mkdir()
     (project.root / "driver.py").write_text(DRIVER)
     said = project.root / "driver.err"
     with said.open("wb") as err:
         driver = subprocess.Popen(
-            [sys.executable, "driver.py", str(marks)], cwd=project.root, stderr=err
+            [sys.executable, "driver.py", str(marks), start], cwd=project.root, stderr=err
         )
     workers: set[int] = set()
     started = time.monotonic()

@@ -12,9 +12,9 @@ once.
 
 A ``ProcessPoolExecutor``'s workers wait on their call queue for ever: a driver killed
 with SIGKILL leaves them behind. A call carries the pid of the driver that made it, and
-a worker whose parent is that process starts, once, a daemon thread that ends the worker
-when its parent changes (:func:`watch_driver`). Dask's and Ray's workers are children of
-their own daemons, never of the driver: they do not watch.
+a worker the driver started starts, once, a daemon thread that ends the worker when its
+parent changes (:func:`watch_driver`). Dask's and Ray's workers are children of their
+own daemons, not of the driver: they do not watch, and serve the next start.
 """
 
 from __future__ import annotations
@@ -110,30 +110,45 @@ def groups(todo: Sequence[int], slots: int, per_call: int | None) -> Iterator[In
         yield Indices(group)
 
 
-_watching: int | None = None
-"""The pid of the process whose watch is running (a forked child runs none)."""
+_decided: tuple[int, int] | None = None
+"""(this process's pid, the driver's) once this process has looked: a forked child, or a
+call from another driver, looks again."""
 _watch_lock = threading.Lock()
 
 
 def watch_driver(driver: int) -> None:
-    """In a worker whose parent is ``driver``: start, once a process, a daemon thread
-    that ends this process (``os._exit``) when its parent changes, the driver gone. Not
-    ``PR_SET_PDEATHSIG``: it fires when the *thread* that forked the worker ends, which a
-    pool's management thread does while the driver lives on."""
-    global _watching
-    if _watching == os.getpid() or os.getppid() != driver:
+    """In a worker started by ``driver`` (its parent, or its grandparent through a
+    ``forkserver``): start, once a process, a daemon thread that ends this process
+    (``os._exit``) when the driver is no longer its parent, or its forkserver's. Not
+    ``PR_SET_PDEATHSIG``: it fires when the *thread* that forked the worker
+    ends, which a pool's management thread does while the driver lives on."""
+    global _decided
+    if _decided == (os.getpid(), driver):
         return
     with _watch_lock:
-        if _watching == os.getpid():
+        if _decided == (os.getpid(), driver):
             return
-        _watching = os.getpid()
-        threading.Thread(
-            target=_watch, args=(driver,), name="kaudit-driver-watch", daemon=True
-        ).start()
+        _decided = (os.getpid(), driver)
+        parent = os.getppid()
+        if driver in (parent, _parent_of(parent)):
+            threading.Thread(
+                target=_watch, args=(parent, driver), name="kaudit-driver-watch", daemon=True
+            ).start()
 
 
-def _watch(driver: int) -> None:
-    while os.getppid() == driver:
+def _parent_of(pid: int) -> int | None:
+    """The parent of process ``pid`` (Linux's /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        return int(stat.rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _watch(parent: int, driver: int) -> None:
+    # A forkserver outlives its driver while it has children: its own parent is watched.
+    while os.getppid() == parent and (parent == driver or _parent_of(parent) == driver):
         time.sleep(WATCH)
     os._exit(1)  # the driver is gone: nothing this worker runs can be recorded
 

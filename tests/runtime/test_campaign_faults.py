@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import kronos_audit as ka
-from bench.bench_campaign import FAULTS_DRIVER
+from bench._faults import FAULTS_DRIVER
 from kronos_audit.project.repository import Project
 from kronos_audit.runtime.campaigns.ledger import batch_rng
 from kronos_audit.statement.campaign import read_certificate, result_digest

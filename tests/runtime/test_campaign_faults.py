@@ -33,8 +33,8 @@ pytestmark = pytest.mark.slow  # drivers started again and again: a minute and m
 
 N = 100_000
 SEED = 77
-EVERY = 2_500
-"""The driver's checkpoint interval, in batches: 40 checkpoints over the campaign."""
+EVERY = 4_000
+"""The driver's checkpoint interval, in batches: 25 checkpoints over the campaign."""
 WORKER_KILLS = (15_000, 35_000, 55_000, 75_000, 90_000)
 """Batches that kill the Dask worker process running them, the first time they run."""
 DRIVER_KILLS = 5

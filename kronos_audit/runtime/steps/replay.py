@@ -354,26 +354,24 @@ class ReplayPublisher(RunPublisher):
         """Rank 0: step N's chunk of the ledger ``rows`` (the rows after the handed-over
         step's chunks, as a signed run writes it) into the replay's ``ledger/``, and every
         chunk of step N's ledger listed in :data:`LEDGER_FILE`, for the replay to compare
-        with the recorded step's."""
-        chunks: tuple[LedgerChunk, ...] = ()
-        if rows is not None:
-            chunks = kept_chunks(self._chunks, len(rows))
-            # Where the recorded step's own chunk starts, when the replay says: after the
-            # handed-over step's chunks, or at row 0 (the ledger written whole again).
-            told = self.instruction.ledger_from
-            if told is not None and told <= len(rows):
-                if told == ledger_rows(self._chunks):
-                    chunks = tuple(self._chunks)
-                elif told == 0:
-                    chunks = ()
-            start = ledger_rows(chunks)
-            if start < len(rows):
-                digests = write_chunk(self.directory, rows.flat(start))
-                assert digests.md5 is not None
-                new = LedgerChunk(
-                    digests.sha256, digests.md5, digests.size, start, len(rows) - start
-                )
-                chunks = (*chunks, new)
+        with the recorded step's. Nothing for a step that keeps no ledger."""
+        if rows is None:
+            return
+        chunks = kept_chunks(self._chunks, len(rows))
+        # Where the recorded step's own chunk starts, when the replay says: after the
+        # handed-over step's chunks, or at row 0 (the ledger written whole again).
+        told = self.instruction.ledger_from
+        if told is not None and told <= len(rows):
+            if told == ledger_rows(self._chunks):
+                chunks = tuple(self._chunks)
+            elif told == 0:
+                chunks = ()
+        start = ledger_rows(chunks)
+        if start < len(rows):
+            digests = write_chunk(self.directory, rows.flat(start))
+            assert digests.md5 is not None
+            new = LedgerChunk(digests.sha256, digests.md5, digests.size, start, len(rows) - start)
+            chunks = (*chunks, new)
         listed = {"ledger": [c.to_json_obj() for c in chunks]}
         write_atomic(self.directory / LEDGER_FILE, canonical_json(listed))
 

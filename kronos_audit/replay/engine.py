@@ -11,11 +11,12 @@ The steps (docs/replay.md tells them to an auditor):
    patch re-applied;
 4. run the recorded command there with the instruction "resume from this checkpoint, stop
    at step N, write into this directory", as environment variables (``KAUDIT_RESUME_FROM``,
-   ``KAUDIT_STOP_AT``, ``KAUDIT_OUT``, ``KAUDIT_SEED``) and as placeholders in its argv
-   (``{resume_from}``, ``{stop_at}``, ``{out}``, ``{seed}``), each a whole argument or an
-   option's value, never spliced into a string. The checkpoint it resumes from is a copy
-   of the verified parent in a fresh directory: the command sees neither the run directory
-   nor the recorded data it will be compared with;
+   ``KAUDIT_STOP_AT``, ``KAUDIT_OUT``, ``KAUDIT_SEED``; a job array task's step also gets
+   the task its manifest signs, :mod:`~kronos_audit.replay.array`) and as placeholders in
+   its argv (``{resume_from}``, ``{stop_at}``, ``{out}``, ``{seed}``), each a whole
+   argument or an option's value, never spliced into a string. The checkpoint it resumes
+   from is a copy of the verified parent in a fresh directory: the command sees neither the
+   run directory nor the recorded data it will be compared with;
 5. compare the checkpoint it wrote with the recorded one: bitwise against the recorded
    dataset hashes, or, with tolerances, against the recorded data, fetched (and verified)
    only now that the command has finished; and a campaign's chunk of its ledger that step
@@ -23,10 +24,11 @@ The steps (docs/replay.md tells them to an auditor):
 
 Each step has its module: :mod:`~kronos_audit.replay.verification` (1),
 :mod:`~kronos_audit.replay.environment` (2), :mod:`~kronos_audit.replay.worktree` (3),
-:mod:`~kronos_audit.replay.handover`, :mod:`~kronos_audit.replay.command` and
-:mod:`~kronos_audit.replay.launch` (4), :mod:`~kronos_audit.replay.produced` (5); this one
-runs them in order, the same for a checkpoint in one file as for a sharded step on N ranks
-(:mod:`~kronos_audit.replay.sharded`): a file is a world of one, started with no launcher.
+:mod:`~kronos_audit.replay.handover`, :mod:`~kronos_audit.replay.array`,
+:mod:`~kronos_audit.replay.command` and :mod:`~kronos_audit.replay.launch` (4),
+:mod:`~kronos_audit.replay.produced` (5); this one runs them in order, the same for a
+checkpoint in one file as for a sharded step on N ranks (:mod:`~kronos_audit.replay.sharded`):
+a file is a world of one, started with no launcher.
 
 Anything that stops a replay raises :class:`ReplayError` (or another
 :class:`kronos_audit.errors.Error`); a replay that ran returns a :class:`ReplayResult`,
@@ -51,6 +53,7 @@ from kronos_audit.keys.anchors import TrustOptions
 from kronos_audit.project.repository import Project, find_project
 from kronos_audit.project.settings import compare_settings
 from kronos_audit.provenance.dispatch import replay_pins
+from kronos_audit.replay.array import array_task
 from kronos_audit.replay.command import Instruction, check_placeholders, command_line, run_command
 from kronos_audit.replay.environment import environment_report
 from kronos_audit.replay.handover import PARENT_DIR, hand_over, hand_over_step
@@ -220,6 +223,7 @@ def replay(
         )
     verified = verify_history(project, m, basis, trust, verifier)
     check_placeholders(command, path=m.path)  # before anything runs
+    task = array_task(m, verified.parent)  # a share that is not its task's: refused now
     clock.lap("verify")
     pins = _pins(m)
     report = _environment(m, env, ranks, pins)
@@ -227,7 +231,17 @@ def replay(
     workdir = Path(tempfile.mkdtemp(prefix="kaudit-replay-"))
     try:
         result = _run_and_compare(
-            verified, command, report, policy, basis, workdir, keep_workdir, clock, ranks, pins
+            verified,
+            command,
+            report,
+            policy,
+            basis,
+            workdir,
+            keep_workdir,
+            clock,
+            ranks,
+            pins,
+            task,
         )
         return dataclasses.replace(result, policy_source=policy_source)
     except ReplayError as e:
@@ -250,10 +264,12 @@ def _run_and_compare(
     clock: _Clock,
     ranks: int | None = None,
     pins: dict[str, str | None] | None = None,
+    task: tuple[int, int] | None = None,
 ) -> ReplayResult:
     """Hand the parent over, run the command (on ``ranks`` ranks for a sharded step; a
-    checkpoint in one file is a world of one, started with no launcher), and compare
-    what it wrote with the recorded checkpoint."""
+    checkpoint in one file is a world of one, started with no launcher; as job array task
+    ``task``, the one its manifest signs), and compare what it wrote with the recorded
+    checkpoint."""
     m, project, parent = verified.manifest, verified.project, verified.parent
     commit, patch = m.record.git.commit, m.record.git.patch_sha256
     cwd = recorded_cwd(m)
@@ -267,6 +283,7 @@ def _run_and_compare(
         sharded=ranks is not None,
         pins=pins or {},
         ledger_from=ledger_from(m, parent),
+        task=task,
     )
     with worktree(project.root, commit, workdir / "src", keep=keep) as tree:
         if patch is not None:

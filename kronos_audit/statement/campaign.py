@@ -52,6 +52,7 @@ from kronos_audit.statement.manifest import (
 from kronos_audit.statement.parts import PART_RULE
 from kronos_audit.statement.records import PER_CHUNK, RECORDS_SUFFIX, RULE
 from kronos_audit.statement.schemas import validate
+from kronos_audit.supervise.protocol import TASKS_ENV
 
 PREDICATE_TYPE = "https://kronos-audit.dev/campaign/v2"
 """What a certificate is written as: its records committed to by a Merkle root."""
@@ -62,9 +63,6 @@ PREDICATE_TYPE_V3 = "https://kronos-audit.dev/campaign/v3"
 too, so that its size does not grow with the tasks."""
 TASK_SUFFIX = ".task-"
 """Between a campaign's name and a task's number in a job-array task's run id."""
-TASKS_ENV = "KAUDIT_ARRAY_TASKS"
-"""The whole array's size, for its tasks resubmitted on their own (whose
-``SLURM_ARRAY_TASK_COUNT`` counts only the resubmitted ones)."""
 SCHEMA_NAME = "campaign-v2.schema.json"
 SCHEMAS = {
     PREDICATE_TYPE: SCHEMA_NAME,

@@ -13,6 +13,10 @@ Environment variables set for the program:
   from this checkpoint (none: from the start), stop at step N, write to this directory"
   (:class:`ReplayInstruction`). A replay of a run recorded with the portable CPU dispatch
   also sets the recorded dispatch variables (:mod:`kronos_audit.provenance.dispatch`).
+- ``SLURM_ARRAY_TASK_ID``, ``SLURM_ARRAY_TASK_COUNT``, ``KAUDIT_ARRAY_TASKS``: a replay of
+  a job array task's step sets them from the share its manifest signs, and removes them
+  (and the rest of :data:`ARRAY_ENV`) from its own environment for any other step, so the
+  program takes the recorded task's share, never the replaying machine's.
 
 A program under a replay writes the environment lock it ran with beside the checkpoint of
 step N, as :data:`ENVIRONMENT_FILE` in ``KAUDIT_OUT``: the replay judges drift on it. A
@@ -132,6 +136,26 @@ class Progress:
         self._map.close()
 
 
+ARRAY_TASK_ENV = "SLURM_ARRAY_TASK_ID"
+"""Slurm's number of the job array's task a program is."""
+ARRAY_COUNT_ENV = "SLURM_ARRAY_TASK_COUNT"
+"""Slurm's count of the array's tasks (of those submitted together)."""
+TASKS_ENV = "KAUDIT_ARRAY_TASKS"
+"""The whole array's size, which wins over Slurm's count (a resubmission of some tasks has
+Slurm count only those)."""
+ARRAY_ENV = (
+    ARRAY_TASK_ENV,
+    ARRAY_COUNT_ENV,
+    TASKS_ENV,
+    "SLURM_ARRAY_TASK_MIN",
+    "SLURM_ARRAY_TASK_MAX",
+    "SLURM_ARRAY_TASK_STEP",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_JOB_ID",
+)
+"""What tells a program which task of a job array it is, and (``SLURM_JOB_ID``, through
+``scontrol``) the batch script its share names: a replay gives the program none of the
+replaying machine's, only the recorded task's (:attr:`ReplayInstruction.task`)."""
 SEED_ENV = "KAUDIT_SEED"
 SHARDED_ENV = "KAUDIT_REPLAY_SHARDED"
 """Set to ``1`` when the step replayed is a multi-rank run's (see ReplayInstruction)."""
@@ -177,6 +201,12 @@ class ReplayInstruction:
     """Where the recorded step keeps its Monte Carlo ledger, so that step N keeps it alike
     (:data:`LEDGER_ENV`): the row its own chunk starts at, :data:`LEDGER_IN_FILE` for a
     ledger in the step itself, None when the replay does not say."""
+    task: tuple[int, int] | None = None
+    """The job array's task the step replayed is, ``(task, tasks)``, from the share its
+    manifest signs: set as :data:`ARRAY_TASK_ENV`, :data:`ARRAY_COUNT_ENV` and
+    :data:`TASKS_ENV`. None: not an array task. Either way nothing of :data:`ARRAY_ENV` in
+    the replaying environment reaches the program. Not read back by :meth:`from_env`: the
+    program reads it as a task under Slurm does (``ka.ArrayTask.from_slurm()``)."""
 
     @classmethod
     def from_env(cls) -> ReplayInstruction | None:
@@ -223,6 +253,12 @@ class ReplayInstruction:
             env[LEDGER_ENV] = "file"
         else:
             env[LEDGER_ENV] = f"chunks:{self.ledger_from}"
+        for name in ARRAY_ENV:  # the replaying machine's job is not the recorded task
+            env.pop(name, None)
+        if self.task is not None:
+            task, tasks = self.task
+            env[ARRAY_TASK_ENV] = str(task)
+            env[ARRAY_COUNT_ENV] = env[TASKS_ENV] = str(tasks)
         for name, value in self.pins.items():  # a recorded dispatch's pins; None: unset
             if value is None:
                 env.pop(name, None)

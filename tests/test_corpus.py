@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = sorted(p.name for p in (ROOT / "corpus").glob("v*") if p.is_dir())
 RUNS = {"heat": 40, "heat-mpi": 40, "torch-train": 20, "pi": 8}
 """Each run of every corpus version and its newest step."""
+ARRAY_TASKS = ("corpus/arrays/pi-array.task-0", "corpus/arrays/pi-array.task-1")
+"""The job array's tasks (corpus/arrays), each a run the gate replays too."""
 
 
 def run_id(version: str, run: str) -> str:
@@ -38,7 +40,7 @@ def run_id(version: str, run: str) -> str:
 CORPUS_KEYS = {
     "kronos-audit-corpus": "e8eac2bd99b6ab51e74d463c20c7c07de72b323c0376404864cd7176259e543a",
     "kronos-audit-corpus-2": "ff0b8e079ed1a68c16d185947c799bcbc48129758651264cf7c496380113bc5e",
-    "kronos-audit-corpus-3": "f19ce7f449c1a3fad5e28108264dd734fbe1eb35ca099cd4c4587410dbb72986",
+    "kronos-audit-corpus-4": "e7e2db72722d119c0eabd8893ebec390ebe60d1b58c021ee84d4da87bcad280a",
 }
 """The corpus keys by name and key id, pinned here, outside the corpus and its trust store:
 a change that re-keys the store and re-signs a version does not pass the gate's test."""
@@ -75,7 +77,7 @@ def test_the_repository_trusts_the_corpus_keys_alone() -> None:
 def test_every_version_of_the_corpus_is_gated() -> None:
     gated = (ROOT / ".kaudit" / "config.toml").read_text()
     assert VERSIONS, "no corpus version"
-    for version in VERSIONS:
+    for version in [*VERSIONS, "arrays"]:
         assert f'"corpus/{version}/*"' in gated, f"corpus/{version} is not in [gate] runs"
 
 
@@ -96,7 +98,9 @@ def test_the_gate_verifies_and_replays_the_corpus_from_a_fresh_clone(clone: Path
     assert newest.exists()  # fetched from corpus/remote, inside the clone
     cases = doc["cases"]
     replays = {_run_of(c["name"]): c for c in cases if c["kind"] == "replay"}
-    expected = sorted(f"corpus/{v}/{run_id(v, run)}" for v in VERSIONS for run in RUNS)
+    expected = sorted(
+        [*(f"corpus/{v}/{run_id(v, r)}" for v in VERSIONS for r in RUNS), *ARRAY_TASKS]
+    )
     assert sorted(replays) == expected, cases
     for run, case in replays.items():
         if run in TOLERATED:  # judged with the committed tolerance, and says why
@@ -112,6 +116,7 @@ def test_the_gate_verifies_and_replays_the_corpus_from_a_fresh_clone(clone: Path
             f"{run_id(v, 'pi')}.campaign.json",
         ):
             assert any(f"corpus/{v}/{name}" in c for c in verified), (name, verified)
+    assert any(ARRAY in c for c in verified), verified  # the array's certificate, whole
     assert all(c["ok"] for c in cases), [c for c in cases if not c["ok"]]
     assert doc["config"]["tolerances"][0]["pattern"] == "corpus/v1/torch-train"
 
@@ -120,27 +125,24 @@ ARRAY = "corpus/arrays/pi-array.campaign.json"
 """A job array's certificate of the third version (campaign/v3) and its two tasks."""
 
 
-def test_an_arrays_certificate_of_the_third_version_verifies_from_a_fresh_clone(
+def test_an_arrays_certificate_of_the_third_version_verifies_sampled_from_a_fresh_clone(
     clone: Path,
 ) -> None:
-    """Not in [gate] runs: a replay does not give an array task the Slurm environment it
-    ran with. Verified sampled and whole, with the trust store of the commit checked out,
-    its records and its tasks' checkpoints fetched from the corpus remote."""
+    """The gate verifies it whole and replays its tasks; here a sample of it, with the trust
+    store of the commit checked out, its records and the tasks' checkpoints the sample needs
+    fetched from the corpus remote."""
     head = git(clone, "rev-parse", "HEAD").strip()
     records = clone / "corpus" / "arrays" / "pi-array.records"
-    assert not records.exists()  # git-ignored: the verify fetches them
-    for extra in (["--sample", "2"], []):
-        done = subprocess.run(
-            [*KAUDIT, "verify", "--trust-ref", head, "--json", *extra, ARRAY],
-            cwd=clone,
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-        (result,) = json.loads(done.stdout)["results"]
-        manifest = next(c["detail"] for c in result["checks"] if c["check"] == "manifest")
-        expected = r"[12] of 2 part\(s\), those the sample needs" if extra else r"2 part\(s\)"
-        assert re.match(expected, manifest), manifest
+    done = subprocess.run(
+        [*KAUDIT, "verify", "--trust-ref", head, "--json", "--sample", "2", ARRAY],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (result,) = json.loads(done.stdout)["results"]
+    manifest = next(c["detail"] for c in result["checks"] if c["check"] == "manifest")
+    assert re.match(r"[12] of 2 part\(s\), those the sample needs", manifest), manifest
     statement = json.loads(base64.b64decode(json.loads((clone / ARRAY).read_text())["payload"]))
     assert statement["predicateType"] == "https://kronos-audit.dev/campaign/v3"
     assert len(list(records.iterdir())) == 4  # the batches' and the parts' index and chunk

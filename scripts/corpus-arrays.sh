@@ -6,7 +6,7 @@
 # ships inside the repository. `kaudit gate` replays each task's newest step and verifies
 # the certificate (tests/test_corpus.py, from a fresh clone).
 #
-#     KAUDIT_HOME=~/corpus-home KAUDIT_KEY=kronos-audit-corpus-4 bash /path/to/corpus-arrays.sh
+#     KAUDIT_HOME=~/corpus-home KAUDIT_KEY=kronos-audit-corpus-N bash /path/to/corpus-arrays.sh
 #
 # Run it with kaudit on PATH, from a clean work tree checked out at a commit of main's
 # history whose code writes the corpus: the manifests record that commit, and a replay checks

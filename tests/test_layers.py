@@ -3,7 +3,7 @@
 Every import counts, at module level or inside a function (a deferred import is still a
 dependency, and a cycle hidden in a function is still a cycle). Those under
 ``if TYPE_CHECKING:`` never run, but a reader follows them all the same: the layers are
-held without them, and the cycles with them too (:data:`TYPED_GRAPH`). An edge goes to the
+held without them, and the cycles with them too (:func:`typed_graph`). An edge goes to the
 module named; importing ``a.b.c`` also runs ``a/__init__`` and ``a/b/__init__``, but those
 implicit edges are left out, or every submodule of a package would form a cycle with the
 package that re-exports it.
@@ -65,10 +65,15 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
+@functools.cache
+def _parsed(module: str) -> ast.Module:
+    return ast.parse(MODULES[module].read_text(encoding="utf-8"))
+
+
 def imported(module: str, *, typed: bool = False) -> set[str]:
     """Everything ``module`` imports: our modules by dotted name, others by top-level name
     (``typed``: with what it imports for type checkers only)."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    tree = _parsed(module)
     found: set[str] = set()
     for node in _imports(tree, typed=typed):
         if isinstance(node, ast.Import):
@@ -91,17 +96,31 @@ def imported(module: str, *, typed: bool = False) -> set[str]:
     return found
 
 
-_IMPORTED: dict[str, set[str]] = {m: imported(m) for m in MODULES}  # each module parsed once
-GRAPH: dict[str, set[str]] = {
-    m: {i for i in found if i in MODULES} for m, found in _IMPORTED.items()
-}
-TYPED_GRAPH: dict[str, set[str]] = {
-    m: {i for i in imported(m, typed=True) if i in MODULES} for m in MODULES
-}
-"""The graph with the imports under ``if TYPE_CHECKING:``: what a reader follows."""
-EXTERNAL: dict[str, set[str]] = {
-    m: {i for i in found if i not in MODULES} for m, found in _IMPORTED.items()
-}
+# The graphs are built when a test first asks (each module parsed once), not as the module
+# is collected: every pytest worker collects it, one runs its tests.
+
+
+@functools.cache
+def _imported_all() -> dict[str, set[str]]:
+    return {m: imported(m) for m in MODULES}
+
+
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """The package's modules, each with those of ours it imports."""
+    return {m: {i for i in found if i in MODULES} for m, found in _imported_all().items()}
+
+
+@functools.cache
+def typed_graph() -> dict[str, set[str]]:
+    """The graph with the imports under ``if TYPE_CHECKING:``: what a reader follows."""
+    return {m: {i for i in imported(m, typed=True) if i in MODULES} for m in MODULES}
+
+
+@functools.cache
+def external() -> dict[str, set[str]]:
+    """The package's modules, each with the top-level names of others' it imports."""
+    return {m: {i for i in found if i not in MODULES} for m, found in _imported_all().items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -160,7 +179,7 @@ def _a_cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
 def importers(prefix: str, targets: set[str]) -> dict[str, set[str]]:
     """Modules under ``prefix`` that import any of ``targets`` (or a module under one)."""
     found: dict[str, set[str]] = {}
-    for module, deps in GRAPH.items():
+    for module, deps in graph().items():
         if module != prefix and not module.startswith(prefix + "."):
             continue
         bad = {d for d in deps if any(d == t or d.startswith(t + ".") for t in targets)}
@@ -189,16 +208,16 @@ def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle() -> None:
 
 
 def test_the_graph_holds_the_package_and_its_known_edges() -> None:
-    assert "kronos_audit.storage.tracking" in GRAPH
-    assert "kronos_audit.project.repository" in GRAPH["kronos_audit.storage.tracking"]
-    assert "click" in EXTERNAL["kronos_audit.cli._app"]
+    assert "kronos_audit.storage.tracking" in graph()
+    assert "kronos_audit.project.repository" in graph()["kronos_audit.storage.tracking"]
+    assert "click" in external()["kronos_audit.cli._app"]
 
 
 # -- the rules -----------------------------------------------------------------------------
 
 
 def test_no_import_cycles() -> None:
-    found = cycles(GRAPH)
+    found = cycles(graph())
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
@@ -210,7 +229,7 @@ cycle is cut (add none: give the type a home both sides can import)."""
 def test_no_import_cycles_even_for_type_checkers() -> None:
     graph = {
         m: deps - {d for (a, d) in TYPED_CYCLES_PENDING if a == m}
-        for m, deps in TYPED_GRAPH.items()
+        for m, deps in typed_graph().items()
     }
     found = cycles(graph)
     assert not found, "import cycles, counting TYPE_CHECKING:\n" + "\n".join(
@@ -220,9 +239,9 @@ def test_no_import_cycles_even_for_type_checkers() -> None:
 
 def test_only_the_cli_imports_click_and_rich() -> None:
     offenders = {
-        m: sorted(EXTERNAL[m] & {"click", "rich"})
+        m: sorted(external()[m] & {"click", "rich"})
         for m in MODULES
-        if EXTERNAL[m] & {"click", "rich"} and not m.startswith(f"{NAME}.cli")
+        if external()[m] & {"click", "rich"} and not m.startswith(f"{NAME}.cli")
     }
     assert not offenders, offenders
 
@@ -331,7 +350,7 @@ def test_the_runtime_holds_few_short_modules() -> None:
 def test_no_module_imports_a_higher_layer() -> None:
     upward = {
         (m, d)
-        for m, deps in GRAPH.items()
+        for m, deps in graph().items()
         if m != NAME
         for d in deps
         if d != NAME and layer_of(d) > layer_of(m)
@@ -382,7 +401,7 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
     # the pytest plugin is loaded only by pytest (entry point pytest11), so pytest is there
     loaded_by = {f"{NAME}.pytest_plugin": {"pytest"}}
     undeclared = {}
-    for module, names in EXTERNAL.items():
+    for module, names in external().items():
         for name in names - set(sys.stdlib_module_names) - loaded_by.get(module, set()):
             if not _distributions_of(name) & declared:
                 undeclared[name] = module
@@ -536,4 +555,4 @@ def test_only_the_git_module_imports_gitpython() -> None:
             if any(n == "git" or n.startswith("git.") for n in names):
                 importers.append(path.relative_to(root).as_posix())
     assert sorted(set(importers)) == [MODULES[GIT_RUNNER].relative_to(root).as_posix()]
-    assert [m for m in MODULES if "git" in EXTERNAL[m]] == [GIT_RUNNER]
+    assert [m for m in MODULES if "git" in external()[m]] == [GIT_RUNNER]

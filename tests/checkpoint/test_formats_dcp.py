@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from kronos_audit.checkpoint.formats import Format, tensors_of_directory
@@ -37,6 +36,8 @@ def _state() -> dict[str, Any]:
 
 
 def _save_sharded(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
@@ -59,6 +60,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    # DCP imported here, not with the module: every pytest worker collects it, one runs it
+    import torch.distributed.checkpoint as dcp
+
     root = tmp_path_factory.mktemp("dcp")
     with warnings.catch_warnings():  # "assuming ... a single process": it is one
         warnings.simplefilter("ignore", UserWarning)

@@ -49,17 +49,23 @@ def isolate(mp: pytest.MonkeyPatch, make_dir: Callable[[str], Path]) -> Path:
 
 LONG_FIRST = (
     "tests/frameworks/",
+    "tests/integrations/",
     "tests/parallel/",
     "tests/slurm/",
+    "tests/checkpoint/test_formats_dcp.py",
     "tests/cli/test_output.py",
     "tests/cli/test_progress.py",
+    "tests/gate/test_gate.py",
     "tests/replay/test_dispatch.py",
+    "tests/replay/test_replay_cli.py",
+    "tests/replay/test_replay_directories.py",
     "tests/runtime/test_campaign_faults.py",
     "tests/runtime/test_campaign_ray.py",
     "tests/runtime/test_disk_faults.py",
     "tests/runtime/test_faults.py",
     "tests/runtime/test_kill_points.py",
     "tests/runtime/test_restore_hostile.py",
+    "tests/signing/test_writer_lock_children.py",
     "tests/test_bench_smoke.py",
     "tests/test_corpus.py",
     "tests/test_tutorial.py",
@@ -67,6 +73,7 @@ LONG_FIRST = (
     "tests/storage/test_remote_faults.py",
     "tests/storage/test_resume_elsewhere.py",
     "tests/storage/test_ssh.py",
+    "tests/storage/test_uploads.py",
 )
 """Suites that drive real processes for seconds a test. Under pytest-xdist's worksteal each
 worker is first handed one contiguous share of the list, and an idle worker later steals
